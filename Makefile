@@ -1,0 +1,152 @@
+# echo — build.
+#
+#   make            build libraries into build/ and programs into bin/
+#   make CUDA=0     same, without the cuda backend
+#   make deps       install the Debian packages the build and tests need
+#   make test       deps + build + every Check suite + fuzz-corpus regressions
+#   make test-asan  the same suites built with -fsanitize=address,undefined
+#   make fuzz-safetensors FUZZ_SECONDS=600   fuzz the safetensors header parser longer
+#   make format     clang-format every C/CUDA source
+#
+# Layout: one module per directory, each with one public header. Library
+# sources are collected by wildcard, so a new file in a module is built
+# without touching this file. Programs are tools/echo_<name>.c ->
+# bin/echo-<name>; unit suites are tests/unit/test_<name>.c; fuzz targets
+# are tests/fuzz/fuzz_<name>.c with a seed corpus in tests/fuzz/corpus/<name>/.
+
+ifeq ($(origin CC),default)
+  CC := gcc
+endif
+ifeq ($(origin CXX),default)
+  CXX := g++
+endif
+NVCC     ?= nvcc
+CUDA_HOME ?= /usr/local/cuda
+BUILD    ?= build
+BIN      ?= bin
+SAN      ?=
+
+# The cuda backend is built whenever nvcc is on PATH (or in CUDA_HOME).
+ifeq ($(origin CUDA),undefined)
+  CUDA := $(if $(shell command -v $(NVCC) 2>/dev/null || test -x $(CUDA_HOME)/bin/nvcc && echo y),1,0)
+endif
+ifeq ($(shell command -v $(NVCC) 2>/dev/null),)
+  NVCC := $(CUDA_HOME)/bin/nvcc
+endif
+
+PKGS       := jansson libpcre2-8 libutf8proc
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+
+OPT      ?= -O2
+WARN     := -Wall -Wextra -Werror
+CFLAGS   += -std=c11 $(OPT) -g $(WARN) -D_GNU_SOURCE -pthread -MMD -MP -I. $(PKG_CFLAGS) $(SAN)
+# The CPU kernels are the hot loops of the cpu backend: let gcc vectorize
+# them for the build machine's ISA only when asked (CI and tests use the
+# portable baseline so results do not depend on the host).
+KERN_CFLAGS ?= -O3
+CXXFLAGS += -std=c++17 $(OPT) -g $(WARN) -pthread -MMD -MP -I. $(SAN)
+LDLIBS   += $(PKG_LIBS) -lm -pthread
+LDFLAGS  += $(SAN)
+
+LIB_C_SRC  := $(sort $(wildcard weights/*.c model/*.c kernels/*.c kernels/cpu/*.c comm/*.c engine/*.c tokenizer/*.c server/*.c))
+LIB_CC_SRC := $(sort $(wildcard tokenizer/*.cc))
+CU_SRC     := $(sort $(wildcard kernels/cuda/*.cu comm/*.cu))
+TOOL_SRC   := $(sort $(wildcard tools/echo_*.c))
+TEST_SRC   := $(sort $(wildcard tests/unit/test_*.c))
+FUZZ_SRC   := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+
+LIB_OBJ := $(LIB_C_SRC:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRC:%.cc=$(BUILD)/obj/%.o)
+ifneq ($(LIB_CC_SRC),)
+  LDLIBS += $(shell pkg-config --libs sentencepiece 2>/dev/null || echo -lsentencepiece) -lstdc++
+endif
+
+ifeq ($(CUDA),1)
+  NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+               -Xcompiler "-Wall -Wextra -Werror" -I. -I$(CUDA_HOME)/include
+  CFLAGS  += -DECHO_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  LIB_OBJ += $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lnccl -lcudart -lstdc++
+endif
+
+LIB      := $(BUILD)/libecho.a
+TOOLS    := $(TOOL_SRC:tools/echo_%.c=$(BIN)/echo-%)
+TESTS    := $(TEST_SRC:tests/unit/test_%.c=$(BUILD)/tests/test_%)
+FUZZERS  := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/fuzz/fuzz_%)
+
+.PHONY: all deps test test-asan check-suites fuzz-regress format clean
+all: $(LIB) $(TOOLS)
+
+$(BUILD)/obj/kernels/cpu/%.o: kernels/cpu/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(KERN_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(shell pkg-config --cflags sentencepiece 2>/dev/null) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN)/echo-%: $(BUILD)/obj/tools/echo_%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(BUILD)/obj/tests/unit/testutil.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CHECK_LIBS)
+
+# libFuzzer targets need clang; they link the library sources they fuzz
+# directly so the whole path is instrumented.
+FUZZ_CC     ?= clang
+FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined
+# Each fuzz target lists the library sources it exercises here.
+FUZZ_DEPS_safetensors := weights/safetensors.c
+FUZZ_DEPS_tokenizer   := $(filter-out %.cc,$(wildcard tokenizer/*.c))
+.SECONDEXPANSION:
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_DEPS_$$*)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $^ -o $@ $(PKG_LIBS) -lm
+
+deps:
+	@scripts/install-deps.sh
+
+# Run every suite even when one fails, then report.
+check-suites: $(TESTS) $(TOOLS)
+	@fail=0; for t in $(TESTS); do echo "== $$t"; ECHO_BIN=$(BIN) $$t || fail=1; done; exit $$fail
+
+fuzz-regress: $(FUZZERS)
+	@fail=0; for f in $(FUZZERS); do n=$${f##*/fuzz_}; echo "== $$f over tests/fuzz/corpus/$$n"; \
+	  $$f -runs=0 tests/fuzz/corpus/$$n/* >$(BUILD)/fuzz/$$n.log 2>&1 || { tail -30 $(BUILD)/fuzz/$$n.log; fail=1; }; \
+	  grep -h "Executed" $(BUILD)/fuzz/$$n.log | tail -1; done; exit $$fail
+
+fuzz-%: $(BUILD)/fuzz/fuzz_%
+	mkdir -p $(BUILD)/fuzz/corpus-$*
+	$< -max_total_time=$(or $(FUZZ_SECONDS),60) $(BUILD)/fuzz/corpus-$* tests/fuzz/corpus/$*
+
+test: deps
+	$(MAKE) all
+	$(MAKE) check-suites
+	$(MAKE) fuzz-regress
+
+test-asan: deps
+	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" check-suites
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cc' '*.cu' '*.cuh')
+
+clean:
+	rm -rf build build-asan bin
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,88 @@
+/* Backend selection and helpers shared by all backends. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/backend_internal.h"
+
+int kern_fail(kern_backend *be, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(be->err, sizeof be->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+const char *kern_last_error(const kern_backend *be) { return be ? be->err : "no backend"; }
+
+size_t kern_dtype_size(kern_dtype dt) {
+    switch (dt) {
+    case KERN_F32: return 4;
+    case KERN_F16:
+    case KERN_BF16: return 2;
+    }
+    return 0;
+}
+
+const char *kern_dtype_name(kern_dtype dt) {
+    switch (dt) {
+    case KERN_F32: return "f32";
+    case KERN_F16: return "f16";
+    case KERN_BF16: return "bf16";
+    }
+    return "?";
+}
+
+/* IEEE binary16 -> binary32, subnormals and non-finite values included. */
+float kern_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    if (exp == 0x1f) {
+        v.u = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        /* subnormal (or zero): value = man * 2^-24, exact in fp32 */
+        v.f = ldexpf((float)man, -24);
+        v.u |= sign;
+    } else {
+        v.u = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    return v.f;
+}
+
+int kern_backend_create(const char *device, int nthreads, int device_index, const kern_ops **ops,
+                        kern_backend **be, char *err, size_t errlen) {
+    *be = NULL;
+    *ops = NULL;
+    if (!device || strcmp(device, "cpu") == 0) {
+        if (kern_cpu_create(nthreads, be, err, errlen) != 0) return -1;
+    } else if (strcmp(device, "cuda") == 0) {
+#ifdef ECHO_HAVE_CUDA
+        if (kern_cuda_create(device_index, be, err, errlen) != 0) return -1;
+#else
+        (void)device_index;
+        snprintf(err, errlen, "this build has no cuda backend (built with CUDA=0); use --device cpu");
+        return -1;
+#endif
+    } else {
+        snprintf(err, errlen, "unknown device '%s' (expected cpu or cuda)", device);
+        return -1;
+    }
+    *ops = (*be)->ops;
+    return 0;
+}
+
+void kern_backend_destroy(const kern_ops *ops, kern_backend *be) {
+    if (!be) return;
+#ifdef ECHO_HAVE_CUDA
+    if (ops && strcmp(ops->name, "cuda") == 0) {
+        kern_cuda_destroy(be);
+        return;
+    }
+#endif
+    (void)ops;
+    kern_cpu_destroy(be);
+}

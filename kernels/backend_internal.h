@@ -1,0 +1,29 @@
+/*
+ * Private to kernels/: the common head of every backend's state. Each
+ * backend keeps its own state behind `impl`.
+ */
+#ifndef ECHO_KERNELS_BACKEND_INTERNAL_H
+#define ECHO_KERNELS_BACKEND_INTERNAL_H
+
+#include <stdarg.h>
+
+#include "kernels/kernels.h"
+
+struct kern_backend {
+    const kern_ops *ops;
+    char err[512];
+    void *impl;
+};
+
+/* Record an op failure on the backend; always returns -1. */
+int kern_fail(kern_backend *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Backend constructors (kernels/cpu/, kernels/cuda/). */
+int kern_cpu_create(int nthreads, kern_backend **be, char *err, size_t errlen);
+void kern_cpu_destroy(kern_backend *be);
+#ifdef ECHO_HAVE_CUDA
+int kern_cuda_create(int device_index, kern_backend **be, char *err, size_t errlen);
+void kern_cuda_destroy(kern_backend *be);
+#endif
+
+#endif

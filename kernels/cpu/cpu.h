@@ -1,0 +1,54 @@
+/*
+ * Private to kernels/cpu/: the cpu backend's state and its thread pool.
+ *
+ * The pool runs `fn(arg, task)` for task = 0..ntasks-1 on the calling thread
+ * plus nthreads-1 workers; tasks are claimed from an atomic counter so uneven
+ * tasks balance. One parallel region at a time per backend (a backend belongs
+ * to one rank thread, so the model never nests them).
+ */
+#ifndef ECHO_KERNELS_CPU_H
+#define ECHO_KERNELS_CPU_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "kernels/backend_internal.h"
+
+typedef void (*cpu_task_fn)(void *arg, int task);
+
+typedef struct cpu_pool {
+    int nthreads; /* including the caller */
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t start_cv, done_cv;
+    unsigned long generation; /* bumped per parallel region */
+    int stop;
+    cpu_task_fn fn;
+    void *arg;
+    int ntasks;
+    atomic_int next;
+    int active; /* workers still inside the current region */
+} cpu_pool;
+
+typedef struct cpu_impl {
+    cpu_pool pool;
+} cpu_impl;
+
+void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
+int cpu_nthreads(const kern_backend *be);
+
+/* Load `n` weight elements starting at element `off` as fp32. */
+void cpu_load_f32(float *dst, const kern_weight *w, size_t off, size_t n);
+
+/* The ops, one file per family. */
+int cpu_embedding(kern_backend *be, void *out, const kern_weight *table, const int32_t *ids, int n);
+int cpu_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *w, int rows, int dim,
+                float eps);
+int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
+int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta);
+int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, int n, int pos0,
+                  int hq, int hkv, int hd, float scale);
+int cpu_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
+int cpu_add(kern_backend *be, void *x, const void *y, size_t count);
+
+#endif

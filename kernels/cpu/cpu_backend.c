@@ -1,0 +1,84 @@
+/*
+ * cpu backend: memory ops and the op table. Activations are fp32 in host
+ * memory; weights stay where weights/ mapped them (no copy).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+static void *cpu_alloc(kern_backend *be, size_t bytes) {
+    (void)be;
+    /* 64-byte alignment keeps vector loads on cache lines. */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (p) memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+static void cpu_free(kern_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+
+static int cpu_upload_weight(kern_backend *be, const kern_weight *host, kern_weight *dev) {
+    if (kern_dtype_size(host->dtype) == 0) return kern_fail(be, "cpu: unsupported weight dtype %d", host->dtype);
+    *dev = *host;
+    return 0;
+}
+
+static void cpu_free_weight(kern_backend *be, kern_weight *dev) {
+    (void)be;
+    dev->data = NULL;
+}
+
+static int cpu_to_host_f32(kern_backend *be, float *dst, const void *src, size_t n) {
+    (void)be;
+    memmove(dst, src, n * sizeof(float));
+    return 0;
+}
+
+static int cpu_copy(kern_backend *be, void *dst, const void *src, size_t n) {
+    (void)be;
+    memmove(dst, src, n * sizeof(float));
+    return 0;
+}
+
+void cpu_load_f32(float *dst, const kern_weight *w, size_t off, size_t n) {
+    switch (w->dtype) {
+    case KERN_F32: memcpy(dst, (const float *)w->data + off, n * sizeof(float)); break;
+    case KERN_BF16: {
+        const uint16_t *s = (const uint16_t *)w->data + off;
+        for (size_t i = 0; i < n; i++) dst[i] = kern_bf16_to_f32(s[i]);
+        break;
+    }
+    case KERN_F16: {
+        const uint16_t *s = (const uint16_t *)w->data + off;
+        for (size_t i = 0; i < n; i++) dst[i] = kern_f16_to_f32(s[i]);
+        break;
+    }
+    }
+}
+
+static const kern_ops cpu_ops = {
+    .name = "cpu",
+    .act_dtype = KERN_F32,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload_weight = cpu_upload_weight,
+    .free_weight = cpu_free_weight,
+    .to_host_f32 = cpu_to_host_f32,
+    .copy = cpu_copy,
+    .embedding = cpu_embedding,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+};
+
+int kern_cpu_ops_init(kern_backend *be) {
+    be->ops = &cpu_ops;
+    return 0;
+}

@@ -1,0 +1,121 @@
+/* The cpu backend's thread pool (see cpu.h for the contract). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "kernels/cpu/cpu.h"
+
+static void pool_run_tasks(cpu_pool *p) {
+    for (;;) {
+        int t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
+        if (t >= p->ntasks) break;
+        p->fn(p->arg, t);
+    }
+}
+
+static void *pool_worker(void *arg) {
+    cpu_pool *p = arg;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && p->generation == seen) pthread_cond_wait(&p->start_cv, &p->mu);
+        if (p->stop) break;
+        seen = p->generation;
+        pthread_mutex_unlock(&p->mu);
+        pool_run_tasks(p);
+        pthread_mutex_lock(&p->mu);
+        if (--p->active == 0) pthread_cond_signal(&p->done_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static int pool_init(cpu_pool *p, int nthreads) {
+    p->nthreads = nthreads;
+    p->generation = 0;
+    p->stop = 0;
+    p->active = 0;
+    atomic_init(&p->next, 0);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->start_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    p->threads = calloc((size_t)nthreads, sizeof *p->threads);
+    if (!p->threads) return -1;
+    for (int i = 1; i < nthreads; i++) {
+        if (pthread_create(&p->threads[i], NULL, pool_worker, p) != 0) {
+            p->nthreads = i; /* join the ones we started */
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void pool_destroy(cpu_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->start_cv);
+    pthread_cond_destroy(&p->done_cv);
+}
+
+void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg) {
+    cpu_pool *p = &((cpu_impl *)be->impl)->pool;
+    if (ntasks <= 0) return;
+    if (p->nthreads == 1 || ntasks == 1) {
+        for (int t = 0; t < ntasks; t++) fn(arg, t);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->ntasks = ntasks;
+    atomic_store(&p->next, 0);
+    p->active = p->nthreads - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+    pool_run_tasks(p);
+    pthread_mutex_lock(&p->mu);
+    while (p->active > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+int cpu_nthreads(const kern_backend *be) { return ((const cpu_impl *)be->impl)->pool.nthreads; }
+
+int kern_cpu_ops_init(kern_backend *be); /* cpu_backend.c */
+
+int kern_cpu_create(int nthreads, kern_backend **out, char *err, size_t errlen) {
+    if (nthreads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        nthreads = n > 0 ? (int)n : 1;
+    }
+    if (nthreads > 1024) nthreads = 1024;
+    kern_backend *be = calloc(1, sizeof *be);
+    cpu_impl *impl = calloc(1, sizeof *impl);
+    if (!be || !impl) goto fail;
+    be->impl = impl;
+    if (pool_init(&impl->pool, nthreads) != 0) {
+        pool_destroy(&impl->pool);
+        goto fail;
+    }
+    kern_cpu_ops_init(be);
+    *out = be;
+    return 0;
+fail:
+    snprintf(err, errlen, "cpu backend: cannot start %d threads", nthreads);
+    free(impl);
+    free(be);
+    return -1;
+}
+
+void kern_cpu_destroy(kern_backend *be) {
+    if (!be) return;
+    cpu_impl *impl = be->impl;
+    pool_destroy(&impl->pool);
+    free(impl);
+    free(be);
+}

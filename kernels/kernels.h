@@ -1,0 +1,109 @@
+/*
+ * kernels/ — the op table every backend implements.
+ *
+ * The model (model/) is backend-neutral: it only calls the function pointers
+ * in `kern_ops`. kernels/cpu/ implements them in plain C with a thread pool
+ * (fp32 activations; the readable reference and the test oracle);
+ * kernels/cuda/ mirrors the same names, signatures and step order
+ * (bf16 activations, fp32 accumulation). Tests compare the two whenever a GPU
+ * is present.
+ *
+ * Conventions shared by all ops
+ *   - Activation buffers (`void *` below) live in the backend's memory and
+ *     hold `ops->act_dtype` elements, row-major. Shapes are written beside
+ *     each argument as (rows, cols).
+ *   - Weights are `kern_weight` views: row-major (rows, cols) matrices as
+ *     stored by Hugging Face (nn.Linear is (out_features, in_features)), or
+ *     vectors with rows == 1. Weight dtype may be BF16, F16 or F32 on every
+ *     backend; arithmetic is fp32.
+ *   - Small integer arrays (token ids, positions) are HOST pointers; a device
+ *     backend copies them itself.
+ *   - `out` may alias `in` where an op says so ("in place OK").
+ *   - Every op returns 0, or -1 after writing a message into the backend's
+ *     last-error buffer (kern_last_error()). Ops never exit.
+ */
+#ifndef ECHO_KERNELS_H
+#define ECHO_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kern_dtype { KERN_F32 = 0, KERN_F16, KERN_BF16 } kern_dtype;
+
+typedef struct kern_weight {
+    const void *data; /* host (cpu) or device (cuda) memory */
+    kern_dtype dtype;
+    int64_t rows, cols;
+} kern_weight;
+
+typedef struct kern_backend kern_backend; /* per-rank state: threads or stream + handles */
+
+typedef struct kern_ops {
+    const char *name; /* "cpu", "cuda" */
+    kern_dtype act_dtype;
+
+    /* ---- memory ---- */
+    /* Zero-initialised activation/cache memory; NULL on failure. */
+    void *(*alloc)(kern_backend *be, size_t bytes);
+    void (*free)(kern_backend *be, void *p);
+    /* Make a weight usable by the backend. cpu: aliases the host view (the
+     * mmap). cuda: uploads; the copy is released by free_weight. */
+    int (*upload_weight)(kern_backend *be, const kern_weight *host, kern_weight *dev);
+    void (*free_weight)(kern_backend *be, kern_weight *dev);
+    /* Copy `n` activations to host fp32 (synchronises the backend). */
+    int (*to_host_f32)(kern_backend *be, float *dst, const void *src, size_t n);
+    /* Copy `n` activations within backend memory. */
+    int (*copy)(kern_backend *be, void *dst, const void *src, size_t n);
+
+    /* ---- compute ---- */
+    /* out(n, table.cols) = table[ids[i], :]. ids must be < table.rows. */
+    int (*embedding)(kern_backend *be, void *out, const kern_weight *table, const int32_t *ids, int n);
+    /* Per row r < rows: out[r] = in[r] / sqrt(mean(in[r]^2) + eps) * w.
+     * in, out: (rows, dim); w: (1, dim). In place OK. No "+1" on w (Qwen3). */
+    int (*rmsnorm)(kern_backend *be, void *out, const void *in, const kern_weight *w, int rows, int dim,
+                   float eps);
+    /* out(n, w.rows) = in(n, w.cols) · wᵀ. Not in place. */
+    int (*matmul)(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
+    /* NEOX (rotate-half) RoPE in place on x(n, heads*head_dim) at positions
+     * pos[n]: for i < head_dim/2, f = pos * theta^(-2i/head_dim) (fp32, as HF
+     * computes it), (x[i], x[i+d/2]) -> (x[i]cos f - x[i+d/2]sin f,
+     * x[i+d/2]cos f + x[i]sin f). */
+    int (*rope)(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim,
+                double theta);
+    /* Causal GQA attention for one sequence.
+     * q(n, hq*hd) are the queries at positions pos0 .. pos0+n-1;
+     * kc, vc(>= pos0+n, hkv*hd) hold keys/values of positions 0 .. pos0+n-1.
+     * Query head h reads KV head h / (hq/hkv). Query at position p attends to
+     * positions 0..p. out(n, hq*hd) = softmax(q·kᵀ·scale)·v. */
+    int (*attention)(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, int n,
+                     int pos0, int hq, int hkv, int hd, float scale);
+    /* out = silu(gate) * up elementwise, silu(x) = x / (1 + e^-x). In place OK. */
+    int (*silu_mul)(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
+    /* x += y elementwise. */
+    int (*add)(kern_backend *be, void *x, const void *y, size_t count);
+} kern_ops;
+
+/* Create a backend by device name ("cpu" or "cuda"). `nthreads` <= 0 picks
+ * the number of online CPUs (cpu backend; ignored by cuda). `device_index`
+ * selects the GPU (cuda). Errors: unknown device, backend not compiled in,
+ * no GPU present (the message suggests --device cpu). */
+int kern_backend_create(const char *device, int nthreads, int device_index, const kern_ops **ops,
+                        kern_backend **be, char *err, size_t errlen);
+void kern_backend_destroy(const kern_ops *ops, kern_backend *be);
+/* The message of the last failed op on this backend. */
+const char *kern_last_error(const kern_backend *be);
+
+size_t kern_dtype_size(kern_dtype dt);
+const char *kern_dtype_name(kern_dtype dt);
+
+/* Scalar conversions shared by both backends' host code. */
+static inline float kern_bf16_to_f32(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+float kern_f16_to_f32(uint16_t h);
+
+#endif

@@ -1,0 +1,260 @@
+/*
+ * model/: config.json parsing for Qwen3ForCausalLM.
+ *
+ * Unknown keys are ignored (HF configs carry many that do not affect
+ * inference), but every key that would change the computation and that we do
+ * not implement is rejected by name, so a model is never run with silently
+ * different semantics.
+ */
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+/* Sanity ceilings: far above any real Qwen3, low enough that products of
+ * two of them fit comfortably in 64 bits and allocations fail cleanly. */
+#define CFG_MAX_DIM (1 << 20)
+#define CFG_MAX_LAYERS 4096
+#define CFG_MAX_VOCAB (1 << 24)
+
+static int cfg_int(json_t *root, const char *key, int required, int def, int lo, int hi, int *out, char *err,
+                   size_t errlen) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        if (required) {
+            snprintf(err, errlen, "config.json: missing required field \"%s\"", key);
+            return -1;
+        }
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v)) {
+        snprintf(err, errlen, "config.json: \"%s\" must be an integer", key);
+        return -1;
+    }
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi) {
+        snprintf(err, errlen, "config.json: \"%s\" = %lld is out of range [%d, %d]", key, (long long)x, lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int cfg_num(json_t *root, const char *key, double def, double *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v)) {
+        snprintf(err, errlen, "config.json: \"%s\" must be a number", key);
+        return -1;
+    }
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int cfg_true(json_t *root, const char *key) {
+    json_t *v = json_object_get(root, key);
+    return v && json_is_true(v);
+}
+
+/* eos_token_id may be an integer or a list of integers. */
+static int cfg_add_eos(json_t *v, const char *where, model_config *cfg, char *err, size_t errlen) {
+    if (!v || json_is_null(v)) return 0;
+    json_t *items = json_is_array(v) ? v : NULL;
+    size_t n = items ? json_array_size(items) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = items ? json_array_get(items, i) : v;
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= cfg->vocab_size) {
+            snprintf(err, errlen, "%s: eos_token_id must be integer(s) in [0, %d)", where, cfg->vocab_size);
+            return -1;
+        }
+        int32_t id = (int32_t)json_integer_value(e);
+        int dup = 0;
+        for (int k = 0; k < cfg->n_eos; k++) dup |= cfg->eos_ids[k] == id;
+        if (dup) continue;
+        if (cfg->n_eos == MODEL_MAX_EOS) {
+            snprintf(err, errlen, "%s: more than %d eos_token_id values", where, MODEL_MAX_EOS);
+            return -1;
+        }
+        cfg->eos_ids[cfg->n_eos++] = id;
+    }
+    return 0;
+}
+
+static int cfg_check_arch(json_t *root, char *err, size_t errlen) {
+    json_t *archs = json_object_get(root, "architectures");
+    json_t *mt = json_object_get(root, "model_type");
+    int ok = 0;
+    if (json_is_array(archs)) {
+        size_t i;
+        json_t *a;
+        json_array_foreach(archs, i, a) ok |= json_is_string(a) && strcmp(json_string_value(a), "Qwen3ForCausalLM") == 0;
+    } else if (json_is_string(mt)) {
+        ok = strcmp(json_string_value(mt), "qwen3") == 0;
+    }
+    if (!ok) {
+        const char *got = json_is_array(archs) && json_is_string(json_array_get(archs, 0))
+                              ? json_string_value(json_array_get(archs, 0))
+                          : json_is_string(mt) ? json_string_value(mt)
+                                               : "(none)";
+        snprintf(err, errlen, "config.json: unsupported architecture '%s' (echo runs Qwen3ForCausalLM)", got);
+        return -1;
+    }
+    return 0;
+}
+
+/* rope_theta lives at the top level in transformers 4.x configs and inside
+ * "rope_parameters" (with rope_type) in 5.x; scaled variants are not
+ * implemented and must not be run as if they were plain RoPE. */
+static int cfg_rope(json_t *root, model_config *cfg, char *err, size_t errlen) {
+    json_t *scaling = json_object_get(root, "rope_scaling");
+    json_t *params = json_object_get(root, "rope_parameters");
+    json_t *src = root;
+    if (json_is_object(params)) src = params;
+    if (json_is_object(scaling)) {
+        json_t *t = json_object_get(scaling, "rope_type");
+        if (!t) t = json_object_get(scaling, "type");
+        if (!json_is_string(t) || strcmp(json_string_value(t), "default") != 0) {
+            snprintf(err, errlen, "config.json: rope_scaling of type '%s' is not supported",
+                     json_is_string(t) ? json_string_value(t) : "?");
+            return -1;
+        }
+    }
+    if (src == params) {
+        json_t *t = json_object_get(params, "rope_type");
+        if (t && (!json_is_string(t) || strcmp(json_string_value(t), "default") != 0)) {
+            snprintf(err, errlen, "config.json: rope_parameters.rope_type '%s' is not supported",
+                     json_is_string(t) ? json_string_value(t) : "?");
+            return -1;
+        }
+    }
+    if (cfg_num(src, "rope_theta", 10000.0, &cfg->rope_theta, err, errlen)) return -1;
+    if (!(cfg->rope_theta > 1.0) || cfg->rope_theta > 1e12) {
+        snprintf(err, errlen, "config.json: rope_theta %g is out of range", cfg->rope_theta);
+        return -1;
+    }
+    return 0;
+}
+
+int model_config_parse(const char *config_json, const char *generation_json, model_config *cfg, char *err,
+                       size_t errlen) {
+    json_error_t jerr;
+    json_t *gen = NULL;
+    json_t *root = json_loads(config_json, 0, &jerr);
+    int rc = -1;
+    memset(cfg, 0, sizeof *cfg);
+    if (!root || !json_is_object(root)) {
+        snprintf(err, errlen, "config.json: malformed JSON (line %d: %s)", jerr.line, root ? "not an object" : jerr.text);
+        goto out;
+    }
+    if (cfg_check_arch(root, err, errlen)) goto out;
+    if (cfg_int(root, "vocab_size", 1, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size, err, errlen) ||
+        cfg_int(root, "hidden_size", 1, 0, 1, CFG_MAX_DIM, &cfg->hidden_size, err, errlen) ||
+        cfg_int(root, "intermediate_size", 1, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size, err, errlen) ||
+        cfg_int(root, "num_hidden_layers", 1, 0, 1, CFG_MAX_LAYERS, &cfg->num_layers, err, errlen) ||
+        cfg_int(root, "num_attention_heads", 1, 0, 1, 4096, &cfg->num_heads, err, errlen) ||
+        cfg_int(root, "num_key_value_heads", 0, cfg->num_heads, 1, 4096, &cfg->num_kv_heads, err, errlen))
+        goto out;
+    /* head_dim is honoured when present: Qwen3 allows heads*head_dim != hidden. */
+    if (cfg_int(root, "head_dim", 0, cfg->hidden_size / cfg->num_heads, 2, 65536, &cfg->head_dim, err, errlen) ||
+        cfg_int(root, "max_position_embeddings", 0, 32768, 1, INT_MAX / 2, &cfg->max_position_embeddings, err,
+                errlen))
+        goto out;
+    if (cfg->num_heads % cfg->num_kv_heads) {
+        snprintf(err, errlen, "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                 cfg->num_heads, cfg->num_kv_heads);
+        goto out;
+    }
+    if (cfg->head_dim % 2) {
+        snprintf(err, errlen, "config.json: head_dim %d must be even for RoPE", cfg->head_dim);
+        goto out;
+    }
+    if ((long long)cfg->num_heads * cfg->head_dim > CFG_MAX_DIM) {
+        snprintf(err, errlen, "config.json: num_attention_heads*head_dim is too large");
+        goto out;
+    }
+    double eps;
+    if (cfg_num(root, "rms_norm_eps", 1e-6, &eps, err, errlen)) goto out;
+    if (!(eps > 0 && eps < 1)) {
+        snprintf(err, errlen, "config.json: rms_norm_eps %g is out of range (0, 1)", eps);
+        goto out;
+    }
+    cfg->rms_norm_eps = (float)eps;
+    if (cfg_rope(root, cfg, err, errlen)) goto out;
+    cfg->tie_word_embeddings = cfg_true(root, "tie_word_embeddings");
+    if (cfg_true(root, "attention_bias")) {
+        snprintf(err, errlen, "config.json: attention_bias=true is not supported (Qwen3 has none)");
+        goto out;
+    }
+    if (cfg_true(root, "use_sliding_window")) {
+        snprintf(err, errlen, "config.json: use_sliding_window=true is not supported");
+        goto out;
+    }
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        snprintf(err, errlen, "config.json: hidden_act '%s' is not supported (expected silu)",
+                 json_is_string(act) ? json_string_value(act) : "?");
+        goto out;
+    }
+    if (cfg_add_eos(json_object_get(root, "eos_token_id"), "config.json", cfg, err, errlen)) goto out;
+    if (generation_json) {
+        gen = json_loads(generation_json, 0, &jerr);
+        if (!gen || !json_is_object(gen)) {
+            snprintf(err, errlen, "generation_config.json: malformed JSON (line %d: %s)", jerr.line,
+                     gen ? "not an object" : jerr.text);
+            goto out;
+        }
+        if (cfg_add_eos(json_object_get(gen, "eos_token_id"), "generation_config.json", cfg, err, errlen)) goto out;
+    }
+    rc = 0;
+out:
+    json_decref(gen);
+    json_decref(root);
+    return rc;
+}
+
+static char *cfg_read_file(const char *path, int *missing) {
+    FILE *f = fopen(path, "rb");
+    *missing = !f;
+    if (!f) return NULL;
+    char *buf = NULL;
+    long len;
+    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && len < (64L << 20) && fseek(f, 0, SEEK_SET) == 0) {
+        buf = malloc((size_t)len + 1);
+        if (buf && fread(buf, 1, (size_t)len, f) == (size_t)len) {
+            buf[len] = 0;
+        } else {
+            free(buf);
+            buf = NULL;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+int model_config_load(const char *dir, model_config *cfg, char *err, size_t errlen) {
+    char path[4096];
+    int missing;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *conf = cfg_read_file(path, &missing);
+    if (!conf) {
+        snprintf(err, errlen, "%s: %s", path, missing ? "not found (is this a Hugging Face model folder?)" : "cannot read");
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    char *gen = cfg_read_file(path, &missing);
+    int rc = -1;
+    if (!gen && !missing)
+        snprintf(err, errlen, "%s: cannot read", path);
+    else
+        rc = model_config_parse(conf, gen, cfg, err, errlen);
+    free(conf);
+    free(gen);
+    return rc;
+}

@@ -1,0 +1,531 @@
+/*
+ * model/ + engine/ against the independent oracle: logits and greedy
+ * continuations recorded by HF transformers (tests/fixtures/make_reference.py)
+ * for several tiny random Qwen3 models. Also config parsing and the
+ * echo-generate CLI contract.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "model/model.h"
+#include "tests/unit/testutil.h"
+
+#define MODELS_DIR TU_FIXTURES "/models"
+#define MAX_MODELS 32
+
+/* ---- reference fixtures ---- */
+
+typedef struct ref_prompt {
+    int n_prompt, n_greedy;
+    int32_t *prompt, *greedy;
+    const float *logits; /* rows × vocab */
+    int rows, first_pos;
+} ref_prompt;
+
+typedef struct ref_model {
+    char dir[512];
+    int vocab;
+    int n_prompts;
+    ref_prompt *p;
+    char *bin; /* whole reference.bin */
+    json_t *json;
+} ref_model;
+
+static int32_t *json_ids(json_t *a, int *n) {
+    *n = (int)json_array_size(a);
+    int32_t *ids = malloc((size_t)(*n ? *n : 1) * sizeof *ids);
+    for (int i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
+    return ids;
+}
+
+static void ref_load(const char *dir, ref_model *r) {
+    char path[1024];
+    memset(r, 0, sizeof *r);
+    snprintf(r->dir, sizeof r->dir, "%s", dir);
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    json_error_t je;
+    r->json = json_load_file(path, 0, &je);
+    ck_assert_msg(r->json != NULL, "%s: %s", path, je.text);
+    r->vocab = (int)json_integer_value(json_object_get(r->json, "vocab_size"));
+    snprintf(path, sizeof path, "%s/reference.bin", dir);
+    size_t len;
+    r->bin = tu_read_file(path, &len);
+    ck_assert_msg(r->bin && len >= 16 && memcmp(r->bin, "ECHR", 4) == 0, "%s: bad header", path);
+    uint32_t ver;
+    uint64_t nfl;
+    memcpy(&ver, r->bin + 4, 4);
+    memcpy(&nfl, r->bin + 8, 8);
+    ck_assert_uint_eq(ver, 1);
+    ck_assert_uint_eq(len, 16 + nfl * 4);
+    const float *data = (const float *)(r->bin + 16);
+    json_t *ps = json_object_get(r->json, "prompts");
+    r->n_prompts = (int)json_array_size(ps);
+    ck_assert_int_ge(r->n_prompts, 4);
+    r->p = calloc((size_t)r->n_prompts, sizeof *r->p);
+    for (int i = 0; i < r->n_prompts; i++) {
+        json_t *e = json_array_get(ps, (size_t)i);
+        ref_prompt *p = &r->p[i];
+        p->prompt = json_ids(json_object_get(e, "prompt"), &p->n_prompt);
+        p->greedy = json_ids(json_object_get(e, "greedy"), &p->n_greedy);
+        p->rows = (int)json_integer_value(json_object_get(e, "logits_rows"));
+        p->first_pos = (int)json_integer_value(json_object_get(e, "logits_first_position"));
+        uint64_t off = (uint64_t)json_integer_value(json_object_get(e, "logits_offset"));
+        ck_assert_uint_le(off + (uint64_t)p->rows * r->vocab, nfl);
+        p->logits = data + off;
+        ck_assert_int_eq(p->n_greedy, 32);
+    }
+}
+
+static void ref_free(ref_model *r) {
+    for (int i = 0; i < r->n_prompts; i++) {
+        free(r->p[i].prompt);
+        free(r->p[i].greedy);
+    }
+    free(r->p);
+    free(r->bin);
+    json_decref(r->json);
+}
+
+static int list_models(char names[][256]) {
+    DIR *d = opendir(MODELS_DIR);
+    ck_assert_msg(d != NULL, "cannot open %s", MODELS_DIR);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < MAX_MODELS) {
+        char p[1280];
+        snprintf(p, sizeof p, "%s/%s/reference.json", MODELS_DIR, e->d_name);
+        FILE *f = fopen(p, "r");
+        if (!f) continue;
+        fclose(f);
+        if (strlen(e->d_name) > 200) continue;
+        snprintf(names[n++], 256, "%s/%.200s", MODELS_DIR, e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+typedef struct loaded {
+    const kern_ops *ops;
+    kern_backend *be;
+    model *m;
+} loaded;
+
+static void load(const char *dir, loaded *L) {
+    char err[1024];
+    ck_assert_msg(kern_backend_create("cpu", 2, 0, &L->ops, &L->be, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(model_load(dir, L->ops, L->be, &L->m, err, sizeof err) == 0, "%s: %s", dir, err);
+}
+
+static void unload(loaded *L) {
+    model_free(L->m);
+    kern_backend_destroy(L->ops, L->be);
+}
+
+/* Full forward over prompt + greedy continuation; returns rows × vocab
+ * logits for positions first_pos .. first_pos+rows-1. */
+static float *full_forward(loaded *L, const ref_prompt *p, int vocab) {
+    char err[1024];
+    int n = p->n_prompt + p->n_greedy;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    memcpy(ids, p->prompt, (size_t)p->n_prompt * sizeof *ids);
+    memcpy(ids + p->n_prompt, p->greedy, (size_t)p->n_greedy * sizeof *ids);
+    model_seq *s;
+    ck_assert_msg(model_seq_create(L->m, n, &s, err, sizeof err) == 0, "%s", err);
+    float *all = malloc((size_t)n * vocab * sizeof *all);
+    ck_assert_msg(model_forward(L->m, s, ids, n, MODEL_LOGITS_ALL, all, err, sizeof err) == 0, "%s", err);
+    model_seq_free(s);
+    free(ids);
+    return all;
+}
+
+/* ---- oracle tests ---- */
+
+START_TEST(test_fixtures_present) {
+    char names[MAX_MODELS][256];
+    int n = list_models(names);
+    /* make_reference.py writes five models; fewer means fixtures are missing. */
+    ck_assert_int_ge(n, 5);
+}
+END_TEST
+
+START_TEST(test_logits_match_reference) {
+    char names[MAX_MODELS][256];
+    int nm = list_models(names);
+    for (int mi = 0; mi < nm; mi++) {
+        ref_model r;
+        loaded L;
+        ref_load(names[mi], &r);
+        load(names[mi], &L);
+        ck_assert_int_eq(model_get_config(L.m)->vocab_size, r.vocab);
+        for (int i = 0; i < r.n_prompts; i++) {
+            const ref_prompt *p = &r.p[i];
+            float *all = full_forward(&L, p, r.vocab);
+            double e = tu_rel_err(all + (size_t)p->first_pos * r.vocab, p->logits, (size_t)p->rows * r.vocab);
+            ck_assert_msg(e <= 1e-4, "%s prompt %d: relative logits error %.3g > 1e-4", names[mi], i, e);
+            free(all);
+        }
+        unload(&L);
+        ref_free(&r);
+    }
+}
+END_TEST
+
+static int collect_tokens(void *user, const eng_step *st) {
+    int32_t **cur = user;
+    *(*cur)++ = st->token;
+    return 0;
+}
+
+START_TEST(test_greedy_matches_reference) {
+    char names[MAX_MODELS][256];
+    int nm = list_models(names);
+    for (int mi = 0; mi < nm; mi++) {
+        ref_model r;
+        loaded L;
+        ref_load(names[mi], &r);
+        load(names[mi], &L);
+        for (int i = 0; i < r.n_prompts; i++) {
+            const ref_prompt *p = &r.p[i];
+            int32_t out[64], *cur = out;
+            char err[1024];
+            eng_gen_params gp = {.max_tokens = p->n_greedy, .temperature = 0, .ignore_eos = 1};
+            eng_finish fin;
+            ck_assert_msg(eng_generate(L.m, p->prompt, p->n_prompt, &gp, collect_tokens, &cur, &fin, err, sizeof err) == 0,
+                          "%s", err);
+            ck_assert_int_eq((int)(cur - out), p->n_greedy);
+            for (int t = 0; t < p->n_greedy; t++)
+                ck_assert_msg(out[t] == p->greedy[t], "%s prompt %d: step %d got %d, reference %d", names[mi], i, t,
+                              out[t], p->greedy[t]);
+        }
+        unload(&L);
+        ref_free(&r);
+    }
+}
+END_TEST
+
+/* Prefill + one-token decode steps must give the logits of a full
+ * recomputation: this is what catches KV-cache position or layout bugs. */
+START_TEST(test_decode_equals_full_recompute) {
+    char names[MAX_MODELS][256];
+    int nm = list_models(names);
+    for (int mi = 0; mi < nm; mi++) {
+        ref_model r;
+        loaded L;
+        ref_load(names[mi], &r);
+        load(names[mi], &L);
+        const model_config *c = model_get_config(L.m);
+        for (int i = 0; i < r.n_prompts; i++) {
+            const ref_prompt *p = &r.p[i];
+            int n = p->n_prompt + p->n_greedy;
+            float *all = full_forward(&L, p, r.vocab);
+            float *step = malloc((size_t)r.vocab * sizeof *step);
+            model_seq *s;
+            char err[1024];
+            ck_assert(model_seq_create(L.m, n, &s, err, sizeof err) == 0);
+            ck_assert(model_forward(L.m, s, p->prompt, p->n_prompt, MODEL_LOGITS_LAST, step, err, sizeof err) == 0);
+            double e = tu_rel_err(step, all + (size_t)(p->n_prompt - 1) * c->vocab_size, (size_t)c->vocab_size);
+            ck_assert_msg(e <= 1e-5, "%s prompt %d: prefill last row error %.3g", names[mi], i, e);
+            for (int t = 0; t < p->n_greedy; t++) {
+                ck_assert(model_forward(L.m, s, &p->greedy[t], 1, MODEL_LOGITS_LAST, step, err, sizeof err) == 0);
+                e = tu_rel_err(step, all + (size_t)(p->n_prompt + t) * c->vocab_size, (size_t)c->vocab_size);
+                ck_assert_msg(e <= 1e-5, "%s prompt %d: decode step %d error %.3g > 1e-5", names[mi], i, t, e);
+            }
+            ck_assert_int_eq(model_seq_len(s), n);
+            /* The sequence is full: one more token must be refused, not written. */
+            ck_assert(model_forward(L.m, s, &p->greedy[0], 1, MODEL_LOGITS_LAST, step, err, sizeof err) != 0);
+            ck_assert_ptr_nonnull(strstr(err, "do not fit"));
+            model_seq_free(s);
+            free(step);
+            free(all);
+        }
+        unload(&L);
+        ref_free(&r);
+    }
+}
+END_TEST
+
+/* ---- config parsing ---- */
+
+static const char *BASE_CFG =
+    "{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":100,\"hidden_size\":64,"
+    "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+    "\"num_key_value_heads\":2,\"head_dim\":32,\"rms_norm_eps\":1e-6,\"rope_theta\":1000000,"
+    "\"tie_word_embeddings\":true,\"eos_token_id\":99%s}";
+
+static int parse_with(const char *extra, const char *gen, model_config *c, char *err) {
+    char buf[2048];
+    snprintf(buf, sizeof buf, BASE_CFG, extra);
+    return model_config_parse(buf, gen, c, err, 512);
+}
+
+START_TEST(test_config_fields) {
+    model_config c;
+    char err[512];
+    ck_assert_msg(parse_with("", "{\"eos_token_id\":[98,99]}", &c, err) == 0, "%s", err);
+    ck_assert_int_eq(c.head_dim, 32); /* honoured even though 4*32 != 64 */
+    ck_assert_int_eq(c.num_kv_heads, 2);
+    ck_assert(c.tie_word_embeddings);
+    ck_assert(fabs(c.rope_theta - 1e6) < 1e-9);
+    ck_assert_int_eq(c.n_eos, 2);
+    ck_assert_int_eq(c.eos_ids[0], 99);
+    ck_assert_int_eq(c.eos_ids[1], 98);
+    /* transformers 5 keeps rope_theta inside rope_parameters */
+    char buf[2048];
+    snprintf(buf, sizeof buf,
+             "{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8,"
+             "\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+             "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5000.0}}");
+    ck_assert_msg(model_config_parse(buf, NULL, &c, err, sizeof err) == 0, "%s", err);
+    ck_assert(fabs(c.rope_theta - 5000.0) < 1e-9);
+    ck_assert_int_eq(c.head_dim, 4);     /* default hidden / heads */
+    ck_assert_int_eq(c.num_kv_heads, 2); /* default = heads */
+    ck_assert(!c.tie_word_embeddings);
+}
+END_TEST
+
+START_TEST(test_config_errors) {
+    model_config c;
+    char err[512];
+    struct {
+        const char *json, *expect;
+    } cases[] = {
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10}", "LlamaForCausalLM"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":8}", "vocab_size"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"],", "malformed JSON"},
+        {"[1,2]", "malformed JSON"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":\"big\"}", "vocab_size"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":-5}", "vocab_size"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ck_assert_msg(model_config_parse(cases[i].json, NULL, &c, err, sizeof err) != 0, "case %zu accepted", i);
+        ck_assert_msg(strstr(err, cases[i].expect), "case %zu: '%s' lacks '%s'", i, err, cases[i].expect);
+    }
+    struct {
+        const char *extra, *expect;
+    } bad[] = {
+        {",\"attention_bias\":true", "attention_bias"},
+        {",\"use_sliding_window\":true", "sliding_window"},
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}", "yarn"},
+        {",\"hidden_act\":\"gelu\"", "gelu"},
+        {",\"num_key_value_heads\":3", "multiple"},
+        {",\"head_dim\":33", "even"},
+        {",\"rms_norm_eps\":0", "rms_norm_eps"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        /* duplicate keys: the later value wins in jansson, which is what we test */
+        ck_assert_msg(parse_with(bad[i].extra, NULL, &c, err) != 0, "bad case %zu accepted", i);
+        ck_assert_msg(strstr(err, bad[i].expect), "bad case %zu: '%s' lacks '%s'", i, err, bad[i].expect);
+    }
+    ck_assert(parse_with("", "{\"eos_token_id\":[100]}", &c, err) != 0);
+    ck_assert_ptr_nonnull(strstr(err, "eos_token_id"));
+    ck_assert(model_config_load("/nonexistent-dir", &c, err, sizeof err) != 0);
+    ck_assert_ptr_nonnull(strstr(err, "config.json"));
+}
+END_TEST
+
+/* A config that disagrees with the weights must fail naming the tensor. */
+START_TEST(test_shape_mismatch_names_tensor) {
+    char *dir = tu_mkdtemp();
+    char path[1024], cmd[2048], err[1024];
+    snprintf(cmd, sizeof cmd,
+             "cp %s/tied/model.safetensors %s/ && sed 's/\"intermediate_size\": *[0-9]*/\"intermediate_size\": 96/' "
+             "%s/tied/config.json > %s/config.json",
+             MODELS_DIR, dir, MODELS_DIR, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    loaded L;
+    ck_assert(kern_backend_create("cpu", 1, 0, &L.ops, &L.be, err, sizeof err) == 0);
+    ck_assert(model_load(dir, L.ops, L.be, &L.m, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "mlp.gate_proj.weight") != NULL, "%s", err);
+    /* and a missing weights file is named too */
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ck_assert_int_eq(remove(path), 0);
+    ck_assert(model_load(dir, L.ops, L.be, &L.m, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "model.safetensors") != NULL, "%s", err);
+    kern_backend_destroy(L.ops, L.be);
+    tu_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* ---- engine helpers ---- */
+
+START_TEST(test_log_softmax_and_top_k) {
+    float lg[6] = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f, 2.0f};
+    double lp[6], sum = 0;
+    eng_log_softmax(lg, 6, lp);
+    for (int i = 0; i < 6; i++) sum += exp(lp[i]);
+    ck_assert(fabs(sum - 1.0) < 1e-12);
+    ck_assert(fabs((lp[1] - lp[0]) - 2.0) < 1e-12);
+    int32_t ids[6];
+    ck_assert_int_eq(eng_top_k(lp, 6, 4, ids), 4);
+    ck_assert_int_eq(ids[0], 1); /* tie 1 vs 2: lower id first */
+    ck_assert_int_eq(ids[1], 2);
+    ck_assert_int_eq(ids[2], 5);
+    ck_assert_int_eq(ids[3], 0);
+    ck_assert_int_eq(eng_top_k(lp, 6, 0, ids), 0);
+    ck_assert_int_eq(eng_top_k(lp, 6, 10, ids), 6);
+    ck_assert_int_eq(ids[5], 3);
+}
+END_TEST
+
+/* ---- echo-generate CLI contract ---- */
+
+static const char *bin_dir(void) {
+    const char *b = getenv("ECHO_BIN");
+    return b ? b : "bin";
+}
+
+START_TEST(test_cli_json_matches_reference) {
+    char names[MAX_MODELS][256];
+    int nm = list_models(names);
+    for (int mi = 0; mi < nm; mi++) {
+        ref_model r;
+        ref_load(names[mi], &r);
+        const ref_prompt *p = &r.p[r.n_prompts - 1];
+        char cmd[16384], ids[4096] = "";
+        size_t o = 0;
+        for (int i = 0; i < p->n_prompt; i++)
+            o += (size_t)snprintf(ids + o, sizeof ids - o, "%s%d", i ? "," : "", p->prompt[i]);
+        snprintf(cmd, sizeof cmd,
+                 "%s/echo-generate --model %s --prompt-tokens %s --max-tokens 32 --temperature 0 "
+                 "--top-logprobs 5 --ignore-eos --json --threads 2",
+                 bin_dir(), names[mi], ids);
+        int st;
+        char *out = tu_run(cmd, &st);
+        ck_assert_msg(st == 0 && out, "%s failed (%d)", cmd, st);
+        json_error_t je;
+        json_t *root = json_loads(out, 0, &je);
+        ck_assert_msg(root != NULL, "bad JSON: %s", je.text);
+        json_t *toks = json_object_get(root, "tokens"), *steps = json_object_get(root, "steps");
+        ck_assert_int_eq((int)json_array_size(json_object_get(root, "prompt_tokens")), p->n_prompt);
+        ck_assert_int_eq((int)json_array_size(toks), 32);
+        ck_assert_int_eq((int)json_array_size(steps), 32);
+        for (int t = 0; t < 32; t++)
+            ck_assert_int_eq(json_integer_value(json_array_get(toks, (size_t)t)), p->greedy[t]);
+        /* logprobs of the first step against log_softmax of the reference
+         * logits at the last prompt position */
+        int row = p->n_prompt - 1 - p->first_pos;
+        double *lp = malloc((size_t)r.vocab * sizeof *lp);
+        eng_log_softmax(p->logits + (size_t)row * r.vocab, r.vocab, lp);
+        json_t *s0 = json_array_get(steps, 0);
+        ck_assert(fabs(json_real_value(json_object_get(s0, "logprob")) - lp[p->greedy[0]]) < 1e-3);
+        json_t *top = json_object_get(s0, "top_logprobs");
+        ck_assert_int_eq((int)json_array_size(top), 5);
+        double prev = 1;
+        for (size_t k = 0; k < 5; k++) {
+            json_t *pair = json_array_get(top, k);
+            int id = (int)json_integer_value(json_array_get(pair, 0));
+            double v = json_real_value(json_array_get(pair, 1));
+            ck_assert(v <= prev);
+            ck_assert(fabs(v - lp[id]) < 1e-3);
+            prev = v;
+        }
+        ck_assert_int_eq(json_integer_value(json_array_get(json_array_get(top, 0), 0)), p->greedy[0]);
+        free(lp);
+        json_decref(root);
+        free(out);
+        ref_free(&r);
+    }
+}
+END_TEST
+
+START_TEST(test_cli_usage_errors) {
+    char cmd[1024];
+    int st;
+    const char *bad[] = {
+        "--bogus", "--model", "--model X --prompt-tokens 1,a", "--model X --prompt-tokens 1 --max-tokens -1",
+        "--model X --prompt-tokens 1 --temperature nan", "--model X --prompt-tokens 1 --device tpu",
+        "--model X --prompt-tokens 1 --top-logprobs 65", "--prompt-tokens 1",
+        "--model X --prompt-tokens 1 --tp 2", "--model X --prompt-tokens 1 --allreduce fp8",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(cmd, sizeof cmd, "%s/echo-generate %s 2>&1", bin_dir(), bad[i]);
+        free(tu_run(cmd, &st));
+        ck_assert_msg(st == 2, "'%s' exited %d, want 2", bad[i], st);
+    }
+    snprintf(cmd, sizeof cmd, "%s/echo-generate --help", bin_dir());
+    char *help = tu_run(cmd, &st);
+    ck_assert_int_eq(st, 0);
+    const char *flags[] = {"--model", "--prompt-tokens", "--max-tokens", "--temperature", "--top-logprobs",
+                           "--ignore-eos", "--json", "--seed", "--device", "--tp", "--allreduce", "--prompt",
+                           "--chat", "--threads"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) ck_assert_msg(strstr(help, flags[i]), "%s", flags[i]);
+    free(help);
+    /* runtime errors: exit 1 with a message */
+    snprintf(cmd, sizeof cmd, "%s/echo-generate --model /nonexistent --prompt-tokens 1 2>&1", bin_dir());
+    char *o = tu_run(cmd, &st);
+    ck_assert_int_eq(st, 1);
+    ck_assert_ptr_nonnull(strstr(o, "config.json"));
+    free(o);
+    snprintf(cmd, sizeof cmd, "%s/echo-generate --model %s/tied --prompt-tokens 1,384 2>&1", bin_dir(), MODELS_DIR);
+    o = tu_run(cmd, &st);
+    ck_assert_int_eq(st, 1);
+    ck_assert_ptr_nonnull(strstr(o, "out of range"));
+    free(o);
+}
+END_TEST
+
+/* Without --ignore-eos generation stops at the first EOS id, which is
+ * reported as the last token. */
+START_TEST(test_stops_at_eos) {
+    ref_model r;
+    loaded L;
+    char dir[512], err[1024];
+    snprintf(dir, sizeof dir, "%s/tied", MODELS_DIR);
+    ref_load(dir, &r);
+    load(dir, &L);
+    model_config *c = (model_config *)model_get_config(L.m);
+    const ref_prompt *p = &r.p[0];
+    /* make the 5th greedy token an EOS id for this run */
+    c->eos_ids[0] = p->greedy[4];
+    c->n_eos = 1;
+    int first = 0;
+    while (p->greedy[first] != p->greedy[4]) first++;
+    int32_t out[64], *cur = out;
+    eng_gen_params gp = {.max_tokens = 32, .temperature = 0};
+    eng_finish fin;
+    ck_assert(eng_generate(L.m, p->prompt, p->n_prompt, &gp, collect_tokens, &cur, &fin, err, sizeof err) == 0);
+    ck_assert_int_eq(fin, ENG_FINISH_EOS);
+    ck_assert_int_eq((int)(cur - out), first + 1);
+    unload(&L);
+    ref_free(&r);
+}
+END_TEST
+
+static Suite *model_suite(void) {
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("oracle");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_fixtures_present);
+    tcase_add_test(tc, test_logits_match_reference);
+    tcase_add_test(tc, test_greedy_matches_reference);
+    tcase_add_test(tc, test_decode_equals_full_recompute);
+    tcase_add_test(tc, test_stops_at_eos);
+    suite_add_tcase(s, tc);
+    TCase *tcc = tcase_create("config");
+    tcase_add_test(tcc, test_config_fields);
+    tcase_add_test(tcc, test_config_errors);
+    tcase_add_test(tcc, test_shape_mismatch_names_tensor);
+    tcase_add_test(tcc, test_log_softmax_and_top_k);
+    suite_add_tcase(s, tcc);
+    TCase *cli = tcase_create("cli");
+    tcase_set_timeout(cli, 600);
+    tcase_add_test(cli, test_cli_json_matches_reference);
+    tcase_add_test(cli, test_cli_usage_errors);
+    suite_add_tcase(s, cli);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(model_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,240 @@
+/*
+ * echo-generate: one-shot generation from a Hugging Face Qwen3 folder.
+ * The JSON output (--json) is a test contract; see --help.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+static const char *USAGE =
+    "usage: echo-generate --model DIR --prompt-tokens ID,ID,... [options]\n"
+    "\n"
+    "Generate tokens from a Hugging Face Qwen3 model folder (config.json + safetensors).\n"
+    "\n"
+    "  --model DIR            model folder (config.json, generation_config.json, *.safetensors)\n"
+    "  --prompt-tokens LIST   prompt as comma-separated token ids (each in [0, vocab_size))\n"
+    "  --max-tokens N         tokens to generate (default 16)\n"
+    "  --temperature T        0 = greedy (default); > 0 samples from softmax(logits/T)\n"
+    "  --seed S               sampling seed (default 0); same seed, same tokens\n"
+    "  --top-logprobs K       report the K most likely tokens per step (0..64, default 0)\n"
+    "  --ignore-eos           do not stop at the model's EOS ids\n"
+    "  --json                 print one JSON object:\n"
+    "                         {\"prompt_tokens\":[..],\"tokens\":[..],\"steps\":[{\"token\":ID,\"logprob\":LP,\n"
+    "                          \"top_logprobs\":[[ID,LP],..]},..]} (natural-log probabilities over the\n"
+    "                         full vocabulary, top list sorted descending)\n"
+    "  --device cpu|cuda      backend (default cpu)\n"
+    "  --threads N            cpu threads (default: all online CPUs)\n"
+    "  --tp N                 tensor-parallel ranks (this version: 1)\n"
+    "  --allreduce MODE       exact|int4|echo all-reduce for --tp > 1\n"
+    "  --prompt TEXT          text prompt (needs the tokenizer; not in this version)\n"
+    "  --chat                 wrap --prompt as a chat user turn (needs the tokenizer)\n"
+    "  -h, --help             this help\n"
+    "\n"
+    "Exit status: 0 success, 1 runtime error (bad model, out of memory), 2 usage error.\n";
+
+static void usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "echo-generate: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry 'echo-generate --help'.\n");
+    exit(2);
+}
+
+static long parse_long(const char *s, const char *flag, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s expects an integer in [%ld, %ld], got '%%s'", flag, lo, hi);
+        usage_error(msg, s);
+    }
+    return v;
+}
+
+static int32_t *parse_ids(const char *s, int *n) {
+    size_t cap = 16;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    *n = 0;
+    const char *p = s;
+    while (ids) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX) usage_error("--prompt-tokens: bad token id list '%s'", s);
+        if ((size_t)*n == cap) {
+            int32_t *nid = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!nid) break;
+            ids = nid;
+        }
+        ids[(*n)++] = (int32_t)v;
+        if (*end == 0) return ids;
+        if (*end != ',') usage_error("--prompt-tokens: bad token id list '%s'", s);
+        p = end + 1;
+    }
+    free(ids);
+    fprintf(stderr, "echo-generate: out of memory\n");
+    exit(1);
+}
+
+typedef struct gen_out {
+    json_t *tokens, *steps;
+    int json;
+    int count;
+} gen_out;
+
+static int on_step(void *user, const eng_step *st) {
+    gen_out *o = user;
+    o->count++;
+    if (!o->json) {
+        printf("%d ", st->token);
+        fflush(stdout);
+        return 0;
+    }
+    json_t *top = json_array();
+    for (int i = 0; i < st->n_top; i++)
+        json_array_append_new(top, json_pack("[i,f]", (json_int_t)st->top_ids[i], st->top_logprobs[i]));
+    json_array_append_new(o->tokens, json_integer(st->token));
+    json_array_append_new(o->steps,
+                          json_pack("{s:i,s:f,s:o}", "token", (json_int_t)st->token, "logprob", st->logprob,
+                                    "top_logprobs", top));
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},
+        {"prompt-tokens", required_argument, 0, O_PTOK},
+        {"max-tokens", required_argument, 0, O_MAXTOK},
+        {"temperature", required_argument, 0, O_TEMP},
+        {"seed", required_argument, 0, O_SEED},
+        {"top-logprobs", required_argument, 0, O_TOPLP},
+        {"ignore-eos", no_argument, 0, O_IGNEOS},
+        {"json", no_argument, 0, O_JSON},
+        {"device", required_argument, 0, O_DEVICE},
+        {"threads", required_argument, 0, O_THREADS},
+        {"tp", required_argument, 0, O_TP},
+        {"allreduce", required_argument, 0, O_ALLRED},
+        {"prompt", required_argument, 0, O_PROMPT},
+        {"chat", no_argument, 0, O_CHAT},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model_dir = NULL, *ptok = NULL, *device = "cpu", *allreduce = NULL, *prompt_text = NULL;
+    eng_gen_params gp = {.max_tokens = 16, .temperature = 0, .seed = 0, .top_logprobs = 0, .ignore_eos = 0};
+    int json = 0, threads = 0, tp = 1, chat = 0, c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: model_dir = optarg; break;
+        case O_PTOK: ptok = optarg; break;
+        case O_MAXTOK: gp.max_tokens = (int)parse_long(optarg, "--max-tokens", 0, 1 << 24); break;
+        case O_TEMP: {
+            char *end;
+            errno = 0;
+            double t = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(t >= 0) || !isfinite(t) || t > 1e4)
+                usage_error("--temperature expects a number in [0, 10000], got '%s'", optarg);
+            gp.temperature = (float)t;
+            break;
+        }
+        case O_SEED: gp.seed = (uint64_t)parse_long(optarg, "--seed", 0, LONG_MAX); break;
+        case O_TOPLP: gp.top_logprobs = (int)parse_long(optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
+        case O_IGNEOS: gp.ignore_eos = 1; break;
+        case O_JSON: json = 1; break;
+        case O_DEVICE:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) usage_error("--device expects cpu or cuda, got '%s'", optarg);
+            device = optarg;
+            break;
+        case O_THREADS: threads = (int)parse_long(optarg, "--threads", 1, 1024); break;
+        case O_TP: tp = (int)parse_long(optarg, "--tp", 1, 64); break;
+        case O_ALLRED:
+            if (strcmp(optarg, "exact") && strcmp(optarg, "int4") && strcmp(optarg, "echo"))
+                usage_error("--allreduce expects exact, int4 or echo, got '%s'", optarg);
+            allreduce = optarg;
+            break;
+        case O_PROMPT: prompt_text = optarg; break;
+        case O_CHAT: chat = 1; break;
+        case 'h': fputs(USAGE, stdout); return 0;
+        case '?':
+        default:
+            usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) usage_error("unexpected argument '%s'", argv[optind]);
+    if (!model_dir) usage_error("%s", "--model DIR is required");
+    if (prompt_text || chat)
+        usage_error("%s", "--prompt/--chat need the tokenizer, which this version does not have yet; "
+                          "use --prompt-tokens");
+    if (!ptok) usage_error("%s", "--prompt-tokens is required");
+    if (tp != 1) usage_error("%s", "this version runs one rank only (--tp 1); tensor parallelism comes with the engine");
+    if (allreduce) fprintf(stderr, "echo-generate: note: --allreduce %s has no effect with --tp 1 (no all-reduce)\n", allreduce);
+
+    int n_prompt;
+    int32_t *prompt = parse_ids(ptok, &n_prompt);
+    char err[1024];
+    const kern_ops *ops = NULL;
+    kern_backend *be = NULL;
+    model *m = NULL;
+    int rc = 1;
+    gen_out out = {json_array(), json_array(), json, 0};
+    if (kern_backend_create(device, threads, 0, &ops, &be, err, sizeof err)) goto fail;
+    double t0 = now_s();
+    if (model_load(model_dir, ops, be, &m, err, sizeof err)) goto fail;
+    const model_config *cfg = model_get_config(m);
+    for (int i = 0; i < n_prompt; i++) {
+        if (prompt[i] >= cfg->vocab_size) {
+            snprintf(err, sizeof err, "prompt token %d is out of range [0, %d)", prompt[i], cfg->vocab_size);
+            goto fail;
+        }
+    }
+    double t1 = now_s();
+    eng_finish fin;
+    if (eng_generate(m, prompt, n_prompt, &gp, on_step, &out, &fin, err, sizeof err)) goto fail;
+    double t2 = now_s();
+    if (json) {
+        json_t *ptoks = json_array();
+        for (int i = 0; i < n_prompt; i++) json_array_append_new(ptoks, json_integer(prompt[i]));
+        json_t *root = json_pack("{s:o,s:O,s:O}", "prompt_tokens", ptoks, "tokens", out.tokens, "steps", out.steps);
+        char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        if (!s) {
+            json_decref(root);
+            snprintf(err, sizeof err, "out of memory");
+            goto fail;
+        }
+        puts(s);
+        free(s);
+        json_decref(root);
+    } else {
+        printf("\n");
+        fprintf(stderr, "echo-generate: %d prompt + %d generated tokens, load %.2fs, generate %.2fs (%s)\n", n_prompt,
+                out.count, t1 - t0, t2 - t1,
+                fin == ENG_FINISH_EOS ? "stopped at EOS" : "reached --max-tokens");
+    }
+    rc = 0;
+fail:
+    if (rc) fprintf(stderr, "echo-generate: error: %s\n", err);
+    json_decref(out.tokens);
+    json_decref(out.steps);
+    model_free(m);
+    kern_backend_destroy(ops, be);
+    free(prompt);
+    return rc;
+}
