@@ -3,6 +3,7 @@
 #   make            build libraries into build/ and programs into bin/
 #   make CUDA=0     same, without the cuda backend
 #   make deps       install the Debian packages the build and tests need
+#   make run        build, then run echo-generate on a bundled fixture model
 #   make test       deps + build + every Check suite + fuzz-corpus regressions
 #   make test-asan  the same suites built with -fsanitize=address,undefined
 #   make fuzz-safetensors FUZZ_SECONDS=600   fuzz the safetensors header parser longer
@@ -75,7 +76,7 @@ TOOLS    := $(TOOL_SRC:tools/echo_%.c=$(BIN)/echo-%)
 TESTS    := $(TEST_SRC:tests/unit/test_%.c=$(BUILD)/tests/test_%)
 FUZZERS  := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/fuzz/fuzz_%)
 
-.PHONY: all deps test test-asan check-suites fuzz-regress format clean
+.PHONY: all deps test test-asan check-suites fuzz-regress format clean run
 all: $(LIB) $(TOOLS)
 
 $(BUILD)/obj/kernels/cpu/%.o: kernels/cpu/%.c
@@ -142,6 +143,12 @@ test: deps
 test-asan: deps
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" check-suites
+
+# The main job on an embedded default: greedy generation on a bundled fixture model.
+RUN_MODEL ?= tests/fixtures/models/gqa4-deep
+run: deps
+	$(MAKE) all
+	$(BIN)/echo-generate --model $(RUN_MODEL) --prompt-tokens 1,2,3,4,5 --max-tokens 16 --top-logprobs 3 --json
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cc' '*.cu' '*.cuh')

@@ -46,7 +46,8 @@ typedef struct scratch {
     void *o;      /* (cap, hidden) block output */
     void *gate;   /* (cap, inter) */
     void *up;     /* (cap, inter) */
-    void *logits; /* (cap, vocab) */
+    void *logits; /* (logits_cap, vocab): only rows whose logits are wanted */
+    int logits_cap;
 } scratch;
 
 struct model {
@@ -106,13 +107,17 @@ static void scratch_free(model *m) {
         *bufs[i] = NULL;
     }
     m->sc.cap = 0;
+    m->sc.logits_cap = 0;
 }
 
-/* Grow the scratch to hold `n` tokens; sizes at least double so a prefill
- * followed by decodes does not reallocate. */
-static int scratch_reserve(model *m, int n, char *err, size_t errlen) {
-    if (n <= m->sc.cap) return 0;
-    int cap = m->sc.cap * 2 > n ? m->sc.cap * 2 : n;
+/* Grow the scratch to hold `n` tokens of which `rows` want logits; sizes at
+ * least double so a prefill followed by decodes does not reallocate. The
+ * logits buffer is sized separately: a 2048-token prefill of a 152k vocabulary
+ * needs one row, not 1.2 GB. */
+static int scratch_reserve(model *m, int n, int rows, char *err, size_t errlen) {
+    if (n <= m->sc.cap && rows <= m->sc.logits_cap) return 0;
+    int cap = n <= m->sc.cap ? m->sc.cap : (m->sc.cap * 2 > n ? m->sc.cap * 2 : n);
+    if (rows < m->sc.logits_cap) rows = m->sc.logits_cap;
     const model_config *c = &m->cfg;
     size_t es = kern_dtype_size(m->ops->act_dtype);
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
@@ -126,7 +131,7 @@ static int scratch_reserve(model *m, int n, char *err, size_t errlen) {
     m->sc.o = m->ops->alloc(m->be, (size_t)cap * c->hidden_size * es);
     m->sc.gate = m->ops->alloc(m->be, (size_t)cap * c->intermediate_size * es);
     m->sc.up = m->ops->alloc(m->be, (size_t)cap * c->intermediate_size * es);
-    m->sc.logits = m->ops->alloc(m->be, (size_t)cap * c->vocab_size * es);
+    m->sc.logits = m->ops->alloc(m->be, (size_t)rows * c->vocab_size * es);
     if (!m->sc.x || !m->sc.h || !m->sc.q || !m->sc.k || !m->sc.v || !m->sc.att || !m->sc.o || !m->sc.gate ||
         !m->sc.up || !m->sc.logits) {
         scratch_free(m);
@@ -134,6 +139,7 @@ static int scratch_reserve(model *m, int n, char *err, size_t errlen) {
         return -1;
     }
     m->sc.cap = cap;
+    m->sc.logits_cap = rows;
     return 0;
 }
 
@@ -292,7 +298,10 @@ int model_forward(model *m, model_seq *s, const int32_t *ids, int n, model_logit
             return -1;
         }
     }
-    if (scratch_reserve(m, n, err, errlen)) return -1;
+    /* Only the rows whose logits are wanted go through the final norm and
+     * the (vocab-sized, expensive) lm_head. */
+    const int first = mode == MODEL_LOGITS_ALL ? 0 : n - 1, rows = n - first;
+    if (scratch_reserve(m, n, rows, err, errlen)) return -1;
     pos = malloc((size_t)n * sizeof *pos);
     if (!pos) {
         snprintf(err, errlen, "out of memory");
@@ -330,9 +339,6 @@ int model_forward(model *m, model_seq *s, const int32_t *ids, int n, model_logit
         OP(ops->matmul(be, sc->o, sc->gate, &L->wd, n));
         OP(ops->add(be, sc->x, sc->o, (size_t)n * H));
     }
-    /* Only the rows whose logits are wanted go through the final norm and
-     * the (vocab-sized, expensive) lm_head. */
-    int first = mode == MODEL_LOGITS_ALL ? 0 : n - 1, rows = n - first;
     OP(ops->rmsnorm(be, sc->h, act_at(m, sc->x, (size_t)first * H), &m->norm, rows, H, c->rms_norm_eps));
     OP(ops->matmul(be, sc->logits, sc->h, &m->lm_head, rows));
     OP(ops->to_host_f32(be, logits, sc->logits, (size_t)rows * c->vocab_size));

@@ -1,0 +1,298 @@
+/*
+ * kernels/cpu against straightforward double-precision formulas written
+ * here, for every op in the table and every weight dtype. The model oracle
+ * (test_model) only exercises bf16 weights; this covers f16/f32 paths, odd
+ * shapes, GQA and cache offsets directly.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "tests/unit/testutil.h"
+
+static uint64_t rng_state;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+}
+
+static uint16_t f32_to_bf16(float f) { /* round to nearest even */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* binary16 encoding of normal values (test data stays in range). */
+static uint16_t f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t man = u & 0x7fffff;
+    if (e <= 0) return (uint16_t)sign; /* flush tiny test values */
+    uint32_t r = (man >> 13) + ((man >> 12) & 1);
+    return (uint16_t)(sign | (((uint32_t)e << 10) + r));
+}
+
+typedef struct wbuf {
+    kern_weight w;
+    float *ref; /* the exact values the weight holds, as fp32 */
+    void *raw;
+} wbuf;
+
+static void make_weight(wbuf *b, kern_dtype dt, int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    b->ref = malloc(n * sizeof(float));
+    b->raw = malloc(n * kern_dtype_size(dt));
+    for (size_t i = 0; i < n; i++) {
+        float v = frand();
+        if (dt == KERN_F32) {
+            ((float *)b->raw)[i] = v;
+            b->ref[i] = v;
+        } else if (dt == KERN_BF16) {
+            uint16_t h = f32_to_bf16(v);
+            ((uint16_t *)b->raw)[i] = h;
+            b->ref[i] = kern_bf16_to_f32(h);
+        } else {
+            uint16_t h = f32_to_f16(v);
+            ((uint16_t *)b->raw)[i] = h;
+            b->ref[i] = kern_f16_to_f32(h);
+        }
+    }
+    b->w = (kern_weight){b->raw, dt, rows, cols};
+}
+
+static void free_weight(wbuf *b) {
+    free(b->ref);
+    free(b->raw);
+}
+
+static float *rand_vec(size_t n) {
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = frand();
+    return v;
+}
+
+static const kern_ops *ops;
+static kern_backend *be;
+
+static void setup(void) {
+    char err[256];
+    rng_state = 12345;
+    ck_assert_msg(kern_backend_create("cpu", 3, 0, &ops, &be, err, sizeof err) == 0, "%s", err);
+}
+static void teardown(void) { kern_backend_destroy(ops, be); }
+
+START_TEST(test_f16_conversion) {
+    ck_assert(kern_f16_to_f32(0x3c00) == 1.0f);
+    ck_assert(kern_f16_to_f32(0xc000) == -2.0f);
+    ck_assert(kern_f16_to_f32(0x7bff) == 65504.0f);
+    ck_assert(kern_f16_to_f32(0x0001) == ldexpf(1.0f, -24)); /* smallest subnormal */
+    ck_assert(kern_f16_to_f32(0x03ff) == ldexpf(1023.0f, -24));
+    ck_assert(isinf(kern_f16_to_f32(0x7c00)) && kern_f16_to_f32(0xfc00) < 0);
+    ck_assert(isnan(kern_f16_to_f32(0x7e00)));
+    ck_assert(signbit(kern_f16_to_f32(0x8000)) && kern_f16_to_f32(0x8000) == 0.0f);
+    ck_assert(kern_bf16_to_f32(0x3f80) == 1.0f);
+}
+END_TEST
+
+START_TEST(test_matmul_all_dtypes) {
+    const kern_dtype dts[] = {KERN_F32, KERN_F16, KERN_BF16};
+    const int shapes[][3] = {{1, 37, 19}, {7, 16, 64}, {33, 50, 131}}; /* n, rows, cols */
+    for (size_t d = 0; d < 3; d++) {
+        for (size_t s = 0; s < 3; s++) {
+            int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+            wbuf w;
+            make_weight(&w, dts[d], rows, cols);
+            float *x = rand_vec((size_t)n * cols);
+            float *out = ops->alloc(be, (size_t)n * rows * sizeof(float));
+            ck_assert_int_eq(ops->matmul(be, out, x, &w.w, n), 0);
+            for (int i = 0; i < n; i++) {
+                for (int r = 0; r < rows; r++) {
+                    double ref = 0, mag = 0;
+                    for (int k = 0; k < cols; k++) {
+                        ref += (double)x[(size_t)i * cols + k] * w.ref[(size_t)r * cols + k];
+                        mag += fabs((double)x[(size_t)i * cols + k] * w.ref[(size_t)r * cols + k]);
+                    }
+                    ck_assert_msg(fabs(out[(size_t)i * rows + r] - ref) <= 1e-6 * mag + 1e-7,
+                                  "%s n=%d (%d,%d): out[%d,%d]=%g ref %g", kern_dtype_name(dts[d]), n, rows, cols, i,
+                                  r, out[(size_t)i * rows + r], ref);
+                }
+            }
+            ops->free(be, out);
+            free(x);
+            free_weight(&w);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_matmul_rejects_alias) {
+    wbuf w;
+    make_weight(&w, KERN_F32, 4, 4);
+    float *x = rand_vec(4);
+    ck_assert_int_ne(ops->matmul(be, x, x, &w.w, 1), 0);
+    ck_assert_ptr_nonnull(strstr(kern_last_error(be), "alias"));
+    free(x);
+    free_weight(&w);
+}
+END_TEST
+
+START_TEST(test_rmsnorm) {
+    int rows = 5, dim = 48;
+    wbuf w;
+    make_weight(&w, KERN_BF16, 1, dim);
+    float *x = rand_vec((size_t)rows * dim), *orig = malloc((size_t)rows * dim * sizeof(float));
+    memcpy(orig, x, (size_t)rows * dim * sizeof(float));
+    ck_assert_int_eq(ops->rmsnorm(be, x, x, &w.w, rows, dim, 1e-5f), 0); /* in place */
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int i = 0; i < dim; i++) ss += (double)orig[r * dim + i] * orig[r * dim + i];
+        double inv = 1.0 / sqrt(ss / dim + 1e-5);
+        for (int i = 0; i < dim; i++)
+            ck_assert(fabs(x[r * dim + i] - orig[r * dim + i] * inv * w.ref[i]) < 1e-5);
+    }
+    ck_assert_int_ne(ops->rmsnorm(be, x, x, &w.w, rows, dim + 1, 1e-5f), 0);
+    free(x);
+    free(orig);
+    free_weight(&w);
+}
+END_TEST
+
+START_TEST(test_rope) {
+    int n = 3, heads = 2, hd = 16;
+    int32_t pos[3] = {0, 7, 4000};
+    double theta = 1e6;
+    float *x = rand_vec((size_t)n * heads * hd), *orig = malloc((size_t)n * heads * hd * sizeof(float));
+    memcpy(orig, x, (size_t)n * heads * hd * sizeof(float));
+    ck_assert_int_eq(ops->rope(be, x, pos, n, heads, hd, theta), 0);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < hd / 2; i++) {
+                double f = pos[t] * pow(theta, -2.0 * i / hd);
+                const float *o = orig + (t * heads + h) * hd;
+                const float *v = x + (t * heads + h) * hd;
+                double a = o[i] * cos(f) - o[i + hd / 2] * sin(f);
+                double b = o[i + hd / 2] * cos(f) + o[i] * sin(f);
+                /* fp32 angles at position 4000 carry ~4000*2^-24 rad of error */
+                ck_assert_msg(fabs(v[i] - a) < 1e-3 && fabs(v[i + hd / 2] - b) < 1e-3, "t=%d h=%d i=%d", t, h, i);
+            }
+    ck_assert_int_ne(ops->rope(be, x, pos, n, heads, 15, theta), 0);
+    free(x);
+    free(orig);
+}
+END_TEST
+
+/* GQA with 4 query heads per KV head, queries starting at pos0 > 0. */
+START_TEST(test_attention_gqa_offset) {
+    int hq = 8, hkv = 2, hd = 16, pos0 = 5, n = 19, len = pos0 + n;
+    float scale = 0.25f;
+    float *q = rand_vec((size_t)n * hq * hd), *kc = rand_vec((size_t)len * hkv * hd);
+    float *vc = rand_vec((size_t)len * hkv * hd), *out = ops->alloc(be, (size_t)n * hq * hd * sizeof(float));
+    ck_assert_int_eq(ops->attention(be, out, q, kc, vc, n, pos0, hq, hkv, hd, scale), 0);
+    double *s = malloc((size_t)len * sizeof *s);
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < hq; h++) {
+            int g = h / (hq / hkv), L = pos0 + i + 1;
+            double mx = -INFINITY, sum = 0;
+            for (int t = 0; t < L; t++) {
+                double d = 0;
+                for (int c = 0; c < hd; c++) d += (double)q[(i * hq + h) * hd + c] * kc[(t * hkv + g) * hd + c];
+                s[t] = d * scale;
+                if (s[t] > mx) mx = s[t];
+            }
+            for (int t = 0; t < L; t++) sum += s[t] = exp(s[t] - mx);
+            for (int c = 0; c < hd; c++) {
+                double o = 0;
+                for (int t = 0; t < L; t++) o += s[t] / sum * vc[(t * hkv + g) * hd + c];
+                ck_assert_msg(fabs(out[(i * hq + h) * hd + c] - o) < 1e-5, "i=%d h=%d c=%d", i, h, c);
+            }
+        }
+    ck_assert_int_ne(ops->attention(be, out, q, kc, vc, n, pos0, 6, 4, hd, scale), 0);
+    free(s);
+    free(q);
+    free(kc);
+    free(vc);
+    ops->free(be, out);
+}
+END_TEST
+
+START_TEST(test_elementwise_and_embedding) {
+    float g[4] = {-3.0f, 0.0f, 0.5f, 20.0f}, u[4] = {1.0f, 2.0f, -2.0f, 0.5f}, o[4];
+    ck_assert_int_eq(ops->silu_mul(be, o, g, u, 4), 0);
+    for (int i = 0; i < 4; i++) ck_assert(fabs(o[i] - g[i] / (1.0 + exp(-(double)g[i])) * u[i]) < 1e-6);
+    float a[3] = {1, 2, 3}, b[3] = {0.5f, -2, 10};
+    ck_assert_int_eq(ops->add(be, a, b, 3), 0);
+    ck_assert(a[0] == 1.5f && a[1] == 0.0f && a[2] == 13.0f);
+    wbuf t;
+    make_weight(&t, KERN_F16, 10, 6);
+    int32_t ids[3] = {9, 0, 9};
+    float e[18];
+    ck_assert_int_eq(ops->embedding(be, e, &t.w, ids, 3), 0);
+    for (int i = 0; i < 3; i++)
+        for (int c = 0; c < 6; c++) ck_assert(e[i * 6 + c] == t.ref[ids[i] * 6 + c]);
+    int32_t bad[1] = {10};
+    ck_assert_int_ne(ops->embedding(be, e, &t.w, bad, 1), 0);
+    ck_assert_ptr_nonnull(strstr(kern_last_error(be), "out of range"));
+    free_weight(&t);
+}
+END_TEST
+
+/* Every output element is computed by exactly one thread in a fixed order,
+ * so results must not depend on the thread count. */
+START_TEST(test_thread_count_invariance) {
+    const kern_ops *ops1;
+    kern_backend *be1;
+    char err[256];
+    ck_assert(kern_backend_create("cpu", 1, 0, &ops1, &be1, err, sizeof err) == 0);
+    wbuf w;
+    make_weight(&w, KERN_BF16, 70, 40);
+    float *x = rand_vec(9 * 40), *o3 = malloc(9 * 70 * sizeof(float)), *o1 = malloc(9 * 70 * sizeof(float));
+    ck_assert_int_eq(ops->matmul(be, o3, x, &w.w, 9), 0);
+    ck_assert_int_eq(ops1->matmul(be1, o1, x, &w.w, 9), 0);
+    ck_assert_int_eq(memcmp(o1, o3, 9 * 70 * sizeof(float)), 0);
+    kern_backend_destroy(ops1, be1);
+    free(x);
+    free(o1);
+    free(o3);
+    free_weight(&w);
+}
+END_TEST
+
+START_TEST(test_backend_selection_errors) {
+    const kern_ops *o;
+    kern_backend *b;
+    char err[256];
+    ck_assert_int_ne(kern_backend_create("tpu", 1, 0, &o, &b, err, sizeof err), 0);
+    ck_assert_ptr_nonnull(strstr(err, "tpu"));
+#ifndef ECHO_HAVE_CUDA
+    ck_assert_int_ne(kern_backend_create("cuda", 1, 0, &o, &b, err, sizeof err), 0);
+    ck_assert_ptr_nonnull(strstr(err, "--device cpu"));
+#endif
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("kernels-cpu");
+    TCase *tc = tcase_create("ops");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_f16_conversion);
+    tcase_add_test(tc, test_matmul_all_dtypes);
+    tcase_add_test(tc, test_matmul_rejects_alias);
+    tcase_add_test(tc, test_rmsnorm);
+    tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_attention_gqa_offset);
+    tcase_add_test(tc, test_elementwise_and_embedding);
+    tcase_add_test(tc, test_thread_count_invariance);
+    tcase_add_test(tc, test_backend_selection_errors);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
