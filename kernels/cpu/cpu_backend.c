@@ -44,19 +44,27 @@ static int cpu_copy(kern_backend *be, void *dst, const void *src, size_t n) {
     return 0;
 }
 
+/* safetensors does not promise aligned tensor data (HF pads headers to 8
+ * bytes, other writers need not), so 16-bit weights are read through memcpy;
+ * gcc turns it into plain (unaligned-safe) loads. */
 void cpu_load_f32(float *dst, const kern_weight *w, size_t off, size_t n) {
+    const char *src = (const char *)w->data + off * kern_dtype_size(w->dtype);
     switch (w->dtype) {
-    case KERN_F32: memcpy(dst, (const float *)w->data + off, n * sizeof(float)); break;
-    case KERN_BF16: {
-        const uint16_t *s = (const uint16_t *)w->data + off;
-        for (size_t i = 0; i < n; i++) dst[i] = kern_bf16_to_f32(s[i]);
+    case KERN_F32: memcpy(dst, src, n * sizeof(float)); break;
+    case KERN_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i] = kern_bf16_to_f32(h);
+        }
         break;
-    }
-    case KERN_F16: {
-        const uint16_t *s = (const uint16_t *)w->data + off;
-        for (size_t i = 0; i < n; i++) dst[i] = kern_f16_to_f32(s[i]);
+    case KERN_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i] = kern_f16_to_f32(h);
+        }
         break;
-    }
     }
 }
 
