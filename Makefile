@@ -71,6 +71,13 @@ ifeq ($(CUDA),1)
   LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lnccl -lcudart -lstdc++
 endif
 
+# Objects depend on a stamp of the flags that built them, so switching
+# CUDA=0/1, SAN or OPT in the same build folder rebuilds instead of linking
+# objects compiled for another configuration.
+FLAGS_LINE := $(CC) $(CFLAGS) $(KERN_CFLAGS) CUDA=$(CUDA)
+FLAGS_STAMP := $(BUILD)/.flags
+$(shell mkdir -p $(BUILD); echo '$(FLAGS_LINE)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_LINE)' > $(FLAGS_STAMP))
+
 LIB      := $(BUILD)/libecho.a
 TOOLS    := $(TOOL_SRC:tools/echo_%.c=$(BIN)/echo-%)
 TESTS    := $(TEST_SRC:tests/unit/test_%.c=$(BUILD)/tests/test_%)
@@ -79,19 +86,19 @@ FUZZERS  := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/fuzz/fuzz_%)
 .PHONY: all deps test test-asan check-suites fuzz-regress format clean run
 all: $(LIB) $(TOOLS)
 
-$(BUILD)/obj/kernels/cpu/%.o: kernels/cpu/%.c
+$(BUILD)/obj/kernels/cpu/%.o: kernels/cpu/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(KERN_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cc
+$(BUILD)/obj/%.o: %.cc $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(shell pkg-config --cflags sentencepiece 2>/dev/null) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu
+$(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
@@ -106,6 +113,13 @@ $(BIN)/echo-%: $(BUILD)/obj/tools/echo_%.o $(LIB)
 $(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(BUILD)/obj/tests/unit/testutil.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CHECK_LIBS)
+
+# cuda-vs-cpu op comparison (run by tests/gpu/run.sh on a GPU machine).
+ifeq ($(CUDA),1)
+$(BUILD)/tests/gpu_test_%: $(BUILD)/obj/tests/gpu/test_%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+endif
 
 # libFuzzer targets need clang; they link the library sources they fuzz
 # directly so the whole path is instrumented.

@@ -1,0 +1,183 @@
+/*
+ * Private to kernels/cuda/: the cuda backend's state, the error-check
+ * macros and the helpers the op files share. C++ (nvcc) only.
+ *
+ * Every CUDA runtime and cuBLASLt call goes through a check macro that, on
+ * failure, records "cuda: FILE:LINE: CALL: ERROR_NAME (library message)"
+ * into the backend's last-error buffer via kern_fail() and returns -1 (the
+ * _GOTO variants set a status variable and jump to a cleanup label instead).
+ * Nothing here exits or aborts.
+ *
+ * There is no file-scope device state: the device index, stream, cuBLASLt
+ * handle and workspace, staging buffers and caches all live in cuda_impl,
+ * one per backend (one per rank). Every entry point first makes the
+ * backend's device current (cuda_enter), since a backend may be created on
+ * one host thread and driven from another.
+ */
+#ifndef ECHO_KERNELS_CUDA_H
+#define ECHO_KERNELS_CUDA_H
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* nvcc is not given -DECHO_HAVE_CUDA (only the C files are); this backend
+ * needs the kern_cuda_* declarations, with C linkage. */
+#ifndef ECHO_HAVE_CUDA
+#define ECHO_HAVE_CUDA 1
+#endif
+extern "C" {
+#include "kernels/backend_internal.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+/* ---- error checks ---- */
+
+static inline int cuda_fail_rt(kern_backend *be, const char *file, int line, const char *call, cudaError_t e) {
+    return kern_fail(be, "cuda: %s:%d: %s: %s (%s)", file, line, call, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+static inline int cuda_fail_lt(kern_backend *be, const char *file, int line, const char *call, cublasStatus_t s) {
+    return kern_fail(be, "cuda: %s:%d: %s: %s (%s)", file, line, call, cublasLtGetStatusName(s),
+                     cublasLtGetStatusString(s));
+}
+
+/* CUDA runtime call; on failure record it and return -1. */
+#define CUDA_TRY(be, call)                                                                                             \
+    do {                                                                                                               \
+        cudaError_t cuda_try_e_ = (call);                                                                              \
+        if (cuda_try_e_ != cudaSuccess) return cuda_fail_rt((be), __FILE__, __LINE__, #call, cuda_try_e_);             \
+    } while (0)
+
+/* CUDA runtime call; on failure record it, set rc = -1 and goto label. */
+#define CUDA_TRY_GOTO(be, call, rc, label)                                                                             \
+    do {                                                                                                               \
+        cudaError_t cuda_try_e_ = (call);                                                                              \
+        if (cuda_try_e_ != cudaSuccess) {                                                                              \
+            (rc) = cuda_fail_rt((be), __FILE__, __LINE__, #call, cuda_try_e_);                                         \
+            goto label;                                                                                                \
+        }                                                                                                              \
+    } while (0)
+
+/* cuBLASLt call; on failure record it and return -1. */
+#define LT_TRY(be, call)                                                                                               \
+    do {                                                                                                               \
+        cublasStatus_t lt_try_s_ = (call);                                                                             \
+        if (lt_try_s_ != CUBLAS_STATUS_SUCCESS) return cuda_fail_lt((be), __FILE__, __LINE__, #call, lt_try_s_);       \
+    } while (0)
+
+/* cuBLASLt call; on failure record it, set rc = -1 and goto label. */
+#define LT_TRY_GOTO(be, call, rc, label)                                                                               \
+    do {                                                                                                               \
+        cublasStatus_t lt_try_s_ = (call);                                                                             \
+        if (lt_try_s_ != CUBLAS_STATUS_SUCCESS) {                                                                      \
+            (rc) = cuda_fail_lt((be), __FILE__, __LINE__, #call, lt_try_s_);                                           \
+            goto label;                                                                                                \
+        }                                                                                                              \
+    } while (0)
+
+/* After a <<<...>>> launch: a bad configuration or missing kernel image is
+ * reported here (faults inside the kernel surface at the next sync). */
+#define CUDA_LAUNCH_TRY(be, kernel_name)                                                                               \
+    do {                                                                                                               \
+        cudaError_t cuda_try_e_ = cudaGetLastError();                                                                  \
+        if (cuda_try_e_ != cudaSuccess)                                                                                \
+            return cuda_fail_rt((be), __FILE__, __LINE__, "launch " kernel_name, cuda_try_e_);                         \
+    } while (0)
+
+/* ---- state ---- */
+
+/* One cached cuBLASLt plan: descriptors plus the heuristic's algorithm for
+ * one (m, n, k, pointer alignments) problem. dtypes are fixed (bf16 A/B/C/D,
+ * fp32 compute and scale), so they are not part of the key. */
+typedef struct cuda_mm_plan {
+    int64_t m, n, k;
+    uint32_t align_a, align_b, align_c;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    unsigned long long last_used;
+} cuda_mm_plan;
+
+#define CUDA_MM_PLANS 64
+
+/* Staging for host int32 arrays (token ids, positions): a ring of pinned
+ * host + device buffer pairs. A slot's event marks the end of its last
+ * host->device copy; the pinned buffer is rewritten only after it fired. */
+typedef struct cuda_stage_slot {
+    int32_t *host; /* pinned */
+    int32_t *dev;
+    cudaEvent_t copied;
+    int n;
+} cuda_stage_slot;
+
+#define CUDA_STAGE_SLOTS 8
+#define CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+
+typedef struct cuda_impl {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+
+    cuda_mm_plan plans[CUDA_MM_PLANS];
+    int nplans;
+    unsigned long long plan_tick;
+
+    cuda_stage_slot stage[CUDA_STAGE_SLOTS];
+    int stage_cap;  /* int32 elements per slot */
+    int stage_next; /* next slot to fill */
+    int stage_last; /* slot filled last, -1 if none */
+
+    void *tmp; /* device scratch: to_host_f32, overlapping copies */
+    size_t tmp_bytes;
+
+    float *rope_inv_freq; /* device, head_dim/2 values for (rope_theta, rope_hd) */
+    double rope_theta;
+    int rope_hd;
+} cuda_impl;
+
+static inline cuda_impl *cuda_get(kern_backend *be) {
+    return (cuda_impl *)be->impl;
+}
+
+/* Make the backend's device current on the calling thread. */
+static inline int cuda_enter(kern_backend *be) {
+    CUDA_TRY(be, cudaSetDevice(cuda_get(be)->device));
+    return 0;
+}
+
+/* Blocks for a 1-D grid-stride launch over `count` elements. */
+static inline unsigned cuda_blocks(size_t count, unsigned threads) {
+    size_t b = (count + threads - 1) / threads;
+    if (b > (1u << 20)) b = 1u << 20;
+    return b ? (unsigned)b : 1u;
+}
+
+/* Copy n host int32 values to the device (asynchronously, on the stream);
+ * *dev stays valid for kernels enqueued on the stream before the next
+ * CUDA_STAGE_SLOTS stagings. cuda_backend.cu. */
+int cuda_stage_i32(kern_backend *be, const int32_t *host, int n, const int32_t **dev);
+/* Ensure the device scratch holds `bytes`. cuda_backend.cu. */
+int cuda_tmp_reserve(kern_backend *be, size_t bytes, void **p);
+/* Reject weights that did not come from upload_weight. cuda_backend.cu. */
+int cuda_check_weight(kern_backend *be, const char *op, const kern_weight *w);
+
+/* Release every cached cuBLASLt plan. cuda_matmul.cu. */
+void cuda_mm_plans_clear(cuda_impl *impl);
+
+/* The ops, one file per family (names mirror kernels/cpu/). */
+int cuda_embedding(kern_backend *be, void *out, const kern_weight *table, const int32_t *ids, int n);
+int cuda_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *w, int rows, int dim, float eps);
+int cuda_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
+int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta);
+int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, int n, int pos0, int hq,
+                   int hkv, int hd, float scale);
+int cuda_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
+int cuda_add(kern_backend *be, void *x, const void *y, size_t count);
+
+#endif

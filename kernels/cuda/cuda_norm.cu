@@ -1,0 +1,55 @@
+/*
+ * cuda: RMSNorm over rows, Qwen3 flavour (weight multiplies directly, no +1).
+ *
+ * Contract (twin of kernels/cpu/rmsnorm.c): in, out (rows, dim) bf16; w is a
+ * bf16 device weight with dim values. Per row r:
+ *   out[r] = w * (in[r] * inv),  inv = 1 / sqrt(mean(in[r]^2) + eps),
+ * with the sum of squares reduced in fp32 across the block and inv formed in
+ * double from it, like the cpu twin (whose sum is a sequential double sum).
+ * In place OK (out == in): each thread rewrites only the elements it read.
+ * One block per row; rows may be tokens (dim = hidden) or heads
+ * (rows = n * heads, dim = head_dim, the q/k norms).
+ */
+#include "kernels/cuda/cuda.h"
+
+__global__ void cuda_rmsnorm_kernel(bf16 *out, const bf16 *in, const bf16 *w, int dim, float eps) {
+    __shared__ float warp_sums[32];
+    __shared__ float total;
+    const bf16 *x = in + (size_t)blockIdx.x * dim;
+    bf16 *o = out + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float v = __bfloat162float(x[c]);
+        ss += v * v;
+    }
+    for (int off = 16; off > 0; off >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    if (lane == 0) warp_sums[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < nwarps ? warp_sums[lane] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float inv = (float)(1.0 / sqrt((double)total / dim + (double)eps));
+    for (int c = threadIdx.x; c < dim; c += blockDim.x)
+        o[c] = __float2bfloat16_rn(__bfloat162float(w[c]) * (__bfloat162float(x[c]) * inv));
+}
+
+int cuda_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *w, int rows, int dim, float eps) {
+    if (cuda_check_weight(be, "rmsnorm", w)) return -1;
+    if (w->rows * w->cols != dim)
+        return kern_fail(be, "rmsnorm: weight has %lld values, dim is %d", (long long)(w->rows * w->cols), dim);
+    if (rows < 0 || dim <= 0) return kern_fail(be, "rmsnorm: bad shape (%d, %d)", rows, dim);
+    if (rows == 0) return 0;
+    if (cuda_enter(be)) return -1;
+    /* whole warps only (the reductions shuffle with a full mask) */
+    int threads = dim >= 256 ? 256 : ((dim + 31) / 32) * 32;
+    cuda_rmsnorm_kernel<<<rows, threads, 0, cuda_get(be)->stream>>>((bf16 *)out, (const bf16 *)in,
+                                                                    (const bf16 *)w->data, dim, eps);
+    CUDA_LAUNCH_TRY(be, "cuda_rmsnorm_kernel");
+    return 0;
+}

@@ -1,0 +1,85 @@
+/*
+ * cuda: NEOX rotate-half RoPE, in place.
+ *
+ * Contract (twin of kernels/cpu/rope.c): x (n, heads*head_dim) bf16 is
+ * rotated in place at the HOST positions pos[n] (copied to the device by the
+ * op). For i < head_dim/2:
+ *   inv_freq[i] = 1.0f / powf((float)theta, (float)(2i) / (float)head_dim)
+ *   f = (float)pos * inv_freq[i]                     (fp32, as HF computes it)
+ *   (x[i], x[i+d/2]) -> (x[i] cos f - x[i+d/2] sin f, x[i+d/2] cos f + x[i] sin f)
+ * inv_freq is computed on the host with the same expression as the cpu twin
+ * (so it is bit-identical) and cached on the device per (theta, head_dim);
+ * the angle product and the rotation run in fp32 on the device with the
+ * precise sincosf (no fast math), and the result is rounded to bf16.
+ * Grid: one block per (token, group of heads); cos/sin are computed once per
+ * (token, i) and applied to every head of the group.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels/cuda/cuda.h"
+
+#define ROPE_HEADS_PER_BLOCK 4
+
+__global__ void cuda_rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, int heads, int head_dim) {
+    int t = blockIdx.x, i = threadIdx.x, half = head_dim / 2;
+    if (i >= half) return;
+    float ang = (float)pos[t] * inv_freq[i];
+    float s, c;
+    sincosf(ang, &s, &c);
+    int h0 = blockIdx.y * ROPE_HEADS_PER_BLOCK;
+    int h1 = h0 + ROPE_HEADS_PER_BLOCK < heads ? h0 + ROPE_HEADS_PER_BLOCK : heads;
+    for (int h = h0; h < h1; h++) {
+        bf16 *v = x + ((size_t)t * heads + h) * head_dim;
+        float a = __bfloat162float(v[i]), b = __bfloat162float(v[i + half]);
+        v[i] = __float2bfloat16_rn(a * c - b * s);
+        v[i + half] = __float2bfloat16_rn(b * c + a * s);
+    }
+}
+
+/* The device inv_freq table for (theta, head_dim), rebuilt when either changes. */
+static int rope_table(kern_backend *be, double theta, int head_dim, const float **table) {
+    cuda_impl *impl = cuda_get(be);
+    if (!impl->rope_inv_freq || impl->rope_theta != theta || impl->rope_hd != head_dim) {
+        int half = head_dim / 2;
+        float *h = (float *)malloc((size_t)half * sizeof *h);
+        if (!h) return kern_fail(be, "rope: out of memory");
+        for (int i = 0; i < half; i++)
+            h[i] = 1.0f / powf((float)theta, (float)(2 * i) / (float)head_dim);
+        int rc = 0;
+        /* earlier rope launches may still read the old table */
+        CUDA_TRY_GOTO(be, cudaStreamSynchronize(impl->stream), rc, done);
+        if (impl->rope_inv_freq) CUDA_TRY_GOTO(be, cudaFree(impl->rope_inv_freq), rc, done);
+        impl->rope_inv_freq = NULL;
+        impl->rope_hd = 0;
+        CUDA_TRY_GOTO(be, cudaMalloc(&impl->rope_inv_freq, (size_t)half * sizeof(float)), rc, done);
+        CUDA_TRY_GOTO(
+            be,
+            cudaMemcpyAsync(impl->rope_inv_freq, h, (size_t)half * sizeof(float), cudaMemcpyHostToDevice, impl->stream),
+            rc, done);
+        CUDA_TRY_GOTO(be, cudaStreamSynchronize(impl->stream), rc, done);
+        impl->rope_theta = theta;
+        impl->rope_hd = head_dim;
+    done:
+        free(h);
+        if (rc) return rc;
+    }
+    *table = impl->rope_inv_freq;
+    return 0;
+}
+
+int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta) {
+    if (head_dim % 2) return kern_fail(be, "rope: head_dim %d is odd", head_dim);
+    if (head_dim <= 0 || head_dim > 2048) return kern_fail(be, "rope: head_dim %d out of range [2, 2048]", head_dim);
+    if (n < 0 || heads < 0) return kern_fail(be, "rope: bad shape n=%d heads=%d", n, heads);
+    if (n == 0 || heads == 0) return 0;
+    if (cuda_enter(be)) return -1;
+    const float *table = NULL;
+    const int32_t *dpos = NULL;
+    if (rope_table(be, theta, head_dim, &table) || cuda_stage_i32(be, pos, n, &dpos)) return -1;
+    dim3 grid((unsigned)n, (unsigned)((heads + ROPE_HEADS_PER_BLOCK - 1) / ROPE_HEADS_PER_BLOCK));
+    int threads = ((head_dim / 2 + 31) / 32) * 32;
+    cuda_rope_kernel<<<grid, threads, 0, cuda_get(be)->stream>>>((bf16 *)x, dpos, table, heads, head_dim);
+    CUDA_LAUNCH_TRY(be, "cuda_rope_kernel");
+    return 0;
+}

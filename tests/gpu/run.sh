@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# The prepared GPU check: build with the cuda backend, compare every op on
+# cuda against cpu, then compare greedy generation on every fixture model.
+# Made to run on a lent GPU machine (no package registry there): the Debian
+# -dev packages travel as .deb files in .gpu-debs/ (tests/gpu/fetch-debs.sh)
+# and are unpacked with `dpkg -x` into a private prefix; nothing is
+# installed system-wide.
+#
+#   tests/gpu/run.sh               everything
+#   tests/gpu/run.sh --build-only  unpack + build, then stop
+#
+# Environment: OUT (logs; default /tmp/echo-gpu-out), JOBS (make -j, 16),
+# GPU_BUILD (build folder, default build/gpu: a separate one, so objects built
+# elsewhere with other flags are never reused), CUDA_HOME (/usr/local/cuda),
+# GPU_PREFIX (where the debs are unpacked; default a fresh mktemp folder),
+# GPU_CHECK_DEVICE (default cuda; "cpu" dry-runs every step of this script
+# on a machine without a GPU: the op test with --self-check, generation on
+# cpu twice).
+#
+# Logs under $OUT (5 files, so they fit a device call's return):
+#   env.log  build.log  ops.log  gen.log  summary.txt
+# The summary table is printed last. Exit status: 0 when nothing failed
+# (steps skipped for want of a GPU count as skipped, not failed), else 1.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+BUILD_ONLY=0
+[ "${1:-}" = "--build-only" ] && BUILD_ONLY=1
+OUT="${OUT:-/tmp/echo-gpu-out}"
+JOBS="${JOBS:-16}"
+GPU_BUILD="${GPU_BUILD:-build/gpu}"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+PREFIX="${GPU_PREFIX:-$(mktemp -d /tmp/echo-gpu-prefix.XXXXXX)}"
+MA=x86_64-linux-gnu
+DEV="${GPU_CHECK_DEVICE:-cuda}"
+OPS_ARGS=()
+[ "$DEV" = cpu ] && OPS_ARGS=(--self-check)
+mkdir -p "$OUT" "$PREFIX"
+PREFIX="$(cd "$PREFIX" && pwd)"
+: >"$OUT/env.log"
+: >"$OUT/gen.log"
+rm -f "$OUT/build.log" "$OUT/ops.log" "$OUT/summary.txt"
+
+SUMMARY=()
+FAILED=0
+row() { # step result detail
+  SUMMARY+=("$(printf '%-34s %-6s %s' "$1" "$2" "$3")")
+  [ "$2" = FAIL ] && FAILED=1
+  return 0
+}
+finish() {
+  {
+    echo
+    echo "== summary (logs in $OUT)"
+    printf '%-34s %-6s %s\n' step result detail
+    for r in "${SUMMARY[@]}"; do echo "$r"; done
+  } | tee "$OUT/summary.txt"
+  exit "$FAILED"
+}
+log_env() { echo "$*" >>"$OUT/env.log"; }
+
+# ---- 1. the Debian packages, unpacked into a private prefix ----
+if ls .gpu-debs/*.deb >/dev/null 2>&1; then
+  for f in .gpu-debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
+  # the .pc files say prefix=/usr: point them into the prefix
+  find "$PREFIX" -name '*.pc' -print0 | xargs -0 -r sed -i -e "s|=/usr|=$PREFIX/usr|g" \
+    -e "s|-I/usr/|-I$PREFIX/usr/|g" -e "s|-L/usr/|-L$PREFIX/usr/|g"
+  export CPATH="$PREFIX/usr/include${CPATH:+:$CPATH}"
+  export LIBRARY_PATH="$PREFIX/usr/lib/$MA${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$PREFIX/usr/lib/$MA${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PKG_CONFIG_PATH="$PREFIX/usr/lib/$MA/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  # keep the prefix's -I/-L in pkg-config's output even though they are in
+  # CPATH/LIBRARY_PATH: an explicit -L beats the system's own copies
+  export PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
+  command -v pkg-config >/dev/null || export PATH="$PATH:$PREFIX/usr/bin"
+  row "unpack .gpu-debs" ok "$(ls -1 .gpu-debs/*.deb | wc -l) packages -> $PREFIX"
+else
+  row "unpack .gpu-debs" skip "no .gpu-debs/*.deb: using the system's packages"
+fi
+
+# ---- 2. CUDA libraries: the toolkit's, else a pip wheel's (nvidia-*) ----
+# The link needs libcublasLt.so, libnccl.so and libcudart.so by these names.
+cuda_lib() { # name -> 0 when the linker can find lib<name>.so
+  local d
+  for d in "$CUDA_HOME/lib64" "$CUDA_HOME/lib" /usr/lib/$MA /usr/lib64 /usr/local/lib; do
+    [ -e "$d/lib$1.so" ] && return 0
+  done
+  local f="" sp
+  for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    f=$(find "$sp/nvidia" -name "lib$1.so*" 2>/dev/null | sort | head -1)
+    [ -n "$f" ] && break
+  done
+  [ -z "$f" ] && return 1
+  mkdir -p "$PREFIX/cudalib"
+  ln -sf "$f" "$PREFIX/cudalib/lib$1.so"
+  local inc
+  inc="$(dirname "$(dirname "$f")")/include"
+  [ -d "$inc" ] && export CPATH="${CPATH:+$CPATH:}$inc"
+  export LIBRARY_PATH="$PREFIX/cudalib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$(dirname "$f"):$PREFIX/cudalib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  log_env "lib$1.so from a wheel: $f"
+  return 0
+}
+for l in cudart cublasLt nccl; do
+  cuda_lib "$l" || row "cuda library lib$l.so" FAIL "not in $CUDA_HOME/lib64 nor a pip wheel"
+done
+
+{
+  echo "date: $(date -u)"
+  echo "host: $(uname -a)"
+  echo "CUDA_HOME=$CUDA_HOME PREFIX=$PREFIX"
+  echo "CPATH=${CPATH:-}"
+  echo "LIBRARY_PATH=${LIBRARY_PATH:-}"
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  echo "PKG_CONFIG_PATH=${PKG_CONFIG_PATH:-}"
+  echo "pkg-config: $(command -v pkg-config || echo none)"
+  echo "pkg-config --cflags --libs jansson libpcre2-8 libutf8proc: $(pkg-config --cflags --libs jansson libpcre2-8 libutf8proc 2>&1 || true)"
+  echo "nvcc: $("$CUDA_HOME/bin/nvcc" --version 2>&1 | tail -1 || true)"
+  command -v nvidia-smi >/dev/null && nvidia-smi 2>&1 || echo "nvidia-smi: not found"
+} >>"$OUT/env.log" 2>&1
+
+# ---- 3. build (keep going past one broken target, report what was built) ----
+GEN="$GPU_BUILD/bin/echo-generate"
+OPS="$GPU_BUILD/tests/gpu_test_cuda_ops"
+rm -f "$GEN" "$OPS"
+set +e
+make -k -j"$JOBS" CUDA=1 CUDA_HOME="$CUDA_HOME" BUILD="$GPU_BUILD" BIN="$GPU_BUILD/bin" all "$OPS" \
+  >"$OUT/build.log" 2>&1
+brc=$?
+set -e
+nwarn=$(grep -c -i 'warning' "$OUT/build.log" || true)
+if [ $brc -eq 0 ]; then
+  row "build (CUDA=1, -Werror)" ok "$nwarn warning lines; $GPU_BUILD"
+else
+  row "build (CUDA=1, -Werror)" FAIL "make exit $brc; see build.log: $(grep -m1 -E 'error|Error' "$OUT/build.log" | cut -c1-120)"
+fi
+if [ $BUILD_ONLY -eq 1 ]; then
+  [ -x "$OPS" ] && row "built $OPS" ok "" || row "built $OPS" FAIL "missing"
+  [ -x "$GEN" ] && row "built $GEN" ok "" || row "built $GEN" FAIL "missing"
+  finish
+fi
+
+# ---- 4. every op: cuda vs cpu ----
+HAVE_GPU=0
+if [ -x "$OPS" ]; then
+  set +e
+  "$OPS" "${OPS_ARGS[@]}" >"$OUT/ops.log" 2>&1
+  orc=$?
+  set -e
+  npass=$(grep -c ' PASS' "$OUT/ops.log" || true)
+  nfail=$(grep -c ' FAIL' "$OUT/ops.log" || true)
+  case $orc in
+  0) HAVE_GPU=1; row "ops cuda vs cpu" ok "$npass passed" ;;
+  77) row "ops cuda vs cpu" skip "$(head -1 "$OUT/ops.log" | cut -c1-100)" ;;
+  *) HAVE_GPU=1; row "ops cuda vs cpu" FAIL "exit $orc, $npass passed, $nfail failed: $(grep -m1 ' FAIL' "$OUT/ops.log" | cut -c1-90)" ;;
+  esac
+  cat "$OUT/ops.log"
+else
+  row "ops cuda vs cpu" FAIL "$OPS was not built"
+fi
+
+# ---- 5. greedy generation: cuda vs cpu, and cuda vs the HF reference ----
+tokens_of() { sed -n 's/.*"tokens":\[\([^]]*\)\].*/\1/p' "$1"; }
+agreement() { # list_a list_b -> "k/n" and the first differing index (or -)
+  local -a A B
+  IFS=, read -ra A <<<"$1"
+  IFS=, read -ra B <<<"$2"
+  local n=${#B[@]} k=0 first=- i
+  [ ${#A[@]} -gt "$n" ] && n=${#A[@]}
+  for ((i = 0; i < n; i++)); do
+    if [ "${A[i]:-x}" = "${B[i]:-y}" ]; then k=$((k + 1)); elif [ "$first" = - ]; then first=$i; fi
+  done
+  echo "$k/$n $first"
+}
+gen() { # model device prompt max out -> exit status
+  "$GEN" --model "$1" --prompt-tokens "$3" --max-tokens "$4" --temperature 0 --ignore-eos --json \
+    --device "$2" >"$5" 2>"$5.err" </dev/null
+}
+TMPD=$(mktemp -d /tmp/echo-gpu-gen.XXXXXX)
+if [ ! -x "$GEN" ]; then
+  row "generate" FAIL "$GEN was not built"
+elif [ $HAVE_GPU -eq 0 ]; then
+  echo "no GPU: skipped" | tee -a "$OUT/gen.log"
+  row "generate cuda vs cpu" skip "no GPU: skipped"
+else
+  for dir in tests/fixtures/models/*/; do
+    [ -f "$dir/config.json" ] || continue
+    m=$(basename "$dir")
+    # (a) prompt 1,2,3, 16 tokens, cpu vs cuda
+    okc=0 okg=0
+    gen "$dir" cpu 1,2,3 16 "$TMPD/cpu.json" && okc=1
+    gen "$dir" "$DEV" 1,2,3 16 "$TMPD/cuda.json" && okg=1
+    {
+      echo "== $m prompt 1,2,3"
+      echo "cpu:  $(cat "$TMPD/cpu.json" "$TMPD/cpu.json.err")"
+      echo "cuda: $(cat "$TMPD/cuda.json" "$TMPD/cuda.json.err")"
+    } >>"$OUT/gen.log"
+    if [ $okc -eq 0 ] || [ $okg -eq 0 ]; then
+      row "gen $m 1,2,3 cuda~cpu" FAIL "$([ $okc -eq 0 ] && echo cpu || echo cuda) run failed: $(cat "$TMPD"/*.err | head -1 | cut -c1-80)"
+    else
+      read -r ag first <<<"$(agreement "$(tokens_of "$TMPD/cuda.json")" "$(tokens_of "$TMPD/cpu.json")")"
+      row "gen $m 1,2,3 cuda~cpu" "$([ "$first" = - ] && echo ok || echo differ)" "$ag tokens agree; first difference at step $first"
+    fi
+    # (b) the reference prompts (HF fp32 greedy, 32 tokens), cuda only
+    [ -f "$dir/reference.json" ] && command -v python3 >/dev/null || continue
+    i=0
+    while read -r prompt greedy; do
+      if gen "$dir" "$DEV" "$prompt" 32 "$TMPD/ref.json"; then
+        read -r ag first <<<"$(agreement "$(tokens_of "$TMPD/ref.json")" "$greedy")"
+        row "gen $m ref#$i cuda~HF" "$([ "$first" = - ] && echo ok || echo differ)" "$ag tokens agree; first difference at step $first"
+      else
+        row "gen $m ref#$i cuda~HF" FAIL "$(head -1 "$TMPD/ref.json.err" | cut -c1-80)"
+      fi
+      { echo "== $m ref#$i prompt $prompt"; echo "HF:   [$greedy]"; echo "cuda: $(cat "$TMPD/ref.json" "$TMPD/ref.json.err")"; } >>"$OUT/gen.log"
+      i=$((i + 1))
+    done < <(python3 -c 'import json,sys
+for p in json.load(open(sys.argv[1]))["prompts"]:
+    print(",".join(map(str, p["prompt"])), ",".join(map(str, p["greedy"])))' "$dir/reference.json")
+  done
+fi
+rm -rf "$TMPD"
+finish

@@ -1,0 +1,133 @@
+/*
+ * tokenizer — text <-> token ids, bit-exact with Hugging Face `tokenizers`.
+ *
+ * Contract
+ * --------
+ * - A tok_tokenizer is loaded from a model folder (tok_load_dir picks
+ *   tokenizer.json, else tokenizer.model), from a tokenizer.json file or
+ *   buffer, or from a SentencePiece .model file. Once loaded it is
+ *   immutable from the caller's point of view: every function that takes a
+ *   `const tok_tokenizer *` may be called from many threads at once (the
+ *   internal pre-token cache is lock-protected).
+ * - tokenizer.json support: model "BPE" with a ByteLevel pre-tokenizer and
+ *   decoder (GPT-2 / Qwen / Llama-3 family). Pipeline, as HF runs it:
+ *   added tokens matched first on the raw text (leftmost-longest, never
+ *   split; lstrip/rstrip/single_word/normalized honoured), the normalizer
+ *   (NFC/NFD/NFKC/NFKD via utf8proc) on the remaining segments, the Split
+ *   pre-tokenizer regex (PCRE2, UTF+UCP, JIT), ByteLevel, BPE merges by rank
+ *   (HF's exact priority-queue order), post-processor for add_special.
+ *   Anything else in the file (unknown model type, normalizer, decoder...)
+ *   is refused at load time with a message rather than tokenized wrongly.
+ * - Encode input must be valid UTF-8 (what a Python str can hold): invalid
+ *   input is an error (TOK_EINVAL, message names the byte offset); nothing
+ *   is silently replaced.
+ * - Decode maps ids to bytes (ByteLevel decoder) and converts the bytes as
+ *   Rust's String::from_utf8_lossy does: each maximal invalid subpart
+ *   becomes one U+FFFD. No space clean-up. Ids that name no token are
+ *   skipped, as HF does. Special tokens are kept unless skip_special.
+ * - Streaming decode (tok_stream_*) emits only complete characters; the
+ *   concatenation of everything it emits (including tok_stream_finish)
+ *   equals tok_decode of the same ids.
+ * - Errors: functions return TOK_OK (0) or a negative TOK_E* code and write
+ *   a NUL-terminated message into `err` (may be NULL when errlen is 0).
+ *   The library never prints or exits. Output buffers are malloc'ed and
+ *   owned by the caller (free()).
+ * - Chat: tok_chat_apply renders the Qwen3 chat template (ChatML) exactly
+ *   as transformers' apply_chat_template does with Qwen3's template.
+ */
+#ifndef ECHO_TOKENIZER_H
+#define ECHO_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    TOK_OK = 0,
+    TOK_EIO = -1,          /* file missing / unreadable */
+    TOK_EFORMAT = -2,      /* malformed or unsupported tokenizer file */
+    TOK_EINVAL = -3,       /* bad argument or input (e.g. invalid UTF-8) */
+    TOK_ENOMEM = -4,
+    TOK_EUNSUPPORTED = -5, /* feature not built in (e.g. SentencePiece) */
+};
+
+typedef struct tok_tokenizer tok_tokenizer;
+
+/* Load DIR/tokenizer.json (+ DIR/tokenizer_config.json when present), or
+ * DIR/tokenizer.model (SentencePiece) when there is no tokenizer.json. */
+int tok_load_dir(const char *dir, tok_tokenizer **out, char *err, size_t errlen);
+/* Load a tokenizer.json; config_path (tokenizer_config.json) may be NULL. */
+int tok_load_json_file(const char *path, const char *config_path, tok_tokenizer **out,
+                       char *err, size_t errlen);
+/* Same from memory (json need not be NUL-terminated). */
+int tok_load_json_mem(const char *json, size_t len, tok_tokenizer **out, char *err,
+                      size_t errlen);
+/* Load a SentencePiece model (tokenizer.model). */
+int tok_load_sentencepiece(const char *path, tok_tokenizer **out, char *err, size_t errlen);
+void tok_free(tok_tokenizer *t);
+
+/* "bpe" or "sentencepiece". */
+const char *tok_kind(const tok_tokenizer *t);
+/* One past the largest id that names a token. */
+size_t tok_vocab_size(const tok_tokenizer *t);
+/* Id of an exact token string (added tokens included), or -1. */
+int32_t tok_token_id(const tok_tokenizer *t, const char *token);
+/* End-of-sequence id from tokenizer_config.json / the model, or -1. */
+int32_t tok_eos_id(const tok_tokenizer *t);
+/* 1 when id is a special added token (skipped by skip_special). */
+int tok_is_special(const tok_tokenizer *t, int32_t id);
+
+/* Encode len bytes of UTF-8 text. add_special applies the file's
+ * post-processor (Qwen3: adds nothing; SentencePiece: BOS when defined).
+ * *ids is malloc'ed (never NULL on success, even for 0 ids). */
+int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int add_special,
+               int32_t **ids, size_t *n_ids, char *err, size_t errlen);
+/* Decode to a malloc'ed NUL-terminated UTF-8 string of *out_len bytes. */
+int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, int skip_special,
+               char **out, size_t *out_len, char *err, size_t errlen);
+
+/* Incremental detokenizer for generated ids. */
+typedef struct tok_stream tok_stream;
+/* NULL only when out of memory. */
+tok_stream *tok_stream_new(const tok_tokenizer *t, int skip_special);
+/* Feed one id; text and len receive the newly complete text (possibly empty),
+ * valid until the next call on this stream. */
+int tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *len, char *err,
+                    size_t errlen);
+/* End of generation: flush held-back bytes (an incomplete character
+ * becomes U+FFFD). The stream may then be reused from scratch. */
+int tok_stream_finish(tok_stream *s, const char **text, size_t *len);
+void tok_stream_free(tok_stream *s);
+
+/* Qwen3 chat template. Strings are UTF-8, NUL-terminated. */
+typedef struct {
+    const char *name;
+    const char *arguments; /* JSON text, inserted verbatim */
+} tok_tool_call;
+
+typedef struct {
+    const char *role;              /* "system", "user", "assistant", "tool" */
+    const char *content;           /* NULL is treated as "" */
+    const char *reasoning_content; /* NULL = not given */
+    const tok_tool_call *tool_calls;
+    size_t n_tool_calls;
+} tok_chat_message;
+
+typedef struct {
+    int add_generation_prompt;
+    int enable_thinking;    /* 0 inserts the empty <think> block; nonzero = default */
+    const char *const *tools_json; /* each tool as json.dumps() text, may be NULL */
+    size_t n_tools;
+} tok_chat_options;
+
+int tok_chat_apply(const tok_chat_message *msgs, size_t n_msgs, const tok_chat_options *opt,
+                   char **out, size_t *out_len, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
