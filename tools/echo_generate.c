@@ -10,14 +10,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 static const char *USAGE =
-    "usage: echo-generate --model DIR --prompt-tokens ID,ID,... [options]\n"
+    "usage: echo-generate --model DIR (--prompt-tokens ID,ID,... | --prompt TEXT [--chat]) [options]\n"
     "\n"
     "Generate tokens from a Hugging Face Qwen3 model folder (config.json + safetensors).\n"
     "\n"
@@ -36,8 +38,13 @@ static const char *USAGE =
     "  --threads N            cpu threads (default: all online CPUs)\n"
     "  --tp N                 tensor-parallel ranks (this version: 1)\n"
     "  --allreduce MODE       exact|int4|echo all-reduce for --tp > 1\n"
-    "  --prompt TEXT          text prompt (needs the tokenizer; not in this version)\n"
-    "  --chat                 wrap --prompt as a chat user turn (needs the tokenizer)\n"
+    "  --prompt TEXT          text prompt, encoded with the model's tokenizer\n"
+    "  --chat                 wrap --prompt as a user turn of the Qwen3 chat template\n"
+    "                         (with the assistant generation prompt)\n"
+    "  --no-thinking          with --chat: enable_thinking=false (empty <think> block)\n"
+    "  --tokenizer PATH       tokenizer folder or tokenizer.json / tokenizer.model file\n"
+    "                         (default: the model folder); when one is found, the text of the\n"
+    "                         generated tokens is printed (and \"text\" added to --json)\n"
     "  -h, --help             this help\n"
     "\n"
     "Exit status: 0 success, 1 runtime error (bad model, out of memory), 2 usage error.\n";
@@ -90,16 +97,40 @@ typedef struct gen_out {
     json_t *tokens, *steps;
     int json;
     int count;
+    tok_stream *stream; /* NULL without a tokenizer */
+    char *text;         /* decoded text so far (--json) */
+    size_t text_len;
 } gen_out;
+
+/* Append streamed text: printed at once in text mode, collected for --json. */
+static void emit_text(gen_out *o, const char *t, size_t n) {
+    if (!n) return;
+    if (!o->json) {
+        fwrite(t, 1, n, stdout);
+        fflush(stdout);
+        return;
+    }
+    char *nt = realloc(o->text, o->text_len + n + 1);
+    if (!nt) return;
+    memcpy(nt + o->text_len, t, n);
+    o->text = nt;
+    o->text_len += n;
+    nt[o->text_len] = 0;
+}
 
 static int on_step(void *user, const eng_step *st) {
     gen_out *o = user;
     o->count++;
-    if (!o->json) {
+    if (o->stream) {
+        const char *t;
+        size_t n;
+        char err[256];
+        if (tok_stream_push(o->stream, st->token, &t, &n, err, sizeof err) == TOK_OK) emit_text(o, t, n);
+    } else if (!o->json) {
         printf("%d ", st->token);
         fflush(stdout);
-        return 0;
     }
+    if (!o->json) return 0;
     json_t *top = json_array();
     for (int i = 0; i < st->n_top; i++)
         json_array_append_new(top, json_pack("[i,f]", (json_int_t)st->top_ids[i], st->top_logprobs[i]));
@@ -110,6 +141,25 @@ static int on_step(void *user, const eng_step *st) {
     return 0;
 }
 
+/* The tokenizer is optional when the prompt is given as ids: a folder
+ * without tokenizer files is then fine and output stays numeric. */
+static int load_tokenizer(const char *path, int optional, tok_tokenizer **tok, char *err, size_t errlen) {
+    struct stat st;
+    int rc;
+    *tok = NULL;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        rc = tok_load_dir(path, tok, err, errlen);
+        if (rc == TOK_EIO && optional) return 0;
+    } else {
+        size_t l = strlen(path);
+        if (l >= 6 && strcmp(path + l - 6, ".model") == 0)
+            rc = tok_load_sentencepiece(path, tok, err, errlen);
+        else
+            rc = tok_load_json_file(path, NULL, tok, err, errlen);
+    }
+    return rc == TOK_OK ? 0 : -1;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -118,7 +168,7 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -134,10 +184,14 @@ int main(int argc, char **argv) {
         {"allreduce", required_argument, 0, O_ALLRED},
         {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},
+        {"no-thinking", no_argument, 0, O_NOTHINK},
+        {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *ptok = NULL, *device = "cpu", *allreduce = NULL, *prompt_text = NULL;
+    const char *tok_path = NULL;
+    int no_thinking = 0;
     eng_gen_params gp = {.max_tokens = 16, .temperature = 0, .seed = 0, .top_logprobs = 0, .ignore_eos = 0};
     int json = 0, threads = 0, tp = 1, chat = 0, c;
     opterr = 0;
@@ -172,6 +226,8 @@ int main(int argc, char **argv) {
             break;
         case O_PROMPT: prompt_text = optarg; break;
         case O_CHAT: chat = 1; break;
+        case O_NOTHINK: no_thinking = 1; break;
+        case O_TOKENIZER: tok_path = optarg; break;
         case 'h': fputs(USAGE, stdout); return 0;
         case '?':
         default:
@@ -180,25 +236,48 @@ int main(int argc, char **argv) {
     }
     if (optind < argc) usage_error("unexpected argument '%s'", argv[optind]);
     if (!model_dir) usage_error("%s", "--model DIR is required");
-    if (prompt_text || chat)
-        usage_error("%s", "--prompt/--chat need the tokenizer, which this version does not have yet; "
-                          "use --prompt-tokens");
-    if (!ptok) usage_error("%s", "--prompt-tokens is required");
+    if (!ptok == !prompt_text) usage_error("%s", "give exactly one of --prompt-tokens and --prompt");
+    if (chat && !prompt_text) usage_error("%s", "--chat wraps --prompt TEXT; it needs --prompt");
+    if (no_thinking && !chat) usage_error("%s", "--no-thinking only applies with --chat");
     if (tp != 1) usage_error("%s", "this version runs one rank only (--tp 1); tensor parallelism comes with the engine");
     if (allreduce) fprintf(stderr, "echo-generate: note: --allreduce %s has no effect with --tp 1 (no all-reduce)\n", allreduce);
 
-    int n_prompt;
-    int32_t *prompt = parse_ids(ptok, &n_prompt);
+    int n_prompt = 0;
+    int32_t *prompt = ptok ? parse_ids(ptok, &n_prompt) : NULL;
     char err[1024];
     const kern_ops *ops = NULL;
     kern_backend *be = NULL;
     model *m = NULL;
+    tok_tokenizer *tok = NULL;
+    char *chat_text = NULL;
     int rc = 1;
-    gen_out out = {json_array(), json_array(), json, 0};
+    gen_out out = {json_array(), json_array(), json, 0, NULL, NULL, 0};
     if (kern_backend_create(device, threads, 0, &ops, &be, err, sizeof err)) goto fail;
     double t0 = now_s();
     if (model_load(model_dir, ops, be, &m, err, sizeof err)) goto fail;
     const model_config *cfg = model_get_config(m);
+    if (load_tokenizer(tok_path ? tok_path : model_dir, !tok_path && !prompt_text, &tok, err, sizeof err)) goto fail;
+    if (prompt_text) {
+        const char *text = prompt_text;
+        if (chat) {
+            tok_chat_message msg = {.role = "user", .content = prompt_text};
+            tok_chat_options co = {.add_generation_prompt = 1, .enable_thinking = !no_thinking};
+            size_t len;
+            if (tok_chat_apply(&msg, 1, &co, &chat_text, &len, err, sizeof err)) goto fail;
+            text = chat_text;
+        }
+        size_t n;
+        if (tok_encode(tok, text, strlen(text), 0, &prompt, &n, err, sizeof err)) goto fail;
+        if (n == 0 || n > INT32_MAX) {
+            snprintf(err, sizeof err, "--prompt encodes to %zu tokens", n);
+            goto fail;
+        }
+        n_prompt = (int)n;
+    }
+    if (tok && !(out.stream = tok_stream_new(tok, 0))) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
     for (int i = 0; i < n_prompt; i++) {
         if (prompt[i] >= cfg->vocab_size) {
             snprintf(err, sizeof err, "prompt token %d is out of range [0, %d)", prompt[i], cfg->vocab_size);
@@ -213,6 +292,13 @@ int main(int argc, char **argv) {
         json_t *ptoks = json_array();
         for (int i = 0; i < n_prompt; i++) json_array_append_new(ptoks, json_integer(prompt[i]));
         json_t *root = json_pack("{s:o,s:O,s:O}", "prompt_tokens", ptoks, "tokens", out.tokens, "steps", out.steps);
+        if (out.stream) {
+            const char *t;
+            size_t n;
+            tok_stream_finish(out.stream, &t, &n);
+            emit_text(&out, t, n);
+            json_object_set_new(root, "text", json_stringn(out.text ? out.text : "", out.text_len));
+        }
         char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
         if (!s) {
             json_decref(root);
@@ -223,7 +309,14 @@ int main(int argc, char **argv) {
         free(s);
         json_decref(root);
     } else {
+        if (out.stream) {
+            const char *t;
+            size_t n;
+            tok_stream_finish(out.stream, &t, &n);
+            emit_text(&out, t, n);
+        }
         printf("\n");
+        fflush(stdout);
         fprintf(stderr, "echo-generate: %d prompt + %d generated tokens, load %.2fs, generate %.2fs (%s)\n", n_prompt,
                 out.count, t1 - t0, t2 - t1,
                 fin == ENG_FINISH_EOS ? "stopped at EOS" : "reached --max-tokens");
@@ -233,6 +326,10 @@ fail:
     if (rc) fprintf(stderr, "echo-generate: error: %s\n", err);
     json_decref(out.tokens);
     json_decref(out.steps);
+    tok_stream_free(out.stream);
+    free(out.text);
+    free(chat_text);
+    tok_free(tok);
     model_free(m);
     kern_backend_destroy(ops, be);
     free(prompt);

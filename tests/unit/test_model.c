@@ -443,6 +443,8 @@ START_TEST(test_cli_usage_errors) {
         "--model X --prompt-tokens 1 --temperature nan", "--model X --prompt-tokens 1 --device tpu",
         "--model X --prompt-tokens 1 --top-logprobs 65", "--prompt-tokens 1",
         "--model X --prompt-tokens 1 --tp 2", "--model X --prompt-tokens 1 --allreduce fp8",
+        "--model X --chat", "--model X --prompt-tokens 1 --prompt hi", "--model X --prompt-tokens 1 --chat",
+        "--model X --prompt hi --no-thinking",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(cmd, sizeof cmd, "%s/echo-generate %s 2>&1", bin_dir(), bad[i]);
@@ -454,7 +456,7 @@ START_TEST(test_cli_usage_errors) {
     ck_assert_int_eq(st, 0);
     const char *flags[] = {"--model", "--prompt-tokens", "--max-tokens", "--temperature", "--top-logprobs",
                            "--ignore-eos", "--json", "--seed", "--device", "--tp", "--allreduce", "--prompt",
-                           "--chat", "--threads"};
+                           "--chat", "--threads", "--tokenizer", "--no-thinking"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) ck_assert_msg(strstr(help, flags[i]), "%s", flags[i]);
     free(help);
     /* runtime errors: exit 1 with a message */
@@ -467,6 +469,48 @@ START_TEST(test_cli_usage_errors) {
     o = tu_run(cmd, &st);
     ck_assert_int_eq(st, 1);
     ck_assert_ptr_nonnull(strstr(o, "out of range"));
+    free(o);
+}
+END_TEST
+
+/* --prompt/--chat go through the tokenizer; expected ids were produced by
+ * HF tokenizers / transformers.apply_chat_template on the same files. */
+static json_t *run_json(const char *args) {
+    char cmd[4096];
+    int st;
+    snprintf(cmd, sizeof cmd, "%s/echo-generate --model %s/realvocab --tokenizer %s/tokenizer/qwen3 %s --json", bin_dir(),
+             MODELS_DIR, TU_FIXTURES, args);
+    char *out = tu_run(cmd, &st);
+    ck_assert_msg(st == 0 && out, "%s exited %d", cmd, st);
+    json_t *root = json_loads(out, 0, NULL);
+    ck_assert_msg(root != NULL, "not JSON: %s", out);
+    free(out);
+    return root;
+}
+
+static void assert_ids(json_t *arr, const int32_t *want, size_t n) {
+    ck_assert_int_eq(json_array_size(arr), n);
+    for (size_t i = 0; i < n; i++) ck_assert_int_eq(json_integer_value(json_array_get(arr, i)), want[i]);
+}
+
+START_TEST(test_cli_text_prompt_and_chat) {
+    static const int32_t hello[] = {9707, 11, 1879};
+    json_t *r = run_json("--prompt 'Hello, world' --max-tokens 4 --ignore-eos");
+    assert_ids(json_object_get(r, "prompt_tokens"), hello, 3);
+    ck_assert_int_eq(json_array_size(json_object_get(r, "tokens")), 4);
+    ck_assert(json_is_string(json_object_get(r, "text")));
+    json_decref(r);
+    static const int32_t chat[] = {151644, 872, 198, 13048, 1052, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271};
+    r = run_json("--chat --no-thinking --prompt 'Hi there' --max-tokens 2");
+    assert_ids(json_object_get(r, "prompt_tokens"), chat, sizeof chat / sizeof *chat);
+    json_decref(r);
+    /* a text prompt needs a tokenizer; the fixture folder has none */
+    char cmd[1024];
+    int st;
+    snprintf(cmd, sizeof cmd, "%s/echo-generate --model %s/tied --prompt hi 2>&1", bin_dir(), MODELS_DIR);
+    char *o = tu_run(cmd, &st);
+    ck_assert_int_eq(st, 1);
+    ck_assert_ptr_nonnull(strstr(o, "tokenizer"));
     free(o);
 }
 END_TEST
@@ -518,6 +562,7 @@ static Suite *model_suite(void) {
     tcase_set_timeout(cli, 600);
     tcase_add_test(cli, test_cli_json_matches_reference);
     tcase_add_test(cli, test_cli_usage_errors);
+    tcase_add_test(cli, test_cli_text_prompt_and_chat);
     suite_add_tcase(s, cli);
     return s;
 }
