@@ -138,12 +138,13 @@ deps:
 
 # Run every suite even when one fails, then report.
 check-suites: $(TESTS) $(TOOLS)
-	@fail=0; for t in $(TESTS); do echo "== $$t"; ECHO_BIN=$(BIN) $$t || fail=1; done; exit $$fail
+	@fail=0; for t in $(TESTS); do echo "== $$t"; ECHO_BIN=$(BIN) $(SUITE_ENV) $$t || fail=1; done; exit $$fail
 
 fuzz-regress: $(FUZZERS)
 	@fail=0; for f in $(FUZZERS); do n=$${f##*/fuzz_}; echo "== $$f over tests/fuzz/corpus/$$n"; \
-	  $$f -runs=0 tests/fuzz/corpus/$$n/* >$(BUILD)/fuzz/$$n.log 2>&1 || { tail -30 $(BUILD)/fuzz/$$n.log; fail=1; }; \
-	  grep -h "Executed" $(BUILD)/fuzz/$$n.log | tail -1; done; exit $$fail
+	  if $$f -runs=0 tests/fuzz/corpus/$$n/* >$(BUILD)/fuzz/$$n.log 2>&1; then \
+	    echo "   $$(grep -c '^Executed' $(BUILD)/fuzz/$$n.log) inputs replayed, no crash"; \
+	  else tail -30 $(BUILD)/fuzz/$$n.log; fail=1; fi; done; exit $$fail
 
 fuzz-%: $(BUILD)/fuzz/fuzz_%
 	mkdir -p $(BUILD)/fuzz/corpus-$*
@@ -156,7 +157,10 @@ test: deps
 
 test-asan: deps
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \
-	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" check-suites
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  SUITE_ENV="CK_FORK=no" check-suites
+# CK_FORK=no: every suite runs in one process, so LeakSanitizer sees the
+# whole run at exit (forked test children would hide leaks).
 
 # The main job on an embedded default: greedy generation on a bundled fixture model.
 RUN_MODEL ?= tests/fixtures/models/gqa4-deep
