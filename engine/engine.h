@@ -1,18 +1,22 @@
 /*
- * engine/ — turns a model into generated tokens.
+ * engine/ — tensor-parallel execution of a model, one forward pass per step.
  *
- * Contract (this version: one sequence at a time, tp = 1)
- *   - eng_generate() prefills the whole prompt in one batched forward pass,
- *     then decodes one token per step until max_tokens, an EOS id (unless
- *     ignore_eos) or a callback asks to stop.
- *   - Every step reports the chosen token, its natural-log probability under
- *     the model's full-vocabulary distribution (log_softmax of the raw
- *     logits, before temperature), and the top-k (id, logprob) pairs sorted
- *     by descending logprob, ties by ascending id.
- *   - temperature == 0 is greedy (argmax, lowest id wins a tie, like
- *     torch.argmax); temperature > 0 samples from softmax(logits / T) with a
- *     generator seeded by `seed`, so runs are reproducible.
- *   - Library code: returns status, writes messages into the caller's buffer.
+ * Contract
+ *   - An engine owns `tp` ranks. Each rank has its own backend instance, its
+ *     shard of the weights (model/), its paged KV cache for its KV heads, and
+ *     its comm/ endpoint; ranks synchronise only through comm/ (every
+ *     row-parallel all-reduce, site = 2*layer + {0 attention, 1 MLP}). On the
+ *     cpu backend ranks are threads; tp = 1 runs on the caller's thread.
+ *   - Sequences hold token positions in fixed-size KV blocks (block tables).
+ *     eng_step() runs one forward pass over a batch whose items each append a
+ *     prompt chunk or one decode token to a sequence, and returns logits for
+ *     the items that ask. When the blocks needed are not free, eng_step()
+ *     returns ENG_ENOSPACE and changes nothing (the scheduler queues).
+ *   - Logits: the lm_head is split by vocabulary across ranks; the engine
+ *     gathers the slices into full (vocab) fp32 rows on the host.
+ *   - Sampling (eng_sample) is host-side and reproducible per request seed.
+ *   - One thread drives an engine at a time (the scheduler). Library code:
+ *     returns status with a message in the caller's buffer; never exits.
  */
 #ifndef ECHO_ENGINE_H
 #define ECHO_ENGINE_H
@@ -20,38 +24,126 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/echo.h"
 #include "model/model.h"
 
+#define ENG_ENOSPACE (-2) /* not enough free KV blocks (or sequence slots) */
 #define ENG_MAX_TOP_LOGPROBS 64
 
-typedef struct eng_gen_params {
-    int max_tokens;   /* >= 0 */
-    float temperature; /* >= 0; 0 = greedy */
+typedef struct eng_config {
+    const char *model_dir;
+    const char *device; /* "cpu" (default) or "cuda" */
+    int tp;             /* tensor-parallel ranks, default 1 */
+    echo_mode allreduce;
+    size_t echo_min_bytes;
+    int echo_group;       /* 0 = comm/ default */
+    int threads;          /* total cpu threads, split across ranks; 0 = all */
+    int kv_block_size;    /* tokens per KV block, default 16 */
+    int max_model_len;    /* longest sequence, default min(max_position_embeddings, 4096) */
+    int max_num_seqs;     /* concurrent sequences, default 8 */
+    int max_batch_tokens; /* tokens per step, default max(max_model_len, 512) */
+    int kv_blocks;        /* 0 = enough for max_num_seqs full sequences */
+} eng_config;
+
+typedef struct eng eng;
+
+int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen);
+void eng_destroy(eng *e);
+
+const model_config *eng_model_config(const eng *e);
+/* The effective configuration (defaults filled in). */
+const eng_config *eng_get_config(const eng *e);
+
+/* Sequences. Ids are small integers, reused after free. */
+int eng_seq_new(eng *e, int *seq, char *err, size_t errlen); /* ENG_ENOSPACE if max_num_seqs are live */
+void eng_seq_free(eng *e, int seq);                           /* releases its KV blocks */
+int eng_seq_len(const eng *e, int seq);                       /* tokens in the cache */
+
+typedef enum eng_logits { ENG_LOGITS_NONE = 0, ENG_LOGITS_LAST, ENG_LOGITS_ALL } eng_logits;
+
+typedef struct eng_item {
+    int seq;
+    const int32_t *tokens; /* appended at positions len .. len+n_tokens-1 */
+    int n_tokens;
+    eng_logits logits;
+} eng_item;
+
+/* One forward pass. `logits` receives, in item order, 1 row (LAST) or
+ * n_tokens rows (ALL) of vocab_size floats per item asking for them.
+ * Errors: ENG_ENOSPACE (nothing changed), or -1 with a message. */
+int eng_step(eng *e, const eng_item *items, int n_items, float *logits, char *err, size_t errlen);
+/* Same, also copying rank 0's residual stream after every layer into
+ * layer_states (num_layers, total tokens of the step, hidden). */
+int eng_step_states(eng *e, const eng_item *items, int n_items, float *logits, float *layer_states, char *err,
+                    size_t errlen);
+
+typedef struct eng_kv_usage {
+    int total_blocks, free_blocks, block_size;
+} eng_kv_usage;
+void eng_kv_get_usage(const eng *e, eng_kv_usage *u);
+
+/* Memory one rank holds: its weight slices, its KV cache, its all-reduce
+ * residual slots (start-up report). */
+typedef struct eng_rank_info {
+    size_t weight_bytes, kv_bytes, slot_bytes;
+} eng_rank_info;
+void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out);
+
+/* Sum of all ranks' all-reduce statistics. */
+void eng_comm_stats(const eng *e, echo_stats *out);
+
+/* ---- sampling ---- */
+
+typedef struct eng_sampling {
+    float temperature; /* 0 = greedy (argmax; lowest id wins a tie) */
+    int top_k;         /* 0 = off */
+    float top_p;       /* 1 = off; (0, 1] */
     uint64_t seed;
-    int top_logprobs; /* 0..ENG_MAX_TOP_LOGPROBS */
-    int ignore_eos;
-} eng_gen_params;
+} eng_sampling;
 
-typedef struct eng_step {
-    int32_t token;
-    double logprob;
-    int n_top;
-    int32_t top_ids[ENG_MAX_TOP_LOGPROBS];
-    double top_logprobs[ENG_MAX_TOP_LOGPROBS];
-} eng_step;
+/* Seeded generator state for one request. */
+typedef struct eng_rng {
+    uint64_t s;
+} eng_rng;
+void eng_rng_seed(eng_rng *r, uint64_t seed);
 
-/* Called once per generated token; return non-zero to stop early. */
-typedef int (*eng_step_cb)(void *user, const eng_step *step);
-
-/* Why generation ended. */
-typedef enum eng_finish { ENG_FINISH_LENGTH = 0, ENG_FINISH_EOS, ENG_FINISH_CALLBACK } eng_finish;
-
-int eng_generate(model *m, const int32_t *prompt, int n_prompt, const eng_gen_params *p, eng_step_cb cb,
-                 void *user, eng_finish *finish, char *err, size_t errlen);
+/* Pick a token from full-vocabulary logits. */
+int32_t eng_sample(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng);
 
 /* log_softmax of `logits` (n values) into `out` (double precision). */
 void eng_log_softmax(const float *logits, int n, double *out);
 /* Indices of the k largest values, descending, ties by ascending index. */
 int eng_top_k(const double *vals, int n, int k, int32_t *ids);
+
+/* ---- single-request generation on top of eng_step ---- */
+
+typedef struct eng_gen_params {
+    int max_tokens; /* >= 0 */
+    eng_sampling sampling;
+    int top_logprobs; /* 0..ENG_MAX_TOP_LOGPROBS */
+    int ignore_eos;
+    const int32_t *stop_ids; /* extra stop tokens */
+    int n_stop_ids;
+} eng_gen_params;
+
+/* Per generated token: the token, its natural-log probability under the
+ * model's full distribution (log_softmax of the raw logits, before
+ * temperature), and the top-k (id, logprob) pairs, descending. */
+typedef struct eng_step_out {
+    int32_t token;
+    double logprob;
+    int n_top;
+    int32_t top_ids[ENG_MAX_TOP_LOGPROBS];
+    double top_logprobs[ENG_MAX_TOP_LOGPROBS];
+} eng_step_out;
+
+typedef int (*eng_token_cb)(void *user, const eng_step_out *st); /* non-zero stops */
+
+typedef enum eng_finish { ENG_FINISH_LENGTH = 0, ENG_FINISH_EOS, ENG_FINISH_STOP, ENG_FINISH_CALLBACK } eng_finish;
+
+/* Prefill the prompt in one pass, then decode until max_tokens, an EOS id
+ * (unless ignore_eos), a stop id, or the callback says stop. */
+int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_params *p, eng_token_cb cb, void *user,
+                 eng_finish *finish, char *err, size_t errlen);
 
 #endif

@@ -34,7 +34,27 @@ typedef struct kern_weight {
     const void *data; /* host (cpu) or device (cuda) memory */
     kern_dtype dtype;
     int64_t rows, cols;
+    /* Elements between the starts of consecutive rows; 0 means `cols`
+     * (dense). A column slice of a row-major matrix (the input split of a
+     * row-parallel layer) is a view with ld = the full matrix's cols. */
+    int64_t ld;
 } kern_weight;
+
+/* The sequences of one batched attention call over a paged KV cache.
+ * The cache is (n_blocks * block_size, hkv*hd) rows; the key/value of
+ * position p of sequence s is cache row
+ *     block_table[s * max_blocks + p / block_size] * block_size + p % block_size.
+ * Rows q_start[s] .. q_start[s+1]-1 of q/out belong to sequence s and sit at
+ * positions pos0[s], pos0[s]+1, ...; each attends to positions 0..its own.
+ * All arrays are host memory. */
+typedef struct kern_attn_batch {
+    int n_seqs;
+    const int32_t *q_start;     /* (n_seqs + 1) */
+    const int32_t *pos0;        /* (n_seqs) */
+    const int32_t *block_table; /* (n_seqs, max_blocks) */
+    int max_blocks;
+    int block_size;
+} kern_attn_batch;
 
 typedef struct kern_backend kern_backend; /* per-rank state: threads or stream + handles */
 
@@ -70,13 +90,15 @@ typedef struct kern_ops {
      * x[i+d/2]cos f + x[i]sin f). */
     int (*rope)(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim,
                 double theta);
-    /* Causal GQA attention for one sequence.
-     * q(n, hq*hd) are the queries at positions pos0 .. pos0+n-1;
-     * kc, vc(>= pos0+n, hkv*hd) hold keys/values of positions 0 .. pos0+n-1.
-     * Query head h reads KV head h / (hq/hkv). Query at position p attends to
-     * positions 0..p. out(n, hq*hd) = softmax(q·kᵀ·scale)·v. */
-    int (*attention)(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, int n,
-                     int pos0, int hq, int hkv, int hd, float scale);
+    /* Write rows i < n of k, v (n, kvdim) to cache rows slots[i] of kc, vc
+     * (host array of slots). */
+    int (*kv_store)(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
+                    int kvdim);
+    /* Causal GQA attention of a batch of sequences against the paged cache
+     * (see kern_attn_batch). q, out: (q_start[n_seqs], hq*hd). Query head h
+     * reads KV head h / (hq/hkv). out = softmax(q·kᵀ·scale)·v per head. */
+    int (*attention)(kern_backend *be, void *out, const void *q, const void *kc, const void *vc,
+                     const kern_attn_batch *b, int hq, int hkv, int hd, float scale);
     /* out = silu(gate) * up elementwise, silu(x) = x / (1 + e^-x). In place OK. */
     int (*silu_mul)(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
     /* x += y elementwise. */

@@ -7,17 +7,18 @@
  *     architectures/model_type Qwen3 and rejects features this engine does
  *     not implement (attention bias, sliding window, rope scaling) with a
  *     clear message instead of computing something else.
- *   - model_load() maps the folder's safetensors through weights/, checks every
- *     tensor's name, shape and dtype, and hands each to the backend
- *     (kern_ops.upload_weight). The model is backend-neutral: it only calls
- *     the op table.
+ *   - model_load() takes one tensor-parallel rank's slices from an opened
+ *     checkpoint (weights/), checks every tensor's name, full shape and dtype,
+ *     and hands the slices to the backend (kern_ops.upload_weight). The model
+ *     is backend-neutral: it only calls the op table, and comm/ for the two
+ *     row-parallel all-reduces per layer.
  *   - HF semantics: RMSNorm (fp32, no +1); q_norm/k_norm per head over head_dim
  *     before RoPE; NEOX RoPE; causal GQA attention scaled by head_dim^-0.5;
  *     SiLU-gated MLP; final norm; lm_head or tied embeddings.
- *   - A model_seq is one sequence's KV cache (contiguous, capacity fixed at
- *     creation). model_forward() appends `n` tokens (prefill when n > 1,
- *     decode when n == 1) and returns fp32 logits on the host.
- *   - A model and its sequences belong to one thread at a time.
+ *   - A model is one tensor-parallel rank's shard plus that rank's paged KV
+ *     cache. Block allocation and sequence bookkeeping belong to engine/;
+ *     model_forward() takes block tables and positions.
+ *   - A model belongs to one thread at a time (its rank's thread).
  */
 #ifndef ECHO_MODEL_H
 #define ECHO_MODEL_H
@@ -25,7 +26,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/echo.h"
 #include "kernels/kernels.h"
+#include "weights/weights.h"
 
 #define MODEL_MAX_EOS 16
 
@@ -52,32 +55,55 @@ int model_config_parse(const char *config_json, const char *generation_json, mod
                        size_t errlen);
 
 typedef struct model model;
-typedef struct model_seq model_seq;
 
-/* Load config + weights from a HF folder onto an already created backend.
- * The model keeps the backend pointer; the caller destroys it after
- * model_free(). */
-int model_load(const char *dir, const kern_ops *ops, kern_backend *be, model **out, char *err, size_t errlen);
+/* Check that `tp` ranks can split this model (Megatron style): query heads
+ * and intermediate size divisible by tp; KV heads either divisible by tp or
+ * replicated (tp a multiple of num_kv_heads, as vLLM does). */
+int model_check_tp(const model_config *c, int tp, char *err, size_t errlen);
+
+typedef struct model_load_opts {
+    const kern_ops *ops;
+    kern_backend *be;    /* this rank's backend; the model keeps the pointer */
+    const weights_set *ws; /* opened checkpoint, shared by all ranks */
+    int rank, tp;        /* 0 <= rank < tp */
+    echo_comm *comm;     /* this rank's all-reduce endpoint; NULL when tp == 1 */
+    int kv_blocks;       /* paged KV cache: blocks of kv_block_size tokens */
+    int kv_block_size;
+} model_load_opts;
+
+/* Load rank `rank`'s shard of the model in `dir` (config.json, weights in
+ * opts->ws): q/k/v split by heads, gate/up by intermediate rows, o/down by
+ * input columns, lm_head by vocabulary rows; embedding and norms replicated.
+ * Only the shard's slices are read. */
+int model_load(const char *dir, const model_load_opts *opts, model **out, char *err, size_t errlen);
 void model_free(model *m);
 const model_config *model_get_config(const model *m);
+/* This rank's vocabulary slice [*first, *first + *count) of the logits. */
+void model_vocab_slice(const model *m, int *first, int *count);
+/* Bytes of weights this rank reads, and of its KV cache. */
+size_t model_weight_bytes(const model *m);
+size_t model_kv_bytes(const model *m);
 
-/* A sequence with room for `capacity` tokens (prompt + generated). */
-int model_seq_create(model *m, int capacity, model_seq **out, char *err, size_t errlen);
-void model_seq_free(model_seq *s);
-/* Tokens already in the cache. */
-int model_seq_len(const model_seq *s);
-/* Forget the cached tokens (keeps the memory). */
-void model_seq_reset(model_seq *s);
+/* One forward pass over a batch of sequences. Token rows q_start[s] ..
+ * q_start[s+1]-1 belong to sequence s and sit at positions pos0[s], ...;
+ * their keys/values are stored in the blocks of block_table row s, which
+ * must already hold positions 0 .. pos0[s]-1. */
+typedef struct model_batch {
+    int n_seqs;
+    const int32_t *tokens;      /* (q_start[n_seqs]) ids < vocab_size */
+    const int32_t *q_start;     /* (n_seqs + 1) */
+    const int32_t *pos0;        /* (n_seqs) */
+    const int32_t *block_table; /* (n_seqs, max_blocks) */
+    int max_blocks;
+    const int32_t *logit_rows;  /* token rows whose logits are wanted */
+    int n_logit_rows;
+    /* Optional (may be NULL): the residual stream after every layer, host
+     * fp32 (num_layers, q_start[n_seqs], hidden), for accuracy reports. */
+    float *layer_states;
+} model_batch;
 
-typedef enum model_logits_mode {
-    MODEL_LOGITS_LAST = 0, /* logits(1, vocab) for the last of the n tokens */
-    MODEL_LOGITS_ALL = 1,  /* logits(n, vocab) for every token */
-} model_logits_mode;
-
-/* Run `n` tokens through the model at positions len .. len+n-1 of `s`,
- * append their keys/values, and write fp32 logits to `logits` (host).
- * Ids must be in [0, vocab_size); the sequence must have room. */
-int model_forward(model *m, model_seq *s, const int32_t *ids, int n, model_logits_mode mode, float *logits,
-                  char *err, size_t errlen);
+/* Runs the pass (all-reducing through opts->comm when tp > 1) and writes
+ * logits (n_logit_rows, vocab slice) as host fp32. */
+int model_forward(model *m, const model_batch *b, float *logits, char *err, size_t errlen);
 
 #endif

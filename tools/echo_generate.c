@@ -14,7 +14,6 @@
 #include <time.h>
 
 #include "engine/engine.h"
-#include "kernels/kernels.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -35,9 +34,15 @@ static const char *USAGE =
     "                          \"top_logprobs\":[[ID,LP],..]},..]} (natural-log probabilities over the\n"
     "                         full vocabulary, top list sorted descending)\n"
     "  --device cpu|cuda      backend (default cpu)\n"
-    "  --threads N            cpu threads (default: all online CPUs)\n"
-    "  --tp N                 tensor-parallel ranks (this version: 1)\n"
-    "  --allreduce MODE       exact|int4|echo all-reduce for --tp > 1\n"
+    "  --threads N            cpu threads in total, split across ranks (default: all online CPUs)\n"
+    "  --tp N                 tensor-parallel ranks (threads on the cpu backend; default 1)\n"
+    "  --allreduce MODE       all-reduce of the row-parallel layers when --tp > 1:\n"
+    "                         echo (4-bit error-compensated, default), int4 (no compensation),\n"
+    "                         exact (fp32 sum)\n"
+    "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
+    "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default)\n"
+    "  --top-k K              with --temperature > 0: sample among the K most likely (0 = off)\n"
+    "  --top-p P              with --temperature > 0: nucleus sampling mass (default 1 = off)\n"
     "  --prompt TEXT          text prompt, encoded with the model's tokenizer\n"
     "  --chat                 wrap --prompt as a user turn of the Qwen3 chat template\n"
     "                         (with the assistant generation prompt)\n"
@@ -118,7 +123,7 @@ static void emit_text(gen_out *o, const char *t, size_t n) {
     nt[o->text_len] = 0;
 }
 
-static int on_step(void *user, const eng_step *st) {
+static int on_step(void *user, const eng_step_out *st) {
     gen_out *o = user;
     o->count++;
     if (o->stream) {
@@ -168,7 +173,7 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -186,14 +191,19 @@ int main(int argc, char **argv) {
         {"chat", no_argument, 0, O_CHAT},
         {"no-thinking", no_argument, 0, O_NOTHINK},
         {"tokenizer", required_argument, 0, O_TOKENIZER},
+        {"echo-min-bytes", required_argument, 0, O_MINB},
+        {"echo-group", required_argument, 0, O_GROUP},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *model_dir = NULL, *ptok = NULL, *device = "cpu", *allreduce = NULL, *prompt_text = NULL;
+    const char *model_dir = NULL, *ptok = NULL, *allreduce = NULL, *prompt_text = NULL;
     const char *tok_path = NULL;
     int no_thinking = 0;
-    eng_gen_params gp = {.max_tokens = 16, .temperature = 0, .seed = 0, .top_logprobs = 0, .ignore_eos = 0};
-    int json = 0, threads = 0, tp = 1, chat = 0, c;
+    eng_gen_params gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}};
+    eng_config ec = {.device = "cpu", .tp = 1, .allreduce = ECHO_MODE_ECHO, .max_num_seqs = 1};
+    int json = 0, chat = 0, c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -206,21 +216,33 @@ int main(int argc, char **argv) {
             double t = strtod(optarg, &end);
             if (errno || end == optarg || *end || !(t >= 0) || !isfinite(t) || t > 1e4)
                 usage_error("--temperature expects a number in [0, 10000], got '%s'", optarg);
-            gp.temperature = (float)t;
+            gp.sampling.temperature = (float)t;
             break;
         }
-        case O_SEED: gp.seed = (uint64_t)parse_long(optarg, "--seed", 0, LONG_MAX); break;
+        case O_SEED: gp.sampling.seed = (uint64_t)parse_long(optarg, "--seed", 0, LONG_MAX); break;
+        case O_TOPK: gp.sampling.top_k = (int)parse_long(optarg, "--top-k", 0, 1 << 24); break;
+        case O_TOPP: {
+            char *end;
+            errno = 0;
+            double v = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(v > 0 && v <= 1))
+                usage_error("--top-p expects a number in (0, 1], got '%s'", optarg);
+            gp.sampling.top_p = (float)v;
+            break;
+        }
+        case O_MINB: ec.echo_min_bytes = (size_t)parse_long(optarg, "--echo-min-bytes", 0, LONG_MAX); break;
+        case O_GROUP: ec.echo_group = (int)parse_long(optarg, "--echo-group", 16, 256); break;
         case O_TOPLP: gp.top_logprobs = (int)parse_long(optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
         case O_IGNEOS: gp.ignore_eos = 1; break;
         case O_JSON: json = 1; break;
         case O_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) usage_error("--device expects cpu or cuda, got '%s'", optarg);
-            device = optarg;
+            ec.device = optarg;
             break;
-        case O_THREADS: threads = (int)parse_long(optarg, "--threads", 1, 1024); break;
-        case O_TP: tp = (int)parse_long(optarg, "--tp", 1, 64); break;
+        case O_THREADS: ec.threads = (int)parse_long(optarg, "--threads", 1, 1024); break;
+        case O_TP: ec.tp = (int)parse_long(optarg, "--tp", 1, 64); break;
         case O_ALLRED:
-            if (strcmp(optarg, "exact") && strcmp(optarg, "int4") && strcmp(optarg, "echo"))
+            if (echo_mode_parse(optarg, &ec.allreduce))
                 usage_error("--allreduce expects exact, int4 or echo, got '%s'", optarg);
             allreduce = optarg;
             break;
@@ -239,23 +261,22 @@ int main(int argc, char **argv) {
     if (!ptok == !prompt_text) usage_error("%s", "give exactly one of --prompt-tokens and --prompt");
     if (chat && !prompt_text) usage_error("%s", "--chat wraps --prompt TEXT; it needs --prompt");
     if (no_thinking && !chat) usage_error("%s", "--no-thinking only applies with --chat");
-    if (tp != 1) usage_error("%s", "this version runs one rank only (--tp 1); tensor parallelism comes with the engine");
-    if (allreduce) fprintf(stderr, "echo-generate: note: --allreduce %s has no effect with --tp 1 (no all-reduce)\n", allreduce);
+    if (allreduce && ec.tp == 1)
+        fprintf(stderr, "echo-generate: note: --allreduce %s has no effect with --tp 1 (no all-reduce)\n", allreduce);
+    if (gp.sampling.temperature == 0 && (gp.sampling.top_k || gp.sampling.top_p < 1))
+        fprintf(stderr, "echo-generate: note: --top-k/--top-p have no effect with --temperature 0 (greedy)\n");
 
     int n_prompt = 0;
     int32_t *prompt = ptok ? parse_ids(ptok, &n_prompt) : NULL;
     char err[1024];
-    const kern_ops *ops = NULL;
-    kern_backend *be = NULL;
-    model *m = NULL;
+    eng *e = NULL;
     tok_tokenizer *tok = NULL;
     char *chat_text = NULL;
     int rc = 1;
     gen_out out = {json_array(), json_array(), json, 0, NULL, NULL, 0};
-    if (kern_backend_create(device, threads, 0, &ops, &be, err, sizeof err)) goto fail;
     double t0 = now_s();
-    if (model_load(model_dir, ops, be, &m, err, sizeof err)) goto fail;
-    const model_config *cfg = model_get_config(m);
+    model_config cfg0;
+    if (model_config_load(model_dir, &cfg0, err, sizeof err)) goto fail;
     if (load_tokenizer(tok_path ? tok_path : model_dir, !tok_path && !prompt_text, &tok, err, sizeof err)) goto fail;
     if (prompt_text) {
         const char *text = prompt_text;
@@ -279,14 +300,33 @@ int main(int argc, char **argv) {
         goto fail;
     }
     for (int i = 0; i < n_prompt; i++) {
-        if (prompt[i] >= cfg->vocab_size) {
-            snprintf(err, sizeof err, "prompt token %d is out of range [0, %d)", prompt[i], cfg->vocab_size);
+        if (prompt[i] >= cfg0.vocab_size) {
+            snprintf(err, sizeof err, "prompt token %d is out of range [0, %d)", prompt[i], cfg0.vocab_size);
             goto fail;
         }
     }
+    /* Size the engine for exactly this request: one sequence of
+     * prompt + max_tokens positions, the prompt in one step. */
+    long long need = (long long)n_prompt + gp.max_tokens;
+    if (need > cfg0.max_position_embeddings) {
+        snprintf(err, sizeof err, "prompt (%d tokens) + max_tokens (%d) exceeds the model's context of %d tokens",
+                 n_prompt, gp.max_tokens, cfg0.max_position_embeddings);
+        goto fail;
+    }
+    ec.model_dir = model_dir;
+    ec.max_model_len = (int)need;
+    ec.max_batch_tokens = n_prompt;
+    if (eng_create(&ec, &e, err, sizeof err)) goto fail;
+    for (int r = 0; !json && r < ec.tp; r++) {
+        eng_rank_info ri;
+        eng_get_rank_info(e, r, &ri);
+        fprintf(stderr, "echo-generate: rank %d/%d (%s): weights %.1f MB, KV cache %.1f MB, all-reduce slots %.1f MB\n",
+                r, ec.tp, ec.device, (double)ri.weight_bytes / 1e6, (double)ri.kv_bytes / 1e6,
+                (double)ri.slot_bytes / 1e6);
+    }
     double t1 = now_s();
     eng_finish fin;
-    if (eng_generate(m, prompt, n_prompt, &gp, on_step, &out, &fin, err, sizeof err)) goto fail;
+    if (eng_generate(e, prompt, n_prompt, &gp, on_step, &out, &fin, err, sizeof err)) goto fail;
     double t2 = now_s();
     if (json) {
         json_t *ptoks = json_array();
@@ -320,6 +360,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "echo-generate: %d prompt + %d generated tokens, load %.2fs, generate %.2fs (%s)\n", n_prompt,
                 out.count, t1 - t0, t2 - t1,
                 fin == ENG_FINISH_EOS ? "stopped at EOS" : "reached --max-tokens");
+        if (ec.tp > 1) {
+            echo_stats st;
+            eng_comm_stats(e, &st);
+            fprintf(stderr, "echo-generate: tp %d, %s all-reduce: %llu calls, %.1f MB sent, %.3fs (all ranks)\n", ec.tp,
+                    echo_mode_name(ec.allreduce), (unsigned long long)(st.calls[0] + st.calls[1] + st.calls[2]),
+                    (double)(st.wire_bytes[0] + st.wire_bytes[1] + st.wire_bytes[2]) / 1e6,
+                    st.seconds[0] + st.seconds[1] + st.seconds[2]);
+        }
     }
     rc = 0;
 fail:
@@ -330,8 +378,7 @@ fail:
     free(out.text);
     free(chat_text);
     tok_free(tok);
-    model_free(m);
-    kern_backend_destroy(ops, be);
+    eng_destroy(e);
     free(prompt);
     return rc;
 }

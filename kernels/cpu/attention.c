@@ -1,8 +1,10 @@
 /*
- * cpu: causal GQA attention for one sequence against its KV cache.
- * One task per (query head, block of queries). Softmax in fp32 after
- * subtracting the row maximum; the normaliser accumulates in double so long
- * contexts do not lose the small weights.
+ * cpu: causal GQA attention of a batch of sequences over a paged KV cache,
+ * and the cache store. One task per (sequence, query head, block of
+ * queries). Softmax in fp32 after subtracting the row maximum; the
+ * normaliser accumulates in double so long contexts keep the small weights.
+ * Each query row is computed the same way whatever else is in the batch, so
+ * results are batch-invariant (the server's greedy outputs rely on it).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -12,61 +14,111 @@
 
 #define ATT_QBLOCK 16
 
+int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
+                 int kvdim) {
+    float *K = kc, *V = vc;
+    const float *ks = k, *vs = v;
+    for (int i = 0; i < n; i++) {
+        if (slots[i] < 0) return kern_fail(be, "kv_store: negative cache slot %d", slots[i]);
+        memcpy(K + (size_t)slots[i] * kvdim, ks + (size_t)i * kvdim, (size_t)kvdim * sizeof(float));
+        memcpy(V + (size_t)slots[i] * kvdim, vs + (size_t)i * kvdim, (size_t)kvdim * sizeof(float));
+    }
+    return 0;
+}
+
+typedef struct att_task_ref {
+    int seq, head, q0, q1; /* rows q0..q1-1 of sequence seq */
+} att_task_ref;
+
 typedef struct att_args {
     float *out;
     const float *q, *kc, *vc;
-    int n, pos0, hq, hkv, hd;
+    const kern_attn_batch *b;
+    const att_task_ref *tasks;
+    int hq, hkv, hd;
     float scale;
     int failed;
 } att_args;
 
 static void att_task(void *arg, int task) {
     att_args *a = arg;
-    int nqb = (a->n + ATT_QBLOCK - 1) / ATT_QBLOCK;
-    int h = task / nqb, qb = task % nqb;
-    int kvh = h / (a->hq / a->hkv);
+    const att_task_ref *t = &a->tasks[task];
+    const kern_attn_batch *b = a->b;
+    int h = t->head, kvh = h / (a->hq / a->hkv);
     int hd = a->hd, qdim = a->hq * hd, kvdim = a->hkv * hd;
-    int i0 = qb * ATT_QBLOCK, i1 = i0 + ATT_QBLOCK < a->n ? i0 + ATT_QBLOCK : a->n;
-    float *s = malloc((size_t)(a->pos0 + i1) * sizeof *s);
-    if (!s) {
+    const int32_t *table = b->block_table + (size_t)t->seq * b->max_blocks;
+    int pos_first = b->pos0[t->seq] + (t->q0 - b->q_start[t->seq]);
+    int maxlen = pos_first + (t->q1 - t->q0);
+    float *s = malloc((size_t)maxlen * sizeof *s);
+    const float **krow = malloc((size_t)maxlen * sizeof *krow), **vrow = malloc((size_t)maxlen * sizeof *vrow);
+    if (!s || !krow || !vrow) {
         a->failed = 1;
-        return;
+        goto out;
     }
-    for (int i = i0; i < i1; i++) {
+    /* Resolve the block table once per task rather than per query. */
+    for (int p = 0; p < maxlen; p++) {
+        size_t row = (size_t)table[p / b->block_size] * b->block_size + (size_t)(p % b->block_size);
+        krow[p] = a->kc + row * kvdim + (size_t)kvh * hd;
+        vrow[p] = a->vc + row * kvdim + (size_t)kvh * hd;
+    }
+    for (int i = t->q0; i < t->q1; i++) {
         const float *q = a->q + (size_t)i * qdim + (size_t)h * hd;
         float *o = a->out + (size_t)i * qdim + (size_t)h * hd;
-        int len = a->pos0 + i + 1;
+        int len = pos_first + (i - t->q0) + 1;
         float mx = -INFINITY;
-        for (int t = 0; t < len; t++) {
-            const float *k = a->kc + (size_t)t * kvdim + (size_t)kvh * hd;
+        for (int p = 0; p < len; p++) {
+            const float *k = krow[p];
             float d = 0;
             for (int c = 0; c < hd; c++) d += q[c] * k[c];
-            s[t] = d * a->scale;
-            if (s[t] > mx) mx = s[t];
+            s[p] = d * a->scale;
+            if (s[p] > mx) mx = s[p];
         }
         double sum = 0;
-        for (int t = 0; t < len; t++) {
-            s[t] = expf(s[t] - mx);
-            sum += s[t];
+        for (int p = 0; p < len; p++) {
+            s[p] = expf(s[p] - mx);
+            sum += s[p];
         }
         float inv = (float)(1.0 / sum);
         memset(o, 0, (size_t)hd * sizeof *o);
-        for (int t = 0; t < len; t++) {
-            const float *v = a->vc + (size_t)t * kvdim + (size_t)kvh * hd;
-            float p = s[t] * inv;
-            for (int c = 0; c < hd; c++) o[c] += p * v[c];
+        for (int p = 0; p < len; p++) {
+            const float *v = vrow[p];
+            float w = s[p] * inv;
+            for (int c = 0; c < hd; c++) o[c] += w * v[c];
         }
     }
+out:
     free(s);
+    free(krow);
+    free(vrow);
 }
 
-int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, int n, int pos0,
+int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
                   int hq, int hkv, int hd, float scale) {
-    if (hkv <= 0 || hq % hkv) return kern_fail(be, "attention: %d query heads not a multiple of %d kv heads", hq, hkv);
-    if (n <= 0) return 0;
-    att_args a = {out, q, kc, vc, n, pos0, hq, hkv, hd, scale, 0};
-    int nqb = (n + ATT_QBLOCK - 1) / ATT_QBLOCK;
-    cpu_parallel_for(be, hq * nqb, att_task, &a);
-    if (a.failed) return kern_fail(be, "attention: out of memory for %d scores", pos0 + n);
+    if (hkv <= 0 || hq % hkv)
+        return kern_fail(be, "attention: %d query heads not a multiple of %d kv heads", hq, hkv);
+    if (b->block_size <= 0 || b->max_blocks <= 0) return kern_fail(be, "attention: bad paging geometry");
+    int ntasks = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        int n = b->q_start[s + 1] - b->q_start[s];
+        if (n < 0 || b->pos0[s] < 0) return kern_fail(be, "attention: sequence %d has a negative length", s);
+        if (b->pos0[s] + n > b->max_blocks * b->block_size)
+            return kern_fail(be, "attention: sequence %d reaches position %d beyond its %d blocks", s, b->pos0[s] + n,
+                             b->max_blocks);
+        ntasks += hq * ((n + ATT_QBLOCK - 1) / ATT_QBLOCK);
+    }
+    if (ntasks == 0) return 0;
+    att_task_ref *tasks = malloc((size_t)ntasks * sizeof *tasks);
+    if (!tasks) return kern_fail(be, "attention: out of memory");
+    int k = 0;
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int h = 0; h < hq; h++)
+            for (int q0 = b->q_start[s]; q0 < b->q_start[s + 1]; q0 += ATT_QBLOCK) {
+                int q1 = q0 + ATT_QBLOCK < b->q_start[s + 1] ? q0 + ATT_QBLOCK : b->q_start[s + 1];
+                tasks[k++] = (att_task_ref){s, h, q0, q1};
+            }
+    att_args a = {out, q, kc, vc, b, tasks, hq, hkv, hd, scale, 0};
+    cpu_parallel_for(be, ntasks, att_task, &a);
+    free(tasks);
+    if (a.failed) return kern_fail(be, "attention: out of memory for scores");
     return 0;
 }

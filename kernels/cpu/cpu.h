@@ -37,8 +37,8 @@ typedef struct cpu_impl {
 void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
 int cpu_nthreads(const kern_backend *be);
 
-/* Load `n` weight elements starting at element `off` as fp32. */
-void cpu_load_f32(float *dst, const kern_weight *w, size_t off, size_t n);
+/* Rows r0 .. r0+nrows-1 of `w` as dense fp32 (nrows, w->cols), honouring ld. */
+void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows);
 
 /* The ops, one file per family. */
 int cpu_embedding(kern_backend *be, void *out, const kern_weight *table, const int32_t *ids, int n);
@@ -46,7 +46,9 @@ int cpu_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *
                 float eps);
 int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
 int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta);
-int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, int n, int pos0,
+int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
+                 int kvdim);
+int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
                   int hq, int hkv, int hd, float scale);
 int cpu_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
 int cpu_add(kern_backend *be, void *x, const void *y, size_t count);

@@ -47,7 +47,7 @@ static int cpu_copy(kern_backend *be, void *dst, const void *src, size_t n) {
 /* safetensors does not promise aligned tensor data (HF pads headers to 8
  * bytes, other writers need not), so 16-bit weights are read through memcpy;
  * gcc turns it into plain (unaligned-safe) loads. */
-void cpu_load_f32(float *dst, const kern_weight *w, size_t off, size_t n) {
+static void load_span(float *dst, const kern_weight *w, size_t off, size_t n) {
     const char *src = (const char *)w->data + off * kern_dtype_size(w->dtype);
     switch (w->dtype) {
     case KERN_F32: memcpy(dst, src, n * sizeof(float)); break;
@@ -68,6 +68,15 @@ void cpu_load_f32(float *dst, const kern_weight *w, size_t off, size_t n) {
     }
 }
 
+void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) {
+    size_t cols = (size_t)w->cols, ld = w->ld ? (size_t)w->ld : cols;
+    if (ld == cols) {
+        load_span(dst, w, (size_t)r0 * cols, (size_t)nrows * cols);
+        return;
+    }
+    for (int64_t r = 0; r < nrows; r++) load_span(dst + (size_t)r * cols, w, (size_t)(r0 + r) * ld, cols);
+}
+
 static const kern_ops cpu_ops = {
     .name = "cpu",
     .act_dtype = KERN_F32,
@@ -81,6 +90,7 @@ static const kern_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
     .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,

@@ -12,7 +12,7 @@ int cpu_embedding(kern_backend *be, void *out, const kern_weight *table, const i
     for (int i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= table->rows)
             return kern_fail(be, "embedding: token id %d out of range [0, %lld)", ids[i], (long long)table->rows);
-        cpu_load_f32(o + (size_t)i * dim, table, (size_t)ids[i] * dim, dim);
+        cpu_load_rows(o + (size_t)i * dim, table, ids[i], 1);
     }
     return 0;
 }

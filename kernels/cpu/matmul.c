@@ -40,7 +40,7 @@ static void mm_task(void *arg, int task) {
         a->failed = 1;
         return;
     }
-    cpu_load_f32(wf, a->w, (size_t)r0 * cols, (size_t)(r1 - r0) * cols);
+    cpu_load_rows(wf, a->w, r0, r1 - r0);
     for (int i = 0; i < a->n; i++) {
         const float *x = a->in + (size_t)i * cols;
         float *o = a->out + (size_t)i * rows;

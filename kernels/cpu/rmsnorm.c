@@ -10,11 +10,12 @@
 
 int cpu_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *w, int rows, int dim,
                 float eps) {
-    if (w->rows * w->cols != dim) return kern_fail(be, "rmsnorm: weight has %lld values, dim is %d",
-                                                  (long long)(w->rows * w->cols), dim);
+    if (w->rows != 1 || w->cols != dim)
+        return kern_fail(be, "rmsnorm: weight is (%lld, %lld), expected (1, %d)", (long long)w->rows,
+                         (long long)w->cols, dim);
     float *wf = malloc((size_t)dim * sizeof *wf);
     if (!wf) return kern_fail(be, "rmsnorm: out of memory");
-    cpu_load_f32(wf, w, 0, (size_t)dim);
+    cpu_load_rows(wf, w, 0, 1);
     const float *x = in;
     float *o = out;
     for (int r = 0; r < rows; r++) {

@@ -104,14 +104,19 @@ typedef struct cuda_mm_plan {
 
 #define CUDA_MM_PLANS 64
 
-/* Staging for host int32 arrays (token ids, positions): a ring of pinned
- * host + device buffer pairs. A slot's event marks the end of its last
- * host->device copy; the pinned buffer is rewritten only after it fired. */
+/* Staging for host int32 arrays (token ids, positions, cache slots, the
+ * attention batch tables): a ring of pinned host + device buffer pairs, each
+ * grown on its own when an array does not fit. A slot's event marks the end
+ * of its last host->device copy; the pinned buffer is rewritten only after
+ * it fired, and a slot's buffers are reallocated only after the stream
+ * drained (kernels enqueued earlier may still read the device copy). A
+ * staging whose values some slot already holds reuses that slot. */
 typedef struct cuda_stage_slot {
-    int32_t *host; /* pinned */
-    int32_t *dev;
+    int32_t *host; /* pinned, cap values */
+    int32_t *dev;  /* cap values */
+    size_t cap;
     cudaEvent_t copied;
-    int n;
+    size_t n; /* values of the last completed staging, 0 while being filled */
 } cuda_stage_slot;
 
 #define CUDA_STAGE_SLOTS 8
@@ -129,9 +134,7 @@ typedef struct cuda_impl {
     unsigned long long plan_tick;
 
     cuda_stage_slot stage[CUDA_STAGE_SLOTS];
-    int stage_cap;  /* int32 elements per slot */
     int stage_next; /* next slot to fill */
-    int stage_last; /* slot filled last, -1 if none */
 
     void *tmp; /* device scratch: to_host_f32, overlapping copies */
     size_t tmp_bytes;
@@ -159,12 +162,21 @@ static inline unsigned cuda_blocks(size_t count, unsigned threads) {
 }
 
 /* Copy n host int32 values to the device (asynchronously, on the stream);
- * *dev stays valid for kernels enqueued on the stream before the next
- * CUDA_STAGE_SLOTS stagings. cuda_backend.cu. */
-int cuda_stage_i32(kern_backend *be, const int32_t *host, int n, const int32_t **dev);
+ * kernels enqueued on the stream from now until the ring comes back to the
+ * slot behind *dev (at least CUDA_STAGE_SLOTS - 1 further stagings) read
+ * these values, even when they run later (stream order). The host array may
+ * be reused as soon as this returns. cuda_backend.cu. */
+int cuda_stage_i32(kern_backend *be, const int32_t *host, size_t n, const int32_t **dev);
+/* The same in two steps, for arrays built in place: cuda_stage_begin returns
+ * a pinned host buffer of at least n values (valid until the commit), the
+ * caller fills n values, and cuda_stage_commit enqueues the copy. Nothing
+ * may be staged between the two calls. cuda_backend.cu. */
+int cuda_stage_begin(kern_backend *be, size_t n, int32_t **host);
+int cuda_stage_commit(kern_backend *be, size_t n, const int32_t **dev);
 /* Ensure the device scratch holds `bytes`. cuda_backend.cu. */
 int cuda_tmp_reserve(kern_backend *be, size_t bytes, void **p);
-/* Reject weights that did not come from upload_weight. cuda_backend.cu. */
+/* Reject weights that did not come from upload_weight (bf16, dense).
+ * cuda_backend.cu. */
 int cuda_check_weight(kern_backend *be, const char *op, const kern_weight *w);
 
 /* Release every cached cuBLASLt plan. cuda_matmul.cu. */
@@ -175,8 +187,10 @@ int cuda_embedding(kern_backend *be, void *out, const kern_weight *table, const 
 int cuda_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *w, int rows, int dim, float eps);
 int cuda_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
 int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta);
-int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, int n, int pos0, int hq,
-                   int hkv, int hd, float scale);
+int cuda_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
+                  int kvdim);
+int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
+                   int hq, int hkv, int hd, float scale);
 int cuda_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
 int cuda_add(kern_backend *be, void *x, const void *y, size_t count);
 

@@ -9,19 +9,24 @@
  *     (memset on the stream, then the stream is synchronised), NULL on
  *     failure with the reason in kern_last_error(). free: cudaFree after the
  *     stream drained.
- *   - upload_weight: copies the host view to new device memory. BF16 weights
- *     are copied as they are; F16 and F32 weights are CONVERTED TO BF16 on
- *     upload (on the device, in chunks; F32 rounds to nearest even), so every
- *     device weight the ops see is (rows, cols) bf16 and the ops reject any
- *     other dtype. The cpu twin keeps the host dtype; expect bf16-rounding
- *     differences for F32/F16 checkpoints. free_weight releases the copy.
+ *   - upload_weight: copies the host view to new, DENSE device memory,
+ *     honouring the view's row stride ld (0 = cols; a column slice of a
+ *     row-major matrix has ld = the full matrix's cols and is gathered with
+ *     cudaMemcpy2D; ld < cols is rejected). BF16 weights are copied as they
+ *     are; F16 and F32 weights are CONVERTED TO BF16 on upload (on the
+ *     device, in chunks of whole rows; F32 rounds to nearest even), so every
+ *     device weight the ops see is a dense (rows, cols) bf16 matrix (ld 0)
+ *     and the ops reject any other dtype or stride. The cpu twin keeps the
+ *     host dtype and view; expect bf16-rounding differences for F32/F16
+ *     checkpoints. free_weight releases the copy.
  *   - to_host_f32: widens bf16 -> f32 on the device into a scratch buffer,
  *     copies it to the host and synchronises the stream.
  *   - copy: device-to-device copy of n bf16 activations on the stream
  *     (overlapping ranges are allowed, like the cpu twin's memmove).
- *   - Host pointers in op arguments (token ids, positions) are copied to the
- *     device by the op itself, asynchronously; the caller may reuse or free
- *     them as soon as the op returns.
+ *   - Host pointers in op arguments (token ids, positions, cache slots, the
+ *     attention batch's arrays) are copied to the device by the op itself
+ *     through a ring of pinned staging buffers, asynchronously; the caller
+ *     may reuse or free them as soon as the op returns.
  *   - Ops enqueue work on the backend's stream and return without waiting;
  *     errors in kernels surface at the next synchronising call
  *     (to_host_f32, alloc, free).
@@ -58,6 +63,9 @@ int cuda_check_weight(kern_backend *be, const char *op, const kern_weight *w) {
     if (w->dtype != KERN_BF16)
         return kern_fail(be, "%s: cuda weights must be bf16 (made by upload_weight), got %s", op,
                          kern_dtype_name(w->dtype));
+    if (w->ld != 0 && w->ld != w->cols)
+        return kern_fail(be, "%s: cuda weights must be dense (made by upload_weight), got ld %lld for %lld columns", op,
+                         (long long)w->ld, (long long)w->cols);
     return 0;
 }
 
@@ -78,58 +86,80 @@ int cuda_tmp_reserve(kern_backend *be, size_t bytes, void **p) {
     return 0;
 }
 
-static void stage_free(cuda_impl *impl) {
-    for (int i = 0; i < CUDA_STAGE_SLOTS; i++) {
-        cuda_stage_slot *s = &impl->stage[i];
-        if (s->host) cudaFreeHost(s->host);
-        if (s->dev) cudaFree(s->dev);
-        s->host = NULL;
-        s->dev = NULL;
-        s->n = 0;
-    }
-    impl->stage_cap = 0;
-    impl->stage_last = -1;
+static void stage_slot_release(cuda_stage_slot *s) {
+    if (s->host) cudaFreeHost(s->host);
+    if (s->dev) cudaFree(s->dev);
+    s->host = NULL;
+    s->dev = NULL;
+    s->cap = 0;
+    s->n = 0;
 }
 
-int cuda_stage_i32(kern_backend *be, const int32_t *host, int n, const int32_t **dev) {
+static void stage_free(cuda_impl *impl) {
+    for (int i = 0; i < CUDA_STAGE_SLOTS; i++)
+        stage_slot_release(&impl->stage[i]);
+}
+
+int cuda_stage_begin(kern_backend *be, size_t n, int32_t **host) {
     cuda_impl *impl = cuda_get(be);
-    if (n <= 0) return kern_fail(be, "cuda: staging %d values", n);
-    if (n > impl->stage_cap) {
-        int cap = impl->stage_cap * 2 > n ? impl->stage_cap * 2 : n;
+    if (n == 0) return kern_fail(be, "cuda: staging 0 values");
+    int idx = impl->stage_next;
+    cuda_stage_slot *s = &impl->stage[idx];
+    s->n = 0; /* not reusable until the new copy is enqueued */
+    if (n > s->cap) {
+        size_t cap = s->cap * 2 > n ? s->cap * 2 : n;
         if (cap < 4096) cap = 4096;
+        /* kernels enqueued earlier may still read the slot's device copy */
         CUDA_TRY(be, cudaStreamSynchronize(impl->stream));
-        stage_free(impl);
-        for (int i = 0; i < CUDA_STAGE_SLOTS; i++) {
-            cuda_stage_slot *s = &impl->stage[i];
-            void *h = NULL, *d = NULL;
-            CUDA_TRY(be, cudaMallocHost(&h, (size_t)cap * sizeof(int32_t)));
-            s->host = (int32_t *)h;
-            CUDA_TRY(be, cudaMalloc(&d, (size_t)cap * sizeof(int32_t)));
-            s->dev = (int32_t *)d;
+        stage_slot_release(s);
+        void *h = NULL, *d = NULL;
+        CUDA_TRY(be, cudaMallocHost(&h, cap * sizeof(int32_t)));
+        s->host = (int32_t *)h;
+        cudaError_t e = cudaMalloc(&d, cap * sizeof(int32_t));
+        if (e != cudaSuccess) {
+            stage_slot_release(s);
+            return cuda_fail_rt(be, __FILE__, __LINE__, "cudaMalloc(&d, cap * sizeof(int32_t))", e);
         }
-        impl->stage_cap = cap;
+        s->dev = (int32_t *)d;
+        s->cap = cap;
+    } else {
+        /* the slot's previous copy must have left its pinned buffer */
+        CUDA_TRY(be, cudaEventSynchronize(s->copied));
     }
-    /* q and k rope share their positions: reuse what is already there */
-    if (impl->stage_last >= 0) {
-        cuda_stage_slot *s = &impl->stage[impl->stage_last];
-        if (s->n == n && memcmp(s->host, host, (size_t)n * sizeof(int32_t)) == 0) {
-            *dev = s->dev;
+    *host = s->host;
+    return 0;
+}
+
+int cuda_stage_commit(kern_backend *be, size_t n, const int32_t **dev) {
+    cuda_impl *impl = cuda_get(be);
+    int idx = impl->stage_next;
+    cuda_stage_slot *s = &impl->stage[idx];
+    if (n == 0 || n > s->cap) return kern_fail(be, "cuda: staging commit of %zu values into %zu", n, s->cap);
+    /* Every layer stages the same positions, cache slots and batch tables
+     * (and q and k rope share their positions): reuse a slot that already
+     * holds these values. Its device copy stays put until the ring comes
+     * back to it, and stream order keeps the kernels enqueued before then
+     * reading it. */
+    for (int i = 0; i < CUDA_STAGE_SLOTS; i++) {
+        const cuda_stage_slot *o = &impl->stage[i];
+        if (i != idx && o->n == n && memcmp(o->host, s->host, n * sizeof(int32_t)) == 0) {
+            *dev = o->dev;
             return 0;
         }
     }
-    int idx = impl->stage_next;
-    cuda_stage_slot *s = &impl->stage[idx];
-    /* the slot's previous copy must have left its pinned buffer */
-    CUDA_TRY(be, cudaEventSynchronize(s->copied));
-    memcpy(s->host, host, (size_t)n * sizeof(int32_t));
-    s->n = 0; /* not reusable until the copy is enqueued */
-    CUDA_TRY(be, cudaMemcpyAsync(s->dev, s->host, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, impl->stream));
+    CUDA_TRY(be, cudaMemcpyAsync(s->dev, s->host, n * sizeof(int32_t), cudaMemcpyHostToDevice, impl->stream));
     CUDA_TRY(be, cudaEventRecord(s->copied, impl->stream));
     s->n = n;
-    impl->stage_last = idx;
     impl->stage_next = (idx + 1) % CUDA_STAGE_SLOTS;
     *dev = s->dev;
     return 0;
+}
+
+int cuda_stage_i32(kern_backend *be, const int32_t *host, size_t n, const int32_t **dev) {
+    int32_t *buf = NULL;
+    if (cuda_stage_begin(be, n, &buf)) return -1;
+    memcpy(buf, host, n * sizeof(int32_t));
+    return cuda_stage_commit(be, n, dev);
 }
 
 /* ---- memory ops ---- */
@@ -166,35 +196,51 @@ static void cuda_free(kern_backend *be, void *p) {
 
 #define UPLOAD_CHUNK_ELEMS ((size_t)16 << 20) /* source elements converted per step */
 
+/* Rows r0 .. r0+nr-1 of a host view (cols values each, ld apart, es bytes a
+ * value) to dense device memory at dst, on the stream. */
+static int upload_rows(kern_backend *be, void *dst, const kern_weight *host, size_t ld, size_t es, size_t r0,
+                       size_t nr) {
+    cudaStream_t st = cuda_get(be)->stream;
+    size_t cols = (size_t)host->cols;
+    const char *src = (const char *)host->data + r0 * ld * es;
+    if (ld == cols)
+        CUDA_TRY(be, cudaMemcpyAsync(dst, src, nr * cols * es, cudaMemcpyHostToDevice, st));
+    else
+        CUDA_TRY(be, cudaMemcpy2DAsync(dst, cols * es, src, ld * es, cols * es, nr, cudaMemcpyHostToDevice, st));
+    return 0;
+}
+
 static int cuda_upload_weight(kern_backend *be, const kern_weight *host, kern_weight *dev) {
     cuda_impl *impl = cuda_get(be);
     size_t es = kern_dtype_size(host->dtype);
     if (es == 0) return kern_fail(be, "cuda: unsupported weight dtype %d", (int)host->dtype);
     if (host->rows < 0 || host->cols < 0) return kern_fail(be, "cuda: bad weight shape");
+    if (host->ld != 0 && host->ld < host->cols)
+        return kern_fail(be, "cuda: weight row stride %lld is less than its %lld columns", (long long)host->ld,
+                         (long long)host->cols);
     if (cuda_enter(be)) return -1;
-    size_t count = (size_t)host->rows * (size_t)host->cols;
+    size_t rows = (size_t)host->rows, cols = (size_t)host->cols, ld = host->ld ? (size_t)host->ld : cols;
+    size_t count = rows * cols;
     size_t bytes = count * sizeof(bf16);
     int rc = 0;
     void *d = NULL, *stage = NULL;
     CUDA_TRY_GOTO(be, cudaMalloc(&d, bytes ? bytes : 256), rc, fail);
     if (host->dtype == KERN_BF16) {
-        if (count)
-            CUDA_TRY_GOTO(be, cudaMemcpyAsync(d, host->data, bytes, cudaMemcpyHostToDevice, impl->stream), rc, fail);
+        if (count && upload_rows(be, d, host, ld, es, 0, rows)) goto fail_rc;
     } else if (count) {
-        size_t chunk = count < UPLOAD_CHUNK_ELEMS ? count : UPLOAD_CHUNK_ELEMS;
-        CUDA_TRY_GOTO(be, cudaMalloc(&stage, chunk * es), rc, fail);
-        for (size_t off = 0; off < count; off += chunk) {
-            size_t m = count - off < chunk ? count - off : chunk;
-            CUDA_TRY_GOTO(be,
-                          cudaMemcpyAsync(stage, (const char *)host->data + off * es, m * es, cudaMemcpyHostToDevice,
-                                          impl->stream),
-                          rc, fail);
+        /* whole rows per step, so a strided view converts like a dense one */
+        size_t chunk_rows = UPLOAD_CHUNK_ELEMS / cols;
+        if (chunk_rows < 1) chunk_rows = 1;
+        if (chunk_rows > rows) chunk_rows = rows;
+        CUDA_TRY_GOTO(be, cudaMalloc(&stage, chunk_rows * cols * es), rc, fail);
+        for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+            size_t nr = rows - r0 < chunk_rows ? rows - r0 : chunk_rows, m = nr * cols;
+            if (upload_rows(be, stage, host, ld, es, r0, nr)) goto fail_rc;
+            bf16 *dst = (bf16 *)d + r0 * cols;
             if (host->dtype == KERN_F32)
-                cuda_f32_to_bf16_kernel<<<cuda_blocks(m, 256), 256, 0, impl->stream>>>((bf16 *)d + off,
-                                                                                       (const float *)stage, m);
+                cuda_f32_to_bf16_kernel<<<cuda_blocks(m, 256), 256, 0, impl->stream>>>(dst, (const float *)stage, m);
             else
-                cuda_f16_to_bf16_kernel<<<cuda_blocks(m, 256), 256, 0, impl->stream>>>((bf16 *)d + off,
-                                                                                       (const __half *)stage, m);
+                cuda_f16_to_bf16_kernel<<<cuda_blocks(m, 256), 256, 0, impl->stream>>>(dst, (const __half *)stage, m);
             CUDA_TRY_GOTO(be, cudaGetLastError(), rc, fail);
         }
     }
@@ -205,7 +251,10 @@ static int cuda_upload_weight(kern_backend *be, const kern_weight *host, kern_we
     dev->dtype = KERN_BF16;
     dev->rows = host->rows;
     dev->cols = host->cols;
+    dev->ld = 0; /* dense */
     return 0;
+fail_rc:
+    rc = -1;
 fail:
     cudaStreamSynchronize(impl->stream);
     if (stage) cudaFree(stage);
@@ -263,6 +312,7 @@ static const kern_ops cuda_ops = {
     cuda_rmsnorm,       /* rmsnorm */
     cuda_matmul,        /* matmul */
     cuda_rope,          /* rope */
+    cuda_kv_store,      /* kv_store */
     cuda_attention,     /* attention */
     cuda_silu_mul,      /* silu_mul */
     cuda_add,           /* add */
@@ -321,7 +371,6 @@ extern "C" int kern_cuda_create(int device_index, kern_backend **out, char *err,
     be->ops = &cuda_ops;
     be->impl = impl;
     impl->device = device_index;
-    impl->stage_last = -1;
     if (cuda_init(be) != 0) {
         snprintf(err, errlen, "cuda backend: %s", be->err);
         kern_cuda_destroy(be);

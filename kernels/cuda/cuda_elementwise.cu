@@ -5,8 +5,9 @@
  *   - embedding: out(n, table.cols) = table[ids[i], :]. ids is a HOST array:
  *     every id is checked against [0, table.rows) on the host before anything
  *     is launched (same message as the cpu twin), then the ids are copied to
- *     the device asynchronously. table is a bf16 device weight, so the gather
- *     is an exact copy.
+ *     the device asynchronously. table is a dense bf16 device weight (the
+ *     replicated embedding; upload_weight made it dense even from a strided
+ *     view), so the gather is an exact copy of row ids[i].
  *   - silu_mul: out = silu(gate) * up, silu(x) = x / (1 + e^-x), in fp32
  *     with the precise expf, rounded to bf16. In place OK (elementwise).
  *   - add: x += y, summed in fp32, rounded to bf16.

@@ -2,7 +2,8 @@
  * cuda: RMSNorm over rows, Qwen3 flavour (weight multiplies directly, no +1).
  *
  * Contract (twin of kernels/cpu/rmsnorm.c): in, out (rows, dim) bf16; w is a
- * bf16 device weight with dim values. Per row r:
+ * (1, dim) bf16 device weight (any other shape is rejected with the cpu
+ * twin's message). Per row r:
  *   out[r] = w * (in[r] * inv),  inv = 1 / sqrt(mean(in[r]^2) + eps),
  * with the sum of squares reduced in fp32 across the block and inv formed in
  * double from it, like the cpu twin (whose sum is a sequential double sum).
@@ -41,8 +42,9 @@ __global__ void cuda_rmsnorm_kernel(bf16 *out, const bf16 *in, const bf16 *w, in
 
 int cuda_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *w, int rows, int dim, float eps) {
     if (cuda_check_weight(be, "rmsnorm", w)) return -1;
-    if (w->rows * w->cols != dim)
-        return kern_fail(be, "rmsnorm: weight has %lld values, dim is %d", (long long)(w->rows * w->cols), dim);
+    if (w->rows != 1 || w->cols != dim)
+        return kern_fail(be, "rmsnorm: weight is (%lld, %lld), expected (1, %d)", (long long)w->rows,
+                         (long long)w->cols, dim);
     if (rows < 0 || dim <= 0) return kern_fail(be, "rmsnorm: bad shape (%d, %d)", rows, dim);
     if (rows == 0) return 0;
     if (cuda_enter(be)) return -1;

@@ -172,9 +172,12 @@ agreement() { # list_a list_b -> "k/n" and the first differing index (or -)
   done
   echo "$k/$n $first"
 }
+# Always one rank: echo-generate refuses --device cuda with --tp > 1 (for
+# now), so tensor parallelism (--tp N --allreduce exact|int4|echo) is not
+# part of this check.
 gen() { # model device prompt max out -> exit status
   "$GEN" --model "$1" --prompt-tokens "$3" --max-tokens "$4" --temperature 0 --ignore-eos --json \
-    --device "$2" >"$5" 2>"$5.err" </dev/null
+    --device "$2" --tp 1 >"$5" 2>"$5.err" </dev/null
 }
 TMPD=$(mktemp -d /tmp/echo-gpu-gen.XXXXXX)
 if [ ! -x "$GEN" ]; then

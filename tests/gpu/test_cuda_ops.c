@@ -10,11 +10,20 @@
  * and the exit status is 0 when all pass, 1 when any fails, 77 when there is
  * no GPU (or no cuda backend in this build): "no GPU: skipped".
  *
- * Shapes cover Qwen3-8B-like attention (GQA 4:1, head_dim 128, n = 1 and
- * n = 37, pos0 = 0 and > 0), odd sizes (head_dim 80, 1000x200 matmul,
- * 2-byte-aligned matmul operands) and the tiny fixture models (hidden 64,
- * head_dim 16). Weights are tested as BF16, F16 and F32 (cuda converts F16
- * and F32 to bf16 on upload).
+ * Shapes cover Qwen3-8B-like attention (GQA 4:1, head_dim 128) over a paged
+ * KV cache: batches of several sequences of different lengths with
+ * pos0 > 0, interleaved block tables (seq 0 on blocks 3,0,5, seq 1 on 1,4),
+ * block sizes 16 and 4, MQA, MHA, a sequence with no rows, long decode
+ * contexts, and a batch-invariance check (a sequence alone gives the same
+ * bits as in a batch). The cache is written through kv_store (the history in
+ * one call, the batch's new rows in another) over a cache pre-filled with
+ * garbage, so a wrong block mapping shows. Weights are also given as
+ * strided views (ld > cols: the column slices of tensor-parallel
+ * row-parallel layers) to matmul and embedding (which checks the upload
+ * exactly, including a multi-chunk F16 conversion). Odd sizes (head_dim 80,
+ * 1000x200 matmul, 2-byte-aligned matmul operands) and the tiny fixture
+ * models (hidden 64, head_dim 16) are covered too. Weights are tested as
+ * BF16, F16 and F32 (cuda converts F16 and F32 to bf16 on upload).
  *
  * Usage: gpu_test_cuda_ops [--device-index N] [--self-check]
  * --self-check runs the cpu backend in place of cuda (a harness check that
@@ -82,7 +91,7 @@ static float *rand_f32(size_t n, float a) {
  * storage. F16 bits are drawn directly (magnitudes 2^-5 .. 2). */
 static kern_weight rand_weight(kern_dtype dt, int64_t rows, int64_t cols, float a, void **raw) {
     size_t n = (size_t)(rows * cols);
-    kern_weight w = {NULL, dt, rows, cols};
+    kern_weight w = {NULL, dt, rows, cols, 0};
     if (dt == KERN_F32) {
         *raw = rand_f32(n, a);
     } else {
@@ -101,6 +110,16 @@ static kern_weight rand_weight(kern_dtype dt, int64_t rows, int64_t cols, float 
         *raw = p;
     }
     w.data = *raw;
+    return w;
+}
+
+/* Columns [c0, c0+cols) of a row-major (rows, ld) host weight: a strided
+ * view like the column slices of row-parallel layers. */
+static kern_weight col_view(kern_weight full, int64_t c0, int64_t cols) {
+    kern_weight w = full;
+    w.data = (const char *)full.data + (size_t)c0 * kern_dtype_size(full.dtype);
+    w.cols = cols;
+    w.ld = full.cols;
     return w;
 }
 
@@ -151,7 +170,7 @@ static void *at(const bk *b, void *base, size_t elems) {
 /* An activation buffer of `cap_rows` rows holding `rows` rows of host data
  * (rest zero): upload the data as a weight and gather it with ids 0..rows-1. */
 static void *act_from_host(bk *b, const float *data, int rows, int cols, int cap_rows) {
-    kern_weight host = {data, KERN_F32, rows, cols}, dev = {0};
+    kern_weight host = {data, KERN_F32, rows, cols, 0}, dev = {0};
     int32_t *ids = malloc((size_t)(rows > 0 ? rows : 1) * sizeof *ids);
     void *buf = b->ops->alloc(b->be, (size_t)cap_rows * cols * es(b));
     if (!ids || !buf) {
@@ -322,39 +341,99 @@ fail:
     return h;
 }
 
+/* A batch over a paged KV cache of n_blocks * bs rows. Sequence s has
+ * history positions 0 .. pos0[s]-1 and, when it is in `mask`, n[s] new rows
+ * at positions pos0[s] .. pos0[s]+n[s]-1 (else it joins the batch with no
+ * rows). k, v hold each sequence's pos0[s]+n[s] positions, sequence after
+ * sequence; q holds every sequence's n[s] rows, sequence after sequence. */
 typedef struct att_case {
-    const float *q, *k, *v; /* q: (n, hq*hd); k, v: (pos0+n, hkv*hd) */
-    int n, pos0, hq, hkv, hd;
+    int hq, hkv, hd, bs, n_blocks, n_seqs, max_blocks;
+    const int32_t *n, *pos0, *table; /* table: (n_seqs, max_blocks) */
+    const float *q, *k, *v;
+    const float *junk_k, *junk_v; /* (n_blocks*bs, hkv*hd): what the cache held before */
+    unsigned mask;
 } att_case;
 
-/* The KV cache is built like model/qwen3.c does it: the first pos0 rows
- * are there already, the n new rows arrive through ops->copy at an element
- * offset. */
-static float *run_attention(bk *b, void *arg, size_t *n) {
+/* Like model/qwen3.c: the history reaches the cache through one kv_store,
+ * the batch's new rows through another, then one attention call. */
+static float *run_attention(bk *b, void *arg, size_t *nout) {
     att_case *c = arg;
-    void *q = NULL, *kc = NULL, *vc = NULL, *kn = NULL, *vn = NULL, *out = NULL;
-    float *h = NULL;
-    int kvd = c->hkv * c->hd, qd = c->hq * c->hd, cap = c->pos0 + c->n + 3;
-    size_t old = (size_t)c->pos0 * kvd;
-    if (!(q = act_from_host(b, c->q, c->n, qd, c->n))) goto fail;
-    if (!(kc = act_from_host(b, c->k, c->pos0, kvd, cap)) || !(vc = act_from_host(b, c->v, c->pos0, kvd, cap)))
+    void *q = NULL, *kc = NULL, *vc = NULL, *hk = NULL, *hv = NULL, *nk = NULL, *nv = NULL, *out = NULL;
+    float *h = NULL, *hkh = NULL, *hvh = NULL, *nkh = NULL, *nvh = NULL, *qh = NULL;
+    int32_t *hslots = NULL, *nslots = NULL, *q_start = NULL;
+    int kvd = c->hkv * c->hd, qd = c->hq * c->hd, S = c->n_seqs;
+    int nh = 0, nq = 0;
+    for (int s = 0; s < S; s++) {
+        nh += c->pos0[s];
+        if (c->mask >> s & 1) nq += c->n[s];
+    }
+    hkh = malloc(((size_t)nh * kvd + 1) * sizeof *hkh);
+    hvh = malloc(((size_t)nh * kvd + 1) * sizeof *hvh);
+    nkh = malloc(((size_t)nq * kvd + 1) * sizeof *nkh);
+    nvh = malloc(((size_t)nq * kvd + 1) * sizeof *nvh);
+    qh = malloc(((size_t)nq * qd + 1) * sizeof *qh);
+    hslots = malloc(((size_t)nh + 1) * sizeof *hslots);
+    nslots = malloc(((size_t)nq + 1) * sizeof *nslots);
+    q_start = malloc(((size_t)S + 1) * sizeof *q_start);
+    if (!hkh || !hvh || !nkh || !nvh || !qh || !hslots || !nslots || !q_start) goto fail;
+    {
+        int ih = 0, in = 0;
+        size_t kvoff = 0, qoff = 0; /* rows of c->k/v and c->q before sequence s */
+        for (int s = 0; s < S; s++) {
+            const int32_t *bt = c->table + (size_t)s * c->max_blocks;
+            int inb = c->mask >> s & 1;
+            q_start[s] = in;
+            for (int p = 0; p < c->pos0[s] + (inb ? c->n[s] : 0); p++) {
+                int32_t slot = bt[p / c->bs] * c->bs + p % c->bs;
+                int hist = p < c->pos0[s];
+                float *dk = hist ? hkh + (size_t)ih * kvd : nkh + (size_t)in * kvd;
+                float *dv = hist ? hvh + (size_t)ih * kvd : nvh + (size_t)in * kvd;
+                memcpy(dk, c->k + (kvoff + p) * kvd, (size_t)kvd * sizeof *dk);
+                memcpy(dv, c->v + (kvoff + p) * kvd, (size_t)kvd * sizeof *dv);
+                if (hist) {
+                    hslots[ih++] = slot;
+                } else {
+                    memcpy(qh + (size_t)in * qd, c->q + (qoff + p - c->pos0[s]) * qd, (size_t)qd * sizeof *qh);
+                    nslots[in++] = slot;
+                }
+            }
+            kvoff += (size_t)c->pos0[s] + c->n[s];
+            qoff += (size_t)c->n[s];
+        }
+        q_start[S] = in;
+    }
+    int cache_rows = c->n_blocks * c->bs;
+    if (!(kc = act_from_host(b, c->junk_k, cache_rows, kvd, cache_rows)) ||
+        !(vc = act_from_host(b, c->junk_v, cache_rows, kvd, cache_rows)))
         goto fail;
-    if (!(kn = act_from_host(b, c->k + old, c->n, kvd, c->n)) || !(vn = act_from_host(b, c->v + old, c->n, kvd, c->n)))
+    if (!(hk = act_from_host(b, hkh, nh, kvd, nh + 1)) || !(hv = act_from_host(b, hvh, nh, kvd, nh + 1)) ||
+        !(nk = act_from_host(b, nkh, nq, kvd, nq + 1)) || !(nv = act_from_host(b, nvh, nq, kvd, nq + 1)) ||
+        !(q = act_from_host(b, qh, nq, qd, nq + 1)))
         goto fail;
-    BK_TRY(b, b->ops->copy(b->be, at(b, kc, old), kn, (size_t)c->n * kvd));
-    BK_TRY(b, b->ops->copy(b->be, at(b, vc, old), vn, (size_t)c->n * kvd));
-    if (!(out = b->ops->alloc(b->be, (size_t)c->n * qd * es(b)))) goto fail;
-    BK_TRY(b,
-           b->ops->attention(b->be, out, q, kc, vc, c->n, c->pos0, c->hq, c->hkv, c->hd, 1.0f / sqrtf((float)c->hd)));
-    *n = (size_t)c->n * qd;
-    h = to_host(b, out, *n);
+    if (!(out = b->ops->alloc(b->be, ((size_t)nq + 1) * qd * es(b)))) goto fail;
+    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, hk, hv, hslots, nh, kvd));
+    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, nk, nv, nslots, nq, kvd));
+    kern_attn_batch ab = {S, q_start, c->pos0, c->table, c->max_blocks, c->bs};
+    BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, c->hq, c->hkv, c->hd, 1.0f / sqrtf((float)c->hd)));
+    *nout = (size_t)nq * qd;
+    h = to_host(b, out, *nout);
 fail:
     release(b, q);
     release(b, kc);
     release(b, vc);
-    release(b, kn);
-    release(b, vn);
+    release(b, hk);
+    release(b, hv);
+    release(b, nk);
+    release(b, nv);
     release(b, out);
+    free(hkh);
+    free(hvh);
+    free(nkh);
+    free(nvh);
+    free(qh);
+    free(hslots);
+    free(nslots);
+    free(q_start);
     return h;
 }
 
@@ -451,6 +530,29 @@ static void test_embedding(void) {
                 free(ids);
                 free(raw);
             }
+    /* strided views: the upload must gather exactly the slice's columns
+     * (the F16 one converts in two chunks of whole rows) */
+    struct {
+        int V, H, ld, c0;
+        kern_dtype dt;
+    } views[] = {
+        {384, 64, 128, 64, KERN_BF16},      {384, 64, 128, 64, KERN_F16},       {384, 64, 128, 0, KERN_F32},
+        {1000, 4096, 5000, 904, KERN_BF16}, {8200, 2048, 4096, 2048, KERN_F16},
+    };
+    for (size_t i = 0; i < sizeof views / sizeof *views; i++) {
+        void *raw;
+        int V = views[i].V, n = 37;
+        kern_weight full = rand_weight(views[i].dt, V, views[i].ld, 1.0f, &raw);
+        kern_weight t = col_view(full, views[i].c0, views[i].H);
+        int32_t ids[37];
+        for (int j = 0; j < n; j++)
+            ids[j] = j == 0 ? V - 1 : j == 1 ? V / 2 : j == 2 ? 0 : (int32_t)(rnd32() % (uint32_t)V);
+        emb_case c = {t, ids, n};
+        snprintf(shape, sizeof shape, "table %dx%d of ld %d at col %d %s n=%d", V, views[i].H, views[i].ld, views[i].c0,
+                 kern_dtype_name(views[i].dt), n);
+        compare("embedding", shape, run_embedding, &c, views[i].dt == KERN_BF16 ? 0.0 : TOL);
+        free(raw);
+    }
     /* an out-of-range id fails with a message, on both */
     void *raw;
     kern_weight t = rand_weight(KERN_BF16, 10, 8, 1.0f, &raw);
@@ -504,26 +606,37 @@ static void test_matmul(void) {
         int R, C;
         kern_dtype wdt;
         int misalign;
+        int ld, c0; /* ld > 0: the weight is columns [c0, c0+C) of a (R, ld) matrix */
     } cases[] = {
-        {1024, 4096, KERN_BF16, 0}, /* k/v proj (8 kv heads x 128) of a 4096 model */
-        {4096, 1024, KERN_BF16, 0}, /* down-proj-like: long k */
-        {1000, 200, KERN_BF16, 0},  /* odd sizes */
-        {512, 256, KERN_F32, 0},    {512, 256, KERN_F16, 0}, {384, 64, KERN_BF16, 0}, /* fixture lm_head */
-        {128, 64, KERN_BF16, 0},                                                      /* fixture gate/up */
-        {64, 128, KERN_BF16, 0},                                                      /* fixture down */
-        {300, 100, KERN_BF16, 1},                                                     /* 2-byte aligned in/out */
+        {1024, 4096, KERN_BF16, 0, 0, 0}, /* k/v proj (8 kv heads x 128) of a 4096 model */
+        {4096, 1024, KERN_BF16, 0, 0, 0}, /* down-proj-like: long k */
+        {1000, 200, KERN_BF16, 0, 0, 0},  /* odd sizes */
+        {512, 256, KERN_F32, 0, 0, 0},
+        {512, 256, KERN_F16, 0, 0, 0},
+        {384, 64, KERN_BF16, 0, 0, 0},  /* fixture lm_head */
+        {128, 64, KERN_BF16, 0, 0, 0},  /* fixture gate/up */
+        {64, 128, KERN_BF16, 0, 0, 0},  /* fixture down */
+        {300, 100, KERN_BF16, 1, 0, 0}, /* 2-byte aligned in/out */
+        /* strided views: the column slices of row-parallel layers */
+        {4096, 1024, KERN_BF16, 0, 4096, 2048}, /* o_proj of a 4096 model, rank 2 of tp 4 */
+        {1024, 768, KERN_F32, 0, 3072, 768},    /* down_proj slice, converted on upload */
+        {64, 64, KERN_F16, 0, 128, 64},         /* fixture down_proj, rank 1 of tp 2 */
+        {300, 100, KERN_BF16, 1, 333, 7},       /* odd stride and offset, misaligned in/out */
+        {512, 256, KERN_F32, 0, 256, 0},        /* ld == cols given explicitly */
     };
     const int ns[] = {1, 37};
     char shape[128];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         for (int k = 0; k < 2; k++) {
-            int R = cases[i].R, C = cases[i].C, n = ns[k];
+            int R = cases[i].R, C = cases[i].C, n = ns[k], ld = cases[i].ld;
             void *raw;
-            kern_weight w = rand_weight(cases[i].wdt, R, C, 0.5f, &raw);
+            kern_weight w = rand_weight(cases[i].wdt, R, ld ? ld : C, 0.5f, &raw);
+            if (ld) w = col_view(w, cases[i].c0, C);
             float *x = rand_f32((size_t)n * C, 1.0f);
             mm_case c = {x, w, n, cases[i].misalign};
-            snprintf(shape, sizeof shape, "n=%d w=(%d, %d) %s%s", n, R, C, kern_dtype_name(cases[i].wdt),
-                     cases[i].misalign ? " misaligned" : "");
+            int off = snprintf(shape, sizeof shape, "n=%d w=(%d, %d) %s%s", n, R, C, kern_dtype_name(cases[i].wdt),
+                               cases[i].misalign ? " misaligned" : "");
+            if (ld) snprintf(shape + off, sizeof shape - (size_t)off, " ld=%d c0=%d", ld, cases[i].c0);
             compare("matmul", shape, run_matmul, &c, TOL);
             free(x);
             free(raw);
@@ -571,29 +684,171 @@ static void test_rope(void) {
     }
 }
 
+typedef struct att_spec {
+    int hq, hkv, hd, bs, n_seqs;
+    int n[4], pos0[4];
+    int n_blocks;     /* with explicit tables; else 3 spare blocks beyond those used */
+    int blocks[4][4]; /* the explicit tables */
+    int explicit_tables;
+} att_spec;
+
+static int att_used(const att_spec *t, int s) {
+    return (t->pos0[s] + t->n[s] + t->bs - 1) / t->bs;
+}
+
+/* Fill an att_case from a spec: tables (explicit or a random permutation of
+ * the blocks, padded with -1), random q/k/v and a garbage cache. */
+static void att_build(const att_spec *t, att_case *c, int32_t **n, int32_t **pos0, int32_t **table, float **q,
+                      float **k, float **v, float **jk, float **jv) {
+    int S = t->n_seqs, used_total = 0, max_used = 0, rows_q = 0, rows_kv = 0;
+    for (int s = 0; s < S; s++) {
+        int u = att_used(t, s);
+        used_total += u;
+        if (u > max_used) max_used = u;
+        rows_q += t->n[s];
+        rows_kv += t->pos0[s] + t->n[s];
+    }
+    int n_blocks = t->explicit_tables ? t->n_blocks : used_total + 3;
+    int max_blocks = max_used + 2; /* trailing -1 entries must never be read */
+    *n = malloc((size_t)S * sizeof **n);
+    *pos0 = malloc((size_t)S * sizeof **pos0);
+    *table = malloc((size_t)S * max_blocks * sizeof **table);
+    int *perm = malloc((size_t)n_blocks * sizeof *perm);
+    if (!*n || !*pos0 || !*table || !perm) exit(1);
+    for (int i = 0; i < n_blocks; i++)
+        perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)(rnd32() % (uint32_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    int next = 0;
+    for (int s = 0; s < S; s++) {
+        (*n)[s] = t->n[s];
+        (*pos0)[s] = t->pos0[s];
+        for (int j = 0; j < max_blocks; j++)
+            (*table)[(size_t)s * max_blocks + j] = j >= att_used(t, s)  ? -1
+                                                   : t->explicit_tables ? t->blocks[s][j]
+                                                                        : perm[next++];
+    }
+    free(perm);
+    int kvd = t->hkv * t->hd, qd = t->hq * t->hd;
+    *q = rand_f32((size_t)rows_q * qd + 1, 2.0f);
+    *k = rand_f32((size_t)rows_kv * kvd + 1, 2.0f);
+    *v = rand_f32((size_t)rows_kv * kvd + 1, 1.0f);
+    *jk = rand_f32((size_t)n_blocks * t->bs * kvd, 8.0f);
+    *jv = rand_f32((size_t)n_blocks * t->bs * kvd, 8.0f);
+    *c = (att_case){t->hq, t->hkv, t->hd, t->bs, n_blocks, S, max_blocks, *n, *pos0, *table, *q, *k, *v, *jk, *jv, ~0u};
+}
+
 static void test_attention(void) {
-    struct {
-        int n, pos0, hq, hkv, hd;
-    } cases[] = {
-        {1, 0, 32, 8, 128},   {37, 0, 32, 8, 128}, {1, 100, 32, 8, 128}, {37, 100, 32, 8, 128}, /* GQA 4:1 */
-        {1, 700, 16, 4, 128}, {5, 3, 4, 2, 16},    {37, 0, 4, 2, 16},                           /* fixture */
-        {7, 20, 8, 8, 64},                                                                      /* MHA */
-        {3, 10, 4, 1, 256},                                                                     /* MQA, widest head */
-        {2, 5, 4, 2, 80}, /* head_dim not a multiple of 32 */
+    const att_spec specs[] = {
+        /* GQA 4:1, the interleaved tables of the brief: seq 0 on 3,0,5 (crossing a block inside its rows),
+         * seq 1 on 1,4, seq 2 on 6; block 2 holds garbage */
+        {32, 8, 128, 16, 3, {5, 4, 1}, {30, 20, 0}, 7, {{3, 0, 5}, {1, 4}, {6}}, 1},
+        {32, 8, 128, 4, 4, {37, 1, 5, 0}, {0, 100, 17, 5}, 0, {{0}}, 0},    /* block size 4, a seq with no rows */
+        {32, 8, 128, 16, 4, {1, 1, 1, 1}, {700, 1000, 0, 15}, 0, {{0}}, 0}, /* decode batch, long contexts */
+        {32, 8, 128, 16, 1, {37}, {100}, 0, {{0}}, 0},                      /* one prefill chunk */
+        {8, 1, 128, 4, 3, {7, 2, 1}, {3, 9, 0}, 0, {{0}}, 0},               /* MQA */
+        {4, 1, 256, 16, 2, {3, 1}, {10, 40}, 0, {{0}}, 0},                  /* MQA, widest head */
+        {4, 2, 16, 16, 2, {37, 5}, {0, 3}, 0, {{0}}, 0},                    /* fixture */
+        {4, 2, 16, 4, 3, {1, 12, 3}, {37, 0, 3}, 0, {{0}}, 0},              /* fixture, block size 4 */
+        {8, 8, 64, 4, 1, {7}, {20}, 0, {{0}}, 0},                           /* MHA */
+        {4, 2, 80, 16, 2, {2, 3}, {5, 0}, 0, {{0}}, 0},                     /* head_dim not a multiple of 32 */
     };
-    char shape[128];
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        int n = cases[i].n, p0 = cases[i].pos0, hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd;
-        float *q = rand_f32((size_t)n * hq * hd, 2.0f);
-        float *k = rand_f32((size_t)(p0 + n) * hkv * hd, 2.0f);
-        float *v = rand_f32((size_t)(p0 + n) * hkv * hd, 1.0f);
-        att_case c = {q, k, v, n, p0, hq, hkv, hd};
-        snprintf(shape, sizeof shape, "n=%d pos0=%d hq=%d hkv=%d hd=%d", n, p0, hq, hkv, hd);
+    char shape[160];
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+        const att_spec *t = &specs[i];
+        att_case c;
+        int32_t *n, *pos0, *table;
+        float *q, *k, *v, *jk, *jv;
+        att_build(t, &c, &n, &pos0, &table, &q, &k, &v, &jk, &jv);
+        int off = snprintf(shape, sizeof shape, "hq=%d hkv=%d hd=%d bs=%d (n,pos0)=", t->hq, t->hkv, t->hd, t->bs);
+        for (int s = 0; s < t->n_seqs && off < (int)sizeof shape; s++)
+            off += snprintf(shape + off, sizeof shape - (size_t)off, "%s%d,%d", s ? " " : "", t->n[s], t->pos0[s]);
         compare("attention", shape, run_attention, &c, TOL);
+        /* batch invariance: each sequence alone gives the bits it gets in the batch */
+        if (t->n_seqs > 1 && i < 3) {
+            size_t nfull = 0, row0 = 0, qd = (size_t)t->hq * t->hd;
+            float *full = run_attention(&g_gpu, &c, &nfull);
+            int ok = full != NULL;
+            for (int s = 0; ok && s < t->n_seqs; s++) {
+                if (t->n[s] > 0) {
+                    att_case one = c;
+                    one.mask = 1u << s;
+                    size_t n1 = 0;
+                    float *r = run_attention(&g_gpu, &one, &n1);
+                    ok = r && n1 == (size_t)t->n[s] * qd && memcmp(r, full + row0 * qd, n1 * sizeof *r) == 0;
+                    free(r);
+                }
+                row0 += (size_t)t->n[s];
+            }
+            free(full);
+            snprintf(shape, sizeof shape, "case %zu: each sequence alone == in the batch", i);
+            report_bool("attention", shape, ok, "results depend on the batch");
+        }
+        /* the paging is only addressing: one block per sequence gives the same bits */
+        if (i < 3) {
+            att_case flat = c;
+            int S = t->n_seqs, maxlen = 1;
+            for (int s = 0; s < S; s++)
+                if (t->pos0[s] + t->n[s] > maxlen) maxlen = t->pos0[s] + t->n[s];
+            int32_t *ftab = malloc((size_t)S * sizeof *ftab);
+            float *fk = rand_f32((size_t)S * maxlen * t->hkv * t->hd, 8.0f);
+            float *fv = rand_f32((size_t)S * maxlen * t->hkv * t->hd, 8.0f);
+            for (int s = 0; s < S; s++)
+                ftab[s] = S - 1 - s;
+            flat.bs = maxlen;
+            flat.n_blocks = S;
+            flat.max_blocks = 1;
+            flat.table = ftab;
+            flat.junk_k = fk;
+            flat.junk_v = fv;
+            size_t n1 = 0, n2 = 0;
+            float *paged = run_attention(&g_gpu, &c, &n1), *contig = run_attention(&g_gpu, &flat, &n2);
+            int ok = paged && contig && n1 == n2 && memcmp(paged, contig, n1 * sizeof *paged) == 0;
+            snprintf(shape, sizeof shape, "case %zu: paged == one block per sequence", i);
+            report_bool("attention", shape, ok, "the result depends on the block layout");
+            free(paged);
+            free(contig);
+            free(ftab);
+            free(fk);
+            free(fv);
+        }
+        free(n);
+        free(pos0);
+        free(table);
         free(q);
         free(k);
         free(v);
+        free(jk);
+        free(jv);
     }
+
+    /* bad batches fail with the cpu twin's messages, on both */
+    bk *bs[2] = {&g_cpu, &g_gpu};
+    int ok_heads = 1, ok_beyond = 1, ok_slot = 1;
+    for (int i = 0; i < 2; i++) {
+        bk *b = bs[i];
+        void *buf = b->ops->alloc(b->be, 4096 * es(b)), *kc = b->ops->alloc(b->be, 4096 * es(b));
+        if (!buf || !kc) {
+            ok_heads = ok_beyond = ok_slot = 0;
+        } else {
+            int32_t q_start[2] = {0, 3}, pos0[1] = {6}, table[2] = {0, 1}, slots[2] = {1, -1};
+            kern_attn_batch ab = {1, q_start, pos0, table, 2, 4}; /* positions 6..8 of 2 blocks of 4 */
+            int rc = b->ops->attention(b->be, buf, buf, kc, kc, &ab, 6, 4, 16, 0.25f);
+            ok_heads &= rc == -1 && strstr(kern_last_error(b->be), "not a multiple") != NULL;
+            rc = b->ops->attention(b->be, buf, buf, kc, kc, &ab, 4, 2, 16, 0.25f);
+            ok_beyond &= rc == -1 && strstr(kern_last_error(b->be), "beyond its 2 blocks") != NULL;
+            rc = b->ops->kv_store(b->be, kc, kc, buf, buf, slots, 2, 32);
+            ok_slot &= rc == -1 && strstr(kern_last_error(b->be), "negative cache slot -1") != NULL;
+        }
+        release(b, buf);
+        release(b, kc);
+    }
+    report_bool("attention", "hq 6, hkv 4 -> error", ok_heads, "no error or wrong message");
+    report_bool("attention", "position 8 of 2 blocks of 4 -> error", ok_beyond, "no error or wrong message");
+    report_bool("kv_store", "slot -1 -> error", ok_slot, "no error or wrong message");
 }
 
 static void test_elementwise(void) {

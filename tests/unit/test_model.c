@@ -110,36 +110,28 @@ static int list_models(char names[][256]) {
     return n;
 }
 
-typedef struct loaded {
-    const kern_ops *ops;
-    kern_backend *be;
-    model *m;
-} loaded;
-
-static void load(const char *dir, loaded *L) {
+static eng *open_engine(const char *dir, int tp, echo_mode mode, int max_len) {
     char err[1024];
-    ck_assert_msg(kern_backend_create("cpu", 2, 0, &L->ops, &L->be, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(model_load(dir, L->ops, L->be, &L->m, err, sizeof err) == 0, "%s: %s", dir, err);
+    eng_config c = {.model_dir = dir, .tp = tp, .allreduce = mode, .threads = 2, .max_model_len = max_len,
+                    .max_num_seqs = 4};
+    eng *e;
+    ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s: %s", dir, err);
+    return e;
 }
 
-static void unload(loaded *L) {
-    model_free(L->m);
-    kern_backend_destroy(L->ops, L->be);
-}
-
-/* Full forward over prompt + greedy continuation; returns rows × vocab
- * logits for positions first_pos .. first_pos+rows-1. */
-static float *full_forward(loaded *L, const ref_prompt *p, int vocab) {
+/* Full forward over prompt + greedy continuation in one step; returns
+ * (n, vocab) logits for every position. */
+static float *full_forward(eng *e, const ref_prompt *p, int vocab) {
     char err[1024];
-    int n = p->n_prompt + p->n_greedy;
+    int n = p->n_prompt + p->n_greedy, seq;
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     memcpy(ids, p->prompt, (size_t)p->n_prompt * sizeof *ids);
     memcpy(ids + p->n_prompt, p->greedy, (size_t)p->n_greedy * sizeof *ids);
-    model_seq *s;
-    ck_assert_msg(model_seq_create(L->m, n, &s, err, sizeof err) == 0, "%s", err);
+    ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
     float *all = malloc((size_t)n * vocab * sizeof *all);
-    ck_assert_msg(model_forward(L->m, s, ids, n, MODEL_LOGITS_ALL, all, err, sizeof err) == 0, "%s", err);
-    model_seq_free(s);
+    eng_item it = {seq, ids, n, ENG_LOGITS_ALL};
+    ck_assert_msg(eng_step(e, &it, 1, all, err, sizeof err) == 0, "%s", err);
+    eng_seq_free(e, seq);
     free(ids);
     return all;
 }
@@ -159,24 +151,23 @@ START_TEST(test_logits_match_reference) {
     int nm = list_models(names);
     for (int mi = 0; mi < nm; mi++) {
         ref_model r;
-        loaded L;
         ref_load(names[mi], &r);
-        load(names[mi], &L);
-        ck_assert_int_eq(model_get_config(L.m)->vocab_size, r.vocab);
+        eng *e = open_engine(names[mi], 1, ECHO_MODE_EXACT, 64);
+        ck_assert_int_eq(eng_model_config(e)->vocab_size, r.vocab);
         for (int i = 0; i < r.n_prompts; i++) {
             const ref_prompt *p = &r.p[i];
-            float *all = full_forward(&L, p, r.vocab);
+            float *all = full_forward(e, p, r.vocab);
             double e = tu_rel_err(all + (size_t)p->first_pos * r.vocab, p->logits, (size_t)p->rows * r.vocab);
             ck_assert_msg(e <= 1e-4, "%s prompt %d: relative logits error %.3g > 1e-4", names[mi], i, e);
             free(all);
         }
-        unload(&L);
+        eng_destroy(e);
         ref_free(&r);
     }
 }
 END_TEST
 
-static int collect_tokens(void *user, const eng_step *st) {
+static int collect_tokens(void *user, const eng_step_out *st) {
     int32_t **cur = user;
     *(*cur)++ = st->token;
     return 0;
@@ -187,23 +178,22 @@ START_TEST(test_greedy_matches_reference) {
     int nm = list_models(names);
     for (int mi = 0; mi < nm; mi++) {
         ref_model r;
-        loaded L;
         ref_load(names[mi], &r);
-        load(names[mi], &L);
+        eng *e = open_engine(names[mi], 1, ECHO_MODE_EXACT, 64);
         for (int i = 0; i < r.n_prompts; i++) {
             const ref_prompt *p = &r.p[i];
             int32_t out[64], *cur = out;
             char err[1024];
-            eng_gen_params gp = {.max_tokens = p->n_greedy, .temperature = 0, .ignore_eos = 1};
+            eng_gen_params gp = {.max_tokens = p->n_greedy, .sampling = {.top_p = 1}, .ignore_eos = 1};
             eng_finish fin;
-            ck_assert_msg(eng_generate(L.m, p->prompt, p->n_prompt, &gp, collect_tokens, &cur, &fin, err, sizeof err) == 0,
+            ck_assert_msg(eng_generate(e, p->prompt, p->n_prompt, &gp, collect_tokens, &cur, &fin, err, sizeof err) == 0,
                           "%s", err);
             ck_assert_int_eq((int)(cur - out), p->n_greedy);
             for (int t = 0; t < p->n_greedy; t++)
                 ck_assert_msg(out[t] == p->greedy[t], "%s prompt %d: step %d got %d, reference %d", names[mi], i, t,
                               out[t], p->greedy[t]);
         }
-        unload(&L);
+        eng_destroy(e);
         ref_free(&r);
     }
 }
@@ -216,35 +206,36 @@ START_TEST(test_decode_equals_full_recompute) {
     int nm = list_models(names);
     for (int mi = 0; mi < nm; mi++) {
         ref_model r;
-        loaded L;
         ref_load(names[mi], &r);
-        load(names[mi], &L);
-        const model_config *c = model_get_config(L.m);
         for (int i = 0; i < r.n_prompts; i++) {
             const ref_prompt *p = &r.p[i];
-            int n = p->n_prompt + p->n_greedy;
-            float *all = full_forward(&L, p, r.vocab);
+            int n = p->n_prompt + p->n_greedy, seq;
+            /* the sequence limit is exactly n, so the last check can overflow it */
+            eng *e = open_engine(names[mi], 1, ECHO_MODE_EXACT, n);
+            float *all = full_forward(e, p, r.vocab);
             float *step = malloc((size_t)r.vocab * sizeof *step);
-            model_seq *s;
             char err[1024];
-            ck_assert(model_seq_create(L.m, n, &s, err, sizeof err) == 0);
-            ck_assert(model_forward(L.m, s, p->prompt, p->n_prompt, MODEL_LOGITS_LAST, step, err, sizeof err) == 0);
-            double e = tu_rel_err(step, all + (size_t)(p->n_prompt - 1) * c->vocab_size, (size_t)c->vocab_size);
-            ck_assert_msg(e <= 1e-5, "%s prompt %d: prefill last row error %.3g", names[mi], i, e);
+            ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
+            eng_item it = {seq, p->prompt, p->n_prompt, ENG_LOGITS_LAST};
+            ck_assert_msg(eng_step(e, &it, 1, step, err, sizeof err) == 0, "%s", err);
+            double er = tu_rel_err(step, all + (size_t)(p->n_prompt - 1) * r.vocab, (size_t)r.vocab);
+            ck_assert_msg(er <= 1e-5, "%s prompt %d: prefill last row error %.3g", names[mi], i, er);
             for (int t = 0; t < p->n_greedy; t++) {
-                ck_assert(model_forward(L.m, s, &p->greedy[t], 1, MODEL_LOGITS_LAST, step, err, sizeof err) == 0);
-                e = tu_rel_err(step, all + (size_t)(p->n_prompt + t) * c->vocab_size, (size_t)c->vocab_size);
-                ck_assert_msg(e <= 1e-5, "%s prompt %d: decode step %d error %.3g > 1e-5", names[mi], i, t, e);
+                it = (eng_item){seq, &p->greedy[t], 1, ENG_LOGITS_LAST};
+                ck_assert_msg(eng_step(e, &it, 1, step, err, sizeof err) == 0, "%s", err);
+                er = tu_rel_err(step, all + (size_t)(p->n_prompt + t) * r.vocab, (size_t)r.vocab);
+                ck_assert_msg(er <= 1e-5, "%s prompt %d: decode step %d error %.3g > 1e-5", names[mi], i, t, er);
             }
-            ck_assert_int_eq(model_seq_len(s), n);
+            ck_assert_int_eq(eng_seq_len(e, seq), n);
             /* The sequence is full: one more token must be refused, not written. */
-            ck_assert(model_forward(L.m, s, &p->greedy[0], 1, MODEL_LOGITS_LAST, step, err, sizeof err) != 0);
-            ck_assert_ptr_nonnull(strstr(err, "do not fit"));
-            model_seq_free(s);
+            it = (eng_item){seq, &p->greedy[0], 1, ENG_LOGITS_LAST};
+            ck_assert(eng_step(e, &it, 1, step, err, sizeof err) != 0);
+            ck_assert_msg(strstr(err, "max model length") != NULL, "%s", err);
+            ck_assert_int_eq(eng_seq_len(e, seq), n);
+            eng_destroy(e);
             free(step);
             free(all);
         }
-        unload(&L);
         ref_free(&r);
     }
 }
@@ -338,16 +329,15 @@ START_TEST(test_shape_mismatch_names_tensor) {
              "%s/tied/config.json > %s/config.json",
              MODELS_DIR, dir, MODELS_DIR, dir);
     ck_assert_int_eq(system(cmd), 0);
-    loaded L;
-    ck_assert(kern_backend_create("cpu", 1, 0, &L.ops, &L.be, err, sizeof err) == 0);
-    ck_assert(model_load(dir, L.ops, L.be, &L.m, err, sizeof err) != 0);
+    eng_config c = {.model_dir = dir, .tp = 1, .threads = 1};
+    eng *e = NULL;
+    ck_assert(eng_create(&c, &e, err, sizeof err) != 0);
     ck_assert_msg(strstr(err, "mlp.gate_proj.weight") != NULL, "%s", err);
     /* and a missing weights file is named too */
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     ck_assert_int_eq(remove(path), 0);
-    ck_assert(model_load(dir, L.ops, L.be, &L.m, err, sizeof err) != 0);
+    ck_assert(eng_create(&c, &e, err, sizeof err) != 0);
     ck_assert_msg(strstr(err, "model.safetensors") != NULL, "%s", err);
-    kern_backend_destroy(L.ops, L.be);
     tu_rmtree(dir);
     free(dir);
 }
@@ -442,7 +432,7 @@ START_TEST(test_cli_usage_errors) {
         "--bogus", "--model", "--model X --prompt-tokens 1,a", "--model X --prompt-tokens 1 --max-tokens -1",
         "--model X --prompt-tokens 1 --temperature nan", "--model X --prompt-tokens 1 --device tpu",
         "--model X --prompt-tokens 1 --top-logprobs 65", "--prompt-tokens 1",
-        "--model X --prompt-tokens 1 --tp 2", "--model X --prompt-tokens 1 --allreduce fp8",
+        "--model X --prompt-tokens 1 --tp 0", "--model X --prompt-tokens 1 --allreduce fp8",
         "--model X --chat", "--model X --prompt-tokens 1 --prompt hi", "--model X --prompt-tokens 1 --chat",
         "--model X --prompt hi --no-thinking",
     };
@@ -515,29 +505,44 @@ START_TEST(test_cli_text_prompt_and_chat) {
 }
 END_TEST
 
-/* Without --ignore-eos generation stops at the first EOS id, which is
- * reported as the last token. */
+/* Without --ignore-eos generation stops at the first EOS id (from
+ * generation_config.json), reported as the last token; stop ids likewise. */
 START_TEST(test_stops_at_eos) {
     ref_model r;
-    loaded L;
-    char dir[512], err[1024];
+    char dir[512], cmd[2048], err[1024];
     snprintf(dir, sizeof dir, "%s/tied", MODELS_DIR);
     ref_load(dir, &r);
-    load(dir, &L);
-    model_config *c = (model_config *)model_get_config(L.m);
     const ref_prompt *p = &r.p[0];
-    /* make the 5th greedy token an EOS id for this run */
-    c->eos_ids[0] = p->greedy[4];
-    c->n_eos = 1;
+    int32_t eos = p->greedy[4];
     int first = 0;
-    while (p->greedy[first] != p->greedy[4]) first++;
+    while (p->greedy[first] != eos) first++;
+    char *tmp = tu_mkdtemp();
+    snprintf(cmd, sizeof cmd,
+             "cp %s/config.json %s/model.safetensors %s/ && echo '{\"eos_token_id\": [%d]}' > %s/generation_config.json",
+             dir, dir, tmp, eos, tmp);
+    ck_assert_int_eq(system(cmd), 0);
+    eng *e = open_engine(tmp, 1, ECHO_MODE_EXACT, 64);
     int32_t out[64], *cur = out;
-    eng_gen_params gp = {.max_tokens = 32, .temperature = 0};
+    eng_gen_params gp = {.max_tokens = 32, .sampling = {.top_p = 1}};
     eng_finish fin;
-    ck_assert(eng_generate(L.m, p->prompt, p->n_prompt, &gp, collect_tokens, &cur, &fin, err, sizeof err) == 0);
+    ck_assert(eng_generate(e, p->prompt, p->n_prompt, &gp, collect_tokens, &cur, &fin, err, sizeof err) == 0);
     ck_assert_int_eq(fin, ENG_FINISH_EOS);
     ck_assert_int_eq((int)(cur - out), first + 1);
-    unload(&L);
+    ck_assert_int_eq(out[first], eos);
+    /* --ignore-eos runs to max_tokens; a stop id ends it instead */
+    int32_t stop = p->greedy[9];
+    int first_stop = 0;
+    while (p->greedy[first_stop] != stop) first_stop++;
+    gp.ignore_eos = 1;
+    gp.stop_ids = &stop;
+    gp.n_stop_ids = 1;
+    cur = out;
+    ck_assert(eng_generate(e, p->prompt, p->n_prompt, &gp, collect_tokens, &cur, &fin, err, sizeof err) == 0);
+    ck_assert_int_eq(fin, ENG_FINISH_STOP);
+    ck_assert_int_eq((int)(cur - out), first_stop + 1);
+    eng_destroy(e);
+    tu_rmtree(tmp);
+    free(tmp);
     ref_free(&r);
 }
 END_TEST

@@ -1,0 +1,129 @@
+/*
+ * comm/ — Echo: a 4-bit error-compensated all-reduce, with an exact mode and
+ * the int4 ablation in the same code. Knows nothing about models.
+ *
+ * Contract
+ *   - A world is N ranks that reduce together. With the `local` transport the
+ *     ranks are threads of one process (host memory now; device memory later)
+ *     and the world is created once and shared; with `nccl` each rank is a GPU.
+ *   - Each rank owns an echo_comm (its transport endpoint and its residual
+ *     slots). Per rank, calls are made from one thread, in the same order on
+ *     every rank (like NCCL): begin_pass, then allreduce at sites in order.
+ *   - echo_allreduce(site, buf, count) is in place: on return every rank's buf
+ *     holds the same values, bit-identical across ranks in every mode.
+ *       exact: plain sum in activation precision (fp32 on the cpu path).
+ *       int4:  the Echo codec and two-shot schedule, no residuals.
+ *       echo:  int4 plus residual slots: the rounding error of each call is
+ *              added to the input of the next call of the same pass (site s
+ *              adds what site s' < s, the previous call, left).
+ *     See docs/echo.md for the wire format, the schedule and the error bound.
+ *   - Size policy: calls whose message (count * sizeof(dtype)) is below
+ *     min_bytes use the exact path in every mode; a residual carried into such
+ *     a call is added to its input, and the call leaves a zero residual.
+ *   - Slots are sized at creation for max_count elements and n_sites sites;
+ *     a call with count > max_count, site >= n_sites, or sites out of order
+ *     within a pass is an error (clear message, state unchanged).
+ *   - Non-finite input is detected and reported as an error, never silently
+ *     made finite.
+ *   - Functions return 0 or -1 with a message in the caller's buffer; nothing
+ *     prints or exits.
+ */
+#ifndef ECHO_COMM_ECHO_H
+#define ECHO_COMM_ECHO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum echo_mode { ECHO_MODE_EXACT = 0, ECHO_MODE_INT4, ECHO_MODE_ECHO } echo_mode;
+typedef enum echo_dtype { ECHO_F32 = 0, ECHO_BF16 } echo_dtype;
+
+/* Limits. ECHO_DEFAULT_GROUP was chosen by measurement (docs/echo.md, "Choosing G"). */
+#define ECHO_MAX_RANKS 64
+#define ECHO_MIN_GROUP 16
+#define ECHO_MAX_GROUP 256
+#define ECHO_DEFAULT_GROUP 64
+
+typedef struct echo_config {
+    echo_mode mode;
+    int group_size;   /* values per scale group, 16..256, power of two; 0 = default */
+    size_t min_bytes; /* size policy threshold (0 = every call quantized) */
+    int n_sites;      /* residual slots (2 * layers for a transformer) */
+    size_t max_count; /* largest message in elements (tokens * hidden) */
+    /* Added after the first draft (keep new fields last: callers use
+     * positional initializers). */
+    int track_error; /* 1 = per-site error norms vs the exact sum (local transport; costs an fp64 reduction) */
+} echo_config;
+
+typedef struct echo_world echo_world; /* shared by the ranks of one process */
+typedef struct echo_comm echo_comm;   /* one rank */
+
+/* Parse "exact" | "int4" | "echo"; -1 if unknown. */
+int echo_mode_parse(const char *s, echo_mode *out);
+const char *echo_mode_name(echo_mode m);
+
+/* local transport: nranks threads of this process. */
+int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen);
+/* nccl transport: one GPU per rank (devices[rank]), all driven from this
+ * process (ncclCommInitAll). Buffers passed to echo_allreduce are device
+ * pointers and `stream` is the rank's cudaStream_t. Fails with a message in a
+ * build without CUDA. */
+int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
+                           size_t errlen);
+/* Destroy every comm of the world first. */
+void echo_world_destroy(echo_world *w);
+
+/* The world's configuration with defaults resolved (group_size != 0). */
+void echo_world_get_config(const echo_world *w, echo_config *out);
+int echo_world_nranks(const echo_world *w);
+
+/* The endpoint of `rank` in `w`. Slot memory is allocated here. */
+int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t errlen);
+void echo_comm_destroy(echo_comm *c);
+
+/* Bytes of residual-slot memory this rank holds (reported at start-up). */
+size_t echo_comm_slot_bytes(const echo_comm *c);
+
+/* Start a forward pass: clears the residual carried between calls. */
+int echo_begin_pass(echo_comm *c, char *err, size_t errlen);
+
+/* In-place all-reduce of `count` values at call site `site`. `stream` is the
+ * backend stream for device transports (NULL on the cpu path). */
+int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype dt, void *stream, char *err,
+                   size_t errlen);
+
+typedef struct echo_stats {
+    uint64_t calls[3];      /* by echo_mode actually used for the call */
+    uint64_t wire_bytes[3]; /* bytes this rank sent, by mode */
+    double seconds[3];      /* wall time inside echo_allreduce, by mode */
+} echo_stats;
+
+void echo_get_stats(const echo_comm *c, echo_stats *out);
+
+/* Per call site, this rank's share; sum err_sq and ref_sq over the ranks for
+ * the whole message (shards partition it). err_sq/ref_sq/residual_sq are
+ * filled only with echo_config.track_error. */
+typedef struct echo_site_stats {
+    uint64_t calls;
+    double err_sq;      /* sum over calls of ||out - sum_i x_i||^2 over this rank's shard */
+    double ref_sq;      /* sum over calls of ||sum_i x_i||^2 over this rank's shard */
+    double residual_sq; /* ||residual this rank carried out of the site's last call||^2 */
+} echo_site_stats;
+
+int echo_get_site_stats(const echo_comm *c, int site, echo_site_stats *out, char *err, size_t errlen);
+
+/* ---- The group codec on host memory (tests, benchmarks, tools) ----
+ * Wire form of `count` values in groups of `group`: ceil(count/group) groups;
+ * first the codes, two per byte, element 2j in the low nibble (4-bit two's
+ * complement in [-7, 7]), then one bf16 scale per group (little-endian). A
+ * partial last group is padded with zeros. docs/echo.md has the details. */
+size_t echo_codec_wire_bytes(size_t count, int group);
+/* y = x (+ *res when res != NULL) is coded into `wire`; when res != NULL it
+ * is replaced by y - decode(wire) (error feedback). -1 with a message if some
+ * y is inf/nan or |y| >= 2^127 (then wire and res are unspecified). */
+int echo_codec_encode(const float *x, float *res, size_t count, int group, void *wire, char *err, size_t errlen);
+/* out = decode(wire) (accumulate = 0) or out += decode(wire). */
+void echo_codec_decode(const void *wire, size_t count, int group, float *out, int accumulate);
+/* The decoded scale of group g of a wire form (NaN for a poisoned group). */
+float echo_codec_group_scale(const void *wire, size_t count, int group, size_t g);
+
+#endif

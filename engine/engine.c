@@ -1,0 +1,434 @@
+/*
+ * engine/: ranks, KV block bookkeeping and the batched step (see engine.h).
+ *
+ * Rank 0 runs on the thread that calls eng_step(); ranks 1..tp-1 are
+ * persistent threads woken once per step. All ranks run the same
+ * model_forward() on their shard and meet only inside comm/'s all-reduce.
+ * Every rank validates the same batch the same way before the first
+ * collective, so an invalid batch fails on all ranks without anyone waiting
+ * in a collective for a rank that gave up.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "kernels/kernels.h"
+#include "weights/weights.h"
+
+typedef struct eng_rank {
+    eng *e;
+    int rank;
+    const kern_ops *ops;
+    kern_backend *be;
+    echo_comm *comm;
+    model *m;
+    pthread_t thread;
+    int started;
+    float *logits; /* (max logit rows, vocab slice) host */
+    int rc;
+    char err[512];
+} eng_rank;
+
+typedef struct eng_seq {
+    int live;
+    int len;     /* tokens in the cache */
+    int nblocks; /* blocks held */
+    int32_t *blocks;
+} eng_seq;
+
+struct eng {
+    eng_config cfg;
+    model_config mc;
+    weights_set *ws;
+    echo_world *world;
+    eng_rank *ranks;
+    int max_blocks_per_seq;
+    /* KV blocks: a stack of free block ids, shared by all ranks (each rank
+     * has the same block geometry for its own KV heads). */
+    int32_t *free_blocks;
+    int n_free;
+    eng_seq *seqs;
+    /* step staging */
+    int32_t *tokens, *q_start, *pos0, *table, *logit_rows;
+    int *old_nblocks; /* per item: blocks held before the step (rollback) */
+    int logit_cap;
+    /* rank dispatch */
+    pthread_mutex_t mu;
+    pthread_cond_t go_cv, done_cv;
+    unsigned long generation;
+    int pending, stop;
+    model_batch batch;
+};
+
+const model_config *eng_model_config(const eng *e) { return &e->mc; }
+const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
+
+static void *rank_main(void *arg) {
+    eng_rank *r = arg;
+    eng *e = r->e;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->stop && e->generation == seen) pthread_cond_wait(&e->go_cv, &e->mu);
+        if (e->stop) break;
+        seen = e->generation;
+        model_batch b = e->batch;
+        pthread_mutex_unlock(&e->mu);
+        b.layer_states = NULL; /* rank 0 reports; the stream is replicated */
+        r->rc = model_forward(r->m, &b, r->logits, r->err, sizeof r->err);
+        pthread_mutex_lock(&e->mu);
+        if (--e->pending == 0) pthread_cond_signal(&e->done_cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+static int ranks_forward(eng *e, char *err, size_t errlen) {
+    int tp = e->cfg.tp;
+    if (tp > 1) {
+        pthread_mutex_lock(&e->mu);
+        e->pending = tp - 1;
+        e->generation++;
+        pthread_cond_broadcast(&e->go_cv);
+        pthread_mutex_unlock(&e->mu);
+    }
+    eng_rank *r0 = &e->ranks[0];
+    r0->rc = model_forward(r0->m, &e->batch, r0->logits, r0->err, sizeof r0->err);
+    if (tp > 1) {
+        pthread_mutex_lock(&e->mu);
+        while (e->pending > 0) pthread_cond_wait(&e->done_cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+    }
+    for (int i = 0; i < tp; i++) {
+        if (e->ranks[i].rc) {
+            snprintf(err, errlen, "rank %d: %s", i, e->ranks[i].err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void fill_defaults(eng_config *c, const model_config *mc) {
+    if (!c->device) c->device = "cpu";
+    if (c->tp <= 0) c->tp = 1;
+    if (c->kv_block_size <= 0) c->kv_block_size = 16;
+    if (c->max_model_len <= 0) c->max_model_len = mc->max_position_embeddings < 4096 ? mc->max_position_embeddings : 4096;
+    if (c->max_num_seqs <= 0) c->max_num_seqs = 8;
+    if (c->max_batch_tokens <= 0) c->max_batch_tokens = c->max_model_len > 512 ? c->max_model_len : 512;
+    if (c->kv_blocks <= 0) {
+        long long per = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
+        long long total = per * c->max_num_seqs;
+        c->kv_blocks = total > (1 << 30) ? (1 << 30) : (int)total;
+    }
+}
+
+static int check_limits(const eng_config *c, const model_config *mc, char *err, size_t errlen) {
+    if (c->max_model_len > mc->max_position_embeddings) {
+        snprintf(err, errlen, "max model length %d exceeds the model's max_position_embeddings %d", c->max_model_len,
+                 mc->max_position_embeddings);
+        return -1;
+    }
+    if (c->kv_block_size > 4096 || c->max_num_seqs > 65536 || c->max_batch_tokens > (1 << 24) || c->tp > 64) {
+        snprintf(err, errlen, "engine limits out of range (kv block size <= 4096, max seqs <= 65536, "
+                              "batch tokens <= 16M, tp <= 64)");
+        return -1;
+    }
+    if (c->max_batch_tokens < 1 || c->max_model_len < 1) {
+        snprintf(err, errlen, "max batch tokens and max model length must be >= 1");
+        return -1;
+    }
+    if (strcmp(c->device, "cpu") != 0 && c->tp > 1) {
+        snprintf(err, errlen, "--tp %d on --device %s: the all-reduce transport for device memory is not built yet; "
+                              "use --device cpu for tensor parallelism", c->tp, c->device);
+        return -1;
+    }
+    return 0;
+}
+
+int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
+    eng *e = calloc(1, sizeof *e);
+    *out = NULL;
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->go_cv, NULL);
+    pthread_cond_init(&e->done_cv, NULL);
+    e->cfg = *cfg;
+    if (model_config_load(cfg->model_dir, &e->mc, err, errlen)) goto fail;
+    fill_defaults(&e->cfg, &e->mc);
+    const eng_config *c = &e->cfg;
+    if (check_limits(c, &e->mc, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) goto fail;
+    if (weights_open(c->model_dir, &e->ws, err, errlen)) goto fail;
+
+    e->max_blocks_per_seq = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
+    e->free_blocks = malloc((size_t)c->kv_blocks * sizeof *e->free_blocks);
+    e->seqs = calloc((size_t)c->max_num_seqs, sizeof *e->seqs);
+    e->tokens = malloc((size_t)c->max_batch_tokens * sizeof *e->tokens);
+    e->q_start = malloc((size_t)(c->max_num_seqs + 1) * sizeof *e->q_start);
+    e->pos0 = malloc((size_t)c->max_num_seqs * sizeof *e->pos0);
+    e->table = malloc((size_t)c->max_num_seqs * e->max_blocks_per_seq * sizeof *e->table);
+    e->logit_cap = c->max_batch_tokens;
+    e->logit_rows = malloc((size_t)e->logit_cap * sizeof *e->logit_rows);
+    e->old_nblocks = malloc((size_t)c->max_num_seqs * sizeof *e->old_nblocks);
+    e->ranks = calloc((size_t)c->tp, sizeof *e->ranks);
+    if (!e->free_blocks || !e->seqs || !e->tokens || !e->q_start || !e->pos0 || !e->table || !e->logit_rows ||
+        !e->old_nblocks || !e->ranks) {
+        snprintf(err, errlen, "out of memory for engine bookkeeping");
+        goto fail;
+    }
+    /* Pop order 0, 1, 2, ... keeps tests and traces easy to read. */
+    for (int i = 0; i < c->kv_blocks; i++) e->free_blocks[i] = c->kv_blocks - 1 - i;
+    e->n_free = c->kv_blocks;
+    for (int i = 0; i < c->max_num_seqs; i++) {
+        e->seqs[i].blocks = malloc((size_t)e->max_blocks_per_seq * sizeof(int32_t));
+        if (!e->seqs[i].blocks) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+    }
+
+    if (c->tp > 1) {
+        echo_config ec = {.mode = c->allreduce,
+                          .group_size = c->echo_group,
+                          .min_bytes = c->echo_min_bytes,
+                          .n_sites = 2 * e->mc.num_layers,
+                          .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size};
+        if (echo_world_create_local(c->tp, &ec, &e->world, err, errlen)) goto fail;
+    }
+    int threads = c->threads;
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    int per_rank = threads / c->tp > 0 ? threads / c->tp : 1;
+    for (int i = 0; i < c->tp; i++) {
+        eng_rank *r = &e->ranks[i];
+        r->e = e;
+        r->rank = i;
+        if (kern_backend_create(c->device, per_rank, i, &r->ops, &r->be, err, errlen)) goto fail;
+        if (e->world && echo_comm_create(e->world, i, &r->comm, err, errlen)) goto fail;
+        model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size};
+        char merr[768];
+        if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
+            snprintf(err, errlen, "%s", merr);
+            goto fail;
+        }
+        int v0, vn;
+        model_vocab_slice(r->m, &v0, &vn);
+        r->logits = malloc((size_t)e->logit_cap * (vn > 0 ? vn : 1) * sizeof(float));
+        if (!r->logits) {
+            snprintf(err, errlen, "out of memory for logits");
+            goto fail;
+        }
+    }
+    for (int i = 1; i < c->tp; i++) {
+        if (pthread_create(&e->ranks[i].thread, NULL, rank_main, &e->ranks[i]) != 0) {
+            snprintf(err, errlen, "cannot start rank thread %d", i);
+            goto fail;
+        }
+        e->ranks[i].started = 1;
+    }
+    *out = e;
+    return 0;
+fail:
+    eng_destroy(e);
+    return -1;
+}
+
+void eng_destroy(eng *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->go_cv);
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; e->ranks && i < e->cfg.tp; i++) {
+        eng_rank *r = &e->ranks[i];
+        if (r->started) pthread_join(r->thread, NULL);
+        model_free(r->m);
+        echo_comm_destroy(r->comm);
+        if (r->be) kern_backend_destroy(r->ops, r->be);
+        free(r->logits);
+    }
+    echo_world_destroy(e->world);
+    weights_close(e->ws);
+    for (int i = 0; e->seqs && i < e->cfg.max_num_seqs; i++) free(e->seqs[i].blocks);
+    free(e->seqs);
+    free(e->ranks);
+    free(e->free_blocks);
+    free(e->tokens);
+    free(e->q_start);
+    free(e->pos0);
+    free(e->table);
+    free(e->logit_rows);
+    free(e->old_nblocks);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->go_cv);
+    pthread_cond_destroy(&e->done_cv);
+    free(e);
+}
+
+int eng_seq_new(eng *e, int *seq, char *err, size_t errlen) {
+    for (int i = 0; i < e->cfg.max_num_seqs; i++) {
+        if (!e->seqs[i].live) {
+            e->seqs[i].live = 1;
+            e->seqs[i].len = 0;
+            e->seqs[i].nblocks = 0;
+            *seq = i;
+            return 0;
+        }
+    }
+    snprintf(err, errlen, "all %d sequence slots are in use", e->cfg.max_num_seqs);
+    return ENG_ENOSPACE;
+}
+
+void eng_seq_free(eng *e, int seq) {
+    if (seq < 0 || seq >= e->cfg.max_num_seqs || !e->seqs[seq].live) return;
+    eng_seq *s = &e->seqs[seq];
+    while (s->nblocks > 0) e->free_blocks[e->n_free++] = s->blocks[--s->nblocks];
+    s->live = 0;
+    s->len = 0;
+}
+
+int eng_seq_len(const eng *e, int seq) {
+    if (seq < 0 || seq >= e->cfg.max_num_seqs || !e->seqs[seq].live) return -1;
+    return e->seqs[seq].len;
+}
+
+void eng_kv_get_usage(const eng *e, eng_kv_usage *u) {
+    u->total_blocks = e->cfg.kv_blocks;
+    u->free_blocks = e->n_free;
+    u->block_size = e->cfg.kv_block_size;
+}
+
+void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out) {
+    memset(out, 0, sizeof *out);
+    if (rank < 0 || rank >= e->cfg.tp) return;
+    const eng_rank *r = &e->ranks[rank];
+    out->weight_bytes = model_weight_bytes(r->m);
+    out->kv_bytes = model_kv_bytes(r->m);
+    out->slot_bytes = r->comm ? echo_comm_slot_bytes(r->comm) : 0;
+}
+
+void eng_comm_stats(const eng *e, echo_stats *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < e->cfg.tp; i++) {
+        if (!e->ranks[i].comm) continue;
+        echo_stats s;
+        echo_get_stats(e->ranks[i].comm, &s);
+        for (int k = 0; k < 3; k++) {
+            out->calls[k] += s.calls[k];
+            out->wire_bytes[k] += s.wire_bytes[k];
+            out->seconds[k] += s.seconds[k];
+        }
+    }
+}
+
+/* Validate the batch and count the KV blocks it needs; nothing changes. */
+static int step_check(eng *e, const eng_item *it, int n, int *need_blocks, int *ntok, int *nrows, char *err,
+                      size_t errlen) {
+    const eng_config *c = &e->cfg;
+    int tok = 0, rows = 0, need = 0;
+    if (n <= 0 || n > c->max_num_seqs) {
+        snprintf(err, errlen, "step: %d items (1..%d allowed)", n, c->max_num_seqs);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int s = it[i].seq;
+        if (s < 0 || s >= c->max_num_seqs || !e->seqs[s].live) {
+            snprintf(err, errlen, "step: item %d names unknown sequence %d", i, s);
+            return -1;
+        }
+        for (int j = 0; j < i; j++) {
+            if (it[j].seq == s) {
+                snprintf(err, errlen, "step: sequence %d appears twice in one batch", s);
+                return -1;
+            }
+        }
+        if (it[i].n_tokens <= 0) {
+            snprintf(err, errlen, "step: item %d has no tokens", i);
+            return -1;
+        }
+        if ((long long)e->seqs[s].len + it[i].n_tokens > c->max_model_len) {
+            snprintf(err, errlen, "step: sequence %d would reach %lld tokens, beyond the max model length %d", s,
+                     (long long)e->seqs[s].len + it[i].n_tokens, c->max_model_len);
+            return -1;
+        }
+        for (int k = 0; k < it[i].n_tokens; k++) {
+            if (it[i].tokens[k] < 0 || it[i].tokens[k] >= e->mc.vocab_size) {
+                snprintf(err, errlen, "step: token id %d out of range [0, %d)", it[i].tokens[k], e->mc.vocab_size);
+                return -1;
+            }
+        }
+        tok += it[i].n_tokens;
+        if (tok > c->max_batch_tokens) {
+            snprintf(err, errlen, "step: more than %d tokens in one batch", c->max_batch_tokens);
+            return -1;
+        }
+        rows += it[i].logits == ENG_LOGITS_ALL ? it[i].n_tokens : it[i].logits == ENG_LOGITS_LAST ? 1 : 0;
+        int want = (e->seqs[s].len + it[i].n_tokens + c->kv_block_size - 1) / c->kv_block_size;
+        need += want - e->seqs[s].nblocks;
+    }
+    *need_blocks = need;
+    *ntok = tok;
+    *nrows = rows;
+    return 0;
+}
+
+int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *layer_states, char *err,
+                    size_t errlen) {
+    const eng_config *c = &e->cfg;
+    int need, ntok, nrows;
+    if (step_check(e, it, n, &need, &ntok, &nrows, err, errlen)) return -1;
+    if (need > e->n_free) {
+        snprintf(err, errlen, "step: needs %d KV blocks, %d free", need, e->n_free);
+        return ENG_ENOSPACE;
+    }
+    /* Take blocks; remember how many each sequence had so a failed pass
+     * gives them back. */
+    int *old_nblocks = e->old_nblocks;
+    int tok = 0, row = 0;
+    e->q_start[0] = 0;
+    for (int i = 0; i < n; i++) {
+        eng_seq *s = &e->seqs[it[i].seq];
+        old_nblocks[i] = s->nblocks;
+        int want = (s->len + it[i].n_tokens + c->kv_block_size - 1) / c->kv_block_size;
+        while (s->nblocks < want) s->blocks[s->nblocks++] = e->free_blocks[--e->n_free];
+        memcpy(e->tokens + tok, it[i].tokens, (size_t)it[i].n_tokens * sizeof(int32_t));
+        memcpy(e->table + (size_t)i * e->max_blocks_per_seq, s->blocks, (size_t)s->nblocks * sizeof(int32_t));
+        e->pos0[i] = s->len;
+        if (it[i].logits == ENG_LOGITS_ALL)
+            for (int k = 0; k < it[i].n_tokens; k++) e->logit_rows[row++] = tok + k;
+        else if (it[i].logits == ENG_LOGITS_LAST)
+            e->logit_rows[row++] = tok + it[i].n_tokens - 1;
+        tok += it[i].n_tokens;
+        e->q_start[i + 1] = tok;
+    }
+    e->batch = (model_batch){n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
+                             e->logit_rows, nrows, layer_states};
+    if (ranks_forward(e, err, errlen)) {
+        for (int i = n - 1; i >= 0; i--) {
+            eng_seq *s = &e->seqs[it[i].seq];
+            while (s->nblocks > old_nblocks[i]) e->free_blocks[e->n_free++] = s->blocks[--s->nblocks];
+        }
+        return -1;
+    }
+    for (int i = 0; i < n; i++) e->seqs[it[i].seq].len += it[i].n_tokens;
+    /* Gather the vocabulary slices into full rows. */
+    int V = e->mc.vocab_size;
+    for (int k = 0; k < c->tp; k++) {
+        int v0, vn;
+        model_vocab_slice(e->ranks[k].m, &v0, &vn);
+        for (int r = 0; r < nrows && vn > 0; r++)
+            memcpy(logits + (size_t)r * V + v0, e->ranks[k].logits + (size_t)r * vn, (size_t)vn * sizeof(float));
+    }
+    return 0;
+}
+
+int eng_step(eng *e, const eng_item *items, int n_items, float *logits, char *err, size_t errlen) {
+    return eng_step_states(e, items, n_items, logits, NULL, err, errlen);
+}

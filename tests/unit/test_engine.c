@@ -1,0 +1,381 @@
+/*
+ * engine/: tensor parallelism (exact all-reduce reproduces one rank),
+ * batched steps, the paged KV cache and sampling.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "tests/unit/testutil.h"
+
+#define MODELS TU_FIXTURES "/models"
+
+static const char *ALL_MODELS[] = {"tied", "untied-sharded", "wide-head", "gqa4-deep", "realvocab"};
+
+static eng *open_eng(const char *name, int tp, echo_mode mode, int max_seqs, int kv_blocks, char *err) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", MODELS, name);
+    eng_config c = {.model_dir = dir, .tp = tp, .allreduce = mode, .threads = 2, .max_model_len = 128,
+                    .max_num_seqs = max_seqs, .kv_blocks = kv_blocks, .kv_block_size = 4};
+    eng *e = NULL;
+    if (eng_create(&c, &e, err, 1024)) return NULL;
+    return e;
+}
+
+/* Deterministic pseudo-random prompt of n ids below vocab. */
+static void make_prompt(int32_t *ids, int n, int vocab, unsigned seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        ids[i] = (int32_t)((seed >> 8) % (unsigned)vocab);
+    }
+}
+
+/* Prefill `n` tokens then decode 6 greedy tokens; returns all LAST logits
+ * rows (7, vocab) and the greedy tokens. */
+static float *run_alone(eng *e, const int32_t *prompt, int n, int32_t *greedy) {
+    const int V = eng_model_config(e)->vocab_size;
+    char err[1024];
+    int seq;
+    float *out = malloc((size_t)7 * V * sizeof *out);
+    ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
+    eng_item it = {seq, prompt, n, ENG_LOGITS_LAST};
+    ck_assert_msg(eng_step(e, &it, 1, out, err, sizeof err) == 0, "%s", err);
+    eng_sampling greedy_p = {.temperature = 0, .top_p = 1};
+    for (int t = 0; t < 6; t++) {
+        greedy[t] = eng_sample(out + (size_t)t * V, V, &greedy_p, NULL);
+        it = (eng_item){seq, &greedy[t], 1, ENG_LOGITS_LAST};
+        ck_assert_msg(eng_step(e, &it, 1, out + (size_t)(t + 1) * V, err, sizeof err) == 0, "%s", err);
+    }
+    eng_seq_free(e, seq);
+    return out;
+}
+
+START_TEST(test_tp_exact_reproduces_tp1) {
+    char err[1024];
+    for (size_t mi = 0; mi < sizeof ALL_MODELS / sizeof *ALL_MODELS; mi++) {
+        eng *e1 = open_eng(ALL_MODELS[mi], 1, ECHO_MODE_EXACT, 2, 0, err);
+        ck_assert_msg(e1 != NULL, "%s", err);
+        const model_config *c = eng_model_config(e1);
+        int32_t prompt[23], g1[6], gt[6];
+        make_prompt(prompt, 23, c->vocab_size, 7u + (unsigned)mi);
+        float *ref = run_alone(e1, prompt, 23, g1);
+        for (int tp = 2; tp <= 4; tp *= 2) {
+            if (model_check_tp(c, tp, err, sizeof err)) {
+                /* realvocab has 2 heads: tp 4 must be refused with a reason */
+                eng *bad = open_eng(ALL_MODELS[mi], tp, ECHO_MODE_EXACT, 2, 0, err);
+                ck_assert(bad == NULL);
+                ck_assert_msg(strstr(err, "--tp") != NULL, "%s", err);
+                continue;
+            }
+            eng *et = open_eng(ALL_MODELS[mi], tp, ECHO_MODE_EXACT, 2, 0, err);
+            ck_assert_msg(et != NULL, "%s tp %d: %s", ALL_MODELS[mi], tp, err);
+            float *got = run_alone(et, prompt, 23, gt);
+            double e = tu_rel_err(got, ref, (size_t)7 * c->vocab_size);
+            ck_assert_msg(e <= 1e-5, "%s tp %d: relative logits error %.3g > 1e-5", ALL_MODELS[mi], tp, e);
+            for (int t = 0; t < 6; t++) ck_assert_int_eq(gt[t], g1[t]);
+            echo_stats st;
+            eng_comm_stats(et, &st);
+            /* 7 passes x 2 sites per layer x tp ranks, all through the exact path */
+            ck_assert_uint_eq(st.calls[ECHO_MODE_EXACT], (uint64_t)7 * 2 * c->num_layers * tp);
+            free(got);
+            eng_destroy(et);
+        }
+        free(ref);
+        eng_destroy(e1);
+    }
+}
+END_TEST
+
+/* int4 and echo at tp 2 change the logits (they really quantize), stay
+ * finite, and echo's error feedback leaves the logits closer to exact than
+ * int4 does. (Tight statements about one all-reduce live in test_comm.) */
+/* All-position logits of one prefill (teacher-forced: every mode sees the
+ * same tokens). */
+static float *prefill_all(eng *e, const int32_t *prompt, int n) {
+    const int V = eng_model_config(e)->vocab_size;
+    char err[1024];
+    int seq;
+    float *out = malloc((size_t)n * V * sizeof *out);
+    ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
+    eng_item it = {seq, prompt, n, ENG_LOGITS_ALL};
+    ck_assert_msg(eng_step(e, &it, 1, out, err, sizeof err) == 0, "%s", err);
+    eng_seq_free(e, seq);
+    return out;
+}
+
+START_TEST(test_tp_quantized_modes_run) {
+    enum { N = 48, V = 512 };
+    char err[1024];
+    eng *ex = open_eng("gqa4-deep", 1, ECHO_MODE_EXACT, 1, 0, err);
+    ck_assert_msg(ex != NULL, "%s", err);
+    int32_t prompt[N];
+    make_prompt(prompt, N, V, 99);
+    float *ref = prefill_all(ex, prompt, N);
+    const echo_mode modes[] = {ECHO_MODE_INT4, ECHO_MODE_ECHO};
+    double er[2];
+    for (int k = 0; k < 2; k++) {
+        eng *e = open_eng("gqa4-deep", 2, modes[k], 1, 0, err);
+        ck_assert_msg(e != NULL, "%s", err);
+        float *got = prefill_all(e, prompt, N);
+        er[k] = tu_rel_err(got, ref, (size_t)N * V);
+        for (size_t i = 0; i < (size_t)N * V; i++) ck_assert(isfinite(got[i]));
+        ck_assert_msg(er[k] > 0, "%s changed nothing", echo_mode_name(modes[k]));
+        echo_stats st;
+        eng_comm_stats(e, &st);
+        ck_assert_uint_eq(st.calls[modes[k]], (uint64_t)2 * 12 * 2); /* one pass, 2 sites x 12 layers, 2 ranks */
+        free(got);
+        eng_destroy(e);
+    }
+    ck_assert_msg(er[1] < er[0], "echo logits error %.3g not below int4's %.3g", er[1], er[0]);
+    free(ref);
+    eng_destroy(ex);
+}
+END_TEST
+
+/* A batch mixing prompts of different lengths with decode steps of other
+ * sequences gives every sequence the logits it gets alone. */
+START_TEST(test_batch_equals_alone) {
+    char err[1024];
+    eng *e = open_eng("gqa4-deep", 2, ECHO_MODE_EXACT, 4, 0, err);
+    ck_assert_msg(e != NULL, "%s", err);
+    const int V = eng_model_config(e)->vocab_size;
+    int lens[4] = {9, 1, 30, 14};
+    int32_t prompts[4][32], greedy[4][6];
+    float *alone[4];
+    for (int s = 0; s < 4; s++) {
+        make_prompt(prompts[s], lens[s], V, 100u + (unsigned)s);
+        alone[s] = run_alone(e, prompts[s], lens[s], greedy[s]);
+    }
+    /* staggered: seq s starts prefill at step s, then decodes its greedy tokens */
+    int seq[4], step_of[4] = {0, 0, 0, 0};
+    for (int s = 0; s < 4; s++) ck_assert(eng_seq_new(e, &seq[s], err, sizeof err) == 0);
+    float *out = malloc((size_t)4 * V * sizeof *out);
+    for (int round = 0; round < 10; round++) {
+        eng_item it[4];
+        int idx[4], n = 0;
+        for (int s = 0; s < 4; s++) {
+            if (round < s || step_of[s] > 6) continue;
+            if (step_of[s] == 0)
+                it[n] = (eng_item){seq[s], prompts[s], lens[s], ENG_LOGITS_LAST};
+            else
+                it[n] = (eng_item){seq[s], &greedy[s][step_of[s] - 1], 1, ENG_LOGITS_LAST};
+            idx[n++] = s;
+        }
+        if (!n) continue;
+        ck_assert_msg(eng_step(e, it, n, out, err, sizeof err) == 0, "%s", err);
+        for (int k = 0; k < n; k++) {
+            int s = idx[k];
+            double er = tu_rel_err(out + (size_t)k * V, alone[s] + (size_t)step_of[s] * V, (size_t)V);
+            ck_assert_msg(er <= 1e-5, "seq %d step %d: batched vs alone %.3g", s, step_of[s], er);
+            step_of[s]++;
+        }
+    }
+    for (int s = 0; s < 4; s++) {
+        ck_assert_int_eq(step_of[s], 7);
+        eng_seq_free(e, seq[s]);
+        free(alone[s]);
+    }
+    free(out);
+    eng_destroy(e);
+}
+END_TEST
+
+/* Blocks of two sequences interleave (A0 B0 A1 B1 ...), so a wrong block
+ * table would make one read the other's keys; freed blocks are reused and
+ * must not leak the previous owner's state. */
+START_TEST(test_kv_paging_no_leakage) {
+    char err[1024];
+    eng *e = open_eng("tied", 1, ECHO_MODE_EXACT, 3, 64, err);
+    ck_assert_msg(e != NULL, "%s", err);
+    const int V = eng_model_config(e)->vocab_size;
+    int32_t pa[40], pb[40], pc[40], ga[6], gb[6], gc[6];
+    make_prompt(pa, 40, V, 1);
+    make_prompt(pb, 40, V, 2);
+    make_prompt(pc, 40, V, 3);
+    float *ra = run_alone(e, pa, 40, ga), *rb = run_alone(e, pb, 40, gb), *rc = run_alone(e, pc, 40, gc);
+    int a, b;
+    ck_assert(eng_seq_new(e, &a, err, sizeof err) == 0);
+    ck_assert(eng_seq_new(e, &b, err, sizeof err) == 0);
+    float out[2 * 384];
+    /* feed 4 tokens (one block) at a time to each in turn */
+    for (int off = 0; off < 40; off += 4) {
+        eng_item it[2] = {{a, pa + off, 4, ENG_LOGITS_LAST}, {b, pb + off, 4, ENG_LOGITS_LAST}};
+        ck_assert_msg(eng_step(e, it, 2, out, err, sizeof err) == 0, "%s", err);
+    }
+    ck_assert(tu_rel_err(out, ra, (size_t)V) <= 1e-5);
+    ck_assert(tu_rel_err(out + V, rb, (size_t)V) <= 1e-5);
+    eng_kv_usage u;
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, 64 - 20);
+    /* free A; C reuses A's blocks and must see only its own keys */
+    eng_seq_free(e, a);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, 64 - 10);
+    int c;
+    ck_assert(eng_seq_new(e, &c, err, sizeof err) == 0);
+    eng_item ic = {c, pc, 40, ENG_LOGITS_LAST};
+    ck_assert(eng_step(e, &ic, 1, out, err, sizeof err) == 0);
+    ck_assert(tu_rel_err(out, rc, (size_t)V) <= 1e-5);
+    eng_seq_free(e, b);
+    eng_seq_free(e, c);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, 64);
+    free(ra);
+    free(rb);
+    free(rc);
+    eng_destroy(e);
+}
+END_TEST
+
+START_TEST(test_kv_exhaustion_reported) {
+    char err[1024];
+    eng *e = open_eng("tied", 1, ECHO_MODE_EXACT, 3, 5, err); /* 5 blocks of 4 tokens */
+    ck_assert_msg(e != NULL, "%s", err);
+    int32_t p[24];
+    make_prompt(p, 24, 384, 5);
+    int a, b;
+    float out[384];
+    ck_assert(eng_seq_new(e, &a, err, sizeof err) == 0);
+    ck_assert(eng_seq_new(e, &b, err, sizeof err) == 0);
+    eng_item it = {a, p, 16, ENG_LOGITS_LAST}; /* 4 blocks */
+    ck_assert(eng_step(e, &it, 1, out, err, sizeof err) == 0);
+    eng_item big = {b, p, 8, ENG_LOGITS_LAST}; /* needs 2, 1 free */
+    ck_assert_int_eq(eng_step(e, &big, 1, out, err, sizeof err), ENG_ENOSPACE);
+    ck_assert_ptr_nonnull(strstr(err, "KV blocks"));
+    ck_assert_int_eq(eng_seq_len(e, b), 0);
+    eng_kv_usage u;
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, 1); /* nothing taken by the refused step */
+    /* a batch that does not fit is refused whole: A's decode is not applied either */
+    eng_item both[2] = {{a, p + 16, 1, ENG_LOGITS_NONE}, {b, p, 8, ENG_LOGITS_NONE}};
+    ck_assert_int_eq(eng_step(e, both, 2, out, err, sizeof err), ENG_ENOSPACE);
+    ck_assert_int_eq(eng_seq_len(e, a), 16);
+    /* sequence slots run out too */
+    int c, d;
+    ck_assert(eng_seq_new(e, &c, err, sizeof err) == 0);
+    ck_assert_int_eq(eng_seq_new(e, &d, err, sizeof err), ENG_ENOSPACE);
+    /* bad items are errors, not crashes */
+    eng_item dup[2] = {{a, p, 1, ENG_LOGITS_NONE}, {a, p, 1, ENG_LOGITS_NONE}};
+    ck_assert_int_eq(eng_step(e, dup, 2, out, err, sizeof err), -1);
+    eng_item unknown = {17, p, 1, ENG_LOGITS_NONE};
+    ck_assert_int_eq(eng_step(e, &unknown, 1, out, err, sizeof err), -1);
+    int32_t bad_tok = 384;
+    eng_item badt = {a, &bad_tok, 1, ENG_LOGITS_NONE};
+    ck_assert_int_eq(eng_step(e, &badt, 1, out, err, sizeof err), -1);
+    ck_assert_int_eq(eng_seq_len(e, a), 16);
+    eng_destroy(e);
+}
+END_TEST
+
+/* ---- sampling ---- */
+
+START_TEST(test_sampling_reproducible_and_topk1) {
+    float lg[50];
+    for (int i = 0; i < 50; i++) lg[i] = (float)sin(i * 1.7) * 2;
+    eng_sampling p = {.temperature = 0.9f, .top_k = 0, .top_p = 1, .seed = 0};
+    int32_t a[64], b[64];
+    eng_rng r1, r2;
+    eng_rng_seed(&r1, 42);
+    eng_rng_seed(&r2, 42);
+    for (int i = 0; i < 64; i++) a[i] = eng_sample(lg, 50, &p, &r1);
+    for (int i = 0; i < 64; i++) b[i] = eng_sample(lg, 50, &p, &r2);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    int differs = 0;
+    eng_rng_seed(&r2, 43);
+    for (int i = 0; i < 64; i++) differs |= eng_sample(lg, 50, &p, &r2) != a[i];
+    ck_assert(differs);
+    int32_t best = 0;
+    for (int i = 1; i < 50; i++)
+        if (lg[i] > lg[best]) best = i;
+    p.top_k = 1;
+    for (int i = 0; i < 32; i++) ck_assert_int_eq(eng_sample(lg, 50, &p, &r1), best);
+    p.top_k = 0;
+    p.temperature = 0;
+    ck_assert_int_eq(eng_sample(lg, 50, &p, &r1), best);
+}
+END_TEST
+
+/* Empirical frequencies over many draws match the filtered, renormalised
+ * softmax; filtered-out tokens never appear. */
+START_TEST(test_sampling_distributions) {
+    enum { V = 8, N = 40000 };
+    const float lg[V] = {2.0f, 1.5f, 1.0f, 0.5f, 0.0f, -0.5f, -1.0f, -3.0f};
+    struct {
+        int top_k;
+        float top_p;
+    } cases[] = {{0, 1.0f}, {3, 1.0f}, {0, 0.7f}, {5, 0.9f}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        eng_sampling p = {.temperature = 1.3f, .top_k = cases[ci].top_k, .top_p = cases[ci].top_p};
+        double prob[V], tot = 0;
+        for (int i = 0; i < V; i++) tot += prob[i] = exp((lg[i] - lg[0]) / 1.3);
+        /* expected support: top_k first, then the smallest prefix reaching top_p of what is left */
+        int keep = p.top_k ? p.top_k : V;
+        double kt = 0, acc = 0;
+        for (int i = 0; i < keep; i++) kt += prob[i];
+        int n = 0;
+        while (n < keep) {
+            acc += prob[n++];
+            if (p.top_p < 1 && acc >= p.top_p * kt) break;
+        }
+        double z = 0;
+        for (int i = 0; i < n; i++) z += prob[i];
+        int count[V] = {0};
+        eng_rng r;
+        eng_rng_seed(&r, 1000 + ci);
+        for (int k = 0; k < N; k++) count[eng_sample(lg, V, &p, &r)]++;
+        for (int i = 0; i < V; i++) {
+            double expect = i < n ? prob[i] / z : 0;
+            double f = (double)count[i] / N;
+            /* 5 standard deviations of a binomial proportion */
+            double tol = 5 * sqrt(expect * (1 - expect) / N) + 1e-9;
+            ck_assert_msg(fabs(f - expect) <= tol, "case %zu token %d: freq %.4f expected %.4f", ci, i, f, expect);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_engine_config_errors) {
+    char err[1024];
+    eng_config c = {.model_dir = MODELS "/tied", .tp = 3};
+    eng *e = NULL;
+    ck_assert(eng_create(&c, &e, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "--tp 3") != NULL, "%s", err);
+    c.tp = 1;
+    c.max_model_len = 1 << 20;
+    ck_assert(eng_create(&c, &e, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "max_position_embeddings") != NULL, "%s", err);
+    c.max_model_len = 0;
+    c.tp = 2;
+    c.device = "cuda";
+    ck_assert(eng_create(&c, &e, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "--device cpu") != NULL, "%s", err);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("engine");
+    TCase *tp = tcase_create("tensor-parallel");
+    tcase_set_timeout(tp, 600);
+    tcase_add_test(tp, test_tp_exact_reproduces_tp1);
+    tcase_add_test(tp, test_tp_quantized_modes_run);
+    tcase_add_test(tp, test_batch_equals_alone);
+    suite_add_tcase(s, tp);
+    TCase *kv = tcase_create("kv-cache");
+    tcase_set_timeout(kv, 120);
+    tcase_add_test(kv, test_kv_paging_no_leakage);
+    tcase_add_test(kv, test_kv_exhaustion_reported);
+    tcase_add_test(kv, test_engine_config_errors);
+    suite_add_tcase(s, kv);
+    TCase *sm = tcase_create("sampling");
+    tcase_add_test(sm, test_sampling_reproducible_and_topk1);
+    tcase_add_test(sm, test_sampling_distributions);
+    suite_add_tcase(s, sm);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
