@@ -154,11 +154,13 @@ test: deps
 	$(MAKE) all
 	$(MAKE) check-suites
 	$(MAKE) fuzz-regress
+	$(MAKE) test-server
 
 test-asan: deps
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  SUITE_ENV="CK_FORK=no" check-suites
+	$(MAKE) test-server-asan
 # CK_FORK=no: every suite runs in one process, so LeakSanitizer sees the
 # whole run at exit (forked test children would hide leaks).
 
@@ -167,6 +169,34 @@ RUN_MODEL ?= tests/fixtures/models/gqa4-deep
 run: deps
 	$(MAKE) all
 	$(BIN)/echo-generate --model $(RUN_MODEL) --prompt-tokens 1,2,3,4,5 --max-tokens 16 --top-logprobs 3 --json
+
+# ---- echo-serve (server/): `make serve`, the demo model, server tests ----
+# make serve                       build bin/echo-serve and serve the bundled demo model on the cpu
+#                                  backend (random Qwen3-architecture weights, real Qwen3 tokenizer)
+# make serve SERVE_MODEL=qwen3-8b SERVE_ARGS="--tp 4"   serve a real model (name or folder)
+# make test-server                 real server + curl, the openai client and prometheus_client
+# make test-server-asan            the abuse suite against an ASan/UBSan build, leak-checked at exit
+.PHONY: serve demo-model test-server test-server-asan
+# libmicrohttpd is linked into every program (LDLIBS expands PKG_LIBS late); its
+# header needs no extra cflags, so the object flags stamp stays the same.
+PKG_LIBS    += $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
+DEMO_MODEL  := $(BUILD)/demo-model
+SERVE_MODEL ?=
+SERVE_ARGS  ?=
+demo-model: $(DEMO_MODEL)/config.json
+$(DEMO_MODEL)/config.json: scripts/make-demo-model.sh tests/fixtures/models/realvocab/config.json
+	scripts/make-demo-model.sh $(DEMO_MODEL)
+serve: deps $(BIN)/echo-serve $(if $(SERVE_MODEL),,$(DEMO_MODEL)/config.json)
+	$(BIN)/echo-serve $(if $(SERVE_MODEL),--model $(SERVE_MODEL),--model $(DEMO_MODEL) --device cpu \
+	  --served-model-name echo-demo --max-model-len 2048) $(SERVE_ARGS)
+test-server: $(BIN)/echo-serve $(DEMO_MODEL)/config.json
+	tests/server/run.sh $(BIN)/echo-serve $(DEMO_MODEL)
+test-server-asan:
+	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  build-asan/bin/echo-serve build-asan/demo-model/config.json
+	tests/server/run.sh --asan build-asan/bin/echo-serve build-asan/demo-model
+# ---- end echo-serve block ----
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cc' '*.cu' '*.cuh')

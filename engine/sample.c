@@ -56,36 +56,60 @@ static int cand_desc(const void *a, const void *b) {
     return x->id - y->id;
 }
 
+/* The k largest logits, descending (ties: lower id first), by insertion
+ * into a window of k: O(V) for the small k that sampling uses, where sorting
+ * a 152k vocabulary per token would cost tens of milliseconds. */
+static int top_k_logits(const float *logits, int vocab, int k, cand *c) {
+    int have = 0;
+    for (int i = 0; i < vocab; i++) {
+        float v = logits[i];
+        if (have == k && !(v > (float)c[k - 1].p)) continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && v > (float)c[j - 1].p) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j].p = v;
+        c[j].id = i;
+    }
+    return have;
+}
+
 int32_t eng_sample(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng) {
     int32_t best = 0;
     for (int i = 1; i < vocab; i++)
         if (logits[i] > logits[best]) best = i;
     if (!(p->temperature > 0) || p->top_k == 1) return best;
-    cand *c = malloc((size_t)vocab * sizeof *c);
+    int limited = p->top_k > 0 && p->top_k < vocab;
+    cand *c = malloc((size_t)(limited ? p->top_k : vocab) * sizeof *c);
     if (!c) return best; /* out of memory: greedy is still a valid token */
-    /* softmax(logits / T), shifted by the maximum so nothing overflows */
-    double mx = logits[best], sum = 0;
-    for (int i = 0; i < vocab; i++) {
-        c[i].id = i;
-        c[i].p = exp(((double)logits[i] - mx) / p->temperature);
-    }
-    int n = vocab;
-    int filter = (p->top_k > 0 && p->top_k < vocab) || (p->top_p > 0 && p->top_p < 1);
-    if (filter) {
-        qsort(c, (size_t)vocab, sizeof *c, cand_desc);
-        if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-        if (p->top_p > 0 && p->top_p < 1) {
-            double tot = 0, acc = 0;
-            for (int i = 0; i < n; i++) tot += c[i].p;
-            /* smallest prefix whose mass reaches top_p (always >= 1 token) */
-            int keep = 0;
-            while (keep < n) {
-                acc += c[keep++].p;
-                if (acc >= p->top_p * tot) break;
-            }
-            n = keep;
+    double mx = logits[best];
+    int n;
+    if (limited) {
+        /* candidates already sorted; turn logits into unnormalised probabilities */
+        n = top_k_logits(logits, vocab, p->top_k, c);
+        for (int i = 0; i < n; i++) c[i].p = exp((c[i].p - mx) / p->temperature);
+    } else {
+        /* softmax(logits / T), shifted by the maximum so nothing overflows */
+        n = vocab;
+        for (int i = 0; i < vocab; i++) {
+            c[i].id = i;
+            c[i].p = exp(((double)logits[i] - mx) / p->temperature);
         }
+        if (p->top_p > 0 && p->top_p < 1) qsort(c, (size_t)vocab, sizeof *c, cand_desc);
     }
+    if (p->top_p > 0 && p->top_p < 1) {
+        double tot = 0, acc = 0;
+        for (int i = 0; i < n; i++) tot += c[i].p;
+        /* smallest prefix whose mass reaches top_p (always >= 1 token) */
+        int keep = 0;
+        while (keep < n) {
+            acc += c[keep++].p;
+            if (acc >= p->top_p * tot) break;
+        }
+        n = keep;
+    }
+    double sum = 0;
     for (int i = 0; i < n; i++) sum += c[i].p;
     double u = rng_uniform(rng) * sum, acc = 0;
     int32_t pick = c[n - 1].id;

@@ -1,0 +1,173 @@
+/*
+ * server/ private header: the request, the scheduler and the metrics shared
+ * by the server/ sources. Nothing outside server/ includes this.
+ *
+ * Locking order: sched.mu, then req.mu, then metrics.mu. HTTP threads take
+ * sched.mu only to enqueue; the scheduler takes req.mu to publish tokens.
+ */
+#ifndef ECHO_SERVER_INTERNAL_H
+#define ECHO_SERVER_INTERNAL_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+#define SRV_MAX_TOP_LOGPROBS 20
+#define SRV_MAX_STOPS 16
+#define SRV_MAX_STOP_LEN 1024
+
+typedef enum srv_finish { SRV_FIN_NONE = 0, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR } srv_finish;
+const char *srv_finish_name(srv_finish f);
+
+/* One generated token as the client sees it. */
+typedef struct srv_tokrec {
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_ids[SRV_MAX_TOP_LOGPROBS];
+    float top_lp[SRV_MAX_TOP_LOGPROBS];
+} srv_tokrec;
+
+typedef struct srv_req {
+    /* ---- set by the HTTP thread before enqueue, then read-only ---- */
+    int chat; /* 0 completions, 1 chat */
+    char id[48];
+    long long created;
+    int32_t *prompt; /* (n_prompt) */
+    int n_prompt;
+    int max_tokens, min_tokens, ignore_eos;
+    int want_logprobs, top_logprobs; /* top_logprobs <= SRV_MAX_TOP_LOGPROBS */
+    eng_sampling sp;
+    float rep_penalty; /* 1 = off */
+    char *stop[SRV_MAX_STOPS];
+    size_t stop_len[SRV_MAX_STOPS];
+    int n_stop;
+    int32_t *stop_ids;
+    int n_stop_ids;
+    double t_arrive;
+
+    /* ---- shared: guarded by mu (cancelled is atomic) ---- */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;             /* HTTP side + scheduler side */
+    atomic_int cancelled; /* client went away */
+    int done;
+    srv_finish finish;
+    char errmsg[256];
+    srv_tokrec *toks; /* (n_toks) generated tokens */
+    int n_toks, cap_toks;
+    char *text; /* emitted text (stop strings cut, held-back text not yet) */
+    size_t text_len, text_cap;
+    double t_sched, t_first, t_last, t_done;
+
+    /* ---- scheduler-private ---- */
+    struct srv_req *next; /* waiting queue */
+    int seq;              /* engine sequence, -1 when none */
+    int n_cached;         /* tokens of `all` in the KV cache */
+    int32_t *all;         /* prompt + generated (n_all) */
+    int n_all;
+    int reserved; /* KV blocks reserved at admission */
+    eng_rng rng;
+    tok_stream *ds;
+    char *gen; /* all generated text (before stop cut) */
+    size_t gen_len, gen_cap, sent;
+} srv_req;
+
+/* Prometheus histogram with fixed buckets. */
+typedef struct srv_hist {
+    const double *bounds;
+    int n;
+    uint64_t *counts; /* (n + 1), last = +Inf, not cumulative */
+    double sum;
+    uint64_t count;
+} srv_hist;
+
+typedef struct srv_metrics {
+    pthread_mutex_t mu;
+    srv_hist ttft, itl, e2e, queue, prefill, decode;
+    uint64_t prompt_tokens, generation_tokens;
+    uint64_t success[SRV_FIN_ERROR + 1]; /* by finish reason */
+    int running, waiting;
+    double kv_usage;
+    echo_stats comm;
+    uint64_t http_requests[6]; /* by status class 1xx..5xx, [0] unused */
+} srv_metrics;
+
+int srv_metrics_init(srv_metrics *m);
+void srv_metrics_free(srv_metrics *m);
+void srv_hist_observe(srv_hist *h, double v); /* caller holds m->mu */
+/* Prometheus text exposition; malloc'ed. */
+char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len);
+
+typedef struct srv_sched {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_req *head, *tail; /* waiting FIFO */
+    int n_waiting;
+    int stopping; /* 1: drain, no new requests */
+    double drain_deadline;
+    srv_req **running; /* (max_num_seqs) */
+    int n_running;
+    int reserved_blocks;
+    pthread_t thread;
+    int started;
+    /* scheduler-private scratch */
+    eng_item *items;
+    int *item_req;    /* running index per item */
+    srv_finish *fins; /* (max_num_seqs) per running index, one step */
+    float *logits;    /* (max_num_seqs, vocab) */
+    double *lp;       /* (vocab) */
+    uint32_t *mark;   /* (vocab) repetition-penalty stamps */
+    uint32_t stamp;
+    char *piece; /* single-token decode scratch */
+} srv_sched;
+
+typedef struct srv_gen_defaults {
+    float temperature, top_p, repetition_penalty;
+    int top_k;
+} srv_gen_defaults;
+
+struct srv_server {
+    srv_options opt;
+    char *model_dir;
+    char *name;
+    struct MHD_Daemon *mhd;
+    int port;
+    atomic_int ready;     /* engine loaded, scheduler running */
+    atomic_int accepting; /* 0 after srv_shutdown began */
+    int shut_down;
+    tok_tokenizer *tok;
+    eng *eng;
+    model_config mc;
+    int max_model_len, block_size, total_blocks;
+    srv_gen_defaults gd;
+    srv_sched sch;
+    srv_metrics met;
+    atomic_ullong req_counter;
+    atomic_int http_active; /* generation requests MHD has not completed yet */
+    uint64_t seed_base;
+};
+
+double srv_now(void); /* CLOCK_MONOTONIC seconds */
+
+/* request lifetime */
+srv_req *srv_req_new(void);
+void srv_req_unref(srv_req *r);
+
+/* scheduler */
+int srv_sched_start(srv_server *s, char *err, size_t errlen);
+/* 0 queued, -1 queue full or shutting down (503). Takes a reference. */
+int srv_sched_submit(srv_server *s, srv_req *r);
+void srv_sched_stop(srv_server *s);
+
+/* http */
+int srv_http_start(srv_server *s, char *err, size_t errlen);
+void srv_http_quiesce(srv_server *s);
+void srv_http_stop(srv_server *s);
+
+#endif

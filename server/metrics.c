@@ -1,0 +1,188 @@
+/*
+ * server/: Prometheus metrics — vLLM's names and buckets under the `echo:`
+ * prefix, plus the all-reduce time and bytes by mode, so an experiment can
+ * read the communication share of TTFT next to TTFT itself.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/internal.h"
+
+/* vLLM's buckets (vllm/v1/metrics/loggers.py). */
+static const double TTFT_B[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+                                1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const double ITL_B[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                               0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const double REQ_B[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                               30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+static int hist_init(srv_hist *h, const double *b, int n) {
+    h->bounds = b;
+    h->n = n;
+    h->counts = calloc((size_t)n + 1, sizeof *h->counts);
+    return h->counts ? 0 : -1;
+}
+
+int srv_metrics_init(srv_metrics *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    int n_ttft = (int)(sizeof TTFT_B / sizeof *TTFT_B), n_itl = (int)(sizeof ITL_B / sizeof *ITL_B),
+        n_req = (int)(sizeof REQ_B / sizeof *REQ_B);
+    if (hist_init(&m->ttft, TTFT_B, n_ttft) || hist_init(&m->itl, ITL_B, n_itl) || hist_init(&m->e2e, REQ_B, n_req) ||
+        hist_init(&m->queue, REQ_B, n_req) || hist_init(&m->prefill, REQ_B, n_req) ||
+        hist_init(&m->decode, REQ_B, n_req))
+        return -1;
+    return 0;
+}
+
+void srv_metrics_free(srv_metrics *m) {
+    free(m->ttft.counts);
+    free(m->itl.counts);
+    free(m->e2e.counts);
+    free(m->queue.counts);
+    free(m->prefill.counts);
+    free(m->decode.counts);
+    pthread_mutex_destroy(&m->mu);
+}
+
+void srv_hist_observe(srv_hist *h, double v) {
+    int i = 0;
+    while (i < h->n && v > h->bounds[i])
+        i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->count++;
+}
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t nc = b->cap * 2 + (size_t)n;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+}
+
+static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist *h, const char *lbl) {
+    sb_printf(b, "# HELP echo:%s %s\n# TYPE echo:%s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i <= h->n; i++) {
+        cum += h->counts[i];
+        if (i < h->n)
+            sb_printf(b, "echo:%s_bucket{%s,le=\"%g\"} %llu\n", name, lbl, h->bounds[i], (unsigned long long)cum);
+        else
+            sb_printf(b, "echo:%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lbl, (unsigned long long)cum);
+    }
+    sb_printf(b, "echo:%s_sum{%s} %.9g\necho:%s_count{%s} %llu\n", name, lbl, h->sum, name, lbl,
+              (unsigned long long)h->count);
+}
+
+/* The served name is ours (command line), but escape it anyway. */
+static void label_escape(const char *in, char *out, size_t outlen) {
+    size_t j = 0;
+    for (; *in && j + 3 < outlen; in++) {
+        if (*in == '"' || *in == '\\') out[j++] = '\\';
+        if (*in == '\n') {
+            out[j++] = '\\';
+            out[j++] = 'n';
+            continue;
+        }
+        out[j++] = *in;
+    }
+    out[j] = 0;
+}
+
+char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
+    sbuf b = {malloc(8192), 0, 8192, 0};
+    if (!b.p) return NULL;
+    char esc[512], lbl[600];
+    label_escape(model_name, esc, sizeof esc);
+    snprintf(lbl, sizeof lbl, "model_name=\"%s\"", esc);
+    pthread_mutex_lock(&m->mu);
+    put_hist(&b, "time_to_first_token_seconds", "Histogram of time to first token in seconds.", &m->ttft, lbl);
+    put_hist(&b, "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &m->itl, lbl);
+    put_hist(&b, "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &m->e2e, lbl);
+    put_hist(&b, "request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &m->queue, lbl);
+    put_hist(&b, "request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", &m->prefill,
+             lbl);
+    put_hist(&b, "request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", &m->decode,
+             lbl);
+    sb_printf(&b,
+              "# HELP echo:prompt_tokens_total Number of prefill tokens processed.\n"
+              "# TYPE echo:prompt_tokens_total counter\necho:prompt_tokens_total{%s} %llu\n",
+              lbl, (unsigned long long)m->prompt_tokens);
+    sb_printf(&b,
+              "# HELP echo:generation_tokens_total Number of generation tokens processed.\n"
+              "# TYPE echo:generation_tokens_total counter\necho:generation_tokens_total{%s} %llu\n",
+              lbl, (unsigned long long)m->generation_tokens);
+    sb_printf(&b, "# HELP echo:request_success_total Count of successfully processed requests.\n"
+                  "# TYPE echo:request_success_total counter\n");
+    const srv_finish fins[] = {SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR};
+    for (int i = 0; i < 4; i++)
+        sb_printf(&b, "echo:request_success_total{%s,finished_reason=\"%s\"} %llu\n", lbl, srv_finish_name(fins[i]),
+                  (unsigned long long)m->success[fins[i]]);
+    sb_printf(&b,
+              "# HELP echo:num_requests_running Number of requests in model execution batches.\n"
+              "# TYPE echo:num_requests_running gauge\necho:num_requests_running{%s} %d\n",
+              lbl, m->running);
+    sb_printf(&b,
+              "# HELP echo:num_requests_waiting Number of requests waiting to be processed.\n"
+              "# TYPE echo:num_requests_waiting gauge\necho:num_requests_waiting{%s} %d\n",
+              lbl, m->waiting);
+    sb_printf(&b,
+              "# HELP echo:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+              "# TYPE echo:kv_cache_usage_perc gauge\necho:kv_cache_usage_perc{%s} %.6g\n",
+              lbl, m->kv_usage);
+    sb_printf(&b, "# HELP echo:allreduce_seconds_total Wall time inside the all-reduce, summed over ranks.\n"
+                  "# TYPE echo:allreduce_seconds_total counter\n");
+    for (int k = 0; k < 3; k++)
+        sb_printf(&b, "echo:allreduce_seconds_total{%s,mode=\"%s\"} %.9g\n", lbl, echo_mode_name((echo_mode)k),
+                  m->comm.seconds[k]);
+    sb_printf(&b, "# HELP echo:allreduce_bytes_total Bytes sent by the all-reduce, summed over ranks.\n"
+                  "# TYPE echo:allreduce_bytes_total counter\n");
+    for (int k = 0; k < 3; k++)
+        sb_printf(&b, "echo:allreduce_bytes_total{%s,mode=\"%s\"} %llu\n", lbl, echo_mode_name((echo_mode)k),
+                  (unsigned long long)m->comm.wire_bytes[k]);
+    sb_printf(&b, "# HELP echo:allreduce_calls_total All-reduce calls, summed over ranks.\n"
+                  "# TYPE echo:allreduce_calls_total counter\n");
+    for (int k = 0; k < 3; k++)
+        sb_printf(&b, "echo:allreduce_calls_total{%s,mode=\"%s\"} %llu\n", lbl, echo_mode_name((echo_mode)k),
+                  (unsigned long long)m->comm.calls[k]);
+    sb_printf(&b, "# HELP echo:http_responses_total HTTP responses by status class.\n"
+                  "# TYPE echo:http_responses_total counter\n");
+    for (int k = 1; k <= 5; k++)
+        sb_printf(&b, "echo:http_responses_total{status=\"%dxx\"} %llu\n", k, (unsigned long long)m->http_requests[k]);
+    pthread_mutex_unlock(&m->mu);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}

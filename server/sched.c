@@ -1,0 +1,485 @@
+/*
+ * server/: the scheduler thread — continuous batching over eng_step().
+ *
+ * Each iteration: admit waiting requests while a sequence slot and the KV
+ * blocks for prompt + max_tokens are free (reservation, so eng_step never
+ * runs out of blocks mid-generation and nobody is preempted); drop cancelled
+ * requests (their blocks return to the engine before the step); build one
+ * batch — every decoding request's last token first, then prompt chunks in
+ * admission order within the token budget; run the step; sample, detokenize
+ * and publish each new token. Sampling rows are independent of the batch, and
+ * the engine computes each row the same whatever else is in the batch, so
+ * greedy output does not depend on concurrency.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/internal.h"
+
+double srv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *srv_finish_name(srv_finish f) {
+    switch (f) {
+    case SRV_FIN_STOP: return "stop";
+    case SRV_FIN_LENGTH: return "length";
+    case SRV_FIN_ABORT: return "abort";
+    case SRV_FIN_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+srv_req *srv_req_new(void) {
+    srv_req *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->refs = 1;
+    r->seq = -1;
+    r->rep_penalty = 1;
+    atomic_init(&r->cancelled, 0);
+    return r;
+}
+
+void srv_req_unref(srv_req *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left > 0) return;
+    free(r->prompt);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    free(r->stop_ids);
+    free(r->toks);
+    free(r->text);
+    free(r->all);
+    free(r->gen);
+    tok_stream_free(r->ds);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+static int blocks_for(const srv_server *s, long long tokens) {
+    return (int)((tokens + s->block_size - 1) / s->block_size);
+}
+
+int srv_sched_submit(srv_server *s, srv_req *r) {
+    srv_sched *q = &s->sch;
+    pthread_mutex_lock(&q->mu);
+    if (q->stopping || q->n_waiting >= s->opt.max_waiting) {
+        pthread_mutex_unlock(&q->mu);
+        return -1;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+    r->next = NULL;
+    if (q->tail)
+        q->tail->next = r;
+    else
+        q->head = r;
+    q->tail = r;
+    q->n_waiting++;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+/* Publish the end of a request and drop the scheduler's reference. */
+static void req_finish(srv_server *s, srv_req *r, srv_finish fin, const char *msg) {
+    double t = srv_now();
+    if (r->seq >= 0) {
+        eng_seq_free(s->eng, r->seq);
+        r->seq = -1;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->done = 1;
+    r->finish = fin;
+    r->t_done = t;
+    if (msg) snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&s->met.mu);
+    s->met.success[fin]++;
+    if (fin == SRV_FIN_STOP || fin == SRV_FIN_LENGTH) {
+        srv_hist_observe(&s->met.e2e, t - r->t_arrive);
+        if (r->n_toks > 0) srv_hist_observe(&s->met.decode, r->t_last - r->t_first);
+    }
+    pthread_mutex_unlock(&s->met.mu);
+    srv_req_unref(r);
+}
+
+/* Append bytes to a growable buffer; -1 when out of memory. */
+static int buf_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap : 256;
+        while (nc < *len + n + 1)
+            nc *= 2;
+        char *nb = realloc(*buf, nc);
+        if (!nb) return -1;
+        *buf = nb;
+        *cap = nc;
+    }
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return 0;
+}
+
+/* Longest proper prefix of any stop string that the generated text ends
+ * with: that much text is held back until the next token decides it. */
+static size_t stop_holdback(const srv_req *r) {
+    size_t hold = 0;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t L = r->stop_len[i];
+        for (size_t k = L - 1; k > hold; k--) {
+            if (k <= r->gen_len && memcmp(r->gen + r->gen_len - k, r->stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+        }
+    }
+    return hold;
+}
+
+/* Earliest stop-string match starting at or after `from`, or -1. */
+static long long stop_find(const srv_req *r, size_t from) {
+    long long best = -1;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t L = r->stop_len[i];
+        size_t st = from >= L - 1 ? from - (L - 1) : 0;
+        if (r->gen_len < st + L) continue;
+        const char *p = memmem(r->gen + st, r->gen_len - st, r->stop[i], L);
+        if (p && (best < 0 || p - r->gen < best)) best = p - r->gen;
+    }
+    return best;
+}
+
+/* Handle one sampled token: record it, detokenize, check stop conditions.
+ * Returns the finish reason, or SRV_FIN_NONE to continue. */
+static srv_finish req_on_token(srv_server *s, srv_req *r, const srv_tokrec *rec, double t) {
+    int32_t tok = rec->token;
+    int n_out = r->n_all - r->n_prompt + 1; /* generated tokens including this one */
+    int is_eos = 0, is_stop_id = 0;
+    for (int i = 0; i < s->mc.n_eos; i++)
+        is_eos |= tok == s->mc.eos_ids[i];
+    for (int i = 0; i < r->n_stop_ids; i++)
+        is_stop_id |= tok == r->stop_ids[i];
+    r->all[r->n_all++] = tok;
+    srv_finish fin = SRV_FIN_NONE;
+    size_t before = r->gen_len;
+    int oom = 0;
+    if ((is_eos && !r->ignore_eos) || is_stop_id) {
+        fin = SRV_FIN_STOP; /* the stop token's own text is not shown */
+    } else {
+        const char *txt;
+        size_t n;
+        char err[128];
+        if (tok_stream_push(r->ds, tok, &txt, &n, err, sizeof err) == TOK_OK && n)
+            oom |= buf_append(&r->gen, &r->gen_len, &r->gen_cap, txt, n);
+    }
+    if (fin == SRV_FIN_NONE && n_out >= r->max_tokens) fin = SRV_FIN_LENGTH;
+    if (fin == SRV_FIN_NONE && r->n_all >= s->max_model_len) fin = SRV_FIN_LENGTH;
+    if (fin != SRV_FIN_NONE) {
+        const char *txt;
+        size_t n;
+        tok_stream_finish(r->ds, &txt, &n);
+        if (n) oom |= buf_append(&r->gen, &r->gen_len, &r->gen_cap, txt, n);
+    }
+    size_t emit_to;
+    /* min_tokens holds off stop strings too, as it holds off EOS. */
+    long long at = r->n_stop && n_out >= r->min_tokens ? stop_find(r, before) : -1;
+    if (at >= 0) {
+        r->gen_len = (size_t)at;
+        emit_to = (size_t)at;
+        fin = SRV_FIN_STOP;
+    } else {
+        emit_to = fin != SRV_FIN_NONE ? r->gen_len : r->gen_len - stop_holdback(r);
+    }
+    if (emit_to < r->sent) emit_to = r->sent;
+
+    pthread_mutex_lock(&r->mu);
+    if (r->n_toks == r->cap_toks) {
+        int nc = r->cap_toks ? 2 * r->cap_toks : 16;
+        srv_tokrec *nt = realloc(r->toks, (size_t)nc * sizeof *nt);
+        if (nt) {
+            r->toks = nt;
+            r->cap_toks = nc;
+        }
+    }
+    if (r->n_toks < r->cap_toks)
+        r->toks[r->n_toks++] = *rec;
+    else
+        oom = 1;
+    if (emit_to > r->sent) oom |= buf_append(&r->text, &r->text_len, &r->text_cap, r->gen + r->sent, emit_to - r->sent);
+    r->sent = emit_to;
+    int first = r->n_toks == 1;
+    double prev = r->t_last;
+    if (first) r->t_first = t;
+    r->t_last = t;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+
+    pthread_mutex_lock(&s->met.mu);
+    s->met.generation_tokens++;
+    if (first) {
+        srv_hist_observe(&s->met.ttft, t - r->t_arrive);
+        srv_hist_observe(&s->met.prefill, t - r->t_sched);
+    } else {
+        srv_hist_observe(&s->met.itl, t - prev);
+    }
+    pthread_mutex_unlock(&s->met.mu);
+    if (oom && fin == SRV_FIN_NONE) fin = SRV_FIN_ERROR;
+    return fin;
+}
+
+/* vLLM's repetition penalty over prompt + output tokens, then min_tokens. */
+static void apply_processors(srv_server *s, srv_req *r, float *row) {
+    srv_sched *q = &s->sch;
+    if (r->rep_penalty != 1.0f) {
+        if (++q->stamp == 0) {
+            memset(q->mark, 0, (size_t)s->mc.vocab_size * sizeof *q->mark);
+            q->stamp = 1;
+        }
+        for (int i = 0; i < r->n_all; i++) {
+            int32_t t = r->all[i];
+            if (q->mark[t] == q->stamp) continue;
+            q->mark[t] = q->stamp;
+            row[t] = row[t] > 0 ? row[t] / r->rep_penalty : row[t] * r->rep_penalty;
+        }
+    }
+    int n_out = r->n_all - r->n_prompt;
+    if (n_out < r->min_tokens) {
+        for (int i = 0; i < s->mc.n_eos; i++)
+            row[s->mc.eos_ids[i]] = -INFINITY;
+        for (int i = 0; i < r->n_stop_ids; i++)
+            row[r->stop_ids[i]] = -INFINITY;
+    }
+}
+
+static void sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec) {
+    int V = s->mc.vocab_size;
+    memset(rec, 0, sizeof *rec);
+    if (r->want_logprobs) eng_log_softmax(row, V, s->sch.lp); /* raw model distribution, as vLLM */
+    apply_processors(s, r, row);
+    rec->token = eng_sample(row, V, &r->sp, &r->rng);
+    if (r->want_logprobs) {
+        rec->logprob = (float)s->sch.lp[rec->token];
+        if (r->top_logprobs > 0) {
+            int k = eng_top_k(s->sch.lp, V, r->top_logprobs, rec->top_ids);
+            rec->n_top = k;
+            for (int i = 0; i < k; i++)
+                rec->top_lp[i] = (float)s->sch.lp[rec->top_ids[i]];
+        }
+    }
+}
+
+static void publish_gauges(srv_server *s) {
+    eng_kv_usage u;
+    eng_kv_get_usage(s->eng, &u);
+    echo_stats cs;
+    eng_comm_stats(s->eng, &cs);
+    pthread_mutex_lock(&s->met.mu);
+    s->met.running = s->sch.n_running;
+    s->met.waiting = s->sch.n_waiting;
+    s->met.kv_usage = u.total_blocks ? (double)(u.total_blocks - u.free_blocks) / u.total_blocks : 0;
+    s->met.comm = cs;
+    pthread_mutex_unlock(&s->met.mu);
+}
+
+static void running_remove(srv_sched *q, int i) {
+    for (int j = i + 1; j < q->n_running; j++)
+        q->running[j - 1] = q->running[j];
+    q->n_running--;
+}
+
+static void finish_running(srv_server *s, int i, srv_finish fin, const char *msg) {
+    srv_sched *q = &s->sch;
+    srv_req *r = q->running[i];
+    running_remove(q, i);
+    pthread_mutex_lock(&q->mu);
+    q->reserved_blocks -= r->reserved;
+    pthread_mutex_unlock(&q->mu);
+    req_finish(s, r, fin, msg);
+}
+
+/* Move waiting requests into the running batch while slots and KV blocks
+ * allow. Returns 1 when the loop should exit (stopped and empty). */
+static int admit(srv_server *s) {
+    srv_sched *q = &s->sch;
+    const int max_seqs = eng_get_config(s->eng)->max_num_seqs;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        /* cancelled while waiting */
+        srv_req **pp = &q->head, *prev = NULL;
+        while (*pp) {
+            srv_req *r = *pp;
+            int drop = atomic_load(&r->cancelled) || (q->stopping && srv_now() > q->drain_deadline);
+            if (drop) {
+                *pp = r->next;
+                if (q->tail == r) q->tail = prev;
+                q->n_waiting--;
+                req_finish(s, r, SRV_FIN_ABORT, "cancelled");
+                continue;
+            }
+            prev = r;
+            pp = &r->next;
+        }
+        if (q->head || q->n_running) break;
+        if (q->stopping) {
+            pthread_mutex_unlock(&q->mu);
+            return 1;
+        }
+        pthread_mutex_unlock(&q->mu);
+        publish_gauges(s);
+        pthread_mutex_lock(&q->mu);
+        if (!q->head && !q->n_running && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
+    }
+    while (q->head && q->n_running < max_seqs) {
+        srv_req *r = q->head;
+        int need = blocks_for(s, (long long)r->n_prompt + r->max_tokens);
+        if (q->reserved_blocks + need > s->total_blocks) break; /* KV full: wait */
+        int seq;
+        char err[128];
+        if (eng_seq_new(s->eng, &seq, err, sizeof err) != 0) break;
+        q->head = r->next;
+        if (!q->head) q->tail = NULL;
+        q->n_waiting--;
+        r->seq = seq;
+        r->reserved = need;
+        q->reserved_blocks += need;
+        r->t_sched = srv_now();
+        q->running[q->n_running++] = r;
+        pthread_mutex_lock(&s->met.mu);
+        srv_hist_observe(&s->met.queue, r->t_sched - r->t_arrive);
+        pthread_mutex_unlock(&s->met.mu);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+static void *sched_main(void *arg) {
+    srv_server *s = arg;
+    srv_sched *q = &s->sch;
+    const eng_config *ec = eng_get_config(s->eng);
+    const int V = s->mc.vocab_size;
+    char err[512];
+    while (!admit(s)) {
+        /* Cancelled running requests (client gone, or drain time over). */
+        int drain_over = 0;
+        pthread_mutex_lock(&q->mu);
+        drain_over = q->stopping && srv_now() > q->drain_deadline;
+        pthread_mutex_unlock(&q->mu);
+        for (int i = q->n_running - 1; i >= 0; i--)
+            if (drain_over || atomic_load(&q->running[i]->cancelled)) finish_running(s, i, SRV_FIN_ABORT, "cancelled");
+        if (q->n_running == 0) {
+            publish_gauges(s);
+            continue;
+        }
+        /* Batch: decodes first, then prompt chunks, within the budget. */
+        int n = 0, budget = ec->max_batch_tokens;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < q->n_running && budget > 0; i++) {
+                srv_req *r = q->running[i];
+                int left = r->n_all - r->n_cached;
+                if ((pass == 0) != (left == 1) || left <= 0) continue;
+                int chunk = left < budget ? left : budget;
+                q->items[n] =
+                    (eng_item){r->seq, r->all + r->n_cached, chunk, chunk == left ? ENG_LOGITS_LAST : ENG_LOGITS_NONE};
+                q->item_req[n++] = i;
+                budget -= chunk;
+            }
+        }
+        publish_gauges(s);
+        int rc = eng_step(s->eng, q->items, n, q->logits, err, sizeof err);
+        /* Finish reasons by running index; applied from the end so the
+         * indices stay valid while requests leave the batch. */
+        srv_finish *fins = q->fins;
+        for (int i = 0; i < q->n_running; i++)
+            fins[i] = SRV_FIN_NONE;
+        if (rc != 0) {
+            /* Reservation makes ENOSPACE impossible; any failure ends the
+             * requests of this batch with an error, the server goes on. */
+            srv_log(s, SRV_LOG_ERROR, "engine step failed (%d): %s", rc, err);
+            for (int k = 0; k < n; k++)
+                fins[q->item_req[k]] = SRV_FIN_ERROR;
+            for (int i = q->n_running - 1; i >= 0; i--)
+                if (fins[i] != SRV_FIN_NONE) finish_running(s, i, fins[i], err);
+            continue;
+        }
+        double t = srv_now();
+        int row = 0;
+        for (int k = 0; k < n; k++) {
+            srv_req *r = q->running[q->item_req[k]];
+            r->n_cached += q->items[k].n_tokens;
+            if (q->items[k].logits != ENG_LOGITS_LAST) continue;
+            if (r->n_all == r->n_prompt) {
+                pthread_mutex_lock(&s->met.mu);
+                s->met.prompt_tokens += (uint64_t)r->n_prompt;
+                pthread_mutex_unlock(&s->met.mu);
+            }
+            srv_tokrec rec;
+            sample_row(s, r, q->logits + (size_t)row++ * V, &rec);
+            fins[q->item_req[k]] = req_on_token(s, r, &rec, t);
+        }
+        for (int i = q->n_running - 1; i >= 0; i--)
+            if (fins[i] != SRV_FIN_NONE)
+                finish_running(s, i, fins[i], fins[i] == SRV_FIN_ERROR ? "out of memory" : NULL);
+    }
+    publish_gauges(s);
+    return NULL;
+}
+
+int srv_sched_start(srv_server *s, char *err, size_t errlen) {
+    srv_sched *q = &s->sch;
+    const eng_config *ec = eng_get_config(s->eng);
+    size_t V = (size_t)s->mc.vocab_size;
+    q->running = calloc((size_t)ec->max_num_seqs, sizeof *q->running);
+    q->items = calloc((size_t)ec->max_num_seqs, sizeof *q->items);
+    q->item_req = calloc((size_t)ec->max_num_seqs, sizeof *q->item_req);
+    q->fins = calloc((size_t)ec->max_num_seqs, sizeof *q->fins);
+    q->logits = malloc((size_t)ec->max_num_seqs * V * sizeof *q->logits);
+    q->lp = malloc(V * sizeof *q->lp);
+    q->mark = calloc(V, sizeof *q->mark);
+    if (!q->running || !q->items || !q->item_req || !q->fins || !q->logits || !q->lp || !q->mark) {
+        snprintf(err, errlen, "out of memory for the scheduler");
+        return -1;
+    }
+    if (pthread_create(&q->thread, NULL, sched_main, s) != 0) {
+        snprintf(err, errlen, "cannot start the scheduler thread");
+        return -1;
+    }
+    q->started = 1;
+    return 0;
+}
+
+void srv_sched_stop(srv_server *s) {
+    srv_sched *q = &s->sch;
+    pthread_mutex_lock(&q->mu);
+    if (!q->stopping) {
+        q->stopping = 1;
+        q->drain_deadline = srv_now() + s->opt.drain_s;
+    }
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    if (q->started) {
+        pthread_join(q->thread, NULL);
+        q->started = 0;
+    }
+    /* Never started (load failed): fail whatever was queued. */
+    while (q->head) {
+        srv_req *r = q->head;
+        q->head = r->next;
+        req_finish(s, r, SRV_FIN_ABORT, "server shutting down");
+    }
+    q->tail = NULL;
+    q->n_waiting = 0;
+}

@@ -1,0 +1,375 @@
+/*
+ * server/: lifetime (create, load, shutdown, destroy), model-name
+ * resolution, generation defaults and logging.
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/internal.h"
+
+void srv_log(const srv_server *s, srv_log_level lvl, const char *fmt, ...) {
+    if (s && lvl < s->opt.log_level) return;
+    static const char *names[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
+    char ts[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(ts, sizeof ts, "%H:%M:%S", &tm);
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s %s echo-serve: %s\n", ts, names[lvl], line);
+}
+
+/* ---- model name resolution ---- */
+
+/* a/b into out; -1 when it does not fit (then the path is not used). */
+static int pjoin(char *out, size_t n, const char *a, const char *b) {
+    int k = snprintf(out, n, "%s/%s", a, b);
+    return k < 0 || (size_t)k >= n ? -1 : 0;
+}
+
+static int is_model_dir(const char *d) {
+    char p[4096];
+    struct stat st;
+    if (snprintf(p, sizeof p, "%s/config.json", d) >= (int)sizeof p) return 0;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static void add_looked(char *err, size_t errlen, const char *where) {
+    size_t l = strlen(err);
+    if (l < errlen) snprintf(err + l, errlen - l, "\n  %s", where);
+}
+
+/* HF cache folder "models--Org--Repo" matches "repo" or "org/repo". */
+static int hf_name_matches(const char *entry, const char *name) {
+    if (strncmp(entry, "models--", 8) != 0) return 0;
+    const char *org = entry + 8, *sep = strstr(org, "--");
+    if (!sep) return 0;
+    const char *repo = sep + 2;
+    if (strcasecmp(repo, name) == 0) return 1;
+    size_t ol = (size_t)(sep - org);
+    return strncasecmp(name, org, ol) == 0 && name[ol] == '/' && strcasecmp(name + ol + 1, repo) == 0;
+}
+
+static int hf_snapshot(const char *repo_dir, char *dir, size_t dirlen) {
+    char p[4096], ref[256] = "";
+    FILE *f = pjoin(p, sizeof p, repo_dir, "refs/main") ? NULL : fopen(p, "r");
+    if (f) {
+        if (fgets(ref, sizeof ref, f)) ref[strcspn(ref, "\r\n")] = 0;
+        fclose(f);
+    }
+    char snap[4096];
+    if (pjoin(snap, sizeof snap, repo_dir, "snapshots")) return -1;
+    if (ref[0] && !strchr(ref, '/') && !pjoin(p, sizeof p, snap, ref)) {
+        if (is_model_dir(p)) return snprintf(dir, dirlen, "%s", p) < (int)dirlen ? 0 : -1;
+    }
+    DIR *d = opendir(snap);
+    if (!d) return -1;
+    struct dirent *de;
+    int rc = -1;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char q[4096];
+        if (!pjoin(q, sizeof q, snap, de->d_name) && is_model_dir(q) && snprintf(dir, dirlen, "%s", q) < (int)dirlen) {
+            rc = 0;
+            break;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+int srv_resolve_model(const char *name, char *dir, size_t dirlen, char *err, size_t errlen) {
+    char p[4096];
+    snprintf(err, errlen, "model '%s' not found; looked for a folder with config.json at:", name);
+    if (is_model_dir(name)) return snprintf(dir, dirlen, "%s", name) < (int)dirlen ? 0 : -1;
+    add_looked(err, errlen, name);
+    const char *env = getenv("ECHO_MODEL_DIR");
+    if (env && *env) {
+        snprintf(p, sizeof p, "%s/%s", env, name);
+        if (is_model_dir(p)) return snprintf(dir, dirlen, "%s", p) < (int)dirlen ? 0 : -1;
+        add_looked(err, errlen, p);
+    } else {
+        add_looked(err, errlen, "$ECHO_MODEL_DIR/<name> ($ECHO_MODEL_DIR is not set)");
+    }
+    snprintf(p, sizeof p, "./models/%s", name);
+    if (is_model_dir(p)) return snprintf(dir, dirlen, "%s", p) < (int)dirlen ? 0 : -1;
+    add_looked(err, errlen, p);
+    char hub[4096];
+    const char *hc = getenv("HF_HUB_CACHE"), *hh = getenv("HF_HOME"), *home = getenv("HOME");
+    if (hc && *hc)
+        snprintf(hub, sizeof hub, "%s", hc);
+    else if (hh && *hh)
+        snprintf(hub, sizeof hub, "%s/hub", hh);
+    else
+        snprintf(hub, sizeof hub, "%s/.cache/huggingface/hub", home ? home : "");
+    DIR *d = opendir(hub);
+    if (d) {
+        struct dirent *de;
+        int found = 0;
+        while (!found && (de = readdir(d))) {
+            if (!hf_name_matches(de->d_name, name)) continue;
+            found = !pjoin(p, sizeof p, hub, de->d_name) && hf_snapshot(p, dir, dirlen) == 0;
+        }
+        closedir(d);
+        if (found) return 0;
+    }
+    add_looked(err, errlen, hub);
+    size_t l = strlen(err);
+    if (l < errlen)
+        snprintf(err + l, errlen - l,
+                 "/models--<Org>--<Name>/snapshots/<rev> (Hugging Face cache, '%s' matched "
+                 "case-insensitively)",
+                 name);
+    return -1;
+}
+
+/* ---- generation_config.json defaults ---- */
+
+static void load_gen_defaults(const char *dir, srv_gen_defaults *gd) {
+    *gd = (srv_gen_defaults){.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .top_k = 0};
+    char p[4096];
+    snprintf(p, sizeof p, "%s/generation_config.json", dir);
+    json_error_t je;
+    json_t *g = json_load_file(p, 0, &je);
+    if (!json_is_object(g)) {
+        json_decref(g);
+        return;
+    }
+    json_t *v;
+    if ((v = json_object_get(g, "temperature")) && json_is_number(v) && json_number_value(v) >= 0)
+        gd->temperature = (float)json_number_value(v);
+    if ((v = json_object_get(g, "top_p")) && json_is_number(v) && json_number_value(v) > 0 && json_number_value(v) <= 1)
+        gd->top_p = (float)json_number_value(v);
+    if ((v = json_object_get(g, "top_k")) && json_is_integer(v) && json_integer_value(v) >= 0 &&
+        json_integer_value(v) < (1 << 30))
+        gd->top_k = (int)json_integer_value(v);
+    if ((v = json_object_get(g, "repetition_penalty")) && json_is_number(v) && json_number_value(v) > 0)
+        gd->repetition_penalty = (float)json_number_value(v);
+    json_decref(g);
+}
+
+/* ---- lifetime ---- */
+
+int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errlen) {
+    *out = NULL;
+    srv_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->opt = *opt;
+    if (!s->opt.host) s->opt.host = "127.0.0.1";
+    if (!s->opt.device) s->opt.device = "auto";
+    if (s->opt.tp <= 0) s->opt.tp = 1;
+    if (s->opt.max_num_seqs <= 0) s->opt.max_num_seqs = 8;
+    if (s->opt.max_num_batched_tokens <= 0) s->opt.max_num_batched_tokens = 512;
+    if (s->opt.max_waiting <= 0) s->opt.max_waiting = 256;
+    if (s->opt.max_connections <= 0) s->opt.max_connections = 256;
+    if (s->opt.timeout_s <= 0) s->opt.timeout_s = 30;
+    if (s->opt.max_body_bytes == 0) s->opt.max_body_bytes = 8u << 20;
+    if (s->opt.drain_s < 0) s->opt.drain_s = 0;
+    s->model_dir = strdup(opt->model_dir);
+    if (opt->served_model_name) {
+        s->name = strdup(opt->served_model_name);
+    } else {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s", opt->model_dir);
+        size_t l = strlen(tmp);
+        while (l > 1 && tmp[l - 1] == '/')
+            tmp[--l] = 0;
+        const char *b = strrchr(tmp, '/');
+        s->name = strdup(b ? b + 1 : tmp);
+    }
+    atomic_init(&s->ready, 0);
+    atomic_init(&s->accepting, 1);
+    atomic_init(&s->req_counter, 0);
+    atomic_init(&s->http_active, 0);
+    s->seed_base = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+    pthread_mutex_init(&s->sch.mu, NULL);
+    pthread_cond_init(&s->sch.cv, NULL);
+    if (!s->model_dir || !s->name || srv_metrics_init(&s->met)) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (srv_http_start(s, err, errlen)) goto fail;
+    *out = s;
+    return 0;
+fail:
+    srv_destroy(s);
+    return -1;
+}
+
+int srv_port(const srv_server *s) {
+    return s->port;
+}
+const char *srv_model_name(const srv_server *s) {
+    return s->name;
+}
+
+typedef struct load_ticker {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    const srv_server *s;
+    double t0;
+    double weight_mb;
+} load_ticker;
+
+/* The engine has no progress callback: show elapsed time while it loads. */
+static void *ticker_main(void *arg) {
+    load_ticker *t = arg;
+    pthread_mutex_lock(&t->mu);
+    while (!t->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 2;
+        pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+        if (!t->done)
+            srv_log(t->s, SRV_LOG_INFO, "loading weights (%.0f MB)... %.0fs", t->weight_mb, srv_now() - t->t0);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+static double dir_safetensors_mb(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    double total = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l < 12 || strcmp(de->d_name + l - 12, ".safetensors") != 0) continue;
+        char p[4096];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (stat(p, &st) == 0) total += (double)st.st_size;
+    }
+    closedir(d);
+    return total / 1e6;
+}
+
+int srv_load(srv_server *s, char *err, size_t errlen) {
+    const srv_options *o = &s->opt;
+    if (model_config_load(s->model_dir, &s->mc, err, errlen)) return -1;
+    load_gen_defaults(s->model_dir, &s->gd);
+    if (tok_load_dir(s->model_dir, &s->tok, err, errlen) != TOK_OK) {
+        size_t l = strlen(err);
+        snprintf(err + l, errlen - l, " (the model folder needs tokenizer.json + tokenizer_config.json)");
+        return -1;
+    }
+    if ((long long)tok_vocab_size(s->tok) > s->mc.vocab_size)
+        srv_log(s, SRV_LOG_WARNING, "tokenizer has %zu ids but the model only %d; larger ids are refused",
+                tok_vocab_size(s->tok), s->mc.vocab_size);
+    eng_config ec = {.model_dir = s->model_dir,
+                     .device = strcmp(o->device, "auto") == 0 ? "cpu" : o->device,
+                     .tp = o->tp,
+                     .allreduce = o->allreduce,
+                     .threads = o->threads,
+                     .max_model_len = o->max_model_len,
+                     .max_num_seqs = o->max_num_seqs,
+                     .max_batch_tokens = o->max_num_batched_tokens,
+                     .kv_blocks = o->kv_blocks};
+#ifdef ECHO_HAVE_CUDA
+    if (strcmp(o->device, "auto") == 0) ec.device = "cuda";
+#endif
+    if (ec.max_batch_tokens < ec.max_num_seqs) {
+        snprintf(err, errlen,
+                 "--max-num-batched-tokens (%d) must be >= --max-num-seqs (%d): every running "
+                 "sequence decodes one token per step",
+                 ec.max_batch_tokens, ec.max_num_seqs);
+        return -1;
+    }
+    if (o->load_delay_s > 0) {
+        struct timespec d = {(time_t)o->load_delay_s,
+                             (long)((o->load_delay_s - (double)(time_t)o->load_delay_s) * 1e9)};
+        nanosleep(&d, NULL);
+    }
+    load_ticker tk = {.s = s, .t0 = srv_now(), .weight_mb = dir_safetensors_mb(s->model_dir)};
+    pthread_mutex_init(&tk.mu, NULL);
+    pthread_cond_init(&tk.cv, NULL);
+    pthread_t th;
+    int have_ticker = pthread_create(&th, NULL, ticker_main, &tk) == 0;
+    srv_log(s, SRV_LOG_INFO, "loading %s (%.0f MB of safetensors) on %s, tp %d", s->model_dir, tk.weight_mb, ec.device,
+            ec.tp);
+    int rc = eng_create(&ec, &s->eng, err, errlen);
+    if (rc && strcmp(o->device, "auto") == 0 && strcmp(ec.device, "cpu") != 0) {
+        srv_log(s, SRV_LOG_WARNING, "--device auto: cuda unavailable (%s); using cpu", err);
+        ec.device = "cpu";
+        rc = eng_create(&ec, &s->eng, err, errlen);
+    }
+    pthread_mutex_lock(&tk.mu);
+    tk.done = 1;
+    pthread_cond_signal(&tk.cv);
+    pthread_mutex_unlock(&tk.mu);
+    if (have_ticker) pthread_join(th, NULL);
+    pthread_mutex_destroy(&tk.mu);
+    pthread_cond_destroy(&tk.cv);
+    if (rc) return -1;
+    const eng_config *c = eng_get_config(s->eng);
+    eng_kv_usage u;
+    eng_kv_get_usage(s->eng, &u);
+    s->max_model_len = c->max_model_len;
+    s->block_size = u.block_size;
+    s->total_blocks = u.total_blocks;
+    eng_rank_info ri;
+    eng_get_rank_info(s->eng, 0, &ri);
+    double slot_mb = (double)ri.slot_bytes / 1e6, kv_mb = (double)ri.kv_bytes / 1e6;
+    srv_log(s, SRV_LOG_INFO, "rank 0 of %d holds %.1f MB of weights (each rank reads only its slices)", c->tp,
+            (double)ri.weight_bytes / 1e6);
+    srv_log(s, SRV_LOG_INFO,
+            "plan: tp %d, device %s, allreduce %s, residual slots %.1f MB/rank, KV %d blocks x %d tokens "
+            "(%.1f MB/rank), max_model_len %d, max_num_seqs %d, %d tokens/step; loaded in %.1fs",
+            c->tp, c->device, c->tp > 1 ? echo_mode_name(c->allreduce) : "none (tp 1)", slot_mb, u.total_blocks,
+            u.block_size, kv_mb, c->max_model_len, c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
+    srv_log(s, SRV_LOG_INFO, "defaults from generation_config.json: temperature %g, top_p %g, top_k %d",
+            (double)s->gd.temperature, (double)s->gd.top_p, s->gd.top_k);
+    if (s->total_blocks < (s->max_model_len + s->block_size - 1) / s->block_size)
+        srv_log(s, SRV_LOG_WARNING, "KV cache holds fewer tokens (%d) than max_model_len (%d)",
+                s->total_blocks * s->block_size, s->max_model_len);
+    if (srv_sched_start(s, err, errlen)) return -1;
+    atomic_store(&s->ready, 1);
+    return 0;
+}
+
+void srv_shutdown(srv_server *s) {
+    if (!s || s->shut_down) return;
+    s->shut_down = 1;
+    atomic_store(&s->accepting, 0);
+    srv_http_quiesce(s);
+    srv_sched_stop(s);
+}
+
+void srv_destroy(srv_server *s) {
+    if (!s) return;
+    srv_shutdown(s);
+    srv_http_stop(s);
+    eng_destroy(s->eng);
+    tok_free(s->tok);
+    srv_sched *q = &s->sch;
+    free(q->running);
+    free(q->items);
+    free(q->item_req);
+    free(q->fins);
+    free(q->logits);
+    free(q->lp);
+    free(q->mark);
+    free(q->piece);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    srv_metrics_free(&s->met);
+    free(s->model_dir);
+    free(s->name);
+    free(s);
+}

@@ -1,0 +1,84 @@
+/*
+ * server/ — echo-serve: an OpenAI-compatible HTTP server (libmicrohttpd +
+ * jansson) with continuous batching over the engine's step API.
+ *
+ * Contract
+ *   - srv_create() binds the socket and starts answering at once: /health is
+ *     503 and model routes are 503 until srv_load() has built the engine and
+ *     started the scheduler thread; then /health is 200.
+ *   - One scheduler thread owns the engine (engine/ is single-driver). HTTP
+ *     threads (one per connection) parse, validate and tokenize, enqueue into
+ *     a bounded waiting queue (full -> 503), and read results back from a
+ *     per-request queue. Requests join and leave the running batch at step
+ *     boundaries; prompts are prefilled in chunks within the per-step token
+ *     budget, decodes first, so a long prompt never stalls running decodes.
+ *     KV blocks for prompt + max_tokens are reserved at admission: when they
+ *     are not free the request waits, it never fails.
+ *   - A client that goes away mid-stream has its request cancelled; the
+ *     scheduler frees its sequence (and KV blocks) at the next step.
+ *   - Latency timestamps (queue, TTFT, inter-token) are taken in the
+ *     scheduler where each token is produced, not where HTTP flushes.
+ *   - srv_shutdown() stops accepting, lets in-flight requests finish for up
+ *     to drain_s seconds, cancels the rest, and stops the scheduler.
+ *   - Library code: returns status with a message in the caller's buffer;
+ *     a bad request never kills the server; nothing exits.
+ */
+#ifndef ECHO_SERVER_H
+#define ECHO_SERVER_H
+
+#include <stddef.h>
+
+#include "comm/echo.h"
+
+typedef enum srv_log_level { SRV_LOG_DEBUG = 0, SRV_LOG_INFO, SRV_LOG_WARNING, SRV_LOG_ERROR } srv_log_level;
+
+typedef struct srv_options {
+    const char *model_dir;         /* resolved model folder (srv_resolve_model) */
+    const char *served_model_name; /* id in /v1/models and responses; NULL = folder's basename */
+    const char *host;              /* numeric IPv4/IPv6 address to bind, default 127.0.0.1 */
+    int port;                      /* default 8000; 0 = any free port (see srv_port) */
+    const char *device;            /* "auto" (default), "cpu", "cuda" */
+    int tp;                        /* tensor-parallel ranks, default 1 */
+    echo_mode allreduce;
+    int threads;                /* cpu threads in total, 0 = all */
+    int max_num_seqs;           /* running batch size, default 8 */
+    int max_num_batched_tokens; /* tokens per step (chunked prefill budget), default 512 */
+    int max_model_len;          /* default min(model context, 4096) */
+    int kv_blocks;              /* 0 = enough for max_num_seqs full sequences */
+    int max_waiting;            /* waiting-queue bound (503 beyond), default 256 */
+    int max_connections;        /* simultaneous HTTP connections, default 256 */
+    int timeout_s;              /* idle / partial-request connection timeout, default 30 */
+    size_t max_body_bytes;      /* request body limit (413 beyond), default 8 MiB */
+    double drain_s;             /* shutdown: time to let running requests finish, default 5 */
+    const char *api_key;        /* NULL = no auth */
+    double load_delay_s;        /* testing: wait this long before loading (exercises the 503 state) */
+    srv_log_level log_level;
+} srv_options;
+
+typedef struct srv_server srv_server;
+
+/* Resolve a model name to a folder holding config.json: NAME as a path,
+ * $ECHO_MODEL_DIR/NAME, ./models/NAME, then the Hugging Face hub cache
+ * ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub; "qwen3-8b" or
+ * "Qwen/Qwen3-8B" -> models--Qwen--Qwen3-8B/snapshots/<rev>, names compared
+ * case-insensitively). On failure err lists every place looked at. */
+int srv_resolve_model(const char *name, char *dir, size_t dirlen, char *err, size_t errlen);
+
+/* Bind and start answering (model routes 503 until srv_load). */
+int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errlen);
+/* The bound port (useful with port 0). */
+int srv_port(const srv_server *s);
+/* The model id clients use (--served-model-name or the folder's name). */
+const char *srv_model_name(const srv_server *s);
+/* Load tokenizer and engine, log the plan, start the scheduler. Blocking;
+ * logs progress while weights load. */
+int srv_load(srv_server *s, char *err, size_t errlen);
+/* Stop accepting, drain or cancel in-flight requests, stop the scheduler. */
+void srv_shutdown(srv_server *s);
+/* Stop HTTP and free everything (calls srv_shutdown when needed). */
+void srv_destroy(srv_server *s);
+
+/* Leveled log line on stderr, filtered by the server's level. */
+void srv_log(const srv_server *s, srv_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif

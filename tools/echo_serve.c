@@ -1,0 +1,268 @@
+/*
+ * echo-serve: OpenAI-compatible HTTP server over the engine (see
+ * server/server.h and server/README.md).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server/server.h"
+
+static const char *USAGE =
+    "usage: echo-serve --model NAME|DIR [options]\n"
+    "\n"
+    "Serve a Qwen3 model over an OpenAI-compatible HTTP API (/v1/completions,\n"
+    "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics).\n"
+    "\n"
+    "  --model NAME|DIR             model folder, or a name looked up in $ECHO_MODEL_DIR/NAME,\n"
+    "                               ./models/NAME and the Hugging Face cache\n"
+    "                               (qwen3-8b -> models--Qwen--Qwen3-8B/snapshots/<rev>)\n"
+    "  --tp N                       tensor-parallel ranks (default 1)\n"
+    "  --device auto|cuda|cpu       backend (default auto: cuda when built and usable, else cpu)\n"
+    "  --allreduce echo|exact|int4  all-reduce of the row-parallel layers when --tp > 1 (default echo)\n"
+    "  --threads N                  cpu threads in total (default: all online CPUs)\n"
+    "  --host ADDR                  numeric address to bind (default 127.0.0.1)\n"
+    "  --port N                     port (default 8000; 0 = any free port, printed at start)\n"
+    "  --served-model-name NAME     model id in the API (default: the folder's name)\n"
+    "  --max-num-seqs N             requests decoded together (default 8)\n"
+    "  --max-num-batched-tokens N   tokens per step, the chunked-prefill budget (default 512)\n"
+    "  --max-model-len N            longest prompt + completion (default min(model, 4096))\n"
+    "  --num-kv-blocks N            KV blocks of 16 tokens (default: max-num-seqs full sequences)\n"
+    "  --max-queue N                waiting requests before 503 (default 256)\n"
+    "  --max-connections N          simultaneous HTTP connections (default 256)\n"
+    "  --timeout S                  close idle or half-sent connections after S seconds (default 30)\n"
+    "  --max-body-bytes N           request body limit, 413 beyond (default 8388608)\n"
+    "  --drain-seconds S            on SIGINT/SIGTERM, let running requests finish this long (default 5)\n"
+    "  --api-key KEY                require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize\n"
+    "                               (also read from $ECHO_API_KEY)\n"
+    "  --log-level debug|info|warning|error   (default info)\n"
+    "  --debug-load-delay S         testing: wait S seconds before loading (503 state)\n"
+    "  -h, --help                   this help\n"
+    "\n"
+    "Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 runtime error, 2 usage error.\n";
+
+static volatile sig_atomic_t g_stop = 0; /* the only thing the signal handler touches */
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+static void usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "echo-serve: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry 'echo-serve --help'.\n");
+    exit(2);
+}
+
+static long parse_long(const char *s, const char *flag, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s expects an integer in [%ld, %ld], got '%%s'", flag, lo, hi);
+        usage_error(msg, s);
+    }
+    return v;
+}
+
+static double parse_double(const char *s, const char *flag, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s expects a number in [%g, %g], got '%%s'", flag, lo, hi);
+        usage_error(msg, s);
+    }
+    return v;
+}
+
+static void print_examples(const char *host, int port, const char *name, const char *key) {
+    char auth[512] = "";
+    if (key) snprintf(auth, sizeof auth, " -H 'Authorization: Bearer %s'", key);
+    const char *h = strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 ? "127.0.0.1" : host;
+    printf("\necho-serve is ready on http://%s:%d (model \"%s\")\n\n", h, port, name);
+    printf("  curl http://%s:%d/v1/chat/completions%s -H 'Content-Type: application/json' \\\n"
+           "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
+           "\"max_tokens\": 32}'\n\n",
+           h, port, auth, name);
+    printf("  python3 -c 'from openai import OpenAI\n"
+           "c = OpenAI(base_url=\"http://%s:%d/v1\", api_key=\"%s\")\n"
+           "for ch in c.chat.completions.create(model=\"%s\", stream=True, max_tokens=32,\n"
+           "        messages=[{\"role\": \"user\", \"content\": \"Hello!\"}]):\n"
+           "    print(ch.choices[0].delta.content or \"\", end=\"\", flush=True)\n"
+           "print()'\n\n",
+           h, port, key ? key : "none", name);
+    printf("  metrics: curl http://%s:%d/metrics    stop: Ctrl-C\n\n", h, port);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    enum {
+        O_MODEL = 256,
+        O_TP,
+        O_DEVICE,
+        O_ALLRED,
+        O_HOST,
+        O_PORT,
+        O_NAME,
+        O_SEQS,
+        O_BTOK,
+        O_MLEN,
+        O_KVB,
+        O_QUEUE,
+        O_CONNS,
+        O_TIMEOUT,
+        O_BODY,
+        O_DRAIN,
+        O_KEY,
+        O_LOG,
+        O_THREADS,
+        O_LDELAY
+    };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},
+        {"tp", required_argument, 0, O_TP},
+        {"device", required_argument, 0, O_DEVICE},
+        {"allreduce", required_argument, 0, O_ALLRED},
+        {"host", required_argument, 0, O_HOST},
+        {"port", required_argument, 0, O_PORT},
+        {"served-model-name", required_argument, 0, O_NAME},
+        {"max-num-seqs", required_argument, 0, O_SEQS},
+        {"max-num-batched-tokens", required_argument, 0, O_BTOK},
+        {"max-model-len", required_argument, 0, O_MLEN},
+        {"num-kv-blocks", required_argument, 0, O_KVB},
+        {"max-queue", required_argument, 0, O_QUEUE},
+        {"max-connections", required_argument, 0, O_CONNS},
+        {"timeout", required_argument, 0, O_TIMEOUT},
+        {"max-body-bytes", required_argument, 0, O_BODY},
+        {"drain-seconds", required_argument, 0, O_DRAIN},
+        {"api-key", required_argument, 0, O_KEY},
+        {"log-level", required_argument, 0, O_LOG},
+        {"threads", required_argument, 0, O_THREADS},
+        {"debug-load-delay", required_argument, 0, O_LDELAY},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    srv_options o = {.host = "127.0.0.1",
+                     .port = 8000,
+                     .device = "auto",
+                     .tp = 1,
+                     .allreduce = ECHO_MODE_ECHO,
+                     .drain_s = 5,
+                     .log_level = SRV_LOG_INFO};
+    const char *model = NULL;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: model = optarg; break;
+        case O_TP: o.tp = (int)parse_long(optarg, "--tp", 1, 64); break;
+        case O_DEVICE:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+                usage_error("--device expects auto, cuda or cpu, got '%s'", optarg);
+            o.device = optarg;
+            break;
+        case O_ALLRED:
+            if (echo_mode_parse(optarg, &o.allreduce))
+                usage_error("--allreduce expects echo, exact or int4, got '%s'", optarg);
+            break;
+        case O_HOST: o.host = optarg; break;
+        case O_PORT: o.port = (int)parse_long(optarg, "--port", 0, 65535); break;
+        case O_NAME:
+            if (!*optarg) usage_error("%s", "--served-model-name must not be empty");
+            o.served_model_name = optarg;
+            break;
+        case O_SEQS: o.max_num_seqs = (int)parse_long(optarg, "--max-num-seqs", 1, 4096); break;
+        case O_BTOK: o.max_num_batched_tokens = (int)parse_long(optarg, "--max-num-batched-tokens", 1, 1 << 20); break;
+        case O_MLEN: o.max_model_len = (int)parse_long(optarg, "--max-model-len", 1, 1 << 24); break;
+        case O_KVB: o.kv_blocks = (int)parse_long(optarg, "--num-kv-blocks", 1, 1 << 30); break;
+        case O_QUEUE: o.max_waiting = (int)parse_long(optarg, "--max-queue", 1, 1 << 20); break;
+        case O_CONNS: o.max_connections = (int)parse_long(optarg, "--max-connections", 1, 65536); break;
+        case O_TIMEOUT: o.timeout_s = (int)parse_long(optarg, "--timeout", 1, 86400); break;
+        case O_BODY: o.max_body_bytes = (size_t)parse_long(optarg, "--max-body-bytes", 1024, 1L << 34); break;
+        case O_DRAIN: o.drain_s = parse_double(optarg, "--drain-seconds", 0, 86400); break;
+        case O_KEY:
+            if (!*optarg) usage_error("%s", "--api-key must not be empty");
+            o.api_key = optarg;
+            break;
+        case O_LDELAY: o.load_delay_s = parse_double(optarg, "--debug-load-delay", 0, 3600); break;
+        case O_THREADS: o.threads = (int)parse_long(optarg, "--threads", 1, 1024); break;
+        case O_LOG:
+            if (!strcmp(optarg, "debug"))
+                o.log_level = SRV_LOG_DEBUG;
+            else if (!strcmp(optarg, "info"))
+                o.log_level = SRV_LOG_INFO;
+            else if (!strcmp(optarg, "warning"))
+                o.log_level = SRV_LOG_WARNING;
+            else if (!strcmp(optarg, "error"))
+                o.log_level = SRV_LOG_ERROR;
+            else
+                usage_error("--log-level expects debug, info, warning or error, got '%s'", optarg);
+            break;
+        case 'h': fputs(USAGE, stdout); return 0;
+        case '?':
+        default: usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) usage_error("unexpected argument '%s'", argv[optind]);
+    if (!model) usage_error("%s", "--model NAME|DIR is required");
+    if (!o.api_key && getenv("ECHO_API_KEY") && *getenv("ECHO_API_KEY")) o.api_key = getenv("ECHO_API_KEY");
+
+    char dir[4096], err[4096];
+    if (srv_resolve_model(model, dir, sizeof dir, err, sizeof err)) {
+        fprintf(stderr, "echo-serve: error: %s\n", err);
+        return 1;
+    }
+    o.model_dir = dir;
+
+    /* SIGINT/SIGTERM stay blocked everywhere (threads inherit the mask)
+     * and are taken only in sigsuspend() below: no lost wake-up. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+
+    srv_server *s = NULL;
+    if (srv_create(&o, &s, err, sizeof err)) {
+        fprintf(stderr, "echo-serve: error: %s\n", err);
+        return 1;
+    }
+    srv_log(s, SRV_LOG_INFO, "listening on http://%s:%d (/health is 503 until the model is loaded)", o.host,
+            srv_port(s));
+    if (srv_load(s, err, sizeof err)) {
+        fprintf(stderr, "echo-serve: error: %s\n", err);
+        srv_destroy(s);
+        return 1;
+    }
+    /* Machine-readable line for scripts (port 0 picks a free port). */
+    srv_log(s, SRV_LOG_WARNING, "ready on port %d", srv_port(s));
+    if (strstr(dir, "demo-model"))
+        srv_log(s, SRV_LOG_INFO,
+                "note: this is the bundled DEMO model (random Qwen3-architecture weights with the "
+                "real Qwen3 tokenizer): its text is gibberish by design. Use --model for a real one.");
+    print_examples(o.host, srv_port(s), srv_model_name(s), o.api_key);
+    while (!g_stop)
+        sigsuspend(&old);
+    srv_log(s, SRV_LOG_INFO, "signal received: draining in-flight requests, then exiting");
+    srv_shutdown(s);
+    srv_destroy(s);
+    fprintf(stderr, "echo-serve: stopped\n");
+    return 0;
+}
