@@ -6,25 +6,39 @@
  *   - A world is N ranks that reduce together. With the `local` transport the
  *     ranks are threads of one process (host memory now; device memory later)
  *     and the world is created once and shared; with `nccl` each rank is a GPU.
- *   - Each rank owns an echo_comm (its transport endpoint and its residual
- *     slots). Per rank, calls are made from one thread, in the same order on
- *     every rank (like NCCL): begin_pass, then allreduce at sites in order.
+ *   - Each rank owns an echo_comm (its transport endpoint and its residual).
+ *     Per rank, calls are made from one thread, in the same order on every
+ *     rank (like NCCL): begin_pass, then allreduce at sites in order. The
+ *     local transport checks that the ranks agree (site, count, dtype) and
+ *     fails the call on every rank if they do not; nccl cannot, and hangs.
  *   - echo_allreduce(site, buf, count) is in place: on return every rank's buf
  *     holds the same values, bit-identical across ranks in every mode.
- *       exact: plain sum in activation precision (fp32 on the cpu path).
+ *       exact: plain sum in activation precision (fp32 sum; bf16 rounds once).
  *       int4:  the Echo codec and two-shot schedule, no residuals.
- *       echo:  int4 plus residual slots: the rounding error of each call is
- *              added to the input of the next call of the same pass (site s
- *              adds what site s' < s, the previous call, left).
+ *       echo:  int4 plus error feedback: the rounding error each call leaves
+ *              is added to the input of the next call of the same pass.
  *     See docs/echo.md for the wire format, the schedule and the error bound.
+ *   - Residual slots. The residual carried into a call is the one left by
+ *     the previous call of this pass on this rank, whatever its site; sites
+ *     must strictly increase within a pass (gaps are fine, e.g. a partial
+ *     pass) and name the slot for ordering and statistics. Since only the
+ *     next call reads a slot, all sites share one buffer updated in place:
+ *     the memory (echo_comm_slot_bytes) is one padded message of fp32,
+ *     independent of n_sites. In echo mode every call of a pass must have the
+ *     same count (the residual is laid out for it); a new pass may change it.
  *   - Size policy: calls whose message (count * sizeof(dtype)) is below
  *     min_bytes use the exact path in every mode; a residual carried into such
  *     a call is added to its input, and the call leaves a zero residual.
  *   - Slots are sized at creation for max_count elements and n_sites sites;
- *     a call with count > max_count, site >= n_sites, or sites out of order
- *     within a pass is an error (clear message, state unchanged).
- *   - Non-finite input is detected and reported as an error, never silently
- *     made finite.
+ *     a call with count > max_count, site >= n_sites, sites out of order
+ *     within a pass, or no begin_pass is an error (clear message, state
+ *     unchanged, nothing communicated).
+ *   - Non-finite input (inf/nan, or |x| >= 2^127 which the codec cannot
+ *     scale) and an fp32 sum that overflows are detected and reported as an
+ *     error on every rank of the same call, never silently made finite: the
+ *     affected outputs hold NaN/inf and the pass is aborted (the next call
+ *     fails until echo_begin_pass).
+ *   - With one rank there is nothing to reduce: calls leave buf unchanged.
  *   - Functions return 0 or -1 with a message in the caller's buffer; nothing
  *     prints or exits.
  */

@@ -1,0 +1,447 @@
+/*
+ * comm/codec.c — the Echo group codec on host memory, and the host compute
+ * table (phase 1, phase 2, finish) the schedule in echo.c runs for ranks
+ * whose buffers are in host memory.
+ *
+ * Contract: the arithmetic is comm/echo_codec.h's, so the cuda twin
+ * (echo_cuda.cu) produces the same bits. These are the hot loops of the
+ * local transport and must vectorize: every group loop is written over a
+ * compile-time G (the switch at the bottom of each entry point instantiates
+ * 16..256), straight-line, with the per-element work in small passes over a
+ * G-value stack buffer, so gcc vectorizes them even at -O2 with its
+ * "very cheap" cost model (check with -fopt-info-vec; docs/echo.md records
+ * the report). Absmax is an integer max over |x| bits: it vectorizes without
+ * -ffast-math and catches inf/nan in the same pass (their bits are the
+ * largest).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/echo_codec.h"
+#include "comm/echo_internal.h"
+
+#define ECHO_INLINE static inline __attribute__((always_inline))
+
+/* y[0..G) = x (+ res), zero-padded past n; returns the largest |y| as bits
+ * (fused here to save a pass over y). */
+ECHO_INLINE uint32_t load_group(float *restrict y, const void *x, echo_dtype dt, const float *restrict res, size_t n,
+                                int G) {
+    int32_t m = 0; /* |y| bits < 2^31: a signed max (cheaper on SSE2) */
+    if (n == (size_t)G) {
+        if (dt == ECHO_F32) {
+            const float *xf = x;
+            if (res)
+                for (int i = 0; i < G; i++) {
+                    y[i] = xf[i] + res[i];
+                    int32_t a = (int32_t)echo_abs_bits(y[i]);
+                    m = a > m ? a : m;
+                }
+            else
+                for (int i = 0; i < G; i++) {
+                    y[i] = xf[i];
+                    int32_t a = (int32_t)echo_abs_bits(y[i]);
+                    m = a > m ? a : m;
+                }
+        } else {
+            const uint16_t *xb = x;
+            if (res)
+                for (int i = 0; i < G; i++) {
+                    y[i] = echo_bf16_to_f32(xb[i]) + res[i];
+                    int32_t a = (int32_t)echo_abs_bits(y[i]);
+                    m = a > m ? a : m;
+                }
+            else
+                for (int i = 0; i < G; i++) {
+                    y[i] = echo_bf16_to_f32(xb[i]);
+                    int32_t a = (int32_t)echo_abs_bits(y[i]);
+                    m = a > m ? a : m;
+                }
+        }
+        return (uint32_t)m;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float v = dt == ECHO_F32 ? ((const float *)x)[i] : echo_bf16_to_f32(((const uint16_t *)x)[i]);
+        y[i] = res ? v + res[i] : v;
+        int32_t a = (int32_t)echo_abs_bits(y[i]);
+        m = a > m ? a : m;
+    }
+    for (size_t i = n; i < (size_t)G; i++)
+        y[i] = 0.0f;
+    return (uint32_t)m;
+}
+
+/* Code one group of G values (padding included) whose largest |y| has bits
+ * m; when res != NULL write the first n residuals y - output, output being
+ * q*s as rounded by rmode. */
+ECHO_INLINE uint16_t encode_group(const float *restrict y, uint32_t m, int G, uint8_t *restrict codes,
+                                  float *restrict res, echo_resid rmode, size_t n) {
+    uint16_t sb = echo_scale_from_absbits(m);
+    if (sb == 0 || echo_scale_is_poison(sb)) {
+        /* All zero: codes 0 and the residual is y itself (+-0). Poisoned: the
+         * call fails and the pass is aborted; keep the residual finite. */
+        memset(codes, 0, (size_t)G / 2);
+        if (res)
+            for (size_t i = 0; i < n; i++)
+                res[i] = sb == 0 ? y[i] : 0.0f;
+        return sb;
+    }
+    float s = echo_bf16_to_f32(sb);
+    float q[ECHO_MAX_GROUP];
+    for (int i = 0; i < G; i++)
+        q[i] = echo_code(y[i], s);
+    for (int j = 0; j < G / 2; j++)
+        codes[j] = echo_pack2((int)q[2 * j], (int)q[2 * j + 1]);
+    if (!res) return sb;
+    if (n == (size_t)G) {
+        if (rmode == ECHO_RESID_F32)
+            for (int i = 0; i < G; i++)
+                res[i] = y[i] - q[i] * s;
+        else
+            for (int i = 0; i < G; i++)
+                res[i] = y[i] - echo_bf16_to_f32(echo_f32_to_bf16(q[i] * s));
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float o = q[i] * s;
+            res[i] = y[i] - (rmode == ECHO_RESID_F32 ? o : echo_bf16_to_f32(echo_f32_to_bf16(o)));
+        }
+    }
+    return sb;
+}
+
+/* v[0..G) = decode of one group. */
+ECHO_INLINE void decode_group(const uint8_t *restrict codes, uint16_t sb, int G, float *restrict v) {
+    float s = echo_bf16_to_f32(sb);
+    for (int j = 0; j < G / 2; j++) {
+        v[2 * j] = (float)echo_nib_lo(codes[j]) * s;
+        v[2 * j + 1] = (float)echo_nib_hi(codes[j]) * s;
+    }
+}
+
+ECHO_INLINE size_t encode_impl(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n,
+                               int G, uint8_t *codes, uint16_t *scales, size_t *bad) {
+    size_t ng = (n + (size_t)G - 1) / (size_t)G, npoison = 0, esz = echo_dtype_size(xdt);
+    float y[ECHO_MAX_GROUP];
+    *bad = ECHO_NO_INDEX;
+    for (size_t g = 0; g < ng; g++) {
+        size_t off = g * (size_t)G, m = n - off < (size_t)G ? n - off : (size_t)G;
+        uint32_t amax = load_group(y, (const char *)x + off * esz, xdt, res && res_valid ? res + off : NULL, m, G);
+        uint16_t sb = encode_group(y, amax, G, codes + off / 2, res ? res + off : NULL, rmode, m);
+        scales[g] = sb;
+        if (echo_scale_is_poison(sb)) {
+            if (!npoison++) {
+                /* The first offending element, for the message (slow path). */
+                size_t k = 0;
+                while (k + 1 < m && echo_abs_bits(y[k]) < ECHO_LIMIT_BITS)
+                    k++;
+                *bad = off + k;
+            }
+        }
+    }
+    return npoison;
+}
+
+ECHO_INLINE void decode_impl(const uint8_t *codes, const uint16_t *scales, size_t n, int G, float *out,
+                             int accumulate) {
+    size_t ng = (n + (size_t)G - 1) / (size_t)G;
+    float v[ECHO_MAX_GROUP];
+    for (size_t g = 0; g < ng; g++) {
+        size_t off = g * (size_t)G;
+        decode_group(codes + off / 2, scales[g], G, v);
+        float *o = out + off;
+        if (n - off >= (size_t)G) {
+            if (accumulate)
+                for (int i = 0; i < G; i++)
+                    o[i] += v[i];
+            else
+                for (int i = 0; i < G; i++)
+                    o[i] = v[i];
+        } else {
+            for (size_t i = 0; i < n - off; i++)
+                o[i] = accumulate ? o[i] + v[i] : v[i];
+        }
+    }
+}
+
+ECHO_INLINE size_t decode_store_impl(const uint8_t *codes, const uint16_t *scales, size_t n, int G, void *out,
+                                     echo_dtype dt, size_t *bad) {
+    size_t ng = (n + (size_t)G - 1) / (size_t)G, npoison = 0;
+    float v[ECHO_MAX_GROUP];
+    *bad = ECHO_NO_INDEX;
+    for (size_t g = 0; g < ng; g++) {
+        size_t off = g * (size_t)G, m = n - off < (size_t)G ? n - off : (size_t)G;
+        if (echo_scale_is_poison(scales[g]) && !npoison++) *bad = off;
+        decode_group(codes + off / 2, scales[g], G, v);
+        if (dt == ECHO_F32) {
+            float *o = (float *)out + off;
+            if (m == (size_t)G)
+                for (int i = 0; i < G; i++)
+                    o[i] = v[i];
+            else
+                for (size_t i = 0; i < m; i++)
+                    o[i] = v[i];
+        } else {
+            uint16_t *o = (uint16_t *)out + off;
+            if (m == (size_t)G)
+                for (int i = 0; i < G; i++)
+                    o[i] = echo_f32_to_bf16(v[i]);
+            else
+                for (size_t i = 0; i < m; i++)
+                    o[i] = echo_f32_to_bf16(v[i]);
+        }
+    }
+    return npoison;
+}
+
+/* Instantiate an _impl for every legal G, so the group loops see a constant. */
+#define ECHO_FOR_EACH_G(CALL)                                                                                          \
+    switch (group) {                                                                                                   \
+    case 16: CALL(16);                                                                                                 \
+    case 32: CALL(32);                                                                                                 \
+    case 64: CALL(64);                                                                                                 \
+    case 128: CALL(128);                                                                                               \
+    case 256: CALL(256);                                                                                               \
+    default: break;                                                                                                    \
+    }
+
+size_t echo_cpu_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n, int group,
+                       uint8_t *codes, uint16_t *scales, size_t *bad) {
+#define ENC(G) return encode_impl(x, xdt, res, res_valid, rmode, n, G, codes, scales, bad)
+    ECHO_FOR_EACH_G(ENC)
+#undef ENC
+    *bad = 0;
+    return 1; /* unreachable: groups are validated at world creation */
+}
+
+void echo_cpu_decode(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out, int accumulate) {
+#define DEC(G)                                                                                                         \
+    decode_impl(codes, scales, n, G, out, accumulate);                                                                 \
+    return
+    ECHO_FOR_EACH_G(DEC)
+#undef DEC
+}
+
+size_t echo_cpu_decode_store(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out,
+                             echo_dtype dt, size_t *bad) {
+#define DST(G) return decode_store_impl(codes, scales, n, G, out, dt, bad)
+    ECHO_FOR_EACH_G(DST)
+#undef DST
+    *bad = 0;
+    return 1;
+}
+
+/* The runtime-length loops below work in blocks of ECHO_BLOCK values with a
+ * constant inner trip count (and a scalar tail), which gcc vectorizes at -O2
+ * where a loop of unknown length would need -O3's epilogues. */
+#define ECHO_BLOCK 256
+
+ECHO_INLINE void load_block(const void *x, echo_dtype dt, size_t n, float *restrict out, int accumulate) {
+    if (dt == ECHO_F32) {
+        const float *restrict xf = x;
+        if (accumulate)
+            for (size_t i = 0; i < n; i++)
+                out[i] += xf[i];
+        else
+            for (size_t i = 0; i < n; i++)
+                out[i] = xf[i];
+    } else {
+        const uint16_t *restrict xb = x;
+        if (accumulate)
+            for (size_t i = 0; i < n; i++)
+                out[i] += echo_bf16_to_f32(xb[i]);
+        else
+            for (size_t i = 0; i < n; i++)
+                out[i] = echo_bf16_to_f32(xb[i]);
+    }
+}
+
+void echo_cpu_load(const void *x, echo_dtype dt, size_t n, float *out, int accumulate) {
+    size_t esz = echo_dtype_size(dt), b = 0;
+    for (; b + ECHO_BLOCK <= n; b += ECHO_BLOCK)
+        load_block((const char *)x + b * esz, dt, ECHO_BLOCK, out + b, accumulate);
+    load_block((const char *)x + b * esz, dt, n - b, out + b, accumulate);
+}
+
+/* Returns the largest |.| bits of the block (inf/nan are the largest). */
+ECHO_INLINE uint32_t store_block(const float *restrict in, size_t n, void *out, echo_dtype dt) {
+    uint32_t mx = 0;
+    if (dt == ECHO_F32) {
+        float *restrict o = out;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t a = echo_abs_bits(in[i]);
+            mx = a > mx ? a : mx;
+            o[i] = in[i];
+        }
+    } else {
+        uint16_t *restrict o = out;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t a = echo_abs_bits(in[i]);
+            mx = a > mx ? a : mx;
+            o[i] = echo_f32_to_bf16(in[i]);
+        }
+    }
+    return mx;
+}
+
+void echo_cpu_store(const float *in, size_t n, void *out, echo_dtype dt, size_t *bad) {
+    size_t esz = echo_dtype_size(dt);
+    *bad = ECHO_NO_INDEX;
+    for (size_t b = 0; b < n; b += ECHO_BLOCK) {
+        size_t m = n - b;
+        uint32_t mx = m >= ECHO_BLOCK ? store_block(in + b, ECHO_BLOCK, (char *)out + b * esz, dt)
+                                      : store_block(in + b, m, (char *)out + b * esz, dt);
+        if (mx >= ECHO_INF_BITS && *bad == ECHO_NO_INDEX) {
+            size_t k = 0;
+            while (echo_abs_bits(in[b + k]) < ECHO_INF_BITS)
+                k++;
+            *bad = b + k;
+        }
+    }
+}
+
+/* ---- public codec API ---- */
+
+static int group_ok(int group) {
+    return group >= ECHO_MIN_GROUP && group <= ECHO_MAX_GROUP && !(group & (group - 1));
+}
+
+size_t echo_codec_wire_bytes(size_t count, int group) {
+    if (!group_ok(group)) return 0;
+    size_t ng = (count + (size_t)group - 1) / (size_t)group;
+    return ng * (size_t)group / 2 + 2 * ng;
+}
+
+int echo_codec_encode(const float *x, float *res, size_t count, int group, void *wire, char *err, size_t errlen) {
+    if (!group_ok(group)) {
+        snprintf(err, errlen, "codec: group size %d is not a power of two in [%d, %d]", group, ECHO_MIN_GROUP,
+                 ECHO_MAX_GROUP);
+        return -1;
+    }
+    size_t ng = (count + (size_t)group - 1) / (size_t)group, bad;
+    uint8_t *codes = wire;
+    uint16_t *scales = (uint16_t *)(codes + ng * (size_t)group / 2);
+    if (echo_cpu_encode(x, ECHO_F32, res, res != NULL, ECHO_RESID_F32, count, group, codes, scales, &bad)) {
+        float v = x[bad] + (res ? res[bad] : 0.0f);
+        snprintf(err, errlen, "codec: value %g at element %zu is not finite or exceeds the codec's range (|x| < 2^127)",
+                 (double)v, bad);
+        return -1;
+    }
+    return 0;
+}
+
+void echo_codec_decode(const void *wire, size_t count, int group, float *out, int accumulate) {
+    if (!group_ok(group)) return;
+    size_t ng = (count + (size_t)group - 1) / (size_t)group;
+    const uint8_t *codes = wire;
+    echo_cpu_decode(codes, (const uint16_t *)(codes + ng * (size_t)group / 2), count, group, out, accumulate);
+}
+
+float echo_codec_group_scale(const void *wire, size_t count, int group, size_t g) {
+    if (!group_ok(group)) return NAN;
+    size_t ng = (count + (size_t)group - 1) / (size_t)group;
+    if (g >= ng) return NAN;
+    const uint16_t *scales = (const uint16_t *)((const uint8_t *)wire + ng * (size_t)group / 2);
+    return echo_bf16_to_f32(scales[g]);
+}
+
+/* ---- host compute table ---- */
+
+/* The scales of a shard's wire message follow its L/2 code bytes. */
+static uint16_t *plan_scales(const echo_plan *p, const uint8_t *wire) {
+    return (uint16_t *)(wire + p->shard / 2);
+}
+
+static int host_phase1(echo_comm *c, const echo_plan *p, const void *x, float *res, int res_valid, uint8_t *const *send,
+                       size_t *bad, void *stream, char *err, size_t errlen) {
+    (void)stream, (void)err, (void)errlen;
+    size_t esz = echo_dtype_size(p->dt);
+    *bad = ECHO_NO_INDEX;
+    for (int s = 0; s < p->nranks; s++) {
+        size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
+        if (s == c->rank || n == 0) continue;
+        if (echo_cpu_encode((const char *)x + off * esz, p->dt, res ? res + off : NULL, res_valid, ECHO_RESID_F32, n,
+                            p->group, send[s], plan_scales(p, send[s]), &b) &&
+            *bad == ECHO_NO_INDEX)
+            *bad = off + b;
+    }
+    return 0;
+}
+
+static int host_phase2(echo_comm *c, const echo_plan *p, const void *x, const uint8_t *const *recv, float *g,
+                       int g_valid, uint8_t *out, void *stream, char *err, size_t errlen) {
+    (void)stream, (void)err, (void)errlen;
+    int me = c->rank;
+    size_t n = echo_plan_len(p, me), off = (size_t)me * p->shard, bad;
+    if (n == 0) return 0;
+    float *sum = c->scratch;
+    /* Fixed order j = 0..N-1 (the cuda twin uses the same), own shard raw. */
+    for (int j = 0; j < p->nranks; j++) {
+        if (j == me)
+            echo_cpu_load((const char *)x + off * echo_dtype_size(p->dt), p->dt, n, sum, j > 0);
+        else
+            echo_cpu_decode(recv[j], plan_scales(p, recv[j]), n, p->group, sum, j > 0);
+    }
+    echo_cpu_encode(sum, ECHO_F32, g, g_valid, p->dt == ECHO_BF16 ? ECHO_RESID_BF16 : ECHO_RESID_F32, n, p->group, out,
+                    plan_scales(p, out), &bad);
+    return 0; /* a poisoned group travels in-band and is reported by finish */
+}
+
+static int host_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, size_t *bad,
+                       void *stream, char *err, size_t errlen) {
+    (void)c, (void)stream, (void)err, (void)errlen;
+    size_t esz = echo_dtype_size(p->dt);
+    *bad = ECHO_NO_INDEX;
+    for (int s = 0; s < p->nranks; s++) {
+        size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
+        if (n == 0) continue;
+        if (echo_cpu_decode_store(gathered[s], plan_scales(p, gathered[s]), n, p->group, (char *)buf + off * esz, p->dt,
+                                  &b) &&
+            *bad == ECHO_NO_INDEX)
+            *bad = off + b;
+    }
+    return 0;
+}
+
+static int host_alloc(echo_comm *c, size_t bytes, void **out, char *err, size_t errlen) {
+    (void)c;
+    *out = calloc(1, bytes ? bytes : 1);
+    if (!*out) {
+        snprintf(err, errlen, "out of memory (%zu bytes)", bytes);
+        return -1;
+    }
+    return 0;
+}
+
+static void host_free(echo_comm *c, void *p) {
+    (void)c;
+    free(p);
+}
+
+/* The owner's fp32 sum of one shard, when this world quantizes. */
+static int host_comm_init(echo_comm *c, char *err, size_t errlen) {
+    const echo_world *w = c->w;
+    if (w->cfg.mode == ECHO_MODE_EXACT || w->nranks == 1) return 0;
+    c->scratch = malloc(w->max_plan.shard * sizeof(float) + 1);
+    if (!c->scratch) {
+        snprintf(err, errlen, "echo: out of memory for the %zu-value reduction scratch", w->max_plan.shard);
+        return -1;
+    }
+    return 0;
+}
+
+static void host_comm_fini(echo_comm *c) {
+    free(c->scratch);
+    c->scratch = NULL;
+}
+
+const echo_compute_ops echo_host_compute = {
+    .name = "host",
+    .phase1 = host_phase1,
+    .phase2 = host_phase2,
+    .finish = host_finish,
+    .alloc = host_alloc,
+    .free = host_free,
+    .comm_init = host_comm_init,
+    .comm_fini = host_comm_fini,
+};

@@ -1,0 +1,432 @@
+/*
+ * comm/echo.c — the Echo algorithm above the transports: configuration,
+ * the per-rank pass state (begin_pass, increasing sites, the residual
+ * carried from one call to the next), the size policy, the two-shot
+ * schedule, statistics. See comm/echo.h for the contract and docs/echo.md
+ * for the derivation.
+ *
+ * The schedule of one quantized call on rank i (N ranks, shard c owned by
+ * rank c):
+ *   phase 1   y = x + r; code every shard c != i into the message for rank
+ *             c; r = y - decode                          (compute->phase1)
+ *             all-to-all                                  (tp->p1_exchange)
+ *   phase 2   S = own shard of x + decoded shards of the peers, in fp32;
+ *             z = S + g; code; g = z - decode            (compute->phase2)
+ *             all-gather                                  (tp->p2_exchange)
+ *   finish    every rank decodes every shard into buf     (compute->finish)
+ * Error reporting never breaks the collective: a value that cannot be coded
+ * travels as a poisoned group and every rank finds it in `finish`, so all
+ * ranks fail the same call.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/echo_codec.h"
+#include "comm/echo_internal.h"
+
+static const char *const mode_names[] = {"exact", "int4", "echo"};
+
+int echo_mode_parse(const char *s, echo_mode *out) {
+    for (int m = 0; m < 3; m++)
+        if (s && !strcmp(s, mode_names[m])) {
+            *out = (echo_mode)m;
+            return 0;
+        }
+    return -1;
+}
+
+const char *echo_mode_name(echo_mode m) {
+    return (unsigned)m < 3 ? mode_names[m] : "unknown";
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- worlds ---- */
+
+int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!cfg) {
+        snprintf(err, errlen, "echo: no config");
+        return -1;
+    }
+    if (nranks < 1 || nranks > ECHO_MAX_RANKS) {
+        snprintf(err, errlen, "echo: %d ranks is outside [1, %d] (ECHO_MAX_RANKS)", nranks, ECHO_MAX_RANKS);
+        return -1;
+    }
+    if ((unsigned)cfg->mode > ECHO_MODE_ECHO) {
+        snprintf(err, errlen, "echo: unknown mode %d", (int)cfg->mode);
+        return -1;
+    }
+    int group = cfg->group_size ? cfg->group_size : ECHO_DEFAULT_GROUP;
+    if (group < ECHO_MIN_GROUP || group > ECHO_MAX_GROUP || (group & (group - 1))) {
+        snprintf(err, errlen, "echo: group size %d is not a power of two in [%d, %d]", group, ECHO_MIN_GROUP,
+                 ECHO_MAX_GROUP);
+        return -1;
+    }
+    if (cfg->n_sites < 1) {
+        snprintf(err, errlen, "echo: n_sites must be at least 1 (got %d)", cfg->n_sites);
+        return -1;
+    }
+    /* Bounds that keep every size computation (padded message, N*N wire
+     * buffers, fp64 scratch) far from overflow on 64-bit size_t. */
+    if (cfg->max_count == 0 || cfg->max_count > ((size_t)1 << 40)) {
+        snprintf(err, errlen, "echo: max_count %zu is outside [1, 2^40]", cfg->max_count);
+        return -1;
+    }
+    echo_world *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "echo: out of memory");
+        return -1;
+    }
+    w->cfg = *cfg;
+    w->cfg.group_size = group;
+    w->nranks = nranks;
+    /* bf16 is the smallest element: the widest message in elements. */
+    echo_plan_init(&w->max_plan, cfg->max_count, nranks, group, ECHO_BF16);
+    /* The exact path takes every call in exact mode, else only calls below
+     * min_bytes (the size policy); its buffers are sized for that. */
+    if (cfg->mode == ECHO_MODE_EXACT)
+        w->exact_max = cfg->max_count;
+    else
+        w->exact_max = cfg->min_bytes / 2 < cfg->max_count ? cfg->min_bytes / 2 : cfg->max_count;
+    pthread_mutex_init(&w->mu, NULL);
+    *out = w;
+    return 0;
+}
+
+void echo_world_free(echo_world *w) {
+    if (!w) return;
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+void echo_world_destroy(echo_world *w) {
+    if (!w) return;
+    if (w->tp && w->tp->world_fini) w->tp->world_fini(w);
+    echo_world_free(w);
+}
+
+void echo_world_get_config(const echo_world *w, echo_config *out) {
+    *out = w->cfg;
+}
+
+int echo_world_nranks(const echo_world *w) {
+    return w->nranks;
+}
+
+/* ---- comms ---- */
+
+int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!w || rank < 0 || rank >= w->nranks) {
+        snprintf(err, errlen, "echo: rank %d is outside the world's [0, %d)", rank, w ? w->nranks : 0);
+        return -1;
+    }
+    pthread_mutex_lock(&w->mu);
+    int taken = w->has_comm[rank];
+    w->has_comm[rank] = 1;
+    pthread_mutex_unlock(&w->mu);
+    if (taken) {
+        snprintf(err, errlen, "echo: rank %d already has a comm in this world", rank);
+        return -1;
+    }
+    int tp_ready = 0, compute_ready = 0;
+    echo_comm *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "echo: out of memory");
+        goto fail;
+    }
+    c->w = w;
+    c->rank = rank;
+    c->device = -1;
+    c->last_site = -1;
+    const echo_plan *mp = &w->max_plan;
+    size_t padded = mp->shard * (size_t)w->nranks;
+    c->sites = calloc((size_t)w->cfg.n_sites, sizeof *c->sites);
+    if (!c->sites) {
+        snprintf(err, errlen, "echo: out of memory for %d site records", w->cfg.n_sites);
+        goto fail;
+    }
+    /* transport first: it picks the device the compute allocates on */
+    if (w->tp->comm_init && w->tp->comm_init(c, err, errlen)) goto fail;
+    tp_ready = 1;
+    if (w->compute->comm_init(c, err, errlen)) goto fail;
+    compute_ready = 1;
+    if (w->cfg.mode == ECHO_MODE_ECHO && w->nranks > 1) {
+        c->res_bytes = padded * sizeof(float);
+        if (w->compute->alloc(c, c->res_bytes, (void **)&c->res, err, errlen)) {
+            c->res_bytes = 0;
+            goto fail;
+        }
+    }
+    if (w->cfg.track_error) {
+        c->ref = malloc(mp->shard * sizeof(double) + 1);
+        if (!c->ref) {
+            snprintf(err, errlen, "echo: out of memory for error tracking");
+            goto fail;
+        }
+    }
+    *out = c;
+    return 0;
+fail:
+    if (c) {
+        if (c->res) w->compute->free(c, c->res);
+        if (compute_ready) w->compute->comm_fini(c);
+        if (tp_ready && w->tp->comm_fini) w->tp->comm_fini(c);
+        free(c->ref);
+        free(c->sites);
+        free(c);
+    }
+    pthread_mutex_lock(&w->mu);
+    w->has_comm[rank] = 0;
+    pthread_mutex_unlock(&w->mu);
+    return -1;
+}
+
+void echo_comm_destroy(echo_comm *c) {
+    if (!c) return;
+    echo_world *w = c->w;
+    if (c->res) w->compute->free(c, c->res);
+    w->compute->comm_fini(c);
+    if (w->tp->comm_fini) w->tp->comm_fini(c);
+    free(c->ref);
+    free(c->sites);
+    pthread_mutex_lock(&w->mu);
+    w->has_comm[c->rank] = 0;
+    pthread_mutex_unlock(&w->mu);
+    free(c);
+}
+
+size_t echo_comm_slot_bytes(const echo_comm *c) {
+    return c ? c->res_bytes : 0;
+}
+
+int echo_begin_pass(echo_comm *c, char *err, size_t errlen) {
+    if (!c) {
+        snprintf(err, errlen, "echo: begin_pass on a NULL comm");
+        return -1;
+    }
+    /* Invalidating is enough: the first call of the pass reads the residual
+     * as zero and overwrites all of it, so no memset per pass. */
+    c->in_pass = 1;
+    c->aborted = 0;
+    c->last_site = -1;
+    c->res_valid = 0;
+    c->pass_count = 0;
+    return 0;
+}
+
+void echo_get_stats(const echo_comm *c, echo_stats *out) {
+    if (c)
+        *out = c->stats;
+    else
+        memset(out, 0, sizeof *out);
+}
+
+int echo_get_site_stats(const echo_comm *c, int site, echo_site_stats *out, char *err, size_t errlen) {
+    if (!c || site < 0 || site >= c->w->cfg.n_sites) {
+        snprintf(err, errlen, "echo: site %d is outside [0, %d)", site, c ? c->w->cfg.n_sites : 0);
+        return -1;
+    }
+    *out = c->sites[site];
+    return 0;
+}
+
+/* ---- one call ---- */
+
+static double sq_host(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
+    return s;
+}
+
+/* track_error: ||out - ref||^2 and ||ref||^2 over the own shard (host memory). */
+static void track_error(echo_comm *c, const echo_plan *p, const void *buf, echo_site_stats *st) {
+    size_t n = echo_plan_len(p, c->rank), off = (size_t)c->rank * p->shard;
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double o = p->dt == ECHO_F32 ? ((const float *)buf)[off + i]
+                                     : (double)echo_bf16_to_f32(((const uint16_t *)buf)[off + i]);
+        e += (o - c->ref[i]) * (o - c->ref[i]);
+        r += c->ref[i] * c->ref[i];
+    }
+    st->err_sq += e;
+    st->ref_sq += r;
+}
+
+static int bad_value(const echo_comm *c, size_t bad_in, size_t bad_out, char *err, size_t errlen) {
+    if (bad_in != ECHO_NO_INDEX)
+        snprintf(err, errlen,
+                 "echo: rank %d: input element %zu is inf/nan or exceeds the codec's range (|x| < 2^127); "
+                 "the pass is aborted",
+                 c->rank, bad_in);
+    else
+        snprintf(err, errlen,
+                 "echo: element %zu of the all-reduce is not finite (an input on some rank is inf/nan or "
+                 "|x| >= 2^127, or the fp32 sum overflowed); the pass is aborted",
+                 bad_out);
+    return -1;
+}
+
+static int run_quantized(echo_comm *c, const echo_plan *p, int site, void *buf, void *stream, char *err,
+                         size_t errlen) {
+    echo_world *w = c->w;
+    const echo_transport_ops *t = w->tp;
+    const echo_compute_ops *k = w->compute;
+    int me = c->rank, N = p->nranks;
+    float *res = w->cfg.mode == ECHO_MODE_ECHO ? c->res : NULL;
+    int res_valid = res && c->res_valid;
+    uint8_t *send[ECHO_MAX_RANKS];
+    const uint8_t *recv[ECHO_MAX_RANKS];
+    size_t bad_in = ECHO_NO_INDEX, bad_out = ECHO_NO_INDEX;
+
+    for (int j = 0; j < N; j++)
+        send[j] = j == me ? NULL : t->p1_send(c, j);
+    if (k->phase1(c, p, buf, res, res_valid, send, &bad_in, stream, err, errlen)) return -1;
+    echo_call call = {site, p->count, p->dt, w->cfg.mode, buf, NULL};
+    if (t->p1_exchange(c, p, &call, stream, err, errlen)) return -1;
+
+    for (int j = 0; j < N; j++)
+        recv[j] = j == me ? NULL : t->p1_recv(c, j);
+    if (c->ref && t->exact_ref(c, p, c->ref, err, errlen)) return -1;
+    if (k->phase2(c, p, buf, recv, res ? res + (size_t)me * p->shard : NULL, res_valid, t->p2_send(c, p), stream, err,
+                  errlen))
+        return -1;
+    if (t->p2_exchange(c, p, stream, err, errlen)) return -1;
+
+    for (int j = 0; j < N; j++)
+        recv[j] = t->p2_recv(c, p, j);
+    if (k->finish(c, p, recv, buf, &bad_out, stream, err, errlen)) return -1;
+    if (bad_out != ECHO_NO_INDEX) return bad_value(c, bad_in, bad_out, err, errlen);
+    c->res_valid = res != NULL;
+    return 0;
+}
+
+static int run_exact(echo_comm *c, const echo_plan *p, int site, void *buf, void *stream, char *err, size_t errlen) {
+    echo_world *w = c->w;
+    size_t bad = ECHO_NO_INDEX;
+    /* A residual carried in is added to this rank's input, and the call
+     * leaves none: the exact sum introduces no error to carry. */
+    echo_call call = {site, p->count, p->dt, ECHO_MODE_EXACT, buf, c->res && c->res_valid ? c->res : NULL};
+    if (w->tp->exact(c, p, &call, buf, c->ref, &bad, stream, err, errlen)) return -1;
+    c->res_valid = 0;
+    if (bad != ECHO_NO_INDEX) {
+        snprintf(err, errlen,
+                 "echo: element %zu of the exact all-reduce is not finite (an input is inf/nan or the fp32 sum "
+                 "overflowed); the pass is aborted",
+                 bad);
+        return -1;
+    }
+    return 0;
+}
+
+int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype dt, void *stream, char *err,
+                   size_t errlen) {
+    double t0 = now_s();
+    if (!c) {
+        snprintf(err, errlen, "echo: allreduce on a NULL comm");
+        return -1;
+    }
+    echo_world *w = c->w;
+    const echo_config *cfg = &w->cfg;
+    /* Validation first: a failing check changes nothing and communicates
+     * nothing, so when all ranks make the same (bad) call they all fail
+     * alike and stay in step. */
+    if (dt != ECHO_F32 && dt != ECHO_BF16) {
+        snprintf(err, errlen, "echo: unknown dtype %d", (int)dt);
+        return -1;
+    }
+    if (!c->in_pass) {
+        snprintf(err, errlen, "echo: allreduce at site %d before any pass: call echo_begin_pass first", site);
+        return -1;
+    }
+    if (c->aborted) {
+        snprintf(err, errlen,
+                 "echo: allreduce at site %d in a pass aborted by an earlier error: call "
+                 "echo_begin_pass to start a new one",
+                 site);
+        return -1;
+    }
+    if (site < 0 || site >= cfg->n_sites) {
+        snprintf(err, errlen, "echo: site %d is outside [0, %d) (echo_config.n_sites)", site, cfg->n_sites);
+        return -1;
+    }
+    if (site <= c->last_site) {
+        snprintf(err, errlen,
+                 "echo: site %d called after site %d in the same pass: sites must increase within a pass "
+                 "(call echo_begin_pass to start a new one)",
+                 site, c->last_site);
+        return -1;
+    }
+    if (count > cfg->max_count) {
+        snprintf(err, errlen, "echo: count %zu exceeds max_count %zu the residual slots were sized for", count,
+                 cfg->max_count);
+        return -1;
+    }
+    if (count && !buf) {
+        snprintf(err, errlen, "echo: NULL buffer for %zu values", count);
+        return -1;
+    }
+    if (cfg->mode == ECHO_MODE_ECHO && c->last_site >= 0 && count != c->pass_count) {
+        snprintf(err, errlen,
+                 "echo: count %zu at site %d differs from %zu, the count of this pass's earlier calls (the "
+                 "residual carried between calls is laid out for it)",
+                 count, site, c->pass_count);
+        return -1;
+    }
+    if (stream && !w->tp->device_memory) {
+        snprintf(err, errlen, "echo: a stream was given to the %s transport on host memory (pass NULL)", w->tp->name);
+        return -1;
+    }
+
+    c->last_site = site;
+    c->pass_count = count;
+    size_t bytes = count * echo_dtype_size(dt);
+    echo_mode used = cfg->mode;
+    if (bytes < cfg->min_bytes || w->nranks == 1 || count == 0) used = ECHO_MODE_EXACT;
+    echo_site_stats *st = &c->sites[site];
+    int rc = 0;
+    if (w->nranks > 1 && count > 0) {
+        echo_plan p;
+        echo_plan_init(&p, count, w->nranks, cfg->group_size, dt);
+        if (used == ECHO_MODE_EXACT && count > w->exact_max) {
+            /* Cannot happen with min_bytes/2 >= count; kept as a guard. */
+            snprintf(err, errlen, "echo: internal: exact path sized for %zu values, got %zu", w->exact_max, count);
+            return -1;
+        }
+        rc = used == ECHO_MODE_EXACT ? run_exact(c, &p, site, buf, stream, err, errlen)
+                                     : run_quantized(c, &p, site, buf, stream, err, errlen);
+        if (rc) {
+            c->aborted = 1;
+            c->res_valid = 0;
+        } else {
+            /* Wire accounting as NCCL would move it: reduce-scatter and
+             * all-gather each send N-1 messages per rank: shard messages
+             * (padded to whole groups) for the codec, ring chunks of
+             * ceil(M/N) values for exact. */
+            size_t chunk = (count + (size_t)w->nranks - 1) / (size_t)w->nranks;
+            size_t per_msg = used == ECHO_MODE_EXACT ? chunk * echo_dtype_size(dt) : p.wire;
+            c->stats.wire_bytes[used] += 2 * (uint64_t)(w->nranks - 1) * per_msg;
+            if (c->ref && !w->tp->device_memory) {
+                track_error(c, &p, buf, st);
+                if (c->res && c->res_valid)
+                    st->residual_sq = sq_host(c->res, count);
+                else
+                    st->residual_sq = 0;
+            }
+        }
+    }
+    if (!rc) {
+        c->stats.calls[used]++;
+        c->stats.seconds[used] += now_s() - t0;
+        st->calls++;
+    }
+    return rc;
+}

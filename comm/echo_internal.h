@@ -1,0 +1,206 @@
+/*
+ * comm/echo_internal.h — private to comm/: the world and rank structs, the
+ * geometry of a call, and the two tables the schedule in echo.c runs on:
+ *
+ *   transport (local.c, nccl.c): moves bytes. Phase 1 is an all-to-all of
+ *     shard wire messages, phase 2 an all-gather of them, `exact` a plain
+ *     all-reduce. A transport hands out the buffers to write before an
+ *     exchange and to read after it, so `local` can be zero-copy (the
+ *     "send" buffer IS the peer's receive buffer in shared memory) while
+ *     `nccl` stages through device buffers.
+ *   compute (codec.c for host memory, echo_cuda.cu for device memory): the
+ *     codec work of each phase. Both run the same steps in the same order on
+ *     the same inline arithmetic (comm/echo_codec.h).
+ *
+ * Everything here is per world or per rank; there is no file-scope state.
+ */
+#ifndef ECHO_COMM_INTERNAL_H
+#define ECHO_COMM_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/echo.h"
+
+#define ECHO_NO_INDEX ((size_t)-1)
+
+/* The geometry of one call: M = count values split into N shards of L values
+ * (L a multiple of G; the last shards may be short or empty). Each shard
+ * travels as one wire message of `wire` bytes: L/2 code bytes, then L/G bf16
+ * scales. Groups past the end of the message are never coded nor read. */
+typedef struct echo_plan {
+    size_t count; /* M */
+    size_t shard; /* L */
+    size_t wire;  /* bytes of one shard's wire message */
+    int nranks;   /* N */
+    int group;    /* G */
+    echo_dtype dt;
+} echo_plan;
+
+/* Values of shard c that lie inside the message. */
+static inline size_t echo_plan_len(const echo_plan *p, int c) {
+    size_t start = (size_t)c * p->shard;
+    if (start >= p->count) return 0;
+    return p->count - start < p->shard ? p->count - start : p->shard;
+}
+
+static inline size_t echo_dtype_size(echo_dtype dt) {
+    return dt == ECHO_BF16 ? 2 : 4;
+}
+
+/* Shard geometry for `count` values; shared by echo.c (calls) and the world
+ * (buffer sizing at max_count). */
+static inline void echo_plan_init(echo_plan *p, size_t count, int nranks, int group, echo_dtype dt) {
+    size_t per = (size_t)nranks * (size_t)group;
+    p->count = count;
+    p->shard = (count + per - 1) / per * (size_t)group;
+    p->wire = p->shard / 2 + 2 * (p->shard / (size_t)group);
+    p->nranks = nranks;
+    p->group = group;
+    p->dt = dt;
+}
+
+/* What a rank posts for one call: transports that can see every rank's post
+ * (local) check that the ranks agree, and read peers' inputs for `exact`. */
+typedef struct echo_call {
+    int site;
+    size_t count;
+    echo_dtype dt;
+    echo_mode mode;   /* the path actually taken (after the size policy) */
+    const void *x;    /* this rank's buffer, unchanged until the last exchange */
+    const float *res; /* exact path: residual carried in (M values), or NULL */
+} echo_call;
+
+typedef struct echo_transport_ops {
+    const char *name;
+    int device_memory; /* buffers (and residuals) live on the GPU */
+    int (*comm_init)(echo_comm *c, char *err, size_t errlen);
+    void (*comm_fini)(echo_comm *c);
+    void (*world_fini)(echo_world *w);
+    /* Phase 1: where this rank writes its wire message for shard `peer`. */
+    uint8_t *(*p1_send)(echo_comm *c, int peer);
+    /* All-to-all of phase-1 messages; on return p1_recv(peer) is readable.
+     * -1 (on every rank alike) if the ranks' calls disagree. */
+    int (*p1_exchange)(echo_comm *c, const echo_plan *p, const echo_call *call, void *stream, char *err, size_t errlen);
+    const uint8_t *(*p1_recv)(echo_comm *c, int peer);
+    /* Phase 2: where the owner writes its shard's message; all-gather; read
+     * (an all-gather lays the messages out at the call's wire size). */
+    uint8_t *(*p2_send)(echo_comm *c, const echo_plan *p);
+    int (*p2_exchange)(echo_comm *c, const echo_plan *p, void *stream, char *err, size_t errlen);
+    const uint8_t *(*p2_recv)(echo_comm *c, const echo_plan *p, int owner);
+    /* Plain all-reduce of call->x (+ call->res) into buf, in activation
+     * precision (fp32 sum). *bad = first element whose sum is not finite,
+     * else ECHO_NO_INDEX (the same on every rank: the outputs are). `ref`
+     * (track_error, may be NULL): fp64 sum of the raw inputs over this rank's
+     * shard. */
+    int (*exact)(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, double *ref, size_t *bad,
+                 void *stream, char *err, size_t errlen);
+    /* Optional (track_error): fp64 sum of the raw inputs over this rank's
+     * shard; only valid between p1_exchange and p2_exchange. */
+    int (*exact_ref)(echo_comm *c, const echo_plan *p, double *ref, char *err, size_t errlen);
+} echo_transport_ops;
+
+typedef struct echo_compute_ops {
+    const char *name;
+    /* Phase 1: for every shard c != own, y = x (+ res when res_valid) coded
+     * into send[c]; when res != NULL, res = y - decode (the own shard's part
+     * of res is not touched). *bad = first input element that is inf/nan or
+     * |y| >= 2^127 when the backend can tell without a sync, else
+     * ECHO_NO_INDEX. */
+    int (*phase1)(echo_comm *c, const echo_plan *p, const void *x, float *res, int res_valid, uint8_t *const *send,
+                  size_t *bad, void *stream, char *err, size_t errlen);
+    /* Phase 2, owner: S = sum over j = 0..N-1 in that order of (j == own ?
+     * x : decode(recv[j])) over the own shard, in fp32; z = S (+ g when
+     * g_valid) coded into out; when g != NULL, g = z - (decoded value as
+     * rounded to p->dt), so the residual accounts for the output rounding. */
+    int (*phase2)(echo_comm *c, const echo_plan *p, const void *x, const uint8_t *const *recv, float *g, int g_valid,
+                  uint8_t *out, void *stream, char *err, size_t errlen);
+    /* Every rank: buf[shard c] = decode(gathered[c]) rounded to p->dt.
+     * *bad = first element of a poisoned group, else ECHO_NO_INDEX. */
+    int (*finish)(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, size_t *bad,
+                  void *stream, char *err, size_t errlen);
+    /* Zero-initialised memory in the compute's space (the residual); free. */
+    int (*alloc)(echo_comm *c, size_t bytes, void **out, char *err, size_t errlen);
+    void (*free)(echo_comm *c, void *p);
+    /* Per-rank state (c->compute_state), after the transport's comm_init
+     * (which sets c->device). */
+    int (*comm_init)(echo_comm *c, char *err, size_t errlen);
+    void (*comm_fini)(echo_comm *c);
+} echo_compute_ops;
+
+extern const echo_compute_ops echo_host_compute;
+#ifdef ECHO_HAVE_CUDA
+extern const echo_compute_ops echo_cuda_compute;
+/* Device helpers for the nccl transport's exact path (echo_cuda.cu); each
+ * enqueues on `stream`; check_finite synchronises it to read the answer. */
+int echo_cuda_widen_add(echo_comm *c, const void *buf, echo_dtype dt, const float *res, float *out, size_t n,
+                        void *stream, char *err, size_t errlen);
+int echo_cuda_narrow(echo_comm *c, const float *in, void *buf, echo_dtype dt, size_t n, void *stream, char *err,
+                     size_t errlen);
+int echo_cuda_check_finite(echo_comm *c, const void *buf, echo_dtype dt, size_t n, size_t *bad, void *stream, char *err,
+                           size_t errlen);
+#endif
+
+struct echo_world {
+    echo_config cfg; /* defaults resolved */
+    int nranks;
+    echo_plan max_plan; /* geometry at cfg.max_count (buffer sizing) */
+    size_t exact_max;   /* largest count the exact path can take (size policy) */
+    const echo_transport_ops *tp;
+    const echo_compute_ops *compute;
+    void *tp_world;     /* the transport's shared state */
+    pthread_mutex_t mu; /* guards has_comm: comms may be created from several threads */
+    unsigned char has_comm[ECHO_MAX_RANKS];
+};
+
+struct echo_comm {
+    echo_world *w;
+    int rank;
+    int device;          /* GPU of this rank, -1 on host memory */
+    void *tp_comm;       /* the transport's per-rank state */
+    void *compute_state; /* the compute's per-rank state */
+
+    /* The residual, one buffer for all sites (echo mode only): M values in
+     * the compute's memory. On shard c != rank it holds this rank's phase-1
+     * (reduce-scatter) residual, on shard `rank` its phase-2 (all-gather)
+     * residual: the phase-1 residual of the own shard is always zero, since
+     * that shard enters the sum unquantized. */
+    float *res;
+    size_t res_bytes;
+    float *scratch; /* host compute: the owner's fp32 sum (L values) */
+    double *ref;    /* track_error: exact sum over the own shard (L values) */
+
+    /* Pass state. */
+    int in_pass;       /* begin_pass was called */
+    int aborted;       /* a call of this pass failed after communicating */
+    int last_site;     /* -1 at the start of a pass */
+    int res_valid;     /* res holds the residual of the previous call */
+    size_t pass_count; /* count of this pass's calls (echo mode) */
+
+    echo_stats stats;
+    echo_site_stats *sites; /* n_sites */
+};
+
+/* Register a transport on a new world (local.c / nccl.c call it). */
+int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen);
+void echo_world_free(echo_world *w);
+
+/* ---- host codec loops (codec.c), shared by the host compute and the public
+ * echo_codec_* wrappers. `codes` holds ceil(n/G)*G/2 bytes, `scales`
+ * ceil(n/G) values. Return the number of poisoned groups and the first
+ * element of the first one in *bad. ---- */
+typedef enum echo_resid { ECHO_RESID_F32 = 0, ECHO_RESID_BF16 } echo_resid;
+size_t echo_cpu_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n, int group,
+                       uint8_t *codes, uint16_t *scales, size_t *bad);
+/* out (fp32) = or += decode. */
+void echo_cpu_decode(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out, int accumulate);
+/* out (dt) = decode rounded to dt. */
+size_t echo_cpu_decode_store(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out,
+                             echo_dtype dt, size_t *bad);
+/* out (fp32) = or += x (dt). */
+void echo_cpu_load(const void *x, echo_dtype dt, size_t n, float *out, int accumulate);
+/* out (dt) = in (fp32) rounded to dt; first non-finite element in *bad. */
+void echo_cpu_store(const float *in, size_t n, void *out, echo_dtype dt, size_t *bad);
+
+#endif

@@ -1,0 +1,937 @@
+/*
+ * comm/ (Echo) on the local transport, against an fp64 sum and against the
+ * codec's own arithmetic reproduced here from the public codec calls.
+ *
+ *   1. codec: per-element error <= s/2, exact wire size, residual bits,
+ *      zero groups, dynamic range, subnormals, inf/nan/out-of-range.
+ *   2. every rank's output bit-identical in every mode and dtype; exact
+ *      within recursive-summation rounding of the fp64 sum.
+ *   3. one int4 call reproduced bit for bit and within its per-element
+ *      bound (docs/echo.md, "One call").
+ *   4. depth independence: K chained calls (K up to 144); echo's
+ *      accumulated error stays within the one-call bound, int4's grows like
+ *      sqrt(K) (docs/echo.md, "Depth").
+ *   5. pass/slot lifecycle, size policy, errors, statistics.
+ * Rank threads never call ck_assert (Check's longjmp is per process): they
+ * record status and messages, the test thread asserts.
+ */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/echo.h"
+#include "comm/echo_codec.h"
+#include "tests/unit/testutil.h"
+
+#define MAXN 8
+
+/* ---- deterministic inputs: a counter-based generator, so any thread can
+ * regenerate any rank's input of any call ---- */
+
+static uint64_t mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static float unif(uint64_t seed, uint64_t call, uint64_t rank, uint64_t i) {
+    uint64_t h = mix(seed * 0x100000001b3ull ^ mix(call * 131 + rank) ^ (i * 0x9e3779b97f4a7c15ull));
+    return (float)((h >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+}
+
+static void gen(float *x, size_t n, uint64_t seed, uint64_t call, uint64_t rank) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = unif(seed, call, rank, i);
+}
+
+/* ---- a world and its ranks ---- */
+
+typedef struct harness {
+    int n;
+    echo_world *w;
+    echo_comm *c[MAXN];
+} harness;
+
+static void h_init(harness *h, int n, echo_config cfg) {
+    char err[256];
+    memset(h, 0, sizeof *h);
+    h->n = n;
+    ck_assert_msg(echo_world_create_local(n, &cfg, &h->w, err, sizeof err) == 0, "%s", err);
+    for (int r = 0; r < n; r++)
+        ck_assert_msg(echo_comm_create(h->w, r, &h->c[r], err, sizeof err) == 0, "%s", err);
+}
+
+static void h_free(harness *h) {
+    for (int r = 0; r < h->n; r++)
+        echo_comm_destroy(h->c[r]);
+    echo_world_destroy(h->w);
+}
+
+/* One collective step on every rank: optionally begin a pass, then call. */
+typedef struct step {
+    harness *h;
+    int begin;
+    int site[MAXN];
+    size_t count[MAXN];
+    echo_dtype dt;
+    void *buf[MAXN];
+    int rc[MAXN];
+    char err[MAXN][320];
+} step;
+
+typedef struct rank_arg {
+    step *s;
+    int r;
+} rank_arg;
+
+static void *step_rank(void *p) {
+    rank_arg *a = p;
+    step *s = a->s;
+    int r = a->r;
+    s->rc[r] = 0;
+    if (s->begin) s->rc[r] = echo_begin_pass(s->h->c[r], s->err[r], sizeof s->err[r]);
+    if (!s->rc[r])
+        s->rc[r] =
+            echo_allreduce(s->h->c[r], s->site[r], s->buf[r], s->count[r], s->dt, NULL, s->err[r], sizeof s->err[r]);
+    return NULL;
+}
+
+static void run_step(step *s) {
+    pthread_t t[MAXN];
+    rank_arg a[MAXN];
+    for (int r = 0; r < s->h->n; r++) {
+        a[r] = (rank_arg){s, r};
+        ck_assert_int_eq(pthread_create(&t[r], NULL, step_rank, &a[r]), 0);
+    }
+    for (int r = 0; r < s->h->n; r++)
+        pthread_join(t[r], NULL);
+}
+
+/* All ranks call `site` with the same count. */
+static void call_all(harness *h, int begin, int site, size_t count, echo_dtype dt, void **buf, step *s) {
+    memset(s, 0, sizeof *s);
+    s->h = h;
+    s->begin = begin;
+    s->dt = dt;
+    for (int r = 0; r < h->n; r++) {
+        s->site[r] = site;
+        s->count[r] = count;
+        s->buf[r] = buf[r];
+    }
+    run_step(s);
+}
+
+static void assert_all_ok(const step *s) {
+    for (int r = 0; r < s->h->n; r++)
+        ck_assert_msg(s->rc[r] == 0, "rank %d: %s", r, s->err[r]);
+}
+
+static void assert_all_fail(const step *s, const char *needle) {
+    for (int r = 0; r < s->h->n; r++) {
+        ck_assert_msg(s->rc[r] != 0, "rank %d unexpectedly succeeded", r);
+        ck_assert_msg(strstr(s->err[r], needle), "rank %d: '%s' lacks '%s'", r, s->err[r], needle);
+    }
+}
+
+static uint16_t to_bf16(float f) {
+    return echo_f32_to_bf16(f);
+}
+static float from_bf16(uint16_t h) {
+    return echo_bf16_to_f32(h);
+}
+
+/* ================= 1. codec ================= */
+
+static const int groups[] = {16, 32, 64, 128, 256};
+
+/* Encode/decode x (with and without residual) and check every promise. */
+static void check_codec(const float *x, size_t n, int G) {
+    char err[256];
+    size_t wb = echo_codec_wire_bytes(n, G), ng = (n + G - 1) / G;
+    ck_assert_uint_eq(wb, ng * ((size_t)G / 2 + 2));
+    uint8_t *wire = malloc(wb + 16);
+    float *out = malloc((n + 1) * sizeof *out), *res = calloc(n + 1, sizeof *res);
+    memset(wire, 0xA5, wb + 16);
+    ck_assert_msg(echo_codec_encode(x, res, n, G, wire, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < 16; i++)
+        ck_assert_uint_eq(wire[wb + i], 0xA5); /* nothing past the wire size */
+    echo_codec_decode(wire, n, G, out, 0);
+    for (size_t g = 0; g < ng; g++) {
+        float s = echo_codec_group_scale(wire, n, G, g);
+        size_t m = n - g * G < (size_t)G ? n - g * G : (size_t)G;
+        float amax = 0;
+        for (size_t i = 0; i < m; i++)
+            amax = fmaxf(amax, fabsf(x[g * G + i]));
+        ck_assert(isfinite(s) && s >= 0);
+        /* 7s covers the absmax; rounding the scale up costs < 2^-7. */
+        ck_assert_msg((double)s * 7 >= (double)amax * (1 - 1e-7), "7s=%g < absmax %g", (double)s * 7, (double)amax);
+        if (amax > 1e-37f) ck_assert((double)s <= (double)amax / 7 * (1 + 1.0 / 128) * (1 + 1e-7));
+        if (amax == 0) ck_assert(s == 0);
+        int qmax = 0;
+        for (size_t i = 0; i < m; i++) {
+            size_t e = g * G + i;
+            uint8_t b = wire[e / 2];
+            int q = e % 2 ? echo_nib_hi(b) : echo_nib_lo(b);
+            ck_assert(q >= -7 && q <= 7);
+            qmax = abs(q) > qmax ? abs(q) : qmax;
+            ck_assert(out[e] == (float)q * s); /* decode is q*s, exactly */
+            double d = fabs((double)x[e] - out[e]);
+            ck_assert_msg(d <= (double)s * (0.5 + 0x1p-21), "elem %zu: |%g - %g| > s/2 = %g", e, (double)x[e],
+                          (double)out[e], (double)s / 2);
+            ck_assert(res[e] == x[e] - out[e]); /* residual is the exact rounding error */
+        }
+        if (amax > 1e-37f) ck_assert_int_eq(qmax, 7); /* the largest value uses the full range */
+        for (size_t i = m; i < (size_t)G; i++) {      /* padding codes are zero */
+            size_t e = g * G + i;
+            ck_assert_int_eq(e % 2 ? echo_nib_hi(wire[e / 2]) : echo_nib_lo(wire[e / 2]), 0);
+        }
+    }
+    /* Error feedback: encoding again with the residual codes x + res. */
+    float *y = malloc((n + 1) * sizeof *y), *res2 = malloc((n + 1) * sizeof *res2), *out2 = malloc((n + 1) * 4);
+    for (size_t i = 0; i < n; i++) {
+        y[i] = x[i] + res[i];
+        res2[i] = res[i];
+    }
+    ck_assert(echo_codec_encode(x, res2, n, G, wire, err, sizeof err) == 0);
+    echo_codec_decode(wire, n, G, out2, 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert(res2[i] == y[i] - out2[i]);
+    /* decode accumulate adds */
+    for (size_t i = 0; i < n; i++)
+        out[i] = 1.0f;
+    echo_codec_decode(wire, n, G, out, 1);
+    for (size_t i = 0; i < n; i++)
+        ck_assert(out[i] == 1.0f + out2[i]);
+    free(y);
+    free(res2);
+    free(out2);
+    free(wire);
+    free(out);
+    free(res);
+}
+
+START_TEST(test_codec_bound_and_size) {
+    const size_t counts[] = {1, 15, 17, 1000, 4099};
+    for (int seed = 1; seed <= 3; seed++)
+        for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
+            for (int gi = 0; gi < 5; gi++) {
+                size_t n = counts[ci];
+                float *x = malloc(n * sizeof *x);
+                /* mixed magnitudes: each group its own decade */
+                for (size_t i = 0; i < n; i++)
+                    x[i] = unif(seed, ci, gi, i) * powf(10.0f, (float)((i / 37) % 9) - 4.0f);
+                check_codec(x, n, groups[gi]);
+                free(x);
+            }
+}
+END_TEST
+
+START_TEST(test_codec_edge_cases) {
+    char err[256];
+    float x[256];
+    /* all zero, and signed zeros */
+    for (int i = 0; i < 64; i++)
+        x[i] = i % 2 ? -0.0f : 0.0f;
+    check_codec(x, 64, 32);
+    /* huge dynamic range inside a group: the small values round to 0, within s/2 */
+    for (int i = 0; i < 64; i++)
+        x[i] = i == 5 ? 1e30f : (i % 3 ? 1e-30f : -3e-20f);
+    check_codec(x, 64, 64);
+    /* across groups: a 1e-30 group keeps full relative accuracy beside a 1e30 group */
+    for (int i = 0; i < 128; i++)
+        x[i] = unif(9, 0, 0, i) * (i < 64 ? 1e-30f : 1e30f);
+    check_codec(x, 128, 64);
+    /* near the top of the range (|x| < 2^127): 7s must not overflow */
+    for (int i = 0; i < 32; i++)
+        x[i] = (i % 2 ? -1.7e38f : 1.6e38f) * (0.5f + 0.01f * (float)i);
+    check_codec(x, 32, 32);
+    /* subnormals: groups of 1e-40, of the smallest subnormal, mixed with zero */
+    for (int i = 0; i < 96; i++)
+        x[i] = i < 32 ? 1e-40f * unif(3, 1, 0, i) : (i < 64 ? (i % 2 ? 1.4e-45f : -1.4e-45f) : (i % 5 ? 0 : 3e-39f));
+    check_codec(x, 96, 32);
+    uint8_t wire[256];
+    ck_assert(echo_codec_encode(x, NULL, 32, 32, wire, err, sizeof err) == 0);
+    ck_assert(echo_codec_group_scale(wire, 32, 32, 0) > 0); /* never a zero scale for a nonzero group */
+
+    /* non-finite and out-of-range input: detected and reported with its position */
+    const float bad[] = {INFINITY, -INFINITY, NAN, 3e38f, -2e38f};
+    for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+        for (int i = 0; i < 100; i++)
+            x[i] = unif(4, b, 0, i);
+        x[77] = bad[b];
+        ck_assert(echo_codec_encode(x, NULL, 100, 32, wire, err, sizeof err) != 0);
+        ck_assert_msg(strstr(err, "element 77"), "%s", err);
+    }
+    /* a residual that turns a finite input non-finite is caught too */
+    float res[4] = {0, INFINITY, 0, 0}, x4[4] = {1, 2, 3, 4};
+    ck_assert(echo_codec_encode(x4, res, 4, 16, wire, err, sizeof err) != 0);
+    /* illegal group sizes */
+    ck_assert_uint_eq(echo_codec_wire_bytes(100, 48), 0);
+    ck_assert_uint_eq(echo_codec_wire_bytes(100, 8), 0);
+    ck_assert_uint_eq(echo_codec_wire_bytes(100, 512), 0);
+    ck_assert(echo_codec_encode(x, NULL, 10, 48, wire, err, sizeof err) != 0);
+    ck_assert_ptr_nonnull(strstr(err, "48"));
+    /* wire cost: G/2 bytes + a 16-bit scale per group */
+    ck_assert_uint_eq(echo_codec_wire_bytes(1 << 20, 32) * 8, (size_t)(1 << 20) * 9 / 2); /* 4.5 bits */
+    ck_assert_uint_eq(echo_codec_wire_bytes(1 << 20, 64) * 32, (size_t)(1 << 20) * 17);   /* 4.25 bits */
+    ck_assert_uint_eq(echo_codec_wire_bytes(0, 64), 0);
+}
+END_TEST
+
+START_TEST(test_codec_arithmetic) {
+    /* bf16: round to nearest even, and NaN stays NaN whatever its payload */
+    ck_assert_uint_eq(to_bf16(1.0f), 0x3f80);
+    uint32_t u = 0x3f808000u; /* halfway: ties to even (down) */
+    float f;
+    memcpy(&f, &u, 4);
+    ck_assert_uint_eq(to_bf16(f), 0x3f80);
+    u = 0x3f818000u; /* halfway: ties to even (up) */
+    memcpy(&f, &u, 4);
+    ck_assert_uint_eq(to_bf16(f), 0x3f82);
+    const uint32_t nans[] = {0x7fffffffu, 0xffffffffu, 0x7f800001u, 0x7fc00000u};
+    for (int i = 0; i < 4; i++) {
+        memcpy(&f, &nans[i], 4);
+        ck_assert(isnan(from_bf16(to_bf16(f))));
+    }
+    ck_assert(isinf(from_bf16(to_bf16(INFINITY))));
+    /* scale: rounded up to bf16, floor at the smallest bf16 subnormal */
+    ck_assert_uint_eq(echo_scale_from_absbits(0), 0);
+    ck_assert_uint_eq(echo_scale_from_absbits(1), 1); /* 2^-149 / 7 underflows: 2^-133 instead */
+    ck_assert(echo_scale_is_poison(echo_scale_from_absbits(echo_abs_bits(INFINITY))));
+    ck_assert(echo_scale_is_poison(echo_scale_from_absbits(echo_abs_bits(NAN))));
+    ck_assert(echo_scale_is_poison(echo_scale_from_absbits(ECHO_LIMIT_BITS)));
+    ck_assert(!echo_scale_is_poison(echo_scale_from_absbits(ECHO_LIMIT_BITS - 1)));
+    ck_assert_float_eq(from_bf16(echo_scale_from_absbits(echo_abs_bits(7.0f))), 1.0f);
+    /* codes: round half to even, symmetric, clamped */
+    ck_assert_int_eq(echo_quant(2.5f, 1.0f), 2);
+    ck_assert_int_eq(echo_quant(3.5f, 1.0f), 4);
+    ck_assert_int_eq(echo_quant(-2.5f, 1.0f), -2);
+    ck_assert_int_eq(echo_quant(7.49f, 1.0f), 7);
+    ck_assert_int_eq(echo_quant(-7.49f, 1.0f), -7);
+    for (int lo = -7; lo <= 7; lo++)
+        for (int hi = -7; hi <= 7; hi++) {
+            uint8_t b = echo_pack2(lo, hi);
+            ck_assert_int_eq(echo_nib_lo(b), lo);
+            ck_assert_int_eq(echo_nib_hi(b), hi);
+        }
+}
+END_TEST
+
+/* ================= 2. bit-identical replicas; exact ================= */
+
+static const int rank_counts[] = {2, 3, 4, 8};
+
+START_TEST(test_replicas_identical_and_exact) {
+    const size_t counts[] = {1, 7, 1000, 4097};
+    for (int ni = 0; ni < 4; ni++)
+        for (int mode = 0; mode < 3; mode++)
+            for (int dti = 0; dti < 2; dti++) {
+                int n = rank_counts[ni];
+                echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
+                harness h;
+                h_init(&h, n, (echo_config){(echo_mode)mode, 32, 0, 4, 4097, 0});
+                for (size_t ci = 0; ci < 4; ci++) {
+                    size_t m = counts[ci];
+                    void *buf[MAXN];
+                    float *x[MAXN];
+                    for (int r = 0; r < n; r++) {
+                        x[r] = malloc(m * sizeof(float));
+                        gen(x[r], m, 100 + ci, mode, r);
+                        buf[r] = malloc(m * 4);
+                        for (size_t i = 0; i < m; i++) {
+                            if (dt == ECHO_BF16) {
+                                ((uint16_t *)buf[r])[i] = to_bf16(x[r][i]);
+                                x[r][i] = from_bf16(((uint16_t *)buf[r])[i]);
+                            } else {
+                                ((float *)buf[r])[i] = x[r][i];
+                            }
+                        }
+                    }
+                    step s;
+                    /* echo keeps one count per pass: a new pass per count */
+                    call_all(&h, 1, 0, m, dt, buf, &s);
+                    assert_all_ok(&s);
+                    size_t esz = dt == ECHO_BF16 ? 2 : 4;
+                    for (int r = 1; r < n; r++)
+                        ck_assert_msg(memcmp(buf[0], buf[r], m * esz) == 0, "%s n=%d m=%zu: rank %d differs",
+                                      echo_mode_name((echo_mode)mode), n, m, r);
+                    if (mode == ECHO_MODE_EXACT) {
+                        for (size_t i = 0; i < m; i++) {
+                            double sum = 0, mag = 0;
+                            for (int r = 0; r < n; r++) {
+                                sum += x[r][i];
+                                mag += fabs(x[r][i]);
+                            }
+                            double o = dt == ECHO_BF16 ? from_bf16(((uint16_t *)buf[0])[i]) : ((float *)buf[0])[i];
+                            /* recursive fp32 summation: gamma_{N-1} sum|x|; bf16 adds its rounding */
+                            double tol =
+                                (n - 1) * 0x1p-24 * mag * (1 + 1e-6) + (dt == ECHO_BF16 ? 0x1p-8 * fabs(o) : 0);
+                            ck_assert_msg(fabs(o - sum) <= tol, "exact n=%d i=%zu: %g vs %g", n, i, o, sum);
+                        }
+                    }
+                    for (int r = 0; r < n; r++) {
+                        free(x[r]);
+                        free(buf[r]);
+                    }
+                }
+                h_free(&h);
+            }
+}
+END_TEST
+
+/* ================= 3. one call: reproduced and bounded ================= */
+
+/* The int4 schedule rebuilt from the public codec: every rank codes its
+ * whole message (groups lie on the same global grid as the shards', which
+ * start at multiples of G), the owner of shard c sums in order j = 0..N-1
+ * (its own x raw), codes the sum, everyone decodes. Also the per-element
+ * bound B_e = (sum_{j != c} s_j + s_z) / 2. */
+static void int4_reference(int n, int G, size_t m, float *const *x, float *out, double *bound) {
+    char err[256];
+    size_t L = (m + (size_t)n * G - 1) / ((size_t)n * G) * G;
+    uint8_t *w[MAXN];
+    float *deq[MAXN];
+    for (int j = 0; j < n; j++) {
+        w[j] = malloc(echo_codec_wire_bytes(m, G));
+        deq[j] = malloc(m * sizeof(float));
+        ck_assert(echo_codec_encode(x[j], NULL, m, G, w[j], err, sizeof err) == 0);
+        echo_codec_decode(w[j], m, G, deq[j], 0);
+    }
+    float *S = malloc(L * sizeof *S);
+    uint8_t *wz = malloc(echo_codec_wire_bytes(L, G));
+    for (int c = 0; c < n; c++) {
+        size_t off = (size_t)c * L;
+        if (off >= m) break;
+        size_t len = m - off < L ? m - off : L;
+        for (size_t i = 0; i < len; i++) {
+            S[i] = c == 0 ? x[0][off + i] : deq[0][off + i];
+            for (int j = 1; j < n; j++)
+                S[i] += j == c ? x[j][off + i] : deq[j][off + i];
+        }
+        ck_assert(echo_codec_encode(S, NULL, len, G, wz, err, sizeof err) == 0);
+        echo_codec_decode(wz, len, G, out + off, 0);
+        for (size_t i = 0; i < len; i++) {
+            double b = echo_codec_group_scale(wz, len, G, i / G);
+            for (int j = 0; j < n; j++)
+                if (j != c) b += echo_codec_group_scale(w[j], m, G, (off + i) / G);
+            bound[off + i] = b / 2;
+        }
+    }
+    for (int j = 0; j < n; j++) {
+        free(w[j]);
+        free(deq[j]);
+    }
+    free(S);
+    free(wz);
+}
+
+START_TEST(test_one_call_bound) {
+    const int gs[] = {32, 64, 256};
+    for (int ni = 0; ni < 4; ni++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int seed = 1; seed <= 2; seed++) {
+                int n = rank_counts[ni], G = gs[gi];
+                size_t m = 3 * (size_t)n * G + 37 * seed; /* not a multiple of G*N */
+                harness hi, he;
+                h_init(&hi, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0});
+                h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, 2, m, 0});
+                float *x[MAXN];
+                void *bi[MAXN], *be[MAXN];
+                for (int r = 0; r < n; r++) {
+                    x[r] = malloc(m * 4);
+                    /* a heavy channel every 97 values, like activation outliers */
+                    for (size_t i = 0; i < m; i++)
+                        x[r][i] = unif(seed, G, r, i) * (i % 97 == 5 ? 30.0f : 1.0f);
+                    bi[r] = malloc(m * 4);
+                    be[r] = malloc(m * 4);
+                    memcpy(bi[r], x[r], m * 4);
+                    memcpy(be[r], x[r], m * 4);
+                }
+                float *ref = malloc(m * 4);
+                double *bound = malloc(m * sizeof *bound);
+                int4_reference(n, G, m, x, ref, bound);
+                step s;
+                call_all(&hi, 1, 0, m, ECHO_F32, bi, &s);
+                assert_all_ok(&s);
+                call_all(&he, 1, 0, m, ECHO_F32, be, &s);
+                assert_all_ok(&s);
+                /* bit for bit the reference; echo's first call of a pass is int4 */
+                ck_assert(memcmp(bi[0], ref, m * 4) == 0);
+                ck_assert(memcmp(be[0], ref, m * 4) == 0);
+                for (size_t i = 0; i < m; i++) {
+                    double sum = 0, mag = 0;
+                    for (int r = 0; r < n; r++) {
+                        sum += x[r][i];
+                        mag += fabs(x[r][i]) + bound[i];
+                    }
+                    double e = fabs(((float *)bi[0])[i] - sum);
+                    /* B_e (with the division's 2^-21 slack) + fp32 summation */
+                    double tol = bound[i] * (1 + 0x1p-20) + n * 0x1p-24 * mag;
+                    ck_assert_msg(e <= tol, "n=%d G=%d i=%zu: error %g > bound %g", n, G, i, e, tol);
+                }
+                for (int r = 0; r < n; r++) {
+                    free(x[r]);
+                    free(bi[r]);
+                    free(be[r]);
+                }
+                free(ref);
+                free(bound);
+                h_free(&hi);
+                h_free(&he);
+            }
+}
+END_TEST
+
+/* ================= 4. depth independence ================= */
+
+/* The worst-case one-call bound b* per element for inputs |x| <= X
+ * (docs/echo.md, "Depth"): residuals obey rho1 <= e*sigma*(X + rho1) in
+ * phase 1 and rho2 <= e*sigma*(Smax + rho2) in phase 2, with sigma the
+ * scale/absmax bound and e = 1/2 + 2^-21; the error of any call sequence of
+ * a pass is minus the total residual left by its last call. */
+static double one_call_bound(int n, double X) {
+    double sigma = (1 + 0x1p-7) * (1 + 0x1p-24) / 7, es = (0.5 + 0x1p-21) * sigma;
+    double rho1 = es * X / (1 - es);
+    double smax = (X + (n - 1) * (X + 2 * rho1)) * (1 + n * 0x1p-23);
+    double rho2 = es * smax / (1 - es);
+    return (n - 1) * rho1 + rho2;
+}
+
+typedef struct chain {
+    harness *h;
+    int K;
+    size_t m;
+    uint64_t seed;
+    float *buf[MAXN];
+    double *acc_out, *acc_exact;
+    double *E;      /* E[k] = ||sum_{<=k} out - sum_{<=k} exact|| */
+    double *e_call; /* ||out_k - exact_k|| */
+    int rc[MAXN];
+    char err[MAXN][320];
+} chain;
+
+typedef struct chain_arg {
+    chain *ch;
+    int r;
+} chain_arg;
+
+static void *chain_rank(void *p) {
+    chain_arg *a = p;
+    chain *ch = a->ch;
+    int r = a->r, n = ch->h->n;
+    size_t m = ch->m;
+    echo_comm *c = ch->h->c[r];
+    float *tmp = r == 0 ? malloc(m * sizeof *tmp) : NULL;
+    ch->rc[r] = echo_begin_pass(c, ch->err[r], sizeof ch->err[r]);
+    for (int k = 0; k < ch->K && !ch->rc[r]; k++) {
+        gen(ch->buf[r], m, ch->seed, (uint64_t)k, (uint64_t)r);
+        ch->rc[r] = echo_allreduce(c, k, ch->buf[r], m, ECHO_F32, NULL, ch->err[r], sizeof ch->err[r]);
+        if (ch->rc[r] || r != 0) continue;
+        /* rank 0 keeps the books while the others wait in the next call */
+        double E = 0, e1 = 0;
+        for (size_t i = 0; i < m; i++) {
+            double ex = 0;
+            for (int j = 0; j < n; j++)
+                ex += unif(ch->seed, (uint64_t)k, (uint64_t)j, i);
+            ch->acc_out[i] += ch->buf[0][i];
+            ch->acc_exact[i] += ex;
+            double d = ch->acc_out[i] - ch->acc_exact[i], d1 = ch->buf[0][i] - ex;
+            E += d * d;
+            e1 += d1 * d1;
+        }
+        ch->E[k] = sqrt(E);
+        ch->e_call[k] = sqrt(e1);
+    }
+    free(tmp);
+    return NULL;
+}
+
+static void run_chain(harness *h, int K, size_t m, uint64_t seed, double *E, double *e_call) {
+    chain ch = {.h = h, .K = K, .m = m, .seed = seed, .E = E, .e_call = e_call};
+    ch.acc_out = calloc(m, sizeof(double));
+    ch.acc_exact = calloc(m, sizeof(double));
+    for (int r = 0; r < h->n; r++)
+        ch.buf[r] = malloc(m * sizeof(float));
+    pthread_t t[MAXN];
+    chain_arg a[MAXN];
+    for (int r = 0; r < h->n; r++) {
+        a[r] = (chain_arg){&ch, r};
+        ck_assert_int_eq(pthread_create(&t[r], NULL, chain_rank, &a[r]), 0);
+    }
+    for (int r = 0; r < h->n; r++)
+        pthread_join(t[r], NULL);
+    for (int r = 0; r < h->n; r++) {
+        ck_assert_msg(ch.rc[r] == 0, "rank %d: %s", r, ch.err[r]);
+        free(ch.buf[r]);
+    }
+    free(ch.acc_out);
+    free(ch.acc_exact);
+}
+
+START_TEST(test_depth_independence) {
+    const int K = 144; /* two Qwen3-8B passes: 36 layers x 2 sites x 2 */
+    for (int ni = 0; ni < 4; ni++) {
+        int n = rank_counts[ni], G = ni == 1 ? 32 : 0;
+        size_t m = 4096 + 77 * (size_t)n; /* not a multiple of G*N */
+        uint64_t seed = 7 + (uint64_t)ni;
+        harness he, hq;
+        h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, K, m, 0});
+        h_init(&hq, n, (echo_config){ECHO_MODE_INT4, G, 0, K, m, 0});
+        double Ee[144], ee[144], Eq[144], eq[144];
+        run_chain(&he, K, m, seed, Ee, ee);
+        run_chain(&hq, K, m, seed, Eq, eq);
+        /* typical one-call error: rms over the int4 calls */
+        double ebar = 0, esum = 0;
+        for (int k = 0; k < K; k++)
+            ebar += eq[k] * eq[k];
+        ebar = sqrt(ebar / K);
+        double bstar = one_call_bound(n, 1.0) * sqrt((double)m) * (1 + 1e-3);
+        for (int k = 0; k < K; k++) {
+            /* echo: within the worst-case one-call bound at every depth, and
+             * within 1.3x a typical single call (the carried residual
+             * enlarges the scales by at most ~8%) */
+            ck_assert_msg(Ee[k] <= bstar, "n=%d depth %d: echo error %g > one-call bound %g", n, k + 1, Ee[k], bstar);
+            ck_assert_msg(Ee[k] <= 1.3 * ebar, "n=%d depth %d: echo error %g > 1.3 x one call %g", n, k + 1, Ee[k],
+                          ebar);
+            /* int4: independent errors add in quadrature, so ||sum err|| ~ sqrt(K) ebar */
+            esum += eq[k] * eq[k];
+            double ratio = Eq[k] / sqrt(esum);
+            if (k >= 15) ck_assert_msg(ratio > 0.8 && ratio < 1.25, "n=%d depth %d: int4 ratio %g", n, k + 1, ratio);
+        }
+        double g = Eq[K - 1] / (sqrt((double)K) * ebar);
+        ck_assert_msg(g > 0.8 && g < 1.25, "n=%d: int4 error at K=%d is %g x sqrt(K) x one call", n, K, g);
+        ck_assert_msg(Eq[K - 1] > 5 * Ee[K - 1], "n=%d: int4 %g vs echo %g at K=%d", n, Eq[K - 1], Ee[K - 1], K);
+        ck_assert_msg(Eq[K - 1] > bstar, "n=%d: int4 at K=%d (%g) should exceed echo's bound (%g)", n, K, Eq[K - 1],
+                      bstar);
+        h_free(&he);
+        h_free(&hq);
+    }
+}
+END_TEST
+
+/* ================= 5. lifecycle, policy, errors, stats ================= */
+
+static void **bufs_f32(int n, size_t m, uint64_t seed, void **buf) {
+    for (int r = 0; r < n; r++) {
+        buf[r] = malloc(m * 4 + 4);
+        gen(buf[r], m, seed, 0, r);
+    }
+    return buf;
+}
+
+static void free_bufs(int n, void **buf) {
+    for (int r = 0; r < n; r++)
+        free(buf[r]);
+}
+
+START_TEST(test_lifecycle_errors) {
+    const int n = 3;
+    const size_t m = 1000;
+    harness h;
+    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 32, 0, 6, m, 0});
+    void *buf[MAXN];
+    bufs_f32(n, m, 5, buf);
+    step s;
+    echo_stats st;
+
+    /* no pass begun */
+    call_all(&h, 0, 0, m, ECHO_F32, buf, &s);
+    assert_all_fail(&s, "echo_begin_pass");
+    /* sites in order, skipping allowed */
+    call_all(&h, 1, 0, m, ECHO_F32, buf, &s);
+    assert_all_ok(&s);
+    call_all(&h, 0, 2, m, ECHO_F32, buf, &s);
+    assert_all_ok(&s);
+    /* repeated and decreasing sites */
+    call_all(&h, 0, 2, m, ECHO_F32, buf, &s);
+    assert_all_fail(&s, "sites must increase");
+    call_all(&h, 0, 1, m, ECHO_F32, buf, &s);
+    assert_all_fail(&s, "sites must increase");
+    /* out of range */
+    call_all(&h, 0, 6, m, ECHO_F32, buf, &s);
+    assert_all_fail(&s, "n_sites");
+    call_all(&h, 0, -1, m, ECHO_F32, buf, &s);
+    assert_all_fail(&s, "outside");
+    /* oversize */
+    call_all(&h, 0, 3, m + 1, ECHO_F32, buf, &s);
+    assert_all_fail(&s, "max_count");
+    /* echo: the count is fixed within a pass */
+    call_all(&h, 0, 3, m - 1, ECHO_F32, buf, &s);
+    assert_all_fail(&s, "differs");
+    /* the failed calls changed nothing: the pass goes on */
+    call_all(&h, 0, 3, m, ECHO_F32, buf, &s);
+    assert_all_ok(&s);
+    echo_get_stats(h.c[0], &st);
+    ck_assert_uint_eq(st.calls[ECHO_MODE_ECHO], 3);
+    /* a new pass takes a new count */
+    call_all(&h, 1, 0, m - 1, ECHO_F32, buf, &s);
+    assert_all_ok(&s);
+    /* a stream on the host transport */
+    char err[256];
+    ck_assert(echo_begin_pass(h.c[0], err, sizeof err) == 0);
+    ck_assert(echo_allreduce(h.c[0], 0, buf[0], m, ECHO_F32, (void *)1, err, sizeof err) != 0);
+    ck_assert_ptr_nonnull(strstr(err, "stream"));
+    /* bad dtype and NULL buffer */
+    ck_assert(echo_allreduce(h.c[0], 0, buf[0], m, (echo_dtype)7, NULL, err, sizeof err) != 0);
+    ck_assert(echo_allreduce(h.c[0], 0, NULL, m, ECHO_F32, NULL, err, sizeof err) != 0);
+    /* comm creation errors */
+    echo_comm *c2;
+    ck_assert(echo_comm_create(h.w, 1, &c2, err, sizeof err) != 0);
+    ck_assert_ptr_nonnull(strstr(err, "already"));
+    ck_assert(echo_comm_create(h.w, 3, &c2, err, sizeof err) != 0);
+    /* slot memory: one message of fp32 (padded to N*G), echo only */
+    ck_assert_uint_eq(echo_comm_slot_bytes(h.c[0]), (size_t)11 * 32 * n * 4); /* L = ceil(1000/96)*32 */
+    free_bufs(n, buf);
+    h_free(&h);
+
+    /* config errors */
+    echo_world *w;
+    const echo_config bad[] = {
+        {ECHO_MODE_ECHO, 48, 0, 4, 100, 0}, {ECHO_MODE_ECHO, 8, 0, 4, 100, 0}, {ECHO_MODE_ECHO, 512, 0, 4, 100, 0},
+        {ECHO_MODE_ECHO, 0, 0, 0, 100, 0},  {ECHO_MODE_ECHO, 0, 0, 4, 0, 0},   {(echo_mode)9, 0, 0, 4, 100, 0},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        ck_assert_msg(echo_world_create_local(2, &bad[i], &w, err, sizeof err) != 0, "config %zu accepted", i);
+    echo_config ok = {ECHO_MODE_INT4, 0, 0, 4, 100, 0};
+    ck_assert(echo_world_create_local(0, &ok, &w, err, sizeof err) != 0);
+    ck_assert(echo_world_create_local(ECHO_MAX_RANKS + 1, &ok, &w, err, sizeof err) != 0);
+    ck_assert(echo_world_create_local(2, &ok, &w, err, sizeof err) == 0);
+    echo_config got;
+    echo_world_get_config(w, &got);
+    ck_assert_int_eq(got.group_size, ECHO_DEFAULT_GROUP);
+    ck_assert_int_eq(echo_world_nranks(w), 2);
+    echo_comm *ci;
+    ck_assert(echo_comm_create(w, 0, &ci, err, sizeof err) == 0);
+    ck_assert_uint_eq(echo_comm_slot_bytes(ci), 0); /* int4 keeps no residual */
+    echo_comm_destroy(ci);
+    echo_world_destroy(w);
+#ifndef ECHO_HAVE_CUDA
+    int dev[2] = {0, 1};
+    ck_assert(echo_world_create_nccl(2, dev, &ok, &w, err, sizeof err) != 0);
+    ck_assert_ptr_nonnull(strstr(err, "CUDA"));
+#endif
+}
+END_TEST
+
+START_TEST(test_reset_and_abort) {
+    const int n = 4;
+    const size_t m = 777;
+    harness h;
+    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 16, 0, 4, m, 0});
+    void *buf[MAXN], *out1[MAXN];
+    step s;
+    /* two passes over the same inputs give the same outputs: begin_pass clears the residual */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int site = 0; site < 3; site++) {
+            for (int r = 0; r < n; r++) {
+                buf[r] = malloc(m * 4);
+                gen(buf[r], m, 11, (uint64_t)site, (uint64_t)r);
+            }
+            call_all(&h, site == 0, site, m, ECHO_F32, buf, &s);
+            assert_all_ok(&s);
+            if (pass == 0 && site == 2) {
+                memcpy(out1, buf, sizeof buf);
+                continue;
+            }
+            if (pass == 1 && site == 2) {
+                ck_assert(memcmp(buf[0], out1[0], m * 4) == 0);
+                free_bufs(n, out1);
+            }
+            free_bufs(n, buf);
+        }
+    }
+    /* a non-finite input on one rank: every rank fails the same call, the
+     * owner's message names its element, the pass is aborted everywhere */
+    const float bad[] = {NAN, INFINITY, 2.5e38f};
+    for (int b = 0; b < 3; b++) {
+        for (int r = 0; r < n; r++) {
+            buf[r] = malloc(m * 4);
+            gen(buf[r], m, 12, 0, (uint64_t)r);
+        }
+        ((float *)buf[2])[5] = bad[b]; /* shard 0: rank 2 codes it in phase 1 */
+        call_all(&h, 1, 0, m, ECHO_F32, buf, &s);
+        assert_all_fail(&s, "aborted");
+        ck_assert_msg(strstr(s.err[2], "input element 5"), "%s", s.err[2]);
+        ck_assert(isnan(((float *)buf[0])[5])); /* never silently made finite */
+        call_all(&h, 0, 1, m, ECHO_F32, buf, &s);
+        assert_all_fail(&s, "aborted by an earlier error");
+        /* its own shard enters unquantized; the sum carries the NaN */
+        for (int r = 0; r < n; r++)
+            gen(buf[r], m, 12, 1, (uint64_t)r);
+        ((float *)buf[0])[3] = bad[b];
+        call_all(&h, 1, 0, m, ECHO_F32, buf, &s);
+        assert_all_fail(&s, "not finite");
+        free_bufs(n, buf);
+    }
+    /* finite inputs whose fp32 sum overflows */
+    for (int r = 0; r < n; r++) {
+        buf[r] = malloc(m * 4);
+        gen(buf[r], m, 13, 0, (uint64_t)r);
+        ((float *)buf[r])[600] = 1.5e38f;
+    }
+    call_all(&h, 1, 0, m, ECHO_F32, buf, &s);
+    assert_all_fail(&s, "not finite");
+    /* a new pass works again */
+    for (int r = 0; r < n; r++)
+        gen(buf[r], m, 13, 1, (uint64_t)r);
+    call_all(&h, 1, 0, m, ECHO_F32, buf, &s);
+    assert_all_ok(&s);
+    /* ranks that disagree fail together instead of mixing messages */
+    step d;
+    memset(&d, 0, sizeof d);
+    d.h = &h;
+    d.dt = ECHO_F32;
+    for (int r = 0; r < n; r++) {
+        d.site[r] = r == 3 ? 2 : 1;
+        d.count[r] = m;
+        d.buf[r] = buf[r];
+    }
+    run_step(&d);
+    assert_all_fail(&d, "disagree");
+    free_bufs(n, buf);
+    h_free(&h);
+
+    /* exact mode reports a non-finite sum too (every rank alike) */
+    h_init(&h, 2, (echo_config){ECHO_MODE_EXACT, 0, 0, 2, 64, 0});
+    for (int r = 0; r < 2; r++) {
+        buf[r] = calloc(64, 4);
+        ((float *)buf[r])[10] = r ? -INFINITY : INFINITY;
+    }
+    call_all(&h, 1, 0, 64, ECHO_F32, buf, &s);
+    assert_all_fail(&s, "element 10");
+    free_bufs(2, buf);
+    h_free(&h);
+}
+END_TEST
+
+START_TEST(test_size_policy_and_stats) {
+    const int n = 4;
+    const size_t m = 4 * 32 * 10; /* a multiple of N*G: wire cost is exact */
+    /* min_bytes 4000: the fp32 call (5120 B) is quantized, the bf16 call of
+     * the same count (2560 B) takes the exact path */
+    for (int mode = 1; mode <= 2; mode++) {
+        harness h;
+        h_init(&h, n, (echo_config){(echo_mode)mode, 32, 4000, 4, m, 1});
+        void *buf[MAXN];
+        float *x[MAXN];
+        double *sum_exact = calloc(m, sizeof(double)), *sum_out = calloc(m, sizeof(double));
+        step s;
+        for (int site = 0; site < 2; site++) {
+            echo_dtype dt = site == 0 ? ECHO_F32 : ECHO_BF16;
+            for (int r = 0; r < n; r++) {
+                x[r] = malloc(m * 4);
+                buf[r] = malloc(m * 4);
+                gen(x[r], m, 21, (uint64_t)site, (uint64_t)r);
+                for (size_t i = 0; i < m; i++) {
+                    if (dt == ECHO_BF16) {
+                        ((uint16_t *)buf[r])[i] = to_bf16(x[r][i]);
+                        x[r][i] = from_bf16(((uint16_t *)buf[r])[i]);
+                    } else {
+                        ((float *)buf[r])[i] = x[r][i];
+                    }
+                }
+            }
+            call_all(&h, site == 0, site, m, dt, buf, &s);
+            assert_all_ok(&s);
+            double e2 = 0, r2 = 0;
+            for (size_t i = 0; i < m; i++) {
+                double ex = 0;
+                for (int r = 0; r < n; r++)
+                    ex += x[r][i];
+                double o = dt == ECHO_BF16 ? from_bf16(((uint16_t *)buf[0])[i]) : ((float *)buf[0])[i];
+                e2 += (o - ex) * (o - ex);
+                r2 += ex * ex;
+                sum_exact[i] += ex;
+                sum_out[i] += o;
+            }
+            /* track_error: the ranks' shares add up to the whole message */
+            double te = 0, tr = 0;
+            for (int r = 0; r < n; r++) {
+                echo_site_stats ss;
+                char err[128];
+                ck_assert(echo_get_site_stats(h.c[r], site, &ss, err, sizeof err) == 0);
+                ck_assert_uint_eq(ss.calls, 1);
+                te += ss.err_sq;
+                tr += ss.ref_sq;
+                if (mode == ECHO_MODE_ECHO && site == 0) ck_assert(ss.residual_sq > 0);
+                if (site == 1) ck_assert(ss.residual_sq == 0); /* an exact call leaves no residual */
+            }
+            ck_assert_msg(fabs(te - e2) <= 1e-9 * e2 + 1e-12, "tracked %g vs %g", te, e2);
+            ck_assert(fabs(tr - r2) <= 1e-9 * r2);
+            for (int r = 0; r < n; r++) {
+                free(x[r]);
+                free(buf[r]);
+            }
+        }
+        /* echo: the residual of call 0 entered the exact call 1, so the sum
+         * of outputs is exact up to fp32/bf16 rounding; int4 keeps call 0's error */
+        double E = 0, E0 = 0;
+        for (size_t i = 0; i < m; i++) {
+            E += (sum_out[i] - sum_exact[i]) * (sum_out[i] - sum_exact[i]);
+            E0 += sum_exact[i] * sum_exact[i];
+        }
+        if (mode == ECHO_MODE_ECHO)
+            ck_assert_msg(sqrt(E / E0) < 0.01, "echo after exact call: rel err %g", sqrt(E / E0));
+        else
+            ck_assert_msg(sqrt(E / E0) > 0.03, "int4: rel err %g", sqrt(E / E0));
+        echo_stats st;
+        echo_get_stats(h.c[0], &st);
+        ck_assert_uint_eq(st.calls[mode], 1);
+        ck_assert_uint_eq(st.calls[ECHO_MODE_EXACT], 1);
+        /* wire: 2(N-1) shard messages per rank; 4.5 bits per value at G = 32 */
+        double busvals = 2.0 * (n - 1) / n * m;
+        ck_assert_double_eq_tol(8.0 * st.wire_bytes[mode] / busvals, 4.5, 1e-12);
+        ck_assert_double_eq_tol(8.0 * st.wire_bytes[ECHO_MODE_EXACT] / busvals, 16.0, 1e-12);
+        free(sum_exact);
+        free(sum_out);
+        h_free(&h);
+    }
+    /* one rank: nothing to reduce, the buffer is untouched */
+    harness h1;
+    h_init(&h1, 1, (echo_config){ECHO_MODE_ECHO, 0, 0, 2, 100, 0});
+    void *b1[1];
+    bufs_f32(1, 100, 3, b1);
+    float keep[100];
+    memcpy(keep, b1[0], sizeof keep);
+    step s;
+    call_all(&h1, 1, 0, 100, ECHO_F32, b1, &s);
+    assert_all_ok(&s);
+    ck_assert(memcmp(keep, b1[0], sizeof keep) == 0);
+    ck_assert_uint_eq(echo_comm_slot_bytes(h1.c[0]), 0);
+    free_bufs(1, b1);
+    h_free(&h1);
+    /* mode names */
+    echo_mode md;
+    ck_assert(echo_mode_parse("echo", &md) == 0 && md == ECHO_MODE_ECHO);
+    ck_assert(echo_mode_parse("int4", &md) == 0 && md == ECHO_MODE_INT4);
+    ck_assert(echo_mode_parse("exact", &md) == 0 && md == ECHO_MODE_EXACT);
+    ck_assert(echo_mode_parse("fp8", &md) != 0);
+    ck_assert_str_eq(echo_mode_name(ECHO_MODE_INT4), "int4");
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("comm");
+    TCase *tc = tcase_create("echo");
+    tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, test_codec_bound_and_size);
+    tcase_add_test(tc, test_codec_edge_cases);
+    tcase_add_test(tc, test_codec_arithmetic);
+    tcase_add_test(tc, test_replicas_identical_and_exact);
+    tcase_add_test(tc, test_one_call_bound);
+    tcase_add_test(tc, test_depth_independence);
+    tcase_add_test(tc, test_lifecycle_errors);
+    tcase_add_test(tc, test_reset_and_abort);
+    tcase_add_test(tc, test_size_policy_and_stats);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,745 @@
+/*
+ * echo-bench: benchmarks, one subcommand each (the table `commands` below;
+ * add a row to add one).
+ *
+ *   echo-bench allreduce [--transport local] [--ranks N] [--algo exact,int4,echo]
+ *                        [--min-bytes 1K] [--max-bytes 16M] [--group G] [--echo-min-bytes N]
+ *                        [--iters N] [--json]
+ *       nccl-tests-style table per message size and algorithm: time, algbw,
+ *       busbw = algbw*2(N-1)/N, wire bits per value, relative error vs an
+ *       fp64 sum. fp32 messages, ranks are threads (local transport).
+ *   echo-bench chain [--ranks N] [--depth K] [--count M] [--group G] [--json]
+ *       accumulated error of K chained all-reduces of independent random
+ *       partials, int4 vs echo: ||sum out - sum exact|| per depth.
+ *   echo-bench codec [--count M] [--group G] [--iters N] [--json]
+ *       single-thread codec throughput (encode with error feedback, decode-
+ *       accumulate) beside memcpy in the same run, and coding error vs wire
+ *       bits for every group size.
+ *
+ * Exit codes: 0 ok, 1 runtime error, 2 usage error. Inputs are Gaussian
+ * from a counter-based generator (--seed), so runs are reproducible.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/echo.h"
+
+/* ---- shared helpers ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Standard normal value number i of stream (seed, a, b) (Box-Muller). */
+static float gauss(uint64_t seed, uint64_t a, uint64_t b, uint64_t i) {
+    uint64_t h1 = mix(seed ^ mix(a * 1000003 + b) ^ mix(i)), h2 = mix(h1);
+    double u1 = ((double)(h1 >> 11) + 1.0) * 0x1p-53, u2 = (double)(h2 >> 11) * 0x1p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* Input distributions: Gaussian, or Gaussian with activation-like outlier
+ * channels (every 1024th value x50 and another x20, like the massive
+ * features of LLM hidden states). */
+typedef enum { DIST_GAUSS = 0, DIST_OUTLIER } bench_dist;
+
+static float sample(bench_dist d, uint64_t seed, uint64_t a, uint64_t b, uint64_t i) {
+    float v = gauss(seed, a, b, i);
+    if (d == DIST_OUTLIER) v *= i % 1024 == 17 ? 50.0f : (i % 1024 == 611 ? 20.0f : 1.0f);
+    return v;
+}
+
+static void fill(bench_dist d, float *x, size_t n, uint64_t seed, uint64_t a, uint64_t b) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = sample(d, seed, a, b, i);
+}
+
+static int parse_dist(const char *s, bench_dist *out) {
+    if (!strcmp(s, "gauss"))
+        *out = DIST_GAUSS;
+    else if (!strcmp(s, "outlier"))
+        *out = DIST_OUTLIER;
+    else
+        return -1;
+    return 0;
+}
+
+/* "1K", "256M", "1G", "4096": binary multiples. 0 on a malformed size. */
+static size_t parse_size(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return 0;
+    double mult = 1;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        mult = 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mult = 1024.0 * 1024;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mult = 1024.0 * 1024 * 1024;
+        end++;
+        break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return 0;
+    return (size_t)(v * mult);
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* ---- allreduce ---- */
+
+typedef struct ar_run {
+    echo_comm *c[ECHO_MAX_RANKS];
+    float *x[ECHO_MAX_RANKS], *buf[ECHO_MAX_RANKS];
+    size_t count;
+    int nranks, iters, warmup;
+    double *dt; /* [iter][rank] */
+    pthread_barrier_t bar;
+    int rc[ECHO_MAX_RANKS];
+    char err[ECHO_MAX_RANKS][256];
+} ar_run;
+
+typedef struct ar_arg {
+    ar_run *run;
+    int rank;
+} ar_arg;
+
+/* Every iteration restores the input (untimed), lines the ranks up, and
+ * times one pass with one call: the collective's time is the slowest
+ * rank's. */
+static void *ar_rank(void *p) {
+    ar_arg *a = p;
+    ar_run *R = a->run;
+    int r = a->rank;
+    for (int it = 0; it < R->warmup + R->iters; it++) {
+        memcpy(R->buf[r], R->x[r], R->count * sizeof(float));
+        pthread_barrier_wait(&R->bar);
+        double t0 = now_s();
+        int rc = echo_begin_pass(R->c[r], R->err[r], sizeof R->err[r]);
+        if (!rc) rc = echo_allreduce(R->c[r], 0, R->buf[r], R->count, ECHO_F32, NULL, R->err[r], sizeof R->err[r]);
+        double t1 = now_s();
+        if (rc) R->rc[r] = rc; /* every rank fails the same call; keep looping so the barrier stays even */
+        if (it >= R->warmup) R->dt[(size_t)(it - R->warmup) * R->nranks + r] = t1 - t0;
+    }
+    return NULL;
+}
+
+typedef struct ar_row {
+    size_t bytes;
+    const char *algo;
+    int ranks, group;
+    double time_us, algbw, busbw, wire_bits, rel_err;
+} ar_row;
+
+static int ar_measure(int nranks, echo_mode mode, int group, size_t min_policy, size_t count, float *const *x,
+                      const double *ref, int iters, ar_row *row, char *err, size_t errlen) {
+    ar_run *R = calloc(1, sizeof *R);
+    echo_world *w = NULL;
+    int status = -1;
+    if (!R) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    R->count = count;
+    R->nranks = nranks;
+    R->iters = iters;
+    R->warmup = 1;
+    R->dt = calloc((size_t)iters * nranks, sizeof *R->dt);
+    echo_config cfg = {mode, group, min_policy, 1, count, 0};
+    if (!R->dt || echo_world_create_local(nranks, &cfg, &w, err, errlen)) goto out;
+    for (int r = 0; r < nranks; r++) {
+        if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
+        R->x[r] = x[r];
+        R->buf[r] = malloc(count * sizeof(float));
+        if (!R->buf[r]) {
+            snprintf(err, errlen, "out of memory for %zu values", count);
+            goto out;
+        }
+    }
+    pthread_barrier_init(&R->bar, NULL, (unsigned)nranks);
+    pthread_t th[ECHO_MAX_RANKS];
+    ar_arg args[ECHO_MAX_RANKS];
+    for (int r = 0; r < nranks; r++) {
+        args[r] = (ar_arg){R, r};
+        pthread_create(&th[r], NULL, ar_rank, &args[r]);
+    }
+    for (int r = 0; r < nranks; r++)
+        pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&R->bar);
+    for (int r = 0; r < nranks; r++)
+        if (R->rc[r]) {
+            snprintf(err, errlen, "rank %d: %s", r, R->err[r]);
+            goto out;
+        }
+    double tsum = 0;
+    for (int it = 0; it < iters; it++) {
+        double m = 0;
+        for (int r = 0; r < nranks; r++)
+            m = R->dt[(size_t)it * nranks + r] > m ? R->dt[(size_t)it * nranks + r] : m;
+        tsum += m;
+    }
+    double t = tsum / iters, bytes = (double)count * sizeof(float);
+    echo_stats st;
+    echo_get_stats(R->c[0], &st);
+    uint64_t calls = st.calls[0] + st.calls[1] + st.calls[2];
+    uint64_t wire = st.wire_bytes[0] + st.wire_bytes[1] + st.wire_bytes[2];
+    double num = 0, den = 0;
+    for (size_t i = 0; i < count; i++) {
+        double d = (double)R->buf[0][i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    echo_config got;
+    echo_world_get_config(w, &got);
+    *row = (ar_row){(size_t)bytes,
+                    echo_mode_name(mode),
+                    nranks,
+                    got.group_size,
+                    t * 1e6,
+                    bytes / t / 1e9,
+                    bytes / t / 1e9 * 2.0 * (nranks - 1) / nranks,
+                    calls ? 8.0 * (double)wire / calls / (2.0 * (nranks - 1) / nranks * (double)count) : 0,
+                    den > 0 ? sqrt(num / den) : sqrt(num)};
+    status = 0;
+out:
+    for (int r = 0; r < nranks; r++) {
+        echo_comm_destroy(R->c[r]);
+        free(R->buf[r]);
+    }
+    echo_world_destroy(w);
+    free(R->dt);
+    free(R);
+    return status;
+}
+
+static void ar_usage(void) {
+    fprintf(stderr, "usage: echo-bench allreduce [--transport local] [--ranks N] [--algo exact,int4,echo]\n"
+                    "                            [--min-bytes 1K] [--max-bytes 16M] [--group G] [--echo-min-bytes N]\n"
+                    "                            [--iters N] [--seed S] [--dist gauss|outlier] [--json]\n");
+}
+
+static int cmd_allreduce(int argc, char **argv) {
+    int nranks = 2, group = 0, iters = 0, json = 0, seed = 1;
+    bench_dist dist = DIST_GAUSS;
+    size_t minb = 1024, maxb = 16u << 20, policy = 0;
+    const char *algos = "exact,int4,echo", *transport = "local";
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--json"))
+            json = 1;
+        else if (!v)
+            bad = 1;
+        else if (!strcmp(a, "--transport"))
+            transport = v, i++;
+        else if (!strcmp(a, "--ranks"))
+            bad = parse_int(v, 1, ECHO_MAX_RANKS, &nranks), i++;
+        else if (!strcmp(a, "--algo"))
+            algos = v, i++;
+        else if (!strcmp(a, "--min-bytes"))
+            bad = !(minb = parse_size(v)), i++;
+        else if (!strcmp(a, "--max-bytes"))
+            bad = !(maxb = parse_size(v)), i++;
+        else if (!strcmp(a, "--group"))
+            bad = parse_int(v, 0, ECHO_MAX_GROUP, &group), i++;
+        else if (!strcmp(a, "--echo-min-bytes"))
+            policy = parse_size(v), i++;
+        else if (!strcmp(a, "--iters"))
+            bad = parse_int(v, 1, 1000000, &iters), i++;
+        else if (!strcmp(a, "--seed"))
+            bad = parse_int(v, 0, 1 << 30, &seed), i++;
+        else if (!strcmp(a, "--dist"))
+            bad = parse_dist(v, &dist), i++;
+        else
+            bad = 1;
+        if (bad) {
+            ar_usage();
+            return 2;
+        }
+    }
+    if (strcmp(transport, "local")) {
+        fprintf(stderr, "echo-bench: transport '%s': only 'local' is benchmarked here (nccl needs GPU buffers)\n",
+                transport);
+        return 2;
+    }
+    echo_mode modes[3];
+    int nmodes = 0;
+    char list[64];
+    snprintf(list, sizeof list, "%s", algos);
+    for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (nmodes == 3 || echo_mode_parse(tok, &modes[nmodes])) {
+            fprintf(stderr, "echo-bench: unknown algo '%s' (exact, int4, echo)\n", tok);
+            return 2;
+        }
+        nmodes++;
+    }
+    if (minb < 4 || maxb < minb) {
+        ar_usage();
+        return 2;
+    }
+    size_t maxc = maxb / sizeof(float);
+    float *x[ECHO_MAX_RANKS] = {0};
+    double *ref = malloc(maxc * sizeof *ref);
+    int status = 0;
+    for (int r = 0; r < nranks && ref; r++) {
+        x[r] = malloc(maxc * sizeof(float));
+        if (!x[r]) break;
+        fill(dist, x[r], maxc, (uint64_t)seed, 0, (uint64_t)r);
+    }
+    if (!ref || !x[nranks - 1]) {
+        fprintf(stderr, "echo-bench: out of memory for %d x %zu bytes\n", nranks, maxb);
+        status = 1;
+        goto out;
+    }
+    if (json)
+        printf("[");
+    else {
+        printf("# echo-bench allreduce: transport local (ranks are threads, host memory: CPU numbers), %d ranks, "
+               "fp32, %s inputs, echo-min-bytes %zu\n",
+               nranks, dist == DIST_GAUSS ? "Gaussian" : "outlier", policy);
+        printf("# %12s %6s %6s %12s %12s %12s %10s %10s\n", "bytes", "algo", "group", "time(us)", "algbw(GB/s)",
+               "busbw(GB/s)", "wire(b/v)", "rel_err");
+    }
+    int first = 1;
+    for (size_t bytes = minb; bytes <= maxb; bytes *= 2) {
+        size_t count = bytes / sizeof(float);
+        for (size_t i = 0; i < count; i++) {
+            double s = 0;
+            for (int r = 0; r < nranks; r++)
+                s += x[r][i];
+            ref[i] = s;
+        }
+        /* enough repetitions for small messages, few for large ones */
+        int it = iters ? iters : (int)(((size_t)64 << 20) / bytes > 50 ? 50 : (((size_t)64 << 20) / bytes + 2));
+        for (int m = 0; m < nmodes; m++) {
+            ar_row row;
+            char err[512];
+            if (ar_measure(nranks, modes[m], group, policy, count, x, ref, it, &row, err, sizeof err)) {
+                if (json) printf("]\n");
+                fprintf(stderr, "echo-bench: %s\n", err);
+                status = 1;
+                goto out;
+            }
+            if (json)
+                printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"ranks\": %d, \"group\": %d, \"time_us\": %.3f, "
+                       "\"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"wire_bits_per_value\": %.4f, \"rel_err\": %.6g}",
+                       first ? "" : ",", row.bytes, row.algo, row.ranks, row.group, row.time_us, row.algbw, row.busbw,
+                       row.wire_bits, row.rel_err);
+            else
+                printf("  %12zu %6s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row.bytes, row.algo, row.group,
+                       row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
+            fflush(stdout);
+            first = 0;
+        }
+        if (bytes > maxb / 2) break;
+    }
+    if (json) printf("\n]\n");
+out:
+    for (int r = 0; r < nranks; r++)
+        free(x[r]);
+    free(ref);
+    return status;
+}
+
+/* ---- chain ---- */
+
+typedef struct chain_run {
+    echo_comm *c[ECHO_MAX_RANKS];
+    float *buf[ECHO_MAX_RANKS];
+    int nranks, K;
+    size_t count;
+    uint64_t seed;
+    bench_dist dist;
+    double *acc_out, *acc_exact, *abs_err, *ref_norm;
+    int rc[ECHO_MAX_RANKS];
+    char err[ECHO_MAX_RANKS][256];
+} chain_run;
+
+typedef struct chain_arg {
+    chain_run *run;
+    int rank;
+} chain_arg;
+
+/* Call k gets fresh partials; rank 0 accumulates the outputs and the fp64
+ * exact sums and records the error of the running sums after each call. */
+static void *chain_rank(void *p) {
+    chain_arg *a = p;
+    chain_run *R = a->run;
+    int r = a->rank;
+    R->rc[r] = echo_begin_pass(R->c[r], R->err[r], sizeof R->err[r]);
+    for (int k = 0; k < R->K && !R->rc[r]; k++) {
+        fill(R->dist, R->buf[r], R->count, R->seed, (uint64_t)k + 1, (uint64_t)r);
+        R->rc[r] = echo_allreduce(R->c[r], k, R->buf[r], R->count, ECHO_F32, NULL, R->err[r], sizeof R->err[r]);
+        if (R->rc[r] || r) continue;
+        double e = 0, n = 0;
+        for (size_t i = 0; i < R->count; i++) {
+            double ex = 0;
+            for (int j = 0; j < R->nranks; j++)
+                ex += sample(R->dist, R->seed, (uint64_t)k + 1, (uint64_t)j, i);
+            R->acc_out[i] += R->buf[0][i];
+            R->acc_exact[i] += ex;
+            double d = R->acc_out[i] - R->acc_exact[i];
+            e += d * d;
+            n += R->acc_exact[i] * R->acc_exact[i];
+        }
+        R->abs_err[k] = sqrt(e);
+        R->ref_norm[k] = sqrt(n);
+    }
+    return NULL;
+}
+
+static int chain_measure(int nranks, echo_mode mode, int group, int K, size_t count, uint64_t seed, bench_dist dist,
+                         double *abs_err, double *ref_norm, char *err, size_t errlen) {
+    chain_run *R = calloc(1, sizeof *R);
+    echo_world *w = NULL;
+    int status = -1;
+    if (!R) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    *R = (chain_run){
+        .nranks = nranks, .K = K, .count = count, .seed = seed, .dist = dist, .abs_err = abs_err, .ref_norm = ref_norm};
+    R->acc_out = calloc(count, sizeof(double));
+    R->acc_exact = calloc(count, sizeof(double));
+    echo_config cfg = {mode, group, 0, K, count, 0};
+    if (!R->acc_out || !R->acc_exact) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    if (echo_world_create_local(nranks, &cfg, &w, err, errlen)) goto out;
+    for (int r = 0; r < nranks; r++) {
+        if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
+        if (!(R->buf[r] = malloc(count * sizeof(float)))) {
+            snprintf(err, errlen, "out of memory");
+            goto out;
+        }
+    }
+    pthread_t t[ECHO_MAX_RANKS];
+    chain_arg args[ECHO_MAX_RANKS];
+    for (int r = 0; r < nranks; r++) {
+        args[r] = (chain_arg){R, r};
+        pthread_create(&t[r], NULL, chain_rank, &args[r]);
+    }
+    for (int r = 0; r < nranks; r++)
+        pthread_join(t[r], NULL);
+    for (int r = 0; r < nranks; r++)
+        if (R->rc[r]) {
+            snprintf(err, errlen, "rank %d: %s", r, R->err[r]);
+            goto out;
+        }
+    status = 0;
+out:
+    for (int r = 0; r < nranks; r++) {
+        echo_comm_destroy(R->c[r]);
+        free(R->buf[r]);
+    }
+    echo_world_destroy(w);
+    free(R->acc_out);
+    free(R->acc_exact);
+    free(R);
+    return status;
+}
+
+static int cmd_chain(int argc, char **argv) {
+    int nranks = 4, K = 144, group = 0, json = 0, seed = 1;
+    bench_dist dist = DIST_GAUSS;
+    size_t count = 16384;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--json"))
+            json = 1;
+        else if (!v)
+            bad = 1;
+        else if (!strcmp(a, "--ranks"))
+            bad = parse_int(v, 2, ECHO_MAX_RANKS, &nranks), i++;
+        else if (!strcmp(a, "--depth"))
+            bad = parse_int(v, 1, 100000, &K), i++;
+        else if (!strcmp(a, "--count"))
+            bad = !(count = parse_size(v)), i++;
+        else if (!strcmp(a, "--group"))
+            bad = parse_int(v, 0, ECHO_MAX_GROUP, &group), i++;
+        else if (!strcmp(a, "--seed"))
+            bad = parse_int(v, 0, 1 << 30, &seed), i++;
+        else if (!strcmp(a, "--dist"))
+            bad = parse_dist(v, &dist), i++;
+        else
+            bad = 1;
+        if (bad) {
+            fprintf(stderr, "usage: echo-bench chain [--ranks N] [--depth K] [--count M] [--group G] [--seed S]\n"
+                            "                        [--dist gauss|outlier] [--json]\n");
+            return 2;
+        }
+    }
+    double *err_q = malloc((size_t)K * sizeof(double)), *err_e = malloc((size_t)K * sizeof(double));
+    double *ref = malloc((size_t)K * sizeof(double));
+    char err[512];
+    int status = 0;
+    if (!err_q || !err_e || !ref) {
+        fprintf(stderr, "echo-bench: out of memory\n");
+        status = 1;
+    } else if (chain_measure(nranks, ECHO_MODE_INT4, group, K, count, (uint64_t)seed, dist, err_q, ref, err,
+                             sizeof err) ||
+               chain_measure(nranks, ECHO_MODE_ECHO, group, K, count, (uint64_t)seed, dist, err_e, ref, err,
+                             sizeof err)) {
+        fprintf(stderr, "echo-bench: %s\n", err);
+        status = 1;
+    } else if (json) {
+        printf("[");
+        for (int k = 0; k < K; k++)
+            for (int m = 0; m < 2; m++) {
+                double e = m ? err_e[k] : err_q[k];
+                printf("%s\n {\"depth\": %d, \"algo\": \"%s\", \"abs_err\": %.6g, \"rel_err\": %.6g}",
+                       k || m ? "," : "", k + 1, m ? "echo" : "int4", e, e / ref[k]);
+            }
+        printf("\n]\n");
+    } else {
+        printf("# echo-bench chain: %d ranks, %zu values per call, group %d, %s partials; error of the sum of "
+               "outputs vs the sum of exact results\n",
+               nranks, count, group ? group : ECHO_DEFAULT_GROUP, dist == DIST_GAUSS ? "Gaussian" : "outlier");
+        printf("# %6s %12s %12s %12s %12s %10s\n", "depth", "int4 abs", "int4 rel", "echo abs", "echo rel",
+               "int4/echo");
+        for (int k = 1; k <= K; k = k * 2 > K && k < K ? K : k * 2)
+            printf("  %6d %12.4g %12.4g %12.4g %12.4g %10.2f\n", k, err_q[k - 1], err_q[k - 1] / ref[k - 1],
+                   err_e[k - 1], err_e[k - 1] / ref[k - 1], err_q[k - 1] / err_e[k - 1]);
+    }
+    free(err_q);
+    free(err_e);
+    free(ref);
+    return status;
+}
+
+/* ---- codec ---- */
+
+/* Best-of-iters seconds of fn over the buffers. */
+typedef enum { OP_MEMCPY, OP_ENCODE, OP_DECODE_ACC } codec_op;
+
+static double time_op(codec_op op, int iters, const float *x, float *res, float *acc, float *dst, void *wire,
+                      size_t count, int group) {
+    double best = 1e30;
+    char err[256];
+    for (int it = 0; it < iters; it++) {
+        double t0 = now_s();
+        switch (op) {
+        case OP_MEMCPY: memcpy(dst, x, count * sizeof(float)); break;
+        case OP_ENCODE: echo_codec_encode(x, res, count, group, wire, err, sizeof err); break;
+        case OP_DECODE_ACC: echo_codec_decode(wire, count, group, acc, 1); break;
+        }
+        double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+static double codec_rel_err(const float *x, size_t n, int group, void *wire, float *out) {
+    char err[256];
+    if (echo_codec_encode(x, NULL, n, group, wire, err, sizeof err)) return NAN;
+    echo_codec_decode(wire, n, group, out, 0);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)out[i] - x[i];
+        num += d * d;
+        den += (double)x[i] * x[i];
+    }
+    return sqrt(num / den);
+}
+
+/* The alpha-beta model of one all-reduce of a `bytes` message of
+ * act_bits-wide activations (docs/echo.md, "Cost model"): exact is a ring,
+ * 2(N-1) steps each moving 1/N of the message; echo moves the same pattern at
+ * w bits per value and pays its codec work per rank (encode ~M values,
+ * decode ~(2 - 1/N) M values) at the given rates, in GB/s of fp32 values,
+ * not overlapped with the wire (conservative). */
+static void cost_model(int n, double alpha_s, double link_gbps, double bytes, int act_bits, double wire_bits,
+                       double enc_gbps, double dec_gbps, double *t_exact, double *t_echo) {
+    double steps = 2.0 * (n - 1), frac = 2.0 * (n - 1) / n, beta = link_gbps * 1e9, M = bytes * 8 / act_bits;
+    double codec = 4 * M / (enc_gbps * 1e9) + 4 * M * (2.0 - 1.0 / n) / (dec_gbps * 1e9);
+    *t_exact = steps * alpha_s + frac * bytes / beta;
+    *t_echo = steps * alpha_s + frac * M * wire_bits / 8 / beta + codec;
+}
+
+static int cmd_codec(int argc, char **argv) {
+    int group = 0, iters = 5, json = 0, seed = 1, mranks = 8, act_bits = 32;
+    double alpha_us = 10, ov_enc = 0, ov_dec = 0;
+    const char *links = "1.25,12.5,25,50,100,400";
+    size_t count = 8u << 20;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--json"))
+            json = 1;
+        else if (!v)
+            bad = 1;
+        else if (!strcmp(a, "--count"))
+            bad = !(count = parse_size(v)), i++;
+        else if (!strcmp(a, "--group"))
+            bad = parse_int(v, 0, ECHO_MAX_GROUP, &group), i++;
+        else if (!strcmp(a, "--iters"))
+            bad = parse_int(v, 1, 100000, &iters), i++;
+        else if (!strcmp(a, "--seed"))
+            bad = parse_int(v, 0, 1 << 30, &seed), i++;
+        else if (!strcmp(a, "--ranks"))
+            bad = parse_int(v, 2, ECHO_MAX_RANKS, &mranks), i++;
+        else if (!strcmp(a, "--alpha-us"))
+            alpha_us = atof(v), i++;
+        else if (!strcmp(a, "--links"))
+            links = v, i++;
+        else if (!strcmp(a, "--act-bits"))
+            bad = parse_int(v, 16, 32, &act_bits) || (act_bits != 16 && act_bits != 32), i++;
+        else if (!strcmp(a, "--codec-gbps"))
+            bad = sscanf(v, "%lf,%lf", &ov_enc, &ov_dec) != 2, i++;
+        else
+            bad = 1;
+        if (bad) {
+            fprintf(stderr,
+                    "usage: echo-bench codec [--count M] [--group G (default: all)] [--iters N] [--seed S] "
+                    "[--json]\n"
+                    "                        [--ranks N] [--alpha-us A] [--links GBPS,...] [--codec-gbps ENC,DEC]\n"
+                    "                        [--act-bits 32|16]  (cost model)\n");
+            return 2;
+        }
+    }
+    float *x = malloc(count * sizeof *x), *xo = malloc(count * sizeof *xo), *res = calloc(count, sizeof *res);
+    float *acc = calloc(count, sizeof *acc), *dst = malloc(count * sizeof *dst);
+    void *wire = malloc(echo_codec_wire_bytes(count, ECHO_MIN_GROUP) + 64);
+    int status = 0;
+    if (!x || !xo || !res || !acc || !dst || !wire) {
+        fprintf(stderr, "echo-bench: out of memory for %zu values\n", count);
+        status = 1;
+        goto out;
+    }
+    fill(DIST_GAUSS, x, count, (uint64_t)seed, 0, 0);
+    fill(DIST_OUTLIER, xo, count, (uint64_t)seed, 0, 0);
+    memset(dst, 0, count * sizeof *dst); /* fault the pages in before timing */
+    memset(wire, 0, echo_codec_wire_bytes(count, ECHO_MIN_GROUP));
+    if (json)
+        printf("[");
+    else {
+        printf("# echo-bench codec: %zu fp32 values (%.1f MiB), one thread, best of %d; GB/s of fp32 values "
+               "(CPU numbers)\n",
+               count, count * 4.0 / (1 << 20), iters);
+        printf("# %6s %10s %12s %12s %12s %14s %14s\n", "group", "wire(b/v)", "encode GB/s", "dec+acc GB/s",
+               "memcpy GB/s", "rel_err gauss", "rel_err outlr");
+    }
+    int first = 1, model_group = group ? group : ECHO_DEFAULT_GROUP;
+    double model_enc = 0, model_dec = 0, model_bits = 0;
+    for (int G = ECHO_MIN_GROUP; G <= ECHO_MAX_GROUP; G *= 2) {
+        if (group && G != group) continue;
+        double bytes = (double)count * sizeof(float);
+        double tm = time_op(OP_MEMCPY, iters, x, res, acc, dst, wire, count, G);
+        double te = time_op(OP_ENCODE, iters, x, res, acc, dst, wire, count, G);
+        double td = time_op(OP_DECODE_ACC, iters, x, res, acc, dst, wire, count, G);
+        double eg = codec_rel_err(x, count, G, wire, dst), eo = codec_rel_err(xo, count, G, wire, dst);
+        double bits = 8.0 * (double)echo_codec_wire_bytes(count, G) / (double)count;
+        if (G == model_group) {
+            model_enc = bytes / te / 1e9;
+            model_dec = bytes / td / 1e9;
+            model_bits = bits;
+        }
+        if (json)
+            printf("%s\n {\"group\": %d, \"count\": %zu, \"wire_bits_per_value\": %.4f, \"encode_gbps\": %.3f, "
+                   "\"decode_acc_gbps\": %.3f, \"memcpy_gbps\": %.3f, \"rel_err_gauss\": %.6g, "
+                   "\"rel_err_outlier\": %.6g}",
+                   first ? "" : ",", G, count, bits, bytes / te / 1e9, bytes / td / 1e9, bytes / tm / 1e9, eg, eo);
+        else
+            printf("  %6d %10.4f %12.2f %12.2f %12.2f %14.5f %14.5f\n", G, bits, bytes / te / 1e9, bytes / td / 1e9,
+                   bytes / tm / 1e9, eg, eo);
+        fflush(stdout);
+        first = 0;
+    }
+    if (ov_enc > 0 && ov_dec > 0) {
+        model_enc = ov_enc;
+        model_dec = ov_dec;
+    }
+    if (json)
+        printf("\n]\n");
+    else if (model_enc > 0) {
+        printf("# cost model: 1 GiB all-reduce of %s, %d ranks, alpha %.1f us, group %d (%.3f b/v), codec rates "
+               "%s (not overlapped)\n",
+               act_bits == 32 ? "fp32" : "bf16", mranks, alpha_us, model_group, model_bits,
+               ov_enc > 0 ? "given by --codec-gbps" : "measured above (one thread)");
+        printf("# %10s %12s %12s %10s\n", "link GB/s", "exact ms", "echo ms", "speed-up");
+        char list[256];
+        snprintf(list, sizeof list, "%s", links);
+        for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            double link = atof(tok), te_, tq_;
+            if (link <= 0) continue;
+            cost_model(mranks, alpha_us * 1e-6, link, 1024.0 * 1024 * 1024, act_bits, model_bits, model_enc, model_dec,
+                       &te_, &tq_);
+            printf("  %10.2f %12.2f %12.2f %10.2f\n", link, te_ * 1e3, tq_ * 1e3, te_ / tq_);
+        }
+        /* exact - echo = frac*M*(act - w)/8/beta - codec(M) = 0, per value */
+        double n = mranks, frac = 2 * (n - 1) / n;
+        double breakeven = frac * (act_bits - model_bits) / 8 / (4 / model_enc + 4 * (2 - 1 / n) / model_dec);
+        printf("# echo is faster on links slower than %.2f GB/s at this codec speed; the break-even link speed "
+               "scales with the codec's (threads, GPU kernels): --codec-gbps ENC,DEC overrides it\n",
+               breakeven);
+    }
+out:
+    free(x);
+    free(xo);
+    free(res);
+    free(acc);
+    free(dst);
+    free(wire);
+    return status;
+}
+
+/* ---- subcommand table ---- */
+
+typedef struct bench_cmd {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv after the subcommand name */
+    const char *help;
+} bench_cmd;
+
+static const bench_cmd commands[] = {
+    {"allreduce", cmd_allreduce, "all-reduce time, bandwidth, wire bits and error per size and algorithm"},
+    {"chain", cmd_chain, "accumulated error vs depth of chained all-reduces, int4 vs echo"},
+    {"codec", cmd_codec, "codec GB/s (encode, decode-accumulate) beside memcpy; error vs wire bits per group"},
+};
+
+static void usage(void) {
+    fprintf(stderr, "usage: echo-bench <command> [options]   (echo-bench <command> --help)\n");
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(stderr, "  %-10s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage();
+        return 2;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 2, argv + 2);
+    usage();
+    return 2;
+}
