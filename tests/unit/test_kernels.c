@@ -62,7 +62,7 @@ static void make_weight(wbuf *b, kern_dtype dt, int rows, int cols) {
             b->ref[i] = kern_f16_to_f32(h);
         }
     }
-    b->w = (kern_weight){b->raw, dt, rows, cols};
+    b->w = (kern_weight){b->raw, dt, rows, cols, 0};
 }
 
 static void free_weight(wbuf *b) {
@@ -186,37 +186,93 @@ START_TEST(test_rope) {
 }
 END_TEST
 
-/* GQA with 4 query heads per KV head, queries starting at pos0 > 0. */
-START_TEST(test_attention_gqa_offset) {
-    int hq = 8, hkv = 2, hd = 16, pos0 = 5, n = 19, len = pos0 + n;
+/* Paged attention: two sequences (GQA 4:1) with queries starting at pos0 > 0,
+ * their keys spread over interleaved, out-of-order blocks written through
+ * kv_store, checked against a double-precision computation over the keys in
+ * logical order. */
+START_TEST(test_attention_paged_gqa) {
+    enum { HQ = 8, HKV = 2, HD = 16, BS = 4, NBLK = 16 };
+    const int kvd = HKV * HD, qd = HQ * HD;
+    const int pos0[2] = {5, 0}, nq[2] = {7, 10};
+    /* seq 0 uses blocks 9, 2, 14; seq 1 uses 3, 11, 0 (interleaved, unsorted) */
+    const int32_t table[2][3] = {{9, 2, 14}, {3, 11, 0}};
     float scale = 0.25f;
-    float *q = rand_vec((size_t)n * hq * hd), *kc = rand_vec((size_t)len * hkv * hd);
-    float *vc = rand_vec((size_t)len * hkv * hd), *out = ops->alloc(be, (size_t)n * hq * hd * sizeof(float));
-    ck_assert_int_eq(ops->attention(be, out, q, kc, vc, n, pos0, hq, hkv, hd, scale), 0);
-    double *s = malloc((size_t)len * sizeof *s);
-    for (int i = 0; i < n; i++)
-        for (int h = 0; h < hq; h++) {
-            int g = h / (hq / hkv), L = pos0 + i + 1;
-            double mx = -INFINITY, sum = 0;
-            for (int t = 0; t < L; t++) {
-                double d = 0;
-                for (int c = 0; c < hd; c++) d += (double)q[(i * hq + h) * hd + c] * kc[(t * hkv + g) * hd + c];
-                s[t] = d * scale;
-                if (s[t] > mx) mx = s[t];
+    float *kc = ops->alloc(be, (size_t)NBLK * BS * kvd * sizeof(float));
+    float *vc = ops->alloc(be, (size_t)NBLK * BS * kvd * sizeof(float));
+    for (size_t i = 0; i < (size_t)NBLK * BS * kvd; i++) kc[i] = vc[i] = 1e6f; /* junk where nothing was stored */
+    float *klog[2], *vlog[2];
+    for (int s = 0; s < 2; s++) {
+        int len = pos0[s] + nq[s];
+        klog[s] = rand_vec((size_t)len * kvd);
+        vlog[s] = rand_vec((size_t)len * kvd);
+        int32_t slots[32];
+        for (int p = 0; p < len; p++) slots[p] = table[s][p / BS] * BS + p % BS;
+        ck_assert_int_eq(ops->kv_store(be, kc, vc, klog[s], vlog[s], slots, len, kvd), 0);
+    }
+    int32_t q_start[3] = {0, nq[0], nq[0] + nq[1]};
+    kern_attn_batch b = {2, q_start, pos0, &table[0][0], 3, BS};
+    float *q = rand_vec((size_t)q_start[2] * qd), *out = ops->alloc(be, (size_t)q_start[2] * qd * sizeof(float));
+    ck_assert_int_eq(ops->attention(be, out, q, kc, vc, &b, HQ, HKV, HD, scale), 0);
+    double sc[32];
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < nq[s]; i++)
+            for (int h = 0; h < HQ; h++) {
+                int g = h / (HQ / HKV), L = pos0[s] + i + 1, row = q_start[s] + i;
+                double mx = -INFINITY, sum = 0;
+                for (int t = 0; t < L; t++) {
+                    double d = 0;
+                    for (int c = 0; c < HD; c++) d += (double)q[(size_t)row * qd + h * HD + c] * klog[s][t * kvd + g * HD + c];
+                    sc[t] = d * scale;
+                    if (sc[t] > mx) mx = sc[t];
+                }
+                for (int t = 0; t < L; t++) sum += sc[t] = exp(sc[t] - mx);
+                for (int c = 0; c < HD; c++) {
+                    double o = 0;
+                    for (int t = 0; t < L; t++) o += sc[t] / sum * vlog[s][t * kvd + g * HD + c];
+                    ck_assert_msg(fabs(out[(size_t)row * qd + h * HD + c] - o) < 1e-5, "s=%d i=%d h=%d c=%d", s, i, h, c);
+                }
             }
-            for (int t = 0; t < L; t++) sum += s[t] = exp(s[t] - mx);
-            for (int c = 0; c < hd; c++) {
-                double o = 0;
-                for (int t = 0; t < L; t++) o += s[t] / sum * vc[(t * hkv + g) * hd + c];
-                ck_assert_msg(fabs(out[(i * hq + h) * hd + c] - o) < 1e-5, "i=%d h=%d c=%d", i, h, c);
-            }
-        }
-    ck_assert_int_ne(ops->attention(be, out, q, kc, vc, n, pos0, 6, 4, hd, scale), 0);
-    free(s);
+    /* bad geometry is refused with a message */
+    ck_assert_int_ne(ops->attention(be, out, q, kc, vc, &b, 6, 4, HD, scale), 0);
+    int32_t far[2] = {40, 0};
+    kern_attn_batch bad = {2, q_start, far, &table[0][0], 3, BS};
+    ck_assert_int_ne(ops->attention(be, out, q, kc, vc, &bad, HQ, HKV, HD, scale), 0);
+    ck_assert_ptr_nonnull(strstr(kern_last_error(be), "beyond"));
+    int32_t neg = -1;
+    ck_assert_int_ne(ops->kv_store(be, kc, vc, klog[0], vlog[0], &neg, 1, kvd), 0);
+    for (int s = 0; s < 2; s++) {
+        free(klog[s]);
+        free(vlog[s]);
+    }
     free(q);
-    free(kc);
-    free(vc);
     ops->free(be, out);
+    ops->free(be, kc);
+    ops->free(be, vc);
+}
+END_TEST
+
+/* A column slice of a row-major matrix (ld > cols), as the row-parallel
+ * layers of tensor parallelism use, multiplies like the dense copy. */
+START_TEST(test_matmul_strided_view) {
+    const kern_dtype dts[] = {KERN_F32, KERN_F16, KERN_BF16};
+    for (size_t d = 0; d < 3; d++) {
+        wbuf full;
+        make_weight(&full, dts[d], 12, 40);
+        int c0 = 8, nc = 24;
+        size_t es = kern_dtype_size(dts[d]);
+        kern_weight view = {(const char *)full.raw + c0 * es, dts[d], 12, nc, 40};
+        float *dense = malloc((size_t)12 * nc * sizeof(float));
+        for (int r = 0; r < 12; r++)
+            for (int c = 0; c < nc; c++) dense[r * nc + c] = full.ref[r * 40 + c0 + c];
+        kern_weight dv = {dense, KERN_F32, 12, nc, 0};
+        float *x = rand_vec(3 * nc), o1[36], o2[36];
+        ck_assert_int_eq(ops->matmul(be, o1, x, &view, 3), 0);
+        ck_assert_int_eq(ops->matmul(be, o2, x, &dv, 3), 0);
+        ck_assert_int_eq(memcmp(o1, o2, sizeof o1), 0);
+        free(x);
+        free(dense);
+        free_weight(&full);
+    }
 }
 END_TEST
 
@@ -285,7 +341,8 @@ int main(void) {
     tcase_add_test(tc, test_matmul_rejects_alias);
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_rope);
-    tcase_add_test(tc, test_attention_gqa_offset);
+    tcase_add_test(tc, test_attention_paged_gqa);
+    tcase_add_test(tc, test_matmul_strided_view);
     tcase_add_test(tc, test_elementwise_and_embedding);
     tcase_add_test(tc, test_thread_count_invariance);
     tcase_add_test(tc, test_backend_selection_errors);
