@@ -106,6 +106,15 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+# echo-bench's subcommands beyond the comm/ benchmarks live in tools/bench/
+# (serve load generator over libcurl, plots); they link into echo-bench only.
+BENCH_SRC := $(sort $(wildcard tools/bench/*.c))
+BENCH_OBJ := $(BENCH_SRC:%.c=$(BUILD)/obj/%.o)
+CURL_LIBS := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
+$(BIN)/echo-bench: $(BUILD)/obj/tools/echo_bench.o $(BENCH_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(if $(BENCH_OBJ),$(CURL_LIBS))
+
 $(BIN)/echo-%: $(BUILD)/obj/tools/echo_%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
@@ -155,6 +164,7 @@ test: deps
 	$(MAKE) check-suites
 	$(MAKE) fuzz-regress
 	$(MAKE) test-server
+	$(MAKE) test-bench
 
 test-asan: deps
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \
@@ -197,6 +207,16 @@ test-server-asan:
 	  build-asan/bin/echo-serve build-asan/demo-model/config.json
 	tests/server/run.sh --asan build-asan/bin/echo-serve build-asan/demo-model
 # ---- end echo-serve block ----
+
+# ---- echo-bench serve / plot and scripts/ttft-ab.sh (tools/bench/, docs/ttft.md) ----
+# make test-bench   echo-bench serve against a real echo-serve on the demo model (records,
+#                   percentiles recomputed from the saved JSON, refused and unreachable
+#                   servers, bad flags), echo-bench plot PNGs, and a tp-2 smoke run of
+#                   scripts/ttft-ab.sh; needs curl, python3 and gnuplot (make deps)
+.PHONY: test-bench
+test-bench: $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)/config.json
+	tests/bench/run.sh $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)
+# ---- end echo-bench serve block ----
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cc' '*.cu' '*.cuh')

@@ -75,6 +75,13 @@ int kern_backend_create(const char *device, int nthreads, int device_index, cons
     return 0;
 }
 
+const char *kern_auto_device(void) {
+#ifdef ECHO_HAVE_CUDA
+    if (kern_cuda_device_count() > 0) return "cuda";
+#endif
+    return "cpu";
+}
+
 void kern_backend_destroy(const kern_ops *ops, kern_backend *be) {
     if (!be) return;
 #ifdef ECHO_HAVE_CUDA

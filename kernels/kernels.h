@@ -112,6 +112,9 @@ typedef struct kern_ops {
 int kern_backend_create(const char *device, int nthreads, int device_index, const kern_ops **ops,
                         kern_backend **be, char *err, size_t errlen);
 void kern_backend_destroy(const kern_ops *ops, kern_backend *be);
+/* "cuda" when this build has the cuda backend and a GPU is visible, else
+ * "cpu": what --device auto means. */
+const char *kern_auto_device(void);
 /* The message of the last failed op on this backend. */
 const char *kern_last_error(const kern_backend *be);
 

@@ -100,13 +100,8 @@ static void req_finish(srv_server *s, srv_req *r, srv_finish fin, const char *ms
         eng_seq_free(s->eng, r->seq);
         r->seq = -1;
     }
-    pthread_mutex_lock(&r->mu);
-    r->done = 1;
-    r->finish = fin;
-    r->t_done = t;
-    if (msg) snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
+    /* Metrics first: a client that has its last byte must find its request
+     * counted when it reads /metrics right after. */
     pthread_mutex_lock(&s->met.mu);
     s->met.success[fin]++;
     if (fin == SRV_FIN_STOP || fin == SRV_FIN_LENGTH) {
@@ -114,6 +109,13 @@ static void req_finish(srv_server *s, srv_req *r, srv_finish fin, const char *ms
         if (r->n_toks > 0) srv_hist_observe(&s->met.decode, r->t_last - r->t_first);
     }
     pthread_mutex_unlock(&s->met.mu);
+    pthread_mutex_lock(&r->mu);
+    r->done = 1;
+    r->finish = fin;
+    r->t_done = t;
+    if (msg) snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
     srv_req_unref(r);
 }
 
@@ -308,6 +310,12 @@ static void finish_running(srv_server *s, int i, srv_finish fin, const char *msg
     pthread_mutex_lock(&q->mu);
     q->reserved_blocks -= r->reserved;
     pthread_mutex_unlock(&q->mu);
+    if (r->seq >= 0) {
+        eng_seq_free(s->eng, r->seq);
+        r->seq = -1;
+    }
+    /* Gauges before the client is released (see req_finish). */
+    publish_gauges(s);
     req_finish(s, r, fin, msg);
 }
 

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "server/internal.h"
 
 void srv_log(const srv_server *s, srv_log_level lvl, const char *fmt, ...) {
@@ -276,14 +277,14 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .device = strcmp(o->device, "auto") == 0 ? "cpu" : o->device,
                      .tp = o->tp,
                      .allreduce = o->allreduce,
+                     .echo_min_bytes = o->echo_min_bytes,
+                     .echo_group = o->echo_group,
                      .threads = o->threads,
                      .max_model_len = o->max_model_len,
                      .max_num_seqs = o->max_num_seqs,
                      .max_batch_tokens = o->max_num_batched_tokens,
                      .kv_blocks = o->kv_blocks};
-#ifdef ECHO_HAVE_CUDA
-    if (strcmp(o->device, "auto") == 0) ec.device = "cuda";
-#endif
+    if (strcmp(o->device, "auto") == 0) ec.device = kern_auto_device();
     if (ec.max_batch_tokens < ec.max_num_seqs) {
         snprintf(err, errlen,
                  "--max-num-batched-tokens (%d) must be >= --max-num-seqs (%d): every running "

@@ -40,6 +40,8 @@ typedef struct srv_options {
     const char *device;            /* "auto" (default), "cpu", "cuda" */
     int tp;                        /* tensor-parallel ranks, default 1 */
     echo_mode allreduce;
+    size_t echo_min_bytes;      /* size policy of the quantized all-reduce, default 0 */
+    int echo_group;             /* 0 = comm/ default */
     int threads;                /* cpu threads in total, 0 = all */
     int max_num_seqs;           /* running batch size, default 8 */
     int max_num_batched_tokens; /* tokens per step (chunked prefill budget), default 512 */

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "comm/echo.h"
+#include "tools/bench/bench.h"
 
 /* ---- shared helpers ---- */
 
@@ -725,6 +726,8 @@ static const bench_cmd commands[] = {
     {"allreduce", cmd_allreduce, "all-reduce time, bandwidth, wire bits and error per size and algorithm"},
     {"chain", cmd_chain, "accumulated error vs depth of chained all-reduces, int4 vs echo"},
     {"codec", cmd_codec, "codec GB/s (encode, decode-accumulate) beside memcpy; error vs wire bits per group"},
+    {"serve", bench_serve_main, "load generator for OpenAI-compatible servers (vllm bench serve)"},
+    {"plot", bench_plot_main, "PNG plots: TTFT CDF of serve results, algbw vs size of allreduce --json"},
 };
 
 static void usage(void) {

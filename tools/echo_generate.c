@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -33,7 +34,7 @@ static const char *USAGE =
     "                         {\"prompt_tokens\":[..],\"tokens\":[..],\"steps\":[{\"token\":ID,\"logprob\":LP,\n"
     "                          \"top_logprobs\":[[ID,LP],..]},..]} (natural-log probabilities over the\n"
     "                         full vocabulary, top list sorted descending)\n"
-    "  --device cpu|cuda      backend (default cpu)\n"
+    "  --device auto|cpu|cuda backend; auto (default) = cuda when a GPU is visible, else cpu\n"
     "  --threads N            cpu threads in total, split across ranks (default: all online CPUs)\n"
     "  --tp N                 tensor-parallel ranks (threads on the cpu backend; default 1)\n"
     "  --allreduce MODE       all-reduce of the row-parallel layers when --tp > 1:\n"
@@ -202,7 +203,7 @@ int main(int argc, char **argv) {
     const char *tok_path = NULL;
     int no_thinking = 0;
     eng_gen_params gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}};
-    eng_config ec = {.device = "cpu", .tp = 1, .allreduce = ECHO_MODE_ECHO, .max_num_seqs = 1};
+    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_MODE_ECHO, .max_num_seqs = 1};
     int json = 0, chat = 0, c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -236,7 +237,8 @@ int main(int argc, char **argv) {
         case O_IGNEOS: gp.ignore_eos = 1; break;
         case O_JSON: json = 1; break;
         case O_DEVICE:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) usage_error("--device expects cpu or cuda, got '%s'", optarg);
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
+                usage_error("--device expects auto, cpu or cuda, got '%s'", optarg);
             ec.device = optarg;
             break;
         case O_THREADS: ec.threads = (int)parse_long(optarg, "--threads", 1, 1024); break;
@@ -313,6 +315,7 @@ int main(int argc, char **argv) {
                  n_prompt, gp.max_tokens, cfg0.max_position_embeddings);
         goto fail;
     }
+    if (strcmp(ec.device, "auto") == 0) ec.device = kern_auto_device();
     ec.model_dir = model_dir;
     ec.max_model_len = (int)need;
     ec.max_batch_tokens = n_prompt;

@@ -26,6 +26,8 @@ static const char *USAGE =
     "  --tp N                       tensor-parallel ranks (default 1)\n"
     "  --device auto|cuda|cpu       backend (default auto: cuda when built and usable, else cpu)\n"
     "  --allreduce echo|exact|int4  all-reduce of the row-parallel layers when --tp > 1 (default echo)\n"
+    "  --echo-min-bytes N     all-reduce messages below N bytes take the exact path (default 0)\n"
+    "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default, 64)\n"
     "  --threads N                  cpu threads in total (default: all online CPUs)\n"
     "  --host ADDR                  numeric address to bind (default 127.0.0.1)\n"
     "  --port N                     port (default 8000; 0 = any free port, printed at start)\n"
@@ -126,13 +128,17 @@ int main(int argc, char **argv) {
         O_KEY,
         O_LOG,
         O_THREADS,
-        O_LDELAY
+        O_LDELAY,
+        O_MINB,
+        O_GROUP
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"tp", required_argument, 0, O_TP},
         {"device", required_argument, 0, O_DEVICE},
         {"allreduce", required_argument, 0, O_ALLRED},
+        {"echo-min-bytes", required_argument, 0, O_MINB},
+        {"echo-group", required_argument, 0, O_GROUP},
         {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},
         {"served-model-name", required_argument, 0, O_NAME},
@@ -175,6 +181,8 @@ int main(int argc, char **argv) {
             if (echo_mode_parse(optarg, &o.allreduce))
                 usage_error("--allreduce expects echo, exact or int4, got '%s'", optarg);
             break;
+        case O_MINB: o.echo_min_bytes = (size_t)parse_long(optarg, "--echo-min-bytes", 0, 1L << 40); break;
+        case O_GROUP: o.echo_group = (int)parse_long(optarg, "--echo-group", 16, 256); break;
         case O_HOST: o.host = optarg; break;
         case O_PORT: o.port = (int)parse_long(optarg, "--port", 0, 65535); break;
         case O_NAME:

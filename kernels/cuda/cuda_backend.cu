@@ -345,6 +345,15 @@ static int cuda_init(kern_backend *be) {
     return 0;
 }
 
+extern "C" int kern_cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: not an error here */
+        return 0;
+    }
+    return count;
+}
+
 extern "C" int kern_cuda_create(int device_index, kern_backend **out, char *err, size_t errlen) {
     *out = NULL;
     int count = 0;

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# echo-bench serve / plot and scripts/ttft-ab.sh against a real echo-serve on
+# the demo model (cpu backend, loopback). JSON checks are tests/bench/check.py
+# (python3 stdlib only).
+#   usage: tests/bench/run.sh ECHO_BENCH ECHO_SERVE MODEL_DIR
+# Prints "N passed, M failed" as its last line; exit status 0 only when M = 0.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+bench=${1:?usage: $0 ECHO_BENCH ECHO_SERVE MODEL_DIR}
+serve=${2:?usage: $0 ECHO_BENCH ECHO_SERVE MODEL_DIR}
+model=${3:?usage: $0 ECHO_BENCH ECHO_SERVE MODEL_DIR}
+for tool in curl python3 gnuplot; do
+  command -v "$tool" >/dev/null || { echo "test-bench: '$tool' is required (make deps)"; echo "0 passed, 1 failed"; exit 1; }
+done
+tmp=$(mktemp -d /tmp/echo-test-bench.XXXXXX)
+pass=0 fail=0 srv_pid=""
+check() { # name, then a command: passes when it exits 0
+  local name=$1; shift
+  local t0=$SECONDS
+  if "$@" >"$tmp/check.out" 2>&1; then
+    pass=$((pass + 1)); echo "ok   $name ($((SECONDS - t0)) s)"
+  else
+    fail=$((fail + 1)); echo "FAIL $name"; sed 's/^/     /' "$tmp/check.out" | tail -25
+  fi
+}
+start_server() { # extra echo-serve flags -> srv_pid, url
+  "$serve" --model "$model" --device cpu --threads 1 --port 0 --log-level info "$@" >"$tmp/serve.log" 2>&1 &
+  srv_pid=$!
+  local port="" i
+  for i in $(seq 600); do
+    port=$(sed -n 's/.*ready on port \([0-9]*\).*/\1/p' "$tmp/serve.log" | head -1)
+    [ -n "$port" ] && break
+    kill -0 "$srv_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$port" ] || { echo "test-bench: echo-serve did not start:"; cat "$tmp/serve.log"; return 1; }
+  url="http://127.0.0.1:$port"
+}
+stop_server() {
+  [ -n "$srv_pid" ] && { kill -TERM "$srv_pid" 2>/dev/null; wait "$srv_pid" 2>/dev/null; }
+  srv_pid=""
+}
+trap 'stop_server; rm -rf "$tmp"' EXIT
+chk() { python3 "$here/check.py" "$@"; }
+bench_serve() { "$bench" serve --no-progress "$@"; }
+
+# ---- the load generator against a served demo model
+if start_server --max-num-seqs 4; then
+  check "serve: 20 completions requests -> 20 records, summary printed" \
+    bash -c "$(printf '%q ' "$bench") serve --no-progress --base-url $url --num-prompts 20 --request-rate 40 \
+      --input-len 48 --range-ratio 0.5 --output-len 8 --ignore-eos --seed 3 --save-result $tmp/a.json --label a \
+      >$tmp/a.txt && grep -q 'Serving Benchmark Result' $tmp/a.txt && grep -q '^Mean TTFT (ms):' $tmp/a.txt \
+      && python3 $here/check.py records $tmp/a.json 20 && python3 $here/check.py all-ok $tmp/a.json max \
+      && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))[\"requests\"]; assert len({x[\"max_tokens\"] for x in r}) > 1' $tmp/a.json"
+  check "serve: percentiles/mean/std equal a sorted-array recomputation from the saved JSON" chk percentiles "$tmp/a.json"
+  check "serve: same seed -> same prompt lengths" bash -c \
+    "$(printf '%q ' "$bench") serve --no-progress --base-url $url --num-prompts 20 --input-len 48 --range-ratio 0.5 \
+      --output-len 2 --seed 3 --num-warmups 0 --save-result $tmp/a2.json >/dev/null && python3 -c '
+import json, sys
+a, b = (json.load(open(f))[\"requests\"] for f in sys.argv[1:])
+assert [r[\"input_len\"] for r in a] == [r[\"input_len\"] for r in b], \"input lengths differ\"
+assert len(set(r[\"input_len\"] for r in a)) > 1, \"range-ratio did not vary lengths\"
+assert all(r[\"prompt_tokens\"] == r[\"input_len\"] for r in a), \"prompt_tokens != input_len\"
+' $tmp/a.json $tmp/a2.json"
+  check "serve: chat endpoint (role-only first chunk is not the first token)" bash -c \
+    "$(printf '%q ' "$bench") serve --no-progress --base-url $url --endpoint /v1/chat/completions --num-prompts 4 \
+      --input-len 16 --output-len 6 --ignore-eos --max-concurrency 2 --save-result $tmp/c.json >/dev/null \
+      && python3 $here/check.py records $tmp/c.json 4 && python3 $here/check.py all-ok $tmp/c.json 6 \
+      && python3 $here/check.py percentiles $tmp/c.json"
+  printf '%s\n' '{"prompt": "The capital of France is", "output_len": 3}' '' \
+    '{"prompt": [1000, 2000, 3000, 4000], "output_len": 5}' '{"prompt": "Hello"}' >"$tmp/d.jsonl"
+  check "serve: jsonl dataset (text, token ids, default output_len), cycled to N" bash -c \
+    "$(printf '%q ' "$bench") serve --no-progress --base-url $url --dataset jsonl:$tmp/d.jsonl --num-prompts 5 \
+      --output-len 2 --ignore-eos --save-result $tmp/j.json >/dev/null && python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))[\"requests\"]
+assert [x[\"output_tokens\"] for x in r] == [3, 5, 2, 3, 5], [x[\"output_tokens\"] for x in r]
+assert r[1][\"prompt_tokens\"] == 4 and all(x[\"error\"] is None for x in r)
+' $tmp/j.json"
+  stop_server
+fi
+
+if start_server --max-num-seqs 1 --max-queue 1; then
+  check "serve: refused requests (max-num-seqs 1, max-queue 1, rate inf, concurrency 8) are counted as errors" bash -c \
+    "$(printf '%q ' "$bench") serve --no-progress --base-url $url --num-prompts 16 --request-rate inf \
+      --max-concurrency 8 --input-len 32 --output-len 24 --ignore-eos --save-result $tmp/r.json >$tmp/r.txt; \
+      grep -Eq '^Failed requests: +[1-9]' $tmp/r.txt && python3 $here/check.py records $tmp/r.json 16 \
+      && python3 $here/check.py refused $tmp/r.json"
+  stop_server
+fi
+
+# ---- the SSE parser against a server that splits events anywhere (tests/bench/fake_sse.py)
+python3 "$here/fake_sse.py" >"$tmp/fake.port" 2>"$tmp/fake.err" &
+fake_pid=$!
+for _ in $(seq 100); do [ -s "$tmp/fake.port" ] && break; sleep 0.05; done
+fake_url="http://127.0.0.1:$(cat "$tmp/fake.port")"
+for ep in /v1/completions /v1/chat/completions; do
+  check "serve: SSE split every 3 bytes, CRLF, comments, role-only/empty first chunk ($ep)" bash -c \
+    "$(printf '%q ' "$bench") serve --no-progress --base-url $fake_url --endpoint $ep --num-prompts 3 \
+      --max-concurrency 3 --output-len 5 --save-result $tmp/f.json >/dev/null && python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))[\"requests\"]
+assert all(x[\"error\"] is None for x in r), r
+assert all(x[\"prompt_tokens\"] == 7 and x[\"output_tokens\"] == 5 for x in r), r
+assert all(len(x[\"itl_ms\"]) == 4 and x[\"ttft_ms\"] > 0 for x in r), r
+' $tmp/f.json"
+done
+kill "$fake_pid" 2>/dev/null; wait "$fake_pid" 2>/dev/null
+
+# ---- bad input: nothing listening, malformed flags
+free_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+check "serve: unreachable server -> exit 1, every request recorded as an error, no hang" bash -c \
+  "timeout 30 $(printf '%q ' "$bench") serve --no-progress --base-url http://127.0.0.1:$free_port --num-prompts 7 \
+    --connect-timeout 2 --save-result $tmp/u.json >/dev/null 2>$tmp/u.err; test \$? -eq 1 \
+    && grep -q 'all 7 requests failed' $tmp/u.err && python3 $here/check.py records $tmp/u.json 7 \
+    && python3 $here/check.py all-failed $tmp/u.json"
+usage_case() { # expected message fragment, then echo-bench arguments
+  local want=$1; shift
+  "$bench" "$@" >/dev/null 2>"$tmp/usage.err"
+  local rc=$?
+  [ $rc -eq 2 ] || { echo "exit $rc, expected 2: $*"; cat "$tmp/usage.err"; return 1; }
+  grep -q -- "$want" "$tmp/usage.err" || { echo "no '$want' in:"; cat "$tmp/usage.err"; return 1; }
+}
+check "serve: malformed flags -> exit 2 with a clear message" bash -c "
+  $(declare -f usage_case); tmp=$tmp; bench=$(printf '%q' "$bench")
+  usage_case \"--num-prompts: expected\" serve --num-prompts abc &&
+  usage_case \"--request-rate: expected\" serve --request-rate -3 &&
+  usage_case \"--endpoint: expected\" serve --endpoint /v1/embeddings &&
+  usage_case \"--dataset: expected\" serve --dataset sharegpt &&
+  usage_case \"unknown option '--bogus'\" serve --bogus &&
+  usage_case \"needs a value\" serve --seed &&
+  usage_case \"unexpected argument\" serve stray &&
+  usage_case \"-o FILE.png is required\" plot $tmp/a.json &&
+  usage_case \"--metric: expected\" plot --metric foo -o $tmp/x.png $tmp/a.json"
+
+# ---- plots
+png_ok() { python3 -c '
+import sys, os
+d = open(sys.argv[1], "rb").read()
+assert d[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+assert len(d) > 5000, f"only {len(d)} bytes"
+' "$1"; }
+check "plot: TTFT CDF of serve results -> PNG" bash -c "$(declare -f png_ok); \
+  $(printf '%q ' "$bench") plot $tmp/a.json $tmp/r.json -o $tmp/cdf.png && png_ok $tmp/cdf.png"
+check "plot: allreduce --json algbw vs size -> PNG" bash -c "$(declare -f png_ok); \
+  $(printf '%q ' "$bench") allreduce --ranks 2 --algo exact,int4,echo --min-bytes 1K --max-bytes 64K --iters 3 --json \
+    >$tmp/ar.json && $(printf '%q ' "$bench") plot $tmp/ar.json -o $tmp/ar.png && png_ok $tmp/ar.png"
+check "plot: mixing serve and allreduce results -> exit 2" bash -c \
+  "$(printf '%q ' "$bench") plot $tmp/a.json $tmp/ar.json -o $tmp/mix.png 2>&1 | grep -q 'cannot mix'; \
+   test \${PIPESTATUS[0]} -eq 2"
+
+# ---- the A/B script, smoke size: tp 2, three modes, quiet and busy
+check "ttft-ab.sh: exact/echo/int4 x quiet/busy(cpu-membw) at tp 2 on the cpu backend" bash -c \
+  "$(printf '%q ' "$root/scripts/ttft-ab.sh") --model $model --tp 2 --device cpu --bench $bench --serve $serve \
+    --out $tmp/ab --background cpu-membw --probe-prompts 4 --serve-args '--threads 2' \
+    --num-prompts 8 --input-len 32 --output-len 6 --ignore-eos --request-rate 20 --no-progress >$tmp/ab.txt 2>&1 \
+  && for l in exact echo int4 exact+busy-cpu-membw echo+busy-cpu-membw int4+busy-cpu-membw; do
+       python3 $here/check.py records $tmp/ab/\$l.json 8 && python3 $here/check.py all-ok $tmp/ab/\$l.json 6 \
+       && grep -q \"^| \$l | 8/0 |\" $tmp/ab/summary.md || { cat $tmp/ab.txt; exit 1; }; done \
+  && grep -Eq '^\\| quiet \\| echo \\| [0-9.]+ \\|' $tmp/ab/summary.md && grep -q '%' $tmp/ab/summary.md \
+  && test -s $tmp/ab/ttft-cdf.png"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,28 @@
+/*
+ * tools/bench: echo-bench subcommands that are not comm/ micro-benchmarks.
+ *
+ *   echo-bench serve   load generator for an OpenAI-compatible server
+ *                      (vllm bench serve's flags, summary and percentiles;
+ *                      libcurl multi, streaming SSE parsed incrementally)
+ *   echo-bench plot    PNG plots through gnuplot: TTFT CDF per serve result,
+ *                      algbw vs message size per algo for allreduce --json
+ *
+ * Both entry points take the arguments that follow the subcommand name:
+ * argv[0] is the first option (there is no program name), argc counts them.
+ * Exit codes: 0 ok, 1 runtime error, 2 usage error. docs/ttft.md has the
+ * experiment these tools serve.
+ */
+#ifndef ECHO_TOOLS_BENCH_H
+#define ECHO_TOOLS_BENCH_H
+
+#include <stddef.h>
+
+int bench_serve_main(int argc, char **argv);
+int bench_plot_main(int argc, char **argv);
+
+/* Percentile of sorted x[0..n-1], p in [0, 100], by linear interpolation
+ * between closest ranks (numpy.percentile's default, "linear"): position
+ * (n-1)*p/100, value x[k] + (x[k+1]-x[k])*frac. n must be > 0. */
+double bench_percentile(const double *sorted, size_t n, double p);
+
+#endif
