@@ -247,9 +247,12 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
         load_full(m, ws, "model.norm.weight", 0, H, &m->norm, err, errlen))
         goto fail;
     const char *head_name = c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    size_t bytes_before_head = m->weight_bytes;
     if (m->vocab_n > 0 &&
         load_slice(m, ws, head_name, V, H, m->vocab0, m->vocab_n, 0, H, &m->lm_head, err, errlen))
         goto fail;
+    /* A tied head reads rows of the embedding this rank already holds. */
+    if (c->tie_word_embeddings) m->weight_bytes = bytes_before_head;
     int64_t q0 = (int64_t)r * m->hq * hd, k0 = (int64_t)kv0 * hd, i0 = (int64_t)r * m->inter;
     int64_t qn = (int64_t)m->hq * hd, kn = (int64_t)m->hkv * hd, in = m->inter;
     for (int l = 0; l < c->num_layers; l++) {
