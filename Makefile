@@ -111,11 +111,12 @@ $(LIB): $(LIB_OBJ)
 BENCH_SRC := $(sort $(wildcard tools/bench/*.c))
 BENCH_OBJ := $(BENCH_SRC:%.c=$(BUILD)/obj/%.o)
 CURL_LIBS := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
-$(BIN)/echo-bench: $(BUILD)/obj/tools/echo_bench.o $(BENCH_OBJ) $(LIB)
+$(BIN)/echo-bench: $(BUILD)/obj/tools/echo_bench.o $(BUILD)/obj/tools/cli.o $(BENCH_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(if $(BENCH_OBJ),$(CURL_LIBS))
 
-$(BIN)/echo-%: $(BUILD)/obj/tools/echo_%.o $(LIB)
+# tools/cli.c: flag parsing shared by every program.
+$(BIN)/echo-%: $(BUILD)/obj/tools/echo_%.o $(BUILD)/obj/tools/cli.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 

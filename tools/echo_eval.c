@@ -16,6 +16,9 @@
 
 #include "engine/engine.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/cli.h"
+
+#define PROG "echo-eval"
 
 static const char *USAGE =
     "usage: echo-eval --model DIR --tp N (--prompts FILE | --random-prompts K) [options]\n"
@@ -36,25 +39,6 @@ static const char *USAGE =
     "  --threads N          cpu threads in total (default: all)\n"
     "  --json               print one JSON object instead of tables\n"
     "  -h, --help           this help\n";
-
-static void usage_error(const char *msg, const char *arg) {
-    fprintf(stderr, "echo-eval: ");
-    fprintf(stderr, msg, arg);
-    fprintf(stderr, "\nTry 'echo-eval --help'.\n");
-    exit(2);
-}
-
-static long parse_long(const char *s, const char *flag, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s expects an integer in [%ld, %ld], got '%%s'", flag, lo, hi);
-        usage_error(msg, s);
-    }
-    return v;
-}
 
 typedef struct prompt {
     int32_t *ids;
@@ -198,25 +182,25 @@ int main(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case O_MODEL: model_dir = optarg; break;
-        case O_TP: tp = (int)parse_long(optarg, "--tp", 2, 64); break;
+        case O_TP: tp = (int)cli_long(PROG, optarg, "--tp", 2, 64); break;
         case O_PROMPTS: prompts_path = optarg; break;
-        case O_RAND: n_random = (int)parse_long(optarg, "--random-prompts", 1, 100000); break;
-        case O_PLEN: plen = (int)parse_long(optarg, "--prompt-len", 1, 1 << 20); break;
-        case O_SEED: seed = parse_long(optarg, "--seed", 0, 1L << 40); break;
-        case O_GEN: gen = (int)parse_long(optarg, "--gen-tokens", 1, 1 << 16); break;
+        case O_RAND: n_random = (int)cli_long(PROG, optarg, "--random-prompts", 1, 100000); break;
+        case O_PLEN: plen = (int)cli_long(PROG, optarg, "--prompt-len", 1, 1 << 20); break;
+        case O_SEED: seed = cli_long(PROG, optarg, "--seed", 0, 1L << 40); break;
+        case O_GEN: gen = (int)cli_long(PROG, optarg, "--gen-tokens", 1, 1 << 16); break;
         case O_MODES: modes_arg = optarg; break;
-        case O_MINB: base.echo_min_bytes = (size_t)parse_long(optarg, "--echo-min-bytes", 0, 1L << 40); break;
-        case O_GROUP: base.echo_group = (int)parse_long(optarg, "--echo-group", 16, 256); break;
-        case O_THREADS: base.threads = (int)parse_long(optarg, "--threads", 1, 1024); break;
+        case O_MINB: base.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
+        case O_GROUP: base.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
+        case O_THREADS: base.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_JSON: json = 1; break;
         case 'h': fputs(USAGE, stdout); return 0;
-        default: usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
+        default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc) usage_error("unexpected argument '%s'", argv[optind]);
-    if (!model_dir) usage_error("%s", "--model DIR is required");
-    if (!tp) usage_error("%s", "--tp N (>= 2) is required");
-    if (!prompts_path == !n_random) usage_error("%s", "give exactly one of --prompts FILE and --random-prompts K");
+    if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
+    if (!model_dir) cli_usage_error(PROG, "%s", "--model DIR is required");
+    if (!tp) cli_usage_error(PROG, "%s", "--tp N (>= 2) is required");
+    if (!prompts_path == !n_random) cli_usage_error(PROG, "%s", "give exactly one of --prompts FILE and --random-prompts K");
 
     mode_acc acc[2];
     int n_modes = 0;
@@ -226,7 +210,7 @@ int main(int argc, char **argv) {
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             echo_mode m;
             if (echo_mode_parse(tok, &m) || m == ECHO_MODE_EXACT || n_modes == 2)
-                usage_error("--modes expects a subset of int4,echo, got '%s'", modes_arg);
+                cli_usage_error(PROG, "--modes expects a subset of int4,echo, got '%s'", modes_arg);
             memset(&acc[n_modes], 0, sizeof acc[n_modes]);
             acc[n_modes++].mode = m;
         }

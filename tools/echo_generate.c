@@ -17,6 +17,9 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/cli.h"
+
+#define PROG "echo-generate"
 
 static const char *USAGE =
     "usage: echo-generate --model DIR (--prompt-tokens ID,ID,... | --prompt TEXT [--chat]) [options]\n"
@@ -55,25 +58,6 @@ static const char *USAGE =
     "\n"
     "Exit status: 0 success, 1 runtime error (bad model, out of memory), 2 usage error.\n";
 
-static void usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "echo-generate: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry 'echo-generate --help'.\n");
-    exit(2);
-}
-
-static long parse_long(const char *s, const char *flag, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s expects an integer in [%ld, %ld], got '%%s'", flag, lo, hi);
-        usage_error(msg, s);
-    }
-    return v;
-}
-
 static int32_t *parse_ids(const char *s, int *n) {
     size_t cap = 16;
     int32_t *ids = malloc(cap * sizeof *ids);
@@ -83,7 +67,7 @@ static int32_t *parse_ids(const char *s, int *n) {
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (errno || end == p || v < 0 || v > INT32_MAX) usage_error("--prompt-tokens: bad token id list '%s'", s);
+        if (errno || end == p || v < 0 || v > INT32_MAX) cli_usage_error(PROG, "--prompt-tokens: bad token id list '%s'", s);
         if ((size_t)*n == cap) {
             int32_t *nid = realloc(ids, (cap *= 2) * sizeof *ids);
             if (!nid) break;
@@ -91,7 +75,7 @@ static int32_t *parse_ids(const char *s, int *n) {
         }
         ids[(*n)++] = (int32_t)v;
         if (*end == 0) return ids;
-        if (*end != ',') usage_error("--prompt-tokens: bad token id list '%s'", s);
+        if (*end != ',') cli_usage_error(PROG, "--prompt-tokens: bad token id list '%s'", s);
         p = end + 1;
     }
     free(ids);
@@ -210,42 +194,32 @@ int main(int argc, char **argv) {
         switch (c) {
         case O_MODEL: model_dir = optarg; break;
         case O_PTOK: ptok = optarg; break;
-        case O_MAXTOK: gp.max_tokens = (int)parse_long(optarg, "--max-tokens", 0, 1 << 24); break;
-        case O_TEMP: {
-            char *end;
-            errno = 0;
-            double t = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(t >= 0) || !isfinite(t) || t > 1e4)
-                usage_error("--temperature expects a number in [0, 10000], got '%s'", optarg);
-            gp.sampling.temperature = (float)t;
-            break;
-        }
-        case O_SEED: gp.sampling.seed = (uint64_t)parse_long(optarg, "--seed", 0, LONG_MAX); break;
-        case O_TOPK: gp.sampling.top_k = (int)parse_long(optarg, "--top-k", 0, 1 << 24); break;
+        case O_MAXTOK: gp.max_tokens = (int)cli_long(PROG, optarg, "--max-tokens", 0, 1 << 24); break;
+        case O_TEMP: gp.sampling.temperature = (float)cli_double(PROG, optarg, "--temperature", 0, 1e4); break;
+        case O_SEED: gp.sampling.seed = (uint64_t)cli_long(PROG, optarg, "--seed", 0, LONG_MAX); break;
+        case O_TOPK: gp.sampling.top_k = (int)cli_long(PROG, optarg, "--top-k", 0, 1 << 24); break;
         case O_TOPP: {
-            char *end;
-            errno = 0;
-            double v = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(v > 0 && v <= 1))
-                usage_error("--top-p expects a number in (0, 1], got '%s'", optarg);
+            double v;
+            if (cli_parse_double(optarg, 0, 1, &v) || v == 0)
+                cli_usage_error(PROG, "--top-p expects a number in (0, 1], got '%s'", optarg);
             gp.sampling.top_p = (float)v;
             break;
         }
-        case O_MINB: ec.echo_min_bytes = (size_t)parse_long(optarg, "--echo-min-bytes", 0, LONG_MAX); break;
-        case O_GROUP: ec.echo_group = (int)parse_long(optarg, "--echo-group", 16, 256); break;
-        case O_TOPLP: gp.top_logprobs = (int)parse_long(optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
+        case O_MINB: ec.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, LONG_MAX); break;
+        case O_GROUP: ec.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
+        case O_TOPLP: gp.top_logprobs = (int)cli_long(PROG, optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
         case O_IGNEOS: gp.ignore_eos = 1; break;
         case O_JSON: json = 1; break;
         case O_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
-                usage_error("--device expects auto, cpu or cuda, got '%s'", optarg);
+                cli_usage_error(PROG, "--device expects auto, cpu or cuda, got '%s'", optarg);
             ec.device = optarg;
             break;
-        case O_THREADS: ec.threads = (int)parse_long(optarg, "--threads", 1, 1024); break;
-        case O_TP: ec.tp = (int)parse_long(optarg, "--tp", 1, 64); break;
+        case O_THREADS: ec.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
+        case O_TP: ec.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
         case O_ALLRED:
             if (echo_mode_parse(optarg, &ec.allreduce))
-                usage_error("--allreduce expects exact, int4 or echo, got '%s'", optarg);
+                cli_usage_error(PROG, "--allreduce expects exact, int4 or echo, got '%s'", optarg);
             allreduce = optarg;
             break;
         case O_PROMPT: prompt_text = optarg; break;
@@ -255,14 +229,14 @@ int main(int argc, char **argv) {
         case 'h': fputs(USAGE, stdout); return 0;
         case '?':
         default:
-            usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
+            cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc) usage_error("unexpected argument '%s'", argv[optind]);
-    if (!model_dir) usage_error("%s", "--model DIR is required");
-    if (!ptok == !prompt_text) usage_error("%s", "give exactly one of --prompt-tokens and --prompt");
-    if (chat && !prompt_text) usage_error("%s", "--chat wraps --prompt TEXT; it needs --prompt");
-    if (no_thinking && !chat) usage_error("%s", "--no-thinking only applies with --chat");
+    if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
+    if (!model_dir) cli_usage_error(PROG, "%s", "--model DIR is required");
+    if (!ptok == !prompt_text) cli_usage_error(PROG, "%s", "give exactly one of --prompt-tokens and --prompt");
+    if (chat && !prompt_text) cli_usage_error(PROG, "%s", "--chat wraps --prompt TEXT; it needs --prompt");
+    if (no_thinking && !chat) cli_usage_error(PROG, "%s", "--no-thinking only applies with --chat");
     if (allreduce && ec.tp == 1)
         fprintf(stderr, "echo-generate: note: --allreduce %s has no effect with --tp 1 (no all-reduce)\n", allreduce);
     if (gp.sampling.temperature == 0 && (gp.sampling.top_k || gp.sampling.top_p < 1))

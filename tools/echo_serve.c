@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #include "server/server.h"
+#include "tools/cli.h"
+
+#define PROG "echo-serve"
 
 static const char *USAGE =
     "usage: echo-serve --model NAME|DIR [options]\n"
@@ -54,37 +57,6 @@ static volatile sig_atomic_t g_stop = 0; /* the only thing the signal handler to
 static void on_signal(int sig) {
     (void)sig;
     g_stop = 1;
-}
-
-static void usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "echo-serve: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry 'echo-serve --help'.\n");
-    exit(2);
-}
-
-static long parse_long(const char *s, const char *flag, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s expects an integer in [%ld, %ld], got '%%s'", flag, lo, hi);
-        usage_error(msg, s);
-    }
-    return v;
-}
-
-static double parse_double(const char *s, const char *flag, double lo, double hi) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s expects a number in [%g, %g], got '%%s'", flag, lo, hi);
-        usage_error(msg, s);
-    }
-    return v;
 }
 
 static void print_examples(const char *host, int port, const char *name, const char *key) {
@@ -171,39 +143,39 @@ int main(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case O_MODEL: model = optarg; break;
-        case O_TP: o.tp = (int)parse_long(optarg, "--tp", 1, 64); break;
+        case O_TP: o.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
         case O_DEVICE:
             if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
-                usage_error("--device expects auto, cuda or cpu, got '%s'", optarg);
+                cli_usage_error(PROG, "--device expects auto, cuda or cpu, got '%s'", optarg);
             o.device = optarg;
             break;
         case O_ALLRED:
             if (echo_mode_parse(optarg, &o.allreduce))
-                usage_error("--allreduce expects echo, exact or int4, got '%s'", optarg);
+                cli_usage_error(PROG, "--allreduce expects echo, exact or int4, got '%s'", optarg);
             break;
-        case O_MINB: o.echo_min_bytes = (size_t)parse_long(optarg, "--echo-min-bytes", 0, 1L << 40); break;
-        case O_GROUP: o.echo_group = (int)parse_long(optarg, "--echo-group", 16, 256); break;
+        case O_MINB: o.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
+        case O_GROUP: o.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
         case O_HOST: o.host = optarg; break;
-        case O_PORT: o.port = (int)parse_long(optarg, "--port", 0, 65535); break;
+        case O_PORT: o.port = (int)cli_long(PROG, optarg, "--port", 0, 65535); break;
         case O_NAME:
-            if (!*optarg) usage_error("%s", "--served-model-name must not be empty");
+            if (!*optarg) cli_usage_error(PROG, "%s", "--served-model-name must not be empty");
             o.served_model_name = optarg;
             break;
-        case O_SEQS: o.max_num_seqs = (int)parse_long(optarg, "--max-num-seqs", 1, 4096); break;
-        case O_BTOK: o.max_num_batched_tokens = (int)parse_long(optarg, "--max-num-batched-tokens", 1, 1 << 20); break;
-        case O_MLEN: o.max_model_len = (int)parse_long(optarg, "--max-model-len", 1, 1 << 24); break;
-        case O_KVB: o.kv_blocks = (int)parse_long(optarg, "--num-kv-blocks", 1, 1 << 30); break;
-        case O_QUEUE: o.max_waiting = (int)parse_long(optarg, "--max-queue", 1, 1 << 20); break;
-        case O_CONNS: o.max_connections = (int)parse_long(optarg, "--max-connections", 1, 65536); break;
-        case O_TIMEOUT: o.timeout_s = (int)parse_long(optarg, "--timeout", 1, 86400); break;
-        case O_BODY: o.max_body_bytes = (size_t)parse_long(optarg, "--max-body-bytes", 1024, 1L << 34); break;
-        case O_DRAIN: o.drain_s = parse_double(optarg, "--drain-seconds", 0, 86400); break;
+        case O_SEQS: o.max_num_seqs = (int)cli_long(PROG, optarg, "--max-num-seqs", 1, 4096); break;
+        case O_BTOK: o.max_num_batched_tokens = (int)cli_long(PROG, optarg, "--max-num-batched-tokens", 1, 1 << 20); break;
+        case O_MLEN: o.max_model_len = (int)cli_long(PROG, optarg, "--max-model-len", 1, 1 << 24); break;
+        case O_KVB: o.kv_blocks = (int)cli_long(PROG, optarg, "--num-kv-blocks", 1, 1 << 30); break;
+        case O_QUEUE: o.max_waiting = (int)cli_long(PROG, optarg, "--max-queue", 1, 1 << 20); break;
+        case O_CONNS: o.max_connections = (int)cli_long(PROG, optarg, "--max-connections", 1, 65536); break;
+        case O_TIMEOUT: o.timeout_s = (int)cli_long(PROG, optarg, "--timeout", 1, 86400); break;
+        case O_BODY: o.max_body_bytes = (size_t)cli_long(PROG, optarg, "--max-body-bytes", 1024, 1L << 34); break;
+        case O_DRAIN: o.drain_s = cli_double(PROG, optarg, "--drain-seconds", 0, 86400); break;
         case O_KEY:
-            if (!*optarg) usage_error("%s", "--api-key must not be empty");
+            if (!*optarg) cli_usage_error(PROG, "%s", "--api-key must not be empty");
             o.api_key = optarg;
             break;
-        case O_LDELAY: o.load_delay_s = parse_double(optarg, "--debug-load-delay", 0, 3600); break;
-        case O_THREADS: o.threads = (int)parse_long(optarg, "--threads", 1, 1024); break;
+        case O_LDELAY: o.load_delay_s = cli_double(PROG, optarg, "--debug-load-delay", 0, 3600); break;
+        case O_THREADS: o.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_LOG:
             if (!strcmp(optarg, "debug"))
                 o.log_level = SRV_LOG_DEBUG;
@@ -214,15 +186,15 @@ int main(int argc, char **argv) {
             else if (!strcmp(optarg, "error"))
                 o.log_level = SRV_LOG_ERROR;
             else
-                usage_error("--log-level expects debug, info, warning or error, got '%s'", optarg);
+                cli_usage_error(PROG, "--log-level expects debug, info, warning or error, got '%s'", optarg);
             break;
         case 'h': fputs(USAGE, stdout); return 0;
         case '?':
-        default: usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
+        default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc) usage_error("unexpected argument '%s'", argv[optind]);
-    if (!model) usage_error("%s", "--model NAME|DIR is required");
+    if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
+    if (!model) cli_usage_error(PROG, "%s", "--model NAME|DIR is required");
     if (!o.api_key && getenv("ECHO_API_KEY") && *getenv("ECHO_API_KEY")) o.api_key = getenv("ECHO_API_KEY");
 
     char dir[4096], err[4096];

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "tools/bench/bench.h"
+#include "tools/cli.h"
 
 #define SV_MAX_PCTS 8
 #define SV_MAX_ERRBODY 65536 /* bytes of a non-200 body kept for its message */
@@ -806,24 +807,6 @@ static int sv_usage_error(const char *fmt, const char *a) {
     return 2;
 }
 
-static int sv_parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
-static int sv_parse_double(const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
-    *out = v;
-    return 0;
-}
-
 enum {
     O_BASE = 1000, O_ENDPOINT, O_MODEL, O_NUM, O_RATE, O_BURST, O_CONC, O_DATASET, O_IN, O_OUT, O_RATIO, O_SEED,
     O_IGNORE_EOS, O_SAVE, O_LABEL, O_KEY, O_TIMEOUT, O_CTIMEOUT, O_NOPROG, O_WARM, O_PCTS, O_HELP
@@ -888,20 +871,20 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
             break;
         case O_MODEL: o->model = a; break;
         case O_NUM:
-            if (sv_parse_long(a, 1, 10000000, &v)) rc = sv_usage_error("--num-prompts: expected 1..10000000, got '%s'", a);
+            if (cli_parse_long(a, 1, 10000000, &v)) rc = sv_usage_error("--num-prompts: expected 1..10000000, got '%s'", a);
             o->num_prompts = (int)v;
             break;
         case O_RATE:
             if (!strcmp(a, "inf")) o->rate = INFINITY;
-            else if (sv_parse_double(a, 1e-9, 1e9, &o->rate))
+            else if (cli_parse_double(a, 1e-9, 1e9, &o->rate))
                 rc = sv_usage_error("--request-rate: expected a positive number or 'inf', got '%s'", a);
             break;
         case O_BURST:
-            if (sv_parse_double(a, 1e-3, 1e6, &o->burstiness))
+            if (cli_parse_double(a, 1e-3, 1e6, &o->burstiness))
                 rc = sv_usage_error("--burstiness: expected a positive number, got '%s'", a);
             break;
         case O_CONC:
-            if (sv_parse_long(a, 1, 1000000, &v)) rc = sv_usage_error("--max-concurrency: expected >= 1, got '%s'", a);
+            if (cli_parse_long(a, 1, 1000000, &v)) rc = sv_usage_error("--max-concurrency: expected >= 1, got '%s'", a);
             o->max_conc = (int)v;
             break;
         case O_DATASET:
@@ -910,18 +893,18 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
             o->dataset = a;
             break;
         case O_IN:
-            if (sv_parse_long(a, 1, 10000000, &v)) rc = sv_usage_error("--input-len: expected >= 1, got '%s'", a);
+            if (cli_parse_long(a, 1, 10000000, &v)) rc = sv_usage_error("--input-len: expected >= 1, got '%s'", a);
             o->input_len = (int)v;
             break;
         case O_OUT:
-            if (sv_parse_long(a, 1, 10000000, &v)) rc = sv_usage_error("--output-len: expected >= 1, got '%s'", a);
+            if (cli_parse_long(a, 1, 10000000, &v)) rc = sv_usage_error("--output-len: expected >= 1, got '%s'", a);
             o->output_len = (int)v;
             break;
         case O_RATIO:
-            if (sv_parse_double(a, 0, 1, &o->range_ratio)) rc = sv_usage_error("--range-ratio: expected 0..1, got '%s'", a);
+            if (cli_parse_double(a, 0, 1, &o->range_ratio)) rc = sv_usage_error("--range-ratio: expected 0..1, got '%s'", a);
             break;
         case O_SEED:
-            if (sv_parse_long(a, 0, 0x7fffffffL, &v)) rc = sv_usage_error("--seed: expected 0..2147483647, got '%s'", a);
+            if (cli_parse_long(a, 0, 0x7fffffffL, &v)) rc = sv_usage_error("--seed: expected 0..2147483647, got '%s'", a);
             o->seed = (unsigned long long)v;
             break;
         case O_IGNORE_EOS: o->ignore_eos = 1; break;
@@ -929,14 +912,14 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
         case O_LABEL: o->label = a; break;
         case O_KEY: o->api_key = a; break;
         case O_TIMEOUT:
-            if (sv_parse_double(a, 0.001, 1e6, &o->timeout_s)) rc = sv_usage_error("--request-timeout: expected seconds > 0, got '%s'", a);
+            if (cli_parse_double(a, 0.001, 1e6, &o->timeout_s)) rc = sv_usage_error("--request-timeout: expected seconds > 0, got '%s'", a);
             break;
         case O_CTIMEOUT:
-            if (sv_parse_double(a, 0.001, 1e6, &o->connect_timeout_s)) rc = sv_usage_error("--connect-timeout: expected seconds > 0, got '%s'", a);
+            if (cli_parse_double(a, 0.001, 1e6, &o->connect_timeout_s)) rc = sv_usage_error("--connect-timeout: expected seconds > 0, got '%s'", a);
             break;
         case O_NOPROG: o->progress = 0; break;
         case O_WARM:
-            if (sv_parse_long(a, 0, 1000, &v)) rc = sv_usage_error("--num-warmups: expected 0..1000, got '%s'", a);
+            if (cli_parse_long(a, 0, 1000, &v)) rc = sv_usage_error("--num-warmups: expected 0..1000, got '%s'", a);
             o->warmups = (int)v;
             break;
         case O_PCTS: {
@@ -944,7 +927,7 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
             snprintf(tmp, sizeof tmp, "%s", a);
             o->n_pcts = 0;
             for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
-                if (o->n_pcts == SV_MAX_PCTS || sv_parse_double(t, 0, 100, &o->pcts[o->n_pcts]))
+                if (o->n_pcts == SV_MAX_PCTS || cli_parse_double(t, 0, 100, &o->pcts[o->n_pcts]))
                     rc = sv_usage_error("--metric-percentiles: expected up to 8 comma-separated values in 0..100, got '%s'", a);
                 o->n_pcts++;
             }

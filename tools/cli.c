@@ -1,0 +1,51 @@
+/* Flag parsing shared by the programs (see cli.h). */
+#include "tools/cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+_Noreturn void cli_usage_error(const char *prog, const char *fmt, const char *arg) {
+    fprintf(stderr, "%s: ", prog);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry '%s --help'.\n", prog);
+    exit(2);
+}
+
+int cli_parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_double(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
+    *out = v;
+    return 0;
+}
+
+long cli_long(const char *prog, const char *s, const char *flag, long lo, long hi) {
+    long v;
+    if (cli_parse_long(s, lo, hi, &v)) {
+        char msg[192];
+        snprintf(msg, sizeof msg, "%s expects an integer in [%ld, %ld], got '%%s'", flag, lo, hi);
+        cli_usage_error(prog, msg, s);
+    }
+    return v;
+}
+
+double cli_double(const char *prog, const char *s, const char *flag, double lo, double hi) {
+    double v;
+    if (cli_parse_double(s, lo, hi, &v)) {
+        char msg[192];
+        snprintf(msg, sizeof msg, "%s expects a number in [%g, %g], got '%%s'", flag, lo, hi);
+        cli_usage_error(prog, msg, s);
+    }
+    return v;
+}

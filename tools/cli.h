@@ -1,0 +1,20 @@
+/*
+ * tools/cli — flag parsing shared by the programs in tools/. Only programs
+ * may exit, so the exiting helpers live here and never in a module: a usage
+ * error prints "PROG: message" and "Try 'PROG --help'." and exits with 2.
+ */
+#ifndef ECHO_TOOLS_CLI_H
+#define ECHO_TOOLS_CLI_H
+
+/* fmt has one %s, filled with arg. */
+_Noreturn void cli_usage_error(const char *prog, const char *fmt, const char *arg);
+/* The whole of s as an integer / number in [lo, hi], or a usage error that
+ * names the flag and the range. */
+long cli_long(const char *prog, const char *s, const char *flag, long lo, long hi);
+double cli_double(const char *prog, const char *s, const char *flag, double lo, double hi);
+/* Non-exiting forms for subcommands that report errors themselves: 0 when
+ * the whole of s parses and lies in [lo, hi]. NaN is never in range. */
+int cli_parse_long(const char *s, long lo, long hi, long *out);
+int cli_parse_double(const char *s, double lo, double hi, double *out);
+
+#endif
