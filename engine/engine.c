@@ -8,6 +8,7 @@
  * collective, so an invalid batch fails on all ranks without anyone waiting
  * in a collective for a rank that gave up.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -410,7 +411,27 @@ int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *lay
     }
     e->batch = (model_batch){n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
                              e->logit_rows, nrows, layer_states};
-    if (ranks_forward(e, err, errlen)) {
+    int rc = ranks_forward(e, err, errlen);
+    /* Gather the vocabulary slices into full rows. */
+    int V = e->mc.vocab_size;
+    for (int k = 0; !rc && k < c->tp; k++) {
+        int v0, vn;
+        model_vocab_slice(e->ranks[k].m, &v0, &vn);
+        for (int r = 0; r < nrows && vn > 0; r++)
+            memcpy(logits + (size_t)r * V + v0, e->ranks[k].logits + (size_t)r * vn, (size_t)vn * sizeof(float));
+    }
+    /* NaN/inf logits (corrupt weights, overflow) would otherwise become a
+     * silently wrong token: argmax and sampling skip NaN. */
+    for (size_t i = 0; !rc && i < (size_t)nrows * V; i++) {
+        if (!isfinite(logits[i])) {
+            snprintf(err, errlen, "step: the model produced a non-finite logit (row %zu, token %zu); corrupt weights?",
+                     i / (size_t)V, i % (size_t)V);
+            rc = -1;
+        }
+    }
+    if (rc) {
+        /* The sequences keep their length and blocks: what this pass wrote
+         * past their end is never read. */
         for (int i = n - 1; i >= 0; i--) {
             eng_seq *s = &e->seqs[it[i].seq];
             while (s->nblocks > old_nblocks[i]) e->free_blocks[e->n_free++] = s->blocks[--s->nblocks];
@@ -418,14 +439,6 @@ int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *lay
         return -1;
     }
     for (int i = 0; i < n; i++) e->seqs[it[i].seq].len += it[i].n_tokens;
-    /* Gather the vocabulary slices into full rows. */
-    int V = e->mc.vocab_size;
-    for (int k = 0; k < c->tp; k++) {
-        int v0, vn;
-        model_vocab_slice(e->ranks[k].m, &v0, &vn);
-        for (int r = 0; r < nrows && vn > 0; r++)
-            memcpy(logits + (size_t)r * V + v0, e->ranks[k].logits + (size_t)r * vn, (size_t)vn * sizeof(float));
-    }
     return 0;
 }
 

@@ -13,7 +13,10 @@
  *     the items that ask. When the blocks needed are not free, eng_step()
  *     returns ENG_ENOSPACE and changes nothing (the scheduler queues).
  *   - Logits: the lm_head is split by vocabulary across ranks; the engine
- *     gathers the slices into full (vocab) fp32 rows on the host.
+ *     gathers the slices into full (vocab) fp32 rows on the host. A step
+ *     whose logits are not all finite fails (corrupt weights never turn
+ *     into silently wrong tokens); a failed step leaves every sequence as
+ *     it was.
  *   - Sampling (eng_sample) is host-side and reproducible per request seed.
  *   - One thread drives an engine at a time (the scheduler). Library code:
  *     returns status with a message in the caller's buffer; never exits.

@@ -396,6 +396,47 @@ START_TEST(test_echo_eval_deep) {
 }
 END_TEST
 
+/* Weights that hold NaN (a corrupt checkpoint that still parses) give a
+ * clear error instead of a silently wrong token, and change no state. */
+START_TEST(test_nonfinite_logits_reported) {
+    char *dir = tu_mkdtemp(), path[1024], cmd[2048], err[1024];
+    snprintf(cmd, sizeof cmd, "cp %s/tied/config.json %s/tied/model.safetensors %s/", MODELS, MODELS, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    size_t len;
+    char *buf = tu_read_file(path, &len);
+    ck_assert_ptr_nonnull(buf);
+    uint64_t hlen;
+    memcpy(&hlen, buf, 8);
+    json_t *h = json_loadb(buf + 8, (size_t)hlen, 0, NULL);
+    json_t *off = json_object_get(json_object_get(h, "model.norm.weight"), "data_offsets");
+    ck_assert_ptr_nonnull(off);
+    size_t b0 = 8 + (size_t)hlen + (size_t)json_integer_value(json_array_get(off, 0));
+    const unsigned char nan_bf16[2] = {0xc0, 0x7f};
+    memcpy(buf + b0, nan_bf16, 2); /* first element of the final norm */
+    ck_assert_int_eq(tu_write_file(path, buf, len), 0);
+    json_decref(h);
+    free(buf);
+    eng_config c = {.model_dir = dir, .tp = 1, .threads = 1, .max_model_len = 64, .max_num_seqs = 1};
+    eng *e;
+    ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
+    int seq;
+    int32_t ids[3] = {1, 2, 3};
+    float out[384];
+    ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
+    eng_item it = {seq, ids, 3, ENG_LOGITS_LAST};
+    ck_assert_int_eq(eng_step(e, &it, 1, out, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "non-finite") != NULL, "%s", err);
+    ck_assert_int_eq(eng_seq_len(e, seq), 0);
+    eng_kv_usage u;
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, u.total_blocks);
+    eng_destroy(e);
+    tu_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("engine");
     TCase *tp = tcase_create("tensor-parallel");
@@ -410,6 +451,7 @@ int main(void) {
     tcase_add_test(kv, test_kv_paging_no_leakage);
     tcase_add_test(kv, test_kv_exhaustion_reported);
     tcase_add_test(kv, test_engine_config_errors);
+    tcase_add_test(kv, test_nonfinite_logits_reported);
     suite_add_tcase(s, kv);
     TCase *sm = tcase_create("sampling");
     tcase_add_test(sm, test_sampling_reproducible_and_topk1);
