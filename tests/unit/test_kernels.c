@@ -318,6 +318,23 @@ START_TEST(test_thread_count_invariance) {
 }
 END_TEST
 
+/* A token's output row must not depend on which other tokens share the
+ * call (groups of four take another code path than the remainder): the
+ * server's greedy outputs are batch-invariant because of this. */
+START_TEST(test_matmul_batch_invariant) {
+    wbuf w;
+    make_weight(&w, KERN_BF16, 33, 77);
+    float *x = rand_vec(7 * 77), all[7 * 33], one[33];
+    ck_assert_int_eq(ops->matmul(be, all, x, &w.w, 7), 0);
+    for (int i = 0; i < 7; i++) {
+        ck_assert_int_eq(ops->matmul(be, one, x + i * 77, &w.w, 1), 0);
+        ck_assert_int_eq(memcmp(one, all + i * 33, sizeof one), 0);
+    }
+    free(x);
+    free_weight(&w);
+}
+END_TEST
+
 START_TEST(test_backend_selection_errors) {
     const kern_ops *o;
     kern_backend *b;
@@ -345,6 +362,7 @@ int main(void) {
     tcase_add_test(tc, test_matmul_strided_view);
     tcase_add_test(tc, test_elementwise_and_embedding);
     tcase_add_test(tc, test_thread_count_invariance);
+    tcase_add_test(tc, test_matmul_batch_invariant);
     tcase_add_test(tc, test_backend_selection_errors);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
