@@ -728,6 +728,8 @@ static const bench_cmd commands[] = {
     {"codec", cmd_codec, "codec GB/s (encode, decode-accumulate) beside memcpy; error vs wire bits per group"},
     {"serve", bench_serve_main, "load generator for OpenAI-compatible servers (vllm bench serve)"},
     {"plot", bench_plot_main, "PNG plots: TTFT CDF of serve results, algbw vs size of allreduce --json"},
+    {"randmodel", bench_randmodel_main, "a Qwen3 model folder (8B, 0.6B or tiny shape) with random bf16 weights"},
+    {"forward", bench_forward_main, "engine prefill tok/s + TFLOP/s, decode tok/s vs roofline, TTFT"},
 };
 
 static void usage(void) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # echo-bench serve / plot and scripts/ttft-ab.sh against a real echo-serve on
-# the demo model (cpu backend, loopback). JSON checks are tests/bench/check.py
-# (python3 stdlib only).
+# the demo model (cpu backend, loopback); echo-bench randmodel / forward on a
+# tiny random-weight model. JSON checks are tests/bench/check.py and
+# check_forward.py (python3 stdlib only).
 #   usage: tests/bench/run.sh ECHO_BENCH ECHO_SERVE MODEL_DIR
 # Prints "N passed, M failed" as its last line; exit status 0 only when M = 0.
 set -uo pipefail
@@ -160,6 +161,61 @@ check "ttft-ab.sh: exact/echo/int4 x quiet/busy(cpu-membw) at tp 2 on the cpu ba
        && grep -q \"^| \$l | 8/0 |\" $tmp/ab/summary.md || { cat $tmp/ab.txt; exit 1; }; done \
   && grep -Eq '^\\| quiet \\| echo \\| [0-9.]+ \\|' $tmp/ab/summary.md && grep -q '%' $tmp/ab/summary.md \
   && test -s $tmp/ab/ttft-cdf.png"
+
+# ---- echo-bench randmodel / forward: random-weight Qwen3 folders and the engine benchmark (cpu backend)
+gen=$(dirname "$bench")/echo-generate
+fw_small=(--prefill 16,32 --decode-batch 1,4 --decode-steps 4 --ttft-len 16 --iters 2 --copy-bytes 8M)
+check "randmodel: tiny folder passes the safetensors/config checks and loads in the engine" bash -c \
+  "$(printf '%q ' "$bench") randmodel --shape tiny --out $tmp/rm/tiny --seed 7 >/dev/null \
+  && python3 $here/check_forward.py randmodel $tmp/rm/tiny tiny 2 \
+  && if [ -x $(printf '%q' "$gen") ]; then $(printf '%q' "$gen") --model $tmp/rm/tiny --prompt-tokens 1,2,3 \
+       --max-tokens 2 --device cpu --threads 1 >/dev/null; \
+     else echo 'note: no echo-generate next to echo-bench; loading through echo-bench forward instead'; \
+       $(printf '%q ' "$bench") forward --model $tmp/rm/tiny --device cpu --prefill 4 --decode-batch 1 \
+       --decode-steps 1 --ttft-len 0 --iters 1 --copy-bytes 8K >/dev/null; fi"
+check "randmodel: same seed -> same file, --threads does not change it, another seed differs" bash -c \
+  "$(printf '%q ' "$bench") randmodel --out $tmp/rm/same --seed 7 --threads 1 >/dev/null \
+  && $(printf '%q ' "$bench") randmodel --out $tmp/rm/other --seed 8 >/dev/null \
+  && cmp -s $tmp/rm/tiny/model.safetensors $tmp/rm/same/model.safetensors \
+  && ! cmp -s $tmp/rm/tiny/model.safetensors $tmp/rm/other/model.safetensors"
+check "randmodel: qwen3-0.6b shape (--layers 1): published config fields, tied head, N(0, 0.02) weights" bash -c \
+  "$(printf '%q ' "$bench") randmodel --shape qwen3-0.6b --layers 1 --out $tmp/rm/q06 >/dev/null \
+  && python3 $here/check_forward.py randmodel $tmp/rm/q06 qwen3-0.6b 1; rc=\$?; rm -rf $tmp/rm/q06; exit \$rc"
+check "randmodel: a non-empty folder is refused without --force (exit 1, files kept), written with it" bash -c \
+  "cp $tmp/rm/tiny/model.safetensors $tmp/rm/before; \
+   $(printf '%q ' "$bench") randmodel --out $tmp/rm/tiny --seed 9 >/dev/null 2>$tmp/rm/err; test \$? -eq 1 \
+  && grep -q 'not empty; pass --force' $tmp/rm/err && cmp -s $tmp/rm/before $tmp/rm/tiny/model.safetensors \
+  && $(printf '%q ' "$bench") randmodel --out $tmp/rm/tiny --seed 9 --force >/dev/null \
+  && ! cmp -s $tmp/rm/before $tmp/rm/tiny/model.safetensors && test ! -e $tmp/rm/tiny/model.safetensors.tmp"
+check "forward: tiny model on cpu -> JSON, every rate positive and consistent, logits finite; table prints" bash -c \
+  "$(printf '%q ' "$bench") forward --model $tmp/rm/tiny --device cpu ${fw_small[*]} --threads 1 --json >$tmp/fw.json \
+  && python3 $here/check_forward.py forward $tmp/fw.json \
+  && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); \
+assert [r[\"tokens\"] for r in d[\"prefill\"]] == [16, 32] and [r[\"batch\"] for r in d[\"decode\"]] == [1, 4]; \
+assert d[\"ttft\"][\"tokens\"] == 16 and d[\"device\"] == \"cpu\"' $tmp/fw.json \
+  && $(printf '%q ' "$bench") forward --model $tmp/rm/tiny --device auto ${fw_small[*]} --threads 1 >$tmp/fw.txt \
+  && grep -q '^# prefill' $tmp/fw.txt && grep -q '% roof' $tmp/fw.txt && grep -q '^# ttft' $tmp/fw.txt"
+check "forward: tp 2 on the cpu backend" bash -c \
+  "$(printf '%q ' "$bench") forward --model $tmp/rm/tiny --device cpu --tp 2 ${fw_small[*]} --threads 2 --json \
+    >$tmp/fw2.json && python3 $here/check_forward.py forward $tmp/fw2.json"
+check "randmodel/forward: malformed flags -> exit 2 with a clear message; runtime errors -> exit 1" bash -c "
+  $(declare -f usage_case); tmp=$tmp; bench=$(printf '%q' "$bench")
+  usage_case \"--out DIR is required\" randmodel &&
+  usage_case \"--shape: expected\" randmodel --out $tmp/rm/x --shape qwen3-70b &&
+  usage_case \"--layers: expected\" randmodel --out $tmp/rm/x --layers 0 &&
+  usage_case \"--dtype: only bf16\" randmodel --out $tmp/rm/x --dtype f32 &&
+  usage_case \"unknown option '--bogus'\" randmodel --bogus &&
+  usage_case \"--model DIR is required\" forward &&
+  usage_case \"--prefill: expected\" forward --model $tmp/rm/tiny --prefill 16,0 &&
+  usage_case \"--decode-batch: expected\" forward --model $tmp/rm/tiny --decode-batch 1,,x &&
+  usage_case \"--device: expected\" forward --model $tmp/rm/tiny --device tpu &&
+  usage_case \"--copy-bytes: expected\" forward --model $tmp/rm/tiny --copy-bytes 1X &&
+  usage_case \"needs a value\" forward --model &&
+  usage_case \"unexpected argument\" forward --model $tmp/rm/tiny stray &&
+  test ! -e $tmp/rm/x &&
+  { \$bench forward --model $tmp/rm/tiny --prefill 5000 --device cpu >/dev/null 2>$tmp/rm/e1; test \$? -eq 1; } &&
+  grep -q 'max_position_embeddings' $tmp/rm/e1 &&
+  { \$bench forward --model $tmp/rm/none --device cpu >/dev/null 2>/dev/null; test \$? -eq 1; }"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

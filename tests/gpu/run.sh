@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The prepared GPU check: build with the cuda backend, compare every op on
-# cuda against cpu, then compare greedy generation on every fixture model.
+# cuda against cpu, then compare greedy generation on every fixture model,
+# then benchmark the engine on Qwen3-8B-shaped random weights (echo-bench
+# randmodel + forward: prefill tok/s and TFLOP/s, decode tok/s beside the
+# copy-bandwidth roofline, TTFT of a 2048-token prompt).
 # Made to run on a lent GPU machine (no package registry there): the Debian
 # -dev packages travel as .deb files in .gpu-debs/ (tests/gpu/fetch-debs.sh)
 # and are unpacked with `dpkg -x` into a private prefix; nothing is
@@ -15,10 +18,12 @@
 # GPU_PREFIX (where the debs are unpacked; default a fresh mktemp folder),
 # GPU_CHECK_DEVICE (default cuda; "cpu" dry-runs every step of this script
 # on a machine without a GPU: the op test with --self-check, generation on
-# cpu twice).
+# cpu twice, the benchmark on a tiny random model), FORWARD_BENCH (0 skips
+# the benchmark), FWD_DIR (where the random model is written and removed
+# again; default /tmp/echo-qwen3-8b-random).
 #
-# Logs under $OUT (5 files, so they fit a device call's return):
-#   env.log  build.log  ops.log  gen.log  summary.txt
+# Logs under $OUT (7 files, so they fit a device call's return):
+#   env.log  build.log  ops.log  gen.log  forward.log  forward.json  summary.txt
 # The summary table is printed last. Exit status: 0 when nothing failed
 # (steps skipped for want of a GPU count as skipped, not failed), else 1.
 set -euo pipefail
@@ -222,4 +227,83 @@ for p in json.load(open(sys.argv[1]))["prompts"]:
   done
 fi
 rm -rf "$TMPD"
+
+# ---- 6. engine benchmark: Qwen3-8B-shaped random weights at tp 1 ----
+# docs/bench-forward.md. The weights are generated here (echo-bench
+# randmodel; nothing comes from outside): all 36 layers (16.4 GB) when the
+# disk has >= 20 GB free, else 12 of the 36 layers (7.2 GB, labelled "12/36L"
+# in every row), else skipped. A write that outlasts its limit is retried
+# once with 12 layers. On DEV=cpu the same steps run on the tiny shape.
+BENCH="$GPU_BUILD/bin/echo-bench"
+FWD_DIR="${FWD_DIR:-/tmp/echo-qwen3-8b-random}"
+: >"$OUT/forward.log"
+rm -f "$OUT/forward.json"
+fwd_rows() { # forward.json label -> "step|detail" lines for row()
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+d, lab = json.load(open(sys.argv[1])), sys.argv[2]
+p, dd = d["prefill"], d["decode"]
+print(f"fwd {lab} prefill tok/s (TFLOP/s)|" + ", ".join(f"{r['tokens']}: {r['tokens_per_s']:.0f} ({r['tflops']:.1f})" for r in p))
+print(f"fwd {lab} decode tok/s (% roof)|" + ", ".join(f"B={r['batch']}: {r['tokens_per_s']:.0f} ({r['roofline_pct']:.0f}%)" for r in dd)
+      + f"; copy {d['copy_gbps']:.0f} GB/s, {d['weight_bytes_read_per_step'] / 1e9:.2f} GB/step")
+if "ttft" in d:
+    print(f"fwd {lab} TTFT {d['ttft']['tokens']} tokens|{d['ttft']['ms']:.1f} ms; load {d['load_s']:.1f} s"
+          + ("" if d["logits_finite"] else "; NON-FINITE LOGITS"))
+PY
+}
+if [ "${FORWARD_BENCH:-1}" = 0 ]; then
+  row "forward benchmark" skip "FORWARD_BENCH=0"
+elif [ ! -x "$BENCH" ]; then
+  row "forward benchmark" FAIL "$BENCH was not built"
+elif [ $HAVE_GPU -eq 0 ] && [ "$DEV" != cpu ]; then
+  row "forward benchmark" skip "no GPU: skipped"
+else
+  mkdir -p "$(dirname "$FWD_DIR")"
+  avail=$(df -P -k "$(dirname "$FWD_DIR")" | awk 'NR == 2 {print int($4 / 1048576)}')
+  shape=qwen3-8b layers=36 label=8b
+  fwd_args=(--prefill 512,2048,8192 --decode-batch 1,16,64 --decode-steps 32 --ttft-len 2048 --iters 2)
+  if [ "$DEV" = cpu ]; then
+    shape=tiny layers=2 label=tiny
+    fwd_args=(--prefill 16,64 --decode-batch 1,4 --decode-steps 4 --ttft-len 32 --iters 2 --copy-bytes 64M)
+  elif [ "${avail:-0}" -lt 9 ]; then
+    shape=""
+  elif [ "$avail" -lt 20 ]; then
+    layers=12 label=8b-12/36L
+  fi
+  if [ -z "$shape" ]; then
+    row "forward benchmark" skip "only ${avail} GB free on $(dirname "$FWD_DIR") (12 layers need 9)"
+  else
+    rm -rf "$FWD_DIR"
+    set +e
+    timeout 180 "$BENCH" randmodel --shape "$shape" --layers "$layers" --out "$FWD_DIR" >>"$OUT/forward.log" 2>&1
+    wrc=$?
+    if [ $wrc -eq 124 ] && [ "$layers" = 36 ]; then
+      echo "randmodel: 36 layers did not finish in 180 s; retrying with 12" >>"$OUT/forward.log"
+      layers=12 label=8b-12/36L
+      rm -rf "$FWD_DIR"
+      timeout 120 "$BENCH" randmodel --shape "$shape" --layers 12 --out "$FWD_DIR" >>"$OUT/forward.log" 2>&1
+      wrc=$?
+    fi
+    set -e
+    if [ $wrc -ne 0 ]; then
+      row "randmodel $shape ($layers layers)" FAIL "exit $wrc: $(tail -1 "$OUT/forward.log" | cut -c1-90)"
+    else
+      row "randmodel $shape ($layers layers)" ok "$(sed -n 's/.*layers, [0-9]* tensors, \(.*\) ->.*/\1/p' "$OUT/forward.log" | tail -1)"
+      set +e
+      timeout 300 "$BENCH" forward --device "$DEV" --tp 1 --model "$FWD_DIR" --json "${fwd_args[@]}" \
+        >"$OUT/forward.json" 2>>"$OUT/forward.log"
+      frc=$?
+      set -e
+      if [ $frc -ne 0 ]; then
+        row "fwd $label" FAIL "exit $frc: $(tail -1 "$OUT/forward.log" | cut -c1-100)"
+      elif ! command -v python3 >/dev/null; then
+        row "fwd $label" ok "no python3 to summarise: see forward.json"
+      else
+        while IFS='|' read -r step detail; do row "$step" ok "$detail"; done < <(fwd_rows "$OUT/forward.json" "$label")
+      fi
+      cat "$OUT/forward.json"
+    fi
+    rm -rf "$FWD_DIR"
+  fi
+fi
 finish

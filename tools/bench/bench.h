@@ -6,6 +6,11 @@
  *                      libcurl multi, streaming SSE parsed incrementally)
  *   echo-bench plot    PNG plots through gnuplot: TTFT CDF per serve result,
  *                      algbw vs message size per algo for allreduce --json
+ *   echo-bench randmodel  a Qwen3 model folder of a real shape with random
+ *                      bf16 weights (config.json, one model.safetensors)
+ *   echo-bench forward the engine alone: prefill tokens/s and TFLOP/s,
+ *                      decode tokens/s beside the copy-bandwidth roofline,
+ *                      TTFT (docs/bench-forward.md)
  *
  * Both entry points take the arguments that follow the subcommand name:
  * argv[0] is the first option (there is no program name), argc counts them.
@@ -19,6 +24,8 @@
 
 int bench_serve_main(int argc, char **argv);
 int bench_plot_main(int argc, char **argv);
+int bench_randmodel_main(int argc, char **argv);
+int bench_forward_main(int argc, char **argv);
 
 /* Percentile of sorted x[0..n-1], p in [0, 100], by linear interpolation
  * between closest ranks (numpy.percentile's default, "linear"): position

@@ -1,0 +1,608 @@
+/*
+ * echo-bench forward: the engine's own speed on one model, without a server
+ * in between: prefill throughput, decode throughput beside the memory
+ * roofline, and time to first token (docs/bench-forward.md).
+ *
+ * Everything goes through the public engine API (eng_step, eng_sample) on
+ * whatever backend --device names, so the same numbers come out of the cpu
+ * backend in CI (tiny shapes) and the cuda backend on a GPU. The cuda
+ * backend's to_host_f32 synchronises its stream, and eng_step returns only
+ * after the logits are on the host, so a wall-clock interval around eng_step
+ * includes the device's work.
+ *
+ * Phases, in this order, on one engine:
+ *   prefill  per length L: one sequence of L random ids in one eng_step
+ *            asking for the last row's logits; one untimed warm-up, then
+ *            --iters timed runs (median). FLOPs per run, counting a
+ *            multiply-add as 2 and ignoring norms, RoPE and softmax:
+ *              2 * P_layers * L                  every linear layer, per token
+ *            + 2 * V * H                         lm_head, one row (LOGITS_LAST)
+ *            + 4 * L^2 * hq * hd * layers / 2    q·kᵀ and p·v (2 * L^2 * hq * hd
+ *                                                each), halved for causality
+ *            with P_layers = layers * (H*(qd + 2*kvd) + qd*H + 3*H*I),
+ *            qd = hq*hd, kvd = hkv*hd.
+ *   decode   per batch B: B sequences prefilled with --decode-prompt tokens
+ *            (one step), one untimed decode step, then --decode-steps steps of
+ *            B items of one random token each (all asking for logits):
+ *            tokens/s = B * steps / time.
+ *   roofline the bandwidth of ops->copy on a backend of the same device
+ *            (2 * bytes / time: each byte is read and written), and for each
+ *            B the tokens/s a step would reach if it only streamed its bytes
+ *            at that bandwidth:
+ *              bytes/step = weight bytes read per step + B * ctx * kv bytes/token
+ *            where the weights read per step are rank 0's weight_bytes
+ *            (eng_get_rank_info) less the embedding table, of which a step
+ *            reads only B rows (a tied head reads it as lm_head instead: then
+ *            it stays), ctx is the mean context length over the timed steps,
+ *            and kv bytes/token = layers * 2 * hkv * hd * activation size.
+ *   ttft     one request of --ttft-len tokens on the idle engine: eng_step
+ *            start to the first token from eng_sample (greedy); median of
+ *            --iters runs after a warm-up.
+ * Token ids are random (splitmix64 of --seed); logits are checked finite.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "tools/bench/bench.h"
+#include "tools/cli.h"
+#include "weights/weights.h"
+
+#define FW_MAX_LIST 16
+
+typedef struct fw_opts {
+    const char *model, *device;
+    int tp, threads, iters, json;
+    int prefill[FW_MAX_LIST], n_prefill;
+    int batch[FW_MAX_LIST], n_batch;
+    int decode_steps, decode_prompt, ttft_len;
+    long copy_bytes; /* 0: 1 GiB on a device, 256 MiB on cpu */
+    unsigned long long seed;
+} fw_opts;
+
+typedef struct fw_prefill {
+    int len;
+    double s, flop;
+} fw_prefill;
+
+typedef struct fw_decode {
+    int batch, steps;
+    double s, bytes_per_step;
+} fw_decode;
+
+static double fw_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t fw_rng(uint64_t *s) { /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fw_tokens(int32_t *ids, int n, int vocab, uint64_t *s) {
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)(fw_rng(s) % (uint64_t)vocab);
+}
+
+static int fw_cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double fw_median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, fw_cmp);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+static int fw_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+static int fw_usage_error(const char *fmt, const char *a) {
+    fprintf(stderr, "echo-bench forward: ");
+    fprintf(stderr, fmt, a);
+    fprintf(stderr, "\nTry 'echo-bench forward --help'.\n");
+    return 2;
+}
+
+/* "512,2048,8192" -> up to FW_MAX_LIST integers in [1, hi]; -1 when malformed. */
+static int fw_parse_list(const char *s, long hi, int *out, int *n) {
+    char tmp[256];
+    if (snprintf(tmp, sizeof tmp, "%s", s) >= (int)sizeof tmp) return -1;
+    *n = 0;
+    for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (*n == FW_MAX_LIST || cli_parse_long(t, 1, hi, &v)) return -1;
+        out[(*n)++] = (int)v;
+    }
+    return *n ? 0 : -1;
+}
+
+/* "4096", "64K", "256M", "1G" (binary multiples) in [lo, hi]; -1 when malformed. */
+static int fw_parse_size(const char *s, long lo, long hi, long *out) {
+    char tmp[64];
+    size_t n = strlen(s);
+    long mult = 1;
+    if (n == 0 || n >= sizeof tmp) return -1;
+    memcpy(tmp, s, n + 1);
+    switch (tmp[n - 1]) {
+    case 'K':
+    case 'k': mult = 1L << 10; break;
+    case 'M':
+    case 'm': mult = 1L << 20; break;
+    case 'G':
+    case 'g': mult = 1L << 30; break;
+    default: break;
+    }
+    if (mult > 1) tmp[n - 1] = 0;
+    long v;
+    if (cli_parse_long(tmp, 1, hi / mult, &v) || v * mult < lo) return -1;
+    *out = v * mult;
+    return 0;
+}
+
+static const char FW_USAGE[] =
+    "usage: echo-bench forward --model DIR [--device cpu|cuda|auto] [--tp N] [--prefill 512,2048,8192]\n"
+    "                          [--decode-batch 1,16,64] [--decode-steps N] [--decode-prompt N]\n"
+    "                          [--ttft-len 2048] [--iters N] [--threads N] [--copy-bytes N] [--seed S] [--json]\n"
+    "\n"
+    "Prefill tokens/s and TFLOP/s per prompt length, decode tokens/s per batch beside the memory\n"
+    "roofline (weight bytes / measured ops->copy bandwidth), and TTFT of one prompt, on the engine.\n"
+    "  --model DIR         Hugging Face Qwen3 folder (e.g. from echo-bench randmodel)\n"
+    "  --device D          cpu (default), cuda, or auto (cuda when a GPU is visible)\n"
+    "  --tp N              tensor-parallel ranks (default 1; > 1 on cpu only)\n"
+    "  --prefill L,...     prompt lengths, one sequence each (default 512,2048,8192)\n"
+    "  --decode-batch B,.. decode batch sizes (default 1,16,64)\n"
+    "  --decode-steps N    timed decode steps per batch size (default 32)\n"
+    "  --decode-prompt N   prompt tokens of each decoding sequence (default 16)\n"
+    "  --ttft-len N        prompt of the TTFT request (default 2048; 0 skips it)\n"
+    "  --iters N           timed runs per prefill length and of TTFT, median reported (default 3)\n"
+    "  --threads N         cpu threads (default: all)\n"
+    "  --copy-bytes N[KMG] buffer of the bandwidth measurement (default 1 GiB on a GPU, 256 MiB on cpu)\n"
+    "  --seed S            random token ids (default 0)\n"
+    "  --json              one JSON object instead of the table\n"
+    "Exit status: 0 ok, 1 runtime error, 2 usage error.\n";
+
+static int fw_parse(int argc, char **argv, fw_opts *o) {
+    enum {
+        O_MODEL = 1000,
+        O_DEVICE,
+        O_TP,
+        O_PREFILL,
+        O_BATCH,
+        O_STEPS,
+        O_PROMPT,
+        O_TTFT,
+        O_ITERS,
+        O_THREADS,
+        O_COPY,
+        O_SEED,
+        O_JSON,
+        O_HELP
+    };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, O_MODEL},
+        {"device", required_argument, 0, O_DEVICE},
+        {"tp", required_argument, 0, O_TP},
+        {"prefill", required_argument, 0, O_PREFILL},
+        {"decode-batch", required_argument, 0, O_BATCH},
+        {"decode-steps", required_argument, 0, O_STEPS},
+        {"decode-prompt", required_argument, 0, O_PROMPT},
+        {"ttft-len", required_argument, 0, O_TTFT},
+        {"iters", required_argument, 0, O_ITERS},
+        {"threads", required_argument, 0, O_THREADS},
+        {"copy-bytes", required_argument, 0, O_COPY},
+        {"seed", required_argument, 0, O_SEED},
+        {"json", no_argument, 0, O_JSON},
+        {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0},
+    };
+    /* getopt starts at argv[1]: give it a program name in front */
+    char **av = calloc((size_t)argc + 2, sizeof *av);
+    if (!av) return 1;
+    av[0] = "echo-bench forward";
+    memcpy(av + 1, argv, (size_t)argc * sizeof *av);
+    int ac = argc + 1, c, rc = 0;
+    long v;
+    optind = 1;
+    opterr = 0;
+    while (!rc && (c = getopt_long(ac, av, ":h", lo, NULL)) != -1) {
+        const char *a = optarg;
+        switch (c) {
+        case O_MODEL: o->model = a; break;
+        case O_DEVICE:
+            if (strcmp(a, "cpu") && strcmp(a, "cuda") && strcmp(a, "auto"))
+                rc = fw_usage_error("--device: expected cpu, cuda or auto, got '%s'", a);
+            o->device = a;
+            break;
+        case O_TP:
+            if (cli_parse_long(a, 1, 64, &v)) rc = fw_usage_error("--tp: expected 1..64, got '%s'", a);
+            o->tp = (int)v;
+            break;
+        case O_PREFILL:
+            if (fw_parse_list(a, 1 << 20, o->prefill, &o->n_prefill))
+                rc = fw_usage_error("--prefill: expected up to 16 comma-separated lengths in 1..1048576, got '%s'", a);
+            break;
+        case O_BATCH:
+            if (fw_parse_list(a, 65536, o->batch, &o->n_batch))
+                rc = fw_usage_error("--decode-batch: expected up to 16 comma-separated sizes in 1..65536, got '%s'", a);
+            break;
+        case O_STEPS:
+            if (cli_parse_long(a, 1, 100000, &v))
+                rc = fw_usage_error("--decode-steps: expected 1..100000, got '%s'", a);
+            o->decode_steps = (int)v;
+            break;
+        case O_PROMPT:
+            if (cli_parse_long(a, 1, 1 << 20, &v))
+                rc = fw_usage_error("--decode-prompt: expected 1..1048576, got '%s'", a);
+            o->decode_prompt = (int)v;
+            break;
+        case O_TTFT:
+            if (cli_parse_long(a, 0, 1 << 20, &v)) rc = fw_usage_error("--ttft-len: expected 0..1048576, got '%s'", a);
+            o->ttft_len = (int)v;
+            break;
+        case O_ITERS:
+            if (cli_parse_long(a, 1, 1000, &v)) rc = fw_usage_error("--iters: expected 1..1000, got '%s'", a);
+            o->iters = (int)v;
+            break;
+        case O_THREADS:
+            if (cli_parse_long(a, 1, 4096, &v)) rc = fw_usage_error("--threads: expected 1..4096, got '%s'", a);
+            o->threads = (int)v;
+            break;
+        case O_COPY:
+            if (fw_parse_size(a, 4096, 1L << 36, &o->copy_bytes))
+                rc = fw_usage_error("--copy-bytes: expected 4K..64G (K, M, G suffixes), got '%s'", a);
+            break;
+        case O_SEED:
+            if (cli_parse_long(a, 0, 0x7fffffffL, &v))
+                rc = fw_usage_error("--seed: expected 0..2147483647, got '%s'", a);
+            o->seed = (unsigned long long)v;
+            break;
+        case O_JSON: o->json = 1; break;
+        case 'h':
+        case O_HELP:
+            fputs(FW_USAGE, stdout);
+            rc = -1;
+            break;
+        case ':': rc = fw_usage_error("option '%s' needs a value", av[optind - 1]); break;
+        default: rc = fw_usage_error("unknown option '%s'", av[optind - 1]); break;
+        }
+    }
+    if (!rc && optind < ac) rc = fw_usage_error("unexpected argument '%s'", av[optind]);
+    if (!rc && !o->model) rc = fw_usage_error("%s", "--model DIR is required");
+    free(av);
+    return rc;
+}
+
+/* Copy bandwidth of `device` through its op table: one calibration copy,
+ * then enough copies for ~0.3 s, timed to a synchronising to_host_f32 of one
+ * value (ops->copy only enqueues on a device). Bytes/s counts each copied
+ * byte twice (read + write). Also returns the activation size. */
+static int fw_copy_bandwidth(const char *device, int threads, size_t bytes, double *bps, size_t *act_size, char *err,
+                             size_t errlen) {
+    const kern_ops *ops = NULL;
+    kern_backend *be = NULL;
+    void *a = NULL, *b = NULL;
+    float one;
+    int status = -1;
+    if (kern_backend_create(device, threads, 0, &ops, &be, err, errlen)) return -1;
+    size_t es = kern_dtype_size(ops->act_dtype), n = bytes / es;
+    *act_size = es;
+    a = ops->alloc(be, n * es);
+    b = ops->alloc(be, n * es);
+    if (!a || !b) {
+        snprintf(err, errlen, "copy bandwidth: cannot allocate 2 x %zu bytes: %s", n * es, kern_last_error(be));
+        goto out;
+    }
+    /* first touch and clocks up, then calibrate */
+    if (ops->copy(be, b, a, n) || ops->to_host_f32(be, &one, b, 1)) goto op_fail;
+    double t0 = fw_now();
+    if (ops->copy(be, a, b, n) || ops->to_host_f32(be, &one, a, 1)) goto op_fail;
+    double t1 = fw_now() - t0;
+    int reps = t1 > 0 ? (int)(0.3 / t1) : 200;
+    reps = reps < 3 ? 3 : (reps > 200 ? 200 : reps);
+    t0 = fw_now();
+    for (int i = 0; i < reps; i++)
+        if (ops->copy(be, i % 2 ? a : b, i % 2 ? b : a, n)) goto op_fail;
+    if (ops->to_host_f32(be, &one, a, 1)) goto op_fail;
+    double t = fw_now() - t0;
+    *bps = 2.0 * (double)(n * es) * reps / t;
+    status = 0;
+    goto out;
+op_fail:
+    snprintf(err, errlen, "copy bandwidth: %s", kern_last_error(be));
+out:
+    if (a) ops->free(be, a);
+    if (b) ops->free(be, b);
+    kern_backend_destroy(ops, be);
+    return status;
+}
+
+/* One forward of `n` fresh sequences of `len` random tokens each, logits of
+ * the last row of each; the sequences are freed unless `keep` receives them. */
+static int fw_prefill_seqs(eng *e, int n, int len, int vocab, uint64_t *rng, int32_t *ids, eng_item *items,
+                           float *logits, int *keep, double *sec, char *err, size_t errlen) {
+    int status = -1, made = 0;
+    int *sq = keep ? keep : malloc((size_t)n * sizeof *sq);
+    if (!sq) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (; made < n; made++) {
+        if (eng_seq_new(e, &sq[made], err, errlen)) goto out;
+        fw_tokens(ids + (size_t)made * len, len, vocab, rng);
+        items[made] = (eng_item){sq[made], ids + (size_t)made * len, len, ENG_LOGITS_LAST};
+    }
+    double t0 = fw_now();
+    int rc = eng_step(e, items, n, logits, err, errlen);
+    *sec = fw_now() - t0;
+    if (rc == ENG_ENOSPACE) snprintf(err, errlen, "not enough KV blocks for %d x %d tokens", n, len);
+    status = rc ? -1 : 0;
+out:
+    if (!keep || status)
+        for (int i = 0; i < made; i++)
+            eng_seq_free(e, sq[i]);
+    if (!keep) free(sq);
+    return status;
+}
+
+int bench_forward_main(int argc, char **argv) {
+    fw_opts o = {.device = "cpu",
+                 .tp = 1,
+                 .iters = 3,
+                 .decode_steps = 32,
+                 .decode_prompt = 16,
+                 .ttft_len = 2048,
+                 .prefill = {512, 2048, 8192},
+                 .n_prefill = 3,
+                 .batch = {1, 16, 64},
+                 .n_batch = 3};
+    int rc = fw_parse(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (!strcmp(o.device, "auto")) o.device = kern_auto_device();
+
+    char err[1024];
+    model_config mc;
+    if (model_config_load(o.model, &mc, err, sizeof err)) {
+        fprintf(stderr, "echo-bench forward: %s\n", err);
+        return 1;
+    }
+    int max_pre = 0, max_b = 0;
+    for (int i = 0; i < o.n_prefill; i++)
+        max_pre = o.prefill[i] > max_pre ? o.prefill[i] : max_pre;
+    for (int i = 0; i < o.n_batch; i++)
+        max_b = o.batch[i] > max_b ? o.batch[i] : max_b;
+    int dec_len = o.decode_prompt + 1 + o.decode_steps; /* prompt, warm-up step, timed steps */
+    int max_len = max_pre > o.ttft_len ? max_pre : o.ttft_len;
+    max_len = max_len > dec_len ? max_len : dec_len;
+    if (max_len > mc.max_position_embeddings) {
+        fprintf(stderr, "echo-bench forward: %d tokens exceed the model's max_position_embeddings %d\n", max_len,
+                mc.max_position_embeddings);
+        return 1;
+    }
+    const int bs = 16;
+    long long blocks_pre = (max_len + bs - 1) / bs, blocks_dec = (long long)max_b * ((dec_len + bs - 1) / bs);
+    long long batch_tok = (long long)max_b * o.decode_prompt;
+    if (batch_tok < max_len) batch_tok = max_len;
+    if (blocks_dec > (1 << 30) || batch_tok > (1 << 24)) {
+        fprintf(stderr, "echo-bench forward: batch %d x %d tokens is too large\n", max_b, dec_len);
+        return 1;
+    }
+
+    /* Bandwidth first, while the device holds nothing else. */
+    double bps = 0;
+    size_t act_size = 0, copy_bytes = o.copy_bytes ? (size_t)o.copy_bytes
+                                                   : (strcmp(o.device, "cpu") ? (size_t)1 << 30 : (size_t)256 << 20);
+    if (fw_copy_bandwidth(o.device, o.threads, copy_bytes, &bps, &act_size, err, sizeof err)) {
+        fprintf(stderr, "echo-bench forward: %s\n", err);
+        return 1;
+    }
+
+    eng_config ec = {.model_dir = o.model,
+                     .device = o.device,
+                     .tp = o.tp,
+                     .threads = o.threads,
+                     .kv_block_size = bs,
+                     .max_model_len = max_len,
+                     .max_num_seqs = max_b,
+                     .max_batch_tokens = (int)batch_tok,
+                     .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec)};
+    eng *e = NULL;
+    weights_set *ws = NULL;
+    float *logits = NULL;
+    int32_t *ids = NULL;
+    eng_item *items = NULL;
+    int *seqs = NULL;
+    double *runs = NULL;
+    fw_prefill pre[FW_MAX_LIST];
+    fw_decode dec[FW_MAX_LIST];
+    double ttft_s = 0, load_s = 0;
+    int status = 1, finite = 1;
+    uint64_t rng = o.seed;
+    double t0 = fw_now();
+    if (eng_create(&ec, &e, err, sizeof err)) goto fail;
+    load_s = fw_now() - t0;
+    const int V = mc.vocab_size, H = mc.hidden_size, L = mc.num_layers;
+    logits = malloc((size_t)max_b * V * sizeof *logits);
+    ids = malloc((size_t)batch_tok * sizeof *ids);
+    items = malloc((size_t)max_b * sizeof *items);
+    seqs = malloc((size_t)max_b * sizeof *seqs);
+    runs = malloc((size_t)o.iters * sizeof *runs);
+    if (!logits || !ids || !items || !seqs || !runs) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+
+    /* Weight bytes a decode step reads (see the top of this file). */
+    eng_rank_info ri;
+    eng_get_rank_info(e, 0, &ri);
+    if (weights_open(o.model, &ws, err, sizeof err)) goto fail;
+    const weights_tensor *emb = weights_find(ws, "model.embed_tokens.weight");
+    size_t emb_bytes = emb ? emb->nbytes : 0;
+    double read_bytes = (double)ri.weight_bytes - (mc.tie_word_embeddings ? 0.0 : (double)emb_bytes);
+    double kv_tok = (double)L * 2 * (mc.num_kv_heads % o.tp ? 1 : mc.num_kv_heads / o.tp) * mc.head_dim * act_size;
+    double qd = (double)mc.num_heads * mc.head_dim, kvd = (double)mc.num_kv_heads * mc.head_dim;
+    double p_layers = (double)L * (H * (qd + 2 * kvd) + qd * H + 3.0 * H * mc.intermediate_size);
+
+    /* ---- prefill ---- */
+    for (int i = 0; i < o.n_prefill; i++) {
+        int len = o.prefill[i];
+        double s;
+        if (fw_prefill_seqs(e, 1, len, V, &rng, ids, items, logits, NULL, &s, err, sizeof err)) goto fail;
+        finite &= fw_finite(logits, (size_t)V);
+        for (int it = 0; it < o.iters; it++)
+            if (fw_prefill_seqs(e, 1, len, V, &rng, ids, items, logits, NULL, &runs[it], err, sizeof err)) goto fail;
+        pre[i].len = len;
+        pre[i].s = fw_median(runs, o.iters);
+        pre[i].flop = 2 * p_layers * len + 2.0 * V * H + 4.0 * len * (double)len * qd * L / 2;
+    }
+
+    /* ---- decode ---- */
+    for (int i = 0; i < o.n_batch; i++) {
+        int B = o.batch[i];
+        double s;
+        if (fw_prefill_seqs(e, B, o.decode_prompt, V, &rng, ids, items, logits, seqs, &s, err, sizeof err)) goto fail;
+        double t = 0;
+        for (int step = 0; step <= o.decode_steps; step++) {
+            fw_tokens(ids, B, V, &rng);
+            for (int b = 0; b < B; b++)
+                items[b] = (eng_item){seqs[b], ids + b, 1, ENG_LOGITS_LAST};
+            double ts = fw_now();
+            int r = eng_step(e, items, B, logits, err, sizeof err);
+            if (step > 0) t += fw_now() - ts; /* step 0 warms up */
+            if (r) {
+                if (r == ENG_ENOSPACE) snprintf(err, sizeof err, "not enough KV blocks for decode batch %d", B);
+                for (int b = 0; b < B; b++)
+                    eng_seq_free(e, seqs[b]);
+                goto fail;
+            }
+        }
+        finite &= fw_finite(logits, (size_t)B * V);
+        for (int b = 0; b < B; b++)
+            eng_seq_free(e, seqs[b]);
+        double ctx = o.decode_prompt + 1 + (o.decode_steps + 1) / 2.0; /* mean context of the timed steps */
+        dec[i] = (fw_decode){B, o.decode_steps, t, read_bytes + B * ctx * kv_tok};
+    }
+
+    /* ---- TTFT ---- */
+    if (o.ttft_len > 0) {
+        eng_sampling greedy = {0, 0, 1.0f, 0};
+        eng_rng er;
+        eng_rng_seed(&er, 0);
+        for (int it = -1; it < o.iters; it++) { /* it -1 warms up */
+            int seq;
+            if (eng_seq_new(e, &seq, err, sizeof err)) goto fail;
+            fw_tokens(ids, o.ttft_len, V, &rng);
+            eng_item item = {seq, ids, o.ttft_len, ENG_LOGITS_LAST};
+            double ts = fw_now();
+            int r = eng_step(e, &item, 1, logits, err, sizeof err);
+            int32_t tok = r ? -1 : eng_sample(logits, V, &greedy, &er);
+            double dt = fw_now() - ts;
+            eng_seq_free(e, seq);
+            if (r || tok < 0 || tok >= V) {
+                if (!r) snprintf(err, sizeof err, "TTFT: sampled token %d out of range", (int)tok);
+                goto fail;
+            }
+            if (it >= 0) runs[it] = dt;
+        }
+        ttft_s = fw_median(runs, o.iters);
+    }
+    if (!finite) fprintf(stderr, "echo-bench forward: warning: non-finite logits (random weights overflowed?)\n");
+
+    /* ---- report ---- */
+    const char *act = act_size == 2 ? "bf16" : "fp32";
+    if (o.json) {
+        json_t *root = json_object(), *jp = json_array(), *jd = json_array();
+        json_object_set_new(root, "model", json_string(o.model));
+        json_object_set_new(root, "device", json_string(o.device));
+        json_object_set_new(root, "tp", json_integer(o.tp));
+        long nt = eng_get_config(e)->threads > 0 ? eng_get_config(e)->threads : sysconf(_SC_NPROCESSORS_ONLN);
+        json_object_set_new(root, "threads", json_integer(strcmp(o.device, "cpu") ? 0 : nt));
+        json_object_set_new(root, "config",
+                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b}", "vocab_size", V, "hidden_size", H,
+                                      "intermediate_size", mc.intermediate_size, "num_layers", L, "num_heads",
+                                      mc.num_heads, "num_kv_heads", mc.num_kv_heads, "head_dim", mc.head_dim,
+                                      "tie_word_embeddings", mc.tie_word_embeddings));
+        json_object_set_new(root, "activations", json_string(act));
+        json_object_set_new(root, "load_s", json_real(load_s));
+        json_object_set_new(root, "weight_bytes", json_integer((json_int_t)ri.weight_bytes));
+        json_object_set_new(root, "weight_bytes_read_per_step", json_real(read_bytes));
+        json_object_set_new(root, "kv_bytes_per_token", json_real(kv_tok));
+        json_object_set_new(root, "copy_bytes", json_integer((json_int_t)copy_bytes));
+        json_object_set_new(root, "copy_gbps", json_real(bps / 1e9));
+        for (int i = 0; i < o.n_prefill; i++)
+            json_array_append_new(jp, json_pack("{s:i, s:f, s:f, s:f, s:f}", "tokens", pre[i].len, "ms", pre[i].s * 1e3,
+                                                "tokens_per_s", pre[i].len / pre[i].s, "tflop", pre[i].flop / 1e12,
+                                                "tflops", pre[i].flop / pre[i].s / 1e12));
+        for (int i = 0; i < o.n_batch; i++) {
+            double tps = dec[i].batch * dec[i].steps / dec[i].s, roof = dec[i].batch * bps / dec[i].bytes_per_step;
+            json_array_append_new(jd, json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "batch", dec[i].batch, "steps",
+                                                dec[i].steps, "ms_per_step", dec[i].s / dec[i].steps * 1e3,
+                                                "tokens_per_s", tps, "bytes_per_step", dec[i].bytes_per_step,
+                                                "roofline_tokens_per_s", roof, "roofline_pct", 100 * tps / roof));
+        }
+        json_object_set_new(root, "prefill", jp);
+        json_object_set_new(root, "decode", jd);
+        if (o.ttft_len > 0)
+            json_object_set_new(root, "ttft", json_pack("{s:i, s:f}", "tokens", o.ttft_len, "ms", ttft_s * 1e3));
+        json_object_set_new(root, "iters", json_integer(o.iters));
+        json_object_set_new(root, "logits_finite", json_boolean(finite));
+        char *txt = json_dumps(root, JSON_PRESERVE_ORDER | JSON_INDENT(1) | JSON_REAL_PRECISION(6));
+        json_decref(root);
+        if (!txt) {
+            snprintf(err, sizeof err, "out of memory");
+            goto fail;
+        }
+        printf("%s\n", txt);
+        free(txt);
+    } else {
+        printf("# echo-bench forward: %s on %s, tp %d, %s activations; %d layers, hidden %d, vocab %d\n", o.model,
+               o.device, o.tp, act, L, H, V);
+        printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
+               "%zu MiB, 2 x bytes / time); load %.1f s\n",
+               ri.weight_bytes / 1e9, read_bytes / 1e9, bps / 1e9, copy_bytes >> 20, load_s);
+        printf("# prefill (median of %d)  %8s %10s %10s %9s\n", o.iters, "tokens", "ms", "tok/s", "TFLOP/s");
+        for (int i = 0; i < o.n_prefill; i++)
+            printf("  %-22s %8d %10.2f %10.1f %9.3f\n", "", pre[i].len, pre[i].s * 1e3, pre[i].len / pre[i].s,
+                   pre[i].flop / pre[i].s / 1e12);
+        printf("# decode (%3d steps)       %8s %10s %10s %9s %8s\n", o.decode_steps, "batch", "ms/step", "tok/s",
+               "roof t/s", "% roof");
+        for (int i = 0; i < o.n_batch; i++) {
+            double tps = dec[i].batch * dec[i].steps / dec[i].s, roof = dec[i].batch * bps / dec[i].bytes_per_step;
+            printf("  %-22s %8d %10.3f %10.1f %9.1f %7.1f%%\n", "", dec[i].batch, dec[i].s / dec[i].steps * 1e3, tps,
+                   roof, 100 * tps / roof);
+        }
+        if (o.ttft_len > 0)
+            printf("# ttft (median of %d)     %8d tokens %10.2f ms (eng_step + greedy eng_sample, idle engine)\n",
+                   o.iters, o.ttft_len, ttft_s * 1e3);
+        if (!finite) printf("# WARNING: non-finite logits\n");
+    }
+    status = 0;
+    goto out;
+fail:
+    fprintf(stderr, "echo-bench forward: %s\n", err);
+out:
+    weights_close(ws);
+    eng_destroy(e);
+    free(logits);
+    free(ids);
+    free(items);
+    free(seqs);
+    free(runs);
+    return status;
+}
