@@ -67,10 +67,7 @@ static void att_task(void *arg, int task) {
         int len = pos_first + (i - t->q0) + 1;
         float mx = -INFINITY;
         for (int p = 0; p < len; p++) {
-            const float *k = krow[p];
-            float d = 0;
-            for (int c = 0; c < hd; c++) d += q[c] * k[c];
-            s[p] = d * a->scale;
+            s[p] = cpu_dot(q, krow[p], hd) * a->scale;
             if (s[p] > mx) mx = s[p];
         }
         double sum = 0;

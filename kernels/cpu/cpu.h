@@ -37,6 +37,10 @@ typedef struct cpu_impl {
 void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
 int cpu_nthreads(const kern_backend *be);
 
+/* Dot product with 8 independent lanes and one fixed reduction order
+ * (matmul.c); the same result on every machine and in every caller. */
+float cpu_dot(const float *a, const float *b, int len);
+
 /* Rows r0 .. r0+nrows-1 of `w` as dense fp32 (nrows, w->cols), honouring ld. */
 void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows);
 

@@ -37,7 +37,7 @@ typedef float mm_v8 __attribute__((vector_size(32)));
  * a different ABI in the AVX2 clone). */
 #define MM_LOAD(v, p) memcpy(&(v), (p), sizeof(mm_v8))
 
-MM_CLONES static float mm_dot(const float *a, const float *b, int len) {
+MM_CLONES float cpu_dot(const float *a, const float *b, int len) {
     mm_v8 acc = {0};
     int k = 0;
     for (; k + 8 <= len; k += 8) {
@@ -52,7 +52,7 @@ MM_CLONES static float mm_dot(const float *a, const float *b, int len) {
 }
 
 /* Four tokens against one weight row: each weight vector is loaded once for
- * four products; per token the operations are exactly mm_dot's. */
+ * four products; per token the operations are exactly cpu_dot's. */
 MM_CLONES static void mm_dot4(const float *a0, const float *a1, const float *a2, const float *a3, const float *b,
                               int len, float *out, size_t stride) {
     mm_v8 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
@@ -103,7 +103,7 @@ static void mm_task(void *arg, int task) {
     for (; i < a->n; i++) {
         const float *x = a->in + (size_t)i * cols;
         float *o = a->out + (size_t)i * rows;
-        for (int r = r0; r < r1; r++) o[r] = mm_dot(x, wf + (size_t)(r - r0) * cols, cols);
+        for (int r = r0; r < r1; r++) o[r] = cpu_dot(x, wf + (size_t)(r - r0) * cols, cols);
     }
     free(wf);
 }
