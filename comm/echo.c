@@ -222,6 +222,17 @@ int echo_begin_pass(echo_comm *c, char *err, size_t errlen) {
     return 0;
 }
 
+void echo_abort(echo_comm *c) {
+    if (!c) return;
+    c->aborted = 1;
+    c->res_valid = 0;
+    if (c->w->tp->set_abort) c->w->tp->set_abort(c->w, 1);
+}
+
+void echo_world_clear_abort(echo_world *w) {
+    if (w && w->tp->set_abort) w->tp->set_abort(w, 0);
+}
+
 void echo_get_stats(const echo_comm *c, echo_stats *out) {
     if (c)
         *out = c->stats;

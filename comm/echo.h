@@ -105,6 +105,15 @@ int echo_begin_pass(echo_comm *c, char *err, size_t errlen);
 int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype dt, void *stream, char *err,
                    size_t errlen);
 
+/* A rank that fails outside the all-reduce (an op error, out of memory)
+ * calls echo_abort so that peers waiting in, or later entering, a collective
+ * of this world fail with a message instead of waiting forever; their pass
+ * is aborted. Once every rank has returned, the owner of the ranks calls
+ * echo_world_clear_abort; the next pass (echo_begin_pass) then works again.
+ * Local transport; a no-op on nccl for now. */
+void echo_abort(echo_comm *c);
+void echo_world_clear_abort(echo_world *w);
+
 typedef struct echo_stats {
     uint64_t calls[3];      /* by echo_mode actually used for the call */
     uint64_t wire_bytes[3]; /* bytes this rank sent, by mode */

@@ -99,6 +99,10 @@ typedef struct echo_transport_ops {
     /* Optional (track_error): fp64 sum of the raw inputs over this rank's
      * shard; only valid between p1_exchange and p2_exchange. */
     int (*exact_ref)(echo_comm *c, const echo_plan *p, double *ref, char *err, size_t errlen);
+    /* Optional: on = 1 wakes every rank waiting in (or later entering) a
+     * collective, which then fails; on = 0 re-arms the world once no rank is
+     * inside a collective any more. */
+    void (*set_abort)(echo_world *w, int on);
 } echo_transport_ops;
 
 typedef struct echo_compute_ops {

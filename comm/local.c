@@ -30,8 +30,19 @@ typedef struct local_post {
     _Alignas(64) echo_call call;
 } local_post;
 
+/* A barrier that can be aborted: a rank that failed outside the collective
+ * (an op error, out of memory) must not leave its peers waiting forever,
+ * which a pthread_barrier_t would. */
+typedef struct local_barrier_t {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n, waiting;
+    unsigned long gen;
+    int aborted;
+} local_barrier_t;
+
 typedef struct local_world {
-    pthread_barrier_t bar;
+    local_barrier_t bar;
     size_t stride; /* bytes between wire messages: one shard message at max_count, cache-line rounded */
     uint8_t *p1;
     uint8_t *p2;
@@ -51,7 +62,8 @@ static void *alloc64(size_t bytes) {
 static void local_world_fini(echo_world *w) {
     local_world *lw = w->tp_world;
     if (!lw) return;
-    pthread_barrier_destroy(&lw->bar);
+    pthread_mutex_destroy(&lw->bar.mu);
+    pthread_cond_destroy(&lw->bar.cv);
     free(lw->p1);
     free(lw->p2);
     free(lw->sum);
@@ -80,8 +92,39 @@ static const uint8_t *local_p2_recv(echo_comm *c, const echo_plan *p, int owner)
     return lw_of(c)->p2 + (size_t)owner * lw_of(c)->stride;
 }
 
-static void local_barrier(local_world *lw) {
-    pthread_barrier_wait(&lw->bar);
+/* 0 when every rank arrived; -1 when the world was aborted before or while
+ * this rank waited. */
+static int local_barrier(local_world *lw) {
+    local_barrier_t *b = &lw->bar;
+    int rc = 0;
+    pthread_mutex_lock(&b->mu);
+    if (b->aborted) {
+        rc = -1;
+    } else if (++b->waiting == b->n) {
+        b->waiting = 0;
+        b->gen++;
+        pthread_cond_broadcast(&b->cv);
+    } else {
+        unsigned long gen = b->gen;
+        while (gen == b->gen && !b->aborted) pthread_cond_wait(&b->cv, &b->mu);
+        if (gen == b->gen) rc = -1; /* woken by an abort, not by the last arrival */
+    }
+    pthread_mutex_unlock(&b->mu);
+    return rc;
+}
+
+static void local_set_abort(echo_world *w, int on) {
+    local_barrier_t *b = &((local_world *)w->tp_world)->bar;
+    pthread_mutex_lock(&b->mu);
+    b->aborted = on;
+    b->waiting = 0;
+    if (on) pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static int aborted_msg(char *err, size_t errlen) {
+    snprintf(err, errlen, "echo: the collective was aborted because another rank failed");
+    return -1;
 }
 
 /* Post this rank's call, wait for every rank, and check they all make the
@@ -90,7 +133,7 @@ static void local_barrier(local_world *lw) {
 static int post_and_wait(echo_comm *c, const echo_call *call, char *err, size_t errlen) {
     local_world *lw = lw_of(c);
     lw->posts[c->rank].call = *call;
-    local_barrier(lw);
+    if (local_barrier(lw)) return aborted_msg(err, errlen);
     for (int j = 0; j < c->w->nranks; j++) {
         const echo_call *o = &lw->posts[j].call;
         if (o->site != call->site || o->count != call->count || o->dt != call->dt || o->mode != call->mode) {
@@ -113,8 +156,8 @@ static int local_p1_exchange(echo_comm *c, const echo_plan *p, const echo_call *
 }
 
 static int local_p2_exchange(echo_comm *c, const echo_plan *p, void *stream, char *err, size_t errlen) {
-    (void)p, (void)stream, (void)err, (void)errlen;
-    local_barrier(lw_of(c));
+    (void)p, (void)stream;
+    if (local_barrier(lw_of(c))) return aborted_msg(err, errlen);
     return 0;
 }
 
@@ -154,7 +197,7 @@ static int local_exact(echo_comm *c, const echo_plan *p, const echo_call *call, 
         if (o->res) echo_cpu_load(o->res + off, ECHO_F32, n, s, 1);
     }
     if (ref) local_exact_ref(c, p, ref, err, errlen);
-    local_barrier(lw);
+    if (local_barrier(lw)) return aborted_msg(err, errlen);
     echo_cpu_store(lw->sum, p->count, buf, p->dt, bad);
     return 0;
 }
@@ -171,6 +214,7 @@ static const echo_transport_ops local_ops = {
     .p2_recv = local_p2_recv,
     .exact = local_exact,
     .exact_ref = local_exact_ref,
+    .set_abort = local_set_abort,
 };
 
 int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
@@ -185,12 +229,13 @@ int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out
         return -1;
     }
     w->tp_world = lw;
-    if (pthread_barrier_init(&lw->bar, NULL, (unsigned)nranks) != 0) {
+    if (pthread_mutex_init(&lw->bar.mu, NULL) != 0 || pthread_cond_init(&lw->bar.cv, NULL) != 0) {
         snprintf(err, errlen, "echo: cannot create a barrier for %d ranks", nranks);
         free(lw);
         echo_world_free(w);
         return -1;
     }
+    lw->bar.n = nranks;
     const echo_plan *mp = &w->max_plan;
     size_t N = (size_t)nranks;
     lw->stride = (mp->wire + 63) / 64 * 64;

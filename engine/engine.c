@@ -80,6 +80,7 @@ static void *rank_main(void *arg) {
         pthread_mutex_unlock(&e->mu);
         b.layer_states = NULL; /* rank 0 reports; the stream is replicated */
         r->rc = model_forward(r->m, &b, r->logits, r->err, sizeof r->err);
+        if (r->rc) echo_abort(r->comm); /* peers must not wait for us in a collective */
         pthread_mutex_lock(&e->mu);
         if (--e->pending == 0) pthread_cond_signal(&e->done_cv);
     }
@@ -98,18 +99,23 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
     }
     eng_rank *r0 = &e->ranks[0];
     r0->rc = model_forward(r0->m, &e->batch, r0->logits, r0->err, sizeof r0->err);
+    if (r0->rc && tp > 1) echo_abort(r0->comm);
     if (tp > 1) {
         pthread_mutex_lock(&e->mu);
         while (e->pending > 0) pthread_cond_wait(&e->done_cv, &e->mu);
         pthread_mutex_unlock(&e->mu);
     }
+    /* Report the rank that failed first-hand, not the peers it aborted. */
+    int first = -1;
     for (int i = 0; i < tp; i++) {
-        if (e->ranks[i].rc) {
-            snprintf(err, errlen, "rank %d: %s", i, e->ranks[i].err);
-            return -1;
-        }
+        if (e->ranks[i].rc && (first < 0 || (strstr(e->ranks[first].err, "aborted because another rank") &&
+                                             !strstr(e->ranks[i].err, "aborted because another rank"))))
+            first = i;
     }
-    return 0;
+    if (first < 0) return 0;
+    snprintf(err, errlen, "rank %d: %s", first, e->ranks[first].err);
+    if (tp > 1) echo_world_clear_abort(e->world); /* every rank has returned */
+    return -1;
 }
 
 static void fill_defaults(eng_config *c, const model_config *mc) {

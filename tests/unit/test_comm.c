@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/echo.h"
 #include "comm/echo_codec.h"
@@ -915,6 +916,64 @@ START_TEST(test_size_policy_and_stats) {
 }
 END_TEST
 
+/* A rank that fails outside the collective aborts it: the peers already
+ * waiting (and those arriving later) fail with a message instead of hanging;
+ * after clearing, the next pass works on every rank. */
+typedef struct abort_arg {
+    harness *h;
+    int r, abort_me;
+    float *buf;
+    int rc;
+    char err[320];
+} abort_arg;
+
+static void *abort_rank(void *p) {
+    abort_arg *a = p;
+    a->rc = echo_begin_pass(a->h->c[a->r], a->err, sizeof a->err);
+    if (a->abort_me) {
+        usleep(20000); /* let the peers block in the collective first */
+        echo_abort(a->h->c[a->r]);
+        a->rc = -1;
+        return NULL;
+    }
+    if (!a->rc) a->rc = echo_allreduce(a->h->c[a->r], 0, a->buf, 1000, ECHO_F32, NULL, a->err, sizeof a->err);
+    if (!a->rc) a->rc = echo_allreduce(a->h->c[a->r], 1, a->buf, 1000, ECHO_F32, NULL, a->err, sizeof a->err);
+    return NULL;
+}
+
+START_TEST(test_abort_wakes_peers) {
+    const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_ECHO};
+    for (int m = 0; m < 2; m++) {
+        echo_config cfg = {.mode = modes[m], .n_sites = 4, .max_count = 1000};
+        harness h;
+        h_init(&h, 3, cfg);
+        float bufs[3][1000];
+        for (int round = 0; round < 2; round++) {
+            pthread_t t[3];
+            abort_arg a[3];
+            for (int r = 0; r < 3; r++) {
+                gen(bufs[r], 1000, 7, 0, (uint64_t)r);
+                a[r] = (abort_arg){&h, r, round == 0 && r == 2, bufs[r], 0, ""};
+                ck_assert_int_eq(pthread_create(&t[r], NULL, abort_rank, &a[r]), 0);
+            }
+            for (int r = 0; r < 3; r++) pthread_join(t[r], NULL);
+            if (round == 0) {
+                for (int r = 0; r < 2; r++) {
+                    ck_assert_int_eq(a[r].rc, -1);
+                    ck_assert_msg(strstr(a[r].err, "aborted") != NULL, "rank %d: %s", r, a[r].err);
+                }
+                echo_world_clear_abort(h.w);
+            } else {
+                for (int r = 0; r < 3; r++) ck_assert_msg(a[r].rc == 0, "rank %d: %s", r, a[r].err);
+                ck_assert_int_eq(memcmp(bufs[0], bufs[1], sizeof bufs[0]), 0);
+                ck_assert_int_eq(memcmp(bufs[0], bufs[2], sizeof bufs[0]), 0);
+            }
+        }
+        h_free(&h);
+    }
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("comm");
     TCase *tc = tcase_create("echo");
@@ -927,6 +986,7 @@ int main(void) {
     tcase_add_test(tc, test_depth_independence);
     tcase_add_test(tc, test_lifecycle_errors);
     tcase_add_test(tc, test_reset_and_abort);
+    tcase_add_test(tc, test_abort_wakes_peers);
     tcase_add_test(tc, test_size_policy_and_stats);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
