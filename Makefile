@@ -138,6 +138,9 @@ FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) -fsanitize=fuzzer
 # Each fuzz target lists the library sources it exercises here.
 FUZZ_DEPS_safetensors := weights/safetensors.c
 FUZZ_DEPS_tokenizer   := $(filter-out %.cc,$(wildcard tokenizer/*.c))
+# server/ also needs model config parsing, the sampling helpers and mode names;
+# fuzz_server.c stubs the engine API and the SentencePiece wrapper.
+FUZZ_DEPS_server      := $(wildcard server/*.c) $(FUZZ_DEPS_tokenizer) model/config.c engine/sample.c comm/echo.c
 .SECONDEXPANSION:
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_DEPS_$$*)
 	@mkdir -p $(dir $@)

@@ -477,6 +477,9 @@ static int parse_prompt(srv_server *s, json_t *root, srv_req *r, verr *e) {
         (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
         p = json_array_get(p, 0); /* a batch of one */
     int rc;
+    if (json_is_array(p) && json_array_size(p) > 0 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        return fail(e, 400, "prompt", "batched prompts are not supported; send one prompt per request");
     if (json_is_string(p))
         rc = encode_text(s, json_string_value(p), json_string_length(p), 1, "prompt", &r->prompt, &r->n_prompt, e);
     else if (json_is_array(p))
@@ -484,8 +487,6 @@ static int parse_prompt(srv_server *s, json_t *root, srv_req *r, verr *e) {
     else
         return fail(e, 400, "prompt", "'prompt' must be a string or an array of token ids");
     if (rc) return rc;
-    if (json_is_array(p) && json_array_size(p) > 0 && json_is_string(json_array_get(p, 0)))
-        return fail(e, 400, "prompt", "batched prompts are not supported; send one prompt per request");
     if (r->n_prompt == 0) return fail(e, 400, "prompt", "'prompt' is empty");
     return 0;
 }
@@ -946,23 +947,32 @@ static void stream_free(void *cls) {
     free(sc);
 }
 
+/* Body -> a validated, tokenized request ready for the scheduler (g->r,
+ * g->prompt_text). On failure *e says why and nothing is left allocated. */
+static int generate_prepare(srv_server *s, conn_ctx *cc, int chat, gen_req *g, verr *e) {
+    json_t *root = parse_body(cc, e);
+    if (!root) return -1;
+    g->r = srv_req_new();
+    if (!g->r) {
+        json_decref(root);
+        return fail(e, 500, NULL, "out of memory");
+    }
+    int rc = parse_generate(s, root, chat, g, e);
+    json_decref(root);
+    if (rc || req_prepare(s, g->r, e)) {
+        srv_req_unref(g->r);
+        free(g->prompt_text);
+        g->r = NULL;
+        g->prompt_text = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, conn_ctx *cc, int chat) {
     verr e = {0};
     gen_req g = {0};
-    json_t *root = parse_body(cc, &e);
-    if (!root) return send_verr(s, c, &e);
-    g.r = srv_req_new();
-    if (!g.r) {
-        json_decref(root);
-        return send_error(s, c, 500, "out of memory", NULL);
-    }
-    int rc = parse_generate(s, root, chat, &g, &e);
-    json_decref(root);
-    if (rc || req_prepare(s, g.r, &e)) {
-        srv_req_unref(g.r);
-        free(g.prompt_text);
-        return send_verr(s, c, &e);
-    }
+    if (generate_prepare(s, cc, chat, &g, &e)) return send_verr(s, c, &e);
     if (srv_sched_submit(s, g.r) != 0) {
         srv_req_unref(g.r);
         free(g.prompt_text);
@@ -1018,7 +1028,9 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
 
 /* ---- other routes ---- */
 
-static enum MHD_Result handle_tokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) {
+/* /tokenize body -> response object (*out; NULL only when out of memory),
+ * or -1 with *e set. */
+static int tokenize_body(srv_server *s, conn_ctx *cc, json_t **out, verr *e) {
     static const char *const known[] = {"model",
                                         "prompt",
                                         "messages",
@@ -1027,31 +1039,29 @@ static enum MHD_Result handle_tokenize(srv_server *s, struct MHD_Connection *c, 
                                         "chat_template_kwargs",
                                         "return_token_strs",
                                         NULL};
-    verr e = {0};
-    json_t *root = parse_body(cc, &e);
-    if (!root) return send_verr(s, c, &e);
+    json_t *root = parse_body(cc, e);
+    if (!root) return -1;
     int32_t *ids = NULL;
     int n = 0, add_special = 1, add_gen = 1, strs = 0;
-    json_t *out = NULL;
-    if (check_known(root, known, &e) || model_check(s, root, &e) ||
-        get_bool(root, "add_special_tokens", &add_special, &e) < 0 ||
-        get_bool(root, "add_generation_prompt", &add_gen, &e) < 0 || get_bool(root, "return_token_strs", &strs, &e) < 0)
+    if (check_known(root, known, e) || model_check(s, root, e) ||
+        get_bool(root, "add_special_tokens", &add_special, e) < 0 ||
+        get_bool(root, "add_generation_prompt", &add_gen, e) < 0 || get_bool(root, "return_token_strs", &strs, e) < 0)
         goto fail;
     json_t *p = field(root, "prompt");
     if (p && field(root, "messages")) {
-        fail(&e, 400, "prompt", "give either 'prompt' or 'messages', not both");
+        fail(e, 400, "prompt", "give either 'prompt' or 'messages', not both");
         goto fail;
     }
     if (p) {
         if (!json_is_string(p)) {
-            fail(&e, 400, "prompt", "'prompt' must be a string");
+            fail(e, 400, "prompt", "'prompt' must be a string");
             goto fail;
         }
-        if (encode_text(s, json_string_value(p), json_string_length(p), add_special, "prompt", &ids, &n, &e)) goto fail;
+        if (encode_text(s, json_string_value(p), json_string_length(p), add_special, "prompt", &ids, &n, e)) goto fail;
     } else if (field(root, "messages")) {
-        if (render_chat(s, root, add_gen, &ids, &n, &e)) goto fail;
+        if (render_chat(s, root, add_gen, &ids, &n, e)) goto fail;
     } else {
-        fail(&e, 400, "prompt", "'prompt' (or 'messages') is required");
+        fail(e, 400, "prompt", "'prompt' (or 'messages') is required");
         goto fail;
     }
     json_t *toks = json_array(), *ts = strs ? json_array() : json_null();
@@ -1059,47 +1069,103 @@ static enum MHD_Result handle_tokenize(srv_server *s, struct MHD_Connection *c, 
         json_array_append_new(toks, json_integer(ids[i]));
         if (strs) json_array_append_new(ts, tok_str(s, ids[i]));
     }
-    out =
+    *out =
         json_pack("{s:i,s:i,s:o,s:o}", "count", n, "max_model_len", s->max_model_len, "tokens", toks, "token_strs", ts);
     free(ids);
     json_decref(root);
-    return send_json(s, c, 200, out);
+    return 0;
 fail:
     free(ids);
     json_decref(root);
-    return send_verr(s, c, &e);
+    return -1;
 }
 
-static enum MHD_Result handle_detokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) {
-    static const char *const known[] = {"model", "tokens", NULL};
+static enum MHD_Result handle_tokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) {
     verr e = {0};
-    json_t *root = parse_body(cc, &e);
-    if (!root) return send_verr(s, c, &e);
+    json_t *out = NULL;
+    if (tokenize_body(s, cc, &out, &e)) return send_verr(s, c, &e);
+    return send_json(s, c, 200, out);
+}
+
+/* /detokenize body -> response object (*out; NULL only when out of memory),
+ * or -1 with *e set. */
+static int detokenize_body(srv_server *s, conn_ctx *cc, json_t **out, verr *e) {
+    static const char *const known[] = {"model", "tokens", NULL};
+    json_t *root = parse_body(cc, e);
+    if (!root) return -1;
     int32_t *ids = NULL;
     int n = 0;
     json_t *t = field(root, "tokens");
-    if (check_known(root, known, &e) || model_check(s, root, &e)) goto fail;
+    if (check_known(root, known, e) || model_check(s, root, e)) goto fail;
     if (!json_is_array(t)) {
-        fail(&e, 400, "tokens", "'tokens' must be an array of token ids");
+        fail(e, 400, "tokens", "'tokens' must be an array of token ids");
         goto fail;
     }
-    if (parse_ids(s, t, "tokens", &ids, &n, &e)) goto fail;
+    if (parse_ids(s, t, "tokens", &ids, &n, e)) goto fail;
     char *txt = NULL;
     size_t tl;
     char terr[128];
     if (tok_decode(s->tok, ids, (size_t)n, 0, &txt, &tl, terr, sizeof terr) != TOK_OK) {
-        fail(&e, 400, "tokens", "cannot decode: %s", terr);
+        fail(e, 400, "tokens", "cannot decode: %s", terr);
         goto fail;
     }
-    json_t *out = json_pack("{s:o}", "prompt", json_stringn(txt, tl));
+    *out = json_pack("{s:o}", "prompt", json_stringn(txt, tl));
     free(txt);
     free(ids);
     json_decref(root);
-    return send_json(s, c, 200, out);
+    return 0;
 fail:
     free(ids);
     json_decref(root);
-    return send_verr(s, c, &e);
+    return -1;
+}
+
+static enum MHD_Result handle_detokenize(srv_server *s, struct MHD_Connection *c, conn_ctx *cc) {
+    verr e = {0};
+    json_t *out = NULL;
+    if (detokenize_body(s, cc, &out, &e)) return send_verr(s, c, &e);
+    return send_json(s, c, 200, out);
+}
+
+/* The request-body path of the four POST routes as the handlers run it
+ * (parse, validate, tokenize, build the response object), minus the engine
+ * and the network: a prepared generation request is freed instead of being
+ * submitted, a response object is serialized as send_json does, then freed. */
+int srv_fuzz_parse(srv_server *s, int route, const char *body, size_t len, char *err, size_t errlen) {
+    conn_ctx cc = {.body = (char *)body, .len = len};
+    verr e = {0};
+    json_t *out = NULL;
+    int rc;
+    switch (route) {
+    case SRV_FUZZ_COMPLETIONS:
+    case SRV_FUZZ_CHAT: {
+        gen_req g = {0};
+        cc.route = route == SRV_FUZZ_CHAT ? R_CHAT : R_COMPLETIONS;
+        rc = generate_prepare(s, &cc, route == SRV_FUZZ_CHAT, &g, &e);
+        if (!rc) {
+            srv_req_unref(g.r);
+            free(g.prompt_text);
+        }
+        break;
+    }
+    case SRV_FUZZ_TOKENIZE:
+        cc.route = R_TOKENIZE;
+        rc = tokenize_body(s, &cc, &out, &e);
+        break;
+    case SRV_FUZZ_DETOKENIZE:
+        cc.route = R_DETOKENIZE;
+        rc = detokenize_body(s, &cc, &out, &e);
+        break;
+    default: return -1;
+    }
+    if (!rc && route >= SRV_FUZZ_TOKENIZE) {
+        char *txt = out ? json_dumps(out, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+        json_decref(out);
+        if (!txt) rc = fail(&e, 500, NULL, "out of memory"); /* what send_json answers */
+        free(txt);
+    }
+    if (err && errlen) snprintf(err, errlen, "%s", rc ? e.msg : "");
+    return rc ? e.status : 200;
 }
 
 static enum MHD_Result handle_models(srv_server *s, struct MHD_Connection *c) {

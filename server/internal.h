@@ -170,4 +170,12 @@ int srv_http_start(srv_server *s, char *err, size_t errlen);
 void srv_http_quiesce(srv_server *s);
 void srv_http_stop(srv_server *s);
 
+/* Fuzzing (tests/fuzz/fuzz_server.c): run the production parse, validate and
+ * tokenize path of one POST body without engine or network, free everything.
+ * Needs s->tok, s->mc, s->name and the limits srv_load sets. Returns the HTTP
+ * status the server would answer (200: accepted), -1 for an unknown route;
+ * err gets the error message ("" on 200). */
+enum { SRV_FUZZ_COMPLETIONS, SRV_FUZZ_CHAT, SRV_FUZZ_TOKENIZE, SRV_FUZZ_DETOKENIZE, SRV_FUZZ_N_ROUTES };
+int srv_fuzz_parse(srv_server *s, int route, const char *body, size_t len, char *err, size_t errlen);
+
 #endif

@@ -1,0 +1,193 @@
+/*
+ * libFuzzer target for server/: the JSON bodies of the four POST routes.
+ * The first input byte picks the route (low two bits; the seed corpus uses
+ * the digits '0'..'3'), the rest is the request body:
+ *   0: /v1/completions   1: /v1/chat/completions   2: /tokenize   3: /detokenize
+ * Each input goes through srv_fuzz_parse(), the production parse, validate
+ * and tokenize path of the handlers (and the response object for the
+ * tokenizer routes), without engine or network. Invariants checked:
+ *   - the answer is 200, 400 or 404; a 500 here is a bug (ASan's allocator
+ *     never returns NULL, so "out of memory" cannot be genuine);
+ *   - an error carries a message, a success none.
+ *
+ * The server is set up once in LLVMFuzzerInitialize as srv_create() and
+ * srv_load() would before the engine exists: the committed Qwen3 tokenizer
+ * (tests/fixtures/tokenizer/qwen3), the realvocab model config
+ * (tests/fixtures/models/realvocab), and the limits the engine would report
+ * with default options (max_model_len min(max_position_embeddings, 4096),
+ * 16-token KV blocks, enough for 8 full sequences). Paths are relative to the
+ * repository root, where make fuzz-regress runs.
+ *
+ * The fuzz build links the C sources of server/ and tokenizer/, model
+ * config parsing, the sampling helpers and comm/echo.c (mode names), so two
+ * things are replaced by stubs here: the SentencePiece C++ wrapper, and the
+ * engine API that the scheduler and srv_load() call (never reached: no engine
+ * is created; the cpu kernels' target_clones do not link with clang 14).
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "server/internal.h"
+#include "tokenizer/internal.h"
+#include "tokenizer/tokenizer.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* ---- SentencePiece stubs (C++ is not part of this build) ---- */
+int tok_spm_load(const char *path, tok_spm **out, char *err, size_t errlen) {
+    *out = NULL;
+    return tok_err(err, errlen, TOK_EUNSUPPORTED, "%s: SentencePiece not built", path);
+}
+void tok_spm_free(tok_spm *m) {
+    (void)m;
+}
+int tok_spm_encode(const tok_spm *m, const char *text, size_t len, int32_t **ids, size_t *n, char *err, size_t errlen) {
+    (void)m, (void)text, (void)len, (void)ids, (void)n;
+    return tok_err(err, errlen, TOK_EUNSUPPORTED, "not built");
+}
+int tok_spm_decode(const tok_spm *m, const int32_t *ids, size_t n, char **out, size_t *out_len, char *err,
+                   size_t errlen) {
+    (void)m, (void)ids, (void)n, (void)out, (void)out_len;
+    return tok_err(err, errlen, TOK_EUNSUPPORTED, "not built");
+}
+size_t tok_spm_vocab_size(const tok_spm *m) {
+    return (void)m, 0;
+}
+int32_t tok_spm_piece_to_id(const tok_spm *m, const char *piece) {
+    return (void)m, (void)piece, -1;
+}
+char *tok_spm_id_to_piece(const tok_spm *m, int32_t id) {
+    return (void)m, (void)id, NULL;
+}
+int tok_spm_piece_kind(const tok_spm *m, int32_t id) {
+    return (void)m, (void)id, 0;
+}
+int32_t tok_spm_bos_id(const tok_spm *m) {
+    return (void)m, -1;
+}
+int32_t tok_spm_eos_id(const tok_spm *m) {
+    return (void)m, -1;
+}
+int tok_spm_add_dummy_prefix(const tok_spm *m) {
+    return (void)m, 0;
+}
+
+/* ---- engine stubs (no engine in this build; none of them is reached) ---- */
+int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
+    (void)cfg;
+    *out = NULL;
+    snprintf(err, errlen, "engine not built into the fuzzer");
+    return -1;
+}
+void eng_destroy(eng *e) {
+    (void)e;
+}
+const eng_config *eng_get_config(const eng *e) {
+    return (void)e, NULL;
+}
+int eng_seq_new(eng *e, int *seq, char *err, size_t errlen) {
+    (void)e;
+    *seq = -1;
+    snprintf(err, errlen, "engine not built into the fuzzer");
+    return -1;
+}
+int eng_step(eng *e, const eng_item *items, int n_items, float *logits, char *err, size_t errlen) {
+    (void)e, (void)items, (void)n_items, (void)logits;
+    snprintf(err, errlen, "engine not built into the fuzzer");
+    return -1;
+}
+void eng_seq_free(eng *e, int seq) {
+    (void)e, (void)seq;
+}
+void eng_kv_get_usage(const eng *e, eng_kv_usage *u) {
+    (void)e, memset(u, 0, sizeof *u);
+}
+void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out) {
+    (void)e, (void)rank, memset(out, 0, sizeof *out);
+}
+void eng_comm_stats(const eng *e, echo_stats *out) {
+    (void)e, memset(out, 0, sizeof *out);
+}
+const char *kern_auto_device(void) {
+    return "cpu";
+}
+
+#define MODEL_DIR "tests/fixtures/models/realvocab"
+#define TOKENIZER_DIR "tests/fixtures/tokenizer/qwen3"
+
+static srv_server *g_srv;
+static int g_verbose; /* FUZZ_SERVER_VERBOSE=1: print each input's answer */
+
+static void teardown(void) {
+    srv_destroy(g_srv); /* frees the tokenizer, metrics and names */
+    g_srv = NULL;
+}
+
+static void die(const char *what, const char *err) {
+    fprintf(stderr, "fuzz_server: %s: %s (run from the repository root)\n", what, err);
+    exit(1);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    char err[512];
+    srv_server *s = calloc(1, sizeof *s);
+    if (!s) die("setup", "out of memory");
+    /* srv_create()'s defaults, without binding a socket. */
+    s->opt.model_dir = MODEL_DIR;
+    s->opt.host = "127.0.0.1";
+    s->opt.device = "cpu";
+    s->opt.tp = 1;
+    s->opt.max_num_seqs = 8;
+    s->opt.max_num_batched_tokens = 512;
+    s->opt.max_waiting = 256;
+    s->opt.max_connections = 256;
+    s->opt.timeout_s = 30;
+    s->opt.max_body_bytes = 8u << 20;
+    s->opt.log_level = SRV_LOG_ERROR;
+    s->model_dir = strdup(MODEL_DIR);
+    s->name = strdup("realvocab");
+    atomic_init(&s->ready, 0);
+    atomic_init(&s->accepting, 1);
+    atomic_init(&s->req_counter, 0);
+    atomic_init(&s->http_active, 0);
+    s->seed_base = 0x9e3779b97f4a7c15ull; /* fixed: runs are reproducible */
+    pthread_mutex_init(&s->sch.mu, NULL);
+    pthread_cond_init(&s->sch.cv, NULL);
+    if (!s->model_dir || !s->name || srv_metrics_init(&s->met)) die("setup", "out of memory");
+    g_verbose = getenv("FUZZ_SERVER_VERBOSE") != NULL;
+    g_srv = s;
+    atexit(teardown);
+    /* srv_load() up to the engine. */
+    if (model_config_load(MODEL_DIR, &s->mc, err, sizeof err)) die(MODEL_DIR, err);
+    s->gd = (srv_gen_defaults){.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .top_k = 0};
+    if (tok_load_dir(TOKENIZER_DIR, &s->tok, err, sizeof err) != TOK_OK) die(TOKENIZER_DIR, err);
+    /* What eng_create() reports with default options. */
+    s->max_model_len = s->mc.max_position_embeddings < 4096 ? s->mc.max_position_embeddings : 4096;
+    s->block_size = 16;
+    s->total_blocks = s->opt.max_num_seqs * ((s->max_model_len + s->block_size - 1) / s->block_size);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size == 0 || size - 1 > g_srv->opt.max_body_bytes) return 0; /* larger bodies are refused with 413 */
+    char err[512];
+    int route = data[0] & 3;
+    int status = srv_fuzz_parse(g_srv, route, (const char *)data + 1, size - 1, err, sizeof err);
+    if (g_verbose) fprintf(stderr, "route %d: %d %s\n", route, status, err);
+    if (status != 200 && status != 400 && status != 404) {
+        fprintf(stderr, "route %d: unexpected status %d: %s\n", route, status, err);
+        abort();
+    }
+    if ((status == 200) != (err[0] == 0)) {
+        fprintf(stderr, "route %d: status %d with message '%s'\n", route, status, err);
+        abort();
+    }
+    return 0;
+}
