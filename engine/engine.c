@@ -28,7 +28,8 @@ typedef struct eng_rank {
     model *m;
     pthread_t thread;
     int started;
-    float *logits; /* (max logit rows, vocab slice) host */
+    float *logits; /* (logits_rows, vocab slice) host, grown on demand */
+    int logits_rows;
     int rc;
     char err[512];
 } eng_rank;
@@ -225,13 +226,6 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
             snprintf(err, errlen, "%s", merr);
             goto fail;
         }
-        int v0, vn;
-        model_vocab_slice(r->m, &v0, &vn);
-        r->logits = malloc((size_t)e->logit_cap * (vn > 0 ? vn : 1) * sizeof(float));
-        if (!r->logits) {
-            snprintf(err, errlen, "out of memory for logits");
-            goto fail;
-        }
     }
     for (int i = 1; i < c->tp; i++) {
         if (pthread_create(&e->ranks[i].thread, NULL, rank_main, &e->ranks[i]) != 0) {
@@ -386,6 +380,16 @@ static int step_check(eng *e, const eng_item *it, int n, int *need_blocks, int *
     return 0;
 }
 
+/* Give back the blocks a failed step took: every sequence keeps its length
+ * and the blocks it held before; what the pass wrote past its end is never
+ * read. */
+static void step_rollback(eng *e, const eng_item *it, int n) {
+    for (int i = n - 1; i >= 0; i--) {
+        eng_seq *s = &e->seqs[it[i].seq];
+        while (s->nblocks > e->old_nblocks[i]) e->free_blocks[e->n_free++] = s->blocks[--s->nblocks];
+    }
+}
+
 int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *layer_states, char *err,
                     size_t errlen) {
     const eng_config *c = &e->cfg;
@@ -397,12 +401,11 @@ int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *lay
     }
     /* Take blocks; remember how many each sequence had so a failed pass
      * gives them back. */
-    int *old_nblocks = e->old_nblocks;
     int tok = 0, row = 0;
     e->q_start[0] = 0;
     for (int i = 0; i < n; i++) {
         eng_seq *s = &e->seqs[it[i].seq];
-        old_nblocks[i] = s->nblocks;
+        e->old_nblocks[i] = s->nblocks;
         int want = (s->len + it[i].n_tokens + c->kv_block_size - 1) / c->kv_block_size;
         while (s->nblocks < want) s->blocks[s->nblocks++] = e->free_blocks[--e->n_free];
         memcpy(e->tokens + tok, it[i].tokens, (size_t)it[i].n_tokens * sizeof(int32_t));
@@ -414,6 +417,23 @@ int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *lay
             e->logit_rows[row++] = tok + it[i].n_tokens - 1;
         tok += it[i].n_tokens;
         e->q_start[i + 1] = tok;
+    }
+    /* Per-rank host logits grow to the largest step seen: sizing them for
+     * max_batch_tokens full rows up front would reserve gigabytes that only
+     * an all-logits prefill ever uses. */
+    for (int k = 0; k < c->tp; k++) {
+        eng_rank *r = &e->ranks[k];
+        if (nrows <= r->logits_rows) continue;
+        int v0, vn;
+        model_vocab_slice(r->m, &v0, &vn);
+        float *nl = realloc(r->logits, (size_t)nrows * (size_t)(vn > 0 ? vn : 1) * sizeof(float));
+        if (!nl) {
+            step_rollback(e, it, n);
+            snprintf(err, errlen, "step: out of memory for %d logits rows", nrows);
+            return -1;
+        }
+        r->logits = nl;
+        r->logits_rows = nrows;
     }
     e->batch = (model_batch){n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
                              e->logit_rows, nrows, layer_states};
@@ -436,12 +456,7 @@ int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *lay
         }
     }
     if (rc) {
-        /* The sequences keep their length and blocks: what this pass wrote
-         * past their end is never read. */
-        for (int i = n - 1; i >= 0; i--) {
-            eng_seq *s = &e->seqs[it[i].seq];
-            while (s->nblocks > old_nblocks[i]) e->free_blocks[e->n_free++] = s->blocks[--s->nblocks];
-        }
+        step_rollback(e, it, n);
         return -1;
     }
     for (int i = 0; i < n; i++) e->seqs[it[i].seq].len += it[i].n_tokens;
