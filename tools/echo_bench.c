@@ -252,7 +252,7 @@ static int cmd_allreduce(int argc, char **argv) {
     bench_dist dist = DIST_GAUSS;
     size_t minb = 1024, maxb = 16u << 20, policy = 0;
     const char *algos = "exact,int4,echo", *transport = "local";
-    for (int i = 0; i < argc; i++) {
+    for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "--json"))
@@ -473,7 +473,7 @@ static int cmd_chain(int argc, char **argv) {
     int nranks = 4, K = 144, group = 0, json = 0, seed = 1;
     bench_dist dist = DIST_GAUSS;
     size_t count = 16384;
-    for (int i = 0; i < argc; i++) {
+    for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "--json"))
@@ -592,7 +592,7 @@ static int cmd_codec(int argc, char **argv) {
     double alpha_us = 10, ov_enc = 0, ov_dec = 0;
     const char *links = "1.25,12.5,25,50,100,400";
     size_t count = 8u << 20;
-    for (int i = 0; i < argc; i++) {
+    for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "--json"))
@@ -718,7 +718,7 @@ out:
 
 typedef struct bench_cmd {
     const char *name;
-    int (*run)(int argc, char **argv); /* argv after the subcommand name */
+    int (*run)(int argc, char **argv); /* argv[0] is the subcommand name, as getopt expects */
     const char *help;
 } bench_cmd;
 
@@ -744,7 +744,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 2, argv + 2);
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     usage();
     return 2;
 }

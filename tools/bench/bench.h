@@ -12,8 +12,8 @@
  *                      decode tokens/s beside the copy-bandwidth roofline,
  *                      TTFT (docs/bench-forward.md)
  *
- * Both entry points take the arguments that follow the subcommand name:
- * argv[0] is the first option (there is no program name), argc counts them.
+ * Every entry point gets argv[0] = the subcommand name and its options after
+ * it, as getopt expects (echo-bench's main drops only the program name).
  * Exit codes: 0 ok, 1 runtime error, 2 usage error. docs/ttft.md has the
  * experiment these tools serve.
  */

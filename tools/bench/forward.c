@@ -212,12 +212,8 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
-    /* getopt starts at argv[1]: give it a program name in front */
-    char **av = calloc((size_t)argc + 2, sizeof *av);
-    if (!av) return 1;
-    av[0] = "echo-bench forward";
-    memcpy(av + 1, argv, (size_t)argc * sizeof *av);
-    int ac = argc + 1, c, rc = 0;
+    char **av = argv; /* argv[0] is the subcommand name */
+    int ac = argc, c, rc = 0;
     long v;
     optind = 1;
     opterr = 0;
@@ -285,7 +281,6 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
     }
     if (!rc && optind < ac) rc = fw_usage_error("unexpected argument '%s'", av[optind]);
     if (!rc && !o->model) rc = fw_usage_error("%s", "--model DIR is required");
-    free(av);
     return rc;
 }
 

@@ -239,11 +239,8 @@ static int pl_parse(int argc, char **argv, pl_opts *o, const char **files, int *
         {"logy", no_argument, 0, 'y'},         {"size", required_argument, 0, 's'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
-    char **av = calloc((size_t)argc + 2, sizeof *av);
-    if (!av) return 1;
-    av[0] = "echo-bench plot"; /* getopt starts at argv[1] */
-    memcpy(av + 1, argv, (size_t)argc * sizeof *av);
-    int ac = argc + 1, c, rc = 0;
+    char **av = argv; /* argv[0] is the subcommand name */
+    int ac = argc, c, rc = 0;
     optind = 1;
     opterr = 0;
     while (!rc && (c = getopt_long(ac, av, ":o:h", lo, NULL)) != -1) {
@@ -282,7 +279,6 @@ static int pl_parse(int argc, char **argv, pl_opts *o, const char **files, int *
     }
     if (!rc && !*nf) rc = pl_usage_error("no result files given%s", "");
     if (!rc && !o->out) rc = pl_usage_error("-o FILE.png is required%s", "");
-    free(av);
     return rc;
 }
 

@@ -404,12 +404,8 @@ int bench_randmodel_main(int argc, char **argv) {
     const rm_shape *shape = &rm_shapes[2];
     long layers = 0, seed = 0, nthreads = 0;
     int force = 0, rc = 0;
-    /* getopt starts at argv[1]: give it a program name in front */
-    char **av = calloc((size_t)argc + 2, sizeof *av);
-    if (!av) return 1;
-    av[0] = "echo-bench randmodel";
-    memcpy(av + 1, argv, (size_t)argc * sizeof *av);
-    int ac = argc + 1, c;
+    char **av = argv; /* argv[0] is the subcommand name */
+    int ac = argc, c;
     optind = 1;
     opterr = 0;
     while (!rc && (c = getopt_long(ac, av, ":h", lo, NULL)) != -1) {
@@ -449,7 +445,6 @@ int bench_randmodel_main(int argc, char **argv) {
     }
     if (!rc && optind < ac) rc = rm_usage_error("unexpected argument '%s'", av[optind]);
     if (!rc && !out) rc = rm_usage_error("%s", "--out DIR is required");
-    free(av);
     if (rc) return rc < 0 ? 0 : rc;
 
     rm_shape s = *shape;

@@ -842,12 +842,8 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
-    /* getopt starts at argv[1]: give it a program name in front */
-    char **av = calloc((size_t)argc + 2, sizeof *av);
-    if (!av) return 1;
-    av[0] = "echo-bench serve";
-    memcpy(av + 1, argv, (size_t)argc * sizeof *av);
-    int ac = argc + 1, c, rc = 0;
+    char **av = argv; /* argv[0] is the subcommand name */
+    int ac = argc, c, rc = 0;
     long v;
     optind = 1;
     opterr = 0;
@@ -944,7 +940,6 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
         }
     }
     if (!rc && optind < ac) rc = sv_usage_error("unexpected argument '%s'", av[optind]);
-    free(av);
     return rc;
 }
 
