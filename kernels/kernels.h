@@ -103,7 +103,39 @@ typedef struct kern_ops {
     int (*silu_mul)(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
     /* x += y elementwise. */
     int (*add)(kern_backend *be, void *x, const void *y, size_t count);
+
+    /* ---- fused ops (the GPU path's launch count; each is defined as the
+     * unfused sequence it replaces, and the cpu twin computes exactly that) ---- */
+    /* The residual add that ends a block fused with the next norm:
+     *     x += y;  out = rmsnorm(x) with w   (rows, dim) each.
+     * out must not alias x or y. On bf16 backends the norm reads x as rounded
+     * after the add, so the result equals add() then rmsnorm(). */
+    int (*add_rmsnorm)(kern_backend *be, void *x, const void *y, void *out, const kern_weight *w, int rows, int dim,
+                       float eps);
+    /* Qwen3's per-head q/k norms fused with RoPE, in place: for each token
+     * i < n, each of the hq heads (hd values) of q (n, hq*hd) is
+     * RMS-normalised with qw (1, hd) and then rotated at pos[i] exactly as
+     * rope() does; the same for the hkv heads of k (n, hkv*hd) with kw.
+     * Equals rmsnorm(q) + rmsnorm(k) + rope(q) + rope(k); on bf16 backends
+     * the normalised value stays fp32 into the rotation (one rounding fewer
+     * than the unfused ops). pos is a HOST array. */
+    int (*qk_norm_rope)(kern_backend *be, void *q, void *k, const kern_weight *qw, const kern_weight *kw,
+                        const int32_t *pos, int n, int hq, int hkv, int hd, float eps, double theta);
+    /* Reduce logits (rows, vocab) on the backend to what sampling needs:
+     * per row r, the k (1..KERN_TOPK_MAX) largest values in descending order,
+     * ties by ascending column, into ids[r*k + j] / vals[r*k + j] (fp32), and
+     * lse[r] = log(sum_j exp(logits[r, j])) computed in fp32 (or wider) with
+     * a max shift. A row holding any inf/nan gets lse[r] = NaN (the caller
+     * fails the step). ids, vals, lse are HOST arrays; synchronises. */
+    int (*logits_topk)(kern_backend *be, const void *logits, int rows, int vocab, int k, int32_t *ids, float *vals,
+                       float *lse);
+    /* The backend's stream (a cudaStream_t) for comm/'s device transports to
+     * enqueue on, so an all-reduce is ordered after the ops that produced
+     * its input without a host sync; NULL on cpu. */
+    void *(*stream)(kern_backend *be);
 } kern_ops;
+
+#define KERN_TOPK_MAX 64
 
 /* Create a backend by device name ("cpu" or "cuda"). `nthreads` <= 0 picks
  * the number of online CPUs (cpu backend; ignored by cuda). `device_index`

@@ -94,6 +94,10 @@ static const kern_ops cpu_ops = {
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .qk_norm_rope = cpu_qk_norm_rope,
+    .logits_topk = cpu_logits_topk,
+    .stream = cpu_stream,
 };
 
 int kern_cpu_ops_init(kern_backend *be) {

@@ -296,6 +296,10 @@ static int cuda_copy(kern_backend *be, void *dst, const void *src, size_t n) {
     return 0;
 }
 
+void *cuda_stream(kern_backend *be) {
+    return (void *)cuda_get(be)->stream;
+}
+
 /* ---- op table, create, destroy ---- */
 
 /* Positional (C++17 has no designated initializers): the order of kern_ops. */
@@ -316,6 +320,10 @@ static const kern_ops cuda_ops = {
     cuda_attention,     /* attention */
     cuda_silu_mul,      /* silu_mul */
     cuda_add,           /* add */
+    cuda_add_rmsnorm,   /* add_rmsnorm */
+    cuda_qk_norm_rope,  /* qk_norm_rope */
+    cuda_logits_topk,   /* logits_topk */
+    cuda_stream,        /* stream */
 };
 
 static int cuda_init(kern_backend *be) {
