@@ -38,6 +38,9 @@ typedef struct kern_weight {
      * (dense). A column slice of a row-major matrix (the input split of a
      * row-parallel layer) is a view with ld = the full matrix's cols. */
     int64_t ld;
+    /* Set by backends whose free_weight must release `data` (every cuda
+     * weight; cpu weights from random_weight). Views of host memory: 0. */
+    int owned;
 } kern_weight;
 
 /* The sequences of one batched attention call over a paged KV cache.
@@ -133,6 +136,16 @@ typedef struct kern_ops {
      * enqueue on, so an all-reduce is ordered after the ops that produced
      * its input without a host sync; NULL on cpu. */
     void *(*stream)(kern_backend *be);
+    /* A weight generated in backend memory, for benchmarks on model shapes
+     * without files: dev becomes a dense (rows, cols) weight in the
+     * backend's weight dtype (cpu F32, cuda BF16) holding
+     *     offset + scale * u(seed, (row0 + r) * full_cols + col0 + c),
+     * u in [-1, 1) a counter-based hash of its arguments (kern_random_u
+     * below), so a rank's shard (row0, col0 within a (*, full_cols) matrix)
+     * equals the same slice of the unsharded weight on any backend, up to
+     * the dtype's rounding. Release with free_weight. */
+    int (*random_weight)(kern_backend *be, kern_weight *dev, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                         int64_t full_cols, uint64_t seed, float offset, float scale);
 } kern_ops;
 
 #define KERN_TOPK_MAX 64
@@ -162,5 +175,21 @@ static inline float kern_bf16_to_f32(uint16_t h) {
     return v.f;
 }
 float kern_f16_to_f32(uint16_t h);
+
+/* The hash behind random_weight: a uniform value in [-1, 1) from (seed,
+ * index), splitmix64's finaliser over their mix; the top 24 bits make the
+ * fraction, so it is exact in fp32. Host and device code share it. */
+#ifdef __CUDACC__
+#define KERN_HD __host__ __device__
+#else
+#define KERN_HD
+#endif
+static inline KERN_HD float kern_random_u(uint64_t seed, uint64_t index) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(int32_t)((z >> 40) - (1u << 23)) * (1.0f / 8388608.0f);
+}
 
 #endif

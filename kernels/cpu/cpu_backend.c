@@ -98,6 +98,7 @@ static const kern_ops cpu_ops = {
     .qk_norm_rope = cpu_qk_norm_rope,
     .logits_topk = cpu_logits_topk,
     .stream = cpu_stream,
+    .random_weight = cpu_random_weight,
 };
 
 int kern_cpu_ops_init(kern_backend *be) {

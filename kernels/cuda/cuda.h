@@ -200,5 +200,7 @@ int cuda_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw,
 int cuda_logits_topk(kern_backend *be, const void *logits, int rows, int vocab, int k, int32_t *ids, float *vals,
                      float *lse);
 void *cuda_stream(kern_backend *be);
+int cuda_random_weight(kern_backend *be, kern_weight *dev, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                       int64_t full_cols, uint64_t seed, float offset, float scale);
 
 #endif

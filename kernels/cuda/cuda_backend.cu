@@ -324,6 +324,7 @@ static const kern_ops cuda_ops = {
     cuda_qk_norm_rope,  /* qk_norm_rope */
     cuda_logits_topk,   /* logits_topk */
     cuda_stream,        /* stream */
+    cuda_random_weight, /* random_weight */
 };
 
 static int cuda_init(kern_backend *be) {
