@@ -171,7 +171,7 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
     fill_defaults(&e->cfg, &e->mc);
     const eng_config *c = &e->cfg;
     if (check_limits(c, &e->mc, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) goto fail;
-    if (weights_open(c->model_dir, &e->ws, err, errlen)) goto fail;
+    if (!model_is_random(c->model_dir) && weights_open(c->model_dir, &e->ws, err, errlen)) goto fail;
 
     e->max_blocks_per_seq = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
     e->free_blocks = malloc((size_t)c->kv_blocks * sizeof *e->free_blocks);
@@ -311,6 +311,7 @@ void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out) {
     if (rank < 0 || rank >= e->cfg.tp) return;
     const eng_rank *r = &e->ranks[rank];
     out->weight_bytes = model_weight_bytes(r->m);
+    out->embed_bytes = model_embed_bytes(r->m);
     out->kv_bytes = model_kv_bytes(r->m);
     out->slot_bytes = r->comm ? echo_comm_slot_bytes(r->comm) : 0;
 }

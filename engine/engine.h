@@ -89,6 +89,7 @@ void eng_kv_get_usage(const eng *e, eng_kv_usage *u);
  * residual slots (start-up report). */
 typedef struct eng_rank_info {
     size_t weight_bytes, kv_bytes, slot_bytes;
+    size_t embed_bytes; /* the embedding table's share of weight_bytes (a decode step reads a few rows of it) */
 } eng_rank_info;
 void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out);
 

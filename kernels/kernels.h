@@ -38,9 +38,6 @@ typedef struct kern_weight {
      * (dense). A column slice of a row-major matrix (the input split of a
      * row-parallel layer) is a view with ld = the full matrix's cols. */
     int64_t ld;
-    /* Set by backends whose free_weight must release `data` (every cuda
-     * weight; cpu weights from random_weight). Views of host memory: 0. */
-    int owned;
 } kern_weight;
 
 /* The sequences of one batched attention call over a paged KV cache.

@@ -238,7 +238,82 @@ static char *cfg_read_file(const char *path, int *missing) {
     return buf;
 }
 
+/* Shapes for "random:" models: the published config.json values of
+ * Qwen/Qwen3-8B and Qwen/Qwen3-0.6B (the same numbers echo-bench randmodel
+ * writes), and a CI-sized model of the same architecture. */
+typedef struct cfg_shape {
+    const char *name;
+    int vocab, hidden, inter, layers, heads, kv_heads, head_dim, max_pos, tied, eos;
+} cfg_shape;
+
+static const cfg_shape cfg_shapes[] = {
+    {"qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 128, 40960, 0, 151645},
+    {"qwen3-0.6b", 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1, 151645},
+    {"tiny", 512, 64, 128, 2, 4, 2, 16, 4096, 0, 511},
+};
+
+int model_is_random(const char *dir) {
+    return dir && strncmp(dir, MODEL_RANDOM_PREFIX, strlen(MODEL_RANDOM_PREFIX)) == 0;
+}
+
+int model_random_parse(const char *spec, model_config *cfg, uint64_t *seed, char *err, size_t errlen) {
+    char buf[256];
+    if (!model_is_random(spec) || strlen(spec) >= sizeof buf) {
+        snprintf(err, errlen, "not a random model name: %.64s", spec ? spec : "(null)");
+        return -1;
+    }
+    strcpy(buf, spec + strlen(MODEL_RANDOM_PREFIX));
+    char *save = NULL, *tok = strtok_r(buf, ",", &save);
+    const cfg_shape *sh = NULL;
+    for (size_t i = 0; tok && i < sizeof cfg_shapes / sizeof *cfg_shapes; i++)
+        if (!strcmp(tok, cfg_shapes[i].name)) sh = &cfg_shapes[i];
+    if (!sh) {
+        snprintf(err, errlen, "%s: unknown shape \"%s\" (known: qwen3-8b, qwen3-0.6b, tiny; options: ,layers=N ,seed=S)",
+                 spec, tok ? tok : "");
+        return -1;
+    }
+    memset(cfg, 0, sizeof *cfg);
+    *cfg = (model_config){.vocab_size = sh->vocab,
+                          .hidden_size = sh->hidden,
+                          .intermediate_size = sh->inter,
+                          .num_layers = sh->layers,
+                          .num_heads = sh->heads,
+                          .num_kv_heads = sh->kv_heads,
+                          .head_dim = sh->head_dim,
+                          .rms_norm_eps = 1e-6f,
+                          .rope_theta = 1000000.0,
+                          .tie_word_embeddings = sh->tied,
+                          .max_position_embeddings = sh->max_pos,
+                          .n_eos = 1,
+                          .eos_ids = {sh->eos}};
+    uint64_t sd = 1;
+    while ((tok = strtok_r(NULL, ",", &save))) {
+        char *end = NULL;
+        if (!strncmp(tok, "layers=", 7)) {
+            long v = strtol(tok + 7, &end, 10);
+            if (end == tok + 7 || *end || v < 1 || v > CFG_MAX_LAYERS) {
+                snprintf(err, errlen, "%s: layers must be an integer in [1, %d]", spec, CFG_MAX_LAYERS);
+                return -1;
+            }
+            cfg->num_layers = (int)v;
+        } else if (!strncmp(tok, "seed=", 5)) {
+            unsigned long long v = strtoull(tok + 5, &end, 10);
+            if (end == tok + 5 || *end || tok[5] == '-') {
+                snprintf(err, errlen, "%s: seed must be a non-negative integer", spec);
+                return -1;
+            }
+            sd = v;
+        } else {
+            snprintf(err, errlen, "%s: unknown option \"%s\" (options: layers=N, seed=S)", spec, tok);
+            return -1;
+        }
+    }
+    if (seed) *seed = sd;
+    return 0;
+}
+
 int model_config_load(const char *dir, model_config *cfg, char *err, size_t errlen) {
+    if (model_is_random(dir)) return model_random_parse(dir, cfg, NULL, err, errlen);
     char path[4096];
     int missing;
     snprintf(path, sizeof path, "%s/config.json", dir);

@@ -54,6 +54,19 @@ int model_config_load(const char *dir, model_config *cfg, char *err, size_t errl
 int model_config_parse(const char *config_json, const char *generation_json, model_config *cfg, char *err,
                        size_t errlen);
 
+/* A model with no files: "random:SHAPE[,layers=N][,seed=S]", SHAPE one of
+ * qwen3-8b, qwen3-0.6b, tiny (the published Qwen3 configs and a CI-sized
+ * one). model_config_load() accepts the name; model_load() generates every
+ * weight in backend memory (kern_ops.random_weight: linear layers and the
+ * embedding uniform with Qwen3's initializer std 0.02, norms 1.0), so a GPU
+ * benchmark of a real shape needs no checkpoint. The logits are noise: for
+ * speed measurements and smoke tests only. A shard depends only on the
+ * seed, so tp 1 and tp N compute the same model. */
+#define MODEL_RANDOM_PREFIX "random:"
+int model_is_random(const char *dir);
+/* Parse a random model name into its configuration (and seed, may be NULL). */
+int model_random_parse(const char *spec, model_config *cfg, uint64_t *seed, char *err, size_t errlen);
+
 typedef struct model model;
 
 /* Check that `tp` ranks can split this model (Megatron style): query heads
@@ -64,7 +77,7 @@ int model_check_tp(const model_config *c, int tp, char *err, size_t errlen);
 typedef struct model_load_opts {
     const kern_ops *ops;
     kern_backend *be;    /* this rank's backend; the model keeps the pointer */
-    const weights_set *ws; /* opened checkpoint, shared by all ranks */
+    const weights_set *ws; /* opened checkpoint, shared by all ranks; NULL for a random model */
     int rank, tp;        /* 0 <= rank < tp */
     echo_comm *comm;     /* this rank's all-reduce endpoint; NULL when tp == 1 */
     int kv_blocks;       /* paged KV cache: blocks of kv_block_size tokens */
@@ -82,6 +95,8 @@ const model_config *model_get_config(const model *m);
 void model_vocab_slice(const model *m, int *first, int *count);
 /* Bytes of weights this rank reads, and of its KV cache. */
 size_t model_weight_bytes(const model *m);
+/* Bytes of the embedding table as held by the backend (part of the above). */
+size_t model_embed_bytes(const model *m);
 size_t model_kv_bytes(const model *m);
 
 /* One forward pass over a batch of sequences. Token rows q_start[s] ..

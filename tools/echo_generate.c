@@ -253,7 +253,14 @@ int main(int argc, char **argv) {
     double t0 = now_s();
     model_config cfg0;
     if (model_config_load(model_dir, &cfg0, err, sizeof err)) goto fail;
-    if (load_tokenizer(tok_path ? tok_path : model_dir, !tok_path && !prompt_text, &tok, err, sizeof err)) goto fail;
+    if (!tok_path && model_is_random(model_dir)) {
+        /* a random model has no folder to find a tokenizer in */
+        if (prompt_text) {
+            snprintf(err, sizeof err, "%s has no tokenizer: --prompt needs --tokenizer PATH", model_dir);
+            goto fail;
+        }
+    } else if (load_tokenizer(tok_path ? tok_path : model_dir, !tok_path && !prompt_text, &tok, err, sizeof err))
+        goto fail;
     if (prompt_text) {
         const char *text = prompt_text;
         if (chat) {

@@ -32,7 +32,16 @@ typedef struct cpu_pool {
 
 typedef struct cpu_impl {
     cpu_pool pool;
+    /* Weights this backend allocated (random_weight): free_weight releases
+     * these and leaves every other pointer alone, since uploads alias the
+     * caller's memory (the mmap). A backend is driven by one thread. */
+    void **owned;
+    size_t n_owned, cap_owned;
 } cpu_impl;
+
+/* Track / release (if tracked) a backend-owned allocation. pool.c. */
+int cpu_owned_add(kern_backend *be, void *p);
+void cpu_owned_release(kern_backend *be, const void *p);
 
 void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
 int cpu_nthreads(const kern_backend *be);

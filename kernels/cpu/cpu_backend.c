@@ -29,6 +29,7 @@ static int cpu_upload_weight(kern_backend *be, const kern_weight *host, kern_wei
 
 static void cpu_free_weight(kern_backend *be, kern_weight *dev) {
     (void)be;
+    cpu_owned_release(be, dev->data); /* random_weight's; uploads alias the caller's memory */
     dev->data = NULL;
 }
 

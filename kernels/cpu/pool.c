@@ -112,9 +112,34 @@ fail:
     return -1;
 }
 
+int cpu_owned_add(kern_backend *be, void *p) {
+    cpu_impl *impl = be->impl;
+    if (impl->n_owned == impl->cap_owned) {
+        size_t cap = impl->cap_owned ? 2 * impl->cap_owned : 64;
+        void **n = realloc(impl->owned, cap * sizeof *n);
+        if (!n) return -1;
+        impl->owned = n;
+        impl->cap_owned = cap;
+    }
+    impl->owned[impl->n_owned++] = p;
+    return 0;
+}
+
+void cpu_owned_release(kern_backend *be, const void *p) {
+    cpu_impl *impl = be->impl;
+    for (size_t i = impl->n_owned; p && i-- > 0;)
+        if (impl->owned[i] == p) {
+            free(impl->owned[i]);
+            impl->owned[i] = impl->owned[--impl->n_owned];
+            return;
+        }
+}
+
 void kern_cpu_destroy(kern_backend *be) {
     if (!be) return;
     cpu_impl *impl = be->impl;
+    for (size_t i = 0; i < impl->n_owned; i++) free(impl->owned[i]); /* weights never released */
+    free(impl->owned);
     pool_destroy(&impl->pool);
     free(impl);
     free(be);

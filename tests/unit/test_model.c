@@ -550,6 +550,108 @@ START_TEST(test_stops_at_eos) {
 }
 END_TEST
 
+/* ---- random models ("random:SHAPE", no files) ---- */
+
+START_TEST(test_random_model_spec) {
+    model_config c;
+    char err[512];
+    uint64_t seed = 0;
+    ck_assert_msg(model_config_load("random:qwen3-8b", &c, err, sizeof err) == 0, "%s", err);
+    /* the published Qwen/Qwen3-8B config.json */
+    ck_assert_int_eq(c.hidden_size, 4096);
+    ck_assert_int_eq(c.intermediate_size, 12288);
+    ck_assert_int_eq(c.num_layers, 36);
+    ck_assert_int_eq(c.num_heads, 32);
+    ck_assert_int_eq(c.num_kv_heads, 8);
+    ck_assert_int_eq(c.head_dim, 128);
+    ck_assert_int_eq(c.vocab_size, 151936);
+    ck_assert_int_eq(c.tie_word_embeddings, 0);
+    ck_assert_msg(model_random_parse("random:qwen3-0.6b,layers=3,seed=42", &c, &seed, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.num_layers, 3);
+    ck_assert_int_eq(c.hidden_size, 1024);
+    ck_assert_int_eq(c.tie_word_embeddings, 1);
+    ck_assert_uint_eq(seed, 42);
+    const char *bad[][2] = {{"random:huge", "unknown shape"},
+                            {"random:", "unknown shape"},
+                            {"random:tiny,layers=0", "layers must be"},
+                            {"random:tiny,layers=x", "layers must be"},
+                            {"random:tiny,seed=-1", "seed must be"},
+                            {"random:tiny,color=red", "unknown option"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        ck_assert_msg(model_config_load(bad[i][0], &c, err, sizeof err) != 0, "%s accepted", bad[i][0]);
+        ck_assert_msg(strstr(err, bad[i][1]), "%s: message \"%s\" lacks \"%s\"", bad[i][0], err, bad[i][1]);
+    }
+    ck_assert(!model_is_random("tests/fixtures/models/tied"));
+}
+END_TEST
+
+/* A shard of a random weight is the same slice of the unsharded weight,
+ * and the values look uniform on [-1, 1) scaled. */
+START_TEST(test_random_weight_shards) {
+    const kern_ops *ops;
+    kern_backend *be;
+    char err[512];
+    ck_assert_msg(kern_backend_create("cpu", 2, 0, &ops, &be, err, sizeof err) == 0, "%s", err);
+    kern_weight full, part;
+    ck_assert(ops->random_weight(be, &full, 40, 30, 0, 0, 30, 7, 0.5f, 2.0f) == 0);
+    ck_assert(ops->random_weight(be, &part, 10, 12, 17, 5, 30, 7, 0.5f, 2.0f) == 0);
+    const float *f = full.data, *p = part.data;
+    for (int r = 0; r < 10; r++)
+        for (int c = 0; c < 12; c++) ck_assert_float_eq(p[r * 12 + c], f[(17 + r) * 30 + 5 + c]);
+    double sum = 0, sq = 0, lo = 1e9, hi = -1e9;
+    for (int i = 0; i < 1200; i++) {
+        double v = (f[i] - 0.5) / 2.0;
+        sum += v, sq += v * v;
+        lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+    }
+    double mean = sum / 1200, var = sq / 1200 - mean * mean;
+    ck_assert_msg(fabs(mean) < 0.05 && fabs(var - 1.0 / 3) < 0.03 && lo >= -1 && hi < 1 && hi - lo > 1.9,
+                  "mean %g var %g range [%g, %g]", mean, var, lo, hi);
+    kern_weight other;
+    ck_assert(ops->random_weight(be, &other, 40, 30, 0, 0, 30, 8, 0.5f, 2.0f) == 0);
+    ck_assert(memcmp(other.data, full.data, 40 * 30 * sizeof(float)) != 0); /* the seed matters */
+    ck_assert(ops->random_weight(be, &part, 10, 12, 0, 20, 30, 7, 0.f, 1.f) != 0); /* past full_cols */
+    ck_assert_msg(strstr(kern_last_error(be), "bad shape"), "%s", kern_last_error(be));
+    ops->free_weight(be, &other);
+    ops->free_weight(be, &full);
+    kern_backend_destroy(ops, be); /* part: released with the backend (ASan checks) */
+}
+END_TEST
+
+/* The same random model at tp 1, 2 and 4 (exact all-reduce): shards are
+ * slices of one model, so the logits agree like a checkpoint's do. */
+START_TEST(test_random_model_tp) {
+    const char *spec = "random:tiny,layers=3,seed=9";
+    ref_prompt p = {0};
+    int32_t prompt[] = {5, 17, 300, 2, 511, 64};
+    p.prompt = prompt;
+    p.n_prompt = 6;
+    float *base = NULL;
+    const int V = 512;
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        eng *e = open_engine(spec, tp, ECHO_MODE_EXACT, 64);
+        ck_assert_int_eq(eng_model_config(e)->vocab_size, V);
+        float *l = full_forward(e, &p, V);
+        for (int i = 0; i < 6 * V; i++) ck_assert_msg(isfinite(l[i]), "non-finite logit at tp %d", tp);
+        if (!base) {
+            base = l;
+        } else {
+            double rel = tu_rel_err(l, base, (size_t)6 * V);
+            ck_assert_msg(rel < 1e-5, "tp %d vs tp 1: relative error %g", tp, rel);
+            free(l);
+        }
+        eng_destroy(e);
+    }
+    eng *e = open_engine("random:tiny,layers=3,seed=10", 1, ECHO_MODE_EXACT, 64);
+    float *l = full_forward(e, &p, V);
+    ck_assert_msg(tu_rel_err(l, base, (size_t)6 * V) > 0.1, "another seed gives the same model");
+    free(l);
+    free(base);
+    eng_destroy(e);
+}
+END_TEST
+
 static Suite *model_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("oracle");
@@ -565,6 +667,9 @@ static Suite *model_suite(void) {
     tcase_add_test(tcc, test_config_errors);
     tcase_add_test(tcc, test_shape_mismatch_names_tensor);
     tcase_add_test(tcc, test_log_softmax_and_top_k);
+    tcase_add_test(tcc, test_random_model_spec);
+    tcase_add_test(tcc, test_random_weight_shards);
+    tcase_add_test(tcc, test_random_model_tp);
     suite_add_tcase(s, tcc);
     TCase *cli = tcase_create("cli");
     tcase_set_timeout(cli, 600);

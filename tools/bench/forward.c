@@ -39,6 +39,8 @@
  *            start to the first token from eng_sample (greedy); median of
  *            --iters runs after a warm-up.
  * Token ids are random (splitmix64 of --seed); logits are checked finite.
+ * --model may name a folder or a random model ("random:qwen3-8b", model/):
+ * then the weights are generated in device memory and no file is read.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -55,7 +57,6 @@
 #include "model/model.h"
 #include "tools/bench/bench.h"
 #include "tools/cli.h"
-#include "weights/weights.h"
 
 #define FW_MAX_LIST 16
 
@@ -418,7 +419,6 @@ int bench_forward_main(int argc, char **argv) {
                      .max_batch_tokens = (int)batch_tok,
                      .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec)};
     eng *e = NULL;
-    weights_set *ws = NULL;
     float *logits = NULL;
     int32_t *ids = NULL;
     eng_item *items = NULL;
@@ -446,10 +446,7 @@ int bench_forward_main(int argc, char **argv) {
     /* Weight bytes a decode step reads (see the top of this file). */
     eng_rank_info ri;
     eng_get_rank_info(e, 0, &ri);
-    if (weights_open(o.model, &ws, err, sizeof err)) goto fail;
-    const weights_tensor *emb = weights_find(ws, "model.embed_tokens.weight");
-    size_t emb_bytes = emb ? emb->nbytes : 0;
-    double read_bytes = (double)ri.weight_bytes - (mc.tie_word_embeddings ? 0.0 : (double)emb_bytes);
+    double read_bytes = (double)ri.weight_bytes - (mc.tie_word_embeddings ? 0.0 : (double)ri.embed_bytes);
     double kv_tok = (double)L * 2 * (mc.num_kv_heads % o.tp ? 1 : mc.num_kv_heads / o.tp) * mc.head_dim * act_size;
     double qd = (double)mc.num_heads * mc.head_dim, kvd = (double)mc.num_kv_heads * mc.head_dim;
     double p_layers = (double)L * (H * (qd + 2 * kvd) + qd * H + 3.0 * H * mc.intermediate_size);
@@ -592,7 +589,6 @@ int bench_forward_main(int argc, char **argv) {
 fail:
     fprintf(stderr, "echo-bench forward: %s\n", err);
 out:
-    weights_close(ws);
     eng_destroy(e);
     free(logits);
     free(ids);
