@@ -198,6 +198,15 @@ assert d[\"ttft\"][\"tokens\"] == 16 and d[\"device\"] == \"cpu\"' $tmp/fw.json 
 check "forward: tp 2 on the cpu backend" bash -c \
   "$(printf '%q ' "$bench") forward --model $tmp/rm/tiny --device cpu --tp 2 ${fw_small[*]} --threads 2 --json \
     >$tmp/fw2.json && python3 $here/check_forward.py forward $tmp/fw2.json"
+check "forward: a random model generated in memory (random:tiny, no files), with the matmul peak beside prefill" bash -c \
+  "$(printf '%q ' "$bench") forward --model random:tiny,layers=3 --device cpu ${fw_small[*]} --threads 1 --gemm-dim 256 \
+    --json >$tmp/fwr.json && python3 $here/check_forward.py forward $tmp/fwr.json \
+  && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); \
+assert d[\"config\"][\"num_layers\"] == 3 and d[\"config\"][\"hidden_size\"] == 64, d[\"config\"]; \
+assert d[\"gemm_dim\"] == 256 and d[\"gemm_peak_tflops\"] > 0; \
+assert all(abs(r[\"gemm_peak_pct\"] - 100 * r[\"tflops\"] / d[\"gemm_peak_tflops\"]) < 1e-3 for r in d[\"prefill\"])' $tmp/fwr.json \
+  && $(printf '%q ' "$bench") forward --model random:tiny --device cpu ${fw_small[*]} --threads 1 --gemm-dim 0 --json \
+    | python3 -c 'import json,sys; d=json.load(sys.stdin); assert \"gemm_peak_tflops\" not in d'"
 check "randmodel/forward: malformed flags -> exit 2 with a clear message; runtime errors -> exit 1" bash -c "
   $(declare -f usage_case); tmp=$tmp; bench=$(printf '%q' "$bench")
   usage_case \"--out DIR is required\" randmodel &&
@@ -212,6 +221,9 @@ check "randmodel/forward: malformed flags -> exit 2 with a clear message; runtim
   usage_case \"--copy-bytes: expected\" forward --model $tmp/rm/tiny --copy-bytes 1X &&
   usage_case \"needs a value\" forward --model &&
   usage_case \"unexpected argument\" forward --model $tmp/rm/tiny stray &&
+  usage_case \"--gemm-dim: expected\" forward --model $tmp/rm/tiny --gemm-dim -3 &&
+  { \$bench forward --model random:nope --device cpu >/dev/null 2>$tmp/rm/e2; test \$? -eq 1; } &&
+  grep -q 'unknown shape' $tmp/rm/e2 &&
   test ! -e $tmp/rm/x &&
   { \$bench forward --model $tmp/rm/tiny --prefill 5000 --device cpu >/dev/null 2>$tmp/rm/e1; test \$? -eq 1; } &&
   grep -q 'max_position_embeddings' $tmp/rm/e1 &&

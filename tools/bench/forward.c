@@ -67,6 +67,7 @@ typedef struct fw_opts {
     int batch[FW_MAX_LIST], n_batch;
     int decode_steps, decode_prompt, ttft_len;
     long copy_bytes; /* 0: 1 GiB on a device, 256 MiB on cpu */
+    int gemm_dim;    /* -1: default (8192 on a device, 1024 on cpu); 0: skip */
     unsigned long long seed;
 } fw_opts;
 
@@ -161,12 +162,14 @@ static const char FW_USAGE[] =
     "usage: echo-bench forward --model DIR [--device cpu|cuda|auto] [--tp N] [--prefill 512,2048,8192]\n"
     "                          [--decode-batch 1,16,64] [--decode-steps N] [--decode-prompt N]\n"
     "                          [--ttft-len 2048] [--iters N] [--threads N] [--copy-bytes N] [--seed S] [--json]\n"
+    "                          [--gemm-dim N]\n"
     "\n"
     "Prefill tokens/s and TFLOP/s per prompt length, decode tokens/s per batch beside the memory\n"
     "roofline (weight bytes / measured ops->copy bandwidth), and TTFT of one prompt, on the engine.\n"
-    "  --model DIR         Hugging Face Qwen3 folder (e.g. from echo-bench randmodel)\n"
+    "  --model DIR         Hugging Face Qwen3 folder, or a random model generated in device memory\n"
+    "                      (random:qwen3-8b[,layers=N][,seed=S]; also qwen3-0.6b, tiny)\n"
     "  --device D          cpu (default), cuda, or auto (cuda when a GPU is visible)\n"
-    "  --tp N              tensor-parallel ranks (default 1; > 1 on cpu only)\n"
+    "  --tp N              tensor-parallel ranks (default 1)\n"
     "  --prefill L,...     prompt lengths, one sequence each (default 512,2048,8192)\n"
     "  --decode-batch B,.. decode batch sizes (default 1,16,64)\n"
     "  --decode-steps N    timed decode steps per batch size (default 32)\n"
@@ -176,6 +179,8 @@ static const char FW_USAGE[] =
     "  --threads N         cpu threads (default: all)\n"
     "  --copy-bytes N[KMG] buffer of the bandwidth measurement (default 1 GiB on a GPU, 256 MiB on cpu)\n"
     "  --seed S            random token ids (default 0)\n"
+    "  --gemm-dim N        the matmul peak: ops->matmul of N x N by N x N, the yardstick of prefill\n"
+    "                      TFLOP/s (default 8192 on a GPU, 1024 on cpu; 0 skips it)\n"
     "  --json              one JSON object instead of the table\n"
     "Exit status: 0 ok, 1 runtime error, 2 usage error.\n";
 
@@ -193,6 +198,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_THREADS,
         O_COPY,
         O_SEED,
+        O_GEMM,
         O_JSON,
         O_HELP
     };
@@ -209,6 +215,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"threads", required_argument, 0, O_THREADS},
         {"copy-bytes", required_argument, 0, O_COPY},
         {"seed", required_argument, 0, O_SEED},
+        {"gemm-dim", required_argument, 0, O_GEMM},
         {"json", no_argument, 0, O_JSON},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
@@ -270,6 +277,10 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
                 rc = fw_usage_error("--seed: expected 0..2147483647, got '%s'", a);
             o->seed = (unsigned long long)v;
             break;
+        case O_GEMM:
+            if (cli_parse_long(a, 0, 32768, &v)) rc = fw_usage_error("--gemm-dim: expected 0..32768, got '%s'", a);
+            o->gemm_dim = (int)v;
+            break;
         case O_JSON: o->json = 1; break;
         case 'h':
         case O_HELP:
@@ -329,6 +340,48 @@ out:
     return status;
 }
 
+/* The matmul peak of `device` through its op table (the yardstick of the
+ * prefill TFLOP/s): out(d, d) = in(d, d) · w(d, d)ᵀ with a random weight,
+ * one warm-up (cuBLASLt picks and caches its plan), then enough runs for
+ * ~0.5 s, timed to a synchronising to_host_f32 of one value. */
+static int fw_gemm_peak(const char *device, int threads, int d, double *flops, char *err, size_t errlen) {
+    const kern_ops *ops = NULL;
+    kern_backend *be = NULL;
+    void *in = NULL, *out = NULL;
+    kern_weight w = {0};
+    float one;
+    int status = -1;
+    if (kern_backend_create(device, threads, 0, &ops, &be, err, errlen)) return -1;
+    size_t es = kern_dtype_size(ops->act_dtype), n = (size_t)d * d;
+    in = ops->alloc(be, n * es);
+    out = ops->alloc(be, n * es);
+    if (!in || !out || ops->random_weight(be, &w, d, d, 0, 0, d, 1, 0.0f, 0.03f)) {
+        snprintf(err, errlen, "gemm peak: cannot allocate %d x %d operands: %s", d, d, kern_last_error(be));
+        goto out;
+    }
+    if (ops->matmul(be, out, in, &w, d) || ops->to_host_f32(be, &one, out, 1)) goto op_fail;
+    double t0 = fw_now();
+    if (ops->matmul(be, out, in, &w, d) || ops->to_host_f32(be, &one, out, 1)) goto op_fail;
+    double t1 = fw_now() - t0;
+    int reps = t1 > 0 ? (int)(0.5 / t1) : 50;
+    reps = reps < 2 ? 2 : (reps > 200 ? 200 : reps);
+    t0 = fw_now();
+    for (int i = 0; i < reps; i++)
+        if (ops->matmul(be, out, in, &w, d)) goto op_fail;
+    if (ops->to_host_f32(be, &one, out, 1)) goto op_fail;
+    *flops = 2.0 * (double)d * d * d * reps / (fw_now() - t0);
+    status = 0;
+    goto out;
+op_fail:
+    snprintf(err, errlen, "gemm peak: %s", kern_last_error(be));
+out:
+    if (w.data) ops->free_weight(be, &w);
+    if (in) ops->free(be, in);
+    if (out) ops->free(be, out);
+    kern_backend_destroy(ops, be);
+    return status;
+}
+
 /* One forward of `n` fresh sequences of `len` random tokens each, logits of
  * the last row of each; the sequences are freed unless `keep` receives them. */
 static int fw_prefill_seqs(eng *e, int n, int len, int vocab, uint64_t *rng, int32_t *ids, eng_item *items,
@@ -360,6 +413,7 @@ out:
 int bench_forward_main(int argc, char **argv) {
     fw_opts o = {.device = "cpu",
                  .tp = 1,
+                 .gemm_dim = -1,
                  .iters = 3,
                  .decode_steps = 32,
                  .decode_prompt = 16,
@@ -405,6 +459,13 @@ int bench_forward_main(int argc, char **argv) {
     size_t act_size = 0, copy_bytes = o.copy_bytes ? (size_t)o.copy_bytes
                                                    : (strcmp(o.device, "cpu") ? (size_t)1 << 30 : (size_t)256 << 20);
     if (fw_copy_bandwidth(o.device, o.threads, copy_bytes, &bps, &act_size, err, sizeof err)) {
+        fprintf(stderr, "echo-bench forward: %s\n", err);
+        return 1;
+    }
+
+    double peak = 0;
+    int gd = o.gemm_dim >= 0 ? o.gemm_dim : (strcmp(o.device, "cpu") ? 8192 : 1024);
+    if (gd > 0 && fw_gemm_peak(o.device, o.threads, gd, &peak, err, sizeof err)) {
         fprintf(stderr, "echo-bench forward: %s\n", err);
         return 1;
     }
@@ -537,10 +598,15 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "kv_bytes_per_token", json_real(kv_tok));
         json_object_set_new(root, "copy_bytes", json_integer((json_int_t)copy_bytes));
         json_object_set_new(root, "copy_gbps", json_real(bps / 1e9));
+        if (gd > 0) {
+            json_object_set_new(root, "gemm_dim", json_integer(gd));
+            json_object_set_new(root, "gemm_peak_tflops", json_real(peak / 1e12));
+        }
         for (int i = 0; i < o.n_prefill; i++)
-            json_array_append_new(jp, json_pack("{s:i, s:f, s:f, s:f, s:f}", "tokens", pre[i].len, "ms", pre[i].s * 1e3,
-                                                "tokens_per_s", pre[i].len / pre[i].s, "tflop", pre[i].flop / 1e12,
-                                                "tflops", pre[i].flop / pre[i].s / 1e12));
+            json_array_append_new(jp, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f}", "tokens", pre[i].len, "ms",
+                                                pre[i].s * 1e3, "tokens_per_s", pre[i].len / pre[i].s, "tflop",
+                                                pre[i].flop / 1e12, "tflops", pre[i].flop / pre[i].s / 1e12,
+                                                "gemm_peak_pct", peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0));
         for (int i = 0; i < o.n_batch; i++) {
             double tps = dec[i].batch * dec[i].steps / dec[i].s, roof = dec[i].batch * bps / dec[i].bytes_per_step;
             json_array_append_new(jd, json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "batch", dec[i].batch, "steps",
@@ -568,10 +634,13 @@ int bench_forward_main(int argc, char **argv) {
         printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
                "%zu MiB, 2 x bytes / time); load %.1f s\n",
                ri.weight_bytes / 1e9, read_bytes / 1e9, bps / 1e9, copy_bytes >> 20, load_s);
-        printf("# prefill (median of %d)  %8s %10s %10s %9s\n", o.iters, "tokens", "ms", "tok/s", "TFLOP/s");
+        if (gd > 0)
+            printf("# matmul peak %.3f TFLOP/s (ops->matmul %d x %d x %d)\n", peak / 1e12, gd, gd, gd);
+        printf("# prefill (median of %d)  %8s %10s %10s %9s %7s\n", o.iters, "tokens", "ms", "tok/s", "TFLOP/s",
+               "% peak");
         for (int i = 0; i < o.n_prefill; i++)
-            printf("  %-22s %8d %10.2f %10.1f %9.3f\n", "", pre[i].len, pre[i].s * 1e3, pre[i].len / pre[i].s,
-                   pre[i].flop / pre[i].s / 1e12);
+            printf("  %-22s %8d %10.2f %10.1f %9.3f %6.1f%%\n", "", pre[i].len, pre[i].s * 1e3, pre[i].len / pre[i].s,
+                   pre[i].flop / pre[i].s / 1e12, peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0);
         printf("# decode (%3d steps)       %8s %10s %10s %9s %8s\n", o.decode_steps, "batch", "ms/step", "tok/s",
                "roof t/s", "% roof");
         for (int i = 0; i < o.n_batch; i++) {
