@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The prepared GPU check: build with the cuda backend, compare every op on
-# cuda against cpu, then compare greedy generation on every fixture model,
-# then benchmark the engine on Qwen3-8B-shaped random weights (echo-bench
-# randmodel + forward: prefill tok/s and TFLOP/s, decode tok/s beside the
+# The prepared GPU check: build with the cuda backend; compare every op on
+# cuda against cpu (gpu_test_cuda_ops); the Echo all-reduce on device memory
+# against the host path, bit for bit, and the codec's GB/s beside the copy
+# bandwidth (gpu_test_cuda_comm); every fixture model through the engine on
+# cuda vs cpu at tp 1, 2 and 4 (gpu_test_cuda_model: several ranks share the
+# one GPU through the local device transport); greedy generation through the
+# CLI, cuda vs cpu; then benchmark the engine on a Qwen3-8B-shaped random
+# model generated in GPU memory (echo-bench forward --model random:qwen3-8b:
+# the matmul peak, prefill tok/s and TFLOP/s, decode tok/s beside the
 # copy-bandwidth roofline, TTFT of a 2048-token prompt).
 # Made to run on a lent GPU machine (no package registry there): the Debian
 # -dev packages travel as .deb files in .gpu-debs/ (tests/gpu/fetch-debs.sh)
@@ -19,11 +24,11 @@
 # GPU_CHECK_DEVICE (default cuda; "cpu" dry-runs every step of this script
 # on a machine without a GPU: the op test with --self-check, generation on
 # cpu twice, the benchmark on a tiny random model), FORWARD_BENCH (0 skips
-# the benchmark), FWD_DIR (where the random model is written and removed
-# again; default /tmp/echo-qwen3-8b-random).
+# the benchmark), FWD_LAYERS (layers of the benchmark model, default 36).
 #
-# Logs under $OUT (7 files, so they fit a device call's return):
-#   env.log  build.log  ops.log  gen.log  forward.log  forward.json  summary.txt
+# Logs under $OUT (few files, so they fit a device call's return):
+#   env.log build.log ops.log comm.log comm.json model.log gen.log
+#   forward.log forward.json summary.txt
 # The summary table is printed last. Exit status: 0 when nothing failed
 # (steps skipped for want of a GPU count as skipped, not failed), else 1.
 set -euo pipefail
@@ -44,7 +49,7 @@ mkdir -p "$OUT" "$PREFIX"
 PREFIX="$(cd "$PREFIX" && pwd)"
 : >"$OUT/env.log"
 : >"$OUT/gen.log"
-rm -f "$OUT/build.log" "$OUT/ops.log" "$OUT/summary.txt"
+rm -f "$OUT/build.log" "$OUT/ops.log" "$OUT/comm.log" "$OUT/comm.json" "$OUT/model.log" "$OUT/summary.txt"
 
 SUMMARY=()
 FAILED=0
@@ -127,9 +132,11 @@ done
 # ---- 3. build (keep going past one broken target, report what was built) ----
 GEN="$GPU_BUILD/bin/echo-generate"
 OPS="$GPU_BUILD/tests/gpu_test_cuda_ops"
-rm -f "$GEN" "$OPS"
+COMM="$GPU_BUILD/tests/gpu_test_cuda_comm"
+MODEL="$GPU_BUILD/tests/gpu_test_cuda_model"
+rm -f "$GEN" "$OPS" "$COMM" "$MODEL"
 set +e
-make -k -j"$JOBS" CUDA=1 CUDA_HOME="$CUDA_HOME" BUILD="$GPU_BUILD" BIN="$GPU_BUILD/bin" all "$OPS" \
+make -k -j"$JOBS" CUDA=1 CUDA_HOME="$CUDA_HOME" BUILD="$GPU_BUILD" BIN="$GPU_BUILD/bin" all "$OPS" "$COMM" "$MODEL" \
   >"$OUT/build.log" 2>&1
 brc=$?
 set -e
@@ -140,8 +147,9 @@ else
   row "build (CUDA=1, -Werror)" FAIL "make exit $brc; see build.log: $(grep -m1 -E 'error|Error' "$OUT/build.log" | cut -c1-120)"
 fi
 if [ $BUILD_ONLY -eq 1 ]; then
-  [ -x "$OPS" ] && row "built $OPS" ok "" || row "built $OPS" FAIL "missing"
-  [ -x "$GEN" ] && row "built $GEN" ok "" || row "built $GEN" FAIL "missing"
+  for b in "$OPS" "$COMM" "$MODEL" "$GEN"; do
+    [ -x "$b" ] && row "built $(basename "$b")" ok "" || row "built $(basename "$b")" FAIL "missing"
+  done
   finish
 fi
 
@@ -164,7 +172,46 @@ else
   row "ops cuda vs cpu" FAIL "$OPS was not built"
 fi
 
-# ---- 5. greedy generation: cuda vs cpu, and cuda vs the HF reference ----
+# ---- 4b. Echo on device memory: bit-exact vs the host path; codec GB/s ----
+# A program's lines with " PASS"/" FAIL" are counted; "bench:" lines go to the summary.
+gpu_prog() { # label binary log [args...] -> rows
+  local label=$1 bin=$2 log=$3
+  shift 3
+  if [ ! -x "$bin" ]; then
+    row "$label" FAIL "$(basename "$bin") was not built"
+    return 0
+  fi
+  set +e
+  "$bin" "$@" >"$log" 2>&1
+  local rc=$?
+  set -e
+  local np nf
+  np=$(grep -c ' PASS' "$log" || true)
+  nf=$(grep -c ' FAIL' "$log" || true)
+  case $rc in
+  0) row "$label" ok "$np passed" ;;
+  77) row "$label" skip "$(head -1 "$log" | cut -c1-100)" ;;
+  *) row "$label" FAIL "exit $rc, $np passed, $nf failed: $(grep -m1 ' FAIL' "$log" | cut -c1-90)" ;;
+  esac
+  return 0
+}
+SELF=()
+[ "$DEV" = cpu ] && SELF=(--self-check)
+gpu_prog "echo comm device vs host (bit-exact)" "$COMM" "$OUT/comm.log" "${SELF[@]}" --json "$OUT/comm.json"
+while IFS= read -r l; do row "codec ${l#bench: }" ok ""; done < <(grep '^bench:' "$OUT/comm.log" 2>/dev/null | cut -c1-110)
+cat "$OUT/comm.log" 2>/dev/null || true
+
+# ---- 4c. every fixture through the engine: cuda vs cpu at tp 1, 2, 4 ----
+gpu_prog "models cuda vs cpu (tp 1/2/4)" "$MODEL" "$OUT/model.log" "${SELF[@]}"
+for tp in 1 2 4; do
+  w=$(awk -v tp="$tp" '$2 == "tp" && $3 == tp && / exact vs cpu / {sub("rel_err=", "", $7); if ($7 + 0 > m) m = $7 + 0} END {printf "%.2e", m}' "$OUT/model.log" 2>/dev/null)
+  [ -s "$OUT/model.log" ] && row "  worst logits rel err, tp $tp" info "$w (limit 2e-2)"
+done
+grep -h 'greedy vs HF' "$OUT/model.log" 2>/dev/null | awk '{print $1": "$7}' | paste -sd' ' | cut -c1-120 |
+  while IFS= read -r l; do row "  greedy tokens agreeing with HF" info "$l"; done
+cat "$OUT/model.log" 2>/dev/null || true
+
+# ---- 5. greedy generation through the CLI: cuda vs cpu, and cuda vs the HF reference ----
 tokens_of() { sed -n 's/.*"tokens":\[\([^]]*\)\].*/\1/p' "$1"; }
 agreement() { # list_a list_b -> "k/n" and the first differing index (or -)
   local -a A B
@@ -177,9 +224,7 @@ agreement() { # list_a list_b -> "k/n" and the first differing index (or -)
   done
   echo "$k/$n $first"
 }
-# Always one rank: echo-generate refuses --device cuda with --tp > 1 (for
-# now), so tensor parallelism (--tp N --allreduce exact|int4|echo) is not
-# part of this check.
+# One rank here: tensor parallelism on the device is checked by step 4c.
 gen() { # model device prompt max out -> exit status
   "$GEN" --model "$1" --prompt-tokens "$3" --max-tokens "$4" --temperature 0 --ignore-eos --json \
     --device "$2" --tp 1 >"$5" 2>"$5.err" </dev/null
@@ -228,14 +273,12 @@ for p in json.load(open(sys.argv[1]))["prompts"]:
 fi
 rm -rf "$TMPD"
 
-# ---- 6. engine benchmark: Qwen3-8B-shaped random weights at tp 1 ----
-# docs/bench-forward.md. The weights are generated here (echo-bench
-# randmodel; nothing comes from outside): all 36 layers (16.4 GB) when the
-# disk has >= 20 GB free, else 12 of the 36 layers (7.2 GB, labelled "12/36L"
-# in every row), else skipped. A write that outlasts its limit is retried
-# once with 12 layers. On DEV=cpu the same steps run on the tiny shape.
+# ---- 6. engine benchmark: a Qwen3-8B-shaped random model at tp 1 ----
+# docs/bench-forward.md. The weights are generated in GPU memory (--model
+# random:qwen3-8b: kern_ops.random_weight, no file is written or read), so
+# the whole 36-layer model costs seconds. On DEV=cpu the same steps run on
+# the tiny shape.
 BENCH="$GPU_BUILD/bin/echo-bench"
-FWD_DIR="${FWD_DIR:-/tmp/echo-qwen3-8b-random}"
 : >"$OUT/forward.log"
 rm -f "$OUT/forward.json"
 fwd_rows() { # forward.json label -> "step|detail" lines for row()
@@ -243,7 +286,10 @@ fwd_rows() { # forward.json label -> "step|detail" lines for row()
 import json, sys
 d, lab = json.load(open(sys.argv[1])), sys.argv[2]
 p, dd = d["prefill"], d["decode"]
-print(f"fwd {lab} prefill tok/s (TFLOP/s)|" + ", ".join(f"{r['tokens']}: {r['tokens_per_s']:.0f} ({r['tflops']:.1f})" for r in p))
+if "gemm_peak_tflops" in d:
+    print(f"fwd {lab} matmul peak|{d['gemm_peak_tflops']:.1f} TFLOP/s ({d['gemm_dim']}^3 through ops->matmul)")
+print(f"fwd {lab} prefill tok/s (TFLOP/s, % peak)|" + ", ".join(
+    f"{r['tokens']}: {r['tokens_per_s']:.0f} ({r['tflops']:.1f}, {r.get('gemm_peak_pct', 0):.0f}%)" for r in p))
 print(f"fwd {lab} decode tok/s (% roof)|" + ", ".join(f"B={r['batch']}: {r['tokens_per_s']:.0f} ({r['roofline_pct']:.0f}%)" for r in dd)
       + f"; copy {d['copy_gbps']:.0f} GB/s, {d['weight_bytes_read_per_step'] / 1e9:.2f} GB/step")
 if "ttft" in d:
@@ -258,52 +304,26 @@ elif [ ! -x "$BENCH" ]; then
 elif [ $HAVE_GPU -eq 0 ] && [ "$DEV" != cpu ]; then
   row "forward benchmark" skip "no GPU: skipped"
 else
-  mkdir -p "$(dirname "$FWD_DIR")"
-  avail=$(df -P -k "$(dirname "$FWD_DIR")" | awk 'NR == 2 {print int($4 / 1048576)}')
-  shape=qwen3-8b layers=36 label=8b
+  layers=${FWD_LAYERS:-36}
+  model="random:qwen3-8b,layers=$layers" label=8b
+  [ "$layers" = 36 ] || label="8b-$layers/36L"
   fwd_args=(--prefill 512,2048,8192 --decode-batch 1,16,64 --decode-steps 32 --ttft-len 2048 --iters 2)
   if [ "$DEV" = cpu ]; then
-    shape=tiny layers=2 label=tiny
-    fwd_args=(--prefill 16,64 --decode-batch 1,4 --decode-steps 4 --ttft-len 32 --iters 2 --copy-bytes 64M)
-  elif [ "${avail:-0}" -lt 9 ]; then
-    shape=""
-  elif [ "$avail" -lt 20 ]; then
-    layers=12 label=8b-12/36L
+    model=random:tiny label=tiny
+    fwd_args=(--prefill 16,64 --decode-batch 1,4 --decode-steps 4 --ttft-len 32 --iters 2 --copy-bytes 64M --gemm-dim 256)
   fi
-  if [ -z "$shape" ]; then
-    row "forward benchmark" skip "only ${avail} GB free on $(dirname "$FWD_DIR") (12 layers need 9)"
+  set +e
+  timeout 300 "$BENCH" forward --device "$DEV" --tp 1 --model "$model" --json "${fwd_args[@]}" \
+    >"$OUT/forward.json" 2>>"$OUT/forward.log"
+  frc=$?
+  set -e
+  if [ $frc -ne 0 ]; then
+    row "fwd $label" FAIL "exit $frc: $(tail -1 "$OUT/forward.log" | cut -c1-100)"
+  elif ! command -v python3 >/dev/null; then
+    row "fwd $label" ok "no python3 to summarise: see forward.json"
   else
-    rm -rf "$FWD_DIR"
-    set +e
-    timeout 180 "$BENCH" randmodel --shape "$shape" --layers "$layers" --out "$FWD_DIR" >>"$OUT/forward.log" 2>&1
-    wrc=$?
-    if [ $wrc -eq 124 ] && [ "$layers" = 36 ]; then
-      echo "randmodel: 36 layers did not finish in 180 s; retrying with 12" >>"$OUT/forward.log"
-      layers=12 label=8b-12/36L
-      rm -rf "$FWD_DIR"
-      timeout 120 "$BENCH" randmodel --shape "$shape" --layers 12 --out "$FWD_DIR" >>"$OUT/forward.log" 2>&1
-      wrc=$?
-    fi
-    set -e
-    if [ $wrc -ne 0 ]; then
-      row "randmodel $shape ($layers layers)" FAIL "exit $wrc: $(tail -1 "$OUT/forward.log" | cut -c1-90)"
-    else
-      row "randmodel $shape ($layers layers)" ok "$(sed -n 's/.*layers, [0-9]* tensors, \(.*\) ->.*/\1/p' "$OUT/forward.log" | tail -1)"
-      set +e
-      timeout 300 "$BENCH" forward --device "$DEV" --tp 1 --model "$FWD_DIR" --json "${fwd_args[@]}" \
-        >"$OUT/forward.json" 2>>"$OUT/forward.log"
-      frc=$?
-      set -e
-      if [ $frc -ne 0 ]; then
-        row "fwd $label" FAIL "exit $frc: $(tail -1 "$OUT/forward.log" | cut -c1-100)"
-      elif ! command -v python3 >/dev/null; then
-        row "fwd $label" ok "no python3 to summarise: see forward.json"
-      else
-        while IFS='|' read -r step detail; do row "$step" ok "$detail"; done < <(fwd_rows "$OUT/forward.json" "$label")
-      fi
-      cat "$OUT/forward.json"
-    fi
-    rm -rf "$FWD_DIR"
+    while IFS='|' read -r step detail; do row "$step" ok "$detail"; done < <(fwd_rows "$OUT/forward.json" "$label")
   fi
+  cat "$OUT/forward.json"
 fi
 finish
