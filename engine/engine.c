@@ -121,6 +121,7 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
 
 static void fill_defaults(eng_config *c, const model_config *mc) {
     if (!c->device) c->device = "cpu";
+    if (!c->transport) c->transport = "auto";
     if (c->tp <= 0) c->tp = 1;
     if (c->kv_block_size <= 0) c->kv_block_size = 16;
     if (c->max_model_len <= 0) c->max_model_len = mc->max_position_embeddings < 4096 ? mc->max_position_embeddings : 4096;
@@ -148,10 +149,33 @@ static int check_limits(const eng_config *c, const model_config *mc, char *err, 
         snprintf(err, errlen, "max batch tokens and max model length must be >= 1");
         return -1;
     }
-    if (strcmp(c->device, "cpu") != 0 && c->tp > 1) {
-        snprintf(err, errlen, "--tp %d on --device %s: the all-reduce transport for device memory is not built yet; "
-                              "use --device cpu for tensor parallelism", c->tp, c->device);
+    if (strcmp(c->transport, "auto") && strcmp(c->transport, "local") && strcmp(c->transport, "nccl")) {
+        snprintf(err, errlen, "unknown all-reduce transport \"%s\" (auto, local or nccl)", c->transport);
         return -1;
+    }
+    if (!strcmp(c->device, "cpu") && !strcmp(c->transport, "nccl")) {
+        snprintf(err, errlen, "the nccl transport needs --device cuda (the cpu backend's ranks are threads: use local)");
+        return -1;
+    }
+    return 0;
+}
+
+/* Resolve the transport for tp > 1 and each rank's GPU (engine_create). */
+static int pick_transport(eng_config *c, int *use_nccl, char *err, size_t errlen) {
+    *use_nccl = 0;
+    if (!strcmp(c->device, "cpu")) {
+        c->transport = "local";
+        return 0;
+    }
+    int gpus = kern_gpu_count();
+    if (!strcmp(c->transport, "auto")) c->transport = gpus >= c->tp ? "nccl" : "local";
+    if (!strcmp(c->transport, "nccl")) {
+        if (gpus < c->tp) {
+            snprintf(err, errlen, "--tp %d with the nccl transport needs %d GPUs, %d visible (the local transport runs "
+                     "every rank on one GPU)", c->tp, c->tp, gpus);
+            return -1;
+        }
+        *use_nccl = 1;
     }
     return 0;
 }
@@ -200,25 +224,43 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
         }
     }
 
-    if (c->tp > 1) {
-        echo_config ec = {.mode = c->allreduce,
-                          .group_size = c->echo_group,
-                          .min_bytes = c->echo_min_bytes,
-                          .n_sites = 2 * e->mc.num_layers,
-                          .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size};
-        if (echo_world_create_local(c->tp, &ec, &e->world, err, errlen)) goto fail;
-    }
+    int use_nccl = 0;
+    if (c->tp > 1 && pick_transport(&e->cfg, &use_nccl, err, errlen)) goto fail;
     int threads = c->threads;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 1;
     }
     int per_rank = threads / c->tp > 0 ? threads / c->tp : 1;
+    /* Backends first: a missing GPU is reported by the backend ("use
+     * --device cpu") rather than by the transport. */
     for (int i = 0; i < c->tp; i++) {
         eng_rank *r = &e->ranks[i];
         r->e = e;
         r->rank = i;
-        if (kern_backend_create(c->device, per_rank, i, &r->ops, &r->be, err, errlen)) goto fail;
+        /* nccl: rank i drives GPU i; local on a device: every rank shares GPU 0 */
+        if (kern_backend_create(c->device, per_rank, use_nccl ? i : 0, &r->ops, &r->be, err, errlen)) goto fail;
+    }
+    if (c->tp > 1) {
+        echo_config ec = {.mode = c->allreduce,
+                          .group_size = c->echo_group,
+                          .min_bytes = c->echo_min_bytes,
+                          .n_sites = 2 * e->mc.num_layers,
+                          .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size};
+        int rc;
+        if (!strcmp(c->device, "cpu")) {
+            rc = echo_world_create_local(c->tp, &ec, &e->world, err, errlen);
+        } else if (use_nccl) {
+            int devs[ECHO_MAX_RANKS];
+            for (int i = 0; i < c->tp; i++) devs[i] = i;
+            rc = echo_world_create_nccl(c->tp, devs, &ec, &e->world, err, errlen);
+        } else {
+            rc = echo_world_create_local_device(c->tp, 0, &ec, &e->world, err, errlen);
+        }
+        if (rc) goto fail;
+    }
+    for (int i = 0; i < c->tp; i++) {
+        eng_rank *r = &e->ranks[i];
         if (e->world && echo_comm_create(e->world, i, &r->comm, err, errlen)) goto fail;
         model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size};
         char merr[768];

@@ -46,6 +46,12 @@ typedef struct eng_config {
     int max_num_seqs;     /* concurrent sequences, default 8 */
     int max_batch_tokens; /* tokens per step, default max(max_model_len, 512) */
     int kv_blocks;        /* 0 = enough for max_num_seqs full sequences */
+    /* All-reduce transport when tp > 1: "auto" (default), "local" or
+     * "nccl". cpu: local (threads over host memory) only. cuda: nccl puts
+     * rank i on GPU i (needs tp GPUs); local puts every rank on GPU 0 and
+     * exchanges through its memory (tests on one GPU); auto = nccl when
+     * there are tp GPUs, else local. */
+    const char *transport;
 } eng_config;
 
 typedef struct eng eng;

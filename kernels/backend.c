@@ -75,6 +75,15 @@ int kern_backend_create(const char *device, int nthreads, int device_index, cons
     return 0;
 }
 
+int kern_gpu_count(void) {
+#ifdef ECHO_HAVE_CUDA
+    int n = kern_cuda_device_count();
+    return n > 0 ? n : 0;
+#else
+    return 0;
+#endif
+}
+
 const char *kern_auto_device(void) {
 #ifdef ECHO_HAVE_CUDA
     if (kern_cuda_device_count() > 0) return "cuda";

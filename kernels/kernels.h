@@ -126,7 +126,13 @@ typedef struct kern_ops {
      * ties by ascending column, into ids[r*k + j] / vals[r*k + j] (fp32), and
      * lse[r] = log(sum_j exp(logits[r, j])) computed in fp32 (or wider) with
      * a max shift. A row holding any inf/nan gets lse[r] = NaN (the caller
-     * fails the step). ids, vals, lse are HOST arrays; synchronises. */
+     * fails the step); its ids/vals are then unspecified, but ids stay in
+     * [0, vocab). ids, vals, lse are HOST arrays; synchronises.
+     * k > vocab is an error, not clipped (the output stride is k): a caller
+     * with a short vocabulary slice asks for min(k, vocab). rows == 0 does
+     * nothing. Values are exact (the activations as stored: fp32 on cpu, the
+     * bf16 values widened on cuda). lse: cpu sums in double and rounds once
+     * to float; cuda sums expf(x - max) in fp32 (relative error ~1e-6). */
     int (*logits_topk)(kern_backend *be, const void *logits, int rows, int vocab, int k, int32_t *ids, float *vals,
                        float *lse);
     /* The backend's stream (a cudaStream_t) for comm/'s device transports to
@@ -157,6 +163,8 @@ void kern_backend_destroy(const kern_ops *ops, kern_backend *be);
 /* "cuda" when this build has the cuda backend and a GPU is visible, else
  * "cpu": what --device auto means. */
 const char *kern_auto_device(void);
+/* GPUs the cuda backend can use (0 without one, or in a build without it). */
+int kern_gpu_count(void);
 /* The message of the last failed op on this backend. */
 const char *kern_last_error(const kern_backend *be);
 

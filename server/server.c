@@ -277,6 +277,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .device = strcmp(o->device, "auto") == 0 ? "cpu" : o->device,
                      .tp = o->tp,
                      .allreduce = o->allreduce,
+                     .transport = o->transport,
                      .echo_min_bytes = o->echo_min_bytes,
                      .echo_group = o->echo_group,
                      .threads = o->threads,
@@ -330,9 +331,10 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     srv_log(s, SRV_LOG_INFO, "rank 0 of %d holds %.1f MB of weights (each rank reads only its slices)", c->tp,
             (double)ri.weight_bytes / 1e6);
     srv_log(s, SRV_LOG_INFO,
-            "plan: tp %d, device %s, allreduce %s, residual slots %.1f MB/rank, KV %d blocks x %d tokens "
+            "plan: tp %d, device %s, allreduce %s (%s transport), residual slots %.1f MB/rank, KV %d blocks x %d tokens "
             "(%.1f MB/rank), max_model_len %d, max_num_seqs %d, %d tokens/step; loaded in %.1fs",
-            c->tp, c->device, c->tp > 1 ? echo_mode_name(c->allreduce) : "none (tp 1)", slot_mb, u.total_blocks,
+            c->tp, c->device, c->tp > 1 ? echo_mode_name(c->allreduce) : "none (tp 1)", c->tp > 1 ? c->transport : "no",
+            slot_mb, u.total_blocks,
             u.block_size, kv_mb, c->max_model_len, c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
     srv_log(s, SRV_LOG_INFO, "defaults from generation_config.json: temperature %g, top_p %g, top_k %d",
             (double)s->gd.temperature, (double)s->gd.top_p, s->gd.top_k);

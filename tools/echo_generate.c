@@ -43,6 +43,8 @@ static const char *USAGE =
     "  --allreduce MODE       all-reduce of the row-parallel layers when --tp > 1:\n"
     "                         echo (4-bit error-compensated, default), int4 (no compensation),\n"
     "                         exact (fp32 sum)\n"
+    "  --transport T          all-reduce transport when --tp > 1: auto (default), local, nccl;\n"
+    "                         cuda: nccl = rank i on GPU i, local = every rank on GPU 0\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default)\n"
     "  --top-k K              with --temperature > 0: sample among the K most likely (0 = off)\n"
@@ -158,7 +160,7 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -172,6 +174,7 @@ int main(int argc, char **argv) {
         {"threads", required_argument, 0, O_THREADS},
         {"tp", required_argument, 0, O_TP},
         {"allreduce", required_argument, 0, O_ALLRED},
+        {"transport", required_argument, 0, O_TRANSPORT},
         {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},
         {"no-thinking", no_argument, 0, O_NOTHINK},
@@ -217,6 +220,11 @@ int main(int argc, char **argv) {
             break;
         case O_THREADS: ec.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_TP: ec.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
+        case O_TRANSPORT:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "local") && strcmp(optarg, "nccl"))
+                cli_usage_error(PROG, "--transport expects auto, local or nccl, got '%s'", optarg);
+            ec.transport = optarg;
+            break;
         case O_ALLRED:
             if (echo_mode_parse(optarg, &ec.allreduce))
                 cli_usage_error(PROG, "--allreduce expects exact, int4 or echo, got '%s'", optarg);

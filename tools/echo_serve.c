@@ -29,6 +29,9 @@ static const char *USAGE =
     "  --tp N                       tensor-parallel ranks (default 1)\n"
     "  --device auto|cuda|cpu       backend (default auto: cuda when built and usable, else cpu)\n"
     "  --allreduce echo|exact|int4  all-reduce of the row-parallel layers when --tp > 1 (default echo)\n"
+    "  --transport auto|local|nccl  all-reduce transport when --tp > 1 (default auto: on cuda, nccl\n"
+    "                               with one GPU per rank when there are --tp GPUs, else local:\n"
+    "                               every rank on GPU 0)\n"
     "  --echo-min-bytes N     all-reduce messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default, 64)\n"
     "  --threads N                  cpu threads in total (default: all online CPUs)\n"
@@ -85,6 +88,7 @@ int main(int argc, char **argv) {
         O_TP,
         O_DEVICE,
         O_ALLRED,
+        O_TRANSPORT,
         O_HOST,
         O_PORT,
         O_NAME,
@@ -109,6 +113,7 @@ int main(int argc, char **argv) {
         {"tp", required_argument, 0, O_TP},
         {"device", required_argument, 0, O_DEVICE},
         {"allreduce", required_argument, 0, O_ALLRED},
+        {"transport", required_argument, 0, O_TRANSPORT},
         {"echo-min-bytes", required_argument, 0, O_MINB},
         {"echo-group", required_argument, 0, O_GROUP},
         {"host", required_argument, 0, O_HOST},
@@ -148,6 +153,11 @@ int main(int argc, char **argv) {
             if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
                 cli_usage_error(PROG, "--device expects auto, cuda or cpu, got '%s'", optarg);
             o.device = optarg;
+            break;
+        case O_TRANSPORT:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "local") && strcmp(optarg, "nccl"))
+                cli_usage_error(PROG, "--transport expects auto, local or nccl, got '%s'", optarg);
+            o.transport = optarg;
             break;
         case O_ALLRED:
             if (echo_mode_parse(optarg, &o.allreduce))

@@ -652,6 +652,38 @@ START_TEST(test_random_model_tp) {
 }
 END_TEST
 
+/* The all-reduce transport is chosen, or refused with a reason. */
+START_TEST(test_engine_transport_choice) {
+    char err[1024];
+    eng *e = NULL;
+    const char *dir = "tests/fixtures/models/tied";
+    eng_config c = {.model_dir = dir, .tp = 2, .threads = 2, .max_model_len = 32, .transport = "local"};
+    ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(eng_get_config(e)->transport, "local");
+    eng_destroy(e);
+    c.transport = NULL; /* auto: threads over host memory on cpu */
+    ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(eng_get_config(e)->transport, "local");
+    eng_destroy(e);
+    const char *bad[][2] = {{"nccl", "needs --device cuda"}, {"carrier-pigeon", "unknown all-reduce transport"}};
+    for (int i = 0; i < 2; i++) {
+        c.transport = bad[i][0];
+        err[0] = 0;
+        ck_assert(eng_create(&c, &e, err, sizeof err) != 0);
+        ck_assert_msg(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
+    if (kern_gpu_count() == 0) { /* this machine: a missing GPU names the way out */
+        eng_config g = {.model_dir = dir, .device = "cuda", .tp = 2, .max_model_len = 32};
+        err[0] = 0;
+        ck_assert(eng_create(&g, &e, err, sizeof err) != 0);
+        ck_assert_msg(strstr(err, "--device cpu"), "%s", err);
+        g.transport = "nccl";
+        ck_assert(eng_create(&g, &e, err, sizeof err) != 0);
+        ck_assert_msg(strstr(err, "--device cpu") || strstr(err, "GPUs"), "%s", err);
+    }
+}
+END_TEST
+
 static Suite *model_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("oracle");
@@ -670,6 +702,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tcc, test_random_model_spec);
     tcase_add_test(tcc, test_random_weight_shards);
     tcase_add_test(tcc, test_random_model_tp);
+    tcase_add_test(tcc, test_engine_transport_choice);
     suite_add_tcase(s, tcc);
     TCase *cli = tcase_create("cli");
     tcase_set_timeout(cli, 600);
