@@ -370,16 +370,22 @@ static void *act_at(const model *m, void *base, size_t elems) {
 
 /* The end of a row-parallel block: every rank holds a partial sum of the
  * block output; all-reduce it (site = 2*layer + k) and add it to the
- * residual stream. With one rank there is nothing to reduce. */
-static int block_out(model *m, int site, int n, char *err, size_t errlen) {
+ * residual stream. With one rank there is nothing to reduce. When the next
+ * block's norm is given, the add is fused with it (h = norm(x), one launch
+ * fewer on a GPU; the cpu twin gives the unfused bits). */
+static int block_out(model *m, int site, int n, const kern_weight *next_norm, char *err, size_t errlen) {
     const kern_ops *ops = m->ops;
     kern_backend *be = m->be;
     size_t count = (size_t)n * m->cfg.hidden_size;
     if (m->tp > 1) {
         echo_dtype dt = ops->act_dtype == KERN_F32 ? ECHO_F32 : ECHO_BF16;
-        if (echo_allreduce(m->comm, site, m->sc.o, count, dt, NULL, err, errlen)) return -1;
+        /* on a device the all-reduce enqueues on the rank's stream, after the matmul that fed it */
+        if (echo_allreduce(m->comm, site, m->sc.o, count, dt, m->ops->stream(m->be), err, errlen)) return -1;
     }
-    OP(ops->add(be, m->sc.x, m->sc.o, count));
+    if (next_norm)
+        OP(ops->add_rmsnorm(be, m->sc.x, m->sc.o, m->sc.h, next_norm, n, m->cfg.hidden_size, m->cfg.rms_norm_eps));
+    else
+        OP(ops->add(be, m->sc.x, m->sc.o, count));
     return 0;
 fail:
     return -1;
@@ -451,26 +457,28 @@ int model_forward(model *m, const model_batch *b, float *logits, char *err, size
     OP(ops->embedding(be, sc->x, &m->embed, b->tokens, n));
     for (int l = 0; l < c->num_layers; l++) {
         const layer_w *L = &m->layers[l];
-        /* attention block */
-        OP(ops->rmsnorm(be, sc->h, sc->x, &L->attn_norm, n, H, c->rms_norm_eps));
+        /* attention block; h = attn_norm(x) comes from the previous layer's
+         * fused add, except in layer 0 */
+        if (l == 0) OP(ops->rmsnorm(be, sc->h, sc->x, &L->attn_norm, n, H, c->rms_norm_eps));
         OP(ops->matmul(be, sc->q, sc->h, &L->wq, n));
         OP(ops->matmul(be, sc->k, sc->h, &L->wk, n));
         OP(ops->matmul(be, sc->v, sc->h, &L->wv, n));
-        OP(ops->rmsnorm(be, sc->q, sc->q, &L->q_norm, n * hq, hd, c->rms_norm_eps));
-        OP(ops->rmsnorm(be, sc->k, sc->k, &L->k_norm, n * hkv, hd, c->rms_norm_eps));
-        OP(ops->rope(be, sc->q, pos, n, hq, hd, c->rope_theta));
-        OP(ops->rope(be, sc->k, pos, n, hkv, hd, c->rope_theta));
+        OP(ops->qk_norm_rope(be, sc->q, sc->k, &L->q_norm, &L->k_norm, pos, n, hq, hkv, hd, c->rms_norm_eps,
+                             c->rope_theta));
         OP(ops->kv_store(be, m->kc[l], m->vc[l], sc->k, sc->v, slots, n, hkv * hd));
         OP(ops->attention(be, sc->att, sc->q, m->kc[l], m->vc[l], &ab, hq, hkv, hd, scale));
         OP(ops->matmul(be, sc->o, sc->att, &L->wo, n));
-        if (block_out(m, 2 * l, n, err, errlen)) goto fail;
+        /* + h = mlp_norm(x) */
+        if (block_out(m, 2 * l, n, &L->mlp_norm, err, errlen)) goto fail;
         /* MLP block */
-        OP(ops->rmsnorm(be, sc->h, sc->x, &L->mlp_norm, n, H, c->rms_norm_eps));
         OP(ops->matmul(be, sc->gate, sc->h, &L->wg, n));
         OP(ops->matmul(be, sc->up, sc->h, &L->wu, n));
         OP(ops->silu_mul(be, sc->gate, sc->gate, sc->up, (size_t)n * I));
         OP(ops->matmul(be, sc->o, sc->gate, &L->wd, n));
-        if (block_out(m, 2 * l + 1, n, err, errlen)) goto fail;
+        /* + h = the next layer's attn_norm(x); after the last layer only the
+         * logit rows are normed, below, so that add stays plain */
+        if (block_out(m, 2 * l + 1, n, l + 1 < c->num_layers ? &m->layers[l + 1].attn_norm : NULL, err, errlen))
+            goto fail;
         if (b->layer_states) OP(ops->to_host_f32(be, b->layer_states + (size_t)l * n * H, sc->x, (size_t)n * H));
     }
     /* Only the rows whose logits are wanted go through the final norm and

@@ -179,6 +179,14 @@ int cuda_tmp_reserve(kern_backend *be, size_t bytes, void **p);
  * cuda_backend.cu. */
 int cuda_check_weight(kern_backend *be, const char *op, const kern_weight *w);
 
+/* The device table inv_freq[i] = 1 / theta^(2i/head_dim), i < head_dim/2,
+ * computed on the host with the cpu twin's fp32 expression (so bit-identical
+ * to kernels/cpu/rope.c) and cached in cuda_impl per (theta, head_dim); a
+ * change of either synchronises the stream before the old table is freed.
+ * The pointer stays valid until the next call with other values. Shared by
+ * rope and qk_norm_rope, so both rotate by the same angles. cuda_rope.cu. */
+int cuda_rope_table(kern_backend *be, double theta, int head_dim, const float **table);
+
 /* Release every cached cuBLASLt plan. cuda_matmul.cu. */
 void cuda_mm_plans_clear(cuda_impl *impl);
 

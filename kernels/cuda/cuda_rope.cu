@@ -37,8 +37,9 @@ __global__ void cuda_rope_kernel(bf16 *x, const int32_t *pos, const float *inv_f
     }
 }
 
-/* The device inv_freq table for (theta, head_dim), rebuilt when either changes. */
-static int rope_table(kern_backend *be, double theta, int head_dim, const float **table) {
+/* The device inv_freq table for (theta, head_dim), rebuilt when either
+ * changes; shared with qk_norm_rope (cuda_fused.cu) through cuda.h. */
+int cuda_rope_table(kern_backend *be, double theta, int head_dim, const float **table) {
     cuda_impl *impl = cuda_get(be);
     if (!impl->rope_inv_freq || impl->rope_theta != theta || impl->rope_hd != head_dim) {
         int half = head_dim / 2;
@@ -76,7 +77,7 @@ int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, i
     if (cuda_enter(be)) return -1;
     const float *table = NULL;
     const int32_t *dpos = NULL;
-    if (rope_table(be, theta, head_dim, &table) || cuda_stage_i32(be, pos, n, &dpos)) return -1;
+    if (cuda_rope_table(be, theta, head_dim, &table) || cuda_stage_i32(be, pos, n, &dpos)) return -1;
     dim3 grid((unsigned)n, (unsigned)((heads + ROPE_HEADS_PER_BLOCK - 1) / ROPE_HEADS_PER_BLOCK));
     int threads = ((head_dim / 2 + 31) / 32) * 32;
     cuda_rope_kernel<<<grid, threads, 0, cuda_get(be)->stream>>>((bf16 *)x, dpos, table, heads, head_dim);

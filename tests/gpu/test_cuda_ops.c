@@ -881,6 +881,331 @@ static void test_copy(void) {
     }
 }
 
+/* ---- fused ops: each against the cpu twin, and against the unfused ops on
+ * the backend under test (the definition the fused op must keep) ---- */
+
+/* `cnt` values of host data as an activation buffer, starting `off`
+ * elements into it (off = 1: 2-byte aligned rows on cuda). */
+static void *act_flat(bk *b, const float *data, size_t cnt, size_t off) {
+    float *shifted = calloc(cnt + off + 1, sizeof *shifted);
+    if (!shifted) return NULL;
+    memcpy(shifted + off, data, cnt * sizeof *shifted);
+    void *p = act_from_host(b, shifted, 1, (int)(cnt + off), 1);
+    free(shifted);
+    return p;
+}
+
+typedef struct addnorm_case {
+    const float *x, *y; /* (rows, dim) */
+    kern_weight w;
+    int rows, dim;
+    int misalign; /* x, y and out one element past an aligned address: the element path */
+    int unfused;  /* add() then rmsnorm() in place of add_rmsnorm() */
+} addnorm_case;
+
+/* x after the call, then out: 2 * rows * dim values. */
+static float *run_add_rmsnorm(bk *b, void *arg, size_t *n) {
+    addnorm_case *c = arg;
+    kern_weight dev = {0};
+    void *x = NULL, *y = NULL, *out = NULL;
+    float *h = NULL, *hx = NULL, *ho = NULL;
+    size_t cnt = (size_t)c->rows * c->dim, off = c->misalign ? 1 : 0;
+    BK_TRY(b, b->ops->upload_weight(b->be, &c->w, &dev));
+    if (!(x = act_flat(b, c->x, cnt, off)) || !(y = act_flat(b, c->y, cnt, off)) ||
+        !(out = b->ops->alloc(b->be, (cnt + off + 1) * es(b))))
+        goto fail;
+    if (c->unfused) {
+        BK_TRY(b, b->ops->add(b->be, at(b, x, off), at(b, y, off), cnt));
+        BK_TRY(b, b->ops->rmsnorm(b->be, at(b, out, off), at(b, x, off), &dev, c->rows, c->dim, 1e-6f));
+    } else {
+        BK_TRY(b, b->ops->add_rmsnorm(b->be, at(b, x, off), at(b, y, off), at(b, out, off), &dev, c->rows, c->dim,
+                                      1e-6f));
+    }
+    if (!(hx = to_host(b, x, cnt + off)) || !(ho = to_host(b, out, cnt + off))) goto fail;
+    if (!(h = malloc(2 * cnt * sizeof *h + 4))) goto fail;
+    memcpy(h, hx + off, cnt * sizeof *h);
+    memcpy(h + cnt, ho + off, cnt * sizeof *h);
+    *n = 2 * cnt;
+fail:
+    free(hx);
+    free(ho);
+    release(b, x);
+    release(b, y);
+    release(b, out);
+    if (dev.data) b->ops->free_weight(b->be, &dev);
+    return h;
+}
+
+static void test_add_rmsnorm(void) {
+    struct {
+        int rows, dim, misalign;
+        kern_dtype wdt;
+    } cases[] = {
+        {1, 4096, 0, KERN_BF16},  {37, 4096, 0, KERN_BF16}, /* hidden 4096: 16-byte vectors */
+        {37, 4096, 1, KERN_F32},  {1, 4096, 1, KERN_BF16},  /* the same rows 2-byte aligned: element path */
+        {5, 1000, 0, KERN_BF16},  {37, 1000, 0, KERN_F16},  /* dim % 8 != 0: element path */
+        {3, 4100, 0, KERN_BF16},                            /* dim % 4 == 0 but not % 8 */
+        {37, 64, 0, KERN_BF16},   {4, 8, 0, KERN_BF16},     /* fixture hidden; one vector per row */
+        {2, 12, 0, KERN_BF16},    {1, 5120, 0, KERN_BF16},  /* tiny; more vectors than threads */
+        {7, 2056, 0, KERN_BF16},                            /* 257 vectors: a ragged last pass */
+    };
+    char shape[128];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int rows = cases[i].rows, dim = cases[i].dim;
+        size_t cnt = (size_t)rows * dim;
+        void *raw;
+        kern_weight w = rand_weight(cases[i].wdt, 1, dim, 1.5f, &raw);
+        float *x = rand_f32(cnt, 6.0f), *y = rand_f32(cnt, 2.0f);
+        addnorm_case c = {x, y, w, rows, dim, cases[i].misalign, 0};
+        snprintf(shape, sizeof shape, "(%d, %d) w %s%s: x, out", rows, dim, kern_dtype_name(cases[i].wdt),
+                 cases[i].misalign ? " misaligned" : "");
+        compare("add_rmsnorm", shape, run_add_rmsnorm, &c, TOL);
+        /* == add() then rmsnorm() on the same backend: x bit for bit; out
+         * up to the fp32 order of the sum of squares, which can move inv
+         * across a bf16 rounding boundary for a few elements (~1e-5) */
+        addnorm_case u = c;
+        u.unfused = 1;
+        size_t nf = 0, nu = 0;
+        float *rf = run_add_rmsnorm(&g_gpu, &c, &nf), *ru = run_add_rmsnorm(&g_gpu, &u, &nu);
+        int ok = rf && ru && nf == nu;
+        snprintf(shape, sizeof shape, "(%d, %d)%s: x == add()", rows, dim, cases[i].misalign ? " misaligned" : "");
+        report_bool("add_rmsnorm", shape, ok && memcmp(rf, ru, cnt * sizeof *rf) == 0,
+                    ok ? "x differs from add()" : "run failed");
+        snprintf(shape, sizeof shape, "(%d, %d)%s: out vs add()+rmsnorm()", rows, dim,
+                 cases[i].misalign ? " misaligned" : "");
+        report("add_rmsnorm", shape, ok ? rel_err(rf + cnt, ru + cnt, cnt) : INFINITY, 1e-3);
+        free(rf);
+        free(ru);
+        free(x);
+        free(y);
+        free(raw);
+    }
+    /* bad calls fail with the same messages on both */
+    bk *bs[2] = {&g_cpu, &g_gpu};
+    int ok_shape = 1, ok_alias = 1;
+    void *raw;
+    kern_weight w = rand_weight(KERN_BF16, 1, 64, 1.0f, &raw);
+    for (int i = 0; i < 2; i++) {
+        bk *b = bs[i];
+        kern_weight dev = {0};
+        void *x = b->ops->alloc(b->be, 256 * es(b)), *y = b->ops->alloc(b->be, 256 * es(b));
+        if (!x || !y || b->ops->upload_weight(b->be, &w, &dev) != 0) {
+            ok_shape = ok_alias = 0;
+        } else {
+            int rc = b->ops->add_rmsnorm(b->be, x, y, at(b, x, 128), &dev, 2, 63, 1e-6f);
+            ok_shape &= rc == -1 && strcmp(kern_last_error(b->be), "add_rmsnorm: weight is (1, 64), expected (1, 63)") == 0;
+            rc = b->ops->add_rmsnorm(b->be, x, y, y, &dev, 2, 64, 1e-6f);
+            ok_alias &= rc == -1 && strstr(kern_last_error(b->be), "must not alias") != NULL;
+        }
+        if (dev.data) b->ops->free_weight(b->be, &dev);
+        release(b, x);
+        release(b, y);
+    }
+    report_bool("add_rmsnorm", "w (1, 64) for dim 63 -> error", ok_shape, "no error or wrong message");
+    report_bool("add_rmsnorm", "out == y -> error", ok_alias, "no error or wrong message");
+    free(raw);
+}
+
+typedef struct qknr_case {
+    const float *q, *k; /* (n, hq*hd), (n, hkv*hd) */
+    kern_weight qw, kw;
+    const int32_t *pos;
+    int n, hq, hkv, hd;
+    double theta;
+    int unfused; /* rmsnorm() of q and k, then rope() of both */
+} qknr_case;
+
+/* q after the call, then k: n * (hq + hkv) * hd values. */
+static float *run_qk_norm_rope(bk *b, void *arg, size_t *n) {
+    qknr_case *c = arg;
+    kern_weight dq = {0}, dk = {0};
+    void *q = NULL, *k = NULL;
+    float *h = NULL, *hq = NULL, *hk = NULL;
+    size_t nq = (size_t)c->n * c->hq * c->hd, nk = (size_t)c->n * c->hkv * c->hd;
+    const float eps = 1e-6f;
+    BK_TRY(b, b->ops->upload_weight(b->be, &c->qw, &dq));
+    BK_TRY(b, b->ops->upload_weight(b->be, &c->kw, &dk));
+    if (!(q = act_from_host(b, c->q, c->n, c->hq * c->hd, c->n)) ||
+        !(k = act_from_host(b, c->k, c->n, c->hkv * c->hd, c->n)))
+        goto fail;
+    if (c->unfused) {
+        BK_TRY(b, b->ops->rmsnorm(b->be, q, q, &dq, c->n * c->hq, c->hd, eps));
+        BK_TRY(b, b->ops->rmsnorm(b->be, k, k, &dk, c->n * c->hkv, c->hd, eps));
+        BK_TRY(b, b->ops->rope(b->be, q, c->pos, c->n, c->hq, c->hd, c->theta));
+        BK_TRY(b, b->ops->rope(b->be, k, c->pos, c->n, c->hkv, c->hd, c->theta));
+    } else {
+        BK_TRY(b, b->ops->qk_norm_rope(b->be, q, k, &dq, &dk, c->pos, c->n, c->hq, c->hkv, c->hd, eps, c->theta));
+    }
+    if (!(hq = to_host(b, q, nq)) || !(hk = to_host(b, k, nk))) goto fail;
+    if (!(h = malloc((nq + nk) * sizeof *h + 4))) goto fail;
+    memcpy(h, hq, nq * sizeof *h);
+    memcpy(h + nq, hk, nk * sizeof *h);
+    *n = nq + nk;
+fail:
+    free(hq);
+    free(hk);
+    release(b, q);
+    release(b, k);
+    if (dq.data) b->ops->free_weight(b->be, &dq);
+    if (dk.data) b->ops->free_weight(b->be, &dk);
+    return h;
+}
+
+static void test_qk_norm_rope(void) {
+    struct {
+        int n, pos0, hq, hkv, hd; /* pos0 < 0: scattered positions (a decode batch) */
+        double theta;
+        kern_dtype wdt;
+    } cases[] = {
+        {1, 0, 32, 8, 128, 1e6, KERN_BF16},    {37, 0, 32, 8, 128, 1e6, KERN_BF16}, /* Qwen3-8B */
+        {37, 1000, 32, 8, 128, 1e6, KERN_F32}, {5, 30000, 32, 8, 128, 1e6, KERN_BF16},
+        {6, -1, 32, 8, 128, 1e6, KERN_BF16},   {1, 1000, 16, 8, 64, 1e6, KERN_BF16}, /* 16/8 heads of 64 */
+        {37, 5, 16, 8, 64, 1e6, KERN_F16},     {8, 0, 4, 1, 256, 1e6, KERN_BF16},    /* MQA, widest head */
+        {37, 5, 4, 2, 16, 1e4, KERN_BF16},     {3, 7, 3, 1, 80, 1e4, KERN_BF16},     /* fixture; half 40 */
+        {4, 100, 8, 8, 64, 1e4, KERN_BF16},    {2, 3, 5, 1, 2, 1e4, KERN_BF16},      /* MHA; hd 2 */
+    };
+    char shape[128];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int n = cases[i].n, hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd;
+        void *rq, *rk;
+        kern_weight qw = rand_weight(cases[i].wdt, 1, hd, 1.5f, &rq), kw = rand_weight(cases[i].wdt, 1, hd, 1.5f, &rk);
+        float *q = rand_f32((size_t)n * hq * hd, 3.0f), *k = rand_f32((size_t)n * hkv * hd, 3.0f);
+        int32_t *pos = malloc((size_t)n * sizeof *pos);
+        for (int t = 0; t < n; t++)
+            pos[t] = cases[i].pos0 >= 0 ? cases[i].pos0 + t : (int32_t)(rnd32() % 40000u);
+        qknr_case c = {q, k, qw, kw, pos, n, hq, hkv, hd, cases[i].theta, 0};
+        int off = snprintf(shape, sizeof shape, "n=%d ", n);
+        off += cases[i].pos0 >= 0 ? snprintf(shape + off, sizeof shape - (size_t)off, "pos0=%d", cases[i].pos0)
+                                  : snprintf(shape + off, sizeof shape - (size_t)off, "pos scattered");
+        snprintf(shape + off, sizeof shape - (size_t)off, " hq=%d hkv=%d hd=%d %s", hq, hkv, hd,
+                 kern_dtype_name(cases[i].wdt));
+        compare("qk_norm_rope", shape, run_qk_norm_rope, &c, TOL);
+        /* against rmsnorm() + rope() on the same backend: equal up to the
+         * bf16 rounding the fused op skips between norm and rotation */
+        qknr_case u = c;
+        u.unfused = 1;
+        size_t nf = 0, nu = 0;
+        float *rf = run_qk_norm_rope(&g_gpu, &c, &nf), *ru = run_qk_norm_rope(&g_gpu, &u, &nu);
+        snprintf(shape + off, sizeof shape - (size_t)off, " hq=%d hkv=%d hd=%d vs unfused", hq, hkv, hd);
+        report("qk_norm_rope", shape, rf && ru && nf == nu ? rel_err(rf, ru, nf) : INFINITY, TOL);
+        free(rf);
+        free(ru);
+        free(q);
+        free(k);
+        free(pos);
+        free(rq);
+        free(rk);
+    }
+    /* bad calls fail with the same messages on both */
+    bk *bs[2] = {&g_cpu, &g_gpu};
+    int ok_odd = 1, ok_w = 1;
+    void *r16, *r8;
+    kern_weight w16 = rand_weight(KERN_BF16, 1, 16, 1.0f, &r16), w8 = rand_weight(KERN_BF16, 1, 8, 1.0f, &r8);
+    int32_t pos[2] = {3, 4};
+    for (int i = 0; i < 2; i++) {
+        bk *b = bs[i];
+        kern_weight d16 = {0}, d8 = {0};
+        void *q = b->ops->alloc(b->be, 256 * es(b)), *k = b->ops->alloc(b->be, 256 * es(b));
+        if (!q || !k || b->ops->upload_weight(b->be, &w16, &d16) != 0 || b->ops->upload_weight(b->be, &w8, &d8) != 0) {
+            ok_odd = ok_w = 0;
+        } else {
+            int rc = b->ops->qk_norm_rope(b->be, q, k, &d16, &d16, pos, 2, 4, 2, 15, 1e-6f, 1e4);
+            ok_odd &= rc == -1 && strstr(kern_last_error(b->be), "head_dim 15 is odd") != NULL;
+            rc = b->ops->qk_norm_rope(b->be, q, k, &d16, &d8, pos, 2, 4, 2, 16, 1e-6f, 1e4);
+            ok_w &= rc == -1 &&
+                    strcmp(kern_last_error(b->be), "qk_norm_rope: k_norm weight is (1, 8), expected (1, 16)") == 0;
+        }
+        if (d16.data) b->ops->free_weight(b->be, &d16);
+        if (d8.data) b->ops->free_weight(b->be, &d8);
+        release(b, q);
+        release(b, k);
+    }
+    report_bool("qk_norm_rope", "head_dim 15 -> error", ok_odd, "no error or wrong message");
+    report_bool("qk_norm_rope", "k_norm (1, 8) for hd 16 -> error", ok_w, "no error or wrong message");
+    free(r16);
+    free(r8);
+}
+
+/* logits_topk: both backends reduce the same bf16-representable rows (the
+ * cpu twin holds them as fp32, cuda as bf16, equal values), so ids and vals
+ * must agree EXACTLY, ties included (both break them by ascending column);
+ * lse is fp32-summed on cuda, double on cpu. Rows with inf/nan must give
+ * NaN lse on both; a bad k must fail on both. */
+static void test_logits_topk(void) {
+    struct {
+        int rows, vocab, k, kind; /* kind 0: spread, 1: five values (ties), 2: +0/-0 only, 3: non-finite rows */
+    } cases[] = {{1, 151936, 64, 0}, {4, 37984, 20, 0}, {3, 1000, 1, 1}, {5, 4096, 64, 1},
+                 {2, 50, 50, 0},     {1, 151936, 64, 2}, {2, 4099, 64, 2}, {3, 3000, 8, 3}};
+    char shape[128];
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int rows = cases[ci].rows, vocab = cases[ci].vocab, k = cases[ci].k, kind = cases[ci].kind;
+        size_t n = (size_t)rows * vocab, nk = (size_t)rows * k;
+        float *x = rand_f32(n, 12.0f);
+        for (size_t i = 0; kind == 1 && i < n; i++) x[i] = (float)(rnd32() % 5) - 2.0f;
+        for (size_t i = 0; kind == 2 && i < n; i++) x[i] = (rnd32() & 1) ? 0.0f : -0.0f;
+        if (kind == 3) { /* row 0 finite, row 1 one +inf, row 2 one nan */
+            x[(size_t)vocab + 17] = INFINITY;
+            x[(size_t)2 * vocab + vocab - 1] = NAN;
+        }
+        bk *bs[2] = {&g_cpu, &g_gpu};
+        int32_t *ids[2] = {malloc(nk * sizeof(int32_t)), malloc(nk * sizeof(int32_t))};
+        float *vals[2] = {malloc(nk * sizeof(float)), malloc(nk * sizeof(float))};
+        float *lse[2] = {malloc((size_t)rows * sizeof(float)), malloc((size_t)rows * sizeof(float))};
+        int ok = 1;
+        for (int bi = 0; bi < 2; bi++) {
+            bk *b = bs[bi];
+            void *dx = act_from_host(b, x, rows, vocab, rows);
+            if (!dx || !ids[bi] || !vals[bi] || !lse[bi] ||
+                b->ops->logits_topk(b->be, dx, rows, vocab, k, ids[bi], vals[bi], lse[bi]) != 0) {
+                fprintf(stderr, "[%s] logits_topk failed: %s\n", b->ops->name, kern_last_error(b->be));
+                ok = 0;
+            }
+            release(b, dx);
+        }
+        double lse_err = 0;
+        for (int r = 0; ok && r < rows; r++) {
+            int finite = kind != 3 || r == 0;
+            if (!finite) {
+                ok &= isnan(lse[0][r]) && isnan(lse[1][r]);
+                continue; /* ids/vals of such a row are unspecified */
+            }
+            for (int j = 0; j < k; j++) {
+                size_t o = (size_t)r * k + (size_t)j;
+                ok &= ids[0][o] == ids[1][o] && vals[0][o] == vals[1][o];
+            }
+            double d = fabs((double)lse[1][r] - lse[0][r]) / fmax(1.0, fabs(lse[0][r]));
+            if (isnan(d) || d > lse_err) lse_err = d; /* a NaN sticks */
+        }
+        snprintf(shape, sizeof shape, "(%d, %d) k %d %s: ids, vals", rows, vocab, k,
+                 kind == 0 ? "spread" : kind == 1 ? "ties" : kind == 2 ? "+0/-0" : "inf/nan rows");
+        report_bool("logits_topk", shape, ok, "ids/vals differ from the cpu twin, or a non-finite row's lse not NaN");
+        snprintf(shape, sizeof shape, "(%d, %d) k %d: lse |d|/max(1,|lse|)", rows, vocab, k);
+        report("logits_topk", shape, ok ? lse_err : INFINITY, 5e-5);
+        for (int bi = 0; bi < 2; bi++) {
+            free(ids[bi]);
+            free(vals[bi]);
+            free(lse[bi]);
+        }
+        free(x);
+    }
+    /* k outside 1..min(vocab, KERN_TOPK_MAX) fails on both */
+    bk *bs[2] = {&g_cpu, &g_gpu};
+    int ok_k = 1;
+    float x[100];
+    for (int i = 0; i < 100; i++) x[i] = (float)i;
+    for (int bi = 0; bi < 2; bi++) {
+        bk *b = bs[bi];
+        int32_t ids[KERN_TOPK_MAX + 1];
+        float vals[KERN_TOPK_MAX + 1], lse[1];
+        void *dx = act_from_host(b, x, 1, 100, 1);
+        ok_k &= dx && b->ops->logits_topk(b->be, dx, 1, 100, KERN_TOPK_MAX + 1, ids, vals, lse) == -1 &&
+                strstr(kern_last_error(b->be), "k = 65") != NULL;
+        ok_k &= dx && b->ops->logits_topk(b->be, dx, 1, 20, 21, ids, vals, lse) == -1;
+        release(b, dx);
+    }
+    report_bool("logits_topk", "k 65, k > vocab -> error", ok_k, "no error or wrong message");
+}
+
 int main(int argc, char **argv) {
     char err[512];
     int dev = 0, self = 0;
@@ -917,6 +1242,9 @@ int main(int argc, char **argv) {
     test_attention();
     test_elementwise();
     test_copy();
+    test_add_rmsnorm();
+    test_qk_norm_rope();
+    test_logits_topk();
     kern_backend_destroy(g_gpu.ops, g_gpu.be);
     kern_backend_destroy(g_cpu.ops, g_cpu.be);
     printf("%d of %d cases passed\n", g_cases - g_fail, g_cases);

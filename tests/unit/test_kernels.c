@@ -186,6 +186,143 @@ START_TEST(test_rope) {
 }
 END_TEST
 
+/* add_rmsnorm is defined as add() then rmsnorm(): on the cpu backend it must
+ * give the same bits in x and out, for every weight dtype, odd dims (which
+ * the GPU path handles without vectors) and y aliasing x. */
+START_TEST(test_add_rmsnorm_matches_unfused) {
+    const kern_dtype dts[] = {KERN_BF16, KERN_F16, KERN_F32};
+    const int shapes[][2] = {{1, 4096}, {7, 4096}, {3, 1000}, {5, 1}, {4, 17}, {2, 64}, {9, 4100}, {0, 8}};
+    const float epss[] = {1e-6f, 1e-5f};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], dim = shapes[s][1];
+        size_t cnt = (size_t)rows * dim, bytes = (cnt + 1) * sizeof(float);
+        for (int alias = 0; alias < 2; alias++) {
+            kern_dtype dt = dts[(s + (size_t)alias) % 3];
+            float eps = epss[(s + (size_t)alias) % 2];
+            wbuf w;
+            make_weight(&w, dt, 1, dim);
+            float *x = rand_vec(cnt + 1), *y = alias ? x : rand_vec(cnt + 1);
+            for (size_t i = 0; i < cnt; i++) x[i] *= 4.0f; /* a residual stream larger than the update */
+            float *xr = malloc(bytes), *out = malloc(bytes), *ref = malloc(bytes);
+            memcpy(xr, x, bytes);
+            const float *yr = alias ? xr : y;
+            ck_assert_int_eq(ops->add(be, xr, yr, cnt), 0);
+            ck_assert_int_eq(ops->rmsnorm(be, ref, xr, &w.w, rows, dim, eps), 0);
+            ck_assert_msg(ops->add_rmsnorm(be, x, y, out, &w.w, rows, dim, eps) == 0, "%s", kern_last_error(be));
+            ck_assert_msg(memcmp(x, xr, cnt * sizeof(float)) == 0, "x differs: (%d, %d) %s%s", rows, dim,
+                          kern_dtype_name(dt), alias ? " y == x" : "");
+            ck_assert_msg(memcmp(out, ref, cnt * sizeof(float)) == 0, "out differs: (%d, %d) %s%s", rows, dim,
+                          kern_dtype_name(dt), alias ? " y == x" : "");
+            free(xr);
+            free(out);
+            free(ref);
+            if (!alias) free(y);
+            free(x);
+            free_weight(&w);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_add_rmsnorm_errors) {
+    int rows = 3, dim = 24;
+    wbuf w;
+    make_weight(&w, KERN_BF16, 1, dim);
+    float *x = rand_vec((size_t)rows * dim), *y = rand_vec((size_t)rows * dim), *out = rand_vec((size_t)rows * dim);
+    ck_assert_int_ne(ops->add_rmsnorm(be, x, y, out, &w.w, rows, dim + 1, 1e-6f), 0);
+    ck_assert_str_eq(kern_last_error(be), "add_rmsnorm: weight is (1, 24), expected (1, 25)");
+    ck_assert_int_ne(ops->add_rmsnorm(be, x, y, x, &w.w, rows, dim, 1e-6f), 0);
+    ck_assert_ptr_nonnull(strstr(kern_last_error(be), "must not alias"));
+    ck_assert_int_ne(ops->add_rmsnorm(be, x, y, y, &w.w, rows, dim, 1e-6f), 0);
+    ck_assert_ptr_nonnull(strstr(kern_last_error(be), "must not alias"));
+    ck_assert_int_ne(ops->add_rmsnorm(be, x, y, out, &w.w, -1, dim, 1e-6f), 0);
+    ck_assert_str_eq(kern_last_error(be), "add_rmsnorm: bad shape (-1, 24)");
+    ck_assert_int_ne(ops->add_rmsnorm(be, x, y, out, &w.w, rows, 0, 1e-6f), 0);
+    ck_assert_str_eq(kern_last_error(be), "add_rmsnorm: bad shape (3, 0)");
+    /* nothing was touched by the refused calls: x still equals its copy */
+    float *xc = malloc((size_t)rows * dim * sizeof(float));
+    memcpy(xc, x, (size_t)rows * dim * sizeof(float));
+    ck_assert_int_ne(ops->add_rmsnorm(be, x, y, x, &w.w, rows, dim, 1e-6f), 0);
+    ck_assert_int_eq(memcmp(x, xc, (size_t)rows * dim * sizeof(float)), 0);
+    free(xc);
+    free(x);
+    free(y);
+    free(out);
+    free_weight(&w);
+}
+END_TEST
+
+/* qk_norm_rope is defined as rmsnorm(q), rmsnorm(k), rope(q), rope(k): on
+ * the cpu backend the same bits, for Qwen3-8B's geometry (32/8 heads of 128,
+ * also as a tp shard), odd half widths, tiny heads and far positions. */
+START_TEST(test_qk_norm_rope_matches_unfused) {
+    const struct {
+        int n, hq, hkv, hd;
+        double theta;
+    } cases[] = {
+        {1, 32, 8, 128, 1e6}, {5, 32, 8, 128, 1e6}, {3, 16, 8, 64, 1e6}, {4, 4, 2, 16, 1e4}, {2, 3, 1, 80, 1e4},
+        {6, 4, 4, 10, 1e4},   {3, 2, 2, 2, 1e4},    {2, 5, 0, 6, 1e6},   {1, 8, 1, 256, 1e6}, {0, 4, 2, 16, 1e4},
+    };
+    const int32_t far[] = {0, 1, 7, 4000, 30000, 131071, 40961};
+    const kern_dtype dts[] = {KERN_BF16, KERN_F16, KERN_F32};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int n = cases[ci].n, hq = cases[ci].hq, hkv = cases[ci].hkv, hd = cases[ci].hd;
+        size_t nq = (size_t)n * hq * hd, nk = (size_t)n * hkv * hd;
+        float eps = ci % 2 ? 1e-6f : 1e-5f;
+        wbuf qw, kw;
+        make_weight(&qw, dts[ci % 3], 1, hd);
+        make_weight(&kw, dts[(ci + 1) % 3], 1, hd);
+        int32_t *pos = malloc(((size_t)n + 1) * sizeof *pos);
+        for (int t = 0; t < n; t++) pos[t] = t < 7 ? far[(ci + (size_t)t) % 7] : (int32_t)(rng_state >> 45);
+        float *q = rand_vec(nq + 1), *k = rand_vec(nk + 1);
+        for (size_t i = 0; i < nq; i++) q[i] *= 3.0f; /* projections are not unit-scaled */
+        float *qr = malloc((nq + 1) * sizeof(float)), *kr = malloc((nk + 1) * sizeof(float));
+        memcpy(qr, q, (nq + 1) * sizeof(float));
+        memcpy(kr, k, (nk + 1) * sizeof(float));
+        ck_assert_int_eq(ops->rmsnorm(be, qr, qr, &qw.w, n * hq, hd, eps), 0);
+        ck_assert_int_eq(ops->rmsnorm(be, kr, kr, &kw.w, n * hkv, hd, eps), 0);
+        ck_assert_int_eq(ops->rope(be, qr, pos, n, hq, hd, cases[ci].theta), 0);
+        ck_assert_int_eq(ops->rope(be, kr, pos, n, hkv, hd, cases[ci].theta), 0);
+        ck_assert_msg(ops->qk_norm_rope(be, q, k, &qw.w, &kw.w, pos, n, hq, hkv, hd, eps, cases[ci].theta) == 0, "%s",
+                      kern_last_error(be));
+        ck_assert_msg(memcmp(q, qr, nq * sizeof(float)) == 0, "q differs: n=%d hq=%d hkv=%d hd=%d", n, hq, hkv, hd);
+        ck_assert_msg(memcmp(k, kr, nk * sizeof(float)) == 0, "k differs: n=%d hq=%d hkv=%d hd=%d", n, hq, hkv, hd);
+        free(q);
+        free(k);
+        free(qr);
+        free(kr);
+        free(pos);
+        free_weight(&qw);
+        free_weight(&kw);
+    }
+}
+END_TEST
+
+START_TEST(test_qk_norm_rope_errors) {
+    wbuf w16, w8;
+    make_weight(&w16, KERN_BF16, 1, 16);
+    make_weight(&w8, KERN_BF16, 1, 8);
+    int32_t pos[2] = {3, 4};
+    float *q = rand_vec(2 * 4 * 16), *k = rand_vec(2 * 2 * 16);
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, 2, 15, 1e-6f, 1e4), 0);
+    ck_assert_str_eq(kern_last_error(be), "qk_norm_rope: head_dim 15 is odd or not positive");
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, 2, 0, 1e-6f, 1e4), 0);
+    ck_assert_ptr_nonnull(strstr(kern_last_error(be), "head_dim 0"));
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w8.w, &w16.w, pos, 2, 4, 2, 16, 1e-6f, 1e4), 0);
+    ck_assert_str_eq(kern_last_error(be), "qk_norm_rope: q_norm weight is (1, 8), expected (1, 16)");
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w8.w, pos, 2, 4, 2, 16, 1e-6f, 1e4), 0);
+    ck_assert_str_eq(kern_last_error(be), "qk_norm_rope: k_norm weight is (1, 8), expected (1, 16)");
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, -1, 4, 2, 16, 1e-6f, 1e4), 0);
+    ck_assert_str_eq(kern_last_error(be), "qk_norm_rope: bad shape n=-1 hq=4 hkv=2");
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, -2, 16, 1e-6f, 1e4), 0);
+    ck_assert_ptr_nonnull(strstr(kern_last_error(be), "bad shape"));
+    free(q);
+    free(k);
+    free_weight(&w16);
+    free_weight(&w8);
+}
+END_TEST
+
 /* Paged attention: two sequences (GQA 4:1) with queries starting at pos0 > 0,
  * their keys spread over interleaved, out-of-order blocks written through
  * kv_store, checked against a double-precision computation over the keys in
@@ -358,6 +495,10 @@ int main(void) {
     tcase_add_test(tc, test_matmul_rejects_alias);
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_add_rmsnorm_matches_unfused);
+    tcase_add_test(tc, test_add_rmsnorm_errors);
+    tcase_add_test(tc, test_qk_norm_rope_matches_unfused);
+    tcase_add_test(tc, test_qk_norm_rope_errors);
     tcase_add_test(tc, test_attention_paged_gqa);
     tcase_add_test(tc, test_matmul_strided_view);
     tcase_add_test(tc, test_elementwise_and_embedding);
