@@ -30,6 +30,12 @@ typedef struct eng_rank {
     int started;
     float *logits; /* (logits_rows, vocab slice) host, grown on demand */
     int logits_rows;
+    /* eng_step_cands: this rank's candidates, (cand_rows, KERN_TOPK_MAX)
+     * and (cand_rows), grown on demand, and the request that points at them */
+    int32_t *cand_ids;
+    float *cand_vals, *cand_lse;
+    int cand_rows;
+    model_topk topk;
     int rc;
     char err[512];
 } eng_rank;
@@ -57,6 +63,7 @@ struct eng {
     int32_t *tokens, *q_start, *pos0, *table, *logit_rows;
     int *old_nblocks; /* per item: blocks held before the step (rollback) */
     int logit_cap;
+    unsigned char *row_full; /* (logit_cap) per logits row: comes back whole */
     /* rank dispatch */
     pthread_mutex_t mu;
     pthread_cond_t go_cv, done_cv;
@@ -80,6 +87,7 @@ static void *rank_main(void *arg) {
         model_batch b = e->batch;
         pthread_mutex_unlock(&e->mu);
         b.layer_states = NULL; /* rank 0 reports; the stream is replicated */
+        if (b.topk) b.topk = &r->topk; /* each rank fills its own candidates */
         r->rc = model_forward(r->m, &b, r->logits, r->err, sizeof r->err);
         if (r->rc) echo_abort(r->comm); /* peers must not wait for us in a collective */
         pthread_mutex_lock(&e->mu);
@@ -207,9 +215,10 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
     e->logit_cap = c->max_batch_tokens;
     e->logit_rows = malloc((size_t)e->logit_cap * sizeof *e->logit_rows);
     e->old_nblocks = malloc((size_t)c->max_num_seqs * sizeof *e->old_nblocks);
+    e->row_full = malloc((size_t)e->logit_cap);
     e->ranks = calloc((size_t)c->tp, sizeof *e->ranks);
     if (!e->free_blocks || !e->seqs || !e->tokens || !e->q_start || !e->pos0 || !e->table || !e->logit_rows ||
-        !e->old_nblocks || !e->ranks) {
+        !e->old_nblocks || !e->row_full || !e->ranks) {
         snprintf(err, errlen, "out of memory for engine bookkeeping");
         goto fail;
     }
@@ -296,6 +305,9 @@ void eng_destroy(eng *e) {
         echo_comm_destroy(r->comm);
         if (r->be) kern_backend_destroy(r->ops, r->be);
         free(r->logits);
+        free(r->cand_ids);
+        free(r->cand_vals);
+        free(r->cand_lse);
     }
     echo_world_destroy(e->world);
     weights_close(e->ws);
@@ -309,6 +321,7 @@ void eng_destroy(eng *e) {
     free(e->table);
     free(e->logit_rows);
     free(e->old_nblocks);
+    free(e->row_full);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->go_cv);
     pthread_cond_destroy(&e->done_cv);
@@ -433,10 +446,102 @@ static void step_rollback(eng *e, const eng_item *it, int n) {
     }
 }
 
-int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *layer_states, char *err,
-                    size_t errlen) {
+/* What a step hands back: full rows (eng_step), or candidates plus the full
+ * rows of flagged items (eng_step_cands). */
+typedef struct step_out {
+    float *logits;       /* full rows: every logits row, or with cands the flagged ones, packed */
+    float *layer_states; /* optional */
+    int k;               /* candidates per row; 0: full rows only */
+    eng_cands *cands;    /* (logits rows) */
+    const unsigned char *full; /* optional, per item, with cands */
+} step_out;
+
+/* Per-rank host results grow to the largest step seen: sizing them for
+ * max_batch_tokens full rows up front would reserve gigabytes that only an
+ * all-logits prefill ever uses. */
+static int step_reserve(eng *e, int nfull, int ncand, char *err, size_t errlen) {
+    for (int k = 0; k < e->cfg.tp; k++) {
+        eng_rank *r = &e->ranks[k];
+        int v0, vn;
+        model_vocab_slice(r->m, &v0, &vn);
+        if (nfull > r->logits_rows) {
+            float *nl = realloc(r->logits, (size_t)nfull * (size_t)(vn > 0 ? vn : 1) * sizeof(float));
+            if (!nl) {
+                snprintf(err, errlen, "step: out of memory for %d logits rows", nfull);
+                return -1;
+            }
+            r->logits = nl;
+            r->logits_rows = nfull;
+        }
+        if (ncand > r->cand_rows) {
+            int32_t *ni = realloc(r->cand_ids, (size_t)ncand * KERN_TOPK_MAX * sizeof *ni);
+            if (ni) r->cand_ids = ni;
+            float *nv = ni ? realloc(r->cand_vals, (size_t)ncand * KERN_TOPK_MAX * sizeof *nv) : NULL;
+            if (nv) r->cand_vals = nv;
+            float *nl = nv ? realloc(r->cand_lse, (size_t)ncand * sizeof *nl) : NULL;
+            if (!nl) {
+                snprintf(err, errlen, "step: out of memory for %d candidate rows", ncand);
+                return -1;
+            }
+            r->cand_lse = nl;
+            r->cand_rows = ncand;
+        }
+    }
+    return 0;
+}
+
+/* Logits row `row` from the ranks' candidates: each rank's list is sorted
+ * (value desc, id asc) over its own slice, so a k-way merge gives the k best
+ * of the whole vocabulary in the same order; lse = log sum_r exp(lse_r).
+ * -1 when a slice held inf/nan (its lse is NaN). */
+static int merge_cands(eng *e, int row, int k, eng_cands *c) {
+    const int tp = e->cfg.tp;
+    int head[64], kk[64], vn[64]; /* tp <= 64 (check_limits) */
+    double mx = -INFINITY, sum = 0;
+    for (int r = 0; r < tp; r++) {
+        int v0;
+        model_vocab_slice(e->ranks[r].m, &v0, &vn[r]);
+        kk[r] = k < vn[r] ? k : vn[r];
+        head[r] = 0;
+        if (vn[r] <= 0) continue; /* an empty slice adds nothing */
+        double l = e->ranks[r].cand_lse[row];
+        if (!isfinite(l)) return -1;
+        if (l > mx) mx = l;
+    }
+    for (int r = 0; r < tp; r++)
+        if (vn[r] > 0) sum += exp((double)e->ranks[r].cand_lse[row] - mx);
+    c->lse = mx + log(sum);
+    int kout = k < e->mc.vocab_size ? k : e->mc.vocab_size;
+    for (int t = 0; t < kout; t++) {
+        int best = -1;
+        float bv = 0;
+        int32_t bi = 0;
+        for (int r = 0; r < tp; r++) {
+            if (head[r] >= kk[r]) continue;
+            size_t o = (size_t)row * kk[r] + head[r];
+            float v = e->ranks[r].cand_vals[o];
+            int32_t id = e->ranks[r].cand_ids[o];
+            if (best < 0 || v > bv || (v == bv && id < bi)) {
+                best = r;
+                bv = v;
+                bi = id;
+            }
+        }
+        c->ids[t] = bi;
+        c->vals[t] = bv;
+        head[best]++;
+    }
+    c->k = kout;
+    return 0;
+}
+
+static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char *err, size_t errlen) {
     const eng_config *c = &e->cfg;
     int need, ntok, nrows;
+    if (out->cands && (out->k < 1 || out->k > KERN_TOPK_MAX)) {
+        snprintf(err, errlen, "step: %d candidates per row (1..%d allowed)", out->k, KERN_TOPK_MAX);
+        return -1;
+    }
     if (step_check(e, it, n, &need, &ntok, &nrows, err, errlen)) return -1;
     if (need > e->n_free) {
         snprintf(err, errlen, "step: needs %d KV blocks, %d free", need, e->n_free);
@@ -444,7 +549,7 @@ int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *lay
     }
     /* Take blocks; remember how many each sequence had so a failed pass
      * gives them back. */
-    int tok = 0, row = 0;
+    int tok = 0, row = 0, nfull = 0;
     e->q_start[0] = 0;
     for (int i = 0; i < n; i++) {
         eng_seq *s = &e->seqs[it[i].seq];
@@ -454,45 +559,51 @@ int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *lay
         memcpy(e->tokens + tok, it[i].tokens, (size_t)it[i].n_tokens * sizeof(int32_t));
         memcpy(e->table + (size_t)i * e->max_blocks_per_seq, s->blocks, (size_t)s->nblocks * sizeof(int32_t));
         e->pos0[i] = s->len;
+        int r0 = row;
         if (it[i].logits == ENG_LOGITS_ALL)
             for (int k = 0; k < it[i].n_tokens; k++) e->logit_rows[row++] = tok + k;
         else if (it[i].logits == ENG_LOGITS_LAST)
             e->logit_rows[row++] = tok + it[i].n_tokens - 1;
+        int full = !out->cands || (out->full && out->full[i]);
+        for (int k = r0; k < row; k++) e->row_full[k] = (unsigned char)full;
+        nfull += full ? row - r0 : 0;
         tok += it[i].n_tokens;
         e->q_start[i + 1] = tok;
     }
-    /* Per-rank host logits grow to the largest step seen: sizing them for
-     * max_batch_tokens full rows up front would reserve gigabytes that only
-     * an all-logits prefill ever uses. */
-    for (int k = 0; k < c->tp; k++) {
-        eng_rank *r = &e->ranks[k];
-        if (nrows <= r->logits_rows) continue;
-        int v0, vn;
-        model_vocab_slice(r->m, &v0, &vn);
-        float *nl = realloc(r->logits, (size_t)nrows * (size_t)(vn > 0 ? vn : 1) * sizeof(float));
-        if (!nl) {
-            step_rollback(e, it, n);
-            snprintf(err, errlen, "step: out of memory for %d logits rows", nrows);
-            return -1;
-        }
-        r->logits = nl;
-        r->logits_rows = nrows;
+    if (step_reserve(e, nfull, out->cands ? nrows : 0, err, errlen)) {
+        step_rollback(e, it, n);
+        return -1;
     }
+    for (int k = 0; out->cands && k < c->tp; k++) {
+        eng_rank *r = &e->ranks[k];
+        r->topk = (model_topk){out->k, r->cand_ids, r->cand_vals, r->cand_lse, nfull ? e->row_full : NULL};
+    }
+    /* rank 0's request; the other ranks swap in their own (rank_main) */
     e->batch = (model_batch){n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
-                             e->logit_rows, nrows, layer_states};
+                             e->logit_rows, nrows, out->layer_states, out->cands ? &e->ranks[0].topk : NULL};
     int rc = ranks_forward(e, err, errlen);
-    /* Gather the vocabulary slices into full rows. */
+    /* Gather the vocabulary slices into full rows (packed: with candidates,
+     * only the flagged rows came back whole). */
     int V = e->mc.vocab_size;
     for (int k = 0; !rc && k < c->tp; k++) {
         int v0, vn;
         model_vocab_slice(e->ranks[k].m, &v0, &vn);
-        for (int r = 0; r < nrows && vn > 0; r++)
-            memcpy(logits + (size_t)r * V + v0, e->ranks[k].logits + (size_t)r * vn, (size_t)vn * sizeof(float));
+        for (int r = 0; r < nfull && vn > 0; r++)
+            memcpy(out->logits + (size_t)r * V + v0, e->ranks[k].logits + (size_t)r * vn,
+                   (size_t)vn * sizeof(float));
     }
     /* NaN/inf logits (corrupt weights, overflow) would otherwise become a
-     * silently wrong token: argmax and sampling skip NaN. */
-    for (size_t i = 0; !rc && i < (size_t)nrows * V; i++) {
-        if (!isfinite(logits[i])) {
+     * silently wrong token: argmax and sampling skip NaN. With candidates a
+     * slice's NaN lse says the same (logits_topk); full rows of flagged
+     * items are those same rows. */
+    for (int r = 0; !rc && out->cands && r < nrows; r++) {
+        if (merge_cands(e, r, out->k, &out->cands[r])) {
+            snprintf(err, errlen, "step: the model produced a non-finite logit (row %d); corrupt weights?", r);
+            rc = -1;
+        }
+    }
+    for (size_t i = 0; !rc && !out->cands && i < (size_t)nfull * V; i++) {
+        if (!isfinite(out->logits[i])) {
             snprintf(err, errlen, "step: the model produced a non-finite logit (row %zu, token %zu); corrupt weights?",
                      i / (size_t)V, i % (size_t)V);
             rc = -1;
@@ -506,6 +617,22 @@ int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *lay
     return 0;
 }
 
+int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *layer_states, char *err,
+                    size_t errlen) {
+    step_out out = {logits, layer_states, 0, NULL, NULL};
+    return step_run(e, it, n, &out, err, errlen);
+}
+
 int eng_step(eng *e, const eng_item *items, int n_items, float *logits, char *err, size_t errlen) {
     return eng_step_states(e, items, n_items, logits, NULL, err, errlen);
+}
+
+int eng_step_cands(eng *e, const eng_item *items, int n_items, int k, eng_cands *cands, const unsigned char *full,
+                   float *logits, char *err, size_t errlen) {
+    if (!cands) {
+        snprintf(err, errlen, "step: no candidates array");
+        return -1;
+    }
+    step_out out = {logits, NULL, k, cands, full};
+    return step_run(e, items, n_items, &out, err, errlen);
 }

@@ -13,10 +13,13 @@
  *     the items that ask. When the blocks needed are not free, eng_step()
  *     returns ENG_ENOSPACE and changes nothing (the scheduler queues).
  *   - Logits: the lm_head is split by vocabulary across ranks; the engine
- *     gathers the slices into full (vocab) fp32 rows on the host. A step
- *     whose logits are not all finite fails (corrupt weights never turn
- *     into silently wrong tokens); a failed step leaves every sequence as
- *     it was.
+ *     gathers the slices into full (vocab) fp32 rows on the host
+ *     (eng_step), or, when sampling needs only the top candidates, each
+ *     rank reduces its slice on its backend and only k (id, logit) pairs
+ *     and a log-sum-exp per row and rank cross to the host
+ *     (eng_step_cands). A step whose logits are not all finite fails
+ *     (corrupt weights never turn into silently wrong tokens); a failed
+ *     step leaves every sequence as it was.
  *   - Sampling (eng_sample) is host-side and reproducible per request seed.
  *   - One thread drives an engine at a time (the scheduler). Library code:
  *     returns status with a message in the caller's buffer; never exits.
@@ -86,6 +89,29 @@ int eng_step(eng *e, const eng_item *items, int n_items, float *logits, char *er
 int eng_step_states(eng *e, const eng_item *items, int n_items, float *logits, float *layer_states, char *err,
                     size_t errlen);
 
+/* ---- candidates instead of full rows ---- */
+
+/* What sampling and logprobs need of one logits row: its k largest logits,
+ * descending (ties by ascending id), and the log-sum-exp of the WHOLE row,
+ * so any candidate's logprob is val - lse. */
+typedef struct eng_cands {
+    int k; /* min(requested k, vocab_size) */
+    int32_t ids[KERN_TOPK_MAX];
+    float vals[KERN_TOPK_MAX];
+    double lse; /* the ranks' fp32 slice lse merged in double */
+} eng_cands;
+
+/* One forward pass like eng_step, but per logits row (same order) only its
+ * candidates come back: each rank's backend reduces its vocabulary slice
+ * with logits_topk (1 <= k <= KERN_TOPK_MAX), and the engine merges the
+ * ranks' lists and log-sum-exps. `full` (optional, per item): nonzero items
+ * ALSO get their rows whole in `logits` (vocab floats each, packed in row
+ * order over the flagged items only), for requests whose sampling needs the
+ * full row; `logits` may be NULL when nothing is flagged. Same validation,
+ * ENG_ENOSPACE, non-finite failure and rollback as eng_step. */
+int eng_step_cands(eng *e, const eng_item *items, int n_items, int k, eng_cands *cands, const unsigned char *full,
+                   float *logits, char *err, size_t errlen);
+
 typedef struct eng_kv_usage {
     int total_blocks, free_blocks, block_size;
 } eng_kv_usage;
@@ -119,6 +145,21 @@ void eng_rng_seed(eng_rng *r, uint64_t seed);
 
 /* Pick a token from full-vocabulary logits. */
 int32_t eng_sample(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng);
+/* Candidates per row that a request needs (for eng_step_cands), or 0 when
+ * it needs the full row: greedy (temperature 0 or top_k 1) or
+ * 1 <= top_k <= KERN_TOPK_MAX, and top_logprobs <= KERN_TOPK_MAX; a
+ * vocabulary of at most KERN_TOPK_MAX always fits (every id is a
+ * candidate). With that many candidates eng_sample_cands picks the token
+ * eng_sample picks on the full row (same seed, same generator state) and
+ * the top_logprobs are the first candidates. */
+int eng_cands_needed(const eng_sampling *p, int top_logprobs, int vocab);
+/* eng_sample over a row's candidates (vocab: the full vocabulary size).
+ * Exact when c->k >= eng_cands_needed(p, 0, vocab); with fewer it samples
+ * among the candidates only. Both paths share one routine. */
+int32_t eng_sample_cands(const eng_cands *c, int vocab, const eng_sampling *p, eng_rng *rng);
+/* Natural-log probability of `id` under the row's full distribution
+ * (val - lse), or NAN when id is not a candidate. */
+double eng_cands_logprob(const eng_cands *c, int32_t id);
 
 /* log_softmax of `logits` (n values) into `out` (double precision). */
 void eng_log_softmax(const float *logits, int n, double *out);

@@ -1,5 +1,6 @@
 /*
- * engine/: single-request generation on top of eng_step (see engine.h).
+ * engine/: single-request generation on top of eng_step / eng_step_cands
+ * (see engine.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -47,23 +48,40 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
     }
     if (p->max_tokens == 0) return 0;
     if (eng_seq_new(e, &seq, err, errlen)) return -1;
-    logits = malloc((size_t)c->vocab_size * sizeof *logits);
-    lp = malloc((size_t)c->vocab_size * sizeof *lp);
-    if (!logits || !lp) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
+    /* Candidates when they suffice (the same tokens as the full row, see
+     * eng_cands_needed): no vocabulary-sized row crosses to the host. */
+    const int kc = eng_cands_needed(&p->sampling, p->top_logprobs, c->vocab_size);
+    eng_cands cd;
+    if (!kc) {
+        logits = malloc((size_t)c->vocab_size * sizeof *logits);
+        lp = malloc((size_t)c->vocab_size * sizeof *lp);
+        if (!logits || !lp) {
+            snprintf(err, errlen, "out of memory");
+            goto out;
+        }
     }
     eng_rng rng;
     eng_rng_seed(&rng, p->sampling.seed);
     eng_item it = {seq, prompt, n_prompt, ENG_LOGITS_LAST};
-    if (eng_step(e, &it, 1, logits, err, errlen)) goto out;
+    if (kc ? eng_step_cands(e, &it, 1, kc, &cd, NULL, NULL, err, errlen) : eng_step(e, &it, 1, logits, err, errlen))
+        goto out;
     for (int step = 0;; step++) {
         eng_step_out st;
-        eng_log_softmax(logits, c->vocab_size, lp);
-        st.token = eng_sample(logits, c->vocab_size, &p->sampling, &rng);
-        st.logprob = lp[st.token];
-        st.n_top = eng_top_k(lp, c->vocab_size, p->top_logprobs, st.top_ids);
-        for (int i = 0; i < st.n_top; i++) st.top_logprobs[i] = lp[st.top_ids[i]];
+        if (kc) {
+            st.token = eng_sample_cands(&cd, c->vocab_size, &p->sampling, &rng);
+            st.logprob = eng_cands_logprob(&cd, st.token);
+            st.n_top = p->top_logprobs < cd.k ? p->top_logprobs : cd.k;
+            for (int i = 0; i < st.n_top; i++) {
+                st.top_ids[i] = cd.ids[i];
+                st.top_logprobs[i] = (double)cd.vals[i] - cd.lse;
+            }
+        } else {
+            eng_log_softmax(logits, c->vocab_size, lp);
+            st.token = eng_sample(logits, c->vocab_size, &p->sampling, &rng);
+            st.logprob = lp[st.token];
+            st.n_top = eng_top_k(lp, c->vocab_size, p->top_logprobs, st.top_ids);
+            for (int i = 0; i < st.n_top; i++) st.top_logprobs[i] = lp[st.top_ids[i]];
+        }
         if (cb && cb(user, &st)) {
             *finish = ENG_FINISH_CALLBACK;
             break;
@@ -78,7 +96,9 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
         }
         if (step + 1 >= p->max_tokens) break;
         it = (eng_item){seq, &st.token, 1, ENG_LOGITS_LAST};
-        if (eng_step(e, &it, 1, logits, err, errlen)) goto out;
+        if (kc ? eng_step_cands(e, &it, 1, kc, &cd, NULL, NULL, err, errlen)
+               : eng_step(e, &it, 1, logits, err, errlen))
+            goto out;
     }
     rc = 0;
 out:

@@ -75,33 +75,20 @@ static int top_k_logits(const float *logits, int vocab, int k, cand *c) {
     return have;
 }
 
-int32_t eng_sample(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng) {
-    int32_t best = 0;
-    for (int i = 1; i < vocab; i++)
-        if (logits[i] > logits[best]) best = i;
-    if (!(p->temperature > 0) || p->top_k == 1) return best;
-    int limited = p->top_k > 0 && p->top_k < vocab;
-    cand *c = malloc((size_t)(limited ? p->top_k : vocab) * sizeof *c);
-    if (!c) return best; /* out of memory: greedy is still a valid token */
-    double mx = logits[best];
-    int n;
-    if (limited) {
-        /* candidates already sorted; turn logits into unnormalised probabilities */
-        n = top_k_logits(logits, vocab, p->top_k, c);
-        for (int i = 0; i < n; i++) c[i].p = exp((c[i].p - mx) / p->temperature);
-    } else {
-        /* softmax(logits / T), shifted by the maximum so nothing overflows */
-        n = vocab;
-        for (int i = 0; i < vocab; i++) {
-            c[i].id = i;
-            c[i].p = exp(((double)logits[i] - mx) / p->temperature);
-        }
-        if (p->top_p > 0 && p->top_p < 1) qsort(c, (size_t)vocab, sizeof *c, cand_desc);
-    }
+/* The tail every sampling path shares (eng_sample on full rows,
+ * eng_sample_cands on candidates): c[0..n) hold the logits of the tokens
+ * still in play in .p, mx is the row maximum. `desc`: c is sorted by logit
+ * descending, ties by id (a top-k window); else c is in ascending id order
+ * (the whole row), and top_p sorts it first. Logits become unnormalised
+ * probabilities exp((l - mx) / T); top_p keeps the smallest prefix whose
+ * mass reaches top_p (always >= 1 token); one uniform draw picks by walking
+ * the cumulative sum in c's order. */
+static int32_t sample_from(cand *c, int n, int desc, double mx, const eng_sampling *p, eng_rng *rng) {
+    for (int i = 0; i < n; i++) c[i].p = exp((c[i].p - mx) / p->temperature);
     if (p->top_p > 0 && p->top_p < 1) {
+        if (!desc) qsort(c, (size_t)n, sizeof *c, cand_desc);
         double tot = 0, acc = 0;
         for (int i = 0; i < n; i++) tot += c[i].p;
-        /* smallest prefix whose mass reaches top_p (always >= 1 token) */
         int keep = 0;
         while (keep < n) {
             acc += c[keep++].p;
@@ -120,6 +107,70 @@ int32_t eng_sample(const float *logits, int vocab, const eng_sampling *p, eng_rn
             break;
         }
     }
+    return pick;
+}
+
+int32_t eng_sample(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng) {
+    int32_t best = 0;
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (!(p->temperature > 0) || p->top_k == 1) return best;
+    int limited = p->top_k > 0 && p->top_k < vocab;
+    cand *c = malloc((size_t)(limited ? p->top_k : vocab) * sizeof *c);
+    if (!c) return best; /* out of memory: greedy is still a valid token */
+    int n;
+    if (limited) {
+        n = top_k_logits(logits, vocab, p->top_k, c);
+    } else {
+        n = vocab;
+        for (int i = 0; i < vocab; i++) {
+            c[i].id = i;
+            c[i].p = logits[i];
+        }
+    }
+    int32_t pick = sample_from(c, n, limited, logits[best], p, rng);
     free(c);
     return pick;
+}
+
+int eng_cands_needed(const eng_sampling *p, int top_logprobs, int vocab) {
+    if (vocab <= 0 || top_logprobs < 0 || top_logprobs > KERN_TOPK_MAX) return 0;
+    if (vocab <= KERN_TOPK_MAX) return vocab; /* every id is a candidate */
+    int need;
+    if (!(p->temperature > 0) || p->top_k == 1)
+        need = 1;
+    else if (p->top_k >= 1 && p->top_k <= KERN_TOPK_MAX)
+        need = p->top_k; /* top_k < vocab here: eng_sample's top-k window */
+    else
+        return 0; /* top_k off or beyond the candidates: the whole row is in play */
+    return need > top_logprobs ? need : top_logprobs;
+}
+
+static int cand_id_asc(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int32_t eng_sample_cands(const eng_cands *cd, int vocab, const eng_sampling *p, eng_rng *rng) {
+    if (cd->k <= 0) return 0;
+    /* ids[0] is the largest logit, lowest id on a tie: eng_sample's argmax */
+    if (!(p->temperature > 0) || p->top_k == 1) return cd->ids[0];
+    int limited = p->top_k > 0 && p->top_k < vocab;
+    int n = limited && p->top_k < cd->k ? p->top_k : cd->k;
+    cand c[KERN_TOPK_MAX];
+    for (int i = 0; i < n; i++) {
+        c[i].id = cd->ids[i];
+        c[i].p = cd->vals[i];
+    }
+    /* Without a top-k window eng_sample walks the whole row in id order;
+     * here the candidates are the whole row (eng_cands_needed), so put them
+     * in that order for the same cumulative sums. */
+    if (!limited) qsort(c, (size_t)n, sizeof *c, cand_id_asc);
+    return sample_from(c, n, limited, cd->vals[0], p, rng);
+}
+
+double eng_cands_logprob(const eng_cands *c, int32_t id) {
+    for (int i = 0; i < c->k; i++)
+        if (c->ids[i] == id) return (double)c->vals[i] - c->lse;
+    return NAN;
 }

@@ -99,6 +99,22 @@ size_t model_weight_bytes(const model *m);
 size_t model_embed_bytes(const model *m);
 size_t model_kv_bytes(const model *m);
 
+/* Sampling candidates instead of full logits rows (model_batch.topk): the
+ * lm_head output stays on the backend and kern_ops.logits_topk reduces each
+ * row of this rank's vocabulary slice to its kk = min(k, slice count) best
+ * values and the slice's log-sum-exp, so only those cross to the host. A
+ * rank whose slice is empty writes nothing. */
+typedef struct model_topk {
+    int k;       /* 1..KERN_TOPK_MAX */
+    int32_t *ids; /* (n_logit_rows, kk) vocabulary ids (slice start added), by value desc, then id asc */
+    float *vals;  /* (n_logit_rows, kk) the logits */
+    float *lse;   /* (n_logit_rows) log-sum-exp over the slice; NaN when the row holds inf/nan */
+    /* Optional (n_logit_rows): rows flagged nonzero also come back whole
+     * (their vocabulary slice) in model_forward's `logits`, packed in row
+     * order; NULL: none. */
+    const unsigned char *full_rows;
+} model_topk;
+
 /* One forward pass over a batch of sequences. Token rows q_start[s] ..
  * q_start[s+1]-1 belong to sequence s and sit at positions pos0[s], ...;
  * their keys/values are stored in the blocks of block_table row s, which
@@ -115,10 +131,13 @@ typedef struct model_batch {
     /* Optional (may be NULL): the residual stream after every layer, host
      * fp32 (num_layers, q_start[n_seqs], hidden), for accuracy reports. */
     float *layer_states;
+    /* Optional (may be NULL): candidates instead of full rows, see above. */
+    const model_topk *topk;
 } model_batch;
 
 /* Runs the pass (all-reducing through opts->comm when tp > 1) and writes
- * logits (n_logit_rows, vocab slice) as host fp32. */
+ * logits (n_logit_rows, vocab slice) as host fp32 — or, with b->topk, the
+ * candidates into b->topk and only the flagged rows into `logits`. */
 int model_forward(model *m, const model_batch *b, float *logits, char *err, size_t errlen);
 
 #endif

@@ -489,7 +489,20 @@ int model_forward(model *m, const model_batch *b, float *logits, char *err, size
                          (size_t)H));
         OP(ops->rmsnorm(be, sc->h, sc->o, &m->norm, b->n_logit_rows, H, c->rms_norm_eps));
         OP(ops->matmul(be, sc->logits, sc->h, &m->lm_head, b->n_logit_rows));
-        OP(ops->to_host_f32(be, logits, sc->logits, (size_t)b->n_logit_rows * m->vocab_n));
+        const model_topk *t = b->topk;
+        if (!t) {
+            OP(ops->to_host_f32(be, logits, sc->logits, (size_t)b->n_logit_rows * m->vocab_n));
+        } else {
+            /* k (id, value) pairs and one lse per row cross to the host
+             * instead of the slice's vocab_n values */
+            int kk = t->k < m->vocab_n ? t->k : m->vocab_n;
+            OP(ops->logits_topk(be, sc->logits, b->n_logit_rows, m->vocab_n, kk, t->ids, t->vals, t->lse));
+            for (size_t i = 0; i < (size_t)b->n_logit_rows * kk; i++) t->ids[i] += m->vocab0;
+            for (int i = 0, j = 0; t->full_rows && i < b->n_logit_rows; i++)
+                if (t->full_rows[i])
+                    OP(ops->to_host_f32(be, logits + (size_t)j++ * m->vocab_n,
+                                        act_at(m, sc->logits, (size_t)i * m->vocab_n), (size_t)m->vocab_n));
+        }
     }
     free(pos);
     free(slots);

@@ -120,7 +120,9 @@ typedef struct srv_sched {
     eng_item *items;
     int *item_req;    /* running index per item */
     srv_finish *fins; /* (max_num_seqs) per running index, one step */
-    float *logits;    /* (max_num_seqs, vocab) */
+    float *logits;    /* (max_num_seqs, vocab) full rows (packed: with candidates, the flagged items' only) */
+    eng_cands *cands; /* (max_num_seqs) per logits row, when the step takes the candidates path */
+    unsigned char *full; /* (max_num_seqs) per item: this request needs its full row */
     double *lp;       /* (vocab) */
     uint32_t *mark;   /* (vocab) repetition-penalty stamps */
     uint32_t stamp;

@@ -284,6 +284,33 @@ static void sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec) {
     }
 }
 
+/* Candidates the request's next token needs (eng_cands_needed), or 0 when
+ * it needs the full row: the repetition penalty and min_tokens' masking of
+ * EOS / stop ids rewrite logits anywhere in the vocabulary before
+ * sampling, so the top candidates of the raw row would not be those of the
+ * processed one. */
+static int req_cands(const srv_server *s, const srv_req *r) {
+    if (r->rep_penalty != 1.0f) return 0;
+    if (r->n_all - r->n_prompt < r->min_tokens && (s->mc.n_eos > 0 || r->n_stop_ids > 0)) return 0;
+    return eng_cands_needed(&r->sp, r->want_logprobs ? r->top_logprobs : 0, s->mc.vocab_size);
+}
+
+/* sample_row's twin on candidates: the same token (eng_sample_cands) and
+ * logprobs (val - lse over the raw row) without the vocabulary-sized row. */
+static void sample_cands(srv_server *s, srv_req *r, const eng_cands *c, srv_tokrec *rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->token = eng_sample_cands(c, s->mc.vocab_size, &r->sp, &r->rng);
+    if (r->want_logprobs) {
+        rec->logprob = (float)eng_cands_logprob(c, rec->token);
+        int k = r->top_logprobs < c->k ? r->top_logprobs : c->k;
+        rec->n_top = k;
+        for (int i = 0; i < k; i++) {
+            rec->top_ids[i] = c->ids[i];
+            rec->top_lp[i] = (float)((double)c->vals[i] - c->lse);
+        }
+    }
+}
+
 static void publish_gauges(srv_server *s) {
     eng_kv_usage u;
     eng_kv_get_usage(s->eng, &u);
@@ -406,8 +433,17 @@ static void *sched_main(void *arg) {
                 budget -= chunk;
             }
         }
+        /* Each request whose next token the candidates decide takes the
+         * candidates path; the others get their full rows in the same step. */
+        int kmax = 0;
+        for (int k = 0; k < n; k++) {
+            int kr = q->items[k].logits == ENG_LOGITS_LAST ? req_cands(s, q->running[q->item_req[k]]) : -1;
+            q->full[k] = kr == 0;
+            if (kr > kmax) kmax = kr;
+        }
         publish_gauges(s);
-        int rc = eng_step(s->eng, q->items, n, q->logits, err, sizeof err);
+        int rc = kmax ? eng_step_cands(s->eng, q->items, n, kmax, q->cands, q->full, q->logits, err, sizeof err)
+                      : eng_step(s->eng, q->items, n, q->logits, err, sizeof err);
         /* Finish reasons by running index; applied from the end so the
          * indices stay valid while requests leave the batch. */
         srv_finish *fins = q->fins;
@@ -424,7 +460,7 @@ static void *sched_main(void *arg) {
             continue;
         }
         double t = srv_now();
-        int row = 0;
+        int row = 0, frow = 0; /* logits row; full row (packed when kmax) */
         for (int k = 0; k < n; k++) {
             srv_req *r = q->running[q->item_req[k]];
             r->n_cached += q->items[k].n_tokens;
@@ -435,7 +471,11 @@ static void *sched_main(void *arg) {
                 pthread_mutex_unlock(&s->met.mu);
             }
             srv_tokrec rec;
-            sample_row(s, r, q->logits + (size_t)row++ * V, &rec);
+            if (!kmax || q->full[k])
+                sample_row(s, r, q->logits + (size_t)frow++ * V, &rec);
+            else
+                sample_cands(s, r, &q->cands[row], &rec);
+            row++;
             fins[q->item_req[k]] = req_on_token(s, r, &rec, t);
         }
         for (int i = q->n_running - 1; i >= 0; i--)
@@ -455,9 +495,12 @@ int srv_sched_start(srv_server *s, char *err, size_t errlen) {
     q->item_req = calloc((size_t)ec->max_num_seqs, sizeof *q->item_req);
     q->fins = calloc((size_t)ec->max_num_seqs, sizeof *q->fins);
     q->logits = malloc((size_t)ec->max_num_seqs * V * sizeof *q->logits);
+    q->cands = malloc((size_t)ec->max_num_seqs * sizeof *q->cands);
+    q->full = calloc((size_t)ec->max_num_seqs, sizeof *q->full);
     q->lp = malloc(V * sizeof *q->lp);
     q->mark = calloc(V, sizeof *q->mark);
-    if (!q->running || !q->items || !q->item_req || !q->fins || !q->logits || !q->lp || !q->mark) {
+    if (!q->running || !q->items || !q->item_req || !q->fins || !q->logits || !q->cands || !q->full || !q->lp ||
+        !q->mark) {
         snprintf(err, errlen, "out of memory for the scheduler");
         return -1;
     }

@@ -366,6 +366,8 @@ void srv_destroy(srv_server *s) {
     free(q->item_req);
     free(q->fins);
     free(q->logits);
+    free(q->cands);
+    free(q->full);
     free(q->lp);
     free(q->mark);
     free(q->piece);

@@ -102,6 +102,12 @@ int eng_step(eng *e, const eng_item *items, int n_items, float *logits, char *er
     snprintf(err, errlen, "engine not built into the fuzzer");
     return -1;
 }
+int eng_step_cands(eng *e, const eng_item *items, int n_items, int k, eng_cands *cands, const unsigned char *full,
+                   float *logits, char *err, size_t errlen) {
+    (void)e, (void)items, (void)n_items, (void)k, (void)cands, (void)full, (void)logits;
+    snprintf(err, errlen, "engine not built into the fuzzer");
+    return -1;
+}
 void eng_seq_free(eng *e, int seq) {
     (void)e, (void)seq;
 }

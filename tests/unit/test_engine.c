@@ -396,10 +396,10 @@ START_TEST(test_echo_eval_deep) {
 }
 END_TEST
 
-/* Weights that hold NaN (a corrupt checkpoint that still parses) give a
- * clear error instead of a silently wrong token, and change no state. */
-START_TEST(test_nonfinite_logits_reported) {
-    char *dir = tu_mkdtemp(), path[1024], cmd[2048], err[1024];
+/* A copy of the tied fixture whose final norm starts with NaN: a corrupt
+ * checkpoint that still parses. Caller removes and frees the folder. */
+static char *corrupt_model(void) {
+    char *dir = tu_mkdtemp(), path[1024], cmd[2048];
     snprintf(cmd, sizeof cmd, "cp %s/tied/config.json %s/tied/model.safetensors %s/", MODELS, MODELS, dir);
     ck_assert_int_eq(system(cmd), 0);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -417,6 +417,13 @@ START_TEST(test_nonfinite_logits_reported) {
     ck_assert_int_eq(tu_write_file(path, buf, len), 0);
     json_decref(h);
     free(buf);
+    return dir;
+}
+
+/* Weights that hold NaN give a clear error instead of a silently wrong
+ * token, and change no state. */
+START_TEST(test_nonfinite_logits_reported) {
+    char *dir = corrupt_model(), err[1024];
     eng_config c = {.model_dir = dir, .tp = 1, .threads = 1, .max_model_len = 64, .max_num_seqs = 1};
     eng *e;
     ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
@@ -434,6 +441,263 @@ START_TEST(test_nonfinite_logits_reported) {
     eng_destroy(e);
     tu_rmtree(dir);
     free(dir);
+}
+END_TEST
+
+/* ---- candidates (eng_step_cands) ---- */
+
+/* The candidates of one full row, by brute force: eng_top_k of the row
+ * (ties by ascending id) and the double log-sum-exp eng_log_softmax uses. */
+static void row_cands(const float *row, int V, int k, eng_cands *c) {
+    double *lp = malloc((size_t)V * sizeof *lp);
+    ck_assert_ptr_nonnull(lp);
+    eng_log_softmax(row, V, lp);
+    c->k = eng_top_k(lp, V, k, c->ids);
+    for (int i = 0; i < c->k; i++) c->vals[i] = row[c->ids[i]];
+    c->lse = (double)row[c->ids[0]] - lp[c->ids[0]];
+    free(lp);
+}
+
+/* got (from the engine) against the full row it must summarise. */
+static void check_cands(const eng_cands *got, const float *row, int V, int k, const char *what) {
+    eng_cands want;
+    row_cands(row, V, k, &want);
+    ck_assert_msg(got->k == want.k, "%s: %d candidates, expected %d", what, got->k, want.k);
+    for (int i = 0; i < want.k; i++) {
+        ck_assert_msg(got->ids[i] == want.ids[i], "%s: rank %d id %d, expected %d", what, i, got->ids[i],
+                      want.ids[i]);
+        ck_assert_msg(got->vals[i] == want.vals[i], "%s: rank %d value %.9g, expected %.9g", what, i, got->vals[i],
+                      want.vals[i]);
+    }
+    ck_assert_msg(fabs(got->lse - want.lse) <= 1e-5, "%s: lse %.9g, log_softmax's %.9g", what, got->lse, want.lse);
+}
+
+/* eng_step_cands gives, at tp 1, 2 and 4 (exact all-reduce), the top-k of
+ * the rows eng_step gives (same ids, same values: the same forward) and
+ * their log-sum-exp; a batch mixing a full-row item with candidate items
+ * gives each what it gets alone. realvocab's 151936 ids span several
+ * reduction chunks and are split across ranks. */
+START_TEST(test_step_cands_match_full) {
+    const char *models[] = {"tied", "gqa4-deep", "realvocab"};
+    char err[1024], what[128];
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
+        for (int tp = 1; tp <= 4; tp *= 2) {
+            eng *e = open_eng(models[mi], tp, ECHO_MODE_EXACT, 3, 0, err);
+            if (!e) {
+                ck_assert_msg(tp == 4 && strstr(err, "--tp"), "%s tp %d: %s", models[mi], tp, err);
+                continue;
+            }
+            const int V = eng_model_config(e)->vocab_size;
+            const int k = mi == 0 ? 7 : KERN_TOPK_MAX;
+            int32_t prompt[19], greedy[6];
+            make_prompt(prompt, 19, V, 31u + (unsigned)mi);
+            float *ref = run_alone(e, prompt, 19, greedy); /* 7 rows: prefill + 6 decodes */
+            /* alone, candidates only */
+            int seq;
+            eng_cands cd[3];
+            ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
+            for (int t = 0; t < 7; t++) {
+                eng_item it = t == 0 ? (eng_item){seq, prompt, 19, ENG_LOGITS_LAST}
+                                     : (eng_item){seq, &greedy[t - 1], 1, ENG_LOGITS_LAST};
+                ck_assert_msg(eng_step_cands(e, &it, 1, k, cd, NULL, NULL, err, sizeof err) == 0, "%s", err);
+                snprintf(what, sizeof what, "%s tp %d step %d", models[mi], tp, t);
+                check_cands(&cd[0], ref + (size_t)t * V, V, k, what);
+                ck_assert_int_eq(cd[0].ids[0], t < 6 ? greedy[t] : cd[0].ids[0]);
+            }
+            ck_assert_int_eq(eng_seq_len(e, seq), 19 + 6);
+            eng_seq_free(e, seq);
+            /* mixed batch: item 0 full row, items 1 and 2 candidates */
+            int sq[3];
+            for (int i = 0; i < 3; i++) ck_assert(eng_seq_new(e, &sq[i], err, sizeof err) == 0);
+            float *full = malloc((size_t)V * sizeof *full);
+            const unsigned char want_full[3] = {1, 0, 0};
+            eng_item it3[3] = {{sq[0], prompt, 19, ENG_LOGITS_LAST},
+                               {sq[1], prompt, 19, ENG_LOGITS_LAST},
+                               {sq[2], prompt, 5, ENG_LOGITS_NONE}};
+            ck_assert_msg(eng_step_cands(e, it3, 3, k, cd, want_full, full, err, sizeof err) == 0, "%s", err);
+            snprintf(what, sizeof what, "%s tp %d mixed batch", models[mi], tp);
+            ck_assert(memcmp(full, ref, (size_t)V * sizeof *full) == 0);
+            check_cands(&cd[0], ref, V, k, what);
+            check_cands(&cd[1], ref, V, k, what);
+            for (int i = 0; i < 3; i++) eng_seq_free(e, sq[i]);
+            free(full);
+            free(ref);
+            eng_destroy(e);
+        }
+    }
+}
+END_TEST
+
+/* Bad k and a corrupt model: the step fails and every sequence and block
+ * stays as it was, at tp 1 and 2. */
+START_TEST(test_step_cands_errors_roll_back) {
+    char err[1024];
+    eng *e = open_eng("tied", 1, ECHO_MODE_EXACT, 2, 0, err);
+    ck_assert_msg(e != NULL, "%s", err);
+    int seq;
+    int32_t p[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    eng_cands cd[2];
+    ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
+    eng_item it = {seq, p, 9, ENG_LOGITS_LAST};
+    ck_assert_int_eq(eng_step_cands(e, &it, 1, 0, cd, NULL, NULL, err, sizeof err), -1);
+    ck_assert_int_eq(eng_step_cands(e, &it, 1, KERN_TOPK_MAX + 1, cd, NULL, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "candidates") != NULL, "%s", err);
+    ck_assert_int_eq(eng_step_cands(e, &it, 1, 3, NULL, NULL, NULL, err, sizeof err), -1);
+    ck_assert_int_eq(eng_seq_len(e, seq), 0);
+    eng_kv_usage u;
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, u.total_blocks);
+    eng_destroy(e);
+
+    char *dir = corrupt_model();
+    for (int tp = 1; tp <= 2; tp++) {
+        eng_config c = {.model_dir = dir, .tp = tp, .allreduce = ECHO_MODE_EXACT, .threads = 2, .max_model_len = 64,
+                        .max_num_seqs = 2};
+        ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
+        int a, b;
+        ck_assert(eng_seq_new(e, &a, err, sizeof err) == 0);
+        ck_assert(eng_seq_new(e, &b, err, sizeof err) == 0);
+        eng_item two[2] = {{a, p, 9, ENG_LOGITS_LAST}, {b, p, 4, ENG_LOGITS_NONE}};
+        ck_assert_int_eq(eng_step_cands(e, two, 2, 5, cd, NULL, NULL, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "non-finite") != NULL, "tp %d: %s", tp, err);
+        float row[384];
+        const unsigned char fl[2] = {1, 0};
+        ck_assert_int_eq(eng_step_cands(e, two, 2, 5, cd, fl, row, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "non-finite") != NULL, "tp %d: %s", tp, err);
+        ck_assert_int_eq(eng_seq_len(e, a), 0);
+        ck_assert_int_eq(eng_seq_len(e, b), 0);
+        eng_kv_get_usage(e, &u);
+        ck_assert_int_eq(u.free_blocks, u.total_blocks);
+        eng_destroy(e);
+    }
+    tu_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* eng_sample_cands picks exactly eng_sample's token, seed after seed,
+ * whenever eng_cands_needed says the candidates suffice: greedy, top_k
+ * windows with and without top_p, rows full of ties, and a vocabulary
+ * small enough that every id is a candidate (top_k off, top_p on or off).
+ * The generator advances the same way on both paths. */
+START_TEST(test_sample_cands_identical) {
+    const float temps[] = {0.0f, 0.3f, 0.8f, 1.5f};
+    const int top_ks[] = {0, 1, 2, 5, 20, 64, 100};
+    const float top_ps[] = {1.0f, 0.9f, 0.5f, 0.05f};
+    const int vocabs[] = {1000, 50};
+    int checked = 0;
+    for (int vi = 0; vi < 2; vi++) {
+        const int V = vocabs[vi];
+        float *row = malloc((size_t)V * sizeof *row);
+        for (int kind = 0; kind < 2; kind++) {
+            unsigned seed = 77u + (unsigned)(vi * 2 + kind);
+            for (int i = 0; i < V; i++) {
+                seed = seed * 1103515245u + 12345u;
+                /* kind 1: eight distinct values, so top-k windows cut through ties */
+                row[i] = kind ? (float)((seed >> 16) % 8) * 0.75f : (float)((seed >> 8) % 100000) / 7000.0f - 6.0f;
+            }
+            for (size_t ti = 0; ti < sizeof temps / sizeof *temps; ti++)
+                for (size_t ki = 0; ki < sizeof top_ks / sizeof *top_ks; ki++)
+                    for (size_t pi = 0; pi < sizeof top_ps / sizeof *top_ps; pi++) {
+                        eng_sampling sp = {.temperature = temps[ti], .top_k = top_ks[ki], .top_p = top_ps[pi]};
+                        int k = eng_cands_needed(&sp, 3, V);
+                        int exact = temps[ti] == 0 || top_ks[ki] == 1 || V <= KERN_TOPK_MAX ||
+                                    (top_ks[ki] >= 1 && top_ks[ki] <= KERN_TOPK_MAX);
+                        ck_assert_int_eq(k > 0, exact);
+                        if (!k) continue;
+                        ck_assert(k >= 3 && k <= KERN_TOPK_MAX);
+                        eng_cands cd;
+                        row_cands(row, V, k, &cd);
+                        for (uint64_t s = 0; s < 40; s++) {
+                            eng_rng r1, r2;
+                            eng_rng_seed(&r1, s * 7919 + 1);
+                            eng_rng_seed(&r2, s * 7919 + 1);
+                            for (int draw = 0; draw < 3; draw++) {
+                                int32_t a = eng_sample(row, V, &sp, &r1), b = eng_sample_cands(&cd, V, &sp, &r2);
+                                ck_assert_msg(a == b, "V %d kind %d T %g top_k %d top_p %g seed %llu: %d vs %d", V,
+                                              kind, temps[ti], top_ks[ki], top_ps[pi], (unsigned long long)s, a, b);
+                                ck_assert(r1.s == r2.s);
+                                ck_assert(fabs(eng_cands_logprob(&cd, b) - ((double)row[b] - cd.lse)) == 0);
+                                checked++;
+                            }
+                        }
+                    }
+        }
+        free(row);
+    }
+    ck_assert_int_gt(checked, 10000);
+    eng_sampling off = {.temperature = 1, .top_k = 0, .top_p = 1};
+    ck_assert_int_eq(eng_cands_needed(&off, 0, 151936), 0);    /* the whole row is in play */
+    off.top_k = 50;
+    ck_assert_int_eq(eng_cands_needed(&off, 65, 151936), 0);   /* more top_logprobs than candidates */
+    ck_assert_int_eq(eng_cands_needed(&off, 60, 151936), 60);
+    eng_cands one = {.k = 1, .ids = {9}, .vals = {2.0f}, .lse = 2.5};
+    ck_assert(isnan(eng_cands_logprob(&one, 8)));
+    ck_assert(fabs(eng_cands_logprob(&one, 9) + 0.5) < 1e-12);
+}
+END_TEST
+
+/* eng_generate takes the candidates path for these parameters: its tokens
+ * are those of a hand-written full-row loop (eng_step, eng_sample,
+ * eng_log_softmax), its logprobs within the fp32 lse's rounding. */
+typedef struct gen_rec {
+    int n;
+    eng_step_out st[12];
+} gen_rec;
+static int gen_cb(void *user, const eng_step_out *st) {
+    gen_rec *g = user;
+    g->st[g->n++] = *st;
+    return 0;
+}
+
+START_TEST(test_generate_cands_equals_full) {
+    char err[1024];
+    eng *e = open_eng("gqa4-deep", 2, ECHO_MODE_EXACT, 2, 0, err);
+    ck_assert_msg(e != NULL, "%s", err);
+    const int V = eng_model_config(e)->vocab_size;
+    int32_t prompt[11];
+    make_prompt(prompt, 11, V, 5);
+    const eng_sampling sps[] = {{.temperature = 0, .top_p = 1},
+                                {.temperature = 0.8f, .top_k = 20, .top_p = 1},
+                                {.temperature = 1.2f, .top_k = 64, .top_p = 0.7f}};
+    float *row = malloc((size_t)V * sizeof *row);
+    double *lp = malloc((size_t)V * sizeof *lp);
+    for (size_t si = 0; si < sizeof sps / sizeof *sps; si++) {
+        for (uint64_t seed = 1; seed <= 4; seed++) {
+            eng_gen_params gp = {.max_tokens = 12, .sampling = sps[si], .top_logprobs = 5, .ignore_eos = 1};
+            gp.sampling.seed = seed;
+            ck_assert(eng_cands_needed(&gp.sampling, gp.top_logprobs, V) > 0);
+            gen_rec g = {0};
+            eng_finish fin;
+            ck_assert_msg(eng_generate(e, prompt, 11, &gp, gen_cb, &g, &fin, err, sizeof err) == 0, "%s", err);
+            ck_assert_int_eq(g.n, 12);
+            /* the reference loop on full rows */
+            int seq;
+            eng_rng rng;
+            eng_rng_seed(&rng, seed);
+            ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
+            eng_item it = {seq, prompt, 11, ENG_LOGITS_LAST};
+            for (int t = 0; t < 12; t++) {
+                ck_assert_msg(eng_step(e, &it, 1, row, err, sizeof err) == 0, "%s", err);
+                eng_log_softmax(row, V, lp);
+                int32_t tok = eng_sample(row, V, &gp.sampling, &rng);
+                ck_assert_msg(g.st[t].token == tok, "sampling %zu seed %llu step %d: %d vs %d", si,
+                              (unsigned long long)seed, t, g.st[t].token, tok);
+                ck_assert(fabs(g.st[t].logprob - lp[tok]) <= 1e-5);
+                int32_t top[5];
+                ck_assert_int_eq(g.st[t].n_top, eng_top_k(lp, V, 5, top));
+                for (int i = 0; i < 5; i++) {
+                    ck_assert_int_eq(g.st[t].top_ids[i], top[i]);
+                    ck_assert(fabs(g.st[t].top_logprobs[i] - lp[top[i]]) <= 1e-5);
+                }
+                it = (eng_item){seq, &g.st[t].token, 1, ENG_LOGITS_LAST};
+            }
+            eng_seq_free(e, seq);
+        }
+    }
+    free(row);
+    free(lp);
+    eng_destroy(e);
 }
 END_TEST
 
@@ -456,7 +720,14 @@ int main(void) {
     TCase *sm = tcase_create("sampling");
     tcase_add_test(sm, test_sampling_reproducible_and_topk1);
     tcase_add_test(sm, test_sampling_distributions);
+    tcase_add_test(sm, test_sample_cands_identical);
     suite_add_tcase(s, sm);
+    TCase *cd = tcase_create("candidates");
+    tcase_set_timeout(cd, 600);
+    tcase_add_test(cd, test_step_cands_match_full);
+    tcase_add_test(cd, test_step_cands_errors_roll_back);
+    tcase_add_test(cd, test_generate_cands_equals_full);
+    suite_add_tcase(s, cd);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
