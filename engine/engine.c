@@ -570,6 +570,11 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
         tok += it[i].n_tokens;
         e->q_start[i + 1] = tok;
     }
+    if (nfull && !out->logits) {
+        step_rollback(e, it, n);
+        snprintf(err, errlen, "step: %d full logits rows asked for and no array for them", nfull);
+        return -1;
+    }
     if (step_reserve(e, nfull, out->cands ? nrows : 0, err, errlen)) {
         step_rollback(e, it, n);
         return -1;

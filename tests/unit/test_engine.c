@@ -543,6 +543,9 @@ START_TEST(test_step_cands_errors_roll_back) {
     ck_assert_int_eq(eng_step_cands(e, &it, 1, KERN_TOPK_MAX + 1, cd, NULL, NULL, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "candidates") != NULL, "%s", err);
     ck_assert_int_eq(eng_step_cands(e, &it, 1, 3, NULL, NULL, NULL, err, sizeof err), -1);
+    const unsigned char flag = 1;
+    ck_assert_int_eq(eng_step_cands(e, &it, 1, 3, cd, &flag, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "no array") != NULL, "%s", err);
     ck_assert_int_eq(eng_seq_len(e, seq), 0);
     eng_kv_usage u;
     eng_kv_get_usage(e, &u);
