@@ -142,6 +142,11 @@ typedef struct cuda_impl {
     float *rope_inv_freq; /* device, head_dim/2 values for (rope_theta, rope_hd) */
     double rope_theta;
     int rope_hd;
+
+    int sm_count;          /* multiprocessors of the device: sizes attention's split-K */
+    float *att_part;       /* device scratch: split-K partials of attention (cuda_attention.cu) */
+    size_t att_part_bytes;
+    unsigned att_smem_set; /* attention kernels whose large dynamic shared memory is enabled (bit per kernel) */
 } cuda_impl;
 
 static inline cuda_impl *cuda_get(kern_backend *be) {

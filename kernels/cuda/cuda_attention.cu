@@ -16,7 +16,8 @@
  *     block_table[s*max_blocks + t/block_size]*block_size + t%block_size.
  *     Query head h reads KV head h / (hq/hkv).
  *       out = softmax(q·kᵀ·scale) · v   per (row, head)
- *     Scores, softmax and the weighted sum are fp32; out is rounded to bf16.
+ *     Scores, softmax and the weighted sum are fp32 (the tensor-core path
+ *     rounds the softmax weights to bf16 before P·V); out is rounded to bf16.
  *     The batch is validated on the host like the cpu twin (same messages:
  *     heads, paging geometry, negative lengths, positions beyond the
  *     sequence's blocks) and, since a device read cannot be bounds-checked,
@@ -26,35 +27,121 @@
  *   - All host arrays are staged to the device by the op (pinned ring, see
  *     cuda_stage_begin); the caller may reuse them as soon as it returns.
  *
+ * Dispatch. head_dim 64 and 128 (Qwen3 uses 128) with 16-byte aligned q,
+ * out, kc and vc take the fast paths; every other call takes the simple
+ * kernel (below). On the fast paths each sequence is routed by its own
+ * shape alone:
+ *   - a sequence with >= ATT_PF_MIN_ROWS query rows (a prompt chunk) goes to
+ *     the tiled tensor-core kernel, one block per (tile of ATT_PF_ROWS
+ *     consecutive rows, query head);
+ *   - every row of the other sequences (decode steps, short chunks) goes to
+ *     the decode kernel, one block per (row, key split, group of GT query
+ *     heads sharing a KV head). A row of len = pos+1 keys is split over
+ *     several blocks when it is long enough (len >= 2*ATT_SPLIT_MIN_KEYS)
+ *     and its own grid (hq/GT blocks) would not fill the device: splits =
+ *     min(len / ATT_SPLIT_MIN_KEYS, ceil(2 * SMs / (hq/GT)), ATT_SPLIT_MAX),
+ *     rounded so every split holds a multiple of ATT_SPLIT_ALIGN keys. Split
+ *     rows write partials (m, l, acc) to the scratch impl->att_part, and a
+ *     combine kernel merges them.
+ * Every choice depends on the sequence's own lengths and the device only,
+ * never on the rest of the batch, so the result of a (row, head) is the
+ * same whatever else is in the batch: batch-invariant like the cpu twin,
+ * which the server's greedy outputs rely on. (Splitting a row even when
+ * the batch alone would fill the device costs little: the partials are
+ * (hd+2) floats per split and head against the split's >= 256 keys of K
+ * and V.) No choice depends on the block size either: tiles and splits are
+ * cut in positions, so the paging is only addressing.
+ *
  * Batch tables. On the host, attention builds one int32 array and stages it
- * in one copy:
+ * in one copy (cuda_stage_begin/commit). The simple path stages
  *     info[3r .. 3r+2] = (q/out row, position, offset of its table)  r < nq
  *     tables[...]      = for each sequence with rows, the block-table
  *                        entries its last row can reach (ceil(len/bs))
  * with nq the number of query rows in the batch; `tables` follows info.
- * So the kernel needs no search from row to sequence, and only the block
- * table entries in use cross the bus.
+ * The fast paths stage
+ *     tables[...]   as above, first (so offsets index the array directly)
+ *     tiles[4i..]   = (first row, rows <= ATT_PF_ROWS, position of the
+ *                      first row, table offset), each sequence's last tile
+ *                      first (it has the most keys: big blocks start early)
+ *     items[5i..]   = (row, first key, end key, table offset, partial slot
+ *                      or -1 when the row is not split)
+ *     comb[3i..]    = (row, first partial slot, number of splits)
+ * and launch at most three kernels: prefill, decode, combine.
  *
- * Kernel: one block of ATT_WARPS warps per (query row, head), a
+ * Simple kernel: one block of ATT_WARPS warps per (query row, head), a
  * straightforward flash-style loop. Warp w takes keys w, w+ATT_WARPS, ...;
  * per key it resolves the cache row through the block table, forms q·k with
  * lane-strided dimensions (c = lane + 32j, coalesced) and a shuffle
  * reduction, then updates its online softmax (running max m, sum l,
  * unnormalised accumulator acc). At the end the warps' (m, l, acc) are
  * merged through shared memory: M = max m_w, L = Σ l_w e^(m_w-M),
- * out = Σ acc_w e^(m_w-M) / L. Each (row, head) is computed the same way
- * whatever else is in the batch (batch-invariant, like the cpu twin).
- * Correctness first: no tiling of K/V in shared memory, no split over the
- * key axis across blocks.
+ * out = Σ acc_w e^(m_w-M) / L.
+ *
+ * Prefill kernel (att_prefill_kernel<HD>): 4 warps, 16 query rows each.
+ * The Q tile is staged in shared memory once and kept as WMMA fragments
+ * (bf16 16x16x16, fp32 accumulate). For each tile of ATT_PF_KEYS keys up
+ * to the tile's last position, the block gathers K and V through the block
+ * table into shared memory with 16-byte loads (keys past the last position
+ * are zero, so no garbage reaches P·V). Each warp then
+ *   S = Q·Kᵀ (fp32 fragments, stored to its shared S strip),
+ *   softmax in fp32 by two lanes per row: causal mask by absolute position
+ *     (row at position p sees keys t <= p; the history before pos0 lives in
+ *     the cache), running max m and sum l in the log2 domain
+ *     (scale·log2 e folded in, so exp2f), P = 2^(s-m) rounded to bf16 into
+ *     shared memory (l sums the rounded weights, so numerator and
+ *     denominator agree), the factor corr = 2^(m_old-m_new) per row,
+ *   O *= corr per row, then O += P·V on tensor cores.
+ * O stays in accumulator fragments. Their element layout is unspecified,
+ * so the row of each element is found at run time: a 16x16 matrix holding
+ * its row index in every entry is loaded into an accumulator fragment once,
+ * and x[i] of that fragment is the row of element i of every accumulator
+ * fragment (one layout per fragment type); the 8 row numbers pack into one
+ * register (4 bits each). Key tiles beyond a warp's last row are skipped,
+ * and within the diagonal tile so are the 16-key slices no row of the warp
+ * sees. At the end O is scaled by 1/l, staged through the S strip and
+ * stored as bf16 with 16-byte stores. Shared memory: K, V tiles (padded
+ * rows, so WMMA loads spread over the banks), S (fp32), P (bf16), corr:
+ * 60.3 KB for hd 128 (the opt-in limit is raised once per backend), 44.3 KB
+ * for hd 64.
+ *
+ * Decode kernel (att_decode_kernel<HD, GT>): 128 threads per block; a
+ * group of HD/8 lanes takes one key at a time, each lane 8 dimensions of
+ * it (one 16-byte load of K and of V), so the block has 128/(HD/8) keys in
+ * flight, two per group per iteration. The GT query heads of the block
+ * share the loads (GQA: K and V are read once per KV head, not once per
+ * query head). Per key and head the group reduces q·k with shuffles inside
+ * the group and updates its online softmax (log2 domain). The groups'
+ * (m, l, acc) merge through shared memory as in the simple kernel; an
+ * unsplit row is normalised and stored, a split row's (M, L, acc) go to its
+ * partial slot. Combine (att_combine_kernel<HD>): per (split row, head),
+ * M = max m_j, L = Σ l_j 2^(m_j-M), out = Σ acc_j 2^(m_j-M) / L.
  */
 #include <limits.h>
 #include <math.h>
+#include <mma.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda.h"
 
 #define ATT_WARPS 4
 #define ATT_MAX_HD 256
+
+/* Prefill (tiled tensor-core) path. */
+#define ATT_PF_ROWS 64     /* query rows per tile (ATT_PF_WARPS warps x 16) */
+#define ATT_PF_KEYS 64     /* keys per K/V tile */
+#define ATT_PF_WARPS 4     /* 16 query rows each */
+#define ATT_PF_MIN_ROWS 16 /* sequences with fewer rows take the decode path */
+
+/* Decode (split-K) path. */
+#define ATT_DEC_THREADS 128
+#define ATT_DEC_UNROLL 2      /* keys per lane group per iteration */
+#define ATT_SPLIT_MIN_KEYS 256 /* a split holds at least this many keys */
+#define ATT_SPLIT_MAX 64
+#define ATT_SPLIT_ALIGN 64 /* split boundaries are multiples of this */
+
+#define ATT_LOG2E 1.4426950408889634f
+
+namespace wmma = nvcuda::wmma;
 
 /* ---- kv_store ---- */
 
@@ -91,7 +178,7 @@ int cuda_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const voi
     return 0;
 }
 
-/* ---- attention ---- */
+/* ---- attention: the simple kernel ---- */
 
 template <int DPL> /* dims per lane: ceil(hd / 32) <= DPL */
 __global__ void __launch_bounds__(ATT_WARPS * 32)
@@ -172,6 +259,608 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
 }
 
+/* ---- fast paths: helpers ---- */
+
+/* 8 bf16 (one 16-byte load) to fp32: a bf16 is the top half of its fp32. */
+__device__ __forceinline__ void att_unpack8(uint4 u, float *f) {
+    f[0] = __uint_as_float(u.x << 16);
+    f[1] = __uint_as_float(u.x & 0xffff0000u);
+    f[2] = __uint_as_float(u.y << 16);
+    f[3] = __uint_as_float(u.y & 0xffff0000u);
+    f[4] = __uint_as_float(u.z << 16);
+    f[5] = __uint_as_float(u.z & 0xffff0000u);
+    f[6] = __uint_as_float(u.w << 16);
+    f[7] = __uint_as_float(u.w & 0xffff0000u);
+}
+
+/* Two floats rounded to bf16 (nearest even), the first in the low half
+ * (the lower address). */
+__device__ __forceinline__ unsigned att_pack2(float a, float b) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<unsigned *>(&v);
+}
+
+/* ---- prefill kernel ---- */
+
+/* Dynamic shared memory of att_prefill_kernel<HD>, byte offsets. Every row
+ * is padded by 16 bytes so the rows a WMMA load touches start on different
+ * banks; every region and every fragment's address is a multiple of 32
+ * bytes (WMMA's alignment rule), every leading dimension a multiple of 16
+ * bytes. */
+template <int HD> struct att_pf_smem {
+    static constexpr int LDK = HD + 8;          /* bf16 per K/V (and Q) row */
+    static constexpr int LDS = ATT_PF_KEYS + 4; /* fp32 per S row */
+    static constexpr int LDP = ATT_PF_KEYS + 8; /* bf16 per P row */
+    static constexpr size_t K_OFF = 0;
+    static constexpr size_t V_OFF = K_OFF + (size_t)ATT_PF_KEYS * LDK * 2;
+    static constexpr size_t S_OFF = V_OFF + (size_t)ATT_PF_KEYS * LDK * 2;
+    static constexpr size_t P_OFF = S_OFF + (size_t)ATT_PF_ROWS * LDS * 4;
+    static constexpr size_t C_OFF = P_OFF + (size_t)ATT_PF_ROWS * LDP * 2;
+    static constexpr size_t BYTES = C_OFF + (size_t)ATT_PF_ROWS * 4;
+    static_assert(ATT_PF_ROWS == ATT_PF_KEYS, "the Q tile is staged in the K tile's space");
+    static_assert(ATT_PF_ROWS == 16 * ATT_PF_WARPS, "one 16-row WMMA strip per warp");
+    static_assert(ATT_PF_KEYS == 64, "softmax: two lanes per row, 32 columns each");
+    static_assert(HD % 64 == 0, "output staging: 64 columns per pass");
+    static_assert(V_OFF % 128 == 0 && S_OFF % 128 == 0 && P_OFF % 128 == 0 && C_OFF % 128 == 0,
+                  "32-byte aligned regions");
+    static_assert((16 * LDK * 2) % 32 == 0 && (16 * LDS * 4) % 32 == 0 && (16 * LDP * 2) % 32 == 0,
+                  "32-byte aligned 16-row strips");
+};
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> att_frag_a;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> att_frag_bt; /* Kᵀ */
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> att_frag_b;  /* V */
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> att_frag_c;
+
+/* One block per (tile of up to ATT_PF_ROWS rows of one sequence, query
+ * head): tiles[4*blockIdx.x ..] = (first row, rows, position of the first
+ * row, table offset), blockIdx.y = head. See the file comment. */
+template <int HD>
+__global__ void __launch_bounds__(ATT_PF_WARPS * 32)
+    att_prefill_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
+                       const bf16 *__restrict__ vc, const int32_t *__restrict__ tiles,
+                       const int32_t *__restrict__ tables, int block_size, int hq, int hkv, float scale_log2) {
+    typedef att_pf_smem<HD> L;
+    constexpr int THREADS = ATT_PF_WARPS * 32;
+    constexpr int CH = HD / 8;  /* 16-byte chunks per row */
+    constexpr int KS = HD / 16; /* k steps of Q·Kᵀ = column tiles of O */
+    constexpr int PER = ATT_PF_KEYS * CH / THREADS; /* chunks per thread of a K or V tile */
+    static_assert(ATT_PF_KEYS * CH % THREADS == 0, "whole K/V tile per pass");
+    static_assert(att_frag_c::num_elements * 4 <= 32, "row map packs 4 bits per accumulator element");
+
+    extern __shared__ __align__(128) unsigned char att_smem[];
+    bf16 *sK = (bf16 *)(att_smem + L::K_OFF), *sV = (bf16 *)(att_smem + L::V_OFF);
+    float *sS = (float *)(att_smem + L::S_OFF), *sC = (float *)(att_smem + L::C_OFF);
+    bf16 *sP = (bf16 *)(att_smem + L::P_OFF);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int32_t *tl = tiles + 4 * (size_t)blockIdx.x;
+    const int row0 = tl[0], nrows = tl[1], p0 = tl[2];
+    const int32_t *bt = tables + tl[3];
+    const int h = blockIdx.y, kvh = h / (hq / hkv);
+    const size_t qdim = (size_t)hq * HD, kvdim = (size_t)hkv * HD;
+    const int p_last = p0 + nrows - 1; /* the last key any row of the tile sees */
+
+    /* this warp's strips */
+    float *sSw = sS + warp * 16 * L::LDS, *sCw = sC + warp * 16;
+    bf16 *sPw = sP + warp * 16 * L::LDP;
+
+    /* Q tile into the K space; rows past the tile are zero */
+    for (int i = tid; i < ATT_PF_ROWS * CH; i += THREADS) {
+        const int r = i / CH, c = (i % CH) * 8;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < nrows) v = *(const uint4 *)(q + (size_t)(row0 + r) * qdim + (size_t)h * HD + c);
+        *(uint4 *)(sK + r * L::LDK + c) = v;
+    }
+    /* the accumulator row map: entry (r, c) = r, loaded as a fragment */
+    for (int e = lane; e < 256; e += 32)
+        sSw[(e >> 4) * L::LDS + (e & 15)] = (float)(e >> 4);
+    __syncwarp();
+    unsigned rowmap = 0;
+    {
+        att_frag_c f;
+        wmma::load_matrix_sync(f, sSw, L::LDS, wmma::mem_row_major);
+#pragma unroll
+        for (int i = 0; i < att_frag_c::num_elements; i++)
+            rowmap |= ((unsigned)f.x[i] & 15u) << (4 * i);
+    }
+    __syncthreads();
+    att_frag_a fq[KS];
+#pragma unroll
+    for (int k = 0; k < KS; k++)
+        wmma::load_matrix_sync(fq[k], sK + warp * 16 * L::LDK + k * 16, L::LDK);
+    __syncthreads(); /* the K tile loads overwrite the Q tile */
+
+    /* softmax state: lane pair (2r, 2r+1) owns row r of the warp's strip */
+    const int rl = lane >> 1, half = lane & 1;
+    const int trow = warp * 16 + rl; /* row within the tile */
+    const int pos = trow < nrows ? p0 + trow : -1;
+    const int wrows = min(max(nrows - warp * 16, 0), 16);
+    const int wpos_max = wrows > 0 ? p0 + warp * 16 + wrows - 1 : -1; /* -1: an idle warp */
+    float m = -INFINITY, l = 0.0f;
+    att_frag_c fo[KS];
+#pragma unroll
+    for (int j = 0; j < KS; j++)
+        wmma::fill_fragment(fo[j], 0.0f);
+
+    const int nkt = p_last / ATT_PF_KEYS + 1;
+    for (int kt = 0; kt < nkt; kt++) {
+        const int k0 = kt * ATT_PF_KEYS;
+        /* K and V tiles: all cache offsets first, then the loads of a tile
+         * back to back so they are in flight together */
+        size_t src[PER];
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const int i = tid + j * THREADS, t = k0 + i / CH;
+            src[j] = t <= p_last ? ((size_t)bt[t / block_size] * block_size + (size_t)(t % block_size)) * kvdim +
+                                       (size_t)kvh * HD + (size_t)(i % CH) * 8
+                                 : ~(size_t)0;
+        }
+        uint4 buf[PER];
+#pragma unroll
+        for (int j = 0; j < PER; j++)
+            buf[j] = src[j] != ~(size_t)0 ? *(const uint4 *)(kc + src[j]) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const int i = tid + j * THREADS;
+            *(uint4 *)(sK + (i / CH) * L::LDK + (i % CH) * 8) = buf[j];
+        }
+#pragma unroll
+        for (int j = 0; j < PER; j++)
+            buf[j] = src[j] != ~(size_t)0 ? *(const uint4 *)(vc + src[j]) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const int i = tid + j * THREADS;
+            *(uint4 *)(sV + (i / CH) * L::LDK + (i % CH) * 8) = buf[j];
+        }
+        __syncthreads();
+
+        if (k0 <= wpos_max) { /* warp-uniform: some row of the warp sees a key of this tile */
+            /* S = Q·Kᵀ for the 16-key slices some row of the warp sees; the
+             * others keep stale values, which the mask below never reads */
+#pragma unroll
+            for (int j = 0; j < ATT_PF_KEYS / 16; j++) {
+                if (k0 + 16 * j <= wpos_max) {
+                    att_frag_c fs;
+                    wmma::fill_fragment(fs, 0.0f);
+#pragma unroll
+                    for (int k = 0; k < KS; k++) {
+                        att_frag_bt fk;
+                        wmma::load_matrix_sync(fk, sK + j * 16 * L::LDK + k * 16, L::LDK);
+                        wmma::mma_sync(fs, fq[k], fk, fs);
+                    }
+                    wmma::store_matrix_sync(sSw + j * 16, fs, L::LDS, wmma::mem_row_major);
+                }
+            }
+            __syncwarp();
+            /* online softmax of row rl over this tile; lane `half` takes the
+             * columns c = 2i + half */
+            float tmax = -INFINITY;
+#pragma unroll 8
+            for (int i = 0; i < ATT_PF_KEYS / 2; i++) {
+                const int c = 2 * i + half;
+                if (k0 + c <= pos) tmax = fmaxf(tmax, sSw[rl * L::LDS + c] * scale_log2);
+            }
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+            const float m_new = fmaxf(m, tmax);
+            /* a row that has seen no key yet (or a row past the tile) keeps
+             * m = -inf; subtracting 0 then gives p = 0, corr = 0, no NaN */
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            const float corr = exp2f(m - m_use);
+            float rsum = 0.0f;
+#pragma unroll 8
+            for (int i = 0; i < ATT_PF_KEYS / 2; i++) {
+                const int c = 2 * i + half;
+                float p = 0.0f;
+                if (k0 + c <= pos) p = exp2f(sSw[rl * L::LDS + c] * scale_log2 - m_use);
+                const bf16 pb = __float2bfloat16_rn(p);
+                sPw[rl * L::LDP + c] = pb;
+                rsum += __bfloat162float(pb);
+            }
+            rsum += __shfl_xor_sync(0xffffffffu, rsum, 1);
+            l = l * corr + rsum;
+            m = m_new;
+            if (half == 0) sCw[rl] = corr;
+            __syncwarp();
+            /* O *= corr per row, then O += P·V */
+#pragma unroll
+            for (int j = 0; j < KS; j++)
+#pragma unroll
+                for (int i = 0; i < att_frag_c::num_elements; i++)
+                    fo[j].x[i] *= sCw[(rowmap >> (4 * i)) & 15u];
+#pragma unroll
+            for (int k = 0; k < ATT_PF_KEYS / 16; k++) {
+                if (k0 + 16 * k <= wpos_max) { /* else P is 0 there */
+                    att_frag_a fp;
+                    wmma::load_matrix_sync(fp, sPw + k * 16, L::LDP);
+#pragma unroll
+                    for (int j = 0; j < KS; j++) {
+                        att_frag_b fv;
+                        wmma::load_matrix_sync(fv, sV + k * 16 * L::LDK + j * 16, L::LDK);
+                        wmma::mma_sync(fo[j], fp, fv, fo[j]);
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites K and V */
+    }
+
+    /* out = O / l, through the S strip, 64 columns per pass */
+    if (half == 0) sCw[rl] = l > 0.0f ? 1.0f / l : 0.0f;
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < KS; j++)
+#pragma unroll
+        for (int i = 0; i < att_frag_c::num_elements; i++)
+            fo[j].x[i] *= sCw[(rowmap >> (4 * i)) & 15u];
+#pragma unroll
+    for (int hp = 0; hp < HD / 64; hp++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            wmma::store_matrix_sync(sSw + j * 16, fo[hp * 4 + j], L::LDS, wmma::mem_row_major);
+        __syncwarp();
+        if (trow < nrows) {
+            const float *s = sSw + rl * L::LDS + half * 32;
+            bf16 *o = out + (size_t)(row0 + trow) * qdim + (size_t)h * HD + hp * 64 + half * 32;
+#pragma unroll
+            for (int c = 0; c < 32; c += 8)
+                *(uint4 *)(o + c) = make_uint4(att_pack2(s[c], s[c + 1]), att_pack2(s[c + 2], s[c + 3]),
+                                               att_pack2(s[c + 4], s[c + 5]), att_pack2(s[c + 6], s[c + 7]));
+        }
+        __syncwarp(); /* the next pass overwrites the strip */
+    }
+}
+
+/* ---- decode kernel ---- */
+
+/* One block per (item, group of GT query heads): items[5*blockIdx.x ..] =
+ * (row, first key, end key, table offset, partial slot or -1), blockIdx.y =
+ * head group (heads GT*y .. GT*y+GT-1, one KV head since GT divides
+ * hq/hkv). See the file comment. */
+template <int HD, int GT>
+__global__ void __launch_bounds__(ATT_DEC_THREADS)
+    att_decode_kernel(bf16 *__restrict__ out, float *__restrict__ part_acc, float2 *__restrict__ part_ml,
+                      const bf16 *__restrict__ q, const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
+                      const int32_t *__restrict__ items, const int32_t *__restrict__ tables, int block_size, int hq,
+                      int hkv, float scale_log2) {
+    constexpr int LPK = HD / 8;                  /* lanes per key: 8 dimensions each */
+    constexpr int KG = ATT_DEC_THREADS / LPK;    /* key groups per block */
+    constexpr int U = ATT_DEC_UNROLL;
+    static_assert(LPK <= 32 && 32 % LPK == 0, "a key group lies inside one warp");
+    __shared__ float sm_m[KG * GT], sm_l[KG * GT], sm_w[KG * GT], sm_L[GT];
+    __shared__ __align__(16) float sm_acc[KG * GT * HD];
+
+    const int tid = threadIdx.x, g = tid / LPK, sub = tid % LPK;
+    const int32_t *it = items + 5 * (size_t)blockIdx.x;
+    const int row = it[0], kb = it[1], ke = it[2], pslot = it[4];
+    const int32_t *bt = tables + it[3];
+    const int h0 = blockIdx.y * GT, kvh = h0 / (hq / hkv);
+    const size_t qdim = (size_t)hq * HD, kvdim = (size_t)hkv * HD;
+    const size_t koff = (size_t)kvh * HD + (size_t)sub * 8;
+
+    float qf[GT][8], acc[GT][8], m[GT], l[GT];
+#pragma unroll
+    for (int gh = 0; gh < GT; gh++) {
+        att_unpack8(*(const uint4 *)(q + (size_t)row * qdim + (size_t)(h0 + gh) * HD + sub * 8), qf[gh]);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            qf[gh][e] *= scale_log2;
+            acc[gh][e] = 0.0f;
+        }
+        m[gh] = -INFINITY;
+        l[gh] = 0.0f;
+    }
+
+    /* the trip count is the same for every thread (shuffles need the whole
+     * warp); keys past the end are masked */
+    for (int base = kb; base < ke; base += KG * U) {
+        uint4 kr[U], vr[U];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int t = base + g + KG * u;
+            ok[u] = t < ke;
+            kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (ok[u]) {
+                const size_t off =
+                    ((size_t)bt[t / block_size] * block_size + (size_t)(t % block_size)) * kvdim + koff;
+                kr[u] = *(const uint4 *)(kc + off);
+                vr[u] = *(const uint4 *)(vc + off);
+            }
+        }
+        float s[U][GT], vf[U][8];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float kf[8];
+            att_unpack8(kr[u], kf);
+            att_unpack8(vr[u], vf[u]);
+#pragma unroll
+            for (int gh = 0; gh < GT; gh++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    d += qf[gh][e] * kf[e];
+#pragma unroll
+                for (int off = LPK / 2; off > 0; off >>= 1)
+                    d += __shfl_xor_sync(0xffffffffu, d, off);
+                s[u][gh] = ok[u] ? d : -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int gh = 0; gh < GT; gh++) {
+            float mx = s[0][gh];
+#pragma unroll
+            for (int u = 1; u < U; u++)
+                mx = fmaxf(mx, s[u][gh]);
+            const float mn = fmaxf(m[gh], mx);
+            if (mn != -INFINITY) { /* else the group has seen no key yet */
+                const float corr = exp2f(m[gh] - mn); /* m = -inf: 0 */
+                float p[U], ps = 0.0f;
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    p[u] = exp2f(s[u][gh] - mn); /* masked: 0 */
+                    ps += p[u];
+                }
+                l[gh] = l[gh] * corr + ps;
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    float a = acc[gh][e] * corr;
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+                        a += p[u] * vf[u][e];
+                    acc[gh][e] = a;
+                }
+                m[gh] = mn;
+            }
+        }
+    }
+
+    /* merge the key groups */
+#pragma unroll
+    for (int gh = 0; gh < GT; gh++) {
+        if (sub == 0) {
+            sm_m[g * GT + gh] = m[gh];
+            sm_l[g * GT + gh] = l[gh];
+        }
+        float4 *d = (float4 *)(sm_acc + (g * GT + gh) * HD + sub * 8);
+        d[0] = make_float4(acc[gh][0], acc[gh][1], acc[gh][2], acc[gh][3]);
+        d[1] = make_float4(acc[gh][4], acc[gh][5], acc[gh][6], acc[gh][7]);
+    }
+    __syncthreads();
+    if (tid < GT) {
+        /* the item holds >= 1 key and group 0 takes the first: M is finite */
+        const int gh = tid;
+        float M = -INFINITY, Lsum = 0.0f;
+        for (int j = 0; j < KG; j++)
+            M = fmaxf(M, sm_m[j * GT + gh]);
+        for (int j = 0; j < KG; j++) {
+            const float mj = sm_m[j * GT + gh];
+            const float w = mj == -INFINITY ? 0.0f : exp2f(mj - M); /* groups that saw no key */
+            sm_w[j * GT + gh] = w;
+            Lsum += sm_l[j * GT + gh] * w;
+        }
+        sm_L[gh] = Lsum;
+        if (pslot >= 0) part_ml[(size_t)pslot * hq + h0 + gh] = make_float2(M, Lsum);
+    }
+    __syncthreads();
+    for (int i = tid; i < GT * HD; i += ATT_DEC_THREADS) {
+        const int gh = i / HD, d = i % HD;
+        float o = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KG; j++)
+            o += sm_w[j * GT + gh] * sm_acc[(j * GT + gh) * HD + d];
+        if (pslot < 0)
+            out[(size_t)row * qdim + (size_t)(h0 + gh) * HD + d] = __float2bfloat16_rn(o / sm_L[gh]);
+        else
+            part_acc[((size_t)pslot * hq + h0 + gh) * HD + d] = o;
+    }
+}
+
+/* One block of HD threads per (split row, head): comb[3*blockIdx.x ..] =
+ * (row, first partial slot, splits), blockIdx.y = head. */
+template <int HD>
+__global__ void __launch_bounds__(HD)
+    att_combine_kernel(bf16 *__restrict__ out, const float *__restrict__ part_acc,
+                       const float2 *__restrict__ part_ml, const int32_t *__restrict__ comb, int hq) {
+    const int32_t *c = comb + 3 * (size_t)blockIdx.x;
+    const int row = c[0], p0 = c[1], np = c[2], h = blockIdx.y, d = threadIdx.x;
+    float M = -INFINITY;
+    for (int j = 0; j < np; j++)
+        M = fmaxf(M, part_ml[(size_t)(p0 + j) * hq + h].x);
+    float Lsum = 0.0f, o = 0.0f;
+    for (int j = 0; j < np; j++) {
+        const float2 ml = part_ml[(size_t)(p0 + j) * hq + h];
+        const float w = exp2f(ml.x - M); /* every split saw keys: m finite */
+        Lsum += ml.y * w;
+        o += part_acc[((size_t)(p0 + j) * hq + h) * HD + d] * w;
+    }
+    out[(size_t)row * hq * HD + (size_t)h * HD + d] = __float2bfloat16_rn(o / Lsum);
+}
+
+/* ---- host: the fast paths ---- */
+
+/* The split of a decode row of `len` keys whose own grid is `groups`
+ * blocks: the number of splits (1: not split) and the keys per split (a
+ * multiple of ATT_SPLIT_ALIGN; the last split may hold fewer, never 0). */
+static int att_splits(int len, int groups, int sms, int *chunk) {
+    *chunk = len;
+    if (len < 2 * ATT_SPLIT_MIN_KEYS) return 1;
+    int64_t want = (2 * (int64_t)sms + groups - 1) / groups; /* splits for ~2 blocks per SM */
+    int64_t n = len / ATT_SPLIT_MIN_KEYS;
+    if (n > want) n = want;
+    if (n > ATT_SPLIT_MAX) n = ATT_SPLIT_MAX;
+    if (n < 2) return 1;
+    int64_t per = (len + n - 1) / n;
+    per = (per + ATT_SPLIT_ALIGN - 1) / ATT_SPLIT_ALIGN * ATT_SPLIT_ALIGN;
+    int splits = (int)((len + per - 1) / per);
+    if (splits < 2) return 1;
+    *chunk = (int)per;
+    return splits;
+}
+
+/* The split-K partials: grown on demand, never shrunk. */
+static int att_part_reserve(kern_backend *be, size_t bytes, float **p) {
+    cuda_impl *impl = cuda_get(be);
+    if (bytes > impl->att_part_bytes) {
+        size_t want = impl->att_part_bytes * 2 > bytes ? impl->att_part_bytes * 2 : bytes;
+        if (want < ((size_t)1 << 20)) want = (size_t)1 << 20;
+        /* kernels enqueued earlier may still use the old buffer */
+        CUDA_TRY(be, cudaStreamSynchronize(impl->stream));
+        void *old = impl->att_part, *d = NULL;
+        impl->att_part = NULL;
+        impl->att_part_bytes = 0;
+        if (old) CUDA_TRY(be, cudaFree(old));
+        CUDA_TRY(be, cudaMalloc(&d, want));
+        impl->att_part = (float *)d;
+        impl->att_part_bytes = want;
+    }
+    *p = impl->att_part;
+    return 0;
+}
+
+/* Allow the prefill kernel more than the default 48 KB of dynamic shared
+ * memory (once per backend; `bit` names the instance). */
+template <int HD> static int att_prefill_smem(kern_backend *be, unsigned bit) {
+    cuda_impl *impl = cuda_get(be);
+    constexpr size_t bytes = att_pf_smem<HD>::BYTES;
+    if constexpr (bytes > 48 * 1024) {
+        if (!(impl->att_smem_set & bit)) {
+            CUDA_TRY(be, cudaFuncSetAttribute(att_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)bytes));
+            impl->att_smem_set |= bit;
+        }
+    }
+    return 0;
+}
+
+template <int HD>
+static int att_launch(kern_backend *be, bf16 *out, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *dtab,
+                      const int32_t *dtiles, int ntiles, const int32_t *ditems, int nitems, const int32_t *dcomb,
+                      int ncomb, float *part, int nparts, int bs, int hq, int hkv, int gt, float scale_log2) {
+    cudaStream_t st = cuda_get(be)->stream;
+    if (ntiles > 0) {
+        if (att_prefill_smem<HD>(be, HD == 64 ? 1u : 2u)) return -1;
+        dim3 grid((unsigned)ntiles, (unsigned)hq);
+        att_prefill_kernel<HD><<<grid, ATT_PF_WARPS * 32, att_pf_smem<HD>::BYTES, st>>>(out, q, kc, vc, dtiles, dtab,
+                                                                                       bs, hq, hkv, scale_log2);
+        CUDA_LAUNCH_TRY(be, "att_prefill_kernel");
+    }
+    float *pacc = part;
+    float2 *pml = part ? (float2 *)(part + (size_t)nparts * hq * HD) : NULL;
+    if (nitems > 0) {
+        dim3 grid((unsigned)nitems, (unsigned)(hq / gt));
+        const unsigned th = ATT_DEC_THREADS;
+        if (gt == 8)
+            att_decode_kernel<HD, 8><<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv,
+                                                         scale_log2);
+        else if (gt == 4)
+            att_decode_kernel<HD, 4><<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv,
+                                                         scale_log2);
+        else if (gt == 2)
+            att_decode_kernel<HD, 2><<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv,
+                                                         scale_log2);
+        else
+            att_decode_kernel<HD, 1><<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv,
+                                                         scale_log2);
+        CUDA_LAUNCH_TRY(be, "att_decode_kernel");
+    }
+    if (ncomb > 0) {
+        dim3 grid((unsigned)ncomb, (unsigned)hq);
+        att_combine_kernel<HD><<<grid, HD, 0, st>>>(out, pacc, pml, dcomb, hq);
+        CUDA_LAUNCH_TRY(be, "att_combine_kernel");
+    }
+    return 0;
+}
+
+/* hd 64 or 128, 16-byte aligned operands, batch validated, nq > 0, the
+ * device entered; nt = the block-table entries the batch uses. */
+static int att_fast(kern_backend *be, void *out, const void *q, const void *kc, const void *vc,
+                    const kern_attn_batch *b, int hq, int hkv, int hd, float scale, int64_t nt) {
+    cuda_impl *impl = cuda_get(be);
+    const int bs = b->block_size, G = hq / hkv;
+    /* query heads per decode block: the most of 8, 4, 2, 1 that divides the
+     * GQA group, so a block's heads share one KV head */
+    const int gt = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
+    const int groups = hq / gt, sms = impl->sm_count > 0 ? impl->sm_count : 1;
+
+    int64_t ntiles = 0, nitems = 0, ncomb = 0, nparts = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        int n = b->q_start[s + 1] - b->q_start[s];
+        if (n == 0) continue;
+        if (n >= ATT_PF_MIN_ROWS) {
+            ntiles += (n + ATT_PF_ROWS - 1) / ATT_PF_ROWS;
+            continue;
+        }
+        for (int j = 0; j < n; j++) {
+            int chunk, ns = att_splits(b->pos0[s] + j + 1, groups, sms, &chunk);
+            nitems += ns;
+            if (ns > 1) {
+                ncomb++;
+                nparts += ns;
+            }
+        }
+    }
+    const int64_t total = nt + 4 * ntiles + 5 * nitems + 3 * ncomb;
+    if (total > INT_MAX || nparts * hq > INT_MAX)
+        return kern_fail(be, "attention: batch tables of %lld values too large", (long long)total);
+    float *part = NULL;
+    if (nparts > 0 && att_part_reserve(be, (size_t)nparts * hq * (hd + 2) * sizeof(float), &part)) return -1;
+
+    int32_t *tab = NULL;
+    if (cuda_stage_begin(be, (size_t)total, &tab)) return -1;
+    int32_t *tiles = tab + nt, *items = tiles + 4 * ntiles, *comb = items + 5 * nitems;
+    int32_t toff = 0, ti = 0, ii = 0, ci = 0, pi = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const int n = b->q_start[s + 1] - b->q_start[s], r0 = b->q_start[s], p0 = b->pos0[s];
+        if (n == 0) continue;
+        const int used = (p0 + n + bs - 1) / bs;
+        memcpy(tab + toff, b->block_table + (size_t)s * b->max_blocks, (size_t)used * sizeof(int32_t));
+        if (n >= ATT_PF_MIN_ROWS) {
+            for (int k = (n - 1) / ATT_PF_ROWS; k >= 0; k--, ti++) { /* last tile (most keys) first */
+                const int first = k * ATT_PF_ROWS;
+                tiles[4 * ti] = r0 + first;
+                tiles[4 * ti + 1] = n - first < ATT_PF_ROWS ? n - first : ATT_PF_ROWS;
+                tiles[4 * ti + 2] = p0 + first;
+                tiles[4 * ti + 3] = toff;
+            }
+        } else {
+            for (int j = 0; j < n; j++) {
+                const int len = p0 + j + 1;
+                int chunk, ns = att_splits(len, groups, sms, &chunk);
+                if (ns > 1) {
+                    comb[3 * ci] = r0 + j;
+                    comb[3 * ci + 1] = pi;
+                    comb[3 * ci + 2] = ns;
+                    ci++;
+                }
+                for (int k = 0; k < ns; k++, ii++) {
+                    items[5 * ii] = r0 + j;
+                    items[5 * ii + 1] = k * chunk;
+                    items[5 * ii + 2] = (int64_t)(k + 1) * chunk < len ? (k + 1) * chunk : len;
+                    items[5 * ii + 3] = toff;
+                    items[5 * ii + 4] = ns > 1 ? pi + k : -1;
+                }
+                if (ns > 1) pi += ns;
+            }
+        }
+        toff += used;
+    }
+    const int32_t *dtab = NULL;
+    if (cuda_stage_commit(be, (size_t)total, &dtab)) return -1;
+    const int32_t *dtiles = dtab + nt, *ditems = dtiles + 4 * ntiles, *dcomb = ditems + 5 * nitems;
+
+    bf16 *o = (bf16 *)out;
+    const bf16 *qq = (const bf16 *)q, *k = (const bf16 *)kc, *v = (const bf16 *)vc;
+    const float sl = scale * ATT_LOG2E;
+    if (hd == 64)
+        return att_launch<64>(be, o, qq, k, v, dtab, dtiles, (int)ntiles, ditems, (int)nitems, dcomb, (int)ncomb, part,
+                              (int)nparts, bs, hq, hkv, gt, sl);
+    return att_launch<128>(be, o, qq, k, v, dtab, dtiles, (int)ntiles, ditems, (int)nitems, dcomb, (int)ncomb, part,
+                           (int)nparts, bs, hq, hkv, gt, sl);
+}
+
+/* ---- the op ---- */
+
 int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
                    int hq, int hkv, int hd, float scale) {
     if (hkv <= 0 || hq % hkv) return kern_fail(be, "attention: %d query heads not a multiple of %d kv heads", hq, hkv);
@@ -200,8 +889,10 @@ int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, c
     if (nq > INT_MAX || 3 * nq + nt > INT_MAX)
         return kern_fail(be, "attention: batch of %lld rows too large", (long long)nq);
     if (cuda_enter(be)) return -1;
+    const uintptr_t al = (uintptr_t)out | (uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc;
+    if ((hd == 64 || hd == 128) && al % 16 == 0) return att_fast(be, out, q, kc, vc, b, hq, hkv, hd, scale, nt);
 
-    /* the batch tables, built straight in the pinned staging buffer */
+    /* the simple path: its batch tables, built straight in the pinned staging buffer */
     size_t total = (size_t)(3 * nq + nt);
     int32_t *info = NULL;
     if (cuda_stage_begin(be, total, &info)) return -1;

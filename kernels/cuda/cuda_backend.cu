@@ -349,6 +349,7 @@ static int cuda_init(kern_backend *be) {
     LT_TRY(be, cublasLtCreate(&impl->lt));
     CUDA_TRY(be, cudaMalloc(&impl->workspace, CUDA_WORKSPACE_BYTES));
     impl->workspace_bytes = CUDA_WORKSPACE_BYTES;
+    impl->sm_count = prop.multiProcessorCount;
     for (int i = 0; i < CUDA_STAGE_SLOTS; i++)
         CUDA_TRY(be, cudaEventCreateWithFlags(&impl->stage[i].copied, cudaEventDisableTiming));
     return 0;
@@ -412,6 +413,7 @@ extern "C" void kern_cuda_destroy(kern_backend *be) {
             if (impl->stage[i].copied) cudaEventDestroy(impl->stage[i].copied);
         if (impl->tmp) cudaFree(impl->tmp);
         if (impl->rope_inv_freq) cudaFree(impl->rope_inv_freq);
+        if (impl->att_part) cudaFree(impl->att_part);
         if (impl->stream) cudaStreamDestroy(impl->stream);
         free(impl);
     }

@@ -25,9 +25,12 @@
  * models (hidden 64, head_dim 16) are covered too. Weights are tested as
  * BF16, F16 and F32 (cuda converts F16 and F32 to bf16 on upload).
  *
- * Usage: gpu_test_cuda_ops [--device-index N] [--self-check]
+ * Usage: gpu_test_cuda_ops [--device-index N] [--self-check] [--bench]
  * --self-check runs the cpu backend in place of cuda (a harness check that
  * needs no GPU: every case must then pass, the exact ones with 0 error).
+ * --bench then times attention (printed, not asserted): causal prefill
+ * TFLOP/s of 2048 and 8192 tokens and decode GB/s of 64 sequences x 4096
+ * positions, Qwen3-8B heads (small sizes with --self-check).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -35,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/kernels.h"
 
@@ -684,13 +688,20 @@ static void test_rope(void) {
     }
 }
 
+#define ATT_MAX_SEQS 8
+
 typedef struct att_spec {
     int hq, hkv, hd, bs, n_seqs;
-    int n[4], pos0[4];
+    int n[ATT_MAX_SEQS], pos0[ATT_MAX_SEQS];
     int n_blocks;     /* with explicit tables; else 3 spare blocks beyond those used */
     int blocks[4][4]; /* the explicit tables */
     int explicit_tables;
+    int checks; /* ATT_INV: each sequence alone == in the batch; ATT_PAGED: paged == one block each */
 } att_spec;
+
+#define ATT_INV 1
+#define ATT_PAGED 2
+#define ATT_BOTH (ATT_INV | ATT_PAGED)
 
 static int att_used(const att_spec *t, int s) {
     return (t->pos0[s] + t->n[s] + t->bs - 1) / t->bs;
@@ -745,16 +756,38 @@ static void test_attention(void) {
     const att_spec specs[] = {
         /* GQA 4:1, the interleaved tables of the brief: seq 0 on 3,0,5 (crossing a block inside its rows),
          * seq 1 on 1,4, seq 2 on 6; block 2 holds garbage */
-        {32, 8, 128, 16, 3, {5, 4, 1}, {30, 20, 0}, 7, {{3, 0, 5}, {1, 4}, {6}}, 1},
-        {32, 8, 128, 4, 4, {37, 1, 5, 0}, {0, 100, 17, 5}, 0, {{0}}, 0},    /* block size 4, a seq with no rows */
-        {32, 8, 128, 16, 4, {1, 1, 1, 1}, {700, 1000, 0, 15}, 0, {{0}}, 0}, /* decode batch, long contexts */
-        {32, 8, 128, 16, 1, {37}, {100}, 0, {{0}}, 0},                      /* one prefill chunk */
-        {8, 1, 128, 4, 3, {7, 2, 1}, {3, 9, 0}, 0, {{0}}, 0},               /* MQA */
-        {4, 1, 256, 16, 2, {3, 1}, {10, 40}, 0, {{0}}, 0},                  /* MQA, widest head */
-        {4, 2, 16, 16, 2, {37, 5}, {0, 3}, 0, {{0}}, 0},                    /* fixture */
-        {4, 2, 16, 4, 3, {1, 12, 3}, {37, 0, 3}, 0, {{0}}, 0},              /* fixture, block size 4 */
-        {8, 8, 64, 4, 1, {7}, {20}, 0, {{0}}, 0},                           /* MHA */
-        {4, 2, 80, 16, 2, {2, 3}, {5, 0}, 0, {{0}}, 0},                     /* head_dim not a multiple of 32 */
+        {32, 8, 128, 16, 3, {5, 4, 1}, {30, 20, 0}, 7, {{3, 0, 5}, {1, 4}, {6}}, 1, ATT_BOTH},
+        /* block size 4, a seq with no rows */
+        {32, 8, 128, 4, 4, {37, 1, 5, 0}, {0, 100, 17, 5}, 0, {{0}}, 0, ATT_BOTH},
+        /* decode batch, long contexts */
+        {32, 8, 128, 16, 4, {1, 1, 1, 1}, {700, 1000, 0, 15}, 0, {{0}}, 0, ATT_BOTH},
+        {32, 8, 128, 16, 1, {37}, {100}, 0, {{0}}, 0, 0},         /* one prefill chunk */
+        {8, 1, 128, 4, 3, {7, 2, 1}, {3, 9, 0}, 0, {{0}}, 0, 0},  /* MQA */
+        {4, 1, 256, 16, 2, {3, 1}, {10, 40}, 0, {{0}}, 0, 0},     /* MQA, widest head */
+        {4, 2, 16, 16, 2, {37, 5}, {0, 3}, 0, {{0}}, 0, 0},       /* fixture */
+        {4, 2, 16, 4, 3, {1, 12, 3}, {37, 0, 3}, 0, {{0}}, 0, 0}, /* fixture, block size 4 */
+        {8, 8, 64, 4, 1, {7}, {20}, 0, {{0}}, 0, 0},              /* MHA */
+        {4, 2, 80, 16, 2, {2, 3}, {5, 0}, 0, {{0}}, 0, 0},        /* head_dim not a multiple of 32 */
+        /* The cuda fast paths (hd 64/128): chunks of >= 16 rows on the tiled tensor-core kernel (tiles of 64
+         * rows, K/V tiles of 64 keys), other rows on the decode kernel, split over blocks when long (>= 512
+         * keys) and combined. Every boundary against the cpu twin: */
+        /* Qwen3-8B prefill chunk at pos0 0 (4 full tiles + 44 rows), then after 1000 positions of history */
+        {32, 8, 128, 16, 1, {300}, {0}, 0, {{0}}, 0, ATT_PAGED},
+        {32, 8, 128, 32, 1, {300}, {1000}, 0, {{0}}, 0, ATT_PAGED},
+        {16, 2, 64, 16, 1, {300}, {1000}, 0, {{0}}, 0, 0}, /* hd 64, GQA 8 */
+        /* GQA 8, hd 128: tiles of 64 + 2 rows, and 64 + 1 rows starting one short of a key tile edge */
+        {32, 4, 128, 32, 2, {130, 65}, {0, 63}, 0, {{0}}, 0, ATT_INV},
+        {8, 8, 128, 32, 2, {100, 16}, {37, 5}, 0, {{0}}, 0, 0}, /* MHA; 16 rows: the smallest tiled chunk */
+        {8, 8, 64, 16, 1, {77}, {64}, 0, {{0}}, 0, 0},          /* MHA hd 64, a chunk starting on a tile edge */
+        /* decode batches of 8 sequences, contexts 1 .. 8192 (split-K above 511 keys) */
+        {32, 8, 128, 16, 8, {1, 1, 1, 1, 1, 1, 1, 1}, {0, 1, 255, 511, 1000, 2047, 4096, 8191}, 0, {{0}}, 0, ATT_INV},
+        {16, 2, 64, 32, 8, {1, 1, 1, 1, 1, 1, 1, 1}, {8191, 4095, 3000, 1023, 512, 63, 2, 0}, 0, {{0}}, 0, ATT_INV},
+        {8, 8, 128, 16, 8, {1, 1, 1, 1, 1, 1, 1, 1}, {5000, 3, 700, 1, 2500, 0, 6000, 100}, 0, {{0}}, 0, 0}, /* MHA */
+        /* mixed: decodes, prefill chunks (77, 130, exactly 16 rows), short chunks of 5 and 15 rows (decode
+         * path, long rows split), a sequence with no rows */
+        {32, 8, 128, 16, 8, {1, 77, 1, 130, 5, 0, 16, 15}, {3000, 0, 0, 500, 2000, 40, 16, 600}, 0, {{0}}, 0, ATT_BOTH},
+        /* head_dim 80: the simple kernel for every shape, a chunk and a long row included */
+        {8, 2, 80, 16, 2, {40, 1}, {10, 1500}, 0, {{0}}, 0, 0},
     };
     char shape[160];
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
@@ -768,7 +801,7 @@ static void test_attention(void) {
             off += snprintf(shape + off, sizeof shape - (size_t)off, "%s%d,%d", s ? " " : "", t->n[s], t->pos0[s]);
         compare("attention", shape, run_attention, &c, TOL);
         /* batch invariance: each sequence alone gives the bits it gets in the batch */
-        if (t->n_seqs > 1 && i < 3) {
+        if (t->n_seqs > 1 && (t->checks & ATT_INV)) {
             size_t nfull = 0, row0 = 0, qd = (size_t)t->hq * t->hd;
             float *full = run_attention(&g_gpu, &c, &nfull);
             int ok = full != NULL;
@@ -788,7 +821,7 @@ static void test_attention(void) {
             report_bool("attention", shape, ok, "results depend on the batch");
         }
         /* the paging is only addressing: one block per sequence gives the same bits */
-        if (i < 3) {
+        if (t->checks & ATT_PAGED) {
             att_case flat = c;
             int S = t->n_seqs, maxlen = 1;
             for (int s = 0; s < S; s++)
@@ -849,6 +882,84 @@ static void test_attention(void) {
     report_bool("attention", "hq 6, hkv 4 -> error", ok_heads, "no error or wrong message");
     report_bool("attention", "position 8 of 2 blocks of 4 -> error", ok_beyond, "no error or wrong message");
     report_bool("kv_store", "slot -1 -> error", ok_slot, "no error or wrong message");
+}
+
+/* ---- attention timing (--bench: printed, not asserted) ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Seconds per attention call on `b`: n_seqs sequences of n rows at
+ * positions pos0.., each on its own run of blocks of 16, over zero-filled
+ * buffers (the values do not change the work). -1 on failure. */
+static double att_time(bk *b, int n_seqs, int n, int pos0, int hq, int hkv, int hd, int reps) {
+    const int bs = 16, nb = (pos0 + n + bs - 1) / bs;
+    size_t rows = (size_t)n_seqs * n, cache_rows = (size_t)n_seqs * nb * bs;
+    int32_t *q_start = malloc(((size_t)n_seqs + 1) * sizeof *q_start), *p0 = malloc((size_t)n_seqs * sizeof *p0);
+    int32_t *table = malloc((size_t)n_seqs * nb * sizeof *table);
+    void *q = b->ops->alloc(b->be, rows * hq * hd * es(b)), *out = b->ops->alloc(b->be, rows * hq * hd * es(b));
+    void *kc = b->ops->alloc(b->be, cache_rows * hkv * hd * es(b)),
+         *vc = b->ops->alloc(b->be, cache_rows * hkv * hd * es(b));
+    double t = -1;
+    float one;
+    if (!q_start || !p0 || !table || !q || !out || !kc || !vc) {
+        fprintf(stderr, "[%s] bench allocation failed: %s\n", b->ops->name, kern_last_error(b->be));
+        goto fail;
+    }
+    for (int s = 0; s <= n_seqs; s++)
+        q_start[s] = s * n;
+    for (int s = 0; s < n_seqs; s++) {
+        p0[s] = pos0;
+        for (int j = 0; j < nb; j++)
+            table[(size_t)s * nb + j] = s * nb + j;
+    }
+    kern_attn_batch ab = {n_seqs, q_start, p0, table, nb, bs};
+    const float scale = 1.0f / sqrtf((float)hd);
+    /* warm-up (first-call setup), then reps calls back to back; to_host_f32 synchronises */
+    BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, hq, hkv, hd, scale));
+    BK_TRY(b, b->ops->to_host_f32(b->be, &one, out, 1));
+    double t0 = now_s();
+    for (int r = 0; r < reps; r++)
+        BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, hq, hkv, hd, scale));
+    BK_TRY(b, b->ops->to_host_f32(b->be, &one, out, 1));
+    t = (now_s() - t0) / reps;
+fail:
+    release(b, q);
+    release(b, out);
+    release(b, kc);
+    release(b, vc);
+    free(q_start);
+    free(p0);
+    free(table);
+    return t;
+}
+
+static void bench_attention(int small) {
+    bk *b = &g_gpu;
+    const int hq = 32, hkv = 8, hd = 128;
+    const int pf[2] = {small ? 256 : 2048, small ? 512 : 8192};
+    for (int i = 0; i < 2; i++) {
+        int n = pf[i];
+        double t = att_time(b, 1, n, 0, hq, hkv, hd, small ? 1 : n > 4096 ? 5 : 20);
+        double flops = 4.0 * n * n * hd * hq / 2; /* causal: half of q·kᵀ and p·v */
+        if (t > 0)
+            printf("bench attention [%s] prefill %d tokens, hq %d hkv %d hd %d: %9.3f ms %8.2f TFLOP/s\n", b->ops->name,
+                   n, hq, hkv, hd, t * 1e3, flops / t * 1e-12);
+        else
+            printf("bench attention [%s] prefill %d tokens: failed\n", b->ops->name, n);
+    }
+    int seqs = small ? 8 : 64, ctx = small ? 512 : 4096;
+    double t = att_time(b, seqs, 1, ctx - 1, hq, hkv, hd, small ? 1 : 20);
+    double bytes = 2.0 * seqs * ctx * hkv * hd * es(b); /* K and V of every position, read once */
+    if (t > 0)
+        printf("bench attention [%s] decode %d seqs x %d positions, hq %d hkv %d hd %d: %9.3f ms %8.1f GB/s (K/V)\n",
+               b->ops->name, seqs, ctx, hq, hkv, hd, t * 1e3, bytes / t * 1e-9);
+    else
+        printf("bench attention [%s] decode %d seqs x %d positions: failed\n", b->ops->name, seqs, ctx);
+    fflush(stdout);
 }
 
 static void test_elementwise(void) {
@@ -1208,14 +1319,16 @@ static void test_logits_topk(void) {
 
 int main(int argc, char **argv) {
     char err[512];
-    int dev = 0, self = 0;
+    int dev = 0, self = 0, bench = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device-index") == 0 && i + 1 < argc) {
             dev = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--self-check") == 0) {
             self = 1;
+        } else if (strcmp(argv[i], "--bench") == 0) {
+            bench = 1;
         } else {
-            fprintf(stderr, "usage: %s [--device-index N] [--self-check]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device-index N] [--self-check] [--bench]\n", argv[0]);
             return 2;
         }
     }
@@ -1245,6 +1358,7 @@ int main(int argc, char **argv) {
     test_add_rmsnorm();
     test_qk_norm_rope();
     test_logits_topk();
+    if (bench) bench_attention(self);
     kern_backend_destroy(g_gpu.ops, g_gpu.be);
     kern_backend_destroy(g_cpu.ops, g_cpu.be);
     printf("%d of %d cases passed\n", g_cases - g_fail, g_cases);
