@@ -286,6 +286,14 @@ static int bad_value(const echo_comm *c, size_t bad_in, size_t bad_out, char *er
     return -1;
 }
 
+/* A compute step failed on this rank alone (a device error; the host
+ * compute never fails): abort the world as echo_abort does, so that peers
+ * waiting in this collective fail instead of waiting for this rank. */
+static int compute_failed(echo_comm *c) {
+    if (c->w->tp->set_abort) c->w->tp->set_abort(c->w, 1);
+    return -1;
+}
+
 static int run_quantized(echo_comm *c, const echo_plan *p, int site, void *buf, void *stream, char *err,
                          size_t errlen) {
     echo_world *w = c->w;
@@ -300,7 +308,7 @@ static int run_quantized(echo_comm *c, const echo_plan *p, int site, void *buf, 
 
     for (int j = 0; j < N; j++)
         send[j] = j == me ? NULL : t->p1_send(c, j);
-    if (k->phase1(c, p, buf, res, res_valid, send, &bad_in, stream, err, errlen)) return -1;
+    if (k->phase1(c, p, buf, res, res_valid, send, &bad_in, stream, err, errlen)) return compute_failed(c);
     echo_call call = {site, p->count, p->dt, w->cfg.mode, buf, NULL};
     if (t->p1_exchange(c, p, &call, stream, err, errlen)) return -1;
 
@@ -309,12 +317,12 @@ static int run_quantized(echo_comm *c, const echo_plan *p, int site, void *buf, 
     if (c->ref && t->exact_ref(c, p, c->ref, err, errlen)) return -1;
     if (k->phase2(c, p, buf, recv, res ? res + (size_t)me * p->shard : NULL, res_valid, t->p2_send(c, p), stream, err,
                   errlen))
-        return -1;
+        return compute_failed(c);
     if (t->p2_exchange(c, p, stream, err, errlen)) return -1;
 
     for (int j = 0; j < N; j++)
         recv[j] = t->p2_recv(c, p, j);
-    if (k->finish(c, p, recv, buf, &bad_out, stream, err, errlen)) return -1;
+    if (k->finish(c, p, recv, buf, &bad_out, stream, err, errlen)) return compute_failed(c);
     if (bad_out != ECHO_NO_INDEX) return bad_value(c, bad_in, bad_out, err, errlen);
     c->res_valid = res != NULL;
     return 0;

@@ -4,8 +4,9 @@
  *
  * Contract
  *   - A world is N ranks that reduce together. With the `local` transport the
- *     ranks are threads of one process (host memory now; device memory later)
- *     and the world is created once and shared; with `nccl` each rank is a GPU.
+ *     ranks are threads of one process (sharing host memory, or one GPU's
+ *     memory) and the world is created once and shared; with `nccl` each
+ *     rank is a GPU.
  *   - Each rank owns an echo_comm (its transport endpoint and its residual).
  *     Per rank, calls are made from one thread, in the same order on every
  *     rank (like NCCL): begin_pass, then allreduce at sites in order. The
@@ -65,7 +66,7 @@ typedef struct echo_config {
     size_t max_count; /* largest message in elements (tokens * hidden) */
     /* Added after the first draft (keep new fields last: callers use
      * positional initializers). */
-    int track_error; /* 1 = per-site error norms vs the exact sum (local transport; costs an fp64 reduction) */
+    int track_error; /* 1 = per-site error norms vs the exact sum (local transport, host memory; fp64 cost) */
 } echo_config;
 
 typedef struct echo_world echo_world; /* shared by the ranks of one process */
@@ -75,8 +76,20 @@ typedef struct echo_comm echo_comm;   /* one rank */
 int echo_mode_parse(const char *s, echo_mode *out);
 const char *echo_mode_name(echo_mode m);
 
-/* local transport: nranks threads of this process. */
+/* local transport: nranks threads of this process, buffers in host memory. */
 int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen);
+/* local transport on device memory: nranks threads of this process that
+ * share GPU `device`, for tests of tensor parallelism on one GPU. Buffers
+ * passed to echo_allreduce are device pointers on that GPU and `stream` is
+ * the calling rank's cudaStream_t (each rank its own; NULL is the default
+ * stream). Same schedule, checks and bits as echo_world_create_local; every
+ * barrier synchronises the rank's stream (correctness over speed). A rank
+ * whose device work fails inside a collective aborts the world (as
+ * echo_abort) so its peers fail instead of waiting. track_error is not
+ * supported. Fails with a message in a build without CUDA or when no GPU is
+ * present. */
+int echo_world_create_local_device(int nranks, int device, const echo_config *cfg, echo_world **out, char *err,
+                                   size_t errlen);
 /* nccl transport: one GPU per rank (devices[rank]), all driven from this
  * process (ncclCommInitAll). Buffers passed to echo_allreduce are device
  * pointers and `stream` is the rank's cudaStream_t. Fails with a message in a
@@ -110,7 +123,7 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
  * of this world fail with a message instead of waiting forever; their pass
  * is aborted. Once every rank has returned, the owner of the ranks calls
  * echo_world_clear_abort; the next pass (echo_begin_pass) then works again.
- * Local transport; a no-op on nccl for now. */
+ * Local transport (host or device memory); a no-op on nccl for now. */
 void echo_abort(echo_comm *c);
 void echo_world_clear_abort(echo_world *w);
 

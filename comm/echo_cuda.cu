@@ -1,9 +1,10 @@
 /*
  * comm/echo_cuda.cu — the cuda twin of codec.c's host compute: phase 1,
  * phase 2 and finish as kernels on device memory, plus the helpers of the
- * nccl transport's exact path. Same steps, same order, same inline
- * arithmetic (comm/echo_codec.h), so a rank on the GPU produces the bits a
- * rank on the host would.
+ * exact paths of the nccl transport and of the local transport on device
+ * memory. Same steps, same order, same inline arithmetic
+ * (comm/echo_codec.h), so a rank on the GPU produces the bits a rank on the
+ * host would.
  *
  * Mapping: one thread per code byte (two values); the G/2 threads of a group
  * reduce its absmax with warp shuffles (and shared memory when G/2 > 32), so
@@ -187,6 +188,37 @@ __global__ void echo_finish_kernel(wire_cptrs gathered, T *buf, size_t count, si
     if (echo_scale_is_poison(sb) && off % (size_t)G == 0) atomicMin(bad, (unsigned long long)e);
 }
 
+/* The local transport's exact path, owner: the host's order (local.c,
+ * host_mem_sum): each rank's input, then its residual, rank by rank, fp32
+ * adds only (nothing for nvcc to contract). */
+typedef struct rank_srcs {
+    const void *x[ECHO_MAX_RANKS];
+    const float *res[ECHO_MAX_RANKS];
+} rank_srcs;
+
+template <typename T> __global__ void echo_sum_ranks_kernel(rank_srcs src, int N, float *sum, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float S = 0;
+        for (int j = 0; j < N; j++) {
+            float v = ld((const T *)src.x[j], i);
+            S = j == 0 ? v : S + v;
+            if (src.res[j]) S = S + src.res[j][i];
+        }
+        sum[i] = S;
+    }
+}
+
+/* buf = in rounded to T; the first index whose fp32 value is not finite
+ * (the host's echo_cpu_store tests the fp32 sum, not the rounded output). */
+template <typename T>
+__global__ void echo_store_checked_kernel(const float *in, T *buf, size_t n, unsigned long long *bad) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = in[i];
+        st(buf, i, v);
+        if (echo_abs_bits(v) >= ECHO_INF_BITS) atomicMin(bad, (unsigned long long)i);
+    }
+}
+
 template <typename T> __global__ void echo_widen_add_kernel(const T *buf, const float *res, float *out, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = ld(buf, i) + res[i];
@@ -266,8 +298,9 @@ static int read_bad(echo_comm *c, size_t *bad, cudaStream_t s, char *err, size_t
     return 0;
 }
 
-static int cuda_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, size_t *bad,
-                       void *stream, char *err, size_t errlen) {
+/* Clear the flag and enqueue the finish kernel. */
+static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, void *stream,
+                          char *err, size_t errlen) {
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
     cudaStream_t s = (cudaStream_t)stream;
     wire_cptrs w;
@@ -282,7 +315,13 @@ static int cuda_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *g
         echo_finish_kernel<<<nb, ECHO_THREADS, 0, s>>>(w, (uint16_t *)buf, p->count, p->shard, p->group,
                                                        state_of(c)->d_bad);
     ECHO_CUDA_TRY(cudaGetLastError());
-    return read_bad(c, bad, s, err, errlen);
+    return 0;
+}
+
+static int cuda_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, size_t *bad,
+                       void *stream, char *err, size_t errlen) {
+    if (finish_enqueue(c, p, gathered, buf, stream, err, errlen)) return -1;
+    return read_bad(c, bad, (cudaStream_t)stream, err, errlen);
 }
 
 static int cuda_alloc(echo_comm *c, size_t bytes, void **out, char *err, size_t errlen) {
@@ -366,6 +405,53 @@ extern "C" int echo_cuda_check_finite(echo_comm *c, const void *buf, echo_dtype 
         else
             echo_check_finite_kernel<<<blocks_stride(n), ECHO_THREADS, 0, s>>>((const uint16_t *)buf, n,
                                                                                state_of(c)->d_bad);
+        ECHO_CUDA_TRY(cudaGetLastError());
+    }
+    return read_bad(c, bad, s, err, errlen);
+}
+
+extern "C" int echo_cuda_finish_async(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf,
+                                      void *stream, char *err, size_t errlen) {
+    return finish_enqueue(c, p, gathered, buf, stream, err, errlen);
+}
+
+/* ---- exact-path helpers for the local transport on device memory ---- */
+
+extern "C" int echo_cuda_sum_ranks(echo_comm *c, int nranks, echo_dtype dt, const void *const *x,
+                                   const float *const *res, size_t n, float *sum, void *stream, char *err,
+                                   size_t errlen) {
+    if (n == 0) return 0;
+    if (nranks < 1 || nranks > ECHO_MAX_RANKS) {
+        snprintf(err, errlen, "echo: internal: %d ranks to sum", nranks);
+        return -1;
+    }
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
+    cudaStream_t s = (cudaStream_t)stream;
+    rank_srcs src;
+    for (int j = 0; j < ECHO_MAX_RANKS; j++) {
+        src.x[j] = j < nranks ? x[j] : NULL;
+        src.res[j] = j < nranks ? res[j] : NULL;
+    }
+    if (dt == ECHO_F32)
+        echo_sum_ranks_kernel<float><<<blocks_stride(n), ECHO_THREADS, 0, s>>>(src, nranks, sum, n);
+    else
+        echo_sum_ranks_kernel<uint16_t><<<blocks_stride(n), ECHO_THREADS, 0, s>>>(src, nranks, sum, n);
+    ECHO_CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+extern "C" int echo_cuda_store_checked(echo_comm *c, const float *in, void *buf, echo_dtype dt, size_t n, size_t *bad,
+                                       void *stream, char *err, size_t errlen) {
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
+    cudaStream_t s = (cudaStream_t)stream;
+    ECHO_CUDA_TRY(cudaMemsetAsync(state_of(c)->d_bad, 0xff, sizeof(unsigned long long), s));
+    if (n) {
+        if (dt == ECHO_F32)
+            echo_store_checked_kernel<<<blocks_stride(n), ECHO_THREADS, 0, s>>>(in, (float *)buf, n,
+                                                                                state_of(c)->d_bad);
+        else
+            echo_store_checked_kernel<<<blocks_stride(n), ECHO_THREADS, 0, s>>>(in, (uint16_t *)buf, n,
+                                                                                state_of(c)->d_bad);
         ECHO_CUDA_TRY(cudaGetLastError());
     }
     return read_bad(c, bad, s, err, errlen);

@@ -2,11 +2,12 @@
  * comm/echo_internal.h — private to comm/: the world and rank structs, the
  * geometry of a call, and the two tables the schedule in echo.c runs on:
  *
- *   transport (local.c, nccl.c): moves bytes. Phase 1 is an all-to-all of
- *     shard wire messages, phase 2 an all-gather of them, `exact` a plain
- *     all-reduce. A transport hands out the buffers to write before an
- *     exchange and to read after it, so `local` can be zero-copy (the
- *     "send" buffer IS the peer's receive buffer in shared memory) while
+ *   transport (local.c on host or device memory, nccl.c): moves bytes.
+ *     Phase 1 is an all-to-all of shard wire messages, phase 2 an
+ *     all-gather of them, `exact` a plain all-reduce. A transport hands out
+ *     the buffers to write before an exchange and to read after it, so
+ *     `local` can be zero-copy (the "send" buffer IS the peer's receive
+ *     buffer in memory the ranks share: host memory, or one GPU's) while
  *     `nccl` stages through device buffers.
  *   compute (codec.c for host memory, echo_cuda.cu for device memory): the
  *     codec work of each phase. Both run the same steps in the same order on
@@ -134,6 +135,36 @@ typedef struct echo_compute_ops {
 } echo_compute_ops;
 
 extern const echo_compute_ops echo_host_compute;
+
+/* The local transport (local.c) on either memory. local.c holds the
+ * schedule: buffer layout, posts, agreement checks, the two abortable
+ * barriers per call. This table says where its buffers live and does the
+ * memory-specific steps; the host one is in local.c, the device one in
+ * local_cuda.c. */
+typedef struct echo_local_mem {
+    int device_memory; /* buffers, residuals and the caller's buf are on GPU `device` */
+    int (*alloc)(int device, size_t bytes, void **out, char *err, size_t errlen);
+    void (*free)(int device, void *p); /* NULL is fine */
+    /* Optional: complete this rank's work enqueued on `stream`, so that
+     * peers may read what it wrote (and it has finished reading theirs).
+     * Called before every barrier. */
+    int (*sync)(echo_comm *c, void *stream, char *err, size_t errlen);
+    /* Exact path, owner: sum[i] = x[0][i] (+ res[0][i]) + x[1][i] (+ res[1][i])
+     * + ... in that order, in fp32, for i < n (x in dt; res[j] NULL when
+     * rank j carries none). May be asynchronous on `stream`. */
+    int (*sum)(echo_comm *c, int nranks, echo_dtype dt, const void *const *x, const float *const *res, size_t n,
+               float *sum, void *stream, char *err, size_t errlen);
+    /* Exact path, every rank: buf = in rounded to dt; *bad = first i whose
+     * in[i] is inf/nan, else ECHO_NO_INDEX. Complete (and done reading
+     * `in`) on return. */
+    int (*store)(echo_comm *c, const float *in, void *buf, echo_dtype dt, size_t n, size_t *bad, void *stream,
+                 char *err, size_t errlen);
+} echo_local_mem;
+
+/* A local world whose ranks all work on `device` (-1: host memory). */
+int echo_local_world_create(int nranks, int device, const echo_local_mem *mem, const echo_compute_ops *compute,
+                            const echo_config *cfg, echo_world **out, char *err, size_t errlen);
+
 #ifdef ECHO_HAVE_CUDA
 extern const echo_compute_ops echo_cuda_compute;
 /* Device helpers for the nccl transport's exact path (echo_cuda.cu); each
@@ -144,6 +175,18 @@ int echo_cuda_narrow(echo_comm *c, const float *in, void *buf, echo_dtype dt, si
                      size_t errlen);
 int echo_cuda_check_finite(echo_comm *c, const void *buf, echo_dtype dt, size_t n, size_t *bad, void *stream, char *err,
                            size_t errlen);
+/* Device helpers for the local transport's exact path on device memory,
+ * twins of local.c's host ones (echo_local_mem.sum / .store): the sum
+ * enqueues on `stream`; the store synchronises it to read the answer. */
+int echo_cuda_sum_ranks(echo_comm *c, int nranks, echo_dtype dt, const void *const *x, const float *const *res,
+                        size_t n, float *sum, void *stream, char *err, size_t errlen);
+int echo_cuda_store_checked(echo_comm *c, const float *in, void *buf, echo_dtype dt, size_t n, size_t *bad,
+                            void *stream, char *err, size_t errlen);
+/* The finish kernel alone, without reading the non-finite flag back (so
+ * without synchronising): echo_cuda_compute.finish is this plus the
+ * read-back. For benchmarks of the kernel. */
+int echo_cuda_finish_async(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, void *stream,
+                           char *err, size_t errlen);
 #endif
 
 struct echo_world {

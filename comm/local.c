@@ -1,13 +1,17 @@
 /*
  * comm/local.c — the `local` transport: the ranks are threads of one
- * process and exchange through buffers owned by the world, in host memory
- * (device memory is future work: the same buffers, with the cuda compute).
+ * process and exchange through buffers owned by the world. The buffers are
+ * in host memory (echo_world_create_local, host compute) or on one GPU that
+ * every rank shares (echo_world_create_local_device in local_cuda.c, cuda
+ * compute). Both run this file's schedule; a small table (echo_local_mem)
+ * says where the buffers live, how a rank completes its enqueued device
+ * work before a barrier, and does the exact path's arithmetic.
  *
  * Buffers, sized at world creation for max_count:
  *   p1[src][dst]  phase-1 message of rank src for shard dst    N*N * stride bytes
  *   p2[owner]     phase-2 message of shard `owner`             N * stride bytes
  *   sum           exact path: the reduced message (fp32)       only as large as the exact path needs
- *   posts[rank]   each rank's call descriptor, one cache line each
+ *   posts[rank]   each rank's call descriptor, one cache line each (host memory always)
  * The transport is zero-copy: a rank codes straight into p1[me][peer] and
  * the peer decodes from there.
  *
@@ -19,6 +23,14 @@
  *     rank reaches before it finished reading p2 (and sum) of call t.
  *   - a rank's own buffer (and residual) is read by peers only between A
  *     and B (exact path, track_error); the rank writes its buffer after B.
+ *   - a call the ranks disagree on fails on every rank right after A; they
+ *     still meet at a barrier in place of B before leaving, so that the
+ *     first rule holds for the posts of the failed call too.
+ * On device memory "read" and "written" mean "completed on the GPU": a rank
+ * synchronises its stream before each barrier (its kernels that wrote its
+ * messages, its buffer or the sum, or read a peer's, are then done), and it
+ * reads p2 and sum only in the last step of a call, which synchronises too
+ * (the cuda compute's finish, the device store) before the call returns.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +55,8 @@ typedef struct local_barrier_t {
 
 typedef struct local_world {
     local_barrier_t bar;
+    const echo_local_mem *mem;
+    int device;    /* GPU of every rank, -1 on host memory */
     size_t stride; /* bytes between wire messages: one shard message at max_count, cache-line rounded */
     uint8_t *p1;
     uint8_t *p2;
@@ -64,12 +78,20 @@ static void local_world_fini(echo_world *w) {
     if (!lw) return;
     pthread_mutex_destroy(&lw->bar.mu);
     pthread_cond_destroy(&lw->bar.cv);
-    free(lw->p1);
-    free(lw->p2);
-    free(lw->sum);
+    lw->mem->free(lw->device, lw->p1);
+    lw->mem->free(lw->device, lw->p2);
+    lw->mem->free(lw->device, lw->sum);
     free(lw->posts);
     free(lw);
     w->tp_world = NULL;
+}
+
+/* Every rank of the world works on the world's GPU (-1: host memory); the
+ * compute allocates there after this. */
+static int local_comm_init(echo_comm *c, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    c->device = lw_of(c)->device;
+    return 0;
 }
 
 static uint8_t *local_p1_send(echo_comm *c, int peer) {
@@ -106,7 +128,8 @@ static int local_barrier(local_world *lw) {
         pthread_cond_broadcast(&b->cv);
     } else {
         unsigned long gen = b->gen;
-        while (gen == b->gen && !b->aborted) pthread_cond_wait(&b->cv, &b->mu);
+        while (gen == b->gen && !b->aborted)
+            pthread_cond_wait(&b->cv, &b->mu);
         if (gen == b->gen) rc = -1; /* woken by an abort, not by the last arrival */
     }
     pthread_mutex_unlock(&b->mu);
@@ -127,9 +150,25 @@ static int aborted_msg(char *err, size_t errlen) {
     return -1;
 }
 
+/* A step of this rank alone failed inside the collective (a device error;
+ * err holds it): abort the world so that peers waiting at, or arriving at,
+ * a barrier of this call fail instead of waiting forever. */
+static int rank_failed(echo_comm *c) {
+    local_set_abort(c->w, 1);
+    return -1;
+}
+
+/* Complete this rank's enqueued device work (nothing to do on host memory). */
+static int local_sync(echo_comm *c, void *stream, char *err, size_t errlen) {
+    const echo_local_mem *m = lw_of(c)->mem;
+    if (m->sync && m->sync(c, stream, err, errlen)) return rank_failed(c);
+    return 0;
+}
+
 /* Post this rank's call, wait for every rank, and check they all make the
  * same call. Every rank compares every post with its own, so a
- * disagreement fails the call on all ranks. */
+ * disagreement fails the call on all ranks: whenever two posts differ,
+ * some post differs from each rank's own. */
 static int post_and_wait(echo_comm *c, const echo_call *call, char *err, size_t errlen) {
     local_world *lw = lw_of(c);
     lw->posts[c->rank].call = *call;
@@ -143,26 +182,40 @@ static int post_and_wait(echo_comm *c, const echo_call *call, char *err, size_t 
                      c->rank, call->site, call->count, call->dt == ECHO_F32 ? "f32" : "bf16",
                      echo_mode_name(call->mode), j, o->site, o->count, o->dt == ECHO_F32 ? "f32" : "bf16",
                      echo_mode_name(o->mode));
+            /* Every rank leaves here, so this barrier stands in for B: a
+             * rank that left at once could post its next call over the
+             * post a slower peer has still to read, and the ranks would
+             * then meet at barriers of different calls. The outcome is
+             * the same if it is aborted meanwhile. */
+            local_barrier(lw);
             return -1;
         }
     }
     return 0;
 }
 
+/* Phase 1 wrote this rank's messages (and residual) on its stream: complete
+ * them before peers may decode them. */
 static int local_p1_exchange(echo_comm *c, const echo_plan *p, const echo_call *call, void *stream, char *err,
                              size_t errlen) {
-    (void)p, (void)stream;
+    (void)p;
+    if (local_sync(c, stream, err, errlen)) return -1;
     return post_and_wait(c, call, err, errlen);
 }
 
+/* Phase 2 wrote this rank's shard message and read its peers' phase-1
+ * messages: both must be complete before B (peers then decode the former
+ * and overwrite the latter in their next call). */
 static int local_p2_exchange(echo_comm *c, const echo_plan *p, void *stream, char *err, size_t errlen) {
-    (void)p, (void)stream;
+    (void)p;
+    if (local_sync(c, stream, err, errlen)) return -1;
     if (local_barrier(lw_of(c))) return aborted_msg(err, errlen);
     return 0;
 }
 
 /* fp64 sum of the raw inputs (no residuals) over the own shard; peers'
- * buffers are readable between the barriers. */
+ * buffers are readable between the barriers. Host memory only (the device
+ * transport refuses track_error). */
 static int local_exact_ref(echo_comm *c, const echo_plan *p, double *ref, char *err, size_t errlen) {
     (void)err, (void)errlen;
     local_world *lw = lw_of(c);
@@ -184,79 +237,145 @@ static int local_exact_ref(echo_comm *c, const echo_plan *p, double *ref, char *
 
 static int local_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, double *ref, size_t *bad,
                        void *stream, char *err, size_t errlen) {
-    (void)stream;
     local_world *lw = lw_of(c);
+    const echo_local_mem *m = lw->mem;
     *bad = ECHO_NO_INDEX;
+    /* Peers read this rank's buffer (and residual) after A: whatever the
+     * caller enqueued to produce it must be complete first. */
+    if (local_sync(c, stream, err, errlen)) return -1;
     if (post_and_wait(c, call, err, errlen)) return -1;
     size_t n = echo_plan_len(p, c->rank), off = (size_t)c->rank * p->shard, esz = echo_dtype_size(p->dt);
-    float *s = lw->sum + off;
-    /* Fixed order j = 0..N-1: every replica of the result is this one sum. */
-    for (int j = 0; j < p->nranks; j++) {
-        const echo_call *o = &lw->posts[j].call;
-        echo_cpu_load((const char *)o->x + off * esz, p->dt, n, s, j > 0);
-        if (o->res) echo_cpu_load(o->res + off, ECHO_F32, n, s, 1);
+    if (n > 0) {
+        const void *x[ECHO_MAX_RANKS];
+        const float *res[ECHO_MAX_RANKS];
+        for (int j = 0; j < p->nranks; j++) {
+            const echo_call *o = &lw->posts[j].call;
+            x[j] = (const char *)o->x + off * esz;
+            res[j] = o->res ? o->res + off : NULL;
+        }
+        if (m->sum(c, p->nranks, p->dt, x, res, n, lw->sum + off, stream, err, errlen)) return rank_failed(c);
     }
     if (ref) local_exact_ref(c, p, ref, err, errlen);
+    /* The sum is written and the peers' buffers are read before B: after
+     * it, peers overwrite their buffers and read the whole sum. */
+    if (local_sync(c, stream, err, errlen)) return -1;
     if (local_barrier(lw)) return aborted_msg(err, errlen);
-    echo_cpu_store(lw->sum, p->count, buf, p->dt, bad);
+    if (m->store(c, lw->sum, buf, p->dt, p->count, bad, stream, err, errlen)) return rank_failed(c);
     return 0;
 }
 
-static const echo_transport_ops local_ops = {
-    .name = "local",
-    .device_memory = 0,
-    .world_fini = local_world_fini,
-    .p1_send = local_p1_send,
-    .p1_exchange = local_p1_exchange,
-    .p1_recv = local_p1_recv,
-    .p2_send = local_p2_send,
-    .p2_exchange = local_p2_exchange,
-    .p2_recv = local_p2_recv,
-    .exact = local_exact,
-    .exact_ref = local_exact_ref,
-    .set_abort = local_set_abort,
-};
+/* One table per memory: the schedule is the same, the flags differ. */
+#define LOCAL_OPS(NAME, DEVICE_MEMORY, EXACT_REF)                                                                      \
+    {                                                                                                                  \
+        .name = NAME, .device_memory = DEVICE_MEMORY, .comm_init = local_comm_init, .world_fini = local_world_fini,    \
+        .p1_send = local_p1_send, .p1_exchange = local_p1_exchange, .p1_recv = local_p1_recv,                          \
+        .p2_send = local_p2_send, .p2_exchange = local_p2_exchange, .p2_recv = local_p2_recv, .exact = local_exact,    \
+        .exact_ref = EXACT_REF, .set_abort = local_set_abort,                                                          \
+    }
 
-int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
+static const echo_transport_ops local_host_ops = LOCAL_OPS("local", 0, local_exact_ref);
+static const echo_transport_ops local_device_ops = LOCAL_OPS("local-device", 1, NULL);
+
+int echo_local_world_create(int nranks, int device, const echo_local_mem *mem, const echo_compute_ops *compute,
+                            const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
     echo_world *w;
+    *out = NULL;
     if (echo_world_alloc(nranks, cfg, &w, err, errlen)) return -1;
-    w->tp = &local_ops;
-    w->compute = &echo_host_compute;
+    w->tp = mem->device_memory ? &local_device_ops : &local_host_ops;
+    w->compute = compute;
     local_world *lw = calloc(1, sizeof *lw);
     if (!lw) {
         snprintf(err, errlen, "echo: out of memory");
         echo_world_free(w);
         return -1;
     }
-    w->tp_world = lw;
-    if (pthread_mutex_init(&lw->bar.mu, NULL) != 0 || pthread_cond_init(&lw->bar.cv, NULL) != 0) {
+    if (pthread_mutex_init(&lw->bar.mu, NULL) != 0) {
         snprintf(err, errlen, "echo: cannot create a barrier for %d ranks", nranks);
         free(lw);
         echo_world_free(w);
         return -1;
     }
+    if (pthread_cond_init(&lw->bar.cv, NULL) != 0) {
+        snprintf(err, errlen, "echo: cannot create a barrier for %d ranks", nranks);
+        pthread_mutex_destroy(&lw->bar.mu);
+        free(lw);
+        echo_world_free(w);
+        return -1;
+    }
+    /* From here on echo_world_destroy releases whatever was allocated. */
+    w->tp_world = lw;
     lw->bar.n = nranks;
+    lw->mem = mem;
+    lw->device = device;
     const echo_plan *mp = &w->max_plan;
     size_t N = (size_t)nranks;
     lw->stride = (mp->wire + 63) / 64 * 64;
     lw->posts = alloc64(N * sizeof *lw->posts);
-    if (!lw->posts) goto oom;
+    if (!lw->posts) {
+        snprintf(err, errlen, "echo: out of memory for %d call posts", nranks);
+        goto fail;
+    }
     if (nranks > 1 && cfg->mode != ECHO_MODE_EXACT) {
-        lw->p1 = alloc64(N * N * lw->stride);
-        lw->p2 = alloc64(N * lw->stride);
-        if (!lw->p1 || !lw->p2) goto oom;
+        if (mem->alloc(device, N * N * lw->stride, (void **)&lw->p1, err, errlen)) goto fail;
+        if (mem->alloc(device, N * lw->stride, (void **)&lw->p2, err, errlen)) goto fail;
     }
     if (nranks > 1 && w->exact_max > 0) {
         echo_plan ep;
         echo_plan_init(&ep, w->exact_max, nranks, w->cfg.group_size, ECHO_BF16);
-        lw->sum = alloc64(ep.shard * N * sizeof(float));
-        if (!lw->sum) goto oom;
+        if (mem->alloc(device, ep.shard * N * sizeof(float), (void **)&lw->sum, err, errlen)) goto fail;
     }
     *out = w;
     return 0;
-oom:
-    snprintf(err, errlen, "echo: out of memory for the local transport's buffers (max_count %zu, %d ranks)",
-             cfg->max_count, nranks);
+fail:
     echo_world_destroy(w);
     return -1;
+}
+
+/* ---- host memory ---- */
+
+static int host_mem_alloc(int device, size_t bytes, void **out, char *err, size_t errlen) {
+    (void)device;
+    *out = alloc64(bytes);
+    if (!*out) {
+        snprintf(err, errlen, "echo: out of memory for the local transport's buffers (%zu bytes)", bytes);
+        return -1;
+    }
+    return 0;
+}
+
+static void host_mem_free(int device, void *p) {
+    (void)device;
+    free(p);
+}
+
+/* Fixed order j = 0..N-1, each input then its residual: every replica of
+ * the result is this one sum (the device twin adds in the same order). */
+static int host_mem_sum(echo_comm *c, int nranks, echo_dtype dt, const void *const *x, const float *const *res,
+                        size_t n, float *sum, void *stream, char *err, size_t errlen) {
+    (void)c, (void)stream, (void)err, (void)errlen;
+    for (int j = 0; j < nranks; j++) {
+        echo_cpu_load(x[j], dt, n, sum, j > 0);
+        if (res[j]) echo_cpu_load(res[j], ECHO_F32, n, sum, 1);
+    }
+    return 0;
+}
+
+static int host_mem_store(echo_comm *c, const float *in, void *buf, echo_dtype dt, size_t n, size_t *bad, void *stream,
+                          char *err, size_t errlen) {
+    (void)c, (void)stream, (void)err, (void)errlen;
+    echo_cpu_store(in, n, buf, dt, bad);
+    return 0;
+}
+
+static const echo_local_mem local_host_mem = {
+    .device_memory = 0,
+    .alloc = host_mem_alloc,
+    .free = host_mem_free,
+    .sync = NULL,
+    .sum = host_mem_sum,
+    .store = host_mem_store,
+};
+
+int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
+    return echo_local_world_create(nranks, -1, &local_host_mem, &echo_host_compute, cfg, out, err, errlen);
 }

@@ -25,6 +25,7 @@
 
 #include "comm/echo.h"
 #include "comm/echo_codec.h"
+#include "comm/echo_internal.h" /* the local transport's memory table (section 6) */
 #include "tests/unit/testutil.h"
 
 #define MAXN 8
@@ -956,7 +957,8 @@ START_TEST(test_abort_wakes_peers) {
                 a[r] = (abort_arg){&h, r, round == 0 && r == 2, bufs[r], 0, ""};
                 ck_assert_int_eq(pthread_create(&t[r], NULL, abort_rank, &a[r]), 0);
             }
-            for (int r = 0; r < 3; r++) pthread_join(t[r], NULL);
+            for (int r = 0; r < 3; r++)
+                pthread_join(t[r], NULL);
             if (round == 0) {
                 for (int r = 0; r < 2; r++) {
                     ck_assert_int_eq(a[r].rc, -1);
@@ -964,13 +966,311 @@ START_TEST(test_abort_wakes_peers) {
                 }
                 echo_world_clear_abort(h.w);
             } else {
-                for (int r = 0; r < 3; r++) ck_assert_msg(a[r].rc == 0, "rank %d: %s", r, a[r].err);
+                for (int r = 0; r < 3; r++)
+                    ck_assert_msg(a[r].rc == 0, "rank %d: %s", r, a[r].err);
                 ck_assert_int_eq(memcmp(bufs[0], bufs[1], sizeof bufs[0]), 0);
                 ck_assert_int_eq(memcmp(bufs[0], bufs[2], sizeof bufs[0]), 0);
             }
         }
         h_free(&h);
     }
+}
+END_TEST
+
+/* A disagreement fails the call on every rank right after the first
+ * barrier; a rank that then went straight on to its next call must not
+ * overwrite its post before a slower peer has read it (the ranks would
+ * meet at barriers of different calls and hang or mix calls). Each rank
+ * alternates disagreeing and agreeing calls without any join between. */
+typedef struct race_arg {
+    harness *h;
+    int r, rounds;
+    float *buf;
+    int bad_round;
+    char err[400];
+} race_arg;
+
+static void *race_rank(void *p) {
+    race_arg *a = p;
+    echo_comm *c = a->h->c[a->r];
+    a->bad_round = -1;
+    for (int i = 0; i < a->rounds && a->bad_round < 0; i++) {
+        size_t m = a->r == 2 ? 99 : 100; /* rank 2 disagrees */
+        char e[320] = "";
+        if (echo_begin_pass(c, e, sizeof e) || echo_allreduce(c, 0, a->buf, m, ECHO_F32, NULL, e, sizeof e) == 0 ||
+            !strstr(e, "disagree")) {
+            a->bad_round = i;
+            snprintf(a->err, sizeof a->err, "disagreeing call: %s", e);
+            continue;
+        }
+        gen(a->buf, 100, 3, (uint64_t)i, (uint64_t)a->r); /* sums in place: fresh inputs stay finite */
+        if (echo_begin_pass(c, e, sizeof e) || echo_allreduce(c, 0, a->buf, 100, ECHO_F32, NULL, e, sizeof e) != 0) {
+            a->bad_round = i;
+            snprintf(a->err, sizeof a->err, "agreeing call: %s", e);
+        }
+    }
+    if (a->bad_round >= 0) echo_abort(c); /* the peers fail instead of waiting for this rank */
+    return NULL;
+}
+
+START_TEST(test_disagreement_then_next_call) {
+    const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_INT4};
+    for (int mi = 0; mi < 2; mi++) {
+        harness h;
+        h_init(&h, 3, (echo_config){modes[mi], 16, 0, 2, 100, 0});
+        float bufs[3][100];
+        pthread_t t[3];
+        race_arg a[3];
+        for (int r = 0; r < 3; r++) {
+            gen(bufs[r], 100, 3, 0, (uint64_t)r);
+            a[r] = (race_arg){&h, r, 300, bufs[r], -1, ""};
+            ck_assert_int_eq(pthread_create(&t[r], NULL, race_rank, &a[r]), 0);
+        }
+        for (int r = 0; r < 3; r++)
+            pthread_join(t[r], NULL);
+        for (int r = 0; r < 3; r++)
+            ck_assert_msg(a[r].bad_round < 0, "%s rank %d round %d: %s", echo_mode_name(modes[mi]), r, a[r].bad_round,
+                          a[r].err);
+        h_free(&h);
+    }
+}
+END_TEST
+
+/* ================= 6. local transport on device memory ================= */
+
+/* This suite runs on machines without a GPU and in builds without CUDA:
+ * there echo_world_create_local_device must fail cleanly, say why, and
+ * point at the host path. (On a GPU the transport's results are checked
+ * against the host transport by tests/gpu/test_cuda_comm.c.) */
+START_TEST(test_local_device_unavailable) {
+    char err[320] = "";
+    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 4, 1000, 0};
+    echo_world *w = (echo_world *)&cfg; /* must come back NULL on failure */
+    int rc = echo_world_create_local_device(2, 0, &cfg, &w, err, sizeof err);
+#ifndef ECHO_HAVE_CUDA
+    ck_assert_int_eq(rc, -1);
+    ck_assert_ptr_null(w);
+    ck_assert_msg(strstr(err, "CUDA=1") && strstr(err, "echo_world_create_local"), "%s", err);
+#else
+    if (rc == 0) {
+        echo_world_destroy(w); /* a GPU is present: the GPU program checks it */
+    } else {
+        ck_assert_ptr_null(w);
+        ck_assert_msg(strstr(err, "no usable CUDA device") && strstr(err, "echo_world_create_local"), "%s", err);
+    }
+    /* argument and configuration errors come first, GPU or not */
+    w = (echo_world *)&cfg;
+    ck_assert(echo_world_create_local_device(2, -1, &cfg, &w, err, sizeof err) != 0);
+    ck_assert_ptr_null(w);
+    ck_assert_msg(strstr(err, "device -1"), "%s", err);
+    echo_config tracked = cfg;
+    tracked.track_error = 1;
+    ck_assert(echo_world_create_local_device(2, 0, &tracked, &w, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "track_error"), "%s", err);
+    echo_config huge = cfg;
+    huge.max_count = ((size_t)1 << 36) + 1;
+    ck_assert(echo_world_create_local_device(2, 0, &huge, &w, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "2^36"), "%s", err);
+    ck_assert(echo_world_create_local_device(0, 0, &cfg, &w, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "ranks"), "%s", err);
+    echo_config badg = cfg;
+    badg.group_size = 48;
+    ck_assert(echo_world_create_local_device(2, 0, &badg, &w, err, sizeof err) != 0);
+    ck_assert_msg(strstr(err, "group size"), "%s", err);
+#endif
+    /* the host path is unaffected */
+    ck_assert_msg(echo_world_create_local(2, &cfg, &w, err, sizeof err) == 0, "%s", err);
+    echo_world_destroy(w);
+}
+END_TEST
+
+/* The device transport is local.c's schedule over a memory table
+ * (echo_local_mem). Here that table is a stand-in on host memory that
+ * claims device memory: it counts the stream synchronisations the schedule
+ * asks for and can fail one, so the device-only logic of local.c runs on
+ * the cpu: streams are accepted and handed to every hook, each barrier is
+ * preceded by a sync, the exact path goes through the table's sum and
+ * store, the results are the host transport's bits, and a rank whose device
+ * step fails aborts the world instead of leaving its peers waiting. */
+typedef struct fake_stream {
+    int rank;
+    int syncs, sums, stores;
+    int fail_at; /* fail the sync with this 1-based number (0: never) */
+} fake_stream;
+
+static int fake_alloc(int device, size_t bytes, void **out, char *err, size_t errlen) {
+    (void)device;
+    *out = malloc(bytes ? bytes : 1);
+    if (!*out) snprintf(err, errlen, "fake: out of memory");
+    return *out ? 0 : -1;
+}
+
+static void fake_free(int device, void *p) {
+    (void)device;
+    free(p);
+}
+
+static int fake_sync(echo_comm *c, void *stream, char *err, size_t errlen) {
+    fake_stream *fs = stream;
+    (void)c;
+    if (++fs->syncs == fs->fail_at) {
+        snprintf(err, errlen, "fake: device error on rank %d", fs->rank);
+        return -1;
+    }
+    return 0;
+}
+
+static int fake_sum(echo_comm *c, int nranks, echo_dtype dt, const void *const *x, const float *const *res, size_t n,
+                    float *sum, void *stream, char *err, size_t errlen) {
+    (void)c, (void)err, (void)errlen;
+    ((fake_stream *)stream)->sums++;
+    for (int j = 0; j < nranks; j++) {
+        echo_cpu_load(x[j], dt, n, sum, j > 0);
+        if (res[j]) echo_cpu_load(res[j], ECHO_F32, n, sum, 1);
+    }
+    return 0;
+}
+
+static int fake_store(echo_comm *c, const float *in, void *buf, echo_dtype dt, size_t n, size_t *bad, void *stream,
+                      char *err, size_t errlen) {
+    (void)c, (void)err, (void)errlen;
+    ((fake_stream *)stream)->stores++;
+    echo_cpu_store(in, n, buf, dt, bad);
+    return 0;
+}
+
+static const echo_local_mem fake_device_mem = {
+    .device_memory = 1,
+    .alloc = fake_alloc,
+    .free = fake_free,
+    .sync = fake_sync,
+    .sum = fake_sum,
+    .store = fake_store,
+};
+
+typedef struct fake_arg {
+    harness *h;
+    int r, begin, ncalls;
+    size_t count;
+    echo_dtype dt;
+    void *buf[4];
+    fake_stream *fs;
+    int rc;
+    char err[320];
+} fake_arg;
+
+static void *fake_rank(void *p) {
+    fake_arg *a = p;
+    a->rc = 0;
+    if (a->begin) a->rc = echo_begin_pass(a->h->c[a->r], a->err, sizeof a->err);
+    for (int k = 0; k < a->ncalls && !a->rc; k++)
+        a->rc = echo_allreduce(a->h->c[a->r], k, a->buf[k], a->count, a->dt, a->fs, a->err, sizeof a->err);
+    return NULL;
+}
+
+/* Every rank runs `ncalls` calls of one pass on its own buffers. */
+static void fake_run(harness *h, fake_arg *a, fake_stream *fs, size_t count, echo_dtype dt, int ncalls,
+                     void *bufs[][4]) {
+    pthread_t t[MAXN];
+    for (int r = 0; r < h->n; r++) {
+        a[r] = (fake_arg){.h = h, .r = r, .begin = 1, .ncalls = ncalls, .count = count, .dt = dt, .fs = &fs[r]};
+        for (int k = 0; k < ncalls; k++)
+            a[r].buf[k] = bufs ? bufs[r][k] : NULL;
+        ck_assert_int_eq(pthread_create(&t[r], NULL, fake_rank, &a[r]), 0);
+    }
+    for (int r = 0; r < h->n; r++)
+        pthread_join(t[r], NULL);
+}
+
+START_TEST(test_local_device_schedule_on_cpu) {
+    enum { N = 3, K = 3 };
+    const size_t m = 1001;
+    const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_INT4, ECHO_MODE_ECHO};
+    char err[320];
+    for (int mi = 0; mi < 3; mi++)
+        for (int dti = 0; dti < 2; dti++) {
+            echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
+            size_t esz = dti ? 2 : 4;
+            echo_config cfg = {modes[mi], 32, 0, K, m, 0};
+            harness hd, hh;
+            memset(&hd, 0, sizeof hd);
+            hd.n = N;
+            ck_assert_msg(
+                echo_local_world_create(N, 5, &fake_device_mem, &echo_host_compute, &cfg, &hd.w, err, sizeof err) == 0,
+                "%s", err);
+            for (int r = 0; r < N; r++) {
+                ck_assert_msg(echo_comm_create(hd.w, r, &hd.c[r], err, sizeof err) == 0, "%s", err);
+                ck_assert_int_eq(hd.c[r]->device, 5); /* every rank on the world's device */
+            }
+            h_init(&hh, N, cfg);
+            /* the same inputs through both worlds, K calls of one pass */
+            void *bd[N][4], *bh[N][4];
+            for (int r = 0; r < N; r++)
+                for (int k = 0; k < K; k++) {
+                    bd[r][k] = malloc(m * esz);
+                    bh[r][k] = malloc(m * esz);
+                    for (size_t i = 0; i < m; i++) {
+                        float v = unif(11, (uint64_t)k, (uint64_t)r, i);
+                        if (dti)
+                            ((uint16_t *)bd[r][k])[i] = to_bf16(v);
+                        else
+                            ((float *)bd[r][k])[i] = v;
+                    }
+                    memcpy(bh[r][k], bd[r][k], m * esz);
+                }
+            fake_stream fs[N];
+            fake_arg a[N];
+            memset(fs, 0, sizeof fs);
+            for (int r = 0; r < N; r++)
+                fs[r].rank = r;
+            fake_run(&hd, a, fs, m, dt, K, bd);
+            for (int r = 0; r < N; r++) {
+                ck_assert_msg(a[r].rc == 0, "%s %s rank %d: %s", echo_mode_name(modes[mi]), dti ? "bf16" : "f32", r,
+                              a[r].err);
+                /* a sync before each of the two barriers of every call */
+                ck_assert_int_eq(fs[r].syncs, 2 * K);
+                ck_assert_int_eq(fs[r].stores, modes[mi] == ECHO_MODE_EXACT ? K : 0);
+                ck_assert_int_eq(fs[r].sums, modes[mi] == ECHO_MODE_EXACT ? K : 0);
+            }
+            for (int k = 0; k < K; k++) {
+                step s;
+                void *b[MAXN];
+                for (int r = 0; r < N; r++)
+                    b[r] = bh[r][k];
+                call_all(&hh, k == 0, k, m, dt, b, &s);
+                assert_all_ok(&s);
+                for (int r = 0; r < N; r++)
+                    ck_assert_msg(memcmp(bd[r][k], bh[r][k], m * esz) == 0, "%s %s call %d rank %d differs",
+                                  echo_mode_name(modes[mi]), dti ? "bf16" : "f32", k, r);
+            }
+
+            /* rank 1 fails its second sync (before barrier B of call 0):
+             * it reports its own error, the peers waiting at B fail
+             * "aborted" instead of hanging; after clearing, all works */
+            memset(fs, 0, sizeof fs);
+            for (int r = 0; r < N; r++)
+                fs[r].rank = r;
+            fs[1].fail_at = 2;
+            fake_run(&hd, a, fs, m, dt, K, bd);
+            for (int r = 0; r < N; r++) {
+                ck_assert_int_eq(a[r].rc, -1);
+                ck_assert_msg(strstr(a[r].err, r == 1 ? "fake: device error on rank 1" : "aborted"), "rank %d: %s", r,
+                              a[r].err);
+            }
+            echo_world_clear_abort(hd.w);
+            fs[1].fail_at = 0;
+            fake_run(&hd, a, fs, m, dt, K, bd);
+            for (int r = 0; r < N; r++)
+                ck_assert_msg(a[r].rc == 0, "after clear, rank %d: %s", r, a[r].err);
+
+            for (int r = 0; r < N; r++)
+                for (int k = 0; k < K; k++) {
+                    free(bd[r][k]);
+                    free(bh[r][k]);
+                }
+            h_free(&hd);
+            h_free(&hh);
+        }
 }
 END_TEST
 
@@ -988,6 +1288,9 @@ int main(void) {
     tcase_add_test(tc, test_reset_and_abort);
     tcase_add_test(tc, test_abort_wakes_peers);
     tcase_add_test(tc, test_size_policy_and_stats);
+    tcase_add_test(tc, test_disagreement_then_next_call);
+    tcase_add_test(tc, test_local_device_unavailable);
+    tcase_add_test(tc, test_local_device_schedule_on_cpu);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

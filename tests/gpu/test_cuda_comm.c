@@ -1,0 +1,975 @@
+/*
+ * gpu_test_cuda_comm: Echo (comm/) on the GPU.
+ *
+ *   a. The local transport on device memory (ranks are threads sharing one
+ *      GPU, echo_world_create_local_device) against the local transport on
+ *      host memory, on the same random inputs: nranks 2, 3, 4; modes exact,
+ *      int4, echo; f32 and bf16; counts 1, 63, 4097, 2^20 + 5 (not
+ *      multiples of the group); groups 32, 64, 128; two passes of 3 and 1
+ *      calls, so echo's residual is carried between calls and reset by a
+ *      new pass; plus size-policy passes where an echo residual is carried
+ *      into an exact call. Outputs must be equal bit for bit (memcmp per
+ *      value): one line per case with the number of differing values.
+ *   a2. The device codec directly: echo_cuda_compute phase by phase against
+ *      the public host codec (echo_codec_encode / echo_codec_decode: wire
+ *      bytes and residuals identical) and against the host compute
+ *      (bf16 inputs and outputs, the owner's phase 2).
+ *   a3. Failures on the device transport: a non-finite input, an exact sum
+ *      that overflows, ranks that disagree, a rank that aborts; every rank
+ *      must fail with the expected message and the next pass must work.
+ *   b. Benchmark (GPU only): the three codec kernels on bf16 activations of
+ *      64 and 256 MB beside a device-to-device copy of the same bytes, timed
+ *      with cudaEvents after a warm-up. GB/s = (bytes read + bytes written)
+ *      / time; the copy counts 2 * bytes. One `bench:` line per kernel with
+ *      the ratio to the copy (the goal is >= 80 %).
+ *
+ * Lines of checks end in " PASS" or " FAIL" (tests/gpu/run.sh counts them).
+ * Exit status: 0 all passed, 1 a check failed, 77 no GPU ("no GPU:
+ * skipped"), 2 bad usage.
+ *
+ * Usage: gpu_test_cuda_comm [--device-index N] [--self-check] [--json FILE]
+ *                           [--no-bench] [--bench-mb LIST] [--bench-group G]
+ * --self-check runs a, a2 and a3 with host memory on both sides (the host
+ * transport and compute in place of the device ones), so the harness runs
+ * on a machine without a GPU; it skips the benchmark.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm/echo.h"
+#include "comm/echo_codec.h"
+#include "comm/echo_internal.h" /* a2 and b call the compute tables directly */
+
+#define MAXN 4
+#define MAXC 6
+
+static int g_cases, g_fail;
+
+/* ---- errors ---- */
+
+static void die(const char *what) {
+    fprintf(stderr, "fatal: %s\n", what);
+    exit(1);
+}
+
+/* Main-thread CUDA calls: a failure here is a broken environment, not a
+ * result, so stop with the call and the CUDA error string. */
+#define CU(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t cu_e_ = (call);                                                                                    \
+        if (cu_e_ != cudaSuccess) {                                                                                    \
+            fprintf(stderr, "fatal: %s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, cudaGetErrorName(cu_e_),         \
+                    cudaGetErrorString(cu_e_));                                                                        \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+/* Rank-thread CUDA calls: record the message and fail the case. */
+#define CU_RANK(msg, call)                                                                                             \
+    do {                                                                                                               \
+        cudaError_t cu_e_ = (call);                                                                                    \
+        if (cu_e_ != cudaSuccess) {                                                                                    \
+            snprintf(msg, sizeof msg, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(cu_e_));          \
+            goto out;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
+
+static void report(const char *what, long ndiff, const char *why) {
+    int ok = ndiff == 0 && !why;
+    g_cases++;
+    if (!ok) g_fail++;
+    printf("%-62s diff=%-8ld %s%s%s\n", what, ndiff < 0 ? 0 : ndiff, ok ? "PASS" : "FAIL", why ? ": " : "",
+           why ? why : "");
+    fflush(stdout);
+}
+
+/* ---- deterministic inputs (counter-based, any thread can regenerate) ---- */
+
+static uint64_t mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Values with a wide dynamic range, so the codec's scales vary: uniform in
+ * [-1, 1) times 2^e, e in [-24, 24] changing every 37 values (not aligned to
+ * any group), with runs of zeros (all-zero groups take their own path) and a
+ * few groups of tiny values (subnormal scales). */
+static float value(uint64_t seed, uint64_t i) {
+    uint64_t blk = i / 37, hb = mix(seed ^ mix(blk + 0x1234));
+    if (hb % 23 == 0) return 0.0f;
+    int e = (int)((hb >> 8) % 49) - 24;
+    if (hb % 31 == 1) e = -125;
+    uint64_t h = mix(seed * 0x100000001b3ull ^ (i * 0x9e3779b97f4a7c15ull));
+    float u = (float)((h >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+    return ldexpf(u, e);
+}
+
+static void fill(void *x, echo_dtype dt, size_t n, uint64_t seed) {
+    for (size_t i = 0; i < n; i++) {
+        float v = value(seed, i);
+        if (dt == ECHO_F32)
+            ((float *)x)[i] = v;
+        else
+            ((uint16_t *)x)[i] = echo_f32_to_bf16(v);
+    }
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) die("out of memory");
+    return p;
+}
+
+/* Values (of esz bytes) whose bits differ. */
+static long count_diff(const void *a, const void *b, size_t n, size_t esz) {
+    long d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += memcmp((const char *)a + i * esz, (const char *)b + i * esz, esz) != 0;
+    return d;
+}
+
+/* ================= a, a3: the transport, one thread per rank ================= */
+
+/* Where a world's buffers live: device -1 is host memory. */
+typedef struct side {
+    const char *name;
+    int device;
+} side;
+
+typedef struct call_spec {
+    int begin; /* echo_begin_pass before the call */
+    int site;
+    size_t count;
+    echo_dtype dt;
+    int odd_rank; /* this rank calls with odd_count instead (agreement check); -1: none */
+    size_t odd_count;
+    int abort_rank; /* this rank calls echo_abort instead, after its peers are waiting; -1: none */
+} call_spec;
+
+typedef struct job {
+    const side *sd;
+    echo_world *w;
+    echo_comm *c[MAXN];
+    int n, ncalls;
+    call_spec calls[MAXC];
+    void *in[MAXC][MAXN];  /* host inputs */
+    void *out[MAXC][MAXN]; /* host copies of the outputs */
+    int rc[MAXC][MAXN];
+    char err[MAXC][MAXN][320];
+    char fatal[MAXN][320]; /* a CUDA failure of the harness itself */
+} job;
+
+typedef struct rank_arg {
+    job *j;
+    int r;
+} rank_arg;
+
+static size_t esize(echo_dtype dt) {
+    return dt == ECHO_BF16 ? 2 : 4;
+}
+
+static size_t call_count(const call_spec *cs, int r) {
+    return r == cs->odd_rank ? cs->odd_count : cs->count;
+}
+
+static void *rank_main(void *p) {
+    rank_arg *a = p;
+    job *j = a->j;
+    int r = a->r, dev = j->sd->device;
+    echo_comm *c = j->c[r];
+    cudaStream_t s = NULL;
+    void *buf = NULL;
+    size_t cap = 0;
+    for (int k = 0; k < j->ncalls; k++) {
+        size_t b = call_count(&j->calls[k], r) * esize(j->calls[k].dt);
+        cap = b > cap ? b : cap;
+    }
+    if (dev >= 0) {
+        CU_RANK(j->fatal[r], cudaSetDevice(dev));
+        CU_RANK(j->fatal[r], cudaStreamCreate(&s));
+        CU_RANK(j->fatal[r], cudaMalloc(&buf, cap ? cap : 1));
+    } else {
+        buf = xmalloc(cap);
+    }
+    for (int k = 0; k < j->ncalls; k++) {
+        const call_spec *cs = &j->calls[k];
+        size_t n = call_count(cs, r), bytes = n * esize(cs->dt);
+        char *e = j->err[k][r];
+        j->rc[k][r] = 0;
+        if (cs->begin && echo_begin_pass(c, e, 320)) {
+            j->rc[k][r] = -1;
+            continue;
+        }
+        if (r == cs->abort_rank) {
+            usleep(50000); /* let the peers block in the collective first */
+            echo_abort(c);
+            j->rc[k][r] = -1;
+            snprintf(e, 320, "aborted by this rank");
+            break;
+        }
+        if (dev >= 0) {
+            CU_RANK(j->fatal[r], cudaMemcpyAsync(buf, j->in[k][r], bytes, cudaMemcpyHostToDevice, s));
+            j->rc[k][r] = echo_allreduce(c, cs->site, buf, n, cs->dt, s, e, 320);
+            CU_RANK(j->fatal[r], cudaMemcpyAsync(j->out[k][r], buf, bytes, cudaMemcpyDeviceToHost, s));
+            CU_RANK(j->fatal[r], cudaStreamSynchronize(s));
+        } else {
+            memcpy(buf, j->in[k][r], bytes);
+            j->rc[k][r] = echo_allreduce(c, cs->site, buf, n, cs->dt, NULL, e, 320);
+            memcpy(j->out[k][r], buf, bytes);
+        }
+    }
+out:
+    /* A harness failure left this rank's remaining calls unmade: abort the
+     * world so its peers fail instead of waiting for them. */
+    if (j->fatal[r][0]) echo_abort(c);
+    if (dev >= 0) {
+        if (buf) cudaFree(buf);
+        if (s) cudaStreamDestroy(s);
+    } else {
+        free(buf);
+    }
+    return NULL;
+}
+
+static int world_create(const side *sd, int n, const echo_config *cfg, echo_world **w, char *err, size_t errlen) {
+    if (sd->device >= 0) return echo_world_create_local_device(n, sd->device, cfg, w, err, errlen);
+    return echo_world_create_local(n, cfg, w, err, errlen);
+}
+
+/* Run the job's calls on a new world of side `sd`. -1 with a message when
+ * the world or a comm cannot be made, or the harness hit a CUDA error (the
+ * calls' own results are in j->rc / j->err). */
+static int run_job(job *j, const side *sd, const echo_config *cfg, char *why, size_t whylen) {
+    char err[320];
+    j->sd = sd;
+    memset(j->c, 0, sizeof j->c);
+    memset(j->fatal, 0, sizeof j->fatal);
+    if (world_create(sd, j->n, cfg, &j->w, err, sizeof err)) {
+        snprintf(why, whylen, "%s world: %s", sd->name, err);
+        return -1;
+    }
+    int rc = 0;
+    for (int r = 0; r < j->n; r++)
+        if (echo_comm_create(j->w, r, &j->c[r], err, sizeof err)) {
+            snprintf(why, whylen, "%s comm %d: %s", sd->name, r, err);
+            rc = -1;
+            goto done;
+        }
+    pthread_t t[MAXN];
+    rank_arg a[MAXN];
+    for (int r = 0; r < j->n; r++) {
+        a[r] = (rank_arg){j, r};
+        if (pthread_create(&t[r], NULL, rank_main, &a[r])) die("pthread_create");
+    }
+    for (int r = 0; r < j->n; r++)
+        pthread_join(t[r], NULL);
+    for (int r = 0; r < j->n; r++)
+        if (j->fatal[r][0]) {
+            snprintf(why, whylen, "%s rank %d: %s", sd->name, r, j->fatal[r]);
+            rc = -1;
+        }
+done:
+    for (int r = 0; r < j->n; r++)
+        echo_comm_destroy(j->c[r]);
+    echo_world_destroy(j->w);
+    j->w = NULL;
+    return rc;
+}
+
+static void job_alloc(job *j, int n, int ncalls, uint64_t seed) {
+    j->n = n;
+    j->ncalls = ncalls;
+    for (int k = 0; k < ncalls; k++)
+        for (int r = 0; r < n; r++) {
+            const call_spec *cs = &j->calls[k];
+            size_t m = call_count(cs, r), bytes = m * esize(cs->dt);
+            j->in[k][r] = xmalloc(bytes);
+            j->out[k][r] = xmalloc(bytes);
+            fill(j->in[k][r], cs->dt, m, mix(seed + 1000 * (uint64_t)k + (uint64_t)r));
+        }
+}
+
+static void job_free(job *j) {
+    for (int k = 0; k < j->ncalls; k++)
+        for (int r = 0; r < j->n; r++) {
+            free(j->in[k][r]);
+            free(j->out[k][r]);
+        }
+}
+
+static call_spec spec(int begin, int site, size_t count, echo_dtype dt) {
+    return (call_spec){begin, site, count, dt, -1, 0, -1};
+}
+
+/* First failed call of a job, as a message; NULL if every call succeeded. */
+static const char *first_error(const job *j, const char *side_name, char *buf, size_t len) {
+    for (int k = 0; k < j->ncalls; k++)
+        for (int r = 0; r < j->n; r++)
+            if (j->rc[k][r]) {
+                snprintf(buf, len, "%s call %d rank %d: %s", side_name, k, r, j->err[k][r]);
+                return buf;
+            }
+    return NULL;
+}
+
+/* One case of part a: the same calls through side A (host) and side B. */
+static void compare_case(const side *A, const side *B, const char *label, int n, echo_config cfg, const call_spec *cs,
+                         int ncalls, uint64_t seed) {
+    job ja, jb;
+    char why[512], ebuf[512];
+    const char *fail = NULL;
+    long ndiff = 0;
+    memset(&ja, 0, sizeof ja);
+    memcpy(ja.calls, cs, (size_t)ncalls * sizeof *cs);
+    job_alloc(&ja, n, ncalls, seed);
+    jb = ja; /* same inputs */
+    for (int k = 0; k < ncalls; k++)
+        for (int r = 0; r < n; r++)
+            jb.out[k][r] = xmalloc(call_count(&cs[k], r) * esize(cs[k].dt));
+    if (run_job(&ja, A, &cfg, why, sizeof why) || run_job(&jb, B, &cfg, why, sizeof why)) fail = why;
+    if (!fail) fail = first_error(&ja, A->name, ebuf, sizeof ebuf);
+    if (!fail) fail = first_error(&jb, B->name, ebuf, sizeof ebuf);
+    if (!fail)
+        for (int k = 0; k < ncalls; k++)
+            for (int r = 0; r < n; r++)
+                ndiff += count_diff(ja.out[k][r], jb.out[k][r], call_count(&cs[k], r), esize(cs[k].dt));
+    report(label, fail ? -1 : ndiff, fail);
+    for (int k = 0; k < ncalls; k++)
+        for (int r = 0; r < n; r++)
+            free(jb.out[k][r]);
+    job_free(&ja);
+}
+
+static void part_a(const side *A, const side *B) {
+    const int ranks[] = {2, 3, 4};
+    const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_INT4, ECHO_MODE_ECHO};
+    const size_t counts[] = {1, 63, 4097, ((size_t)1 << 20) + 5};
+    const int groups[] = {32, 64, 128};
+    char label[128];
+    uint64_t seed = 1;
+    printf("== a. local transport: %s vs %s, bit for bit\n", B->name, A->name);
+    for (int ni = 0; ni < 3; ni++)
+        for (int mi = 0; mi < 3; mi++)
+            for (int di = 0; di < 2; di++)
+                for (int ci = 0; ci < 4; ci++)
+                    for (int gi = 0; gi < 3; gi++) {
+                        echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
+                        size_t m = counts[ci];
+                        echo_config cfg = {modes[mi], groups[gi], 0, 4, m, 0};
+                        /* two passes: residual carried over calls 0-2, reset at call 3 */
+                        call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
+                        snprintf(label, sizeof label, "allreduce n=%d %-5s %-4s G=%-3d count=%zu", ranks[ni],
+                                 echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups[gi], m);
+                        compare_case(A, B, label, ranks[ni], cfg, cs, 4, seed++);
+                    }
+    /* Size policy: min_bytes between the bf16 and the f32 size of the
+     * message, so f32 calls are quantized and bf16 calls take the exact
+     * path, which adds the echo residual carried in. */
+    for (int ni = 0; ni < 3; ni++) {
+        size_t m = 4097;
+        echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * m, 4, m, 0};
+        call_spec cs[4] = {spec(1, 0, m, ECHO_F32), spec(0, 1, m, ECHO_BF16), spec(0, 2, m, ECHO_F32),
+                           spec(0, 3, m, ECHO_F32)};
+        snprintf(label, sizeof label, "policy    n=%d echo  f32/bf16 G=64  count=%zu", ranks[ni], m);
+        compare_case(A, B, label, ranks[ni], cfg, cs, 4, seed++);
+    }
+}
+
+/* Every rank's call k failed and its message holds `needle` (or, for the
+ * rank that aborted, its own marker). */
+static const char *expect_all_fail(const job *j, int k, const char *needle, char *buf, size_t len) {
+    for (int r = 0; r < j->n; r++) {
+        if (r == j->calls[k].abort_rank) continue;
+        if (j->rc[k][r] == 0) {
+            snprintf(buf, len, "call %d rank %d succeeded", k, r);
+            return buf;
+        }
+        if (!strstr(j->err[k][r], needle)) {
+            snprintf(buf, len, "call %d rank %d: '%s' lacks '%s'", k, r, j->err[k][r], needle);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+static const char *expect_all_ok(const job *j, int k, char *buf, size_t len) {
+    for (int r = 0; r < j->n; r++)
+        if (j->rc[k][r]) {
+            snprintf(buf, len, "call %d rank %d: %s", k, r, j->err[k][r]);
+            return buf;
+        }
+    return NULL;
+}
+
+static void part_a3(const side *B) {
+    job j;
+    char why[512], buf[512], label[128];
+    const char *fail;
+    const size_t m = 4097;
+    printf("== a3. failures on %s\n", B->name);
+
+    /* a NaN on one rank: every rank fails the call; a new pass works */
+    for (int mi = 0; mi < 3; mi++) {
+        echo_mode md = mi == 0 ? ECHO_MODE_EXACT : mi == 1 ? ECHO_MODE_INT4 : ECHO_MODE_ECHO;
+        memset(&j, 0, sizeof j);
+        j.calls[0] = spec(1, 0, m, ECHO_F32);
+        j.calls[1] = spec(0, 1, m, ECHO_F32); /* the pass is aborted */
+        j.calls[2] = spec(1, 0, m, ECHO_F32);
+        job_alloc(&j, 3, 3, 77);
+        ((float *)j.in[0][1])[1234] = NAN;
+        echo_config cfg = {md, 64, 0, 4, m, 0};
+        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
+        if (!fail) fail = expect_all_fail(&j, 0, "inf/nan", buf, sizeof buf);
+        if (!fail) fail = expect_all_fail(&j, 1, "aborted by an earlier error", buf, sizeof buf);
+        if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
+        if (!fail && count_diff(j.out[2][0], j.out[2][1], m, 4) + count_diff(j.out[2][0], j.out[2][2], m, 4))
+            fail = "replicas differ after recovery";
+        snprintf(label, sizeof label, "nan input     n=3 %-5s f32 count=%zu", echo_mode_name(md), m);
+        report(label, 0, fail);
+        job_free(&j);
+    }
+
+    /* an fp32 sum that overflows (exact path): every rank reports it */
+    memset(&j, 0, sizeof j);
+    j.calls[0] = spec(1, 0, m, ECHO_F32);
+    j.calls[1] = spec(1, 0, m, ECHO_F32);
+    job_alloc(&j, 2, 2, 78);
+    ((float *)j.in[0][0])[4000] = 3e38f;
+    ((float *)j.in[0][1])[4000] = 3e38f;
+    {
+        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0};
+        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
+        if (!fail) fail = expect_all_fail(&j, 0, "element 4000 of the exact all-reduce is not finite", buf, sizeof buf);
+        if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
+        snprintf(label, sizeof label, "sum overflow  n=2 exact f32 count=%zu", m);
+        report(label, 0, fail);
+    }
+    job_free(&j);
+
+    /* ranks that disagree on the count: every rank fails alike */
+    for (int mi = 0; mi < 2; mi++) {
+        echo_mode md = mi ? ECHO_MODE_INT4 : ECHO_MODE_EXACT;
+        memset(&j, 0, sizeof j);
+        j.calls[0] = spec(1, 0, m, ECHO_BF16);
+        j.calls[0].odd_rank = 2;
+        j.calls[0].odd_count = m - 1;
+        j.calls[1] = spec(1, 0, m, ECHO_BF16);
+        job_alloc(&j, 3, 2, 79);
+        echo_config cfg = {md, 32, 0, 4, m, 0};
+        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
+        if (!fail) fail = expect_all_fail(&j, 0, "ranks disagree", buf, sizeof buf);
+        if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
+        snprintf(label, sizeof label, "disagreement  n=3 %-5s bf16 count=%zu/%zu", echo_mode_name(md), m, m - 1);
+        report(label, 0, fail);
+        job_free(&j);
+    }
+
+    /* a rank that aborts instead of calling: the peers fail "aborted";
+     * after echo_world_clear_abort the next pass works. The world must
+     * outlive both jobs, so this one drives the ranks itself. */
+    for (int mi = 0; mi < 2; mi++) {
+        echo_mode md = mi ? ECHO_MODE_ECHO : ECHO_MODE_EXACT;
+        echo_config cfg = {md, 64, 0, 4, m, 0};
+        char err[320];
+        memset(&j, 0, sizeof j);
+        j.calls[0] = spec(1, 0, m, ECHO_F32);
+        j.calls[0].abort_rank = 2;
+        j.calls[1] = spec(0, 1, m, ECHO_F32);
+        job_alloc(&j, 3, 2, 80);
+        j.sd = B;
+        fail = NULL;
+        if (world_create(B, 3, &cfg, &j.w, err, sizeof err)) {
+            snprintf(why, sizeof why, "world: %s", err);
+            fail = why;
+        }
+        for (int r = 0; r < 3 && !fail; r++)
+            if (echo_comm_create(j.w, r, &j.c[r], err, sizeof err)) {
+                snprintf(why, sizeof why, "comm %d: %s", r, err);
+                fail = why;
+            }
+        for (int round = 0; round < 2 && !fail; round++) {
+            pthread_t t[MAXN];
+            rank_arg a[MAXN];
+            if (round == 1) {
+                echo_world_clear_abort(j.w);
+                j.calls[0].abort_rank = -1;
+            }
+            for (int r = 0; r < 3; r++) {
+                a[r] = (rank_arg){&j, r};
+                if (pthread_create(&t[r], NULL, rank_main, &a[r])) die("pthread_create");
+            }
+            for (int r = 0; r < 3; r++)
+                pthread_join(t[r], NULL);
+            for (int r = 0; r < 3 && !fail; r++)
+                if (j.fatal[r][0]) {
+                    snprintf(why, sizeof why, "rank %d: %s", r, j.fatal[r]);
+                    fail = why;
+                }
+            if (!fail && round == 0)
+                fail = expect_all_fail(&j, 0, "aborted because another rank failed", buf, sizeof buf);
+            if (!fail && round == 1) fail = expect_all_ok(&j, 0, buf, sizeof buf);
+            if (!fail && round == 1) fail = expect_all_ok(&j, 1, buf, sizeof buf);
+        }
+        for (int r = 0; r < 3; r++)
+            echo_comm_destroy(j.c[r]);
+        echo_world_destroy(j.w);
+        snprintf(label, sizeof label, "abort + clear n=3 %-5s f32 count=%zu", echo_mode_name(md), m);
+        report(label, 0, fail);
+        job_free(&j);
+    }
+}
+
+/* ================= a2: the codec kernels against the host codec ================= */
+
+/* Memory of one side of the codec check: GPU `device`, or host memory. */
+typedef struct mem {
+    int device;
+    cudaStream_t s;
+} mem;
+
+static void *m_alloc(const mem *m, size_t bytes) {
+    if (m->device < 0) return xmalloc(bytes);
+    void *p;
+    CU(cudaMalloc(&p, bytes ? bytes : 1));
+    return p;
+}
+static void m_free(const mem *m, void *p) {
+    if (m->device < 0)
+        free(p);
+    else
+        CU(cudaFree(p));
+}
+static void m_put(const mem *m, void *dst, const void *src, size_t bytes) {
+    if (m->device < 0)
+        memcpy(dst, src, bytes);
+    else
+        CU(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+static void m_get(const mem *m, void *dst, const void *src, size_t bytes) {
+    if (m->device < 0)
+        memcpy(dst, src, bytes);
+    else
+        CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+/* A rank for calling a compute table directly: the cuda compute needs its
+ * device and its per-rank state, the host compute the owner's scratch. */
+typedef struct fake_rank {
+    echo_comm c;
+    const echo_compute_ops *k;
+} fake_rank;
+
+static void fake_init(fake_rank *f, const mem *m, size_t scratch_values) {
+    char err[320];
+    memset(f, 0, sizeof *f);
+    f->c.device = m->device;
+    f->k = m->device >= 0 ? &echo_cuda_compute : &echo_host_compute;
+    if (m->device >= 0) {
+        if (f->k->comm_init(&f->c, err, sizeof err)) die(err);
+    } else {
+        f->c.scratch = xmalloc(scratch_values * sizeof(float) + 4);
+    }
+}
+
+static void fake_fini(fake_rank *f) {
+    if (f->k == &echo_cuda_compute)
+        f->k->comm_fini(&f->c);
+    else
+        free(f->c.scratch);
+}
+
+/* The geometry of one message of `count` values as a single shard of L =
+ * ceil(count/G)*G values: its wire form is exactly echo_codec_encode's. */
+static echo_plan one_shard(size_t count, int nranks, int group, echo_dtype dt) {
+    echo_plan p;
+    p.count = count;
+    p.shard = (count + (size_t)group - 1) / (size_t)group * (size_t)group;
+    p.wire = p.shard / 2 + 2 * (p.shard / (size_t)group);
+    p.nranks = nranks;
+    p.group = group;
+    p.dt = dt;
+    return p;
+}
+
+static void part_a2(const mem *D) {
+    const int groups[] = {16, 32, 64, 128, 256};
+    const size_t counts[] = {1, 63, 4097, ((size_t)1 << 20) + 5};
+    const mem H = {-1, NULL};
+    char label[128], err[320];
+    fake_rank fd, fh;
+    printf("== a2. codec: %s compute vs the host codec, bit for bit\n", D->device >= 0 ? "cuda" : "host");
+    for (int ci = 0; ci < 4; ci++)
+        for (int gi = 0; gi < 5; gi++) {
+            size_t m = counts[ci];
+            int G = groups[gi];
+            fake_init(&fd, D, m + (size_t)G);
+            fake_init(&fh, &H, m + (size_t)G);
+            for (int di = 0; di < 2; di++) {
+                echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
+                size_t esz = esize(dt);
+                echo_plan p1 = one_shard(m, 1, G, dt);
+                size_t wb = p1.wire;
+                if (wb != echo_codec_wire_bytes(m, G)) die("wire size mismatch between the plan and the codec");
+                void *x = xmalloc(m * esz);
+                float *res0 = xmalloc(m * 4), *res_h = xmalloc(m * 4), *res_d = xmalloc(m * 4);
+                uint8_t *wire_h = xmalloc(wb), *wire_d = xmalloc(wb);
+                fill(x, dt, m, 500 + (uint64_t)ci * 10 + (uint64_t)gi);
+                for (size_t i = 0; i < m; i++)
+                    res0[i] = ldexpf(value(900, i), -6);
+                memcpy(res_h, res0, m * 4);
+                size_t bad;
+                /* phase 1 with error feedback on one destination: the
+                 * fake rank (1) lies outside the one-shard plan, so its own
+                 * shard is skipped and shard 0 is coded */
+                fh.c.rank = 1;
+                fd.c.rank = 1;
+                if (dt == ECHO_F32) {
+                    if (echo_codec_encode(x, res_h, m, G, wire_h, err, sizeof err)) die(err);
+                } else {
+                    uint8_t *send[1] = {wire_h};
+                    fh.k->phase1(&fh.c, &p1, x, res_h, 1, send, &bad, NULL, err, sizeof err);
+                }
+                void *dx = m_alloc(D, m * esz);
+                float *dres = m_alloc(D, m * 4);
+                uint8_t *dwire = m_alloc(D, wb);
+                m_put(D, dx, x, m * esz);
+                m_put(D, dres, res0, m * 4);
+                {
+                    uint8_t *send[1] = {dwire};
+                    if (fd.k->phase1(&fd.c, &p1, dx, dres, 1, send, &bad, D->s, err, sizeof err)) die(err);
+                    if (D->device >= 0) CU(cudaStreamSynchronize(D->s));
+                }
+                m_get(D, wire_d, dwire, wb);
+                m_get(D, res_d, dres, m * 4);
+                snprintf(label, sizeof label, "encode+res %-4s G=%-3d count=%zu (vs %s)", di ? "bf16" : "f32", G, m,
+                         di ? "host compute" : "echo_codec_encode");
+                report(label, count_diff(wire_h, wire_d, wb, 1) + count_diff(res_h, res_d, m, 4), NULL);
+
+                /* finish: decode the host's message into dt (the same
+                 * bytes on both sides, whatever encode gave) */
+                m_put(D, dwire, wire_h, wb);
+                echo_plan pf = one_shard(m, 1, G, dt);
+                void *y_h = xmalloc(m * esz), *y_d = xmalloc(m * esz);
+                void *dy = m_alloc(D, m * esz);
+                if (dt == ECHO_F32) {
+                    echo_codec_decode(wire_h, m, G, y_h, 0);
+                } else {
+                    const uint8_t *g1[1] = {wire_h};
+                    fh.k->finish(&fh.c, &pf, g1, y_h, &bad, NULL, err, sizeof err);
+                }
+                {
+                    const uint8_t *g1[1] = {dwire};
+                    if (fd.k->finish(&fd.c, &pf, g1, dy, &bad, D->s, err, sizeof err)) die(err);
+                }
+                m_get(D, y_d, dy, m * esz);
+                snprintf(label, sizeof label, "decode     %-4s G=%-3d count=%zu (vs %s)", di ? "bf16" : "f32", G, m,
+                         di ? "host compute" : "echo_codec_decode");
+                report(label, count_diff(y_h, y_d, m, esz), NULL);
+
+                /* phase 2, owner 0 of 3 ranks: its raw shard plus two
+                 * peers' messages, with the carried residual g */
+                echo_plan p2 = one_shard(m, 3, G, dt);
+                uint8_t *peer_h[3] = {NULL, xmalloc(wb), xmalloc(wb)};
+                uint8_t *dpeer[3] = {NULL, m_alloc(D, wb), m_alloc(D, wb)};
+                float *ftmp = xmalloc(m * 4);
+                for (int j = 1; j < 3; j++) {
+                    fill(ftmp, ECHO_F32, m, 700 + (uint64_t)j);
+                    if (echo_codec_encode(ftmp, NULL, m, G, peer_h[j], err, sizeof err)) die(err);
+                    m_put(D, dpeer[j], peer_h[j], wb);
+                }
+                float *g_h = xmalloc(m * 4), *g_d = xmalloc(m * 4);
+                for (size_t i = 0; i < m; i++)
+                    g_h[i] = ldexpf(value(901, i), -7);
+                float *dg = m_alloc(D, m * 4);
+                m_put(D, dg, g_h, m * 4);
+                uint8_t *out_h = xmalloc(wb), *out_d = xmalloc(wb), *dout = m_alloc(D, wb);
+                fh.c.rank = 0;
+                fd.c.rank = 0;
+                {
+                    const uint8_t *recv[3] = {NULL, peer_h[1], peer_h[2]};
+                    fh.k->phase2(&fh.c, &p2, x, recv, g_h, 1, out_h, NULL, err, sizeof err);
+                    const uint8_t *drecv[3] = {NULL, dpeer[1], dpeer[2]};
+                    if (fd.k->phase2(&fd.c, &p2, dx, drecv, dg, 1, dout, D->s, err, sizeof err)) die(err);
+                    if (D->device >= 0) CU(cudaStreamSynchronize(D->s));
+                }
+                m_get(D, out_d, dout, wb);
+                m_get(D, g_d, dg, m * 4);
+                snprintf(label, sizeof label, "phase2+res %-4s G=%-3d count=%zu (vs host compute)", di ? "bf16" : "f32",
+                         G, m);
+                report(label, count_diff(out_h, out_d, wb, 1) + count_diff(g_h, g_d, m, 4), NULL);
+
+                m_free(D, dx);
+                m_free(D, dres);
+                m_free(D, dwire);
+                m_free(D, dy);
+                m_free(D, dg);
+                m_free(D, dout);
+                for (int j = 1; j < 3; j++) {
+                    m_free(D, dpeer[j]);
+                    free(peer_h[j]);
+                }
+                free(x), free(res0), free(res_h), free(res_d), free(wire_h), free(wire_d), free(y_h), free(y_d);
+                free(ftmp), free(g_h), free(g_d), free(out_h), free(out_d);
+            }
+            fake_fini(&fd);
+            fake_fini(&fh);
+        }
+}
+
+/* ================= b: benchmark ================= */
+
+typedef struct bench_row {
+    const char *kernel;
+    size_t mb;
+    int ranks;
+    double bytes, us, gbps, copy_gbps, pct;
+} bench_row;
+
+#define MAX_ROWS 32
+
+/* Mean time of one enqueue of `fn` over `iters` iterations on stream s,
+ * after `warm` untimed ones. */
+typedef int (*bench_fn)(void *ctx, char *err, size_t errlen);
+
+static double time_us(bench_fn fn, void *ctx, cudaStream_t s, int warm, int iters) {
+    char err[320];
+    cudaEvent_t a, b;
+    float ms;
+    for (int i = 0; i < warm; i++)
+        if (fn(ctx, err, sizeof err)) die(err);
+    CU(cudaStreamSynchronize(s));
+    CU(cudaEventCreate(&a));
+    CU(cudaEventCreate(&b));
+    CU(cudaEventRecord(a, s));
+    for (int i = 0; i < iters; i++)
+        if (fn(ctx, err, sizeof err)) die(err);
+    CU(cudaEventRecord(b, s));
+    CU(cudaEventSynchronize(b));
+    CU(cudaEventElapsedTime(&ms, a, b));
+    CU(cudaEventDestroy(a));
+    CU(cudaEventDestroy(b));
+    return 1000.0 * ms / iters;
+}
+
+typedef struct bench_ctx {
+    fake_rank *f;
+    echo_plan p;
+    cudaStream_t s;
+    void *x, *y, *src, *dst;
+    float *res;
+    uint8_t *wire[MAXN], *out;
+    size_t bytes;
+} bench_ctx;
+
+static int b_copy(void *ctx, char *err, size_t errlen) {
+    bench_ctx *b = ctx;
+    cudaError_t e = cudaMemcpyAsync(b->dst, b->src, b->bytes, cudaMemcpyDeviceToDevice, b->s);
+    if (e != cudaSuccess) snprintf(err, errlen, "cudaMemcpyAsync: %s", cudaGetErrorString(e));
+    return e == cudaSuccess ? 0 : -1;
+}
+static int b_phase1(void *ctx, char *err, size_t errlen) {
+    bench_ctx *b = ctx;
+    size_t bad;
+    uint8_t *send[1] = {b->wire[0]};
+    b->f->c.rank = 1; /* outside the one-shard plan: shard 0 is coded */
+    return b->f->k->phase1(&b->f->c, &b->p, b->x, b->res, 1, send, &bad, b->s, err, errlen);
+}
+static int b_phase2(void *ctx, char *err, size_t errlen) {
+    bench_ctx *b = ctx;
+    const uint8_t *recv[MAXN] = {NULL};
+    for (int j = 1; j < b->p.nranks; j++)
+        recv[j] = b->wire[j];
+    b->f->c.rank = 0;
+    return b->f->k->phase2(&b->f->c, &b->p, b->x, recv, b->res, 1, b->out, b->s, err, errlen);
+}
+static int b_finish(void *ctx, char *err, size_t errlen) {
+    bench_ctx *b = ctx;
+    const uint8_t *g[1] = {b->wire[0]};
+    return echo_cuda_finish_async(&b->f->c, &b->p, g, b->y, b->s, err, errlen);
+}
+
+static int part_b(int device, const size_t *mbs, int nmb, int G, bench_row *rows) {
+    const mem D = {device, NULL};
+    int nrows = 0;
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    fake_rank f;
+    fake_init(&f, &D, 0);
+    printf("== b. codec kernels on bf16 activations, G=%d, vs a device-to-device copy of the same bytes\n", G);
+    for (int si = 0; si < nmb; si++) {
+        size_t bytes = mbs[si] << 20, M = bytes / 2;
+        echo_plan p1 = one_shard(M, 1, G, ECHO_BF16);
+        size_t wb = p1.wire;
+        int iters = bytes > ((size_t)128 << 20) ? 10 : 20;
+        bench_ctx b = {.f = &f, .p = p1, .s = s, .bytes = bytes};
+        uint16_t *hx = xmalloc(bytes);
+        uint64_t z = 0x243f6a8885a308d3ull;
+        for (size_t i = 0; i < M; i++) { /* a cheap generator: hashing 128M values would dominate */
+            z = z * 6364136223846793005ull + 1442695040888963407ull;
+            hx[i] =
+                echo_f32_to_bf16(ldexpf((float)(int32_t)(z >> 32) * (1.0f / 2147483648.0f), (int)((z >> 20) % 9) - 4));
+        }
+        CU(cudaMalloc(&b.x, bytes));
+        CU(cudaMalloc(&b.y, bytes));
+        CU(cudaMalloc(&b.src, bytes));
+        CU(cudaMalloc(&b.dst, bytes));
+        CU(cudaMalloc((void **)&b.res, M * sizeof(float)));
+        CU(cudaMalloc((void **)&b.out, wb));
+        for (int j = 0; j < MAXN; j++)
+            CU(cudaMalloc((void **)&b.wire[j], wb));
+        CU(cudaMemcpy(b.x, hx, bytes, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(b.src, hx, bytes, cudaMemcpyHostToDevice));
+        CU(cudaMemset(b.res, 0, M * sizeof(float)));
+        free(hx);
+        /* real messages for phase 2 and finish to decode */
+        char err[320];
+        if (b_phase1(&b, err, sizeof err)) die(err);
+        CU(cudaStreamSynchronize(s));
+        for (int j = 1; j < MAXN; j++)
+            CU(cudaMemcpy(b.wire[j], b.wire[0], wb, cudaMemcpyDeviceToDevice));
+
+        double copy_us = time_us(b_copy, &b, s, 3, iters);
+        double copy_gbps = 2.0 * (double)bytes / (copy_us * 1e3);
+        double esz = 2, r4 = 4.0 * (double)M;
+        struct {
+            const char *name;
+            bench_fn fn;
+            int ranks;
+            double bytes;
+        } ks[] = {
+            /* x and the residual read, the residual and the message written */
+            {"phase1_encode_res", b_phase1, 1, esz * M + r4 + r4 + wb},
+            /* own shard and N-1 messages read, g read and written, one message written */
+            {"phase2_owner_n2", b_phase2, 2, esz * M + 1.0 * wb + r4 + r4 + wb},
+            {"phase2_owner_n4", b_phase2, 4, esz * M + 3.0 * wb + r4 + r4 + wb},
+            /* one message read, the activations written */
+            {"finish_decode", b_finish, 1, (double)wb + esz * M},
+        };
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+            b.p = one_shard(M, ks[ki].ranks, G, ECHO_BF16);
+            double us = time_us(ks[ki].fn, &b, s, 3, iters);
+            bench_row *r = &rows[nrows++];
+            *r = (bench_row){ks[ki].name, mbs[si], ks[ki].ranks, ks[ki].bytes, us, ks[ki].bytes / (us * 1e3),
+                             copy_gbps,   0};
+            r->pct = 100.0 * r->gbps / copy_gbps;
+            printf("bench: %-18s bf16 %4zu MB G=%-3d %9.1f us %8.1f GB/s  copy %8.1f GB/s  %5.1f %% of copy "
+                   "(goal >= 80 %%)\n",
+                   r->kernel, r->mb, G, us, r->gbps, copy_gbps, r->pct);
+            fflush(stdout);
+        }
+        CU(cudaFree(b.x));
+        CU(cudaFree(b.y));
+        CU(cudaFree(b.src));
+        CU(cudaFree(b.dst));
+        CU(cudaFree(b.res));
+        CU(cudaFree(b.out));
+        for (int j = 0; j < MAXN; j++)
+            CU(cudaFree(b.wire[j]));
+    }
+    fake_fini(&f);
+    CU(cudaStreamDestroy(s));
+    return nrows;
+}
+
+static void write_json(const char *path, const char *devname, int G, const bench_row *rows, int nrows) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "cannot write %s\n", path);
+        g_fail++;
+        return;
+    }
+    fprintf(f, "{\n  \"device\": \"%s\",\n  \"checks\": {\"cases\": %d, \"failed\": %d},\n", devname, g_cases, g_fail);
+    fprintf(f, "  \"bench_group\": %d,\n  \"bench\": [", G);
+    for (int i = 0; i < nrows; i++)
+        fprintf(f,
+                "%s\n    {\"kernel\": \"%s\", \"dtype\": \"bf16\", \"mb\": %zu, \"ranks\": %d, \"bytes_moved\": %.0f, "
+                "\"time_us\": %.3f, \"gbps\": %.1f, \"copy_gbps\": %.1f, \"pct_of_copy\": %.1f}",
+                i ? "," : "", rows[i].kernel, rows[i].mb, rows[i].ranks, rows[i].bytes, rows[i].us, rows[i].gbps,
+                rows[i].copy_gbps, rows[i].pct);
+    fprintf(f, "%s]\n}\n", nrows ? "\n  " : "");
+    fclose(f);
+}
+
+int main(int argc, char **argv) {
+    int dev = 0, self = 0, bench = 1, G = ECHO_DEFAULT_GROUP, nmb = 2;
+    size_t mbs[8] = {64, 256};
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device-index") && i + 1 < argc) {
+            dev = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--self-check")) {
+            self = 1;
+        } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
+            json = argv[++i];
+        } else if (!strcmp(argv[i], "--no-bench")) {
+            bench = 0;
+        } else if (!strcmp(argv[i], "--bench-group") && i + 1 < argc) {
+            G = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--bench-mb") && i + 1 < argc) {
+            char *sp = argv[++i], *end;
+            for (nmb = 0; nmb < 8 && *sp; nmb++) {
+                mbs[nmb] = strtoull(sp, &end, 10);
+                if (end == sp || mbs[nmb] == 0) nmb = -100;
+                sp = *end == ',' ? end + 1 : end;
+            }
+            if (nmb <= 0) {
+                fprintf(stderr, "--bench-mb: a comma-separated list of sizes in MB\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr,
+                    "usage: %s [--device-index N] [--self-check] [--json FILE] [--no-bench] [--bench-mb LIST] "
+                    "[--bench-group G]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (G < ECHO_MIN_GROUP || G > ECHO_MAX_GROUP || (G & (G - 1))) {
+        fprintf(stderr, "--bench-group: a power of two in [%d, %d]\n", ECHO_MIN_GROUP, ECHO_MAX_GROUP);
+        return 2;
+    }
+    char devname[256] = "host (self-check)";
+    if (!self) {
+        int count = 0;
+        cudaError_t e = cudaGetDeviceCount(&count);
+        if (e != cudaSuccess || count <= 0) {
+            printf("no GPU: skipped (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+            return 77;
+        }
+        if (dev < 0 || dev >= count) {
+            fprintf(stderr, "cuda device %d does not exist (%d found)\n", dev, count);
+            return 1;
+        }
+        struct cudaDeviceProp prop;
+        CU(cudaSetDevice(dev));
+        CU(cudaGetDeviceProperties(&prop, dev));
+        snprintf(devname, sizeof devname, "%s", prop.name);
+    }
+    printf("device: %s\n", devname);
+    const side host = {"host", -1}, device = {"device", dev}, host2 = {"host(2)", -1};
+    const side *B = self ? &host2 : &device;
+    part_a(&host, B);
+    cudaStream_t s = NULL;
+    if (!self) CU(cudaStreamCreate(&s));
+    const mem D = {self ? -1 : dev, s};
+    part_a2(&D);
+    part_a3(B);
+    if (s) CU(cudaStreamDestroy(s));
+    bench_row rows[MAX_ROWS];
+    int nrows = 0;
+    if (self || !bench)
+        printf("== b. benchmark skipped (%s)\n", self ? "self-check: no GPU" : "--no-bench");
+    else
+        nrows = part_b(dev, mbs, nmb, G, rows);
+    if (json) write_json(json, devname, G, rows, nrows);
+    printf("%d of %d cases passed\n", g_cases - g_fail, g_cases);
+    return g_fail ? 1 : 0;
+}
