@@ -101,13 +101,15 @@
  * sees. At the end O is scaled by 1/l, staged through the S strip and
  * stored as bf16 with 16-byte stores. Shared memory: K, V tiles (padded
  * rows, so WMMA loads spread over the banks), S (fp32), P (bf16), corr:
- * 60.3 KB for hd 128 (the opt-in limit is raised once per backend), 44.3 KB
- * for hd 64.
+ * 61,696 bytes for hd 128 (above the default 48 KB, so the opt-in limit is
+ * raised once per backend; within sm_86's 99 KB as well as sm_80's and
+ * sm_90's), 45,312 bytes for hd 64.
  *
  * Decode kernel (att_decode_kernel<HD, GT>): 128 threads per block; a
  * group of HD/8 lanes takes one key at a time, each lane 8 dimensions of
- * it (one 16-byte load of K and of V), so the block has 128/(HD/8) keys in
- * flight, two per group per iteration. The GT query heads of the block
+ * it (one 16-byte load of K and of V); the block's 128/(HD/8) groups load
+ * two keys each per iteration before using them, so 16 (hd 128) or 32
+ * (hd 64) keys are in flight per block. The GT query heads of the block
  * share the loads (GQA: K and V are read once per KV head, not once per
  * query head). Per key and head the group reduces q·k with shuffles inside
  * the group and updates its online softmax (log2 domain). The groups'
@@ -134,7 +136,7 @@
 
 /* Decode (split-K) path. */
 #define ATT_DEC_THREADS 128
-#define ATT_DEC_UNROLL 2      /* keys per lane group per iteration */
+#define ATT_DEC_UNROLL 2       /* keys per lane group per iteration */
 #define ATT_SPLIT_MIN_KEYS 256 /* a split holds at least this many keys */
 #define ATT_SPLIT_MAX 64
 #define ATT_SPLIT_ALIGN 64 /* split boundaries are multiples of this */
@@ -322,8 +324,8 @@ __global__ void __launch_bounds__(ATT_PF_WARPS * 32)
                        const int32_t *__restrict__ tables, int block_size, int hq, int hkv, float scale_log2) {
     typedef att_pf_smem<HD> L;
     constexpr int THREADS = ATT_PF_WARPS * 32;
-    constexpr int CH = HD / 8;  /* 16-byte chunks per row */
-    constexpr int KS = HD / 16; /* k steps of Q·Kᵀ = column tiles of O */
+    constexpr int CH = HD / 8;                      /* 16-byte chunks per row */
+    constexpr int KS = HD / 16;                     /* k steps of Q·Kᵀ = column tiles of O */
     constexpr int PER = ATT_PF_KEYS * CH / THREADS; /* chunks per thread of a K or V tile */
     static_assert(ATT_PF_KEYS * CH % THREADS == 0, "whole K/V tile per pass");
     static_assert(att_frag_c::num_elements * 4 <= 32, "row map packs 4 bits per accumulator element");
@@ -415,7 +417,8 @@ __global__ void __launch_bounds__(ATT_PF_WARPS * 32)
         }
         __syncthreads();
 
-        if (k0 <= wpos_max) { /* warp-uniform: some row of the warp sees a key of this tile */
+        /* warp-uniform: does some row of the warp see a key of this tile? */
+        if (k0 <= wpos_max) {
             /* S = Q·Kᵀ for the 16-key slices some row of the warp sees; the
              * others keep stale values, which the mask below never reads */
 #pragma unroll
@@ -523,8 +526,8 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
                       const bf16 *__restrict__ q, const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
                       const int32_t *__restrict__ items, const int32_t *__restrict__ tables, int block_size, int hq,
                       int hkv, float scale_log2) {
-    constexpr int LPK = HD / 8;                  /* lanes per key: 8 dimensions each */
-    constexpr int KG = ATT_DEC_THREADS / LPK;    /* key groups per block */
+    constexpr int LPK = HD / 8;               /* lanes per key: 8 dimensions each */
+    constexpr int KG = ATT_DEC_THREADS / LPK; /* key groups per block */
     constexpr int U = ATT_DEC_UNROLL;
     static_assert(LPK <= 32 && 32 % LPK == 0, "a key group lies inside one warp");
     __shared__ float sm_m[KG * GT], sm_l[KG * GT], sm_w[KG * GT], sm_L[GT];
@@ -562,8 +565,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
             ok[u] = t < ke;
             kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
             if (ok[u]) {
-                const size_t off =
-                    ((size_t)bt[t / block_size] * block_size + (size_t)(t % block_size)) * kvdim + koff;
+                const size_t off = ((size_t)bt[t / block_size] * block_size + (size_t)(t % block_size)) * kvdim + koff;
                 kr[u] = *(const uint4 *)(kc + off);
                 vr[u] = *(const uint4 *)(vc + off);
             }
@@ -593,7 +595,8 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
             for (int u = 1; u < U; u++)
                 mx = fmaxf(mx, s[u][gh]);
             const float mn = fmaxf(m[gh], mx);
-            if (mn != -INFINITY) { /* else the group has seen no key yet */
+            /* mn = -inf: the group has seen no key yet, nothing to update */
+            if (mn != -INFINITY) {
                 const float corr = exp2f(m[gh] - mn); /* m = -inf: 0 */
                 float p[U], ps = 0.0f;
 #pragma unroll
@@ -660,8 +663,8 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
  * (row, first partial slot, splits), blockIdx.y = head. */
 template <int HD>
 __global__ void __launch_bounds__(HD)
-    att_combine_kernel(bf16 *__restrict__ out, const float *__restrict__ part_acc,
-                       const float2 *__restrict__ part_ml, const int32_t *__restrict__ comb, int hq) {
+    att_combine_kernel(bf16 *__restrict__ out, const float *__restrict__ part_acc, const float2 *__restrict__ part_ml,
+                       const int32_t *__restrict__ comb, int hq) {
     const int32_t *c = comb + 3 * (size_t)blockIdx.x;
     const int row = c[0], p0 = c[1], np = c[2], h = blockIdx.y, d = threadIdx.x;
     float M = -INFINITY;
@@ -742,7 +745,7 @@ static int att_launch(kern_backend *be, bf16 *out, const bf16 *q, const bf16 *kc
         if (att_prefill_smem<HD>(be, HD == 64 ? 1u : 2u)) return -1;
         dim3 grid((unsigned)ntiles, (unsigned)hq);
         att_prefill_kernel<HD><<<grid, ATT_PF_WARPS * 32, att_pf_smem<HD>::BYTES, st>>>(out, q, kc, vc, dtiles, dtab,
-                                                                                       bs, hq, hkv, scale_log2);
+                                                                                        bs, hq, hkv, scale_log2);
         CUDA_LAUNCH_TRY(be, "att_prefill_kernel");
     }
     float *pacc = part;
@@ -751,17 +754,17 @@ static int att_launch(kern_backend *be, bf16 *out, const bf16 *q, const bf16 *kc
         dim3 grid((unsigned)nitems, (unsigned)(hq / gt));
         const unsigned th = ATT_DEC_THREADS;
         if (gt == 8)
-            att_decode_kernel<HD, 8><<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv,
-                                                         scale_log2);
+            att_decode_kernel<HD, 8>
+                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2);
         else if (gt == 4)
-            att_decode_kernel<HD, 4><<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv,
-                                                         scale_log2);
+            att_decode_kernel<HD, 4>
+                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2);
         else if (gt == 2)
-            att_decode_kernel<HD, 2><<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv,
-                                                         scale_log2);
+            att_decode_kernel<HD, 2>
+                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2);
         else
-            att_decode_kernel<HD, 1><<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv,
-                                                         scale_log2);
+            att_decode_kernel<HD, 1>
+                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2);
         CUDA_LAUNCH_TRY(be, "att_decode_kernel");
     }
     if (ncomb > 0) {
