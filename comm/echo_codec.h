@@ -67,12 +67,16 @@ ECHO_HD uint32_t echo_abs_bits(float f) {
     return echo_f32_bits(f) & 0x7fffffffu;
 }
 
-/* Round-to-nearest-even to an integer-valued float. The cpu form (add and
- * subtract 1.5*2^23) vectorizes on plain SSE2; both are exact for |v| < 2^22,
- * and the codec only calls it with |v| < 7.5. */
+/* Round-to-nearest-even to an integer-valued float: add and subtract
+ * 1.5*2^23, exact for |v| < 2^22 (the codec only calls it with |v| < 7.5),
+ * and it vectorizes on plain SSE2. The device does the same two IEEE adds
+ * (the _rn intrinsics are never contracted or reordered) rather than rintf:
+ * rintf(-0.3) is -0 where the adds give +0, and for y = -0 in a group with a
+ * non-zero scale the residual y - q*s would then be +0 on the GPU and -0 on
+ * the cpu. */
 ECHO_HD float echo_rint(float v) {
 #ifdef __CUDA_ARCH__
-    return rintf(v);
+    return __fsub_rn(__fadd_rn(v, 12582912.0f), 12582912.0f);
 #else
     return (v + 12582912.0f) - 12582912.0f;
 #endif

@@ -100,11 +100,13 @@ static uint64_t mix(uint64_t z) {
 
 /* Values with a wide dynamic range, so the codec's scales vary: uniform in
  * [-1, 1) times 2^e, e in [-24, 24] changing every 37 values (not aligned to
- * any group), with runs of zeros (all-zero groups take their own path) and a
- * few groups of tiny values (subnormal scales). */
+ * any group), with runs of +0 and of -0 (all-zero groups take their own
+ * path; a -0 in a group with a non-zero scale must leave a -0 residual on
+ * both sides) and a few runs of tiny values (subnormal scales). */
 static float value(uint64_t seed, uint64_t i) {
     uint64_t blk = i / 37, hb = mix(seed ^ mix(blk + 0x1234));
     if (hb % 23 == 0) return 0.0f;
+    if (hb % 29 == 3) return -0.0f;
     int e = (int)((hb >> 8) % 49) - 24;
     if (hb % 31 == 1) e = -125;
     uint64_t h = mix(seed * 0x100000001b3ull ^ (i * 0x9e3779b97f4a7c15ull));
