@@ -42,10 +42,6 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
                  p->max_tokens, ec->max_model_len);
         return -1;
     }
-    if (n_prompt > ec->max_batch_tokens) {
-        snprintf(err, errlen, "prompt (%d tokens) exceeds the %d tokens of one step", n_prompt, ec->max_batch_tokens);
-        return -1;
-    }
     if (p->max_tokens == 0) return 0;
     if (eng_seq_new(e, &seq, err, errlen)) return -1;
     /* Candidates when they suffice (the same tokens as the full row, see
@@ -62,9 +58,20 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
     }
     eng_rng rng;
     eng_rng_seed(&rng, p->sampling.seed);
-    eng_item it = {seq, prompt, n_prompt, ENG_LOGITS_LAST};
-    if (kc ? eng_step_cands(e, &it, 1, kc, &cd, NULL, NULL, err, errlen) : eng_step(e, &it, 1, logits, err, errlen))
-        goto out;
+    /* Chunked prefill: a prompt longer than one step's token budget
+     * (max_batch_tokens) runs as several steps; only the last asks for
+     * logits. Each chunk attends to the cache the earlier ones filled. */
+    eng_item it;
+    for (int done = 0; done < n_prompt;) {
+        int chunk = n_prompt - done < ec->max_batch_tokens ? n_prompt - done : ec->max_batch_tokens;
+        int last = done + chunk == n_prompt;
+        it = (eng_item){seq, prompt + done, chunk, last ? ENG_LOGITS_LAST : ENG_LOGITS_NONE};
+        if (!last ? eng_step(e, &it, 1, NULL, err, errlen)
+            : kc  ? eng_step_cands(e, &it, 1, kc, &cd, NULL, NULL, err, errlen)
+                  : eng_step(e, &it, 1, logits, err, errlen))
+            goto out;
+        done += chunk;
+    }
     for (int step = 0;; step++) {
         eng_step_out st;
         if (kc) {

@@ -684,6 +684,36 @@ START_TEST(test_engine_transport_choice) {
 }
 END_TEST
 
+/* eng_generate prefills a prompt longer than one step's token budget in
+ * chunks: the same tokens and logprobs as one pass (the cache the earlier
+ * chunks filled is what the later ones attend to). */
+START_TEST(test_generate_chunked_prefill) {
+    char err[1024];
+    ref_model r;
+    ref_load(MODELS_DIR "/gqa4-deep", &r);
+    for (int budget = 0; budget <= 3; budget += 3) { /* 0: the default (one pass); 3: chunks of 3 */
+        eng_config c = {.model_dir = r.dir, .threads = 2, .max_model_len = 128, .max_num_seqs = 1,
+                        .max_batch_tokens = budget};
+        eng *e;
+        ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < r.n_prompts; i++) {
+            const ref_prompt *p = &r.p[i];
+            int32_t out[64], *cur = out;
+            eng_gen_params gp = {.max_tokens = p->n_greedy, .sampling = {.top_p = 1}, .ignore_eos = 1};
+            eng_finish fin;
+            ck_assert_msg(eng_generate(e, p->prompt, p->n_prompt, &gp, collect_tokens, &cur, &fin, err, sizeof err) == 0,
+                          "budget %d: %s", budget, err);
+            ck_assert_int_eq((int)(cur - out), p->n_greedy);
+            for (int j = 0; j < p->n_greedy; j++)
+                ck_assert_msg(out[j] == p->greedy[j], "budget %d prompt %d (%d tokens) step %d: %d vs HF %d", budget,
+                              i, p->n_prompt, j, out[j], p->greedy[j]);
+        }
+        eng_destroy(e);
+    }
+    ref_free(&r);
+}
+END_TEST
+
 static Suite *model_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("oracle");
@@ -703,6 +733,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tcc, test_random_weight_shards);
     tcase_add_test(tcc, test_random_model_tp);
     tcase_add_test(tcc, test_engine_transport_choice);
+    tcase_add_test(tcc, test_generate_chunked_prefill);
     suite_add_tcase(s, tcc);
     TCase *cli = tcase_create("cli");
     tcase_set_timeout(cli, 600);
