@@ -168,9 +168,10 @@ if [ -x "$OPS" ]; then
   *) HAVE_GPU=1; row "ops cuda vs cpu" FAIL "exit $orc, $npass passed, $nfail failed: $(grep -m1 ' FAIL' "$OUT/ops.log" | cut -c1-90)" ;;
   esac
   # attention timing (--bench): "bench attention [cuda] prefill 8192 tokens, ...: X ms Y TFLOP/s"
-  while IFS= read -r l; do
-    row "attn ${l#bench attention \[*\] }" info ""
-  done < <(grep '^bench attention' "$OUT/ops.log" | sed -e 's/, hq [0-9]* hkv [0-9]* hd [0-9]*//' | cut -c1-120)
+  while IFS='|' read -r what detail; do
+    row "attn $what" info "$(echo $detail)"
+  done < <(grep '^bench attention' "$OUT/ops.log" | sed -e 's/^bench attention \[[a-z]*\] //' \
+    -e 's/, hq [0-9]* hkv [0-9]* hd [0-9]*//' -e 's/: */|/' | cut -c1-120)
   cat "$OUT/ops.log"
 else
   row "ops cuda vs cpu" FAIL "$OPS was not built"
@@ -202,7 +203,9 @@ gpu_prog() { # label binary log [args...] -> rows
 SELF=()
 [ "$DEV" = cpu ] && SELF=(--self-check)
 gpu_prog "echo comm device vs host (bit-exact)" "$COMM" "$OUT/comm.log" "${SELF[@]}" --json "$OUT/comm.json"
-while IFS= read -r l; do row "codec ${l#bench: }" ok ""; done < <(grep '^bench:' "$OUT/comm.log" 2>/dev/null | cut -c1-110)
+# "bench: KERNEL bf16 MB MB G=g T us X GB/s  copy C GB/s  P % of copy (goal >= 80 %)"
+while IFS='|' read -r what detail; do row "codec $what" info "$detail"; done < <(awk '$1 == "bench:" {
+  printf "%s %s MB|%s GB/s = %s %% of copy (%s GB/s; goal 80 %%)\n", $2, $4, $9, $14, $12 }' "$OUT/comm.log" 2>/dev/null)
 cat "$OUT/comm.log" 2>/dev/null || true
 
 # ---- 4c. every fixture through the engine: cuda vs cpu at tp 1, 2, 4 ----
