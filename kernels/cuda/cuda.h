@@ -159,6 +159,29 @@ static inline int cuda_enter(kern_backend *be) {
     return 0;
 }
 
+/* The sum of v over the block, returned to every thread (rmsnorm and the
+ * fused norm reduce the same way). blockDim.x is a multiple of 32 (the
+ * shuffles use a full mask) and at most 1024; every thread of the block
+ * must call it (again after a call is fine: each write follows a barrier
+ * that every read of the previous call precedes). */
+static __device__ __forceinline__ float cuda_block_sum(float v) {
+    __shared__ float warp_sums[32];
+    __shared__ float total;
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < nwarps ? warp_sums[lane] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
 /* Blocks for a 1-D grid-stride launch over `count` elements. */
 static inline unsigned cuda_blocks(size_t count, unsigned threads) {
     size_t b = (count + threads - 1) / threads;

@@ -28,27 +28,6 @@
 
 #define QKNR_WARPS 4
 
-/* The sum of v over the block, returned to every thread. blockDim.x is a
- * multiple of 32 (the shuffles use a full mask) and at most 1024; every
- * thread of the block must call it. */
-static __device__ float block_sum(float v) {
-    __shared__ float warp_sums[32];
-    __shared__ float total;
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-    if (lane == 0) warp_sums[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float s = lane < nwarps ? warp_sums[lane] : 0.0f;
-        for (int off = 16; off > 0; off >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    return total;
-}
-
 /* A 32-bit word holds two bf16: the lower address in the low half. */
 static __device__ __forceinline__ float bf16_lo(uint32_t u) {
     return __uint_as_float(u << 16);
@@ -95,7 +74,7 @@ __global__ void cuda_add_rmsnorm_vec_kernel(bf16 *x, const bf16 *y, bf16 *out, c
         s.w = add_word(a.w, b.w, &ss);
         xv[c] = s;
     }
-    float total = block_sum(ss);
+    float total = cuda_block_sum(ss);
     float inv = (float)(1.0 / sqrt((double)total / dim + (double)eps));
     for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
         uint4 a = xv[c], g = wv[c], o;
@@ -119,7 +98,7 @@ __global__ void cuda_add_rmsnorm_kernel(bf16 *x, const bf16 *y, bf16 *out, const
         float v = __bfloat162float(s);
         ss += v * v;
     }
-    float total = block_sum(ss);
+    float total = cuda_block_sum(ss);
     float inv = (float)(1.0 / sqrt((double)total / dim + (double)eps));
     for (int c = threadIdx.x; c < dim; c += blockDim.x)
         o[c] = __float2bfloat16_rn(__bfloat162float(w[c]) * (__bfloat162float(xr[c]) * inv));

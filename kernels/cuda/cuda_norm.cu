@@ -14,8 +14,6 @@
 #include "kernels/cuda/cuda.h"
 
 __global__ void cuda_rmsnorm_kernel(bf16 *out, const bf16 *in, const bf16 *w, int dim, float eps) {
-    __shared__ float warp_sums[32];
-    __shared__ float total;
     const bf16 *x = in + (size_t)blockIdx.x * dim;
     bf16 *o = out + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -23,18 +21,7 @@ __global__ void cuda_rmsnorm_kernel(bf16 *out, const bf16 *in, const bf16 *w, in
         float v = __bfloat162float(x[c]);
         ss += v * v;
     }
-    for (int off = 16; off > 0; off >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-    if (lane == 0) warp_sums[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float s = lane < nwarps ? warp_sums[lane] : 0.0f;
-        for (int off = 16; off > 0; off >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
+    float total = cuda_block_sum(ss);
     float inv = (float)(1.0 / sqrt((double)total / dim + (double)eps));
     for (int c = threadIdx.x; c < dim; c += blockDim.x)
         o[c] = __float2bfloat16_rn(__bfloat162float(w[c]) * (__bfloat162float(x[c]) * inv));
