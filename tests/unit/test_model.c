@@ -126,7 +126,7 @@ static float *full_forward(eng *e, const ref_prompt *p, int vocab) {
     int n = p->n_prompt + p->n_greedy, seq;
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     memcpy(ids, p->prompt, (size_t)p->n_prompt * sizeof *ids);
-    memcpy(ids + p->n_prompt, p->greedy, (size_t)p->n_greedy * sizeof *ids);
+    if (p->n_greedy) memcpy(ids + p->n_prompt, p->greedy, (size_t)p->n_greedy * sizeof *ids);
     ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
     float *all = malloc((size_t)n * vocab * sizeof *all);
     eng_item it = {seq, ids, n, ENG_LOGITS_ALL};
