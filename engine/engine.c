@@ -75,6 +75,17 @@ struct eng {
 const model_config *eng_model_config(const eng *e) { return &e->mc; }
 const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
 
+long eng_graph_steps(const eng *e) { return model_graph_steps(e->ranks[0].m); }
+
+const char *eng_graphs_note(const eng *e) {
+    if (!e->cfg.cuda_graphs) return NULL;
+    if (!e->ranks[0].ops->graph_begin)
+        return "--cuda-graphs has no effect: the backend has no graphs (cuda only); steps run eagerly";
+    if (e->cfg.tp > 1)
+        return "--cuda-graphs has no effect at tp > 1: the all-reduce cannot be captured; steps run eagerly";
+    return NULL;
+}
+
 static void *rank_main(void *arg) {
     eng_rank *r = arg;
     eng *e = r->e;
@@ -211,7 +222,8 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
     e->tokens = malloc((size_t)c->max_batch_tokens * sizeof *e->tokens);
     e->q_start = malloc((size_t)(c->max_num_seqs + 1) * sizeof *e->q_start);
     e->pos0 = malloc((size_t)c->max_num_seqs * sizeof *e->pos0);
-    e->table = malloc((size_t)c->max_num_seqs * e->max_blocks_per_seq * sizeof *e->table);
+    /* zeroed: a graph step stages whole rows, unused entries included */
+    e->table = calloc((size_t)c->max_num_seqs * e->max_blocks_per_seq, sizeof *e->table);
     e->logit_cap = c->max_batch_tokens;
     e->logit_rows = malloc((size_t)e->logit_cap * sizeof *e->logit_rows);
     e->old_nblocks = malloc((size_t)c->max_num_seqs * sizeof *e->old_nblocks);
@@ -277,6 +289,7 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
             snprintf(err, errlen, "%s", merr);
             goto fail;
         }
+        if (c->cuda_graphs) model_set_graphs(r->m, 1); /* the model skips it where it cannot apply */
     }
     for (int i = 1; i < c->tp; i++) {
         if (pthread_create(&e->ranks[i].thread, NULL, rank_main, &e->ranks[i]) != 0) {

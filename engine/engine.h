@@ -55,6 +55,12 @@ typedef struct eng_config {
      * exchanges through its memory (tests on one GPU); auto = nccl when
      * there are tp GPUs, else local. */
     const char *transport;
+    /* 1: decode steps through CUDA graphs (model_set_graphs): a decode-only
+     * step at tp 1 on cuda is recorded once per batch size and replayed
+     * afterwards, with the same logits bits as an eager step. 0 (default):
+     * off. No effect on cpu or at tp > 1 (the all-reduce is not
+     * capturable); eng_graphs_note says why. */
+    int cuda_graphs;
 } eng_config;
 
 typedef struct eng eng;
@@ -65,6 +71,12 @@ void eng_destroy(eng *e);
 const model_config *eng_model_config(const eng *e);
 /* The effective configuration (defaults filled in). */
 const eng_config *eng_get_config(const eng *e);
+/* NULL when cfg.cuda_graphs is off or takes effect; else a sentence saying
+ * why it has no effect (device not cuda, tp > 1), for tools to print. */
+const char *eng_graphs_note(const eng *e);
+/* Steps rank 0 ran through a CUDA graph so far (0 when graphs are off or
+ * unavailable). */
+long eng_graph_steps(const eng *e);
 
 /* Sequences. Ids are small integers, reused after free. */
 int eng_seq_new(eng *e, int *seq, char *err, size_t errlen); /* ENG_ENOSPACE if max_num_seqs are live */

@@ -149,6 +149,33 @@ typedef struct kern_ops {
      * the dtype's rounding. Release with free_weight. */
     int (*random_weight)(kern_backend *be, kern_weight *dev, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
                          int64_t full_cols, uint64_t seed, float offset, float scale);
+
+    /* ---- graphs (optional: NULL on backends without them, e.g. cpu) ----
+     * A repeated op sequence (a decode step of one batch shape) recorded
+     * once and replayed with one launch. Between graph_begin and graph_end
+     * the caller issues the SAME op sequence with the same device pointers,
+     * shapes and scalar arguments every time for one key; only the contents
+     * of the host integer arrays (ids, positions, slots, batch tables) and
+     * of device memory may change. Ops that synchronise or return data to
+     * the host (to_host_f32, logits_topk, alloc, free, upload) are not
+     * allowed inside.
+     *
+     * graph_begin: returns 1 when no graph is wanted for `key` now (capture
+     * of it failed too often): run eagerly, do not call graph_end. Returns 0
+     * in graph mode: *replaying = 1 when a graph exists for key (the ops then
+     * only validate and fill their staged arrays; nothing is launched), else
+     * *replaying = 0 and the stream is being captured (nothing runs either).
+     * -1 on error (not in graph mode).
+     * graph_end: leaves graph mode; a capture is instantiated and kept under
+     * its key (a small LRU cache); then the staged arrays are uploaded and
+     * the graph is launched (asynchronously, like an op). On -1 nothing was
+     * launched and the key's graph is dropped: run the step eagerly.
+     * graph_abort: leaves graph mode without launching anything and
+     * discards a half-made capture; after an op failed inside graph mode
+     * (nothing ran, so the step can be redone eagerly). No-op outside. */
+    int (*graph_begin)(kern_backend *be, uint64_t key, int *replaying);
+    int (*graph_end)(kern_backend *be);
+    void (*graph_abort)(kern_backend *be);
 } kern_ops;
 
 #define KERN_TOPK_MAX 64

@@ -135,6 +135,17 @@ typedef struct model_batch {
     const model_topk *topk;
 } model_batch;
 
+/* Decode steps through backend graphs (kern_ops.graph_begin; cuda only),
+ * off by default. When on, a decode-only step (one token per sequence,
+ * logits rows 0..r-1, no layer_states) at tp 1 is recorded once per batch
+ * shape and replayed with one launch afterwards; the logits are the same
+ * bits as an eager step. Any failure inside a graph falls back to the eager
+ * pass. No effect on backends without graph ops, at tp > 1, or for other
+ * steps. */
+void model_set_graphs(model *m, int on);
+/* Steps that ran through a graph so far (for tests and benchmarks). */
+long model_graph_steps(const model *m);
+
 /* Runs the pass (all-reducing through opts->comm when tp > 1) and writes
  * logits (n_logit_rows, vocab slice) as host fp32 — or, with b->topk, the
  * candidates into b->topk and only the flagged rows into `logits`. */

@@ -72,7 +72,14 @@ struct model {
     int kv_blocks, kv_block_size;
     void **kc, **vc; /* [num_layers] each (kv_blocks*kv_block_size, hkv*hd) */
     scratch sc;
+    uint64_t scratch_gen; /* bumped when the scratch is reallocated (part of a graph's key) */
+    int graphs;           /* model_set_graphs: decode steps through backend graphs */
+    long graph_steps;     /* steps that ran as a graph (captured or replayed) */
 };
+
+long model_graph_steps(const model *m) { return m->graph_steps; }
+
+void model_set_graphs(model *m, int on) { m->graphs = on != 0; }
 
 const model_config *model_get_config(const model *m) { return &m->cfg; }
 size_t model_weight_bytes(const model *m) { return m->weight_bytes; }
@@ -212,6 +219,7 @@ static int scratch_reserve(model *m, int n, int rows, char *err, size_t errlen) 
     }
     m->sc.cap = cap;
     m->sc.logits_cap = rows;
+    m->scratch_gen++; /* graphs captured with the old buffers must not replay */
     return 0;
 }
 
@@ -391,6 +399,11 @@ fail:
     return -1;
 }
 
+static int graph_key(const model *m, const model_batch *b, uint64_t *key);
+static int forward_ops(model *m, const model_batch *b, int n, const int32_t *pos, const int32_t *slots, char *err,
+                       size_t errlen);
+static int forward_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen);
+
 int model_forward(model *m, const model_batch *b, float *logits, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     const kern_ops *ops = m->ops;
@@ -449,6 +462,66 @@ int model_forward(model *m, const model_batch *b, float *logits, char *err, size
      * only: every pass starts clean. */
     if (m->tp > 1 && echo_begin_pass(m->comm, err, errlen)) goto fail;
 
+    uint64_t key = 0;
+    int graphed = 0;
+    if (graph_key(m, b, &key)) {
+        /* Recorded once per key, then replayed (kern_ops.graph_begin). On
+         * any failure inside, nothing ran (a capture executes nothing, a
+         * replay launched nothing): the KV cache is untouched and the step
+         * is simply redone eagerly below. */
+        int replaying = 0, g = ops->graph_begin(be, key, &replaying);
+        if (g == 0) {
+            if (forward_ops(m, b, n, pos, slots, err, errlen) == 0 && ops->graph_end(be) == 0) {
+                graphed = 1;
+                m->graph_steps++;
+            } else {
+                ops->graph_abort(be);
+            }
+        }
+    }
+    if (!graphed && forward_ops(m, b, n, pos, slots, err, errlen)) goto fail;
+    if (forward_out(m, b, logits, err, errlen)) goto fail;
+    free(pos);
+    free(slots);
+    return 0;
+fail:
+    free(pos);
+    free(slots);
+    return -1;
+}
+
+/* Whether this step may go through a backend graph, and its key. Only
+ * decode-only steps (one token per sequence, logits rows 0..r-1) at tp 1
+ * without layer states: a prefill's shapes change every step, layer states
+ * copy to the host mid-pass, and at tp > 1 the all-reduce is not
+ * capturable (the local device transport synchronises the host with its
+ * peers, the nccl transport's non-finite checks read device memory on the
+ * host). The key holds everything that fixes the captured launches: batch
+ * size, table width (the attention's split and staged sizes), the logits
+ * rows, and the scratch's generation (its pointers); weights, caches and
+ * the backend's own buffers are fixed or tracked by the backend. One model
+ * per backend (as the engine has), so keys do not collide. */
+static int graph_key(const model *m, const model_batch *b, uint64_t *key) {
+    const kern_ops *ops = m->ops;
+    if (!m->graphs || m->tp != 1 || b->layer_states || !ops->graph_begin || !ops->graph_end || !ops->graph_abort)
+        return 0;
+    if (b->n_seqs >= (1 << 16) || b->n_logit_rows >= (1 << 16) || b->max_blocks >= (1 << 20)) return 0;
+    for (int s = 0; s < b->n_seqs; s++)
+        if (b->q_start[s + 1] - b->q_start[s] != 1) return 0;
+    for (int i = 0; i < b->n_logit_rows; i++)
+        if (b->logit_rows[i] != i) return 0;
+    *key = (uint64_t)b->n_seqs | (uint64_t)b->n_logit_rows << 16 | (uint64_t)b->max_blocks << 32 |
+           (m->scratch_gen & 0xfff) << 52;
+    return 1;
+}
+
+/* The pass on the backend, embedding to lm_head: launches only, no host
+ * transfer (so it can be a graph). */
+static int forward_ops(model *m, const model_batch *b, int n, const int32_t *pos, const int32_t *slots, char *err,
+                       size_t errlen) {
+    const model_config *c = &m->cfg;
+    const kern_ops *ops = m->ops;
+    kern_backend *be = m->be;
     const int H = c->hidden_size, hd = c->head_dim, hq = m->hq, hkv = m->hkv, I = m->inter;
     const float scale = 1.0f / sqrtf((float)hd);
     scratch *sc = &m->sc;
@@ -489,6 +562,18 @@ int model_forward(model *m, const model_batch *b, float *logits, char *err, size
                          (size_t)H));
         OP(ops->rmsnorm(be, sc->h, sc->o, &m->norm, b->n_logit_rows, H, c->rms_norm_eps));
         OP(ops->matmul(be, sc->logits, sc->h, &m->lm_head, b->n_logit_rows));
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* The logits (or candidates) to the host: after the pass, outside any graph. */
+static int forward_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen) {
+    const kern_ops *ops = m->ops;
+    kern_backend *be = m->be;
+    scratch *sc = &m->sc;
+    if (b->n_logit_rows > 0 && m->vocab_n > 0) {
         const model_topk *t = b->topk;
         if (!t) {
             OP(ops->to_host_f32(be, logits, sc->logits, (size_t)b->n_logit_rows * m->vocab_n));
@@ -504,11 +589,7 @@ int model_forward(model *m, const model_batch *b, float *logits, char *err, size
                                         act_at(m, sc->logits, (size_t)i * m->vocab_n), (size_t)m->vocab_n));
         }
     }
-    free(pos);
-    free(slots);
     return 0;
 fail:
-    free(pos);
-    free(slots);
     return -1;
 }

@@ -284,7 +284,8 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .max_model_len = o->max_model_len,
                      .max_num_seqs = o->max_num_seqs,
                      .max_batch_tokens = o->max_num_batched_tokens,
-                     .kv_blocks = o->kv_blocks};
+                     .kv_blocks = o->kv_blocks,
+                     .cuda_graphs = o->cuda_graphs};
     if (strcmp(o->device, "auto") == 0) ec.device = kern_auto_device();
     if (ec.max_batch_tokens < ec.max_num_seqs) {
         snprintf(err, errlen,
@@ -336,6 +337,8 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
             c->tp, c->device, c->tp > 1 ? echo_mode_name(c->allreduce) : "none (tp 1)", c->tp > 1 ? c->transport : "no",
             slot_mb, u.total_blocks,
             u.block_size, kv_mb, c->max_model_len, c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
+    if (eng_graphs_note(s->eng)) srv_log(s, SRV_LOG_WARNING, "%s", eng_graphs_note(s->eng));
+    else if (c->cuda_graphs) srv_log(s, SRV_LOG_INFO, "decode steps through CUDA graphs (--cuda-graphs)");
     srv_log(s, SRV_LOG_INFO, "defaults from generation_config.json: temperature %g, top_p %g, top_k %d",
             (double)s->gd.temperature, (double)s->gd.top_p, s->gd.top_k);
     if (s->total_blocks < (s->max_model_len + s->block_size - 1) / s->block_size)

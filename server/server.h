@@ -56,6 +56,7 @@ typedef struct srv_options {
     const char *api_key;        /* NULL = no auth */
     double load_delay_s;        /* testing: wait this long before loading (exercises the 503 state) */
     srv_log_level log_level;
+    int cuda_graphs; /* 1: decode steps through CUDA graphs (eng_config.cuda_graphs), default 0 */
 } srv_options;
 
 typedef struct srv_server srv_server;

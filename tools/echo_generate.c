@@ -45,6 +45,9 @@ static const char *USAGE =
     "                         exact (fp32 sum)\n"
     "  --transport T          all-reduce transport when --tp > 1: auto (default), local, nccl;\n"
     "                         cuda: nccl = rank i on GPU i, local = every rank on GPU 0\n"
+    "  --cuda-graphs          decode steps through CUDA graphs (cuda, tp 1; recorded once, then\n"
+    "                         replayed; same tokens). Off by default; no effect on cpu or at\n"
+    "                         --tp > 1 (a note says so)\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default)\n"
     "  --top-k K              with --temperature > 0: sample among the K most likely (0 = off)\n"
@@ -160,7 +163,7 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -175,6 +178,7 @@ int main(int argc, char **argv) {
         {"tp", required_argument, 0, O_TP},
         {"allreduce", required_argument, 0, O_ALLRED},
         {"transport", required_argument, 0, O_TRANSPORT},
+        {"cuda-graphs", no_argument, 0, O_GRAPHS},
         {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},
         {"no-thinking", no_argument, 0, O_NOTHINK},
@@ -225,6 +229,7 @@ int main(int argc, char **argv) {
                 cli_usage_error(PROG, "--transport expects auto, local or nccl, got '%s'", optarg);
             ec.transport = optarg;
             break;
+        case O_GRAPHS: ec.cuda_graphs = 1; break;
         case O_ALLRED:
             if (echo_mode_parse(optarg, &ec.allreduce))
                 cli_usage_error(PROG, "--allreduce expects exact, int4 or echo, got '%s'", optarg);
@@ -309,6 +314,7 @@ int main(int argc, char **argv) {
     ec.max_model_len = (int)need;
     ec.max_batch_tokens = n_prompt;
     if (eng_create(&ec, &e, err, sizeof err)) goto fail;
+    if (eng_graphs_note(e)) fprintf(stderr, "echo-generate: note: %s\n", eng_graphs_note(e));
     for (int r = 0; !json && r < ec.tp; r++) {
         eng_rank_info ri;
         eng_get_rank_info(e, r, &ri);

@@ -32,6 +32,9 @@ static const char *USAGE =
     "  --transport auto|local|nccl  all-reduce transport when --tp > 1 (default auto: on cuda, nccl\n"
     "                               with one GPU per rank when there are --tp GPUs, else local:\n"
     "                               every rank on GPU 0)\n"
+    "  --cuda-graphs                decode steps through CUDA graphs (cuda, tp 1; recorded once per\n"
+    "                               batch size, then replayed; same tokens). Off by default; no\n"
+    "                               effect on cpu or at --tp > 1 (a note says so)\n"
     "  --echo-min-bytes N     all-reduce messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default, 64)\n"
     "  --threads N                  cpu threads in total (default: all online CPUs)\n"
@@ -106,7 +109,8 @@ int main(int argc, char **argv) {
         O_THREADS,
         O_LDELAY,
         O_MINB,
-        O_GROUP
+        O_GROUP,
+        O_GRAPHS
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -114,6 +118,7 @@ int main(int argc, char **argv) {
         {"device", required_argument, 0, O_DEVICE},
         {"allreduce", required_argument, 0, O_ALLRED},
         {"transport", required_argument, 0, O_TRANSPORT},
+        {"cuda-graphs", no_argument, 0, O_GRAPHS},
         {"echo-min-bytes", required_argument, 0, O_MINB},
         {"echo-group", required_argument, 0, O_GROUP},
         {"host", required_argument, 0, O_HOST},
@@ -159,6 +164,7 @@ int main(int argc, char **argv) {
                 cli_usage_error(PROG, "--transport expects auto, local or nccl, got '%s'", optarg);
             o.transport = optarg;
             break;
+        case O_GRAPHS: o.cuda_graphs = 1; break;
         case O_ALLRED:
             if (echo_mode_parse(optarg, &o.allreduce))
                 cli_usage_error(PROG, "--allreduce expects echo, exact or int4, got '%s'", optarg);

@@ -122,6 +122,45 @@ typedef struct cuda_stage_slot {
 #define CUDA_STAGE_SLOTS 8
 #define CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
 
+/* Graphs (kern_ops.graph_begin/end/abort, cuda_graph.cu). A decode step of
+ * one batch shape is captured once and then replayed: on replay the model
+ * issues its usual op sequence, every op validates and fills its staged
+ * arrays exactly as during the capture, and skips its launches
+ * (cuda_replaying); graph_end then uploads the staged arrays and launches
+ * the graph. While in graph mode, staging does not use the ring: it
+ * bump-allocates in the graph's ARENA (pinned host + device, in call order,
+ * no dedupe), so every array lands at the address the captured kernels
+ * read. One copy of the used prefix precedes each launch (outside the
+ * graph, in stream order); the host rewrites the arena only after the
+ * event recorded behind that copy fired. The capture records each
+ * staging's (offset, values); a replay must stage exactly that sequence,
+ * else "graph replay diverged" (the op fails, the caller runs eagerly and
+ * the graph is dropped). */
+typedef struct cuda_graph_stage {
+    uint32_t off, n; /* int32 values */
+} cuda_graph_stage;
+
+typedef struct cuda_graph {
+    uint64_t key;
+    int used_slot;          /* 1: the entry holds a key (a graph, or a failure count) */
+    cudaGraphExec_t exec;   /* NULL until a capture succeeded */
+    unsigned long long epoch; /* impl->graph_epoch when captured */
+    int failures;           /* failed captures (an arena too small does not count) */
+    int32_t *host, *dev;    /* the arena: cap values each */
+    size_t cap, need;       /* need: values a capture wanted (grow before the next) */
+    cudaEvent_t copied;     /* after the last upload of the arena */
+    int copied_valid;
+    cuda_graph_stage *rec;  /* the capture's stagings */
+    size_t nrec, rec_cap;
+    unsigned long long last_used;
+} cuda_graph;
+
+#define CUDA_GRAPHS 16
+#define CUDA_GRAPH_MAX_FAILURES 2
+#define CUDA_GRAPH_ARENA_MIN ((size_t)1 << 16) /* values */
+
+enum { CUDA_GRAPH_OFF = 0, CUDA_GRAPH_CAPTURE, CUDA_GRAPH_REPLAY };
+
 typedef struct cuda_impl {
     int device;
     cudaStream_t stream;
@@ -147,6 +186,22 @@ typedef struct cuda_impl {
     float *att_part;       /* device scratch: split-K partials of attention (cuda_attention.cu) */
     size_t att_part_bytes;
     unsigned att_smem_set; /* attention kernels whose large dynamic shared memory is enabled (bit per kernel) */
+
+    /* graphs (cuda_graph.cu) */
+    cuda_graph graphs[CUDA_GRAPHS];
+    unsigned long long graph_tick;
+    /* Bumped whenever a device buffer that captured kernels may address
+     * is reallocated (tmp, att_part, the rope table): graphs captured
+     * under an older epoch are re-captured. */
+    unsigned long long graph_epoch;
+    int graph_mode;       /* CUDA_GRAPH_OFF / _CAPTURE / _REPLAY */
+    cuda_graph *graph_cur; /* the entry of the current capture or replay */
+    size_t graph_used;    /* arena values handed out in this step */
+    size_t graph_rec_i;   /* replay: stagings consumed */
+    size_t graph_pending; /* offset of the staging between begin and commit */
+    int graph_overflow;   /* capture: the arena was too small (the capture is measured, then discarded) */
+    int32_t *graph_spill; /* host (malloc): where stagings beyond the arena go during such a capture */
+    size_t graph_spill_cap;
 } cuda_impl;
 
 static inline cuda_impl *cuda_get(kern_backend *be) {
@@ -182,6 +237,19 @@ static __device__ __forceinline__ float cuda_block_sum(float v) {
     return total;
 }
 
+/* In graph replay: the op has done its host work (validation, staging) and
+ * must now return 0 without launching or copying anything; the graph holds
+ * its launches. Checked by every op right before its first launch. */
+static inline int cuda_replaying(kern_backend *be) {
+    return cuda_get(be)->graph_mode == CUDA_GRAPH_REPLAY;
+}
+
+/* Ops that synchronise or copy to the host cannot be part of a graph. */
+static inline int cuda_no_graph(kern_backend *be, const char *op) {
+    if (cuda_get(be)->graph_mode != CUDA_GRAPH_OFF) return kern_fail(be, "%s: not allowed inside a cuda graph", op);
+    return 0;
+}
+
 /* Blocks for a 1-D grid-stride launch over `count` elements. */
 static inline unsigned cuda_blocks(size_t count, unsigned threads) {
     size_t b = (count + threads - 1) / threads;
@@ -214,6 +282,15 @@ int cuda_check_weight(kern_backend *be, const char *op, const kern_weight *w);
  * The pointer stays valid until the next call with other values. Shared by
  * rope and qk_norm_rope, so both rotate by the same angles. cuda_rope.cu. */
 int cuda_rope_table(kern_backend *be, double theta, int head_dim, const float **table);
+
+/* Graphs. cuda_graph.cu. Staging in graph mode (called by
+ * cuda_stage_begin/commit), the op-table entries and teardown. */
+int cuda_graph_stage_begin(kern_backend *be, size_t n, int32_t **host);
+int cuda_graph_stage_commit(kern_backend *be, size_t n, const int32_t **dev);
+int cuda_graph_begin(kern_backend *be, uint64_t key, int *replaying);
+int cuda_graph_end(kern_backend *be);
+void cuda_graph_abort(kern_backend *be);
+void cuda_graphs_free(cuda_impl *impl);
 
 /* Release every cached cuBLASLt plan. cuda_matmul.cu. */
 void cuda_mm_plans_clear(cuda_impl *impl);

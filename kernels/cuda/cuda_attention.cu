@@ -26,6 +26,9 @@
  *     sequence's range are left untouched (like the cpu twin).
  *   - All host arrays are staged to the device by the op (pinned ring, see
  *     cuda_stage_begin); the caller may reuse them as soon as it returns.
+ *     In graph mode (cuda_graph.cu) every sequence's block table is staged
+ *     whole (max_blocks entries, of which only the used ones are read), so
+ *     the staged size depends on the batch's shape only.
  *
  * Dispatch. head_dim 64 and 128 (Qwen3 uses 128) with 16-byte aligned q,
  * out, kc and vc take the fast paths; every other call takes the simple
@@ -36,27 +39,36 @@
  *     consecutive rows, query head);
  *   - every row of the other sequences (decode steps, short chunks) goes to
  *     the decode kernel, one block per (row, key split, group of GT query
- *     heads sharing a KV head). A row of len = pos+1 keys is split over
- *     several blocks when it is long enough (len >= 2*ATT_SPLIT_MIN_KEYS)
- *     and its own grid (hq/GT blocks) would not fill the device: splits =
- *     min(len / ATT_SPLIT_MIN_KEYS, ceil(2 * SMs / (hq/GT)), ATT_SPLIT_MAX),
- *     rounded so every split holds a multiple of ATT_SPLIT_ALIGN keys. Split
+ *     heads sharing a KV head). The split is cut from the block table's
+ *     CAPACITY cap = max_blocks * block_size (a per-engine constant), not
+ *     from the row's length, so a decode step's launch geometry and its
+ *     staged arrays' sizes do not change from step to step (what a cuda
+ *     graph replay needs, see cuda_graph.cu):
+ *         S = min(max(cap / ATT_SPLIT_MIN_KEYS, 1), ceil(2 * SMs / (hq/GT)),
+ *                 ATT_SPLIT_MAX)
+ *         C = round_up(ceil(cap / S), ATT_SPLIT_ALIGN)
+ *     and every decode-path row gets ceil(cap / C) splits (1: not split);
+ *     split j covers keys [j*C, min((j+1)*C, len)) of the row's len = pos+1
+ *     keys. A split whose range is empty (a short row in a long table)
+ *     writes the empty partial (m = -inf, l = 0) and returns at once. Split
  *     rows write partials (m, l, acc) to the scratch impl->att_part, and a
- *     combine kernel merges them.
- * Every choice depends on the sequence's own lengths and the device only,
- * never on the rest of the batch, so the result of a (row, head) is the
- * same whatever else is in the batch: batch-invariant like the cpu twin,
- * which the server's greedy outputs rely on. (Splitting a row even when
- * the batch alone would fill the device costs little: the partials are
- * (hd+2) floats per split and head against the split's >= 256 keys of K
- * and V.) No choice depends on the block size either: tiles and splits are
- * cut in positions, so the paging is only addressing.
+ *     combine kernel merges them, skipping empty partials.
+ * Every choice depends on the sequence's own lengths, the table's capacity
+ * and the device only, never on the rest of the batch, so the result of a
+ * (row, head) is the same whatever else is in the batch: batch-invariant
+ * like the cpu twin, which the server's greedy outputs rely on — and the
+ * same whether the step ran eagerly or from a graph. (Splitting a row even
+ * when the batch alone would fill the device costs little: the partials
+ * are (hd+2) floats per split and head against the split's >= 256 keys of
+ * K and V; an empty split is one tiny block.) Tiles and splits are cut in
+ * positions, so for one capacity the paging is only addressing.
  *
  * Batch tables. On the host, attention builds one int32 array and stages it
  * in one copy (cuda_stage_begin/commit). The simple path stages
  *     info[3r .. 3r+2] = (q/out row, position, offset of its table)  r < nq
  *     tables[...]      = for each sequence with rows, the block-table
- *                        entries its last row can reach (ceil(len/bs))
+ *                        entries its last row can reach (ceil(len/bs);
+ *                        max_blocks in graph mode)
  * with nq the number of query rows in the batch; `tables` follows info.
  * The fast paths stage
  *     tables[...]   as above, first (so offsets index the array directly)
@@ -166,6 +178,7 @@ int cuda_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const voi
     if (cuda_enter(be)) return -1;
     const int32_t *dslots = NULL;
     if (cuda_stage_i32(be, slots, (size_t)n, &dslots)) return -1;
+    if (cuda_replaying(be)) return 0;
     cudaStream_t st = cuda_get(be)->stream;
     dim3 grid((unsigned)n, 2);
     size_t bytes = (size_t)kvdim * sizeof(bf16);
@@ -538,6 +551,13 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
     const int row = it[0], kb = it[1], ke = it[2], pslot = it[4];
     const int32_t *bt = tables + it[3];
     const int h0 = blockIdx.y * GT, kvh = h0 / (hq / hkv);
+    if (kb >= ke) {
+        /* an empty split (only split rows have them): the combine skips
+         * m = -inf partials and never reads their acc; the whole block
+         * leaves together, before any barrier */
+        if (pslot >= 0 && tid < GT) part_ml[(size_t)pslot * hq + h0 + tid] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
     const size_t qdim = (size_t)hq * HD, kvdim = (size_t)hkv * HD;
     const size_t koff = (size_t)kvh * HD + (size_t)sub * 8;
 
@@ -673,7 +693,8 @@ __global__ void __launch_bounds__(HD)
     float Lsum = 0.0f, o = 0.0f;
     for (int j = 0; j < np; j++) {
         const float2 ml = part_ml[(size_t)(p0 + j) * hq + h];
-        const float w = exp2f(ml.x - M); /* every split saw keys: m finite */
+        if (ml.x == -INFINITY) continue; /* an empty split; split 0 always holds key 0, so M is finite */
+        const float w = exp2f(ml.x - M);
         Lsum += ml.y * w;
         o += part_acc[((size_t)(p0 + j) * hq + h) * HD + d] * w;
     }
@@ -682,22 +703,24 @@ __global__ void __launch_bounds__(HD)
 
 /* ---- host: the fast paths ---- */
 
-/* The split of a decode row of `len` keys whose own grid is `groups`
- * blocks: the number of splits (1: not split) and the keys per split (a
- * multiple of ATT_SPLIT_ALIGN; the last split may hold fewer, never 0). */
-static int att_splits(int len, int groups, int sms, int *chunk) {
-    *chunk = len;
-    if (len < 2 * ATT_SPLIT_MIN_KEYS) return 1;
+/* The split of every decode-path row of a batch whose block tables hold
+ * cap = max_blocks * block_size positions and whose per-row grid is
+ * `groups` blocks: the number of splits (1: not split) and the keys per
+ * split (a multiple of ATT_SPLIT_ALIGN). See the file comment: it depends
+ * on the capacity and the device, never on a row's length. */
+static int att_splits(int64_t cap, int groups, int sms, int64_t *chunk) {
+    *chunk = cap;
     int64_t want = (2 * (int64_t)sms + groups - 1) / groups; /* splits for ~2 blocks per SM */
-    int64_t n = len / ATT_SPLIT_MIN_KEYS;
+    int64_t n = cap / ATT_SPLIT_MIN_KEYS;
+    if (n < 1) n = 1;
     if (n > want) n = want;
     if (n > ATT_SPLIT_MAX) n = ATT_SPLIT_MAX;
     if (n < 2) return 1;
-    int64_t per = (len + n - 1) / n;
+    int64_t per = (cap + n - 1) / n;
     per = (per + ATT_SPLIT_ALIGN - 1) / ATT_SPLIT_ALIGN * ATT_SPLIT_ALIGN;
-    int splits = (int)((len + per - 1) / per);
+    int splits = (int)((cap + per - 1) / per);
     if (splits < 2) return 1;
-    *chunk = (int)per;
+    *chunk = per;
     return splits;
 }
 
@@ -709,6 +732,7 @@ static int att_part_reserve(kern_backend *be, size_t bytes, float **p) {
         if (want < ((size_t)1 << 20)) want = (size_t)1 << 20;
         /* kernels enqueued earlier may still use the old buffer */
         CUDA_TRY(be, cudaStreamSynchronize(impl->stream));
+        impl->graph_epoch++; /* graphs captured with the old buffer must not replay */
         void *old = impl->att_part, *d = NULL;
         impl->att_part = NULL;
         impl->att_part_bytes = 0;
@@ -740,6 +764,7 @@ template <int HD>
 static int att_launch(kern_backend *be, bf16 *out, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *dtab,
                       const int32_t *dtiles, int ntiles, const int32_t *ditems, int nitems, const int32_t *dcomb,
                       int ncomb, float *part, int nparts, int bs, int hq, int hkv, int gt, float scale_log2) {
+    if (cuda_replaying(be)) return 0;
     cudaStream_t st = cuda_get(be)->stream;
     if (ntiles > 0) {
         if (att_prefill_smem<HD>(be, HD == 64 ? 1u : 2u)) return -1;
@@ -785,22 +810,24 @@ static int att_fast(kern_backend *be, void *out, const void *q, const void *kc, 
      * GQA group, so a block's heads share one KV head */
     const int gt = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     const int groups = hq / gt, sms = impl->sm_count > 0 ? impl->sm_count : 1;
+    const int pad = impl->graph_mode != CUDA_GRAPH_OFF; /* whole tables: sizes fixed by the shape */
+    int64_t chunk = 0;
+    const int ns = att_splits((int64_t)b->max_blocks * bs, groups, sms, &chunk);
 
     int64_t ntiles = 0, nitems = 0, ncomb = 0, nparts = 0;
+    if (pad) nt = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         int n = b->q_start[s + 1] - b->q_start[s];
         if (n == 0) continue;
+        if (pad) nt += b->max_blocks;
         if (n >= ATT_PF_MIN_ROWS) {
             ntiles += (n + ATT_PF_ROWS - 1) / ATT_PF_ROWS;
             continue;
         }
-        for (int j = 0; j < n; j++) {
-            int chunk, ns = att_splits(b->pos0[s] + j + 1, groups, sms, &chunk);
-            nitems += ns;
-            if (ns > 1) {
-                ncomb++;
-                nparts += ns;
-            }
+        nitems += (int64_t)n * ns;
+        if (ns > 1) {
+            ncomb += n;
+            nparts += (int64_t)n * ns;
         }
     }
     const int64_t total = nt + 4 * ntiles + 5 * nitems + 3 * ncomb;
@@ -816,7 +843,7 @@ static int att_fast(kern_backend *be, void *out, const void *q, const void *kc, 
     for (int s = 0; s < b->n_seqs; s++) {
         const int n = b->q_start[s + 1] - b->q_start[s], r0 = b->q_start[s], p0 = b->pos0[s];
         if (n == 0) continue;
-        const int used = (p0 + n + bs - 1) / bs;
+        const int used = pad ? b->max_blocks : (p0 + n + bs - 1) / bs;
         memcpy(tab + toff, b->block_table + (size_t)s * b->max_blocks, (size_t)used * sizeof(int32_t));
         if (n >= ATT_PF_MIN_ROWS) {
             for (int k = (n - 1) / ATT_PF_ROWS; k >= 0; k--, ti++) { /* last tile (most keys) first */
@@ -828,8 +855,7 @@ static int att_fast(kern_backend *be, void *out, const void *q, const void *kc, 
             }
         } else {
             for (int j = 0; j < n; j++) {
-                const int len = p0 + j + 1;
-                int chunk, ns = att_splits(len, groups, sms, &chunk);
+                const int64_t len = p0 + j + 1;
                 if (ns > 1) {
                     comb[3 * ci] = r0 + j;
                     comb[3 * ci + 1] = pi;
@@ -837,9 +863,11 @@ static int att_fast(kern_backend *be, void *out, const void *q, const void *kc, 
                     ci++;
                 }
                 for (int k = 0; k < ns; k++, ii++) {
+                    /* unsplit: chunk = cap >= len; an empty range (kb >= ke) is an empty partial */
+                    const int64_t kb = (int64_t)k * chunk, ke = (int64_t)(k + 1) * chunk;
                     items[5 * ii] = r0 + j;
-                    items[5 * ii + 1] = k * chunk;
-                    items[5 * ii + 2] = (int64_t)(k + 1) * chunk < len ? (k + 1) * chunk : len;
+                    items[5 * ii + 1] = (int32_t)(kb < len ? kb : len);
+                    items[5 * ii + 2] = (int32_t)(ke < len ? ke : len);
                     items[5 * ii + 3] = toff;
                     items[5 * ii + 4] = ns > 1 ? pi + k : -1;
                 }
@@ -895,7 +923,16 @@ int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, c
     const uintptr_t al = (uintptr_t)out | (uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc;
     if ((hd == 64 || hd == 128) && al % 16 == 0) return att_fast(be, out, q, kc, vc, b, hq, hkv, hd, scale, nt);
 
-    /* the simple path: its batch tables, built straight in the pinned staging buffer */
+    /* the simple path: its batch tables, built straight in the pinned
+     * staging buffer; whole tables in graph mode (sizes fixed by the shape) */
+    const int pad = cuda_get(be)->graph_mode != CUDA_GRAPH_OFF;
+    if (pad) {
+        nt = 0;
+        for (int s = 0; s < b->n_seqs; s++)
+            if (b->q_start[s + 1] > b->q_start[s]) nt += b->max_blocks;
+        if (3 * nq + nt > INT_MAX)
+            return kern_fail(be, "attention: batch tables of %lld values too large", (long long)(3 * nq + nt));
+    }
     size_t total = (size_t)(3 * nq + nt);
     int32_t *info = NULL;
     if (cuda_stage_begin(be, total, &info)) return -1;
@@ -904,7 +941,7 @@ int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, c
     for (int s = 0; s < b->n_seqs; s++) {
         int n = b->q_start[s + 1] - b->q_start[s];
         if (n == 0) continue;
-        int used = (b->pos0[s] + n + bs - 1) / bs;
+        int used = pad ? b->max_blocks : (b->pos0[s] + n + bs - 1) / bs;
         memcpy(tab + toff, b->block_table + (size_t)s * b->max_blocks, (size_t)used * sizeof(int32_t));
         for (int j = 0; j < n; j++, r++) {
             info[3 * (size_t)r] = b->q_start[s] + j;
@@ -916,6 +953,7 @@ int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, c
     const int32_t *dinfo = NULL;
     if (cuda_stage_commit(be, total, &dinfo)) return -1;
     const int32_t *dtab = dinfo + 3 * nq;
+    if (cuda_replaying(be)) return 0;
 
     cudaStream_t st = cuda_get(be)->stream;
     dim3 grid((unsigned)nq, (unsigned)hq);

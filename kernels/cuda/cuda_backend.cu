@@ -76,6 +76,7 @@ int cuda_tmp_reserve(kern_backend *be, size_t bytes, void **p) {
         if (want < ((size_t)1 << 20)) want = (size_t)1 << 20;
         /* earlier work on the stream may still read the old buffer */
         CUDA_TRY(be, cudaStreamSynchronize(impl->stream));
+        impl->graph_epoch++; /* graphs captured with the old buffer must not replay */
         if (impl->tmp) CUDA_TRY(be, cudaFree(impl->tmp));
         impl->tmp = NULL;
         impl->tmp_bytes = 0;
@@ -103,6 +104,7 @@ static void stage_free(cuda_impl *impl) {
 int cuda_stage_begin(kern_backend *be, size_t n, int32_t **host) {
     cuda_impl *impl = cuda_get(be);
     if (n == 0) return kern_fail(be, "cuda: staging 0 values");
+    if (impl->graph_mode != CUDA_GRAPH_OFF) return cuda_graph_stage_begin(be, n, host);
     int idx = impl->stage_next;
     cuda_stage_slot *s = &impl->stage[idx];
     s->n = 0; /* not reusable until the new copy is enqueued */
@@ -132,6 +134,7 @@ int cuda_stage_begin(kern_backend *be, size_t n, int32_t **host) {
 
 int cuda_stage_commit(kern_backend *be, size_t n, const int32_t **dev) {
     cuda_impl *impl = cuda_get(be);
+    if (impl->graph_mode != CUDA_GRAPH_OFF) return cuda_graph_stage_commit(be, n, dev);
     int idx = impl->stage_next;
     cuda_stage_slot *s = &impl->stage[idx];
     if (n == 0 || n > s->cap) return kern_fail(be, "cuda: staging commit of %zu values into %zu", n, s->cap);
@@ -270,6 +273,7 @@ static void cuda_free_weight(kern_backend *be, kern_weight *dev) {
 static int cuda_to_host_f32(kern_backend *be, float *dst, const void *src, size_t n) {
     cuda_impl *impl = cuda_get(be);
     void *tmp;
+    if (cuda_no_graph(be, "to_host_f32")) return -1;
     if (n == 0) return 0;
     if (cuda_enter(be) || cuda_tmp_reserve(be, n * sizeof(float), &tmp)) return -1;
     cuda_bf16_to_f32_kernel<<<cuda_blocks(n, 256), 256, 0, impl->stream>>>((float *)tmp, (const bf16 *)src, n);
@@ -284,6 +288,7 @@ static int cuda_copy(kern_backend *be, void *dst, const void *src, size_t n) {
     size_t bytes = n * sizeof(bf16);
     if (n == 0 || dst == src) return 0;
     if (cuda_enter(be)) return -1;
+    if (cuda_replaying(be)) return 0; /* no staging: nothing else to do */
     const char *d = (const char *)dst, *s = (const char *)src;
     if (d < s + bytes && s < d + bytes) { /* overlap: go through the scratch */
         void *tmp;
@@ -325,6 +330,9 @@ static const kern_ops cuda_ops = {
     cuda_logits_topk,   /* logits_topk */
     cuda_stream,        /* stream */
     cuda_random_weight, /* random_weight */
+    cuda_graph_begin,   /* graph_begin */
+    cuda_graph_end,     /* graph_end */
+    cuda_graph_abort,   /* graph_abort */
 };
 
 static int cuda_init(kern_backend *be) {
@@ -405,6 +413,7 @@ extern "C" void kern_cuda_destroy(kern_backend *be) {
     if (impl) {
         cudaSetDevice(impl->device);
         if (impl->stream) cudaStreamSynchronize(impl->stream);
+        cuda_graphs_free(impl);
         cuda_mm_plans_clear(impl);
         if (impl->lt) cublasLtDestroy(impl->lt);
         if (impl->workspace) cudaFree(impl->workspace);

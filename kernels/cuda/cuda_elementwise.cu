@@ -43,6 +43,7 @@ int cuda_embedding(kern_backend *be, void *out, const kern_weight *table, const 
     if (cuda_enter(be)) return -1;
     const int32_t *dids = NULL;
     if (cuda_stage_i32(be, ids, n, &dids)) return -1;
+    if (cuda_replaying(be)) return 0;
     cuda_embedding_kernel<<<n, 256, 0, cuda_get(be)->stream>>>((bf16 *)out, (const bf16 *)table->data, dids,
                                                                table->cols);
     CUDA_LAUNCH_TRY(be, "cuda_embedding_kernel");
@@ -52,6 +53,7 @@ int cuda_embedding(kern_backend *be, void *out, const kern_weight *table, const 
 int cuda_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count) {
     if (count == 0) return 0;
     if (cuda_enter(be)) return -1;
+    if (cuda_replaying(be)) return 0;
     cuda_silu_mul_kernel<<<cuda_blocks(count, 256), 256, 0, cuda_get(be)->stream>>>((bf16 *)out, (const bf16 *)gate,
                                                                                     (const bf16 *)up, count);
     CUDA_LAUNCH_TRY(be, "cuda_silu_mul_kernel");
@@ -61,6 +63,7 @@ int cuda_silu_mul(kern_backend *be, void *out, const void *gate, const void *up,
 int cuda_add(kern_backend *be, void *x, const void *y, size_t count) {
     if (count == 0) return 0;
     if (cuda_enter(be)) return -1;
+    if (cuda_replaying(be)) return 0;
     cuda_add_kernel<<<cuda_blocks(count, 256), 256, 0, cuda_get(be)->stream>>>((bf16 *)x, (const bf16 *)y, count);
     CUDA_LAUNCH_TRY(be, "cuda_add_kernel");
     return 0;

@@ -114,6 +114,7 @@ int cuda_add_rmsnorm(kern_backend *be, void *x, const void *y, void *out, const 
     if (out == x || out == y) return kern_fail(be, "add_rmsnorm: out must not alias x or y");
     if (rows == 0) return 0;
     if (cuda_enter(be)) return -1;
+    if (cuda_replaying(be)) return 0;
     cudaStream_t st = cuda_get(be)->stream;
     uintptr_t addr = (uintptr_t)x | (uintptr_t)y | (uintptr_t)out | (uintptr_t)w->data;
     if (dim % 8 == 0 && addr % 16 == 0) {
@@ -198,6 +199,7 @@ int cuda_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw,
     const float *table = NULL;
     const int32_t *dpos = NULL;
     if (cuda_rope_table(be, theta, hd, &table) || cuda_stage_i32(be, pos, n, &dpos)) return -1;
+    if (cuda_replaying(be)) return 0;
     dim3 grid((unsigned)n, (unsigned)((hq + hkv + QKNR_WARPS - 1) / QKNR_WARPS));
     cuda_qk_norm_rope_kernel<<<grid, 32 * QKNR_WARPS, (size_t)hd * sizeof(float), cuda_get(be)->stream>>>(
         (bf16 *)q, (bf16 *)k, (const bf16 *)qw->data, (const bf16 *)kw->data, dpos, table, hq, hkv, hd, eps);

@@ -202,6 +202,7 @@ int cuda_logits_topk(kern_backend *be, const void *logits, int rows, int vocab, 
     if (rows < 0 || vocab < 1) return kern_fail(be, "logits_topk: bad shape (%d rows, vocab %d)", rows, vocab);
     if (k < 1 || k > KERN_TOPK_MAX || k > vocab)
         return kern_fail(be, "logits_topk: k = %d outside 1..min(vocab %d, %d)", k, vocab, KERN_TOPK_MAX);
+    if (cuda_no_graph(be, "logits_topk")) return -1;
     if (rows == 0) return 0;
     if (!logits || !ids || !vals || !lse) return kern_fail(be, "logits_topk: NULL array");
     cuda_impl *impl = cuda_get(be);

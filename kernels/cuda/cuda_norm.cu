@@ -35,6 +35,7 @@ int cuda_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight 
     if (rows < 0 || dim <= 0) return kern_fail(be, "rmsnorm: bad shape (%d, %d)", rows, dim);
     if (rows == 0) return 0;
     if (cuda_enter(be)) return -1;
+    if (cuda_replaying(be)) return 0;
     /* whole warps only (the reductions shuffle with a full mask) */
     int threads = dim >= 256 ? 256 : ((dim + 31) / 32) * 32;
     cuda_rmsnorm_kernel<<<rows, threads, 0, cuda_get(be)->stream>>>((bf16 *)out, (const bf16 *)in,

@@ -21,7 +21,7 @@ int cuda_random_weight(kern_backend *be, kern_weight *dev, int64_t rows, int64_t
     if (rows < 1 || cols < 1 || row0 < 0 || col0 < 0 || full_cols < col0 + cols || rows > ((int64_t)1 << 40) / cols)
         return kern_fail(be, "random_weight: bad shape (%lld, %lld) at (%lld, %lld) of %lld columns", (long long)rows,
                          (long long)cols, (long long)row0, (long long)col0, (long long)full_cols);
-    if (cuda_enter(be)) return -1;
+    if (cuda_no_graph(be, "random_weight") || cuda_enter(be)) return -1;
     size_t count = (size_t)rows * (size_t)cols;
     void *d = NULL;
     CUDA_TRY(be, cudaMalloc(&d, count * sizeof(bf16)));

@@ -50,6 +50,7 @@ int cuda_rope_table(kern_backend *be, double theta, int head_dim, const float **
         int rc = 0;
         /* earlier rope launches may still read the old table */
         CUDA_TRY_GOTO(be, cudaStreamSynchronize(impl->stream), rc, done);
+        impl->graph_epoch++; /* graphs captured with the old table must not replay */
         if (impl->rope_inv_freq) CUDA_TRY_GOTO(be, cudaFree(impl->rope_inv_freq), rc, done);
         impl->rope_inv_freq = NULL;
         impl->rope_hd = 0;
@@ -78,6 +79,7 @@ int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, i
     const float *table = NULL;
     const int32_t *dpos = NULL;
     if (cuda_rope_table(be, theta, head_dim, &table) || cuda_stage_i32(be, pos, n, &dpos)) return -1;
+    if (cuda_replaying(be)) return 0;
     dim3 grid((unsigned)n, (unsigned)((heads + ROPE_HEADS_PER_BLOCK - 1) / ROPE_HEADS_PER_BLOCK));
     int threads = ((head_dim / 2 + 31) / 32) * 32;
     cuda_rope_kernel<<<grid, threads, 0, cuda_get(be)->stream>>>((bf16 *)x, dpos, table, heads, head_dim);

@@ -91,6 +91,9 @@ void eng_destroy(eng *e) {
 const eng_config *eng_get_config(const eng *e) {
     return (void)e, NULL;
 }
+const char *eng_graphs_note(const eng *e) {
+    return (void)e, NULL;
+}
 int eng_seq_new(eng *e, int *seq, char *err, size_t errlen) {
     (void)e;
     *seq = -1;

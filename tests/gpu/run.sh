@@ -8,7 +8,9 @@
 # CLI, cuda vs cpu; then benchmark the engine on a Qwen3-8B-shaped random
 # model generated in GPU memory (echo-bench forward --model random:qwen3-8b:
 # the matmul peak, prefill tok/s and TFLOP/s, decode tok/s beside the
-# copy-bandwidth roofline, TTFT of a 2048-token prompt).
+# copy-bandwidth roofline, TTFT of a 2048-token prompt), and its decode
+# batches once more through CUDA graphs (--cuda-graphs), graph vs eager
+# tok/s side by side).
 # Made to run on a lent GPU machine (no package registry there): the Debian
 # -dev packages travel as .deb files in .gpu-debs/ (tests/gpu/fetch-debs.sh)
 # and are unpacked with `dpkg -x` into a private prefix; nothing is
@@ -28,7 +30,7 @@
 #
 # Logs under $OUT (few files, so they fit a device call's return):
 #   env.log build.log ops.log comm.log comm.json model.log gen.log
-#   forward.log forward.json summary.txt
+#   forward.log forward.json forward-graphs.json summary.txt
 # The summary table is printed last. Exit status: 0 when nothing failed
 # (steps skipped for want of a GPU count as skipped, not failed), else 1.
 set -euo pipefail
@@ -216,6 +218,15 @@ for tp in 1 2 4; do
 done
 hf=$(grep -h 'greedy vs HF' "$OUT/model.log" 2>/dev/null | awk '{print $1": "$7}' | paste -sd' ' | cut -c1-120)
 [ -n "$hf" ] && row "  greedy tokens agreeing with HF" info "$hf"
+# CUDA graphs (decode steps at tp 1): bits == eager, vs cpu, steps taken as graphs
+gl=$(grep -hE ' tp 1 (graphs == eager|graphs vs cpu|graph steps)' "$OUT/model.log" 2>/dev/null || true)
+if [ -n "$gl" ]; then
+  if grep -q 'skipped' <<<"$gl"; then
+    row "  cuda graphs (decode, tp 1)" skip "no graphs on $DEV"
+  else
+    row "  cuda graphs (decode, tp 1)" info "$(grep -c 'PASS$' <<<"$gl" || true) passed, $(grep -c 'FAIL' <<<"$gl" || true) failed (bits == eager, vs cpu, steps as graphs)"
+  fi
+fi
 cat "$OUT/model.log" 2>/dev/null || true
 
 # ---- 5. greedy generation through the CLI: cuda vs cpu, and cuda vs the HF reference ----
@@ -325,5 +336,44 @@ else
     while IFS='|' read -r step detail; do row "$step" ok "$detail"; done < <(fwd_rows "$OUT/forward.json" "$label")
   fi
   cat "$OUT/forward.json"
+
+  # The decode batches again through CUDA graphs (recorded once per batch
+  # size, then replayed). --prefill keeps the eager run's longest prompt, so
+  # the table capacity (max_model_len, which sets the attention's decode
+  # split) is the same in both runs; TTFT and the matmul peak are skipped.
+  rm -f "$OUT/forward-graphs.json"
+  gfwd_args=(--prefill 8192 --decode-batch 1,16,64 --decode-steps 32 --ttft-len 0 --iters 1 --gemm-dim 0)
+  [ "$DEV" = cpu ] && gfwd_args=(--prefill 64 --decode-batch 1,4 --decode-steps 4 --ttft-len 0 --iters 1 \
+    --copy-bytes 64M --gemm-dim 0)
+  set +e
+  timeout 240 "$BENCH" forward --device "$DEV" --tp 1 --model "$model" --json --cuda-graphs "${gfwd_args[@]}" \
+    >"$OUT/forward-graphs.json" 2>>"$OUT/forward.log"
+  grc=$?
+  set -e
+  if [ $grc -ne 0 ]; then
+    row "fwd $label decode graphs" FAIL "exit $grc: $(tail -1 "$OUT/forward.log" | cut -c1-100)"
+  elif [ $frc -ne 0 ] || ! command -v python3 >/dev/null; then
+    row "fwd $label decode graphs" ok "see forward-graphs.json"
+  else
+    while IFS='|' read -r step result detail; do row "$step" "$result" "$detail"; done < <(
+      python3 - "$OUT/forward.json" "$OUT/forward-graphs.json" "$label" <<'PY'
+import json, sys
+e, g, lab = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+ed = {r["batch"]: r for r in e["decode"]}
+if not g.get("cuda_graphs"):
+    print(f"fwd {lab} decode graphs|skip|graphs not available on {g['device']} (flag is a no-op)")
+    sys.exit(0)
+cells = []
+for r in g["decode"]:
+    b, gt = r["batch"], r["tokens_per_s"]
+    et = ed[b]["tokens_per_s"] if b in ed else float("nan")
+    cells.append(f"B={b}: {gt:.0f} vs {et:.0f} ({gt / et:.2f}x)")
+res = "ok" if g["logits_finite"] and g.get("graph_steps", 0) > 0 else "FAIL"
+print(f"fwd {lab} decode tok/s graphs vs eager|{res}|" + ", ".join(cells)
+      + f"; {g.get('graph_steps', 0)} steps as graphs" + ("" if g["logits_finite"] else "; NON-FINITE LOGITS"))
+PY
+    )
+  fi
+  cat "$OUT/forward-graphs.json"
 fi
 finish

@@ -697,6 +697,7 @@ typedef struct att_spec {
     int blocks[4][4]; /* the explicit tables */
     int explicit_tables;
     int checks; /* ATT_INV: each sequence alone == in the batch; ATT_PAGED: paged == one block each */
+    int extra_blocks; /* table entries beyond the used ones + 2 (a long-capacity table) */
 } att_spec;
 
 #define ATT_INV 1
@@ -720,7 +721,7 @@ static void att_build(const att_spec *t, att_case *c, int32_t **n, int32_t **pos
         rows_kv += t->pos0[s] + t->n[s];
     }
     int n_blocks = t->explicit_tables ? t->n_blocks : used_total + 3;
-    int max_blocks = max_used + 2; /* trailing -1 entries must never be read */
+    int max_blocks = max_used + 2 + t->extra_blocks; /* trailing -1 entries must never be read */
     *n = malloc((size_t)S * sizeof **n);
     *pos0 = malloc((size_t)S * sizeof **pos0);
     *table = malloc((size_t)S * max_blocks * sizeof **table);
@@ -756,38 +757,42 @@ static void test_attention(void) {
     const att_spec specs[] = {
         /* GQA 4:1, the interleaved tables of the brief: seq 0 on 3,0,5 (crossing a block inside its rows),
          * seq 1 on 1,4, seq 2 on 6; block 2 holds garbage */
-        {32, 8, 128, 16, 3, {5, 4, 1}, {30, 20, 0}, 7, {{3, 0, 5}, {1, 4}, {6}}, 1, ATT_BOTH},
+        {32, 8, 128, 16, 3, {5, 4, 1}, {30, 20, 0}, 7, {{3, 0, 5}, {1, 4}, {6}}, 1, ATT_BOTH, 0},
         /* block size 4, a seq with no rows */
-        {32, 8, 128, 4, 4, {37, 1, 5, 0}, {0, 100, 17, 5}, 0, {{0}}, 0, ATT_BOTH},
+        {32, 8, 128, 4, 4, {37, 1, 5, 0}, {0, 100, 17, 5}, 0, {{0}}, 0, ATT_BOTH, 0},
         /* decode batch, long contexts */
-        {32, 8, 128, 16, 4, {1, 1, 1, 1}, {700, 1000, 0, 15}, 0, {{0}}, 0, ATT_BOTH},
-        {32, 8, 128, 16, 1, {37}, {100}, 0, {{0}}, 0, 0},         /* one prefill chunk */
-        {8, 1, 128, 4, 3, {7, 2, 1}, {3, 9, 0}, 0, {{0}}, 0, 0},  /* MQA */
-        {4, 1, 256, 16, 2, {3, 1}, {10, 40}, 0, {{0}}, 0, 0},     /* MQA, widest head */
-        {4, 2, 16, 16, 2, {37, 5}, {0, 3}, 0, {{0}}, 0, 0},       /* fixture */
-        {4, 2, 16, 4, 3, {1, 12, 3}, {37, 0, 3}, 0, {{0}}, 0, 0}, /* fixture, block size 4 */
-        {8, 8, 64, 4, 1, {7}, {20}, 0, {{0}}, 0, 0},              /* MHA */
-        {4, 2, 80, 16, 2, {2, 3}, {5, 0}, 0, {{0}}, 0, 0},        /* head_dim not a multiple of 32 */
+        {32, 8, 128, 16, 4, {1, 1, 1, 1}, {700, 1000, 0, 15}, 0, {{0}}, 0, ATT_BOTH, 0},
+        {32, 8, 128, 16, 1, {37}, {100}, 0, {{0}}, 0, 0, 0},         /* one prefill chunk */
+        {8, 1, 128, 4, 3, {7, 2, 1}, {3, 9, 0}, 0, {{0}}, 0, 0, 0},  /* MQA */
+        {4, 1, 256, 16, 2, {3, 1}, {10, 40}, 0, {{0}}, 0, 0, 0},     /* MQA, widest head */
+        {4, 2, 16, 16, 2, {37, 5}, {0, 3}, 0, {{0}}, 0, 0, 0},       /* fixture */
+        {4, 2, 16, 4, 3, {1, 12, 3}, {37, 0, 3}, 0, {{0}}, 0, 0, 0}, /* fixture, block size 4 */
+        {8, 8, 64, 4, 1, {7}, {20}, 0, {{0}}, 0, 0, 0},              /* MHA */
+        {4, 2, 80, 16, 2, {2, 3}, {5, 0}, 0, {{0}}, 0, 0, 0},        /* head_dim not a multiple of 32 */
         /* The cuda fast paths (hd 64/128): chunks of >= 16 rows on the tiled tensor-core kernel (tiles of 64
-         * rows, K/V tiles of 64 keys), other rows on the decode kernel, split over blocks when long (>= 512
-         * keys) and combined. Every boundary against the cpu twin: */
+         * rows, K/V tiles of 64 keys), other rows on the decode kernel, split over blocks by the table's
+         * capacity (max_blocks * block_size >= 512 keys) and combined. Every boundary against the cpu twin: */
         /* Qwen3-8B prefill chunk at pos0 0 (4 full tiles + 44 rows), then after 1000 positions of history */
-        {32, 8, 128, 16, 1, {300}, {0}, 0, {{0}}, 0, ATT_PAGED},
-        {32, 8, 128, 32, 1, {300}, {1000}, 0, {{0}}, 0, ATT_PAGED},
-        {16, 2, 64, 16, 1, {300}, {1000}, 0, {{0}}, 0, 0}, /* hd 64, GQA 8 */
+        {32, 8, 128, 16, 1, {300}, {0}, 0, {{0}}, 0, ATT_PAGED, 0},
+        {32, 8, 128, 32, 1, {300}, {1000}, 0, {{0}}, 0, ATT_PAGED, 0},
+        {16, 2, 64, 16, 1, {300}, {1000}, 0, {{0}}, 0, 0, 0}, /* hd 64, GQA 8 */
         /* GQA 8, hd 128: tiles of 64 + 2 rows, and 64 + 1 rows starting one short of a key tile edge */
-        {32, 4, 128, 32, 2, {130, 65}, {0, 63}, 0, {{0}}, 0, ATT_INV},
-        {8, 8, 128, 32, 2, {100, 16}, {37, 5}, 0, {{0}}, 0, 0}, /* MHA; 16 rows: the smallest tiled chunk */
-        {8, 8, 64, 16, 1, {77}, {64}, 0, {{0}}, 0, 0},          /* MHA hd 64, a chunk starting on a tile edge */
-        /* decode batches of 8 sequences, contexts 1 .. 8192 (split-K above 511 keys) */
-        {32, 8, 128, 16, 8, {1, 1, 1, 1, 1, 1, 1, 1}, {0, 1, 255, 511, 1000, 2047, 4096, 8191}, 0, {{0}}, 0, ATT_INV},
-        {16, 2, 64, 32, 8, {1, 1, 1, 1, 1, 1, 1, 1}, {8191, 4095, 3000, 1023, 512, 63, 2, 0}, 0, {{0}}, 0, ATT_INV},
-        {8, 8, 128, 16, 8, {1, 1, 1, 1, 1, 1, 1, 1}, {5000, 3, 700, 1, 2500, 0, 6000, 100}, 0, {{0}}, 0, 0}, /* MHA */
+        {32, 4, 128, 32, 2, {130, 65}, {0, 63}, 0, {{0}}, 0, ATT_INV, 0},
+        {8, 8, 128, 32, 2, {100, 16}, {37, 5}, 0, {{0}}, 0, 0, 0}, /* MHA; 16 rows: the smallest tiled chunk */
+        {8, 8, 64, 16, 1, {77}, {64}, 0, {{0}}, 0, 0, 0},          /* MHA hd 64, a chunk starting on a tile edge */
+        /* decode batches of 8 sequences, contexts 1 .. 8192 (split-K, short rows with empty splits) */
+        {32, 8, 128, 16, 8, {1, 1, 1, 1, 1, 1, 1, 1}, {0, 1, 255, 511, 1000, 2047, 4096, 8191}, 0, {{0}}, 0, ATT_INV, 0},
+        {16, 2, 64, 32, 8, {1, 1, 1, 1, 1, 1, 1, 1}, {8191, 4095, 3000, 1023, 512, 63, 2, 0}, 0, {{0}}, 0, ATT_INV, 0},
+        {8, 8, 128, 16, 8, {1, 1, 1, 1, 1, 1, 1, 1}, {5000, 3, 700, 1, 2500, 0, 6000, 100}, 0, {{0}}, 0, 0, 0}, /* MHA */
         /* mixed: decodes, prefill chunks (77, 130, exactly 16 rows), short chunks of 5 and 15 rows (decode
          * path, long rows split), a sequence with no rows */
-        {32, 8, 128, 16, 8, {1, 77, 1, 130, 5, 0, 16, 15}, {3000, 0, 0, 500, 2000, 40, 16, 600}, 0, {{0}}, 0, ATT_BOTH},
+        {32, 8, 128, 16, 8, {1, 77, 1, 130, 5, 0, 16, 15}, {3000, 0, 0, 500, 2000, 40, 16, 600}, 0, {{0}}, 0, ATT_BOTH, 0},
         /* head_dim 80: the simple kernel for every shape, a chunk and a long row included */
-        {8, 2, 80, 16, 2, {40, 1}, {10, 1500}, 0, {{0}}, 0, 0},
+        {8, 2, 80, 16, 2, {40, 1}, {10, 1500}, 0, {{0}}, 0, 0, 0},
+        /* short rows in a long-capacity table: the decode split is cut from the capacity (max_blocks *
+         * block_size), so most splits of the short rows are empty partials the combine skips */
+        {32, 8, 128, 16, 4, {1, 1, 1, 1}, {0, 5, 300, 2000}, 0, {{0}}, 0, ATT_BOTH, 600},
+        {16, 2, 64, 32, 3, {1, 1, 3}, {3, 700, 64}, 0, {{0}}, 0, ATT_BOTH, 300},
     };
     char shape[160];
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
@@ -820,12 +825,11 @@ static void test_attention(void) {
             snprintf(shape, sizeof shape, "case %zu: each sequence alone == in the batch", i);
             report_bool("attention", shape, ok, "results depend on the batch");
         }
-        /* the paging is only addressing: one block per sequence gives the same bits */
+        /* the paging is only addressing: one block per sequence gives the same bits (a block of the
+         * table's whole capacity, since the decode split is cut from the capacity) */
         if (t->checks & ATT_PAGED) {
             att_case flat = c;
-            int S = t->n_seqs, maxlen = 1;
-            for (int s = 0; s < S; s++)
-                if (t->pos0[s] + t->n[s] > maxlen) maxlen = t->pos0[s] + t->n[s];
+            int S = t->n_seqs, maxlen = c.max_blocks * c.bs;
             int32_t *ftab = malloc((size_t)S * sizeof *ftab);
             float *fk = rand_f32((size_t)S * maxlen * t->hkv * t->hd, 8.0f);
             float *fv = rand_f32((size_t)S * maxlen * t->hkv * t->hd, 8.0f);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 #include "tests/unit/testutil.h"
 
@@ -652,6 +653,138 @@ START_TEST(test_random_model_tp) {
 }
 END_TEST
 
+/* ---- graphs: the model's side, through a cpu op table with fake graph ops ----
+ * The cpu backend has no graphs (NULL entries: the model runs eagerly). Here
+ * the graph entries are stubs around the cpu ops, so the model's routing is
+ * visible: which steps ask for a graph, and that a failed graph_end or a
+ * refused graph_begin falls back to the eager pass with the same logits. On
+ * cpu the ops inside "graph mode" really run (a real backend runs nothing
+ * there), and a fallback runs them again: the same values are recomputed
+ * and the cache rows rewritten with the same values. */
+typedef struct fake_graphs {
+    int begin, end, abort_;
+    int mode; /* 0: graph_end succeeds, 1: graph_end fails, 2: graph_begin answers 1 (no graph) */
+    uint64_t last_key;
+} fake_graphs;
+static fake_graphs g_fake; /* the stubs get only the backend: test state lives here */
+
+static int fake_graph_begin(kern_backend *be, uint64_t key, int *replaying) {
+    (void)be;
+    g_fake.begin++;
+    g_fake.last_key = key;
+    *replaying = 0;
+    return g_fake.mode == 2 ? 1 : 0;
+}
+static int fake_graph_end(kern_backend *be) {
+    (void)be;
+    g_fake.end++;
+    return g_fake.mode == 1 ? -1 : 0;
+}
+static void fake_graph_abort(kern_backend *be) {
+    (void)be;
+    g_fake.abort_++;
+}
+
+START_TEST(test_model_graph_routing) {
+    const kern_ops *cpu = NULL;
+    kern_backend *be = NULL;
+    char err[512];
+    ck_assert_msg(kern_backend_create("cpu", 2, 0, &cpu, &be, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cpu->graph_begin == NULL && cpu->graph_end == NULL && cpu->graph_abort == NULL,
+                  "the cpu backend has no graphs");
+    kern_ops fake = *cpu;
+    fake.graph_begin = fake_graph_begin;
+    fake.graph_end = fake_graph_end;
+    fake.graph_abort = fake_graph_abort;
+    const char *spec = "random:tiny,layers=2,seed=4";
+    model *mg = NULL, *me = NULL;
+    model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4};
+    ck_assert_msg(model_load(spec, &og, &mg, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(model_load(spec, &oe, &me, err, sizeof err) == 0, "%s", err);
+    model_set_graphs(mg, 1);
+    const int V = model_get_config(mg)->vocab_size, MB = 8;
+    /* two sequences on blocks 0..7 and 8..15 of each model's own cache */
+    int32_t table[2 * 8];
+    for (int i = 0; i < 16; i++) table[i] = i;
+    float *lg = malloc((size_t)2 * V * sizeof *lg), *le = malloc((size_t)2 * V * sizeof *le);
+    /* prefill: 5 and 3 tokens, not decode-only: no graph asked */
+    int32_t toks[8] = {1, 2, 3, 4, 5, 6, 7, 8}, qs[3] = {0, 5, 8}, pos0[2] = {0, 0}, rows[2] = {4, 7};
+    model_batch b = {2, toks, qs, pos0, table, MB, rows, 2, NULL, NULL};
+    ck_assert_msg(model_forward(mg, &b, lg, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(model_forward(me, &b, le, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(g_fake.begin, 0);
+    ck_assert(memcmp(lg, le, (size_t)2 * V * sizeof *lg) == 0);
+    /* decode steps: modes 0 (graph), 1 (graph_end fails: eager), 2 (no graph: eager), 0 again */
+    static const int modes[] = {0, 1, 2, 0};
+    int32_t dq[3] = {0, 1, 2}, drows[2] = {0, 1}, dpos[2] = {5, 3};
+    for (int t = 0; t < 4; t++) {
+        fake_graphs before = g_fake;
+        g_fake.mode = modes[t];
+        int32_t dt[2] = {10 + t, 20 + t};
+        model_batch d = {2, dt, dq, dpos, table, MB, drows, 2, NULL, NULL};
+        ck_assert_msg(model_forward(mg, &d, lg, err, sizeof err) == 0, "step %d: %s", t, err);
+        ck_assert_msg(model_forward(me, &d, le, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(memcmp(lg, le, (size_t)2 * V * sizeof *lg) == 0, "step %d (mode %d): logits differ", t,
+                      modes[t]);
+        ck_assert_int_eq(g_fake.begin, before.begin + 1);
+        ck_assert_int_eq(g_fake.end, before.end + (modes[t] != 2));
+        ck_assert_int_eq(g_fake.abort_, before.abort_ + (modes[t] == 1));
+        dpos[0]++;
+        dpos[1]++;
+    }
+    ck_assert_int_eq(model_graph_steps(mg), 2);
+    ck_assert_int_eq(model_graph_steps(me), 0);
+    /* the key holds the batch size and the logits rows */
+    ck_assert_int_eq((int)(g_fake.last_key & 0xffff), 2);
+    ck_assert_int_eq((int)(g_fake.last_key >> 16 & 0xffff), 2);
+    /* logits rows not 0..r-1, or layer states: eager, no graph asked */
+    int begins = g_fake.begin;
+    int32_t one_row[1] = {1}, dt[2] = {30, 31};
+    model_batch d = {2, dt, dq, dpos, table, MB, one_row, 1, NULL, NULL};
+    ck_assert_msg(model_forward(mg, &d, lg, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(g_fake.begin, begins);
+    model_free(mg);
+    model_free(me);
+    kern_backend_destroy(cpu, be);
+    free(lg);
+    free(le);
+}
+END_TEST
+
+/* The engine flag: a note on cpu (no graphs there), and the same logits. */
+START_TEST(test_engine_graphs_flag_cpu) {
+    char err[1024];
+    int32_t prompt[] = {5, 17, 300, 2, 511, 64}, tok = 9;
+    float *l[2];
+    for (int g = 0; g < 2; g++) {
+        eng_config c = {.model_dir = "random:tiny,layers=2,seed=5", .device = "cpu", .tp = 1, .threads = 2,
+                        .max_model_len = 64, .max_num_seqs = 2, .cuda_graphs = g};
+        eng *e = NULL;
+        ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
+        if (g) {
+            ck_assert(eng_graphs_note(e) != NULL);
+            ck_assert_msg(strstr(eng_graphs_note(e), "no effect") != NULL, "%s", eng_graphs_note(e));
+        } else {
+            ck_assert(eng_graphs_note(e) == NULL);
+        }
+        const int V = eng_model_config(e)->vocab_size;
+        int seq;
+        l[g] = malloc((size_t)V * sizeof *l[g]);
+        ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
+        eng_item it = {seq, prompt, 6, ENG_LOGITS_LAST};
+        ck_assert_msg(eng_step(e, &it, 1, l[g], err, sizeof err) == 0, "%s", err);
+        it = (eng_item){seq, &tok, 1, ENG_LOGITS_LAST};
+        ck_assert_msg(eng_step(e, &it, 1, l[g], err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(eng_graph_steps(e), 0);
+        eng_seq_free(e, seq);
+        eng_destroy(e);
+        if (g) ck_assert(memcmp(l[0], l[1], (size_t)V * sizeof *l[0]) == 0);
+    }
+    free(l[0]);
+    free(l[1]);
+}
+END_TEST
+
 /* The all-reduce transport is chosen, or refused with a reason. */
 START_TEST(test_engine_transport_choice) {
     char err[1024];
@@ -734,6 +867,8 @@ static Suite *model_suite(void) {
     tcase_add_test(tcc, test_random_model_tp);
     tcase_add_test(tcc, test_engine_transport_choice);
     tcase_add_test(tcc, test_generate_chunked_prefill);
+    tcase_add_test(tcc, test_model_graph_routing);
+    tcase_add_test(tcc, test_engine_graphs_flag_cpu);
     suite_add_tcase(s, tcc);
     TCase *cli = tcase_create("cli");
     tcase_set_timeout(cli, 600);

@@ -63,6 +63,7 @@
 typedef struct fw_opts {
     const char *model, *device;
     int tp, threads, iters, json;
+    int cuda_graphs; /* eng_config.cuda_graphs */
     int prefill[FW_MAX_LIST], n_prefill;
     int batch[FW_MAX_LIST], n_batch;
     int decode_steps, decode_prompt, ttft_len;
@@ -162,7 +163,7 @@ static const char FW_USAGE[] =
     "usage: echo-bench forward --model DIR [--device cpu|cuda|auto] [--tp N] [--prefill 512,2048,8192]\n"
     "                          [--decode-batch 1,16,64] [--decode-steps N] [--decode-prompt N]\n"
     "                          [--ttft-len 2048] [--iters N] [--threads N] [--copy-bytes N] [--seed S] [--json]\n"
-    "                          [--gemm-dim N]\n"
+    "                          [--gemm-dim N] [--cuda-graphs]\n"
     "\n"
     "Prefill tokens/s and TFLOP/s per prompt length, decode tokens/s per batch beside the memory\n"
     "roofline (weight bytes / measured ops->copy bandwidth), and TTFT of one prompt, on the engine.\n"
@@ -181,6 +182,9 @@ static const char FW_USAGE[] =
     "  --seed S            random token ids (default 0)\n"
     "  --gemm-dim N        the matmul peak: ops->matmul of N x N by N x N, the yardstick of prefill\n"
     "                      TFLOP/s (default 8192 on a GPU, 1024 on cpu; 0 skips it)\n"
+    "  --cuda-graphs       decode steps through CUDA graphs (eng_config.cuda_graphs: cuda, tp 1; each\n"
+    "                      batch size is recorded once, then replayed; 3 warm-up steps instead of 1).\n"
+    "                      Off by default; no effect on cpu or at --tp > 1 (a note says so)\n"
     "  --json              one JSON object instead of the table\n"
     "Exit status: 0 ok, 1 runtime error, 2 usage error.\n";
 
@@ -200,7 +204,8 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_SEED,
         O_GEMM,
         O_JSON,
-        O_HELP
+        O_HELP,
+        O_GRAPHS
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -217,6 +222,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"seed", required_argument, 0, O_SEED},
         {"gemm-dim", required_argument, 0, O_GEMM},
         {"json", no_argument, 0, O_JSON},
+        {"cuda-graphs", no_argument, 0, O_GRAPHS},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -282,6 +288,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             o->gemm_dim = (int)v;
             break;
         case O_JSON: o->json = 1; break;
+        case O_GRAPHS: o->cuda_graphs = 1; break;
         case 'h':
         case O_HELP:
             fputs(FW_USAGE, stdout);
@@ -437,7 +444,7 @@ int bench_forward_main(int argc, char **argv) {
         max_pre = o.prefill[i] > max_pre ? o.prefill[i] : max_pre;
     for (int i = 0; i < o.n_batch; i++)
         max_b = o.batch[i] > max_b ? o.batch[i] : max_b;
-    int dec_len = o.decode_prompt + 1 + o.decode_steps; /* prompt, warm-up step, timed steps */
+    int dec_len = o.decode_prompt + (o.cuda_graphs ? 3 : 1) + o.decode_steps; /* prompt, warm-up steps, timed steps */
     int max_len = max_pre > o.ttft_len ? max_pre : o.ttft_len;
     max_len = max_len > dec_len ? max_len : dec_len;
     if (max_len > mc.max_position_embeddings) {
@@ -478,7 +485,8 @@ int bench_forward_main(int argc, char **argv) {
                      .max_model_len = max_len,
                      .max_num_seqs = max_b,
                      .max_batch_tokens = (int)batch_tok,
-                     .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec)};
+                     .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec),
+                     .cuda_graphs = o.cuda_graphs};
     eng *e = NULL;
     float *logits = NULL;
     int32_t *ids = NULL;
@@ -493,6 +501,7 @@ int bench_forward_main(int argc, char **argv) {
     double t0 = fw_now();
     if (eng_create(&ec, &e, err, sizeof err)) goto fail;
     load_s = fw_now() - t0;
+    if (eng_graphs_note(e)) fprintf(stderr, "echo-bench forward: note: %s\n", eng_graphs_note(e));
     const int V = mc.vocab_size, H = mc.hidden_size, L = mc.num_layers;
     logits = malloc((size_t)max_b * V * sizeof *logits);
     ids = malloc((size_t)batch_tok * sizeof *ids);
@@ -531,13 +540,16 @@ int bench_forward_main(int argc, char **argv) {
         double s;
         if (fw_prefill_seqs(e, B, o.decode_prompt, V, &rng, ids, items, logits, seqs, &s, err, sizeof err)) goto fail;
         double t = 0;
-        for (int step = 0; step <= o.decode_steps; step++) {
+        /* untimed warm-up steps; with graphs the first steps of a batch size
+         * record it (a capture that must first grow a buffer is retried) */
+        const int warm = o.cuda_graphs ? 3 : 1;
+        for (int step = 0; step < warm + o.decode_steps; step++) {
             fw_tokens(ids, B, V, &rng);
             for (int b = 0; b < B; b++)
                 items[b] = (eng_item){seqs[b], ids + b, 1, ENG_LOGITS_LAST};
             double ts = fw_now();
             int r = eng_step(e, items, B, logits, err, sizeof err);
-            if (step > 0) t += fw_now() - ts; /* step 0 warms up */
+            if (step >= warm) t += fw_now() - ts;
             if (r) {
                 if (r == ENG_ENOSPACE) snprintf(err, sizeof err, "not enough KV blocks for decode batch %d", B);
                 for (int b = 0; b < B; b++)
@@ -548,7 +560,7 @@ int bench_forward_main(int argc, char **argv) {
         finite &= fw_finite(logits, (size_t)B * V);
         for (int b = 0; b < B; b++)
             eng_seq_free(e, seqs[b]);
-        double ctx = o.decode_prompt + 1 + (o.decode_steps + 1) / 2.0; /* mean context of the timed steps */
+        double ctx = o.decode_prompt + 1 + warm + (o.decode_steps - 1) / 2.0; /* mean context of the timed steps */
         dec[i] = (fw_decode){B, o.decode_steps, t, read_bytes + B * ctx * kv_tok};
     }
 
@@ -584,6 +596,8 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "model", json_string(o.model));
         json_object_set_new(root, "device", json_string(o.device));
         json_object_set_new(root, "tp", json_integer(o.tp));
+        json_object_set_new(root, "cuda_graphs", json_boolean(o.cuda_graphs && !eng_graphs_note(e)));
+        json_object_set_new(root, "graph_steps", json_integer(eng_graph_steps(e)));
         long nt = eng_get_config(e)->threads > 0 ? eng_get_config(e)->threads : sysconf(_SC_NPROCESSORS_ONLN);
         json_object_set_new(root, "threads", json_integer(strcmp(o.device, "cpu") ? 0 : nt));
         json_object_set_new(root, "config",
@@ -629,8 +643,9 @@ int bench_forward_main(int argc, char **argv) {
         printf("%s\n", txt);
         free(txt);
     } else {
-        printf("# echo-bench forward: %s on %s, tp %d, %s activations; %d layers, hidden %d, vocab %d\n", o.model,
-               o.device, o.tp, act, L, H, V);
+        const int graphs_on = o.cuda_graphs && !eng_graphs_note(e);
+        printf("# echo-bench forward: %s on %s, tp %d, %s activations; %d layers, hidden %d, vocab %d%s\n", o.model,
+               o.device, o.tp, act, L, H, V, graphs_on ? "; decode through CUDA graphs" : "");
         printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
                "%zu MiB, 2 x bytes / time); load %.1f s\n",
                ri.weight_bytes / 1e9, read_bytes / 1e9, bps / 1e9, copy_bytes >> 20, load_s);
