@@ -6,24 +6,43 @@
  * (comm/echo_codec.h), so a rank on the GPU produces the bits a rank on the
  * host would.
  *
- * Mapping: one thread per code byte (two values); the G/2 threads of a group
- * reduce its absmax with warp shuffles (and shared memory when G/2 > 32), so
- * a 256-thread block holds whole groups (G <= 256) and shard boundaries
- * (multiples of L, itself a multiple of G) fall between groups. Threads
- * without data still take part in the reductions and leave afterwards.
+ * Mapping of the codec kernels (bandwidth-bound: a few flops per byte):
+ *   - Phase 1 and phase 2: a lane owns a chunk of 8 consecutive values (one
+ *     16-byte load of bf16, two of fp32; residuals two 16-byte loads and
+ *     stores; its 4 code bytes one 32-bit access). A group of G values is
+ *     G/8 consecutive, aligned lanes of one warp (2 lanes at G = 16, the
+ *     whole warp at G = 256), which reduce its absmax with G/8-wide xor
+ *     shuffles: no shared memory, no block barrier.
+ *   - Finish has no reduction: a thread owns 16 values (one 8-byte load of
+ *     codes, 16-byte stores), always inside one group since 16 divides G.
+ *   - Grids: blockIdx.y is the shard (a shard is L values, a multiple of G,
+ *     so chunks never straddle shards or groups and no 64-bit division by L
+ *     is needed); blockIdx.x a grid-stride loop over the shard's chunks.
+ *     The grid holds as many blocks as the device keeps resident (SM count
+ *     times the kernel's occupancy, queried once per comm), so one wave
+ *     fills the GPU.
+ *   - Vector accesses need aligned pointers and whole chunks; a lane whose
+ *     pointer is misaligned (a caller's buf at an odd offset, an all-gather
+ *     message at an odd multiple of 2 bytes) or whose chunk holds the ragged
+ *     end of a shard falls back to scalar accesses of the same values. The
+ *     per-value arithmetic is the same either way, and values past the end
+ *     of the data are zeros that take part in the group's absmax and codes
+ *     exactly as the host's zero padding does.
  *
  * Non-finite input travels in-band as a poisoned scale (echo_codec.h);
  * finish records the first element of a poisoned group with atomicMin and
  * reads it back with one stream synchronisation per call (the host needs
  * the answer to return an error).
  *
- * No file-scope device state: the per-rank flag lives in compute_state.
+ * No file-scope device state: the per-rank flag and the grid sizes live in
+ * compute_state.
  */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 /* nvcc is not given -DECHO_HAVE_CUDA (only the C files are). */
 #ifndef ECHO_HAVE_CUDA
@@ -37,6 +56,13 @@ extern "C" {
 #define ECHO_THREADS 256
 #define ECHO_NO_BAD 0xffffffffffffffffull
 
+/* Values per lane: phase 1 and 2 (a power of two >= 8 so that a chunk is a
+ * whole number of 16-byte bf16 loads, and <= 16 = ECHO_MIN_GROUP so that a
+ * group spans at least one lane), finish (16: a chunk stays in one group). */
+#define ECHO_CODE_V 8
+#define ECHO_CODE_LGV 3
+#define ECHO_FINISH_V 16
+
 typedef struct wire_ptrs {
     uint8_t *p[ECHO_MAX_RANKS];
 } wire_ptrs;
@@ -45,9 +71,17 @@ typedef struct wire_cptrs {
     const uint8_t *p[ECHO_MAX_RANKS];
 } wire_cptrs;
 
+/* The codec kernels, for the resident-block table below. */
+enum { K_PHASE1, K_PHASE2, K_FINISH, K_COUNT };
+
 typedef struct cuda_state {
     unsigned long long *d_bad; /* device: first bad element, ECHO_NO_BAD if none */
     unsigned long long *h_bad; /* pinned host mirror */
+    /* Blocks of ECHO_THREADS threads of each codec kernel (by dtype: 0 f32,
+     * 1 bf16) that the whole device holds at once: SM count times the
+     * kernel's occupancy. A grid of this size fills the GPU in one wave; more
+     * blocks would run as a partial second wave, too few to saturate HBM. */
+    unsigned resident[K_COUNT][2];
 } cuda_state;
 
 /* ---- error checks: record "cuda: FILE:LINE: CALL: NAME (message)" ---- */
@@ -78,114 +112,335 @@ __device__ static inline void st(uint16_t *x, size_t i, float v) {
     x[i] = echo_f32_to_bf16(v);
 }
 
-/* Largest |.| bits over the G/2 threads of this thread's group. Every
- * thread of the block must call it (shuffles, and __syncthreads for G > 64;
- * G is uniform over the launch). */
-__device__ static uint32_t group_absmax(uint32_t a, int G, uint32_t *smem) {
-    int half = G / 2, w = half < 32 ? half : 32;
-    for (int o = w / 2; o > 0; o >>= 1)
-        a = max(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if (half > 32) {
-        if ((threadIdx.x & 31) == 0) smem[threadIdx.x / 32] = a;
-        __syncthreads();
-        int first = (int)(threadIdx.x / half) * (half / 32);
-        a = 0;
-        for (int k = 0; k < half / 32; k++)
-            a = max(a, smem[first + k]);
+__device__ static inline uint32_t umax32(uint32_t a, uint32_t b) {
+    return a > b ? a : b;
+}
+
+/* The alignment of p in bytes (its lowest set address bit), capped at cap. */
+__device__ static inline int align_of(const void *p, int cap) {
+    uintptr_t a = (uintptr_t)p & (uintptr_t)(cap - 1);
+    return a ? (int)(a & (~a + 1)) : cap;
+}
+
+/* Values in a chunk: v[0..V) = p[0..m) as fp32, zeros past m. `vec`: p is
+ * 16-byte aligned (the caller checks the base pointer of the shard; a chunk
+ * is a multiple of 16 bytes, so every chunk keeps it) and the chunk is
+ * whole, so 16-byte loads; else one scalar load per value. */
+template <int V> __device__ static inline void load_vals(const float *p, bool vec, int m, float *v) {
+    if (vec && m == V) {
+#pragma unroll
+        for (int t = 0; t < V; t += 4) {
+            float4 f = *reinterpret_cast<const float4 *>(p + t);
+            v[t] = f.x;
+            v[t + 1] = f.y;
+            v[t + 2] = f.z;
+            v[t + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < V; t++)
+            v[t] = t < m ? p[t] : 0.0f;
     }
+}
+
+/* bf16: element 2k is the low half of 32-bit word k (little-endian). */
+template <int V> __device__ static inline void load_vals(const uint16_t *p, bool vec, int m, float *v) {
+    if (vec && m == V) {
+#pragma unroll
+        for (int t = 0; t < V; t += 8) {
+            uint4 u = *reinterpret_cast<const uint4 *>(p + t);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[t + 2 * k] = echo_bf16_to_f32((uint16_t)(w[k] & 0xffffu));
+                v[t + 2 * k + 1] = echo_bf16_to_f32((uint16_t)(w[k] >> 16));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < V; t++)
+            v[t] = t < m ? echo_bf16_to_f32(p[t]) : 0.0f;
+    }
+}
+
+/* p[0..m) = v[0..m) (rounded to bf16 for uint16_t); `vec` as in load_vals. */
+template <int V> __device__ static inline void store_vals(float *p, bool vec, int m, const float *v) {
+    if (vec && m == V) {
+#pragma unroll
+        for (int t = 0; t < V; t += 4)
+            *reinterpret_cast<float4 *>(p + t) = make_float4(v[t], v[t + 1], v[t + 2], v[t + 3]);
+    } else {
+#pragma unroll
+        for (int t = 0; t < V; t++)
+            if (t < m) p[t] = v[t];
+    }
+}
+
+template <int V> __device__ static inline void store_vals(uint16_t *p, bool vec, int m, const float *v) {
+    if (vec && m == V) {
+#pragma unroll
+        for (int t = 0; t < V; t += 8) {
+            uint32_t w[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                w[k] = (uint32_t)echo_f32_to_bf16(v[t + 2 * k]) | ((uint32_t)echo_f32_to_bf16(v[t + 2 * k + 1]) << 16);
+            *reinterpret_cast<uint4 *>(p + t) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < V; t++)
+            if (t < m) p[t] = echo_f32_to_bf16(v[t]);
+    }
+}
+
+/* The code bytes of a chunk as NW little-endian 32-bit words (byte b of the
+ * chunk is bits 8(b%4).. of word b/4). `al` is the alignment of p, at most
+ * 4 * NW (what every chunk of the message keeps): a message placed at an
+ * odd multiple of 2 bytes (an all-gather of messages of an odd number of
+ * scales) is read in 16-bit halves. */
+template <int NW> __device__ static inline void load_words(const uint8_t *p, int al, uint32_t *w) {
+    if (NW == 2 && al >= 8) {
+        uint2 u = *reinterpret_cast<const uint2 *>(p);
+        w[0] = u.x;
+        w[NW - 1] = u.y;
+    } else if (al >= 4) {
+#pragma unroll
+        for (int k = 0; k < NW; k++)
+            w[k] = reinterpret_cast<const uint32_t *>(p)[k];
+    } else if (al >= 2) {
+        const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
+#pragma unroll
+        for (int k = 0; k < NW; k++)
+            w[k] = (uint32_t)h[2 * k] | ((uint32_t)h[2 * k + 1] << 16);
+    } else {
+#pragma unroll
+        for (int k = 0; k < NW; k++)
+            w[k] = (uint32_t)p[4 * k] | ((uint32_t)p[4 * k + 1] << 8) | ((uint32_t)p[4 * k + 2] << 16) |
+                   ((uint32_t)p[4 * k + 3] << 24);
+    }
+}
+
+template <int NW> __device__ static inline void store_words(uint8_t *p, int al, const uint32_t *w) {
+    if (NW == 2 && al >= 8) {
+        *reinterpret_cast<uint2 *>(p) = make_uint2(w[0], w[NW - 1]);
+    } else if (al >= 4) {
+#pragma unroll
+        for (int k = 0; k < NW; k++)
+            reinterpret_cast<uint32_t *>(p)[k] = w[k];
+    } else if (al >= 2) {
+        uint16_t *h = reinterpret_cast<uint16_t *>(p);
+#pragma unroll
+        for (int k = 0; k < NW; k++) {
+            h[2 * k] = (uint16_t)(w[k] & 0xffffu);
+            h[2 * k + 1] = (uint16_t)(w[k] >> 16);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < NW; k++)
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+                p[4 * k + b] = (uint8_t)(w[k] >> (8 * b));
+    }
+}
+
+/* The signed code of value t of a chunk whose code words are w. */
+__device__ static inline int code_at(const uint32_t *w, int t) {
+    uint8_t b = (uint8_t)(w[t / 8] >> (8 * ((t / 2) % 4)));
+    return (t & 1) ? echo_nib_hi(b) : echo_nib_lo(b);
+}
+
+/* Largest a over the P lanes that share this lane's group: P is a power of
+ * two <= 32 and the group's lanes are the aligned run of P lanes of the warp
+ * holding this one. Only those lanes take part (the mask), and they all call
+ * this together: a group is all in or all out of each loop iteration. */
+__device__ static inline uint32_t group_max(uint32_t a, int P) {
+    unsigned lane = threadIdx.x & 31u;
+    unsigned mask = P >= 32 ? 0xffffffffu : ((1u << P) - 1u) << (lane & ~(unsigned)(P - 1));
+    for (int o = P / 2; o > 0; o >>= 1)
+        a = umax32(a, __shfl_xor_sync(mask, a, o));
     return a;
 }
 
-/* Decoded value of element i of a shard message (L values). */
-__device__ static inline float deq(const uint8_t *w, size_t L, int G, size_t i) {
-    uint8_t b = w[i / 2];
-    int q = (i & 1) ? echo_nib_hi(b) : echo_nib_lo(b);
-    return (float)q * echo_bf16_to_f32(((const uint16_t *)(w + L / 2))[i / (size_t)G]);
+/* Code the chunk y[0..V) of a group of scale bits sb: code words cw (V/8),
+ * residuals r = y - output as the host computes them (output q*s, rounded
+ * to bf16 when the call's activations are bf16: phase 2's g accounts for
+ * the output rounding); an all-zero group keeps y, a poisoned one 0. */
+template <int V>
+__device__ static inline void encode_vals(const float *y, uint16_t sb, bool bf16_out, uint32_t *cw, float *r) {
+    float s = echo_bf16_to_f32(sb);
+    bool ok = sb != 0 && !echo_scale_is_poison(sb);
+#pragma unroll
+    for (int k = 0; k < V / 8; k++)
+        cw[k] = 0;
+#pragma unroll
+    for (int t = 0; t < V; t += 2) {
+        float q0 = 0, q1 = 0;
+        if (ok) {
+            q0 = echo_code(y[t], s);
+            q1 = echo_code(y[t + 1], s);
+        }
+        /* byte t/2 of the chunk: word t/8, bits 8 * ((t/2) % 4) = 4 * (t % 8) */
+        cw[t / 8] |= (uint32_t)echo_pack2((int)q0, (int)q1) << (4 * (t % 8));
+        float o0 = q0 * s, o1 = q1 * s;
+        if (bf16_out) {
+            o0 = echo_bf16_to_f32(echo_f32_to_bf16(o0));
+            o1 = echo_bf16_to_f32(echo_f32_to_bf16(o1));
+        }
+        r[t] = ok ? y[t] - o0 : (sb == 0 ? y[t] : 0.0f);
+        r[t + 1] = ok ? y[t + 1] - o1 : (sb == 0 ? y[t + 1] : 0.0f);
+    }
 }
 
-/* Code the pair (y0, y1) of a group with scale bits sb into byte `byte` of
- * message w (and the scale, by the group's first thread); residuals as the
- * host computes them. */
-__device__ static inline void encode_pair(float y0, float y1, uint16_t sb, uint8_t *w, size_t L, int G, size_t off,
-                                          float *r, size_t n_left, int bf16_out) {
-    float s = echo_bf16_to_f32(sb), q0 = 0, q1 = 0;
-    int ok = sb != 0 && !echo_scale_is_poison(sb);
-    if (ok) {
-        q0 = echo_code(y0, s);
-        q1 = echo_code(y1, s);
-    }
-    w[off / 2] = echo_pack2((int)q0, (int)q1);
-    if (off % (size_t)G == 0) ((uint16_t *)(w + L / 2))[off / (size_t)G] = sb;
-    if (!r) return;
-    float o0 = q0 * s, o1 = q1 * s;
-    if (bf16_out) {
-        o0 = echo_bf16_to_f32(echo_f32_to_bf16(o0));
-        o1 = echo_bf16_to_f32(echo_f32_to_bf16(o1));
-    }
-    if (n_left > 0) r[0] = ok ? y0 - o0 : (sb == 0 ? y0 : 0.0f);
-    if (n_left > 1) r[1] = ok ? y1 - o1 : (sb == 0 ? y1 : 0.0f);
+/* Values of a chunk that lie in the data: min(n - i, V), 0 past the end. */
+template <int V> __device__ static inline int chunk_len(size_t n, size_t i) {
+    return i >= n ? 0 : n - i < (size_t)V ? (int)(n - i) : V;
 }
 
 /* ---- kernels ---- */
 
-/* Phase 1 over the padded message (N*L values, one thread per pair). */
+/* Phase 1: blockIdx.y enumerates the shards this rank codes (those holding
+ * data, 0..ceil(count/L)-1, without its own); blockIdx.x strides over the
+ * chunks of the shard's groups that hold data (groups past the end of the
+ * message are never coded, as on the host). */
 template <typename T>
-__global__ void echo_phase1_kernel(const T *x, float *res, int res_valid, size_t count, size_t L, int G, int N, int own,
-                                   wire_ptrs send) {
-    __shared__ uint32_t smem[ECHO_THREADS / 32];
-    size_t e = 2 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x);
-    size_t c = e / L, off = e - c * L;
-    int act = c < (size_t)N && (int)c != own && e - e % (size_t)G < count;
-    float y0 = 0, y1 = 0;
-    if (act) {
-        if (e < count) y0 = res_valid ? ld(x, e) + res[e] : ld(x, e);
-        if (e + 1 < count) y1 = res_valid ? ld(x, e + 1) + res[e + 1] : ld(x, e + 1);
-    }
-    uint32_t a = group_absmax(max(echo_abs_bits(y0), echo_abs_bits(y1)), G, smem);
-    if (!act) return;
-    encode_pair(y0, y1, echo_scale_from_absbits(a), send.p[c], L, G, off, res ? res + e : NULL,
-                e < count ? count - e : 0, 0);
-}
-
-/* Phase 2 on the owner's shard (len values at offset `base`). */
-template <typename T>
-__global__ void echo_phase2_kernel(const T *x, wire_cptrs recv, float *g, int g_valid, size_t len, size_t base,
-                                   size_t L, int G, int N, int own, uint8_t *out, int bf16_out) {
-    __shared__ uint32_t smem[ECHO_THREADS / 32];
-    size_t e = 2 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x);
-    int act = e < L && e - e % (size_t)G < len;
-    float z[2] = {0, 0};
-    for (int k = 0; k < 2 && act; k++) {
-        size_t i = e + (size_t)k;
-        if (i >= len) break;
-        /* fixed order j = 0..N-1, own shard raw: the host's order */
-        float S = 0;
-        for (int j = 0; j < N; j++) {
-            float v = j == own ? ld(x, base + i) : deq(recv.p[j], L, G, i);
-            S = j == 0 ? v : S + v;
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_phase1_kernel(const T *x, float *res, int res_valid, size_t count, size_t L, int lg, int own, wire_ptrs send) {
+    const int V = ECHO_CODE_V, P = 1 << (lg - ECHO_CODE_LGV);
+    int c = (int)blockIdx.y;
+    c += c >= own;
+    size_t start = (size_t)c * L, n = count - start < L ? count - start : L;
+    size_t K = ((n + ((size_t)1 << lg) - 1) >> lg) << (lg - ECHO_CODE_LGV);
+    const T *xs = x + start;
+    float *rs = res ? res + start : NULL;
+    const float *rin = res_valid ? rs : NULL;
+    uint8_t *w = send.p[c];
+    uint16_t *scales = reinterpret_cast<uint16_t *>(w + L / 2);
+    bool xv = align_of(xs, 16) == 16, rv = align_of(rs, 16) == 16;
+    int wal = align_of(w, 4);
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
+        size_t i = k * V;
+        int m = chunk_len<V>(n, i);
+        float y[V], r[V];
+        load_vals<V>(xs + i, xv, m, y);
+        if (rin) {
+            load_vals<V>(rin + i, rv, m, r);
+#pragma unroll
+            for (int t = 0; t < V; t++)
+                if (t < m) y[t] = y[t] + r[t];
         }
-        z[k] = g_valid ? S + g[i] : S;
+        uint32_t a = 0;
+#pragma unroll
+        for (int t = 0; t < V; t++)
+            a = umax32(a, echo_abs_bits(y[t]));
+        uint16_t sb = echo_scale_from_absbits(group_max(a, P));
+        uint32_t cw[V / 8];
+        encode_vals<V>(y, sb, false, cw, r);
+        store_words<V / 8>(w + i / 2, wal, cw);
+        if ((k & (size_t)(P - 1)) == 0) scales[i >> lg] = sb;
+        if (rs) store_vals<V>(rs + i, rv, m, r);
     }
-    uint32_t a = group_absmax(max(echo_abs_bits(z[0]), echo_abs_bits(z[1])), G, smem);
-    if (!act) return;
-    encode_pair(z[0], z[1], echo_scale_from_absbits(a), out, L, G, e, g ? g + e : NULL, e < len ? len - e : 0,
-                bf16_out);
 }
 
-/* Every rank: decode every shard into buf. */
+/* Phase 2 on the owner's shard (xs: its len raw values; the peers' messages
+ * in recv). Per value, S = sum over j = 0..N-1 in that order of (j == own ?
+ * x : decoded peer j), the host's order; the peers' code words and scales
+ * are loaded four ranks at a time ahead of their adds, so that the loads
+ * overlap. The output message is coded like phase 1; g (len values) is
+ * the carried residual, read when g_valid and rewritten when not NULL. */
 template <typename T>
-__global__ void echo_finish_kernel(wire_cptrs gathered, T *buf, size_t count, size_t L, int G,
-                                   unsigned long long *bad) {
-    size_t e = 2 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x);
-    if (e >= count) return;
-    size_t c = e / L, off = e - c * L;
-    const uint8_t *w = gathered.p[c];
-    uint16_t sb = ((const uint16_t *)(w + L / 2))[off / (size_t)G];
-    float s = echo_bf16_to_f32(sb);
-    uint8_t b = w[off / 2];
-    st(buf, e, (float)echo_nib_lo(b) * s);
-    if (e + 1 < count) st(buf, e + 1, (float)echo_nib_hi(b) * s);
-    if (echo_scale_is_poison(sb) && off % (size_t)G == 0) atomicMin(bad, (unsigned long long)e);
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_phase2_kernel(const T *xs, wire_cptrs recv, float *g, int g_valid, size_t len, size_t L, int lg, int N,
+                       int own, uint8_t *out) {
+    const int V = ECHO_CODE_V, P = 1 << (lg - ECHO_CODE_LGV), U = 4;
+    const bool bf16_out = sizeof(T) == 2;
+    size_t K = ((len + ((size_t)1 << lg) - 1) >> lg) << (lg - ECHO_CODE_LGV);
+    const float *gin = g_valid ? g : NULL;
+    uint16_t *scales = reinterpret_cast<uint16_t *>(out + L / 2);
+    bool xv = align_of(xs, 16) == 16, gv = align_of(g, 16) == 16;
+    int oal = align_of(out, 4);
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
+        size_t i = k * V;
+        int m = chunk_len<V>(len, i);
+        float xo[V], gi[V], S[V];
+        load_vals<V>(xs + i, xv, m, xo);
+        if (gin) load_vals<V>(gin + i, gv, m, gi);
+#pragma unroll
+        for (int t = 0; t < V; t++)
+            S[t] = 0.0f;
+        for (int j0 = 0; j0 < N; j0 += U) {
+            uint32_t cw[U][V / 8];
+            uint16_t sj[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int j = j0 + u;
+                sj[u] = 0;
+#pragma unroll
+                for (int q = 0; q < V / 8; q++)
+                    cw[u][q] = 0;
+                if (j < N && j != own) {
+                    const uint8_t *wj = recv.p[j];
+                    load_words<V / 8>(wj + i / 2, align_of(wj, 4), cw[u]);
+                    sj[u] = reinterpret_cast<const uint16_t *>(wj + L / 2)[i >> lg];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int j = j0 + u;
+                if (j >= N) break;
+                float s = echo_bf16_to_f32(sj[u]);
+#pragma unroll
+                for (int t = 0; t < V; t++) {
+                    float v = j == own ? xo[t] : (float)code_at(cw[u], t) * s;
+                    S[t] = j == 0 ? v : S[t] + v;
+                }
+            }
+        }
+        /* z = S (+ g) inside the shard, the host's zero padding past it */
+        float z[V];
+        uint32_t a = 0;
+#pragma unroll
+        for (int t = 0; t < V; t++) {
+            z[t] = t < m ? (gin ? S[t] + gi[t] : S[t]) : 0.0f;
+            a = umax32(a, echo_abs_bits(z[t]));
+        }
+        uint16_t sb = echo_scale_from_absbits(group_max(a, P));
+        uint32_t cw[V / 8];
+        float r[V];
+        encode_vals<V>(z, sb, bf16_out, cw, r);
+        store_words<V / 8>(out + i / 2, oal, cw);
+        if ((k & (size_t)(P - 1)) == 0) scales[i >> lg] = sb;
+        if (g) store_vals<V>(g + i, gv, m, r);
+    }
+}
+
+/* Every rank: decode every shard into buf. blockIdx.y is the shard (those
+ * holding data), blockIdx.x strides over its 16-value chunks; the first
+ * chunk of a poisoned group reports the group's first element. */
+template <typename T>
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_finish_kernel(wire_cptrs gathered, T *buf, size_t count, size_t L, int lg, unsigned long long *bad) {
+    const int V = ECHO_FINISH_V;
+    size_t start = (size_t)blockIdx.y * L, n = count - start < L ? count - start : L;
+    size_t K = (n + V - 1) / V;
+    const uint8_t *w = gathered.p[blockIdx.y];
+    const uint16_t *scales = reinterpret_cast<const uint16_t *>(w + L / 2);
+    T *o = buf + start;
+    bool ov = align_of(o, 16) == 16;
+    int wal = align_of(w, 8);
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
+        size_t i = k * V;
+        int m = chunk_len<V>(n, i);
+        uint32_t cw[V / 8];
+        load_words<V / 8>(w + i / 2, wal, cw);
+        uint16_t sb = scales[i >> lg];
+        float s = echo_bf16_to_f32(sb), v[V];
+#pragma unroll
+        for (int t = 0; t < V; t++)
+            v[t] = (float)code_at(cw, t) * s;
+        store_vals<V>(o + i, ov, m, v);
+        if (echo_scale_is_poison(sb) && (i & (((size_t)1 << lg) - 1)) == 0)
+            atomicMin(bad, (unsigned long long)(start + i));
+    }
 }
 
 /* The local transport's exact path, owner: the host's order (local.c,
@@ -236,10 +491,6 @@ template <typename T> __global__ void echo_check_finite_kernel(const T *buf, siz
 
 /* ---- launchers ---- */
 
-static unsigned blocks_for(size_t threads) {
-    return (unsigned)((threads + ECHO_THREADS - 1) / ECHO_THREADS);
-}
-
 /* Grid-stride kernels: enough blocks to fill an H100-class GPU. */
 static unsigned blocks_stride(size_t n) {
     size_t b = (n + ECHO_THREADS - 1) / ECHO_THREADS;
@@ -250,21 +501,44 @@ static cuda_state *state_of(echo_comm *c) {
     return (cuda_state *)c->compute_state;
 }
 
+/* log2 of the group size (a power of two, validated at world creation). */
+static int log2_group(int G) {
+    int lg = 0;
+    while ((1 << lg) < G)
+        lg++;
+    return lg;
+}
+
+/* Blocks per shard for a codec kernel over `shards` shards of at most
+ * `chunks` chunks each: the device's resident blocks shared among the
+ * shards, and no more than the chunks need. */
+static unsigned grid_x(const cuda_state *cs, int kernel, echo_dtype dt, size_t chunks, unsigned shards) {
+    size_t need = (chunks + ECHO_THREADS - 1) / ECHO_THREADS, fill = cs->resident[kernel][dt == ECHO_BF16] / shards;
+    if (fill < 1) fill = 1;
+    if (need < 1) need = 1;
+    return (unsigned)(need < fill ? need : fill);
+}
+
 static int cuda_phase1(echo_comm *c, const echo_plan *p, const void *x, float *res, int res_valid, uint8_t *const *send,
                        size_t *bad, void *stream, char *err, size_t errlen) {
     *bad = ECHO_NO_INDEX; /* known only after finish synchronises */
+    /* shards holding data, then those this rank codes (all but its own) */
+    size_t with_data = (p->count + p->shard - 1) / p->shard;
+    unsigned shards = (unsigned)(with_data - ((size_t)c->rank < with_data));
+    if (shards == 0) return 0;
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
     wire_ptrs w;
     for (int j = 0; j < ECHO_MAX_RANKS; j++)
         w.p[j] = j < p->nranks ? send[j] : NULL;
-    unsigned nb = blocks_for((size_t)p->nranks * p->shard / 2);
+    int lg = log2_group(p->group);
+    dim3 grid(grid_x(state_of(c), K_PHASE1, p->dt, p->shard / ECHO_CODE_V, shards), shards);
     cudaStream_t s = (cudaStream_t)stream;
     if (p->dt == ECHO_F32)
-        echo_phase1_kernel<<<nb, ECHO_THREADS, 0, s>>>((const float *)x, res, res_valid, p->count, p->shard, p->group,
-                                                       p->nranks, c->rank, w);
+        echo_phase1_kernel<float>
+            <<<grid, ECHO_THREADS, 0, s>>>((const float *)x, res, res_valid, p->count, p->shard, lg, c->rank, w);
     else
-        echo_phase1_kernel<<<nb, ECHO_THREADS, 0, s>>>((const uint16_t *)x, res, res_valid, p->count, p->shard,
-                                                       p->group, p->nranks, c->rank, w);
+        echo_phase1_kernel<uint16_t>
+            <<<grid, ECHO_THREADS, 0, s>>>((const uint16_t *)x, res, res_valid, p->count, p->shard, lg, c->rank, w);
     ECHO_CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -277,14 +551,15 @@ static int cuda_phase2(echo_comm *c, const echo_plan *p, const void *x, const ui
     wire_cptrs w;
     for (int j = 0; j < ECHO_MAX_RANKS; j++)
         w.p[j] = j < p->nranks ? recv[j] : NULL;
-    unsigned nb = blocks_for(p->shard / 2);
+    int lg = log2_group(p->group);
+    unsigned nb = grid_x(state_of(c), K_PHASE2, p->dt, p->shard / ECHO_CODE_V, 1);
     cudaStream_t s = (cudaStream_t)stream;
     if (p->dt == ECHO_F32)
-        echo_phase2_kernel<<<nb, ECHO_THREADS, 0, s>>>((const float *)x, w, g, g_valid, len, base, p->shard, p->group,
-                                                       p->nranks, c->rank, out, 0);
+        echo_phase2_kernel<float><<<nb, ECHO_THREADS, 0, s>>>((const float *)x + base, w, g, g_valid, len, p->shard, lg,
+                                                              p->nranks, c->rank, out);
     else
-        echo_phase2_kernel<<<nb, ECHO_THREADS, 0, s>>>((const uint16_t *)x, w, g, g_valid, len, base, p->shard,
-                                                       p->group, p->nranks, c->rank, out, 1);
+        echo_phase2_kernel<uint16_t><<<nb, ECHO_THREADS, 0, s>>>((const uint16_t *)x + base, w, g, g_valid, len,
+                                                                 p->shard, lg, p->nranks, c->rank, out);
     ECHO_CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -307,13 +582,16 @@ static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const
     for (int j = 0; j < ECHO_MAX_RANKS; j++)
         w.p[j] = j < p->nranks ? gathered[j] : NULL;
     ECHO_CUDA_TRY(cudaMemsetAsync(state_of(c)->d_bad, 0xff, sizeof(unsigned long long), s));
-    unsigned nb = blocks_for((p->count + 1) / 2);
+    unsigned shards = (unsigned)((p->count + p->shard - 1) / p->shard); /* those holding data */
+    if (shards == 0) return 0;
+    int lg = log2_group(p->group);
+    dim3 grid(grid_x(state_of(c), K_FINISH, p->dt, p->shard / ECHO_FINISH_V, shards), shards);
     if (p->dt == ECHO_F32)
-        echo_finish_kernel<<<nb, ECHO_THREADS, 0, s>>>(w, (float *)buf, p->count, p->shard, p->group,
-                                                       state_of(c)->d_bad);
+        echo_finish_kernel<float>
+            <<<grid, ECHO_THREADS, 0, s>>>(w, (float *)buf, p->count, p->shard, lg, state_of(c)->d_bad);
     else
-        echo_finish_kernel<<<nb, ECHO_THREADS, 0, s>>>(w, (uint16_t *)buf, p->count, p->shard, p->group,
-                                                       state_of(c)->d_bad);
+        echo_finish_kernel<uint16_t>
+            <<<grid, ECHO_THREADS, 0, s>>>(w, (uint16_t *)buf, p->count, p->shard, lg, state_of(c)->d_bad);
     ECHO_CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -338,6 +616,34 @@ static void cuda_free(echo_comm *c, void *p) {
     cudaFree(p);
 }
 
+/* Resident blocks of `kernel` on a device of `sms` SMs (at least one per SM,
+ * so a grid is never empty). */
+template <typename K> static int resident_blocks(K kernel, int sms, unsigned *out, char *err, size_t errlen) {
+    int per_sm = 0;
+    ECHO_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, ECHO_THREADS, 0));
+    *out = (unsigned)(sms * (per_sm > 0 ? per_sm : 1));
+    return 0;
+}
+
+static void cuda_comm_fini(echo_comm *c);
+
+static int cuda_comm_setup(echo_comm *c, cuda_state *cs, char *err, size_t errlen) {
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
+    ECHO_CUDA_TRY(cudaMalloc((void **)&cs->d_bad, sizeof *cs->d_bad));
+    ECHO_CUDA_TRY(cudaMallocHost((void **)&cs->h_bad, sizeof *cs->h_bad));
+    int sms = 0;
+    ECHO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device));
+    if (sms < 1) sms = 1;
+    if (resident_blocks(echo_phase1_kernel<float>, sms, &cs->resident[K_PHASE1][0], err, errlen) ||
+        resident_blocks(echo_phase1_kernel<uint16_t>, sms, &cs->resident[K_PHASE1][1], err, errlen) ||
+        resident_blocks(echo_phase2_kernel<float>, sms, &cs->resident[K_PHASE2][0], err, errlen) ||
+        resident_blocks(echo_phase2_kernel<uint16_t>, sms, &cs->resident[K_PHASE2][1], err, errlen) ||
+        resident_blocks(echo_finish_kernel<float>, sms, &cs->resident[K_FINISH][0], err, errlen) ||
+        resident_blocks(echo_finish_kernel<uint16_t>, sms, &cs->resident[K_FINISH][1], err, errlen))
+        return -1;
+    return 0;
+}
+
 static int cuda_comm_init(echo_comm *c, char *err, size_t errlen) {
     cuda_state *cs = (cuda_state *)calloc(1, sizeof *cs);
     if (!cs) {
@@ -345,9 +651,10 @@ static int cuda_comm_init(echo_comm *c, char *err, size_t errlen) {
         return -1;
     }
     c->compute_state = cs;
-    ECHO_CUDA_TRY(cudaSetDevice(c->device));
-    ECHO_CUDA_TRY(cudaMalloc((void **)&cs->d_bad, sizeof *cs->d_bad));
-    ECHO_CUDA_TRY(cudaMallocHost((void **)&cs->h_bad, sizeof *cs->h_bad));
+    if (cuda_comm_setup(c, cs, err, errlen)) {
+        cuda_comm_fini(c); /* echo.c calls comm_fini only after a successful comm_init */
+        return -1;
+    }
     return 0;
 }
 
