@@ -93,7 +93,8 @@ int echo_world_create_local_device(int nranks, int device, const echo_config *cf
                  "device one has no fp64 reference");
         return -1;
     }
-    /* One thread per value pair, 256-thread blocks: keep the grid in range. */
+    /* A sanity bound far above any activation message (2^36 values); the
+     * codec kernels are grid-stride, so it is not a launch limit. */
     if (cfg && cfg->max_count > ((size_t)1 << 36)) {
         snprintf(err, errlen, "echo: local device transport: max_count %zu exceeds 2^36", cfg->max_count);
         return -1;
