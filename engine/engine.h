@@ -54,7 +54,7 @@ typedef struct eng_config {
      * rank i on GPU i (needs tp GPUs); local puts every rank on GPU 0 and
      * exchanges through its memory (tests on one GPU); auto = nccl when
      * there are tp GPUs, else local. */
-    const char *transport;
+    const char *transport; /* one of ENG_TRANSPORTS */
     /* 1: decode steps through CUDA graphs (model_set_graphs): a decode-only
      * step at tp 1 on cuda is recorded once per batch size and replayed
      * afterwards, with the same logits bits as an eager step. 0 (default):
@@ -62,6 +62,9 @@ typedef struct eng_config {
      * capturable); eng_graphs_note says why. */
     int cuda_graphs;
 } eng_config;
+
+/* The names eng_config.transport accepts, NULL-terminated (for flag parsing). */
+#define ENG_TRANSPORTS ((const char *const[]){"auto", "local", "nccl", NULL})
 
 typedef struct eng eng;
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 _Noreturn void cli_usage_error(const char *prog, const char *fmt, const char *arg) {
     fprintf(stderr, "%s: ", prog);
@@ -48,4 +49,17 @@ double cli_double(const char *prog, const char *s, const char *flag, double lo, 
         cli_usage_error(prog, msg, s);
     }
     return v;
+}
+
+const char *cli_choice(const char *prog, const char *s, const char *flag, const char *const *choices) {
+    char msg[256];
+    size_t len = (size_t)snprintf(msg, sizeof msg, "%s expects ", flag);
+    int n = 0;
+    for (const char *const *c = choices; *c; c++, n++)
+        if (!strcmp(s, *c)) return s;
+    for (int i = 0; i < n && len < sizeof msg; i++)
+        len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%s", choices[i],
+                                i + 2 < n ? ", " : i + 2 == n ? " or " : "");
+    if (len < sizeof msg) snprintf(msg + len, sizeof msg - len, ", got '%%s'");
+    cli_usage_error(prog, msg, s);
 }

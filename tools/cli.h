@@ -16,5 +16,9 @@ double cli_double(const char *prog, const char *s, const char *flag, double lo, 
  * the whole of s parses and lies in [lo, hi]. NaN is never in range. */
 int cli_parse_long(const char *s, long lo, long hi, long *out);
 int cli_parse_double(const char *s, double lo, double hi, double *out);
+/* s when it is one of the NULL-terminated choices, or a usage error that
+ * names the flag and lists them ("--transport expects auto, local or nccl,
+ * got 'x'"). */
+const char *cli_choice(const char *prog, const char *s, const char *flag, const char *const *choices);
 
 #endif

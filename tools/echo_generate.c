@@ -224,11 +224,7 @@ int main(int argc, char **argv) {
             break;
         case O_THREADS: ec.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_TP: ec.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
-        case O_TRANSPORT:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "local") && strcmp(optarg, "nccl"))
-                cli_usage_error(PROG, "--transport expects auto, local or nccl, got '%s'", optarg);
-            ec.transport = optarg;
-            break;
+        case O_TRANSPORT: ec.transport = cli_choice(PROG, optarg, "--transport", ENG_TRANSPORTS); break;
         case O_GRAPHS: ec.cuda_graphs = 1; break;
         case O_ALLRED:
             if (echo_mode_parse(optarg, &ec.allreduce))

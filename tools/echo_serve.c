@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
 #include "server/server.h"
 #include "tools/cli.h"
 
@@ -159,11 +160,7 @@ int main(int argc, char **argv) {
                 cli_usage_error(PROG, "--device expects auto, cuda or cpu, got '%s'", optarg);
             o.device = optarg;
             break;
-        case O_TRANSPORT:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "local") && strcmp(optarg, "nccl"))
-                cli_usage_error(PROG, "--transport expects auto, local or nccl, got '%s'", optarg);
-            o.transport = optarg;
-            break;
+        case O_TRANSPORT: o.transport = cli_choice(PROG, optarg, "--transport", ENG_TRANSPORTS); break;
         case O_GRAPHS: o.cuda_graphs = 1; break;
         case O_ALLRED:
             if (echo_mode_parse(optarg, &o.allreduce))

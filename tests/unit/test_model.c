@@ -438,7 +438,8 @@ START_TEST(test_cli_usage_errors) {
         "--model X --prompt-tokens 1 --top-logprobs 65", "--prompt-tokens 1",
         "--model X --prompt-tokens 1 --tp 0", "--model X --prompt-tokens 1 --allreduce fp8",
         "--model X --chat", "--model X --prompt-tokens 1 --prompt hi", "--model X --prompt-tokens 1 --chat",
-        "--model X --prompt hi --no-thinking",
+        "--model X --prompt hi --no-thinking", "--model X --prompt-tokens 1 --transport pigeon",
+        "--model X --prompt-tokens 1 --transport",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(cmd, sizeof cmd, "%s/echo-generate %s 2>&1", bin_dir(), bad[i]);
@@ -450,7 +451,7 @@ START_TEST(test_cli_usage_errors) {
     ck_assert_int_eq(st, 0);
     const char *flags[] = {"--model", "--prompt-tokens", "--max-tokens", "--temperature", "--top-logprobs",
                            "--ignore-eos", "--json", "--seed", "--device", "--tp", "--allreduce", "--prompt",
-                           "--chat", "--threads", "--tokenizer", "--no-thinking"};
+                           "--chat", "--threads", "--tokenizer", "--no-thinking", "--transport", "--cuda-graphs"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) ck_assert_msg(strstr(help, flags[i]), "%s", flags[i]);
     free(help);
     /* runtime errors: exit 1 with a message */
