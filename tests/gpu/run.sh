@@ -77,6 +77,27 @@ if ls .gpu-debs/*.deb >/dev/null 2>&1; then
   # the .pc files say prefix=/usr: point them into the prefix
   find "$PREFIX" -name '*.pc' -print0 | xargs -0 -r sed -i -e "s|=/usr|=$PREFIX/usr|g" \
     -e "s|-I/usr/|-I$PREFIX/usr/|g" -e "s|-L/usr/|-L$PREFIX/usr/|g"
+  # Fill gaps only: a library whose soname the machine already has becomes
+  # a link to the machine's copy, so the carried packages (a dependency
+  # closure, see fetch-debs.sh) never shadow the system's own libraries.
+  # Debian 12 still ships some libraries under /lib: move them beside the rest.
+  if [ -d "$PREFIX/lib/$MA" ]; then
+    mkdir -p "$PREFIX/usr/lib/$MA"
+    cp -a "$PREFIX/lib/$MA"/. "$PREFIX/usr/lib/$MA"/ && rm -rf "$PREFIX/lib/$MA"
+  fi
+  kept=0 linked=0
+  ldconfig -p >"$PREFIX/ldcache.txt" 2>/dev/null || : >"$PREFIX/ldcache.txt"
+  while IFS= read -r f; do
+    so=$(basename "$f")
+    sys=$(awk -v so="$so" '$1 == so && /x86-64/ && !found {print $NF; found = 1}' "$PREFIX/ldcache.txt")
+    if [ -n "$sys" ] && [ -e "$sys" ]; then
+      ln -sf "$sys" "$f"
+      linked=$((linked + 1))
+    else
+      kept=$((kept + 1))
+    fi
+  done < <(find "$PREFIX/usr/lib/$MA" -maxdepth 1 -name 'lib*.so.[0-9]*' ! -name '*.so.*.*' 2>/dev/null)
+  log_env "carried libraries: $kept kept (missing here), $linked linked to the system's copy"
   export CPATH="$PREFIX/usr/include${CPATH:+:$CPATH}"
   export LIBRARY_PATH="$PREFIX/usr/lib/$MA${LIBRARY_PATH:+:$LIBRARY_PATH}"
   export LD_LIBRARY_PATH="$PREFIX/usr/lib/$MA${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -85,7 +106,7 @@ if ls .gpu-debs/*.deb >/dev/null 2>&1; then
   # CPATH/LIBRARY_PATH: an explicit -L beats the system's own copies
   export PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
   command -v pkg-config >/dev/null || export PATH="$PATH:$PREFIX/usr/bin"
-  row "unpack .gpu-debs" ok "$(ls -1 .gpu-debs/*.deb | wc -l) packages -> $PREFIX"
+  row "unpack .gpu-debs" ok "$(ls -1 .gpu-debs/*.deb | wc -l) packages; $kept libraries missing here kept, $linked linked to the system's"
 else
   row "unpack .gpu-debs" skip "no .gpu-debs/*.deb: using the system's packages"
 fi
