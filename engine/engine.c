@@ -283,7 +283,11 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
     for (int i = 0; i < c->tp; i++) {
         eng_rank *r = &e->ranks[i];
         if (e->world && echo_comm_create(e->world, i, &r->comm, err, errlen)) goto fail;
-        model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size};
+        /* auto: by the backend actually made ("auto" devices resolve there) */
+        if (e->cfg.fuse_weights != ENG_FUSE_ON && e->cfg.fuse_weights != ENG_FUSE_OFF)
+            e->cfg.fuse_weights = strcmp(r->ops->name, "cpu") ? ENG_FUSE_ON : ENG_FUSE_OFF;
+        model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size,
+                              c->fuse_weights == ENG_FUSE_ON};
         char merr[768];
         if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
             snprintf(err, errlen, "%s", merr);

@@ -61,7 +61,17 @@ typedef struct eng_config {
      * off. No effect on cpu or at tp > 1 (the all-reduce is not
      * capturable); eng_graphs_note says why. */
     int cuda_graphs;
+    /* Fused decode weights (model_load_opts.fuse_weights): ENG_FUSE_AUTO
+     * (0, what a zero-initialised config gets) = on for device backends
+     * (device != "cpu"), where a batch-1 decode step is bound by streaming
+     * the weights, off on cpu; ENG_FUSE_ON / ENG_FUSE_OFF force it (tests
+     * run the fused path on cpu). eng_get_config reports ON or OFF. */
+    int fuse_weights;
 } eng_config;
+
+#define ENG_FUSE_AUTO 0
+#define ENG_FUSE_ON 1
+#define ENG_FUSE_OFF (-1)
 
 /* The names eng_config.transport accepts, NULL-terminated (for flag parsing). */
 #define ENG_TRANSPORTS ((const char *const[]){"auto", "local", "nccl", NULL})

@@ -102,3 +102,32 @@ void kern_backend_destroy(const kern_ops *ops, kern_backend *be) {
     (void)ops;
     kern_cpu_destroy(be);
 }
+
+int kern_fuse_rows_check(kern_backend *be, const kern_weight *const *parts, int n_parts, int64_t *rows) {
+    if (n_parts < 1 || !parts) return kern_fail(be, "fuse_rows: need at least one part (got %d)", n_parts);
+    int64_t total = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const kern_weight *w = parts[i];
+        if (!w || !w->data) return kern_fail(be, "fuse_rows: part %d has no data", i);
+        if (kern_dtype_size(w->dtype) == 0)
+            return kern_fail(be, "fuse_rows: part %d has unknown dtype %d", i, (int)w->dtype);
+        if (w->rows < 1 || w->cols < 1)
+            return kern_fail(be, "fuse_rows: part %d has bad shape (%lld, %lld)", i, (long long)w->rows,
+                             (long long)w->cols);
+        if (w->ld != 0 && w->ld != w->cols)
+            return kern_fail(be, "fuse_rows: part %d is strided (ld %lld for %lld columns); parts must be dense", i,
+                             (long long)w->ld, (long long)w->cols);
+        if (w->cols != parts[0]->cols)
+            return kern_fail(be, "fuse_rows: part %d has %lld columns, part 0 has %lld", i, (long long)w->cols,
+                             (long long)parts[0]->cols);
+        if (w->dtype != parts[0]->dtype)
+            return kern_fail(be, "fuse_rows: part %d is %s, part 0 is %s", i, kern_dtype_name(w->dtype),
+                             kern_dtype_name(parts[0]->dtype));
+        /* the fused byte count must fit size_t on any host */
+        if (w->rows > ((int64_t)1 << 40) / w->cols - total)
+            return kern_fail(be, "fuse_rows: %d parts are too large to fuse", n_parts);
+        total += w->rows;
+    }
+    *rows = total;
+    return 0;
+}

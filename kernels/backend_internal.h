@@ -18,6 +18,12 @@ struct kern_backend {
 /* Record an op failure on the backend; always returns -1. */
 int kern_fail(kern_backend *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* fuse_rows' argument checks, shared so both backends reject the same
+ * inputs with the same messages: n_parts >= 1, every part present with
+ * data, dense, the same cols and dtype as parts[0]. On success *rows is
+ * the sum of the parts' rows. Returns 0 or kern_fail's -1. */
+int kern_fuse_rows_check(kern_backend *be, const kern_weight *const *parts, int n_parts, int64_t *rows);
+
 /* Backend constructors (kernels/cpu/, kernels/cuda/). */
 int kern_cpu_create(int nthreads, kern_backend **be, char *err, size_t errlen);
 void kern_cpu_destroy(kern_backend *be);

@@ -149,6 +149,20 @@ typedef struct kern_ops {
      * the dtype's rounding. Release with free_weight. */
     int (*random_weight)(kern_backend *be, kern_weight *dev, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
                          int64_t full_cols, uint64_t seed, float offset, float scale);
+    /* One weight from the rows of several, in order: parts[0..n_parts) are
+     * weights this backend made (upload_weight / random_weight results),
+     * all dense (ld 0 or == cols) with the same cols and dtype; out becomes
+     * ONE backend-owned dense (sum of rows, cols) weight of that dtype
+     * holding parts[0]'s rows, then parts[1]'s, ... (an exact copy). The
+     * parts stay valid and the caller may free them afterwards; release out
+     * with free_weight. For decode at one token: in(1, cols)·outᵀ is the
+     * parts' outputs laid end to end, one matmul instead of n_parts.
+     * cpu: a malloc'ed copy of the parts' bytes (dtype kept), so the
+     * products are bit-identical to the parts' (its matmul computes each
+     * output row on its own); cuda: a device-to-device copy (bf16), synced.
+     * Errors: n_parts < 1, a missing part, mismatched cols or dtype, a
+     * strided part. Not inside graph mode (it allocates). */
+    int (*fuse_rows)(kern_backend *be, const kern_weight *const *parts, int n_parts, kern_weight *out);
 
     /* ---- graphs (optional: NULL on backends without them, e.g. cpu) ----
      * A repeated op sequence (a decode step of one batch shape) recorded

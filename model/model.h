@@ -82,6 +82,13 @@ typedef struct model_load_opts {
     echo_comm *comm;     /* this rank's all-reduce endpoint; NULL when tp == 1 */
     int kv_blocks;       /* paged KV cache: blocks of kv_block_size tokens */
     int kv_block_size;
+    /* 1: each layer's q/k/v slices are fused into one weight ([wq; wk; wv],
+     * kern_ops.fuse_rows) and gate/up into another ([wg; wu]), so a
+     * one-token step (a batch-1 decode, bound by streaming the weights)
+     * runs 2 matmuls where it ran 5; the separate weights become views into
+     * the fused ones, so every other step is unchanged. Same bytes held,
+     * same logits bits on cpu. 0: separate weights. */
+    int fuse_weights;
 } model_load_opts;
 
 /* Load rank `rank`'s shard of the model in `dir` (config.json, weights in

@@ -32,7 +32,7 @@ typedef struct cpu_pool {
 
 typedef struct cpu_impl {
     cpu_pool pool;
-    /* Weights this backend allocated (random_weight): free_weight releases
+    /* Weights this backend allocated (random_weight, fuse_rows): free_weight releases
      * these and leaves every other pointer alone, since uploads alias the
      * caller's memory (the mmap). A backend is driven by one thread. */
     void **owned;
@@ -74,5 +74,6 @@ int cpu_logits_topk(kern_backend *be, const void *logits, int rows, int vocab, i
 void *cpu_stream(kern_backend *be);
 int cpu_random_weight(kern_backend *be, kern_weight *dev, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
                       int64_t full_cols, uint64_t seed, float offset, float scale);
+int cpu_fuse_rows(kern_backend *be, const kern_weight *const *parts, int n_parts, kern_weight *out);
 
 #endif

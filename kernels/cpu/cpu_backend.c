@@ -29,7 +29,7 @@ static int cpu_upload_weight(kern_backend *be, const kern_weight *host, kern_wei
 
 static void cpu_free_weight(kern_backend *be, kern_weight *dev) {
     (void)be;
-    cpu_owned_release(be, dev->data); /* random_weight's; uploads alias the caller's memory */
+    cpu_owned_release(be, dev->data); /* random_weight's and fuse_rows'; uploads alias the caller's memory */
     dev->data = NULL;
 }
 
@@ -100,6 +100,7 @@ static const kern_ops cpu_ops = {
     .logits_topk = cpu_logits_topk,
     .stream = cpu_stream,
     .random_weight = cpu_random_weight,
+    .fuse_rows = cpu_fuse_rows,
 };
 
 int kern_cpu_ops_init(kern_backend *be) {

@@ -315,5 +315,6 @@ int cuda_logits_topk(kern_backend *be, const void *logits, int rows, int vocab, 
 void *cuda_stream(kern_backend *be);
 int cuda_random_weight(kern_backend *be, kern_weight *dev, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
                        int64_t full_cols, uint64_t seed, float offset, float scale);
+int cuda_fuse_rows(kern_backend *be, const kern_weight *const *parts, int n_parts, kern_weight *out);
 
 #endif

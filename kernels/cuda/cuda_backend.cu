@@ -330,6 +330,7 @@ static const kern_ops cuda_ops = {
     cuda_logits_topk,   /* logits_topk */
     cuda_stream,        /* stream */
     cuda_random_weight, /* random_weight */
+    cuda_fuse_rows,     /* fuse_rows */
     cuda_graph_begin,   /* graph_begin */
     cuda_graph_end,     /* graph_end */
     cuda_graph_abort,   /* graph_abort */

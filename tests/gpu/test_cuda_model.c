@@ -24,6 +24,9 @@
  * The same on a random Qwen3-0.6B-shaped model (head_dim 128: the fast
  * attention paths; graphs on == off and steps as graphs only).
  * With --self-check (no graphs on cpu) those lines say "skipped".
+ * Fused decode weights (eng_config.fuse_weights, on by default on cuda):
+ * one sequence decoding one token per step, fused vs unfused and vs the
+ * cpu within TOL, fused graph steps bit-identical to fused eager ones.
  * One line per check:
  *     model tp N mode  rel_err=E  limit  PASS|FAIL|INFO
  * Exit status: 0 when every asserted check passes, 1 otherwise, 77 when
@@ -156,40 +159,40 @@ static void fail_line(const char *model, int tp, const char *what) {
 /* The logits (steps, GRAPH_SEQS, V) of the decode steps described at the
  * top, on a fresh engine; NULL on error. *graph_steps: steps that ran as a
  * graph. */
-static float *decode_steps(const char *dir, const char *dev, int graphs, const prompt *ps, int np, int V, int max_len,
-                           int *steps, long *graph_steps) {
-    char err[1024];
+static float *decode_steps(const char *dir, const char *dev, int graphs, int fuse, int nseqs, const prompt *ps, int np,
+                           int V, int max_len, int *steps, long *graph_steps) {
+    char err[1024] = "bad sequence count";
     eng_config c = {.model_dir = dir, .device = dev, .tp = 1, .allreduce = ECHO_MODE_EXACT, .max_model_len = max_len,
-                    .max_num_seqs = GRAPH_SEQS, .threads = 0, .cuda_graphs = graphs};
+                    .max_num_seqs = nseqs, .threads = 0, .cuda_graphs = graphs, .fuse_weights = fuse};
     eng *e = NULL;
     if (eng_create(&c, &e, err, sizeof err)) {
         printf("%s %s graphs %d: engine: %s\n", dir, dev, graphs, err);
         return NULL;
     }
-    int seq[GRAPH_SEQS], off[GRAPH_SEQS], T = 1 << 30, ok = 1, nseq = 0;
+    int seq[GRAPH_SEQS], off[GRAPH_SEQS], T = 1 << 30, ok = nseqs >= 1 && nseqs <= GRAPH_SEQS, nseq = 0;
     eng_item it[GRAPH_SEQS];
-    for (int k = 0; k < GRAPH_SEQS; k++) {
+    for (int k = 0; k < nseqs; k++) {
         const prompt *p = &ps[k % np];
         off[k] = p->n_prompt - k >= 1 ? k : 0; /* different lengths */
         int room = max_len - (p->n_prompt - off[k]);
         int t = p->n_greedy < room ? p->n_greedy : room;
         T = t < T ? t : T;
     }
-    float *out = T > 0 ? malloc((size_t)T * GRAPH_SEQS * V * sizeof *out) : NULL;
+    float *out = T > 0 ? malloc((size_t)T * nseqs * V * sizeof *out) : NULL;
     if (!out) ok = 0;
-    for (int k = 0; ok && k < GRAPH_SEQS; k++, nseq++)
+    for (int k = 0; ok && k < nseqs; k++, nseq++)
         if (eng_seq_new(e, &seq[k], err, sizeof err)) ok = 0;
-    for (int k = 0; ok && k < GRAPH_SEQS; k++) {
+    for (int k = 0; ok && k < nseqs; k++) {
         const prompt *p = &ps[k % np];
         it[k] = (eng_item){seq[k], p->ids + off[k], p->n_prompt - off[k], ENG_LOGITS_LAST};
     }
-    if (ok && eng_step(e, it, GRAPH_SEQS, out, err, sizeof err)) ok = 0; /* the prefill; overwritten below */
+    if (ok && eng_step(e, it, nseqs, out, err, sizeof err)) ok = 0; /* the prefill; overwritten below */
     for (int t = 0; ok && t < T; t++) {
-        for (int k = 0; k < GRAPH_SEQS; k++) {
+        for (int k = 0; k < nseqs; k++) {
             const prompt *p = &ps[k % np];
             it[k] = (eng_item){seq[k], p->ids + p->n_prompt + t, 1, ENG_LOGITS_LAST};
         }
-        if (eng_step(e, it, GRAPH_SEQS, out + (size_t)t * GRAPH_SEQS * V, err, sizeof err)) ok = 0;
+        if (eng_step(e, it, nseqs, out + (size_t)t * nseqs * V, err, sizeof err)) ok = 0;
     }
     if (!ok) printf("%s %s graphs %d: decode: %s\n", dir, dev, graphs, out ? err : "no steps or out of memory");
     *graph_steps = eng_graph_steps(e);
@@ -211,7 +214,7 @@ static void test_graphs(const char *dir, const char *name, const char *dev, cons
         /* the harness still runs (the flag is a no-op there) */
         int T = 0;
         long g = 0;
-        float *l = np > 0 ? decode_steps(dir, dev, 1, ps, np, V, 256, &T, &g) : NULL;
+        float *l = np > 0 ? decode_steps(dir, dev, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, 256, &T, &g) : NULL;
         if (!l || g != 0) fail_line(name, 1, "decode steps (harness)");
         free(l);
         printf("%-16s tp 1 %-26s skipped: no graphs on %s\n", name, w1, dev);
@@ -228,9 +231,9 @@ static void test_graphs(const char *dir, const char *name, const char *dev, cons
     /* max_model_len up to 1024: a long table capacity for short rows (the
      * fixtures' head dims take the simple kernel, whose tables graph mode
      * pads to the capacity) */
-    float *cpu = decode_steps(dir, "cpu", 0, ps, np, V, max_len, &T0, &g0);
-    float *eager = decode_steps(dir, dev, 0, ps, np, V, max_len, &T1, &g1);
-    float *graph = decode_steps(dir, dev, 1, ps, np, V, max_len, &T2, &g2);
+    float *cpu = decode_steps(dir, "cpu", 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, max_len, &T0, &g0);
+    float *eager = decode_steps(dir, dev, 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, max_len, &T1, &g1);
+    float *graph = decode_steps(dir, dev, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, max_len, &T2, &g2);
     if (!eager || !graph || T1 != T2) {
         fail_line(name, 1, w1);
     } else {
@@ -263,6 +266,47 @@ static void test_graphs(const char *dir, const char *name, const char *dev, cons
  * 300 and 20 prompt tokens in a 2048-position table (8 decode splits of
  * 256 keys: the short rows' later splits are empty), 24 decode steps:
  * graphs on == off bit for bit, and the steps ran as graphs. */
+/* Fused decode weights (eng_config.fuse_weights): one sequence decoding
+ * one token per step, so every decode step runs the fused q|k|v and
+ * gate|up matmuls. Fused vs unfused within TOL (on cuda cuBLASLt may pick
+ * another algorithm for the fused shape; on cpu they are bit-identical),
+ * fused vs the cpu within TOL, and fused steps through graphs bit-identical
+ * to fused eager steps (the fused path captures like the unfused one). */
+static void test_fused(const char *dir, const char *name, const char *dev, const prompt *ps, int np, int V,
+                       int max_len) {
+    const char *w1 = "fused vs unfused (decode)", *w2 = "fused vs cpu (decode)", *w3 = "fused graphs == eager";
+    int T[4] = {0, 0, 0, 0};
+    long g[4] = {0, 0, 0, 0};
+    float *l[4] = {NULL, NULL, NULL, NULL};
+    if (np >= 1) {
+        l[0] = decode_steps(dir, dev, 0, ENG_FUSE_OFF, 1, ps, np, V, max_len, &T[0], &g[0]);
+        l[1] = decode_steps(dir, dev, 0, ENG_FUSE_ON, 1, ps, np, V, max_len, &T[1], &g[1]);
+        l[2] = decode_steps(dir, dev, 1, ENG_FUSE_ON, 1, ps, np, V, max_len, &T[2], &g[2]);
+        l[3] = decode_steps(dir, "cpu", 0, ENG_FUSE_OFF, 1, ps, np, V, max_len, &T[3], &g[3]);
+    }
+    if (!l[0] || !l[1] || T[0] != T[1])
+        fail_line(name, 1, w1);
+    else
+        report(name, 1, w1, rel_err(l[1], l[0], (size_t)T[1] * V), TOL, 1);
+    if (!l[1] || !l[3] || T[1] != T[3])
+        fail_line(name, 1, w2);
+    else
+        report(name, 1, w2, rel_err(l[1], l[3], (size_t)T[1] * V), TOL, 1);
+    if (!l[1] || !l[2] || T[1] != T[2]) {
+        fail_line(name, 1, w3);
+    } else {
+        size_t n = (size_t)T[1] * V, diff = 0;
+        for (size_t i = 0; i < n; i++)
+            diff += memcmp(&l[1][i], &l[2][i], sizeof *l[1]) != 0;
+        g_checks++;
+        if (diff) g_fail++;
+        printf("%-16s tp 1 %-26s %zu of %zu values differ (%d steps, %ld as graphs)  %s\n", name, w3, diff, n, T[1],
+               g[2], diff ? "FAIL" : "PASS");
+    }
+    for (int i = 0; i < 4; i++)
+        free(l[i]);
+}
+
 static void test_graphs_random(const char *dev) {
     const char *spec = "random:qwen3-0.6b,layers=4,seed=7", *name = "rand-0.6b-4L";
     if (strcmp(dev, "cuda") != 0) {
@@ -291,8 +335,8 @@ static void test_graphs_random(const char *dev) {
     }
     int T1 = 0, T2 = 0;
     long g1 = 0, g2 = 0;
-    float *eager = decode_steps(spec, dev, 0, ps, GRAPH_SEQS, V, 2048, &T1, &g1);
-    float *graph = decode_steps(spec, dev, 1, ps, GRAPH_SEQS, V, 2048, &T2, &g2);
+    float *eager = decode_steps(spec, dev, 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, GRAPH_SEQS, V, 2048, &T1, &g1);
+    float *graph = decode_steps(spec, dev, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, GRAPH_SEQS, V, 2048, &T2, &g2);
     if (!eager || !graph || T1 != T2) {
         fail_line(name, 1, "graphs == eager (bits)");
     } else {
@@ -394,6 +438,7 @@ static void test_model(const char *dir, const char *dev) {
         eng_destroy(e);
     }
     test_graphs(dir, name, dev, ps, np, V, mc.max_position_embeddings < 1024 ? mc.max_position_embeddings : 1024);
+    test_fused(dir, name, dev, ps, np, V, mc.max_position_embeddings < 256 ? mc.max_position_embeddings : 256);
     for (int i = 0; i < np; i++) {
         free(ref[i]);
         free(dev1[i]);

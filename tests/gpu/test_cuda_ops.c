@@ -1321,6 +1321,140 @@ static void test_logits_topk(void) {
     report_bool("logits_topk", "k 65, k > vocab -> error", ok_k, "no error or wrong message");
 }
 
+/* ---- fuse_rows ----
+ * The fused weight against its parts on the SAME backend: its rows, read
+ * back through an identity embedding gather (exact for bf16 weights into
+ * bf16 activations, and for any weight into fp32), must equal the parts'
+ * rows end to end bit for bit, after the parts were freed. A one-row
+ * matmul against it is compared with the parts' matmuls laid end to end
+ * within TOL (cuBLASLt may pick another algorithm for another m; the cpu
+ * twin is exact). */
+
+/* All rows of a backend weight as host fp32 (NULL on failure). */
+static float *weight_rows(bk *b, const kern_weight *w) {
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+    int32_t *ids = malloc((size_t)w->rows * sizeof *ids);
+    void *buf = b->ops->alloc(b->be, n * es(b));
+    float *h = NULL;
+    if (!ids || !buf) goto fail;
+    for (int64_t i = 0; i < w->rows; i++)
+        ids[i] = (int32_t)i;
+    BK_TRY(b, b->ops->embedding(b->be, buf, w, ids, (int)w->rows));
+    h = to_host(b, buf, n);
+fail:
+    release(b, buf);
+    free(ids);
+    return h;
+}
+
+/* h(1, cols)·wᵀ as host fp32 at out (w->rows values); 0 or -1. */
+static int matmul_row(bk *b, const float *h, const kern_weight *w, float *out) {
+    int rc = -1;
+    void *in = act_from_host(b, h, 1, (int)w->cols, 1), *o = b->ops->alloc(b->be, (size_t)w->rows * es(b));
+    float *r = NULL;
+    if (!in || !o) goto fail;
+    BK_TRY(b, b->ops->matmul(b->be, o, in, w, 1));
+    if (!(r = to_host(b, o, (size_t)w->rows))) goto fail;
+    memcpy(out, r, (size_t)w->rows * sizeof *out);
+    rc = 0;
+fail:
+    free(r);
+    release(b, in);
+    release(b, o);
+    return rc;
+}
+
+static void test_fuse_rows(void) {
+    struct {
+        int n_parts;
+        int64_t rows[3], cols;
+        kern_dtype wdt;
+        const char *what;
+    } cases[] = {
+        {3, {64, 32, 32}, 64, KERN_BF16, "fixture q|k|v"},
+        {2, {128, 128}, 64, KERN_BF16, "fixture gate|up"},
+        {3, {1024, 256, 256}, 4096, KERN_BF16, "8B-like q|k|v, tp 4"},
+        {2, {3072, 3072}, 4096, KERN_BF16, "8B-like gate|up, tp 4"},
+        {3, {40, 8, 8}, 100, KERN_F32, "f32 parts (bf16 on cuda)"},
+        {1, {7}, 33, KERN_F16, "one f16 part"},
+    };
+    char shape[128];
+    bk *b = &g_gpu;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int np = cases[i].n_parts, ok = 0;
+        int64_t cols = cases[i].cols, total = 0;
+        void *raw[3] = {NULL, NULL, NULL};
+        kern_weight dev[3] = {{0}}, fused = {0};
+        const kern_weight *parts[3];
+        for (int p = 0; p < np; p++) total += cases[i].rows[p];
+        float *want = malloc((size_t)total * cols * sizeof *want), *want_mm = malloc((size_t)total * sizeof *want_mm);
+        float *got = NULL, *got_mm = malloc((size_t)total * sizeof *got_mm), *x = rand_f32((size_t)cols, 1.0f);
+        const char *why = "out of memory";
+        if (!want || !want_mm || !got_mm) goto done;
+        why = "upload or read back failed";
+        for (int p = 0, r0 = 0; p < np; p++) {
+            kern_weight host = rand_weight(cases[i].wdt, cases[i].rows[p], cols, 0.5f, &raw[p]);
+            if (b->ops->upload_weight(b->be, &host, &dev[p])) goto done;
+            parts[p] = &dev[p];
+            float *rows = weight_rows(b, &dev[p]);
+            if (!rows) goto done;
+            memcpy(want + (size_t)r0 * cols, rows, (size_t)cases[i].rows[p] * cols * sizeof *want);
+            free(rows);
+            if (matmul_row(b, x, &dev[p], want_mm + r0)) goto done;
+            r0 += (int)cases[i].rows[p];
+        }
+        why = "fuse_rows failed";
+        if (b->ops->fuse_rows(b->be, parts, np, &fused)) {
+            fprintf(stderr, "[%s] fuse_rows: %s\n", b->ops->name, kern_last_error(b->be));
+            goto done;
+        }
+        why = "wrong shape";
+        if (fused.rows != total || fused.cols != cols || (fused.ld != 0 && fused.ld != cols)) goto done;
+        for (int p = 0; p < np; p++) /* the fused copy must not need them */
+            b->ops->free_weight(b->be, &dev[p]);
+        why = "read back failed";
+        if (!(got = weight_rows(b, &fused)) || matmul_row(b, x, &fused, got_mm)) goto done;
+        why = "rows differ from the parts'";
+        ok = memcmp(got, want, (size_t)total * cols * sizeof *got) == 0;
+    done:
+        snprintf(shape, sizeof shape, "%d parts -> (%lld, %lld) %s: %s", np, (long long)total, (long long)cols,
+                 kern_dtype_name(cases[i].wdt), cases[i].what);
+        report_bool("fuse_rows", shape, ok, why);
+        if (ok) {
+            snprintf(shape, sizeof shape, "n=1 fused (%lld, %lld) vs parts", (long long)total, (long long)cols);
+            report("fuse_rows mm", shape, rel_err(got_mm, want_mm, (size_t)total), TOL);
+        }
+        for (int p = 0; p < np; p++) {
+            if (dev[p].data) b->ops->free_weight(b->be, &dev[p]);
+            free(raw[p]);
+        }
+        if (fused.data) b->ops->free_weight(b->be, &fused);
+        free(want);
+        free(want_mm);
+        free(got);
+        free(got_mm);
+        free(x);
+    }
+    /* errors: mismatched columns, no parts */
+    void *ra, *rb;
+    kern_weight ha = rand_weight(KERN_BF16, 4, 16, 0.5f, &ra), hb = rand_weight(KERN_BF16, 4, 12, 0.5f, &rb);
+    kern_weight da = {0}, db = {0}, out = {0};
+    int ok_cols = 0, ok_none = 0;
+    if (b->ops->upload_weight(b->be, &ha, &da) == 0 && b->ops->upload_weight(b->be, &hb, &db) == 0) {
+        const kern_weight *mixed[2] = {&da, &db};
+        ok_cols = b->ops->fuse_rows(b->be, mixed, 2, &out) == -1 && !out.data &&
+                  strstr(kern_last_error(b->be), "part 1 has 12 columns") != NULL;
+        ok_none = b->ops->fuse_rows(b->be, mixed, 0, &out) == -1 && !out.data &&
+                  strstr(kern_last_error(b->be), "at least one part") != NULL;
+    }
+    report_bool("fuse_rows", "cols 16 + 12 -> error", ok_cols, "no error or wrong message");
+    report_bool("fuse_rows", "0 parts -> error", ok_none, "no error or wrong message");
+    if (da.data) b->ops->free_weight(b->be, &da);
+    if (db.data) b->ops->free_weight(b->be, &db);
+    free(ra);
+    free(rb);
+}
+
 int main(int argc, char **argv) {
     char err[512];
     int dev = 0, self = 0, bench = 0;
@@ -1362,6 +1496,7 @@ int main(int argc, char **argv) {
     test_add_rmsnorm();
     test_qk_norm_rope();
     test_logits_topk();
+    test_fuse_rows();
     if (bench) bench_attention(self);
     kern_backend_destroy(g_gpu.ops, g_gpu.be);
     kern_backend_destroy(g_cpu.ops, g_cpu.be);

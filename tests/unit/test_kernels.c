@@ -472,6 +472,95 @@ START_TEST(test_matmul_batch_invariant) {
 }
 END_TEST
 
+/* fuse_rows: the rows of the parts in order, an owned copy (the parts may
+ * go first), and one matmul against it equals the parts' matmuls laid end
+ * to end, bit for bit. */
+START_TEST(test_fuse_rows) {
+    const kern_dtype dts[] = {KERN_F32, KERN_F16, KERN_BF16};
+    for (size_t d = 0; d < 3; d++) {
+        wbuf a, b, c;
+        make_weight(&a, dts[d], 19, 40);
+        make_weight(&b, dts[d], 5, 40);
+        make_weight(&c, dts[d], 16, 40);
+        kern_weight pa, pb, pc, f;
+        ck_assert_int_eq(ops->upload_weight(be, &a.w, &pa), 0);
+        ck_assert_int_eq(ops->upload_weight(be, &b.w, &pb), 0);
+        pc = c.w;
+        pc.ld = 40; /* ld == cols counts as dense */
+        const kern_weight *parts[3] = {&pa, &pb, &pc};
+        ck_assert_int_eq(ops->fuse_rows(be, parts, 3, &f), 0);
+        ck_assert(f.dtype == dts[d] && f.rows == 40 && f.cols == 40 && f.ld == 0);
+        ck_assert(f.data != a.raw && f.data != b.raw && f.data != c.raw);
+        float *x = rand_vec(40), sep[40], fused[40];
+        ck_assert_int_eq(ops->matmul(be, sep, x, &pa, 1), 0);
+        ck_assert_int_eq(ops->matmul(be, sep + 19, x, &pb, 1), 0);
+        ck_assert_int_eq(ops->matmul(be, sep + 24, x, &pc, 1), 0);
+        ops->free_weight(be, &pa);
+        ops->free_weight(be, &pb);
+        size_t es = kern_dtype_size(dts[d]);
+        ck_assert_int_eq(memcmp(f.data, a.raw, 19 * 40 * es), 0);
+        ck_assert_int_eq(memcmp((const char *)f.data + 19 * 40 * es, b.raw, 5 * 40 * es), 0);
+        ck_assert_int_eq(memcmp((const char *)f.data + 24 * 40 * es, c.raw, 16 * 40 * es), 0);
+        free_weight(&a); /* the fused copy does not alias the parts */
+        free_weight(&b);
+        ck_assert_int_eq(ops->matmul(be, fused, x, &f, 1), 0);
+        ck_assert_int_eq(memcmp(sep, fused, sizeof sep), 0);
+        /* a fused weight is a weight like any other: it fuses again */
+        const kern_weight *again[2] = {&f, &c.w};
+        kern_weight f2;
+        ck_assert_int_eq(ops->fuse_rows(be, again, 2, &f2), 0);
+        ck_assert_int_eq((int)f2.rows, 56);
+        ck_assert_int_eq(memcmp((const char *)f2.data + 40 * 40 * es, c.raw, 16 * 40 * es), 0);
+        ops->free_weight(be, &f2);
+        ops->free_weight(be, &f);
+        ck_assert_ptr_null(f.data);
+        free(x);
+        free_weight(&c);
+    }
+    /* a backend-owned part (random_weight) may be freed after fusing */
+    kern_weight r1, r2, f;
+    ck_assert_int_eq(ops->random_weight(be, &r1, 3, 8, 0, 0, 8, 1, 0.f, 1.f), 0);
+    ck_assert_int_eq(ops->random_weight(be, &r2, 2, 8, 3, 0, 8, 1, 0.f, 1.f), 0);
+    const kern_weight *rp[2] = {&r1, &r2};
+    ck_assert_int_eq(ops->fuse_rows(be, rp, 2, &f), 0);
+    float want[40];
+    memcpy(want, r1.data, 24 * sizeof(float));
+    memcpy(want + 24, r2.data, 16 * sizeof(float));
+    ops->free_weight(be, &r1);
+    ops->free_weight(be, &r2);
+    ck_assert_int_eq(memcmp(f.data, want, sizeof want), 0);
+    ops->free_weight(be, &f);
+}
+END_TEST
+
+START_TEST(test_fuse_rows_errors) {
+    wbuf a, b, h;
+    make_weight(&a, KERN_BF16, 4, 16);
+    make_weight(&b, KERN_BF16, 3, 12);
+    make_weight(&h, KERN_F16, 3, 16);
+    kern_weight out = {0}, strided = {a.raw, KERN_BF16, 4, 8, 16}, empty = {NULL, KERN_BF16, 2, 16, 0};
+    const kern_weight *cols[2] = {&a.w, &b.w}, *dt[2] = {&a.w, &h.w}, *st[2] = {&a.w, &strided},
+                      *none[2] = {&a.w, NULL}, *nodata[1] = {&empty};
+    static const struct {
+        int n;
+        const char *want;
+    } cases[] = {{2, "part 1 has 12 columns, part 0 has 16"}, {2, "part 1 is f16, part 0 is bf16"},
+                 {2, "part 1 is strided"}, {2, "part 1 has no data"}, {1, "part 0 has no data"},
+                 {0, "at least one part"}, {-1, "at least one part"}};
+    const kern_weight *const *args[] = {cols, dt, st, none, nodata, cols, cols};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ck_assert_int_ne(ops->fuse_rows(be, args[i], cases[i].n, &out), 0);
+        ck_assert_msg(strstr(kern_last_error(be), cases[i].want), "case %zu: %s", i, kern_last_error(be));
+        ck_assert_msg(strstr(kern_last_error(be), "fuse_rows"), "%s", kern_last_error(be));
+        ck_assert_ptr_null(out.data); /* untouched on error */
+    }
+    ck_assert_int_ne(ops->fuse_rows(be, NULL, 1, &out), 0);
+    free_weight(&a);
+    free_weight(&b);
+    free_weight(&h);
+}
+END_TEST
+
 START_TEST(test_backend_selection_errors) {
     const kern_ops *o;
     kern_backend *b;
@@ -499,6 +588,8 @@ int main(void) {
     tcase_add_test(tc, test_add_rmsnorm_errors);
     tcase_add_test(tc, test_qk_norm_rope_matches_unfused);
     tcase_add_test(tc, test_qk_norm_rope_errors);
+    tcase_add_test(tc, test_fuse_rows);
+    tcase_add_test(tc, test_fuse_rows_errors);
     tcase_add_test(tc, test_attention_paged_gqa);
     tcase_add_test(tc, test_matmul_strided_view);
     tcase_add_test(tc, test_elementwise_and_embedding);

@@ -654,6 +654,128 @@ START_TEST(test_random_model_tp) {
 }
 END_TEST
 
+/* ---- fused decode weights (model_load_opts.fuse_weights) ----
+ * The cpu matmul computes each output row on its own with one fixed
+ * reduction order, so h·[wq; wk; wv]ᵀ holds exactly the bits of the three
+ * separate products: fused and unfused engines must give identical logits,
+ * both on the one-token path (fused matmuls) and on steps of several rows
+ * (the views into the fused weights). */
+static eng *open_engine_fuse(const char *dir, int tp, int fuse) {
+    char err[1024];
+    eng_config c = {.model_dir = dir, .tp = tp, .allreduce = ECHO_MODE_EXACT, .threads = 2, .max_model_len = 128,
+                    .max_num_seqs = 4, .fuse_weights = fuse};
+    eng *e;
+    ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s: %s", dir, err);
+    return e;
+}
+
+/* One step of the same items on both engines; the logits must be equal bits. */
+static void step_both(eng *const e[2], const eng_item *items, int n, int rows, int vocab, const char *what) {
+    char err[1024];
+    float *l[2];
+    for (int f = 0; f < 2; f++) {
+        l[f] = malloc((size_t)rows * vocab * sizeof *l[f]);
+        ck_assert_msg(eng_step(e[f], items, n, l[f], err, sizeof err) == 0, "%s: %s", what, err);
+    }
+    ck_assert_msg(memcmp(l[0], l[1], (size_t)rows * vocab * sizeof *l[0]) == 0, "%s: fused logits differ", what);
+    free(l[0]);
+    free(l[1]);
+}
+
+START_TEST(test_fused_weights_bit_identical) {
+    char names[MAX_MODELS][256], err[1024], what[600];
+    int nm = list_models(names);
+    ck_assert_int_ge(nm, 4);
+    for (int mi = 0; mi < nm; mi++) {
+        ref_model r;
+        ref_load(names[mi], &r);
+        for (int tp = 1; tp <= 2; tp++) {
+            eng *e[2] = {open_engine_fuse(names[mi], tp, ENG_FUSE_OFF), open_engine_fuse(names[mi], tp, ENG_FUSE_ON)};
+            /* auto is off on cpu; the forced values are kept */
+            ck_assert_int_eq(eng_get_config(e[0])->fuse_weights, ENG_FUSE_OFF);
+            ck_assert_int_eq(eng_get_config(e[1])->fuse_weights, ENG_FUSE_ON);
+            /* one sequence: prefill, then one-token decode steps (the fused matmuls) */
+            for (int i = 0; i < 2; i++) {
+                const ref_prompt *p = &r.p[i];
+                int seq[2];
+                for (int f = 0; f < 2; f++) ck_assert(eng_seq_new(e[f], &seq[f], err, sizeof err) == 0);
+                ck_assert_int_eq(seq[0], seq[1]);
+                eng_item it = {seq[0], p->prompt, p->n_prompt, ENG_LOGITS_LAST};
+                snprintf(what, sizeof what, "%.200s tp %d prompt %d prefill", names[mi], tp, i);
+                step_both(e, &it, 1, 1, r.vocab, what);
+                for (int t = 0; t < 8 && t < p->n_greedy; t++) {
+                    it = (eng_item){seq[0], &p->greedy[t], 1, ENG_LOGITS_LAST};
+                    snprintf(what, sizeof what, "%.200s tp %d prompt %d decode %d", names[mi], tp, i, t);
+                    step_both(e, &it, 1, 1, r.vocab, what);
+                }
+                for (int f = 0; f < 2; f++) eng_seq_free(e[f], seq[0]);
+            }
+            /* three sequences decoding together: steps of 3 rows (the views) */
+            int seqs[3];
+            eng_item items[3];
+            for (int s = 0; s < 3; s++) {
+                int other;
+                ck_assert(eng_seq_new(e[0], &seqs[s], err, sizeof err) == 0);
+                ck_assert(eng_seq_new(e[1], &other, err, sizeof err) == 0);
+                ck_assert_int_eq(seqs[s], other);
+                items[s] = (eng_item){seqs[s], r.p[s].prompt, r.p[s].n_prompt, ENG_LOGITS_LAST};
+            }
+            snprintf(what, sizeof what, "%.200s tp %d batch prefill", names[mi], tp);
+            step_both(e, items, 3, 3, r.vocab, what);
+            for (int t = 0; t < 4; t++) {
+                for (int s = 0; s < 3; s++) items[s] = (eng_item){seqs[s], &r.p[s].greedy[t], 1, ENG_LOGITS_LAST};
+                snprintf(what, sizeof what, "%.200s tp %d batch decode %d", names[mi], tp, t);
+                step_both(e, items, 3, 3, r.vocab, what);
+            }
+            /* and one sequence alone again: back on the fused matmuls */
+            items[0] = (eng_item){seqs[0], &r.p[0].greedy[4], 1, ENG_LOGITS_LAST};
+            snprintf(what, sizeof what, "%.200s tp %d single after batch", names[mi], tp);
+            step_both(e, items, 1, 1, r.vocab, what);
+            eng_destroy(e[0]);
+            eng_destroy(e[1]);
+        }
+        ref_free(&r);
+    }
+}
+END_TEST
+
+/* The model's side on a random model (backend-owned parts, so fusing frees
+ * them: ASan checks the views are never freed), tp 1: the same bytes held,
+ * identical logits for a one-token step and a multi-row step. */
+START_TEST(test_fused_weights_model) {
+    const kern_ops *cpu = NULL;
+    kern_backend *be = NULL;
+    char err[512];
+    ck_assert_msg(kern_backend_create("cpu", 2, 0, &cpu, &be, err, sizeof err) == 0, "%s", err);
+    const char *spec = "random:tiny,layers=2,seed=12";
+    model *m[2] = {NULL, NULL};
+    for (int f = 0; f < 2; f++) {
+        model_load_opts o = {cpu, be, NULL, 0, 1, NULL, 16, 4, f};
+        ck_assert_msg(model_load(spec, &o, &m[f], err, sizeof err) == 0, "%s", err);
+    }
+    ck_assert_uint_eq(model_weight_bytes(m[0]), model_weight_bytes(m[1]));
+    const int V = model_get_config(m[0])->vocab_size;
+    int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    float *l[2] = {malloc((size_t)4 * V * sizeof(float)), malloc((size_t)4 * V * sizeof(float))};
+    /* 4 tokens (the views), then 3 one-token steps (the fused weights) */
+    int32_t toks[4] = {3, 14, 15, 92}, qs4[2] = {0, 4}, pos0 = 0, rows4[4] = {0, 1, 2, 3};
+    model_batch b = {1, toks, qs4, &pos0, table, 8, rows4, 4, NULL, NULL};
+    for (int f = 0; f < 2; f++) ck_assert_msg(model_forward(m[f], &b, l[f], err, sizeof err) == 0, "%s", err);
+    ck_assert(memcmp(l[0], l[1], (size_t)4 * V * sizeof(float)) == 0);
+    for (int t = 0; t < 3; t++) {
+        int32_t tok = 65 + t, qs1[2] = {0, 1}, p = 4 + t, row = 0;
+        model_batch d = {1, &tok, qs1, &p, table, 8, &row, 1, NULL, NULL};
+        for (int f = 0; f < 2; f++) ck_assert_msg(model_forward(m[f], &d, l[f], err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(memcmp(l[0], l[1], (size_t)V * sizeof(float)) == 0, "decode %d: fused logits differ", t);
+    }
+    model_free(m[0]);
+    model_free(m[1]);
+    free(l[0]);
+    free(l[1]);
+    kern_backend_destroy(cpu, be);
+}
+END_TEST
+
 /* ---- graphs: the model's side, through a cpu op table with fake graph ops ----
  * The cpu backend has no graphs (NULL entries: the model runs eagerly). Here
  * the graph entries are stubs around the cpu ops, so the model's routing is
@@ -699,7 +821,7 @@ START_TEST(test_model_graph_routing) {
     fake.graph_abort = fake_graph_abort;
     const char *spec = "random:tiny,layers=2,seed=4";
     model *mg = NULL, *me = NULL;
-    model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4};
+    model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0};
     ck_assert_msg(model_load(spec, &og, &mg, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(model_load(spec, &oe, &me, err, sizeof err) == 0, "%s", err);
     model_set_graphs(mg, 1);
@@ -857,6 +979,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_greedy_matches_reference);
     tcase_add_test(tc, test_decode_equals_full_recompute);
     tcase_add_test(tc, test_stops_at_eos);
+    tcase_add_test(tc, test_fused_weights_bit_identical);
     suite_add_tcase(s, tc);
     TCase *tcc = tcase_create("config");
     tcase_add_test(tcc, test_config_fields);
@@ -869,6 +992,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tcc, test_engine_transport_choice);
     tcase_add_test(tcc, test_generate_chunked_prefill);
     tcase_add_test(tcc, test_model_graph_routing);
+    tcase_add_test(tcc, test_fused_weights_model);
     tcase_add_test(tcc, test_engine_graphs_flag_cpu);
     suite_add_tcase(s, tcc);
     TCase *cli = tcase_create("cli");
