@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "model/model.h"
 #include "tools/bench/bench.h"
 #include "tools/cli.h"
 
@@ -50,18 +51,35 @@
 #define RM_TSIZE (1 << RM_TBITS)
 #define RM_TMASK (RM_TSIZE - 1)
 
+/* A shape: its dimensions come from model/'s table of random-model shapes
+ * (model_random_parse("random:NAME"): the published config.json values of
+ * Qwen/Qwen3-8B and Qwen/Qwen3-0.6B, and a CI-sized tiny), so the files
+ * written here and the in-memory random: models share one source; only the
+ * bos id, which the engine never needs, is kept here. */
 typedef struct rm_shape {
     const char *name;
-    int vocab, hidden, inter, layers, heads, kv_heads, head_dim, max_pos, tied, bos, eos;
+    int bos;
+    model_config c;
 } rm_shape;
 
-/* Numbers from the published config.json files of Qwen/Qwen3-8B and
- * Qwen/Qwen3-0.6B; tiny is a CI-sized model of the same architecture. */
-static const rm_shape rm_shapes[] = {
-    {"qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 128, 40960, 0, 151643, 151645},
-    {"qwen3-0.6b", 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1, 151643, 151645},
-    {"tiny", 512, 64, 128, 2, 4, 2, 16, 4096, 0, 510, 511},
-};
+static const struct {
+    const char *name;
+    int bos;
+} rm_bos[] = {{"qwen3-8b", 151643}, {"qwen3-0.6b", 151643}, {"tiny", 510}};
+
+/* Fill *s for shape `name`; -1 if unknown. */
+static int rm_shape_get(const char *name, rm_shape *s) {
+    char spec[64], err[256];
+    for (size_t i = 0; i < sizeof rm_bos / sizeof *rm_bos; i++) {
+        if (strcmp(name, rm_bos[i].name)) continue;
+        snprintf(spec, sizeof spec, "%s%s", MODEL_RANDOM_PREFIX, name);
+        if (model_random_parse(spec, &s->c, NULL, err, sizeof err)) return -1;
+        s->name = rm_bos[i].name;
+        s->bos = rm_bos[i].bos;
+        return 0;
+    }
+    return -1;
+}
 
 typedef struct rm_tensor {
     char name[96];
@@ -217,9 +235,10 @@ static int rm_write_text(const char *dir, const char *name, const char *text) {
 /* The tensor list in file order, with 8-byte-aligned data offsets. Returns
  * the count, or -1 when out of memory. */
 static int rm_tensors(const rm_shape *s, rm_tensor **out, size_t *data_bytes) {
-    int64_t H = s->hidden, I = s->inter, V = s->vocab, hd = s->head_dim;
-    int64_t qd = (int64_t)s->heads * hd, kvd = (int64_t)s->kv_heads * hd;
-    int n = 3 + 11 * s->layers - s->tied;
+    const model_config *c = &s->c;
+    int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size, hd = c->head_dim;
+    int64_t qd = (int64_t)c->num_heads * hd, kvd = (int64_t)c->num_kv_heads * hd;
+    int n = 3 + 11 * c->num_layers - c->tie_word_embeddings;
     rm_tensor *t = calloc((size_t)n, sizeof *t);
     if (!t) return -1;
     int k = 0;
@@ -232,7 +251,7 @@ static int rm_tensors(const rm_shape *s, rm_tensor **out, size_t *data_bytes) {
         k++;                                                                                                           \
     } while (0)
     RM_ADD(0, V, H, "model.embed_tokens.weight");
-    for (int l = 0; l < s->layers; l++) {
+    for (int l = 0; l < c->num_layers; l++) {
         RM_ADD(1, 0, H, "model.layers.%d.input_layernorm.weight", l);
         RM_ADD(0, qd, H, "model.layers.%d.self_attn.q_proj.weight", l);
         RM_ADD(0, kvd, H, "model.layers.%d.self_attn.k_proj.weight", l);
@@ -246,7 +265,7 @@ static int rm_tensors(const rm_shape *s, rm_tensor **out, size_t *data_bytes) {
         RM_ADD(0, H, I, "model.layers.%d.mlp.down_proj.weight", l);
     }
     RM_ADD(1, 0, H, "model.norm.weight");
-    if (!s->tied) RM_ADD(0, V, H, "lm_head.weight");
+    if (!c->tie_word_embeddings) RM_ADD(0, V, H, "lm_head.weight");
 #undef RM_ADD
     size_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -315,8 +334,9 @@ static void rm_config_json(const rm_shape *s, int layers, char *buf, size_t n) {
              "  \"vocab_size\": %d,\n"
              "  \"echo_random_weights\": \"echo-bench randmodel --shape %s\"\n"
              "}\n",
-             s->bos, s->eos, s->head_dim, s->hidden, s->inter, s->max_pos, layers, s->heads, layers, s->kv_heads,
-             s->tied ? "true" : "false", s->vocab, s->name);
+             s->bos, s->c.eos_ids[0], s->c.head_dim, s->c.hidden_size, s->c.intermediate_size,
+             s->c.max_position_embeddings, layers, s->c.num_heads, layers, s->c.num_kv_heads,
+             s->c.tie_word_embeddings ? "true" : "false", s->c.vocab_size, s->name);
 }
 
 /* Write the data area [0, data_bytes) after the header, buffer by buffer. */
@@ -401,7 +421,8 @@ int bench_randmodel_main(int argc, char **argv) {
         {0, 0, 0, 0},
     };
     const char *out = NULL;
-    const rm_shape *shape = &rm_shapes[2];
+    rm_shape s;
+    if (rm_shape_get("tiny", &s)) return 1; /* model/'s table always has it */
     long layers = 0, seed = 0, nthreads = 0;
     int force = 0, rc = 0;
     char **av = argv; /* argv[0] is the subcommand name */
@@ -412,13 +433,9 @@ int bench_randmodel_main(int argc, char **argv) {
         const char *a = optarg;
         switch (c) {
         case O_OUT: out = a; break;
-        case O_SHAPE: {
-            shape = NULL;
-            for (size_t i = 0; i < sizeof rm_shapes / sizeof *rm_shapes; i++)
-                if (!strcmp(a, rm_shapes[i].name)) shape = &rm_shapes[i];
-            if (!shape) rc = rm_usage_error("--shape: expected qwen3-8b, qwen3-0.6b or tiny, got '%s'", a);
+        case O_SHAPE:
+            if (rm_shape_get(a, &s)) rc = rm_usage_error("--shape: expected qwen3-8b, qwen3-0.6b or tiny, got '%s'", a);
             break;
-        }
         case O_LAYERS:
             if (cli_parse_long(a, 1, 1024, &layers)) rc = rm_usage_error("--layers: expected 1..1024, got '%s'", a);
             break;
@@ -447,8 +464,7 @@ int bench_randmodel_main(int argc, char **argv) {
     if (!rc && !out) rc = rm_usage_error("%s", "--out DIR is required");
     if (rc) return rc < 0 ? 0 : rc;
 
-    rm_shape s = *shape;
-    if (layers) s.layers = (int)layers;
+    if (layers) s.c.num_layers = (int)layers;
     if (!nthreads) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         nthreads = n < 1 ? 1 : (n > RM_MAX_THREADS ? RM_MAX_THREADS : n);
@@ -514,18 +530,18 @@ int bench_randmodel_main(int argc, char **argv) {
     }
     snprintf(text, sizeof text,
              "{\n  \"bos_token_id\": %d,\n  \"eos_token_id\": [%d, %d],\n  \"transformers_version\": \"4.51.0\"\n}\n",
-             s.bos, s.eos, s.bos);
+             s.bos, s.c.eos_ids[0], s.bos);
     if (rm_write_text(out, "generation_config.json", text)) {
         fprintf(stderr, "echo-bench randmodel: %s/generation_config.json: %s\n", out, strerror(errno));
         goto out;
     }
-    rm_config_json(&s, s.layers, text, sizeof text);
+    rm_config_json(&s, s.c.num_layers, text, sizeof text);
     if (rm_write_text(out, "config.json", text)) {
         fprintf(stderr, "echo-bench randmodel: %s/config.json: %s\n", out, strerror(errno));
         goto out;
     }
     double gb = (double)(8 + hlen + data_bytes) / 1e9;
-    printf("randmodel: %s, %d layers, %d tensors, %.3f GB in %.2f s (%.2f GB/s, %ld threads) -> %s\n", s.name, s.layers,
+    printf("randmodel: %s, %d layers, %d tensors, %.3f GB in %.2f s (%.2f GB/s, %ld threads) -> %s\n", s.name, s.c.num_layers,
            n, gb, dt, dt > 0 ? gb / dt : 0.0, nthreads, out);
     status = 0;
 out:
