@@ -168,7 +168,9 @@ static int check_limits(const eng_config *c, const model_config *mc, char *err, 
         snprintf(err, errlen, "max batch tokens and max model length must be >= 1");
         return -1;
     }
-    if (strcmp(c->transport, "auto") && strcmp(c->transport, "local") && strcmp(c->transport, "nccl")) {
+    int known = 0;
+    for (const char *const *t = ENG_TRANSPORTS; *t; t++) known |= !strcmp(c->transport, *t);
+    if (!known) {
         snprintf(err, errlen, "unknown all-reduce transport \"%s\" (auto, local or nccl)", c->transport);
         return -1;
     }
