@@ -1,0 +1,654 @@
+/*
+ * tests/emu/nccl_emu.cpp — an in-process NCCL for the CPU emulator: the ranks
+ * of a clique (ncclCommInitAll) are threads of this process and "device"
+ * memory is host memory (tests/emu's CUDA runtime), so comm/nccl.c runs in CI
+ * without a GPU.
+ *
+ * What it models
+ *   - ncclCommInitAll / Destroy / Abort / GetAsyncError, ncclGroupStart/End
+ *     (nested; one thread may drive several comms in one group, as with real
+ *     NCCL), ncclSend/ncclRecv, ncclAllGather, ncclAllReduce, the error
+ *     strings of the real library (ncclGetErrorString).
+ *   - Matching: the k-th collective of every rank of a clique meet; the m-th
+ *     send from a to b meets the m-th receive at b from a. Operations run
+ *     when their group ends (a call outside a group is a group of one); a
+ *     thread's ncclGroupEnd returns once every operation it posted has met
+ *     its peers and run — a rendezvous, as the data movement of real NCCL is.
+ *     Since the emulated streams are synchronous, this is where a rank waits
+ *     for its peers (real NCCL returns at once and the wait is on the stream).
+ *   - Arithmetic: ncclSum over ncclFloat32 (fp32, ranks added in rank order
+ *     0..N-1), ncclFloat64, ncclInt32, and ncclBfloat16 (summed in fp32 in
+ *     rank order, rounded to bf16 once, round-to-nearest-even). Every rank
+ *     receives the same bits. REAL NCCL DIFFERS: it adds in ring/tree order
+ *     and, for bf16, rounds to bf16 after each step of the ring, so its
+ *     results depend on the algorithm and the rank count. Tests must not
+ *     expect bit-identity of an exact-mode (ncclAllReduce) bf16 sum with a
+ *     host reference — only of the codec paths, which move bytes.
+ *   - Argument checks that real NCCL makes (null comm, peer out of range, a
+ *     null buffer with count > 0, unknown datatype or op, duplicate devices
+ *     in InitAll, GroupEnd without GroupStart): ncclInvalidArgument /
+ *     ncclInvalidUsage, the failing call posts nothing, and inside a group
+ *     the group's ncclGroupEnd returns the error and drops the group.
+ *   - Faults real NCCL does NOT detect (it hangs or corrupts memory) are
+ *     reported instead of emulated: ranks whose matched operations differ
+ *     (kind, count, datatype, op), a send and a receive of different sizes,
+ *     partially overlapping in/out buffers, use of a comm after Destroy or
+ *     Abort (that one prints and aborts the process: it is a use after free
+ *     in real NCCL). Each prints one "nccl_emu:" line on stderr and the
+ *     matched operations fail with ncclInvalidUsage on every participant.
+ *   - Abort: ncclCommAbort on any comm of a clique marks the clique aborted;
+ *     peers waiting in (or later posting) an operation return
+ *     ncclRemoteError, and ncclCommGetAsyncError on their comms reports
+ *     ncclRemoteError. The same holds when a comm is destroyed while peers
+ *     wait for it (real NCCL would hang there).
+ *
+ * What it does not model
+ *   - Asynchrony: operations complete before the call returns, so a
+ *     cudaStreamQuery polling loop never sees one in progress; a rank that is
+ *     waiting for a peer waits inside ncclGroupEnd / the collective call.
+ *   - Real NCCL's reduction order and intermediate rounding (see above),
+ *     ncclAvg/Prod/Min/Max and datatypes other than those listed (they fail
+ *     with ncclInvalidUsage and a "not modelled" line), and collectives other
+ *     than these four (no Broadcast, Reduce, ReduceScatter).
+ *   - Streams and devices: the stream argument is not checked against the
+ *     comm's device; nothing is ordered against other streams.
+ *   - Non-blocking communicators (ncclConfig_t), ncclCommSplit, unique ids
+ *     and multi-process cliques, connection set-up, timeouts, NCCL_* env.
+ *
+ * State: each clique (one ncclCommInitAll) is one heap object guarded by its
+ * own mutex; it is freed when its last comm is destroyed or aborted. The
+ * only other state is per thread, as in real NCCL: the open group and the
+ * text of the last error (ncclGetLastError).
+ */
+#include <nccl.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <deque>
+#include <vector>
+
+namespace {
+
+enum OpKind { OP_SEND, OP_RECV, OP_ALLREDUCE, OP_ALLGATHER };
+const char *const kind_name[] = {"ncclSend", "ncclRecv", "ncclAllReduce", "ncclAllGather"};
+
+enum CommState { LIVE, DESTROYED, ABORTED };
+
+struct Clique;
+
+struct Op {
+    OpKind kind;
+    ncclComm_t comm;
+    int peer; /* p2p only */
+    const void *sbuf;
+    void *rbuf;
+    size_t count; /* elements (AllGather: per rank) */
+    ncclDataType_t dt;
+    ncclRedOp_t redop;
+    bool done;
+    ncclResult_t result;
+};
+
+} // namespace
+
+struct ncclComm {
+    Clique *cl;
+    int rank;
+    int dev;
+    CommState state;
+    ncclResult_t async_err;
+};
+
+namespace {
+
+struct Clique {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n;
+    int live; /* comms not yet destroyed or aborted */
+    bool aborted;
+    std::vector<ncclComm> comms;
+    std::vector<std::deque<Op *>> coll;                /* per rank, posted collectives in order */
+    std::vector<std::vector<std::deque<Op *>>> sends;  /* [src][dst] */
+    std::vector<std::vector<std::deque<Op *>>> recvs;  /* [dst][src] */
+};
+
+/* Per thread, like real NCCL's group state. */
+thread_local int g_depth;
+thread_local ncclResult_t g_group_err;
+thread_local std::vector<Op *> *g_ops;
+thread_local char g_last[512];
+
+void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_last, sizeof g_last, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "nccl_emu: %s\n", g_last);
+}
+
+size_t dt_size(ncclDataType_t dt) {
+    switch (dt) {
+    case ncclInt8:
+    case ncclUint8:
+        return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+        return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+        return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+        return 8;
+    default:
+        return 0;
+    }
+}
+
+float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1);                                              /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+bool overlap(const void *a, size_t an, const void *b, size_t bn) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return an && bn && x < y + bn && y < x + an;
+}
+
+/* A comm used after Destroy/Abort is a use after free in real NCCL. */
+void check_live(ncclComm_t c, const char *call) {
+    if (c->state != LIVE) {
+        fprintf(stderr, "nccl_emu: %s on rank %d's comm after ncclComm%s (a use after free in real NCCL)\n", call,
+                c->rank, c->state == DESTROYED ? "Destroy" : "Abort");
+        abort();
+    }
+}
+
+void finish(Clique *cl, Op *o, ncclResult_t r) {
+    (void)cl;
+    o->result = r;
+    o->done = true;
+}
+
+/* Run the front collective of every rank once all have posted one. */
+void progress_coll(Clique *cl) {
+    for (;;) {
+        for (int r = 0; r < cl->n; r++)
+            if (cl->coll[r].empty()) return;
+        std::vector<Op *> ops((size_t)cl->n);
+        for (int r = 0; r < cl->n; r++) {
+            ops[(size_t)r] = cl->coll[r].front();
+            cl->coll[r].pop_front();
+        }
+        const Op *a = ops[0];
+        ncclResult_t res = ncclSuccess;
+        for (int r = 1; r < cl->n && res == ncclSuccess; r++) {
+            const Op *b = ops[(size_t)r];
+            if (b->kind != a->kind || b->count != a->count || b->dt != a->dt ||
+                (a->kind == OP_ALLREDUCE && b->redop != a->redop)) {
+                note("ranks disagree on a collective: rank 0 posted %s(count %zu, datatype %d, op %d), rank %d "
+                     "%s(count %zu, datatype %d, op %d); real NCCL would hang or corrupt memory",
+                     kind_name[a->kind], a->count, (int)a->dt, (int)a->redop, r, kind_name[b->kind], b->count,
+                     (int)b->dt, (int)b->redop);
+                res = ncclInvalidUsage;
+            }
+        }
+        size_t esz = dt_size(a->dt), n = a->count, N = (size_t)cl->n;
+        if (res == ncclSuccess && a->kind == OP_ALLGATHER) {
+            /* Snapshot the contributions first: in place, rank r's input is
+             * a slice of its own output. */
+            std::vector<unsigned char> tmp(N * n * esz);
+            for (size_t r = 0; r < N; r++)
+                if (n) memcpy(tmp.data() + r * n * esz, ops[r]->sbuf, n * esz);
+            for (size_t r = 0; r < N; r++)
+                if (n) memcpy(ops[r]->rbuf, tmp.data(), N * n * esz);
+        } else if (res == ncclSuccess && a->kind == OP_ALLREDUCE) {
+            bool modelled = a->redop == ncclSum && (a->dt == ncclFloat32 || a->dt == ncclBfloat16 ||
+                                                     a->dt == ncclFloat64 || a->dt == ncclInt32);
+            if (!modelled) {
+                note("ncclAllReduce with datatype %d and op %d is not modelled by the emulator", (int)a->dt,
+                     (int)a->redop);
+                res = ncclInvalidUsage;
+            } else {
+                /* One result for every rank, ranks added in order 0..N-1;
+                 * bf16 is summed in fp32 and rounded once (real NCCL's ring
+                 * rounds after each step: see the header comment). */
+                std::vector<unsigned char> out(n * esz);
+                for (size_t i = 0; i < n; i++) {
+                    if (a->dt == ncclFloat32 || a->dt == ncclBfloat16) {
+                        float s = 0.0f;
+                        for (size_t r = 0; r < N; r++) {
+                            float v;
+                            if (a->dt == ncclFloat32) {
+                                memcpy(&v, (const char *)ops[r]->sbuf + i * 4, 4);
+                            } else {
+                                uint16_t h;
+                                memcpy(&h, (const char *)ops[r]->sbuf + i * 2, 2);
+                                v = bf16_to_f32(h);
+                            }
+                            s = r ? s + v : v;
+                        }
+                        if (a->dt == ncclFloat32) {
+                            memcpy(out.data() + i * 4, &s, 4);
+                        } else {
+                            uint16_t h = f32_to_bf16(s);
+                            memcpy(out.data() + i * 2, &h, 2);
+                        }
+                    } else if (a->dt == ncclFloat64) {
+                        double s = 0, v;
+                        for (size_t r = 0; r < N; r++) {
+                            memcpy(&v, (const char *)ops[r]->sbuf + i * 8, 8);
+                            s = r ? s + v : v;
+                        }
+                        memcpy(out.data() + i * 8, &s, 8);
+                    } else {
+                        uint32_t s = 0, v; /* wraps like the device's int32 add */
+                        for (size_t r = 0; r < N; r++) {
+                            memcpy(&v, (const char *)ops[r]->sbuf + i * 4, 4);
+                            s += v;
+                        }
+                        memcpy(out.data() + i * 4, &s, 4);
+                    }
+                }
+                for (size_t r = 0; r < N; r++)
+                    if (n) memcpy(ops[r]->rbuf, out.data(), n * esz);
+            }
+        }
+        for (size_t r = 0; r < N; r++)
+            finish(cl, ops[r], res);
+    }
+}
+
+/* Run matched sends and receives between src and dst. */
+void progress_p2p(Clique *cl, int src, int dst) {
+    std::deque<Op *> &sq = cl->sends[(size_t)src][(size_t)dst], &rq = cl->recvs[(size_t)dst][(size_t)src];
+    while (!sq.empty() && !rq.empty()) {
+        Op *s = sq.front(), *r = rq.front();
+        sq.pop_front();
+        rq.pop_front();
+        ncclResult_t res = ncclSuccess;
+        if (s->dt != r->dt || s->count != r->count) {
+            note("rank %d's ncclSend(count %zu, datatype %d) to rank %d meets ncclRecv(count %zu, datatype %d); "
+                 "real NCCL would hang or corrupt memory",
+                 src, s->count, (int)s->dt, dst, r->count, (int)r->dt);
+            res = ncclInvalidUsage;
+        } else if (s->count) {
+            memmove(r->rbuf, s->sbuf, s->count * dt_size(s->dt));
+        }
+        finish(cl, s, res);
+        finish(cl, r, res);
+    }
+}
+
+/* Ranks an unfinished operation waits for. */
+bool peers_gone(const Clique *cl, const Op *o) {
+    if (o->kind == OP_SEND || o->kind == OP_RECV) return cl->comms[(size_t)o->peer].state != LIVE;
+    for (int r = 0; r < cl->n; r++)
+        if (cl->comms[(size_t)r].state != LIVE) return true;
+    return false;
+}
+
+/* Post a group's operations, run what matches, wait for the rest. */
+ncclResult_t run_group(std::vector<Op *> &ops) {
+    ncclResult_t rc = ncclSuccess;
+    for (Op *o : ops) {
+        Clique *cl = o->comm->cl;
+        pthread_mutex_lock(&cl->mu);
+        check_live(o->comm, kind_name[o->kind]);
+        int me = o->comm->rank;
+        if (cl->aborted) {
+            finish(cl, o, ncclRemoteError);
+        } else if (o->kind == OP_SEND) {
+            cl->sends[(size_t)me][(size_t)o->peer].push_back(o);
+            progress_p2p(cl, me, o->peer);
+        } else if (o->kind == OP_RECV) {
+            cl->recvs[(size_t)me][(size_t)o->peer].push_back(o);
+            progress_p2p(cl, o->peer, me);
+        } else {
+            cl->coll[(size_t)me].push_back(o);
+            progress_coll(cl);
+        }
+        pthread_cond_broadcast(&cl->cv);
+        pthread_mutex_unlock(&cl->mu);
+    }
+    for (Op *o : ops) {
+        Clique *cl = o->comm->cl;
+        pthread_mutex_lock(&cl->mu);
+        while (!o->done && !cl->aborted && !peers_gone(cl, o))
+            pthread_cond_wait(&cl->cv, &cl->mu);
+        if (!o->done) {
+            /* Aborted, or a peer destroyed its comm: unpost, fail. */
+            std::deque<Op *> *q = o->kind == OP_SEND   ? &cl->sends[(size_t)o->comm->rank][(size_t)o->peer]
+                                  : o->kind == OP_RECV ? &cl->recvs[(size_t)o->comm->rank][(size_t)o->peer]
+                                                       : &cl->coll[(size_t)o->comm->rank];
+            for (auto it = q->begin(); it != q->end(); ++it)
+                if (*it == o) {
+                    q->erase(it);
+                    break;
+                }
+            finish(cl, o, ncclRemoteError);
+        }
+        if (o->result == ncclRemoteError && o->comm->state == LIVE) o->comm->async_err = ncclRemoteError;
+        if (o->result != ncclSuccess && rc == ncclSuccess) rc = o->result;
+        pthread_mutex_unlock(&cl->mu);
+    }
+    if (rc == ncclRemoteError) snprintf(g_last, sizeof g_last, "a peer's communicator was aborted or destroyed");
+    for (Op *o : ops)
+        delete o;
+    ops.clear();
+    return rc;
+}
+
+ncclResult_t post(Op *o) {
+    if (g_depth > 0) {
+        g_ops->push_back(o);
+        return ncclSuccess;
+    }
+    std::vector<Op *> one{o};
+    return run_group(one);
+}
+
+/* Argument checks of every operation; on failure nothing is posted and an
+ * open group remembers the error for its ncclGroupEnd. */
+ncclResult_t fail_arg(ncclResult_t r) {
+    if (g_depth > 0 && g_group_err == ncclSuccess) g_group_err = r;
+    return r;
+}
+
+ncclResult_t check_common(const char *call, ncclComm_t comm, ncclDataType_t dt) {
+    if (!comm) {
+        note("%s: comm is NULL", call);
+        return fail_arg(ncclInvalidArgument);
+    }
+    pthread_mutex_lock(&comm->cl->mu);
+    check_live(comm, call);
+    pthread_mutex_unlock(&comm->cl->mu);
+    if (dt_size(dt) == 0) {
+        note("%s: invalid datatype %d", call, (int)dt);
+        return fail_arg(ncclInvalidArgument);
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t p2p(OpKind kind, const void *buf, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm) {
+    const char *call = kind_name[kind];
+    ncclResult_t r = check_common(call, comm, dt);
+    if (r != ncclSuccess) return r;
+    if (peer < 0 || peer >= comm->cl->n) {
+        note("%s: peer %d is outside the communicator's [0, %d)", call, peer, comm->cl->n);
+        return fail_arg(ncclInvalidArgument);
+    }
+    if (count && !buf) {
+        note("%s: %s is NULL for %zu elements", call, kind == OP_SEND ? "sendbuff" : "recvbuff", count);
+        return fail_arg(ncclInvalidArgument);
+    }
+    Op *o = new Op();
+    o->kind = kind;
+    o->comm = comm;
+    o->peer = peer;
+    o->count = count;
+    o->dt = dt;
+    if (kind == OP_SEND)
+        o->sbuf = buf;
+    else
+        o->rbuf = (void *)buf;
+    return post(o);
+}
+
+} // namespace
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int *version) {
+    if (!version) return ncclInvalidArgument;
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess:
+        return "no error";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError:
+        return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError:
+        return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument:
+        return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage:
+        return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError:
+        return "remote process exited or there was a network error";
+    case ncclInProgress:
+        return "NCCL operation in progress";
+    default:
+        return "unknown result code";
+    }
+}
+
+const char *ncclGetLastError(ncclComm_t comm) {
+    (void)comm;
+    return g_last;
+}
+
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+    if (!comms) {
+        note("ncclCommInitAll: comms is NULL");
+        return ncclInvalidArgument;
+    }
+    if (ndev < 1) {
+        note("ncclCommInitAll: invalid device count %d", ndev);
+        return ncclInvalidArgument;
+    }
+    int ndevices = 0;
+    if (cudaGetDeviceCount(&ndevices) != cudaSuccess) return ncclUnhandledCudaError;
+    for (int r = 0; r < ndev; r++) {
+        int d = devlist ? devlist[r] : r;
+        if (d < 0 || d >= ndevices) {
+            note("ncclCommInitAll: rank %d: CUDA device %d does not exist (%d devices)", r, d, ndevices);
+            return ncclInvalidArgument;
+        }
+        for (int q = 0; q < r; q++)
+            if ((devlist ? devlist[q] : q) == d) {
+                note("ncclCommInitAll: duplicate GPU detected: rank %d and rank %d both on CUDA device %d", q, r, d);
+                return ncclInvalidUsage;
+            }
+    }
+    Clique *cl = new Clique();
+    pthread_mutex_init(&cl->mu, NULL);
+    pthread_cond_init(&cl->cv, NULL);
+    cl->n = ndev;
+    cl->live = ndev;
+    cl->aborted = false;
+    cl->comms.resize((size_t)ndev);
+    cl->coll.resize((size_t)ndev);
+    cl->sends.assign((size_t)ndev, std::vector<std::deque<Op *>>((size_t)ndev));
+    cl->recvs.assign((size_t)ndev, std::vector<std::deque<Op *>>((size_t)ndev));
+    for (int r = 0; r < ndev; r++) {
+        ncclComm &c = cl->comms[(size_t)r];
+        c.cl = cl;
+        c.rank = r;
+        c.dev = devlist ? devlist[r] : r;
+        c.state = LIVE;
+        c.async_err = ncclSuccess;
+        comms[r] = &c;
+    }
+    return ncclSuccess;
+}
+
+/* Destroy and Abort both end the comm; the clique goes with its last one. */
+static ncclResult_t end_comm(ncclComm_t comm, CommState how) {
+    if (!comm) return ncclInvalidArgument;
+    Clique *cl = comm->cl;
+    pthread_mutex_lock(&cl->mu);
+    check_live(comm, how == DESTROYED ? "ncclCommDestroy" : "ncclCommAbort");
+    comm->state = how;
+    if (how == ABORTED) cl->aborted = true;
+    int left = --cl->live;
+    pthread_cond_broadcast(&cl->cv);
+    pthread_mutex_unlock(&cl->mu);
+    if (left == 0) {
+        /* No comm is live, so no thread can be waiting on the clique. */
+        pthread_cond_destroy(&cl->cv);
+        pthread_mutex_destroy(&cl->mu);
+        delete cl;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    return end_comm(comm, DESTROYED);
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    return end_comm(comm, ABORTED);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
+    if (!comm || !asyncError) return ncclInvalidArgument;
+    Clique *cl = comm->cl;
+    pthread_mutex_lock(&cl->mu);
+    check_live(comm, "ncclCommGetAsyncError");
+    /* A peer's abort reaches every comm of the clique, waiting or not. */
+    if (cl->aborted) comm->async_err = ncclRemoteError;
+    *asyncError = comm->async_err;
+    pthread_mutex_unlock(&cl->mu);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
+    if (!comm || !count) return ncclInvalidArgument;
+    *count = comm->cl->n;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device) {
+    if (!comm || !device) return ncclInvalidArgument;
+    *device = comm->dev;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+    if (!comm || !rank) return ncclInvalidArgument;
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupStart(void) {
+    if (g_depth++ == 0) {
+        g_group_err = ncclSuccess;
+        g_ops = new std::vector<Op *>();
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    if (g_depth <= 0) {
+        note("ncclGroupEnd: not in a group (no matching ncclGroupStart)");
+        return ncclInvalidUsage;
+    }
+    if (--g_depth > 0) return ncclSuccess;
+    std::vector<Op *> *ops = g_ops;
+    g_ops = NULL;
+    ncclResult_t r = g_group_err;
+    if (r != ncclSuccess) {
+        /* An operation of the group was refused: like NCCL, nothing of it runs. */
+        for (Op *o : *ops)
+            delete o;
+    } else {
+        r = run_group(*ops);
+    }
+    delete ops;
+    return r;
+}
+
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    (void)stream;
+    return p2p(OP_SEND, sendbuff, count, datatype, peer, comm);
+}
+
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    (void)stream;
+    return p2p(OP_RECV, recvbuff, count, datatype, peer, comm);
+}
+
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+                           ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    ncclResult_t r = check_common("ncclAllGather", comm, datatype);
+    if (r != ncclSuccess) return r;
+    size_t esz = dt_size(datatype), in = sendcount * esz, out = in * (size_t)comm->cl->n;
+    if (sendcount && (!sendbuff || !recvbuff)) {
+        note("ncclAllGather: %s is NULL for %zu elements", sendbuff ? "recvbuff" : "sendbuff", sendcount);
+        return fail_arg(ncclInvalidArgument);
+    }
+    /* In place means sendbuff == recvbuff + rank * sendcount; any other
+     * overlap is undefined in NCCL. */
+    if (overlap(sendbuff, in, recvbuff, out) &&
+        (const char *)sendbuff != (const char *)recvbuff + (size_t)comm->rank * in) {
+        note("ncclAllGather: rank %d: sendbuff overlaps recvbuff but is not recvbuff + rank * sendcount", comm->rank);
+        return fail_arg(ncclInvalidUsage);
+    }
+    Op *o = new Op();
+    o->kind = OP_ALLGATHER;
+    o->comm = comm;
+    o->sbuf = sendbuff;
+    o->rbuf = recvbuff;
+    o->count = sendcount;
+    o->dt = datatype;
+    return post(o);
+}
+
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    ncclResult_t r = check_common("ncclAllReduce", comm, datatype);
+    if (r != ncclSuccess) return r;
+    if ((unsigned)op >= (unsigned)ncclNumOps) {
+        note("ncclAllReduce: invalid reduction op %d", (int)op);
+        return fail_arg(ncclInvalidArgument);
+    }
+    size_t bytes = count * dt_size(datatype);
+    if (count && (!sendbuff || !recvbuff)) {
+        note("ncclAllReduce: %s is NULL for %zu elements", sendbuff ? "recvbuff" : "sendbuff", count);
+        return fail_arg(ncclInvalidArgument);
+    }
+    if (sendbuff != recvbuff && overlap(sendbuff, bytes, recvbuff, bytes)) {
+        note("ncclAllReduce: rank %d: sendbuff and recvbuff overlap without being equal", comm->rank);
+        return fail_arg(ncclInvalidUsage);
+    }
+    Op *o = new Op();
+    o->kind = OP_ALLREDUCE;
+    o->comm = comm;
+    o->sbuf = sendbuff;
+    o->rbuf = recvbuff;
+    o->count = count;
+    o->dt = datatype;
+    o->redop = op;
+    return post(o);
+}
+
+} // extern "C"
