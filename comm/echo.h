@@ -10,8 +10,11 @@
  *   - Each rank owns an echo_comm (its transport endpoint and its residual).
  *     Per rank, calls are made from one thread, in the same order on every
  *     rank (like NCCL): begin_pass, then allreduce at sites in order. The
- *     local transport checks that the ranks agree (site, count, dtype) and
- *     fails the call on every rank if they do not; nccl cannot, and hangs.
+ *     transports check that the ranks agree (site, count, dtype, path) and
+ *     fail the call on every rank if they do not: local at its barrier;
+ *     nccl on the host before anything is enqueued (its ranks are threads
+ *     of this process), and since a rank may have enqueued already, the
+ *     nccl world is then aborted as by echo_abort (see there).
  *   - echo_allreduce(site, buf, count) is in place: on return every rank's buf
  *     holds the same values, bit-identical across ranks in every mode.
  *       exact: plain sum in activation precision (fp32 sum; bf16 rounds once).
@@ -91,9 +94,14 @@ int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out
 int echo_world_create_local_device(int nranks, int device, const echo_config *cfg, echo_world **out, char *err,
                                    size_t errlen);
 /* nccl transport: one GPU per rank (devices[rank]), all driven from this
- * process (ncclCommInitAll). Buffers passed to echo_allreduce are device
- * pointers and `stream` is the rank's cudaStream_t. Fails with a message in a
- * build without CUDA. */
+ * process (ncclCommInitAll, then one small transfer of each kind so that
+ * NCCL's connections are set up before any call). Buffers passed to
+ * echo_allreduce are device pointers and `stream` is the rank's
+ * cudaStream_t. Each call ends by waiting for the stream, polling, so that
+ * an abort can end the wait. int4/echo calls give the same bits as the
+ * local transport; exact calls are an ncclAllReduce (NCCL's order of
+ * addition, and for bf16 its rounding of partial sums). track_error is not
+ * supported. Fails with a message in a build without CUDA. */
 int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
                            size_t errlen);
 /* Destroy every comm of the world first. */
@@ -123,7 +131,12 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
  * of this world fail with a message instead of waiting forever; their pass
  * is aborted. Once every rank has returned, the owner of the ranks calls
  * echo_world_clear_abort; the next pass (echo_begin_pass) then works again.
- * Local transport (host or device memory); a no-op on nccl for now. */
+ * On nccl an abort ends the world's NCCL communicators (ncclCommAbort: each
+ * rank's own when it sees the abort, the idle ones at once), so calls fail
+ * until echo_world_clear_abort, which creates them anew (ncclCommInitAll);
+ * if that fails, every later call fails with the reason and the world must
+ * be destroyed and created again. A world may also be destroyed while
+ * aborted, without clearing. */
 void echo_abort(echo_comm *c);
 void echo_world_clear_abort(echo_world *w);
 

@@ -8,13 +8,21 @@
  *   exact    ncclAllReduce in the activation dtype; with a carried residual
  *            the sum is taken in fp32 (input widened, residual added,
  *            result rounded back) so the residual is not rounded away
- * Everything is enqueued on the caller's stream; the call synchronises it
- * once at the end to learn whether a value was not finite (every rank
- * decodes the same bytes, so all ranks agree).
+ * Everything is enqueued on the caller's stream; the call waits for it
+ * once at the end, by polling (nccl_wait), so that an abort can end the
+ * wait, then reads whether a value was not finite (every rank decodes the
+ * same bytes, so all ranks agree). int4/echo calls move only bytes through
+ * NCCL, so they give the bits of the local transport; exact calls sum in
+ * NCCL's order.
  *
- * Status: compiles and links in CI; it runs only where GPUs are (no GPU was
- * available while it was written). track_error is not supported here.
- * Without CUDA the file provides echo_world_create_nccl as a clear failure.
+ * Ranks check on the host that they make the same call (nccl_begin_call)
+ * and an abort (echo_abort, a failed rank, a disagreement) ends the
+ * communicators; echo_world_clear_abort creates them anew. See "abort".
+ *
+ * Status: runs in CI on the CPU emulator (tests/emu: nccl_emu.cpp,
+ * tests/gpu/test_cuda_comm.c part n); not yet on real GPUs. track_error is
+ * not supported here. Without CUDA the file provides echo_world_create_nccl
+ * as a clear failure.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,11 +44,35 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
+/* Calls remembered per rank for the agreement check: ranks are at most one
+ * call apart (a rank finishes call k only after every peer has posted its
+ * messages of call k), so a few slots suffice. */
+#define NCCL_REC_SLOTS 4
+
+typedef struct nccl_rec {
+    uint64_t seq; /* 0: empty */
+    echo_call call;
+} nccl_rec;
 
 typedef struct nccl_world {
     int devices[ECHO_MAX_RANKS];
-    ncclComm_t comms[ECHO_MAX_RANKS];
-    size_t stride; /* bytes between phase-1 messages (cache-line rounded) */
+    ncclComm_t comms[ECHO_MAX_RANKS]; /* NULL once aborted */
+    size_t stride;                    /* bytes between phase-1 messages (cache-line rounded) */
+
+    /* Abort state, guarded by mu (aborted is also read without it while a
+     * rank polls its stream). */
+    pthread_mutex_t mu;
+    atomic_int aborted;
+    char reason[384];            /* why, for the peers' messages */
+    int dead;                    /* clear_abort could not re-create the communicators */
+    int in_nccl[ECHO_MAX_RANKS]; /* the rank's thread is inside an NCCL call or waiting on its stream */
+    uint64_t seq[ECHO_MAX_RANKS];
+    nccl_rec rec[ECHO_MAX_RANKS][NCCL_REC_SLOTS];
 } nccl_world;
 
 typedef struct nccl_rank {
@@ -72,6 +104,27 @@ static int cuda_fail(char *err, size_t errlen, const char *file, int line, const
         if (cuda_e_ != cudaSuccess) return cuda_fail(err, errlen, __FILE__, __LINE__, #call, cuda_e_);                 \
     } while (0)
 
+/* Inside a rank's NCCL section (between nccl_enter and nccl_leave): a
+ * failure aborts the world (peers would wait for this rank forever), and
+ * the message says so. */
+#define NCCL_RANK_TRY(c, call)                                                                                         \
+    do {                                                                                                               \
+        ncclResult_t nccl_r_ = (call);                                                                                 \
+        if (nccl_r_ != ncclSuccess) {                                                                                  \
+            nccl_fail(err, errlen, __FILE__, __LINE__, #call, nccl_r_);                                                \
+            return nccl_section_failed(c, err, errlen);                                                                \
+        }                                                                                                              \
+    } while (0)
+
+#define CUDA_RANK_TRY(c, call)                                                                                         \
+    do {                                                                                                               \
+        cudaError_t cuda_e_ = (call);                                                                                  \
+        if (cuda_e_ != cudaSuccess) {                                                                                  \
+            cuda_fail(err, errlen, __FILE__, __LINE__, #call, cuda_e_);                                                \
+            return nccl_section_failed(c, err, errlen);                                                                \
+        }                                                                                                              \
+    } while (0)
+
 static nccl_world *nw_of(const echo_comm *c) {
     return c->w->tp_world;
 }
@@ -81,6 +134,168 @@ static nccl_rank *nr_of(const echo_comm *c) {
 static ncclComm_t comm_of(const echo_comm *c) {
     return nw_of(c)->comms[c->rank];
 }
+
+/* ---- abort ----
+ *
+ * Real NCCL returns from an enqueue at once; a rank waits for its peers on
+ * its stream, and a peer that never comes makes that wait endless. So every
+ * call ends by polling the stream (nccl_wait) while watching the world's
+ * abort flag and the comm's asynchronous error, and a rank that sees either
+ * aborts its own communicator (which ends its pending NCCL kernels) and
+ * fails. A communicator is only ever aborted by the thread of its rank, or
+ * by another thread while its rank is outside every NCCL call and poll
+ * (in_nccl, under mu): then no thread uses it, and ncclCommAbort ends
+ * whatever the rank left pending on its stream. Aborting the idle comms at
+ * once (the aborting rank's own among them) is also what wakes peers in an
+ * implementation whose collective calls block until every rank has arrived
+ * (tests/emu's NCCL). The communicators are gone after an abort:
+ * echo_world_clear_abort re-creates them. */
+
+/* With mu held: abort the world (first reason wins) and every
+ * communicator no thread is using. */
+static void abort_locked(nccl_world *nw, int nranks, const char *why) {
+    if (!atomic_load(&nw->aborted)) {
+        snprintf(nw->reason, sizeof nw->reason, "%s", why);
+        atomic_store(&nw->aborted, 1);
+    }
+    for (int r = 0; r < nranks; r++)
+        if (nw->comms[r] && !nw->in_nccl[r]) {
+            /* The result is of no use: the comm is gone either way. */
+            (void)ncclCommAbort(nw->comms[r]);
+            nw->comms[r] = NULL;
+        }
+}
+
+static int aborted_msg(const nccl_world *nw, char *err, size_t errlen) {
+    if (nw->dead)
+        snprintf(err, errlen, "echo: nccl world unusable: %s; destroy it and create a new one", nw->reason);
+    else
+        snprintf(err, errlen,
+                 "echo: the collective was aborted because another rank failed (%s); the pass is aborted and the "
+                 "world's NCCL communicators are gone until echo_world_clear_abort",
+                 nw->reason);
+    return -1;
+}
+
+/* Enter this rank's NCCL section: fails if the world was aborted. */
+static int nccl_enter(echo_comm *c, char *err, size_t errlen) {
+    nccl_world *nw = nw_of(c);
+    pthread_mutex_lock(&nw->mu);
+    if (atomic_load(&nw->aborted) || !nw->comms[c->rank]) {
+        if (!nw->reason[0]) snprintf(nw->reason, sizeof nw->reason, "communicator of rank %d is gone", c->rank);
+        /* This rank's comm may still hold work it enqueued before the abort
+         * (it was inside NCCL then, so nobody aborted it): end it here. */
+        if (nw->comms[c->rank]) {
+            (void)ncclCommAbort(nw->comms[c->rank]);
+            nw->comms[c->rank] = NULL;
+        }
+        aborted_msg(nw, err, errlen);
+        pthread_mutex_unlock(&nw->mu);
+        return -1;
+    }
+    nw->in_nccl[c->rank] = 1;
+    pthread_mutex_unlock(&nw->mu);
+    return 0;
+}
+
+static void nccl_leave(echo_comm *c) {
+    nccl_world *nw = nw_of(c);
+    pthread_mutex_lock(&nw->mu);
+    nw->in_nccl[c->rank] = 0;
+    pthread_mutex_unlock(&nw->mu);
+}
+
+/* Something failed inside this rank's NCCL section (err holds it): abort
+ * the world with this message as the reason unless it was aborted already
+ * (then that reason is what the caller needs), abort this rank's comm, leave
+ * the section. */
+static int nccl_section_failed(echo_comm *c, char *err, size_t errlen) {
+    nccl_world *nw = nw_of(c);
+    pthread_mutex_lock(&nw->mu);
+    int was = atomic_load(&nw->aborted);
+    char why[384];
+    snprintf(why, sizeof why, "rank %d: %s", c->rank, err);
+    nw->in_nccl[c->rank] = 0;
+    abort_locked(nw, c->w->nranks, why);
+    if (was) aborted_msg(nw, err, errlen);
+    pthread_mutex_unlock(&nw->mu);
+    return -1;
+}
+
+/* Wait for this rank's stream (its NCCL kernels) without risking an endless
+ * wait: poll, and give up when the world is aborted or NCCL reports an
+ * asynchronous error. Spins briefly first (a call's wait is usually short),
+ * then sleeps 20 us between polls. */
+static int nccl_wait(echo_comm *c, cudaStream_t s, char *err, size_t errlen) {
+    nccl_world *nw = nw_of(c);
+    for (unsigned it = 0;; it++) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess) return 0;
+        if (e != cudaErrorNotReady) {
+            cuda_fail(err, errlen, __FILE__, __LINE__, "cudaStreamQuery(stream)", e);
+            return nccl_section_failed(c, err, errlen);
+        }
+        if (atomic_load(&nw->aborted)) {
+            snprintf(err, errlen, "aborted while waiting for the collective");
+            return nccl_section_failed(c, err, errlen);
+        }
+        ncclResult_t ae = ncclSuccess;
+        NCCL_RANK_TRY(c, ncclCommGetAsyncError(comm_of(c), &ae));
+        if (ae != ncclSuccess && ae != ncclInProgress) {
+            nccl_fail(err, errlen, __FILE__, __LINE__, "ncclCommGetAsyncError", ae);
+            return nccl_section_failed(c, err, errlen);
+        }
+        if (it < 2000) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+static const char *dt_name(echo_dtype dt) {
+    return dt == ECHO_F32 ? "f32" : "bf16";
+}
+
+/* The start of a call (its first NCCL section). Ranks cannot compare calls
+ * over NCCL without an extra collective, and mismatched NCCL calls hang or
+ * corrupt memory; but the ranks are threads of this process, so each posts
+ * its call here, on the host, before enqueuing anything, and compares it
+ * with the same call of every peer that posted first. The last rank to post
+ * a call sees every other post, so a disagreement is always found, by a rank
+ * that has not enqueued the call: it aborts the world instead, and the ranks
+ * that did enqueue fail in nccl_wait. No barrier, no device work. */
+static int nccl_begin_call(echo_comm *c, const echo_call *call, char *err, size_t errlen) {
+    nccl_world *nw = nw_of(c);
+    int me = c->rank, N = c->w->nranks;
+    if (nccl_enter(c, err, errlen)) return -1;
+    pthread_mutex_lock(&nw->mu);
+    uint64_t seq = ++nw->seq[me];
+    nccl_rec *mine = &nw->rec[me][seq % NCCL_REC_SLOTS];
+    mine->seq = seq;
+    mine->call = *call;
+    for (int j = 0; j < N; j++) {
+        const nccl_rec *o = &nw->rec[j][seq % NCCL_REC_SLOTS];
+        if (j == me || o->seq != seq) continue;
+        if (o->call.site != call->site || o->call.count != call->count || o->call.dt != call->dt ||
+            o->call.mode != call->mode) {
+            snprintf(err, errlen,
+                     "echo: ranks disagree: rank %d calls site %d with %zu %s values (%s path), rank %d site %d "
+                     "with %zu %s values (%s path); the pass is aborted",
+                     me, call->site, call->count, dt_name(call->dt), echo_mode_name(call->mode), j, o->call.site,
+                     o->call.count, dt_name(o->call.dt), echo_mode_name(o->call.mode));
+            nw->in_nccl[me] = 0;
+            abort_locked(nw, N, err);
+            pthread_mutex_unlock(&nw->mu);
+            return -1;
+        }
+    }
+    pthread_mutex_unlock(&nw->mu);
+    return 0;
+}
+
+/* ---- world, comms ---- */
 
 static int nccl_comm_init(echo_comm *c, char *err, size_t errlen) {
     nccl_world *nw = nw_of(c);
@@ -119,11 +334,124 @@ static void nccl_comm_fini(echo_comm *c) {
 static void nccl_world_fini(echo_world *w) {
     nccl_world *nw = w->tp_world;
     if (!nw) return;
+    /* After an abort a comm may still have kernels pending: abort it. */
     for (int r = 0; r < w->nranks; r++)
-        if (nw->comms[r]) ncclCommDestroy(nw->comms[r]);
+        if (nw->comms[r]) {
+            if (atomic_load(&nw->aborted))
+                ncclCommAbort(nw->comms[r]);
+            else
+                ncclCommDestroy(nw->comms[r]);
+        }
+    pthread_mutex_destroy(&nw->mu);
     free(nw);
     w->tp_world = NULL;
 }
+
+/* Create the communicators and make one small transfer of every kind the
+ * calls use, driven from this thread in one group: NCCL sets connections up
+ * lazily, on first use, and a connection set-up waits for the peer inside
+ * the NCCL call, where no abort can reach it. After this, a call's NCCL
+ * functions only enqueue (connections for other algorithms or protocols
+ * that NCCL picks at other sizes may still be set up later: set
+ * NCCL_RUNTIME_CONNECT=0 to have all of them made at init). */
+static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t errlen) {
+    ncclResult_t rc = ncclCommInitAll(nw->comms, nranks, nw->devices);
+    if (rc != ncclSuccess) {
+        memset(nw->comms, 0, sizeof nw->comms);
+        snprintf(err, errlen, "nccl: %s:%d: ncclCommInitAll over %d devices: %s", __FILE__, __LINE__, nranks,
+                 ncclGetErrorString(rc));
+        return -1;
+    }
+    if (nranks == 1) return 0;
+    void *tmp[ECHO_MAX_RANKS] = {0};
+    size_t per = 64, bytes = per * (size_t)(2 * nranks + 2); /* p2p in + out, all-gather, all-reduce */
+    int ret = 0;
+    for (int r = 0; r < nranks && !ret; r++) {
+        cudaError_t e = cudaSetDevice(nw->devices[r]);
+        if (e == cudaSuccess) e = cudaMalloc(&tmp[r], bytes);
+        if (e == cudaSuccess) e = cudaMemset(tmp[r], 0, bytes);
+        if (e != cudaSuccess) ret = cuda_fail(err, errlen, __FILE__, __LINE__, "cudaMalloc(warm-up buffer)", e);
+    }
+    if (!ret) {
+        ncclResult_t g = ncclGroupStart();
+        for (int r = 0; r < nranks && g == ncclSuccess; r++) {
+            uint8_t *b = tmp[r];
+            for (int j = 0; j < nranks && g == ncclSuccess; j++) {
+                if (j == r) continue;
+                g = ncclSend(b + (size_t)j * per, per, ncclUint8, j, nw->comms[r], NULL);
+                if (g == ncclSuccess) g = ncclRecv(b + (size_t)(nranks + j) * per, per, ncclUint8, j, nw->comms[r], NULL);
+            }
+            uint8_t *ag = b + (size_t)(2 * nranks + 1) * per; /* nranks <= 64 bytes, in place */
+            if (g == ncclSuccess) g = ncclAllGather(ag + r, ag, 1, ncclUint8, nw->comms[r], NULL);
+            float *ar = (float *)(b + (size_t)(2 * nranks) * per);
+            if (g == ncclSuccess) g = ncclAllReduce(ar, ar, 4, ncclFloat32, ncclSum, nw->comms[r], NULL);
+            if (g == ncclSuccess) g = ncclAllReduce(ar + 4, ar + 4, 4, ncclBfloat16, ncclSum, nw->comms[r], NULL);
+        }
+        ncclResult_t ge = ncclGroupEnd();
+        if (g == ncclSuccess) g = ge;
+        if (g != ncclSuccess) ret = nccl_fail(err, errlen, __FILE__, __LINE__, "warm-up transfers", g);
+    }
+    for (int r = 0; r < nranks && !ret; r++) {
+        cudaError_t e = cudaSetDevice(nw->devices[r]);
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) ret = cuda_fail(err, errlen, __FILE__, __LINE__, "cudaDeviceSynchronize(warm-up)", e);
+    }
+    for (int r = 0; r < nranks; r++)
+        if (tmp[r]) {
+            cudaSetDevice(nw->devices[r]);
+            cudaFree(tmp[r]);
+        }
+    if (ret)
+        for (int r = 0; r < nranks; r++)
+            if (nw->comms[r]) {
+                ncclCommAbort(nw->comms[r]);
+                nw->comms[r] = NULL;
+            }
+    return ret;
+}
+
+/* on = 1: echo_abort, or a compute step failed on a rank. on = 0:
+ * echo_world_clear_abort, once every rank has returned: the aborted
+ * communicators cannot be reused, so the remaining ones are aborted and all
+ * are created anew (ncclCommInitAll from this thread). If that fails the
+ * world stays unusable and every call says so. */
+static void nccl_set_abort(echo_world *w, int on) {
+    nccl_world *nw = w->tp_world;
+    pthread_mutex_lock(&nw->mu);
+    if (on) {
+        abort_locked(nw, w->nranks, "echo_abort was called, or a rank's device work failed");
+    } else if (atomic_load(&nw->aborted) && !nw->dead) {
+        int busy = -1;
+        for (int r = 0; r < w->nranks; r++)
+            if (nw->in_nccl[r]) busy = r;
+        char err[384];
+        if (busy >= 0) {
+            snprintf(err, sizeof err, "echo_world_clear_abort was called while rank %d was still inside a collective",
+                     busy);
+        } else {
+            for (int r = 0; r < w->nranks; r++)
+                if (nw->comms[r]) {
+                    (void)ncclCommAbort(nw->comms[r]);
+                    nw->comms[r] = NULL;
+                }
+            if (!nccl_world_init_comms(nw, w->nranks, err, sizeof err)) {
+                atomic_store(&nw->aborted, 0);
+                nw->reason[0] = 0;
+                memset(nw->seq, 0, sizeof nw->seq);
+                memset(nw->rec, 0, sizeof nw->rec);
+                busy = -2;
+            }
+        }
+        if (busy != -2) {
+            nw->dead = 1;
+            snprintf(nw->reason, sizeof nw->reason, "re-creating the communicators after an abort failed: %.300s",
+                     err);
+        }
+    }
+    pthread_mutex_unlock(&nw->mu);
+}
+
+/* ---- the exchanges ---- */
 
 static uint8_t *nccl_p1_send(echo_comm *c, int peer) {
     return nr_of(c)->send + (size_t)peer * nw_of(c)->stride;
@@ -133,19 +461,26 @@ static const uint8_t *nccl_p1_recv(echo_comm *c, int peer) {
     return nr_of(c)->recv + (size_t)peer * nw_of(c)->stride;
 }
 
+/* Enqueued only: the wait is at the end of the call (nccl_p2_exchange). */
 static int nccl_p1_exchange(echo_comm *c, const echo_plan *p, const echo_call *call, void *stream, char *err,
                             size_t errlen) {
-    (void)call; /* ranks cannot compare calls without another collective; NCCL hangs on mismatches */
     nccl_rank *nr = nr_of(c);
     size_t stride = nw_of(c)->stride;
     cudaStream_t s = stream;
-    NCCL_TRY(ncclGroupStart());
+    if (nccl_begin_call(c, call, err, errlen)) return -1;
+    NCCL_RANK_TRY(c, ncclGroupStart());
     for (int j = 0; j < p->nranks; j++) {
         if (j == c->rank) continue;
-        NCCL_TRY(ncclSend(nr->send + (size_t)j * stride, p->wire, ncclUint8, j, comm_of(c), s));
-        NCCL_TRY(ncclRecv(nr->recv + (size_t)j * stride, p->wire, ncclUint8, j, comm_of(c), s));
+        ncclResult_t r = ncclSend(nr->send + (size_t)j * stride, p->wire, ncclUint8, j, comm_of(c), s);
+        if (r == ncclSuccess) r = ncclRecv(nr->recv + (size_t)j * stride, p->wire, ncclUint8, j, comm_of(c), s);
+        if (r != ncclSuccess) {
+            (void)ncclGroupEnd(); /* close the group; it carries the error and runs nothing */
+            nccl_fail(err, errlen, __FILE__, __LINE__, "ncclSend/ncclRecv(phase 1)", r);
+            return nccl_section_failed(c, err, errlen);
+        }
     }
-    NCCL_TRY(ncclGroupEnd());
+    NCCL_RANK_TRY(c, ncclGroupEnd());
+    nccl_leave(c);
     return 0;
 }
 
@@ -158,10 +493,15 @@ static const uint8_t *nccl_p2_recv(echo_comm *c, const echo_plan *p, int owner) 
     return nr_of(c)->gather + (size_t)owner * p->wire;
 }
 
+/* The call's last exchange: wait (abortably) for the stream, so that the
+ * finish step's read-back never waits on a collective that cannot end. */
 static int nccl_p2_exchange(echo_comm *c, const echo_plan *p, void *stream, char *err, size_t errlen) {
     nccl_rank *nr = nr_of(c);
-    NCCL_TRY(ncclAllGather(nr->gather + (size_t)c->rank * p->wire, nr->gather, p->wire, ncclUint8, comm_of(c),
-                           (cudaStream_t)stream));
+    if (nccl_enter(c, err, errlen)) return -1;
+    NCCL_RANK_TRY(c, ncclAllGather(nr->gather + (size_t)c->rank * p->wire, nr->gather, p->wire, ncclUint8, comm_of(c),
+                                   (cudaStream_t)stream));
+    if (nccl_wait(c, (cudaStream_t)stream, err, errlen)) return -1;
+    nccl_leave(c);
     return 0;
 }
 
@@ -171,14 +511,19 @@ static int nccl_exact(echo_comm *c, const echo_plan *p, const echo_call *call, v
     nccl_rank *nr = nr_of(c);
     cudaStream_t s = stream;
     CUDA_TRY(cudaSetDevice(c->device));
+    if (nccl_begin_call(c, call, err, errlen)) return -1;
     if (call->res) {
-        if (echo_cuda_widen_add(c, buf, p->dt, call->res, nr->wide, p->count, stream, err, errlen)) return -1;
-        NCCL_TRY(ncclAllReduce(nr->wide, nr->wide, p->count, ncclFloat32, ncclSum, comm_of(c), s));
-        if (echo_cuda_narrow(c, nr->wide, buf, p->dt, p->count, stream, err, errlen)) return -1;
+        if (echo_cuda_widen_add(c, buf, p->dt, call->res, nr->wide, p->count, stream, err, errlen))
+            return nccl_section_failed(c, err, errlen);
+        NCCL_RANK_TRY(c, ncclAllReduce(nr->wide, nr->wide, p->count, ncclFloat32, ncclSum, comm_of(c), s));
+        if (echo_cuda_narrow(c, nr->wide, buf, p->dt, p->count, stream, err, errlen))
+            return nccl_section_failed(c, err, errlen);
     } else {
-        NCCL_TRY(
-            ncclAllReduce(buf, buf, p->count, p->dt == ECHO_F32 ? ncclFloat32 : ncclBfloat16, ncclSum, comm_of(c), s));
+        NCCL_RANK_TRY(c, ncclAllReduce(buf, buf, p->count, p->dt == ECHO_F32 ? ncclFloat32 : ncclBfloat16, ncclSum,
+                                       comm_of(c), s));
     }
+    if (nccl_wait(c, s, err, errlen)) return -1;
+    nccl_leave(c);
     return echo_cuda_check_finite(c, buf, p->dt, p->count, bad, stream, err, errlen);
 }
 
@@ -196,6 +541,7 @@ static const echo_transport_ops nccl_ops = {
     .p2_recv = nccl_p2_recv,
     .exact = nccl_exact,
     .exact_ref = NULL,
+    .set_abort = nccl_set_abort,
 };
 
 int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
@@ -226,13 +572,12 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
         return -1;
     }
     w->tp_world = nw;
+    pthread_mutex_init(&nw->mu, NULL);
+    atomic_init(&nw->aborted, 0);
     nw->stride = (w->max_plan.wire + 255) / 256 * 256;
     for (int r = 0; r < nranks; r++)
         nw->devices[r] = devices[r];
-    ncclResult_t rc = ncclCommInitAll(nw->comms, nranks, nw->devices);
-    if (rc != ncclSuccess) {
-        snprintf(err, errlen, "nccl: ncclCommInitAll over %d devices: %s", nranks, ncclGetErrorString(rc));
-        memset(nw->comms, 0, sizeof nw->comms);
+    if (nccl_world_init_comms(nw, nranks, err, errlen)) {
         echo_world_destroy(w);
         return -1;
     }
