@@ -26,6 +26,31 @@
  *   a3. Failures on the device transport: a non-finite input, an exact sum
  *      that overflows, ranks that disagree, a rank that aborts; every rank
  *      must fail with the expected message and the next pass must work.
+ *   n. The nccl transport (echo_world_create_nccl, rank r on GPU r) for
+ *      N = 2, 3, 4 where at least N GPUs are visible ("skipped (needs N
+ *      GPUs)" otherwise), against the local transport on host memory on the
+ *      same inputs: modes exact, int4, echo; f32 and bf16; counts 1, 63,
+ *      4097, 65539 over two passes (residual carried, then reset); echo at
+ *      G = 16, 128, 256, at 2^20 + 5 and with a buffer one element off; a
+ *      size-policy pass (bf16 calls take the exact path with the residual
+ *      carried in). int4/echo calls must be equal bit for bit (the same
+ *      schedule and codec; NCCL only moves their bytes). Exact-path calls
+ *      are a plain ncclAllReduce whose addition order (and, for bf16,
+ *      per-step rounding) differs from the host's: they are compared within
+ *      a bound derived from the sum of the terms' magnitudes
+ *      (count_out_of_bound). nccl's outputs must be identical on every rank
+ *      in every mode. Then failures (N = 3, or 2): a NaN input (every rank
+ *      fails, the next pass works), an fp32 overflow, ranks that disagree on
+ *      the count (every rank fails "ranks disagree"; the world is aborted
+ *      and works again after echo_world_clear_abort), a rank that calls
+ *      echo_abort while its peers wait in a collective or mid-pass (the peers
+ *      fail within ABORT_TIMEOUT_S; the aborted world refuses new passes
+ *      until echo_world_clear_abort re-creates its communicators, or is
+ *      destroyed as it is), and a world on one GPU named twice (refused).
+ *      Nothing here relies on the CPU emulator (tests/emu): the same checks
+ *      hold on real GPUs and NCCL.
+ *   Every group of rank threads runs under a watchdog: a rank that does not
+ *   return (a hang in a collective) prints a FAIL line and ends the program.
  *   b. Benchmark (GPU only): the three codec kernels on bf16 activations of
  *      64 and 256 MB beside a device-to-device copy of the same bytes, timed
  *      with cudaEvents after a warm-up. GB/s = (bytes read + bytes written)
@@ -38,9 +63,11 @@
  *
  * Usage: gpu_test_cuda_comm [--device-index N] [--self-check] [--json FILE]
  *                           [--no-bench] [--bench-mb LIST] [--bench-group G]
+ *                           [--nccl-only]
  * --self-check runs a, a2 and a3 with host memory on both sides (the host
  * transport and compute in place of the device ones), so the harness runs
- * on a machine without a GPU; it skips the benchmark.
+ * on a machine without a GPU; it skips n and the benchmark. --nccl-only runs
+ * part n alone (GPUs 0..N-1, whatever --device-index says).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -57,6 +84,11 @@
 
 #define MAXN 4
 #define MAXC 6
+/* A job's ranks must all return within this (generous for the CPU
+ * emulator); one that does not is a hang and ends the program. */
+#define RUN_TIMEOUT_S 900
+/* ... and within this when a peer aborts: the peers must give up promptly. */
+#define ABORT_TIMEOUT_S 60
 
 static int g_cases, g_fail;
 
@@ -149,11 +181,17 @@ static long count_diff(const void *a, const void *b, size_t n, size_t esz) {
 
 /* ================= a, a3: the transport, one thread per rank ================= */
 
-/* Where a world's buffers live: device -1 is host memory. */
+/* Where a world's buffers live: device -1 is host memory. The local
+ * transport puts every rank on `device`; nccl puts rank r on device + r. */
 typedef struct side {
     const char *name;
     int device;
+    int nccl;
 } side;
+
+static int rank_device(const side *sd, int r) {
+    return sd->device < 0 ? -1 : sd->nccl ? sd->device + r : sd->device;
+}
 
 typedef struct call_spec {
     int begin; /* echo_begin_pass before the call */
@@ -177,6 +215,9 @@ typedef struct job {
     int rc[MAXC][MAXN];
     char err[MAXC][MAXN][320];
     char fatal[MAXN][320]; /* a CUDA failure of the harness itself */
+    int k0;                /* first call to make (later rounds on a persistent world) */
+    float *res_in[MAXC][MAXN]; /* host memory, when allocated: the residual carried into call k (part n) */
+    volatile int done[MAXN];   /* the rank's thread has returned (watchdog) */
 } job;
 
 typedef struct rank_arg {
@@ -195,7 +236,7 @@ static size_t call_count(const call_spec *cs, int r) {
 static void *rank_main(void *p) {
     rank_arg *a = p;
     job *j = a->j;
-    int r = a->r, dev = j->sd->device;
+    int r = a->r, dev = rank_device(j->sd, r);
     echo_comm *c = j->c[r];
     cudaStream_t s = NULL;
     void *buf = NULL;
@@ -211,7 +252,7 @@ static void *rank_main(void *p) {
     } else {
         buf = xmalloc(cap);
     }
-    for (int k = 0; k < j->ncalls; k++) {
+    for (int k = j->k0; k < j->ncalls; k++) {
         const call_spec *cs = &j->calls[k];
         size_t n = call_count(cs, r), bytes = n * esize(cs->dt);
         char *e = j->err[k][r];
@@ -220,6 +261,13 @@ static void *rank_main(void *p) {
         if (cs->begin && echo_begin_pass(c, e, 320)) {
             j->rc[k][r] = -1;
             continue;
+        }
+        if (j->res_in[k][r] && dev < 0) {
+            /* host memory: the residual this call carries in (exact-path tolerance in part n) */
+            if (c->res && c->res_valid)
+                memcpy(j->res_in[k][r], c->res, n * sizeof(float));
+            else
+                memset(j->res_in[k][r], 0, n * sizeof(float));
         }
         if (r == cs->abort_rank) {
             usleep(50000); /* let the peers block in the collective first */
@@ -249,10 +297,50 @@ out:
     } else {
         free(buf);
     }
+    __atomic_store_n(&j->done[r], 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
+/* Run the job's ranks, one thread each, and wait for them. A rank that has
+ * not returned after `timeout_s` is a hang (e.g. a peer waiting forever in a
+ * collective): that cannot be recovered from, so print a FAIL line and
+ * stop. */
+static void run_ranks(job *j, int timeout_s, const char *what) {
+    pthread_t t[MAXN];
+    rank_arg a[MAXN];
+    for (int r = 0; r < j->n; r++) {
+        j->done[r] = 0;
+        a[r] = (rank_arg){j, r};
+        if (pthread_create(&t[r], NULL, rank_main, &a[r])) die("pthread_create");
+    }
+    for (int ms = 0;; ms += 10) {
+        int all = 1;
+        for (int r = 0; r < j->n; r++)
+            all &= __atomic_load_n(&j->done[r], __ATOMIC_ACQUIRE);
+        if (all) break;
+        if (ms >= timeout_s * 1000) {
+            for (int r = 0; r < j->n; r++)
+                if (!__atomic_load_n(&j->done[r], __ATOMIC_ACQUIRE)) {
+                    printf("%-62s diff=%-8d FAIL: rank %d did not return within %d s (hang)\n", what, 0, r,
+                           timeout_s);
+                    break;
+                }
+            fflush(stdout);
+            exit(1);
+        }
+        usleep(10000);
+    }
+    for (int r = 0; r < j->n; r++)
+        pthread_join(t[r], NULL);
+}
+
 static int world_create(const side *sd, int n, const echo_config *cfg, echo_world **w, char *err, size_t errlen) {
+    if (sd->nccl) {
+        int devs[MAXN];
+        for (int r = 0; r < n; r++)
+            devs[r] = rank_device(sd, r);
+        return echo_world_create_nccl(n, devs, cfg, w, err, errlen);
+    }
     if (sd->device >= 0) return echo_world_create_local_device(n, sd->device, cfg, w, err, errlen);
     return echo_world_create_local(n, cfg, w, err, errlen);
 }
@@ -276,14 +364,7 @@ static int run_job(job *j, const side *sd, const echo_config *cfg, char *why, si
             rc = -1;
             goto done;
         }
-    pthread_t t[MAXN];
-    rank_arg a[MAXN];
-    for (int r = 0; r < j->n; r++) {
-        a[r] = (rank_arg){j, r};
-        if (pthread_create(&t[r], NULL, rank_main, &a[r])) die("pthread_create");
-    }
-    for (int r = 0; r < j->n; r++)
-        pthread_join(t[r], NULL);
+    run_ranks(j, RUN_TIMEOUT_S, sd->name);
     for (int r = 0; r < j->n; r++)
         if (j->fatal[r][0]) {
             snprintf(why, whylen, "%s rank %d: %s", sd->name, r, j->fatal[r]);
@@ -315,6 +396,7 @@ static void job_free(job *j) {
         for (int r = 0; r < j->n; r++) {
             free(j->in[k][r]);
             free(j->out[k][r]);
+            free(j->res_in[k][r]);
         }
 }
 
@@ -432,7 +514,10 @@ static void part_a(const side *A, const side *B) {
  * rank that aborted, its own marker). */
 static const char *expect_all_fail(const job *j, int k, const char *needle, char *buf, size_t len) {
     for (int r = 0; r < j->n; r++) {
-        if (r == j->calls[k].abort_rank) continue;
+        int gone = 0; /* this rank aborted at call k or before and made no further calls */
+        for (int q = 0; q <= k; q++)
+            gone |= r == j->calls[q].abort_rank;
+        if (gone) continue;
         if (j->rc[k][r] == 0) {
             snprintf(buf, len, "call %d rank %d succeeded", k, r);
             return buf;
@@ -541,18 +626,11 @@ static void part_a3(const side *B) {
                 fail = why;
             }
         for (int round = 0; round < 2 && !fail; round++) {
-            pthread_t t[MAXN];
-            rank_arg a[MAXN];
             if (round == 1) {
                 echo_world_clear_abort(j.w);
                 j.calls[0].abort_rank = -1;
             }
-            for (int r = 0; r < 3; r++) {
-                a[r] = (rank_arg){&j, r};
-                if (pthread_create(&t[r], NULL, rank_main, &a[r])) die("pthread_create");
-            }
-            for (int r = 0; r < 3; r++)
-                pthread_join(t[r], NULL);
+            run_ranks(&j, ABORT_TIMEOUT_S, "abort + clear");
             for (int r = 0; r < 3 && !fail; r++)
                 if (j.fatal[r][0]) {
                     snprintf(why, sizeof why, "rank %d: %s", r, j.fatal[r]);
@@ -570,6 +648,357 @@ static void part_a3(const side *B) {
         report(label, 0, fail);
         job_free(&j);
     }
+}
+
+/* ================= n: the nccl transport against the host ================= */
+
+/* The exact path on nccl is a plain ncclAllReduce, whose order of addition
+ * (ring or tree, chunk by chunk) and, for bf16, rounding after each step
+ * differ from the host's fixed order: it is compared within a bound, not
+ * bit for bit. T = sum over ranks of |x + res| (the terms); any order of an
+ * fp32 sum of N terms is within (N-1) u T of the exact sum (u = 2^-24), and
+ * a bf16 ring that rounds each of its N-1 steps within (N-1) 2^-8 T; then
+ * the output rounding (one bf16 ulp <= 2^-7 |out|). Returns the number of
+ * values of `b` outside the bound around `a` (NaN must meet NaN). */
+static long count_out_of_bound(const job *j, int k, const void *a, const void *b) {
+    const call_spec *cs = &j->calls[k];
+    size_t n = cs->count;
+    int N = j->n;
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double T = 0;
+        for (int r = 0; r < N; r++) {
+            double x = cs->dt == ECHO_F32 ? ((const float *)j->in[k][r])[i]
+                                          : (double)echo_bf16_to_f32(((const uint16_t *)j->in[k][r])[i]);
+            T += fabs(x + (j->res_in[k][r] ? j->res_in[k][r][i] : 0.0));
+        }
+        double va = cs->dt == ECHO_F32 ? ((const float *)a)[i] : (double)echo_bf16_to_f32(((const uint16_t *)a)[i]);
+        double vb = cs->dt == ECHO_F32 ? ((const float *)b)[i] : (double)echo_bf16_to_f32(((const uint16_t *)b)[i]);
+        if (isnan(va) || isnan(vb)) {
+            bad += !(isnan(va) && isnan(vb));
+            continue;
+        }
+        double bound = cs->dt == ECHO_F32 ? 2.0 * (N - 1) * ldexp(T, -24) * 1.01 + N * ldexp(1.0, -149)
+                                          : (N + 1) * ldexp(T, -8) + ldexp(fabs(va), -7) + N * ldexp(1.0, -133);
+        bad += !(fabs(va - vb) <= bound);
+    }
+    return bad;
+}
+
+/* The path a call takes (echo.c's size policy). */
+static int call_is_exact(const echo_config *cfg, const call_spec *cs) {
+    return cfg->mode == ECHO_MODE_EXACT || cs->count * esize(cs->dt) < cfg->min_bytes;
+}
+
+/* One case of part n: the same calls through the host local transport and
+ * nccl. Quantized calls must match bit for bit (the same schedule and codec;
+ * NCCL only moves their bytes), exact-path calls within the bound above;
+ * and nccl's replicas must be identical on every rank in every mode. */
+static void nccl_case(const side *H, const side *B, const char *label, int n, echo_config cfg, const call_spec *cs,
+                      int ncalls, uint64_t seed) {
+    job ja, jb;
+    char why[512], ebuf[512];
+    const char *fail = NULL;
+    long ndiff = 0;
+    memset(&ja, 0, sizeof ja);
+    memcpy(ja.calls, cs, (size_t)ncalls * sizeof *cs);
+    job_alloc(&ja, n, ncalls, seed);
+    for (int k = 0; k < ncalls; k++)
+        if (call_is_exact(&cfg, &cs[k]))
+            for (int r = 0; r < n; r++)
+                ja.res_in[k][r] = xmalloc(cs[k].count * sizeof(float));
+    jb = ja; /* same inputs */
+    for (int k = 0; k < ncalls; k++)
+        for (int r = 0; r < n; r++) {
+            jb.out[k][r] = xmalloc(call_count(&cs[k], r) * esize(cs[k].dt));
+            jb.res_in[k][r] = NULL; /* device memory: not read */
+        }
+    if (run_job(&ja, H, &cfg, why, sizeof why) || run_job(&jb, B, &cfg, why, sizeof why)) fail = why;
+    if (!fail) fail = first_error(&ja, H->name, ebuf, sizeof ebuf);
+    if (!fail) fail = first_error(&jb, B->name, ebuf, sizeof ebuf);
+    if (!fail)
+        for (int k = 0; k < ncalls; k++) {
+            size_t m = cs[k].count, es = esize(cs[k].dt);
+            for (int r = 0; r < n; r++) {
+                if (call_is_exact(&cfg, &cs[k]))
+                    ndiff += count_out_of_bound(&ja, k, ja.out[k][r], jb.out[k][r]);
+                else
+                    ndiff += count_diff(ja.out[k][r], jb.out[k][r], m, es);
+                ndiff += count_diff(jb.out[k][0], jb.out[k][r], m, es);
+            }
+        }
+    report(label, fail ? -1 : ndiff, fail);
+    for (int k = 0; k < ncalls; k++)
+        for (int r = 0; r < n; r++)
+            free(jb.out[k][r]);
+    job_free(&ja);
+}
+
+/* A world that outlives several rounds of rank threads (abort, clear). */
+static const char *session_open(job *j, const side *B, const echo_config *cfg, char *why, size_t len) {
+    char err[320];
+    j->sd = B;
+    if (world_create(B, j->n, cfg, &j->w, err, sizeof err)) {
+        snprintf(why, len, "world: %s", err);
+        return why;
+    }
+    for (int r = 0; r < j->n; r++)
+        if (echo_comm_create(j->w, r, &j->c[r], err, sizeof err)) {
+            snprintf(why, len, "comm %d: %s", r, err);
+            return why;
+        }
+    return NULL;
+}
+
+static void session_close(job *j) {
+    for (int r = 0; r < j->n; r++)
+        echo_comm_destroy(j->c[r]);
+    echo_world_destroy(j->w);
+    j->w = NULL;
+    memset(j->c, 0, sizeof j->c);
+}
+
+static const char *round_fatal(const job *j, char *why, size_t len) {
+    for (int r = 0; r < j->n; r++)
+        if (j->fatal[r][0]) {
+            snprintf(why, len, "rank %d: %s", r, j->fatal[r]);
+            return why;
+        }
+    return NULL;
+}
+
+/* Every rank's call k ended with the same bits. */
+static const char *expect_replicas(const job *j, int k, char *buf, size_t len) {
+    const call_spec *cs = &j->calls[k];
+    for (int r = 1; r < j->n; r++)
+        if (count_diff(j->out[k][0], j->out[k][r], cs->count, esize(cs->dt))) {
+            snprintf(buf, len, "call %d: rank %d's output differs from rank 0's", k, r);
+            return buf;
+        }
+    return NULL;
+}
+
+/* Failures on nccl: what every rank must see, and that the world recovers
+ * (echo_world_clear_abort re-creates its communicators) or at least fails
+ * cleanly. N ranks on GPUs 0..N-1. */
+static void part_n_failures(const side *B, int N) {
+    job j;
+    char why[512], buf[512], label[128];
+    const char *fail;
+    const size_t m = 4097;
+
+    /* a NaN on one rank: every rank fails the call; a new pass works (no abort) */
+    for (int mi = 0; mi < 3; mi++) {
+        echo_mode md = mi == 0 ? ECHO_MODE_EXACT : mi == 1 ? ECHO_MODE_INT4 : ECHO_MODE_ECHO;
+        memset(&j, 0, sizeof j);
+        j.calls[0] = spec(1, 0, m, ECHO_BF16);
+        j.calls[1] = spec(0, 1, m, ECHO_BF16);
+        j.calls[2] = spec(1, 0, m, ECHO_BF16);
+        job_alloc(&j, N, 3, 91);
+        ((uint16_t *)j.in[0][N - 1])[1234] = 0x7fc0; /* NaN */
+        echo_config cfg = {md, 64, 0, 4, m, 0};
+        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
+        if (!fail) fail = expect_all_fail(&j, 0, "inf/nan", buf, sizeof buf);
+        if (!fail) fail = expect_all_fail(&j, 1, "aborted by an earlier error", buf, sizeof buf);
+        if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
+        if (!fail) fail = expect_replicas(&j, 2, buf, sizeof buf);
+        snprintf(label, sizeof label, "nccl nan input     n=%d %-5s bf16 count=%zu", N, echo_mode_name(md), m);
+        report(label, 0, fail);
+        job_free(&j);
+    }
+
+    /* an fp32 sum that overflows (exact path): every rank reports the element */
+    memset(&j, 0, sizeof j);
+    j.calls[0] = spec(1, 0, m, ECHO_F32);
+    j.calls[1] = spec(1, 0, m, ECHO_F32);
+    job_alloc(&j, N, 2, 92);
+    for (int r = 0; r < N; r++)
+        ((float *)j.in[0][r])[4000] = 3e38f;
+    {
+        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0};
+        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
+        if (!fail) fail = expect_all_fail(&j, 0, "element 4000 of the exact all-reduce is not finite", buf, sizeof buf);
+        if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
+        snprintf(label, sizeof label, "nccl sum overflow  n=%d exact f32 count=%zu", N, m);
+        report(label, 0, fail);
+    }
+    job_free(&j);
+
+    /* Ranks that disagree on the count: nccl.c compares the ranks' calls on
+     * the host before enqueuing, so every rank fails "ranks disagree" and
+     * nothing mismatched reaches NCCL; the world is then aborted (a rank
+     * may have enqueued already), the next pass fails until
+     * echo_world_clear_abort, then works. */
+    for (int mi = 0; mi < 2; mi++) {
+        echo_mode md = mi ? ECHO_MODE_INT4 : ECHO_MODE_EXACT;
+        echo_config cfg = {md, 32, 0, 4, m, 0};
+        memset(&j, 0, sizeof j);
+        j.calls[0] = spec(1, 0, m, ECHO_BF16);
+        j.calls[0].odd_rank = N - 1;
+        j.calls[0].odd_count = m - 1;
+        j.calls[1] = spec(1, 0, m, ECHO_BF16);
+        job_alloc(&j, N, 2, 93);
+        fail = session_open(&j, B, &cfg, why, sizeof why);
+        if (!fail) {
+            run_ranks(&j, ABORT_TIMEOUT_S, "nccl disagreement");
+            fail = round_fatal(&j, why, sizeof why);
+        }
+        if (!fail) fail = expect_all_fail(&j, 0, "ranks disagree", buf, sizeof buf);
+        if (!fail) fail = expect_all_fail(&j, 1, "echo_world_clear_abort", buf, sizeof buf);
+        if (!fail) {
+            echo_world_clear_abort(j.w);
+            j.k0 = 1;
+            run_ranks(&j, ABORT_TIMEOUT_S, "nccl disagreement, after clear");
+            fail = round_fatal(&j, why, sizeof why);
+        }
+        if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
+        if (!fail) fail = expect_replicas(&j, 1, buf, sizeof buf);
+        session_close(&j);
+        snprintf(label, sizeof label, "nccl disagreement  n=%d %-5s bf16 count=%zu/%zu", N, echo_mode_name(md), m,
+                 m - 1);
+        report(label, 0, fail);
+        job_free(&j);
+    }
+
+    /* A rank that calls echo_abort instead of the call while its peers wait
+     * in the collective (call 0), or in the middle of a pass (call 1): the
+     * peers fail "aborted" within ABORT_TIMEOUT_S, the pass is aborted, the
+     * world refuses use until echo_world_clear_abort, then works (round 1,
+     * bits identical on every rank). `clear` = 0 destroys the aborted world
+     * without clearing it (clean-up path). */
+    for (int ci = 0; ci < 4; ci++) {
+        echo_mode md = ci & 1 ? ECHO_MODE_ECHO : ECHO_MODE_EXACT;
+        int at = ci < 2 ? 0 : 1, clear = ci < 2;
+        echo_config cfg = {md, 64, 0, 4, m, 0};
+        memset(&j, 0, sizeof j);
+        if (at == 0) {
+            j.calls[0] = spec(1, 0, m, ECHO_F32);
+            j.calls[1] = spec(0, 1, m, ECHO_F32);
+            j.calls[2] = spec(1, 2, m, ECHO_F32);
+        } else {
+            j.calls[0] = spec(1, 0, m, ECHO_F32);
+            j.calls[1] = spec(0, 1, m, ECHO_F32);
+            j.calls[2] = spec(1, 0, m, ECHO_F32);
+        }
+        j.calls[at].abort_rank = N - 1;
+        job_alloc(&j, N, 3, 94 + (uint64_t)ci);
+        fail = session_open(&j, B, &cfg, why, sizeof why);
+        if (!fail) {
+            run_ranks(&j, ABORT_TIMEOUT_S, "nccl abort");
+            fail = round_fatal(&j, why, sizeof why);
+        }
+        if (!fail && at == 1) fail = expect_all_ok(&j, 0, buf, sizeof buf);
+        if (!fail) fail = expect_all_fail(&j, at, "aborted because another rank failed", buf, sizeof buf);
+        if (!fail && at == 0) fail = expect_all_fail(&j, 1, "aborted by an earlier error", buf, sizeof buf);
+        /* a new pass on the aborted world: refused, with the way out */
+        if (!fail) fail = expect_all_fail(&j, 2, "echo_world_clear_abort", buf, sizeof buf);
+        if (!fail && clear) {
+            echo_world_clear_abort(j.w);
+            j.calls[at].abort_rank = -1;
+            run_ranks(&j, ABORT_TIMEOUT_S, "nccl abort, after clear");
+            fail = round_fatal(&j, why, sizeof why);
+            for (int k = 0; k < 3 && !fail; k++)
+                fail = expect_all_ok(&j, k, buf, sizeof buf);
+            for (int k = 0; k < 3 && !fail; k++)
+                fail = expect_replicas(&j, k, buf, sizeof buf);
+        }
+        if (j.w) session_close(&j);
+        snprintf(label, sizeof label, "nccl abort at call %d%s n=%d %-5s f32 count=%zu", at,
+                 clear ? " + clear" : ", no clear", N, echo_mode_name(md), m);
+        report(label, 0, fail);
+        job_free(&j);
+    }
+
+    /* one GPU named twice: NCCL refuses the world, with a message */
+    {
+        const int devs[2] = {B->device, B->device};
+        echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, m, 0};
+        echo_world *w = NULL;
+        char err[320];
+        int rc = echo_world_create_nccl(2, devs, &cfg, &w, err, sizeof err);
+        fail = NULL;
+        if (rc == 0) {
+            fail = "created";
+            echo_world_destroy(w);
+        } else if (!strstr(err, "ncclCommInitAll")) {
+            snprintf(why, sizeof why, "message lacks the failing call: %s", err);
+            fail = why;
+        }
+        report("nccl world on a duplicated device fails", 0, fail);
+    }
+}
+
+static void part_n(const side *H, int ndev, int self) {
+    const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_INT4, ECHO_MODE_ECHO};
+    const size_t counts[] = {1, 63, 4097, 65539};
+    const side nc = {"nccl", 0, 1};
+    char label[128];
+    uint64_t seed = 5000;
+    printf("== n. nccl transport (rank r on GPU r) vs the local transport on host memory: int4/echo bit for bit, "
+           "exact within the ring-order bound\n");
+    for (int N = 2; N <= MAXN; N++) {
+        if (self) {
+            printf("nccl n=%d: skipped (self-check: no GPU)\n", N);
+            continue;
+        }
+        if (ndev < N) {
+            printf("nccl n=%d: skipped (needs %d GPUs, %d visible)\n", N, N, ndev);
+            continue;
+        }
+        for (int mi = 0; mi < 3; mi++)
+            for (int di = 0; di < 2; di++)
+                for (int ci = 0; ci < 4; ci++) {
+                    echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
+                    size_t mm = counts[ci];
+                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0};
+                    /* two passes: residual carried over calls 0-2, reset at call 3 */
+                    call_spec cs[4] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt)};
+                    snprintf(label, sizeof label, "nccl n=%d %-5s %-4s G=64  count=%zu", N, echo_mode_name(modes[mi]),
+                             di ? "bf16" : "f32", mm);
+                    nccl_case(H, &nc, label, N, cfg, cs, 4, seed++);
+                }
+        /* other groups, a large odd count, a caller's buffer off alignment */
+        for (int di = 0; di < 2; di++) {
+            echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
+            const int groups[] = {16, 128, 256};
+            for (int gi = 0; gi < 3; gi++) {
+                size_t mm = 4097;
+                echo_config cfg = {ECHO_MODE_ECHO, groups[gi], 0, 4, mm, 0};
+                call_spec cs[4] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt)};
+                snprintf(label, sizeof label, "nccl n=%d echo  %-4s G=%-3d count=%zu", N, di ? "bf16" : "f32",
+                         groups[gi], mm);
+                nccl_case(H, &nc, label, N, cfg, cs, 4, seed++);
+            }
+            size_t big = ((size_t)1 << 20) + 5;
+            echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, big, 0};
+            call_spec cb[2] = {spec(1, 0, big, dt), spec(0, 1, big, dt)};
+            snprintf(label, sizeof label, "nccl n=%d echo  %-4s G=64  count=%zu", N, di ? "bf16" : "f32", big);
+            nccl_case(H, &nc, label, N, cfg, cb, 2, seed++);
+            echo_config cfs = {ECHO_MODE_ECHO, 64, 0, 4, 4097, 0};
+            call_spec cs[3] = {spec(1, 0, 4097, dt), spec(0, 1, 4097, dt), spec(0, 2, 4097, dt)};
+            for (int k = 0; k < 3; k++)
+                cs[k].shift = 1;
+            snprintf(label, sizeof label, "nccl n=%d echo  %-4s G=64  count=4097 buf+1", N, di ? "bf16" : "f32");
+            nccl_case(H, &nc, label, N, cfs, cs, 3, seed++);
+        }
+        /* Size policy: bf16 calls below min_bytes take the exact path and add
+         * the echo residual carried in (fp32 all-reduce); the f32 calls
+         * around them are quantized, bit for bit. */
+        {
+            size_t mm = 4097;
+            echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * mm, 4, mm, 0};
+            call_spec cs[4] = {spec(1, 0, mm, ECHO_F32), spec(0, 1, mm, ECHO_BF16), spec(0, 2, mm, ECHO_F32),
+                               spec(0, 3, mm, ECHO_F32)};
+            snprintf(label, sizeof label, "nccl policy n=%d echo f32/bf16 G=64  count=%zu", N, mm);
+            nccl_case(H, &nc, label, N, cfg, cs, 4, seed++);
+        }
+    }
+    if (self) return;
+    if (ndev < 2) {
+        printf("nccl failures: skipped (needs 2 GPUs, %d visible)\n", ndev);
+        return;
+    }
+    part_n_failures(&nc, ndev >= 3 ? 3 : 2);
 }
 
 /* ================= a2: the codec kernels against the host codec ================= */
@@ -1017,7 +1446,7 @@ static void write_json(const char *path, const char *devname, int G, const bench
 }
 
 int main(int argc, char **argv) {
-    int dev = 0, self = 0, bench = 1, G = ECHO_DEFAULT_GROUP, nmb = 2;
+    int dev = 0, self = 0, bench = 1, G = ECHO_DEFAULT_GROUP, nmb = 2, nccl_only = 0, ndev = 0;
     size_t mbs[8] = {64, 256};
     const char *json = NULL;
     for (int i = 1; i < argc; i++) {
@@ -1029,6 +1458,8 @@ int main(int argc, char **argv) {
             json = argv[++i];
         } else if (!strcmp(argv[i], "--no-bench")) {
             bench = 0;
+        } else if (!strcmp(argv[i], "--nccl-only")) {
+            nccl_only = 1;
         } else if (!strcmp(argv[i], "--bench-group") && i + 1 < argc) {
             G = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--bench-mb") && i + 1 < argc) {
@@ -1045,7 +1476,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--device-index N] [--self-check] [--json FILE] [--no-bench] [--bench-mb LIST] "
-                    "[--bench-group G]\n",
+                    "[--bench-group G] [--nccl-only]\n",
                     argv[0]);
             return 2;
         }
@@ -1062,6 +1493,7 @@ int main(int argc, char **argv) {
             printf("no GPU: skipped (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
             return 77;
         }
+        ndev = count;
         if (dev < 0 || dev >= count) {
             fprintf(stderr, "cuda device %d does not exist (%d found)\n", dev, count);
             return 1;
@@ -1072,19 +1504,24 @@ int main(int argc, char **argv) {
         snprintf(devname, sizeof devname, "%s", prop.name);
     }
     printf("device: %s\n", devname);
-    const side host = {"host", -1}, device = {"device", dev}, host2 = {"host(2)", -1};
+    const side host = {"host", -1, 0}, device = {"device", dev, 0}, host2 = {"host(2)", -1, 0};
     const side *B = self ? &host2 : &device;
-    part_a(&host, B);
-    cudaStream_t s = NULL;
-    if (!self) CU(cudaStreamCreate(&s));
-    const mem D = {self ? -1 : dev, s};
-    part_a2(&D);
-    part_a3(B);
-    if (s) CU(cudaStreamDestroy(s));
+    if (!nccl_only) {
+        part_a(&host, B);
+        cudaStream_t s = NULL;
+        if (!self) CU(cudaStreamCreate(&s));
+        const mem D = {self ? -1 : dev, s};
+        part_a2(&D);
+        part_a3(B);
+        if (s) CU(cudaStreamDestroy(s));
+    }
+    part_n(&host, ndev, self);
     bench_row rows[MAX_ROWS];
     int nrows = 0;
-    if (self || !bench)
-        printf("== b. benchmark skipped (%s)\n", self ? "self-check: no GPU" : "--no-bench");
+    if (self || !bench || nccl_only)
+        printf("== b. benchmark skipped (%s)\n", self        ? "self-check: no GPU"
+                                                  : nccl_only ? "--nccl-only"
+                                                              : "--no-bench");
     else
         nrows = part_b(dev, mbs, nmb, G, rows);
     if (json) write_json(json, devname, G, rows, nrows);
