@@ -229,3 +229,4 @@ clean:
 	rm -rf build build-asan bin
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+include tests/emu/emu.mk

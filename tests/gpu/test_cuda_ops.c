@@ -25,12 +25,22 @@
  * models (hidden 64, head_dim 16) are covered too. Weights are tested as
  * BF16, F16 and F32 (cuda converts F16 and F32 to bf16 on upload).
  *
- * Usage: gpu_test_cuda_ops [--device-index N] [--self-check] [--bench]
+ * Usage: gpu_test_cuda_ops [--device-index N] [--self-check] [--bench] [--emu]
  * --self-check runs the cpu backend in place of cuda (a harness check that
  * needs no GPU: every case must then pass, the exact ones with 0 error).
  * --bench then times attention (printed, not asserted): causal prefill
  * TFLOP/s of 2048 and 8192 tokens and decode GB/s of 64 sequences x 4096
  * positions, Qwen3-8B heads (small sizes with --self-check).
+ * --emu is for the CPU emulator of tests/emu (make test-emu), where every
+ * CUDA thread is a coroutine: cases whose emulated work is above a budget
+ * print "skipped (--emu: too large to emulate)" instead of running, the rest
+ * run unchanged. Work is counted in elements the kernels touch (matmul: in
+ * multiply-adds, cuBLASLt being emulated on the host; attention: query
+ * heads x the keys each row sees), see the EMU_* limits; the small
+ * attention specs marked "emu-sized" keep every attention path covered
+ * there: the simple kernel, the tiled tensor-core prefill at head_dim 64 and
+ * 128, split-K decode with the combine, mixed batches, batch invariance and
+ * paging.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -50,7 +60,13 @@ typedef struct bk {
 } bk;
 
 static bk g_cpu, g_gpu;
-static int g_fail, g_cases;
+static int g_fail, g_cases, g_skipped;
+static int g_emu; /* --emu: skip cases too large for the CPU emulator */
+
+/* --emu budgets (see the file comment) */
+#define EMU_MAX_ELEMS 300000.0 /* elementwise, norm, rope, gather, top-k, upload conversions */
+#define EMU_MAX_MACS 2e7       /* matmul (n x rows x cols) */
+#define EMU_MAX_ATT 12000.0    /* attention: hq x sum over rows of the keys each row sees */
 
 /* ---- host helpers ---- */
 
@@ -152,6 +168,16 @@ static void report_bool(const char *op, const char *shape, int ok, const char *w
     if (!ok) g_fail++;
     printf("%-12s %-52s %-17s %s%s%s\n", op, shape, "-", ok ? "PASS" : "FAIL", ok ? "" : ": ", ok ? "" : why);
     fflush(stdout);
+}
+
+/* With --emu, a case of more than `limit` units of work is reported as
+ * skipped; returns 1 when the caller must not run it. */
+static int emu_skip(const char *op, const char *shape, double work, double limit) {
+    if (!g_emu || work <= limit) return 0;
+    g_skipped++;
+    printf("%-12s %-52s skipped (--emu: too large to emulate)\n", op, shape);
+    fflush(stdout);
+    return 1;
 }
 
 /* ---- backend helpers (everything through the op table) ---- */
@@ -530,7 +556,8 @@ static void test_embedding(void) {
                 emb_case c = {t, ids, n};
                 snprintf(shape, sizeof shape, "table %dx%d %s n=%d", V, H, kern_dtype_name(dts[d]), n);
                 /* bf16 tables are gathered exactly; f16/f32 are rounded to bf16 on upload */
-                compare("embedding", shape, run_embedding, &c, dts[d] == KERN_BF16 ? 0.0 : TOL);
+                if (!emu_skip("embedding", shape, (double)V * H + (double)n * H, EMU_MAX_ELEMS))
+                    compare("embedding", shape, run_embedding, &c, dts[d] == KERN_BF16 ? 0.0 : TOL);
                 free(ids);
                 free(raw);
             }
@@ -554,7 +581,8 @@ static void test_embedding(void) {
         emb_case c = {t, ids, n};
         snprintf(shape, sizeof shape, "table %dx%d of ld %d at col %d %s n=%d", V, views[i].H, views[i].ld, views[i].c0,
                  kern_dtype_name(views[i].dt), n);
-        compare("embedding", shape, run_embedding, &c, views[i].dt == KERN_BF16 ? 0.0 : TOL);
+        if (!emu_skip("embedding", shape, (double)V * views[i].ld, EMU_MAX_ELEMS))
+            compare("embedding", shape, run_embedding, &c, views[i].dt == KERN_BF16 ? 0.0 : TOL);
         free(raw);
     }
     /* an out-of-range id fails with a message, on both */
@@ -599,7 +627,8 @@ static void test_rmsnorm(void) {
             norm_case c = {x, w, rows, dim, cases[i].in_place};
             snprintf(shape, sizeof shape, "(%d, %d) w %s%s", rows, dim, kern_dtype_name(cases[i].wdt),
                      cases[i].in_place ? " in place" : "");
-            compare("rmsnorm", shape, run_rmsnorm, &c, TOL);
+            if (!emu_skip("rmsnorm", shape, (double)rows * dim, EMU_MAX_ELEMS))
+                compare("rmsnorm", shape, run_rmsnorm, &c, TOL);
             free(x);
             free(raw);
         }
@@ -641,7 +670,8 @@ static void test_matmul(void) {
             int off = snprintf(shape, sizeof shape, "n=%d w=(%d, %d) %s%s", n, R, C, kern_dtype_name(cases[i].wdt),
                                cases[i].misalign ? " misaligned" : "");
             if (ld) snprintf(shape + off, sizeof shape - (size_t)off, " ld=%d c0=%d", ld, cases[i].c0);
-            compare("matmul", shape, run_matmul, &c, TOL);
+            if (!emu_skip("matmul", shape, (double)n * R * C + (double)R * (ld ? ld : C), EMU_MAX_MACS))
+                compare("matmul", shape, run_matmul, &c, TOL);
             free(x);
             free(raw);
         }
@@ -682,7 +712,7 @@ static void test_rope(void) {
         rope_case c = {x, pos, n, cases[i].heads, cases[i].hd, cases[i].theta};
         snprintf(shape, sizeof shape, "n=%d pos0=%d heads=%d hd=%d theta=%g", n, cases[i].pos0, cases[i].heads,
                  cases[i].hd, cases[i].theta);
-        compare("rope", shape, run_rope, &c, TOL);
+        if (!emu_skip("rope", shape, (double)n * dim, EMU_MAX_ELEMS)) compare("rope", shape, run_rope, &c, TOL);
         free(x);
         free(pos);
     }
@@ -793,6 +823,14 @@ static void test_attention(void) {
          * block_size), so most splits of the short rows are empty partials the combine skips */
         {32, 8, 128, 16, 4, {1, 1, 1, 1}, {0, 5, 300, 2000}, 0, {{0}}, 0, ATT_BOTH, 600},
         {16, 2, 64, 32, 3, {1, 1, 3}, {3, 700, 64}, 0, {{0}}, 0, ATT_BOTH, 300},
+        /* emu-sized (few heads, within EMU_MAX_ATT) versions of the fast paths: tiled prefill at hd 128 (20
+         * and exactly 16 rows) and hd 64 (70 rows: two tiles, crossing a key tile), split-K decode of hd 128
+         * in 3 splits plus the combine, decode of hd 64 with empty splits, and a mixed batch */
+        {4, 2, 128, 16, 2, {20, 16}, {5, 40}, 0, {{0}}, 0, ATT_BOTH, 0},
+        {2, 2, 64, 16, 1, {70}, {10}, 0, {{0}}, 0, ATT_PAGED, 0},
+        {4, 1, 128, 16, 3, {1, 1, 2}, {600, 5, 900}, 0, {{0}}, 0, ATT_BOTH, 0},
+        {8, 2, 64, 32, 3, {1, 1, 3}, {3, 700, 64}, 0, {{0}}, 0, ATT_BOTH, 300},
+        {4, 1, 128, 16, 3, {1, 17, 0}, {300, 3, 5}, 0, {{0}}, 0, ATT_BOTH, 0},
     };
     char shape[160];
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
@@ -800,10 +838,14 @@ static void test_attention(void) {
         att_case c;
         int32_t *n, *pos0, *table;
         float *q, *k, *v, *jk, *jv;
-        att_build(t, &c, &n, &pos0, &table, &q, &k, &v, &jk, &jv);
         int off = snprintf(shape, sizeof shape, "hq=%d hkv=%d hd=%d bs=%d (n,pos0)=", t->hq, t->hkv, t->hd, t->bs);
         for (int s = 0; s < t->n_seqs && off < (int)sizeof shape; s++)
             off += snprintf(shape + off, sizeof shape - (size_t)off, "%s%d,%d", s ? " " : "", t->n[s], t->pos0[s]);
+        double work = 0; /* heads x the keys each row sees */
+        for (int s = 0; s < t->n_seqs; s++)
+            work += (double)t->hq * t->n[s] * (t->pos0[s] + t->n[s]);
+        if (emu_skip("attention", shape, work, EMU_MAX_ATT)) continue; /* and its batch/paging checks */
+        att_build(t, &c, &n, &pos0, &table, &q, &k, &v, &jk, &jv);
         compare("attention", shape, run_attention, &c, TOL);
         /* batch invariance: each sequence alone gives the bits it gets in the batch */
         if (t->n_seqs > 1 && (t->checks & ATT_INV)) {
@@ -975,7 +1017,8 @@ static void test_elementwise(void) {
             float *a = rand_f32((size_t)rows * cols, 6.0f), *b = rand_f32((size_t)rows * cols, 2.0f);
             ew_case c = {a, b, rows, cols, kind};
             snprintf(shape, sizeof shape, "(%d, %d)%s", rows, cols, kind == 1 ? " in place" : "");
-            compare(kind == 2 ? "add" : "silu_mul", shape, run_elementwise, &c, TOL);
+            if (!emu_skip(kind == 2 ? "add" : "silu_mul", shape, (double)rows * cols, EMU_MAX_ELEMS))
+                compare(kind == 2 ? "add" : "silu_mul", shape, run_elementwise, &c, TOL);
             free(a);
             free(b);
         }
@@ -991,7 +1034,8 @@ static void test_copy(void) {
         copy_case c = {src, cases[i].rows, cases[i].cols, cases[i].dst_row, cases[i].overlap};
         snprintf(shape, sizeof shape, "(%d, %d) at row %d%s", cases[i].rows, cases[i].cols, cases[i].dst_row,
                  cases[i].overlap ? " + overlapping move" : "");
-        compare("copy", shape, run_copy, &c, 0.0);
+        if (!emu_skip("copy", shape, (double)cases[i].rows * cases[i].cols, EMU_MAX_ELEMS))
+            compare("copy", shape, run_copy, &c, 0.0);
         free(src);
     }
 }
@@ -1074,6 +1118,12 @@ static void test_add_rmsnorm(void) {
         addnorm_case c = {x, y, w, rows, dim, cases[i].misalign, 0};
         snprintf(shape, sizeof shape, "(%d, %d) w %s%s: x, out", rows, dim, kern_dtype_name(cases[i].wdt),
                  cases[i].misalign ? " misaligned" : "");
+        if (emu_skip("add_rmsnorm", shape, (double)cnt, EMU_MAX_ELEMS)) { /* and its unfused checks */
+            free(x);
+            free(y);
+            free(raw);
+            continue;
+        }
         compare("add_rmsnorm", shape, run_add_rmsnorm, &c, TOL);
         /* == add() then rmsnorm() on the same backend: x bit for bit; out
          * up to the fp32 order of the sum of squares, which can move inv
@@ -1194,6 +1244,14 @@ static void test_qk_norm_rope(void) {
                                   : snprintf(shape + off, sizeof shape - (size_t)off, "pos scattered");
         snprintf(shape + off, sizeof shape - (size_t)off, " hq=%d hkv=%d hd=%d %s", hq, hkv, hd,
                  kern_dtype_name(cases[i].wdt));
+        if (emu_skip("qk_norm_rope", shape, (double)n * (hq + hkv) * hd, EMU_MAX_ELEMS)) { /* and the unfused check */
+            free(q);
+            free(k);
+            free(pos);
+            free(rq);
+            free(rk);
+            continue;
+        }
         compare("qk_norm_rope", shape, run_qk_norm_rope, &c, TOL);
         /* against rmsnorm() + rope() on the same backend: equal up to the
          * bf16 rounding the fused op skips between norm and rotation */
@@ -1255,6 +1313,9 @@ static void test_logits_topk(void) {
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         int rows = cases[ci].rows, vocab = cases[ci].vocab, k = cases[ci].k, kind = cases[ci].kind;
         size_t n = (size_t)rows * vocab, nk = (size_t)rows * k;
+        snprintf(shape, sizeof shape, "(%d, %d) k %d %s", rows, vocab, k,
+                 kind == 0 ? "spread" : kind == 1 ? "ties" : kind == 2 ? "+0/-0" : "inf/nan rows");
+        if (emu_skip("logits_topk", shape, (double)n, EMU_MAX_ELEMS)) continue;
         float *x = rand_f32(n, 12.0f);
         for (size_t i = 0; kind == 1 && i < n; i++) x[i] = (float)(rnd32() % 5) - 2.0f;
         for (size_t i = 0; kind == 2 && i < n; i++) x[i] = (rnd32() & 1) ? 0.0f : -0.0f;
@@ -1387,6 +1448,9 @@ static void test_fuse_rows(void) {
         kern_weight dev[3] = {{0}}, fused = {0};
         const kern_weight *parts[3];
         for (int p = 0; p < np; p++) total += cases[i].rows[p];
+        snprintf(shape, sizeof shape, "%d parts -> (%lld, %lld) %s: %s", np, (long long)total, (long long)cols,
+                 kern_dtype_name(cases[i].wdt), cases[i].what);
+        if (emu_skip("fuse_rows", shape, (double)total * cols, EMU_MAX_ELEMS)) continue;
         float *want = malloc((size_t)total * cols * sizeof *want), *want_mm = malloc((size_t)total * sizeof *want_mm);
         float *got = NULL, *got_mm = malloc((size_t)total * sizeof *got_mm), *x = rand_f32((size_t)cols, 1.0f);
         const char *why = "out of memory";
@@ -1465,8 +1529,10 @@ int main(int argc, char **argv) {
             self = 1;
         } else if (strcmp(argv[i], "--bench") == 0) {
             bench = 1;
+        } else if (strcmp(argv[i], "--emu") == 0) {
+            g_emu = 1;
         } else {
-            fprintf(stderr, "usage: %s [--device-index N] [--self-check] [--bench]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device-index N] [--self-check] [--bench] [--emu]\n", argv[0]);
             return 2;
         }
     }
@@ -1500,6 +1566,7 @@ int main(int argc, char **argv) {
     if (bench) bench_attention(self);
     kern_backend_destroy(g_gpu.ops, g_gpu.be);
     kern_backend_destroy(g_cpu.ops, g_cpu.be);
+    if (g_skipped) printf("%d cases skipped (--emu: too large to emulate)\n", g_skipped);
     printf("%d of %d cases passed\n", g_cases - g_fail, g_cases);
     return g_fail ? 1 : 0;
 }

@@ -1,0 +1,545 @@
+/*
+ * tests/emu/runtime.cpp — the emulated CUDA runtime API: devices, memory,
+ * streams (synchronous), events, stream capture and graphs, launch checks,
+ * errors. See include/cuda_runtime.h for the model.
+ *
+ * Stream capture follows CUDA's rules as far as echo relies on them: work
+ * enqueued on a capturing stream (kernels, memcpy, memset, event records,
+ * cuBLASLt matmuls) is recorded with its arguments by value and runs at
+ * cudaGraphLaunch, so a copy from pinned host memory reads that memory at
+ * replay; a capture in global or thread-local mode is invalidated by a
+ * potentially unsafe call from the capturing thread (synchronisation,
+ * allocation, synchronous copies), which then fails with
+ * cudaErrorStreamCaptureUnsupported, and cudaStreamEndCapture reports
+ * cudaErrorStreamCaptureInvalidated.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "emu_internal.h"
+
+struct CUgraph_st {
+    std::vector<std::function<void()>> nodes;
+};
+struct CUgraphExec_st {
+    std::vector<std::function<void()>> nodes;
+};
+struct CUstream_st {
+    int device;
+    unsigned flags;
+    cudaStreamCaptureStatus capture;
+    cudaStreamCaptureMode mode;
+    CUgraph_st *graph;
+};
+struct CUevent_st {
+    unsigned flags;
+    int recorded;
+    struct timespec t;
+};
+
+namespace emu {
+
+/* Shared tables (all host threads): live allocations, pinned host
+ * allocations, function attributes. */
+static std::mutex g_emu_mu;
+static std::map<uintptr_t, size_t> g_emu_dev_allocs, g_emu_host_allocs;
+static std::map<std::pair<const void *, int>, int> g_emu_func_smem;
+
+/* Per host thread, like CUDA: the current device, the last error, and the
+ * captures this thread began (for the thread-local capture rules). */
+static thread_local int tls_device;
+static thread_local cudaError_t tls_last_error = cudaSuccess;
+static thread_local std::vector<CUstream_st *> tls_captures;
+
+static int env_int(const char *name, int def) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
+static int device_count() {
+    int n = env_int("ECHO_EMU_DEVICES", 4);
+    return n < 0 ? 0 : n;
+}
+static int sm_count() {
+    int n = env_int("ECHO_EMU_SMS", 132);
+    return n < 1 ? 1 : n;
+}
+
+static const size_t SMEM_DEFAULT = 48 * 1024;   /* without opt-in */
+static const size_t SMEM_OPTIN = 227 * 1024;    /* sharedMemPerBlockOptin on sm_90 */
+static const size_t SMEM_PER_SM = 228 * 1024;
+
+static cudaError_t fail(cudaError_t e) {
+    tls_last_error = e;
+    return e;
+}
+
+/* A potentially unsafe call while this thread captures (not relaxed):
+ * invalidate the captures and fail, as CUDA does. */
+static cudaError_t capture_guard() {
+    bool any = false;
+    for (CUstream_st *s : tls_captures)
+        if (s->mode != cudaStreamCaptureModeRelaxed) {
+            s->capture = cudaStreamCaptureStatusInvalidated;
+            any = true;
+        }
+    return any ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+
+cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
+    if (s) {
+        if (s->capture == cudaStreamCaptureStatusInvalidated) return fail(cudaErrorStreamCaptureInvalidated);
+        if (s->capture == cudaStreamCaptureStatusActive) {
+            s->graph->nodes.push_back(std::move(op));
+            return cudaSuccess;
+        }
+    } else if (!tls_captures.empty()) {
+        /* the legacy default stream synchronises with capturing streams */
+        for (CUstream_st *c : tls_captures)
+            c->capture = cudaStreamCaptureStatusInvalidated;
+        return fail(cudaErrorStreamCaptureImplicit);
+    }
+    op();
+    return cudaSuccess;
+}
+
+bool is_device_range(const void *p, size_t n) {
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    uintptr_t a = (uintptr_t)p;
+    auto it = g_emu_dev_allocs.upper_bound(a);
+    if (it == g_emu_dev_allocs.begin()) return false;
+    --it;
+    return a >= it->first && a + n <= it->first + it->second;
+}
+
+void launch(const LaunchCfg &c, std::function<void()> body) {
+    const dim3 &g = c.grid, &b = c.block;
+    unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
+    if (nt == 0 || nt > 1024 || b.x > 1024 || b.y > 1024 || b.z > 64 || g.x == 0 || g.y == 0 || g.z == 0 ||
+        g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) {
+        fail(cudaErrorInvalidConfiguration);
+        return;
+    }
+    if (c.smem > SMEM_DEFAULT) {
+        int allowed = (int)SMEM_DEFAULT;
+        {
+            std::lock_guard<std::mutex> lk(g_emu_mu);
+            auto it = g_emu_func_smem.find({c.func, tls_device});
+            if (c.func && it != g_emu_func_smem.end()) allowed = it->second;
+        }
+        if (c.smem > (size_t)allowed) {
+            fail(cudaErrorInvalidValue); /* what CUDA reports for too much dynamic shared memory */
+            return;
+        }
+    }
+    LaunchCfg cfg = c;
+    cudaError_t e = enqueue(c.stream, [cfg, body]() { run_grid(cfg, body); });
+    if (e != cudaSuccess) fail(e);
+}
+
+} // namespace emu
+
+using namespace emu;
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int *n) {
+    *n = device_count();
+    if (*n == 0) return fail(cudaErrorNoDevice);
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
+    tls_device = d;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *d) {
+    *d = tls_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "echo emulated H100 (%d SMs)", sm_count());
+    p->totalGlobalMem = (size_t)80 << 30;
+    p->sharedMemPerBlock = SMEM_DEFAULT;
+    p->regsPerBlock = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = 1024, p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 0x7fffffff, p->maxGridSize[1] = 65535, p->maxGridSize[2] = 65535;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = sm_count();
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->sharedMemPerMultiprocessor = SMEM_PER_SM;
+    p->sharedMemPerBlockOptin = SMEM_OPTIN;
+    p->l2CacheSize = 50 << 20;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
+    switch (a) {
+    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = (int)SMEM_DEFAULT; break;
+    case cudaDevAttrWarpSize: *v = 32; break;
+    case cudaDevAttrMultiProcessorCount: *v = sm_count(); break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *v = 2048; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = (int)SMEM_PER_SM; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)SMEM_OPTIN; break;
+    default: return fail(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    return capture_guard();
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = tls_last_error;
+    tls_last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) {
+    return tls_last_error;
+}
+
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+#define N(x)                                                                                                           \
+    case x: return #x;
+        N(cudaSuccess) N(cudaErrorInvalidValue) N(cudaErrorMemoryAllocation) N(cudaErrorInitializationError)
+        N(cudaErrorInvalidConfiguration) N(cudaErrorInvalidPitchValue) N(cudaErrorInvalidDeviceFunction)
+        N(cudaErrorNoDevice) N(cudaErrorInvalidDevice) N(cudaErrorInvalidResourceHandle) N(cudaErrorIllegalState) N(cudaErrorNotReady)
+        N(cudaErrorIllegalAddress) N(cudaErrorLaunchOutOfResources) N(cudaErrorStreamCaptureUnsupported)
+        N(cudaErrorStreamCaptureInvalidated) N(cudaErrorStreamCaptureMerge) N(cudaErrorStreamCaptureUnmatched)
+        N(cudaErrorStreamCaptureUnjoined) N(cudaErrorStreamCaptureIsolation) N(cudaErrorStreamCaptureImplicit)
+        N(cudaErrorCapturedEvent) N(cudaErrorStreamCaptureWrongThread) N(cudaErrorUnknown)
+#undef N
+    }
+    return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
+    default: return "emulated CUDA error";
+    }
+}
+
+cudaError_t cudaMalloc(void **p, size_t n) {
+    *p = nullptr;
+    if (cudaError_t e = capture_guard()) return e;
+    void *q = nullptr;
+    if (posix_memalign(&q, 256, n ? n : 1)) return fail(cudaErrorMemoryAllocation);
+    memset(q, 0xa5, n); /* garbage, like fresh device memory */
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    g_emu_dev_allocs[(uintptr_t)q] = n ? n : 1;
+    *p = q;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    if (cudaError_t e = capture_guard()) return e;
+    {
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        if (!g_emu_dev_allocs.erase((uintptr_t)p)) return fail(cudaErrorInvalidValue);
+    }
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t n) {
+    *p = nullptr;
+    if (cudaError_t e = capture_guard()) return e;
+    void *q = malloc(n ? n : 1);
+    if (!q) return fail(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    g_emu_host_allocs[(uintptr_t)q] = n ? n : 1;
+    *p = q;
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
+    (void)flags;
+    return cudaMallocHost(p, n);
+}
+
+cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    if (cudaError_t e = capture_guard()) return e;
+    {
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        if (!g_emu_host_allocs.erase((uintptr_t)p)) return fail(cudaErrorInvalidValue);
+    }
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    size_t used = 0;
+    {
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        for (auto &a : g_emu_dev_allocs)
+            used += a.second;
+    }
+    *total_bytes = (size_t)80 << 30;
+    *free_bytes = *total_bytes > used ? *total_bytes - used : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+    if (n && !is_device_range(p, n)) return fail(cudaErrorInvalidValue);
+    return enqueue(s, [p, v, n]() { memset(p, v, n); });
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t n) {
+    if (cudaError_t e = capture_guard()) return e;
+    return cudaMemsetAsync(p, v, n, nullptr);
+}
+
+/* The direction must match where the pointers live (cudaMemcpyDefault
+ * accepts anything): a swapped kind is a bug CUDA would report or crash on. */
+static cudaError_t check_kind(void *d, const void *s, size_t n, cudaMemcpyKind k) {
+    if (n == 0 || k == cudaMemcpyDefault || k == cudaMemcpyHostToHost) return cudaSuccess;
+    bool sd = is_device_range(s, n), dd = is_device_range(d, n);
+    bool ok = k == cudaMemcpyHostToDevice ? (!sd && dd) : k == cudaMemcpyDeviceToHost ? (sd && !dd) : (sd && dd);
+    return ok ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+    if (cudaError_t e = check_kind(d, s, n, k)) return e;
+    return enqueue(st, [d, s, n]() { memmove(d, s, n); });
+}
+
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
+    if (cudaError_t e = capture_guard()) return e;
+    return cudaMemcpyAsync(d, s, n, k, nullptr);
+}
+
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind k, cudaStream_t st) {
+    if (width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
+    if (height == 0 || width == 0) return cudaSuccess;
+    if (cudaError_t e = check_kind(d, s, dpitch * (height - 1) + width, k)) {
+        /* check_kind looks at the whole span; the source may be the shorter one */
+        (void)e;
+        tls_last_error = cudaSuccess;
+        if (check_kind(d, s, 1, k)) return fail(cudaErrorInvalidValue);
+    }
+    return enqueue(st, [=]() {
+        for (size_t r = 0; r < height; r++)
+            memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
+    });
+}
+
+cudaError_t cudaMemcpy2D(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
+                         cudaMemcpyKind k) {
+    if (cudaError_t e = capture_guard()) return e;
+    return cudaMemcpy2DAsync(d, dpitch, s, spitch, width, height, k, nullptr);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    *s = new CUstream_st{tls_device, flags, cudaStreamCaptureStatusNone, cudaStreamCaptureModeGlobal, nullptr};
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    return cudaStreamCreateWithFlags(s, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s) return fail(cudaErrorInvalidResourceHandle);
+    for (size_t i = 0; i < tls_captures.size(); i++)
+        if (tls_captures[i] == s) tls_captures.erase(tls_captures.begin() + (long)i);
+    delete s->graph;
+    delete s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (s && s->capture != cudaStreamCaptureStatusNone) {
+        s->capture = cudaStreamCaptureStatusInvalidated;
+        return fail(cudaErrorStreamCaptureUnsupported);
+    }
+    return capture_guard();
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    return cudaStreamSynchronize(s);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    (void)s, (void)e, (void)flags;
+    return cudaSuccess; /* everything before the event has run already */
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+    if (!s) return fail(cudaErrorStreamCaptureUnsupported); /* the legacy stream cannot capture */
+    if (s->capture != cudaStreamCaptureStatusNone) return fail(cudaErrorIllegalState);
+    s->capture = cudaStreamCaptureStatusActive;
+    s->mode = mode;
+    s->graph = new CUgraph_st;
+    tls_captures.push_back(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    *g = nullptr;
+    if (!s || s->capture == cudaStreamCaptureStatusNone) return fail(cudaErrorIllegalState);
+    bool mine = false;
+    for (size_t i = 0; i < tls_captures.size(); i++)
+        if (tls_captures[i] == s) {
+            tls_captures.erase(tls_captures.begin() + (long)i);
+            mine = true;
+            break;
+        }
+    if (!mine && s->mode != cudaStreamCaptureModeRelaxed) return fail(cudaErrorStreamCaptureWrongThread);
+    cudaStreamCaptureStatus st = s->capture;
+    s->capture = cudaStreamCaptureStatusNone;
+    if (st == cudaStreamCaptureStatusInvalidated) {
+        delete s->graph;
+        s->graph = nullptr;
+        return fail(cudaErrorStreamCaptureInvalidated);
+    }
+    *g = s->graph;
+    s->graph = nullptr;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
+    *status = s ? s->capture : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags) {
+    (void)flags;
+    if (!g) return fail(cudaErrorInvalidValue);
+    *exec = new CUgraphExec_st{g->nodes};
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    if (!exec) return fail(cudaErrorInvalidResourceHandle);
+    CUgraphExec_st *x = exec;
+    return enqueue(s, [x]() {
+        for (auto &n : x->nodes)
+            n();
+    });
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    delete g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    delete exec;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    *e = new CUevent_st{flags, 0, {0, 0}};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    return cudaEventCreateWithFlags(e, cudaEventDefault);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle);
+    delete e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle);
+    return enqueue(s, [e]() {
+        e->recorded = 1;
+        clock_gettime(CLOCK_MONOTONIC, &e->t);
+    });
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle);
+    return capture_guard();
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle);
+    return capture_guard();
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    if (!a || !b) return fail(cudaErrorInvalidResourceHandle);
+    if ((a->flags | b->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
+    if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
+    *ms = (float)((double)(b->t.tv_sec - a->t.tv_sec) * 1e3 + (double)(b->t.tv_nsec - a->t.tv_nsec) * 1e-6);
+    return cudaSuccess;
+}
+
+cudaError_t emu_func_set_attribute(const void *func, cudaFuncAttribute attr, int value) {
+    if (!func) return fail(cudaErrorInvalidDeviceFunction);
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > SMEM_OPTIN)
+        return fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    g_emu_func_smem[{func, tls_device}] = value;
+    return cudaSuccess;
+}
+
+cudaError_t emu_func_get_attributes(struct cudaFuncAttributes *a, const void *func) {
+    if (!func) return fail(cudaErrorInvalidDeviceFunction);
+    memset(a, 0, sizeof *a);
+    a->maxThreadsPerBlock = 1024;
+    a->numRegs = 32;
+    a->ptxVersion = 90;
+    a->binaryVersion = 90;
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    auto it = g_emu_func_smem.find({func, tls_device});
+    a->maxDynamicSharedSizeBytes = it != g_emu_func_smem.end() ? it->second : (int)SMEM_DEFAULT;
+    return cudaSuccess;
+}
+
+cudaError_t emu_occupancy(int *blocks, const void *func, int threads, size_t dyn_smem) {
+    if (!func) return fail(cudaErrorInvalidDeviceFunction);
+    if (threads <= 0 || threads > 1024) return fail(cudaErrorInvalidValue);
+    int warps = (threads + 31) / 32;
+    int n = 64 / warps; /* 64 resident warps per SM */
+    if (n > 32) n = 32;
+    if (dyn_smem) {
+        int by_smem = (int)(SMEM_PER_SM / (dyn_smem + 1024));
+        if (by_smem < n) n = by_smem;
+    }
+    *blocks = n;
+    return cudaSuccess;
+}
+
+} /* extern "C" */
