@@ -363,6 +363,10 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
         return -1;
     }
     if (nranks == 1) return 0;
+    /* The warm-up selects each rank's device in turn: leave the caller's
+     * thread on the device it had (ncclCommInitAll does the same). */
+    int saved = 0;
+    CUDA_TRY(cudaGetDevice(&saved));
     void *tmp[ECHO_MAX_RANKS] = {0};
     size_t per = 64, bytes = per * (size_t)(2 * nranks + 2); /* p2p in + out, all-gather, all-reduce */
     int ret = 0;
@@ -407,6 +411,8 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
                 ncclCommAbort(nw->comms[r]);
                 nw->comms[r] = NULL;
             }
+    cudaError_t e = cudaSetDevice(saved);
+    if (e != cudaSuccess && !ret) ret = cuda_fail(err, errlen, __FILE__, __LINE__, "cudaSetDevice(saved)", e);
     return ret;
 }
 
