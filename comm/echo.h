@@ -17,7 +17,8 @@
  *     nccl world is then aborted as by echo_abort (see there).
  *   - echo_allreduce(site, buf, count) is in place: on return every rank's buf
  *     holds the same values, bit-identical across ranks in every mode.
- *       exact: plain sum in activation precision (fp32 sum; bf16 rounds once).
+ *       exact: plain sum in activation precision (fp32 sum; bf16 rounds once;
+ *              on nccl NCCL's own order and rounding: see echo_world_create_nccl).
  *       int4:  the Echo codec and two-shot schedule, no residuals.
  *       echo:  int4 plus error feedback: the rounding error each call leaves
  *              is added to the input of the next call of the same pass.
