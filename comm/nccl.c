@@ -92,12 +92,6 @@ static int cuda_fail(char *err, size_t errlen, const char *file, int line, const
     return -1;
 }
 
-#define NCCL_TRY(call)                                                                                                 \
-    do {                                                                                                               \
-        ncclResult_t nccl_r_ = (call);                                                                                 \
-        if (nccl_r_ != ncclSuccess) return nccl_fail(err, errlen, __FILE__, __LINE__, #call, nccl_r_);                 \
-    } while (0)
-
 #define CUDA_TRY(call)                                                                                                 \
     do {                                                                                                               \
         cudaError_t cuda_e_ = (call);                                                                                  \
@@ -112,15 +106,6 @@ static int cuda_fail(char *err, size_t errlen, const char *file, int line, const
         ncclResult_t nccl_r_ = (call);                                                                                 \
         if (nccl_r_ != ncclSuccess) {                                                                                  \
             nccl_fail(err, errlen, __FILE__, __LINE__, #call, nccl_r_);                                                \
-            return nccl_section_failed(c, err, errlen);                                                                \
-        }                                                                                                              \
-    } while (0)
-
-#define CUDA_RANK_TRY(c, call)                                                                                         \
-    do {                                                                                                               \
-        cudaError_t cuda_e_ = (call);                                                                                  \
-        if (cuda_e_ != cudaSuccess) {                                                                                  \
-            cuda_fail(err, errlen, __FILE__, __LINE__, #call, cuda_e_);                                                \
             return nccl_section_failed(c, err, errlen);                                                                \
         }                                                                                                              \
     } while (0)
@@ -383,7 +368,8 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
             for (int j = 0; j < nranks && g == ncclSuccess; j++) {
                 if (j == r) continue;
                 g = ncclSend(b + (size_t)j * per, per, ncclUint8, j, nw->comms[r], NULL);
-                if (g == ncclSuccess) g = ncclRecv(b + (size_t)(nranks + j) * per, per, ncclUint8, j, nw->comms[r], NULL);
+                if (g == ncclSuccess)
+                    g = ncclRecv(b + (size_t)(nranks + j) * per, per, ncclUint8, j, nw->comms[r], NULL);
             }
             uint8_t *ag = b + (size_t)(2 * nranks + 1) * per; /* nranks <= 64 bytes, in place */
             if (g == ncclSuccess) g = ncclAllGather(ag + r, ag, 1, ncclUint8, nw->comms[r], NULL);
@@ -450,8 +436,7 @@ static void nccl_set_abort(echo_world *w, int on) {
         }
         if (busy != -2) {
             nw->dead = 1;
-            snprintf(nw->reason, sizeof nw->reason, "re-creating the communicators after an abort failed: %.300s",
-                     err);
+            snprintf(nw->reason, sizeof nw->reason, "re-creating the communicators after an abort failed: %.300s", err);
         }
     }
     pthread_mutex_unlock(&nw->mu);

@@ -113,9 +113,9 @@ struct Clique {
     int live; /* comms not yet destroyed or aborted */
     bool aborted;
     std::vector<ncclComm> comms;
-    std::vector<std::deque<Op *>> coll;                /* per rank, posted collectives in order */
-    std::vector<std::vector<std::deque<Op *>>> sends;  /* [src][dst] */
-    std::vector<std::vector<std::deque<Op *>>> recvs;  /* [dst][src] */
+    std::vector<std::deque<Op *>> coll;               /* per rank, posted collectives in order */
+    std::vector<std::vector<std::deque<Op *>>> sends; /* [src][dst] */
+    std::vector<std::vector<std::deque<Op *>>> recvs; /* [dst][src] */
 };
 
 /* Per thread, like real NCCL's group state. */
@@ -136,21 +136,16 @@ void note(const char *fmt, ...) {
 size_t dt_size(ncclDataType_t dt) {
     switch (dt) {
     case ncclInt8:
-    case ncclUint8:
-        return 1;
+    case ncclUint8: return 1;
     case ncclFloat16:
-    case ncclBfloat16:
-        return 2;
+    case ncclBfloat16: return 2;
     case ncclInt32:
     case ncclUint32:
-    case ncclFloat32:
-        return 4;
+    case ncclFloat32: return 4;
     case ncclInt64:
     case ncclUint64:
-    case ncclFloat64:
-        return 8;
-    default:
-        return 0;
+    case ncclFloat64: return 8;
+    default: return 0;
     }
 }
 
@@ -165,7 +160,7 @@ uint16_t f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays a quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1);                                              /* round to nearest even */
+    u += 0x7fffu + ((u >> 16) & 1);                                           /* round to nearest even */
     return (uint16_t)(u >> 16);
 }
 
@@ -223,7 +218,7 @@ void progress_coll(Clique *cl) {
                 if (n) memcpy(ops[r]->rbuf, tmp.data(), N * n * esz);
         } else if (res == ncclSuccess && a->kind == OP_ALLREDUCE) {
             bool modelled = a->redop == ncclSum && (a->dt == ncclFloat32 || a->dt == ncclBfloat16 ||
-                                                     a->dt == ncclFloat64 || a->dt == ncclInt32);
+                                                    a->dt == ncclFloat64 || a->dt == ncclInt32);
             if (!modelled) {
                 note("ncclAllReduce with datatype %d and op %d is not modelled by the emulator", (int)a->dt,
                      (int)a->redop);
@@ -426,24 +421,15 @@ ncclResult_t ncclGetVersion(int *version) {
 
 const char *ncclGetErrorString(ncclResult_t r) {
     switch (r) {
-    case ncclSuccess:
-        return "no error";
-    case ncclUnhandledCudaError:
-        return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError:
-        return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError:
-        return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument:
-        return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage:
-        return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError:
-        return "remote process exited or there was a network error";
-    case ncclInProgress:
-        return "NCCL operation in progress";
-    default:
-        return "unknown result code";
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
     }
 }
 

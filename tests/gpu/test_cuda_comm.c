@@ -214,8 +214,8 @@ typedef struct job {
     void *out[MAXC][MAXN]; /* host copies of the outputs */
     int rc[MAXC][MAXN];
     char err[MAXC][MAXN][320];
-    char fatal[MAXN][320]; /* a CUDA failure of the harness itself */
-    int k0;                /* first call to make (later rounds on a persistent world) */
+    char fatal[MAXN][320];     /* a CUDA failure of the harness itself */
+    int k0;                    /* first call to make (later rounds on a persistent world) */
     float *res_in[MAXC][MAXN]; /* host memory, when allocated: the residual carried into call k (part n) */
     volatile int done[MAXN];   /* the rank's thread has returned (watchdog) */
 } job;
@@ -321,8 +321,7 @@ static void run_ranks(job *j, int timeout_s, const char *what) {
         if (ms >= timeout_s * 1000) {
             for (int r = 0; r < j->n; r++)
                 if (!__atomic_load_n(&j->done[r], __ATOMIC_ACQUIRE)) {
-                    printf("%-62s diff=%-8d FAIL: rank %d did not return within %d s (hang)\n", what, 0, r,
-                           timeout_s);
+                    printf("%-62s diff=%-8d FAIL: rank %d did not return within %d s (hang)\n", what, 0, r, timeout_s);
                     break;
                 }
             fflush(stdout);
@@ -1520,8 +1519,8 @@ int main(int argc, char **argv) {
     int nrows = 0;
     if (self || !bench || nccl_only)
         printf("== b. benchmark skipped (%s)\n", self        ? "self-check: no GPU"
-                                                  : nccl_only ? "--nccl-only"
-                                                              : "--no-bench");
+                                                 : nccl_only ? "--nccl-only"
+                                                             : "--no-bench");
     else
         nrows = part_b(dev, mbs, nmb, G, rows);
     if (json) write_json(json, devname, G, rows, nrows);
