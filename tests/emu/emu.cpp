@@ -36,6 +36,7 @@
 #include "emu_internal.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define EMU_ASAN 1
 #else
@@ -142,8 +143,15 @@ struct EmuSched {
     int bar_line = 0;
     uint64_t rng = 1;
     ~EmuSched() {
-        for (auto &f : fibers)
+        for (auto &f : fibers) {
+#if EMU_ASAN
+            /* the parked fibers' frames stay poisoned in ASan's shadow; a
+             * later mapping at these addresses (a model file) would read as
+             * a stack overflow */
+            __asan_unpoison_memory_region(f.stack, STACK_BYTES);
+#endif
             munmap(f.stack, STACK_BYTES);
+        }
     }
 };
 
