@@ -292,7 +292,9 @@ __device__ __forceinline__ void att_unpack8(uint4 u, float *f) {
  * (the lower address). */
 __device__ __forceinline__ unsigned att_pack2(float a, float b) {
     __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<unsigned *>(&v);
+    /* assembled from the halves: reading v through an unsigned * would be
+     * type punning, undefined in C++ (g++ -O2 warns in tests/emu) */
+    return (unsigned)__bfloat16_as_ushort(v.x) | (unsigned)__bfloat16_as_ushort(v.y) << 16;
 }
 
 /* ---- prefill kernel ---- */
