@@ -363,7 +363,8 @@ static void complete(WarpSt &w, unsigned mask, int warp) {
             int base = l & ~(width - 1), src = l;
             switch (in->mode) {
             case 0: src = base + (in->arg & (width - 1)); break;
-            case 1: src = l ^ in->arg; if (src >= base + width || src < base) src = l; break;
+            /* xor may reach earlier segments, not later ones (CUDA's rule) */
+            case 1: src = l ^ in->arg; if (src >= base + width) src = l; break;
             case 2: src = l + in->arg; if (src >= base + width) src = l; break;
             case 3: src = l - in->arg; if (src < base) src = l; break;
             }

@@ -1,0 +1,245 @@
+/*
+ * tests/emu/selftest.cpp — checks of the emulator itself (run first by make
+ * test-emu): the CUDA semantics the kernels rely on, and that misuse aborts
+ * or fails the way it does on a GPU. Death cases run in a forked child.
+ * Kernels here use the emulator's launch form directly (what translate.py
+ * writes for `k<<<g, b, smem, s>>>(args)`).
+ */
+#include <cublasLt.h>
+#include <fcntl.h>
+#include <math.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define LAUNCH(k, ...) (emu::Launcher(__FILE__, __LINE__, #k, (const void *)&k, __VA_ARGS__)->*[](auto... a) { k(a...); })
+
+static int g_fail, g_n;
+static void check(int ok, const char *what) {
+    g_n++;
+    if (!ok) g_fail++;
+    printf("selftest %-60s %s\n", what, ok ? "PASS" : "FAIL");
+}
+
+/* ---- kernels ---- */
+__global__ void k_shfl(unsigned *out) {
+    unsigned l = threadIdx.x;
+    out[l] = __shfl_xor_sync(0xffffffffu, l * 10, 1);                  /* pairwise swap */
+    out[32 + l] = __shfl_down_sync(0xffffffffu, l, 4);                 /* past the end: own */
+    out[64 + l] = __shfl_sync(0xffffffffu, l, 3, 8);                   /* lane 3 of each 8 */
+    out[96 + l] = __ballot_sync(0xffffffffu, l % 3 == 0);
+    out[128 + l] = __match_any_sync(0xffffffffu, l / 8);
+    unsigned m = 0xffu << (l & ~7u); /* groups of 8, each its own mask */
+    out[160 + l] = __shfl_xor_sync(m, l, 2);
+}
+__global__ void k_block(int *out) {
+    __shared__ int s[256];
+    s[threadIdx.x] = (int)threadIdx.x;
+    __syncthreads();
+    out[blockIdx.x * 256 + threadIdx.x] = s[255 - threadIdx.x] + __syncthreads_or(threadIdx.x == 77) * 1000 +
+                                          __syncthreads_count(threadIdx.x < 10) * 100000;
+}
+__global__ void k_dyn(float *out) {
+    float *d = (float *)emu::dyn_smem();
+    d[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = d[(threadIdx.x + 1) % blockDim.x];
+}
+__global__ void k_diverge(void) {
+    if (threadIdx.x < 32)
+        __syncthreads();
+    else
+        __syncthreads();
+}
+__global__ void k_partial(unsigned *out) {
+    if (threadIdx.x < 16) out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, threadIdx.x, 1);
+}
+__global__ void k_exit_early(void) {
+    if (threadIdx.x == 5) return;
+    __syncthreads();
+}
+__global__ void k_add(float *p, float v) {
+    p[threadIdx.x] += v;
+}
+__global__ void k_wmma(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *c) {
+    namespace w = nvcuda::wmma;
+    w::fragment<w::matrix_a, 16, 16, 16, __nv_bfloat16, w::row_major> fa;
+    w::fragment<w::matrix_b, 16, 16, 16, __nv_bfloat16, w::col_major> fb;
+    w::fragment<w::accumulator, 16, 16, 16, float> fc;
+    w::fill_fragment(fc, 1.0f);
+    w::load_matrix_sync(fa, a, 16);
+    w::load_matrix_sync(fb, b, 16);
+    w::mma_sync(fc, fa, fb, fc);
+    w::store_matrix_sync(c, fc, 16, w::mem_row_major);
+}
+
+/* run fn in a child; true when it died by a signal (the emulator aborts) */
+template <typename F> static int dies(F fn) {
+    fflush(stdout);
+    pid_t p = fork();
+    if (p == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        fn();
+        cudaStreamSynchronize(0);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    return WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    unsigned *u;
+    cudaMalloc(&u, 192 * sizeof *u);
+    LAUNCH(k_shfl, 1, 32)(u);
+    int ok = 1;
+    for (unsigned l = 0; l < 32; l++) {
+        ok &= u[l] == (l ^ 1) * 10 && u[32 + l] == (l + 4 < 32 ? l + 4 : l) && u[64 + l] == (l & ~7u) + 3;
+        ok &= u[96 + l] == 0x49249249u && u[128 + l] == 0xffu << (l & ~7u) && u[160 + l] == (l ^ 2);
+    }
+    check(ok, "shfl xor/down/idx(width 8), ballot, match_any, partial masks");
+
+    int *bo;
+    cudaMalloc(&bo, 2 * 256 * sizeof *bo);
+    LAUNCH(k_block, 2, 256)(bo);
+    ok = 1;
+    for (int i = 0; i < 512; i++)
+        ok &= bo[i] == 255 - i % 256 + 1000 + 10 * 100000;
+    check(ok, "__shared__ + __syncthreads, _or, _count over 2 blocks");
+
+    float *f;
+    cudaMalloc(&f, 64 * sizeof *f);
+    LAUNCH(k_dyn, 1, 64, 64 * sizeof(float), (cudaStream_t)0)(f);
+    ok = cudaGetLastError() == cudaSuccess;
+    for (int i = 0; i < 64; i++)
+        ok &= f[i] == (float)((i + 1) % 64);
+    check(ok, "dynamic shared memory");
+
+    LAUNCH(k_dyn, 1, 64, 64 * 1024, (cudaStream_t)0)(f);
+    check(cudaGetLastError() == cudaErrorInvalidValue, "64 KB dynamic smem without opt-in -> cudaErrorInvalidValue");
+    check(cudaFuncSetAttribute(k_dyn, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024) == cudaSuccess,
+          "cudaFuncSetAttribute 64 KB");
+    LAUNCH(k_dyn, 1, 64, 64 * 1024, (cudaStream_t)0)(f);
+    check(cudaGetLastError() == cudaSuccess, "64 KB dynamic smem after opt-in");
+    LAUNCH(k_dyn, 1, 1025)(f);
+    check(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads -> cudaErrorInvalidConfiguration");
+
+    check(dies([] { LAUNCH(k_diverge, 1, 64)(); }), "__syncthreads at two call sites aborts");
+    check(dies([u] { LAUNCH(k_partial, 1, 32)(u); }), "full-mask shuffle by half a warp aborts");
+    check(dies([] { LAUNCH(k_exit_early, 1, 64)(); }), "thread exiting before a barrier aborts");
+    check(dies([f] { LAUNCH(k_add, 1, 65)(f, 1.0f); }), "out-of-bounds device write is an ASan report");
+
+    /* graphs: recorded, replayed, a pinned source read at replay */
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float *h;
+    cudaMallocHost(&h, 64 * sizeof *h);
+    for (int i = 0; i < 64; i++)
+        h[i] = 1.0f;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    cudaMemcpyAsync(f, h, 64 * sizeof *f, cudaMemcpyHostToDevice, s);
+    LAUNCH(k_add, 1, 64, 0, s)(f, 2.0f);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    ok = f[0] != 3.0f; /* nothing ran during the capture */
+    ok &= cudaStreamEndCapture(s, &g) == cudaSuccess && cudaGraphInstantiate(&x, g, 0) == cudaSuccess;
+    for (int i = 0; i < 64; i++)
+        h[i] = 5.0f;
+    ok &= cudaGraphLaunch(x, s) == cudaSuccess && f[0] == 7.0f && f[63] == 7.0f;
+    check(ok, "graph capture, replay reads pinned memory at launch");
+    cudaGraphExecDestroy(x);
+    cudaGraphDestroy(g);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    ok = cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported;
+    ok &= cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && g == NULL;
+    cudaGetLastError();
+    check(ok, "sync while capturing fails and invalidates the capture");
+
+    /* bf16: round to nearest even */
+    ok = __bfloat16_as_ushort(__float2bfloat16_rn(1.00390625f)) == 0x3f80;             /* tie, even below */
+    ok &= __bfloat16_as_ushort(__float2bfloat16_rn(1.01171875f)) == 0x3f82;            /* tie, even above */
+    ok &= __bfloat16_as_ushort(__float2bfloat16_rn(1.0040f)) == 0x3f81;                /* above the tie */
+    ok &= __bfloat16_as_ushort(__float2bfloat16_rn(NAN)) == 0x7fff;                    /* canonical NaN */
+    ok &= __bfloat16_as_ushort(__float2bfloat16_rn(3.4e38f)) == 0x7f80;                /* rounds up to inf */
+    check(ok, "bf16 round to nearest even");
+
+    /* wmma: C = A·B + 1 against a host loop */
+    __nv_bfloat16 *a, *b;
+    float *c;
+    cudaMalloc(&a, 256 * sizeof *a);
+    cudaMalloc(&b, 256 * sizeof *b);
+    cudaMalloc(&c, 256 * sizeof *c);
+    for (int i = 0; i < 256; i++) {
+        a[i] = __float2bfloat16_rn((float)(i % 7) - 3.0f);
+        b[i] = __float2bfloat16_rn((float)(i % 5) * 0.5f);
+    }
+    LAUNCH(k_wmma, 1, 32)(a, b, c);
+    ok = 1;
+    for (int r = 0; r < 16; r++)
+        for (int col = 0; col < 16; col++) {
+            float want = 1.0f;
+            for (int k = 0; k < 16; k++) /* b col_major: element (k, col) at col * 16 + k */
+                want += __bfloat162float(a[r * 16 + k]) * __bfloat162float(b[col * 16 + k]);
+            ok &= c[r * 16 + col] == want;
+        }
+    check(ok, "wmma 16x16x16 bf16 (row_major a, col_major b)");
+
+    /* cuBLASLt TN, as cuda_matmul.cu: D(m, n) = op(A) B, A (k, m) ld k */
+    const int m = 3, n = 2, k = 4;
+    __nv_bfloat16 *A, *B, *D;
+    cudaMalloc(&A, 12 * sizeof *A);
+    cudaMalloc(&B, 8 * sizeof *B);
+    cudaMalloc(&D, 6 * sizeof *D);
+    for (int i = 0; i < 12; i++)
+        A[i] = __float2bfloat16_rn((float)i);
+    for (int i = 0; i < 8; i++)
+        B[i] = __float2bfloat16_rn((float)(i + 1));
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulPreference_t pref;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    ok = cublasLtCreate(&lt) == 0 && cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == 0;
+    ok &= cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == 0;
+    ok &= cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == 0;
+    ok &= cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k) == 0 &&
+          cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k) == 0 &&
+          cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m) == 0 && cublasLtMatmulPreferenceCreate(&pref) == 0;
+    ok &= cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &res, &found) == 0 && found == 1;
+    const float alpha = 1.0f, beta = 0.0f;
+    ok &= cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &res.algo, NULL, 0, 0) == 0;
+    for (int j = 0; ok && j < n; j++)
+        for (int i = 0; i < m; i++) {
+            float want = 0;
+            for (int kk = 0; kk < k; kk++)
+                want += (float)(kk + i * k) * (float)(kk + j * k + 1);
+            ok &= __bfloat162float(D[i + j * m]) == __bfloat162float(__float2bfloat16_rn(want));
+        }
+    int epi = 1;
+    ok &= cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
+          CUBLAS_STATUS_NOT_SUPPORTED;
+    check(ok, "cuBLASLt TN bf16 matmul; unsupported attribute rejected");
+
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(lt);
+    void *dev[] = {u, bo, f, a, b, c, A, B, D};
+    for (void *p : dev)
+        cudaFree(p);
+    cudaFreeHost(h);
+    cudaStreamDestroy(s);
+    printf("selftest: %d of %d passed\n", g_n - g_fail, g_n);
+    return g_fail ? 1 : 0;
+}
