@@ -9,7 +9,9 @@
  *
  * Per model and reference prompt (reference.json: prompt + HF's 32 greedy
  * tokens), one eng_step over prompt + greedy with logits for every row:
- *   cuda tp 1            vs cpu tp 1: rel err ‖cuda − cpu‖₂/‖cpu‖₂ <= 2e-2
+ *   cuda tp 1            vs cpu tp 1: rel err ‖cuda − cpu‖₂/‖cpu‖₂ <= the
+ *                        model's limit: max(2e-2, the fixture's bf16
+ *                        yardstick), see TOL below
  *   cuda tp 2, 4 (exact) vs cpu tp 1: the same limit, where the model splits
  *   cuda tp 4 (echo)     vs cuda tp 4 exact: reported, not asserted (the
  *                        codec's error is the subject of docs/echo.md)
@@ -19,14 +21,14 @@
  * reference prompts, the k-th one without its first k tokens) is
  * prefilled, then fed HF's greedy tokens one per step (decode-only steps);
  * the logits of every decode step with graphs on must be BIT-IDENTICAL to
- * those with graphs off (same kernels, same attention splits), within TOL
+ * those with graphs off (same kernels, same attention splits), within the limit
  * of the cpu, and the graphs must have run (steps through a graph > 0).
  * The same on a random Qwen3-0.6B-shaped model (head_dim 128: the fast
  * attention paths; graphs on == off and steps as graphs only).
  * With --self-check (no graphs on cpu) those lines say "skipped".
  * Fused decode weights (eng_config.fuse_weights, on by default on cuda):
  * one sequence decoding one token per step, fused vs unfused and vs the
- * cpu within TOL, fused graph steps bit-identical to fused eager ones.
+ * cpu within the limit, fused graph steps bit-identical to fused eager ones.
  * One line per check:
  *     model tp N mode  rel_err=E  limit  PASS|FAIL|INFO
  * Exit status: 0 when every asserted check passes, 1 otherwise, 77 when
@@ -56,14 +58,20 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 
-/* The cuda backend keeps activations (the residual stream included) in
- * bf16, the cpu oracle in fp32: every op adds ~2^-9 relative rounding, and
- * the fixtures' random weights (init range ~0.19) amplify it layer by
- * layer. Emulated (tests/emu, whose matmul and softmax arithmetic is at
- * least as exact as a GPU's) the logits of correct kernels differ from the
- * cpu by 0.9e-2 (2 layers) to 2.2e-2 (4 and 12 layers) while every op alone
- * is within 2e-3, so 2e-2 was too tight for the deeper fixtures. */
-#define TOL 3e-2
+/* The limit on a bf16 path's logits vs the fp32 cpu oracle: issue 6's
+ * 2e-2, or the fixture's bf16 yardstick where that is larger. The cuda
+ * backend keeps activations (the residual stream included) in bf16, the
+ * cpu oracle in fp32: every op adds ~2^-9 relative rounding, and the
+ * fixtures' random weights amplify it layer by layer, so that even
+ * transformers' own bf16 forward is 1.2e-2 to 5.4e-2 from its fp32 one on
+ * these models (reference.json "hf_bf16_max_rel_err", computed by
+ * tests/fixtures/make_reference.py; see tests/fixtures/README.md). A
+ * correct bf16 implementation cannot be held to less than an independent
+ * one achieves; it is held to no more. (Emulated, tests/emu, the cuda
+ * logits are 0.9e-2 to 2.6e-2 from the cpu, each below its fixture's
+ * yardstick, while every op alone is within 2e-3.) Comparisons of two bf16
+ * runs (fused vs unfused) keep TOL. */
+#define TOL 2e-2
 #define MODELS_DIR "tests/fixtures/models"
 #define MAX_MODELS 32
 
@@ -90,7 +98,8 @@ static double rel_err(const float *a, const float *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static int load_prompts(const char *dir, prompt **out, int *n) {
+/* *tol = max(TOL, the fixture's hf_bf16_max_rel_err) (TOL when absent). */
+static int load_prompts(const char *dir, prompt **out, int *n, double *tol) {
     char path[1024];
     json_error_t je;
     snprintf(path, sizeof path, "%.1000s/reference.json", dir);
@@ -100,6 +109,8 @@ static int load_prompts(const char *dir, prompt **out, int *n) {
         return -1;
     }
     json_t *ps = json_object_get(root, "prompts");
+    double yard = json_number_value(json_object_get(root, "hf_bf16_max_rel_err"));
+    *tol = yard > TOL ? yard : TOL;
     *n = (int)json_array_size(ps);
     *out = calloc((size_t)(*n ? *n : 1), sizeof **out);
     for (int i = 0; i < *n; i++) {
@@ -165,7 +176,10 @@ static void report(const char *model, int tp, const char *what, double err, doub
         g_checks++;
         if (err > tol) g_fail++;
     }
-    printf("%-16s tp %d %-26s rel_err=%.3e  limit %.0e  %s\n", model, tp, what, err, tol, verdict);
+    if (assert_it)
+        printf("%-16s tp %d %-26s rel_err=%.3e  limit %.2e  %s\n", model, tp, what, err, tol, verdict);
+    else
+        printf("%-16s tp %d %-26s rel_err=%.3e  (reported)      %s\n", model, tp, what, err, verdict);
 }
 
 static void fail_line(const char *model, int tp, const char *what) {
@@ -229,7 +243,7 @@ static float *decode_steps(const char *dir, const char *dev, int graphs, int fus
 }
 
 static void test_graphs(const char *dir, const char *name, const char *dev, const prompt *ps, int np, int V,
-                        int max_len) {
+                        int max_len, double tol) {
     const char *w1 = "graphs == eager (bits)", *w2 = "graphs vs cpu (decode)", *w3 = "graph steps";
     if (strcmp(dev, "cuda") != 0) {
         /* the harness still runs (the flag is a no-op there) */
@@ -269,7 +283,7 @@ static void test_graphs(const char *dir, const char *name, const char *dev, cons
     if (!graph || !cpu || T0 != T2)
         fail_line(name, 1, w2);
     else
-        report(name, 1, w2, rel_err(graph, cpu, (size_t)T2 * GRAPH_SEQS * V), TOL, 1);
+        report(name, 1, w2, rel_err(graph, cpu, (size_t)T2 * GRAPH_SEQS * V), tol, 1);
     /* the first decode step or two may run eagerly (a capture that had to
      * grow a buffer is retried), every later one is a replay */
     g_checks++;
@@ -291,10 +305,10 @@ static void test_graphs(const char *dir, const char *name, const char *dev, cons
  * one token per step, so every decode step runs the fused q|k|v and
  * gate|up matmuls. Fused vs unfused within TOL (on cuda cuBLASLt may pick
  * another algorithm for the fused shape; on cpu they are bit-identical),
- * fused vs the cpu within TOL, and fused steps through graphs bit-identical
+ * fused vs the cpu within the model's limit, and fused steps through graphs bit-identical
  * to fused eager steps (the fused path captures like the unfused one). */
 static void test_fused(const char *dir, const char *name, const char *dev, const prompt *ps, int np, int V,
-                       int max_len) {
+                       int max_len, double tol) {
     const char *w1 = "fused vs unfused (decode)", *w2 = "fused vs cpu (decode)", *w3 = "fused graphs == eager";
     int T[4] = {0, 0, 0, 0};
     long g[4] = {0, 0, 0, 0};
@@ -312,7 +326,7 @@ static void test_fused(const char *dir, const char *name, const char *dev, const
     if (!l[1] || !l[3] || T[1] != T[3])
         fail_line(name, 1, w2);
     else
-        report(name, 1, w2, rel_err(l[1], l[3], (size_t)T[1] * V), TOL, 1);
+        report(name, 1, w2, rel_err(l[1], l[3], (size_t)T[1] * V), tol, 1);
     if (!l[1] || !l[2] || T[1] != T[2]) {
         fail_line(name, 1, w3);
     } else {
@@ -389,9 +403,10 @@ static void test_model(const char *dir, const char *dev) {
     const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
     prompt *ps = NULL;
     int np = 0;
+    double tol = TOL;
     model_config mc;
     char err[1024];
-    if (model_config_load(dir, &mc, err, sizeof err) || load_prompts(dir, &ps, &np)) {
+    if (model_config_load(dir, &mc, err, sizeof err) || load_prompts(dir, &ps, &np, &tol)) {
         fail_line(name, 1, "load");
         return;
     }
@@ -451,7 +466,7 @@ static void test_model(const char *dir, const char *dev) {
         if (!ok)
             fail_line(name, tp, what);
         else
-            report(name, tp, what, worst, TOL, runs[r].mode != ECHO_MODE_ECHO);
+            report(name, tp, what, worst, tol, runs[r].mode != ECHO_MODE_ECHO);
         if (tp == 1 && ok && g_emu) {
             printf("%-16s tp 1 %-26s skipped (--emu: too large to emulate)\n", name, "greedy vs HF");
         } else if (tp == 1 && ok) { /* greedy agreement with HF, reported */
@@ -474,8 +489,10 @@ static void test_model(const char *dir, const char *dev) {
         }
         eng_destroy(e);
     }
-    test_graphs(dir, name, dev, ps, np, V, mc.max_position_embeddings < 1024 ? mc.max_position_embeddings : 1024);
-    test_fused(dir, name, dev, ps, np, V, mc.max_position_embeddings < 256 ? mc.max_position_embeddings : 256);
+    test_graphs(dir, name, dev, ps, np, V, mc.max_position_embeddings < 1024 ? mc.max_position_embeddings : 1024,
+                tol);
+    test_fused(dir, name, dev, ps, np, V, mc.max_position_embeddings < 256 ? mc.max_position_embeddings : 256,
+               tol);
     for (int i = 0; i < np; i++) {
         free(ref[i]);
         free(dev1[i]);
@@ -524,7 +541,7 @@ int main(int argc, char **argv) {
         printf("no fixture models under %s (run from the repository root)\n", MODELS_DIR);
         return 1;
     }
-    printf("device %s vs cpu, tolerance %.0e, %d models\n", dev, TOL, n);
+    printf("device %s vs cpu, limit max(%.0e, the fixture's hf_bf16_max_rel_err), %d models\n", dev, TOL, n);
     for (int i = 0; i < n; i++) test_model(dirs[i], dev);
     test_graphs_random(dev);
     printf("%d of %d checks passed\n", g_checks - g_fail, g_checks);
