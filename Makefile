@@ -4,7 +4,9 @@
 #   make CUDA=0     same, without the cuda backend
 #   make deps       install the Debian packages the build and tests need
 #   make run        build, then run echo-generate on a bundled fixture model
-#   make test       deps + build + every Check suite + fuzz-corpus regressions
+#   make test       deps + build + every Check suite + fuzz-corpus regressions, the
+#                   server and benchmark suites, and the GPU test programs run on the
+#                   CUDA emulator (make test-emu, tests/emu/: no GPU needed)
 #   make test-asan  the same suites built with -fsanitize=address,undefined
 #   make fuzz-safetensors FUZZ_SECONDS=600   fuzz the safetensors header parser longer
 #   make format     clang-format every C/CUDA source
@@ -169,6 +171,7 @@ test: deps
 	$(MAKE) fuzz-regress
 	$(MAKE) test-server
 	$(MAKE) test-bench
+	$(MAKE) test-emu
 
 test-asan: deps
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \
