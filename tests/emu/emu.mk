@@ -4,7 +4,9 @@
 #   make test-emu     build the GPU test programs against the CUDA emulator
 #                     (tests/emu/) and run them: tests/gpu/test_cuda_ops.c and
 #                     test_cuda_model.c with --emu, test_cuda_comm.c with
-#                     --no-bench. Needs no GPU and no CUDA toolkit.
+#                     --no-bench; and echo-generate / echo-bench built the same
+#                     way through tests/emu/cli-smoke.sh. Needs no GPU and no
+#                     CUDA toolkit.
 #
 # The kernel sources (kernels/cuda/*.cu, comm/*.cu) are compiled unmodified
 # as C++17 after tests/emu/translate.py rewrites their `<<<...>>>` launches
@@ -93,6 +95,18 @@ $(EMU_LIB): $(EMU_LIB_OBJ) $(EMU_RT_OBJ)
 $(EMU_DIR)/gpu_test_%: $(EMU_DIR)/obj/tests/gpu/test_%.o $(EMU_LIB)
 	$(CXX) $(EMU_SAN) $^ -o $@ $(EMU_LDLIBS)
 
+# The command-line programs on the emulated device, for tests/emu/cli-smoke.sh
+# (echo-generate --device cuda over both transports and with graphs,
+# echo-bench forward's cuda measurements).
+EMU_PROGS := $(EMU_DIR)/bin/echo-generate $(EMU_DIR)/bin/echo-bench
+EMU_BENCH_OBJ := $(BENCH_SRC:%.c=$(EMU_DIR)/obj/%.o)
+$(EMU_DIR)/bin/echo-bench: $(EMU_DIR)/obj/tools/echo_bench.o $(EMU_DIR)/obj/tools/cli.o $(EMU_BENCH_OBJ) $(EMU_LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_SAN) $^ -o $@ $(EMU_LDLIBS) $(if $(EMU_BENCH_OBJ),$(CURL_LIBS))
+$(EMU_DIR)/bin/echo-%: $(EMU_DIR)/obj/tools/echo_%.o $(EMU_DIR)/obj/tools/cli.o $(EMU_LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_SAN) $^ -o $@ $(EMU_LDLIBS)
+
 # The emulator's own checks (tests/emu/selftest.cpp): CUDA semantics the
 # kernels rely on, and misuse that must abort or fail.
 $(EMU_DIR)/selftest: $(EMU_DIR)/obj/tests/emu/selftest.o $(EMU_LIB)
@@ -105,8 +119,10 @@ $(EMU_DIR)/obj/tests/emu/selftest.o: tests/emu/selftest.cpp $(EMU_FLAGS_STAMP)
 # Every program runs even when one fails; ops and model run one after the
 # other beside comm (two jobs: the CI machines have two cores). The status
 # is the worst; each program's output is in $(EMU_DIR)/*.log.
-test-emu: $(EMU_TESTS) $(EMU_DIR)/selftest
+test-emu: $(EMU_TESTS) $(EMU_DIR)/selftest $(EMU_PROGS)
 	@$(EMU_DIR)/selftest > $(EMU_DIR)/selftest.log 2>&1 || { cat $(EMU_DIR)/selftest.log; exit 1; }; tail -n 1 $(EMU_DIR)/selftest.log
+	@echo "== tests/emu/cli-smoke.sh $(EMU_DIR)/bin"; tests/emu/cli-smoke.sh $(EMU_DIR)/bin > $(EMU_DIR)/cli.log 2>&1; \
+	  rc=$$?; grep -v '^PASS' $(EMU_DIR)/cli.log; [ $$rc = 0 ] || exit 1
 	@echo "== $(EMU_DIR)/gpu_test_cuda_ops --emu; gpu_test_cuda_model --emu; ECHO_EMU_SMS=$(EMU_SMS) gpu_test_cuda_comm $(EMU_COMM_ARGS)"
 	@start=$$(date +%s); \
 	( ECHO_EMU_SMS=$(EMU_SMS) $(EMU_DIR)/gpu_test_cuda_comm $(EMU_COMM_ARGS) > $(EMU_DIR)/comm.log 2>&1; \

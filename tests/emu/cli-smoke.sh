@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The command-line programs on the emulated GPU (tests/emu): the paths that
+# only run on a device — echo-generate --device cuda at tp 1 and 2 over both
+# device transports, CUDA graphs, echo-bench forward's cuda measurements —
+# run end to end here, so the first lent GPU does not meet them for the
+# first time. Asserted (each a contract, true on a real GPU too):
+#   - graphs: --cuda-graphs gives the same JSON (tokens and logprobs) as
+#     eager steps (graph replays are bit-identical to eager steps);
+#   - transports: at tp 2 with --allreduce echo (and int4), nccl and local
+#     give the same JSON (both transports give the host path's bits);
+#   - every run exits 0 and prints the tokens asked for;
+#   - echo-bench forward --device cuda --cuda-graphs exits 0, reports a
+#     matmul peak, prefill, decode (through graphs) and TTFT.
+# Reported, not asserted: greedy agreement of cuda with the cpu (bf16 may
+# flip a near-tie).
+#
+#   tests/emu/cli-smoke.sh EMU_BIN_DIR      (run from the repository root)
+set -uo pipefail
+BIN="${1:?usage: cli-smoke.sh EMU_BIN_DIR}"
+MODEL=tests/fixtures/models/tied
+PROMPT=3,14,15,92,65,35
+TMP="$(mktemp -d /tmp/echo-emu-cli.XXXXXX)"
+trap 'rm -rf "$TMP"' EXIT
+fail=0
+pass=0
+
+gen() { # name args...
+  local name="$1"
+  shift
+  if ! "$BIN/echo-generate" --model "$MODEL" --prompt-tokens "$PROMPT" --max-tokens 8 --ignore-eos \
+    --top-logprobs 2 --json "$@" >"$TMP/$name.json" 2>"$TMP/$name.err"; then
+    echo "FAIL $name: exit $? ($(tail -n 2 "$TMP/$name.err" | tr '\n' ' '))"
+    fail=1
+    return 1
+  fi
+  local n
+  n=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["tokens"]))' "$TMP/$name.json")
+  if [ "$n" != 8 ]; then
+    echo "FAIL $name: $n tokens, expected 8"
+    fail=1
+    return 1
+  fi
+  return 0
+}
+
+same() { # what a b
+  if cmp -s "$TMP/$2.json" "$TMP/$3.json"; then
+    echo "PASS $1"
+    pass=$((pass + 1))
+  else
+    echo "FAIL $1: $2 and $3 differ"
+    diff <(python3 -m json.tool "$TMP/$2.json") <(python3 -m json.tool "$TMP/$3.json") | head -8
+    fail=1
+  fi
+}
+
+gen cpu --device cpu
+gen cuda --device cuda
+gen cuda-graphs --device cuda --cuda-graphs
+same "echo-generate cuda tp 1: --cuda-graphs == eager (tokens and logprobs)" cuda cuda-graphs
+for mode in echo int4; do
+  gen "nccl-$mode" --device cuda --tp 2 --transport nccl --allreduce "$mode"
+  gen "local-$mode" --device cuda --tp 2 --transport local --allreduce "$mode"
+  same "echo-generate cuda tp 2 $mode: nccl == local (tokens and logprobs)" "nccl-$mode" "local-$mode"
+done
+if [ -s "$TMP/cpu.json" ] && [ -s "$TMP/cuda.json" ]; then
+  python3 - "$TMP/cpu.json" "$TMP/cuda.json" <<'EOF'
+import json, sys
+a, b = (json.load(open(p))["tokens"] for p in sys.argv[1:3])
+k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+print(f"INFO echo-generate greedy, cuda vs cpu: {k} of {len(a)} tokens agree before the first difference")
+EOF
+fi
+
+# echo-bench forward on the emulated device: every cuda-only measurement
+# runs (tiny sizes: the emulator is slow; the numbers mean nothing).
+if "$BIN/echo-bench" forward --model random:tiny --device cuda --cuda-graphs --prefill 16 --decode-batch 1,2 \
+  --decode-steps 2 --decode-prompt 4 --ttft-len 16 --iters 1 --copy-bytes 1M --gemm-dim 64 --json \
+  >"$TMP/fwd.json" 2>"$TMP/fwd.err"; then
+  if python3 - "$TMP/fwd.json" <<'EOF'; then
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r.get("cuda_graphs") is True, "cuda_graphs not true: %r" % r.get("cuda_graphs")
+assert r.get("gemm_peak_tflops", 0) > 0, "no matmul peak"
+assert r.get("prefill") and r.get("decode"), "prefill or decode rows missing"
+assert r.get("ttft") or r.get("ttft_s") or r.get("ttft_ms"), "no TTFT"
+EOF
+    echo "PASS echo-bench forward --device cuda --cuda-graphs (peak, prefill, decode through graphs, TTFT)"
+    pass=$((pass + 1))
+  else
+    echo "FAIL echo-bench forward: unexpected JSON"
+    head -c 600 "$TMP/fwd.json"
+    echo
+    fail=1
+  fi
+else
+  echo "FAIL echo-bench forward --device cuda: exit $? ($(tail -n 3 "$TMP/fwd.err" | tr '\n' ' '))"
+  fail=1
+fi
+echo "cli: $pass passed, $([ $fail = 0 ] && echo 0 || echo '>= 1') failed"
+exit $fail
