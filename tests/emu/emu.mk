@@ -26,11 +26,9 @@ EMU_SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-saniti
 EMU_INC      := -Itests/emu/include
 EMU_NCCL_SRC ?= tests/emu/nccl_emu.cpp
 EMU_SMS      ?= 4
-# test_cuda_comm.c has no cheap mode of its own: its full run (counts up to
-# 2^20 + 5 at 2-4 ranks, ~990 cases) takes about 4 minutes emulated, beside
-# ops + model (~2.5 minutes); --emu is passed as soon as its source knows
-# the flag.
-EMU_COMM_ARGS ?= --no-bench $(if $(shell grep -l '"--emu"' tests/gpu/test_cuda_comm.c 2>/dev/null),--emu)
+# test_cuda_comm.c runs in full (counts up to 2^20 + 5 at 2-4 ranks, ~990
+# cases): about 4 minutes emulated, beside ops + model (~2.5 minutes).
+EMU_COMM_ARGS ?= --no-bench
 EMU_CFLAGS   := -std=c11 $(EMU_OPT) -g $(WARN) -D_GNU_SOURCE -pthread -MMD -MP -I. $(EMU_INC) -DECHO_HAVE_CUDA=1 \
                 $(PKG_CFLAGS) $(EMU_SAN)
 # The emulator's own C++ (tests/emu/*.cpp) builds with the project's warnings.
