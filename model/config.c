@@ -240,7 +240,9 @@ static char *cfg_read_file(const char *path, int *missing) {
 
 /* Shapes for "random:" models: the published config.json values of
  * Qwen/Qwen3-8B and Qwen/Qwen3-0.6B (the same numbers echo-bench randmodel
- * writes), and a CI-sized model of the same architecture. */
+ * writes), and CI-sized models of the same architecture: tiny, and
+ * tiny-hd128 with Qwen3's head_dim of 128 (the head size the cuda
+ * attention's fast paths take) at a size the CUDA emulator can run. */
 typedef struct cfg_shape {
     const char *name;
     int vocab, hidden, inter, layers, heads, kv_heads, head_dim, max_pos, tied, eos;
@@ -250,6 +252,7 @@ static const cfg_shape cfg_shapes[] = {
     {"qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 128, 40960, 0, 151645},
     {"qwen3-0.6b", 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1, 151645},
     {"tiny", 512, 64, 128, 2, 4, 2, 16, 4096, 0, 511},
+    {"tiny-hd128", 512, 256, 512, 2, 4, 2, 128, 4096, 0, 511},
 };
 
 int model_is_random(const char *dir) {
@@ -268,8 +271,11 @@ int model_random_parse(const char *spec, model_config *cfg, uint64_t *seed, char
     for (size_t i = 0; tok && i < sizeof cfg_shapes / sizeof *cfg_shapes; i++)
         if (!strcmp(tok, cfg_shapes[i].name)) sh = &cfg_shapes[i];
     if (!sh) {
-        snprintf(err, errlen, "%s: unknown shape \"%s\" (known: qwen3-8b, qwen3-0.6b, tiny; options: ,layers=N ,seed=S)",
-                 spec, tok ? tok : "");
+        char known[128] = "";
+        for (size_t i = 0; i < sizeof cfg_shapes / sizeof *cfg_shapes; i++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", cfg_shapes[i].name);
+        snprintf(err, errlen, "%s: unknown shape \"%s\" (known: %s; options: ,layers=N ,seed=S)", spec,
+                 tok ? tok : "", known);
         return -1;
     }
     memset(cfg, 0, sizeof *cfg);

@@ -55,8 +55,8 @@ int model_config_parse(const char *config_json, const char *generation_json, mod
                        size_t errlen);
 
 /* A model with no files: "random:SHAPE[,layers=N][,seed=S]", SHAPE one of
- * qwen3-8b, qwen3-0.6b, tiny (the published Qwen3 configs and a CI-sized
- * one). model_config_load() accepts the name; model_load() generates every
+ * qwen3-8b, qwen3-0.6b (the published Qwen3 configs), tiny and tiny-hd128
+ * (CI-sized; the latter with head_dim 128). model_config_load() accepts the name; model_load() generates every
  * weight in backend memory (kern_ops.random_weight: linear layers and the
  * embedding uniform with Qwen3's initializer std 0.02, norms 1.0), so a GPU
  * benchmark of a real shape needs no checkpoint. The logits are noise: for

@@ -24,7 +24,8 @@
  * those with graphs off (same kernels, same attention splits), within the limit
  * of the cpu, and the graphs must have run (steps through a graph > 0).
  * The same on a random Qwen3-0.6B-shaped model (head_dim 128: the fast
- * attention paths; graphs on == off and steps as graphs only).
+ * attention paths; graphs on == off and steps as graphs only; with --emu
+ * on random:tiny-hd128).
  * With --self-check (no graphs on cpu) those lines say "skipped".
  * Fused decode weights (eng_config.fuse_weights, on by default on cuda):
  * one sequence decoding one token per step, fused vs unfused and vs the
@@ -42,9 +43,9 @@
  * the first reference prompt goes through the tp 1/2/4 comparisons, the
  * greedy-vs-HF report is skipped (INFO only), decode checks (graphs, fused)
  * run EMU_STEPS steps instead of 32, models over EMU_MAX_LAYERS layers or
- * EMU_MAX_VOCAB vocabulary entries are skipped, and so is the random
- * Qwen3-0.6B graph check; skipped checks print "skipped (--emu: too large
- * to emulate)".
+ * EMU_MAX_VOCAB vocabulary entries are skipped (they print "skipped
+ * (--emu: too large to emulate)"), and the random-model graph check runs on
+ * random:tiny-hd128 instead of the Qwen3-0.6B shape.
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -296,11 +297,6 @@ static void test_graphs(const char *dir, const char *name, const char *dev, cons
     free(graph);
 }
 
-/* The fast attention paths (head_dim 128) under graphs: a random
- * Qwen3-0.6B-shaped model (4 layers) in GPU memory, three sequences of 700,
- * 300 and 20 prompt tokens in a 2048-position table (8 decode splits of
- * 256 keys: the short rows' later splits are empty), 24 decode steps:
- * graphs on == off bit for bit, and the steps ran as graphs. */
 /* Fused decode weights (eng_config.fuse_weights): one sequence decoding
  * one token per step, so every decode step runs the fused q|k|v and
  * gate|up matmuls. Fused vs unfused within TOL (on cuda cuBLASLt may pick
@@ -342,13 +338,19 @@ static void test_fused(const char *dir, const char *name, const char *dev, const
         free(l[i]);
 }
 
+/* The fast attention paths (head_dim 128) under graphs: a random
+ * Qwen3-0.6B-shaped model (4 layers) in GPU memory, three sequences of 700,
+ * 300 and 20 prompt tokens in a 2048-position table (8 decode splits of
+ * 256 keys: the short rows' later splits are empty), 24 decode steps:
+ * graphs on == off bit for bit, and the steps ran as graphs. With --emu:
+ * random:tiny-hd128 (2 layers, vocab 512), prompts of 300, 100 and 20
+ * tokens, 6 decode steps. */
 static void test_graphs_random(const char *dev) {
-    const char *spec = "random:qwen3-0.6b,layers=4,seed=7", *name = "rand-0.6b-4L";
-    if (g_emu) {
-        printf("%-16s tp 1 %-26s skipped (--emu: too large to emulate)\n", name, "graphs == eager (bits)");
-        printf("%-16s tp 1 %-26s skipped (--emu: too large to emulate)\n", name, "graph steps");
-        return;
-    }
+    /* --emu: the same paths on random:tiny-hd128 (head_dim 128, vocab 512,
+     * 2 layers) with shorter prompts and fewer steps; the 2048-position
+     * table still splits every decode row (empty splits included) */
+    const char *spec = g_emu ? "random:tiny-hd128,seed=7" : "random:qwen3-0.6b,layers=4,seed=7";
+    const char *name = g_emu ? "rand-hd128-2L" : "rand-0.6b-4L";
     if (strcmp(dev, "cuda") != 0) {
         printf("%-16s tp 1 %-26s skipped: no graphs on %s\n", name, "graphs == eager (bits)", dev);
         printf("%-16s tp 1 %-26s skipped: no graphs on %s\n", name, "graph steps", dev);
@@ -361,7 +363,8 @@ static void test_graphs_random(const char *dev) {
         fail_line(name, 1, "graphs == eager (bits)");
         return;
     }
-    const int V = mc.vocab_size, lens[GRAPH_SEQS] = {700, 300, 20}, greedy = 24;
+    const int V = mc.vocab_size, greedy = g_emu ? 6 : 24;
+    const int lens[GRAPH_SEQS] = {g_emu ? 300 : 700, g_emu ? 100 : 300, 20};
     prompt ps[GRAPH_SEQS];
     uint32_t x = 12345u;
     for (int k = 0; k < GRAPH_SEQS; k++) {

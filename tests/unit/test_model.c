@@ -573,6 +573,14 @@ START_TEST(test_random_model_spec) {
     ck_assert_int_eq(c.hidden_size, 1024);
     ck_assert_int_eq(c.tie_word_embeddings, 1);
     ck_assert_uint_eq(seed, 42);
+    /* the CI-sized shape with Qwen3's head_dim (heads * head_dim != hidden) */
+    ck_assert_msg(model_random_parse("random:tiny-hd128", &c, &seed, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.head_dim, 128);
+    ck_assert_int_eq(c.num_heads, 4);
+    ck_assert_int_eq(c.num_kv_heads, 2);
+    ck_assert_int_eq(c.vocab_size, 512);
+    ck_assert_msg(model_config_load("random:nope", &c, err, sizeof err) != 0, "random:nope accepted");
+    ck_assert_msg(strstr(err, "known: qwen3-8b, qwen3-0.6b, tiny, tiny-hd128;"), "message \"%s\" lacks the list", err);
     const char *bad[][2] = {{"random:huge", "unknown shape"},
                             {"random:", "unknown shape"},
                             {"random:tiny,layers=0", "layers must be"},

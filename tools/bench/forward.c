@@ -168,7 +168,7 @@ static const char FW_USAGE[] =
     "Prefill tokens/s and TFLOP/s per prompt length, decode tokens/s per batch beside the memory\n"
     "roofline (weight bytes / measured ops->copy bandwidth), and TTFT of one prompt, on the engine.\n"
     "  --model DIR         Hugging Face Qwen3 folder, or a random model generated in device memory\n"
-    "                      (random:qwen3-8b[,layers=N][,seed=S]; also qwen3-0.6b, tiny)\n"
+    "                      (random:qwen3-8b[,layers=N][,seed=S]; also qwen3-0.6b, tiny, tiny-hd128)\n"
     "  --device D          cpu (default), cuda, or auto (cuda when a GPU is visible)\n"
     "  --tp N              tensor-parallel ranks (default 1)\n"
     "  --prefill L,...     prompt lengths, one sequence each (default 512,2048,8192)\n"
