@@ -86,16 +86,12 @@ typedef struct cuda_state {
 
 /* ---- error checks: record "cuda: FILE:LINE: CALL: NAME (message)" ---- */
 
-static int cuda_fail(char *err, size_t errlen, const char *file, int line, const char *call, cudaError_t e) {
-    snprintf(err, errlen, "cuda: %s:%d: %s: %s (%s)", file, line, call, cudaGetErrorName(e), cudaGetErrorString(e));
+/* (ECHO_CUDA_TRY is in echo_internal.h: the C files of comm/ use it too) */
+extern "C" int echo_cuda_fail(char *err, size_t errlen, const char *file, int line, const char *call, int e) {
+    cudaError_t ce = (cudaError_t)e;
+    snprintf(err, errlen, "cuda: %s:%d: %s: %s (%s)", file, line, call, cudaGetErrorName(ce), cudaGetErrorString(ce));
     return -1;
 }
-
-#define ECHO_CUDA_TRY(call)                                                                                            \
-    do {                                                                                                               \
-        cudaError_t echo_e_ = (call);                                                                                  \
-        if (echo_e_ != cudaSuccess) return cuda_fail(err, errlen, __FILE__, __LINE__, #call, echo_e_);                 \
-    } while (0)
 
 /* ---- device helpers ---- */
 

@@ -166,6 +166,16 @@ int echo_local_world_create(int nranks, int device, const echo_local_mem *mem, c
                             const echo_config *cfg, echo_world **out, char *err, size_t errlen);
 
 #ifdef ECHO_HAVE_CUDA
+/* comm/'s CUDA error check (echo_cuda.cu, local_cuda.c, nccl.c): writes
+ * "cuda: FILE:LINE: CALL: NAME (message)" for cudaError_t `e` into err and
+ * returns -1. ECHO_CUDA_TRY(call) returns that from a function with `err`
+ * and `errlen` in scope when call fails; the includer has cuda_runtime.h. */
+int echo_cuda_fail(char *err, size_t errlen, const char *file, int line, const char *call, int e);
+#define ECHO_CUDA_TRY(call)                                                                                            \
+    do {                                                                                                               \
+        cudaError_t echo_e_ = (call);                                                                                  \
+        if (echo_e_ != cudaSuccess) return echo_cuda_fail(err, errlen, __FILE__, __LINE__, #call, (int)echo_e_);       \
+    } while (0)
 extern const echo_compute_ops echo_cuda_compute;
 /* Device helpers for the nccl transport's exact path (echo_cuda.cu); each
  * enqueues on `stream`; check_finite synchronises it to read the answer. */

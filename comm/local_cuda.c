@@ -37,22 +37,11 @@ int echo_world_create_local_device(int nranks, int device, const echo_config *cf
 
 #include <cuda_runtime.h>
 
-static int cuda_fail(char *err, size_t errlen, const char *file, int line, const char *call, cudaError_t e) {
-    snprintf(err, errlen, "cuda: %s:%d: %s: %s (%s)", file, line, call, cudaGetErrorName(e), cudaGetErrorString(e));
-    return -1;
-}
-
-#define CUDA_TRY(call)                                                                                                 \
-    do {                                                                                                               \
-        cudaError_t cuda_e_ = (call);                                                                                  \
-        if (cuda_e_ != cudaSuccess) return cuda_fail(err, errlen, __FILE__, __LINE__, #call, cuda_e_);                 \
-    } while (0)
-
 /* Threads may differ from call to call: select the device every time. */
 static int dev_alloc(int device, size_t bytes, void **out, char *err, size_t errlen) {
     *out = NULL;
-    CUDA_TRY(cudaSetDevice(device));
-    CUDA_TRY(cudaMalloc(out, bytes ? bytes : 1));
+    ECHO_CUDA_TRY(cudaSetDevice(device));
+    ECHO_CUDA_TRY(cudaMalloc(out, bytes ? bytes : 1));
     return 0;
 }
 
@@ -66,8 +55,8 @@ static void dev_free(int device, void *p) {
  * buffer, its phase kernels) is complete: peers may read what it wrote, and
  * it has finished reading theirs. */
 static int dev_sync(echo_comm *c, void *stream, char *err, size_t errlen) {
-    CUDA_TRY(cudaSetDevice(c->device));
-    CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream));
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
+    ECHO_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream));
     return 0;
 }
 
@@ -118,7 +107,7 @@ int echo_world_create_local_device(int nranks, int device, const echo_config *cf
                  count, count == 1 ? "" : "s");
         return -1;
     }
-    CUDA_TRY(cudaSetDevice(device));
+    ECHO_CUDA_TRY(cudaSetDevice(device));
     return echo_local_world_create(nranks, device, &local_device_mem, &echo_cuda_compute, cfg, out, err, errlen);
 }
 

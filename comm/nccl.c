@@ -87,17 +87,6 @@ static int nccl_fail(char *err, size_t errlen, const char *file, int line, const
     return -1;
 }
 
-static int cuda_fail(char *err, size_t errlen, const char *file, int line, const char *call, cudaError_t e) {
-    snprintf(err, errlen, "cuda: %s:%d: %s: %s (%s)", file, line, call, cudaGetErrorName(e), cudaGetErrorString(e));
-    return -1;
-}
-
-#define CUDA_TRY(call)                                                                                                 \
-    do {                                                                                                               \
-        cudaError_t cuda_e_ = (call);                                                                                  \
-        if (cuda_e_ != cudaSuccess) return cuda_fail(err, errlen, __FILE__, __LINE__, #call, cuda_e_);                 \
-    } while (0)
-
 /* Inside a rank's NCCL section (between nccl_enter and nccl_leave): a
  * failure aborts the world (peers would wait for this rank forever), and
  * the message says so. */
@@ -217,7 +206,7 @@ static int nccl_wait(echo_comm *c, cudaStream_t s, char *err, size_t errlen) {
         cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess) return 0;
         if (e != cudaErrorNotReady) {
-            cuda_fail(err, errlen, __FILE__, __LINE__, "cudaStreamQuery(stream)", e);
+            echo_cuda_fail(err, errlen, __FILE__, __LINE__, "cudaStreamQuery(stream)", e);
             return nccl_section_failed(c, err, errlen);
         }
         if (atomic_load(&nw->aborted)) {
@@ -292,15 +281,15 @@ static int nccl_comm_init(echo_comm *c, char *err, size_t errlen) {
     }
     c->tp_comm = nr;
     c->device = nw->devices[c->rank];
-    CUDA_TRY(cudaSetDevice(c->device));
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
     size_t N = (size_t)w->nranks;
     if (w->cfg.mode != ECHO_MODE_EXACT) {
-        CUDA_TRY(cudaMalloc((void **)&nr->send, N * nw->stride));
-        CUDA_TRY(cudaMalloc((void **)&nr->recv, N * nw->stride));
-        CUDA_TRY(cudaMalloc((void **)&nr->gather, N * nw->stride));
+        ECHO_CUDA_TRY(cudaMalloc((void **)&nr->send, N * nw->stride));
+        ECHO_CUDA_TRY(cudaMalloc((void **)&nr->recv, N * nw->stride));
+        ECHO_CUDA_TRY(cudaMalloc((void **)&nr->gather, N * nw->stride));
     }
     if (w->cfg.mode == ECHO_MODE_ECHO && w->exact_max > 0)
-        CUDA_TRY(cudaMalloc((void **)&nr->wide, w->exact_max * sizeof(float)));
+        ECHO_CUDA_TRY(cudaMalloc((void **)&nr->wide, w->exact_max * sizeof(float)));
     return 0;
 }
 
@@ -351,7 +340,7 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
     /* The warm-up selects each rank's device in turn: leave the caller's
      * thread on the device it had (ncclCommInitAll does the same). */
     int saved = 0;
-    CUDA_TRY(cudaGetDevice(&saved));
+    ECHO_CUDA_TRY(cudaGetDevice(&saved));
     void *tmp[ECHO_MAX_RANKS] = {0};
     size_t per = 64, bytes = per * (size_t)(2 * nranks + 2); /* p2p in + out, all-gather, all-reduce */
     int ret = 0;
@@ -359,7 +348,7 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
         cudaError_t e = cudaSetDevice(nw->devices[r]);
         if (e == cudaSuccess) e = cudaMalloc(&tmp[r], bytes);
         if (e == cudaSuccess) e = cudaMemset(tmp[r], 0, bytes);
-        if (e != cudaSuccess) ret = cuda_fail(err, errlen, __FILE__, __LINE__, "cudaMalloc(warm-up buffer)", e);
+        if (e != cudaSuccess) ret = echo_cuda_fail(err, errlen, __FILE__, __LINE__, "cudaMalloc(warm-up buffer)", e);
     }
     if (!ret) {
         ncclResult_t g = ncclGroupStart();
@@ -384,7 +373,8 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
     for (int r = 0; r < nranks && !ret; r++) {
         cudaError_t e = cudaSetDevice(nw->devices[r]);
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) ret = cuda_fail(err, errlen, __FILE__, __LINE__, "cudaDeviceSynchronize(warm-up)", e);
+        if (e != cudaSuccess)
+            ret = echo_cuda_fail(err, errlen, __FILE__, __LINE__, "cudaDeviceSynchronize(warm-up)", e);
     }
     for (int r = 0; r < nranks; r++)
         if (tmp[r]) {
@@ -398,7 +388,7 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
                 nw->comms[r] = NULL;
             }
     cudaError_t e = cudaSetDevice(saved);
-    if (e != cudaSuccess && !ret) ret = cuda_fail(err, errlen, __FILE__, __LINE__, "cudaSetDevice(saved)", e);
+    if (e != cudaSuccess && !ret) ret = echo_cuda_fail(err, errlen, __FILE__, __LINE__, "cudaSetDevice(saved)", e);
     return ret;
 }
 
@@ -501,7 +491,7 @@ static int nccl_exact(echo_comm *c, const echo_plan *p, const echo_call *call, v
     (void)ref;
     nccl_rank *nr = nr_of(c);
     cudaStream_t s = stream;
-    CUDA_TRY(cudaSetDevice(c->device));
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
     if (nccl_begin_call(c, call, err, errlen)) return -1;
     if (call->res) {
         if (echo_cuda_widen_add(c, buf, p->dt, call->res, nr->wide, p->count, stream, err, errlen))
