@@ -219,7 +219,86 @@ int echo_begin_pass(echo_comm *c, char *err, size_t errlen) {
     c->last_site = -1;
     c->res_valid = 0;
     c->pass_count = 0;
+    c->replay = 0;
+    c->armed = 0;
+    if (c->w->tp->pass_begin) c->w->tp->pass_begin(c);
     return 0;
+}
+
+int echo_end_pass(echo_comm *c, void *stream, char *err, size_t errlen) {
+    if (!c) {
+        snprintf(err, errlen, "echo: end_pass on a NULL comm");
+        return -1;
+    }
+    c->replay = 0;
+    if (!c->w->cfg.deferred || !c->armed) return 0;
+    c->armed = 0;
+    if (c->aborted) {
+        /* an earlier call of the pass failed and said why; its collectives
+         * may be pending, and the world is aborted, so no wait */
+        snprintf(err, errlen, "echo: end_pass of a pass aborted by an earlier error");
+        return -1;
+    }
+    int site = -1;
+    size_t bad = ECHO_NO_INDEX;
+    if (c->w->tp->wait(c, stream, err, errlen)) {
+        c->aborted = 1;
+        c->res_valid = 0;
+        return -1;
+    }
+    if (c->w->compute->pass_read(c, stream, &site, &bad, err, errlen)) {
+        if (c->w->tp->set_abort) c->w->tp->set_abort(c->w, 1);
+        c->aborted = 1;
+        c->res_valid = 0;
+        return -1;
+    }
+    if (site >= 0) {
+        snprintf(err, errlen,
+                 "echo: element %zu of the all-reduce at site %d is not finite (an input on some rank is inf/nan "
+                 "or |x| >= 2^127, or the fp32 sum overflowed); the pass is aborted",
+                 bad, site);
+        c->aborted = 1;
+        c->res_valid = 0;
+        return -1;
+    }
+    return 0;
+}
+
+int echo_set_replay(echo_comm *c, int on, char *err, size_t errlen) {
+    if (!c) {
+        snprintf(err, errlen, "echo: set_replay on a NULL comm");
+        return -1;
+    }
+    if (on && !c->w->cfg.deferred) {
+        snprintf(err, errlen, "echo: replaying calls from a graph needs a deferred world (echo_config.deferred, nccl)");
+        return -1;
+    }
+    c->replay = on != 0;
+    return 0;
+}
+
+int echo_launch_external(echo_comm *c, int (*launch)(void *arg, char *err, size_t errlen), void *arg, char *err,
+                         size_t errlen) {
+    if (!c || !launch) {
+        snprintf(err, errlen, "echo: launch_external without a comm or a function");
+        return -1;
+    }
+    if (!c->w->cfg.deferred || !c->w->tp->external) return launch(arg, err, errlen);
+    return c->w->tp->external(c, launch, arg, err, errlen);
+}
+
+void echo_discard_pass(echo_comm *c) {
+    if (!c) return;
+    if (c->w->tp->pass_discard) c->w->tp->pass_discard(c);
+    c->in_pass = 0;
+    c->last_site = -1;
+    c->res_valid = 0;
+    c->replay = 0;
+    c->armed = 0;
+}
+
+uint64_t echo_comm_epoch(const echo_comm *c) {
+    return c ? c->w->epoch : 0;
 }
 
 void echo_abort(echo_comm *c) {
@@ -306,6 +385,13 @@ static int run_quantized(echo_comm *c, const echo_plan *p, int site, void *buf, 
     const uint8_t *recv[ECHO_MAX_RANKS];
     size_t bad_in = ECHO_NO_INDEX, bad_out = ECHO_NO_INDEX;
 
+    if (c->replay) {
+        /* the device work is in the caller's graph */
+        echo_call call = {site, p->count, p->dt, w->cfg.mode, buf, NULL};
+        if (t->note_call(c, &call, err, errlen)) return -1;
+        c->res_valid = res != NULL;
+        return 0;
+    }
     for (int j = 0; j < N; j++)
         send[j] = j == me ? NULL : t->p1_send(c, j);
     if (k->phase1(c, p, buf, res, res_valid, send, &bad_in, stream, err, errlen)) return compute_failed(c);
@@ -334,6 +420,11 @@ static int run_exact(echo_comm *c, const echo_plan *p, int site, void *buf, void
     /* A residual carried in is added to this rank's input, and the call
      * leaves none: the exact sum introduces no error to carry. */
     echo_call call = {site, p->count, p->dt, ECHO_MODE_EXACT, buf, c->res && c->res_valid ? c->res : NULL};
+    if (c->replay) {
+        if (w->tp->note_call(c, &call, err, errlen)) return -1;
+        c->res_valid = 0;
+        return 0;
+    }
     if (w->tp->exact(c, p, &call, buf, c->ref, &bad, stream, err, errlen)) return -1;
     c->res_valid = 0;
     if (bad != ECHO_NO_INDEX) {
@@ -420,8 +511,18 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
             snprintf(err, errlen, "echo: internal: exact path sized for %zu values, got %zu", w->exact_max, count);
             return -1;
         }
+        if (cfg->deferred && !c->armed) {
+            /* clear the pass's non-finite flags, on the stream (so inside a
+             * graph captured from this pass) */
+            if (!c->replay && w->compute->pass_arm(c, stream, err, errlen)) {
+                rc = compute_failed(c);
+                goto done;
+            }
+            c->armed = 1;
+        }
         rc = used == ECHO_MODE_EXACT ? run_exact(c, &p, site, buf, stream, err, errlen)
                                      : run_quantized(c, &p, site, buf, stream, err, errlen);
+    done:
         if (rc) {
             c->aborted = 1;
             c->res_valid = 0;

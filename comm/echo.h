@@ -42,7 +42,8 @@
  *     scale) and an fp32 sum that overflows are detected and reported as an
  *     error on every rank of the same call, never silently made finite: the
  *     affected outputs hold NaN/inf and the pass is aborted (the next call
- *     fails until echo_begin_pass).
+ *     fails until echo_begin_pass). A deferred world (echo_config.deferred)
+ *     reports it from echo_end_pass instead, naming the first such site.
  *   - With one rank there is nothing to reduce: calls leave buf unchanged.
  *   - Functions return 0 or -1 with a message in the caller's buffer; nothing
  *     prints or exits.
@@ -71,6 +72,7 @@ typedef struct echo_config {
     /* Added after the first draft (keep new fields last: callers use
      * positional initializers). */
     int track_error; /* 1 = per-site error norms vs the exact sum (local transport, host memory; fp64 cost) */
+    int deferred;    /* 1 = calls only enqueue; the pass completes in echo_end_pass (nccl transport; see there) */
 } echo_config;
 
 typedef struct echo_world echo_world; /* shared by the ranks of one process */
@@ -99,7 +101,8 @@ int echo_world_create_local_device(int nranks, int device, const echo_config *cf
  * NCCL's connections are set up before any call). Buffers passed to
  * echo_allreduce are device pointers and `stream` is the rank's
  * cudaStream_t. Each call ends by waiting for the stream, polling, so that
- * an abort can end the wait. int4/echo calls give the same bits as the
+ * an abort can end the wait; with echo_config.deferred calls only enqueue
+ * and echo_end_pass waits once per pass (see "Deferred completion"). int4/echo calls give the same bits as the
  * local transport; exact calls are an ncclAllReduce (NCCL's order of
  * addition, and for bf16 its rounding of partial sums). track_error is not
  * supported. Fails with a message in a build without CUDA. */
@@ -141,10 +144,53 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
 void echo_abort(echo_comm *c);
 void echo_world_clear_abort(echo_world *w);
 
+/* ---- Deferred completion and CUDA graphs (echo_config.deferred; nccl) ----
+ * Without `deferred` every call on a device transport waits for its
+ * collective before returning (so it can report a non-finite sum at once):
+ * one host-device round trip per call, 72 per Qwen3-8B pass, each leaving
+ * the GPU idle while the host catches up. With `deferred` a call validates,
+ * checks agreement with the peers on the host and enqueues: nothing waits,
+ * nothing is read back. The pass then ends with
+ *
+ *   echo_end_pass: waits for the rank's stream (abortably: an abort or an
+ *   NCCL error ends the wait) and reports the first call of the pass whose
+ *   sum was not finite. Call it before anything that reads the pass's
+ *   results on the host. Until it returns 0 the pass's outputs are not
+ *   known to be valid. On worlds without `deferred` it does nothing.
+ *
+ * A rank whose host blocks elsewhere while its collectives are pending (a
+ * device-to-host copy) is not stuck for good if a peer fails: the peer's
+ * echo_abort ends this rank's communicator, which ends its pending NCCL
+ * kernels, and this rank's next call or echo_end_pass fails.
+ *
+ * Deferred calls can be captured in a CUDA graph (stream capture in
+ * thread-local mode on the rank's stream): echo knows nothing of graphs,
+ * the caller tells it what its calls do:
+ *   - capture: calls are made as usual (their device work is recorded).
+ *   - echo_set_replay(c, 1): the calls that follow are replayed from a
+ *     graph: they are validated, checked with the peers and counted, and
+ *     enqueue nothing. The graph must then be launched through
+ *     echo_launch_external, which launches it only while the world is not
+ *     aborted (a graph of an aborted communicator must never run).
+ *   - echo_discard_pass: the calls since echo_begin_pass did not run (a
+ *     capture was thrown away, a replay not launched): the peers are told
+ *     to expect them again; call echo_begin_pass and make them again.
+ *   - echo_comm_epoch changes when the world's communicators are created
+ *     anew (echo_world_clear_abort on nccl): graphs captured before must be
+ *     dropped.
+ * Graphs and deferred completion need the nccl transport: the local one
+ * synchronises the ranks on the host at every call. */
+int echo_end_pass(echo_comm *c, void *stream, char *err, size_t errlen);
+int echo_set_replay(echo_comm *c, int on, char *err, size_t errlen);
+int echo_launch_external(echo_comm *c, int (*launch)(void *arg, char *err, size_t errlen), void *arg, char *err,
+                         size_t errlen);
+void echo_discard_pass(echo_comm *c);
+uint64_t echo_comm_epoch(const echo_comm *c);
+
 typedef struct echo_stats {
     uint64_t calls[3];      /* by echo_mode actually used for the call */
     uint64_t wire_bytes[3]; /* bytes this rank sent, by mode */
-    double seconds[3];      /* wall time inside echo_allreduce, by mode */
+    double seconds[3];      /* wall time inside echo_allreduce, by mode (enqueue time only when deferred) */
 } echo_stats;
 
 void echo_get_stats(const echo_comm *c, echo_stats *out);

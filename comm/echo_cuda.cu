@@ -77,6 +77,10 @@ enum { K_PHASE1, K_PHASE2, K_FINISH, K_COUNT };
 typedef struct cuda_state {
     unsigned long long *d_bad; /* device: first bad element, ECHO_NO_BAD if none */
     unsigned long long *h_bad; /* pinned host mirror */
+    /* Deferred worlds: one flag per site, cleared at the first call of a
+     * pass (pass_arm) and read once at its end (pass_read). */
+    unsigned long long *d_site_bad, *h_site_bad;
+    int n_site_flags;
     /* Blocks of ECHO_THREADS threads of each codec kernel (by dtype: 0 f32,
      * 1 bf16) that the whole device holds at once: SM count times the
      * kernel's occupancy. A grid of this size fills the GPU in one wave; more
@@ -569,7 +573,25 @@ static int read_bad(echo_comm *c, size_t *bad, cudaStream_t s, char *err, size_t
     return 0;
 }
 
-/* Clear the flag and enqueue the finish kernel. */
+/* Where this call records its first non-finite element: the call's own
+ * flag, cleared here, or in a deferred world the site's flag of the pass
+ * (cleared by pass_arm, read by pass_read). */
+static int bad_flag(echo_comm *c, cudaStream_t s, unsigned long long **flag, char *err, size_t errlen) {
+    cuda_state *cs = state_of(c);
+    if (c->w->cfg.deferred) {
+        if (c->last_site < 0 || c->last_site >= cs->n_site_flags) {
+            snprintf(err, errlen, "echo: internal: site %d has no non-finite flag", c->last_site);
+            return -1;
+        }
+        *flag = cs->d_site_bad + c->last_site;
+        return 0;
+    }
+    ECHO_CUDA_TRY(cudaMemsetAsync(cs->d_bad, 0xff, sizeof(unsigned long long), s));
+    *flag = cs->d_bad;
+    return 0;
+}
+
+/* Enqueue the finish kernel (after choosing and clearing its flag). */
 static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, void *stream,
                           char *err, size_t errlen) {
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
@@ -577,17 +599,18 @@ static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const
     wire_cptrs w;
     for (int j = 0; j < ECHO_MAX_RANKS; j++)
         w.p[j] = j < p->nranks ? gathered[j] : NULL;
-    ECHO_CUDA_TRY(cudaMemsetAsync(state_of(c)->d_bad, 0xff, sizeof(unsigned long long), s));
+    unsigned long long *flag = NULL;
+    if (bad_flag(c, s, &flag, err, errlen)) return -1;
     unsigned shards = (unsigned)((p->count + p->shard - 1) / p->shard); /* those holding data */
     if (shards == 0) return 0;
     int lg = log2_group(p->group);
     dim3 grid(grid_x(state_of(c), K_FINISH, p->dt, p->shard / ECHO_FINISH_V, shards), shards);
     if (p->dt == ECHO_F32)
         echo_finish_kernel<float>
-            <<<grid, ECHO_THREADS, 0, s>>>(w, (float *)buf, p->count, p->shard, lg, state_of(c)->d_bad);
+            <<<grid, ECHO_THREADS, 0, s>>>(w, (float *)buf, p->count, p->shard, lg, flag);
     else
         echo_finish_kernel<uint16_t>
-            <<<grid, ECHO_THREADS, 0, s>>>(w, (uint16_t *)buf, p->count, p->shard, lg, state_of(c)->d_bad);
+            <<<grid, ECHO_THREADS, 0, s>>>(w, (uint16_t *)buf, p->count, p->shard, lg, flag);
     ECHO_CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -595,7 +618,37 @@ static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const
 static int cuda_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, size_t *bad,
                        void *stream, char *err, size_t errlen) {
     if (finish_enqueue(c, p, gathered, buf, stream, err, errlen)) return -1;
+    if (c->w->cfg.deferred) {
+        *bad = ECHO_NO_INDEX; /* known at echo_end_pass */
+        return 0;
+    }
     return read_bad(c, bad, (cudaStream_t)stream, err, errlen);
+}
+
+static int cuda_pass_arm(echo_comm *c, void *stream, char *err, size_t errlen) {
+    cuda_state *cs = state_of(c);
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
+    ECHO_CUDA_TRY(cudaMemsetAsync(cs->d_site_bad, 0xff, (size_t)cs->n_site_flags * sizeof *cs->d_site_bad,
+                                  (cudaStream_t)stream));
+    return 0;
+}
+
+static int cuda_pass_read(echo_comm *c, void *stream, int *site, size_t *bad, char *err, size_t errlen) {
+    cuda_state *cs = state_of(c);
+    cudaStream_t s = (cudaStream_t)stream;
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
+    ECHO_CUDA_TRY(cudaMemcpyAsync(cs->h_site_bad, cs->d_site_bad, (size_t)cs->n_site_flags * sizeof *cs->h_site_bad,
+                                  cudaMemcpyDeviceToHost, s));
+    ECHO_CUDA_TRY(cudaStreamSynchronize(s));
+    *site = -1;
+    *bad = ECHO_NO_INDEX;
+    for (int i = 0; i < cs->n_site_flags; i++)
+        if (cs->h_site_bad[i] != ECHO_NO_BAD) {
+            *site = i;
+            *bad = (size_t)cs->h_site_bad[i];
+            break;
+        }
+    return 0;
 }
 
 static int cuda_alloc(echo_comm *c, size_t bytes, void **out, char *err, size_t errlen) {
@@ -627,6 +680,12 @@ static int cuda_comm_setup(echo_comm *c, cuda_state *cs, char *err, size_t errle
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
     ECHO_CUDA_TRY(cudaMalloc((void **)&cs->d_bad, sizeof *cs->d_bad));
     ECHO_CUDA_TRY(cudaMallocHost((void **)&cs->h_bad, sizeof *cs->h_bad));
+    if (c->w->cfg.deferred) {
+        size_t n = (size_t)c->w->cfg.n_sites;
+        ECHO_CUDA_TRY(cudaMalloc((void **)&cs->d_site_bad, n * sizeof *cs->d_site_bad));
+        ECHO_CUDA_TRY(cudaMallocHost((void **)&cs->h_site_bad, n * sizeof *cs->h_site_bad));
+        cs->n_site_flags = c->w->cfg.n_sites;
+    }
     int sms = 0;
     ECHO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device));
     if (sms < 1) sms = 1;
@@ -660,12 +719,15 @@ static void cuda_comm_fini(echo_comm *c) {
     cudaSetDevice(c->device);
     if (cs->d_bad) cudaFree(cs->d_bad);
     if (cs->h_bad) cudaFreeHost(cs->h_bad);
+    if (cs->d_site_bad) cudaFree(cs->d_site_bad);
+    if (cs->h_site_bad) cudaFreeHost(cs->h_site_bad);
     free(cs);
     c->compute_state = NULL;
 }
 
 extern "C" const echo_compute_ops echo_cuda_compute = {
-    "cuda", cuda_phase1, cuda_phase2, cuda_finish, cuda_alloc, cuda_free, cuda_comm_init, cuda_comm_fini,
+    "cuda",         cuda_phase1,    cuda_phase2,   cuda_finish, cuda_alloc, cuda_free, cuda_comm_init,
+    cuda_comm_fini, cuda_pass_arm, cuda_pass_read,
 };
 
 /* ---- exact-path helpers for the nccl transport ---- */
@@ -700,15 +762,18 @@ extern "C" int echo_cuda_check_finite(echo_comm *c, const void *buf, echo_dtype 
                                       char *err, size_t errlen) {
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
     cudaStream_t s = (cudaStream_t)stream;
-    ECHO_CUDA_TRY(cudaMemsetAsync(state_of(c)->d_bad, 0xff, sizeof(unsigned long long), s));
+    unsigned long long *flag = NULL;
+    if (bad_flag(c, s, &flag, err, errlen)) return -1;
     if (n) {
         if (dt == ECHO_F32)
-            echo_check_finite_kernel<<<blocks_stride(n), ECHO_THREADS, 0, s>>>((const float *)buf, n,
-                                                                               state_of(c)->d_bad);
+            echo_check_finite_kernel<<<blocks_stride(n), ECHO_THREADS, 0, s>>>((const float *)buf, n, flag);
         else
-            echo_check_finite_kernel<<<blocks_stride(n), ECHO_THREADS, 0, s>>>((const uint16_t *)buf, n,
-                                                                               state_of(c)->d_bad);
+            echo_check_finite_kernel<<<blocks_stride(n), ECHO_THREADS, 0, s>>>((const uint16_t *)buf, n, flag);
         ECHO_CUDA_TRY(cudaGetLastError());
+    }
+    if (c->w->cfg.deferred) {
+        *bad = ECHO_NO_INDEX; /* known at echo_end_pass */
+        return 0;
     }
     return read_bad(c, bad, s, err, errlen);
 }

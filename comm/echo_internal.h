@@ -104,6 +104,22 @@ typedef struct echo_transport_ops {
      * collective, which then fails; on = 0 re-arms the world once no rank is
      * inside a collective any more. */
     void (*set_abort)(echo_world *w, int on);
+    /* Deferred completion (echo_config.deferred), all optional; a transport
+     * without `wait` cannot defer (echo_world_alloc's callers refuse it).
+     * wait: complete the collectives this rank enqueued on `stream`, without
+     * an endless wait (an abort ends it with a failure).
+     * note_call: a replayed call: check it with the peers as p1_exchange /
+     * exact would, move nothing.
+     * external: run launch(arg) (it enqueues a graph holding this rank's
+     * collectives) unless the world is aborted, so that it counts as a call.
+     * pass_begin / pass_discard: remember where this rank's pass started /
+     * take back the calls it posted since. */
+    int (*wait)(echo_comm *c, void *stream, char *err, size_t errlen);
+    int (*note_call)(echo_comm *c, const echo_call *call, char *err, size_t errlen);
+    int (*external)(echo_comm *c, int (*launch)(void *arg, char *err, size_t errlen), void *arg, char *err,
+                    size_t errlen);
+    void (*pass_begin)(echo_comm *c);
+    void (*pass_discard)(echo_comm *c);
 } echo_transport_ops;
 
 typedef struct echo_compute_ops {
@@ -132,6 +148,15 @@ typedef struct echo_compute_ops {
      * (which sets c->device). */
     int (*comm_init)(echo_comm *c, char *err, size_t errlen);
     void (*comm_fini)(echo_comm *c);
+    /* Deferred worlds (device compute only): in a deferred world `finish`
+     * and the transport's exact path record a non-finite output in a flag
+     * per site (c->last_site) instead of reading it back, so *bad stays
+     * ECHO_NO_INDEX. pass_arm enqueues the clearing of every site's flag
+     * (at the first call of a pass); pass_read, once the stream is
+     * complete, gives the first site whose output was not finite (-1 if
+     * none) and its first bad element. */
+    int (*pass_arm)(echo_comm *c, void *stream, char *err, size_t errlen);
+    int (*pass_read)(echo_comm *c, void *stream, int *site, size_t *bad, char *err, size_t errlen);
 } echo_compute_ops;
 
 extern const echo_compute_ops echo_host_compute;
@@ -207,6 +232,7 @@ struct echo_world {
     const echo_transport_ops *tp;
     const echo_compute_ops *compute;
     void *tp_world;     /* the transport's shared state */
+    uint64_t epoch;     /* bumped by the transport when it re-creates its resources (echo_comm_epoch) */
     pthread_mutex_t mu; /* guards has_comm: comms may be created from several threads */
     unsigned char has_comm[ECHO_MAX_RANKS];
 };
@@ -234,6 +260,8 @@ struct echo_comm {
     int last_site;     /* -1 at the start of a pass */
     int res_valid;     /* res holds the residual of the previous call */
     size_t pass_count; /* count of this pass's calls (echo mode) */
+    int replay;        /* echo_set_replay: calls are checked and counted, not enqueued */
+    int armed;         /* deferred: this pass's flags were cleared (pass_arm) */
 
     echo_stats stats;
     echo_site_stats *sites; /* n_sites */

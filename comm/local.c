@@ -280,6 +280,13 @@ int echo_local_world_create(int nranks, int device, const echo_local_mem *mem, c
                             const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
     echo_world *w;
     *out = NULL;
+    if (cfg && cfg->deferred) {
+        /* its ranks meet on the host at every call: nothing to defer */
+        snprintf(err, errlen,
+                 "echo: deferred completion (echo_config.deferred) needs the nccl transport; the local one "
+                 "synchronises the ranks at every call");
+        return -1;
+    }
     if (echo_world_alloc(nranks, cfg, &w, err, errlen)) return -1;
     w->tp = mem->device_memory ? &local_device_ops : &local_host_ops;
     w->compute = compute;

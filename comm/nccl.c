@@ -13,7 +13,12 @@
  * wait, then reads whether a value was not finite (every rank decodes the
  * same bytes, so all ranks agree). int4/echo calls move only bytes through
  * NCCL, so they give the bits of the local transport; exact calls sum in
- * NCCL's order.
+ * NCCL's order. In a deferred world (echo_config.deferred) calls only
+ * enqueue: non-finite results go to a flag per site, and echo_end_pass does
+ * the one abortable wait of the pass (nccl_wait_pass) and reads the flags.
+ * Deferred calls may be captured in a CUDA graph; a replay is checked with
+ * the peers on the host (nccl_note_call) and launched inside the rank's
+ * NCCL section (nccl_external), so never on an aborted communicator.
  *
  * Ranks check on the host that they make the same call (nccl_begin_call)
  * and an abort (echo_abort, a failed rank, a disagreement) ends the
@@ -49,10 +54,11 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
 #include <stdatomic.h>
 #include <time.h>
 
-/* Calls remembered per rank for the agreement check: ranks are at most one
- * call apart (a rank finishes call k only after every peer has posted its
- * messages of call k), so a few slots suffice. */
-#define NCCL_REC_SLOTS 4
+/* Calls remembered per rank for the agreement check. Without deferral
+ * ranks are at most one call apart (a rank finishes call k only after every
+ * peer has posted its messages of call k); deferred, a rank's host may run
+ * a whole pass ahead (it finishes pass P in echo_end_pass only after every
+ * peer has enqueued all of P's calls). So n_sites + 2 slots per rank. */
 
 typedef struct nccl_rec {
     uint64_t seq; /* 0: empty */
@@ -71,8 +77,10 @@ typedef struct nccl_world {
     char reason[384];            /* why, for the peers' messages */
     int dead;                    /* clear_abort could not re-create the communicators */
     int in_nccl[ECHO_MAX_RANKS]; /* the rank's thread is inside an NCCL call or waiting on its stream */
-    uint64_t seq[ECHO_MAX_RANKS];
-    nccl_rec rec[ECHO_MAX_RANKS][NCCL_REC_SLOTS];
+    uint64_t seq[ECHO_MAX_RANKS];  /* calls posted by each rank */
+    uint64_t seq0[ECHO_MAX_RANKS]; /* seq at the rank's echo_begin_pass (echo_discard_pass goes back to it) */
+    int slots;                     /* records per rank */
+    nccl_rec *rec;                 /* [rank][slot] */
 } nccl_world;
 
 typedef struct nccl_rank {
@@ -172,11 +180,25 @@ static int nccl_enter(echo_comm *c, char *err, size_t errlen) {
     return 0;
 }
 
-static void nccl_leave(echo_comm *c) {
+/* Leave the section. If the world was aborted meanwhile, nobody aborted
+ * this rank's comm (it was in use): do it now, before the thread goes off
+ * to wait on something that is not abortable (a device-to-host copy behind
+ * NCCL kernels that would never end), and fail. */
+static int nccl_leave(echo_comm *c, char *err, size_t errlen) {
     nccl_world *nw = nw_of(c);
     pthread_mutex_lock(&nw->mu);
     nw->in_nccl[c->rank] = 0;
+    if (atomic_load(&nw->aborted)) {
+        if (nw->comms[c->rank]) {
+            (void)ncclCommAbort(nw->comms[c->rank]);
+            nw->comms[c->rank] = NULL;
+        }
+        aborted_msg(nw, err, errlen);
+        pthread_mutex_unlock(&nw->mu);
+        return -1;
+    }
     pthread_mutex_unlock(&nw->mu);
+    return 0;
 }
 
 /* Something failed inside this rank's NCCL section (err holds it): abort
@@ -246,11 +268,12 @@ static int nccl_begin_call(echo_comm *c, const echo_call *call, char *err, size_
     if (nccl_enter(c, err, errlen)) return -1;
     pthread_mutex_lock(&nw->mu);
     uint64_t seq = ++nw->seq[me];
-    nccl_rec *mine = &nw->rec[me][seq % NCCL_REC_SLOTS];
+    size_t slot = (size_t)(seq % (uint64_t)nw->slots);
+    nccl_rec *mine = &nw->rec[(size_t)me * (size_t)nw->slots + slot];
     mine->seq = seq;
     mine->call = *call;
     for (int j = 0; j < N; j++) {
-        const nccl_rec *o = &nw->rec[j][seq % NCCL_REC_SLOTS];
+        const nccl_rec *o = &nw->rec[(size_t)j * (size_t)nw->slots + slot];
         if (j == me || o->seq != seq) continue;
         if (o->call.site != call->site || o->call.count != call->count || o->call.dt != call->dt ||
             o->call.mode != call->mode) {
@@ -317,6 +340,7 @@ static void nccl_world_fini(echo_world *w) {
                 ncclCommDestroy(nw->comms[r]);
         }
     pthread_mutex_destroy(&nw->mu);
+    free(nw->rec);
     free(nw);
     w->tp_world = NULL;
 }
@@ -420,7 +444,9 @@ static void nccl_set_abort(echo_world *w, int on) {
                 atomic_store(&nw->aborted, 0);
                 nw->reason[0] = 0;
                 memset(nw->seq, 0, sizeof nw->seq);
-                memset(nw->rec, 0, sizeof nw->rec);
+                memset(nw->seq0, 0, sizeof nw->seq0);
+                memset(nw->rec, 0, (size_t)w->nranks * (size_t)nw->slots * sizeof *nw->rec);
+                w->epoch++; /* device work captured with the old communicators must not run */
                 busy = -2;
             }
         }
@@ -461,8 +487,7 @@ static int nccl_p1_exchange(echo_comm *c, const echo_plan *p, const echo_call *c
         }
     }
     NCCL_RANK_TRY(c, ncclGroupEnd());
-    nccl_leave(c);
-    return 0;
+    return nccl_leave(c, err, errlen);
 }
 
 /* The all-gather places owner j's message at j * wire. */
@@ -475,15 +500,15 @@ static const uint8_t *nccl_p2_recv(echo_comm *c, const echo_plan *p, int owner) 
 }
 
 /* The call's last exchange: wait (abortably) for the stream, so that the
- * finish step's read-back never waits on a collective that cannot end. */
+ * finish step's read-back never waits on a collective that cannot end;
+ * deferred, the wait is echo_end_pass's (nccl_wait_pass). */
 static int nccl_p2_exchange(echo_comm *c, const echo_plan *p, void *stream, char *err, size_t errlen) {
     nccl_rank *nr = nr_of(c);
     if (nccl_enter(c, err, errlen)) return -1;
     NCCL_RANK_TRY(c, ncclAllGather(nr->gather + (size_t)c->rank * p->wire, nr->gather, p->wire, ncclUint8, comm_of(c),
                                    (cudaStream_t)stream));
-    if (nccl_wait(c, (cudaStream_t)stream, err, errlen)) return -1;
-    nccl_leave(c);
-    return 0;
+    if (!c->w->cfg.deferred && nccl_wait(c, (cudaStream_t)stream, err, errlen)) return -1;
+    return nccl_leave(c, err, errlen);
 }
 
 static int nccl_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, double *ref, size_t *bad,
@@ -503,9 +528,56 @@ static int nccl_exact(echo_comm *c, const echo_plan *p, const echo_call *call, v
         NCCL_RANK_TRY(c, ncclAllReduce(buf, buf, p->count, p->dt == ECHO_F32 ? ncclFloat32 : ncclBfloat16, ncclSum,
                                        comm_of(c), s));
     }
-    if (nccl_wait(c, s, err, errlen)) return -1;
-    nccl_leave(c);
+    if (!c->w->cfg.deferred && nccl_wait(c, s, err, errlen)) return -1;
+    if (nccl_leave(c, err, errlen)) return -1;
     return echo_cuda_check_finite(c, buf, p->dt, p->count, bad, stream, err, errlen);
+}
+
+/* ---- deferred completion (echo_end_pass) and graph replay ---- */
+
+static int nccl_wait_pass(echo_comm *c, void *stream, char *err, size_t errlen) {
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
+    if (nccl_enter(c, err, errlen)) return -1;
+    if (nccl_wait(c, (cudaStream_t)stream, err, errlen)) return -1;
+    return nccl_leave(c, err, errlen);
+}
+
+static int nccl_note_call(echo_comm *c, const echo_call *call, char *err, size_t errlen) {
+    if (nccl_begin_call(c, call, err, errlen)) return -1;
+    return nccl_leave(c, err, errlen);
+}
+
+/* A graph holding this rank's NCCL kernels is launched inside the section:
+ * never on an aborted communicator (its resources are freed), and a peer's
+ * abort meanwhile leaves the comm to this thread, which aborts it on
+ * leaving. A failed launch ran nothing, so the caller may make the calls
+ * eagerly instead: the world is not aborted for it. */
+static int nccl_external(echo_comm *c, int (*launch)(void *arg, char *err, size_t errlen), void *arg, char *err,
+                         size_t errlen) {
+    if (nccl_enter(c, err, errlen)) return -1;
+    int rc = launch(arg, err, errlen);
+    char lerr[384];
+    if (nccl_leave(c, lerr, sizeof lerr)) {
+        if (!rc) snprintf(err, errlen, "%s", lerr);
+        return -1;
+    }
+    return rc;
+}
+
+static void nccl_pass_begin(echo_comm *c) {
+    nccl_world *nw = nw_of(c);
+    pthread_mutex_lock(&nw->mu);
+    nw->seq0[c->rank] = nw->seq[c->rank];
+    pthread_mutex_unlock(&nw->mu);
+}
+
+/* The posts since pass_begin are taken back; the rank posts the same calls
+ * again, which its peers compare with what they posted. */
+static void nccl_pass_discard(echo_comm *c) {
+    nccl_world *nw = nw_of(c);
+    pthread_mutex_lock(&nw->mu);
+    nw->seq[c->rank] = nw->seq0[c->rank];
+    pthread_mutex_unlock(&nw->mu);
 }
 
 static const echo_transport_ops nccl_ops = {
@@ -523,6 +595,11 @@ static const echo_transport_ops nccl_ops = {
     .exact = nccl_exact,
     .exact_ref = NULL,
     .set_abort = nccl_set_abort,
+    .wait = nccl_wait_pass,
+    .note_call = nccl_note_call,
+    .external = nccl_external,
+    .pass_begin = nccl_pass_begin,
+    .pass_discard = nccl_pass_discard,
 };
 
 int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
@@ -556,6 +633,13 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
     pthread_mutex_init(&nw->mu, NULL);
     atomic_init(&nw->aborted, 0);
     nw->stride = (w->max_plan.wire + 255) / 256 * 256;
+    nw->slots = w->cfg.n_sites + 2;
+    nw->rec = calloc((size_t)nranks * (size_t)nw->slots, sizeof *nw->rec);
+    if (!nw->rec) {
+        snprintf(err, errlen, "echo: out of memory");
+        echo_world_destroy(w);
+        return -1;
+    }
     for (int r = 0; r < nranks; r++)
         nw->devices[r] = devices[r];
     if (nccl_world_init_comms(nw, nranks, err, errlen)) {

@@ -174,7 +174,7 @@ static int ar_measure(int nranks, echo_mode mode, int group, size_t min_policy, 
     R->iters = iters;
     R->warmup = 1;
     R->dt = calloc((size_t)iters * nranks, sizeof *R->dt);
-    echo_config cfg = {mode, group, min_policy, 1, count, 0};
+    echo_config cfg = {mode, group, min_policy, 1, count, 0, 0};
     if (!R->dt || echo_world_create_local(nranks, &cfg, &w, err, errlen)) goto out;
     for (int r = 0; r < nranks; r++) {
         if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
@@ -430,7 +430,7 @@ static int chain_measure(int nranks, echo_mode mode, int group, int K, size_t co
         .nranks = nranks, .K = K, .count = count, .seed = seed, .dist = dist, .abs_err = abs_err, .ref_norm = ref_norm};
     R->acc_out = calloc(count, sizeof(double));
     R->acc_exact = calloc(count, sizeof(double));
-    echo_config cfg = {mode, group, 0, K, count, 0};
+    echo_config cfg = {mode, group, 0, K, count, 0, 0};
     if (!R->acc_out || !R->acc_exact) {
         snprintf(err, errlen, "out of memory");
         goto out;

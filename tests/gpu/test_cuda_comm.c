@@ -233,6 +233,63 @@ static size_t call_count(const call_spec *cs, int r) {
     return r == cs->odd_rank ? cs->odd_count : cs->count;
 }
 
+/* A deferred world (echo_config.deferred): every call of a pass is enqueued
+ * into its own device buffer, then echo_end_pass, then the outputs are read.
+ * A failed end_pass fails every call of the pass that had succeeded, with
+ * its message (the calls' results were not valid). */
+static void *rank_main_deferred(job *j, int r, int dev, echo_comm *c) {
+    cudaStream_t s = NULL;
+    void *base[MAXC] = {0}, *bufs[MAXC] = {0}; /* allocation, and where the call's buffer starts */
+    int first = -1;                            /* first call of the open pass */
+    CU_RANK(j->fatal[r], cudaSetDevice(dev));
+    CU_RANK(j->fatal[r], cudaStreamCreate(&s));
+    for (int k = j->k0; k <= j->ncalls; k++) {
+        const call_spec *cs = k < j->ncalls ? &j->calls[k] : NULL;
+        if (first >= 0 && (!cs || cs->begin || r == cs->abort_rank)) {
+            /* end the open pass [first, k) */
+            char e[320];
+            int rc = echo_end_pass(c, s, e, sizeof e);
+            for (int q = first; q < k; q++) {
+                if (rc && !j->rc[q][r]) {
+                    j->rc[q][r] = -1;
+                    snprintf(j->err[q][r], 320, "%s", e);
+                }
+                size_t bytes = call_count(&j->calls[q], r) * esize(j->calls[q].dt);
+                CU_RANK(j->fatal[r], cudaMemcpyAsync(j->out[q][r], bufs[q], bytes, cudaMemcpyDeviceToHost, s));
+            }
+            CU_RANK(j->fatal[r], cudaStreamSynchronize(s));
+            first = -1;
+        }
+        if (!cs) break;
+        size_t n = call_count(cs, r), bytes = n * esize(cs->dt);
+        char *e = j->err[k][r];
+        j->rc[k][r] = 0;
+        if (cs->begin && echo_begin_pass(c, e, 320)) {
+            j->rc[k][r] = -1;
+            continue;
+        }
+        if (r == cs->abort_rank) {
+            usleep(50000); /* let the peers enqueue and wait first */
+            echo_abort(c);
+            j->rc[k][r] = -1;
+            snprintf(e, 320, "aborted by this rank");
+            break;
+        }
+        if (first < 0) first = k;
+        CU_RANK(j->fatal[r], cudaMalloc(&base[k], (n + cs->shift) * esize(cs->dt) + 1));
+        bufs[k] = (char *)base[k] + cs->shift * esize(cs->dt);
+        CU_RANK(j->fatal[r], cudaMemcpyAsync(bufs[k], j->in[k][r], bytes, cudaMemcpyHostToDevice, s));
+        j->rc[k][r] = echo_allreduce(c, cs->site, bufs[k], n, cs->dt, s, e, 320);
+    }
+out:
+    if (j->fatal[r][0]) echo_abort(c);
+    for (int k = 0; k < MAXC; k++)
+        if (base[k]) cudaFree(base[k]);
+    if (s) cudaStreamDestroy(s);
+    __atomic_store_n(&j->done[r], 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
 static void *rank_main(void *p) {
     rank_arg *a = p;
     job *j = a->j;
@@ -241,6 +298,9 @@ static void *rank_main(void *p) {
     cudaStream_t s = NULL;
     void *buf = NULL;
     size_t cap = 0;
+    echo_config wc;
+    echo_world_get_config(j->w, &wc);
+    if (wc.deferred) return rank_main_deferred(j, r, dev, c);
     for (int k = 0; k < j->ncalls; k++) {
         size_t b = (call_count(&j->calls[k], r) + j->calls[k].shift) * esize(j->calls[k].dt);
         cap = b > cap ? b : cap;
@@ -457,7 +517,7 @@ static void part_a(const side *A, const side *B) {
                     for (int gi = 0; gi < 3; gi++) {
                         echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                         size_t m = counts[ci];
-                        echo_config cfg = {modes[mi], groups[gi], 0, 4, m, 0};
+                        echo_config cfg = {modes[mi], groups[gi], 0, 4, m, 0, 0};
                         /* two passes: residual carried over calls 0-2, reset at call 3 */
                         call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                         snprintf(label, sizeof label, "allreduce n=%d %-5s %-4s G=%-3d count=%zu", ranks[ni],
@@ -469,7 +529,7 @@ static void part_a(const side *A, const side *B) {
      * path, which adds the echo residual carried in. */
     for (int ni = 0; ni < 3; ni++) {
         size_t m = 4097;
-        echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * m, 4, m, 0};
+        echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * m, 4, m, 0, 0};
         call_spec cs[4] = {spec(1, 0, m, ECHO_F32), spec(0, 1, m, ECHO_BF16), spec(0, 2, m, ECHO_F32),
                            spec(0, 3, m, ECHO_F32)};
         snprintf(label, sizeof label, "policy    n=%d echo  f32/bf16 G=64  count=%zu", ranks[ni], m);
@@ -487,7 +547,7 @@ static void part_a(const side *A, const side *B) {
                 for (int di = 0; di < 2; di++) {
                     echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                     size_t m = counts2[ci];
-                    echo_config cfg = {modes[mi], groups2[gi], 0, 4, m, 0};
+                    echo_config cfg = {modes[mi], groups2[gi], 0, 4, m, 0, 0};
                     call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                     snprintf(label, sizeof label, "allreduce n=3 %-5s %-4s G=%-3d count=%zu", echo_mode_name(modes[mi]),
                              di ? "bf16" : "f32", groups2[gi], m);
@@ -499,7 +559,7 @@ static void part_a(const side *A, const side *B) {
                 echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                 const int G = gi == 0 ? 16 : gi == 1 ? 64 : 256;
                 size_t m = 4097;
-                echo_config cfg = {ECHO_MODE_ECHO, G, 0, 4, m, 0};
+                echo_config cfg = {ECHO_MODE_ECHO, G, 0, 4, m, 0, 0};
                 call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                 for (int k = 0; k < 4; k++)
                     cs[k].shift = sh;
@@ -509,8 +569,9 @@ static void part_a(const side *A, const side *B) {
             }
 }
 
-/* Every rank's call k failed and its message holds `needle` (or, for the
- * rank that aborted, its own marker). */
+/* Every rank's call k failed and its message holds `needle` (one of its
+ * '|'-separated alternatives), or, for the rank that aborted, its own
+ * marker. */
 static const char *expect_all_fail(const job *j, int k, const char *needle, char *buf, size_t len) {
     for (int r = 0; r < j->n; r++) {
         int gone = 0; /* this rank aborted at call k or before and made no further calls */
@@ -521,7 +582,15 @@ static const char *expect_all_fail(const job *j, int k, const char *needle, char
             snprintf(buf, len, "call %d rank %d succeeded", k, r);
             return buf;
         }
-        if (!strstr(j->err[k][r], needle)) {
+        /* needle: alternatives separated by '|' */
+        int found = 0;
+        for (const char *alt = needle; alt && !found; alt = strchr(alt, '|') ? strchr(alt, '|') + 1 : NULL) {
+            size_t an = strchr(alt, '|') ? (size_t)(strchr(alt, '|') - alt) : strlen(alt);
+            char one[160];
+            snprintf(one, sizeof one, "%.*s", (int)(an < sizeof one - 1 ? an : sizeof one - 1), alt);
+            found = strstr(j->err[k][r], one) != NULL;
+        }
+        if (!found) {
             snprintf(buf, len, "call %d rank %d: '%s' lacks '%s'", k, r, j->err[k][r], needle);
             return buf;
         }
@@ -554,7 +623,7 @@ static void part_a3(const side *B) {
         j.calls[2] = spec(1, 0, m, ECHO_F32);
         job_alloc(&j, 3, 3, 77);
         ((float *)j.in[0][1])[1234] = NAN;
-        echo_config cfg = {md, 64, 0, 4, m, 0};
+        echo_config cfg = {md, 64, 0, 4, m, 0, 0};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "inf/nan", buf, sizeof buf);
         if (!fail) fail = expect_all_fail(&j, 1, "aborted by an earlier error", buf, sizeof buf);
@@ -574,7 +643,7 @@ static void part_a3(const side *B) {
     ((float *)j.in[0][0])[4000] = 3e38f;
     ((float *)j.in[0][1])[4000] = 3e38f;
     {
-        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0};
+        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, 0};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "element 4000 of the exact all-reduce is not finite", buf, sizeof buf);
         if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
@@ -592,7 +661,7 @@ static void part_a3(const side *B) {
         j.calls[0].odd_count = m - 1;
         j.calls[1] = spec(1, 0, m, ECHO_BF16);
         job_alloc(&j, 3, 2, 79);
-        echo_config cfg = {md, 32, 0, 4, m, 0};
+        echo_config cfg = {md, 32, 0, 4, m, 0, 0};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "ranks disagree", buf, sizeof buf);
         if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
@@ -606,7 +675,7 @@ static void part_a3(const side *B) {
      * outlive both jobs, so this one drives the ranks itself. */
     for (int mi = 0; mi < 2; mi++) {
         echo_mode md = mi ? ECHO_MODE_ECHO : ECHO_MODE_EXACT;
-        echo_config cfg = {md, 64, 0, 4, m, 0};
+        echo_config cfg = {md, 64, 0, 4, m, 0, 0};
         char err[320];
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_F32);
@@ -712,7 +781,9 @@ static void nccl_case(const side *H, const side *B, const char *label, int n, ec
             jb.out[k][r] = xmalloc(call_count(&cs[k], r) * esize(cs[k].dt));
             jb.res_in[k][r] = NULL; /* device memory: not read */
         }
-    if (run_job(&ja, H, &cfg, why, sizeof why) || run_job(&jb, B, &cfg, why, sizeof why)) fail = why;
+    echo_config hcfg = cfg;
+    hcfg.deferred = 0; /* the host reference meets at every call */
+    if (run_job(&ja, H, &hcfg, why, sizeof why) || run_job(&jb, B, &cfg, why, sizeof why)) fail = why;
     if (!fail) fail = first_error(&ja, H->name, ebuf, sizeof ebuf);
     if (!fail) fail = first_error(&jb, B->name, ebuf, sizeof ebuf);
     if (!fail)
@@ -795,7 +866,7 @@ static void part_n_failures(const side *B, int N) {
         j.calls[2] = spec(1, 0, m, ECHO_BF16);
         job_alloc(&j, N, 3, 91);
         ((uint16_t *)j.in[0][N - 1])[1234] = 0x7fc0; /* NaN */
-        echo_config cfg = {md, 64, 0, 4, m, 0};
+        echo_config cfg = {md, 64, 0, 4, m, 0, 0};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "inf/nan", buf, sizeof buf);
         if (!fail) fail = expect_all_fail(&j, 1, "aborted by an earlier error", buf, sizeof buf);
@@ -814,7 +885,7 @@ static void part_n_failures(const side *B, int N) {
     for (int r = 0; r < N; r++)
         ((float *)j.in[0][r])[4000] = 3e38f;
     {
-        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0};
+        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, 0};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "element 4000 of the exact all-reduce is not finite", buf, sizeof buf);
         if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
@@ -830,7 +901,7 @@ static void part_n_failures(const side *B, int N) {
      * echo_world_clear_abort, then works. */
     for (int mi = 0; mi < 2; mi++) {
         echo_mode md = mi ? ECHO_MODE_INT4 : ECHO_MODE_EXACT;
-        echo_config cfg = {md, 32, 0, 4, m, 0};
+        echo_config cfg = {md, 32, 0, 4, m, 0, 0};
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_BF16);
         j.calls[0].odd_rank = N - 1;
@@ -868,7 +939,7 @@ static void part_n_failures(const side *B, int N) {
     for (int ci = 0; ci < 4; ci++) {
         echo_mode md = ci & 1 ? ECHO_MODE_ECHO : ECHO_MODE_EXACT;
         int at = ci < 2 ? 0 : 1, clear = ci < 2;
-        echo_config cfg = {md, 64, 0, 4, m, 0};
+        echo_config cfg = {md, 64, 0, 4, m, 0, 0};
         memset(&j, 0, sizeof j);
         if (at == 0) {
             j.calls[0] = spec(1, 0, m, ECHO_F32);
@@ -908,10 +979,93 @@ static void part_n_failures(const side *B, int N) {
         job_free(&j);
     }
 
+    /* Deferred worlds: the same failures surface at echo_end_pass (or, where
+     * a collective blocks until its peers arrive, as the emulator's does,
+     * at the call), with the site; the world recovers as above. */
+    for (int mi = 0; mi < 3; mi++) {
+        echo_mode md = mi == 0 ? ECHO_MODE_EXACT : mi == 1 ? ECHO_MODE_INT4 : ECHO_MODE_ECHO;
+        memset(&j, 0, sizeof j);
+        j.calls[0] = spec(1, 0, m, ECHO_BF16);
+        j.calls[1] = spec(0, 1, m, ECHO_BF16);
+        j.calls[2] = spec(1, 0, m, ECHO_BF16);
+        job_alloc(&j, N, 3, 191);
+        ((uint16_t *)j.in[0][N - 1])[1234] = 0x7fc0; /* NaN */
+        echo_config cfg = {md, 64, 0, 4, m, 0, 1};
+        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
+        if (!fail) fail = expect_all_fail(&j, 0, "at site 0 is not finite", buf, sizeof buf);
+        if (!fail) fail = expect_all_fail(&j, 1, "at site 0 is not finite", buf, sizeof buf);
+        if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
+        if (!fail) fail = expect_replicas(&j, 2, buf, sizeof buf);
+        snprintf(label, sizeof label, "nccl deferred nan  n=%d %-5s bf16 count=%zu", N, echo_mode_name(md), m);
+        report(label, 0, fail);
+        job_free(&j);
+    }
+    {
+        memset(&j, 0, sizeof j);
+        j.calls[0] = spec(1, 0, m, ECHO_F32);
+        j.calls[1] = spec(0, 2, m, ECHO_F32);
+        j.calls[2] = spec(1, 0, m, ECHO_F32);
+        job_alloc(&j, N, 3, 192);
+        for (int r = 0; r < N; r++)
+            ((float *)j.in[1][r])[4000] = 3e38f;
+        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, 1};
+        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
+        if (!fail) fail = expect_all_fail(&j, 0, "element 4000 of the all-reduce at site 2", buf, sizeof buf);
+        if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
+        snprintf(label, sizeof label, "nccl deferred sum overflow n=%d exact f32 count=%zu", N, m);
+        report(label, 0, fail);
+        job_free(&j);
+    }
+    for (int ci = 0; ci < 2; ci++) {
+        /* ci 0: ranks disagree at call 0; ci 1: the last rank aborts instead of call 0 */
+        echo_config cfg = {ci ? ECHO_MODE_ECHO : ECHO_MODE_INT4, 32, 0, 4, m, 0, 1};
+        memset(&j, 0, sizeof j);
+        j.calls[0] = spec(1, 0, m, ECHO_BF16);
+        j.calls[1] = spec(0, 1, m, ECHO_BF16);
+        j.calls[2] = spec(1, 0, m, ECHO_BF16);
+        if (ci) {
+            j.calls[0].abort_rank = N - 1;
+        } else {
+            j.calls[0].odd_rank = N - 1;
+            j.calls[0].odd_count = m - 1;
+        }
+        job_alloc(&j, N, 3, 193 + (uint64_t)ci);
+        fail = session_open(&j, B, &cfg, why, sizeof why);
+        if (!fail) {
+            run_ranks(&j, ABORT_TIMEOUT_S, "nccl deferred failure");
+            fail = round_fatal(&j, why, sizeof why);
+        }
+        const char *peer = "aborted because another rank failed|aborted by an earlier error|ranks disagree";
+        if (!fail) fail = expect_all_fail(&j, 0, peer, buf, sizeof buf);
+        if (!fail) fail = expect_all_fail(&j, 1, peer, buf, sizeof buf);
+        if (!fail && !ci) {
+            int seen = 0; /* the rank that posted last found the disagreement */
+            for (int r = 0; r < N; r++)
+                seen |= strstr(j.err[0][r], "ranks disagree") != NULL;
+            if (!seen) fail = "no rank reported the disagreement";
+        }
+        if (!fail) fail = expect_all_fail(&j, 2, "echo_world_clear_abort", buf, sizeof buf);
+        if (!fail) {
+            echo_world_clear_abort(j.w);
+            j.calls[0].abort_rank = -1;
+            j.k0 = ci ? 0 : 2; /* the odd rank's call 0 has a buffer of the odd count: not made again */
+            run_ranks(&j, ABORT_TIMEOUT_S, "nccl deferred, after clear");
+            fail = round_fatal(&j, why, sizeof why);
+            for (int k = j.k0; k < 3 && !fail; k++)
+                fail = expect_all_ok(&j, k, buf, sizeof buf);
+            for (int k = j.k0; k < 3 && !fail; k++)
+                fail = expect_replicas(&j, k, buf, sizeof buf);
+        }
+        if (j.w) session_close(&j);
+        snprintf(label, sizeof label, "nccl deferred %s n=%d + clear", ci ? "abort at call 0" : "disagreement", N);
+        report(label, 0, fail);
+        job_free(&j);
+    }
+
     /* one GPU named twice: NCCL refuses the world, with a message */
     {
         const int devs[2] = {B->device, B->device};
-        echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, m, 0};
+        echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, m, 0, 0};
         echo_world *w = NULL;
         char err[320];
         int rc = echo_world_create_nccl(2, devs, &cfg, &w, err, sizeof err);
@@ -949,7 +1103,7 @@ static void part_n(const side *H, int ndev, int self) {
                 for (int ci = 0; ci < 4; ci++) {
                     echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                     size_t mm = counts[ci];
-                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0};
+                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0, 0};
                     /* two passes: residual carried over calls 0-2, reset at call 3 */
                     call_spec cs[4] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt)};
                     snprintf(label, sizeof label, "nccl n=%d %-5s %-4s G=64  count=%zu", N, echo_mode_name(modes[mi]),
@@ -962,18 +1116,18 @@ static void part_n(const side *H, int ndev, int self) {
             const int groups[] = {16, 128, 256};
             for (int gi = 0; gi < 3; gi++) {
                 size_t mm = 4097;
-                echo_config cfg = {ECHO_MODE_ECHO, groups[gi], 0, 4, mm, 0};
+                echo_config cfg = {ECHO_MODE_ECHO, groups[gi], 0, 4, mm, 0, 0};
                 call_spec cs[4] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt)};
                 snprintf(label, sizeof label, "nccl n=%d echo  %-4s G=%-3d count=%zu", N, di ? "bf16" : "f32",
                          groups[gi], mm);
                 nccl_case(H, &nc, label, N, cfg, cs, 4, seed++);
             }
             size_t big = ((size_t)1 << 20) + 5;
-            echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, big, 0};
+            echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, big, 0, 0};
             call_spec cb[2] = {spec(1, 0, big, dt), spec(0, 1, big, dt)};
             snprintf(label, sizeof label, "nccl n=%d echo  %-4s G=64  count=%zu", N, di ? "bf16" : "f32", big);
             nccl_case(H, &nc, label, N, cfg, cb, 2, seed++);
-            echo_config cfs = {ECHO_MODE_ECHO, 64, 0, 4, 4097, 0};
+            echo_config cfs = {ECHO_MODE_ECHO, 64, 0, 4, 4097, 0, 0};
             call_spec cs[3] = {spec(1, 0, 4097, dt), spec(0, 1, 4097, dt), spec(0, 2, 4097, dt)};
             for (int k = 0; k < 3; k++)
                 cs[k].shift = 1;
@@ -985,12 +1139,30 @@ static void part_n(const side *H, int ndev, int self) {
          * around them are quantized, bit for bit. */
         {
             size_t mm = 4097;
-            echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * mm, 4, mm, 0};
+            echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * mm, 4, mm, 0, 0};
             call_spec cs[4] = {spec(1, 0, mm, ECHO_F32), spec(0, 1, mm, ECHO_BF16), spec(0, 2, mm, ECHO_F32),
                                spec(0, 3, mm, ECHO_F32)};
             snprintf(label, sizeof label, "nccl policy n=%d echo f32/bf16 G=64  count=%zu", N, mm);
             nccl_case(H, &nc, label, N, cfg, cs, 4, seed++);
+            cfg.deferred = 1;
+            snprintf(label, sizeof label, "nccl deferred policy n=%d echo f32/bf16 count=%zu", N, mm);
+            nccl_case(H, &nc, label, N, cfg, cs, 4, seed++);
         }
+        /* Deferred (echo_config.deferred): a pass's calls only enqueue, each
+         * into its own buffer, and echo_end_pass waits once; the same bits. */
+        for (int mi = 0; mi < 3; mi++)
+            for (int di = 0; di < 2; di++)
+                for (int ci = 1; ci < 4; ci += 2) {
+                    echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
+                    size_t mm = counts[ci];
+                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0, 1};
+                    call_spec cs[5] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt),
+                                       spec(0, 2, mm, dt)};
+                    cs[4].shift = 1;
+                    snprintf(label, sizeof label, "nccl deferred n=%d %-5s %-4s count=%zu", N,
+                             echo_mode_name(modes[mi]), di ? "bf16" : "f32", mm);
+                    nccl_case(H, &nc, label, N, cfg, cs, 5, seed++);
+                }
     }
     if (self) return;
     if (ndev < 2) {

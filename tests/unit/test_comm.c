@@ -336,7 +336,7 @@ START_TEST(test_replicas_identical_and_exact) {
                 int n = rank_counts[ni];
                 echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
                 harness h;
-                h_init(&h, n, (echo_config){(echo_mode)mode, 32, 0, 4, 4097, 0});
+                h_init(&h, n, (echo_config){(echo_mode)mode, 32, 0, 4, 4097, 0, 0});
                 for (size_t ci = 0; ci < 4; ci++) {
                     size_t m = counts[ci];
                     void *buf[MAXN];
@@ -440,8 +440,8 @@ START_TEST(test_one_call_bound) {
                 int n = rank_counts[ni], G = gs[gi];
                 size_t m = 3 * (size_t)n * G + 37 * seed; /* not a multiple of G*N */
                 harness hi, he;
-                h_init(&hi, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0});
-                h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, 2, m, 0});
+                h_init(&hi, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0});
+                h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, 2, m, 0, 0});
                 float *x[MAXN];
                 void *bi[MAXN], *be[MAXN];
                 for (int r = 0; r < n; r++) {
@@ -582,8 +582,8 @@ START_TEST(test_depth_independence) {
         size_t m = 4096 + 77 * (size_t)n; /* not a multiple of G*N */
         uint64_t seed = 7 + (uint64_t)ni;
         harness he, hq;
-        h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, K, m, 0});
-        h_init(&hq, n, (echo_config){ECHO_MODE_INT4, G, 0, K, m, 0});
+        h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, K, m, 0, 0});
+        h_init(&hq, n, (echo_config){ECHO_MODE_INT4, G, 0, K, m, 0, 0});
         double Ee[144], ee[144], Eq[144], eq[144];
         run_chain(&he, K, m, seed, Ee, ee);
         run_chain(&hq, K, m, seed, Eq, eq);
@@ -635,7 +635,7 @@ START_TEST(test_lifecycle_errors) {
     const int n = 3;
     const size_t m = 1000;
     harness h;
-    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 32, 0, 6, m, 0});
+    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 32, 0, 6, m, 0, 0});
     void *buf[MAXN];
     bufs_f32(n, m, 5, buf);
     step s;
@@ -694,12 +694,15 @@ START_TEST(test_lifecycle_errors) {
     /* config errors */
     echo_world *w;
     const echo_config bad[] = {
-        {ECHO_MODE_ECHO, 48, 0, 4, 100, 0}, {ECHO_MODE_ECHO, 8, 0, 4, 100, 0}, {ECHO_MODE_ECHO, 512, 0, 4, 100, 0},
-        {ECHO_MODE_ECHO, 0, 0, 0, 100, 0},  {ECHO_MODE_ECHO, 0, 0, 4, 0, 0},   {(echo_mode)9, 0, 0, 4, 100, 0},
+        {ECHO_MODE_ECHO, 48, 0, 4, 100, 0, 0}, {ECHO_MODE_ECHO, 8, 0, 4, 100, 0, 0},
+        {ECHO_MODE_ECHO, 512, 0, 4, 100, 0, 0}, {ECHO_MODE_ECHO, 0, 0, 0, 100, 0, 0},
+        {ECHO_MODE_ECHO, 0, 0, 4, 0, 0, 0},     {(echo_mode)9, 0, 0, 4, 100, 0, 0},
+        /* deferred completion is the nccl transport's; local meets at every call */
+        {ECHO_MODE_ECHO, 0, 0, 4, 100, 0, 1},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         ck_assert_msg(echo_world_create_local(2, &bad[i], &w, err, sizeof err) != 0, "config %zu accepted", i);
-    echo_config ok = {ECHO_MODE_INT4, 0, 0, 4, 100, 0};
+    echo_config ok = {ECHO_MODE_INT4, 0, 0, 4, 100, 0, 0};
     ck_assert(echo_world_create_local(0, &ok, &w, err, sizeof err) != 0);
     ck_assert(echo_world_create_local(ECHO_MAX_RANKS + 1, &ok, &w, err, sizeof err) != 0);
     ck_assert(echo_world_create_local(2, &ok, &w, err, sizeof err) == 0);
@@ -724,7 +727,7 @@ START_TEST(test_reset_and_abort) {
     const int n = 4;
     const size_t m = 777;
     harness h;
-    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 16, 0, 4, m, 0});
+    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 16, 0, 4, m, 0, 0});
     void *buf[MAXN], *out1[MAXN];
     step s;
     /* two passes over the same inputs give the same outputs: begin_pass clears the residual */
@@ -799,7 +802,7 @@ START_TEST(test_reset_and_abort) {
     h_free(&h);
 
     /* exact mode reports a non-finite sum too (every rank alike) */
-    h_init(&h, 2, (echo_config){ECHO_MODE_EXACT, 0, 0, 2, 64, 0});
+    h_init(&h, 2, (echo_config){ECHO_MODE_EXACT, 0, 0, 2, 64, 0, 0});
     for (int r = 0; r < 2; r++) {
         buf[r] = calloc(64, 4);
         ((float *)buf[r])[10] = r ? -INFINITY : INFINITY;
@@ -818,7 +821,7 @@ START_TEST(test_size_policy_and_stats) {
      * the same count (2560 B) takes the exact path */
     for (int mode = 1; mode <= 2; mode++) {
         harness h;
-        h_init(&h, n, (echo_config){(echo_mode)mode, 32, 4000, 4, m, 1});
+        h_init(&h, n, (echo_config){(echo_mode)mode, 32, 4000, 4, m, 1, 0});
         void *buf[MAXN];
         float *x[MAXN];
         double *sum_exact = calloc(m, sizeof(double)), *sum_out = calloc(m, sizeof(double));
@@ -895,7 +898,7 @@ START_TEST(test_size_policy_and_stats) {
     }
     /* one rank: nothing to reduce, the buffer is untouched */
     harness h1;
-    h_init(&h1, 1, (echo_config){ECHO_MODE_ECHO, 0, 0, 2, 100, 0});
+    h_init(&h1, 1, (echo_config){ECHO_MODE_ECHO, 0, 0, 2, 100, 0, 0});
     void *b1[1];
     bufs_f32(1, 100, 3, b1);
     float keep[100];
@@ -1017,7 +1020,7 @@ START_TEST(test_disagreement_then_next_call) {
     const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_INT4};
     for (int mi = 0; mi < 2; mi++) {
         harness h;
-        h_init(&h, 3, (echo_config){modes[mi], 16, 0, 2, 100, 0});
+        h_init(&h, 3, (echo_config){modes[mi], 16, 0, 2, 100, 0, 0});
         float bufs[3][100];
         pthread_t t[3];
         race_arg a[3];
@@ -1044,7 +1047,7 @@ END_TEST
  * against the host transport by tests/gpu/test_cuda_comm.c.) */
 START_TEST(test_local_device_unavailable) {
     char err[320] = "";
-    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 4, 1000, 0};
+    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 4, 1000, 0, 0};
     echo_world *w = (echo_world *)&cfg; /* must come back NULL on failure */
     int rc = echo_world_create_local_device(2, 0, &cfg, &w, err, sizeof err);
 #ifndef ECHO_HAVE_CUDA
@@ -1191,7 +1194,7 @@ START_TEST(test_local_device_schedule_on_cpu) {
         for (int dti = 0; dti < 2; dti++) {
             echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
             size_t esz = dti ? 2 : 4;
-            echo_config cfg = {modes[mi], 32, 0, K, m, 0};
+            echo_config cfg = {modes[mi], 32, 0, K, m, 0, 0};
             harness hd, hh;
             memset(&hd, 0, sizeof hd);
             hd.n = N;
