@@ -81,8 +81,9 @@ const char *eng_graphs_note(const eng *e) {
     if (!e->cfg.cuda_graphs) return NULL;
     if (!e->ranks[0].ops->graph_begin)
         return "--cuda-graphs has no effect: the backend has no graphs (cuda only); steps run eagerly";
-    if (e->cfg.tp > 1)
-        return "--cuda-graphs has no effect at tp > 1: the all-reduce cannot be captured; steps run eagerly";
+    if (e->cfg.tp > 1 && strcmp(e->cfg.transport, "nccl"))
+        return "--cuda-graphs has no effect at tp > 1 with --transport local (its all-reduce meets the peers on the "
+               "host at every call, which a graph cannot hold); steps run eagerly. --transport nccl captures it";
     return NULL;
 }
 
@@ -269,7 +270,10 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
                           .group_size = c->echo_group,
                           .min_bytes = c->echo_min_bytes,
                           .n_sites = 2 * e->mc.num_layers,
-                          .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size};
+                          .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,
+                          /* nccl: calls only enqueue and each pass waits once (model_forward's
+                           * echo_end_pass), which also lets decode steps be CUDA graphs */
+                          .deferred = use_nccl};
         int rc;
         if (!strcmp(c->device, "cpu")) {
             rc = echo_world_create_local(c->tp, &ec, &e->world, err, errlen);
@@ -295,7 +299,9 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
             snprintf(err, errlen, "%s", merr);
             goto fail;
         }
-        if (c->cuda_graphs) model_set_graphs(r->m, 1); /* the model skips it where it cannot apply */
+        /* at tp > 1 only the nccl transport's deferred calls can be captured;
+         * the model skips steps where graphs cannot apply */
+        if (c->cuda_graphs && (c->tp == 1 || use_nccl)) model_set_graphs(r->m, 1);
     }
     for (int i = 1; i < c->tp; i++) {
         if (pthread_create(&e->ranks[i].thread, NULL, rank_main, &e->ranks[i]) != 0) {

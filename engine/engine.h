@@ -56,10 +56,12 @@ typedef struct eng_config {
      * there are tp GPUs, else local. */
     const char *transport; /* one of ENG_TRANSPORTS */
     /* 1: decode steps through CUDA graphs (model_set_graphs): a decode-only
-     * step at tp 1 on cuda is recorded once per batch size and replayed
+     * step on cuda is recorded once per batch size and replayed
      * afterwards, with the same logits bits as an eager step. 0 (default):
-     * off. No effect on cpu or at tp > 1 (the all-reduce is not
-     * capturable); eng_graphs_note says why. */
+     * off. At tp > 1 only with the nccl transport (its deferred
+     * all-reduces are captured with the step); no effect on cpu or with the
+     * local transport at tp > 1 (it meets the peers on the host at every
+     * call); eng_graphs_note says why. */
     int cuda_graphs;
     /* Fused decode weights (model_load_opts.fuse_weights): ENG_FUSE_AUTO
      * (0, what a zero-initialised config gets) = on for device backends
@@ -85,7 +87,8 @@ const model_config *eng_model_config(const eng *e);
 /* The effective configuration (defaults filled in). */
 const eng_config *eng_get_config(const eng *e);
 /* NULL when cfg.cuda_graphs is off or takes effect; else a sentence saying
- * why it has no effect (device not cuda, tp > 1), for tools to print. */
+ * why it has no effect (device not cuda, local transport at tp > 1), for
+ * tools to print. */
 const char *eng_graphs_note(const eng *e);
 /* Steps rank 0 ran through a CUDA graph so far (0 when graphs are off or
  * unavailable). */

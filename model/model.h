@@ -144,11 +144,12 @@ typedef struct model_batch {
 
 /* Decode steps through backend graphs (kern_ops.graph_begin; cuda only),
  * off by default. When on, a decode-only step (one token per sequence,
- * logits rows 0..r-1, no layer_states) at tp 1 is recorded once per batch
- * shape and replayed with one launch afterwards; the logits are the same
- * bits as an eager step. Any failure inside a graph falls back to the eager
- * pass. No effect on backends without graph ops, at tp > 1, or for other
- * steps. */
+ * logits rows 0..r-1, no layer_states) is recorded once per batch shape and
+ * replayed with one launch afterwards; the logits are the same bits as an
+ * eager step. At tp > 1 the comm must be a deferred world (echo.h: the
+ * nccl transport), whose calls are captured with the step; the caller
+ * turns graphs on only then. Any failure inside a graph falls back to the
+ * eager pass. No effect on backends without graph ops or for other steps. */
 void model_set_graphs(model *m, int on);
 /* Steps that ran through a graph so far (for tests and benchmarks). */
 long model_graph_steps(const model *m);

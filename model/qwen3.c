@@ -455,6 +455,7 @@ fail:
 }
 
 static int graph_key(const model *m, const model_batch *b, uint64_t *key);
+static int graph_launch(model *m, char *err, size_t errlen);
 static int forward_ops(model *m, const model_batch *b, int n, const int32_t *pos, const int32_t *slots, char *err,
                        size_t errlen);
 static int forward_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen);
@@ -523,18 +524,29 @@ int model_forward(model *m, const model_batch *b, float *logits, char *err, size
         /* Recorded once per key, then replayed (kern_ops.graph_begin). On
          * any failure inside, nothing ran (a capture executes nothing, a
          * replay launched nothing): the KV cache is untouched and the step
-         * is simply redone eagerly below. */
+         * is simply redone eagerly below. At tp > 1 the all-reduce calls are
+         * captured too (a deferred comm); a replay's calls are only checked
+         * with the peers (echo_set_replay), and a step redone eagerly tells
+         * the peers to expect its calls again (echo_discard_pass). */
         int replaying = 0, g = ops->graph_begin(be, key, &replaying);
         if (g == 0) {
-            if (forward_ops(m, b, n, pos, slots, err, errlen) == 0 && ops->graph_end(be) == 0) {
+            if ((m->tp == 1 || !replaying || echo_set_replay(m->comm, 1, err, errlen) == 0) &&
+                forward_ops(m, b, n, pos, slots, err, errlen) == 0 && graph_launch(m, err, errlen) == 0) {
                 graphed = 1;
                 m->graph_steps++;
             } else {
                 ops->graph_abort(be);
+                if (m->tp > 1) {
+                    echo_discard_pass(m->comm);
+                    if (echo_begin_pass(m->comm, err, errlen)) goto fail;
+                }
             }
         }
     }
     if (!graphed && forward_ops(m, b, n, pos, slots, err, errlen)) goto fail;
+    /* A deferred comm: the pass's all-reduces complete here (an abortable
+     * wait, and their non-finite check) before anything is read back. */
+    if (m->tp > 1 && echo_end_pass(m->comm, ops->stream(be), err, errlen)) goto fail;
     if (forward_out(m, b, logits, err, errlen)) goto fail;
     free(pos);
     free(slots);
@@ -546,28 +558,43 @@ fail:
 }
 
 /* Whether this step may go through a backend graph, and its key. Only
- * decode-only steps (one token per sequence, logits rows 0..r-1) at tp 1
- * without layer states: a prefill's shapes change every step, layer states
- * copy to the host mid-pass, and at tp > 1 the all-reduce is not
- * capturable (the local device transport synchronises the host with its
- * peers, the nccl transport's non-finite checks read device memory on the
- * host). The key holds everything that fixes the captured launches: batch
+ * decode-only steps (one token per sequence, logits rows 0..r-1) without
+ * layer states: a prefill's shapes change every step, and layer states
+ * copy to the host mid-pass. At tp > 1 model_set_graphs is only called for
+ * a deferred comm (nccl), whose calls enqueue without reading anything
+ * back. The key holds everything that fixes the captured launches: batch
  * size, table width (the attention's split and staged sizes), the logits
- * rows, and the scratch's generation (its pointers); weights, caches and
- * the backend's own buffers are fixed or tracked by the backend. One model
- * per backend (as the engine has), so keys do not collide. */
+ * rows, the scratch's generation (its pointers) plus the comm's epoch (its
+ * communicators: re-created after an abort); weights, caches and the
+ * backend's own buffers are fixed or tracked by the backend. One model per
+ * backend (as the engine has), so keys do not collide. */
 static int graph_key(const model *m, const model_batch *b, uint64_t *key) {
     const kern_ops *ops = m->ops;
-    if (!m->graphs || m->tp != 1 || b->layer_states || !ops->graph_begin || !ops->graph_end || !ops->graph_abort)
-        return 0;
+    if (!m->graphs || b->layer_states || !ops->graph_begin || !ops->graph_end || !ops->graph_abort) return 0;
     if (b->n_seqs >= (1 << 16) || b->n_logit_rows >= (1 << 16) || b->max_blocks >= (1 << 20)) return 0;
     for (int s = 0; s < b->n_seqs; s++)
         if (b->q_start[s + 1] - b->q_start[s] != 1) return 0;
     for (int i = 0; i < b->n_logit_rows; i++)
         if (b->logit_rows[i] != i) return 0;
-    *key = (uint64_t)b->n_seqs | (uint64_t)b->n_logit_rows << 16 | (uint64_t)b->max_blocks << 32 |
-           (m->scratch_gen & 0xfff) << 52;
+    uint64_t gen = m->scratch_gen + (m->tp > 1 ? echo_comm_epoch(m->comm) : 0);
+    *key = (uint64_t)b->n_seqs | (uint64_t)b->n_logit_rows << 16 | (uint64_t)b->max_blocks << 32 | (gen & 0xfff)
+                                                                                                        << 52;
     return 1;
+}
+
+static int graph_end_cb(void *arg, char *err, size_t errlen) {
+    model *m = arg;
+    if (m->ops->graph_end(m->be) == 0) return 0;
+    snprintf(err, errlen, "%s backend: %s", m->ops->name, kern_last_error(m->be));
+    return -1;
+}
+
+/* Instantiate (after a capture) and launch the step's graph. At tp > 1 it
+ * holds this rank's NCCL kernels: launched through the comm, which refuses
+ * while the world is aborted (its communicators are gone). */
+static int graph_launch(model *m, char *err, size_t errlen) {
+    if (m->tp == 1) return graph_end_cb(m, err, errlen);
+    return echo_launch_external(m->comm, graph_end_cb, m, err, errlen);
 }
 
 /* The pass on the backend, embedding to lm_head: launches only, no host

@@ -8,6 +8,8 @@
 #     eager steps (graph replays are bit-identical to eager steps);
 #   - transports: at tp 2 with --allreduce echo (and int4), nccl and local
 #     give the same JSON (both transports give the host path's bits);
+#   - graphs at tp 2 over nccl (all-reduces captured): the same JSON as
+#     eager, and no "has no effect" note;
 #   - every run exits 0 and prints the tokens asked for;
 #   - echo-bench forward --device cuda --cuda-graphs exits 0, reports a
 #     matmul peak, prefill, decode (through graphs) and TTFT.
@@ -63,6 +65,13 @@ for mode in echo int4; do
   gen "local-$mode" --device cuda --tp 2 --transport local --allreduce "$mode"
   same "echo-generate cuda tp 2 $mode: nccl == local (tokens and logprobs)" "nccl-$mode" "local-$mode"
 done
+# tp 2 over nccl with graphs: the all-reduces are captured with the step
+gen nccl-echo-graphs --device cuda --tp 2 --transport nccl --allreduce echo --cuda-graphs
+same "echo-generate cuda tp 2 echo nccl: --cuda-graphs == eager (tokens and logprobs)" nccl-echo nccl-echo-graphs
+if grep -q "no effect" "$TMP/nccl-echo-graphs.err"; then
+  echo "FAIL echo-generate tp 2 nccl --cuda-graphs says it has no effect: $(grep 'no effect' "$TMP/nccl-echo-graphs.err")"
+  fail=1
+fi
 if [ -s "$TMP/cpu.json" ] && [ -s "$TMP/cuda.json" ]; then
   python3 - "$TMP/cpu.json" "$TMP/cuda.json" <<'EOF'
 import json, sys

@@ -23,6 +23,9 @@
  * the logits of every decode step with graphs on must be BIT-IDENTICAL to
  * those with graphs off (same kernels, same attention splits), within the limit
  * of the cpu, and the graphs must have run (steps through a graph > 0).
+ * At tp 2 and 4 on the nccl transport (one GPU per rank; "skipped" with
+ * fewer GPUs), echo mode: the all-reduces are captured with the step, and
+ * graphs on == off bit for bit again (test_graphs_tp).
  * The same on a random Qwen3-0.6B-shaped model (head_dim 128: the fast
  * attention paths; graphs on == off and steps as graphs only; with --emu
  * on random:tiny-hd128).
@@ -194,10 +197,10 @@ static void fail_line(const char *model, int tp, const char *what) {
 /* The logits (steps, GRAPH_SEQS, V) of the decode steps described at the
  * top, on a fresh engine; NULL on error. *graph_steps: steps that ran as a
  * graph. */
-static float *decode_steps(const char *dir, const char *dev, int graphs, int fuse, int nseqs, const prompt *ps, int np,
-                           int V, int max_len, int *steps, long *graph_steps) {
+static float *decode_steps_tp(const char *dir, const char *dev, int tp, echo_mode mode, int graphs, int fuse, int nseqs,
+                              const prompt *ps, int np, int V, int max_len, int *steps, long *graph_steps) {
     char err[1024] = "bad sequence count";
-    eng_config c = {.model_dir = dir, .device = dev, .tp = 1, .allreduce = ECHO_MODE_EXACT, .max_model_len = max_len,
+    eng_config c = {.model_dir = dir, .device = dev, .tp = tp, .allreduce = mode, .max_model_len = max_len,
                     .max_num_seqs = nseqs, .threads = 0, .cuda_graphs = graphs, .fuse_weights = fuse};
     eng *e = NULL;
     if (eng_create(&c, &e, err, sizeof err)) {
@@ -241,6 +244,57 @@ static float *decode_steps(const char *dir, const char *dev, int graphs, int fus
     }
     *steps = T;
     return out;
+}
+
+static float *decode_steps(const char *dir, const char *dev, int graphs, int fuse, int nseqs, const prompt *ps, int np,
+                           int V, int max_len, int *steps, long *graph_steps) {
+    return decode_steps_tp(dir, dev, 1, ECHO_MODE_EXACT, graphs, fuse, nseqs, ps, np, V, max_len, steps, graph_steps);
+}
+
+/* Graphs at tp > 1: the decode steps with their all-reduces (echo mode, so
+ * residuals and the codec are inside the graph) captured on the nccl
+ * transport (one GPU per rank; the local transport cannot be captured), on
+ * == off bit for bit, and the steps ran as graphs on every... rank 0 (the
+ * engine's count). */
+static void test_graphs_tp(const char *dir, const char *name, const model_config *mc, const prompt *ps, int np, int V,
+                           int max_len) {
+    for (int tp = 2; tp <= 4; tp *= 2) {
+        const char *w1 = "graphs == eager, nccl echo", *w3 = "graph steps, nccl";
+        if (mc->num_heads % tp || (mc->num_kv_heads % tp && tp % mc->num_kv_heads)) {
+            printf("%-16s tp %d %-26s skipped: %d/%d heads do not split %d ways\n", name, tp, w1, mc->num_heads,
+                   mc->num_kv_heads, tp);
+            continue;
+        }
+        if (kern_gpu_count() < tp) {
+            printf("%-16s tp %d %-26s skipped: needs %d GPUs for nccl, %d visible\n", name, tp, w1, tp,
+                   kern_gpu_count());
+            continue;
+        }
+        int T1 = 0, T2 = 0;
+        long g1 = 0, g2 = 0;
+        float *eager = decode_steps_tp(dir, "cuda", tp, ECHO_MODE_ECHO, 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V,
+                                       max_len, &T1, &g1);
+        float *graph = decode_steps_tp(dir, "cuda", tp, ECHO_MODE_ECHO, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V,
+                                       max_len, &T2, &g2);
+        if (!eager || !graph || T1 != T2) {
+            fail_line(name, tp, w1);
+        } else {
+            size_t n = (size_t)T1 * GRAPH_SEQS * V, diff = 0;
+            for (size_t i = 0; i < n; i++)
+                diff += memcmp(&eager[i], &graph[i], sizeof *eager) != 0;
+            g_checks++;
+            if (diff) g_fail++;
+            printf("%-16s tp %d %-26s %zu of %zu values differ (%d steps x %d seqs)  %s\n", name, tp, w1, diff, n, T1,
+                   GRAPH_SEQS, diff ? "FAIL" : "PASS");
+        }
+        g_checks++;
+        int used = graph && g2 >= T2 - 2 && g2 > 0 && g1 == 0;
+        if (!used) g_fail++;
+        printf("%-16s tp %d %-26s %ld of %d decode steps (eager engine: %ld)  %s\n", name, tp, w3, g2, T2, g1,
+               used ? "PASS" : "FAIL");
+        free(eager);
+        free(graph);
+    }
 }
 
 static void test_graphs(const char *dir, const char *name, const char *dev, const prompt *ps, int np, int V,
@@ -494,6 +548,8 @@ static void test_model(const char *dir, const char *dev) {
     }
     test_graphs(dir, name, dev, ps, np, V, mc.max_position_embeddings < 1024 ? mc.max_position_embeddings : 1024,
                 tol);
+    if (!strcmp(dev, "cuda") && np > 0)
+        test_graphs_tp(dir, name, &mc, ps, np, V, mc.max_position_embeddings < 256 ? mc.max_position_embeddings : 256);
     test_fused(dir, name, dev, ps, np, V, mc.max_position_embeddings < 256 ? mc.max_position_embeddings : 256,
                tol);
     for (int i = 0; i < np; i++) {

@@ -182,9 +182,10 @@ static const char FW_USAGE[] =
     "  --seed S            random token ids (default 0)\n"
     "  --gemm-dim N        the matmul peak: ops->matmul of N x N by N x N, the yardstick of prefill\n"
     "                      TFLOP/s (default 8192 on a GPU, 1024 on cpu; 0 skips it)\n"
-    "  --cuda-graphs       decode steps through CUDA graphs (eng_config.cuda_graphs: cuda, tp 1; each\n"
-    "                      batch size is recorded once, then replayed; 3 warm-up steps instead of 1).\n"
-    "                      Off by default; no effect on cpu or at --tp > 1 (a note says so)\n"
+    "  --cuda-graphs       decode steps through CUDA graphs (eng_config.cuda_graphs: cuda; each batch\n"
+    "                      size is recorded once, then replayed; 3 warm-up steps instead of 1; at\n"
+    "                      --tp > 1 over nccl the all-reduces are captured too). Off by default; no\n"
+    "                      effect on cpu or with --transport local at --tp > 1 (a note says so)\n"
     "  --json              one JSON object instead of the table\n"
     "Exit status: 0 ok, 1 runtime error, 2 usage error.\n";
 
