@@ -47,6 +47,16 @@
  *      fail within ABORT_TIMEOUT_S; the aborted world refuses new passes
  *      until echo_world_clear_abort re-creates its communicators, or is
  *      destroyed as it is), and a world on one GPU named twice (refused).
+ *      Deferred worlds (echo_config.deferred: calls only enqueue, each pass
+ *      ends in echo_end_pass): the same comparisons (every mode and dtype,
+ *      two passes, a buffer off alignment, the size policy) and failures
+ *      (a NaN and an overflow reported with their site at end_pass,
+ *      disagreement, abort). Graphs: a pass captured in a CUDA graph and
+ *      launched, and its replay on new inputs (echo_set_replay +
+ *      echo_launch_external), bit-identical to eager passes; a capture one
+ *      rank throws away (echo_discard_pass) leaves the agreement check in
+ *      step for a pass of another count; the comm epoch moves after abort +
+ *      clear; replay is refused on a world that is not deferred.
  *      Nothing here relies on the CPU emulator (tests/emu): the same checks
  *      hold on real GPUs and NCCL.
  *   Every group of rank threads runs under a watchdog: a rank that does not
@@ -1081,6 +1091,239 @@ static void part_n_failures(const side *B, int N) {
     }
 }
 
+/* ---- n, graphs: deferred calls captured in a CUDA graph and replayed ---- */
+
+#define GR_CALLS 3
+
+typedef struct graph_job {
+    echo_world *w;
+    echo_comm *c[MAXN];
+    int n;
+    size_t m, m2;                   /* counts of the graph's calls, and of the check pass after it */
+    int discard_rank;               /* this rank captures pass D and throws it away */
+    void *in[2][GR_CALLS][MAXN];    /* host inputs of the two passes (bf16) */
+    void *out[4][GR_CALLS][MAXN];   /* captured+launched, replayed, eager of in[0], eager of in[1] */
+    char fail[MAXN][384];
+    volatile int done[MAXN];
+} graph_job;
+
+typedef struct graph_arg {
+    graph_job *j;
+    int r;
+} graph_arg;
+
+static int gr_launch(void *arg, char *err, size_t errlen) {
+    void **a = arg; /* exec, stream */
+    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)a[0], (cudaStream_t)a[1]);
+    if (e == cudaSuccess) return 0;
+    snprintf(err, errlen, "cudaGraphLaunch: %s", cudaGetErrorString(e));
+    return -1;
+}
+
+#define GR_TRY(cond, ...)                                                                                              \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            snprintf(j->fail[r], sizeof j->fail[r], __VA_ARGS__);                                                      \
+            goto out;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
+
+/* One rank: passes A (capture + launch), B (replay), C and D (eager, the
+ * reference of A and B), then, on discard_rank only, a capture thrown away
+ * before its pass is made eagerly; last a pass with another count on every
+ * rank, which the agreement check would refuse if the thrown-away posts
+ * had not been retracted. */
+static void *graph_rank(void *p) {
+    graph_arg *a = p;
+    graph_job *j = a->j;
+    int r = a->r;
+    echo_comm *c = j->c[r];
+    cudaStream_t s = NULL;
+    cudaGraph_t gr = NULL;
+    cudaGraphExec_t ex = NULL;
+    void *buf[GR_CALLS] = {0}, *big = NULL;
+    char err[320];
+    const size_t bytes = j->m * 2;
+    GR_TRY(cudaSetDevice(r) == cudaSuccess, "cudaSetDevice");
+    GR_TRY(cudaStreamCreate(&s) == cudaSuccess, "cudaStreamCreate");
+    for (int k = 0; k < GR_CALLS; k++)
+        GR_TRY(cudaMalloc(&buf[k], bytes) == cudaSuccess, "cudaMalloc");
+    GR_TRY(cudaMalloc(&big, j->m2 * 2) == cudaSuccess, "cudaMalloc");
+    /* passes: 0 = A capture, 1 = B replay, 2 = C eager(in 0), 3 = D eager(in 1) */
+    for (int pass = 0; pass < 4; pass++) {
+        const int src = pass & 1;
+        for (int k = 0; k < GR_CALLS; k++)
+            GR_TRY(cudaMemcpy(buf[k], j->in[src][k][r], bytes, cudaMemcpyHostToDevice) == cudaSuccess, "H2D");
+        GR_TRY(!echo_begin_pass(c, err, sizeof err), "pass %d begin: %s", pass, err);
+        if (pass == 0) GR_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture");
+        if (pass == 1) GR_TRY(!echo_set_replay(c, 1, err, sizeof err), "set_replay: %s", err);
+        for (int k = 0; k < GR_CALLS; k++)
+            GR_TRY(!echo_allreduce(c, 2 * k, buf[k], j->m, ECHO_BF16, s, err, sizeof err), "pass %d call %d: %s",
+                   pass, k, err);
+        if (pass == 0) {
+            GR_TRY(cudaStreamEndCapture(s, &gr) == cudaSuccess && gr, "end capture");
+            GR_TRY(cudaGraphInstantiate(&ex, gr, 0ULL) == cudaSuccess, "instantiate");
+        }
+        if (pass <= 1) {
+            void *la[2] = {ex, s};
+            GR_TRY(!echo_launch_external(c, gr_launch, la, err, sizeof err), "pass %d launch: %s", pass, err);
+        }
+        GR_TRY(!echo_end_pass(c, s, err, sizeof err), "pass %d end: %s", pass, err);
+        for (int k = 0; k < GR_CALLS; k++)
+            GR_TRY(cudaMemcpy(j->out[pass][k][r], buf[k], bytes, cudaMemcpyDeviceToHost) == cudaSuccess, "D2H");
+    }
+    /* pass E: discard_rank captures and throws the capture away, then makes
+     * the pass eagerly; pass F: another count */
+    for (int k = 0; k < GR_CALLS; k++)
+        GR_TRY(cudaMemcpy(buf[k], j->in[0][k][r], bytes, cudaMemcpyHostToDevice) == cudaSuccess, "H2D");
+    GR_TRY(!echo_begin_pass(c, err, sizeof err), "pass E begin: %s", err);
+    if (r == j->discard_rank) {
+        cudaGraph_t g2 = NULL;
+        GR_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture E");
+        for (int k = 0; k < GR_CALLS; k++)
+            GR_TRY(!echo_allreduce(c, 2 * k, buf[k], j->m, ECHO_BF16, s, err, sizeof err), "E capture call %d: %s", k,
+                   err);
+        GR_TRY(cudaStreamEndCapture(s, &g2) == cudaSuccess && g2, "end capture E");
+        cudaGraphDestroy(g2);
+        echo_discard_pass(c);
+        GR_TRY(!echo_begin_pass(c, err, sizeof err), "pass E begin again: %s", err);
+    }
+    for (int k = 0; k < GR_CALLS; k++)
+        GR_TRY(!echo_allreduce(c, 2 * k, buf[k], j->m, ECHO_BF16, s, err, sizeof err), "E call %d: %s", k, err);
+    GR_TRY(!echo_end_pass(c, s, err, sizeof err), "pass E end: %s", err);
+    GR_TRY(!echo_begin_pass(c, err, sizeof err), "pass F begin: %s", err);
+    GR_TRY(cudaMemset(big, 0, j->m2 * 2) == cudaSuccess, "memset");
+    for (int k = 0; k < GR_CALLS; k++)
+        GR_TRY(!echo_allreduce(c, 2 * k, big, j->m2, ECHO_BF16, s, err, sizeof err), "F call %d: %s", k, err);
+    GR_TRY(!echo_end_pass(c, s, err, sizeof err), "pass F end: %s", err);
+out:
+    if (j->fail[r][0]) echo_abort(c);
+    if (ex) cudaGraphExecDestroy(ex);
+    if (gr) cudaGraphDestroy(gr);
+    for (int k = 0; k < GR_CALLS; k++)
+        if (buf[k]) cudaFree(buf[k]);
+    if (big) cudaFree(big);
+    if (s) cudaStreamDestroy(s);
+    __atomic_store_n(&j->done[r], 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Deferred nccl calls in a CUDA graph (what the model does for decode steps
+ * at tp > 1): a captured pass and its replay on new inputs give the bits of
+ * eager passes; a capture thrown away on one rank (echo_discard_pass)
+ * leaves the agreement check in step; after an abort and
+ * echo_world_clear_abort the comm's epoch has changed (graphs of the old
+ * communicators must not be replayed). */
+static void part_n_graphs(int N) {
+    char label[128], err[320], why[400];
+    const char *fail = NULL;
+    graph_job j;
+    memset(&j, 0, sizeof j);
+    j.n = N;
+    j.m = 4097;
+    j.m2 = 1000;
+    j.discard_rank = 0;
+    echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 2 * GR_CALLS, j.m, 0, 1};
+    for (int src = 0; src < 2; src++)
+        for (int k = 0; k < GR_CALLS; k++)
+            for (int r = 0; r < N; r++) {
+                j.in[src][k][r] = xmalloc(j.m * 2);
+                fill(j.in[src][k][r], ECHO_BF16, j.m, mix(7000 + 100 * (uint64_t)src + 10 * (uint64_t)k + (uint64_t)r));
+            }
+    for (int pass = 0; pass < 4; pass++)
+        for (int k = 0; k < GR_CALLS; k++)
+            for (int r = 0; r < N; r++)
+                j.out[pass][k][r] = xmalloc(j.m * 2);
+    int devs[MAXN];
+    for (int r = 0; r < N; r++)
+        devs[r] = r;
+    if (echo_world_create_nccl(N, devs, &cfg, &j.w, err, sizeof err)) {
+        snprintf(why, sizeof why, "world: %s", err);
+        fail = why;
+    }
+    for (int r = 0; r < N && !fail; r++)
+        if (echo_comm_create(j.w, r, &j.c[r], err, sizeof err)) fail = "comm create";
+    if (!fail) {
+        pthread_t t[MAXN];
+        graph_arg ga[MAXN];
+        for (int r = 0; r < N; r++) {
+            ga[r] = (graph_arg){&j, r};
+            if (pthread_create(&t[r], NULL, graph_rank, &ga[r])) die("pthread_create");
+        }
+        for (int ms = 0;; ms += 10) {
+            int all = 1;
+            for (int r = 0; r < N; r++)
+                all &= __atomic_load_n(&j.done[r], __ATOMIC_ACQUIRE);
+            if (all) break;
+            if (ms >= ABORT_TIMEOUT_S * 1000) {
+                printf("%-62s diff=%-8d FAIL: a rank did not return within %d s (hang)\n", "nccl graphs", 0,
+                       ABORT_TIMEOUT_S);
+                fflush(stdout);
+                exit(1);
+            }
+            usleep(10000);
+        }
+        for (int r = 0; r < N; r++)
+            pthread_join(t[r], NULL);
+        for (int r = 0; r < N && !fail; r++)
+            if (j.fail[r][0]) {
+                snprintf(why, sizeof why, "rank %d: %.300s", r, j.fail[r]);
+                fail = why;
+            }
+    }
+    long d_capture = 0, d_replay = 0, d_inputs = 0;
+    if (!fail)
+        for (int k = 0; k < GR_CALLS; k++)
+            for (int r = 0; r < N; r++) {
+                d_capture += count_diff(j.out[0][k][r], j.out[2][k][r], j.m, 2);
+                d_replay += count_diff(j.out[1][k][r], j.out[3][k][r], j.m, 2);
+                d_inputs += !count_diff(j.out[0][k][r], j.out[1][k][r], j.m, 2); /* the replay saw new inputs */
+            }
+    snprintf(label, sizeof label, "nccl graph n=%d captured pass == eager (bits)", N);
+    report(label, fail ? -1 : d_capture, fail);
+    snprintf(label, sizeof label, "nccl graph n=%d replay, new inputs == eager (bits)", N);
+    report(label, fail ? -1 : d_replay + d_inputs, fail);
+    snprintf(label, sizeof label, "nccl graph n=%d discarded capture, then count %zu", N, j.m2);
+    report(label, 0, fail);
+    /* the epoch moves when the communicators are made anew */
+    if (!fail) {
+        uint64_t e0 = echo_comm_epoch(j.c[0]);
+        echo_abort(j.c[1]);
+        echo_world_clear_abort(j.w);
+        uint64_t e1 = echo_comm_epoch(j.c[0]);
+        snprintf(label, sizeof label, "nccl graph n=%d epoch %llu -> %llu after abort + clear", N,
+                 (unsigned long long)e0, (unsigned long long)e1);
+        report(label, 0, e1 != e0 ? NULL : "epoch unchanged");
+    }
+    /* set_replay on a world that is not deferred is refused */
+    for (int r = 0; r < N; r++)
+        echo_comm_destroy(j.c[r]);
+    echo_world_destroy(j.w);
+    {
+        echo_config plain = cfg;
+        plain.deferred = 0;
+        echo_world *w = NULL;
+        echo_comm *c = NULL;
+        const char *f2 = NULL;
+        if (echo_world_create_nccl(N, devs, &plain, &w, err, sizeof err) || echo_comm_create(w, 0, &c, err, sizeof err))
+            f2 = "world";
+        else if (echo_set_replay(c, 1, err, sizeof err) == 0 || !strstr(err, "deferred"))
+            f2 = "set_replay accepted on a world that is not deferred";
+        snprintf(label, sizeof label, "nccl graph n=%d replay refused without deferred", N);
+        report(label, 0, f2);
+        echo_comm_destroy(c);
+        echo_world_destroy(w);
+    }
+    for (int src = 0; src < 2; src++)
+        for (int k = 0; k < GR_CALLS; k++)
+            for (int r = 0; r < N; r++)
+                free(j.in[src][k][r]);
+    for (int pass = 0; pass < 4; pass++)
+        for (int k = 0; k < GR_CALLS; k++)
+            for (int r = 0; r < N; r++)
+                free(j.out[pass][k][r]);
+}
+
 static void part_n(const side *H, int ndev, int self) {
     const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_INT4, ECHO_MODE_ECHO};
     const size_t counts[] = {1, 63, 4097, 65539};
@@ -1170,6 +1413,8 @@ static void part_n(const side *H, int ndev, int self) {
         return;
     }
     part_n_failures(&nc, ndev >= 3 ? 3 : 2);
+    part_n_graphs(2);
+    if (ndev >= 4) part_n_graphs(4);
 }
 
 /* ================= a2: the codec kernels against the host codec ================= */
