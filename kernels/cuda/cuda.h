@@ -128,9 +128,12 @@ typedef struct cuda_stage_slot {
  * arrays exactly as during the capture, and skips its launches
  * (cuda_replaying); graph_end then uploads the staged arrays and launches
  * the graph. While in graph mode, staging does not use the ring: it
- * bump-allocates in the graph's ARENA (pinned host + device, in call order,
- * no dedupe), so every array lands at the address the captured kernels
- * read. One copy of the used prefix precedes each launch (outside the
+ * bump-allocates in the graph's ARENA (pinned host + device, in call order),
+ * so every array lands at the address the captured kernels read. A staging
+ * equal to an earlier one of the step (every layer stages the same
+ * positions, cache slots and attention tables) is not stored again: the
+ * capture records it as an alias, the kernels read the earlier copy, and a
+ * replay checks that the values are still equal (else "diverged"). One copy of the used prefix precedes each launch (outside the
  * graph, in stream order); the host rewrites the arena only after the
  * event recorded behind that copy fired. The capture records each
  * staging's (offset, values); a replay must stage exactly that sequence,
@@ -138,6 +141,7 @@ typedef struct cuda_stage_slot {
  * the graph is dropped). */
 typedef struct cuda_graph_stage {
     uint32_t off, n; /* int32 values */
+    uint32_t alias;  /* 1: the values of the earlier staging at off, not stored again */
 } cuda_graph_stage;
 
 typedef struct cuda_graph {

@@ -86,8 +86,19 @@ int cuda_graph_stage_begin(kern_backend *be, size_t n, int32_t **host) {
     if (off + n > UINT32_MAX) return kern_fail(be, "cuda: a graph's stagings exceed %u values", UINT32_MAX);
     if (impl->graph_mode == CUDA_GRAPH_REPLAY) {
         size_t i = impl->graph_rec_i;
-        if (i >= g->nrec || g->rec[i].off != off || g->rec[i].n != n)
+        if (i >= g->nrec || g->rec[i].n != n || (!g->rec[i].alias && g->rec[i].off != off))
             return kern_fail(be, "cuda: graph replay diverged (staging %zu: %zu values at %zu)", i, n, off);
+    }
+    if (impl->graph_mode == CUDA_GRAPH_REPLAY && g->rec[impl->graph_rec_i].alias) {
+        /* filled aside, compared with the earlier staging at commit */
+        if (n > impl->graph_spill_cap) {
+            int32_t *sp = (int32_t *)realloc(impl->graph_spill, n * sizeof *sp);
+            if (!sp) return kern_fail(be, "cuda: out of memory for a graph replay's staging");
+            impl->graph_spill = sp;
+            impl->graph_spill_cap = n;
+        }
+        *host = impl->graph_spill;
+        return 0;
     }
     impl->graph_pending = off;
     if (off + n > g->cap) {
@@ -113,6 +124,15 @@ int cuda_graph_stage_begin(kern_backend *be, size_t n, int32_t **host) {
 int cuda_graph_stage_commit(kern_backend *be, size_t n, const int32_t **dev) {
     cuda_impl *impl = cuda_get(be);
     cuda_graph *g = impl->graph_cur;
+    if (impl->graph_mode == CUDA_GRAPH_REPLAY && impl->graph_rec_i < g->nrec && g->rec[impl->graph_rec_i].alias) {
+        const cuda_graph_stage *r = &g->rec[impl->graph_rec_i];
+        if (r->n != n || memcmp(impl->graph_spill, g->host + r->off, n * sizeof(int32_t)) != 0)
+            return kern_fail(be, "cuda: graph replay diverged (staging %zu no longer repeats an earlier one)",
+                             impl->graph_rec_i);
+        impl->graph_rec_i++;
+        *dev = g->dev + r->off;
+        return 0;
+    }
     size_t off = impl->graph_pending;
     const int spilled = off + n > g->cap;
     if (n == 0 || (spilled && impl->graph_mode != CUDA_GRAPH_CAPTURE))
@@ -125,8 +145,20 @@ int cuda_graph_stage_commit(kern_backend *be, size_t n, const int32_t **dev) {
             g->rec = r;
             g->rec_cap = c;
         }
+        /* the same values as an earlier staging in the arena: read that */
+        if (!spilled)
+            for (size_t i = 0; i < g->nrec; i++) {
+                const cuda_graph_stage *o = &g->rec[i];
+                if (!o->alias && o->n == n && (size_t)o->off + n <= g->cap &&
+                    memcmp(g->host + o->off, g->host + off, n * sizeof(int32_t)) == 0) {
+                    g->rec[g->nrec++] = (cuda_graph_stage){o->off, (uint32_t)n, 1};
+                    *dev = g->dev + o->off;
+                    return 0; /* graph_used stays: the space is free for the next staging */
+                }
+            }
         g->rec[g->nrec].off = (uint32_t)off;
         g->rec[g->nrec].n = (uint32_t)n;
+        g->rec[g->nrec].alias = 0;
         g->nrec++;
     } else {
         if (impl->graph_rec_i >= g->nrec || g->rec[impl->graph_rec_i].n != n)
