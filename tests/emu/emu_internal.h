@@ -1,5 +1,5 @@
 /* Shared between the emulator's own files (emu.cpp, runtime.cpp,
- * cublaslt.cpp); not seen by the code under test. */
+ * cublaslt.cpp, nccl_emu.cpp); not seen by the code under test. */
 #ifndef ECHO_EMU_INTERNAL_H
 #define ECHO_EMU_INTERNAL_H
 

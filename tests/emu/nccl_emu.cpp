@@ -40,26 +40,50 @@
  *     peers waiting in (or later posting) an operation return
  *     ncclRemoteError, and ncclCommGetAsyncError on their comms reports
  *     ncclRemoteError. The same holds when a comm is destroyed while peers
- *     wait for it (real NCCL would hang there).
+ *     wait for it (real NCCL would hang there). Another thread may abort a
+ *     comm while its own thread waits in an operation on it (what
+ *     ncclCommAbort is for): that thread returns ncclRemoteError.
+ *   - Stream capture: a group (or a lone call) whose operations are posted on
+ *     a capturing stream runs nothing at ncclGroupEnd; it becomes one node of
+ *     that stream's graph, and every cudaGraphLaunch of it posts the same
+ *     operations afresh and meets the peers as above, since a captured NCCL
+ *     kernel communicates again at each replay. A replay cannot return an
+ *     error, so a failed one sets its comm's async error
+ *     (ncclCommGetAsyncError). A group that mixes capturing and other
+ *     streams, or two capturing streams, is refused (ncclInvalidUsage, as
+ *     real NCCL refuses it); an invalidated capture gives
+ *     ncclUnhandledCudaError. Replaying after the comms were destroyed or
+ *     aborted is caught like any use after Destroy/Abort.
  *
  * What it does not model
  *   - Asynchrony: operations complete before the call returns, so a
  *     cudaStreamQuery polling loop never sees one in progress; a rank that is
- *     waiting for a peer waits inside ncclGroupEnd / the collective call.
+ *     waiting for a peer waits inside ncclGroupEnd / the collective call, or
+ *     inside cudaGraphLaunch for a captured one.
  *   - Real NCCL's reduction order and intermediate rounding (see above),
  *     ncclAvg/Prod/Min/Max and datatypes other than those listed (they fail
  *     with ncclInvalidUsage and a "not modelled" line), and collectives other
  *     than these four (no Broadcast, Reduce, ReduceScatter).
  *   - Streams and devices: the stream argument is not checked against the
- *     comm's device; nothing is ordered against other streams.
+ *     comm's device; nothing is ordered against other streams. Whether a
+ *     stream captures is read at ncclGroupEnd, not at each call.
  *   - Non-blocking communicators (ncclConfig_t), ncclCommSplit, unique ids
  *     and multi-process cliques, connection set-up, timeouts, NCCL_* env.
  *
  * State: each clique (one ncclCommInitAll) is one heap object guarded by its
- * own mutex; it is freed when its last comm is destroyed or aborted. The
- * only other state is per thread, as in real NCCL: the open group and the
- * text of the last error (ncclGetLastError).
+ * own mutex. It is freed once no comm of it is live AND no thread is inside
+ * an operation on it AND no captured graph node refers to it, whichever
+ * comes last: a waiter may outlive its comm's abort by another thread, and a
+ * graph must still find its dead comms to report a replay of them. The only
+ * other state is per thread, as in real NCCL: the open group and the text of
+ * the last error (ncclGetLastError).
  */
+/* The C++ headers come first: the emulator's cuda_runtime.h (through nccl.h)
+ * defines __noinline__, a name libstdc++'s <memory> uses as an attribute. */
+#include <deque>
+#include <memory>
+#include <vector>
+
 #include <nccl.h>
 
 #include <pthread.h>
@@ -69,8 +93,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <deque>
-#include <vector>
+#include "emu_internal.h"
 
 namespace {
 
@@ -90,6 +113,7 @@ struct Op {
     size_t count; /* elements (AllGather: per rank) */
     ncclDataType_t dt;
     ncclRedOp_t redop;
+    cudaStream_t stream;
     bool done;
     ncclResult_t result;
 };
@@ -111,6 +135,11 @@ struct Clique {
     pthread_cond_t cv;
     int n;
     int live; /* comms not yet destroyed or aborted */
+    /* Threads inside run_group plus graph nodes holding the clique's comms:
+     * a comm may be aborted from another thread while its own thread waits
+     * here, and a captured graph may be replayed after its comms ended
+     * (check_live must still find them to report it). */
+    int refs;
     bool aborted;
     std::vector<ncclComm> comms;
     std::vector<std::deque<Op *>> coll;               /* per rank, posted collectives in order */
@@ -176,6 +205,37 @@ void check_live(ncclComm_t c, const char *call) {
                 c->rank, c->state == DESTROYED ? "Destroy" : "Abort");
         abort();
     }
+}
+
+void free_clique(Clique *cl) {
+    pthread_cond_destroy(&cl->cv);
+    pthread_mutex_destroy(&cl->mu);
+    delete cl;
+}
+
+void ref(Clique *cl) {
+    pthread_mutex_lock(&cl->mu);
+    cl->refs++;
+    pthread_mutex_unlock(&cl->mu);
+}
+
+/* The clique goes when neither a comm nor a reference is left. */
+void unref(Clique *cl) {
+    pthread_mutex_lock(&cl->mu);
+    bool last = --cl->refs == 0 && cl->live == 0;
+    pthread_mutex_unlock(&cl->mu);
+    if (last) free_clique(cl);
+}
+
+std::vector<Clique *> cliques_of(const std::vector<Op *> &ops) {
+    std::vector<Clique *> v;
+    for (const Op *o : ops) {
+        bool seen = false;
+        for (Clique *c : v)
+            seen |= c == o->comm->cl;
+        if (!seen) v.push_back(o->comm->cl);
+    }
+    return v;
 }
 
 void finish(Clique *cl, Op *o, ncclResult_t r) {
@@ -294,21 +354,30 @@ void progress_p2p(Clique *cl, int src, int dst) {
     }
 }
 
-/* Ranks an unfinished operation waits for. */
+/* Ranks an unfinished operation waits for (its own included: another thread
+ * may abort it). */
 bool peers_gone(const Clique *cl, const Op *o) {
-    if (o->kind == OP_SEND || o->kind == OP_RECV) return cl->comms[(size_t)o->peer].state != LIVE;
+    if (o->kind == OP_SEND || o->kind == OP_RECV)
+        return o->comm->state != LIVE || cl->comms[(size_t)o->peer].state != LIVE;
     for (int r = 0; r < cl->n; r++)
         if (cl->comms[(size_t)r].state != LIVE) return true;
     return false;
 }
 
-/* Post a group's operations, run what matches, wait for the rest. */
-ncclResult_t run_group(std::vector<Op *> &ops) {
+/* Post a group's operations, run what matches, wait for the rest. A replay
+ * (of a captured group) cannot return its error to anyone: it goes to the
+ * comm's async error, as a failed NCCL kernel's does. */
+ncclResult_t run_group(std::vector<Op *> &ops, bool replay) {
     ncclResult_t rc = ncclSuccess;
+    std::vector<Clique *> cls = cliques_of(ops);
+    for (Clique *cl : cls)
+        ref(cl);
     for (Op *o : ops) {
         Clique *cl = o->comm->cl;
         pthread_mutex_lock(&cl->mu);
-        check_live(o->comm, kind_name[o->kind]);
+        char what[80];
+        snprintf(what, sizeof what, "%s%s", kind_name[o->kind], replay ? " replayed by cudaGraphLaunch" : "");
+        check_live(o->comm, what);
         int me = o->comm->rank;
         if (cl->aborted) {
             finish(cl, o, ncclRemoteError);
@@ -342,7 +411,13 @@ ncclResult_t run_group(std::vector<Op *> &ops) {
                 }
             finish(cl, o, ncclRemoteError);
         }
-        if (o->result == ncclRemoteError && o->comm->state == LIVE) o->comm->async_err = ncclRemoteError;
+        /* A comm aborted while its thread waited is not LIVE: leave it alone. */
+        if (o->comm->state == LIVE) {
+            if (o->result == ncclRemoteError)
+                o->comm->async_err = ncclRemoteError;
+            else if (replay && o->result != ncclSuccess && o->comm->async_err == ncclSuccess)
+                o->comm->async_err = o->result;
+        }
         if (o->result != ncclSuccess && rc == ncclSuccess) rc = o->result;
         pthread_mutex_unlock(&cl->mu);
     }
@@ -350,7 +425,94 @@ ncclResult_t run_group(std::vector<Op *> &ops) {
     for (Op *o : ops)
         delete o;
     ops.clear();
+    for (Clique *cl : cls)
+        unref(cl);
     return rc;
+}
+
+void drop(std::vector<Op *> &ops) {
+    for (Op *o : ops)
+        delete o;
+    ops.clear();
+}
+
+/* A captured group's hold on its cliques, shared by the copies of its graph
+ * node (cudaGraphInstantiate copies them); released with the last one. */
+struct Pin {
+    std::vector<Clique *> cls;
+    Pin() = default;
+    Pin(const Pin &) = delete;
+    Pin &operator=(const Pin &) = delete;
+    ~Pin() {
+        for (Clique *cl : cls)
+            unref(cl);
+    }
+};
+
+/* Record the group as one node of s's capture: every replay posts the same
+ * operations afresh and meets the peers' replays, as a captured NCCL kernel
+ * communicates again at each launch. */
+ncclResult_t record(std::vector<Op *> &ops, cudaStream_t s) {
+    std::vector<Op> tmpl;
+    auto pin = std::make_shared<Pin>();
+    for (Op *o : ops) {
+        Clique *cl = o->comm->cl;
+        pthread_mutex_lock(&cl->mu);
+        check_live(o->comm, kind_name[o->kind]);
+        bool seen = false;
+        for (Clique *c : pin->cls)
+            seen |= c == cl;
+        if (!seen) {
+            cl->refs++;
+            pin->cls.push_back(cl);
+        }
+        pthread_mutex_unlock(&cl->mu);
+        tmpl.push_back(*o);
+    }
+    const char *first = kind_name[ops[0]->kind];
+    drop(ops);
+    cudaError_t e = emu::enqueue(s, [tmpl, pin]() {
+        std::vector<Op *> fresh;
+        for (const Op &t : tmpl)
+            fresh.push_back(new Op(t));
+        (void)run_group(fresh, true);
+    });
+    if (e != cudaSuccess) {
+        note("%s: recording into the capture failed: %s", first, cudaGetErrorName(e));
+        return ncclUnhandledCudaError;
+    }
+    return ncclSuccess;
+}
+
+/* Run a group now, or record it when its stream captures (decided here, at
+ * group end, where real NCCL enqueues its kernels). */
+ncclResult_t submit(std::vector<Op *> &ops) {
+    cudaStream_t cap = NULL;
+    size_t ncap = 0;
+    bool two = false;
+    for (Op *o : ops) {
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        cudaError_t e = cudaStreamIsCapturing(o->stream, &st);
+        if (e != cudaSuccess || st == cudaStreamCaptureStatusInvalidated) {
+            note("%s: rank %d's stream: %s; real NCCL reports the CUDA error", kind_name[o->kind], o->comm->rank,
+                 e != cudaSuccess ? cudaGetErrorName(e) : "its capture was invalidated");
+            drop(ops);
+            return ncclUnhandledCudaError;
+        }
+        if (st == cudaStreamCaptureStatusActive) {
+            two |= ncap > 0 && o->stream != cap;
+            cap = o->stream;
+            ncap++;
+        }
+    }
+    if (ncap == 0) return run_group(ops, false);
+    if (ncap != ops.size() || two) {
+        note("ncclGroupEnd: a group mixes %s; real NCCL refuses it",
+             two ? "two capturing streams" : "capturing and non-capturing streams");
+        drop(ops);
+        return ncclInvalidUsage;
+    }
+    return record(ops, cap);
 }
 
 ncclResult_t post(Op *o) {
@@ -359,7 +521,7 @@ ncclResult_t post(Op *o) {
         return ncclSuccess;
     }
     std::vector<Op *> one{o};
-    return run_group(one);
+    return submit(one);
 }
 
 /* Argument checks of every operation; on failure nothing is posted and an
@@ -384,7 +546,8 @@ ncclResult_t check_common(const char *call, ncclComm_t comm, ncclDataType_t dt) 
     return ncclSuccess;
 }
 
-ncclResult_t p2p(OpKind kind, const void *buf, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm) {
+ncclResult_t p2p(OpKind kind, const void *buf, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm,
+                 cudaStream_t stream) {
     const char *call = kind_name[kind];
     ncclResult_t r = check_common(call, comm, dt);
     if (r != ncclSuccess) return r;
@@ -402,6 +565,7 @@ ncclResult_t p2p(OpKind kind, const void *buf, size_t count, ncclDataType_t dt, 
     o->peer = peer;
     o->count = count;
     o->dt = dt;
+    o->stream = stream;
     if (kind == OP_SEND)
         o->sbuf = buf;
     else
@@ -466,6 +630,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     pthread_cond_init(&cl->cv, NULL);
     cl->n = ndev;
     cl->live = ndev;
+    cl->refs = 0;
     cl->aborted = false;
     cl->comms.resize((size_t)ndev);
     cl->coll.resize((size_t)ndev);
@@ -483,7 +648,8 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     return ncclSuccess;
 }
 
-/* Destroy and Abort both end the comm; the clique goes with its last one. */
+/* Destroy and Abort both end the comm; the clique goes with its last one
+ * unless a thread still waits in it or a graph holds it (unref frees it then). */
 static ncclResult_t end_comm(ncclComm_t comm, CommState how) {
     if (!comm) return ncclInvalidArgument;
     Clique *cl = comm->cl;
@@ -491,15 +657,10 @@ static ncclResult_t end_comm(ncclComm_t comm, CommState how) {
     check_live(comm, how == DESTROYED ? "ncclCommDestroy" : "ncclCommAbort");
     comm->state = how;
     if (how == ABORTED) cl->aborted = true;
-    int left = --cl->live;
+    bool last = --cl->live == 0 && cl->refs == 0;
     pthread_cond_broadcast(&cl->cv);
     pthread_mutex_unlock(&cl->mu);
-    if (left == 0) {
-        /* No comm is live, so no thread can be waiting on the clique. */
-        pthread_cond_destroy(&cl->cv);
-        pthread_mutex_destroy(&cl->mu);
-        delete cl;
-    }
+    if (last) free_clique(cl);
     return ncclSuccess;
 }
 
@@ -563,7 +724,7 @@ ncclResult_t ncclGroupEnd(void) {
         for (Op *o : *ops)
             delete o;
     } else {
-        r = run_group(*ops);
+        r = submit(*ops);
     }
     delete ops;
     return r;
@@ -571,19 +732,16 @@ ncclResult_t ncclGroupEnd(void) {
 
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-    (void)stream;
-    return p2p(OP_SEND, sendbuff, count, datatype, peer, comm);
+    return p2p(OP_SEND, sendbuff, count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-    (void)stream;
-    return p2p(OP_RECV, recvbuff, count, datatype, peer, comm);
+    return p2p(OP_RECV, recvbuff, count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     ncclResult_t r = check_common("ncclAllGather", comm, datatype);
     if (r != ncclSuccess) return r;
     size_t esz = dt_size(datatype), in = sendcount * esz, out = in * (size_t)comm->cl->n;
@@ -605,12 +763,12 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     o->rbuf = recvbuff;
     o->count = sendcount;
     o->dt = datatype;
+    o->stream = stream;
     return post(o);
 }
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     ncclResult_t r = check_common("ncclAllReduce", comm, datatype);
     if (r != ncclSuccess) return r;
     if ((unsigned)op >= (unsigned)ncclNumOps) {
@@ -634,6 +792,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
     o->count = count;
     o->dt = datatype;
     o->redop = op;
+    o->stream = stream;
     return post(o);
 }
 

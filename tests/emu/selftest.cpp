@@ -11,6 +11,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +79,168 @@ __global__ void k_wmma(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *c)
     w::load_matrix_sync(fb, b, 16);
     w::mma_sync(fc, fa, fb, fc);
     w::store_matrix_sync(c, fc, 16, w::mem_row_major);
+}
+
+/* ---- NCCL under stream capture: two ranks, one host thread each ---- */
+#define NN 64
+static float val(int rank, int round, int i) {
+    return round == 0 ? (float)((rank + 1) * (i + 1)) : (float)((rank + 1) * 100 + i);
+}
+struct Rank {
+    int r, p2p;
+    ncclComm_t comm;
+    float *send, *recv;
+    pthread_barrier_t *bar;
+    int ok_capture, ok_replay[2];
+};
+static void fill(float *dev, int rank, int round) {
+    float h[NN];
+    for (int i = 0; i < NN; i++)
+        h[i] = rank < 0 ? -7.0f : val(rank, round, i);
+    cudaMemcpy(dev, h, sizeof h, cudaMemcpyHostToDevice);
+}
+/* Capture [all-reduce | send+recv to the peer] then +0.5, replay twice with
+ * new inputs in between: the second replay must communicate again. */
+static void *rank_main(void *arg) {
+    Rank *k = (Rank *)arg;
+    cudaSetDevice(k->r);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    fill(k->send, k->r, 0);
+    fill(k->recv, -1, 0);
+    int ok = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    ok &= cudaMemsetAsync(k->recv, 0, NN * sizeof(float), s) == cudaSuccess;
+    if (k->p2p) {
+        ok &= ncclGroupStart() == ncclSuccess;
+        ok &= ncclSend(k->send, NN, ncclFloat32, 1 - k->r, k->comm, s) == ncclSuccess;
+        ok &= ncclRecv(k->recv, NN, ncclFloat32, 1 - k->r, k->comm, s) == ncclSuccess;
+        ok &= ncclGroupEnd() == ncclSuccess;
+    } else {
+        ok &= ncclAllReduce(k->send, k->recv, NN, ncclFloat32, ncclSum, k->comm, s) == ncclSuccess;
+    }
+    LAUNCH(k_add, 1, NN, 0, s)(k->recv, 0.5f);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    ok &= cudaStreamEndCapture(s, &g) == cudaSuccess && cudaGraphInstantiate(&x, g, 0) == cudaSuccess;
+    pthread_barrier_wait(k->bar);
+    for (int i = 0; i < NN; i++) /* nothing ran or met at capture time */
+        ok &= k->recv[i] == -7.0f && k->send[i] == val(k->r, 0, i);
+    k->ok_capture = ok;
+    pthread_barrier_wait(k->bar);
+    for (int round = 0; round < 2; round++) {
+        if (round) fill(k->send, k->r, round);
+        ok = x && cudaGraphLaunch(x, s) == cudaSuccess;
+        for (int i = 0; i < NN; i++) {
+            float want = k->p2p ? val(1 - k->r, round, i) : val(0, round, i) + val(1, round, i);
+            ok &= k->recv[i] == want + 0.5f;
+        }
+        k->ok_replay[round] = ok;
+    }
+    ncclResult_t ae = ncclInternalError;
+    k->ok_replay[1] &= ncclCommGetAsyncError(k->comm, &ae) == ncclSuccess && ae == ncclSuccess;
+    cudaGraphExecDestroy(x);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+    return NULL;
+}
+static int two_ranks(int p2p) {
+    ncclComm_t c[2];
+    int devs[2] = {0, 1};
+    if (ncclCommInitAll(c, 2, devs) != ncclSuccess) return 0;
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    Rank k[2];
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++) {
+        k[r] = Rank{r, p2p, c[r], NULL, NULL, &bar, 0, {0, 0}};
+        cudaMalloc(&k[r].send, NN * sizeof(float));
+        cudaMalloc(&k[r].recv, NN * sizeof(float));
+    }
+    for (int r = 0; r < 2; r++)
+        pthread_create(&t[r], NULL, rank_main, &k[r]);
+    int ok = 1;
+    for (int r = 0; r < 2; r++) {
+        pthread_join(t[r], NULL);
+        ok &= k[r].ok_capture * 1 + k[r].ok_replay[0] * 2 + k[r].ok_replay[1] * 4 == 7;
+        cudaFree(k[r].send);
+        cudaFree(k[r].recv);
+        ncclCommDestroy(c[r]);
+    }
+    pthread_barrier_destroy(&bar);
+    return ok;
+}
+
+/* Rank 0 waits in an all-reduce (eager, or replayed from a graph) that rank
+ * 1 never posts; the main thread aborts both comms under it. */
+struct Waiter {
+    ncclComm_t comm;
+    int graph;
+    float *buf;
+    ncclResult_t r;
+    cudaError_t launch;
+    char last[128];
+};
+static void *waiter_main(void *arg) {
+    Waiter *w = (Waiter *)arg;
+    cudaSetDevice(0);
+    cudaStream_t s = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    if (w->graph) {
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    }
+    /* the all-reduce is posted first: once rank 1's receive of the send has
+     * met, rank 0 is inside the group waiting */
+    ncclGroupStart();
+    ncclAllReduce(w->buf, w->buf, NN, ncclFloat32, ncclSum, w->comm, s);
+    ncclSend(w->buf + NN, 1, ncclFloat32, 1, w->comm, s);
+    w->r = ncclGroupEnd();
+    if (w->graph) {
+        cudaStreamEndCapture(s, &g);
+        cudaGraphInstantiate(&x, g, 0);
+        w->launch = cudaGraphLaunch(x, s);
+        cudaGraphExecDestroy(x); /* with the graph goes the clique (no comm is live) */
+        cudaGraphDestroy(g);
+        cudaStreamDestroy(s);
+    }
+    snprintf(w->last, sizeof w->last, "%s", ncclGetLastError(NULL));
+    return NULL;
+}
+static int abort_while_waiting(int graph) {
+    ncclComm_t c[2];
+    int devs[2] = {0, 1};
+    if (ncclCommInitAll(c, 2, devs) != ncclSuccess) return 0;
+    Waiter w = {c[0], graph, NULL, ncclInternalError, cudaErrorUnknown, ""};
+    float *rb;
+    cudaMalloc(&w.buf, (NN + 1) * sizeof(float));
+    cudaMalloc(&rb, sizeof(float));
+    fill(w.buf, -1, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, waiter_main, &w);
+    int ok = ncclRecv(rb, 1, ncclFloat32, 0, c[1], NULL) == ncclSuccess;
+    usleep(50 * 1000); /* most likely asleep on the clique by now; posted for sure */
+    ok &= ncclCommAbort(c[0]) == ncclSuccess && ncclCommAbort(c[1]) == ncclSuccess;
+    pthread_join(t, NULL);
+    if (graph)
+        ok &= w.r == ncclSuccess && w.launch == cudaSuccess;
+    else
+        ok &= w.r == ncclRemoteError;
+    ok &= strstr(w.last, "aborted") != NULL && w.buf[0] == -7.0f;
+    cudaFree(w.buf);
+    cudaFree(rb);
+    return ok;
+}
+
+static const char *g_phase = "";
+static void on_alarm(int sig) {
+    (void)sig;
+    const char m[] = "selftest: timed out (a rank waits for ever) in: ";
+    ssize_t n = write(2, m, sizeof m - 1);
+    n += write(2, g_phase, strlen(g_phase));
+    n += write(2, "\n", 1);
+    (void)n;
+    _exit(1);
 }
 
 /* run fn in a child; true when it died by a signal (the emulator aborts) */
@@ -228,6 +393,117 @@ int main(void) {
     ok &= cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
           CUBLAS_STATUS_NOT_SUPPORTED;
     check(ok, "cuBLASLt TN bf16 matmul; unsupported attribute rejected");
+
+    /* NCCL: a group on a capturing stream is one graph node, run at each
+     * replay; a hang fails the selftest instead of hanging CI. */
+    signal(SIGALRM, on_alarm);
+    alarm(120);
+    g_phase = "captured ncclAllReduce";
+    check(two_ranks(0), "nccl: captured all-reduce, nothing at capture, replays x2");
+    g_phase = "captured ncclSend/ncclRecv";
+    check(two_ranks(1), "nccl: captured send/recv group both ways, replays x2");
+
+    g_phase = "capture: one thread, mixed streams";
+    {
+        ncclComm_t cc[2];
+        ok = ncclCommInitAll(cc, 2, NULL) == ncclSuccess;
+        cudaStream_t s1, s2;
+        cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+        cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+        float *x0, *x1;
+        cudaMalloc(&x0, 8 * sizeof *x0);
+        cudaMalloc(&x1, 8 * sizeof *x1);
+        float one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+        cudaMemcpy(x0, one, sizeof one, cudaMemcpyHostToDevice);
+        cudaMemcpy(x1, one, sizeof one, cudaMemcpyHostToDevice);
+        cudaGraph_t g1 = NULL, g2 = NULL;
+        cudaGraphExec_t x1e = NULL;
+        ok &= cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+        ncclGroupStart();
+        ncclAllReduce(x0, x0, 8, ncclFloat32, ncclSum, cc[0], s1);
+        ncclAllReduce(x1, x1, 8, ncclFloat32, ncclSum, cc[1], s2);
+        int mixed = ncclGroupEnd() == ncclInvalidUsage;
+        ok &= cudaStreamBeginCapture(s2, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+        ncclGroupStart();
+        ncclAllReduce(x0, x0, 8, ncclFloat32, ncclSum, cc[0], s1);
+        ncclAllReduce(x1, x1, 8, ncclFloat32, ncclSum, cc[1], s2);
+        mixed &= ncclGroupEnd() == ncclInvalidUsage;
+        ok &= cudaStreamEndCapture(s2, &g2) == cudaSuccess;
+        /* both ranks from one thread on one capturing stream: fine */
+        ncclGroupStart();
+        ncclAllReduce(x0, x0, 8, ncclFloat32, ncclSum, cc[0], s1);
+        ncclAllReduce(x1, x1, 8, ncclFloat32, ncclSum, cc[1], s1);
+        ok &= ncclGroupEnd() == ncclSuccess;
+        ok &= cudaStreamEndCapture(s1, &g1) == cudaSuccess && cudaGraphInstantiate(&x1e, g1, 0) == cudaSuccess;
+        mixed &= x0[0] == 1.0f && x1[7] == 1.0f; /* the refused groups ran nothing */
+        check(ok && mixed, "nccl: group mixing capturing/other or two capturing streams -> ncclInvalidUsage");
+        ok &= x0[0] == 1.0f && cudaGraphLaunch(x1e, s1) == cudaSuccess && x0[0] == 2.0f && x1[7] == 2.0f;
+        ok &= cudaGraphLaunch(x1e, s1) == cudaSuccess && x0[3] == 4.0f && x1[0] == 4.0f;
+        check(ok, "nccl: one thread drives both ranks in one captured group");
+
+        ok = cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+        ok &= cudaStreamSynchronize(s1) == cudaErrorStreamCaptureUnsupported;
+        ok &= ncclAllReduce(x0, x0, 8, ncclFloat32, ncclSum, cc[0], s1) == ncclUnhandledCudaError;
+        cudaGraph_t gi = NULL;
+        ok &= cudaStreamEndCapture(s1, &gi) == cudaErrorStreamCaptureInvalidated && gi == NULL;
+        cudaGetLastError();
+        check(ok, "nccl: op on an invalidated capture -> ncclUnhandledCudaError");
+
+        /* ranks disagree at replay: the error can only go to the comms */
+        cudaGraph_t g3 = NULL;
+        cudaGraphExec_t x3 = NULL;
+        ncclResult_t a0 = ncclInternalError, a1 = ncclInternalError;
+        ok = cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+        ncclGroupStart();
+        ncclAllReduce(x0, x0, 4, ncclFloat32, ncclSum, cc[0], s1);
+        ncclAllReduce(x1, x1, 8, ncclFloat32, ncclSum, cc[1], s1);
+        ok &= ncclGroupEnd() == ncclSuccess;
+        ok &= cudaStreamEndCapture(s1, &g3) == cudaSuccess && cudaGraphInstantiate(&x3, g3, 0) == cudaSuccess;
+        ok &= ncclCommGetAsyncError(cc[0], &a0) == ncclSuccess && a0 == ncclSuccess;
+        ok &= cudaGraphLaunch(x3, s1) == cudaSuccess;
+        ok &= ncclCommGetAsyncError(cc[0], &a0) == ncclSuccess && ncclCommGetAsyncError(cc[1], &a1) == ncclSuccess;
+        ok &= a0 == ncclInvalidUsage && a1 == ncclInvalidUsage;
+        check(ok, "nccl: replayed mismatch -> ncclCommGetAsyncError");
+
+        cudaGraphExecDestroy(x3);
+        cudaGraphDestroy(g3);
+        cudaGraphExecDestroy(x1e);
+        cudaGraphDestroy(g1);
+        cudaGraphDestroy(g2);
+        ncclCommDestroy(cc[0]);
+        ncclCommDestroy(cc[1]);
+        cudaFree(x0);
+        cudaFree(x1);
+        cudaStreamDestroy(s1);
+        cudaStreamDestroy(s2);
+    }
+
+    g_phase = "abort while waiting";
+    check(abort_while_waiting(0), "nccl: comms aborted under a waiting rank -> ncclRemoteError");
+    check(abort_while_waiting(1), "nccl: same, rank waiting in a graph replay");
+    alarm(0);
+    check(dies([] {
+              ncclComm_t cc[2];
+              cudaStream_t st;
+              cudaGraph_t gg;
+              cudaGraphExec_t xx;
+              float *p;
+              cudaMalloc(&p, 4 * sizeof *p);
+              cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+              ncclCommInitAll(cc, 2, NULL);
+              cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+              ncclGroupStart();
+              ncclAllReduce(p, p, 2, ncclFloat32, ncclSum, cc[0], st);
+              ncclAllReduce(p + 2, p + 2, 2, ncclFloat32, ncclSum, cc[1], st);
+              ncclGroupEnd();
+              cudaStreamEndCapture(st, &gg);
+              cudaGraphInstantiate(&xx, gg, 0);
+              ncclCommDestroy(cc[0]);
+              ncclCommDestroy(cc[1]);
+              ncclCommInitAll(cc, 2, NULL); /* re-created: the graph still names the old ones */
+              cudaGraphLaunch(xx, st);
+          }),
+          "nccl: graph replayed after its comms were destroyed aborts");
 
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
