@@ -1454,12 +1454,14 @@ static void m_get(const mem *m, void *dst, const void *src, size_t bytes) {
  * device and its per-rank state, the host compute the owner's scratch. */
 typedef struct fake_rank {
     echo_comm c;
+    echo_world w; /* zeroed: a world that is not deferred (the computes read its config) */
     const echo_compute_ops *k;
 } fake_rank;
 
 static void fake_init(fake_rank *f, const mem *m, size_t scratch_values) {
     char err[320];
     memset(f, 0, sizeof *f);
+    f->c.w = &f->w;
     f->c.device = m->device;
     f->k = m->device >= 0 ? &echo_cuda_compute : &echo_host_compute;
     if (m->device >= 0) {
