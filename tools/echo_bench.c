@@ -2,12 +2,14 @@
  * echo-bench: benchmarks, one subcommand each (the table `commands` below;
  * add a row to add one).
  *
- *   echo-bench allreduce [--transport local] [--ranks N] [--algo exact,int4,echo]
+ *   echo-bench allreduce [--transport local|nccl] [--ranks N] [--algo exact,int4,echo]
  *                        [--min-bytes 1K] [--max-bytes 16M] [--group G] [--echo-min-bytes N]
  *                        [--iters N] [--json]
  *       nccl-tests-style table per message size and algorithm: time, algbw,
  *       busbw = algbw*2(N-1)/N, wire bits per value, relative error vs an
- *       fp64 sum. fp32 messages, ranks are threads (local transport).
+ *       fp64 sum. local: fp32 messages, ranks are threads over host memory.
+ *       nccl: bf16 messages on GPUs 0..N-1, exact = NCCL's own bf16
+ *       all-reduce (tools/bench/allreduce_nccl.c).
  *   echo-bench chain [--ranks N] [--depth K] [--count M] [--group G] [--json]
  *       accumulated error of K chained all-reduces of independent random
  *       partials, int4 vs echo: ||sum out - sum exact|| per depth.
@@ -242,9 +244,11 @@ out:
 }
 
 static void ar_usage(void) {
-    fprintf(stderr, "usage: echo-bench allreduce [--transport local] [--ranks N] [--algo exact,int4,echo]\n"
+    fprintf(stderr, "usage: echo-bench allreduce [--transport local|nccl] [--ranks N] [--algo exact,int4,echo]\n"
                     "                            [--min-bytes 1K] [--max-bytes 16M] [--group G] [--echo-min-bytes N]\n"
-                    "                            [--iters N] [--seed S] [--dist gauss|outlier] [--json]\n");
+                    "                            [--iters N] [--seed S] [--dist gauss|outlier] [--json]\n"
+                    "  local: ranks are threads over host memory, fp32 (CPU numbers)\n"
+                    "  nccl:  rank r on GPU r, bf16, exact = NCCL's bf16 all-reduce; uniform inputs (no --dist)\n");
 }
 
 static int cmd_allreduce(int argc, char **argv) {
@@ -286,12 +290,11 @@ static int cmd_allreduce(int argc, char **argv) {
             return 2;
         }
     }
-    if (strcmp(transport, "local")) {
-        fprintf(stderr, "echo-bench: transport '%s': only 'local' is benchmarked here (nccl needs GPU buffers)\n",
-                transport);
+    if (strcmp(transport, "local") && strcmp(transport, "nccl")) {
+        fprintf(stderr, "echo-bench: unknown transport '%s' (local, nccl)\n", transport);
         return 2;
     }
-    echo_mode modes[3];
+    echo_mode modes[3] = {ECHO_MODE_EXACT, ECHO_MODE_EXACT, ECHO_MODE_EXACT};
     int nmodes = 0;
     char list[64];
     snprintf(list, sizeof list, "%s", algos);
@@ -305,6 +308,20 @@ static int cmd_allreduce(int argc, char **argv) {
     if (minb < 4 || maxb < minb) {
         ar_usage();
         return 2;
+    }
+    if (!strcmp(transport, "nccl")) {
+        if (dist != DIST_GAUSS) {
+            fprintf(stderr, "echo-bench: --dist is not supported with --transport nccl (inputs are generated on "
+                            "the GPUs, uniform)\n");
+            return 2;
+        }
+        if (nranks < 2) {
+            fprintf(stderr, "echo-bench: --transport nccl needs --ranks >= 2\n");
+            return 2;
+        }
+        bench_ar_opts o = {nranks, group, iters, json, seed, minb, maxb, policy, {modes[0], modes[1], modes[2]},
+                           nmodes};
+        return bench_allreduce_nccl(&o);
     }
     size_t maxc = maxb / sizeof(float);
     float *x[ECHO_MAX_RANKS] = {0};

@@ -12,7 +12,9 @@
 #     eager, and no "has no effect" note;
 #   - every run exits 0 and prints the tokens asked for;
 #   - echo-bench forward --device cuda --cuda-graphs exits 0, reports a
-#     matmul peak, prefill, decode (through graphs) and TTFT.
+#     matmul peak, prefill, decode (through graphs) and TTFT;
+#   - echo-bench allreduce --transport nccl gives a row per algo with the
+#     wire's bits per value and errors of the right size.
 # Reported, not asserted: greedy agreement of cuda with the cpu (bf16 may
 # flip a near-tie).
 #
@@ -29,9 +31,12 @@ pass=0
 gen() { # name args...
   local name="$1"
   shift
-  if ! "$BIN/echo-generate" --model "$MODEL" --prompt-tokens "$PROMPT" --max-tokens 8 --ignore-eos \
-    --top-logprobs 2 --json "$@" >"$TMP/$name.json" 2>"$TMP/$name.err"; then
-    echo "FAIL $name: exit $? ($(tail -n 2 "$TMP/$name.err" | tr '\n' ' '))"
+  "$BIN/echo-generate" --model "$MODEL" --prompt-tokens "$PROMPT" --max-tokens 8 --ignore-eos \
+    --top-logprobs 2 --json "$@" >"$TMP/$name.json" 2>"$TMP/$name.err"
+  local rc=$?
+  if [ $rc != 0 ]; then
+    echo "FAIL $name: exit $rc ($(tail -n 2 "$TMP/$name.err" | tr '\n' ' '))"
+    rm -f "$TMP/$name.json" # a failed run has nothing to compare
     fail=1
     return 1
   fi
@@ -46,7 +51,10 @@ gen() { # name args...
 }
 
 same() { # what a b
-  if cmp -s "$TMP/$2.json" "$TMP/$3.json"; then
+  if [ ! -s "$TMP/$2.json" ] || [ ! -s "$TMP/$3.json" ]; then
+    echo "FAIL $1: $2 or $3 did not run"
+    fail=1
+  elif cmp -s "$TMP/$2.json" "$TMP/$3.json"; then
     echo "PASS $1"
     pass=$((pass + 1))
   else
@@ -104,6 +112,35 @@ EOF
   fi
 else
   echo "FAIL echo-bench forward --device cuda: exit $? ($(tail -n 3 "$TMP/fwd.err" | tr '\n' ' '))"
+  fail=1
+fi
+# echo-bench allreduce over nccl (rank r on emulated GPU r): every algo
+# runs; the wire carries 16 bits per value for exact and G = 64's 4.25 for
+# the codec; exact's error is bf16 rounding, the codec's one int4 rounding.
+if "$BIN/echo-bench" allreduce --transport nccl --ranks 2 --min-bytes 2K --max-bytes 4K --iters 2 --json \
+  >"$TMP/ar.json" 2>"$TMP/ar.err"; then
+  if python3 - "$TMP/ar.json" <<'EOF'; then
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert sorted({r["algo"] for r in rows}) == ["echo", "exact", "int4"], rows
+assert len(rows) == 6, rows
+for r in rows:
+    assert r["transport"] == "nccl" and r["dtype"] == "bf16" and r["time_us"] > 0, r
+    if r["algo"] == "exact":
+        assert r["wire_bits_per_value"] == 16 and r["rel_err"] < 0.01, r
+    else:
+        assert abs(r["wire_bits_per_value"] - 4.25) < 1e-9 and 0.01 < r["rel_err"] < 0.3, r
+EOF
+    echo "PASS echo-bench allreduce --transport nccl (exact, int4, echo rows; wire bits; errors)"
+    pass=$((pass + 1))
+  else
+    echo "FAIL echo-bench allreduce --transport nccl: unexpected JSON"
+    head -c 600 "$TMP/ar.json"
+    echo
+    fail=1
+  fi
+else
+  echo "FAIL echo-bench allreduce --transport nccl: exit $? ($(tail -n 3 "$TMP/ar.err" | tr '\n' ' '))"
   fail=1
 fi
 echo "cli: $pass passed, $([ $fail = 0 ] && echo 0 || echo '>= 1') failed"

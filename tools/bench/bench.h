@@ -11,6 +11,9 @@
  *   echo-bench forward the engine alone: prefill tokens/s and TFLOP/s,
  *                      decode tokens/s beside the copy-bandwidth roofline,
  *                      TTFT (docs/bench-forward.md)
+ *   echo-bench allreduce --transport nccl  Echo vs NCCL's bf16 all-reduce on
+ *                      GPUs (allreduce_nccl.c; the local transport's table
+ *                      is in echo_bench.c)
  *
  * Every entry point gets argv[0] = the subcommand name and its options after
  * it, as getopt expects (echo-bench's main drops only the program name).
@@ -22,10 +25,22 @@
 
 #include <stddef.h>
 
+#include "comm/echo.h"
+
 int bench_serve_main(int argc, char **argv);
 int bench_plot_main(int argc, char **argv);
 int bench_randmodel_main(int argc, char **argv);
 int bench_forward_main(int argc, char **argv);
+
+/* echo-bench allreduce --transport nccl (allreduce_nccl.c): the options
+ * echo_bench.c parsed. Prints the table (or --json rows); 0 ok, 1 error. */
+typedef struct bench_ar_opts {
+    int nranks, group, iters, json, seed;
+    size_t min_bytes, max_bytes, policy;
+    echo_mode modes[3];
+    int nmodes;
+} bench_ar_opts;
+int bench_allreduce_nccl(const bench_ar_opts *o);
 
 /* Percentile of sorted x[0..n-1], p in [0, 100], by linear interpolation
  * between closest ranks (numpy.percentile's default, "linear"): position
