@@ -159,21 +159,26 @@ static int aborted_msg(const nccl_world *nw, char *err, size_t errlen) {
     return -1;
 }
 
+/* With mu held, the world aborted: end this rank's comm if it is still
+ * there (it was in use when the world was aborted, so nobody else could,
+ * and it may hold work the rank enqueued before), and fail with why. */
+static int abort_own_locked(nccl_world *nw, const echo_comm *c, char *err, size_t errlen) {
+    if (nw->comms[c->rank]) {
+        (void)ncclCommAbort(nw->comms[c->rank]);
+        nw->comms[c->rank] = NULL;
+    }
+    aborted_msg(nw, err, errlen);
+    pthread_mutex_unlock(&nw->mu);
+    return -1;
+}
+
 /* Enter this rank's NCCL section: fails if the world was aborted. */
 static int nccl_enter(echo_comm *c, char *err, size_t errlen) {
     nccl_world *nw = nw_of(c);
     pthread_mutex_lock(&nw->mu);
     if (atomic_load(&nw->aborted) || !nw->comms[c->rank]) {
         if (!nw->reason[0]) snprintf(nw->reason, sizeof nw->reason, "communicator of rank %d is gone", c->rank);
-        /* This rank's comm may still hold work it enqueued before the abort
-         * (it was inside NCCL then, so nobody aborted it): end it here. */
-        if (nw->comms[c->rank]) {
-            (void)ncclCommAbort(nw->comms[c->rank]);
-            nw->comms[c->rank] = NULL;
-        }
-        aborted_msg(nw, err, errlen);
-        pthread_mutex_unlock(&nw->mu);
-        return -1;
+        return abort_own_locked(nw, c, err, errlen);
     }
     nw->in_nccl[c->rank] = 1;
     pthread_mutex_unlock(&nw->mu);
@@ -188,15 +193,7 @@ static int nccl_leave(echo_comm *c, char *err, size_t errlen) {
     nccl_world *nw = nw_of(c);
     pthread_mutex_lock(&nw->mu);
     nw->in_nccl[c->rank] = 0;
-    if (atomic_load(&nw->aborted)) {
-        if (nw->comms[c->rank]) {
-            (void)ncclCommAbort(nw->comms[c->rank]);
-            nw->comms[c->rank] = NULL;
-        }
-        aborted_msg(nw, err, errlen);
-        pthread_mutex_unlock(&nw->mu);
-        return -1;
-    }
+    if (atomic_load(&nw->aborted)) return abort_own_locked(nw, c, err, errlen);
     pthread_mutex_unlock(&nw->mu);
     return 0;
 }

@@ -78,6 +78,20 @@ void cuda_graphs_free(cuda_impl *impl) {
 
 /* ---- staging in graph mode (from cuda_stage_begin / cuda_stage_commit) ---- */
 
+/* The host buffer for a staging that does not go to the arena: a capture
+ * past the arena's end, or a replay of an alias (compared at commit). */
+static int graph_spill(kern_backend *be, size_t n, int32_t **host) {
+    cuda_impl *impl = cuda_get(be);
+    if (n > impl->graph_spill_cap) {
+        int32_t *sp = (int32_t *)realloc(impl->graph_spill, n * sizeof *sp);
+        if (!sp) return kern_fail(be, "cuda: out of memory for a graph's staging");
+        impl->graph_spill = sp;
+        impl->graph_spill_cap = n;
+    }
+    *host = impl->graph_spill;
+    return 0;
+}
+
 int cuda_graph_stage_begin(kern_backend *be, size_t n, int32_t **host) {
     cuda_impl *impl = cuda_get(be);
     cuda_graph *g = impl->graph_cur;
@@ -89,17 +103,8 @@ int cuda_graph_stage_begin(kern_backend *be, size_t n, int32_t **host) {
         if (i >= g->nrec || g->rec[i].n != n || (!g->rec[i].alias && g->rec[i].off != off))
             return kern_fail(be, "cuda: graph replay diverged (staging %zu: %zu values at %zu)", i, n, off);
     }
-    if (impl->graph_mode == CUDA_GRAPH_REPLAY && g->rec[impl->graph_rec_i].alias) {
-        /* filled aside, compared with the earlier staging at commit */
-        if (n > impl->graph_spill_cap) {
-            int32_t *sp = (int32_t *)realloc(impl->graph_spill, n * sizeof *sp);
-            if (!sp) return kern_fail(be, "cuda: out of memory for a graph replay's staging");
-            impl->graph_spill = sp;
-            impl->graph_spill_cap = n;
-        }
-        *host = impl->graph_spill;
-        return 0;
-    }
+    if (impl->graph_mode == CUDA_GRAPH_REPLAY && g->rec[impl->graph_rec_i].alias)
+        return graph_spill(be, n, host); /* filled aside, compared with the earlier staging at commit */
     impl->graph_pending = off;
     if (off + n > g->cap) {
         /* only a capture gets here (a replay matched the capture's layout).
@@ -108,14 +113,7 @@ int cuda_graph_stage_begin(kern_backend *be, size_t n, int32_t **host) {
          * and graph_end discards it */
         impl->graph_overflow = 1;
         if (off + n > g->need) g->need = off + n;
-        if (n > impl->graph_spill_cap) {
-            int32_t *sp = (int32_t *)realloc(impl->graph_spill, n * sizeof *sp);
-            if (!sp) return kern_fail(be, "cuda: out of memory for a graph capture's staging");
-            impl->graph_spill = sp;
-            impl->graph_spill_cap = n;
-        }
-        *host = impl->graph_spill;
-        return 0;
+        return graph_spill(be, n, host);
     }
     *host = g->host + off;
     return 0;

@@ -10,7 +10,8 @@
 # the matmul peak, prefill tok/s and TFLOP/s, decode tok/s beside the
 # copy-bandwidth roofline, TTFT of a 2048-token prompt), and its decode
 # batches once more through CUDA graphs (--cuda-graphs), graph vs eager
-# tok/s side by side).
+# tok/s side by side); on a machine with >= 2 GPUs also Echo vs NCCL's bf16
+# all-reduce (echo-bench allreduce --transport nccl).
 # Made to run on a lent GPU machine (no package registry there): the Debian
 # -dev packages travel as .deb files in .gpu-debs/ (tests/gpu/fetch-debs.sh)
 # and are unpacked with `dpkg -x` into a private prefix; nothing is
@@ -33,7 +34,8 @@
 #
 # Logs under $OUT (few files, so they fit a device call's return):
 #   env.log build.log ops.log comm.log comm.json model.log gen.log
-#   forward.log forward.json forward-graphs.json summary.txt, and rows.txt
+#   forward.log forward.json forward-graphs.json allreduce.json summary.txt,
+#   and rows.txt
 #   (the summary's rows as each step ends: what a cut-short run leaves)
 # The summary table is printed last. Exit status: 0 when nothing failed
 # (steps skipped for want of a GPU count as skipped, not failed), else 1.
@@ -408,5 +410,39 @@ PY
     )
   fi
   cat "$OUT/forward-graphs.json"
+fi
+
+# ---- 7. Echo vs NCCL's bf16 all-reduce (needs >= 2 GPUs: rank r on GPU r) ----
+# The published comparison (2.09x at 1 GB on A100). A one-GPU machine skips
+# it; on more, up to 8 ranks, exact (NCCL) and echo at 1 MB .. 1 GB.
+rm -f "$OUT/allreduce.json"
+ngpu=0
+command -v nvidia-smi >/dev/null && ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+if [ "$DEV" = cpu ]; then
+  row "allreduce nccl echo vs exact" skip "GPU_CHECK_DEVICE=cpu"
+elif [ "$ngpu" -lt 2 ]; then
+  row "allreduce nccl echo vs exact" skip "needs >= 2 GPUs, $ngpu visible"
+else
+  nr=$((ngpu > 8 ? 8 : ngpu))
+  set +e
+  timeout 240 "$BENCH" allreduce --transport nccl --ranks "$nr" --algo exact,echo --min-bytes 1M --max-bytes 1G \
+    --iters 5 --json >"$OUT/allreduce.json" 2>>"$OUT/forward.log"
+  arc=$?
+  set -e
+  if [ $arc -ne 0 ]; then
+    row "allreduce nccl echo vs exact" FAIL "exit $arc: $(tail -1 "$OUT/forward.log" | cut -c1-100)"
+  else
+    row "allreduce nccl echo vs exact" ok "$(python3 - "$OUT/allreduce.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+t = {(r["algo"], r["bytes"]): r for r in rows}
+cells = []
+for b in sorted({r["bytes"] for r in rows}):
+    if b in (1 << 20, 1 << 24, 1 << 28, 1 << 30) and ("exact", b) in t and ("echo", b) in t:
+        cells.append(f"{b >> 20} MB: {t[('exact', b)]['time_us'] / t[('echo', b)]['time_us']:.2f}x")
+print(f"{rows[0]['ranks']} ranks, echo speed-up over NCCL bf16: " + ", ".join(cells))
+PY
+)"
+  fi
 fi
 finish

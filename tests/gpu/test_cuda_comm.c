@@ -867,42 +867,57 @@ static void part_n_failures(const side *B, int N) {
     const char *fail;
     const size_t m = 4097;
 
-    /* a NaN on one rank: every rank fails the call; a new pass works (no abort) */
-    for (int mi = 0; mi < 3; mi++) {
-        echo_mode md = mi == 0 ? ECHO_MODE_EXACT : mi == 1 ? ECHO_MODE_INT4 : ECHO_MODE_ECHO;
+    /* a NaN on one rank: every rank fails the call; a new pass works (no
+     * abort). Deferred (echo_config.deferred): both calls of the pass fail
+     * at echo_end_pass, which names the site. */
+    for (int d = 0; d < 2; d++)
+        for (int mi = 0; mi < 3; mi++) {
+            echo_mode md = mi == 0 ? ECHO_MODE_EXACT : mi == 1 ? ECHO_MODE_INT4 : ECHO_MODE_ECHO;
+            memset(&j, 0, sizeof j);
+            j.calls[0] = spec(1, 0, m, ECHO_BF16);
+            j.calls[1] = spec(0, 1, m, ECHO_BF16);
+            j.calls[2] = spec(1, 0, m, ECHO_BF16);
+            job_alloc(&j, N, 3, 91 + 100 * (uint64_t)d);
+            ((uint16_t *)j.in[0][N - 1])[1234] = 0x7fc0; /* NaN */
+            echo_config cfg = {md, 64, 0, 4, m, 0, d};
+            fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
+            if (!fail) fail = expect_all_fail(&j, 0, d ? "at site 0 is not finite" : "inf/nan", buf, sizeof buf);
+            if (!fail)
+                fail = expect_all_fail(&j, 1, d ? "at site 0 is not finite" : "aborted by an earlier error", buf,
+                                       sizeof buf);
+            if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
+            if (!fail) fail = expect_replicas(&j, 2, buf, sizeof buf);
+            snprintf(label, sizeof label, "nccl %snan input  n=%d %-5s bf16 count=%zu", d ? "deferred " : "", N,
+                     echo_mode_name(md), m);
+            report(label, 0, fail);
+            job_free(&j);
+        }
+
+    /* an fp32 sum that overflows (exact path, the pass's second call):
+     * every rank reports the element; deferred, at echo_end_pass, which
+     * fails the whole pass and names the site */
+    for (int d = 0; d < 2; d++) {
         memset(&j, 0, sizeof j);
-        j.calls[0] = spec(1, 0, m, ECHO_BF16);
-        j.calls[1] = spec(0, 1, m, ECHO_BF16);
-        j.calls[2] = spec(1, 0, m, ECHO_BF16);
-        job_alloc(&j, N, 3, 91);
-        ((uint16_t *)j.in[0][N - 1])[1234] = 0x7fc0; /* NaN */
-        echo_config cfg = {md, 64, 0, 4, m, 0, 0};
+        j.calls[0] = spec(1, 0, m, ECHO_F32);
+        j.calls[1] = spec(0, 2, m, ECHO_F32);
+        j.calls[2] = spec(1, 0, m, ECHO_F32);
+        job_alloc(&j, N, 3, 92 + 100 * (uint64_t)d);
+        for (int r = 0; r < N; r++)
+            ((float *)j.in[1][r])[4000] = 3e38f;
+        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, d};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
-        if (!fail) fail = expect_all_fail(&j, 0, "inf/nan", buf, sizeof buf);
-        if (!fail) fail = expect_all_fail(&j, 1, "aborted by an earlier error", buf, sizeof buf);
+        if (!fail && d) fail = expect_all_fail(&j, 0, "element 4000 of the all-reduce at site 2", buf, sizeof buf);
+        if (!fail && !d) fail = expect_all_ok(&j, 0, buf, sizeof buf);
+        if (!fail)
+            fail = expect_all_fail(&j, 1,
+                                   d ? "element 4000 of the all-reduce at site 2"
+                                     : "element 4000 of the exact all-reduce is not finite",
+                                   buf, sizeof buf);
         if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
-        if (!fail) fail = expect_replicas(&j, 2, buf, sizeof buf);
-        snprintf(label, sizeof label, "nccl nan input     n=%d %-5s bf16 count=%zu", N, echo_mode_name(md), m);
+        snprintf(label, sizeof label, "nccl %ssum overflow n=%d exact f32 count=%zu", d ? "deferred " : "", N, m);
         report(label, 0, fail);
         job_free(&j);
     }
-
-    /* an fp32 sum that overflows (exact path): every rank reports the element */
-    memset(&j, 0, sizeof j);
-    j.calls[0] = spec(1, 0, m, ECHO_F32);
-    j.calls[1] = spec(1, 0, m, ECHO_F32);
-    job_alloc(&j, N, 2, 92);
-    for (int r = 0; r < N; r++)
-        ((float *)j.in[0][r])[4000] = 3e38f;
-    {
-        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, 0};
-        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
-        if (!fail) fail = expect_all_fail(&j, 0, "element 4000 of the exact all-reduce is not finite", buf, sizeof buf);
-        if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
-        snprintf(label, sizeof label, "nccl sum overflow  n=%d exact f32 count=%zu", N, m);
-        report(label, 0, fail);
-    }
-    job_free(&j);
 
     /* Ranks that disagree on the count: nccl.c compares the ranks' calls on
      * the host before enqueuing, so every rank fails "ranks disagree" and
@@ -989,43 +1004,9 @@ static void part_n_failures(const side *B, int N) {
         job_free(&j);
     }
 
-    /* Deferred worlds: the same failures surface at echo_end_pass (or, where
-     * a collective blocks until its peers arrive, as the emulator's does,
-     * at the call), with the site; the world recovers as above. */
-    for (int mi = 0; mi < 3; mi++) {
-        echo_mode md = mi == 0 ? ECHO_MODE_EXACT : mi == 1 ? ECHO_MODE_INT4 : ECHO_MODE_ECHO;
-        memset(&j, 0, sizeof j);
-        j.calls[0] = spec(1, 0, m, ECHO_BF16);
-        j.calls[1] = spec(0, 1, m, ECHO_BF16);
-        j.calls[2] = spec(1, 0, m, ECHO_BF16);
-        job_alloc(&j, N, 3, 191);
-        ((uint16_t *)j.in[0][N - 1])[1234] = 0x7fc0; /* NaN */
-        echo_config cfg = {md, 64, 0, 4, m, 0, 1};
-        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
-        if (!fail) fail = expect_all_fail(&j, 0, "at site 0 is not finite", buf, sizeof buf);
-        if (!fail) fail = expect_all_fail(&j, 1, "at site 0 is not finite", buf, sizeof buf);
-        if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
-        if (!fail) fail = expect_replicas(&j, 2, buf, sizeof buf);
-        snprintf(label, sizeof label, "nccl deferred nan  n=%d %-5s bf16 count=%zu", N, echo_mode_name(md), m);
-        report(label, 0, fail);
-        job_free(&j);
-    }
-    {
-        memset(&j, 0, sizeof j);
-        j.calls[0] = spec(1, 0, m, ECHO_F32);
-        j.calls[1] = spec(0, 2, m, ECHO_F32);
-        j.calls[2] = spec(1, 0, m, ECHO_F32);
-        job_alloc(&j, N, 3, 192);
-        for (int r = 0; r < N; r++)
-            ((float *)j.in[1][r])[4000] = 3e38f;
-        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, 1};
-        fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
-        if (!fail) fail = expect_all_fail(&j, 0, "element 4000 of the all-reduce at site 2", buf, sizeof buf);
-        if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
-        snprintf(label, sizeof label, "nccl deferred sum overflow n=%d exact f32 count=%zu", N, m);
-        report(label, 0, fail);
-        job_free(&j);
-    }
+    /* Deferred worlds: a disagreement or an abort surfaces at echo_end_pass
+     * (or, where a collective blocks until its peers arrive, as the
+     * emulator's does, at the call); the world recovers as above. */
     for (int ci = 0; ci < 2; ci++) {
         /* ci 0: ranks disagree at call 0; ci 1: the last rank aborts instead of call 0 */
         echo_config cfg = {ci ? ECHO_MODE_ECHO : ECHO_MODE_INT4, 32, 0, 4, m, 0, 1};

@@ -251,6 +251,35 @@ static float *decode_steps(const char *dir, const char *dev, int graphs, int fus
     return decode_steps_tp(dir, dev, 1, ECHO_MODE_EXACT, graphs, fuse, nseqs, ps, np, V, max_len, steps, graph_steps);
 }
 
+/* Graphs on == off, bit for bit, over T1 decode steps of GRAPH_SEQS rows:
+ * one check line (a FAIL line when either run failed). */
+static void check_graph_bits(const char *name, int tp, const char *what, const float *eager, const float *graph,
+                             int T1, int T2, int V) {
+    if (!eager || !graph || T1 != T2) {
+        fail_line(name, tp, what);
+        return;
+    }
+    size_t n = (size_t)T1 * GRAPH_SEQS * V, diff = 0;
+    for (size_t i = 0; i < n; i++)
+        diff += memcmp(&eager[i], &graph[i], sizeof *eager) != 0;
+    g_checks++;
+    if (diff) g_fail++;
+    printf("%-16s tp %d %-26s %zu of %zu values differ (%d steps x %d seqs)  %s\n", name, tp, what, diff, n, T1,
+           GRAPH_SEQS, diff ? "FAIL" : "PASS");
+}
+
+/* The graph engine ran its decode steps as graphs (the first step or two
+ * may run eagerly: a capture that had to grow a buffer is retried), the
+ * eager engine none. */
+static void check_graph_steps(const char *name, int tp, const char *what, const float *graph, long g1, long g2,
+                              int T2) {
+    g_checks++;
+    int used = graph && g2 >= T2 - 2 && g2 > 0 && g1 == 0;
+    if (!used) g_fail++;
+    printf("%-16s tp %d %-26s %ld of %d decode steps (eager engine: %ld)  %s\n", name, tp, what, g2, T2, g1,
+           used ? "PASS" : "FAIL");
+}
+
 /* Graphs at tp > 1: the decode steps with their all-reduces (echo mode, so
  * residuals and the codec are inside the graph) captured on the nccl
  * transport (one GPU per rank; the local transport cannot be captured), on
@@ -276,22 +305,8 @@ static void test_graphs_tp(const char *dir, const char *name, const model_config
                                        max_len, &T1, &g1);
         float *graph = decode_steps_tp(dir, "cuda", tp, ECHO_MODE_ECHO, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V,
                                        max_len, &T2, &g2);
-        if (!eager || !graph || T1 != T2) {
-            fail_line(name, tp, w1);
-        } else {
-            size_t n = (size_t)T1 * GRAPH_SEQS * V, diff = 0;
-            for (size_t i = 0; i < n; i++)
-                diff += memcmp(&eager[i], &graph[i], sizeof *eager) != 0;
-            g_checks++;
-            if (diff) g_fail++;
-            printf("%-16s tp %d %-26s %zu of %zu values differ (%d steps x %d seqs)  %s\n", name, tp, w1, diff, n, T1,
-                   GRAPH_SEQS, diff ? "FAIL" : "PASS");
-        }
-        g_checks++;
-        int used = graph && g2 >= T2 - 2 && g2 > 0 && g1 == 0;
-        if (!used) g_fail++;
-        printf("%-16s tp %d %-26s %ld of %d decode steps (eager engine: %ld)  %s\n", name, tp, w3, g2, T2, g1,
-               used ? "PASS" : "FAIL");
+        check_graph_bits(name, tp, w1, eager, graph, T1, T2, V);
+        check_graph_steps(name, tp, w3, graph, g1, g2, T2);
         free(eager);
         free(graph);
     }
@@ -324,28 +339,12 @@ static void test_graphs(const char *dir, const char *name, const char *dev, cons
     float *cpu = decode_steps(dir, "cpu", 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, max_len, &T0, &g0);
     float *eager = decode_steps(dir, dev, 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, max_len, &T1, &g1);
     float *graph = decode_steps(dir, dev, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, max_len, &T2, &g2);
-    if (!eager || !graph || T1 != T2) {
-        fail_line(name, 1, w1);
-    } else {
-        size_t n = (size_t)T1 * GRAPH_SEQS * V, diff = 0;
-        for (size_t i = 0; i < n; i++)
-            diff += memcmp(&eager[i], &graph[i], sizeof *eager) != 0;
-        g_checks++;
-        if (diff) g_fail++;
-        printf("%-16s tp 1 %-26s %zu of %zu values differ (%d steps x %d seqs)  %s\n", name, w1, diff, n, T1,
-               GRAPH_SEQS, diff ? "FAIL" : "PASS");
-    }
+    check_graph_bits(name, 1, w1, eager, graph, T1, T2, V);
     if (!graph || !cpu || T0 != T2)
         fail_line(name, 1, w2);
     else
         report(name, 1, w2, rel_err(graph, cpu, (size_t)T2 * GRAPH_SEQS * V), tol, 1);
-    /* the first decode step or two may run eagerly (a capture that had to
-     * grow a buffer is retried), every later one is a replay */
-    g_checks++;
-    int used = graph && g2 >= T2 - 2 && g2 > 0 && g1 == 0;
-    if (!used) g_fail++;
-    printf("%-16s tp 1 %-26s %ld of %d decode steps (eager engine: %ld)  %s\n", name, w3, g2, T2, g1,
-           used ? "PASS" : "FAIL");
+    check_graph_steps(name, 1, w3, graph, g1, g2, T2);
     free(cpu);
     free(eager);
     free(graph);
@@ -434,22 +433,8 @@ static void test_graphs_random(const char *dev) {
     long g1 = 0, g2 = 0;
     float *eager = decode_steps(spec, dev, 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, GRAPH_SEQS, V, 2048, &T1, &g1);
     float *graph = decode_steps(spec, dev, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, GRAPH_SEQS, V, 2048, &T2, &g2);
-    if (!eager || !graph || T1 != T2) {
-        fail_line(name, 1, "graphs == eager (bits)");
-    } else {
-        size_t n = (size_t)T1 * GRAPH_SEQS * V, diff = 0;
-        for (size_t i = 0; i < n; i++)
-            diff += memcmp(&eager[i], &graph[i], sizeof *eager) != 0;
-        g_checks++;
-        if (diff) g_fail++;
-        printf("%-16s tp 1 %-26s %zu of %zu values differ (%d steps x %d seqs)  %s\n", name, "graphs == eager (bits)",
-               diff, n, T1, GRAPH_SEQS, diff ? "FAIL" : "PASS");
-    }
-    g_checks++;
-    int used = graph && g2 >= T2 - 2 && g2 > 0 && g1 == 0;
-    if (!used) g_fail++;
-    printf("%-16s tp 1 %-26s %ld of %d decode steps (eager engine: %ld)  %s\n", name, "graph steps", g2, T2, g1,
-           used ? "PASS" : "FAIL");
+    check_graph_bits(name, 1, "graphs == eager (bits)", eager, graph, T1, T2, V);
+    check_graph_steps(name, 1, "graph steps", graph, g1, g2, T2);
     free(eager);
     free(graph);
     for (int k = 0; k < GRAPH_SEQS; k++)
