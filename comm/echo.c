@@ -301,6 +301,24 @@ uint64_t echo_comm_epoch(const echo_comm *c) {
     return c ? c->w->epoch : 0;
 }
 
+int echo_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen) {
+    *agreed = 0;
+    if (!c) {
+        snprintf(err, errlen, "echo: vote on a NULL comm");
+        return -1;
+    }
+    if (c->w->nranks == 1) {
+        *agreed = mine != 0;
+        return 0;
+    }
+    if (!c->w->tp->vote) {
+        snprintf(err, errlen, "echo: the %s transport has no vote (graphs need a deferred nccl world)",
+                 c->w->tp->name);
+        return -1;
+    }
+    return c->w->tp->vote(c, mine, agreed, err, errlen);
+}
+
 void echo_abort(echo_comm *c) {
     if (!c) return;
     c->aborted = 1;

@@ -178,6 +178,15 @@ void echo_world_clear_abort(echo_world *w);
  *   - echo_comm_epoch changes when the world's communicators are created
  *     anew (echo_world_clear_abort on nccl): graphs captured before must be
  *     dropped.
+ *   - echo_vote: NCCL requires a captured collective to be launched by all
+ *     its ranks, each from the graph of that same capture, and a rank may
+ *     fail to capture or find its replay invalid on its own. So before
+ *     launching, every rank votes what it holds (0: nothing, so the step
+ *     runs eagerly; a non-zero code, e.g. 1 = a fresh capture, 2 = a
+ *     replay): *agreed = 1 only when every rank passed the same non-zero
+ *     code. Otherwise every rank drops its graph (captured again later,
+ *     by all ranks at once) and runs the step eagerly. Waits on the host
+ *     for the peers; an abort ends the wait with -1.
  * Graphs and deferred completion need the nccl transport: the local one
  * synchronises the ranks on the host at every call. */
 int echo_end_pass(echo_comm *c, void *stream, char *err, size_t errlen);
@@ -186,6 +195,7 @@ int echo_launch_external(echo_comm *c, int (*launch)(void *arg, char *err, size_
                          size_t errlen);
 void echo_discard_pass(echo_comm *c);
 uint64_t echo_comm_epoch(const echo_comm *c);
+int echo_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
 
 typedef struct echo_stats {
     uint64_t calls[3];      /* by echo_mode actually used for the call */

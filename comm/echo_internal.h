@@ -120,6 +120,8 @@ typedef struct echo_transport_ops {
                     size_t errlen);
     void (*pass_begin)(echo_comm *c);
     void (*pass_discard)(echo_comm *c);
+    /* echo_vote among the ranks (optional: deferred worlds) */
+    int (*vote)(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
 } echo_transport_ops;
 
 typedef struct echo_compute_ops {

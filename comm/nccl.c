@@ -77,6 +77,12 @@ typedef struct nccl_world {
     char reason[384];            /* why, for the peers' messages */
     int dead;                    /* clear_abort could not re-create the communicators */
     int in_nccl[ECHO_MAX_RANKS]; /* the rank's thread is inside an NCCL call or waiting on its stream */
+    /* echo_vote: ranks arrive under mu; the last decides and bumps the
+     * generation (results kept per generation parity: a rank cannot start
+     * vote g+2 before every rank has left vote g+1, so g's stays) */
+    pthread_cond_t vote_cv;
+    uint64_t vote_gen;
+    int vote_n, vote_val, vote_same, vote_result[2];
     uint64_t seq[ECHO_MAX_RANKS];  /* calls posted by each rank */
     uint64_t seq0[ECHO_MAX_RANKS]; /* seq at the rank's echo_begin_pass (echo_discard_pass goes back to it) */
     int slots;                     /* records per rank */
@@ -146,6 +152,7 @@ static void abort_locked(nccl_world *nw, int nranks, const char *why) {
             (void)ncclCommAbort(nw->comms[r]);
             nw->comms[r] = NULL;
         }
+    pthread_cond_broadcast(&nw->vote_cv); /* ranks waiting in a vote fail */
 }
 
 static int aborted_msg(const nccl_world *nw, char *err, size_t errlen) {
@@ -337,6 +344,7 @@ static void nccl_world_fini(echo_world *w) {
                 ncclCommDestroy(nw->comms[r]);
         }
     pthread_mutex_destroy(&nw->mu);
+    pthread_cond_destroy(&nw->vote_cv);
     free(nw->rec);
     free(nw);
     w->tp_world = NULL;
@@ -443,6 +451,8 @@ static void nccl_set_abort(echo_world *w, int on) {
                 memset(nw->seq, 0, sizeof nw->seq);
                 memset(nw->seq0, 0, sizeof nw->seq0);
                 memset(nw->rec, 0, (size_t)w->nranks * (size_t)nw->slots * sizeof *nw->rec);
+                nw->vote_n = 0; /* a vote the abort broke off */
+                nw->vote_gen++;
                 w->epoch++; /* device work captured with the old communicators must not run */
                 busy = -2;
             }
@@ -561,6 +571,40 @@ static int nccl_external(echo_comm *c, int (*launch)(void *arg, char *err, size_
     return rc;
 }
 
+static int nccl_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen) {
+    nccl_world *nw = nw_of(c);
+    pthread_mutex_lock(&nw->mu);
+    if (atomic_load(&nw->aborted)) {
+        aborted_msg(nw, err, errlen);
+        pthread_mutex_unlock(&nw->mu);
+        return -1;
+    }
+    uint64_t gen = nw->vote_gen;
+    if (nw->vote_n == 0) {
+        nw->vote_val = mine;
+        nw->vote_same = 1;
+    } else if (mine != nw->vote_val) {
+        nw->vote_same = 0;
+    }
+    if (++nw->vote_n == c->w->nranks) {
+        nw->vote_result[gen & 1] = nw->vote_same && nw->vote_val != 0;
+        nw->vote_n = 0;
+        nw->vote_gen++;
+        pthread_cond_broadcast(&nw->vote_cv);
+    } else {
+        while (nw->vote_gen == gen && !atomic_load(&nw->aborted))
+            pthread_cond_wait(&nw->vote_cv, &nw->mu);
+    }
+    if (nw->vote_gen == gen) { /* aborted before every rank voted */
+        aborted_msg(nw, err, errlen);
+        pthread_mutex_unlock(&nw->mu);
+        return -1;
+    }
+    *agreed = nw->vote_result[gen & 1];
+    pthread_mutex_unlock(&nw->mu);
+    return 0;
+}
+
 static void nccl_pass_begin(echo_comm *c) {
     nccl_world *nw = nw_of(c);
     pthread_mutex_lock(&nw->mu);
@@ -597,6 +641,7 @@ static const echo_transport_ops nccl_ops = {
     .external = nccl_external,
     .pass_begin = nccl_pass_begin,
     .pass_discard = nccl_pass_discard,
+    .vote = nccl_vote,
 };
 
 int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
@@ -628,6 +673,7 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
     }
     w->tp_world = nw;
     pthread_mutex_init(&nw->mu, NULL);
+    pthread_cond_init(&nw->vote_cv, NULL);
     atomic_init(&nw->aborted, 0);
     nw->stride = (w->max_plan.wire + 255) / 256 * 256;
     nw->slots = w->cfg.n_sites + 2;

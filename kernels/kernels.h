@@ -181,15 +181,24 @@ typedef struct kern_ops {
      * *replaying = 0 and the stream is being captured (nothing runs either).
      * -1 on error (not in graph mode).
      * graph_end: leaves graph mode; a capture is instantiated and kept under
-     * its key (a small LRU cache); then the staged arrays are uploaded and
-     * the graph is launched (asynchronously, like an op). On -1 nothing was
-     * launched and the key's graph is dropped: run the step eagerly.
+     * its key (a small LRU cache), a replay's stagings are checked against
+     * the capture's. Nothing is launched yet: the graph is READY. On -1
+     * nothing was launched and the key's graph is dropped: run the step
+     * eagerly.
+     * graph_launch: uploads the staged arrays and launches the ready graph
+     * (asynchronously, like an op). On -1 nothing was launched and the
+     * key's graph is dropped. The split lets tensor-parallel ranks agree
+     * that every one of them has a graph before any launches one: NCCL
+     * requires a captured collective to be launched by all its ranks.
      * graph_abort: leaves graph mode without launching anything and
      * discards a half-made capture; after an op failed inside graph mode
-     * (nothing ran, so the step can be redone eagerly). No-op outside. */
+     * (nothing ran, so the step can be redone eagerly). With a ready graph
+     * (graph_end succeeded, no launch) it drops the key's graph, a fresh
+     * capture counting as a failed one. No-op otherwise. */
     int (*graph_begin)(kern_backend *be, uint64_t key, int *replaying);
     int (*graph_end)(kern_backend *be);
     void (*graph_abort)(kern_backend *be);
+    int (*graph_launch)(kern_backend *be);
 } kern_ops;
 
 #define KERN_TOPK_MAX 64

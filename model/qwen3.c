@@ -528,18 +528,28 @@ int model_forward(model *m, const model_batch *b, float *logits, char *err, size
          * captured too (a deferred comm); a replay's calls are only checked
          * with the peers (echo_set_replay), and a step redone eagerly tells
          * the peers to expect its calls again (echo_discard_pass). */
-        int replaying = 0, g = ops->graph_begin(be, key, &replaying);
-        if (g == 0) {
-            if ((m->tp == 1 || !replaying || echo_set_replay(m->comm, 1, err, errlen) == 0) &&
-                forward_ops(m, b, n, pos, slots, err, errlen) == 0 && graph_launch(m, err, errlen) == 0) {
-                graphed = 1;
-                m->graph_steps++;
-            } else {
-                ops->graph_abort(be);
-                if (m->tp > 1) {
-                    echo_discard_pass(m->comm);
-                    if (echo_begin_pass(m->comm, err, errlen)) goto fail;
-                }
+        int replaying = 0, g = ops->graph_begin(be, key, &replaying), mine = 0, agreed = 0;
+        if (g == 0 && (m->tp == 1 || !replaying || echo_set_replay(m->comm, 1, err, errlen) == 0) &&
+            forward_ops(m, b, n, pos, slots, err, errlen) == 0 && ops->graph_end(be) == 0)
+            mine = replaying ? 2 : 1; /* a graph is ready: replayed (2) or freshly captured (1) */
+        /* NCCL wants a captured collective launched by all its ranks, each
+         * from the graph of the same capture: launch only when every rank
+         * holds the same kind of graph (echo_vote); else all drop theirs
+         * (captured again later, together) and run the step eagerly. */
+        if (m->tp == 1)
+            agreed = mine != 0;
+        else if (echo_vote(m->comm, mine, &agreed, err, errlen))
+            goto fail; /* the world was aborted */
+        if (agreed && graph_launch(m, err, errlen) == 0) {
+            graphed = 1;
+            m->graph_steps++;
+        } else if (agreed && m->tp > 1) {
+            goto fail; /* the peers launched theirs: this rank cannot run the step eagerly instead */
+        } else {
+            if (g == 0) ops->graph_abort(be);
+            if (m->tp > 1) {
+                echo_discard_pass(m->comm);
+                if (echo_begin_pass(m->comm, err, errlen)) goto fail;
             }
         }
     }
@@ -570,7 +580,9 @@ fail:
  * backend (as the engine has), so keys do not collide. */
 static int graph_key(const model *m, const model_batch *b, uint64_t *key) {
     const kern_ops *ops = m->ops;
-    if (!m->graphs || b->layer_states || !ops->graph_begin || !ops->graph_end || !ops->graph_abort) return 0;
+    if (!m->graphs || b->layer_states || !ops->graph_begin || !ops->graph_end || !ops->graph_abort ||
+        !ops->graph_launch)
+        return 0;
     if (b->n_seqs >= (1 << 16) || b->n_logit_rows >= (1 << 16) || b->max_blocks >= (1 << 20)) return 0;
     for (int s = 0; s < b->n_seqs; s++)
         if (b->q_start[s + 1] - b->q_start[s] != 1) return 0;
@@ -582,19 +594,19 @@ static int graph_key(const model *m, const model_batch *b, uint64_t *key) {
     return 1;
 }
 
-static int graph_end_cb(void *arg, char *err, size_t errlen) {
+static int graph_launch_cb(void *arg, char *err, size_t errlen) {
     model *m = arg;
-    if (m->ops->graph_end(m->be) == 0) return 0;
+    if (m->ops->graph_launch(m->be) == 0) return 0;
     snprintf(err, errlen, "%s backend: %s", m->ops->name, kern_last_error(m->be));
     return -1;
 }
 
-/* Instantiate (after a capture) and launch the step's graph. At tp > 1 it
- * holds this rank's NCCL kernels: launched through the comm, which refuses
- * while the world is aborted (its communicators are gone). */
+/* Launch the step's ready graph. At tp > 1 it holds this rank's NCCL
+ * kernels: launched through the comm, which refuses while the world is
+ * aborted (its communicators are gone). */
 static int graph_launch(model *m, char *err, size_t errlen) {
-    if (m->tp == 1) return graph_end_cb(m, err, errlen);
-    return echo_launch_external(m->comm, graph_end_cb, m, err, errlen);
+    if (m->tp == 1) return graph_launch_cb(m, err, errlen);
+    return echo_launch_external(m->comm, graph_launch_cb, m, err, errlen);
 }
 
 /* The pass on the backend, embedding to lm_head: launches only, no host

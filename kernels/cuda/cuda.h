@@ -122,19 +122,21 @@ typedef struct cuda_stage_slot {
 #define CUDA_STAGE_SLOTS 8
 #define CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
 
-/* Graphs (kern_ops.graph_begin/end/abort, cuda_graph.cu). A decode step of
- * one batch shape is captured once and then replayed: on replay the model
- * issues its usual op sequence, every op validates and fills its staged
- * arrays exactly as during the capture, and skips its launches
- * (cuda_replaying); graph_end then uploads the staged arrays and launches
- * the graph. While in graph mode, staging does not use the ring: it
- * bump-allocates in the graph's ARENA (pinned host + device, in call order),
- * so every array lands at the address the captured kernels read. A staging
- * equal to an earlier one of the step (every layer stages the same
+/* Graphs (kern_ops.graph_begin/end/launch/abort, cuda_graph.cu). A decode
+ * step of one batch shape is captured once and then replayed: on replay the
+ * model issues its usual op sequence, every op validates and fills its
+ * staged arrays exactly as during the capture, and skips its launches
+ * (cuda_replaying); graph_end then instantiates the capture or checks the
+ * replay's stagings, and graph_launch uploads the staged arrays and
+ * launches the graph. While in graph mode, staging does not use the ring:
+ * it bump-allocates in the graph's ARENA (pinned host + device, in call
+ * order), so every array lands at the address the captured kernels read. A
+ * staging equal to an earlier one of the step (every layer stages the same
  * positions, cache slots and attention tables) is not stored again: the
  * capture records it as an alias, the kernels read the earlier copy, and a
- * replay checks that the values are still equal (else "diverged"). One copy of the used prefix precedes each launch (outside the
- * graph, in stream order); the host rewrites the arena only after the
+ * replay checks that the values are still equal (else "diverged"). One copy
+ * of the used prefix precedes each launch (outside the graph, in stream
+ * order); the host rewrites the arena only after the
  * event recorded behind that copy fired. The capture records each
  * staging's (offset, values); a replay must stage exactly that sequence,
  * else "graph replay diverged" (the op fails, the caller runs eagerly and
@@ -205,6 +207,8 @@ typedef struct cuda_impl {
     size_t graph_pending; /* offset of the staging between begin and commit */
     int graph_overflow;   /* capture: the arena was too small (the capture is measured, then discarded) */
     int32_t *graph_spill; /* host (malloc): where stagings beyond the arena go during such a capture */
+    cuda_graph *graph_ready; /* graph_end succeeded, graph_launch not yet called */
+    int graph_ready_fresh;   /* ... and it was captured in this step */
     size_t graph_spill_cap;
 } cuda_impl;
 
@@ -294,6 +298,7 @@ int cuda_graph_stage_commit(kern_backend *be, size_t n, const int32_t **dev);
 int cuda_graph_begin(kern_backend *be, uint64_t key, int *replaying);
 int cuda_graph_end(kern_backend *be);
 void cuda_graph_abort(kern_backend *be);
+int cuda_graph_launch(kern_backend *be);
 void cuda_graphs_free(cuda_impl *impl);
 
 /* Release every cached cuBLASLt plan. cuda_matmul.cu. */

@@ -334,6 +334,7 @@ static const kern_ops cuda_ops = {
     cuda_graph_begin,   /* graph_begin */
     cuda_graph_end,     /* graph_end */
     cuda_graph_abort,   /* graph_abort */
+    cuda_graph_launch,  /* graph_launch */
 };
 
 static int cuda_init(kern_backend *be) {

@@ -61,6 +61,7 @@ void cuda_graphs_free(cuda_impl *impl) {
         cudaGetLastError();
     }
     impl->graph_mode = CUDA_GRAPH_OFF;
+    impl->graph_ready = NULL;
     free(impl->graph_spill);
     impl->graph_spill = NULL;
     impl->graph_spill_cap = 0;
@@ -193,7 +194,8 @@ static cuda_graph *graph_slot(kern_backend *be, uint64_t key) {
 int cuda_graph_begin(kern_backend *be, uint64_t key, int *replaying) {
     cuda_impl *impl = cuda_get(be);
     *replaying = 0;
-    if (impl->graph_mode != CUDA_GRAPH_OFF) return kern_fail(be, "cuda: graph_begin inside a graph");
+    if (impl->graph_mode != CUDA_GRAPH_OFF || impl->graph_ready)
+        return kern_fail(be, "cuda: graph_begin inside a graph, or with one ready to launch");
     if (cuda_enter(be)) return -1;
     cuda_graph *g = graph_slot(be, key);
     g->last_used = ++impl->graph_tick;
@@ -275,6 +277,17 @@ int cuda_graph_end(kern_backend *be) {
         graph_drop_exec(be, g);
         return kern_fail(be, "cuda: graph replay diverged (%zu of %zu stagings)", impl->graph_rec_i, g->nrec);
     }
+    impl->graph_ready = g;
+    impl->graph_ready_fresh = mode == CUDA_GRAPH_CAPTURE;
+    return 0;
+}
+
+int cuda_graph_launch(kern_backend *be) {
+    cuda_impl *impl = cuda_get(be);
+    cuda_graph *g = impl->graph_ready;
+    if (!g) return kern_fail(be, "cuda: graph_launch without a ready graph (graph_end first)");
+    impl->graph_ready = NULL;
+    if (cuda_enter(be)) return -1;
     /* the arena's values for this step, then the step; stream order puts
      * the next upload after this launch's reads */
     cudaError_t e = cudaSuccess;
@@ -301,6 +314,17 @@ int cuda_graph_end(kern_backend *be) {
 
 void cuda_graph_abort(kern_backend *be) {
     cuda_impl *impl = cuda_get(be);
+    if (impl->graph_ready) {
+        /* ready, never launched: its ranks did not all have one. Captured
+         * again next time (all ranks together); a fresh capture counts as
+         * failed, so a rank that never gets one ends the attempts */
+        cuda_graph *r = impl->graph_ready;
+        impl->graph_ready = NULL;
+        cudaSetDevice(impl->device);
+        graph_drop_exec(be, r);
+        if (impl->graph_ready_fresh) r->failures++;
+        return;
+    }
     cuda_graph *g = impl->graph_cur;
     const int mode = impl->graph_mode;
     impl->graph_mode = CUDA_GRAPH_OFF;

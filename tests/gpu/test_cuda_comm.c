@@ -1189,6 +1189,82 @@ out:
     return NULL;
 }
 
+/* echo_vote: each rank votes votes[r] (-1: calls echo_abort instead) */
+typedef struct vote_job {
+    echo_comm *c[MAXN];
+    int votes[MAXN], rc[MAXN], agreed[MAXN];
+    char err[MAXN][320];
+    volatile int done[MAXN];
+} vote_job;
+
+typedef struct vote_arg {
+    vote_job *v;
+    int r;
+} vote_arg;
+
+static void *vote_rank(void *p) {
+    vote_arg *a = p;
+    vote_job *v = a->v;
+    int r = a->r;
+    if (v->votes[r] < 0) {
+        usleep(50000); /* let the peers wait in the vote first */
+        echo_abort(v->c[r]);
+        v->rc[r] = -1;
+    } else {
+        v->rc[r] = echo_vote(v->c[r], v->votes[r], &v->agreed[r], v->err[r], sizeof v->err[r]);
+    }
+    __atomic_store_n(&v->done[r], 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* The vote before a graph launch: agreed only when every rank holds the
+ * same non-zero code, the same answer on every rank; an abort ends a wait
+ * in it. On a deferred world of N ranks (its comms c). */
+static const char *vote_cases(echo_world *w, echo_comm *const *c, int N, char *why, size_t len) {
+    static const int pat[][MAXN] = {{1, 1, 1, 1}, {2, 2, 2, 2}, {1, 0, 1, 1}, {1, 2, 1, 2}, {0, 0, 0, 0}, {1, 1, 1, -1}};
+    static const int want[] = {1, 1, 0, 0, 0, -1};
+    for (int p = 0; p < (int)(sizeof want / sizeof *want); p++) {
+        vote_job v;
+        memset(&v, 0, sizeof v);
+        for (int r = 0; r < N; r++) {
+            v.c[r] = c[r];
+            v.votes[r] = pat[p][r];
+        }
+        if (want[p] < 0) v.votes[N - 1] = -1; /* the last rank aborts */
+        pthread_t t[MAXN];
+        vote_arg a[MAXN];
+        for (int r = 0; r < N; r++) {
+            a[r] = (vote_arg){&v, r};
+            if (pthread_create(&t[r], NULL, vote_rank, &a[r])) die("pthread_create");
+        }
+        for (int ms = 0;; ms += 10) {
+            int all = 1;
+            for (int r = 0; r < N; r++)
+                all &= __atomic_load_n(&v.done[r], __ATOMIC_ACQUIRE);
+            if (all) break;
+            if (ms >= ABORT_TIMEOUT_S * 1000) {
+                printf("%-62s diff=%-8d FAIL: a rank did not leave the vote within %d s (hang)\n", "nccl vote", 0,
+                       ABORT_TIMEOUT_S);
+                fflush(stdout);
+                exit(1);
+            }
+            usleep(10000);
+        }
+        for (int r = 0; r < N; r++)
+            pthread_join(t[r], NULL);
+        for (int r = 0; r < N; r++) {
+            if (v.votes[r] < 0) continue;
+            if (want[p] < 0 ? v.rc[r] == 0 : v.rc[r] != 0 || v.agreed[r] != want[p]) {
+                snprintf(why, len, "pattern %d rank %d: rc %d agreed %d (want %d) %s", p, r, v.rc[r], v.agreed[r],
+                         want[p], v.err[r]);
+                return why;
+            }
+        }
+        if (want[p] < 0) echo_world_clear_abort(w);
+    }
+    return NULL;
+}
+
 /* Deferred nccl calls in a CUDA graph (what the model does for decode steps
  * at tp > 1): a captured pass and its replay on new inputs give the bits of
  * eager passes; a capture thrown away on one rank (echo_discard_pass)
@@ -1275,6 +1351,10 @@ static void part_n_graphs(int N) {
         snprintf(label, sizeof label, "nccl graph n=%d epoch %llu -> %llu after abort + clear", N,
                  (unsigned long long)e0, (unsigned long long)e1);
         report(label, 0, e1 != e0 ? NULL : "epoch unchanged");
+    }
+    if (!fail) {
+        snprintf(label, sizeof label, "nccl graph n=%d vote (agree, disagree, abort)", N);
+        report(label, 0, vote_cases(j.w, j.c, N, why, sizeof why));
     }
     /* set_replay on a world that is not deferred is refused */
     for (int r = 0; r < N; r++)

@@ -787,14 +787,15 @@ END_TEST
 /* ---- graphs: the model's side, through a cpu op table with fake graph ops ----
  * The cpu backend has no graphs (NULL entries: the model runs eagerly). Here
  * the graph entries are stubs around the cpu ops, so the model's routing is
- * visible: which steps ask for a graph, and that a failed graph_end or a
- * refused graph_begin falls back to the eager pass with the same logits. On
+ * visible: which steps ask for a graph, and that a failed graph_end or
+ * graph_launch or a refused graph_begin falls back to the eager pass with
+ * the same logits. On
  * cpu the ops inside "graph mode" really run (a real backend runs nothing
  * there), and a fallback runs them again: the same values are recomputed
  * and the cache rows rewritten with the same values. */
 typedef struct fake_graphs {
-    int begin, end, abort_;
-    int mode; /* 0: graph_end succeeds, 1: graph_end fails, 2: graph_begin answers 1 (no graph) */
+    int begin, end, abort_, launch;
+    int mode; /* 0: all succeed, 1: graph_end fails, 2: graph_begin answers 1 (no graph), 3: graph_launch fails */
     uint64_t last_key;
 } fake_graphs;
 static fake_graphs g_fake; /* the stubs get only the backend: test state lives here */
@@ -815,18 +816,25 @@ static void fake_graph_abort(kern_backend *be) {
     (void)be;
     g_fake.abort_++;
 }
+static int fake_graph_launch(kern_backend *be) {
+    (void)be;
+    g_fake.launch++;
+    return g_fake.mode == 3 ? -1 : 0;
+}
 
 START_TEST(test_model_graph_routing) {
     const kern_ops *cpu = NULL;
     kern_backend *be = NULL;
     char err[512];
     ck_assert_msg(kern_backend_create("cpu", 2, 0, &cpu, &be, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(cpu->graph_begin == NULL && cpu->graph_end == NULL && cpu->graph_abort == NULL,
+    ck_assert_msg(cpu->graph_begin == NULL && cpu->graph_end == NULL && cpu->graph_abort == NULL &&
+                      cpu->graph_launch == NULL,
                   "the cpu backend has no graphs");
     kern_ops fake = *cpu;
     fake.graph_begin = fake_graph_begin;
     fake.graph_end = fake_graph_end;
     fake.graph_abort = fake_graph_abort;
+    fake.graph_launch = fake_graph_launch;
     const char *spec = "random:tiny,layers=2,seed=4";
     model *mg = NULL, *me = NULL;
     model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0};
@@ -845,10 +853,11 @@ START_TEST(test_model_graph_routing) {
     ck_assert_msg(model_forward(me, &b, le, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(g_fake.begin, 0);
     ck_assert(memcmp(lg, le, (size_t)2 * V * sizeof *lg) == 0);
-    /* decode steps: modes 0 (graph), 1 (graph_end fails: eager), 2 (no graph: eager), 0 again */
-    static const int modes[] = {0, 1, 2, 0};
+    /* decode steps: modes 0 (graph), 1 (graph_end fails: eager), 2 (no graph: eager), 3 (graph_launch
+     * fails: eager), 0 again */
+    static const int modes[] = {0, 1, 2, 3, 0};
     int32_t dq[3] = {0, 1, 2}, drows[2] = {0, 1}, dpos[2] = {5, 3};
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < 5; t++) {
         fake_graphs before = g_fake;
         g_fake.mode = modes[t];
         int32_t dt[2] = {10 + t, 20 + t};
@@ -859,7 +868,8 @@ START_TEST(test_model_graph_routing) {
                       modes[t]);
         ck_assert_int_eq(g_fake.begin, before.begin + 1);
         ck_assert_int_eq(g_fake.end, before.end + (modes[t] != 2));
-        ck_assert_int_eq(g_fake.abort_, before.abort_ + (modes[t] == 1));
+        ck_assert_int_eq(g_fake.launch, before.launch + (modes[t] == 0 || modes[t] == 3));
+        ck_assert_int_eq(g_fake.abort_, before.abort_ + (modes[t] == 1 || modes[t] == 3));
         dpos[0]++;
         dpos[1]++;
     }
