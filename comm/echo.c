@@ -221,8 +221,13 @@ int echo_begin_pass(echo_comm *c, char *err, size_t errlen) {
     c->pass_count = 0;
     c->replay = 0;
     c->armed = 0;
+    c->failed_alike = 0;
     if (c->w->tp->pass_begin) c->w->tp->pass_begin(c);
     return 0;
+}
+
+int echo_pass_failed_alike(const echo_comm *c) {
+    return c && c->failed_alike;
 }
 
 int echo_end_pass(echo_comm *c, void *stream, char *err, size_t errlen) {
@@ -253,6 +258,7 @@ int echo_end_pass(echo_comm *c, void *stream, char *err, size_t errlen) {
         return -1;
     }
     if (site >= 0) {
+        c->failed_alike = 1; /* every rank read the same flags: the outputs are bit-identical */
         snprintf(err, errlen,
                  "echo: element %zu of the all-reduce at site %d is not finite (an input on some rank is inf/nan "
                  "or |x| >= 2^127, or the fp32 sum overflowed); the pass is aborted",
@@ -369,7 +375,8 @@ static void track_error(echo_comm *c, const echo_plan *p, const void *buf, echo_
     st->ref_sq += r;
 }
 
-static int bad_value(const echo_comm *c, size_t bad_in, size_t bad_out, char *err, size_t errlen) {
+static int bad_value(echo_comm *c, size_t bad_in, size_t bad_out, char *err, size_t errlen) {
+    c->failed_alike = 1; /* every rank decoded the same poisoned group in this call */
     if (bad_in != ECHO_NO_INDEX)
         snprintf(err, errlen,
                  "echo: rank %d: input element %zu is inf/nan or exceeds the codec's range (|x| < 2^127); "
@@ -446,6 +453,7 @@ static int run_exact(echo_comm *c, const echo_plan *p, int site, void *buf, void
     if (w->tp->exact(c, p, &call, buf, c->ref, &bad, stream, err, errlen)) return -1;
     c->res_valid = 0;
     if (bad != ECHO_NO_INDEX) {
+        c->failed_alike = 1; /* every rank holds the same sum */
         snprintf(err, errlen,
                  "echo: element %zu of the exact all-reduce is not finite (an input is inf/nan or the fp32 sum "
                  "overflowed); the pass is aborted",

@@ -143,6 +143,13 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
  * aborted, without clearing. */
 void echo_abort(echo_comm *c);
 void echo_world_clear_abort(echo_world *w);
+/* 1 when this rank's current pass failed with an error that every rank
+ * reported at the same point with no collective left pending: a sum that
+ * is not finite (at the call, or at echo_end_pass in a deferred world).
+ * The ranks are then still in step and need no echo_abort (which on nccl
+ * ends the communicators, and clearing it re-creates them); the next
+ * echo_begin_pass works. 0 for any other failure, and before one. */
+int echo_pass_failed_alike(const echo_comm *c);
 
 /* ---- Deferred completion and CUDA graphs (echo_config.deferred; nccl) ----
  * Without `deferred` every call on a device transport waits for its

@@ -264,6 +264,7 @@ struct echo_comm {
     size_t pass_count; /* count of this pass's calls (echo mode) */
     int replay;        /* echo_set_replay: calls are checked and counted, not enqueued */
     int armed;         /* deferred: this pass's flags were cleared (pass_arm) */
+    int failed_alike;  /* the pass failed on a non-finite sum, reported by every rank alike */
 
     echo_stats stats;
     echo_site_stats *sites; /* n_sites */

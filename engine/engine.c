@@ -28,6 +28,7 @@ typedef struct eng_rank {
     model *m;
     pthread_t thread;
     int started;
+    int aborted;   /* this step: the rank failed and aborted the world */
     float *logits; /* (logits_rows, vocab slice) host, grown on demand */
     int logits_rows;
     /* eng_step_cands: this rank's candidates, (cand_rows, KERN_TOPK_MAX)
@@ -70,12 +71,23 @@ struct eng {
     unsigned long generation;
     int pending, stop;
     model_batch batch;
+    long comm_resets; /* eng_comm_resets */
 };
 
 const model_config *eng_model_config(const eng *e) { return &e->mc; }
 const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
 
 long eng_graph_steps(const eng *e) { return model_graph_steps(e->ranks[0].m); }
+long eng_comm_resets(const eng *e) { return e->comm_resets; }
+
+/* After a failed forward on rank r: abort the all-reduce world so that peers
+ * waiting for r in a collective fail instead of hanging, unless the failure
+ * was one every rank reported alike (a non-finite sum), which leaves them in
+ * step: on nccl an abort costs re-creating the communicators. */
+static void rank_failed(eng_rank *r) {
+    r->aborted = r->comm && !echo_pass_failed_alike(r->comm);
+    if (r->aborted) echo_abort(r->comm);
+}
 
 const char *eng_graphs_note(const eng *e) {
     if (!e->cfg.cuda_graphs) return NULL;
@@ -101,7 +113,8 @@ static void *rank_main(void *arg) {
         b.layer_states = NULL; /* rank 0 reports; the stream is replicated */
         if (b.topk) b.topk = &r->topk; /* each rank fills its own candidates */
         r->rc = model_forward(r->m, &b, r->logits, r->err, sizeof r->err);
-        if (r->rc) echo_abort(r->comm); /* peers must not wait for us in a collective */
+        r->aborted = 0;
+        if (r->rc) rank_failed(r); /* peers must not wait for us in a collective */
         pthread_mutex_lock(&e->mu);
         if (--e->pending == 0) pthread_cond_signal(&e->done_cv);
     }
@@ -120,7 +133,8 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
     }
     eng_rank *r0 = &e->ranks[0];
     r0->rc = model_forward(r0->m, &e->batch, r0->logits, r0->err, sizeof r0->err);
-    if (r0->rc && tp > 1) echo_abort(r0->comm);
+    r0->aborted = 0;
+    if (r0->rc && tp > 1) rank_failed(r0);
     if (tp > 1) {
         pthread_mutex_lock(&e->mu);
         while (e->pending > 0) pthread_cond_wait(&e->done_cv, &e->mu);
@@ -135,7 +149,13 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
     }
     if (first < 0) return 0;
     snprintf(err, errlen, "rank %d: %s", first, e->ranks[first].err);
-    if (tp > 1) echo_world_clear_abort(e->world); /* every rank has returned */
+    int aborted = 0;
+    for (int i = 0; i < tp; i++)
+        aborted |= e->ranks[i].aborted;
+    if (aborted) {
+        echo_world_clear_abort(e->world); /* every rank has returned */
+        e->comm_resets++;
+    }
     return -1;
 }
 

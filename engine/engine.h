@@ -93,6 +93,11 @@ const char *eng_graphs_note(const eng *e);
 /* Steps rank 0 ran through a CUDA graph so far (0 when graphs are off or
  * unavailable). */
 long eng_graph_steps(const eng *e);
+/* Failed steps (tp > 1) that aborted the all-reduce world and re-armed it
+ * (echo_world_clear_abort; on nccl that re-creates the communicators, about
+ * seconds). A non-finite all-reduce, which every rank reports alike, fails
+ * its step without an abort and is not counted. */
+long eng_comm_resets(const eng *e);
 
 /* Sequences. Ids are small integers, reused after free. */
 int eng_seq_new(eng *e, int *seq, char *err, size_t errlen); /* ENG_ENOSPACE if max_num_seqs are live */

@@ -396,9 +396,9 @@ START_TEST(test_echo_eval_deep) {
 }
 END_TEST
 
-/* A copy of the tied fixture whose final norm starts with NaN: a corrupt
+/* A copy of the tied fixture whose tensor `name` starts with NaN: a corrupt
  * checkpoint that still parses. Caller removes and frees the folder. */
-static char *corrupt_model(void) {
+static char *corrupt_tensor(const char *name) {
     char *dir = tu_mkdtemp(), path[1024], cmd[2048];
     snprintf(cmd, sizeof cmd, "cp %s/tied/config.json %s/tied/model.safetensors %s/", MODELS, MODELS, dir);
     ck_assert_int_eq(system(cmd), 0);
@@ -409,15 +409,19 @@ static char *corrupt_model(void) {
     uint64_t hlen;
     memcpy(&hlen, buf, 8);
     json_t *h = json_loadb(buf + 8, (size_t)hlen, 0, NULL);
-    json_t *off = json_object_get(json_object_get(h, "model.norm.weight"), "data_offsets");
+    json_t *off = json_object_get(json_object_get(h, name), "data_offsets");
     ck_assert_ptr_nonnull(off);
     size_t b0 = 8 + (size_t)hlen + (size_t)json_integer_value(json_array_get(off, 0));
     const unsigned char nan_bf16[2] = {0xc0, 0x7f};
-    memcpy(buf + b0, nan_bf16, 2); /* first element of the final norm */
+    memcpy(buf + b0, nan_bf16, 2); /* first element */
     ck_assert_int_eq(tu_write_file(path, buf, len), 0);
     json_decref(h);
     free(buf);
     return dir;
+}
+
+static char *corrupt_model(void) {
+    return corrupt_tensor("model.norm.weight");
 }
 
 /* Weights that hold NaN give a clear error instead of a silently wrong
@@ -439,6 +443,37 @@ START_TEST(test_nonfinite_logits_reported) {
     eng_kv_get_usage(e, &u);
     ck_assert_int_eq(u.free_blocks, u.total_blocks);
     eng_destroy(e);
+    tu_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* A NaN that reaches an all-reduce (layer 0's o_proj, row-parallel) at
+ * tp 2: every rank reports the non-finite sum at the same call, so the step
+ * fails without aborting the all-reduce world (eng_comm_resets stays 0: on
+ * nccl an abort re-creates the communicators), and again on the next step,
+ * with nothing left held. */
+START_TEST(test_nonfinite_allreduce_no_reset) {
+    char *dir = corrupt_tensor("model.layers.0.self_attn.o_proj.weight"), err[1024];
+    for (int mode = 0; mode < 3; mode++) {
+        eng_config c = {.model_dir = dir, .tp = 2, .threads = 2, .max_model_len = 64, .max_num_seqs = 1,
+                        .allreduce = (echo_mode)mode};
+        eng *e;
+        ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
+        int seq;
+        int32_t ids[3] = {1, 2, 3};
+        float out[384];
+        ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
+        eng_item it = {seq, ids, 3, ENG_LOGITS_LAST};
+        for (int step = 0; step < 2; step++) {
+            ck_assert_int_eq(eng_step(e, &it, 1, out, err, sizeof err), -1);
+            ck_assert_msg(strstr(err, "not finite") || strstr(err, "inf/nan"), "mode %d: %s", mode, err);
+            ck_assert_msg(!strstr(err, "aborted because another rank"), "mode %d: %s", mode, err);
+            ck_assert_int_eq(eng_seq_len(e, seq), 0);
+        }
+        ck_assert_int_eq(eng_comm_resets(e), 0);
+        eng_destroy(e);
+    }
     tu_rmtree(dir);
     free(dir);
 }
@@ -719,6 +754,7 @@ int main(void) {
     tcase_add_test(kv, test_kv_exhaustion_reported);
     tcase_add_test(kv, test_engine_config_errors);
     tcase_add_test(kv, test_nonfinite_logits_reported);
+    tcase_add_test(kv, test_nonfinite_allreduce_no_reset);
     suite_add_tcase(s, kv);
     TCase *sm = tcase_create("sampling");
     tcase_add_test(sm, test_sampling_reproducible_and_topk1);
