@@ -159,7 +159,8 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
               "# HELP echo:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
               "# TYPE echo:kv_cache_usage_perc gauge\necho:kv_cache_usage_perc{%s} %.6g\n",
               lbl, m->kv_usage);
-    sb_printf(&b, "# HELP echo:allreduce_seconds_total Wall time inside the all-reduce, summed over ranks.\n"
+    sb_printf(&b, "# HELP echo:allreduce_seconds_total Host wall time inside the all-reduce calls, summed over "
+                  "ranks (on nccl only the enqueueing: each pass waits for its calls once, at its end).\n"
                   "# TYPE echo:allreduce_seconds_total counter\n");
     for (int k = 0; k < 3; k++)
         sb_printf(&b, "echo:allreduce_seconds_total{%s,mode=\"%s\"} %.9g\n", lbl, echo_mode_name((echo_mode)k),
