@@ -230,10 +230,44 @@ typedef struct job {
     volatile int done[MAXN];   /* the rank's thread has returned (watchdog) */
 } job;
 
+/* What a rank thread gets: its group's shared state and its rank. */
 typedef struct rank_arg {
-    job *j;
+    void *ctx;
     int r;
 } rank_arg;
+
+/* Run fn({ctx, r}) for every rank r < n, one thread each, and wait for
+ * them; each sets done[r] when it returns. A rank that has not returned
+ * after `timeout_s` is a hang (e.g. a peer waiting forever in a
+ * collective): that cannot be recovered from, so print a FAIL line for
+ * `what` and stop. */
+static void run_watched(int n, void *(*fn)(void *), void *ctx, volatile int *done, int timeout_s, const char *what) {
+    pthread_t t[MAXN];
+    rank_arg a[MAXN];
+    for (int r = 0; r < n; r++) {
+        done[r] = 0;
+        a[r] = (rank_arg){ctx, r};
+        if (pthread_create(&t[r], NULL, fn, &a[r])) die("pthread_create");
+    }
+    for (int ms = 0;; ms += 10) {
+        int all = 1;
+        for (int r = 0; r < n; r++)
+            all &= __atomic_load_n(&done[r], __ATOMIC_ACQUIRE);
+        if (all) break;
+        if (ms >= timeout_s * 1000) {
+            for (int r = 0; r < n; r++)
+                if (!__atomic_load_n(&done[r], __ATOMIC_ACQUIRE)) {
+                    printf("%-62s diff=%-8d FAIL: rank %d did not return within %d s (hang)\n", what, 0, r, timeout_s);
+                    break;
+                }
+            fflush(stdout);
+            exit(1);
+        }
+        usleep(10000);
+    }
+    for (int r = 0; r < n; r++)
+        pthread_join(t[r], NULL);
+}
 
 static size_t esize(echo_dtype dt) {
     return dt == ECHO_BF16 ? 2 : 4;
@@ -302,7 +336,7 @@ out:
 
 static void *rank_main(void *p) {
     rank_arg *a = p;
-    job *j = a->j;
+    job *j = a->ctx;
     int r = a->r, dev = rank_device(j->sd, r);
     echo_comm *c = j->c[r];
     cudaStream_t s = NULL;
@@ -371,36 +405,9 @@ out:
     return NULL;
 }
 
-/* Run the job's ranks, one thread each, and wait for them. A rank that has
- * not returned after `timeout_s` is a hang (e.g. a peer waiting forever in a
- * collective): that cannot be recovered from, so print a FAIL line and
- * stop. */
+/* Run the job's ranks under the watchdog (run_watched). */
 static void run_ranks(job *j, int timeout_s, const char *what) {
-    pthread_t t[MAXN];
-    rank_arg a[MAXN];
-    for (int r = 0; r < j->n; r++) {
-        j->done[r] = 0;
-        a[r] = (rank_arg){j, r};
-        if (pthread_create(&t[r], NULL, rank_main, &a[r])) die("pthread_create");
-    }
-    for (int ms = 0;; ms += 10) {
-        int all = 1;
-        for (int r = 0; r < j->n; r++)
-            all &= __atomic_load_n(&j->done[r], __ATOMIC_ACQUIRE);
-        if (all) break;
-        if (ms >= timeout_s * 1000) {
-            for (int r = 0; r < j->n; r++)
-                if (!__atomic_load_n(&j->done[r], __ATOMIC_ACQUIRE)) {
-                    printf("%-62s diff=%-8d FAIL: rank %d did not return within %d s (hang)\n", what, 0, r, timeout_s);
-                    break;
-                }
-            fflush(stdout);
-            exit(1);
-        }
-        usleep(10000);
-    }
-    for (int r = 0; r < j->n; r++)
-        pthread_join(t[r], NULL);
+    run_watched(j->n, rank_main, j, j->done, timeout_s, what);
 }
 
 static int world_create(const side *sd, int n, const echo_config *cfg, echo_world **w, char *err, size_t errlen) {
@@ -1088,11 +1095,6 @@ typedef struct graph_job {
     volatile int done[MAXN];
 } graph_job;
 
-typedef struct graph_arg {
-    graph_job *j;
-    int r;
-} graph_arg;
-
 static int gr_launch(void *arg, char *err, size_t errlen) {
     void **a = arg; /* exec, stream */
     cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)a[0], (cudaStream_t)a[1]);
@@ -1115,8 +1117,8 @@ static int gr_launch(void *arg, char *err, size_t errlen) {
  * rank, which the agreement check would refuse if the thrown-away posts
  * had not been retracted. */
 static void *graph_rank(void *p) {
-    graph_arg *a = p;
-    graph_job *j = a->j;
+    rank_arg *a = p;
+    graph_job *j = a->ctx;
     int r = a->r;
     echo_comm *c = j->c[r];
     cudaStream_t s = NULL;
@@ -1197,14 +1199,9 @@ typedef struct vote_job {
     volatile int done[MAXN];
 } vote_job;
 
-typedef struct vote_arg {
-    vote_job *v;
-    int r;
-} vote_arg;
-
 static void *vote_rank(void *p) {
-    vote_arg *a = p;
-    vote_job *v = a->v;
+    rank_arg *a = p;
+    vote_job *v = a->ctx;
     int r = a->r;
     if (v->votes[r] < 0) {
         usleep(50000); /* let the peers wait in the vote first */
@@ -1231,27 +1228,7 @@ static const char *vote_cases(echo_world *w, echo_comm *const *c, int N, char *w
             v.votes[r] = pat[p][r];
         }
         if (want[p] < 0) v.votes[N - 1] = -1; /* the last rank aborts */
-        pthread_t t[MAXN];
-        vote_arg a[MAXN];
-        for (int r = 0; r < N; r++) {
-            a[r] = (vote_arg){&v, r};
-            if (pthread_create(&t[r], NULL, vote_rank, &a[r])) die("pthread_create");
-        }
-        for (int ms = 0;; ms += 10) {
-            int all = 1;
-            for (int r = 0; r < N; r++)
-                all &= __atomic_load_n(&v.done[r], __ATOMIC_ACQUIRE);
-            if (all) break;
-            if (ms >= ABORT_TIMEOUT_S * 1000) {
-                printf("%-62s diff=%-8d FAIL: a rank did not leave the vote within %d s (hang)\n", "nccl vote", 0,
-                       ABORT_TIMEOUT_S);
-                fflush(stdout);
-                exit(1);
-            }
-            usleep(10000);
-        }
-        for (int r = 0; r < N; r++)
-            pthread_join(t[r], NULL);
+        run_watched(N, vote_rank, &v, v.done, ABORT_TIMEOUT_S, "nccl vote");
         for (int r = 0; r < N; r++) {
             if (v.votes[r] < 0) continue;
             if (want[p] < 0 ? v.rc[r] == 0 : v.rc[r] != 0 || v.agreed[r] != want[p]) {
@@ -1301,27 +1278,7 @@ static void part_n_graphs(int N) {
     for (int r = 0; r < N && !fail; r++)
         if (echo_comm_create(j.w, r, &j.c[r], err, sizeof err)) fail = "comm create";
     if (!fail) {
-        pthread_t t[MAXN];
-        graph_arg ga[MAXN];
-        for (int r = 0; r < N; r++) {
-            ga[r] = (graph_arg){&j, r};
-            if (pthread_create(&t[r], NULL, graph_rank, &ga[r])) die("pthread_create");
-        }
-        for (int ms = 0;; ms += 10) {
-            int all = 1;
-            for (int r = 0; r < N; r++)
-                all &= __atomic_load_n(&j.done[r], __ATOMIC_ACQUIRE);
-            if (all) break;
-            if (ms >= ABORT_TIMEOUT_S * 1000) {
-                printf("%-62s diff=%-8d FAIL: a rank did not return within %d s (hang)\n", "nccl graphs", 0,
-                       ABORT_TIMEOUT_S);
-                fflush(stdout);
-                exit(1);
-            }
-            usleep(10000);
-        }
-        for (int r = 0; r < N; r++)
-            pthread_join(t[r], NULL);
+        run_watched(N, graph_rank, &j, j.done, ABORT_TIMEOUT_S, "nccl graphs");
         for (int r = 0; r < N && !fail; r++)
             if (j.fail[r][0]) {
                 snprintf(why, sizeof why, "rank %d: %.300s", r, j.fail[r]);

@@ -424,18 +424,28 @@ static char *corrupt_model(void) {
     return corrupt_tensor("model.norm.weight");
 }
 
+/* An engine on `dir` at `tp` with one sequence whose 3-token prompt `it`
+ * is ready to step. */
+static eng *one_seq_engine(const char *dir, int tp, echo_mode mode, int *seq, eng_item *it) {
+    static const int32_t ids[3] = {1, 2, 3};
+    char err[1024];
+    eng_config c = {.model_dir = dir, .tp = tp, .threads = tp, .max_model_len = 64, .max_num_seqs = 1,
+                    .allreduce = mode};
+    eng *e;
+    ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
+    ck_assert(eng_seq_new(e, seq, err, sizeof err) == 0);
+    *it = (eng_item){*seq, ids, 3, ENG_LOGITS_LAST};
+    return e;
+}
+
 /* Weights that hold NaN give a clear error instead of a silently wrong
  * token, and change no state. */
 START_TEST(test_nonfinite_logits_reported) {
     char *dir = corrupt_model(), err[1024];
-    eng_config c = {.model_dir = dir, .tp = 1, .threads = 1, .max_model_len = 64, .max_num_seqs = 1};
-    eng *e;
-    ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
     int seq;
-    int32_t ids[3] = {1, 2, 3};
+    eng_item it;
+    eng *e = one_seq_engine(dir, 1, ECHO_MODE_EXACT, &seq, &it);
     float out[384];
-    ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
-    eng_item it = {seq, ids, 3, ENG_LOGITS_LAST};
     ck_assert_int_eq(eng_step(e, &it, 1, out, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "non-finite") != NULL, "%s", err);
     ck_assert_int_eq(eng_seq_len(e, seq), 0);
@@ -456,15 +466,10 @@ END_TEST
 START_TEST(test_nonfinite_allreduce_no_reset) {
     char *dir = corrupt_tensor("model.layers.0.self_attn.o_proj.weight"), err[1024];
     for (int mode = 0; mode < 3; mode++) {
-        eng_config c = {.model_dir = dir, .tp = 2, .threads = 2, .max_model_len = 64, .max_num_seqs = 1,
-                        .allreduce = (echo_mode)mode};
-        eng *e;
-        ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
         int seq;
-        int32_t ids[3] = {1, 2, 3};
+        eng_item it;
+        eng *e = one_seq_engine(dir, 2, (echo_mode)mode, &seq, &it);
         float out[384];
-        ck_assert(eng_seq_new(e, &seq, err, sizeof err) == 0);
-        eng_item it = {seq, ids, 3, ENG_LOGITS_LAST};
         for (int step = 0; step < 2; step++) {
             ck_assert_int_eq(eng_step(e, &it, 1, out, err, sizeof err), -1);
             ck_assert_msg(strstr(err, "not finite") || strstr(err, "inf/nan"), "mode %d: %s", mode, err);
