@@ -546,6 +546,20 @@ ncclResult_t check_common(const char *call, ncclComm_t comm, ncclDataType_t dt) 
     return ncclSuccess;
 }
 
+/* A checked call's operation, to post. */
+Op *make_op(OpKind kind, ncclComm_t comm, const void *sbuf, void *rbuf, size_t count, ncclDataType_t dt,
+            cudaStream_t stream) {
+    Op *o = new Op();
+    o->kind = kind;
+    o->comm = comm;
+    o->sbuf = sbuf;
+    o->rbuf = rbuf;
+    o->count = count;
+    o->dt = dt;
+    o->stream = stream;
+    return o;
+}
+
 ncclResult_t p2p(OpKind kind, const void *buf, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm,
                  cudaStream_t stream) {
     const char *call = kind_name[kind];
@@ -559,17 +573,8 @@ ncclResult_t p2p(OpKind kind, const void *buf, size_t count, ncclDataType_t dt, 
         note("%s: %s is NULL for %zu elements", call, kind == OP_SEND ? "sendbuff" : "recvbuff", count);
         return fail_arg(ncclInvalidArgument);
     }
-    Op *o = new Op();
-    o->kind = kind;
-    o->comm = comm;
+    Op *o = make_op(kind, comm, kind == OP_SEND ? buf : NULL, kind == OP_SEND ? NULL : (void *)buf, count, dt, stream);
     o->peer = peer;
-    o->count = count;
-    o->dt = dt;
-    o->stream = stream;
-    if (kind == OP_SEND)
-        o->sbuf = buf;
-    else
-        o->rbuf = (void *)buf;
     return post(o);
 }
 
@@ -756,15 +761,7 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
         note("ncclAllGather: rank %d: sendbuff overlaps recvbuff but is not recvbuff + rank * sendcount", comm->rank);
         return fail_arg(ncclInvalidUsage);
     }
-    Op *o = new Op();
-    o->kind = OP_ALLGATHER;
-    o->comm = comm;
-    o->sbuf = sendbuff;
-    o->rbuf = recvbuff;
-    o->count = sendcount;
-    o->dt = datatype;
-    o->stream = stream;
-    return post(o);
+    return post(make_op(OP_ALLGATHER, comm, sendbuff, recvbuff, sendcount, datatype, stream));
 }
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
@@ -784,15 +781,8 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
         note("ncclAllReduce: rank %d: sendbuff and recvbuff overlap without being equal", comm->rank);
         return fail_arg(ncclInvalidUsage);
     }
-    Op *o = new Op();
-    o->kind = OP_ALLREDUCE;
-    o->comm = comm;
-    o->sbuf = sendbuff;
-    o->rbuf = recvbuff;
-    o->count = count;
-    o->dt = datatype;
+    Op *o = make_op(OP_ALLREDUCE, comm, sendbuff, recvbuff, count, datatype, stream);
     o->redop = op;
-    o->stream = stream;
     return post(o);
 }
 

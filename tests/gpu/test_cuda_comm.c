@@ -491,31 +491,61 @@ static const char *first_error(const job *j, const char *side_name, char *buf, s
     return NULL;
 }
 
+/* A new job of n ranks making calls cs[0..ncalls) on inputs from seed. */
+static void job_new(job *j, int n, const call_spec *cs, int ncalls, uint64_t seed) {
+    memset(j, 0, sizeof *j);
+    memcpy(j->calls, cs, (size_t)ncalls * sizeof *cs);
+    job_alloc(j, n, ncalls, seed);
+}
+
+/* jb: the calls and inputs of ja (owned by ja) with outputs of its own,
+ * and no residual records (a device side keeps its residual on the GPU). */
+static void job_twin(job *jb, const job *ja) {
+    *jb = *ja;
+    for (int k = 0; k < ja->ncalls; k++)
+        for (int r = 0; r < ja->n; r++) {
+            jb->out[k][r] = xmalloc(call_count(&ja->calls[k], r) * esize(ja->calls[k].dt));
+            jb->res_in[k][r] = NULL;
+        }
+}
+
+static void job_twin_free(job *jb) {
+    for (int k = 0; k < jb->ncalls; k++)
+        for (int r = 0; r < jb->n; r++)
+            free(jb->out[k][r]);
+}
+
+/* Run ja on side A (config acfg) and its twin jb on B (bcfg): the first
+ * failure, of the harness or of a call, as a message in why; else NULL. */
+static const char *run_twins(job *ja, const side *A, const echo_config *acfg, job *jb, const side *B,
+                             const echo_config *bcfg, char *why, size_t len) {
+    char msg[512];
+    if (run_job(ja, A, acfg, msg, sizeof msg) || run_job(jb, B, bcfg, msg, sizeof msg)) {
+        snprintf(why, len, "%s", msg);
+        return why;
+    }
+    const char *e = first_error(ja, A->name, msg, sizeof msg);
+    if (!e) e = first_error(jb, B->name, msg, sizeof msg);
+    if (!e) return NULL;
+    snprintf(why, len, "%s", e);
+    return why;
+}
+
 /* One case of part a: the same calls through side A (host) and side B. */
 static void compare_case(const side *A, const side *B, const char *label, int n, echo_config cfg, const call_spec *cs,
                          int ncalls, uint64_t seed) {
     job ja, jb;
-    char why[512], ebuf[512];
-    const char *fail = NULL;
+    char why[512];
     long ndiff = 0;
-    memset(&ja, 0, sizeof ja);
-    memcpy(ja.calls, cs, (size_t)ncalls * sizeof *cs);
-    job_alloc(&ja, n, ncalls, seed);
-    jb = ja; /* same inputs */
-    for (int k = 0; k < ncalls; k++)
-        for (int r = 0; r < n; r++)
-            jb.out[k][r] = xmalloc(call_count(&cs[k], r) * esize(cs[k].dt));
-    if (run_job(&ja, A, &cfg, why, sizeof why) || run_job(&jb, B, &cfg, why, sizeof why)) fail = why;
-    if (!fail) fail = first_error(&ja, A->name, ebuf, sizeof ebuf);
-    if (!fail) fail = first_error(&jb, B->name, ebuf, sizeof ebuf);
+    job_new(&ja, n, cs, ncalls, seed);
+    job_twin(&jb, &ja);
+    const char *fail = run_twins(&ja, A, &cfg, &jb, B, &cfg, why, sizeof why);
     if (!fail)
         for (int k = 0; k < ncalls; k++)
             for (int r = 0; r < n; r++)
                 ndiff += count_diff(ja.out[k][r], jb.out[k][r], call_count(&cs[k], r), esize(cs[k].dt));
     report(label, fail ? -1 : ndiff, fail);
-    for (int k = 0; k < ncalls; k++)
-        for (int r = 0; r < n; r++)
-            free(jb.out[k][r]);
+    job_twin_free(&jb);
     job_free(&ja);
 }
 
@@ -782,27 +812,17 @@ static int call_is_exact(const echo_config *cfg, const call_spec *cs) {
 static void nccl_case(const side *H, const side *B, const char *label, int n, echo_config cfg, const call_spec *cs,
                       int ncalls, uint64_t seed) {
     job ja, jb;
-    char why[512], ebuf[512];
-    const char *fail = NULL;
+    char why[512];
     long ndiff = 0;
-    memset(&ja, 0, sizeof ja);
-    memcpy(ja.calls, cs, (size_t)ncalls * sizeof *cs);
-    job_alloc(&ja, n, ncalls, seed);
+    job_new(&ja, n, cs, ncalls, seed);
     for (int k = 0; k < ncalls; k++)
         if (call_is_exact(&cfg, &cs[k]))
             for (int r = 0; r < n; r++)
                 ja.res_in[k][r] = xmalloc(cs[k].count * sizeof(float));
-    jb = ja; /* same inputs */
-    for (int k = 0; k < ncalls; k++)
-        for (int r = 0; r < n; r++) {
-            jb.out[k][r] = xmalloc(call_count(&cs[k], r) * esize(cs[k].dt));
-            jb.res_in[k][r] = NULL; /* device memory: not read */
-        }
+    job_twin(&jb, &ja);
     echo_config hcfg = cfg;
     hcfg.deferred = 0; /* the host reference meets at every call */
-    if (run_job(&ja, H, &hcfg, why, sizeof why) || run_job(&jb, B, &cfg, why, sizeof why)) fail = why;
-    if (!fail) fail = first_error(&ja, H->name, ebuf, sizeof ebuf);
-    if (!fail) fail = first_error(&jb, B->name, ebuf, sizeof ebuf);
+    const char *fail = run_twins(&ja, H, &hcfg, &jb, B, &cfg, why, sizeof why);
     if (!fail)
         for (int k = 0; k < ncalls; k++) {
             size_t m = cs[k].count, es = esize(cs[k].dt);
@@ -815,9 +835,7 @@ static void nccl_case(const side *H, const side *B, const char *label, int n, ec
             }
         }
     report(label, fail ? -1 : ndiff, fail);
-    for (int k = 0; k < ncalls; k++)
-        for (int r = 0; r < n; r++)
-            free(jb.out[k][r]);
+    job_twin_free(&jb);
     job_free(&ja);
 }
 

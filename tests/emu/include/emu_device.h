@@ -73,6 +73,14 @@ struct ShflIn {
 typedef void (*CustomFn)(const void *const *ins, void *const *outs, unsigned mask, const char *file, int line);
 void warp_op(int kind, const char *file, int line, unsigned mask, const void *in, void *out, CustomFn fn = nullptr);
 
+/* The bits of `from` as a To of the same size (std::bit_cast, C++20). */
+template <typename To, typename From> static inline To bit_cast(From from) {
+    static_assert(sizeof(To) == sizeof(From), "bit_cast between types of different sizes");
+    To to;
+    memcpy(&to, &from, sizeof to);
+    return to;
+}
+
 template <typename T> static inline uint64_t to_bits(T v) {
     static_assert(sizeof(T) <= 8, "shuffle of a type over 8 bytes");
     uint64_t b = 0;
@@ -168,9 +176,8 @@ static inline float atomicAdd(float *p, float v) {
     float old;
     uint32_t o = __atomic_load_n((uint32_t *)p, __ATOMIC_SEQ_CST), n;
     do {
-        memcpy(&old, &o, 4);
-        float nv = old + v;
-        memcpy(&n, &nv, 4);
+        old = emu::bit_cast<float>(o);
+        n = emu::bit_cast<uint32_t>(old + v);
     } while (!__atomic_compare_exchange_n((uint32_t *)p, &o, n, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
     return old;
 }
@@ -226,24 +233,16 @@ static inline unsigned __brev(unsigned x) {
     return r;
 }
 static inline float __uint_as_float(unsigned u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return emu::bit_cast<float>(u);
 }
 static inline float __int_as_float(int u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return emu::bit_cast<float>(u);
 }
 static inline unsigned __float_as_uint(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    return u;
+    return emu::bit_cast<unsigned>(f);
 }
 static inline int __float_as_int(float f) {
-    int u;
-    memcpy(&u, &f, 4);
-    return u;
+    return emu::bit_cast<int>(f);
 }
 static inline int min(int a, int b) {
     return a < b ? a : b;
