@@ -140,7 +140,15 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
  * until echo_world_clear_abort, which creates them anew (ncclCommInitAll);
  * if that fails, every later call fails with the reason and the world must
  * be destroyed and created again. A world may also be destroyed while
- * aborted, without clearing. */
+ * aborted, without clearing.
+ * CUDA graphs on nccl: NCCL (>= 2.26) frees communicators only once every
+ * graph that captured a call on them is destroyed. So before
+ * echo_world_clear_abort and echo_world_destroy, destroy every graph that
+ * captured this world's calls (an abort itself never waits for them: the
+ * communicators are ended by a thread of the world's own). Both wait for
+ * that at most $ECHO_NCCL_FREE_WAIT_S seconds (default 60); past it
+ * clear_abort leaves the world unusable, with that reason, and destroy
+ * leaves the communicators (a message on stderr) instead of hanging. */
 void echo_abort(echo_comm *c);
 void echo_world_clear_abort(echo_world *w);
 /* 1 when this rank's current pass failed with an error that every rank
@@ -184,7 +192,7 @@ int echo_pass_failed_alike(const echo_comm *c);
  *     to expect them again; call echo_begin_pass and make them again.
  *   - echo_comm_epoch changes when the world's communicators are created
  *     anew (echo_world_clear_abort on nccl): graphs captured before must be
- *     dropped.
+ *     dropped, and before that call already (see echo_abort).
  *   - echo_vote: NCCL requires a captured collective to be launched by all
  *     its ranks, each from the graph of that same capture, and a rank may
  *     fail to capture or find its replay invalid on its own. So before

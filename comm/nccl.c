@@ -48,6 +48,7 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
 #else
 
 #include <cuda_runtime.h>
+#include <errno.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -83,6 +84,17 @@ typedef struct nccl_world {
     pthread_cond_t vote_cv;
     uint64_t vote_gen;
     int vote_n, vote_val, vote_same, vote_result[2];
+    /* The reaper (see "ending communicators"), guarded by mu: the comms
+     * handed to it, whether its thread exists (joinable) and whether it is
+     * still ending comms, which reap_cv announces the end of. */
+    struct {
+        ncclComm_t comm;
+        int abort; /* ncclCommAbort, else ncclCommDestroy */
+    } reap_q[ECHO_MAX_RANKS];
+    int reap_n, reaper_on, reaper_busy;
+    pthread_t reaper;
+    pthread_cond_t reap_cv;
+    double reap_wait_s; /* how long clear_abort / destroy wait for it */
     uint64_t seq[ECHO_MAX_RANKS];  /* calls posted by each rank */
     uint64_t seq0[ECHO_MAX_RANKS]; /* seq at the rank's echo_begin_pass (echo_discard_pass goes back to it) */
     int slots;                     /* records per rank */
@@ -123,6 +135,77 @@ static ncclComm_t comm_of(const echo_comm *c) {
     return nw_of(c)->comms[c->rank];
 }
 
+/* ---- ending communicators ----
+ *
+ * NCCL (>= 2.26) frees the communicators of one ncclCommInitAll only once
+ * every CUDA graph that captured an operation on any of them is destroyed:
+ * the group's last ncclCommAbort / ncclCommDestroy waits for that
+ * (commDestroySync in NCCL's src/init.cc polls until the comms'
+ * localPersistentRefs reach 0), and so would the thread that called it:
+ * the rank whose graphs it waits for, or any thread holding mu. So no
+ * communicator is ended in place. end_comm_locked hands it to the world's
+ * reaper thread, which ends the comms in turn; ncclCommAbort raises the
+ * comm's abort flag before anything else, which ends its pending kernels,
+ * so peers stop waiting at once even while the last end waits for graphs.
+ * Those graphs are the caller's to destroy (echo.h: before
+ * echo_world_clear_abort and echo_world_destroy), and both wait for the
+ * reaper, at most reap_wait_s: past that some graph was kept alive, and
+ * the world is declared dead rather than left hanging. */
+
+static void *nccl_reaper(void *arg) {
+    nccl_world *nw = arg;
+    pthread_mutex_lock(&nw->mu);
+    while (nw->reap_n > 0) {
+        ncclComm_t comm = nw->reap_q[nw->reap_n - 1].comm;
+        int abort = nw->reap_q[nw->reap_n - 1].abort;
+        nw->reap_n--;
+        pthread_mutex_unlock(&nw->mu);
+        /* The result is of no use: the comm is gone either way. */
+        (void)(abort ? ncclCommAbort(comm) : ncclCommDestroy(comm));
+        pthread_mutex_lock(&nw->mu);
+    }
+    nw->reaper_busy = 0;
+    pthread_cond_broadcast(&nw->reap_cv);
+    pthread_mutex_unlock(&nw->mu);
+    return NULL;
+}
+
+/* With mu held: rank r's comm leaves the world and goes to the reaper. */
+static void end_comm_locked(nccl_world *nw, int r, int abort) {
+    ncclComm_t comm = nw->comms[r];
+    if (!comm) return;
+    nw->comms[r] = NULL;
+    nw->reap_q[nw->reap_n].comm = comm;
+    nw->reap_q[nw->reap_n].abort = abort;
+    nw->reap_n++;
+    if (nw->reaper_busy) return; /* it looks at the queue again before it stops */
+    if (nw->reaper_on) pthread_join(nw->reaper, NULL); /* stopped: returns at once */
+    nw->reaper_on = 0;
+    if (pthread_create(&nw->reaper, NULL, nccl_reaper, nw) == 0) {
+        nw->reaper_on = nw->reaper_busy = 1;
+        return;
+    }
+    /* No thread to be had: end it here. That can wait for graphs (above),
+     * but only when this is the group's last comm. */
+    nw->reap_n--;
+    (void)(abort ? ncclCommAbort(comm) : ncclCommDestroy(comm));
+}
+
+/* With mu held: wait until the reaper has ended every comm handed to it,
+ * at most reap_wait_s. 0 when it has, -1 when it still waits (for graphs). */
+static int reap_wait_locked(nccl_world *nw) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double t = (double)until.tv_sec + until.tv_nsec * 1e-9 + nw->reap_wait_s;
+    until.tv_sec = (time_t)t;
+    until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+    while (nw->reaper_busy)
+        if (pthread_cond_timedwait(&nw->reap_cv, &nw->mu, &until) == ETIMEDOUT && nw->reaper_busy) return -1;
+    if (nw->reaper_on) pthread_join(nw->reaper, NULL);
+    nw->reaper_on = 0;
+    return 0;
+}
+
 /* ---- abort ----
  *
  * Real NCCL returns from an enqueue at once; a rank waits for its peers on
@@ -130,14 +213,14 @@ static ncclComm_t comm_of(const echo_comm *c) {
  * call ends by polling the stream (nccl_wait) while watching the world's
  * abort flag and the comm's asynchronous error, and a rank that sees either
  * aborts its own communicator (which ends its pending NCCL kernels) and
- * fails. A communicator is only ever aborted by the thread of its rank, or
- * by another thread while its rank is outside every NCCL call and poll
- * (in_nccl, under mu): then no thread uses it, and ncclCommAbort ends
- * whatever the rank left pending on its stream. Aborting the idle comms at
- * once (the aborting rank's own among them) is also what wakes peers in an
- * implementation whose collective calls block until every rank has arrived
- * (tests/emu's NCCL). The communicators are gone after an abort:
- * echo_world_clear_abort re-creates them. */
+ * fails. A communicator is only ever handed to the reaper for its abort by
+ * the thread of its rank, or by another thread while its rank is outside
+ * every NCCL call and poll (in_nccl, under mu): then no thread uses it, and
+ * ncclCommAbort ends whatever the rank left pending on its stream. Aborting
+ * the idle comms at once (the aborting rank's own among them) is also what
+ * wakes peers in an implementation whose collective calls block until every
+ * rank has arrived (tests/emu's NCCL). The communicators are gone after an
+ * abort: echo_world_clear_abort re-creates them. */
 
 /* With mu held: abort the world (first reason wins) and every
  * communicator no thread is using. */
@@ -147,11 +230,7 @@ static void abort_locked(nccl_world *nw, int nranks, const char *why) {
         atomic_store(&nw->aborted, 1);
     }
     for (int r = 0; r < nranks; r++)
-        if (nw->comms[r] && !nw->in_nccl[r]) {
-            /* The result is of no use: the comm is gone either way. */
-            (void)ncclCommAbort(nw->comms[r]);
-            nw->comms[r] = NULL;
-        }
+        if (!nw->in_nccl[r]) end_comm_locked(nw, r, 1);
     pthread_cond_broadcast(&nw->vote_cv); /* ranks waiting in a vote fail */
 }
 
@@ -170,10 +249,7 @@ static int aborted_msg(const nccl_world *nw, char *err, size_t errlen) {
  * there (it was in use when the world was aborted, so nobody else could,
  * and it may hold work the rank enqueued before), and fail with why. */
 static int abort_own_locked(nccl_world *nw, const echo_comm *c, char *err, size_t errlen) {
-    if (nw->comms[c->rank]) {
-        (void)ncclCommAbort(nw->comms[c->rank]);
-        nw->comms[c->rank] = NULL;
-    }
+    end_comm_locked(nw, c->rank, 1);
     aborted_msg(nw, err, errlen);
     pthread_mutex_unlock(&nw->mu);
     return -1;
@@ -336,18 +412,26 @@ static void nccl_world_fini(echo_world *w) {
     nccl_world *nw = w->tp_world;
     if (!nw) return;
     /* After an abort a comm may still have kernels pending: abort it. */
+    pthread_mutex_lock(&nw->mu);
     for (int r = 0; r < w->nranks; r++)
-        if (nw->comms[r]) {
-            if (atomic_load(&nw->aborted))
-                ncclCommAbort(nw->comms[r]);
-            else
-                ncclCommDestroy(nw->comms[r]);
-        }
+        end_comm_locked(nw, r, atomic_load(&nw->aborted));
+    int stuck = reap_wait_locked(nw);
+    pthread_mutex_unlock(&nw->mu);
+    w->tp_world = NULL;
+    if (stuck) {
+        /* The reaper still uses nw: leave both to it. */
+        fprintf(stderr,
+                "echo: nccl: the world's communicators are not freed after %.0f s: a CUDA graph that captured their "
+                "all-reduces is still alive (destroy such graphs before echo_world_destroy); leaving them\n",
+                nw->reap_wait_s);
+        pthread_detach(nw->reaper);
+        return;
+    }
     pthread_mutex_destroy(&nw->mu);
     pthread_cond_destroy(&nw->vote_cv);
+    pthread_cond_destroy(&nw->reap_cv);
     free(nw->rec);
     free(nw);
-    w->tp_world = NULL;
 }
 
 /* Create the communicators and make one small transfer of every kind the
@@ -441,11 +525,13 @@ static void nccl_set_abort(echo_world *w, int on) {
                      busy);
         } else {
             for (int r = 0; r < w->nranks; r++)
-                if (nw->comms[r]) {
-                    (void)ncclCommAbort(nw->comms[r]);
-                    nw->comms[r] = NULL;
-                }
-            if (!nccl_world_init_comms(nw, w->nranks, err, sizeof err)) {
+                end_comm_locked(nw, r, 1);
+            if (reap_wait_locked(nw))
+                snprintf(err, sizeof err,
+                         "NCCL has not freed the aborted communicators after %.0f s: a CUDA graph that captured their "
+                         "all-reduces is still alive (destroy such graphs before echo_world_clear_abort)",
+                         nw->reap_wait_s);
+            else if (!nccl_world_init_comms(nw, w->nranks, err, sizeof err)) {
                 atomic_store(&nw->aborted, 0);
                 nw->reason[0] = 0;
                 memset(nw->seq, 0, sizeof nw->seq);
@@ -674,6 +760,9 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
     w->tp_world = nw;
     pthread_mutex_init(&nw->mu, NULL);
     pthread_cond_init(&nw->vote_cv, NULL);
+    pthread_cond_init(&nw->reap_cv, NULL);
+    const char *wait_s = getenv("ECHO_NCCL_FREE_WAIT_S");
+    nw->reap_wait_s = wait_s && atof(wait_s) > 0 ? atof(wait_s) : 60.0;
     atomic_init(&nw->aborted, 0);
     nw->stride = (w->max_plan.wire + 255) / 256 * 256;
     nw->slots = w->cfg.n_sites + 2;

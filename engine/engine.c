@@ -70,6 +70,7 @@ struct eng {
     pthread_cond_t go_cv, done_cv;
     unsigned long generation;
     int pending, stop;
+    int job; /* what the ranks' threads run at this generation (rank_job) */
     model_batch batch;
     long comm_resets; /* eng_comm_resets */
 };
@@ -99,6 +100,26 @@ const char *eng_graphs_note(const eng *e) {
     return NULL;
 }
 
+/* What a rank's thread runs: the step's forward pass, or, after a pass
+ * that aborted the world, dropping its graphs (model_drop_graphs: NCCL
+ * frees the aborted communicators only once they are gone, and each rank
+ * drops its own on its thread, where its device is current). */
+enum { RANK_FORWARD, RANK_DROP_GRAPHS };
+
+static void rank_job(eng_rank *r, int job, model_batch b) {
+    if (job == RANK_DROP_GRAPHS) {
+        model_drop_graphs(r->m);
+        return;
+    }
+    if (r != &r->e->ranks[0]) {
+        b.layer_states = NULL; /* rank 0 reports; the stream is replicated */
+        if (b.topk) b.topk = &r->topk; /* each rank fills its own candidates */
+    }
+    r->rc = model_forward(r->m, &b, r->logits, r->err, sizeof r->err);
+    r->aborted = 0;
+    if (r->rc && r->e->cfg.tp > 1) rank_failed(r); /* peers must not wait for us in a collective */
+}
+
 static void *rank_main(void *arg) {
     eng_rank *r = arg;
     eng *e = r->e;
@@ -109,12 +130,9 @@ static void *rank_main(void *arg) {
         if (e->stop) break;
         seen = e->generation;
         model_batch b = e->batch;
+        int job = e->job;
         pthread_mutex_unlock(&e->mu);
-        b.layer_states = NULL; /* rank 0 reports; the stream is replicated */
-        if (b.topk) b.topk = &r->topk; /* each rank fills its own candidates */
-        r->rc = model_forward(r->m, &b, r->logits, r->err, sizeof r->err);
-        r->aborted = 0;
-        if (r->rc) rank_failed(r); /* peers must not wait for us in a collective */
+        rank_job(r, job, b);
         pthread_mutex_lock(&e->mu);
         if (--e->pending == 0) pthread_cond_signal(&e->done_cv);
     }
@@ -122,24 +140,28 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-static int ranks_forward(eng *e, char *err, size_t errlen) {
+/* Run `job` on every rank: rank 0 on this thread, the others on theirs. */
+static void ranks_run(eng *e, int job) {
     int tp = e->cfg.tp;
     if (tp > 1) {
         pthread_mutex_lock(&e->mu);
+        e->job = job;
         e->pending = tp - 1;
         e->generation++;
         pthread_cond_broadcast(&e->go_cv);
         pthread_mutex_unlock(&e->mu);
     }
-    eng_rank *r0 = &e->ranks[0];
-    r0->rc = model_forward(r0->m, &e->batch, r0->logits, r0->err, sizeof r0->err);
-    r0->aborted = 0;
-    if (r0->rc && tp > 1) rank_failed(r0);
+    rank_job(&e->ranks[0], job, e->batch);
     if (tp > 1) {
         pthread_mutex_lock(&e->mu);
         while (e->pending > 0) pthread_cond_wait(&e->done_cv, &e->mu);
         pthread_mutex_unlock(&e->mu);
     }
+}
+
+static int ranks_forward(eng *e, char *err, size_t errlen) {
+    int tp = e->cfg.tp;
+    ranks_run(e, RANK_FORWARD);
     /* Report the rank that failed first-hand, not the peers it aborted. */
     int first = -1;
     for (int i = 0; i < tp; i++) {
@@ -153,6 +175,7 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
     for (int i = 0; i < tp; i++)
         aborted |= e->ranks[i].aborted;
     if (aborted) {
+        ranks_run(e, RANK_DROP_GRAPHS); /* before the communicators can be freed */
         echo_world_clear_abort(e->world); /* every rank has returned */
         e->comm_resets++;
     }

@@ -194,11 +194,17 @@ typedef struct kern_ops {
      * discards a half-made capture; after an op failed inside graph mode
      * (nothing ran, so the step can be redone eagerly). With a ready graph
      * (graph_end succeeded, no launch) it drops the key's graph, a fresh
-     * capture counting as a failed one. No-op otherwise. */
+     * capture counting as a failed one. No-op otherwise.
+     * graph_drop_all: leaves graph mode (as graph_abort) and destroys every
+     * graph, once the stream has drained; each key is captured anew when
+     * next begun, its failure count reset. For tensor-parallel aborts: NCCL
+     * frees communicators only once the graphs that captured their calls
+     * are destroyed (comm/echo.h). */
     int (*graph_begin)(kern_backend *be, uint64_t key, int *replaying);
     int (*graph_end)(kern_backend *be);
     void (*graph_abort)(kern_backend *be);
     int (*graph_launch)(kern_backend *be);
+    void (*graph_drop_all)(kern_backend *be);
 } kern_ops;
 
 #define KERN_TOPK_MAX 64

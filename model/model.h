@@ -153,6 +153,12 @@ typedef struct model_batch {
 void model_set_graphs(model *m, int on);
 /* Steps that ran through a graph so far (for tests and benchmarks). */
 long model_graph_steps(const model *m);
+/* Destroy the backend's graphs (kern_ops.graph_drop_all; decode steps are
+ * captured anew). On the rank's own thread, after a pass that aborted the
+ * all-reduce world and before echo_world_clear_abort: NCCL frees the
+ * aborted communicators only once the graphs that captured their calls are
+ * gone (comm/echo.h). No-op without graphs. */
+void model_drop_graphs(model *m);
 
 /* Runs the pass (all-reducing through opts->comm when tp > 1) and writes
  * logits (n_logit_rows, vocab slice) as host fp32 — or, with b->topk, the

@@ -92,6 +92,10 @@ long model_graph_steps(const model *m) { return m->graph_steps; }
 
 void model_set_graphs(model *m, int on) { m->graphs = on != 0; }
 
+void model_drop_graphs(model *m) {
+    if (m->ops->graph_drop_all) m->ops->graph_drop_all(m->be);
+}
+
 const model_config *model_get_config(const model *m) { return &m->cfg; }
 size_t model_weight_bytes(const model *m) { return m->weight_bytes; }
 size_t model_embed_bytes(const model *m) { return m->embed_bytes; }

@@ -299,6 +299,7 @@ int cuda_graph_begin(kern_backend *be, uint64_t key, int *replaying);
 int cuda_graph_end(kern_backend *be);
 void cuda_graph_abort(kern_backend *be);
 int cuda_graph_launch(kern_backend *be);
+void cuda_graph_drop_all(kern_backend *be);
 void cuda_graphs_free(cuda_impl *impl);
 
 /* Release every cached cuBLASLt plan. cuda_matmul.cu. */

@@ -335,6 +335,7 @@ static const kern_ops cuda_ops = {
     cuda_graph_end,     /* graph_end */
     cuda_graph_abort,   /* graph_abort */
     cuda_graph_launch,  /* graph_launch */
+    cuda_graph_drop_all, /* graph_drop_all */
 };
 
 static int cuda_init(kern_backend *be) {

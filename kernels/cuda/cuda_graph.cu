@@ -1,6 +1,7 @@
 /*
  * cuda: graphs of decode steps (kern_ops.graph_begin / graph_end /
- * graph_abort; the design is in kernels/cuda/cuda.h above cuda_graph).
+ * graph_launch / graph_abort / graph_drop_all; the design is in
+ * kernels/cuda/cuda.h above cuda_graph).
  *
  *   - A key (the caller's: batch shape, buffers' generation) maps to one
  *     entry of a small LRU cache (CUDA_GRAPHS). The first graph_begin of a
@@ -75,6 +76,14 @@ void cuda_graphs_free(cuda_impl *impl) {
         if (g->copied) cudaEventDestroy(g->copied);
         g->copied = NULL;
     }
+}
+
+void cuda_graph_drop_all(kern_backend *be) {
+    cuda_impl *impl = cuda_get(be);
+    cuda_graph_abort(be);
+    cudaSetDevice(impl->device);
+    for (int i = 0; i < CUDA_GRAPHS; i++)
+        graph_entry_clear(be, &impl->graphs[i]);
 }
 
 /* ---- staging in graph mode (from cuda_stage_begin / cuda_stage_commit) ---- */

@@ -36,6 +36,14 @@
  *     Abort (that one prints and aborts the process: it is a use after free
  *     in real NCCL). Each prints one "nccl_emu:" line on stderr and the
  *     matched operations fail with ncclInvalidUsage on every participant.
+ *   - The end of a clique: the last ncclCommDestroy / ncclCommAbort of a
+ *     clique waits until every CUDA graph that captured an operation on any
+ *     of its comms is destroyed, as NCCL >= 2.26 does (src/init.cc,
+ *     commDestroySync polls until the comms' localPersistentRefs reach 0;
+ *     each captured launch plan holds one until its graph is destroyed).
+ *     Real NCCL waits forever; after ECHO_EMU_NCCL_GRAPH_WAIT_S seconds
+ *     (default 120) the emulator prints what it waits for and aborts the
+ *     process instead. Earlier ends of the clique's comms return at once.
  *   - Abort: ncclCommAbort on any comm of a clique marks the clique aborted;
  *     peers waiting in (or later posting) an operation return
  *     ncclRemoteError, and ncclCommGetAsyncError on their comms reports
@@ -92,6 +100,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <time.h>
 
 #include "emu_internal.h"
 
@@ -140,6 +150,7 @@ struct Clique {
      * here, and a captured graph may be replayed after its comms ended
      * (check_live must still find them to report it). */
     int refs;
+    int graphs; /* captured graph nodes alive (Pins): the clique's last end waits for 0 */
     bool aborted;
     std::vector<ncclComm> comms;
     std::vector<std::deque<Op *>> coll;               /* per rank, posted collectives in order */
@@ -444,8 +455,13 @@ struct Pin {
     Pin(const Pin &) = delete;
     Pin &operator=(const Pin &) = delete;
     ~Pin() {
-        for (Clique *cl : cls)
+        for (Clique *cl : cls) {
+            pthread_mutex_lock(&cl->mu);
+            cl->graphs--;
+            pthread_cond_broadcast(&cl->cv); /* a last end may wait for this */
+            pthread_mutex_unlock(&cl->mu);
             unref(cl);
+        }
     }
 };
 
@@ -464,6 +480,7 @@ ncclResult_t record(std::vector<Op *> &ops, cudaStream_t s) {
             seen |= c == cl;
         if (!seen) {
             cl->refs++;
+            cl->graphs++;
             pin->cls.push_back(cl);
         }
         pthread_mutex_unlock(&cl->mu);
@@ -636,6 +653,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     cl->n = ndev;
     cl->live = ndev;
     cl->refs = 0;
+    cl->graphs = 0;
     cl->aborted = false;
     cl->comms.resize((size_t)ndev);
     cl->coll.resize((size_t)ndev);
@@ -653,17 +671,39 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     return ncclSuccess;
 }
 
-/* Destroy and Abort both end the comm; the clique goes with its last one
- * unless a thread still waits in it or a graph holds it (unref frees it then). */
+/* Destroy and Abort both end the comm. The clique's last end first waits
+ * for the graphs that captured its operations (see the header comment);
+ * then the clique goes unless a thread still waits in it (unref frees it
+ * then). */
 static ncclResult_t end_comm(ncclComm_t comm, CommState how) {
     if (!comm) return ncclInvalidArgument;
     Clique *cl = comm->cl;
+    const char *call = how == DESTROYED ? "ncclCommDestroy" : "ncclCommAbort";
     pthread_mutex_lock(&cl->mu);
-    check_live(comm, how == DESTROYED ? "ncclCommDestroy" : "ncclCommAbort");
+    check_live(comm, call);
     comm->state = how;
     if (how == ABORTED) cl->aborted = true;
-    bool last = --cl->live == 0 && cl->refs == 0;
     pthread_cond_broadcast(&cl->cv);
+    if (--cl->live == 0 && cl->graphs > 0) {
+        const char *env = getenv("ECHO_EMU_NCCL_GRAPH_WAIT_S");
+        long limit = env && atol(env) > 0 ? atol(env) : 120;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += limit;
+        cl->refs++; /* the clique must outlive this wait */
+        int rc = 0;
+        while (cl->graphs > 0 && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&cl->cv, &cl->mu, &until);
+        if (cl->graphs > 0) {
+            fprintf(stderr,
+                    "nccl_emu: %s of rank %d's comm, the last of its clique, has waited %ld s for %d CUDA graph(s) "
+                    "that captured the clique's operations to be destroyed; real NCCL (>= 2.26) waits forever\n",
+                    call, comm->rank, limit, cl->graphs);
+            abort();
+        }
+        cl->refs--;
+    }
+    bool last = cl->live == 0 && cl->refs == 0;
     pthread_mutex_unlock(&cl->mu);
     if (last) free_clique(cl);
     return ncclSuccess;

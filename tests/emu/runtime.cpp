@@ -224,7 +224,8 @@ const char *cudaGetErrorName(cudaError_t e) {
         N(cudaSuccess) N(cudaErrorInvalidValue) N(cudaErrorMemoryAllocation) N(cudaErrorInitializationError)
         N(cudaErrorInvalidConfiguration) N(cudaErrorInvalidPitchValue) N(cudaErrorInvalidDeviceFunction)
         N(cudaErrorNoDevice) N(cudaErrorInvalidDevice) N(cudaErrorInvalidResourceHandle) N(cudaErrorIllegalState) N(cudaErrorNotReady)
-        N(cudaErrorIllegalAddress) N(cudaErrorLaunchOutOfResources) N(cudaErrorStreamCaptureUnsupported)
+        N(cudaErrorIllegalAddress) N(cudaErrorLaunchOutOfResources) N(cudaErrorLaunchFailure)
+        N(cudaErrorStreamCaptureUnsupported)
         N(cudaErrorStreamCaptureInvalidated) N(cudaErrorStreamCaptureMerge) N(cudaErrorStreamCaptureUnmatched)
         N(cudaErrorStreamCaptureUnjoined) N(cudaErrorStreamCaptureIsolation) N(cudaErrorStreamCaptureImplicit)
         N(cudaErrorCapturedEvent) N(cudaErrorStreamCaptureWrongThread) N(cudaErrorUnknown)
@@ -244,6 +245,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureImplicit:
@@ -445,8 +447,20 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned 
     return cudaSuccess;
 }
 
+/* Armed by echo_emu_fail_graph_launch (under g_emu_mu): the device whose
+ * launches count down, and how many pass before one fails. */
+static int g_fail_launch_dev = -1, g_fail_launch_left;
+
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
     if (!exec) return fail(cudaErrorInvalidResourceHandle);
+    {
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        int dev = s ? s->device : tls_device;
+        if (dev == g_fail_launch_dev && g_fail_launch_left-- == 0) {
+            g_fail_launch_dev = -1;
+            return fail(cudaErrorLaunchFailure);
+        }
+    }
     CUgraphExec_st *x = exec;
     return enqueue(s, [x]() {
         for (auto &n : x->nodes)
@@ -526,6 +540,16 @@ cudaError_t emu_func_get_attributes(struct cudaFuncAttributes *a, const void *fu
     auto it = g_emu_func_smem.find({func, tls_device});
     a->maxDynamicSharedSizeBytes = it != g_emu_func_smem.end() ? it->second : (int)SMEM_DEFAULT;
     return cudaSuccess;
+}
+
+/* Test hook, for a failure on one rank only: after `after` more graph
+ * launches on a stream of `device` pass, the next one fails with
+ * cudaErrorLaunchFailure and runs nothing (device < 0 disarms). Tests that
+ * must also build against real CUDA declare it weak and skip when absent. */
+void echo_emu_fail_graph_launch(int device, int after) {
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    g_fail_launch_dev = device;
+    g_fail_launch_left = after;
 }
 
 cudaError_t emu_occupancy(int *blocks, const void *func, int threads, size_t dyn_smem) {

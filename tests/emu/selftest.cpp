@@ -232,6 +232,47 @@ static int abort_while_waiting(int graph) {
     return ok;
 }
 
+/* The last end of a clique waits for the graphs that captured its
+ * operations (NCCL >= 2.26): a graph and its executable each hold it. */
+struct Ender {
+    ncclComm_t comm;
+    int done;
+};
+static void *ender_main(void *arg) {
+    Ender *e = (Ender *)arg;
+    ncclCommAbort(e->comm);
+    __atomic_store_n(&e->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+static int last_end_waits_for_graphs(void) {
+    ncclComm_t cc[2];
+    if (ncclCommInitAll(cc, 2, NULL) != ncclSuccess) return 0;
+    cudaStream_t st;
+    float *p;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    cudaMalloc(&p, 4 * sizeof *p);
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    int ok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    ok &= ncclAllReduce(p, p, 4, ncclFloat32, ncclSum, cc[0], st) == ncclSuccess; /* only rank 0's, never run */
+    ok &= cudaStreamEndCapture(st, &g) == cudaSuccess && cudaGraphInstantiate(&x, g, 0) == cudaSuccess;
+    ok &= ncclCommAbort(cc[0]) == ncclSuccess; /* not the last end: returns at once */
+    Ender e = {cc[1], 0};
+    pthread_t t;
+    pthread_create(&t, NULL, ender_main, &e);
+    usleep(100 * 1000);
+    ok &= !__atomic_load_n(&e.done, __ATOMIC_ACQUIRE); /* waits for the graph */
+    cudaGraphDestroy(g);
+    usleep(50 * 1000);
+    ok &= !__atomic_load_n(&e.done, __ATOMIC_ACQUIRE); /* the executable still holds it */
+    cudaGraphExecDestroy(x);
+    pthread_join(t, NULL); /* and returns once that is gone */
+    ok &= e.done == 1;
+    cudaFree(p);
+    cudaStreamDestroy(st);
+    return ok;
+}
+
 static const char *g_phase = "";
 static void on_alarm(int sig) {
     (void)sig;
@@ -481,6 +522,8 @@ int main(void) {
     g_phase = "abort while waiting";
     check(abort_while_waiting(0), "nccl: comms aborted under a waiting rank -> ncclRemoteError");
     check(abort_while_waiting(1), "nccl: same, rank waiting in a graph replay");
+    g_phase = "last end waits for graphs";
+    check(last_end_waits_for_graphs(), "nccl: the clique's last ncclCommAbort waits until its graphs are destroyed");
     alarm(0);
     check(dies([] {
               ncclComm_t cc[2];
@@ -498,12 +541,26 @@ int main(void) {
               ncclGroupEnd();
               cudaStreamEndCapture(st, &gg);
               cudaGraphInstantiate(&xx, gg, 0);
-              ncclCommDestroy(cc[0]);
-              ncclCommDestroy(cc[1]);
-              ncclCommInitAll(cc, 2, NULL); /* re-created: the graph still names the old ones */
+              ncclCommDestroy(cc[0]); /* not the last: returns */
               cudaGraphLaunch(xx, st);
           }),
-          "nccl: graph replayed after its comms were destroyed aborts");
+          "nccl: graph replayed after one of its comms was destroyed aborts");
+    check(dies([] {
+              setenv("ECHO_EMU_NCCL_GRAPH_WAIT_S", "1", 1);
+              ncclComm_t cc[2];
+              cudaStream_t st;
+              cudaGraph_t gg;
+              float *p;
+              cudaMalloc(&p, 4 * sizeof *p);
+              cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+              ncclCommInitAll(cc, 2, NULL);
+              cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+              ncclAllReduce(p, p, 2, ncclFloat32, ncclSum, cc[1], st);
+              cudaStreamEndCapture(st, &gg);
+              ncclCommDestroy(cc[0]);
+              ncclCommDestroy(cc[1]); /* the last, with the graph alive: real NCCL hangs here */
+          }),
+          "nccl: the last ncclCommDestroy with a graph alive waits, then the emulator aborts");
 
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);

@@ -55,8 +55,13 @@
  *      launched, and its replay on new inputs (echo_set_replay +
  *      echo_launch_external), bit-identical to eager passes; a capture one
  *      rank throws away (echo_discard_pass) leaves the agreement check in
- *      step for a pass of another count; the comm epoch moves after abort +
- *      clear; replay is refused on a world that is not deferred.
+ *      step for a pass of another count; an abort while every rank's graph
+ *      is alive returns, and once they are destroyed the clear re-creates
+ *      the communicators (the comm epoch moves); a graph kept alive past
+ *      echo_world_clear_abort leaves the world dead with a message naming
+ *      it, after $ECHO_NCCL_FREE_WAIT_S (NCCL >= 2.26 frees communicators
+ *      only once their graphs are gone); replay is refused on a world that
+ *      is not deferred.
  *      Nothing here relies on the CPU emulator (tests/emu): the same checks
  *      hold on real GPUs and NCCL.
  *   Every group of rank threads runs under a watchdog: a rank that does not
@@ -1111,6 +1116,8 @@ typedef struct graph_job {
     void *out[4][GR_CALLS][MAXN];   /* captured+launched, replayed, eager of in[0], eager of in[1] */
     char fail[MAXN][384];
     volatile int done[MAXN];
+    cudaGraph_t gr[MAXN]; /* each rank's graph of pass A, kept for the abort checks */
+    cudaGraphExec_t ex[MAXN];
 } graph_job;
 
 static int gr_launch(void *arg, char *err, size_t errlen) {
@@ -1133,7 +1140,7 @@ static int gr_launch(void *arg, char *err, size_t errlen) {
  * reference of A and B), then, on discard_rank only, a capture thrown away
  * before its pass is made eagerly; last a pass with another count on every
  * rank, which the agreement check would refuse if the thrown-away posts
- * had not been retracted. */
+ * had not been retracted. The graph of A is left alive (j->gr, j->ex). */
 static void *graph_rank(void *p) {
     rank_arg *a = p;
     graph_job *j = a->ctx;
@@ -1199,8 +1206,8 @@ static void *graph_rank(void *p) {
     GR_TRY(!echo_end_pass(c, s, err, sizeof err), "pass F end: %s", err);
 out:
     if (j->fail[r][0]) echo_abort(c);
-    if (ex) cudaGraphExecDestroy(ex);
-    if (gr) cudaGraphDestroy(gr);
+    j->ex[r] = ex; /* the caller destroys them (its abort checks) */
+    j->gr[r] = gr;
     for (int k = 0; k < GR_CALLS; k++)
         if (buf[k]) cudaFree(buf[k]);
     if (big) cudaFree(big);
@@ -1260,6 +1267,70 @@ static const char *vote_cases(echo_world *w, echo_comm *const *c, int N, char *w
     return NULL;
 }
 
+/* Whether world w (its N comms c) is usable, asked without touching NCCL:
+ * every rank votes 1 (echo_vote fails at once on an aborted or dead world).
+ * 0 when they agreed; -1 with rank 0's message in err otherwise. */
+static int world_votes(echo_comm *const *c, int N, char *err, size_t len) {
+    vote_job v;
+    memset(&v, 0, sizeof v);
+    for (int r = 0; r < N; r++) {
+        v.c[r] = c[r];
+        v.votes[r] = 1;
+    }
+    run_watched(N, vote_rank, &v, v.done, ABORT_TIMEOUT_S, "nccl vote");
+    int ok = 1;
+    for (int r = 0; r < N; r++)
+        ok &= v.rc[r] == 0 && v.agreed[r] == 1;
+    snprintf(err, len, "%s", v.err[0]);
+    return ok ? 0 : -1;
+}
+
+static void free_graphs(graph_job *j) {
+    for (int r = 0; r < MAXN; r++) {
+        if (j->ex[r]) cudaGraphExecDestroy(j->ex[r]);
+        if (j->gr[r]) cudaGraphDestroy(j->gr[r]);
+        j->ex[r] = NULL;
+        j->gr[r] = NULL;
+    }
+}
+
+/* Against the contract, rank 0 keeps a graph of its calls alive through an
+ * abort and echo_world_clear_abort: the clear waits for it only
+ * $ECHO_NCCL_FREE_WAIT_S (part_n_graphs sets 2 s), then leaves the world
+ * unusable with a message that names the graph; echo_world_destroy then
+ * finishes once the graph is gone. Capture needs no peer (nothing runs),
+ * so one thread does it. */
+static const char *graph_kept_past_clear(graph_job *j, char *why, size_t len) {
+    char err[320];
+    cudaStream_t s = NULL;
+    void *buf = NULL;
+    const char *f = NULL;
+    if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreate(&s) != cudaSuccess || cudaMalloc(&buf, j->m * 2))
+        return "cuda set-up";
+    cudaMemset(buf, 0, j->m * 2);
+    if (echo_begin_pass(j->c[0], err, sizeof err) ||
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        f = "begin";
+    for (int k = 0; k < GR_CALLS && !f; k++)
+        if (echo_allreduce(j->c[0], 2 * k, buf, j->m, ECHO_BF16, s, err, sizeof err)) f = "captured call";
+    if (cudaStreamEndCapture(s, &j->gr[0]) != cudaSuccess || !j->gr[0]) f = f ? f : "end capture";
+    echo_discard_pass(j->c[0]);
+    if (!f) {
+        echo_abort(j->c[0]);
+        echo_world_clear_abort(j->w);
+        if (!world_votes(j->c, j->n, err, sizeof err))
+            f = "the world works again although a graph of its old communicators is alive";
+        else if (!strstr(err, "CUDA graph")) {
+            snprintf(why, len, "message does not name the graph: %.300s", err);
+            f = why;
+        }
+    }
+    free_graphs(j);
+    cudaFree(buf);
+    cudaStreamDestroy(s);
+    return f;
+}
+
 /* Deferred nccl calls in a CUDA graph (what the model does for decode steps
  * at tp > 1): a captured pass and its replay on new inputs give the bits of
  * eager passes; a capture thrown away on one rank (echo_discard_pass)
@@ -1289,7 +1360,10 @@ static void part_n_graphs(int N) {
     int devs[MAXN];
     for (int r = 0; r < N; r++)
         devs[r] = r;
-    if (echo_world_create_nccl(N, devs, &cfg, &j.w, err, sizeof err)) {
+    setenv("ECHO_NCCL_FREE_WAIT_S", "2", 1); /* read at creation: graph_kept_past_clear waits that long */
+    int wrc = echo_world_create_nccl(N, devs, &cfg, &j.w, err, sizeof err);
+    unsetenv("ECHO_NCCL_FREE_WAIT_S");
+    if (wrc) {
         snprintf(why, sizeof why, "world: %s", err);
         fail = why;
     }
@@ -1317,19 +1391,33 @@ static void part_n_graphs(int N) {
     report(label, fail ? -1 : d_replay + d_inputs, fail);
     snprintf(label, sizeof label, "nccl graph n=%d discarded capture, then count %zu", N, j.m2);
     report(label, 0, fail);
-    /* the epoch moves when the communicators are made anew */
+    /* An abort while every rank's graph is alive returns (NCCL >= 2.26
+     * frees the communicators only once those graphs are destroyed, so an
+     * abort that ended them in place would wait here for ever); once the
+     * graphs are gone the communicators are made anew and the epoch moves. */
     if (!fail) {
         uint64_t e0 = echo_comm_epoch(j.c[0]);
         echo_abort(j.c[1]);
+        free_graphs(&j);
         echo_world_clear_abort(j.w);
         uint64_t e1 = echo_comm_epoch(j.c[0]);
-        snprintf(label, sizeof label, "nccl graph n=%d epoch %llu -> %llu after abort + clear", N,
+        const char *f = e1 != e0 ? NULL : "epoch unchanged";
+        if (!f && world_votes(j.c, N, err, sizeof err)) {
+            snprintf(why, sizeof why, "after clear: %.300s", err);
+            f = why;
+        }
+        snprintf(label, sizeof label, "nccl graph n=%d abort with graphs alive; epoch %llu -> %llu after clear", N,
                  (unsigned long long)e0, (unsigned long long)e1);
-        report(label, 0, e1 != e0 ? NULL : "epoch unchanged");
+        report(label, 0, f);
     }
+    free_graphs(&j);
     if (!fail) {
         snprintf(label, sizeof label, "nccl graph n=%d vote (agree, disagree, abort)", N);
         report(label, 0, vote_cases(j.w, j.c, N, why, sizeof why));
+    }
+    if (!fail) {
+        snprintf(label, sizeof label, "nccl graph n=%d kept past clear_abort: world dead, naming it", N);
+        report(label, 0, graph_kept_past_clear(&j, why, sizeof why));
     }
     /* set_replay on a world that is not deferred is refused */
     for (int r = 0; r < N; r++)

@@ -194,11 +194,27 @@ static void fail_line(const char *model, int tp, const char *what) {
 
 #define GRAPH_SEQS 3
 
+/* tests/emu's hook (runtime.cpp): after `after` more graph launches on
+ * `device` the next one fails. Weak: NULL on a real GPU, where the checks
+ * that need it say "skipped". */
+void echo_emu_fail_graph_launch(int device, int after) __attribute__((weak));
+
+/* A failure of one rank injected into a decode run: before decode step
+ * `step` the next graph launch on GPU `device` is made to fail. The failed
+ * step is run again (a failed eng_step leaves every sequence as it was). */
+typedef struct fault {
+    int step, device;
+    int failed;  /* eng_step calls that failed */
+    long resets; /* eng_comm_resets at the end */
+    long graphs_after; /* steps through a graph after the failed one */
+    char err[400];     /* the failed step's message */
+} fault;
+
 /* The logits (steps, GRAPH_SEQS, V) of the decode steps described at the
  * top, on a fresh engine; NULL on error. *graph_steps: steps that ran as a
  * graph. */
 static float *decode_steps_tp(const char *dir, const char *dev, int tp, echo_mode mode, int graphs, int fuse, int nseqs,
-                              const prompt *ps, int np, int V, int max_len, int *steps, long *graph_steps) {
+                              const prompt *ps, int np, int V, int max_len, int *steps, long *graph_steps, fault *f) {
     char err[1024] = "bad sequence count";
     eng_config c = {.model_dir = dir, .device = dev, .tp = tp, .allreduce = mode, .max_model_len = max_len,
                     .max_num_seqs = nseqs, .threads = 0, .cuda_graphs = graphs, .fuse_weights = fuse};
@@ -226,12 +242,26 @@ static float *decode_steps_tp(const char *dir, const char *dev, int tp, echo_mod
         it[k] = (eng_item){seq[k], p->ids + off[k], p->n_prompt - off[k], ENG_LOGITS_LAST};
     }
     if (ok && eng_step(e, it, nseqs, out, err, sizeof err)) ok = 0; /* the prefill; overwritten below */
+    long g_fault = 0;
     for (int t = 0; ok && t < T; t++) {
         for (int k = 0; k < nseqs; k++) {
             const prompt *p = &ps[k % np];
             it[k] = (eng_item){seq[k], p->ids + p->n_prompt + t, 1, ENG_LOGITS_LAST};
         }
+        if (f && t == f->step) {
+            echo_emu_fail_graph_launch(f->device, 0);
+            if (eng_step(e, it, nseqs, out + (size_t)t * nseqs * V, f->err, sizeof f->err) == 0) {
+                echo_emu_fail_graph_launch(-1, 0); /* no graph was launched on that device */
+            } else {
+                f->failed++;
+            }
+            g_fault = eng_graph_steps(e);
+        }
         if (eng_step(e, it, nseqs, out + (size_t)t * nseqs * V, err, sizeof err)) ok = 0;
+    }
+    if (f) {
+        f->resets = eng_comm_resets(e);
+        f->graphs_after = eng_graph_steps(e) - g_fault;
     }
     if (!ok) printf("%s %s graphs %d: decode: %s\n", dir, dev, graphs, out ? err : "no steps or out of memory");
     *graph_steps = eng_graph_steps(e);
@@ -248,7 +278,8 @@ static float *decode_steps_tp(const char *dir, const char *dev, int tp, echo_mod
 
 static float *decode_steps(const char *dir, const char *dev, int graphs, int fuse, int nseqs, const prompt *ps, int np,
                            int V, int max_len, int *steps, long *graph_steps) {
-    return decode_steps_tp(dir, dev, 1, ECHO_MODE_EXACT, graphs, fuse, nseqs, ps, np, V, max_len, steps, graph_steps);
+    return decode_steps_tp(dir, dev, 1, ECHO_MODE_EXACT, graphs, fuse, nseqs, ps, np, V, max_len, steps, graph_steps,
+                           NULL);
 }
 
 /* Graphs on == off, bit for bit, over T1 decode steps of GRAPH_SEQS rows:
@@ -280,6 +311,37 @@ static void check_graph_steps(const char *name, int tp, const char *what, const 
            used ? "PASS" : "FAIL");
 }
 
+/* One rank's graph launch fails mid-decode (tp > 1 over nccl, graphs on;
+ * the emulator's hook): that step fails, the engine aborts the world,
+ * drops every rank's graphs (NCCL frees the aborted communicators only
+ * once they are gone) and re-creates the communicators; the step run again
+ * and every later one give the eager run's bits, and decode steps go
+ * through graphs again. Without the drop the re-creation would wait for
+ * the graphs and leave the world dead; ending the communicators in place
+ * would wait for them for ever. */
+static void check_graph_fault(const char *dir, const char *name, int tp, const prompt *ps, int np, int V, int max_len,
+                              const float *eager, int T1) {
+    const char *what = "rank fails in a graph";
+    if (!echo_emu_fail_graph_launch) {
+        printf("%-16s tp %d %-26s skipped: needs tests/emu's fault hook\n", name, tp, what);
+        return;
+    }
+    fault f = {.step = 2, .device = tp - 1};
+    int T = 0;
+    long g = 0;
+    float *l = decode_steps_tp(dir, "cuda", tp, ECHO_MODE_ECHO, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, max_len, &T,
+                               &g, &f);
+    if (f.failed) printf("%-16s tp %d %-26s the failed step said: %s\n", name, tp, what, f.err);
+    int ok = f.failed == 1 && strstr(f.err, "launch") && f.resets == 1 && f.graphs_after >= T - f.step - 2 &&
+             f.graphs_after > 0;
+    g_checks++;
+    if (!ok) g_fail++;
+    printf("%-16s tp %d %-26s failed steps %d, comm resets %ld, graph steps after %ld of %d  %s\n", name, tp, what,
+           f.failed, f.resets, f.graphs_after, T - f.step, ok ? "PASS" : "FAIL");
+    check_graph_bits(name, tp, "after the failure == eager", eager, l, T1, T, V);
+    free(l);
+}
+
 /* Graphs at tp > 1: the decode steps with their all-reduces (echo mode, so
  * residuals and the codec are inside the graph) captured on the nccl
  * transport (one GPU per rank; the local transport cannot be captured), on
@@ -302,11 +364,12 @@ static void test_graphs_tp(const char *dir, const char *name, const model_config
         int T1 = 0, T2 = 0;
         long g1 = 0, g2 = 0;
         float *eager = decode_steps_tp(dir, "cuda", tp, ECHO_MODE_ECHO, 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V,
-                                       max_len, &T1, &g1);
+                                       max_len, &T1, &g1, NULL);
         float *graph = decode_steps_tp(dir, "cuda", tp, ECHO_MODE_ECHO, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V,
-                                       max_len, &T2, &g2);
+                                       max_len, &T2, &g2, NULL);
         check_graph_bits(name, tp, w1, eager, graph, T1, T2, V);
         check_graph_steps(name, tp, w3, graph, g1, g2, T2);
+        check_graph_fault(dir, name, tp, ps, np, V, max_len, eager, T1);
         free(eager);
         free(graph);
     }

@@ -794,7 +794,7 @@ END_TEST
  * there), and a fallback runs them again: the same values are recomputed
  * and the cache rows rewritten with the same values. */
 typedef struct fake_graphs {
-    int begin, end, abort_, launch;
+    int begin, end, abort_, launch, drop_all;
     int mode; /* 0: all succeed, 1: graph_end fails, 2: graph_begin answers 1 (no graph), 3: graph_launch fails */
     uint64_t last_key;
 } fake_graphs;
@@ -821,6 +821,10 @@ static int fake_graph_launch(kern_backend *be) {
     g_fake.launch++;
     return g_fake.mode == 3 ? -1 : 0;
 }
+static void fake_graph_drop_all(kern_backend *be) {
+    (void)be;
+    g_fake.drop_all++;
+}
 
 START_TEST(test_model_graph_routing) {
     const kern_ops *cpu = NULL;
@@ -828,13 +832,14 @@ START_TEST(test_model_graph_routing) {
     char err[512];
     ck_assert_msg(kern_backend_create("cpu", 2, 0, &cpu, &be, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(cpu->graph_begin == NULL && cpu->graph_end == NULL && cpu->graph_abort == NULL &&
-                      cpu->graph_launch == NULL,
+                      cpu->graph_launch == NULL && cpu->graph_drop_all == NULL,
                   "the cpu backend has no graphs");
     kern_ops fake = *cpu;
     fake.graph_begin = fake_graph_begin;
     fake.graph_end = fake_graph_end;
     fake.graph_abort = fake_graph_abort;
     fake.graph_launch = fake_graph_launch;
+    fake.graph_drop_all = fake_graph_drop_all;
     const char *spec = "random:tiny,layers=2,seed=4";
     model *mg = NULL, *me = NULL;
     model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0};
@@ -884,6 +889,12 @@ START_TEST(test_model_graph_routing) {
     model_batch d = {2, dt, dq, dpos, table, MB, one_row, 1, NULL, NULL};
     ck_assert_msg(model_forward(mg, &d, lg, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(g_fake.begin, begins);
+    /* model_drop_graphs goes to the backend's graph_drop_all, once; none
+     * on cpu: nothing to drop */
+    ck_assert_int_eq(g_fake.drop_all, 0);
+    model_drop_graphs(mg);
+    model_drop_graphs(me);
+    ck_assert_int_eq(g_fake.drop_all, 1);
     model_free(mg);
     model_free(me);
     kern_backend_destroy(cpu, be);
