@@ -696,8 +696,9 @@ static ncclResult_t end_comm(ncclComm_t comm, CommState how) {
             rc = pthread_cond_timedwait(&cl->cv, &cl->mu, &until);
         if (cl->graphs > 0) {
             fprintf(stderr,
-                    "nccl_emu: %s of rank %d's comm, the last of its clique, has waited %ld s for %d CUDA graph(s) "
-                    "that captured the clique's operations to be destroyed; real NCCL (>= 2.26) waits forever\n",
+                    "nccl_emu: %s of rank %d's comm, the last of its clique, has waited %ld s for the CUDA graphs "
+                    "holding %d captured operation group(s) of the clique to be destroyed; real NCCL (>= 2.26) "
+                    "waits forever\n",
                     call, comm->rank, limit, cl->graphs);
             abort();
         }
