@@ -243,6 +243,12 @@ static int scratch_reserve(model *m, int n, int rows, char *err, size_t errlen) 
     const model_config *c = &m->cfg;
     size_t es = kern_dtype_size(m->ops->act_dtype);
     size_t qd = (size_t)m->hq * c->head_dim, kvd = (size_t)m->hkv * c->head_dim;
+    /* Graphs captured with the old buffers never replay (scratch_gen is in
+     * their key); destroy them before the buffers go: NCCL may have
+     * registered a buffer for a captured all-reduce (NCCL_GRAPH_REGISTER),
+     * and a registration that outlives its memory can be taken for a new
+     * allocation at the same address. */
+    if (m->graphs && m->sc.cap) model_drop_graphs(m);
     scratch_free(m);
     m->sc.x = m->ops->alloc(m->be, (size_t)cap * c->hidden_size * es);
     m->sc.h = m->ops->alloc(m->be, (size_t)cap * c->hidden_size * es);

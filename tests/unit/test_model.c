@@ -895,6 +895,17 @@ START_TEST(test_model_graph_routing) {
     model_drop_graphs(mg);
     model_drop_graphs(me);
     ck_assert_int_eq(g_fake.drop_all, 1);
+    /* a step that outgrows the activation buffers drops the graphs before
+     * freeing the buffers they address (once), and is still right */
+    int32_t big[24], bq[2] = {0, 24}, bpos[1] = {0}, brow[1] = {23}; /* 8 blocks of 4 tokens hold 32 */
+    for (int i = 0; i < 24; i++) big[i] = 40 + i;
+    model_batch bb = {1, big, bq, bpos, table + 8, MB, brow, 1, NULL, NULL};
+    ck_assert_msg(model_forward(mg, &bb, lg, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(model_forward(me, &bb, le, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(g_fake.drop_all, 2);
+    ck_assert(memcmp(lg, le, (size_t)V * sizeof *lg) == 0);
+    ck_assert_msg(model_forward(mg, &bb, lg, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(g_fake.drop_all, 2); /* no growth, no drop */
     model_free(mg);
     model_free(me);
     kern_backend_destroy(cpu, be);
