@@ -97,8 +97,9 @@ int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out
 int echo_world_create_local_device(int nranks, int device, const echo_config *cfg, echo_world **out, char *err,
                                    size_t errlen);
 /* nccl transport: one GPU per rank (devices[rank]), all driven from this
- * process (ncclCommInitAll, then one small transfer of each kind so that
- * NCCL's connections are set up before any call). Buffers passed to
+ * process (ncclCommInitAll, then transfers of each kind at sizes from 64
+ * bytes up to the largest message, x4 apart, so that NCCL's lazily made
+ * connections are set up before any call, and never inside a capture). Buffers passed to
  * echo_allreduce are device pointers and `stream` is the rank's
  * cudaStream_t. Each call ends by waiting for the stream, polling, so that
  * an abort can end the wait; with echo_config.deferred calls only enqueue

@@ -434,14 +434,52 @@ static void nccl_world_fini(echo_world *w) {
     free(nw);
 }
 
-/* Create the communicators and make one small transfer of every kind the
- * calls use, driven from this thread in one group: NCCL sets connections up
- * lazily, on first use, and a connection set-up waits for the peer inside
- * the NCCL call, where no abort can reach it. After this, a call's NCCL
- * functions only enqueue (connections for other algorithms or protocols
- * that NCCL picks at other sizes may still be set up later: set
- * NCCL_RUNTIME_CONNECT=0 to have all of them made at init). */
-static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t errlen) {
+/* Bytes of the largest phase-1 or phase-2 message of w's calls (a shard's
+ * wire form, at most the stride); 0 on an exact-mode world. */
+static size_t nccl_p2p_max(const echo_world *w) {
+    return w->cfg.mode == ECHO_MODE_EXACT ? 0 : w->max_plan.wire;
+}
+
+/* One warm-up group, driven from this thread for every rank: p2p bytes to
+ * and from every peer, an in-place all-gather of ag bytes per rank, and
+ * all-reduces of ar_f32 fp32 and ar_bf16 bf16 values (each kind skipped at
+ * 0). tmp[r] holds 3 * nranks * max(p2p, ag) + 4 * ar_f32 bytes. */
+static ncclResult_t warm_group(nccl_world *nw, int nranks, void *const *tmp, size_t p2p, size_t ag, size_t ar_f32,
+                               size_t ar_bf16) {
+    size_t m = p2p > ag ? p2p : ag;
+    ncclResult_t g = ncclGroupStart();
+    for (int r = 0; r < nranks && g == ncclSuccess; r++) {
+        uint8_t *b = tmp[r];
+        for (int j = 0; j < nranks && g == ncclSuccess && p2p; j++) {
+            if (j == r) continue;
+            g = ncclSend(b + (size_t)j * m, p2p, ncclUint8, j, nw->comms[r], NULL);
+            if (g == ncclSuccess) g = ncclRecv(b + (size_t)(nranks + j) * m, p2p, ncclUint8, j, nw->comms[r], NULL);
+        }
+        uint8_t *gather = b + (size_t)(2 * nranks) * m;
+        if (g == ncclSuccess && ag)
+            g = ncclAllGather(gather + (size_t)r * ag, gather, ag, ncclUint8, nw->comms[r], NULL);
+        float *ar = (float *)(b + (size_t)(3 * nranks) * m);
+        if (g == ncclSuccess && ar_f32) g = ncclAllReduce(ar, ar, ar_f32, ncclFloat32, ncclSum, nw->comms[r], NULL);
+        if (g == ncclSuccess && ar_bf16) g = ncclAllReduce(ar, ar, ar_bf16, ncclBfloat16, ncclSum, nw->comms[r], NULL);
+    }
+    ncclResult_t ge = ncclGroupEnd();
+    return g == ncclSuccess ? ge : g;
+}
+
+/* Create the communicators and make transfers of every kind the calls use,
+ * at every size class they can have (64 bytes, then x4 up to the largest
+ * message), driven from this thread: NCCL sets connections up lazily, on
+ * first use of an algorithm or of a channel to a peer (which one depends on
+ * the size), and a connection set-up waits for the peer inside the NCCL
+ * call, where no abort can reach it; inside a CUDA graph capture that one
+ * rank abandoned, it would wait for good. After this a call's NCCL
+ * functions only enqueue, unless NCCL picks at some size an algorithm none
+ * of the sampled sizes got: NCCL_RUNTIME_CONNECT=0 has every one made at
+ * init, at the cost of the memory of all of them. p2p_max: bytes of one
+ * phase-1 / phase-2 message (0 on an exact-mode world, which has none);
+ * ar_max: values the exact path can take (w->exact_max). */
+static int nccl_world_init_comms(nccl_world *nw, int nranks, size_t p2p_max, size_t ar_max, char *err,
+                                 size_t errlen) {
     ncclResult_t rc = ncclCommInitAll(nw->comms, nranks, nw->devices);
     if (rc != ncclSuccess) {
         memset(nw->comms, 0, sizeof nw->comms);
@@ -455,7 +493,8 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
     int saved = 0;
     ECHO_CUDA_TRY(cudaGetDevice(&saved));
     void *tmp[ECHO_MAX_RANKS] = {0};
-    size_t per = 64, bytes = per * (size_t)(2 * nranks + 2); /* p2p in + out, all-gather, all-reduce */
+    const size_t lo = 64, m = p2p_max > lo ? p2p_max : lo, ar = ar_max * 4 > lo ? ar_max * 4 : lo;
+    size_t bytes = 3 * (size_t)nranks * m + ar;
     int ret = 0;
     for (int r = 0; r < nranks && !ret; r++) {
         cudaError_t e = cudaSetDevice(nw->devices[r]);
@@ -463,25 +502,14 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
         if (e == cudaSuccess) e = cudaMemset(tmp[r], 0, bytes);
         if (e != cudaSuccess) ret = echo_cuda_fail(err, errlen, __FILE__, __LINE__, "cudaMalloc(warm-up buffer)", e);
     }
-    if (!ret) {
-        ncclResult_t g = ncclGroupStart();
-        for (int r = 0; r < nranks && g == ncclSuccess; r++) {
-            uint8_t *b = tmp[r];
-            for (int j = 0; j < nranks && g == ncclSuccess; j++) {
-                if (j == r) continue;
-                g = ncclSend(b + (size_t)j * per, per, ncclUint8, j, nw->comms[r], NULL);
-                if (g == ncclSuccess)
-                    g = ncclRecv(b + (size_t)(nranks + j) * per, per, ncclUint8, j, nw->comms[r], NULL);
-            }
-            uint8_t *ag = b + (size_t)(2 * nranks + 1) * per; /* nranks <= 64 bytes, in place */
-            if (g == ncclSuccess) g = ncclAllGather(ag + r, ag, 1, ncclUint8, nw->comms[r], NULL);
-            float *ar = (float *)(b + (size_t)(2 * nranks) * per);
-            if (g == ncclSuccess) g = ncclAllReduce(ar, ar, 4, ncclFloat32, ncclSum, nw->comms[r], NULL);
-            if (g == ncclSuccess) g = ncclAllReduce(ar + 4, ar + 4, 4, ncclBfloat16, ncclSum, nw->comms[r], NULL);
-        }
-        ncclResult_t ge = ncclGroupEnd();
-        if (g == ncclSuccess) g = ge;
+    const size_t top = m > ar ? m : ar;
+    for (size_t s = lo; !ret; s = s < top / 4 ? s * 4 : top) {
+        size_t p = p2p_max ? (s < m ? s : m) : (s == lo ? lo : 0); /* exact worlds: one small p2p, all-gather */
+        size_t a = s < ar ? s : ar;
+        size_t bf = ar_max && a / 2 > ar_max ? ar_max : a / 2; /* bf16: up to ar_max values too */
+        ncclResult_t g = warm_group(nw, nranks, tmp, p, p, a / 4, bf);
         if (g != ncclSuccess) ret = nccl_fail(err, errlen, __FILE__, __LINE__, "warm-up transfers", g);
+        if (s == top) break;
     }
     for (int r = 0; r < nranks && !ret; r++) {
         cudaError_t e = cudaSetDevice(nw->devices[r]);
@@ -497,7 +525,7 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, char *err, size_t e
     if (ret)
         for (int r = 0; r < nranks; r++)
             if (nw->comms[r]) {
-                ncclCommAbort(nw->comms[r]);
+                ncclCommAbort(nw->comms[r]); /* new: no graph holds them */
                 nw->comms[r] = NULL;
             }
     cudaError_t e = cudaSetDevice(saved);
@@ -531,7 +559,7 @@ static void nccl_set_abort(echo_world *w, int on) {
                          "NCCL has not freed the aborted communicators after %.0f s: a CUDA graph that captured their "
                          "all-reduces is still alive (destroy such graphs before echo_world_clear_abort)",
                          nw->reap_wait_s);
-            else if (!nccl_world_init_comms(nw, w->nranks, err, sizeof err)) {
+            else if (!nccl_world_init_comms(nw, w->nranks, nccl_p2p_max(w), w->exact_max, err, sizeof err)) {
                 atomic_store(&nw->aborted, 0);
                 nw->reason[0] = 0;
                 memset(nw->seq, 0, sizeof nw->seq);
@@ -774,7 +802,7 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
     }
     for (int r = 0; r < nranks; r++)
         nw->devices[r] = devices[r];
-    if (nccl_world_init_comms(nw, nranks, err, errlen)) {
+    if (nccl_world_init_comms(nw, nranks, nccl_p2p_max(w), w->exact_max, err, errlen)) {
         echo_world_destroy(w);
         return -1;
     }
