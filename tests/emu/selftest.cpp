@@ -273,6 +273,21 @@ static int last_end_waits_for_graphs(void) {
     return ok;
 }
 
+/* Two fresh comms and a graph that captured an all-reduce on both of them
+ * (both = 1) or on rank 1's only. */
+static void capture_pair(ncclComm_t cc[2], cudaStream_t *st, cudaGraph_t *gg, int both) {
+    float *p;
+    cudaMalloc(&p, 4 * sizeof *p);
+    cudaStreamCreateWithFlags(st, cudaStreamNonBlocking);
+    ncclCommInitAll(cc, 2, NULL);
+    cudaStreamBeginCapture(*st, cudaStreamCaptureModeThreadLocal);
+    ncclGroupStart();
+    if (both) ncclAllReduce(p, p, 2, ncclFloat32, ncclSum, cc[0], *st);
+    ncclAllReduce(p + 2, p + 2, 2, ncclFloat32, ncclSum, cc[1], *st);
+    ncclGroupEnd();
+    cudaStreamEndCapture(*st, gg);
+}
+
 static const char *g_phase = "";
 static void on_alarm(int sig) {
     (void)sig;
@@ -530,16 +545,7 @@ int main(void) {
               cudaStream_t st;
               cudaGraph_t gg;
               cudaGraphExec_t xx;
-              float *p;
-              cudaMalloc(&p, 4 * sizeof *p);
-              cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
-              ncclCommInitAll(cc, 2, NULL);
-              cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
-              ncclGroupStart();
-              ncclAllReduce(p, p, 2, ncclFloat32, ncclSum, cc[0], st);
-              ncclAllReduce(p + 2, p + 2, 2, ncclFloat32, ncclSum, cc[1], st);
-              ncclGroupEnd();
-              cudaStreamEndCapture(st, &gg);
+              capture_pair(cc, &st, &gg, 1);
               cudaGraphInstantiate(&xx, gg, 0);
               ncclCommDestroy(cc[0]); /* not the last: returns */
               cudaGraphLaunch(xx, st);
@@ -550,13 +556,7 @@ int main(void) {
               ncclComm_t cc[2];
               cudaStream_t st;
               cudaGraph_t gg;
-              float *p;
-              cudaMalloc(&p, 4 * sizeof *p);
-              cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
-              ncclCommInitAll(cc, 2, NULL);
-              cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
-              ncclAllReduce(p, p, 2, ncclFloat32, ncclSum, cc[1], st);
-              cudaStreamEndCapture(st, &gg);
+              capture_pair(cc, &st, &gg, 0);
               ncclCommDestroy(cc[0]);
               ncclCommDestroy(cc[1]); /* the last, with the graph alive: real NCCL hangs here */
           }),
