@@ -90,9 +90,12 @@ typedef struct cuda_state {
 
 /* ---- error checks: record "cuda: FILE:LINE: CALL: NAME (message)" ---- */
 
-/* (ECHO_CUDA_TRY is in echo_internal.h: the C files of comm/ use it too) */
+/* (ECHO_CUDA_TRY is in echo_internal.h: the C files of comm/ use it too)
+ * The error is reported here, so it is cleared as the thread's last error:
+ * the next launch check (cudaGetLastError) would report it as its own. */
 extern "C" int echo_cuda_fail(char *err, size_t errlen, const char *file, int line, const char *call, int e) {
     cudaError_t ce = (cudaError_t)e;
+    cudaGetLastError();
     snprintf(err, errlen, "cuda: %s:%d: %s: %s (%s)", file, line, call, cudaGetErrorName(ce), cudaGetErrorString(ce));
     return -1;
 }

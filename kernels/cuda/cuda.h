@@ -36,7 +36,12 @@ typedef __nv_bfloat16 bf16;
 
 /* ---- error checks ---- */
 
+/* A runtime call's error, reported here. It is also the thread's "last
+ * error" until read, which the next launch check (cudaGetLastError) would
+ * then report as its own: clear it (an error that is sticky stays, every
+ * later call returns it). */
 static inline int cuda_fail_rt(kern_backend *be, const char *file, int line, const char *call, cudaError_t e) {
+    cudaGetLastError();
     return kern_fail(be, "cuda: %s:%d: %s: %s (%s)", file, line, call, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 

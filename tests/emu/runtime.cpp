@@ -440,27 +440,32 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *statu
     return cudaSuccess;
 }
 
+/* Failures armed by the test hooks below (under g_emu_mu): the device
+ * whose calls count down, and how many pass before one fails. */
+struct Armed {
+    int dev = -1, left = 0;
+};
+static Armed g_fail_launch, g_fail_inst;
+
+/* Whether this call on `dev` is the one an armed hook makes fail. */
+static bool fires(Armed &a, int dev) {
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    if (dev != a.dev || a.left-- > 0) return false;
+    a.dev = -1;
+    return true;
+}
+
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags) {
     (void)flags;
     if (!g) return fail(cudaErrorInvalidValue);
+    if (fires(g_fail_inst, tls_device)) return fail(cudaErrorLaunchOutOfResources);
     *exec = new CUgraphExec_st{g->nodes};
     return cudaSuccess;
 }
 
-/* Armed by echo_emu_fail_graph_launch (under g_emu_mu): the device whose
- * launches count down, and how many pass before one fails. */
-static int g_fail_launch_dev = -1, g_fail_launch_left;
-
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
     if (!exec) return fail(cudaErrorInvalidResourceHandle);
-    {
-        std::lock_guard<std::mutex> lk(g_emu_mu);
-        int dev = s ? s->device : tls_device;
-        if (dev == g_fail_launch_dev && g_fail_launch_left-- == 0) {
-            g_fail_launch_dev = -1;
-            return fail(cudaErrorLaunchFailure);
-        }
-    }
+    if (fires(g_fail_launch, s ? s->device : tls_device)) return fail(cudaErrorLaunchFailure);
     CUgraphExec_st *x = exec;
     return enqueue(s, [x]() {
         for (auto &n : x->nodes)
@@ -542,14 +547,19 @@ cudaError_t emu_func_get_attributes(struct cudaFuncAttributes *a, const void *fu
     return cudaSuccess;
 }
 
-/* Test hook, for a failure on one rank only: after `after` more graph
- * launches on a stream of `device` pass, the next one fails with
- * cudaErrorLaunchFailure and runs nothing (device < 0 disarms). Tests that
- * must also build against real CUDA declare it weak and skip when absent. */
+/* Test hooks, for a failure on one rank only: after `after` more graph
+ * launches on a stream of `device` (instantiations by a thread whose
+ * current device is `device`) pass, the next one fails with
+ * cudaErrorLaunchFailure (cudaErrorLaunchOutOfResources) and does nothing;
+ * device < 0 disarms. Tests that must also build against real CUDA declare
+ * them weak and skip when they are absent. */
 void echo_emu_fail_graph_launch(int device, int after) {
     std::lock_guard<std::mutex> lk(g_emu_mu);
-    g_fail_launch_dev = device;
-    g_fail_launch_left = after;
+    g_fail_launch = Armed{device, after};
+}
+void echo_emu_fail_graph_instantiate(int device, int after) {
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    g_fail_inst = Armed{device, after};
 }
 
 cudaError_t emu_occupancy(int *blocks, const void *func, int threads, size_t dyn_smem) {
