@@ -307,6 +307,10 @@ static int nccl_wait(echo_comm *c, cudaStream_t s, char *err, size_t errlen) {
     for (unsigned it = 0;; it++) {
         cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess) return 0;
+        /* "not ready" is also recorded as the thread's last error, which the
+         * rank's next kernel launch check (cudaGetLastError) would report as
+         * its own failure: clear it */
+        if (e == cudaErrorNotReady) cudaGetLastError();
         if (e != cudaErrorNotReady) {
             echo_cuda_fail(err, errlen, __FILE__, __LINE__, "cudaStreamQuery(stream)", e);
             return nccl_section_failed(c, err, errlen);

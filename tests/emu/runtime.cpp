@@ -36,6 +36,7 @@ struct CUstream_st {
     cudaStreamCaptureStatus capture;
     cudaStreamCaptureMode mode;
     CUgraph_st *graph;
+    int fresh; /* work ran since the last cudaStreamQuery: the next one says "not ready" once */
 };
 struct CUevent_st {
     unsigned flags;
@@ -105,6 +106,7 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
         return fail(cudaErrorStreamCaptureImplicit);
     }
     op();
+    if (s) s->fresh = 1;
     return cudaSuccess;
 }
 
@@ -368,7 +370,7 @@ cudaError_t cudaMemcpy2D(void *d, size_t dpitch, const void *s, size_t spitch, s
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
-    *s = new CUstream_st{tls_device, flags, cudaStreamCaptureStatusNone, cudaStreamCaptureModeGlobal, nullptr};
+    *s = new CUstream_st{tls_device, flags, cudaStreamCaptureStatusNone, cudaStreamCaptureModeGlobal, nullptr, 0};
     return cudaSuccess;
 }
 
@@ -393,8 +395,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     return capture_guard();
 }
 
+/* Work runs at enqueue here, but a real stream's work may still be in
+ * flight when queried: the first query after new work answers
+ * cudaErrorNotReady, which CUDA also records as the thread's last error
+ * (a poller must clear it, or the next launch check reports it). */
 cudaError_t cudaStreamQuery(cudaStream_t s) {
-    return cudaStreamSynchronize(s);
+    cudaError_t e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess || !s || !s->fresh) return e;
+    s->fresh = 0;
+    return fail(cudaErrorNotReady);
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {

@@ -450,6 +450,19 @@ int main(void) {
           CUBLAS_STATUS_NOT_SUPPORTED;
     check(ok, "cuBLASLt TN bf16 matmul; unsupported attribute rejected");
 
+    /* A query after new work: "not ready" once, which CUDA also records as
+     * the thread's last error (pollers must clear it). */
+    {
+        cudaStream_t q;
+        cudaStreamCreateWithFlags(&q, cudaStreamNonBlocking);
+        cudaGetLastError();
+        LAUNCH(k_add, 1, 32, 0, q)(f, 0.0f);
+        ok = cudaStreamQuery(q) == cudaErrorNotReady && cudaGetLastError() == cudaErrorNotReady;
+        ok &= cudaStreamQuery(q) == cudaSuccess && cudaGetLastError() == cudaSuccess;
+        check(ok, "cudaStreamQuery after new work: not ready once, also as the last error");
+        cudaStreamDestroy(q);
+    }
+
     /* NCCL: a group on a capturing stream is one graph node, run at each
      * replay; a hang fails the selftest instead of hanging CI. */
     signal(SIGALRM, on_alarm);
