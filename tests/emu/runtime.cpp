@@ -42,6 +42,7 @@ struct CUevent_st {
     unsigned flags;
     int recorded;
     struct timespec t;
+    int device; /* current at creation */
 };
 
 namespace emu {
@@ -138,6 +139,12 @@ void launch(const LaunchCfg &c, std::function<void()> body) {
             fail(cudaErrorInvalidValue); /* what CUDA reports for too much dynamic shared memory */
             return;
         }
+    }
+    if (c.stream && c.stream->device != tls_device) {
+        /* CUDA: a kernel launch fails on a stream of another device than
+         * the current one (copies and event waits do not) */
+        fail(cudaErrorInvalidResourceHandle);
+        return;
     }
     LaunchCfg cfg = c;
     cudaError_t e = enqueue(c.stream, [cfg, body]() { run_grid(cfg, body); });
@@ -493,7 +500,7 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
-    *e = new CUevent_st{flags, 0, {0, 0}};
+    *e = new CUevent_st{flags, 0, {0, 0}, tls_device};
     return cudaSuccess;
 }
 
@@ -509,6 +516,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return fail(cudaErrorInvalidResourceHandle);
+    /* CUDA: recording fails when the event and the stream belong to
+     * different devices */
+    if (e->device != (s ? s->device : tls_device)) return fail(cudaErrorInvalidResourceHandle);
     return enqueue(s, [e]() {
         e->recorded = 1;
         clock_gettime(CLOCK_MONOTONIC, &e->t);

@@ -463,6 +463,30 @@ int main(void) {
         cudaStreamDestroy(q);
     }
 
+    /* Devices: a kernel launch on a stream of another device than the
+     * current one fails, so does recording an event of one device on a
+     * stream of another; a copy on it works. */
+    {
+        cudaStream_t q1;
+        cudaEvent_t e0;
+        cudaSetDevice(1);
+        cudaStreamCreateWithFlags(&q1, cudaStreamNonBlocking);
+        cudaSetDevice(0);
+        cudaEventCreateWithFlags(&e0, cudaEventDisableTiming);
+        cudaGetLastError();
+        LAUNCH(k_add, 1, 32, 0, q1)(f, 0.0f);
+        ok = cudaGetLastError() == cudaErrorInvalidResourceHandle;
+        ok &= cudaEventRecord(e0, q1) == cudaErrorInvalidResourceHandle && cudaGetLastError() != cudaSuccess;
+        ok &= cudaMemsetAsync(f, 0, 4, q1) == cudaSuccess;
+        cudaSetDevice(1);
+        LAUNCH(k_add, 1, 32, 0, q1)(f, 0.0f);
+        ok &= cudaGetLastError() == cudaSuccess;
+        cudaSetDevice(0);
+        check(ok, "launch / event record on another device's stream fail, a copy works");
+        cudaEventDestroy(e0);
+        cudaStreamDestroy(q1);
+    }
+
     /* NCCL: a group on a capturing stream is one graph node, run at each
      * replay; a hang fails the selftest instead of hanging CI. */
     signal(SIGALRM, on_alarm);
