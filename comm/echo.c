@@ -336,6 +336,11 @@ void echo_world_clear_abort(echo_world *w) {
     if (w && w->tp->set_abort) w->tp->set_abort(w, 0);
 }
 
+int echo_world_usable(const echo_world *w, char *why, size_t len) {
+    if (w && w->tp->usable) return w->tp->usable(w, why, len);
+    return 1;
+}
+
 void echo_get_stats(const echo_comm *c, echo_stats *out) {
     if (c)
         *out = c->stats;

@@ -152,6 +152,12 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
  * leaves the communicators (a message on stderr) instead of hanging. */
 void echo_abort(echo_comm *c);
 void echo_world_clear_abort(echo_world *w);
+/* 0 when the world can never work again (on nccl: re-creating its
+ * communicators after an abort failed, or they were not freed in time), with
+ * the reason in `why`: destroy it and create a new one. 1 otherwise, an
+ * aborted world that echo_world_clear_abort can re-arm included. Safe from
+ * any thread. */
+int echo_world_usable(const echo_world *w, char *why, size_t len);
 /* 1 when this rank's current pass failed with an error that every rank
  * reported at the same point with no collective left pending: a sum that
  * is not finite (at the call, or at echo_end_pass in a deferred world).

@@ -122,6 +122,8 @@ typedef struct echo_transport_ops {
     void (*pass_discard)(echo_comm *c);
     /* echo_vote among the ranks (optional: deferred worlds) */
     int (*vote)(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
+    /* echo_world_usable (optional: a transport whose world cannot die) */
+    int (*usable)(const echo_world *w, char *why, size_t len);
 } echo_transport_ops;
 
 typedef struct echo_compute_ops {

@@ -583,6 +583,15 @@ static void nccl_set_abort(echo_world *w, int on) {
     pthread_mutex_unlock(&nw->mu);
 }
 
+static int nccl_usable(const echo_world *w, char *why, size_t len) {
+    nccl_world *nw = w->tp_world;
+    pthread_mutex_lock(&nw->mu);
+    int dead = nw->dead;
+    if (dead) snprintf(why, len, "%s", nw->reason);
+    pthread_mutex_unlock(&nw->mu);
+    return !dead;
+}
+
 /* ---- the exchanges ---- */
 
 static uint8_t *nccl_p1_send(echo_comm *c, int peer) {
@@ -754,6 +763,7 @@ static const echo_transport_ops nccl_ops = {
     .exact = nccl_exact,
     .exact_ref = NULL,
     .set_abort = nccl_set_abort,
+    .usable = nccl_usable,
     .wait = nccl_wait_pass,
     .note_call = nccl_note_call,
     .external = nccl_external,

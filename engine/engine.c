@@ -80,6 +80,7 @@ const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
 
 long eng_graph_steps(const eng *e) { return model_graph_steps(e->ranks[0].m); }
 long eng_comm_resets(const eng *e) { return e->comm_resets; }
+int eng_usable(const eng *e, char *why, size_t len) { return !e->world || echo_world_usable(e->world, why, len); }
 
 /* After a failed forward on rank r: abort the all-reduce world so that peers
  * waiting for r in a collective fail instead of hanging, unless the failure
@@ -176,8 +177,10 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
         aborted |= e->ranks[i].aborted;
     if (aborted) {
         ranks_run(e, RANK_DROP_GRAPHS); /* before the communicators can be freed */
-        echo_world_clear_abort(e->world); /* every rank has returned */
-        e->comm_resets++;
+        if (echo_world_usable(e->world, NULL, 0)) { /* a dead one cannot be re-armed (eng_usable says so) */
+            echo_world_clear_abort(e->world);     /* every rank has returned */
+            e->comm_resets++;
+        }
     }
     return -1;
 }

@@ -98,6 +98,11 @@ long eng_graph_steps(const eng *e);
  * seconds). A non-finite all-reduce, which every rank reports alike, fails
  * its step without an abort and is not counted. */
 long eng_comm_resets(const eng *e);
+/* 0 when every later step will fail: the all-reduce world is dead (on nccl,
+ * re-creating the communicators after an abort failed), with the reason in
+ * `why`; destroy the engine and create it again. 1 otherwise. For a server
+ * to report (its health check), after a failed step. */
+int eng_usable(const eng *e, char *why, size_t len);
 
 /* Sequences. Ids are small integers, reused after free. */
 int eng_seq_new(eng *e, int *seq, char *err, size_t errlen); /* ENG_ENOSPACE if max_num_seqs are live */

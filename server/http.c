@@ -1271,6 +1271,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (cc->too_big) return send_error(s, c, 413, "request body too large", NULL);
     switch (cc->route) {
     case R_HEALTH: {
+        if (atomic_load(&s->unusable)) {
+            char *why = NULL;
+            int n = asprintf(&why, "engine unusable: %s\n", s->unusable_why);
+            return send_buf(s, c, 503, n < 0 ? NULL : why, n < 0 ? 0 : (size_t)n, "text/plain");
+        }
         int ok = atomic_load(&s->ready) && atomic_load(&s->accepting);
         return send_buf(s, c, ok ? 200 : 503, strdup(""), 0, "text/plain");
     }
@@ -1283,6 +1288,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                           atomic_load(&s->accepting) ? "the model is loading; retry when /health is 200"
                                                      : "server is shutting down",
                           NULL);
+    if (atomic_load(&s->unusable) && (cc->route == R_COMPLETIONS || cc->route == R_CHAT)) {
+        char msg[640];
+        snprintf(msg, sizeof msg, "the engine can run no more steps (%s); the server must be restarted",
+                 s->unusable_why);
+        return send_error(s, c, 503, msg, NULL);
+    }
     switch (cc->route) {
     case R_COMPLETIONS: return handle_generate(s, c, cc, 0);
     case R_CHAT: return handle_generate(s, c, cc, 1);

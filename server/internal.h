@@ -142,6 +142,11 @@ struct srv_server {
     int port;
     atomic_int ready;     /* engine loaded, scheduler running */
     atomic_int accepting; /* 0 after srv_shutdown began */
+    /* Set once by the scheduler when the engine can run no more steps
+     * (eng_usable after a failed step); unusable_why is written before and
+     * only read after it (acquire). /health then answers 503 with it. */
+    atomic_int unusable;
+    char unusable_why[512];
     int shut_down;
     tok_tokenizer *tok;
     eng *eng;

@@ -194,6 +194,7 @@ int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errle
         s->name = strdup(b ? b + 1 : tmp);
     }
     atomic_init(&s->ready, 0);
+    atomic_init(&s->unusable, 0);
     atomic_init(&s->accepting, 1);
     atomic_init(&s->req_counter, 0);
     atomic_init(&s->http_active, 0);

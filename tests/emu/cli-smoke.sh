@@ -14,7 +14,10 @@
 #   - echo-bench forward --device cuda --cuda-graphs exits 0, reports a
 #     matmul peak, prefill, decode (through graphs) and TTFT;
 #   - echo-bench allreduce --transport nccl gives a row per algo with the
-#     wire's bits per value and errors of the right size.
+#     wire's bits per value and errors of the right size;
+#   - echo-serve at tp 2 over nccl when a rank fails: that request fails,
+#     the next completes; when re-creating the communicators fails too,
+#     /health answers 503 with the reason and completions 503.
 # Reported, not asserted: greedy agreement of cuda with the cpu (bf16 may
 # flip a near-tie).
 #
@@ -143,5 +146,64 @@ else
   echo "FAIL echo-bench allreduce --transport nccl: exit $? ($(tail -n 3 "$TMP/ar.err" | tr '\n' ' '))"
   fail=1
 fi
+# echo-serve when a rank fails: at tp 2 over nccl with graphs, rank 1's
+# third graph launch fails (the emulator's hook, armed from the
+# environment). That request fails; the engine re-creates the
+# communicators, /health stays 200 and the next request completes. With
+# re-creating the communicators made to fail as well, the world can never
+# work again: /health answers 503 naming why, and a new completion gets
+# 503 at once instead of another failed step.
+serve_fault() { # dead: 0 | 1
+  local dead=$1 d="$TMP/srv-model" log="$TMP/serve-$1.log" port="" pid url h0="" c1 h1 c2 rc ok=0 what
+  mkdir -p "$d"
+  for f in "$MODEL/config.json" "$MODEL/generation_config.json" "$MODEL/model.safetensors" \
+    tests/fixtures/tokenizer/qwen3/tokenizer.json tests/fixtures/tokenizer/qwen3/tokenizer_config.json; do
+    ln -sf "$(realpath "$f")" "$d/"
+  done
+  ECHO_EMU_FAIL_GRAPH_LAUNCH=1:2 ECHO_EMU_FAIL_COMM_INIT=$([ "$dead" = 1 ] && echo 1 || echo -1) \
+    "$BIN/echo-serve" --model "$d" --device cuda --tp 2 --transport nccl --cuda-graphs --port 0 --max-model-len 64 \
+    --max-num-seqs 1 --max-num-batched-tokens 64 >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 1200); do
+    port=$(grep -oE 'listening on http://[^:]+:[0-9]+' "$log" | grep -oE '[0-9]+$' | head -1)
+    [ -n "$port" ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
+  done
+  url="http://127.0.0.1:$port"
+  for _ in $(seq 1 1200); do
+    [ -n "$port" ] || break
+    h0=$(curl -s -o /dev/null -w '%{http_code}' "$url/health")
+    [ "$h0" = 200 ] && break
+    sleep 0.1
+  done
+  local body='{"model":"srv-model","prompt":[3,14,15,92,65,35],"max_tokens":8,"temperature":0,"ignore_eos":true}'
+  c1=$(curl -s -o "$TMP/c1.json" -w '%{http_code}' -H 'Content-Type: application/json' -d "$body" "$url/v1/completions")
+  h1=$(curl -s -o "$TMP/h1.txt" -w '%{http_code}' "$url/health")
+  c2=$(curl -s -o "$TMP/c2.json" -w '%{http_code}' -H 'Content-Type: application/json' -d "$body" "$url/v1/completions")
+  kill -TERM $pid 2>/dev/null
+  wait $pid
+  rc=$?
+  if [ "$dead" = 1 ]; then
+    [ "$h0" = 200 ] && [ "${c1:0:1}" = 5 ] && [ "$h1" = 503 ] &&
+      grep -q "engine unusable: re-creating the communicators" "$TMP/h1.txt" && [ "$c2" = 503 ] &&
+      grep -q "no more steps" "$TMP/c2.json" && [ $rc = 0 ] && ok=1
+    what="world dead after a rank's failure: request $c1, /health 503 with the reason, next 503, clean exit"
+  else
+    [ "$h0" = 200 ] && [ "${c1:0:1}" = 5 ] && [ "$h1" = 200 ] && [ "$c2" = 200 ] && [ $rc = 0 ] && ok=1
+    what="a rank's failure: that request $c1, communicators re-created, /health 200, next request 200"
+  fi
+  if [ $ok = 1 ]; then
+    echo "PASS echo-serve tp 2 nccl, $what"
+    pass=$((pass + 1))
+  else
+    echo "FAIL echo-serve (dead world: $dead): health $h0 -> $h1 ($(head -c 200 "$TMP/h1.txt" 2>/dev/null)), completions $c1 then $c2 ($(head -c 200 "$TMP/c2.json" 2>/dev/null)), exit $rc"
+    tail -n 5 "$log"
+    fail=1
+  fi
+}
+serve_fault 0
+serve_fault 1
+
 echo "cli: $pass passed, $([ $fail = 0 ] && echo 0 || echo '>= 1') failed"
 exit $fail

@@ -96,7 +96,7 @@ $(EMU_DIR)/gpu_test_%: $(EMU_DIR)/obj/tests/gpu/test_%.o $(EMU_LIB)
 # The command-line programs on the emulated device, for tests/emu/cli-smoke.sh
 # (echo-generate --device cuda over both transports and with graphs,
 # echo-bench forward's cuda measurements).
-EMU_PROGS := $(EMU_DIR)/bin/echo-generate $(EMU_DIR)/bin/echo-bench
+EMU_PROGS := $(EMU_DIR)/bin/echo-generate $(EMU_DIR)/bin/echo-bench $(EMU_DIR)/bin/echo-serve
 EMU_BENCH_OBJ := $(BENCH_SRC:%.c=$(EMU_DIR)/obj/%.o)
 $(EMU_DIR)/bin/echo-bench: $(EMU_DIR)/obj/tools/echo_bench.o $(EMU_DIR)/obj/tools/cli.o $(EMU_BENCH_OBJ) $(EMU_LIB)
 	@mkdir -p $(dir $@)

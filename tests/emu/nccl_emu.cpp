@@ -624,7 +624,37 @@ const char *ncclGetLastError(ncclComm_t comm) {
     return g_last;
 }
 
+/* Test hook: after `after` more ncclCommInitAll calls succeed, the next
+ * one fails (ncclSystemError); < 0 disarms. Also armed by
+ * ECHO_EMU_FAIL_COMM_INIT=AFTER, read at the first call. */
+static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_init_left = -1, g_init_env_read;
+
+void echo_emu_fail_comm_init(int after) {
+    pthread_mutex_lock(&g_init_mu);
+    g_init_left = after;
+    g_init_env_read = 1;
+    pthread_mutex_unlock(&g_init_mu);
+}
+
+static bool init_fails(void) {
+    pthread_mutex_lock(&g_init_mu);
+    if (!g_init_env_read) {
+        const char *v = getenv("ECHO_EMU_FAIL_COMM_INIT");
+        if (v && *v) g_init_left = atoi(v);
+        g_init_env_read = 1;
+    }
+    bool fail = g_init_left == 0;
+    if (g_init_left >= 0) g_init_left--;
+    pthread_mutex_unlock(&g_init_mu);
+    return fail;
+}
+
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+    if (init_fails()) {
+        note("ncclCommInitAll: made to fail by the test hook (echo_emu_fail_comm_init)");
+        return ncclSystemError;
+    }
     if (!comms) {
         note("ncclCommInitAll: comms is NULL");
         return ncclInvalidArgument;

@@ -463,8 +463,23 @@ struct Armed {
 };
 static Armed g_fail_launch, g_fail_inst;
 
+/* Programs that cannot call the hooks (echo-serve) arm them from the
+ * environment: ECHO_EMU_FAIL_GRAPH_LAUNCH / ECHO_EMU_FAIL_GRAPH_INSTANTIATE
+ * = DEVICE:AFTER, read at the first graph launch or instantiation. */
+static void arm_from_env(Armed &a, const char *name) {
+    const char *v = getenv(name);
+    int dev, after;
+    if (v && sscanf(v, "%d:%d", &dev, &after) == 2) a = Armed{dev, after};
+}
+
 /* Whether this call on `dev` is the one an armed hook makes fail. */
 static bool fires(Armed &a, int dev) {
+    static std::once_flag env_once;
+    std::call_once(env_once, [] {
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        arm_from_env(g_fail_launch, "ECHO_EMU_FAIL_GRAPH_LAUNCH");
+        arm_from_env(g_fail_inst, "ECHO_EMU_FAIL_GRAPH_INSTANTIATE");
+    });
     std::lock_guard<std::mutex> lk(g_emu_mu);
     if (dev != a.dev || a.left-- > 0) return false;
     a.dev = -1;

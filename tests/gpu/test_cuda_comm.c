@@ -1318,10 +1318,14 @@ static const char *graph_kept_past_clear(graph_job *j, char *why, size_t len) {
     if (!f) {
         echo_abort(j->c[0]);
         echo_world_clear_abort(j->w);
+        char reason[400] = "";
         if (!world_votes(j->c, j->n, err, sizeof err))
             f = "the world works again although a graph of its old communicators is alive";
         else if (!strstr(err, "CUDA graph")) {
             snprintf(why, len, "message does not name the graph: %.300s", err);
+            f = why;
+        } else if (echo_world_usable(j->w, reason, sizeof reason) || !strstr(reason, "CUDA graph")) {
+            snprintf(why, len, "echo_world_usable does not say the world is dead: %.300s", reason);
             f = why;
         }
     }
@@ -1402,6 +1406,7 @@ static void part_n_graphs(int N) {
         echo_world_clear_abort(j.w);
         uint64_t e1 = echo_comm_epoch(j.c[0]);
         const char *f = e1 != e0 ? NULL : "epoch unchanged";
+        if (!f && !echo_world_usable(j.w, err, sizeof err)) f = "echo_world_usable: 0 after a clear that worked";
         if (!f && world_votes(j.c, N, err, sizeof err)) {
             snprintf(why, sizeof why, "after clear: %.300s", err);
             f = why;

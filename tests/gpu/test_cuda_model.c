@@ -199,6 +199,7 @@ static void fail_line(const char *model, int tp, const char *what) {
  * GPU, where the checks that need them say "skipped". */
 void echo_emu_fail_graph_launch(int device, int after) __attribute__((weak));
 void echo_emu_fail_graph_instantiate(int device, int after) __attribute__((weak));
+void echo_emu_fail_comm_init(int after) __attribute__((weak)); /* the next ncclCommInitAll but `after` fails */
 
 /* A failure of one rank injected into a decode run: before decode step
  * `step` the next graph launch (instantiate = 0) or instantiation (1) on
@@ -359,6 +360,52 @@ static void check_graph_fault(const char *dir, const char *name, int tp, const p
     }
 }
 
+/* The world cannot be re-armed: one rank's graph launch fails mid-decode
+ * and re-creating the communicators fails too. The step fails, the engine
+ * says it is unusable (eng_usable, with the reason: what a server reports
+ * on /health), and the next step fails at once with that reason instead of
+ * hanging. */
+static void check_dead_world(const char *dir, const char *name, int tp, const prompt *ps, int V) {
+    const char *what = "world dead after a failure";
+    if (!echo_emu_fail_graph_launch || !echo_emu_fail_comm_init) {
+        printf("%-16s tp %d %-26s skipped: needs tests/emu's fault hooks\n", name, tp, what);
+        return;
+    }
+    char err[1024] = "", why[512] = "", err2[1024] = "";
+    eng_config c = {.model_dir = dir, .device = "cuda", .tp = tp, .allreduce = ECHO_MODE_ECHO, .max_model_len = 256,
+                    .max_num_seqs = 1, .threads = 0, .cuda_graphs = 1};
+    eng *e = NULL;
+    int seq = -1, ok = eng_create(&c, &e, err, sizeof err) == 0 && eng_seq_new(e, &seq, err, sizeof err) == 0;
+    float *l = ok ? malloc((size_t)V * sizeof *l) : NULL;
+    eng_item it = {seq, ps->ids, ps->n_prompt, ENG_LOGITS_LAST};
+    ok = ok && l && eng_step(e, &it, 1, l, err, sizeof err) == 0;
+    int usable0 = ok && eng_usable(e, why, sizeof why), failed = 0;
+    for (int t = 0; ok && t < 3; t++) { /* graphs from the first decode step */
+        it = (eng_item){seq, ps->ids + ps->n_prompt + t, 1, ENG_LOGITS_LAST};
+        ok = eng_step(e, &it, 1, l, err, sizeof err) == 0;
+    }
+    if (ok) {
+        echo_emu_fail_graph_launch(tp - 1, 0);
+        echo_emu_fail_comm_init(0);
+        it = (eng_item){seq, ps->ids + ps->n_prompt + 3, 1, ENG_LOGITS_LAST};
+        failed = eng_step(e, &it, 1, l, err, sizeof err) != 0;
+        echo_emu_fail_graph_launch(-1, 0);
+        echo_emu_fail_comm_init(-1);
+        failed += eng_step(e, &it, 1, l, err2, sizeof err2) != 0;
+    }
+    int usable1 = e ? eng_usable(e, why, sizeof why) : 1;
+    int pass = ok && usable0 && failed == 2 && !usable1 && strstr(why, "re-creating the communicators") &&
+               strstr(err2, "re-creating the communicators") && eng_comm_resets(e) == 1;
+    g_checks++;
+    if (!pass) g_fail++;
+    printf("%-16s tp %d %-26s usable %d -> %d (%s); next step: %.120s  %s\n", name, tp, what, usable0, usable1, why,
+           err2, pass ? "PASS" : "FAIL");
+    if (!ok) printf("  set-up: %s\n", err);
+    free(l);
+    if (seq >= 0) eng_seq_free(e, seq);
+    eng_destroy(e);
+}
+
 /* Graphs at tp > 1: the decode steps with their all-reduces (echo mode, so
  * residuals and the codec are inside the graph) captured on the nccl
  * transport (one GPU per rank; the local transport cannot be captured), on
@@ -387,6 +434,7 @@ static void test_graphs_tp(const char *dir, const char *name, const model_config
         check_graph_bits(name, tp, w1, eager, graph, T1, T2, V);
         check_graph_steps(name, tp, w3, graph, g1, g2, T2);
         check_graph_fault(dir, name, tp, ps, np, V, max_len, eager, T1);
+        check_dead_world(dir, name, tp, ps, V);
         free(eager);
         free(graph);
     }

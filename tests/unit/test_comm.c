@@ -967,6 +967,8 @@ START_TEST(test_abort_wakes_peers) {
                     ck_assert_int_eq(a[r].rc, -1);
                     ck_assert_msg(strstr(a[r].err, "aborted") != NULL, "rank %d: %s", r, a[r].err);
                 }
+                char why[64] = "";
+                ck_assert_int_eq(echo_world_usable(h.w, why, sizeof why), 1); /* aborted, not dead: clearing re-arms it */
                 echo_world_clear_abort(h.w);
             } else {
                 for (int r = 0; r < 3; r++)
