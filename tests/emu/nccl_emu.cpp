@@ -14,8 +14,9 @@
  *     when their group ends (a call outside a group is a group of one); a
  *     thread's ncclGroupEnd returns once every operation it posted has met
  *     its peers and run — a rendezvous, as the data movement of real NCCL is.
- *     Since the emulated streams are synchronous, this is where a rank waits
- *     for its peers (real NCCL returns at once and the wait is on the stream).
+ *     This is where a rank waits for its peers (real NCCL returns at once
+ *     and the wait is on the stream); the work queued on the operations'
+ *     streams before them runs first (the emulator's streams are deferred).
  *   - Arithmetic: ncclSum over ncclFloat32 (fp32, ranks added in rank order
  *     0..N-1), ncclFloat64, ncclInt32, and ncclBfloat16 (summed in fp32 in
  *     rank order, rounded to bf16 once, round-to-nearest-even). Every rank
@@ -60,14 +61,18 @@
  *     (ncclCommGetAsyncError). A group that mixes capturing and other
  *     streams, or two capturing streams, is refused (ncclInvalidUsage, as
  *     real NCCL refuses it); an invalidated capture gives
- *     ncclUnhandledCudaError. Replaying after the comms were destroyed or
- *     aborted is caught like any use after Destroy/Abort.
+ *     ncclUnhandledCudaError. A cudaGraphLaunch after the comms were
+ *     destroyed or aborted is caught like any use after Destroy/Abort; a
+ *     replay launched before that but run by its (deferred) stream after it
+ *     fails with ncclRemoteError, as a launched NCCL kernel gives up when it
+ *     sees the abort flag.
  *
  * What it does not model
- *   - Asynchrony: operations complete before the call returns, so a
- *     cudaStreamQuery polling loop never sees one in progress; a rank that is
- *     waiting for a peer waits inside ncclGroupEnd / the collective call, or
- *     inside cudaGraphLaunch for a captured one.
+ *   - Asynchrony: operations complete before the call returns (after the
+ *     work queued before them on their streams), so a rank that is waiting
+ *     for a peer waits inside ncclGroupEnd / the collective call, or, for a
+ *     captured one, where its stream's queue runs the graph launch
+ *     (cudaStreamSynchronize/Query, ...).
  *   - Real NCCL's reduction order and intermediate rounding (see above),
  *     ncclAvg/Prod/Min/Max and datatypes other than those listed (they fail
  *     with ncclInvalidUsage and a "not modelled" line), and collectives other
@@ -378,6 +383,16 @@ bool peers_gone(const Clique *cl, const Op *o) {
 /* Post a group's operations, run what matches, wait for the rest. A replay
  * (of a captured group) cannot return its error to anyone: it goes to the
  * comm's async error, as a failed NCCL kernel's does. */
+/* Wait on cl->cv (cl->mu held) at most ms milliseconds. */
+int timed_wait(Clique *cl, long ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += ms * 1000000L;
+    t.tv_sec += t.tv_nsec / 1000000000L;
+    t.tv_nsec %= 1000000000L;
+    return pthread_cond_timedwait(&cl->cv, &cl->mu, &t);
+}
+
 ncclResult_t run_group(std::vector<Op *> &ops, bool replay) {
     ncclResult_t rc = ncclSuccess;
     std::vector<Clique *> cls = cliques_of(ops);
@@ -386,11 +401,12 @@ ncclResult_t run_group(std::vector<Op *> &ops, bool replay) {
     for (Op *o : ops) {
         Clique *cl = o->comm->cl;
         pthread_mutex_lock(&cl->mu);
-        char what[80];
-        snprintf(what, sizeof what, "%s%s", kind_name[o->kind], replay ? " replayed by cudaGraphLaunch" : "");
-        check_live(o->comm, what);
+        /* A replay runs when its stream does, which may be after the comm
+         * ended: the launch was checked (at_launch in record()), and a
+         * launched NCCL kernel sees the abort flag and gives up. */
+        if (!replay) check_live(o->comm, kind_name[o->kind]);
         int me = o->comm->rank;
-        if (cl->aborted) {
+        if (cl->aborted || o->comm->state != LIVE) {
             finish(cl, o, ncclRemoteError);
         } else if (o->kind == OP_SEND) {
             cl->sends[(size_t)me][(size_t)o->peer].push_back(o);
@@ -408,8 +424,16 @@ ncclResult_t run_group(std::vector<Op *> &ops, bool replay) {
     for (Op *o : ops) {
         Clique *cl = o->comm->cl;
         pthread_mutex_lock(&cl->mu);
-        while (!o->done && !cl->aborted && !peers_gone(cl, o))
-            pthread_cond_wait(&cl->cv, &cl->mu);
+        while (!o->done && !cl->aborted && !peers_gone(cl, o)) {
+            /* A peer's part may sit in a stream queue that nobody runs
+             * (one thread driving several ranks' streams, a rank busy
+             * elsewhere); a GPU would run it, so after a while run it. */
+            if (timed_wait(cl, 50) == ETIMEDOUT) {
+                pthread_mutex_unlock(&cl->mu);
+                emu::progress();
+                pthread_mutex_lock(&cl->mu);
+            }
+        }
         if (!o->done) {
             /* Aborted, or a peer destroyed its comm: unpost, fail. */
             std::deque<Op *> *q = o->kind == OP_SEND   ? &cl->sends[(size_t)o->comm->rank][(size_t)o->peer]
@@ -488,12 +512,25 @@ ncclResult_t record(std::vector<Op *> &ops, cudaStream_t s) {
     }
     const char *first = kind_name[ops[0]->kind];
     drop(ops);
-    cudaError_t e = emu::enqueue(s, [tmpl, pin]() {
-        std::vector<Op *> fresh;
-        for (const Op &t : tmpl)
-            fresh.push_back(new Op(t));
-        (void)run_group(fresh, true);
-    });
+    auto at_launch = [tmpl]() {
+        for (const Op &t : tmpl) {
+            Clique *cl = t.comm->cl;
+            char what[80];
+            snprintf(what, sizeof what, "%s replayed by cudaGraphLaunch", kind_name[t.kind]);
+            pthread_mutex_lock(&cl->mu);
+            check_live(t.comm, what);
+            pthread_mutex_unlock(&cl->mu);
+        }
+    };
+    cudaError_t e = emu::enqueue_checked(
+        s,
+        [tmpl, pin]() {
+            std::vector<Op *> fresh;
+            for (const Op &t : tmpl)
+                fresh.push_back(new Op(t));
+            (void)run_group(fresh, true);
+        },
+        at_launch);
     if (e != cudaSuccess) {
         note("%s: recording into the capture failed: %s", first, cudaGetErrorName(e));
         return ncclUnhandledCudaError;
@@ -522,7 +559,13 @@ ncclResult_t submit(std::vector<Op *> &ops) {
             ncap++;
         }
     }
-    if (ncap == 0) return run_group(ops, false);
+    if (ncap == 0) {
+        /* The operations run now (see "Asynchrony"): what their streams
+         * computed before them must be done first. */
+        for (Op *o : ops)
+            emu::sync_stream(o->stream);
+        return run_group(ops, false);
+    }
     if (ncap != ops.size() || two) {
         note("ncclGroupEnd: a group mixes %s; real NCCL refuses it",
              two ? "two capturing streams" : "capturing and non-capturing streams");
@@ -717,13 +760,16 @@ static ncclResult_t end_comm(ncclComm_t comm, CommState how) {
     if (--cl->live == 0 && cl->graphs > 0) {
         const char *env = getenv("ECHO_EMU_NCCL_GRAPH_WAIT_S");
         long limit = env && atol(env) > 0 ? atol(env) : 120;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += limit;
+        struct timespec t0, now;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         cl->refs++; /* the clique must outlive this wait */
-        int rc = 0;
-        while (cl->graphs > 0 && rc != ETIMEDOUT)
-            rc = pthread_cond_timedwait(&cl->cv, &cl->mu, &until);
+        for (now = t0; cl->graphs > 0 && now.tv_sec - t0.tv_sec < limit; clock_gettime(CLOCK_MONOTONIC, &now)) {
+            /* launches still queued hold their graphs: a GPU runs them */
+            pthread_mutex_unlock(&cl->mu);
+            emu::progress();
+            pthread_mutex_lock(&cl->mu);
+            if (cl->graphs > 0) timed_wait(cl, 50);
+        }
         if (cl->graphs > 0) {
             fprintf(stderr,
                     "nccl_emu: %s of rank %d's comm, the last of its clique, has waited %ld s for the CUDA graphs "

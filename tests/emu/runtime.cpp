@@ -1,7 +1,24 @@
 /*
  * tests/emu/runtime.cpp — the emulated CUDA runtime API: devices, memory,
- * streams (synchronous), events, stream capture and graphs, launch checks,
+ * streams (deferred), events, stream capture and graphs, launch checks,
  * errors. See include/cuda_runtime.h for the model.
+ *
+ * Streams are deferred, so that a missing synchronisation shows: work
+ * enqueued on a created stream waits in the stream's queue until the host
+ * needs it done (cudaStreamSynchronize/Query, cudaEventSynchronize/Query up
+ * to the event's record, cudaDeviceSynchronize, the implicit device syncs of
+ * cudaFree/cudaFreeHost, a stream that waits on an event, NCCL operations
+ * posted on the stream), and then runs on the thread that needs it. So a
+ * host that rewrites pinned memory before an asynchronous copy from it has
+ * run sends the new bytes, a host that reads pinned memory an asynchronous
+ * copy will write before synchronising reads garbage (the destination is
+ * filled with 0xa5 bytes when the copy is enqueued), and a stream that reads
+ * another stream's results without waiting on an event reads stale data.
+ * Pageable host memory behaves as in CUDA: a host-to-device copy from it
+ * reads the source during the call (CUDA stages it), a device-to-host copy
+ * into it waits for the stream and completes during the call. The legacy
+ * default stream (0) runs work at once, after the blocking streams of the
+ * device (ours are all cudaStreamNonBlocking).
  *
  * Stream capture follows CUDA's rules as far as echo relies on them: work
  * enqueued on a capturing stream (kernels, memcpy, memset, event records,
@@ -18,31 +35,63 @@
 #include <string.h>
 #include <time.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <thread>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "emu_internal.h"
 
+/* A captured operation: `run` at each replay; `at_launch` (may be empty)
+ * during every cudaGraphLaunch call, for checks that belong to the launch
+ * rather than to the deferred execution (NCCL: a launch on a dead comm). */
+struct EmuNode {
+    std::function<void()> run, at_launch;
+};
 struct CUgraph_st {
-    std::vector<std::function<void()>> nodes;
+    std::vector<EmuNode> nodes;
 };
 struct CUgraphExec_st {
-    std::vector<std::function<void()>> nodes;
+    /* shared with launches still queued on a stream: destroying the
+     * executable while a launch is pending is allowed, as in CUDA */
+    std::shared_ptr<const std::vector<EmuNode>> nodes;
 };
 struct CUstream_st {
     int device;
     unsigned flags;
-    cudaStreamCaptureStatus capture;
-    cudaStreamCaptureMode mode;
-    CUgraph_st *graph;
-    int fresh; /* work ran since the last cudaStreamQuery: the next one says "not ready" once */
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    CUgraph_st *graph = nullptr;
+    int fresh = 0; /* work enqueued since the last cudaStreamQuery: the next one says "not ready" once */
+    /* The deferred work, under `mu`: the queue, how many operations were
+     * enqueued and run, and whether a thread is running the queue now
+     * (`running`; others wait on `idle`). Any thread that needs the work
+     * done runs it. */
+    std::mutex mu;
+    std::condition_variable idle;
+    std::deque<std::function<void()>> q;
+    uint64_t enq = 0;  /* operations enqueued so far */
+    uint64_t done = 0; /* operations run so far (a prefix of the queue) */
+    bool running = false;
+    std::thread::id runner;
+    int pins = 0; /* progress() calls using the stream (under g_emu_mu): destroy waits for 0 */
+    CUstream_st(int d, unsigned f) : device(d), flags(f) {}
 };
 struct CUevent_st {
     unsigned flags;
-    int recorded;
+    int recorded; /* 0 never, 1 recorded (maybe not run yet) */
     struct timespec t;
     int device; /* current at creation */
+    /* the last record: its stream and position (run once stream->done >= seq);
+     * stream NULL once it ran or for the legacy stream */
+    CUstream_st *stream;
+    uint64_t seq;
+    std::atomic<bool> ran; /* the last record ran (set by the stream's runner) */
 };
 
 namespace emu {
@@ -93,22 +142,127 @@ static cudaError_t capture_guard() {
     return any ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
 }
 
-cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
+/* Every live created stream (under g_emu_mu), for device-wide syncs. */
+static std::set<CUstream_st *> g_emu_streams;
+static std::condition_variable g_emu_unpinned; /* a stream's pins dropped */
+
+/* Run s's queue until `upto` operations have run (or it is empty), on this
+ * thread; `wait`: if another thread runs it now, wait for that one (else
+ * return at once). An operation runs outside `mu`, so other threads may
+ * enqueue meanwhile. */
+static void run_queue(CUstream_st *s, uint64_t upto, bool wait) {
+    std::unique_lock<std::mutex> lk(s->mu);
+    if (s->running && !wait) return;
+    if (s->running && s->runner == std::this_thread::get_id()) {
+        fprintf(stderr, "emu: an operation of a stream waits for that stream's own later work\n");
+        abort();
+    }
+    s->idle.wait(lk, [s] { return !s->running; });
+    s->running = true;
+    s->runner = std::this_thread::get_id();
+    while (s->done < upto && !s->q.empty()) {
+        std::function<void()> op = std::move(s->q.front());
+        s->q.pop_front();
+        lk.unlock();
+        op();
+        lk.lock();
+        s->done++;
+    }
+    s->running = false;
+    s->idle.notify_all();
+}
+
+static void run_until(CUstream_st *s, uint64_t upto) {
+    run_queue(s, upto, true);
+}
+
+static void run_all(CUstream_st *s) {
+    uint64_t upto;
+    {
+        std::lock_guard<std::mutex> lk(s->mu);
+        upto = s->enq;
+    }
+    run_until(s, upto);
+}
+
+/* Run the queues of the streams of `device` (all devices if < 0); only
+ * blocking streams (not cudaStreamNonBlocking) when `blocking_only`. */
+static void run_device(int device, bool blocking_only) {
+    std::vector<CUstream_st *> v;
+    {
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        for (CUstream_st *s : g_emu_streams)
+            if ((device < 0 || s->device == device) && !(blocking_only && (s->flags & cudaStreamNonBlocking)))
+                v.push_back(s);
+    }
+    for (CUstream_st *s : v)
+        run_all(s);
+}
+
+/* What a GPU does by itself: run every stream's pending work that no
+ * thread is running now. For the emulator's own waits that real hardware
+ * would end by making progress (NCCL's rendezvous, the last end of a
+ * clique waiting for graph launches still queued). */
+void progress(void) {
+    std::vector<CUstream_st *> v;
+    {
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        for (CUstream_st *s : g_emu_streams) {
+            s->pins++;
+            v.push_back(s);
+        }
+    }
+    for (CUstream_st *s : v) {
+        uint64_t upto;
+        {
+            std::lock_guard<std::mutex> lk(s->mu);
+            upto = s->enq;
+        }
+        run_queue(s, upto, false);
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        s->pins--;
+        g_emu_unpinned.notify_all();
+    }
+}
+
+void sync_stream(cudaStream_t s) {
+    if (s)
+        run_all(s);
+    else
+        run_device(tls_device, true);
+}
+
+static cudaError_t enqueue_node(cudaStream_t s, std::function<void()> op, std::function<void()> at_launch) {
     if (s) {
         if (s->capture == cudaStreamCaptureStatusInvalidated) return fail(cudaErrorStreamCaptureInvalidated);
         if (s->capture == cudaStreamCaptureStatusActive) {
-            s->graph->nodes.push_back(std::move(op));
+            s->graph->nodes.push_back(EmuNode{std::move(op), std::move(at_launch)});
             return cudaSuccess;
         }
-    } else if (!tls_captures.empty()) {
+        std::lock_guard<std::mutex> lk(s->mu);
+        s->q.push_back(std::move(op));
+        s->enq++;
+        s->fresh = 1;
+        return cudaSuccess;
+    }
+    if (!tls_captures.empty()) {
         /* the legacy default stream synchronises with capturing streams */
         for (CUstream_st *c : tls_captures)
             c->capture = cudaStreamCaptureStatusInvalidated;
         return fail(cudaErrorStreamCaptureImplicit);
     }
+    /* the legacy stream: after the device's blocking streams, at once */
+    run_device(tls_device, true);
     op();
-    if (s) s->fresh = 1;
     return cudaSuccess;
+}
+
+cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
+    return enqueue_node(s, std::move(op), nullptr);
+}
+
+cudaError_t enqueue_checked(cudaStream_t s, std::function<void()> op, std::function<void()> at_launch) {
+    return enqueue_node(s, std::move(op), std::move(at_launch));
 }
 
 bool is_device_range(const void *p, size_t n) {
@@ -119,6 +273,20 @@ bool is_device_range(const void *p, size_t n) {
     --it;
     return a >= it->first && a + n <= it->first + it->second;
 }
+
+/* Does [p, p+n) lie inside one live pinned host allocation? */
+static bool is_pinned_range(const void *p, size_t n) {
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    uintptr_t a = (uintptr_t)p;
+    auto it = g_emu_host_allocs.upper_bound(a);
+    if (it == g_emu_host_allocs.begin()) return false;
+    --it;
+    return a >= it->first && a + n <= it->first + it->second;
+}
+
+/* The device an allocation was made on (under g_emu_mu), for cudaFree's
+ * implicit synchronisation. */
+static std::map<uintptr_t, int> g_emu_dev_alloc_device;
 
 void launch(const LaunchCfg &c, std::function<void()> body) {
     const dim3 &g = c.grid, &b = c.block;
@@ -213,7 +381,9 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
-    return capture_guard();
+    if (cudaError_t e = capture_guard()) return e;
+    run_device(tls_device, false);
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -271,6 +441,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     memset(q, 0xa5, n); /* garbage, like fresh device memory */
     std::lock_guard<std::mutex> lk(g_emu_mu);
     g_emu_dev_allocs[(uintptr_t)q] = n ? n : 1;
+    g_emu_dev_alloc_device[(uintptr_t)q] = tls_device;
     *p = q;
     return cudaSuccess;
 }
@@ -278,9 +449,20 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
     if (cudaError_t e = capture_guard()) return e;
+    int dev;
+    {
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        auto it = g_emu_dev_alloc_device.find((uintptr_t)p);
+        if (it == g_emu_dev_alloc_device.end()) return fail(cudaErrorInvalidValue);
+        dev = it->second;
+    }
+    /* cudaFree synchronises: pending work on the allocation's device runs
+     * first (it may still use the memory) */
+    run_device(dev, false);
     {
         std::lock_guard<std::mutex> lk(g_emu_mu);
         if (!g_emu_dev_allocs.erase((uintptr_t)p)) return fail(cudaErrorInvalidValue);
+        g_emu_dev_alloc_device.erase((uintptr_t)p);
     }
     free(p);
     return cudaSuccess;
@@ -305,6 +487,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
 cudaError_t cudaFreeHost(void *p) {
     if (!p) return cudaSuccess;
     if (cudaError_t e = capture_guard()) return e;
+    run_device(tls_device, false); /* an implicit synchronisation, as in CUDA */
     {
         std::lock_guard<std::mutex> lk(g_emu_mu);
         if (!g_emu_host_allocs.erase((uintptr_t)p)) return fail(cudaErrorInvalidValue);
@@ -344,9 +527,54 @@ static cudaError_t check_kind(void *d, const void *s, size_t n, cudaMemcpyKind k
     return ok ? cudaSuccess : fail(cudaErrorInvalidValue);
 }
 
+/* Where a copy's host side lives decides when it happens (see the file
+ * comment): 'p' pinned or device (deferred on the stream), 'h' pageable. */
+static char host_side(const void *p, size_t n) {
+    return is_device_range(p, n) || is_pinned_range(p, n) ? 'p' : 'h';
+}
+
+/* A copy of `rows` rows of `width` bytes, enqueued on st with CUDA's
+ * timing for pageable memory: a pageable source is read now (CUDA stages
+ * it before returning), a pageable destination is written before the call
+ * returns (CUDA waits for the stream); a pinned destination is filled with
+ * garbage now, as far as the host can tell until the stream runs the copy. */
+static cudaError_t copy_rows(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t rows,
+                             cudaStream_t st) {
+    size_t dspan = dpitch * (rows - 1) + width, sspan = spitch * (rows - 1) + width;
+    bool capturing = st && st->capture != cudaStreamCaptureStatusNone;
+    if (capturing || !st)
+        return enqueue(st, [=]() {
+            for (size_t r = 0; r < rows; r++)
+                memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
+        });
+    if (host_side(d, dspan) == 'h') {
+        run_all(st);
+        for (size_t r = 0; r < rows; r++)
+            memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
+        return cudaSuccess;
+    }
+    if (host_side(s, sspan) == 'h') {
+        auto staged = std::make_shared<std::vector<char>>(width * rows);
+        for (size_t r = 0; r < rows; r++)
+            memcpy(staged->data() + r * width, (const char *)s + r * spitch, width);
+        return enqueue(st, [=]() {
+            for (size_t r = 0; r < rows; r++)
+                memcpy((char *)d + r * dpitch, staged->data() + r * width, width);
+        });
+    }
+    if (!is_device_range(d, dspan))
+        for (size_t r = 0; r < rows; r++)
+            memset((char *)d + r * dpitch, 0xa5, width);
+    return enqueue(st, [=]() {
+        for (size_t r = 0; r < rows; r++)
+            memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
+    });
+}
+
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
     if (cudaError_t e = check_kind(d, s, n, k)) return e;
-    return enqueue(st, [d, s, n]() { memmove(d, s, n); });
+    if (n == 0) return cudaSuccess;
+    return copy_rows(d, n, s, n, n, 1, st);
 }
 
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
@@ -364,10 +592,7 @@ cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spit
         tls_last_error = cudaSuccess;
         if (check_kind(d, s, 1, k)) return fail(cudaErrorInvalidValue);
     }
-    return enqueue(st, [=]() {
-        for (size_t r = 0; r < height; r++)
-            memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
-    });
+    return copy_rows(d, dpitch, s, spitch, width, height, st);
 }
 
 cudaError_t cudaMemcpy2D(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
@@ -377,7 +602,9 @@ cudaError_t cudaMemcpy2D(void *d, size_t dpitch, const void *s, size_t spitch, s
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
-    *s = new CUstream_st{tls_device, flags, cudaStreamCaptureStatusNone, cudaStreamCaptureModeGlobal, nullptr, 0};
+    *s = new CUstream_st(tls_device, flags);
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    g_emu_streams.insert(*s);
     return cudaSuccess;
 }
 
@@ -389,6 +616,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!s) return fail(cudaErrorInvalidResourceHandle);
     for (size_t i = 0; i < tls_captures.size(); i++)
         if (tls_captures[i] == s) tls_captures.erase(tls_captures.begin() + (long)i);
+    /* CUDA lets the stream's pending work finish after the call */
+    run_all(s);
+    {
+        std::unique_lock<std::mutex> lk(g_emu_mu);
+        g_emu_streams.erase(s);
+        g_emu_unpinned.wait(lk, [s] { return s->pins == 0; });
+    }
     delete s->graph;
     delete s;
     return cudaSuccess;
@@ -399,23 +633,36 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
         s->capture = cudaStreamCaptureStatusInvalidated;
         return fail(cudaErrorStreamCaptureUnsupported);
     }
-    return capture_guard();
+    if (cudaError_t e = capture_guard()) return e;
+    sync_stream(s);
+    return cudaSuccess;
 }
 
-/* Work runs at enqueue here, but a real stream's work may still be in
- * flight when queried: the first query after new work answers
- * cudaErrorNotReady, which CUDA also records as the thread's last error
- * (a poller must clear it, or the next launch check reports it). */
+/* A query runs the queue (a poller must see progress), but the first one
+ * after new work answers cudaErrorNotReady, as a busy stream does, which
+ * CUDA also records as the thread's last error (a poller must clear it, or
+ * the next launch check reports it). */
 cudaError_t cudaStreamQuery(cudaStream_t s) {
     cudaError_t e = cudaStreamSynchronize(s);
-    if (e != cudaSuccess || !s || !s->fresh) return e;
-    s->fresh = 0;
+    if (e != cudaSuccess || !s) return e;
+    {
+        std::lock_guard<std::mutex> lk(s->mu);
+        if (!s->fresh) return cudaSuccess;
+        s->fresh = 0;
+    }
     return fail(cudaErrorNotReady);
 }
 
+/* Work enqueued on s after this call waits for the event's last record
+ * (as of this call): when s's queue gets there, the recording stream runs
+ * up to the record. */
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
-    (void)s, (void)e, (void)flags;
-    return cudaSuccess; /* everything before the event has run already */
+    (void)flags;
+    if (!e) return fail(cudaErrorInvalidResourceHandle);
+    CUstream_st *src = e->stream;
+    uint64_t seq = e->seq;
+    if (!src || src == s) return cudaSuccess; /* nothing pending, or in order anyway */
+    return enqueue(s, [src, seq]() { run_until(src, seq); });
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
@@ -490,17 +737,19 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned 
     (void)flags;
     if (!g) return fail(cudaErrorInvalidValue);
     if (fires(g_fail_inst, tls_device)) return fail(cudaErrorLaunchOutOfResources);
-    *exec = new CUgraphExec_st{g->nodes};
+    *exec = new CUgraphExec_st{std::make_shared<const std::vector<EmuNode>>(g->nodes)};
     return cudaSuccess;
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
     if (!exec) return fail(cudaErrorInvalidResourceHandle);
     if (fires(g_fail_launch, s ? s->device : tls_device)) return fail(cudaErrorLaunchFailure);
-    CUgraphExec_st *x = exec;
-    return enqueue(s, [x]() {
-        for (auto &n : x->nodes)
-            n();
+    std::shared_ptr<const std::vector<EmuNode>> nodes = exec->nodes;
+    for (const EmuNode &n : *nodes)
+        if (n.at_launch) n.at_launch();
+    return enqueue(s, [nodes]() {
+        for (const EmuNode &n : *nodes)
+            n.run();
     });
 }
 
@@ -515,7 +764,7 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
-    *e = new CUevent_st{flags, 0, {0, 0}, tls_device};
+    *e = new CUevent_st{flags, 0, {0, 0}, tls_device, nullptr, 0, false};
     return cudaSuccess;
 }
 
@@ -525,6 +774,8 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     if (!e) return fail(cudaErrorInvalidResourceHandle);
+    /* a pending record still writes the event: let it run first */
+    if (e->stream) run_until(e->stream, e->seq);
     delete e;
     return cudaSuccess;
 }
@@ -534,26 +785,51 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     /* CUDA: recording fails when the event and the stream belong to
      * different devices */
     if (e->device != (s ? s->device : tls_device)) return fail(cudaErrorInvalidResourceHandle);
-    return enqueue(s, [e]() {
-        e->recorded = 1;
+    bool capturing = s && s->capture != cudaStreamCaptureStatusNone;
+    if (!capturing) e->ran = false;
+    cudaError_t r = enqueue(s, [e]() {
+        e->ran = true;
         clock_gettime(CLOCK_MONOTONIC, &e->t);
     });
+    if (r != cudaSuccess || capturing) return r;
+    e->recorded = 1;
+    if (s) {
+        std::lock_guard<std::mutex> lk(s->mu);
+        if (s->done < s->enq) { /* still pending: remember where */
+            e->stream = s;
+            e->seq = s->enq;
+            return cudaSuccess;
+        }
+    }
+    e->stream = nullptr;
+    return cudaSuccess;
+}
+
+/* Run the event's stream up to its last record. */
+static void run_to_event(cudaEvent_t e) {
+    if (e->stream) run_until(e->stream, e->seq);
+    e->stream = nullptr;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!e) return fail(cudaErrorInvalidResourceHandle);
-    return capture_guard();
+    if (cudaError_t r = capture_guard()) return r;
+    run_to_event(e);
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (!e) return fail(cudaErrorInvalidResourceHandle);
-    return capture_guard();
+    if (cudaError_t r = capture_guard()) return r;
+    run_to_event(e);
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     if (!a || !b) return fail(cudaErrorInvalidResourceHandle);
     if ((a->flags | b->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
     if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
+    if (!a->ran || !b->ran) return fail(cudaErrorNotReady); /* not synchronised yet */
     *ms = (float)((double)(b->t.tv_sec - a->t.tv_sec) * 1e3 + (double)(b->t.tv_nsec - a->t.tv_nsec) * 1e-6);
     return cudaSuccess;
 }

@@ -129,7 +129,7 @@ static void *rank_main(void *arg) {
     pthread_barrier_wait(k->bar);
     for (int round = 0; round < 2; round++) {
         if (round) fill(k->send, k->r, round);
-        ok = x && cudaGraphLaunch(x, s) == cudaSuccess;
+        ok = x && cudaGraphLaunch(x, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess;
         for (int i = 0; i < NN; i++) {
             float want = k->p2p ? val(1 - k->r, round, i) : val(0, round, i) + val(1, round, i);
             ok &= k->recv[i] == want + 0.5f;
@@ -373,8 +373,9 @@ int main(void) {
     ok &= cudaStreamEndCapture(s, &g) == cudaSuccess && cudaGraphInstantiate(&x, g, 0) == cudaSuccess;
     for (int i = 0; i < 64; i++)
         h[i] = 5.0f;
-    ok &= cudaGraphLaunch(x, s) == cudaSuccess && f[0] == 7.0f && f[63] == 7.0f;
-    check(ok, "graph capture, replay reads pinned memory at launch");
+    ok &= cudaGraphLaunch(x, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess;
+    ok &= f[0] == 7.0f && f[63] == 7.0f;
+    check(ok, "graph capture, replay reads pinned memory when it runs");
     cudaGraphExecDestroy(x);
     cudaGraphDestroy(g);
     cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
@@ -487,6 +488,76 @@ int main(void) {
         cudaStreamDestroy(q1);
     }
 
+    /* Deferred streams: work waits in the stream until the host needs it,
+     * so missing synchronisation shows as wrong data. */
+    {
+        cudaStream_t q, q2;
+        cudaStreamCreateWithFlags(&q, cudaStreamNonBlocking);
+        cudaStreamCreateWithFlags(&q2, cudaStreamNonBlocking);
+        float *pin, page[4] = {1, 1, 1, 1}, *dv, *dv2;
+        cudaMallocHost(&pin, 4 * sizeof *pin);
+        cudaMalloc(&dv, 4 * sizeof *dv);
+        cudaMalloc(&dv2, 4 * sizeof *dv2);
+        for (int i = 0; i < 4; i++)
+            pin[i] = 1.0f;
+        /* pinned source: read when the copy runs; pageable: during the call */
+        ok = cudaMemcpyAsync(dv, pin, 4 * sizeof *pin, cudaMemcpyHostToDevice, q) == cudaSuccess;
+        ok &= cudaMemcpyAsync(dv2, page, sizeof page, cudaMemcpyHostToDevice, q) == cudaSuccess;
+        pin[0] = page[0] = 9.0f;
+        ok &= cudaStreamSynchronize(q) == cudaSuccess && dv[0] == 9.0f && dv2[0] == 1.0f;
+        check(ok, "deferred: H2D from pinned memory reads it when it runs, from pageable during the call");
+
+        /* device-to-pinned: garbage until synchronised; to pageable: done at return */
+        LAUNCH(k_add, 1, 4, 0, q)(dv, 1.0f);
+        ok = cudaMemcpyAsync(pin, dv, 4 * sizeof *pin, cudaMemcpyDeviceToHost, q) == cudaSuccess;
+        uint32_t bits;
+        memcpy(&bits, &pin[1], 4);
+        ok &= bits == 0xa5a5a5a5u && dv[1] == 1.0f; /* nothing ran yet */
+        ok &= cudaStreamSynchronize(q) == cudaSuccess && pin[0] == 10.0f && pin[1] == 2.0f;
+        LAUNCH(k_add, 1, 4, 0, q)(dv, 1.0f);
+        ok &= cudaMemcpyAsync(page, dv, sizeof page, cudaMemcpyDeviceToHost, q) == cudaSuccess && page[3] == 3.0f;
+        check(ok, "deferred: D2H into pinned memory is garbage until synchronised, into pageable done at return");
+
+        /* events: synchronising one runs its stream up to the record only */
+        cudaEvent_t ev, ev2;
+        cudaEventCreate(&ev);
+        cudaEventCreate(&ev2);
+        LAUNCH(k_add, 1, 4, 0, q)(dv, 1.0f);
+        ok = cudaEventRecord(ev, q) == cudaSuccess;
+        LAUNCH(k_add, 1, 4, 0, q)(dv, 1.0f);
+        ok &= cudaEventRecord(ev2, q) == cudaSuccess;
+        float ms = 0;
+        ok &= cudaEventElapsedTime(&ms, ev, ev2) == cudaErrorNotReady;
+        cudaGetLastError();
+        ok &= cudaEventSynchronize(ev) == cudaSuccess && dv[0] == 12.0f;
+        ok &= cudaStreamSynchronize(q) == cudaSuccess && dv[0] == 13.0f;
+        ok &= cudaEventElapsedTime(&ms, ev, ev2) == cudaSuccess;
+        check(ok, "deferred: cudaEventSynchronize runs the stream up to the record; elapsed time not ready before");
+
+        /* across streams: q2 sees q's result only after waiting on its event */
+        LAUNCH(k_add, 1, 4, 0, q)(dv, 1.0f); /* 14 */
+        ok = cudaMemcpyAsync(dv2, dv, 4 * sizeof *dv, cudaMemcpyDeviceToDevice, q2) == cudaSuccess;
+        ok &= cudaStreamSynchronize(q2) == cudaSuccess && dv2[0] == 13.0f; /* no wait: stale */
+        ok &= cudaEventRecord(ev, q) == cudaSuccess && cudaStreamWaitEvent(q2, ev, 0) == cudaSuccess;
+        LAUNCH(k_add, 1, 4, 0, q)(dv, 1.0f); /* 15, after the record */
+        ok &= cudaMemcpyAsync(dv2, dv, 4 * sizeof *dv, cudaMemcpyDeviceToDevice, q2) == cudaSuccess;
+        ok &= cudaStreamSynchronize(q2) == cudaSuccess && dv2[0] == 14.0f;
+        ok &= cudaStreamSynchronize(q) == cudaSuccess && dv[0] == 15.0f;
+        check(ok, "deferred: a stream sees another's work only after cudaStreamWaitEvent, up to the record");
+
+        /* cudaFree synchronises: pending work on the memory runs first */
+        LAUNCH(k_add, 1, 4, 0, q)(dv2, 1.0f);
+        ok = cudaFree(dv2) == cudaSuccess; /* ASan would report the kernel after the free */
+        cudaDeviceSynchronize();
+        check(ok, "deferred: cudaFree runs the device's pending work first");
+        cudaEventDestroy(ev);
+        cudaEventDestroy(ev2);
+        cudaFree(dv);
+        cudaFreeHost(pin);
+        cudaStreamDestroy(q);
+        cudaStreamDestroy(q2);
+    }
+
     /* NCCL: a group on a capturing stream is one graph node, run at each
      * replay; a hang fails the selftest instead of hanging CI. */
     signal(SIGALRM, on_alarm);
@@ -530,9 +601,33 @@ int main(void) {
         ok &= cudaStreamEndCapture(s1, &g1) == cudaSuccess && cudaGraphInstantiate(&x1e, g1, 0) == cudaSuccess;
         mixed &= x0[0] == 1.0f && x1[7] == 1.0f; /* the refused groups ran nothing */
         check(ok && mixed, "nccl: group mixing capturing/other or two capturing streams -> ncclInvalidUsage");
-        ok &= x0[0] == 1.0f && cudaGraphLaunch(x1e, s1) == cudaSuccess && x0[0] == 2.0f && x1[7] == 2.0f;
-        ok &= cudaGraphLaunch(x1e, s1) == cudaSuccess && x0[3] == 4.0f && x1[0] == 4.0f;
+        ok &= x0[0] == 1.0f && cudaGraphLaunch(x1e, s1) == cudaSuccess && cudaStreamSynchronize(s1) == cudaSuccess;
+        ok &= x0[0] == 2.0f && x1[7] == 2.0f;
+        ok &= cudaGraphLaunch(x1e, s1) == cudaSuccess && cudaStreamSynchronize(s1) == cudaSuccess;
+        ok &= x0[3] == 4.0f && x1[0] == 4.0f;
         check(ok, "nccl: one thread drives both ranks in one captured group");
+
+        /* one thread, each rank's graph on its own stream: syncing one
+         * stream needs the other's replay, which a GPU would run */
+        {
+            cudaGraph_t ga = NULL, gb = NULL;
+            cudaGraphExec_t xa = NULL, xb = NULL;
+            float v0 = x0[0], v1 = x1[0];
+            ok = cudaStreamBeginCapture(s2, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+            ok &= ncclAllReduce(x1, x1, 8, ncclFloat32, ncclSum, cc[1], s2) == ncclSuccess;
+            ok &= cudaStreamEndCapture(s2, &gb) == cudaSuccess && cudaGraphInstantiate(&xb, gb, 0) == cudaSuccess;
+            ok &= cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+            ok &= ncclAllReduce(x0, x0, 8, ncclFloat32, ncclSum, cc[0], s1) == ncclSuccess;
+            ok &= cudaStreamEndCapture(s1, &ga) == cudaSuccess && cudaGraphInstantiate(&xa, ga, 0) == cudaSuccess;
+            ok &= cudaGraphLaunch(xa, s1) == cudaSuccess && cudaGraphLaunch(xb, s2) == cudaSuccess;
+            ok &= cudaStreamSynchronize(s1) == cudaSuccess && x0[5] == v0 + v1;
+            ok &= cudaStreamSynchronize(s2) == cudaSuccess && x1[5] == v0 + v1;
+            check(ok, "nccl: one thread, two ranks' graphs on two streams, one synchronised first");
+            cudaGraphExecDestroy(xa);
+            cudaGraphExecDestroy(xb);
+            cudaGraphDestroy(ga);
+            cudaGraphDestroy(gb);
+        }
 
         ok = cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
         ok &= cudaStreamSynchronize(s1) == cudaErrorStreamCaptureUnsupported;
@@ -553,7 +648,7 @@ int main(void) {
         ok &= ncclGroupEnd() == ncclSuccess;
         ok &= cudaStreamEndCapture(s1, &g3) == cudaSuccess && cudaGraphInstantiate(&x3, g3, 0) == cudaSuccess;
         ok &= ncclCommGetAsyncError(cc[0], &a0) == ncclSuccess && a0 == ncclSuccess;
-        ok &= cudaGraphLaunch(x3, s1) == cudaSuccess;
+        ok &= cudaGraphLaunch(x3, s1) == cudaSuccess && cudaStreamSynchronize(s1) == cudaSuccess;
         ok &= ncclCommGetAsyncError(cc[0], &a0) == ncclSuccess && ncclCommGetAsyncError(cc[1], &a1) == ncclSuccess;
         ok &= a0 == ncclInvalidUsage && a1 == ncclInvalidUsage;
         check(ok, "nccl: replayed mismatch -> ncclCommGetAsyncError");
