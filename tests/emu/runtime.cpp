@@ -79,7 +79,8 @@ struct CUstream_st {
     uint64_t done = 0; /* operations run so far (a prefix of the queue) */
     bool running = false;
     std::thread::id runner;
-    int pins = 0; /* progress() calls using the stream (under g_emu_mu): destroy waits for 0 */
+    int pins = 0;    /* threads about to run the queue (under g_emu_mu): destroy waits for 0 */
+    uint64_t id = 0; /* unique, so that an event's stale pointer is not taken for a new stream */
     CUstream_st(int d, unsigned f) : device(d), flags(f) {}
 };
 struct CUevent_st {
@@ -90,6 +91,7 @@ struct CUevent_st {
     /* the last record: its stream and position (run once stream->done >= seq);
      * stream NULL once it ran or for the legacy stream */
     CUstream_st *stream;
+    uint64_t stream_id;
     uint64_t seq;
     std::atomic<bool> ran; /* the last record ran (set by the stream's runner) */
 };
@@ -176,6 +178,22 @@ static void run_until(CUstream_st *s, uint64_t upto) {
     run_queue(s, upto, true);
 }
 
+static uint64_t g_emu_stream_ids; /* under g_emu_mu */
+
+/* Run stream `id` (at s) until `upto` operations have run, if it is still
+ * alive: a destroyed stream ran all its work (cudaStreamDestroy). */
+static void run_until_live(CUstream_st *s, uint64_t id, uint64_t upto) {
+    {
+        std::lock_guard<std::mutex> lk(g_emu_mu);
+        if (!g_emu_streams.count(s) || s->id != id) return;
+        s->pins++;
+    }
+    run_until(s, upto);
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    s->pins--;
+    g_emu_unpinned.notify_all();
+}
+
 static void run_all(CUstream_st *s) {
     uint64_t upto;
     {
@@ -185,32 +203,20 @@ static void run_all(CUstream_st *s) {
     run_until(s, upto);
 }
 
-/* Run the queues of the streams of `device` (all devices if < 0); only
- * blocking streams (not cudaStreamNonBlocking) when `blocking_only`. */
-static void run_device(int device, bool blocking_only) {
+/* Run the queues of the live streams of `device` (all devices if < 0; only
+ * blocking streams, not cudaStreamNonBlocking, when `blocking_only`);
+ * `wait`: also queues another thread is running (wait for it), else skip
+ * those. The streams are pinned meanwhile: cudaStreamDestroy on another
+ * thread waits for their pins to go. */
+static void run_streams(int device, bool blocking_only, bool wait) {
     std::vector<CUstream_st *> v;
     {
         std::lock_guard<std::mutex> lk(g_emu_mu);
         for (CUstream_st *s : g_emu_streams)
-            if ((device < 0 || s->device == device) && !(blocking_only && (s->flags & cudaStreamNonBlocking)))
+            if ((device < 0 || s->device == device) && !(blocking_only && (s->flags & cudaStreamNonBlocking))) {
+                s->pins++;
                 v.push_back(s);
-    }
-    for (CUstream_st *s : v)
-        run_all(s);
-}
-
-/* What a GPU does by itself: run every stream's pending work that no
- * thread is running now. For the emulator's own waits that real hardware
- * would end by making progress (NCCL's rendezvous, the last end of a
- * clique waiting for graph launches still queued). */
-void progress(void) {
-    std::vector<CUstream_st *> v;
-    {
-        std::lock_guard<std::mutex> lk(g_emu_mu);
-        for (CUstream_st *s : g_emu_streams) {
-            s->pins++;
-            v.push_back(s);
-        }
+            }
     }
     for (CUstream_st *s : v) {
         uint64_t upto;
@@ -218,11 +224,23 @@ void progress(void) {
             std::lock_guard<std::mutex> lk(s->mu);
             upto = s->enq;
         }
-        run_queue(s, upto, false);
+        run_queue(s, upto, wait);
         std::lock_guard<std::mutex> lk(g_emu_mu);
         s->pins--;
         g_emu_unpinned.notify_all();
     }
+}
+
+static void run_device(int device, bool blocking_only) {
+    run_streams(device, blocking_only, true);
+}
+
+/* What a GPU does by itself: run every stream's pending work that no
+ * thread is running now. For the emulator's own waits that real hardware
+ * would end by making progress (NCCL's rendezvous, the last end of a
+ * clique waiting for graph launches still queued). */
+void progress(void) {
+    run_streams(-1, false, false);
 }
 
 void sync_stream(cudaStream_t s) {
@@ -604,6 +622,7 @@ cudaError_t cudaMemcpy2D(void *d, size_t dpitch, const void *s, size_t spitch, s
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     *s = new CUstream_st(tls_device, flags);
     std::lock_guard<std::mutex> lk(g_emu_mu);
+    (*s)->id = ++g_emu_stream_ids;
     g_emu_streams.insert(*s);
     return cudaSuccess;
 }
@@ -660,9 +679,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     (void)flags;
     if (!e) return fail(cudaErrorInvalidResourceHandle);
     CUstream_st *src = e->stream;
-    uint64_t seq = e->seq;
+    uint64_t id = e->stream_id, seq = e->seq;
     if (!src || src == s) return cudaSuccess; /* nothing pending, or in order anyway */
-    return enqueue(s, [src, seq]() { run_until(src, seq); });
+    return enqueue(s, [src, id, seq]() { run_until_live(src, id, seq); });
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
@@ -764,7 +783,7 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
-    *e = new CUevent_st{flags, 0, {0, 0}, tls_device, nullptr, 0, false};
+    *e = new CUevent_st{flags, 0, {0, 0}, tls_device, nullptr, 0, 0, false};
     return cudaSuccess;
 }
 
@@ -775,7 +794,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) {
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     if (!e) return fail(cudaErrorInvalidResourceHandle);
     /* a pending record still writes the event: let it run first */
-    if (e->stream) run_until(e->stream, e->seq);
+    if (e->stream) run_until_live(e->stream, e->stream_id, e->seq);
     delete e;
     return cudaSuccess;
 }
@@ -797,6 +816,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
         std::lock_guard<std::mutex> lk(s->mu);
         if (s->done < s->enq) { /* still pending: remember where */
             e->stream = s;
+            e->stream_id = s->id;
             e->seq = s->enq;
             return cudaSuccess;
         }
@@ -807,7 +827,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 
 /* Run the event's stream up to its last record. */
 static void run_to_event(cudaEvent_t e) {
-    if (e->stream) run_until(e->stream, e->seq);
+    if (e->stream) run_until_live(e->stream, e->stream_id, e->seq);
     e->stream = nullptr;
 }
 

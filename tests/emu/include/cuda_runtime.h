@@ -5,11 +5,13 @@
  * runs the cuda backend's code without a GPU or nvcc.
  *
  * Model: device memory is host memory (malloc'd, so ASan sees device
- * out-of-bounds accesses); every operation enqueued on a stream executes at
- * enqueue time on the calling host thread, except while the stream is being
- * captured into a graph, when it is recorded and replayed by
- * cudaGraphLaunch. Kernels run with per-thread semantics: each CUDA thread
- * of a block is a coroutine, blocks run one after another.
+ * out-of-bounds accesses); an operation enqueued on a created stream waits
+ * in the stream's queue until the host synchronises with it (runtime.cpp
+ * says exactly when), on the legacy stream 0 it runs at once; while a
+ * stream is being captured into a graph, operations are recorded and
+ * cudaGraphLaunch enqueues their replay. Kernels run with per-thread
+ * semantics: each CUDA thread of a block is a coroutine, blocks run one
+ * after another.
  *
  * The C part (types and runtime calls) is valid C11 so the library's C files
  * (comm/local_cuda.c, comm/nccl.c, tests) compile against it; the device
