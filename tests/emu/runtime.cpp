@@ -555,7 +555,10 @@ static char host_side(const void *p, size_t n) {
  * timing for pageable memory: a pageable source is read now (CUDA stages
  * it before returning), a pageable destination is written before the call
  * returns (CUDA waits for the stream); a pinned destination is filled with
- * garbage now, as far as the host can tell until the stream runs the copy. */
+ * garbage now, as far as the host can tell until the stream runs the copy.
+ * (That filling is early for a program whose same stream still has to read
+ * the destination as the source of an earlier pending copy; echo's pinned
+ * buffers are either copy sources or copy destinations, never both.) */
 static cudaError_t copy_rows(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t rows,
                              cudaStream_t st) {
     size_t dspan = dpitch * (rows - 1) + width, sspan = spitch * (rows - 1) + width;
