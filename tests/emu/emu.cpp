@@ -14,6 +14,7 @@
  * warp collectives and exit. Every round picks a random order of warps
  * (seed ECHO_EMU_SEED, default 1) and may leave some warps out, so warps
  * drift apart and a missing __syncthreads shows up as a wrong result.
+ * Blocks run one after another in a seeded random order.
  *
  * Environment: ECHO_EMU_DEVICES (device count, default 4), ECHO_EMU_SMS
  * (multiprocessors per device, default 132 like an H100 SXM; the tests use
@@ -533,10 +534,19 @@ void run_grid(const LaunchCfg &c, const std::function<void()> &body) {
     s->body = &body;
     s->cfg = &c;
     s->in_kernel = true;
-    for (unsigned bz = 0; bz < c.grid.z; bz++)
-        for (unsigned by = 0; by < c.grid.y; by++)
-            for (unsigned bx = 0; bx < c.grid.x; bx++)
-                run_block(s, c, bx, by, bz);
+    /* Blocks in a seeded random order: CUDA promises none, so a kernel
+     * whose block reads what another block of the same launch writes
+     * (without a grid-wide scheme) gets a wrong result here sooner or
+     * later instead of working by the accident of ascending order. */
+    uint64_t nb = (uint64_t)c.grid.x * c.grid.y * c.grid.z;
+    std::vector<uint64_t> order(nb);
+    for (uint64_t i = 0; i < nb; i++)
+        order[i] = i;
+    for (uint64_t i = nb; i > 1; i--)
+        std::swap(order[i - 1], order[rnd(s) % i]);
+    for (uint64_t b : order)
+        run_block(s, c, (unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y),
+                  (unsigned)(b / ((uint64_t)c.grid.x * c.grid.y)));
     s->in_kernel = false;
     s->body = nullptr;
     s->cfg = nullptr;

@@ -563,6 +563,13 @@ static cudaError_t copy_rows(void *d, size_t dpitch, const void *s, size_t spitc
                              cudaStream_t st) {
     size_t dspan = dpitch * (rows - 1) + width, sspan = spitch * (rows - 1) + width;
     bool capturing = st && st->capture != cudaStreamCaptureStatusNone;
+    if (capturing && (host_side(d, dspan) == 'h' || host_side(s, sspan) == 'h')) {
+        /* what CUDA does with pageable memory in a captured copy (refuse
+         * it, or read it at capture time) is not modelled: stop here */
+        fprintf(stderr, "emu: a copy to or from pageable host memory captured into a graph (not modelled; use "
+                        "cudaMallocHost memory)\n");
+        abort();
+    }
     if (capturing || !st)
         return enqueue(st, [=]() {
             for (size_t r = 0; r < rows; r++)

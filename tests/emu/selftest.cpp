@@ -383,6 +383,14 @@ int main(void) {
     ok &= cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && g == NULL;
     cudaGetLastError();
     check(ok, "sync while capturing fails and invalidates the capture");
+    check(dies([f] {
+              cudaStream_t c;
+              float page[4] = {0, 0, 0, 0};
+              cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking);
+              cudaStreamBeginCapture(c, cudaStreamCaptureModeThreadLocal);
+              cudaMemcpyAsync(f, page, sizeof page, cudaMemcpyHostToDevice, c);
+          }),
+          "a captured copy from pageable host memory stops the emulator (not modelled)");
 
     /* bf16: round to nearest even */
     ok = __bfloat16_as_ushort(__float2bfloat16_rn(1.00390625f)) == 0x3f80;             /* tie, even below */

@@ -12,7 +12,8 @@
  *     warp collectives need every lane of their mask with the same mask at
  *     the same call site; anything else aborts with the site;
  *   - static __shared__ variables are function statics, one copy per host
- *     thread (blocks run one after another on the launching thread).
+ *     thread (blocks run one after another, in a seeded random order, on
+ *     the thread that runs the launch).
  */
 #ifndef ECHO_EMU_DEVICE_H
 #define ECHO_EMU_DEVICE_H
