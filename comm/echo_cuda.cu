@@ -659,6 +659,10 @@ static int cuda_alloc(echo_comm *c, size_t bytes, void **out, char *err, size_t 
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
     ECHO_CUDA_TRY(cudaMalloc(out, bytes ? bytes : 1));
     ECHO_CUDA_TRY(cudaMemset(*out, 0, bytes));
+    /* cudaMemset runs on the legacy stream, which the ranks' non-blocking
+     * streams do not wait for: finish it here so that the memory is zero
+     * for them, as the contract says */
+    ECHO_CUDA_TRY(cudaStreamSynchronize(0));
     return 0;
 }
 

@@ -17,8 +17,12 @@
  * Pageable host memory behaves as in CUDA: a host-to-device copy from it
  * reads the source during the call (CUDA stages it), a device-to-host copy
  * into it waits for the stream and completes during the call. The legacy
- * default stream (0) runs work at once, after the blocking streams of the
- * device (ours are all cudaStreamNonBlocking).
+ * default stream (0) of each device is deferred the same way, with CUDA's
+ * implicit synchronisation: its work waits for the device's blocking
+ * streams and they wait for it, non-blocking streams (echo's) do not; so a
+ * cudaMemset of device memory, asynchronous in CUDA, may not have run when
+ * a non-blocking stream's kernel reads the memory. Synchronous cudaMemcpy
+ * returns once the copy is done, except device to device (as in CUDA).
  *
  * Stream capture follows CUDA's rules as far as echo relies on them: work
  * enqueued on a capturing stream (kernels, memcpy, memset, event records,
@@ -81,6 +85,7 @@ struct CUstream_st {
     std::thread::id runner;
     int pins = 0;    /* threads about to run the queue (under g_emu_mu): destroy waits for 0 */
     uint64_t id = 0; /* unique, so that an event's stale pointer is not taken for a new stream */
+    bool legacy = false; /* a device's legacy default stream (stream 0) */
     CUstream_st(int d, unsigned f) : device(d), flags(f) {}
 };
 struct CUevent_st {
@@ -203,17 +208,16 @@ static void run_all(CUstream_st *s) {
     run_until(s, upto);
 }
 
-/* Run the queues of the live streams of `device` (all devices if < 0; only
- * blocking streams, not cudaStreamNonBlocking, when `blocking_only`);
- * `wait`: also queues another thread is running (wait for it), else skip
- * those. The streams are pinned meanwhile: cudaStreamDestroy on another
- * thread waits for their pins to go. */
-static void run_streams(int device, bool blocking_only, bool wait) {
+/* Run the queues of the live streams of `device` (all devices if < 0; the
+ * legacy streams included); `wait`: also queues another thread is running
+ * (wait for it), else skip those. The streams are pinned meanwhile:
+ * cudaStreamDestroy on another thread waits for their pins to go. */
+static void run_streams(int device, bool wait) {
     std::vector<CUstream_st *> v;
     {
         std::lock_guard<std::mutex> lk(g_emu_mu);
         for (CUstream_st *s : g_emu_streams)
-            if ((device < 0 || s->device == device) && !(blocking_only && (s->flags & cudaStreamNonBlocking))) {
+            if (device < 0 || s->device == device) {
                 s->pins++;
                 v.push_back(s);
             }
@@ -231,8 +235,48 @@ static void run_streams(int device, bool blocking_only, bool wait) {
     }
 }
 
-static void run_device(int device, bool blocking_only) {
-    run_streams(device, blocking_only, true);
+static void run_device(int device) {
+    run_streams(device, true);
+}
+
+/* The legacy default stream of `device`: created at first use, never
+ * destroyed. Its work is deferred like any stream's, and CUDA's implicit
+ * synchronisation applies to it: it waits for the device's blocking
+ * streams, they wait for it; cudaStreamNonBlocking streams (echo's) do not,
+ * so work on stream 0 (cudaMemset, a D2D cudaMemcpy, a launch without a
+ * stream) may still be pending when such a stream's work runs. */
+static CUstream_st *legacy_stream(int device) {
+    static CUstream_st *legacy[64];
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    if (device < 0 || device >= 64) abort();
+    if (!legacy[device]) {
+        CUstream_st *s = new CUstream_st(device, cudaStreamDefault);
+        s->legacy = true;
+        s->id = ++g_emu_stream_ids;
+        g_emu_streams.insert(s);
+        legacy[device] = s;
+    }
+    return legacy[device];
+}
+
+/* Queue position to wait for: each blocking stream of the device other
+ * than s (s legacy), or the legacy stream (s blocking, not legacy). */
+struct WaitPoint {
+    CUstream_st *s;
+    uint64_t id, upto;
+};
+static std::vector<WaitPoint> implicit_waits(CUstream_st *s) {
+    std::vector<WaitPoint> w;
+    if (s->flags & cudaStreamNonBlocking) return w;
+    if (!s->legacy) legacy_stream(s->device); /* exists before we look */
+    std::lock_guard<std::mutex> lk(g_emu_mu);
+    for (CUstream_st *o : g_emu_streams) {
+        if (o == s || o->device != s->device || (o->flags & cudaStreamNonBlocking)) continue;
+        if (!s->legacy && !o->legacy) continue; /* two blocking streams do not wait for each other */
+        std::lock_guard<std::mutex> ok(o->mu);
+        if (o->done < o->enq) w.push_back(WaitPoint{o, o->id, o->enq});
+    }
+    return w;
 }
 
 /* What a GPU does by itself: run every stream's pending work that no
@@ -240,14 +284,11 @@ static void run_device(int device, bool blocking_only) {
  * would end by making progress (NCCL's rendezvous, the last end of a
  * clique waiting for graph launches still queued). */
 void progress(void) {
-    run_streams(-1, false, false);
+    run_streams(-1, false);
 }
 
 void sync_stream(cudaStream_t s) {
-    if (s)
-        run_all(s);
-    else
-        run_device(tls_device, true);
+    run_all(s ? s : legacy_stream(tls_device));
 }
 
 static cudaError_t enqueue_node(cudaStream_t s, std::function<void()> op, std::function<void()> at_launch) {
@@ -257,21 +298,26 @@ static cudaError_t enqueue_node(cudaStream_t s, std::function<void()> op, std::f
             s->graph->nodes.push_back(EmuNode{std::move(op), std::move(at_launch)});
             return cudaSuccess;
         }
-        std::lock_guard<std::mutex> lk(s->mu);
-        s->q.push_back(std::move(op));
-        s->enq++;
-        s->fresh = 1;
-        return cudaSuccess;
-    }
-    if (!tls_captures.empty()) {
+    } else if (!tls_captures.empty()) {
         /* the legacy default stream synchronises with capturing streams */
         for (CUstream_st *c : tls_captures)
             c->capture = cudaStreamCaptureStatusInvalidated;
         return fail(cudaErrorStreamCaptureImplicit);
+    } else {
+        s = legacy_stream(tls_device);
     }
-    /* the legacy stream: after the device's blocking streams, at once */
-    run_device(tls_device, true);
-    op();
+    std::vector<WaitPoint> waits = implicit_waits(s);
+    std::lock_guard<std::mutex> lk(s->mu);
+    if (!waits.empty()) {
+        s->q.push_back([waits]() {
+            for (const WaitPoint &w : waits)
+                run_until_live(w.s, w.id, w.upto);
+        });
+        s->enq++;
+    }
+    s->q.push_back(std::move(op));
+    s->enq++;
+    s->fresh = 1;
     return cudaSuccess;
 }
 
@@ -400,7 +446,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     if (cudaError_t e = capture_guard()) return e;
-    run_device(tls_device, false);
+    run_device(tls_device);
     return cudaSuccess;
 }
 
@@ -476,7 +522,7 @@ cudaError_t cudaFree(void *p) {
     }
     /* cudaFree synchronises: pending work on the allocation's device runs
      * first (it may still use the memory) */
-    run_device(dev, false);
+    run_device(dev);
     {
         std::lock_guard<std::mutex> lk(g_emu_mu);
         if (!g_emu_dev_allocs.erase((uintptr_t)p)) return fail(cudaErrorInvalidValue);
@@ -505,7 +551,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
 cudaError_t cudaFreeHost(void *p) {
     if (!p) return cudaSuccess;
     if (cudaError_t e = capture_guard()) return e;
-    run_device(tls_device, false); /* an implicit synchronisation, as in CUDA */
+    run_device(tls_device); /* an implicit synchronisation, as in CUDA */
     {
         std::lock_guard<std::mutex> lk(g_emu_mu);
         if (!g_emu_host_allocs.erase((uintptr_t)p)) return fail(cudaErrorInvalidValue);
@@ -531,6 +577,9 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
     return enqueue(s, [p, v, n]() { memset(p, v, n); });
 }
 
+/* Asynchronous with respect to the host for device memory, as in CUDA: it
+ * is queued on the legacy stream, which cudaStreamNonBlocking streams do
+ * not wait for. */
 cudaError_t cudaMemset(void *p, int v, size_t n) {
     if (cudaError_t e = capture_guard()) return e;
     return cudaMemsetAsync(p, v, n, nullptr);
@@ -562,21 +611,21 @@ static char host_side(const void *p, size_t n) {
 static cudaError_t copy_rows(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t rows,
                              cudaStream_t st) {
     size_t dspan = dpitch * (rows - 1) + width, sspan = spitch * (rows - 1) + width;
-    bool capturing = st && st->capture != cudaStreamCaptureStatusNone;
-    if (capturing && (host_side(d, dspan) == 'h' || host_side(s, sspan) == 'h')) {
+    bool capturing = st ? st->capture != cudaStreamCaptureStatusNone : !tls_captures.empty();
+    if (st && capturing && (host_side(d, dspan) == 'h' || host_side(s, sspan) == 'h')) {
         /* what CUDA does with pageable memory in a captured copy (refuse
          * it, or read it at capture time) is not modelled: stop here */
         fprintf(stderr, "emu: a copy to or from pageable host memory captured into a graph (not modelled; use "
                         "cudaMallocHost memory)\n");
         abort();
     }
-    if (capturing || !st)
+    if (capturing) /* recorded, or refused by enqueue */
         return enqueue(st, [=]() {
             for (size_t r = 0; r < rows; r++)
                 memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
         });
     if (host_side(d, dspan) == 'h') {
-        run_all(st);
+        sync_stream(st);
         for (size_t r = 0; r < rows; r++)
             memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
         return cudaSuccess;
@@ -605,9 +654,14 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, 
     return copy_rows(d, n, s, n, n, 1, st);
 }
 
+/* The synchronous copies run on the legacy stream and, except between two
+ * device buffers, return once the copy is done (CUDA's "API
+ * synchronization behavior"); a device-to-device one stays queued. */
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
     if (cudaError_t e = capture_guard()) return e;
-    return cudaMemcpyAsync(d, s, n, k, nullptr);
+    cudaError_t e = cudaMemcpyAsync(d, s, n, k, nullptr);
+    if (e == cudaSuccess && n && !(is_device_range(d, n) && is_device_range(s, n))) sync_stream(nullptr);
+    return e;
 }
 
 cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
@@ -626,7 +680,11 @@ cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spit
 cudaError_t cudaMemcpy2D(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
                          cudaMemcpyKind k) {
     if (cudaError_t e = capture_guard()) return e;
-    return cudaMemcpy2DAsync(d, dpitch, s, spitch, width, height, k, nullptr);
+    cudaError_t e = cudaMemcpy2DAsync(d, dpitch, s, spitch, width, height, k, nullptr);
+    if (e == cudaSuccess && height && width &&
+        !(is_device_range(d, dpitch * (height - 1) + width) && is_device_range(s, spitch * (height - 1) + width)))
+        sync_stream(nullptr);
+    return e;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
@@ -822,16 +880,15 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     });
     if (r != cudaSuccess || capturing) return r;
     e->recorded = 1;
-    if (s) {
-        std::lock_guard<std::mutex> lk(s->mu);
-        if (s->done < s->enq) { /* still pending: remember where */
-            e->stream = s;
-            e->stream_id = s->id;
-            e->seq = s->enq;
-            return cudaSuccess;
-        }
+    CUstream_st *q = s ? s : legacy_stream(tls_device);
+    std::lock_guard<std::mutex> lk(q->mu);
+    if (q->done < q->enq) { /* still pending: remember where */
+        e->stream = q;
+        e->stream_id = q->id;
+        e->seq = q->enq;
+    } else {
+        e->stream = nullptr;
     }
-    e->stream = nullptr;
     return cudaSuccess;
 }
 

@@ -320,6 +320,7 @@ int main(void) {
     unsigned *u;
     cudaMalloc(&u, 192 * sizeof *u);
     LAUNCH(k_shfl, 1, 32)(u);
+    cudaStreamSynchronize(0); /* stream 0's work is deferred too */
     int ok = 1;
     for (unsigned l = 0; l < 32; l++) {
         ok &= u[l] == (l ^ 1) * 10 && u[32 + l] == (l + 4 < 32 ? l + 4 : l) && u[64 + l] == (l & ~7u) + 3;
@@ -330,6 +331,7 @@ int main(void) {
     int *bo;
     cudaMalloc(&bo, 2 * 256 * sizeof *bo);
     LAUNCH(k_block, 2, 256)(bo);
+    cudaStreamSynchronize(0);
     ok = 1;
     for (int i = 0; i < 512; i++)
         ok &= bo[i] == 255 - i % 256 + 1000 + 10 * 100000;
@@ -338,7 +340,7 @@ int main(void) {
     float *f;
     cudaMalloc(&f, 64 * sizeof *f);
     LAUNCH(k_dyn, 1, 64, 64 * sizeof(float), (cudaStream_t)0)(f);
-    ok = cudaGetLastError() == cudaSuccess;
+    ok = cudaGetLastError() == cudaSuccess && cudaStreamSynchronize(0) == cudaSuccess;
     for (int i = 0; i < 64; i++)
         ok &= f[i] == (float)((i + 1) % 64);
     check(ok, "dynamic shared memory");
@@ -411,7 +413,7 @@ int main(void) {
         b[i] = __float2bfloat16_rn((float)(i % 5) * 0.5f);
     }
     LAUNCH(k_wmma, 1, 32)(a, b, c);
-    ok = 1;
+    ok = cudaStreamSynchronize(0) == cudaSuccess;
     for (int r = 0; r < 16; r++)
         for (int col = 0; col < 16; col++) {
             float want = 1.0f;
@@ -447,6 +449,7 @@ int main(void) {
     ok &= cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &res, &found) == 0 && found == 1;
     const float alpha = 1.0f, beta = 0.0f;
     ok &= cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &res.algo, NULL, 0, 0) == 0;
+    ok &= cudaStreamSynchronize(0) == cudaSuccess;
     for (int j = 0; ok && j < n; j++)
         for (int i = 0; i < m; i++) {
             float want = 0;
@@ -552,6 +555,17 @@ int main(void) {
         ok &= cudaStreamSynchronize(q2) == cudaSuccess && dv2[0] == 14.0f;
         ok &= cudaStreamSynchronize(q) == cudaSuccess && dv[0] == 15.0f;
         check(ok, "deferred: a stream sees another's work only after cudaStreamWaitEvent, up to the record");
+
+        /* the legacy stream 0: a cudaMemset is queued there, and a
+         * non-blocking stream does not wait for it; a synchronous D2H copy
+         * does */
+        ok = cudaStreamSynchronize(q) == cudaSuccess && dv[0] == 15.0f;
+        ok &= cudaMemset(dv, 0, 4 * sizeof *dv) == cudaSuccess && dv[0] == 15.0f; /* queued */
+        ok &= cudaMemcpyAsync(dv2, dv, 4 * sizeof *dv, cudaMemcpyDeviceToDevice, q) == cudaSuccess;
+        ok &= cudaStreamSynchronize(q) == cudaSuccess && dv2[0] == 15.0f; /* raced ahead of the memset */
+        float back[4] = {1, 1, 1, 1};
+        ok &= cudaMemcpy(back, dv, sizeof back, cudaMemcpyDeviceToHost) == cudaSuccess && back[0] == 0.0f;
+        check(ok, "deferred: cudaMemset is queued on stream 0, which non-blocking streams do not wait for");
 
         /* cudaFree synchronises: pending work on the memory runs first */
         LAUNCH(k_add, 1, 4, 0, q)(dv2, 1.0f);

@@ -7,7 +7,7 @@
  * Model: device memory is host memory (malloc'd, so ASan sees device
  * out-of-bounds accesses); an operation enqueued on a created stream waits
  * in the stream's queue until the host synchronises with it (runtime.cpp
- * says exactly when), on the legacy stream 0 it runs at once; while a
+ * says exactly when; the legacy stream 0 too); while a
  * stream is being captured into a graph, operations are recorded and
  * cudaGraphLaunch enqueues their replay. Kernels run with per-thread
  * semantics: each CUDA thread of a block is a coroutine, blocks run one
