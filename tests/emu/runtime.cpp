@@ -329,23 +329,23 @@ cudaError_t enqueue_checked(cudaStream_t s, std::function<void()> op, std::funct
     return enqueue_node(s, std::move(op), std::move(at_launch));
 }
 
-bool is_device_range(const void *p, size_t n) {
+/* Does [p, p+n) lie inside one allocation of `allocs` (start -> size)? */
+static bool in_allocation(const std::map<uintptr_t, size_t> &allocs, const void *p, size_t n) {
     std::lock_guard<std::mutex> lk(g_emu_mu);
     uintptr_t a = (uintptr_t)p;
-    auto it = g_emu_dev_allocs.upper_bound(a);
-    if (it == g_emu_dev_allocs.begin()) return false;
+    auto it = allocs.upper_bound(a);
+    if (it == allocs.begin()) return false;
     --it;
     return a >= it->first && a + n <= it->first + it->second;
 }
 
+bool is_device_range(const void *p, size_t n) {
+    return in_allocation(g_emu_dev_allocs, p, n);
+}
+
 /* Does [p, p+n) lie inside one live pinned host allocation? */
 static bool is_pinned_range(const void *p, size_t n) {
-    std::lock_guard<std::mutex> lk(g_emu_mu);
-    uintptr_t a = (uintptr_t)p;
-    auto it = g_emu_host_allocs.upper_bound(a);
-    if (it == g_emu_host_allocs.begin()) return false;
-    --it;
-    return a >= it->first && a + n <= it->first + it->second;
+    return in_allocation(g_emu_host_allocs, p, n);
 }
 
 /* The device an allocation was made on (under g_emu_mu), for cudaFree's
