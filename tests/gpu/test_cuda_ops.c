@@ -23,7 +23,10 @@
  * exactly, including a multi-chunk F16 conversion). Odd sizes (head_dim 80,
  * 1000x200 matmul, 2-byte-aligned matmul operands) and the tiny fixture
  * models (hidden 64, head_dim 16) are covered too. Weights are tested as
- * BF16, F16 and F32 (cuda converts F16 and F32 to bf16 on upload).
+ * BF16, F16 and F32 (cuda converts F16 and F32 to bf16 on upload). Host
+ * integer arrays go through the backend's asynchronous staging: 24 ops in a
+ * row with their own positions and no synchronisation between must each
+ * read their own (the staging ring reuses a buffer only after its copy ran).
  *
  * Usage: gpu_test_cuda_ops [--device-index N] [--self-check] [--bench] [--emu]
  * --self-check runs the cpu backend in place of cuda (a harness check that
@@ -716,6 +719,61 @@ static void test_rope(void) {
         free(x);
         free(pos);
     }
+}
+
+/* Host integer arrays (positions, ids, tables) reach the device through the
+ * backend's staging: pinned buffers copied asynchronously. Many ops in a row
+ * with different arrays and no synchronisation between them must each read
+ * their own values, so a staging buffer is reused only after its copy ran.
+ * `calls` rope calls on separate buffers, positions call*7 + t, issued back
+ * to back once every buffer exists; the outputs, call after call. */
+typedef struct stage_case {
+    const float *x; /* calls * n rows of heads*hd */
+    int calls, n, heads, hd;
+} stage_case;
+
+static float *run_stage_ring(bk *b, void *arg, size_t *nout) {
+    stage_case *c = arg;
+    int dim = c->heads * c->hd;
+    size_t per = (size_t)c->n * dim;
+    void **x = calloc((size_t)c->calls, sizeof *x);
+    int32_t *pos = malloc((size_t)c->calls * c->n * sizeof *pos);
+    float *h = NULL;
+    if (!x || !pos) goto fail;
+    for (int i = 0; i < c->calls; i++)
+        if (!(x[i] = act_from_host(b, c->x + (size_t)i * per, c->n, dim, c->n))) goto fail;
+    for (int i = 0; i < c->calls; i++) {
+        int32_t *p = pos + (size_t)i * c->n;
+        for (int t = 0; t < c->n; t++)
+            p[t] = i * 7 + t;
+        BK_TRY(b, b->ops->rope(b->be, x[i], p, c->n, c->heads, c->hd, 1e4));
+    }
+    if (!(h = malloc((size_t)c->calls * per * sizeof *h))) goto fail;
+    for (int i = 0; i < c->calls; i++) {
+        float *part = to_host(b, x[i], per);
+        if (!part) {
+            free(h);
+            h = NULL;
+            goto fail;
+        }
+        memcpy(h + (size_t)i * per, part, per * sizeof *part);
+        free(part);
+    }
+    *nout = (size_t)c->calls * per;
+fail:
+    for (int i = 0; x && i < c->calls; i++)
+        release(b, x[i]);
+    free(x);
+    free(pos);
+    return h;
+}
+
+static void test_stage_ring(void) {
+    stage_case c = {NULL, 24, 3, 2, 16};
+    float *x = rand_f32((size_t)c.calls * c.n * c.heads * c.hd, 2.0f);
+    c.x = x;
+    compare("staging", "24 rope calls, own positions each, no sync between", run_stage_ring, &c, TOL);
+    free(x);
 }
 
 #define ATT_MAX_SEQS 8
@@ -1556,6 +1614,7 @@ int main(int argc, char **argv) {
     test_rmsnorm();
     test_matmul();
     test_rope();
+    test_stage_ring();
     test_attention();
     test_elementwise();
     test_copy();
