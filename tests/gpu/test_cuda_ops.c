@@ -776,6 +776,55 @@ static void test_stage_ring(void) {
     free(x);
 }
 
+/* A graph replayed back to back: each launch uploads the step's staged
+ * arrays into the graph's arena, so the next step may rewrite the arena's
+ * host side only once that upload ran. `steps` launches of one captured
+ * rope step, in place, with new positions each and no synchronisation
+ * between, against the same ropes run eagerly on cpu. */
+static void test_graph_restage(void) {
+    const char *shape = "4 launches of a rope step, new positions, no sync";
+    if (!g_gpu.ops->graph_begin) {
+        g_skipped++;
+        printf("%-12s %-52s skipped (no graphs on the %s backend)\n", "graph", shape, g_gpu.ops->name);
+        return;
+    }
+    enum { N = 3, HEADS = 2, HD = 16, STEPS = 4 };
+    float *x0 = rand_f32((size_t)N * HEADS * HD, 2.0f);
+    void *xc = act_from_host(&g_cpu, x0, N, HEADS * HD, N), *xg = act_from_host(&g_gpu, x0, N, HEADS * HD, N);
+    int replays = 0, ok = xc && xg;
+    for (int step = 0; ok && step < STEPS; step++) {
+        int32_t pos[N];
+        for (int t = 0; t < N; t++)
+            pos[t] = step * 5 + t;
+        int rep = 0;
+        ok = g_cpu.ops->rope(g_cpu.be, xc, pos, N, HEADS, HD, 1e4) == 0;
+        ok = ok && g_gpu.ops->graph_begin(g_gpu.be, 0x67726170ull, &rep) == 0;
+        if (!ok) break;
+        replays += rep;
+        if (g_gpu.ops->rope(g_gpu.be, xg, pos, N, HEADS, HD, 1e4) != 0) {
+            g_gpu.ops->graph_abort(g_gpu.be);
+            ok = 0;
+            break;
+        }
+        ok = g_gpu.ops->graph_end(g_gpu.be) == 0 && g_gpu.ops->graph_launch(g_gpu.be) == 0;
+    }
+    float *hc = ok ? to_host(&g_cpu, xc, (size_t)N * HEADS * HD) : NULL;
+    float *hg = ok ? to_host(&g_gpu, xg, (size_t)N * HEADS * HD) : NULL;
+    if (!hc || !hg)
+        report_bool("graph", shape, 0, kern_last_error(g_gpu.be));
+    else
+        report("graph", shape, rel_err(hg, hc, (size_t)N * HEADS * HD), TOL);
+    char why[64];
+    snprintf(why, sizeof why, "%d of %d steps replayed", replays, STEPS - 1);
+    report_bool("graph", "every step after the first is a replay", replays == STEPS - 1, why);
+    g_gpu.ops->graph_drop_all(g_gpu.be);
+    free(hc);
+    free(hg);
+    release(&g_cpu, xc);
+    release(&g_gpu, xg);
+    free(x0);
+}
+
 #define ATT_MAX_SEQS 8
 
 typedef struct att_spec {
@@ -1615,6 +1664,7 @@ int main(int argc, char **argv) {
     test_matmul();
     test_rope();
     test_stage_ring();
+    test_graph_restage();
     test_attention();
     test_elementwise();
     test_copy();
