@@ -26,7 +26,9 @@
  * BF16, F16 and F32 (cuda converts F16 and F32 to bf16 on upload). Host
  * integer arrays go through the backend's asynchronous staging: 24 ops in a
  * row with their own positions and no synchronisation between must each
- * read their own (the staging ring reuses a buffer only after its copy ran).
+ * read their own (the staging ring reuses a buffer only after its copy ran),
+ * and so must a graph launched back to back with new positions (its arena
+ * is rewritten only after the previous launch's upload ran).
  *
  * Usage: gpu_test_cuda_ops [--device-index N] [--self-check] [--bench] [--emu]
  * --self-check runs the cpu backend in place of cuda (a harness check that
