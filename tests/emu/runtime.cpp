@@ -94,7 +94,7 @@ struct CUevent_st {
     struct timespec t;
     int device; /* current at creation */
     /* the last record: its stream and position (run once stream->done >= seq);
-     * stream NULL once it ran or for the legacy stream */
+     * stream NULL once it ran */
     CUstream_st *stream;
     uint64_t stream_id;
     uint64_t seq;
@@ -179,10 +179,6 @@ static void run_queue(CUstream_st *s, uint64_t upto, bool wait) {
     s->idle.notify_all();
 }
 
-static void run_until(CUstream_st *s, uint64_t upto) {
-    run_queue(s, upto, true);
-}
-
 static uint64_t g_emu_stream_ids; /* under g_emu_mu */
 
 /* Run stream `id` (at s) until `upto` operations have run, if it is still
@@ -193,19 +189,20 @@ static void run_until_live(CUstream_st *s, uint64_t id, uint64_t upto) {
         if (!g_emu_streams.count(s) || s->id != id) return;
         s->pins++;
     }
-    run_until(s, upto);
+    run_queue(s, upto, true);
     std::lock_guard<std::mutex> lk(g_emu_mu);
     s->pins--;
     g_emu_unpinned.notify_all();
 }
 
-static void run_all(CUstream_st *s) {
+/* Run everything enqueued on s so far (`wait`: see run_queue). */
+static void run_all(CUstream_st *s, bool wait = true) {
     uint64_t upto;
     {
         std::lock_guard<std::mutex> lk(s->mu);
         upto = s->enq;
     }
-    run_until(s, upto);
+    run_queue(s, upto, wait);
 }
 
 /* Run the queues of the live streams of `device` (all devices if < 0; the
@@ -223,12 +220,7 @@ static void run_streams(int device, bool wait) {
             }
     }
     for (CUstream_st *s : v) {
-        uint64_t upto;
-        {
-            std::lock_guard<std::mutex> lk(s->mu);
-            upto = s->enq;
-        }
-        run_queue(s, upto, wait);
+        run_all(s, wait);
         std::lock_guard<std::mutex> lk(g_emu_mu);
         s->pins--;
         g_emu_unpinned.notify_all();
@@ -267,8 +259,7 @@ struct WaitPoint {
 };
 static std::vector<WaitPoint> implicit_waits(CUstream_st *s) {
     std::vector<WaitPoint> w;
-    if (s->flags & cudaStreamNonBlocking) return w;
-    if (!s->legacy) legacy_stream(s->device); /* exists before we look */
+    if (s->flags & cudaStreamNonBlocking) return w; /* a legacy stream not made yet has no work */
     std::lock_guard<std::mutex> lk(g_emu_mu);
     for (CUstream_st *o : g_emu_streams) {
         if (o == s || o->device != s->device || (o->flags & cudaStreamNonBlocking)) continue;
@@ -607,10 +598,17 @@ static char host_side(const void *p, size_t n) {
  * garbage now, as far as the host can tell until the stream runs the copy.
  * (That filling is early for a program whose same stream still has to read
  * the destination as the source of an earlier pending copy; echo's pinned
- * buffers are either copy sources or copy destinations, never both.) */
+ * buffers are either copy sources or copy destinations, never both.)
+ * `synchronous` (cudaMemcpy, cudaMemcpy2D): also return only once the copy
+ * is done, unless it is device to device (CUDA's "API synchronization
+ * behavior"). */
 static cudaError_t copy_rows(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t rows,
-                             cudaStream_t st) {
+                             cudaStream_t st, bool synchronous) {
     size_t dspan = dpitch * (rows - 1) + width, sspan = spitch * (rows - 1) + width;
+    auto copy = [=](const char *src, size_t src_pitch) {
+        for (size_t r = 0; r < rows; r++)
+            memmove((char *)d + r * dpitch, src + r * src_pitch, width);
+    };
     bool capturing = st ? st->capture != cudaStreamCaptureStatusNone : !tls_captures.empty();
     if (st && capturing && (host_side(d, dspan) == 'h' || host_side(s, sspan) == 'h')) {
         /* what CUDA does with pageable memory in a captured copy (refuse
@@ -620,52 +618,36 @@ static cudaError_t copy_rows(void *d, size_t dpitch, const void *s, size_t spitc
         abort();
     }
     if (capturing) /* recorded, or refused by enqueue */
-        return enqueue(st, [=]() {
-            for (size_t r = 0; r < rows; r++)
-                memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
-        });
+        return enqueue(st, [=]() { copy((const char *)s, spitch); });
     if (host_side(d, dspan) == 'h') {
         sync_stream(st);
-        for (size_t r = 0; r < rows; r++)
-            memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
+        copy((const char *)s, spitch);
         return cudaSuccess;
     }
+    cudaError_t e;
     if (host_side(s, sspan) == 'h') {
         auto staged = std::make_shared<std::vector<char>>(width * rows);
         for (size_t r = 0; r < rows; r++)
             memcpy(staged->data() + r * width, (const char *)s + r * spitch, width);
-        return enqueue(st, [=]() {
+        e = enqueue(st, [=]() { copy(staged->data(), width); });
+    } else {
+        if (!is_device_range(d, dspan))
             for (size_t r = 0; r < rows; r++)
-                memcpy((char *)d + r * dpitch, staged->data() + r * width, width);
-        });
+                memset((char *)d + r * dpitch, 0xa5, width);
+        e = enqueue(st, [=]() { copy((const char *)s, spitch); });
     }
-    if (!is_device_range(d, dspan))
-        for (size_t r = 0; r < rows; r++)
-            memset((char *)d + r * dpitch, 0xa5, width);
-    return enqueue(st, [=]() {
-        for (size_t r = 0; r < rows; r++)
-            memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
-    });
-}
-
-cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
-    if (cudaError_t e = check_kind(d, s, n, k)) return e;
-    if (n == 0) return cudaSuccess;
-    return copy_rows(d, n, s, n, n, 1, st);
-}
-
-/* The synchronous copies run on the legacy stream and, except between two
- * device buffers, return once the copy is done (CUDA's "API
- * synchronization behavior"); a device-to-device one stays queued. */
-cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
-    if (cudaError_t e = capture_guard()) return e;
-    cudaError_t e = cudaMemcpyAsync(d, s, n, k, nullptr);
-    if (e == cudaSuccess && n && !(is_device_range(d, n) && is_device_range(s, n))) sync_stream(nullptr);
+    if (e == cudaSuccess && synchronous && !(is_device_range(d, dspan) && is_device_range(s, sspan))) sync_stream(st);
     return e;
 }
 
-cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind k, cudaStream_t st) {
+static cudaError_t copy_1d(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st, bool synchronous) {
+    if (cudaError_t e = check_kind(d, s, n, k)) return e;
+    if (n == 0) return cudaSuccess;
+    return copy_rows(d, n, s, n, n, 1, st, synchronous);
+}
+
+static cudaError_t copy_2d(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
+                           cudaMemcpyKind k, cudaStream_t st, bool synchronous) {
     if (width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
     if (height == 0 || width == 0) return cudaSuccess;
     if (cudaError_t e = check_kind(d, s, dpitch * (height - 1) + width, k)) {
@@ -674,17 +656,28 @@ cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spit
         tls_last_error = cudaSuccess;
         if (check_kind(d, s, 1, k)) return fail(cudaErrorInvalidValue);
     }
-    return copy_rows(d, dpitch, s, spitch, width, height, st);
+    return copy_rows(d, dpitch, s, spitch, width, height, st, synchronous);
+}
+
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+    return copy_1d(d, s, n, k, st, false);
+}
+
+/* The synchronous copies run on the legacy stream (see copy_rows). */
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
+    if (cudaError_t e = capture_guard()) return e;
+    return copy_1d(d, s, n, k, nullptr, true);
+}
+
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind k, cudaStream_t st) {
+    return copy_2d(d, dpitch, s, spitch, width, height, k, st, false);
 }
 
 cudaError_t cudaMemcpy2D(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
                          cudaMemcpyKind k) {
     if (cudaError_t e = capture_guard()) return e;
-    cudaError_t e = cudaMemcpy2DAsync(d, dpitch, s, spitch, width, height, k, nullptr);
-    if (e == cudaSuccess && height && width &&
-        !(is_device_range(d, dpitch * (height - 1) + width) && is_device_range(s, spitch * (height - 1) + width)))
-        sync_stream(nullptr);
-    return e;
+    return copy_2d(d, dpitch, s, spitch, width, height, k, nullptr, true);
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
@@ -850,6 +843,12 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
     return cudaSuccess;
 }
 
+/* Run the event's stream up to its last record. */
+static void run_to_event(cudaEvent_t e) {
+    if (e->stream) run_until_live(e->stream, e->stream_id, e->seq);
+    e->stream = nullptr;
+}
+
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     *e = new CUevent_st{flags, 0, {0, 0}, tls_device, nullptr, 0, 0, false};
     return cudaSuccess;
@@ -861,8 +860,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     if (!e) return fail(cudaErrorInvalidResourceHandle);
-    /* a pending record still writes the event: let it run first */
-    if (e->stream) run_until_live(e->stream, e->stream_id, e->seq);
+    run_to_event(e); /* a pending record still writes the event: let it run first */
     delete e;
     return cudaSuccess;
 }
@@ -890,12 +888,6 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
         e->stream = nullptr;
     }
     return cudaSuccess;
-}
-
-/* Run the event's stream up to its last record. */
-static void run_to_event(cudaEvent_t e) {
-    if (e->stream) run_until_live(e->stream, e->stream_id, e->seq);
-    e->stream = nullptr;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
