@@ -172,6 +172,14 @@ test: deps
 	$(MAKE) test-server
 	$(MAKE) test-bench
 	$(MAKE) test-emu
+	$(if $(filter 1,$(CUDA)),$(MAKE) check-cuda-resources)
+
+# What ptxas gives every CUDA kernel (registers, shared memory, stack,
+# spills) for sm_80 and sm_90; fails when a kernel spills registers. Needs
+# nvcc, not a GPU: part of `make test` when the cuda backend is built.
+.PHONY: check-cuda-resources
+check-cuda-resources:
+	python3 tests/gpu/resources.py --nvcc "$(NVCC)" --jobs "$$(nproc)"
 
 test-asan: deps
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \

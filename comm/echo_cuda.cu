@@ -454,7 +454,8 @@ typedef struct rank_srcs {
     const float *res[ECHO_MAX_RANKS];
 } rank_srcs;
 
-template <typename T> __global__ void echo_sum_ranks_kernel(rank_srcs src, int N, float *sum, size_t n) {
+template <typename T>
+__global__ void __launch_bounds__(ECHO_THREADS) echo_sum_ranks_kernel(rank_srcs src, int N, float *sum, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float S = 0;
         for (int j = 0; j < N; j++) {
@@ -469,7 +470,8 @@ template <typename T> __global__ void echo_sum_ranks_kernel(rank_srcs src, int N
 /* buf = in rounded to T; the first index whose fp32 value is not finite
  * (the host's echo_cpu_store tests the fp32 sum, not the rounded output). */
 template <typename T>
-__global__ void echo_store_checked_kernel(const float *in, T *buf, size_t n, unsigned long long *bad) {
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_store_checked_kernel(const float *in, T *buf, size_t n, unsigned long long *bad) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = in[i];
         st(buf, i, v);
@@ -477,17 +479,22 @@ __global__ void echo_store_checked_kernel(const float *in, T *buf, size_t n, uns
     }
 }
 
-template <typename T> __global__ void echo_widen_add_kernel(const T *buf, const float *res, float *out, size_t n) {
+template <typename T>
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_widen_add_kernel(const T *buf, const float *res, float *out, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = ld(buf, i) + res[i];
 }
 
-template <typename T> __global__ void echo_narrow_kernel(const float *in, T *buf, size_t n) {
+template <typename T>
+__global__ void __launch_bounds__(ECHO_THREADS) echo_narrow_kernel(const float *in, T *buf, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         st(buf, i, in[i]);
 }
 
-template <typename T> __global__ void echo_check_finite_kernel(const T *buf, size_t n, unsigned long long *bad) {
+template <typename T>
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_check_finite_kernel(const T *buf, size_t n, unsigned long long *bad) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         if (echo_abs_bits(ld(buf, i)) >= ECHO_INF_BITS) atomicMin(bad, (unsigned long long)i);
 }

@@ -263,6 +263,12 @@ static inline int cuda_no_graph(kern_backend *be, const char *op) {
     return 0;
 }
 
+/* Threads per block of the element-wise and per-row kernels. Every kernel
+ * declares its largest block with __launch_bounds__, so ptxas keeps its
+ * registers within what one block of that size may use (a launch beyond
+ * the bound is refused; the CUDA emulator of tests/emu aborts on it). */
+#define CUDA_THREADS 256
+
 /* Blocks for a 1-D grid-stride launch over `count` elements. */
 static inline unsigned cuda_blocks(size_t count, unsigned threads) {
     size_t b = (count + threads - 1) / threads;

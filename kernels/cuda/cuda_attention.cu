@@ -161,8 +161,11 @@ namespace wmma = nvcuda::wmma;
 
 /* blockIdx.x = row i, blockIdx.y = 0 (keys) or 1 (values); `words` units of
  * T per row (T = uint4 when rows are 16-byte aligned, else bf16). */
+#define KV_STORE_THREADS 128
+
 template <typename T>
-__global__ void cuda_kv_store_kernel(T *kc, T *vc, const T *k, const T *v, const int32_t *slots, size_t words) {
+__global__ void __launch_bounds__(KV_STORE_THREADS)
+    cuda_kv_store_kernel(T *kc, T *vc, const T *k, const T *v, const int32_t *slots, size_t words) {
     const T *src = (blockIdx.y ? v : k) + (size_t)blockIdx.x * words;
     T *dst = (blockIdx.y ? vc : kc) + (size_t)slots[blockIdx.x] * words;
     for (size_t c = threadIdx.x; c < words; c += blockDim.x)
@@ -184,11 +187,11 @@ int cuda_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const voi
     size_t bytes = (size_t)kvdim * sizeof(bf16);
     uintptr_t al = (uintptr_t)kc | (uintptr_t)vc | (uintptr_t)k | (uintptr_t)v;
     if (bytes % 16 == 0 && al % 16 == 0)
-        cuda_kv_store_kernel<uint4>
-            <<<grid, 128, 0, st>>>((uint4 *)kc, (uint4 *)vc, (const uint4 *)k, (const uint4 *)v, dslots, bytes / 16);
+        cuda_kv_store_kernel<uint4><<<grid, KV_STORE_THREADS, 0, st>>>((uint4 *)kc, (uint4 *)vc, (const uint4 *)k,
+                                                                       (const uint4 *)v, dslots, bytes / 16);
     else
-        cuda_kv_store_kernel<bf16>
-            <<<grid, 128, 0, st>>>((bf16 *)kc, (bf16 *)vc, (const bf16 *)k, (const bf16 *)v, dslots, (size_t)kvdim);
+        cuda_kv_store_kernel<bf16><<<grid, KV_STORE_THREADS, 0, st>>>((bf16 *)kc, (bf16 *)vc, (const bf16 *)k,
+                                                                      (const bf16 *)v, dslots, (size_t)kvdim);
     CUDA_LAUNCH_TRY(be, "cuda_kv_store_kernel");
     return 0;
 }

@@ -41,17 +41,17 @@
 
 /* ---- kernels ---- */
 
-__global__ void cuda_f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
+__global__ void __launch_bounds__(CUDA_THREADS) cuda_f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
-__global__ void cuda_f16_to_bf16_kernel(bf16 *dst, const __half *src, size_t n) {
+__global__ void __launch_bounds__(CUDA_THREADS) cuda_f16_to_bf16_kernel(bf16 *dst, const __half *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = __float2bfloat16_rn(__half2float(src[i]));
 }
 
-__global__ void cuda_bf16_to_f32_kernel(float *dst, const bf16 *src, size_t n) {
+__global__ void __launch_bounds__(CUDA_THREADS) cuda_bf16_to_f32_kernel(float *dst, const bf16 *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = __bfloat162float(src[i]);
 }
@@ -241,9 +241,11 @@ static int cuda_upload_weight(kern_backend *be, const kern_weight *host, kern_we
             if (upload_rows(be, stage, host, ld, es, r0, nr)) goto fail_rc;
             bf16 *dst = (bf16 *)d + r0 * cols;
             if (host->dtype == KERN_F32)
-                cuda_f32_to_bf16_kernel<<<cuda_blocks(m, 256), 256, 0, impl->stream>>>(dst, (const float *)stage, m);
+                cuda_f32_to_bf16_kernel<<<cuda_blocks(m, CUDA_THREADS), CUDA_THREADS, 0, impl->stream>>>(
+                    dst, (const float *)stage, m);
             else
-                cuda_f16_to_bf16_kernel<<<cuda_blocks(m, 256), 256, 0, impl->stream>>>(dst, (const __half *)stage, m);
+                cuda_f16_to_bf16_kernel<<<cuda_blocks(m, CUDA_THREADS), CUDA_THREADS, 0, impl->stream>>>(
+                    dst, (const __half *)stage, m);
             CUDA_TRY_GOTO(be, cudaGetLastError(), rc, fail);
         }
     }
@@ -276,7 +278,8 @@ static int cuda_to_host_f32(kern_backend *be, float *dst, const void *src, size_
     if (cuda_no_graph(be, "to_host_f32")) return -1;
     if (n == 0) return 0;
     if (cuda_enter(be) || cuda_tmp_reserve(be, n * sizeof(float), &tmp)) return -1;
-    cuda_bf16_to_f32_kernel<<<cuda_blocks(n, 256), 256, 0, impl->stream>>>((float *)tmp, (const bf16 *)src, n);
+    cuda_bf16_to_f32_kernel<<<cuda_blocks(n, CUDA_THREADS), CUDA_THREADS, 0, impl->stream>>>((float *)tmp,
+                                                                                             (const bf16 *)src, n);
     CUDA_LAUNCH_TRY(be, "cuda_bf16_to_f32_kernel");
     CUDA_TRY(be, cudaMemcpyAsync(dst, tmp, n * sizeof(float), cudaMemcpyDeviceToHost, impl->stream));
     CUDA_TRY(be, cudaStreamSynchronize(impl->stream));

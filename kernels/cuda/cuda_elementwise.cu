@@ -15,21 +15,23 @@
  */
 #include "kernels/cuda/cuda.h"
 
-__global__ void cuda_embedding_kernel(bf16 *out, const bf16 *table, const int32_t *ids, int64_t dim) {
+__global__ void __launch_bounds__(CUDA_THREADS)
+    cuda_embedding_kernel(bf16 *out, const bf16 *table, const int32_t *ids, int64_t dim) {
     const bf16 *src = table + (size_t)ids[blockIdx.x] * (size_t)dim;
     bf16 *dst = out + (size_t)blockIdx.x * (size_t)dim;
     for (int64_t c = threadIdx.x; c < dim; c += blockDim.x)
         dst[c] = src[c];
 }
 
-__global__ void cuda_silu_mul_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t count) {
+__global__ void __launch_bounds__(CUDA_THREADS)
+    cuda_silu_mul_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t count) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         float g = __bfloat162float(gate[i]), u = __bfloat162float(up[i]);
         out[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
     }
 }
 
-__global__ void cuda_add_kernel(bf16 *x, const bf16 *y, size_t count) {
+__global__ void __launch_bounds__(CUDA_THREADS) cuda_add_kernel(bf16 *x, const bf16 *y, size_t count) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
         x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + __bfloat162float(y[i]));
 }
@@ -44,8 +46,8 @@ int cuda_embedding(kern_backend *be, void *out, const kern_weight *table, const 
     const int32_t *dids = NULL;
     if (cuda_stage_i32(be, ids, n, &dids)) return -1;
     if (cuda_replaying(be)) return 0;
-    cuda_embedding_kernel<<<n, 256, 0, cuda_get(be)->stream>>>((bf16 *)out, (const bf16 *)table->data, dids,
-                                                               table->cols);
+    cuda_embedding_kernel<<<n, CUDA_THREADS, 0, cuda_get(be)->stream>>>((bf16 *)out, (const bf16 *)table->data, dids,
+                                                                        table->cols);
     CUDA_LAUNCH_TRY(be, "cuda_embedding_kernel");
     return 0;
 }
@@ -54,8 +56,8 @@ int cuda_silu_mul(kern_backend *be, void *out, const void *gate, const void *up,
     if (count == 0) return 0;
     if (cuda_enter(be)) return -1;
     if (cuda_replaying(be)) return 0;
-    cuda_silu_mul_kernel<<<cuda_blocks(count, 256), 256, 0, cuda_get(be)->stream>>>((bf16 *)out, (const bf16 *)gate,
-                                                                                    (const bf16 *)up, count);
+    cuda_silu_mul_kernel<<<cuda_blocks(count, CUDA_THREADS), CUDA_THREADS, 0, cuda_get(be)->stream>>>(
+        (bf16 *)out, (const bf16 *)gate, (const bf16 *)up, count);
     CUDA_LAUNCH_TRY(be, "cuda_silu_mul_kernel");
     return 0;
 }
@@ -64,7 +66,8 @@ int cuda_add(kern_backend *be, void *x, const void *y, size_t count) {
     if (count == 0) return 0;
     if (cuda_enter(be)) return -1;
     if (cuda_replaying(be)) return 0;
-    cuda_add_kernel<<<cuda_blocks(count, 256), 256, 0, cuda_get(be)->stream>>>((bf16 *)x, (const bf16 *)y, count);
+    cuda_add_kernel<<<cuda_blocks(count, CUDA_THREADS), CUDA_THREADS, 0, cuda_get(be)->stream>>>(
+        (bf16 *)x, (const bf16 *)y, count);
     CUDA_LAUNCH_TRY(be, "cuda_add_kernel");
     return 0;
 }

@@ -59,7 +59,8 @@ static __device__ __forceinline__ uint32_t norm_word(uint32_t xw, uint32_t ww, f
 /* 16-byte path: dim % 8 == 0 and all four pointers 16-byte aligned. A
  * thread rereads in the second pass the vectors it wrote in the first (x is
  * not read through the non-coherent cache, so its own writes are seen). */
-__global__ void cuda_add_rmsnorm_vec_kernel(bf16 *x, const bf16 *y, bf16 *out, const bf16 *w, int dim, float eps) {
+__global__ void __launch_bounds__(CUDA_THREADS)
+    cuda_add_rmsnorm_vec_kernel(bf16 *x, const bf16 *y, bf16 *out, const bf16 *w, int dim, float eps) {
     const int nvec = dim / 8;
     uint4 *xv = reinterpret_cast<uint4 *>(x + (size_t)blockIdx.x * dim);
     const uint4 *yv = reinterpret_cast<const uint4 *>(y + (size_t)blockIdx.x * dim);
@@ -87,7 +88,8 @@ __global__ void cuda_add_rmsnorm_vec_kernel(bf16 *x, const bf16 *y, bf16 *out, c
 }
 
 /* Element path for any dim and alignment. */
-__global__ void cuda_add_rmsnorm_kernel(bf16 *x, const bf16 *y, bf16 *out, const bf16 *w, int dim, float eps) {
+__global__ void __launch_bounds__(CUDA_THREADS)
+    cuda_add_rmsnorm_kernel(bf16 *x, const bf16 *y, bf16 *out, const bf16 *w, int dim, float eps) {
     bf16 *xr = x + (size_t)blockIdx.x * dim;
     const bf16 *yr = y + (size_t)blockIdx.x * dim;
     bf16 *o = out + (size_t)blockIdx.x * dim;
@@ -120,12 +122,12 @@ int cuda_add_rmsnorm(kern_backend *be, void *x, const void *y, void *out, const 
     if (dim % 8 == 0 && addr % 16 == 0) {
         int nvec = dim / 8;
         /* whole warps only (the reductions shuffle with a full mask) */
-        int threads = nvec >= 256 ? 256 : ((nvec + 31) / 32) * 32;
+        int threads = nvec >= CUDA_THREADS ? CUDA_THREADS : ((nvec + 31) / 32) * 32;
         cuda_add_rmsnorm_vec_kernel<<<rows, threads, 0, st>>>((bf16 *)x, (const bf16 *)y, (bf16 *)out,
                                                               (const bf16 *)w->data, dim, eps);
         CUDA_LAUNCH_TRY(be, "cuda_add_rmsnorm_vec_kernel");
     } else {
-        int threads = dim >= 256 ? 256 : ((dim + 31) / 32) * 32;
+        int threads = dim >= CUDA_THREADS ? CUDA_THREADS : ((dim + 31) / 32) * 32;
         cuda_add_rmsnorm_kernel<<<rows, threads, 0, st>>>((bf16 *)x, (const bf16 *)y, (bf16 *)out,
                                                           (const bf16 *)w->data, dim, eps);
         CUDA_LAUNCH_TRY(be, "cuda_add_rmsnorm_kernel");
@@ -139,8 +141,9 @@ int cuda_add_rmsnorm(kern_backend *be, void *x, const void *y, void *out, const 
  * rotation pass writes each element from exactly one lane (pair i, i+half
  * belongs to lane i % 32); the full-mask shuffles of the reduction order
  * every read of the first pass before any write of the second. */
-__global__ void cuda_qk_norm_rope_kernel(bf16 *q, bf16 *k, const bf16 *qw, const bf16 *kw, const int32_t *pos,
-                                         const float *inv_freq, int hq, int hkv, int hd, float eps) {
+__global__ void __launch_bounds__(32 * QKNR_WARPS)
+    cuda_qk_norm_rope_kernel(bf16 *q, bf16 *k, const bf16 *qw, const bf16 *kw, const int32_t *pos,
+                             const float *inv_freq, int hq, int hkv, int hd, float eps) {
     extern __shared__ float cs[]; /* cos at [0, half), sin at [half, hd) */
     const int t = blockIdx.x, half = hd / 2;
     const float p = (float)pos[t];

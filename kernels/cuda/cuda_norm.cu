@@ -13,7 +13,8 @@
  */
 #include "kernels/cuda/cuda.h"
 
-__global__ void cuda_rmsnorm_kernel(bf16 *out, const bf16 *in, const bf16 *w, int dim, float eps) {
+__global__ void __launch_bounds__(CUDA_THREADS)
+    cuda_rmsnorm_kernel(bf16 *out, const bf16 *in, const bf16 *w, int dim, float eps) {
     const bf16 *x = in + (size_t)blockIdx.x * dim;
     bf16 *o = out + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -37,7 +38,7 @@ int cuda_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight 
     if (cuda_enter(be)) return -1;
     if (cuda_replaying(be)) return 0;
     /* whole warps only (the reductions shuffle with a full mask) */
-    int threads = dim >= 256 ? 256 : ((dim + 31) / 32) * 32;
+    int threads = dim >= CUDA_THREADS ? CUDA_THREADS : ((dim + 31) / 32) * 32;
     cuda_rmsnorm_kernel<<<rows, threads, 0, cuda_get(be)->stream>>>((bf16 *)out, (const bf16 *)in,
                                                                     (const bf16 *)w->data, dim, eps);
     CUDA_LAUNCH_TRY(be, "cuda_rmsnorm_kernel");

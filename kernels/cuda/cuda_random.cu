@@ -6,8 +6,9 @@
  */
 #include "kernels/cuda/cuda.h"
 
-__global__ void cuda_random_weight_kernel(bf16 *out, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
-                                          int64_t full_cols, uint64_t seed, float offset, float scale) {
+__global__ void __launch_bounds__(CUDA_THREADS)
+    cuda_random_weight_kernel(bf16 *out, int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t full_cols,
+                              uint64_t seed, float offset, float scale) {
     const size_t count = (size_t)rows * (size_t)cols;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / (size_t)cols, c = i % (size_t)cols;
@@ -25,7 +26,7 @@ int cuda_random_weight(kern_backend *be, kern_weight *dev, int64_t rows, int64_t
     size_t count = (size_t)rows * (size_t)cols;
     void *d = NULL;
     CUDA_TRY(be, cudaMalloc(&d, count * sizeof(bf16)));
-    cuda_random_weight_kernel<<<cuda_blocks(count, 256), 256, 0, cuda_get(be)->stream>>>(
+    cuda_random_weight_kernel<<<cuda_blocks(count, CUDA_THREADS), CUDA_THREADS, 0, cuda_get(be)->stream>>>(
         (bf16 *)d, rows, cols, row0, col0, full_cols, seed, offset, scale);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {

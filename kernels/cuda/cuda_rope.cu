@@ -20,8 +20,12 @@
 #include "kernels/cuda/cuda.h"
 
 #define ROPE_HEADS_PER_BLOCK 4
+#define ROPE_MAX_HEAD_DIM 2048
+/* one thread per rotated pair: up to ROPE_MAX_HEAD_DIM / 2 per block */
+#define ROPE_MAX_THREADS (ROPE_MAX_HEAD_DIM / 2)
 
-__global__ void cuda_rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, int heads, int head_dim) {
+__global__ void __launch_bounds__(ROPE_MAX_THREADS)
+    cuda_rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, int heads, int head_dim) {
     int t = blockIdx.x, i = threadIdx.x, half = head_dim / 2;
     if (i >= half) return;
     float ang = (float)pos[t] * inv_freq[i];
@@ -72,7 +76,8 @@ int cuda_rope_table(kern_backend *be, double theta, int head_dim, const float **
 
 int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta) {
     if (head_dim % 2) return kern_fail(be, "rope: head_dim %d is odd", head_dim);
-    if (head_dim <= 0 || head_dim > 2048) return kern_fail(be, "rope: head_dim %d out of range [2, 2048]", head_dim);
+    if (head_dim <= 0 || head_dim > ROPE_MAX_HEAD_DIM)
+        return kern_fail(be, "rope: head_dim %d out of range [2, %d]", head_dim, ROPE_MAX_HEAD_DIM);
     if (n < 0 || heads < 0) return kern_fail(be, "rope: bad shape n=%d heads=%d", n, heads);
     if (n == 0 || heads == 0) return 0;
     if (cuda_enter(be)) return -1;

@@ -294,6 +294,16 @@ int lane_id() {
     return sched()->cur % 32;
 }
 
+void launch_bounds(const char *file, int line, long max_threads) {
+    const dim3 &b = ctx().bdim;
+    long n = (long)b.x * b.y * b.z;
+    if (n > max_threads)
+        die(file, line,
+            "%ld threads per block, more than the kernel's __launch_bounds__(%ld): a GPU refuses this launch "
+            "(cudaErrorLaunchOutOfResources)",
+            n, max_threads);
+}
+
 void *dyn_smem() {
     EmuSched *s = tls_sched;
     if (!s || !s->in_kernel) die(nullptr, 0, "extern __shared__ used outside a kernel");

@@ -29,6 +29,31 @@ static void check(int ok, const char *what) {
     printf("selftest %-60s %s\n", what, ok ? "PASS" : "FAIL");
 }
 
+/* in selftest_bounds.cu (translated): a kernel with __launch_bounds__(64) */
+void selftest_launch_bounded(int *out, unsigned threads);
+
+/* translate.py on a source of one line: its exit status, its message in msg */
+static int translate(const char *src, char *msg, size_t cap) {
+    char in[] = "/tmp/emu-selftest-XXXXXX.cu";
+    int fd = mkstemps(in, 3);
+    if (fd < 0) return -1;
+    if (write(fd, src, strlen(src)) != (ssize_t)strlen(src)) {
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "python3 tests/emu/translate.py %s %s.cpp 2>&1", in, in);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(msg, 1, cap - 1, p) : 0;
+    msg[n] = 0;
+    int st = p ? pclose(p) : -1;
+    unlink(in);
+    snprintf(cmd, sizeof cmd, "%s.cpp", in);
+    unlink(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* ---- kernels ---- */
 __global__ void k_shfl(unsigned *out) {
     unsigned l = threadIdx.x;
@@ -358,6 +383,24 @@ int main(void) {
     check(dies([u] { LAUNCH(k_partial, 1, 32)(u); }), "full-mask shuffle by half a warp aborts");
     check(dies([] { LAUNCH(k_exit_early, 1, 64)(); }), "thread exiting before a barrier aborts");
     check(dies([f] { LAUNCH(k_add, 1, 65)(f, 1.0f); }), "out-of-bounds device write is an ASan report");
+
+    /* __launch_bounds__: translate.py puts the check in every kernel */
+    {
+        int *b = NULL, hb[64] = {0};
+        cudaMalloc((void **)&b, 128 * sizeof(int));
+        selftest_launch_bounded(b, 64);
+        cudaMemcpy(hb, b, sizeof hb, cudaMemcpyDeviceToHost);
+        check(cudaGetLastError() == cudaSuccess && hb[0] == 1 && hb[63] == 64, "launch at its __launch_bounds__ runs");
+        check(dies([b] { selftest_launch_bounded(b, 65); }), "launch beyond __launch_bounds__ aborts");
+        cudaFree(b);
+        char msg[512];
+        int rc = translate("__global__ void k(int *p) { p[0] = 1; }\n", msg, sizeof msg);
+        check(rc != 0 && strstr(msg, "kernel k has no __launch_bounds__"),
+              "translate.py stops at a kernel without bounds");
+        rc = translate("__global__ void k(int *p);\n__global__ void __launch_bounds__(32) k(int *p) { p[0] = 1; }\n",
+                       msg, sizeof msg);
+        check(rc == 0, "translate.py: a declaration needs no bounds, the definition has them");
+    }
 
     /* graphs: recorded, replayed, a pinned source read at replay */
     cudaStream_t s;

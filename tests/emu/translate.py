@@ -11,6 +11,12 @@ file is compiled as it is, against tests/emu/include:
      (it cannot be named without them; such kernels use no opt-in).
   extern __shared__ [__align__(n)] T name[];
       -> T *name = (T *)emu::dyn_smem();
+and one statement is added: every kernel definition must declare
+__launch_bounds__(MAX[, ...]) (so ptxas sizes its registers for its largest
+block, and a launch beyond it is refused on a GPU), and gets
+emu::launch_bounds(__FILE__, __LINE__, MAX); as its first statement, which
+aborts a launch of more than MAX threads per block. A kernel without
+__launch_bounds__ stops the translation.
 A #line directive keeps diagnostics and __FILE__ pointing at the original.
 Usage: translate.py IN.cu OUT.cpp
 """
@@ -41,12 +47,72 @@ def launch(m):
 n_launch = 0
 
 
+def closing(text, i):
+    """Index of the parenthesis closing the one at text[i]."""
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == '(':
+            depth += 1
+        elif text[j] == ')':
+            depth -= 1
+            if depth == 0:
+                return j
+    sys.exit('translate.py: %s: unbalanced parentheses after offset %d' % (src_path, i))
+
+
+def first_arg(text):
+    """The first top-level comma-separated argument of a macro argument list."""
+    depth = 0
+    for j, c in enumerate(text):
+        if c in '(<[':
+            depth += 1
+        elif c in ')>]':
+            depth -= 1
+        elif c == ',' and depth == 0:
+            return text[:j].strip()
+    return text.strip()
+
+
+def add_bounds_checks(text):
+    """Insert the launch-bounds check into every kernel definition."""
+    out, pos, n = [], 0, 0
+    for m in re.finditer(r'__global__\s+void\s+', text):
+        i = m.end()
+        bound = None
+        lb = re.match(r'__launch_bounds__\s*\(', text[i:])
+        if lb:
+            open_at = i + lb.end() - 1
+            close_at = closing(text, open_at)
+            bound = first_arg(text[open_at + 1:close_at])
+            i = close_at + 1
+        nm = re.match(r'\s*(\w+)\s*\(', text[i:])
+        if not nm:
+            sys.exit('translate.py: %s: cannot read the kernel name after __global__ at offset %d' % (src_path, m.start()))
+        name = nm.group(1)
+        params_close = closing(text, i + nm.end() - 1)
+        body = re.match(r'\s*(?:/\*.*?\*/\s*)*\{', text[params_close + 1:], flags=re.S)
+        if not body:
+            continue  # a declaration, not a definition
+        if bound is None:
+            line = text.count('\n', 0, m.start()) + 1
+            sys.exit('translate.py: %s:%d: kernel %s has no __launch_bounds__: every kernel declares its largest '
+                     'block (ptxas then keeps its registers within one block of that size)' % (src_path, line, name))
+        brace = params_close + 1 + body.end()
+        out.append(text[pos:brace])
+        out.append(' emu::launch_bounds(__FILE__, __LINE__, (long)(%s));' % bound)
+        pos = brace
+        n += 1
+    out.append(text[pos:])
+    return ''.join(out), n
+
+
 def launch_count(m):
     global n_launch
     n_launch += 1
     return launch(m)
 
 
+s, n_kernels = add_bounds_checks(s)
 s = re.sub(r'([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>', launch_count, s, flags=re.S)
 s, n_ext = re.subn(
     r'extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([\w\s\*]+?)\s*(\w+)\s*\[\s*\]\s*;',

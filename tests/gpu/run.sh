@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The prepared GPU check: build with the cuda backend; compare every op on
+# The prepared GPU check: build with the cuda backend (and list ptxas's
+# registers, shared memory and spills per kernel); compare every op on
 # cuda against cpu (gpu_test_cuda_ops); the Echo all-reduce on device memory
 # against the host path, bit for bit, and the codec's GB/s beside the copy
 # bandwidth (gpu_test_cuda_comm); every fixture model through the engine on
@@ -20,7 +21,7 @@
 #   tests/gpu/run.sh               everything
 #   tests/gpu/run.sh --build-only  unpack + build, then stop
 #
-# Environment: OUT (logs; default /tmp/echo-gpu-out), JOBS (make -j, 16),
+# Environment: OUT (results; default /tmp/echo-gpu-out), LOGS (see below), JOBS (make -j, 16),
 # GPU_BUILD (build folder, default build/gpu: a separate one, so objects built
 # elsewhere with other flags are never reused), CUDA_HOME (/usr/local/cuda),
 # GPU_PREFIX (where the debs are unpacked; default a fresh mktemp folder),
@@ -32,11 +33,18 @@
 # 150, 180, 60 per generation; a step past its limit is a FAIL row saying
 # so, and the next steps still run).
 #
-# Logs under $OUT (few files, so they fit a device call's return):
-#   env.log build.log ops.log comm.log comm.json model.log gen.log
-#   forward.log forward.json forward-graphs.json allreduce.json summary.txt,
-#   and rows.txt
-#   (the summary's rows as each step ends: what a cut-short run leaves)
+# What lands in $OUT: three files, since a device call brings back at most
+# 8 (see the device tool's README):
+#   rows.txt     the summary's rows as each step ends (what a cut-short run
+#                leaves)
+#   summary.txt  the table, written last
+#   logs.tgz     every log, packed again after each row, so a run cut short
+#                still brings back the logs of the steps it finished:
+#                env.log build.log resources.log ops.log comm.log comm.json model.log
+#                gen.log forward.log forward.json forward-graphs.json
+#                allreduce.json (`tar -xzf logs.tgz`)
+# The logs themselves are written to LOGS (default: a fresh mktemp folder
+# outside $OUT), whose path the summary names.
 # The summary table is printed last. Exit status: 0 when nothing failed
 # (steps skipped for want of a GPU count as skipped, not failed), else 1.
 set -euo pipefail
@@ -53,11 +61,19 @@ MA=x86_64-linux-gnu
 DEV="${GPU_CHECK_DEVICE:-cuda}"
 OPS_ARGS=()
 [ "$DEV" = cpu ] && OPS_ARGS=(--self-check)
-mkdir -p "$OUT" "$PREFIX"
+LOGS="${LOGS:-$(mktemp -d /tmp/echo-gpu-logs.XXXXXX)}"
+mkdir -p "$OUT" "$PREFIX" "$LOGS"
 PREFIX="$(cd "$PREFIX" && pwd)"
-: >"$OUT/env.log"
-: >"$OUT/gen.log"
-rm -f "$OUT/rows.txt" "$OUT/build.log" "$OUT/ops.log" "$OUT/comm.log" "$OUT/comm.json" "$OUT/model.log" "$OUT/summary.txt"
+: >"$LOGS/env.log"
+: >"$LOGS/gen.log"
+rm -f "$OUT/rows.txt" "$OUT/summary.txt" "$OUT/logs.tgz" "$LOGS/build.log" "$LOGS/ops.log" "$LOGS/comm.log" \
+  "$LOGS/comm.json" "$LOGS/model.log"
+# Pack the logs into $OUT/logs.tgz (written beside, then renamed, so a kill
+# mid-pack leaves the previous archive whole).
+pack_logs() {
+  tar -czf "$OUT/.logs.tgz.new" -C "$LOGS" . 2>/dev/null && mv -f "$OUT/.logs.tgz.new" "$OUT/logs.tgz"
+  return 0
+}
 
 SUMMARY=()
 FAILED=0
@@ -66,19 +82,21 @@ row() { # step result detail
   # also as they come, so a run cut short by the device call's limit still
   # brings back the rows of the steps it finished
   printf '%-34s %-6s %s\n' "$1" "$2" "$3" >>"$OUT/rows.txt"
+  pack_logs
   [ "$2" = FAIL ] && FAILED=1
   return 0
 }
 finish() {
   {
     echo
-    echo "== summary (logs in $OUT)"
+    echo "== summary (logs in $LOGS, packed in $OUT/logs.tgz)"
     printf '%-34s %-6s %s\n' step result detail
     for r in "${SUMMARY[@]}"; do echo "$r"; done
   } | tee "$OUT/summary.txt"
+  pack_logs
   exit "$FAILED"
 }
-log_env() { echo "$*" >>"$OUT/env.log"; }
+log_env() { echo "$*" >>"$LOGS/env.log"; }
 
 # ---- 1. the Debian packages, unpacked into a private prefix ----
 if ls .gpu-debs/*.deb >/dev/null 2>&1; then
@@ -159,7 +177,7 @@ done
   echo "pkg-config --cflags --libs jansson libpcre2-8 libutf8proc: $(pkg-config --cflags --libs jansson libpcre2-8 libutf8proc 2>&1 || true)"
   echo "nvcc: $("$CUDA_HOME/bin/nvcc" --version 2>&1 | tail -1 || true)"
   command -v nvidia-smi >/dev/null && nvidia-smi 2>&1 || echo "nvidia-smi: not found"
-} >>"$OUT/env.log" 2>&1
+} >>"$LOGS/env.log" 2>&1
 
 # ---- 3. build (keep going past one broken target, report what was built) ----
 GEN="$GPU_BUILD/bin/echo-generate"
@@ -172,15 +190,25 @@ MODEL="$GPU_BUILD/tests/gpu_test_cuda_model"
 rm -f "$GEN" "$OPS" "$COMM" "$MODEL"
 set +e
 make -k -j"$JOBS" CUDA=1 CUDA_HOME="$CUDA_HOME" BUILD="$GPU_BUILD" BIN="$GPU_BUILD/bin" all "$OPS" "$COMM" "$MODEL" \
-  >"$OUT/build.log" 2>&1
+  >"$LOGS/build.log" 2>&1
 brc=$?
 set -e
-nwarn=$(grep -c -i 'warning' "$OUT/build.log" || true)
+nwarn=$(grep -c -i 'warning' "$LOGS/build.log" || true)
 if [ $brc -eq 0 ]; then
   row "build (CUDA=1, -Werror)" ok "$nwarn warning lines; $GPU_BUILD"
 else
-  row "build (CUDA=1, -Werror)" FAIL "make exit $brc; see build.log: $(grep -m1 -E 'error|Error' "$OUT/build.log" | cut -c1-120)"
+  row "build (CUDA=1, -Werror)" FAIL "make exit $brc; see build.log: $(grep -m1 -E 'error|Error' "$LOGS/build.log" | cut -c1-120)"
 fi
+# registers, shared memory and spills per kernel, as ptxas gives them
+set +e
+timeout 120 python3 tests/gpu/resources.py --nvcc "$CUDA_HOME/bin/nvcc" --jobs "$JOBS" >"$LOGS/resources.log" 2>&1
+rrc=$?
+set -e
+case $rrc in
+0) row "kernel resources (ptxas)" ok "$(tail -1 "$LOGS/resources.log" | sed 's/^resources: //' | cut -c1-110)" ;;
+1) row "kernel resources (ptxas)" FAIL "$(grep -m1 -A1 '^FAIL' "$LOGS/resources.log" | tail -1 | cut -c1-110)" ;;
+*) row "kernel resources (ptxas)" FAIL "exit $rrc: $(tail -1 "$LOGS/resources.log" | cut -c1-100)" ;;
+esac
 if [ $BUILD_ONLY -eq 1 ]; then
   for b in "$OPS" "$COMM" "$MODEL" "$GEN"; do
     [ -x "$b" ] && row "built $(basename "$b")" ok "" || row "built $(basename "$b")" FAIL "missing"
@@ -192,23 +220,23 @@ fi
 HAVE_GPU=0
 if [ -x "$OPS" ]; then
   set +e
-  timeout -k 10 "$T_OPS" "$OPS" "${OPS_ARGS[@]}" --bench >"$OUT/ops.log" 2>&1
+  timeout -k 10 "$T_OPS" "$OPS" "${OPS_ARGS[@]}" --bench >"$LOGS/ops.log" 2>&1
   orc=$?
   set -e
-  npass=$(grep -c ' PASS' "$OUT/ops.log" || true)
-  nfail=$(grep -c ' FAIL' "$OUT/ops.log" || true)
+  npass=$(grep -c ' PASS' "$LOGS/ops.log" || true)
+  nfail=$(grep -c ' FAIL' "$LOGS/ops.log" || true)
   case $orc in
   0) HAVE_GPU=1; row "ops cuda vs cpu" ok "$npass passed" ;;
-  77) row "ops cuda vs cpu" skip "$(head -1 "$OUT/ops.log" | cut -c1-100)" ;;
-  124 | 137) HAVE_GPU=1; row "ops cuda vs cpu" FAIL "timed out after $T_OPS s (a hang?), $npass passed; last line: $(tail -1 "$OUT/ops.log" | cut -c1-70)" ;;
-  *) HAVE_GPU=1; row "ops cuda vs cpu" FAIL "exit $orc, $npass passed, $nfail failed: $(grep -m1 ' FAIL' "$OUT/ops.log" | cut -c1-90)" ;;
+  77) row "ops cuda vs cpu" skip "$(head -1 "$LOGS/ops.log" | cut -c1-100)" ;;
+  124 | 137) HAVE_GPU=1; row "ops cuda vs cpu" FAIL "timed out after $T_OPS s (a hang?), $npass passed; last line: $(tail -1 "$LOGS/ops.log" | cut -c1-70)" ;;
+  *) HAVE_GPU=1; row "ops cuda vs cpu" FAIL "exit $orc, $npass passed, $nfail failed: $(grep -m1 ' FAIL' "$LOGS/ops.log" | cut -c1-90)" ;;
   esac
   # attention timing (--bench): "bench attention [cuda] prefill 8192 tokens, ...: X ms Y TFLOP/s"
   while IFS='|' read -r what detail; do
     row "attn $what" info "$(echo $detail)"
-  done < <(grep '^bench attention' "$OUT/ops.log" | sed -e 's/^bench attention \[[a-z]*\] //' \
+  done < <(grep '^bench attention' "$LOGS/ops.log" | sed -e 's/^bench attention \[[a-z]*\] //' \
     -e 's/, hq [0-9]* hkv [0-9]* hd [0-9]*//' -e 's/: */|/' | cut -c1-120)
-  cat "$OUT/ops.log"
+  cat "$LOGS/ops.log"
 else
   row "ops cuda vs cpu" FAIL "$OPS was not built"
 fi
@@ -239,22 +267,22 @@ gpu_prog() { # label seconds binary log [args...] -> rows
 }
 SELF=()
 [ "$DEV" = cpu ] && SELF=(--self-check)
-gpu_prog "echo comm device vs host (bit-exact)" "$T_COMM" "$COMM" "$OUT/comm.log" "${SELF[@]}" --json "$OUT/comm.json"
+gpu_prog "echo comm device vs host (bit-exact)" "$T_COMM" "$COMM" "$LOGS/comm.log" "${SELF[@]}" --json "$LOGS/comm.json"
 # "bench: KERNEL bf16 MB MB G=g T us X GB/s  copy C GB/s  P % of copy (goal >= 80 %)"
 while IFS='|' read -r what detail; do row "codec $what" info "$detail"; done < <(awk '$1 == "bench:" {
-  printf "%s %s MB|%s GB/s = %s %% of copy (%s GB/s; goal 80 %%)\n", $2, $4, $9, $14, $12 }' "$OUT/comm.log" 2>/dev/null)
-cat "$OUT/comm.log" 2>/dev/null || true
+  printf "%s %s MB|%s GB/s = %s %% of copy (%s GB/s; goal 80 %%)\n", $2, $4, $9, $14, $12 }' "$LOGS/comm.log" 2>/dev/null)
+cat "$LOGS/comm.log" 2>/dev/null || true
 
 # ---- 4c. every fixture through the engine: cuda vs cpu at tp 1, 2, 4 ----
-gpu_prog "models cuda vs cpu (tp 1/2/4)" "$T_MODEL" "$MODEL" "$OUT/model.log" "${SELF[@]}"
+gpu_prog "models cuda vs cpu (tp 1/2/4)" "$T_MODEL" "$MODEL" "$LOGS/model.log" "${SELF[@]}"
 for tp in 1 2 4; do
-  w=$(awk -v tp="$tp" '$2 == "tp" && $3 == tp && / exact vs cpu / {sub("rel_err=", "", $8); if ($8 + 0 > m) m = $8 + 0} END {printf "%.2e", m}' "$OUT/model.log" 2>/dev/null)
-  [ -s "$OUT/model.log" ] && row "  worst logits rel err, tp $tp" info "$w (limit max(2e-2, the fixture's bf16 yardstick))"
+  w=$(awk -v tp="$tp" '$2 == "tp" && $3 == tp && / exact vs cpu / {sub("rel_err=", "", $8); if ($8 + 0 > m) m = $8 + 0} END {printf "%.2e", m}' "$LOGS/model.log" 2>/dev/null)
+  [ -s "$LOGS/model.log" ] && row "  worst logits rel err, tp $tp" info "$w (limit max(2e-2, the fixture's bf16 yardstick))"
 done
-hf=$(grep -h 'greedy vs HF' "$OUT/model.log" 2>/dev/null | awk '{print $1": "$7}' | paste -sd' ' | cut -c1-120)
+hf=$(grep -h 'greedy vs HF' "$LOGS/model.log" 2>/dev/null | awk '{print $1": "$7}' | paste -sd' ' | cut -c1-120)
 [ -n "$hf" ] && row "  greedy tokens agreeing with HF" info "$hf"
 # CUDA graphs (decode steps at tp 1): bits == eager, vs cpu, steps taken as graphs
-gl=$(grep -hE ' tp 1 (graphs == eager|graphs vs cpu|graph steps)' "$OUT/model.log" 2>/dev/null || true)
+gl=$(grep -hE ' tp 1 (graphs == eager|graphs vs cpu|graph steps)' "$LOGS/model.log" 2>/dev/null || true)
 if [ -n "$gl" ]; then
   if grep -q 'skipped' <<<"$gl"; then
     row "  cuda graphs (decode, tp 1)" skip "no graphs on $DEV"
@@ -262,7 +290,7 @@ if [ -n "$gl" ]; then
     row "  cuda graphs (decode, tp 1)" info "$(grep -c 'PASS$' <<<"$gl" || true) passed, $(grep -c 'FAIL' <<<"$gl" || true) failed (bits == eager, vs cpu, steps as graphs)"
   fi
 fi
-cat "$OUT/model.log" 2>/dev/null || true
+cat "$LOGS/model.log" 2>/dev/null || true
 
 # ---- 5. greedy generation through the CLI: cuda vs cpu, and cuda vs the HF reference ----
 tokens_of() { sed -n 's/.*"tokens":\[\([^]]*\)\].*/\1/p' "$1"; }
@@ -286,7 +314,7 @@ TMPD=$(mktemp -d /tmp/echo-gpu-gen.XXXXXX)
 if [ ! -x "$GEN" ]; then
   row "generate" FAIL "$GEN was not built"
 elif [ $HAVE_GPU -eq 0 ]; then
-  echo "no GPU: skipped" | tee -a "$OUT/gen.log"
+  echo "no GPU: skipped" | tee -a "$LOGS/gen.log"
   row "generate cuda vs cpu" skip "no GPU: skipped"
 else
   # prompt 1,2,3, 16 greedy tokens per fixture, cpu vs cuda; one summary row
@@ -302,7 +330,7 @@ else
       echo "== $m prompt 1,2,3"
       echo "cpu:  $(cat "$TMPD/cpu.json" "$TMPD/cpu.json.err")"
       echo "cuda: $(cat "$TMPD/cuda.json" "$TMPD/cuda.json.err")"
-    } >>"$OUT/gen.log"
+    } >>"$LOGS/gen.log"
     if [ $okc -eq 0 ] || [ $okg -eq 0 ]; then
       failed="$failed $m($([ $okc -eq 0 ] && echo cpu || echo cuda): $(cat "$TMPD"/*.err | head -1 | cut -c1-60))"
     else
@@ -325,8 +353,8 @@ rm -rf "$TMPD"
 # the whole 36-layer model costs seconds. On DEV=cpu the same steps run on
 # the tiny shape.
 BENCH="$GPU_BUILD/bin/echo-bench"
-: >"$OUT/forward.log"
-rm -f "$OUT/forward.json"
+: >"$LOGS/forward.log"
+rm -f "$LOGS/forward.json"
 fwd_rows() { # forward.json label -> "step|detail" lines for row()
   python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -360,38 +388,38 @@ else
   fi
   set +e
   timeout 300 "$BENCH" forward --device "$DEV" --tp 1 --model "$model" --json "${fwd_args[@]}" \
-    >"$OUT/forward.json" 2>>"$OUT/forward.log"
+    >"$LOGS/forward.json" 2>>"$LOGS/forward.log"
   frc=$?
   set -e
   if [ $frc -ne 0 ]; then
-    row "fwd $label" FAIL "exit $frc: $(tail -1 "$OUT/forward.log" | cut -c1-100)"
+    row "fwd $label" FAIL "exit $frc: $(tail -1 "$LOGS/forward.log" | cut -c1-100)"
   elif ! command -v python3 >/dev/null; then
     row "fwd $label" ok "no python3 to summarise: see forward.json"
   else
-    while IFS='|' read -r step detail; do row "$step" ok "$detail"; done < <(fwd_rows "$OUT/forward.json" "$label")
+    while IFS='|' read -r step detail; do row "$step" ok "$detail"; done < <(fwd_rows "$LOGS/forward.json" "$label")
   fi
-  cat "$OUT/forward.json"
+  cat "$LOGS/forward.json"
 
   # The decode batches again through CUDA graphs (recorded once per batch
   # size, then replayed). --prefill keeps the eager run's longest prompt, so
   # the table capacity (max_model_len, which sets the attention's decode
   # split) is the same in both runs; TTFT and the matmul peak are skipped.
-  rm -f "$OUT/forward-graphs.json"
+  rm -f "$LOGS/forward-graphs.json"
   gfwd_args=(--prefill 8192 --decode-batch 1,16,64 --decode-steps 32 --ttft-len 0 --iters 1 --gemm-dim 0)
   [ "$DEV" = cpu ] && gfwd_args=(--prefill 64 --decode-batch 1,4 --decode-steps 4 --ttft-len 0 --iters 1 \
     --copy-bytes 64M --gemm-dim 0)
   set +e
   timeout 240 "$BENCH" forward --device "$DEV" --tp 1 --model "$model" --json --cuda-graphs "${gfwd_args[@]}" \
-    >"$OUT/forward-graphs.json" 2>>"$OUT/forward.log"
+    >"$LOGS/forward-graphs.json" 2>>"$LOGS/forward.log"
   grc=$?
   set -e
   if [ $grc -ne 0 ]; then
-    row "fwd $label decode graphs" FAIL "exit $grc: $(tail -1 "$OUT/forward.log" | cut -c1-100)"
+    row "fwd $label decode graphs" FAIL "exit $grc: $(tail -1 "$LOGS/forward.log" | cut -c1-100)"
   elif [ $frc -ne 0 ] || ! command -v python3 >/dev/null; then
     row "fwd $label decode graphs" ok "see forward-graphs.json"
   else
     while IFS='|' read -r step result detail; do row "$step" "$result" "$detail"; done < <(
-      python3 - "$OUT/forward.json" "$OUT/forward-graphs.json" "$label" <<'PY'
+      python3 - "$LOGS/forward.json" "$LOGS/forward-graphs.json" "$label" <<'PY'
 import json, sys
 e, g, lab = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
 ed = {r["batch"]: r for r in e["decode"]}
@@ -409,13 +437,13 @@ print(f"fwd {lab} decode tok/s graphs vs eager|{res}|" + ", ".join(cells)
 PY
     )
   fi
-  cat "$OUT/forward-graphs.json"
+  cat "$LOGS/forward-graphs.json"
 fi
 
 # ---- 7. Echo vs NCCL's bf16 all-reduce (needs >= 2 GPUs: rank r on GPU r) ----
 # The published comparison (2.09x at 1 GB on A100). A one-GPU machine skips
 # it; on more, up to 8 ranks, exact (NCCL) and echo at 1 MB .. 1 GB.
-rm -f "$OUT/allreduce.json"
+rm -f "$LOGS/allreduce.json"
 ngpu=0
 command -v nvidia-smi >/dev/null && ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "$DEV" = cpu ]; then
@@ -426,13 +454,13 @@ else
   nr=$((ngpu > 8 ? 8 : ngpu))
   set +e
   timeout 240 "$BENCH" allreduce --transport nccl --ranks "$nr" --algo exact,echo --min-bytes 1M --max-bytes 1G \
-    --iters 5 --json >"$OUT/allreduce.json" 2>>"$OUT/forward.log"
+    --iters 5 --json >"$LOGS/allreduce.json" 2>>"$LOGS/forward.log"
   arc=$?
   set -e
   if [ $arc -ne 0 ]; then
-    row "allreduce nccl echo vs exact" FAIL "exit $arc: $(tail -1 "$OUT/forward.log" | cut -c1-100)"
+    row "allreduce nccl echo vs exact" FAIL "exit $arc: $(tail -1 "$LOGS/forward.log" | cut -c1-100)"
   else
-    row "allreduce nccl echo vs exact" ok "$(python3 - "$OUT/allreduce.json" <<'PY'
+    row "allreduce nccl echo vs exact" ok "$(python3 - "$LOGS/allreduce.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 t = {(r["algo"], r["bytes"]): r for r in rows}

@@ -57,6 +57,13 @@ int lane_id();
 void *dyn_smem();
 [[noreturn]] void die(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* First statement of every kernel (tests/emu/translate.py puts it there
+ * from the kernel's __launch_bounds__): a launch of more threads per block
+ * than the bound is refused by a GPU ("too many resources requested for
+ * launch": ptxas sized the kernel's registers for the bound), so it aborts
+ * here with the kernel and the launch site. */
+void launch_bounds(const char *file, int line, long max_threads);
+
 void syncthreads(const char *file, int line);
 /* op: 0 count, 1 or, 2 and */
 int syncthreads_op(const char *file, int line, int op, int pred);
