@@ -32,7 +32,8 @@ static void check(int ok, const char *what) {
 /* in selftest_bounds.cu (translated): a kernel with __launch_bounds__(64) */
 void selftest_launch_bounded(int *out, unsigned threads);
 
-/* translate.py on a source of one line: its exit status, its message in msg */
+/* translate.py (run from the repository root, as make test-emu does) on a
+ * small source: its exit status, its message in msg */
 static int translate(const char *src, char *msg, size_t cap) {
     char in[] = "/tmp/emu-selftest-XXXXXX.cu";
     int fd = mkstemps(in, 3);

@@ -61,12 +61,12 @@ def closing(text, i):
 
 
 def first_arg(text):
-    """The first top-level comma-separated argument of a macro argument list."""
+    """The first argument of __launch_bounds__(MAX, MIN_BLOCKS, ...)."""
     depth = 0
     for j, c in enumerate(text):
-        if c in '(<[':
+        if c == '(':
             depth += 1
-        elif c in ')>]':
+        elif c == ')':
             depth -= 1
         elif c == ',' and depth == 0:
             return text[:j].strip()
@@ -75,7 +75,7 @@ def first_arg(text):
 
 def add_bounds_checks(text):
     """Insert the launch-bounds check into every kernel definition."""
-    out, pos, n = [], 0, 0
+    out, pos = [], 0
     for m in re.finditer(r'__global__\s+void\s+', text):
         i = m.end()
         bound = None
@@ -101,9 +101,8 @@ def add_bounds_checks(text):
         out.append(text[pos:brace])
         out.append(' emu::launch_bounds(__FILE__, __LINE__, (long)(%s));' % bound)
         pos = brace
-        n += 1
     out.append(text[pos:])
-    return ''.join(out), n
+    return ''.join(out)
 
 
 def launch_count(m):
@@ -112,7 +111,7 @@ def launch_count(m):
     return launch(m)
 
 
-s, n_kernels = add_bounds_checks(s)
+s = add_bounds_checks(s)
 s = re.sub(r'([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>', launch_count, s, flags=re.S)
 s, n_ext = re.subn(
     r'extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([\w\s\*]+?)\s*(\w+)\s*\[\s*\]\s*;',
