@@ -138,6 +138,13 @@ struct EmuSched {
     int nthreads = 0, cur = -1, ndone = 0;
     const LaunchCfg *cfg = nullptr;
     unsigned char *dyn = nullptr;
+    /* this block's static __shared__ variables, one per declaration site */
+    struct SharedVar {
+        const char *file, *name;
+        int line;
+        void *p;
+    };
+    std::vector<SharedVar> shared_vars;
     /* the block barrier in progress */
     int bar_arrived = 0, bar_op = -1, bar_acc_or = 0, bar_acc_and = 1, bar_acc_count = 0;
     const char *bar_file = nullptr;
@@ -302,6 +309,20 @@ void launch_bounds(const char *file, int line, long max_threads) {
             "%ld threads per block, more than the kernel's __launch_bounds__(%ld): a GPU refuses this launch "
             "(cudaErrorLaunchOutOfResources)",
             n, max_threads);
+}
+
+void *block_shared(const char *file, int line, const char *name, size_t bytes, size_t align) {
+    EmuSched *s = tls_sched;
+    if (!s || !s->in_kernel) die(file, line, "__shared__ %s used outside a kernel", name);
+    for (auto &v : s->shared_vars)
+        if (v.line == line && v.name == name && v.file == file) return v.p;
+    /* exactly the variable's bytes (ASan sees overruns), garbage as on a GPU */
+    void *p = nullptr;
+    if (posix_memalign(&p, align < 16 ? 16 : align, bytes ? bytes : 1))
+        die(file, line, "out of memory for __shared__ %s", name);
+    memset(p, 0xff, bytes);
+    s->shared_vars.push_back({file, name, line, p});
+    return p;
 }
 
 void *dyn_smem() {
@@ -530,6 +551,9 @@ static void run_block(EmuSched *s, const LaunchCfg &c, unsigned bx, unsigned by,
     s->cur = -1;
     free(s->dyn);
     s->dyn = nullptr;
+    for (auto &v : s->shared_vars)
+        free(v.p);
+    s->shared_vars.clear();
 }
 
 void run_grid(const LaunchCfg &c, const std::function<void()> &body) {

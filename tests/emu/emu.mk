@@ -107,8 +107,8 @@ $(EMU_DIR)/bin/echo-%: $(EMU_DIR)/obj/tools/echo_%.o $(EMU_DIR)/obj/tools/cli.o 
 
 # The emulator's own checks (tests/emu/selftest.cpp): CUDA semantics the
 # kernels rely on, and misuse that must abort or fail.
-# selftest_bounds.cu goes through translate.py like the product's kernels.
-$(EMU_DIR)/selftest: $(EMU_DIR)/obj/tests/emu/selftest.o $(EMU_DIR)/obj/tests/emu/selftest_bounds.o $(EMU_LIB)
+# selftest_translated.cu goes through translate.py like the product's kernels.
+$(EMU_DIR)/selftest: $(EMU_DIR)/obj/tests/emu/selftest.o $(EMU_DIR)/obj/tests/emu/selftest_translated.o $(EMU_LIB)
 	$(CXX) $(EMU_SAN) $^ -o $@ $(EMU_LDLIBS)
 
 $(EMU_DIR)/obj/tests/emu/selftest.o: tests/emu/selftest.cpp $(EMU_FLAGS_STAMP)

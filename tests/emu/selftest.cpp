@@ -29,8 +29,11 @@ static void check(int ok, const char *what) {
     printf("selftest %-60s %s\n", what, ok ? "PASS" : "FAIL");
 }
 
-/* in selftest_bounds.cu (translated): a kernel with __launch_bounds__(64) */
+/* in selftest_translated.cu (translated): a kernel with __launch_bounds__(64);
+ * kernels with static __shared__ variables */
 void selftest_launch_bounded(int *out, unsigned threads);
+void selftest_launch_shared(unsigned *out, unsigned blocks);
+void selftest_launch_shared_overrun(int *out);
 
 /* translate.py (run from the repository root, as make test-emu does) on a
  * small source: its exit status, its message in msg */
@@ -401,6 +404,33 @@ int main(void) {
         rc = translate("__global__ void k(int *p);\n__global__ void __launch_bounds__(32) k(int *p) { p[0] = 1; }\n",
                        msg, sizeof msg);
         check(rc == 0, "translate.py: a declaration needs no bounds, the definition has them");
+    }
+
+    /* static __shared__ (translated): per block, garbage at the start, overruns seen */
+    {
+        enum { NB = 8 };
+        unsigned *d = NULL, h[3 * NB];
+        cudaMalloc((void **)&d, sizeof h);
+        selftest_launch_shared(d, NB);
+        cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+        int garbage = 1, aligned = 1;
+        for (int b = 0; b < NB; b++) {
+            garbage &= h[3 * b] == 0xffffffffu && h[3 * b + 1] == 0xffffffffu;
+            aligned &= h[3 * b + 2] == 0;
+        }
+        check(garbage, "static __shared__: every block starts with garbage, not another block's values");
+        check(aligned, "static __shared__: __align__(16) honoured");
+        int *o = NULL;
+        cudaMalloc((void **)&o, 32 * sizeof(int));
+        check(dies([o] { selftest_launch_shared_overrun(o); }), "static __shared__ overrun is an ASan report");
+        cudaFree(o);
+        cudaFree(d);
+        char msg[512];
+        int rc = translate("__global__ void __launch_bounds__(32) k(int *p) {\n"
+                           "    __shared__ int a[4], *q;\n    p[0] = a[0];\n}\n",
+                           msg, sizeof msg);
+        check(rc != 0 && strstr(msg, "cannot read the __shared__ declarator"),
+              "translate.py stops at a __shared__ declarator it cannot read");
     }
 
     /* graphs: recorded, replayed, a pinned source read at replay */

@@ -11,6 +11,9 @@ file is compiled as it is, against tests/emu/include:
      (it cannot be named without them; such kernels use no opt-in).
   extern __shared__ [__align__(n)] T name[];
       -> T *name = (T *)emu::dyn_smem();
+  __shared__ [__align__(n)] T a[N][M], b;
+      -> T (&a)[N][M] = *(T (*)[N][M])emu::block_shared(...); T &b = ...;
+     storage per block, fresh garbage for each block, overruns seen by ASan
 and one statement is added: every kernel definition must declare
 __launch_bounds__(MAX[, ...]) (so ptxas sizes its registers for its largest
 block, and a launch beyond it is refused on a GPU), and gets
@@ -105,6 +108,46 @@ def add_bounds_checks(text):
     return ''.join(out)
 
 
+def split_top(text):
+    """Split a declarator list at the commas outside brackets and parentheses."""
+    parts, depth, start = [], 0, 0
+    for j, c in enumerate(text):
+        if c in '([':
+            depth += 1
+        elif c in ')]':
+            depth -= 1
+        elif c == ',' and depth == 0:
+            parts.append(text[start:j])
+            start = j + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def static_shared(m):
+    """`__shared__ [__align__(n)] T a[..], b;` -> references into emu::block_shared storage."""
+    align = m.group(2) or '0'
+    decls = split_top(m.group(3))
+    first = re.match(r'^(.*?)\s*\b(\w+)\s*((?:\[[^\]]*\]\s*)*)$', decls[0], flags=re.S)
+    if not first or not first.group(1).strip():
+        sys.exit('translate.py: %s: cannot read the __shared__ declaration "%s"' % (src_path, m.group(0)))
+    ctype = first.group(1).strip()
+    items = [(first.group(2), first.group(3))]
+    for d in decls[1:]:
+        dm = re.match(r'^(\w+)\s*((?:\[[^\]]*\]\s*)*)$', d)
+        if not dm:
+            sys.exit('translate.py: %s: cannot read the __shared__ declarator "%s"' % (src_path, d))
+        items.append((dm.group(1), dm.group(2)))
+    out = []
+    for name, dims in items:
+        dims = ''.join(dims.split())
+        full = '%s%s' % (ctype, dims)  # the variable's type, e.g. float[4][32]
+        ref = '%s (&%s)%s' % (ctype, name, dims) if dims else '%s &%s' % (ctype, name)
+        ptr = '(%s (*)%s)' % (ctype, dims) if dims else '(%s *)' % ctype
+        out.append('%s = *%semu::block_shared(__FILE__, __LINE__, "%s", sizeof(%s), %s);'
+                   % (ref, ptr, name, full, align))
+    return ' '.join(out) + '\n' * m.group(0).count('\n')
+
+
 def launch_count(m):
     global n_launch
     n_launch += 1
@@ -116,10 +159,15 @@ s = re.sub(r'([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>', launch_count, s, 
 s, n_ext = re.subn(
     r'extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([\w\s\*]+?)\s*(\w+)\s*\[\s*\]\s*;',
     lambda m: '%s *%s = (%s *)emu::dyn_smem();' % (m.group(1), m.group(2), m.group(1)), s)
+# declarations that begin a line (so a comment that names __shared__ is left alone)
+s = re.sub(r'(?m)^([ \t]*)__shared__\s+(?:__align__\s*\(\s*(\d+)\s*\)\s*)?([^;]*);',
+           lambda m: m.group(1) + static_shared(m), s)
 if '<<<' in s or '>>>' in s:
     sys.exit('translate.py: %s: a launch was not rewritten' % src_path)
 if re.search(r'extern\s+__shared__', s):
     sys.exit('translate.py: %s: an extern __shared__ declaration was not rewritten' % src_path)
+if re.search(r'(?m)^[ \t]*__shared__\b', s):
+    sys.exit('translate.py: %s: a __shared__ declaration was not rewritten' % src_path)
 with open(out_path, 'w') as f:
     f.write('#line 1 "%s"\n' % src_path)
     f.write(s)

@@ -31,8 +31,10 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
-/* one copy per host thread: the blocks of a launch run one after another
- * on the thread that launched them */
+/* Only for sources translate.py did not rewrite (the selftest's kernels):
+ * one copy per host thread, so a block starts with the previous block's
+ * values and ASan does not see overruns. In translated sources every static
+ * __shared__ declaration becomes emu::block_shared storage instead. */
 #define __shared__ static thread_local
 #define __constant__ static
 
@@ -56,6 +58,14 @@ int lane_id();
 /* this block's dynamic shared memory (the launch's third parameter) */
 void *dyn_smem();
 [[noreturn]] void die(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* A static __shared__ variable of the block (translate.py rewrites every
+ * `__shared__ T name[...];` of a kernel source into a reference to this):
+ * one allocation per block and declaration site, made with exactly the
+ * variable's bytes (ASan sees overruns) and filled with 0xff garbage by the
+ * first thread of the block that reaches the declaration, freed when the
+ * block ends, so no block sees another block's values. */
+void *block_shared(const char *file, int line, const char *name, size_t bytes, size_t align);
 
 /* First statement of every kernel (tests/emu/translate.py puts it there
  * from the kernel's __launch_bounds__): a launch of more threads per block
