@@ -315,7 +315,8 @@ void *block_shared(const char *file, int line, const char *name, size_t bytes, s
     EmuSched *s = tls_sched;
     if (!s || !s->in_kernel) die(file, line, "__shared__ %s used outside a kernel", name);
     for (auto &v : s->shared_vars)
-        if (v.line == line && v.name == name && v.file == file) return v.p;
+        if (v.line == line && (v.name == name || !strcmp(v.name, name)) && (v.file == file || !strcmp(v.file, file)))
+            return v.p;
     /* exactly the variable's bytes (ASan sees overruns), garbage as on a GPU */
     void *p = nullptr;
     if (posix_memalign(&p, align < 16 ? 16 : align, bytes ? bytes : 1))

@@ -39,10 +39,14 @@ EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) -g $(WARN) -pthread -MMD -MP -I. $(EMU_INC
 # they move data through vector types (uint4, float4 over bf16 rows) the way
 # CUDA code does, which g++ may only compile as meant without strict
 # aliasing.
+# The headers of kernels/cuda/ hold device code too (cuda_block_sum's static
+# __shared__ variables): translated like the .cu files, into gen/, which is
+# searched before the source tree.
+EMU_GEN_HDRS := $(patsubst %,$(EMU_DIR)/gen/%,$(wildcard kernels/cuda/*.h))
 EMU_KERN_CXXFLAGS := -std=c++17 $(EMU_OPT) -g -fno-strict-aliasing -Wall -Wextra -Werror -Wno-unknown-pragmas \
                      -Wno-unused-function \
-                     -Wno-unused-parameter -Wno-unused-variable -pthread -MMD -MP -I. $(EMU_INC) -DECHO_HAVE_CUDA=1 \
-                     $(EMU_SAN)
+                     -Wno-unused-parameter -Wno-unused-variable -pthread -MMD -MP -I$(EMU_DIR)/gen -I. $(EMU_INC) \
+                     -DECHO_HAVE_CUDA=1 $(EMU_SAN)
 
 EMU_LIB_OBJ := $(LIB_C_SRC:%.c=$(EMU_DIR)/obj/%.o) $(LIB_CC_SRC:%.cc=$(EMU_DIR)/obj/%.o) \
                $(CU_SRC:%.cu=$(EMU_DIR)/obj/%.o)
@@ -63,7 +67,7 @@ $(EMU_FLAGS_STAMP): emu-force
 emu-force:
 
 .PHONY: test-emu emu-build emu-force
-.PRECIOUS: $(EMU_DIR)/gen/%.cpp
+.PRECIOUS: $(EMU_DIR)/gen/%.cpp $(EMU_DIR)/gen/%.h
 emu-build: $(EMU_TESTS)
 
 $(EMU_DIR)/obj/%.o: %.c $(EMU_FLAGS_STAMP)
@@ -83,7 +87,11 @@ $(EMU_DIR)/gen/%.cpp: %.cu tests/emu/translate.py
 	@mkdir -p $(dir $@)
 	python3 tests/emu/translate.py $< $@
 
-$(EMU_DIR)/obj/%.o: $(EMU_DIR)/gen/%.cpp $(EMU_FLAGS_STAMP)
+$(EMU_DIR)/gen/%.h: %.h tests/emu/translate.py
+	@mkdir -p $(dir $@)
+	python3 tests/emu/translate.py $< $@
+
+$(EMU_DIR)/obj/%.o: $(EMU_DIR)/gen/%.cpp $(EMU_FLAGS_STAMP) $(EMU_GEN_HDRS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_KERN_CXXFLAGS) -c $< -o $@
 
