@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Rewrite a CUDA source into C++ the emulator compiles (tests/emu).
 
-Only the two constructs g++ cannot parse are rewritten; the rest of the
-file is compiled as it is, against tests/emu/include:
+Only what g++ cannot parse, or would give host semantics, is rewritten; the
+rest of the file is compiled as it is, against tests/emu/include:
   kernel<<<grid, block[, smem[, stream]]>>>(args)
       -> (emu::Launcher(__FILE__, __LINE__, "kernel", ID, grid, block...)
              ->* [](auto... a) { kernel(a...); })(args)
@@ -21,7 +21,7 @@ emu::launch_bounds(__FILE__, __LINE__, MAX); as its first statement, which
 aborts a launch of more than MAX threads per block. A kernel without
 __launch_bounds__ stops the translation.
 A #line directive keeps diagnostics and __FILE__ pointing at the original.
-Usage: translate.py IN.cu OUT.cpp
+Usage: translate.py IN.cu OUT.cpp   (or IN.h OUT.h for a header of device code)
 """
 import re
 import sys
