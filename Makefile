@@ -65,8 +65,12 @@ ifneq ($(LIB_CC_SRC),)
   LDLIBS += $(shell pkg-config --libs sentencepiece 2>/dev/null || echo -lsentencepiece) -lstdc++
 endif
 
+# The GPU architectures and device-code options, also what
+# check-cuda-resources reports on.
+NVCC_ARCHS ?= 80 90
+NVCC_OPT   ?= -O3 -std=c++17
 ifeq ($(CUDA),1)
-  NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+  NVCCFLAGS ?= $(NVCC_OPT) $(foreach a,$(NVCC_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                -Xcompiler "-Wall -Wextra -Werror" -I. -I$(CUDA_HOME)/include
   CFLAGS  += -DECHO_HAVE_CUDA=1 -I$(CUDA_HOME)/include
   LIB_OBJ += $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
@@ -175,11 +179,13 @@ test: deps
 	$(if $(filter 1,$(CUDA)),$(MAKE) check-cuda-resources)
 
 # What ptxas gives every CUDA kernel (registers, shared memory, stack,
-# spills) for sm_80 and sm_90; fails when a kernel spills registers. Needs
-# nvcc, not a GPU: part of `make test` when the cuda backend is built.
+# spills) for each of NVCC_ARCHS, built with NVCC_OPT like the library;
+# fails when a kernel spills registers. Needs nvcc, not a GPU: part of
+# `make test` when the cuda backend is built, and a step of tests/gpu/run.sh.
 .PHONY: check-cuda-resources
 check-cuda-resources:
-	python3 tests/gpu/resources.py --nvcc "$(NVCC)" --jobs "$$(nproc)"
+	python3 tests/gpu/resources.py --nvcc "$(NVCC)" --archs "$(NVCC_ARCHS)" --flags "$(NVCC_OPT)" \
+	  --jobs "$$(nproc)" $(CU_SRC)
 
 test-asan: deps
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \

@@ -47,9 +47,6 @@ def launch(m):
             % (name.replace('"', ''), ident, cfg1, name)) + '\n' * nl
 
 
-n_launch = 0
-
-
 def closing(text, i):
     """Index of the parenthesis closing the one at text[i]."""
     depth = 0
@@ -148,15 +145,9 @@ def static_shared(m):
     return ' '.join(out) + '\n' * m.group(0).count('\n')
 
 
-def launch_count(m):
-    global n_launch
-    n_launch += 1
-    return launch(m)
-
-
 s = add_bounds_checks(s)
-s = re.sub(r'([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>', launch_count, s, flags=re.S)
-s, n_ext = re.subn(
+s = re.sub(r'([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>', launch, s, flags=re.S)
+s = re.sub(
     r'extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([\w\s\*]+?)\s*(\w+)\s*\[\s*\]\s*;',
     lambda m: '%s *%s = (%s *)emu::dyn_smem();' % (m.group(1), m.group(2), m.group(1)), s)
 # declarations that begin a line (so a comment that names __shared__ is left alone)

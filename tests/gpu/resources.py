@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""What ptxas gives each CUDA kernel, for sm_80 and sm_90; fails on spills.
+"""What ptxas gives each CUDA kernel, per architecture; fails on spills.
 
-Compiles every kernel source (kernels/cuda/*.cu, comm/*.cu) to a cubin per
-architecture with `nvcc --resource-usage` (device code only, so it needs no
+Compiles each kernel source given to a cubin per architecture with
+`nvcc --resource-usage` and the build's device-code options (device code
+only, so it needs no
 GPU) and prints, for each kernel, its registers per thread, static shared
 memory, stack frame and spilled bytes. A kernel that spills registers to
 local memory on either architecture fails the check: every kernel declares
@@ -11,31 +12,31 @@ largest block and spills only when the kernel needs more registers than that
 block may have, a slowdown that no emulator run shows. A stack frame without
 spills (a local array indexed at run time) is reported, not failed.
 
-  tests/gpu/resources.py [--nvcc PATH] [--jobs N] [FILE.cu ...]
+  tests/gpu/resources.py --nvcc PATH --archs "80 90" --flags "-O3 ..." [--jobs N] FILE.cu ...
 
 Exit status: 0 clean, 1 a kernel spills, 2 nvcc failed or printed nothing.
-Run by `make check-cuda-resources` (part of `make test` when nvcc is
-present) and by tests/gpu/run.sh.
+Run through `make check-cuda-resources`, which passes the Makefile's
+NVCC_ARCHS, NVCC_OPT and kernel sources (part of `make test` when nvcc is
+present, and a step of tests/gpu/run.sh).
 """
 import argparse
 import concurrent.futures
-import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 
-ARCHS = ("80", "90")
 ENTRY = re.compile(r"Compiling entry function '(\S+)' for 'sm_(\d+)'")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
 
 
-def compile_one(nvcc, src, arch, tmp):
+def compile_one(nvcc, flags, src, arch, tmp):
     out = os.path.join(tmp, "%s.sm_%s.cubin" % (os.path.basename(src), arch))
-    cmd = [nvcc, "-O3", "-std=c++17", "-cubin", "-arch=sm_" + arch, "-I.", "--resource-usage", src, "-o", out]
+    cmd = [nvcc] + flags + ["-cubin", "-arch=sm_" + arch, "-I.", "--resource-usage", src, "-o", out]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return src, arch, p.returncode, p.stdout
 
@@ -74,18 +75,20 @@ def demangle(names):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nvcc", default=os.environ.get("NVCC") or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
+    ap.add_argument("--nvcc", required=True)
+    ap.add_argument("--archs", required=True, help="compute capabilities, e.g. \"80 90\"")
+    ap.add_argument("--flags", required=True, help="device-code options of the build, e.g. \"-O3 -std=c++17\"")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("files", nargs="*")
+    ap.add_argument("files", nargs="+")
     a = ap.parse_args()
-    files = a.files or sorted(glob.glob("kernels/cuda/*.cu") + glob.glob("comm/*.cu"))
+    archs, flags = a.archs.split(), shlex.split(a.flags)
     if not os.path.exists(a.nvcc) and not shutil.which(a.nvcc):
         print("resources.py: no nvcc at %s" % a.nvcc, file=sys.stderr)
         return 2
     rows, failed_compile = {}, []
     with tempfile.TemporaryDirectory(prefix="echo-res.") as tmp:
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as ex:
-            jobs = [ex.submit(compile_one, a.nvcc, f, arch, tmp) for f in files for arch in ARCHS]
+            jobs = [ex.submit(compile_one, a.nvcc, flags, f, arch, tmp) for f in a.files for arch in archs]
             for j in jobs:
                 src, arch, rc, text = j.result()
                 if rc != 0:
@@ -116,7 +119,7 @@ def main():
         print("(lower the kernel's __launch_bounds__ if its launches use smaller blocks, or cut its live registers)")
         return 1
     print("\nresources: %d kernel instances x %d architectures, no spills; most registers %d (%s)" %
-          (nk, len(ARCHS), max(v["reg"] for v in rows.values()),
+          (nk, len(archs), max(v["reg"] for v in rows.values()),
            names[max(rows.items(), key=lambda kv: kv[1]["reg"])[0][0]]))
     return 0
 

@@ -201,14 +201,17 @@ else
 fi
 # registers, shared memory and spills per kernel, as ptxas gives them
 set +e
-timeout 120 python3 tests/gpu/resources.py --nvcc "$CUDA_HOME/bin/nvcc" --jobs "$JOBS" >"$LOGS/resources.log" 2>&1
+timeout 120 make -s CUDA=1 CUDA_HOME="$CUDA_HOME" NVCC="$CUDA_HOME/bin/nvcc" check-cuda-resources \
+  >"$LOGS/resources.log" 2>&1
 rrc=$?
 set -e
-case $rrc in
-0) row "kernel resources (ptxas)" ok "$(tail -1 "$LOGS/resources.log" | sed 's/^resources: //' | cut -c1-110)" ;;
-1) row "kernel resources (ptxas)" FAIL "$(grep -m1 -A1 '^FAIL' "$LOGS/resources.log" | tail -1 | cut -c1-110)" ;;
-*) row "kernel resources (ptxas)" FAIL "exit $rrc: $(tail -1 "$LOGS/resources.log" | cut -c1-100)" ;;
-esac
+if [ $rrc -eq 0 ]; then
+  row "kernel resources (ptxas)" ok "$(tail -1 "$LOGS/resources.log" | sed 's/^resources: //' | cut -c1-110)"
+elif grep -q '^FAIL' "$LOGS/resources.log"; then
+  row "kernel resources (ptxas)" FAIL "$(grep -m1 -A1 '^FAIL' "$LOGS/resources.log" | tail -1 | cut -c1-110)"
+else
+  row "kernel resources (ptxas)" FAIL "exit $rrc: $(tail -1 "$LOGS/resources.log" | cut -c1-100)"
+fi
 if [ $BUILD_ONLY -eq 1 ]; then
   for b in "$OPS" "$COMM" "$MODEL" "$GEN"; do
     [ -x "$b" ] && row "built $(basename "$b")" ok "" || row "built $(basename "$b")" FAIL "missing"
