@@ -46,6 +46,11 @@ int tok_utf8_lossy(const char *src, size_t len, int final, tok_buf *out, size_t 
 int tok_id_bytes(const struct tok_tokenizer *t, int32_t id, int skip_special, int first,
                  const char **p, size_t *n);
 
+/* 1 when the first-token rule of tok_id_bytes applies to the first token
+ * emitted even if it is empty (HF decoders count tokens), 0 when it applies
+ * to the first non-empty one (SentencePiece). */
+int tok_first_by_token(const struct tok_tokenizer *t);
+
 /* SentencePiece C API over the C++ library (tokenizer/sentencepiece.cc). */
 typedef struct tok_spm tok_spm;
 enum { TOK_SPM_NORMAL = 0, TOK_SPM_CONTROL, TOK_SPM_UNKNOWN, TOK_SPM_BYTE, TOK_SPM_USER, TOK_SPM_UNUSED };

@@ -11,6 +11,7 @@
 #include "tokenizer/internal.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <pcre2.h>
@@ -28,17 +29,42 @@ enum { SPLIT_ISOLATED, SPLIT_REMOVED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLI
 enum { FLAG_SPECIAL = 1, FLAG_ADDED = 2 };
 
 typedef struct {
-    char *s;
+    char *s; /* content */
     size_t len;
+    char *m; /* what is matched: the content, normalized when "normalized" */
+    size_t mlen;
     int32_t id;
     int special, normalized, lstrip, rstrip, single_word;
 } added_tok;
 
+/* Pre-tokenizer steps run in order over the pieces of a segment. A regex
+ * step splits (Split, Digits, Punctuation, Whitespace[Split], ByteLevel's
+ * GPT-2 regex); the other two rewrite each piece before splitting it. */
+enum { PRE_REGEX, PRE_PREFIX_SPACE, PRE_METASPACE };
+enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
+#define MAX_PRE 8
 typedef struct {
-    pcre2_code *re;
+    int type;
+    pcre2_code *re; /* PRE_METASPACE: the replacement as a literal */
     int jit;
     int behavior, invert;
+    char rep[8]; /* PRE_METASPACE replacement (one character) */
+    size_t rep_len;
+    int prepend, msplit;
 } pre_step;
+
+/* Normalizer steps, applied in order to each segment between added tokens. */
+enum { NORM_UNICODE, NORM_LOWER, NORM_REPLACE, NORM_PREPEND, NORM_STRIP };
+#define MAX_NORM 8
+typedef struct {
+    int type;
+    int opt;        /* NORM_UNICODE: utf8proc options */
+    pcre2_code *re; /* NORM_REPLACE */
+    int jit;
+    char *content; /* NORM_REPLACE / NORM_PREPEND */
+    size_t clen;
+    int left, right; /* NORM_STRIP */
+} norm_step;
 
 typedef struct {
     uint64_t key; /* (left+1) << 32 | right; 0 = empty slot */
@@ -83,11 +109,18 @@ struct tok_tokenizer {
     size_t n_added;
     int has_normalized_added;
     uint8_t added_first[256]; /* bit0: raw-matched token starts with byte, bit1: normalized */
-    int norm[4]; /* utf8proc option sets, applied in order */
+    norm_step norm[MAX_NORM];
     int n_norm;
-    pre_step pre[4];
+    pre_step pre[MAX_PRE];
     int n_pre;
     int prefix_space;
+    /* Vocab strings are the ByteLevel alphabet (BPE over bytes) or plain
+     * text (BPE over characters, Metaspace family). */
+    int char_level;
+    int byte_fallback, fuse_unk;
+    int32_t fallback_id[256]; /* "<0xXX>" tokens, -1 when absent */
+    int strip_first; /* decode: drop the first token's leading spaces (1 all, 2 one) */
+    uint32_t *surf_off, *surf_len; /* character-level: decode surface per id */
     int32_t *post_pre, *post_suf; /* ids added around the text by add_special */
     size_t n_post_pre, n_post_suf;
     int32_t eos_id;
@@ -139,6 +172,10 @@ static size_t byte_level_decode(const char *s, size_t len, const int16_t u2b[0x1
     }
     return n;
 }
+
+/* Vocab string -> the bytes BPE works on (identity for character-level). */
+static size_t key_decode(const struct tok_tokenizer *t, const char *s, size_t len,
+                         const int16_t u2b[0x144], char *out);
 
 /* ---------- hashing ---------- */
 
@@ -194,6 +231,15 @@ static const merge_slot *merge_find(const tok_tokenizer *t, int32_t a, int32_t b
     }
 }
 
+static size_t key_decode(const tok_tokenizer *t, const char *s, size_t len, const int16_t u2b[0x144],
+                         char *out) {
+    if (t->char_level) {
+        memcpy(out, s, len);
+        return len;
+    }
+    return byte_level_decode(s, len, u2b, out);
+}
+
 /* ---------- lifecycle ---------- */
 
 void tok_free(tok_tokenizer *t) {
@@ -201,12 +247,21 @@ void tok_free(tok_tokenizer *t) {
     free(t->id_off);
     free(t->id_len);
     free(t->id_flags);
+    free(t->surf_off);
+    free(t->surf_len);
     free(t->blob);
     free(t->vocab_slots);
     free(t->merges);
-    for (size_t i = 0; i < t->n_added; i++) free(t->added[i].s);
+    for (size_t i = 0; i < t->n_added; i++) {
+        if (t->added[i].m != t->added[i].s) free(t->added[i].m);
+        free(t->added[i].s);
+    }
     free(t->added);
     for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
+    for (int i = 0; i < t->n_norm; i++) {
+        pcre2_code_free(t->norm[i].re);
+        free(t->norm[i].content);
+    }
     free(t->post_pre);
     free(t->post_suf);
     if (t->spm) tok_spm_free(t->spm);
@@ -269,54 +324,6 @@ static int jbool(json_t *o, const char *key, int dflt) {
     return json_is_boolean(v) ? json_is_true(v) : dflt;
 }
 
-static int parse_normalizer(tok_tokenizer *t, json_t *n, char *err, size_t errlen) {
-    if (!n || json_is_null(n)) return TOK_OK;
-    const char *type = jstr(n, "type");
-    if (!type) return tok_err(err, errlen, TOK_EFORMAT, "normalizer: missing \"type\"");
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(n, "normalizers");
-        if (!json_is_array(arr))
-            return tok_err(err, errlen, TOK_EFORMAT, "normalizer Sequence: missing array");
-        size_t i;
-        json_t *v;
-        json_array_foreach(arr, i, v) {
-            int rc = parse_normalizer(t, v, err, errlen);
-            if (rc) return rc;
-        }
-        return TOK_OK;
-    }
-    int opt;
-    if (!strcmp(type, "NFC")) opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
-    else if (!strcmp(type, "NFD")) opt = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE;
-    else if (!strcmp(type, "NFKC")) opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
-    else if (!strcmp(type, "NFKD")) opt = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-    else return tok_err(err, errlen, TOK_EFORMAT, "unsupported normalizer type '%s'", type);
-    if (t->n_norm == 4) return tok_err(err, errlen, TOK_EFORMAT, "too many normalizers");
-    t->norm[t->n_norm++] = opt;
-    return TOK_OK;
-}
-
-static int add_regex_step(tok_tokenizer *t, const char *pat, size_t patlen, int literal,
-                          int behavior, int invert, char *err, size_t errlen) {
-    if (t->n_pre == 4) return tok_err(err, errlen, TOK_EFORMAT, "too many pre-tokenizers");
-    int ec;
-    PCRE2_SIZE eo;
-    uint32_t flags = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, patlen, flags, &ec, &eo, NULL);
-    if (!re) {
-        PCRE2_UCHAR msg[160];
-        pcre2_get_error_message(ec, msg, sizeof msg);
-        return tok_err(err, errlen, TOK_EFORMAT, "pre-tokenizer regex: %s at offset %zu",
-                       (const char *)msg, (size_t)eo);
-    }
-    pre_step *s = &t->pre[t->n_pre++];
-    s->re = re;
-    s->jit = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
-    s->behavior = behavior;
-    s->invert = invert;
-    return TOK_OK;
-}
-
 /* Oniguruma (what HF uses) and PCRE2 disagree on \s: PCRE2 adds U+180E,
  * which Unicode no longer counts as White_Space. Spell \s out as the
  * White_Space property set so both engines see the same class. */
@@ -359,10 +366,168 @@ static char *translate_regex(const char *pat, size_t *outlen) {
     return out;
 }
 
+static pcre2_code *compile_re(const char *pat, size_t patlen, int literal, int *jit, char *err,
+                              size_t errlen, int *rc) {
+    int ec;
+    PCRE2_SIZE eo;
+    /* PCRE2 refuses UCP together with LITERAL (and a literal needs none). */
+    uint32_t flags = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, patlen, flags, &ec, &eo, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        *rc = tok_err(err, errlen, TOK_EFORMAT, "regex: %s at offset %zu", (const char *)msg, (size_t)eo);
+        return NULL;
+    }
+    *jit = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
+    *rc = TOK_OK;
+    return re;
+}
+
+/* A {"String": s} or {"Regex": r} pattern, compiled (\s as Oniguruma sees it). */
+static pcre2_code *compile_pattern(json_t *pat, const char *what, int *jit, char *err, size_t errlen,
+                                   int *rc) {
+    const char *re = jstr(pat, "Regex"), *lit = jstr(pat, "String");
+    if (!re && !lit) {
+        *rc = tok_err(err, errlen, TOK_EFORMAT, "%s: pattern needs Regex or String", what);
+        return NULL;
+    }
+    char sub[200];
+    pcre2_code *c;
+    if (lit) {
+        c = compile_re(lit, json_string_length(json_object_get(pat, "String")), 1, jit, sub,
+                       sizeof sub, rc);
+    } else {
+        size_t n;
+        char *pc = translate_regex(re, &n);
+        if (!pc) {
+            *rc = tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+            return NULL;
+        }
+        c = compile_re(pc, n, 0, jit, sub, sizeof sub, rc);
+        free(pc);
+    }
+    if (!c && *rc == TOK_EFORMAT) tok_err(err, errlen, *rc, "%s %s", what, sub);
+    else if (!c) tok_err(err, errlen, *rc, "%s", sub);
+    return c;
+}
+
+static int parse_normalizer(tok_tokenizer *t, json_t *n, char *err, size_t errlen) {
+    if (!n || json_is_null(n)) return TOK_OK;
+    const char *type = jstr(n, "type");
+    if (!type) return tok_err(err, errlen, TOK_EFORMAT, "normalizer: missing \"type\"");
+    if (!strcmp(type, "Sequence")) {
+        json_t *arr = json_object_get(n, "normalizers");
+        if (!json_is_array(arr))
+            return tok_err(err, errlen, TOK_EFORMAT, "normalizer Sequence: missing array");
+        size_t i;
+        json_t *v;
+        json_array_foreach(arr, i, v) {
+            int rc = parse_normalizer(t, v, err, errlen);
+            if (rc) return rc;
+        }
+        return TOK_OK;
+    }
+    if (t->n_norm == MAX_NORM) return tok_err(err, errlen, TOK_EFORMAT, "too many normalizers");
+    norm_step *ns = &t->norm[t->n_norm];
+    memset(ns, 0, sizeof *ns);
+    int rc = TOK_OK;
+    if (!strcmp(type, "NFC")) ns->opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
+    else if (!strcmp(type, "NFD")) ns->opt = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE;
+    else if (!strcmp(type, "NFKC")) ns->opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+    else if (!strcmp(type, "NFKD")) ns->opt = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+    if (ns->opt) {
+        ns->type = NORM_UNICODE;
+    } else if (!strcmp(type, "Lowercase")) {
+        ns->type = NORM_LOWER;
+    } else if (!strcmp(type, "Strip")) {
+        ns->type = NORM_STRIP;
+        ns->left = jbool(n, "strip_left", 1);
+        ns->right = jbool(n, "strip_right", 1);
+    } else if (!strcmp(type, "Prepend") || !strcmp(type, "Replace")) {
+        int repl = type[0] == 'R';
+        json_t *c = json_object_get(n, repl ? "content" : "prepend");
+        if (!json_is_string(c))
+            return tok_err(err, errlen, TOK_EFORMAT, "normalizer %s: missing \"%s\"", type,
+                           repl ? "content" : "prepend");
+        ns->type = repl ? NORM_REPLACE : NORM_PREPEND;
+        ns->clen = json_string_length(c);
+        if (tok_utf8_valid_prefix(json_string_value(c), ns->clen) != ns->clen)
+            return tok_err(err, errlen, TOK_EFORMAT, "normalizer %s: invalid UTF-8", type);
+        ns->content = malloc(ns->clen + 1);
+        if (!ns->content) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+        memcpy(ns->content, json_string_value(c), ns->clen + 1);
+        if (repl) {
+            ns->re = compile_pattern(json_object_get(n, "pattern"), "normalizer Replace", &ns->jit, err,
+                                     errlen, &rc);
+            if (!ns->re) {
+                free(ns->content);
+                return rc;
+            }
+        }
+    } else {
+        return tok_err(err, errlen, TOK_EFORMAT, "unsupported normalizer type '%s'", type);
+    }
+    t->n_norm++;
+    return TOK_OK;
+}
+
+static pre_step *new_pre(tok_tokenizer *t, int type, char *err, size_t errlen) {
+    if (t->n_pre == MAX_PRE) {
+        tok_err(err, errlen, TOK_EFORMAT, "too many pre-tokenizers");
+        return NULL;
+    }
+    pre_step *s = &t->pre[t->n_pre++];
+    memset(s, 0, sizeof *s);
+    s->type = type;
+    return s;
+}
+
+static int add_regex_step(tok_tokenizer *t, const char *pat, int behavior, int invert, char *err,
+                          size_t errlen) {
+    size_t n;
+    char *pc = translate_regex(pat, &n);
+    if (!pc) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+    int rc, jit;
+    char sub[200];
+    pcre2_code *re = compile_re(pc, n, 0, &jit, sub, sizeof sub, &rc);
+    free(pc);
+    if (!re) return tok_err(err, errlen, rc, "pre-tokenizer %s", sub);
+    pre_step *s = new_pre(t, PRE_REGEX, err, errlen);
+    if (!s) {
+        pcre2_code_free(re);
+        return TOK_EFORMAT;
+    }
+    s->re = re;
+    s->jit = jit;
+    s->behavior = behavior;
+    s->invert = invert;
+    return TOK_OK;
+}
+
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+/* Rust's char::is_numeric (Digits), is_ascii_punctuation || Unicode P*
+ * (Punctuation), Oniguruma's \w = Letter|Mark|Number|Pc (Whitespace). */
+static const char DIGIT_PATTERN[] = "\\p{N}";
+static const char DIGITS_PATTERN[] = "\\p{N}+";
+static const char PUNCT_PATTERN[] = "[\\p{P}\\x21-\\x2F\\x3A-\\x40\\x5B-\\x60\\x7B-\\x7E]";
+static const char WHITESPACE_PATTERN[] = "[\\p{L}\\p{M}\\p{N}\\p{Pc}]+|[^\\p{L}\\p{M}\\p{N}\\p{Pc}\\s]+";
+static const char WS_PATTERN[] = "\\s";
 
-static int parse_pretok(tok_tokenizer *t, json_t *p, int *byte_level, char *err, size_t errlen) {
+static int parse_behavior(const char *b, int *beh) {
+    if (!strcmp(b, "Isolated")) *beh = SPLIT_ISOLATED;
+    else if (!strcmp(b, "Removed")) *beh = SPLIT_REMOVED;
+    else if (!strcmp(b, "MergedWithPrevious")) *beh = SPLIT_MERGED_PREV;
+    else if (!strcmp(b, "MergedWithNext")) *beh = SPLIT_MERGED_NEXT;
+    else if (!strcmp(b, "Contiguous")) *beh = SPLIT_CONTIGUOUS;
+    else return -1;
+    return 0;
+}
+
+/* *mode: 0 nothing yet, 1 ByteLevel seen, 2 Metaspace seen. Splitting
+ * after ByteLevel would see the byte alphabet, which we do not model. */
+static int parse_pretok(tok_tokenizer *t, json_t *p, int *mode, char *err, size_t errlen) {
     if (!p || json_is_null(p)) return TOK_OK;
     const char *type = jstr(p, "type");
     if (!type) return tok_err(err, errlen, TOK_EFORMAT, "pre_tokenizer: missing \"type\"");
@@ -373,59 +538,94 @@ static int parse_pretok(tok_tokenizer *t, json_t *p, int *byte_level, char *err,
         size_t i;
         json_t *v;
         json_array_foreach(arr, i, v) {
-            int rc = parse_pretok(t, v, byte_level, err, errlen);
+            int rc = parse_pretok(t, v, mode, err, errlen);
             if (rc) return rc;
         }
         return TOK_OK;
     }
+    if (*mode)
+        return tok_err(err, errlen, TOK_EFORMAT, "pre_tokenizer %s after %s is not supported", type,
+                       *mode == 1 ? "ByteLevel" : "Metaspace");
     if (!strcmp(type, "ByteLevel")) {
-        if (*byte_level) return tok_err(err, errlen, TOK_EFORMAT, "ByteLevel given twice");
-        *byte_level = 1;
+        *mode = 1;
         if (jbool(p, "add_prefix_space", 0)) {
-            /* Only meaningful before any split: then it is one space per
-             * segment, which is what we implement. */
-            if (t->n_pre)
-                return tok_err(err, errlen, TOK_EFORMAT,
-                               "ByteLevel add_prefix_space after a split is not supported");
-            t->prefix_space = 1;
+            /* Before any split it is one space per segment (fast path);
+             * after one, a step that prefixes every piece. */
+            if (t->n_pre == 0) t->prefix_space = 1;
+            else if (!new_pre(t, PRE_PREFIX_SPACE, err, errlen)) return TOK_EFORMAT;
         }
-        if (jbool(p, "use_regex", 1)) {
-            size_t n;
-            char *pat = translate_regex(GPT2_PATTERN, &n);
-            if (!pat) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
-            int rc = add_regex_step(t, pat, n, 0, SPLIT_ISOLATED, 0, err, errlen);
-            free(pat);
-            return rc;
-        }
+        if (jbool(p, "use_regex", 1)) return add_regex_step(t, GPT2_PATTERN, SPLIT_ISOLATED, 0, err, errlen);
         return TOK_OK;
     }
     if (!strcmp(type, "Split")) {
-        if (*byte_level)
-            return tok_err(err, errlen, TOK_EFORMAT, "Split after ByteLevel is not supported");
-        json_t *pat = json_object_get(p, "pattern");
-        const char *re = jstr(pat, "Regex"), *lit = jstr(pat, "String");
-        if (!re && !lit)
-            return tok_err(err, errlen, TOK_EFORMAT, "Split: pattern needs Regex or String");
         const char *b = jstr(p, "behavior");
-        int beh;
+        int beh, rc, jit;
         if (!b) return tok_err(err, errlen, TOK_EFORMAT, "Split: missing behavior");
-        if (!strcmp(b, "Isolated")) beh = SPLIT_ISOLATED;
-        else if (!strcmp(b, "Removed")) beh = SPLIT_REMOVED;
-        else if (!strcmp(b, "MergedWithPrevious")) beh = SPLIT_MERGED_PREV;
-        else if (!strcmp(b, "MergedWithNext")) beh = SPLIT_MERGED_NEXT;
-        else if (!strcmp(b, "Contiguous")) beh = SPLIT_CONTIGUOUS;
-        else return tok_err(err, errlen, TOK_EFORMAT, "Split: unknown behavior '%s'", b);
-        int inv = jbool(p, "invert", 0);
-        if (lit) return add_regex_step(t, lit, strlen(lit), 1, beh, inv, err, errlen);
-        size_t n;
-        char *pc = translate_regex(re, &n);
-        if (!pc) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
-        int rc = add_regex_step(t, pc, n, 0, beh, inv, err, errlen);
-        free(pc);
-        return rc;
+        if (parse_behavior(b, &beh)) return tok_err(err, errlen, TOK_EFORMAT, "Split: unknown behavior '%s'", b);
+        pcre2_code *re = compile_pattern(json_object_get(p, "pattern"), "pre-tokenizer Split", &jit, err,
+                                         errlen, &rc);
+        if (!re) return rc;
+        pre_step *s = new_pre(t, PRE_REGEX, err, errlen);
+        if (!s) {
+            pcre2_code_free(re);
+            return TOK_EFORMAT;
+        }
+        s->re = re;
+        s->jit = jit;
+        s->behavior = beh;
+        s->invert = jbool(p, "invert", 0);
+        return TOK_OK;
+    }
+    if (!strcmp(type, "Digits"))
+        return add_regex_step(t, jbool(p, "individual_digits", 0) ? DIGIT_PATTERN : DIGITS_PATTERN,
+                              SPLIT_ISOLATED, 0, err, errlen);
+    if (!strcmp(type, "Punctuation")) {
+        const char *b = jstr(p, "behavior");
+        int beh = SPLIT_ISOLATED;
+        if (b && parse_behavior(b, &beh))
+            return tok_err(err, errlen, TOK_EFORMAT, "Punctuation: unknown behavior '%s'", b);
+        return add_regex_step(t, PUNCT_PATTERN, beh, 0, err, errlen);
+    }
+    if (!strcmp(type, "Whitespace")) return add_regex_step(t, WHITESPACE_PATTERN, SPLIT_REMOVED, 1, err, errlen);
+    if (!strcmp(type, "WhitespaceSplit")) return add_regex_step(t, WS_PATTERN, SPLIT_REMOVED, 0, err, errlen);
+    if (!strcmp(type, "Metaspace")) {
+        json_t *r = json_object_get(p, "replacement");
+        const char *rep = json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81";
+        size_t rl = strlen(rep), k = 0;
+        if (rl == 0 || rl > 4 || tok_utf8_valid_prefix(rep, rl) != rl ||
+            (utf8_next((const unsigned char *)rep, &k), k != rl))
+            return tok_err(err, errlen, TOK_EFORMAT, "Metaspace: replacement must be one character");
+        int prepend = PREPEND_ALWAYS;
+        const char *ps = jstr(p, "prepend_scheme");
+        if (ps) {
+            if (!strcmp(ps, "always")) prepend = PREPEND_ALWAYS;
+            else if (!strcmp(ps, "first")) prepend = PREPEND_FIRST;
+            else if (!strcmp(ps, "never")) prepend = PREPEND_NEVER;
+            else return tok_err(err, errlen, TOK_EFORMAT, "Metaspace: unknown prepend_scheme '%s'", ps);
+        } else if (!jbool(p, "add_prefix_space", 1)) {
+            prepend = PREPEND_NEVER;
+        }
+        int rc, jit;
+        pcre2_code *re = compile_re(rep, rl, 1, &jit, err, errlen, &rc);
+        if (!re) return rc;
+        pre_step *s = new_pre(t, PRE_METASPACE, err, errlen);
+        if (!s) {
+            pcre2_code_free(re);
+            return TOK_EFORMAT;
+        }
+        *mode = 2;
+        s->re = re;
+        s->jit = jit;
+        s->behavior = SPLIT_MERGED_NEXT;
+        memcpy(s->rep, rep, rl);
+        s->rep_len = rl;
+        s->prepend = prepend;
+        s->msplit = jbool(p, "split", 1);
+        return TOK_OK;
     }
     return tok_err(err, errlen, TOK_EFORMAT, "unsupported pre_tokenizer type '%s'", type);
 }
+
 
 static int token_ref_ids(tok_tokenizer *t, json_t *specials, const char *name, int32_t **ids,
                          size_t *n, char *err, size_t errlen) {
@@ -530,6 +730,117 @@ static int parse_merge(json_t *m, const char **a, size_t *alen, const char **b, 
     return -1;
 }
 
+/* Decoders we model as a per-token surface string plus a rule for the
+ * first token: ByteLevel for byte-level BPE; for character-level BPE,
+ * Metaspace or a Sequence of Replace(c -> " "), ByteFallback, Fuse and
+ * Strip(" ", 1, 0) (the Llama/Mistral tokenizer.json layout). */
+typedef struct {
+    char rep[8]; /* character decoded as a space ("" none) */
+    size_t rep_len;
+    int byte_fallback;
+} dec_info;
+
+static int parse_decoder_item(tok_tokenizer *t, json_t *d, dec_info *di, char *err, size_t errlen) {
+    const char *type = jstr(d, "type");
+    if (!type) return tok_err(err, errlen, TOK_EFORMAT, "decoder: missing \"type\"");
+    if (!strcmp(type, "Metaspace")) {
+        json_t *r = json_object_get(d, "replacement");
+        const char *rep = json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81";
+        size_t rl = strlen(rep);
+        if (rl == 0 || rl >= sizeof di->rep)
+            return tok_err(err, errlen, TOK_EFORMAT, "decoder Metaspace: bad replacement");
+        memcpy(di->rep, rep, rl + 1);
+        di->rep_len = rl;
+        const char *ps = jstr(d, "prepend_scheme");
+        int never = ps ? !strcmp(ps, "never") : !jbool(d, "add_prefix_space", 1);
+        /* HF drops every replacement of the first token; tokens only carry
+         * them in front, so that is its leading spaces. */
+        t->strip_first = never ? 0 : 1;
+        return TOK_OK;
+    }
+    if (!strcmp(type, "Replace")) {
+        const char *from = jstr(json_object_get(d, "pattern"), "String"), *to = jstr(d, "content");
+        if (!from || !to || strcmp(to, " ") != 0 || !*from || strlen(from) >= sizeof di->rep)
+            return tok_err(err, errlen, TOK_EFORMAT,
+                           "decoder Replace: only a String pattern replaced by \" \" is supported");
+        memcpy(di->rep, from, strlen(from) + 1);
+        di->rep_len = strlen(from);
+        return TOK_OK;
+    }
+    if (!strcmp(type, "ByteFallback")) {
+        di->byte_fallback = 1;
+        return TOK_OK;
+    }
+    if (!strcmp(type, "Fuse")) return TOK_OK;
+    if (!strcmp(type, "Strip")) {
+        json_t *st = json_object_get(d, "start"), *sp = json_object_get(d, "stop");
+        const char *c = jstr(d, "content");
+        if (!c || strcmp(c, " ") != 0 || json_integer_value(st) != 1 || json_integer_value(sp) != 0)
+            return tok_err(err, errlen, TOK_EFORMAT,
+                           "decoder Strip: only content \" \", start 1, stop 0 is supported");
+        t->strip_first = 2;
+        return TOK_OK;
+    }
+    return tok_err(err, errlen, TOK_EFORMAT, "unsupported decoder type '%s'", type);
+}
+
+static int parse_decoder(tok_tokenizer *t, json_t *dec, dec_info *di, char *err, size_t errlen) {
+    memset(di, 0, sizeof *di);
+    if (!t->char_level) {
+        /* A missing decoder has always been read as ByteLevel here. */
+        const char *dtype = dec && !json_is_null(dec) ? jstr(dec, "type") : "ByteLevel";
+        if (!dtype || strcmp(dtype, "ByteLevel") != 0)
+            return tok_err(err, errlen, TOK_EFORMAT, "unsupported decoder type '%s' with ByteLevel",
+                           dtype ? dtype : "(missing)");
+        return TOK_OK;
+    }
+    if (!dec || json_is_null(dec))
+        return tok_err(err, errlen, TOK_EFORMAT,
+                       "no decoder and no ByteLevel pre_tokenizer (tokens joined by spaces) is not "
+                       "supported");
+    const char *type = jstr(dec, "type");
+    if (type && !strcmp(type, "Sequence")) {
+        json_t *arr = json_object_get(dec, "decoders");
+        if (!json_is_array(arr)) return tok_err(err, errlen, TOK_EFORMAT, "decoder Sequence: missing array");
+        size_t i;
+        json_t *v;
+        json_array_foreach(arr, i, v) {
+            int rc = parse_decoder_item(t, v, di, err, errlen);
+            if (rc) return rc;
+        }
+        return TOK_OK;
+    }
+    if (type && !strcmp(type, "ByteLevel"))
+        return tok_err(err, errlen, TOK_EFORMAT, "decoder ByteLevel needs the ByteLevel pre_tokenizer");
+    return parse_decoder_item(t, dec, di, err, errlen);
+}
+
+/* Text as the decoder shows it: the replacement character as a space and
+ * a "<0xXX>" byte-fallback token as its byte. */
+static int surface_of(const dec_info *di, const char *s, size_t n, tok_buf *out) {
+    out->len = 0;
+    if (di->byte_fallback && n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>') {
+        char hex[3] = {s[3], s[4], 0}, *end;
+        long b = strtol(hex, &end, 16);
+        if (*end == 0 && isxdigit((unsigned char)s[3]) && isxdigit((unsigned char)s[4])) {
+            char c = (char)b;
+            return tok_buf_append(out, &c, 1);
+        }
+    }
+    for (size_t i = 0; i < n;) {
+        if (di->rep_len && i + di->rep_len <= n && !memcmp(s + i, di->rep, di->rep_len)) {
+            if (tok_buf_append(out, " ", 1)) return TOK_ENOMEM;
+            i += di->rep_len;
+        } else {
+            if (tok_buf_append(out, s + i, 1)) return TOK_ENOMEM;
+            i++;
+        }
+    }
+    return tok_buf_append(out, "", 0);
+}
+
+static int normalize_added(tok_tokenizer *t);
+
 static int load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
     uint32_t b2u[256];
     int16_t u2b[0x144];
@@ -565,19 +876,17 @@ static int load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errl
                        "BPE continuing_subword_prefix/end_of_word_suffix are not supported");
     t->ignore_merges = jbool(model, "ignore_merges", 0);
 
+    t->byte_fallback = jbool(model, "byte_fallback", 0);
+    t->fuse_unk = jbool(model, "fuse_unk", 0);
+
     /* Pipeline parts first: they are small and make most errors cheap. */
-    int byte_level = 0;
+    int mode = 0;
     if ((rc = parse_normalizer(t, json_object_get(root, "normalizer"), err, errlen))) return rc;
-    if ((rc = parse_pretok(t, json_object_get(root, "pre_tokenizer"), &byte_level, err, errlen)))
+    if ((rc = parse_pretok(t, json_object_get(root, "pre_tokenizer"), &mode, err, errlen)))
         return rc;
-    if (!byte_level)
-        return tok_err(err, errlen, TOK_EFORMAT,
-                       "only byte-level BPE is supported (pre_tokenizer has no ByteLevel)");
-    json_t *dec = json_object_get(root, "decoder");
-    const char *dtype = dec && !json_is_null(dec) ? jstr(dec, "type") : "ByteLevel";
-    if (!dtype || strcmp(dtype, "ByteLevel") != 0)
-        return tok_err(err, errlen, TOK_EFORMAT, "unsupported decoder type '%s'",
-                       dtype ? dtype : "(missing)");
+    t->char_level = mode != 1;
+    dec_info di;
+    if ((rc = parse_decoder(t, json_object_get(root, "decoder"), &di, err, errlen))) return rc;
     if ((rc = parse_post(t, json_object_get(root, "post_processor"), err, errlen))) return rc;
 
     /* Size the id space. */
@@ -624,7 +933,7 @@ static int load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errl
             tmp = p;
             tmpcap = klen;
         }
-        size_t n = byte_level_decode(key, klen, u2b, tmp);
+        size_t n = key_decode(t, key, klen, u2b, tmp);
         int32_t id = (int32_t)json_integer_value(v);
         if (t->id_len[id] != NO_TOKEN) {
             rc = tok_err(err, errlen, TOK_EFORMAT, "vocab: id %d used twice", (int)id);
@@ -671,9 +980,9 @@ static int load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errl
             tmpcap = al + bl;
         }
         /* Strings -> ids through the vocab (HF does the same lookups). */
-        size_t n1 = byte_level_decode(a, al, u2b, tmp);
+        size_t n1 = key_decode(t, a, al, u2b, tmp);
         int32_t ia = vocab_find(t, tmp, n1);
-        size_t n2 = byte_level_decode(b, bl, u2b, tmp + n1);
+        size_t n2 = key_decode(t, b, bl, u2b, tmp + n1);
         int32_t ib = vocab_find(t, tmp + n1, n2);
         int32_t in = vocab_find(t, tmp, n1 + n2);
         if (ia < 0 || ib < 0 || in < 0) {
@@ -707,6 +1016,8 @@ static int load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errl
         if (!a->s) goto oom;
         memcpy(a->s, content, clen);
         a->len = clen;
+        a->m = a->s;
+        a->mlen = clen;
         a->id = (int32_t)json_integer_value(json_object_get(v, "id"));
         a->special = jbool(v, "special", 0);
         /* HF: normalized defaults to !special. */
@@ -721,12 +1032,52 @@ static int load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errl
             tmp = p;
             tmpcap = clen;
         }
-        size_t n = byte_level_decode(content, clen, u2b, tmp);
+        size_t n = key_decode(t, content, clen, u2b, tmp);
         if (blob_add(t, tmp, n, &t->id_off[a->id])) goto oom;
         t->id_len[a->id] = (uint32_t)n;
         t->id_flags[a->id] = FLAG_ADDED | (a->special ? FLAG_SPECIAL : 0);
-        t->added_first[(unsigned char)content[0]] |= a->normalized ? 2 : 1;
         if (a->normalized) t->has_normalized_added = 1;
+    }
+    if ((rc = normalize_added(t))) goto oom;
+    /* HF then also decodes such a token as its normalized content. */
+    for (i = 0; i < t->n_added; i++) {
+        added_tok *a = &t->added[i];
+        if (a->m == a->s) continue;
+        if (a->mlen > tmpcap) {
+            char *p = realloc(tmp, a->mlen);
+            if (!p) goto oom;
+            tmp = p;
+            tmpcap = a->mlen;
+        }
+        size_t n = key_decode(t, a->m, a->mlen, u2b, tmp);
+        if (blob_add(t, tmp, n, &t->id_off[a->id])) goto oom;
+        t->id_len[a->id] = (uint32_t)n;
+    }
+    for (i = 0; i < t->n_added; i++)
+        if (t->added[i].mlen) t->added_first[(unsigned char)t->added[i].m[0]] |= t->added[i].normalized ? 2 : 1;
+    if (t->char_level) {
+        for (int b = 0; b < 256; b++) {
+            char name[8];
+            snprintf(name, sizeof name, "<0x%02X>", b);
+            t->fallback_id[b] = vocab_find(t, name, 6);
+        }
+        /* Decode surfaces differ from the vocab strings: keep both. */
+        t->surf_off = malloc(t->n_ids * sizeof *t->surf_off);
+        t->surf_len = malloc(t->n_ids * sizeof *t->surf_len);
+        if (!t->surf_off || !t->surf_len) goto oom;
+        tok_buf sb = {0};
+        for (size_t id = 0; id < t->n_ids; id++) {
+            t->surf_len[id] = NO_TOKEN;
+            if (t->id_len[id] == NO_TOKEN) continue;
+            /* The blob may move in blob_add: copy the key out first. */
+            if (tok_buf_reserve(&sb, 0) || surface_of(&di, t->blob + t->id_off[id], t->id_len[id], &sb) ||
+                blob_add(t, sb.p, sb.len, &t->surf_off[id])) {
+                free(sb.p);
+                goto oom;
+            }
+            t->surf_len[id] = (uint32_t)sb.len;
+        }
+        free(sb.p);
     }
     t->eos_id = -1;
     if ((rc = cache_init(t))) goto oom;
@@ -761,6 +1112,140 @@ int tok_load_json_mem(const char *json, size_t len, tok_tokenizer **out, char *e
         rc = load_json_root(t, root, err, errlen);
     }
     json_decref(root);
+    if (rc) {
+        tok_free(t);
+        return rc;
+    }
+    *out = t;
+    return TOK_OK;
+}
+
+/* ---------- BPE from plain arrays (a GGUF's tokenizer.ggml.*) ---------- */
+
+/* llama.cpp pre-tokenizer names -> the tokenizer.json pipeline HF uses for
+ * that family. The regexes are the ones in the published tokenizer.json. */
+static const struct {
+    const char *name, *pre;
+} PRE_NAMES[] = {
+    {"default", "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}"},
+    {"gpt-2", "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}"},
+    {"smollm", "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},"
+               "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}]}"},
+    {"qwen2", "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+              "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}"
+              "\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},\"behavior\":\"Isolated\","
+              "\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}"},
+    {"llama-bpe", "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+                  "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s"
+                  "\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},\"behavior\":"
+                  "\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+                  "\"use_regex\":false}]}"},
+};
+
+/* Build the tokenizer.json object the arrays stand for and load that, so
+ * both paths share one loader and one set of rules. */
+static int vocab_to_json(const tok_bpe_vocab *v, json_t **out, char *err, size_t errlen) {
+    const char *pre = v->pre ? v->pre : "default", *pre_json = NULL;
+    for (size_t i = 0; i < sizeof PRE_NAMES / sizeof *PRE_NAMES; i++)
+        if (!strcmp(pre, PRE_NAMES[i].name)) pre_json = PRE_NAMES[i].pre;
+    if (!pre_json)
+        return tok_err(err, errlen, TOK_EUNSUPPORTED,
+                       "unsupported pre-tokenizer '%s' (supported: default, gpt-2, smollm, qwen2, llama-bpe)",
+                       pre);
+    if (!v->tokens || !v->token_lens || v->n_tokens == 0)
+        return tok_err(err, errlen, TOK_EINVAL, "vocab: no tokens");
+    if (v->n_merges && (!v->merges || !v->merge_lens)) return tok_err(err, errlen, TOK_EINVAL, "vocab: merges missing");
+    if (v->n_tokens >= 16u * 1024 * 1024) return tok_err(err, errlen, TOK_EINVAL, "vocab: too many tokens");
+    int32_t ids[4] = {v->bos_id, v->eos_id, v->unk_id, v->pad_id};
+    for (int i = 0; i < 4; i++)
+        if (ids[i] < -1 || ids[i] >= (int32_t)v->n_tokens)
+            return tok_err(err, errlen, TOK_EINVAL, "vocab: special id %d out of range", (int)ids[i]);
+    json_error_t je;
+    json_t *root = json_object(), *model = json_object(), *vocab = json_object(), *merges = json_array(),
+           *added = json_array(), *pt = json_loads(pre_json, 0, &je);
+    int rc = TOK_OK;
+    if (!root || !model || !vocab || !merges || !added || !pt) {
+        json_decref(root);
+        json_decref(model);
+        json_decref(vocab);
+        json_decref(merges);
+        json_decref(added);
+        json_decref(pt);
+        return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+    }
+    json_object_set_new(root, "model", model);
+    json_object_set_new(model, "type", json_string("BPE"));
+    json_object_set_new(model, "vocab", vocab);
+    json_object_set_new(model, "merges", merges);
+    json_object_set_new(root, "added_tokens", added);
+    json_object_set_new(root, "pre_tokenizer", pt);
+    if (v->unk_id >= 0)
+        json_object_set_new(model, "unk_token",
+                            json_stringn(v->tokens[v->unk_id], v->token_lens[v->unk_id]));
+    for (size_t i = 0; i < v->n_tokens; i++) {
+        const char *s = v->tokens[i];
+        size_t n = v->token_lens[i];
+        if (!s || n == 0 || tok_utf8_valid_prefix(s, n) != n) {
+            rc = tok_err(err, errlen, TOK_EFORMAT, "token %zu is empty or not valid UTF-8", i);
+            goto fail;
+        }
+        json_t *str = json_stringn(s, n);
+        if (!str) goto oom;
+        /* A repeated string keeps its first id, as a tokenizer.json can
+         * name each string once. */
+        if (!json_object_getn(vocab, s, n) && json_object_setn_new(vocab, s, n, json_integer((json_int_t)i))) {
+            json_decref(str);
+            goto oom;
+        }
+        int type = v->types ? v->types[i] : 1;
+        if (type == 3 || type == 4) {
+            json_t *a = json_object();
+            if (!a || json_array_append_new(added, a)) goto oom;
+            json_object_set_new(a, "id", json_integer((json_int_t)i));
+            json_object_set_new(a, "content", str);
+            json_object_set_new(a, "special", json_true());
+            json_object_set_new(a, "normalized", json_false());
+        } else {
+            json_decref(str);
+        }
+    }
+    for (size_t i = 0; i < v->n_merges; i++) {
+        const char *s = v->merges[i];
+        size_t n = v->merge_lens[i];
+        if (!s || tok_utf8_valid_prefix(s, n) != n) {
+            rc = tok_err(err, errlen, TOK_EFORMAT, "merges[%zu]: not valid UTF-8", i);
+            goto fail;
+        }
+        if (json_array_append_new(merges, json_stringn(s, n))) goto oom;
+    }
+    *out = root;
+    return TOK_OK;
+oom:
+    rc = tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+fail:
+    json_decref(root);
+    return rc;
+}
+
+int tok_load_bpe_vocab(const tok_bpe_vocab *v, tok_tokenizer **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!v) return tok_err(err, errlen, TOK_EINVAL, "vocab: NULL");
+    json_t *root = NULL;
+    int rc = vocab_to_json(v, &root, err, errlen);
+    if (rc) return rc;
+    tok_tokenizer *t = NULL;
+    rc = new_tok(&t, err, errlen);
+    if (rc == TOK_OK) {
+        t->kind = KIND_BPE;
+        rc = load_json_root(t, root, err, errlen);
+    }
+    json_decref(root);
+    if (rc == TOK_OK) {
+        t->eos_id = v->eos_id;
+        if ((v->add_bos && v->bos_id >= 0 && push_id(&t->post_pre, &t->n_post_pre, v->bos_id)) ||
+            (v->add_eos && v->eos_id >= 0 && push_id(&t->post_suf, &t->n_post_suf, v->eos_id)))
+            rc = tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+    }
     if (rc) {
         tok_free(t);
         return rc;
@@ -919,16 +1404,29 @@ int32_t tok_token_id(const tok_tokenizer *t, const char *token) {
     byte_level_tables(b2u, u2b);
     char *tmp = malloc(n + 1);
     if (!tmp) return -1;
-    size_t m = byte_level_decode(token, n, u2b, tmp);
+    size_t m = key_decode(t, token, n, u2b, tmp);
     int32_t id = vocab_find(t, tmp, m);
     free(tmp);
     return id;
 }
 
+int tok_first_by_token(const tok_tokenizer *t) { return t->surf_off && t->strip_first == 1; }
+
 int tok_id_bytes(const tok_tokenizer *t, int32_t id, int skip_special, int first, const char **p,
                  size_t *n) {
     if (id < 0 || (size_t)id >= t->n_ids || t->id_len[id] == NO_TOKEN) return -1;
     if (skip_special && (t->id_flags[id] & FLAG_SPECIAL)) return -1;
+    if (t->surf_off) {
+        *p = t->blob + t->surf_off[id];
+        *n = t->surf_len[id];
+        if (first && t->strip_first)
+            while (*n && **p == ' ') {
+                (*p)++;
+                (*n)--;
+                if (t->strip_first == 2) break;
+            }
+        return 0;
+    }
     *p = t->blob + t->id_off[id];
     *n = t->id_len[id];
     /* SentencePiece drops the dummy-prefix space of the first piece. */
@@ -975,10 +1473,12 @@ typedef struct {
     sym *syms;
     hent *heap;
     size_t cap, hcap;
-    pcre2_match_data *md[4];
+    pcre2_match_data *md[MAX_PRE], *nmd[MAX_NORM];
     tok_buf norm[2];
+    tok_buf arena; /* generic pre-tokenizer path: text the pieces point into */
     struct span {
         size_t s, e;
+        int origin; /* piece starts at offset 0 of the original text */
     } *spans[2];
     size_t span_cap[2];
 } scratch;
@@ -1038,20 +1538,53 @@ static int bpe_word(const tok_tokenizer *t, const char *w, size_t n, idvec *out,
     }
     sym *s = sc->syms;
     size_t ns = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = t->byte_id[(unsigned char)w[i]];
-        if (id < 0) {
-            /* Byte missing from the vocab: HF emits unk when it has one and
-             * fails otherwise; we drop the byte in the latter case. */
-            if (t->unk_id < 0) continue;
-            id = t->unk_id;
+#define PUSH_SYM(x)                                                                                \
+    do {                                                                                           \
+        s[ns].id = (x);                                                                            \
+        s[ns].prev = (int32_t)ns - 1;                                                              \
+        s[ns].next = (int32_t)ns + 1;                                                              \
+        s[ns].alive = 1;                                                                           \
+        ns++;                                                                                      \
+    } while (0)
+    if (t->char_level) {
+        /* One symbol per character, as HF's BPE::merge_word: an unknown
+         * character becomes its "<0xXX>" tokens (byte_fallback, when all
+         * exist), else unk (runs fused with fuse_unk), else nothing. */
+        int pending_unk = 0;
+        for (size_t i = 0; i < n;) {
+            size_t j = i;
+            utf8_next((const unsigned char *)w, &j);
+            int32_t id = vocab_find(t, w + i, j - i);
+            if (id >= 0) {
+                if (pending_unk) PUSH_SYM(t->unk_id);
+                pending_unk = 0;
+                PUSH_SYM(id);
+            } else {
+                int fb = t->byte_fallback;
+                for (size_t k = i; fb && k < j; k++) fb = t->fallback_id[(unsigned char)w[k]] >= 0;
+                if (fb) {
+                    for (size_t k = i; k < j; k++) PUSH_SYM(t->fallback_id[(unsigned char)w[k]]);
+                } else if (t->unk_id >= 0) {
+                    if (pending_unk && !t->fuse_unk) PUSH_SYM(t->unk_id);
+                    pending_unk = 1;
+                }
+            }
+            i = j;
         }
-        s[ns].id = id;
-        s[ns].prev = (int32_t)ns - 1;
-        s[ns].next = (int32_t)ns + 1;
-        s[ns].alive = 1;
-        ns++;
+        if (pending_unk) PUSH_SYM(t->unk_id);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            int32_t id = t->byte_id[(unsigned char)w[i]];
+            if (id < 0) {
+                /* Byte missing from the vocab: HF emits unk when it has one and
+                 * fails otherwise; we drop the byte in the latter case. */
+                if (t->unk_id < 0) continue;
+                id = t->unk_id;
+            }
+            PUSH_SYM(id);
+        }
     }
+#undef PUSH_SYM
     if (ns == 0) return TOK_OK;
     s[ns - 1].next = -1;
     size_t hn = 0;
@@ -1129,7 +1662,7 @@ static int spans_push(scratch *sc, int which, size_t *n, size_t s, size_t e) {
         sc->spans[which] = p;
         sc->span_cap[which] = cap;
     }
-    sc->spans[which][(*n)++] = (struct span){s, e};
+    sc->spans[which][(*n)++] = (struct span){s, e, 0};
     return TOK_OK;
 }
 
@@ -1146,7 +1679,9 @@ static int regex_next(const pre_step *ps, pcre2_match_data *md, const char *s, s
 
 /* One Split step over [s, e) of buf, appending the resulting pieces. */
 static int split_step(const pre_step *ps, pcre2_match_data *md, const char *buf, size_t s0,
-                      size_t e0, scratch *sc, int which, size_t *np, char *err, size_t errlen) {
+                      size_t e0, int origin, scratch *sc, int which, size_t *np, char *err,
+                      size_t errlen) {
+    size_t first_out = *np;
     /* Matches/gaps as HF's find_matches produces them, then the behavior. */
     int prev_match = 0;
     size_t off = s0;
@@ -1180,7 +1715,7 @@ static int split_step(const pre_step *ps, pcre2_match_data *md, const char *buf,
                 if (!p2) goto oom;
                 tmpm = p2;
             }
-            tmp[nt] = (struct span){a + off, b + off};
+            tmp[nt] = (struct span){a + off, b + off, 0};
             tmpm[nt] = pass ^ ps->invert;
             nt++;
         }
@@ -1239,17 +1774,52 @@ oom:
 done:
     free(tmp);
     free(tmpm);
+    for (size_t i = first_out; i < *np; i++) sc->spans[which][i].origin = origin && sc->spans[which][i].s == s0;
     return rc;
 }
 
-/* Pre-tokenize and BPE one normalized segment (no added tokens inside). */
-static int encode_plain(const tok_tokenizer *t, const char *s, size_t n, idvec *out, scratch *sc,
-                        char *err, size_t errlen) {
+/* Append a rewritten copy of arena[s, e) for the Metaspace and prefix-space
+ * steps; returns the new span's start. */
+static int arena_rewrite(const pre_step *ps, scratch *sc, size_t s, size_t e, int origin, size_t *ns) {
+    tok_buf *a = &sc->arena;
+    /* The copy may move the arena: work on offsets. */
+    if (tok_buf_reserve(a, (e - s) * 4 + 8)) return TOK_ENOMEM;
+    *ns = a->len;
+    const char *src = a->p + s;
+    size_t n = e - s;
+    if (ps->type == PRE_PREFIX_SPACE) {
+        if (n == 0 || src[0] != ' ') a->p[a->len++] = ' ';
+        memcpy(a->p + a->len, src, n);
+        a->len += n;
+        return TOK_OK;
+    }
+    int starts = n >= ps->rep_len && !memcmp(src, ps->rep, ps->rep_len);
+    if (!starts && n > 0 && src[0] == ' ') starts = 1; /* it will be replaced */
+    if (!starts && (ps->prepend == PREPEND_ALWAYS || (ps->prepend == PREPEND_FIRST && origin))) {
+        memcpy(a->p + a->len, ps->rep, ps->rep_len);
+        a->len += ps->rep_len;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (src[i] == ' ') {
+            memcpy(a->p + a->len, ps->rep, ps->rep_len);
+            a->len += ps->rep_len;
+        } else {
+            a->p[a->len++] = src[i];
+        }
+    }
+    return TOK_OK;
+}
+
+/* Pre-tokenize and BPE one normalized segment (no added tokens inside).
+ * origin: the segment starts at offset 0 of the original text. */
+static int encode_plain(const tok_tokenizer *t, const char *s, size_t n, int origin, idvec *out,
+                        scratch *sc, char *err, size_t errlen) {
     if (n == 0) return TOK_OK;
     if (t->n_pre == 0) return bpe_cached(t, s, n, out, sc);
     int rc;
     size_t before = out->n;
-    if (t->n_pre == 1 && t->pre[0].behavior == SPLIT_ISOLATED && !t->pre[0].invert) {
+    if (t->n_pre == 1 && t->pre[0].type == PRE_REGEX && t->pre[0].behavior == SPLIT_ISOLATED &&
+        !t->pre[0].invert) {
         /* Fast path (Qwen, GPT-2, Llama-3): BPE each match and gap directly. */
         const pre_step *ps = &t->pre[0];
         size_t pos = 0;
@@ -1269,14 +1839,34 @@ static int encode_plain(const tok_tokenizer *t, const char *s, size_t n, idvec *
         return TOK_OK;
     }
 generic:;
+    /* The pieces live in an arena so that rewriting steps can add text. */
+    sc->arena.len = 0;
+    if (tok_buf_append(&sc->arena, s, n)) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
     size_t np = 0;
     if (spans_push(sc, 0, &np, 0, n)) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+    sc->spans[0][0].origin = origin;
     int cur = 0;
     for (int k = 0; k < t->n_pre; k++) {
+        const pre_step *ps = &t->pre[k];
         size_t nn = 0;
         for (size_t i = 0; i < np; i++) {
             struct span sp = sc->spans[cur][i];
-            if ((rc = split_step(&t->pre[k], sc->md[k], s, sp.s, sp.e, sc, !cur, &nn, err, errlen)))
+            if (sp.e == sp.s) continue; /* HF drops empty pieces */
+            if (ps->type != PRE_REGEX) {
+                size_t ns;
+                if (arena_rewrite(ps, sc, sp.s, sp.e, sp.origin, &ns))
+                    return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+                sp.s = ns;
+                sp.e = sc->arena.len;
+                if (ps->type == PRE_PREFIX_SPACE || !ps->msplit) {
+                    if (spans_push(sc, !cur, &nn, sp.s, sp.e))
+                        return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+                    sc->spans[!cur][nn - 1].origin = sp.origin;
+                    continue;
+                }
+            }
+            if ((rc = split_step(ps, sc->md[k], sc->arena.p, sp.s, sp.e, sp.origin, sc, !cur, &nn, err,
+                                 errlen)))
                 return rc;
         }
         np = nn;
@@ -1286,7 +1876,7 @@ generic:;
     out->n = before;
     for (size_t i = 0; i < np; i++) {
         struct span sp = sc->spans[cur][i];
-        if (sp.e > sp.s && (rc = bpe_cached(t, s + sp.s, sp.e - sp.s, out, sc))) return rc;
+        if (sp.e > sp.s && (rc = bpe_cached(t, sc->arena.p + sp.s, sp.e - sp.s, out, sc))) return rc;
     }
     return TOK_OK;
 }
@@ -1343,18 +1933,135 @@ static int normalize_one(int opt, const char *s, size_t n, tok_buf *out, char *e
     return TOK_OK;
 }
 
+static int is_ws(uint32_t cp);
+static uint32_t last_cp(const char *s, size_t n, size_t *start);
+
+/* Rust's char::to_lowercase per character (HF's Lowercase): the simple
+ * mapping, except U+0130 which lowercases to "i" + U+0307. */
+static int lowercase(const char *s, size_t n, tok_buf *out) {
+    out->len = 0;
+    if (tok_buf_reserve(out, n + 8)) return TOK_ENOMEM;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = utf8_next((const unsigned char *)s, &i);
+        utf8proc_uint8_t enc[8];
+        utf8proc_ssize_t k;
+        if (cp == 0x130) {
+            k = 3;
+            memcpy(enc, "i\xCC\x87", 3);
+        } else {
+            k = utf8proc_encode_char(utf8proc_tolower((utf8proc_int32_t)cp), enc);
+        }
+        if (tok_buf_append(out, enc, (size_t)k)) return TOK_ENOMEM;
+    }
+    return TOK_OK;
+}
+
+static int replace_all(const norm_step *ns, pcre2_match_data *md, const char *s, size_t n,
+                       tok_buf *out) {
+    out->len = 0;
+    if (tok_buf_reserve(out, n)) return TOK_ENOMEM;
+    size_t pos = 0, copied = 0;
+    pre_step fake = {.re = ns->re, .jit = ns->jit};
+    while (pos <= n) {
+        size_t ms, me;
+        int r = regex_next(&fake, md, s, n, pos, &ms, &me);
+        if (r < 0) return TOK_EINVAL;
+        if (!r) break;
+        if (me == ms) {
+            /* An empty match replaces nothing; step one character. */
+            if (me >= n) break;
+            size_t k = me + 1;
+            while (k < n && ((unsigned char)s[k] & 0xC0) == 0x80) k++;
+            pos = k;
+            continue;
+        }
+        if (tok_buf_append(out, s + copied, ms - copied) || tok_buf_append(out, ns->content, ns->clen))
+            return TOK_ENOMEM;
+        copied = pos = me;
+    }
+    return tok_buf_append(out, s + copied, n - copied);
+}
+
+/* Run the normalizer steps. *origin is cleared when Strip removes the
+ * start of the text (HF then no longer sees offset 0 there). */
 static int normalize(const tok_tokenizer *t, const char *s, size_t n, const char **outp,
-                     size_t *outn, scratch *sc, char *err, size_t errlen) {
+                     size_t *outn, int *origin, scratch *sc, char *err, size_t errlen) {
     *outp = s;
     *outn = n;
     for (int i = 0; i < t->n_norm; i++) {
+        const norm_step *ns = &t->norm[i];
         tok_buf *dst = &sc->norm[i & 1];
-        int rc = normalize_one(t->norm[i], *outp, *outn, dst, err, errlen);
-        if (rc) return rc;
-        *outp = dst->p;
+        int rc = TOK_OK;
+        switch (ns->type) {
+        case NORM_UNICODE:
+            rc = normalize_one(ns->opt, *outp, *outn, dst, err, errlen);
+            if (rc) return rc;
+            break;
+        case NORM_LOWER:
+            rc = lowercase(*outp, *outn, dst);
+            break;
+        case NORM_REPLACE:
+            if (!sc->nmd[i] && !(sc->nmd[i] = pcre2_match_data_create_from_pattern(ns->re, NULL)))
+                rc = TOK_ENOMEM;
+            else rc = replace_all(ns, sc->nmd[i], *outp, *outn, dst);
+            if (rc == TOK_EINVAL) return tok_err(err, errlen, rc, "normalizer Replace: regex match failed");
+            break;
+        case NORM_PREPEND:
+            dst->len = 0;
+            if (*outn && (tok_buf_append(dst, ns->content, ns->clen) || tok_buf_append(dst, *outp, *outn)))
+                rc = TOK_ENOMEM;
+            break;
+        case NORM_STRIP: {
+            size_t a = 0, b = *outn;
+            while (ns->left && a < b) {
+                size_t j = a;
+                if (!is_ws(utf8_next((const unsigned char *)*outp, &j))) break;
+                a = j;
+            }
+            while (ns->right && b > a) {
+                size_t ps;
+                if (!is_ws(last_cp(*outp, b, &ps))) break;
+                b = ps;
+            }
+            if (a > 0) *origin = 0;
+            dst->len = 0;
+            rc = tok_buf_append(dst, *outp + a, b - a);
+            break;
+        }
+        }
+        if (rc) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+        *outp = dst->p ? dst->p : "";
         *outn = dst->len;
     }
     return TOK_OK;
+}
+
+/* HF matches "normalized" added tokens by their normalized content. */
+static int normalize_added(tok_tokenizer *t) {
+    scratch sc;
+    memset(&sc, 0, sizeof sc);
+    int rc = TOK_OK;
+    for (size_t i = 0; i < t->n_added && rc == TOK_OK; i++) {
+        added_tok *a = &t->added[i];
+        if (!a->normalized || t->n_norm == 0) continue;
+        const char *ns;
+        size_t nn;
+        int origin = 1;
+        char err[8];
+        if ((rc = normalize(t, a->s, a->len, &ns, &nn, &origin, &sc, err, sizeof err))) break;
+        a->m = malloc(nn ? nn : 1);
+        if (!a->m) {
+            a->m = a->s;
+            rc = TOK_ENOMEM;
+            break;
+        }
+        memcpy(a->m, ns, nn);
+        a->mlen = nn;
+    }
+    for (int k = 0; k < MAX_NORM; k++) pcre2_match_data_free(sc.nmd[k]);
+    free(sc.norm[0].p);
+    free(sc.norm[1].p);
+    return rc;
 }
 
 static int is_word_char(uint32_t cp) {
@@ -1391,11 +2098,12 @@ static int next_added(const tok_tokenizer *t, const char *s, size_t n, size_t fr
         for (size_t k = 0; k < t->n_added; k++) {
             const added_tok *a = &t->added[k];
             if ((a->normalized ? 2 : 1) != kind) continue;
-            if (a->len <= n - i && !memcmp(s + i, a->s, a->len) && (!best || a->len > best->len))
+            if (a->mlen && a->mlen <= n - i && !memcmp(s + i, a->m, a->mlen) &&
+                (!best || a->mlen > best->mlen))
                 best = a;
         }
         if (!best) continue;
-        size_t st = i, en = i + best->len;
+        size_t st = i, en = i + best->mlen;
         if (best->single_word) {
             size_t dummy;
             int lw = st > 0 && is_word_char(last_cp(s, st, &dummy));
@@ -1431,23 +2139,30 @@ static int next_added(const tok_tokenizer *t, const char *s, size_t n, size_t fr
     return 0;
 }
 
-static int encode_segment(const tok_tokenizer *t, const char *s, size_t n, idvec *out,
-                          scratch *sc, char *err, size_t errlen) {
-    const char *ns;
-    size_t nn;
-    int rc = normalize(t, s, n, &ns, &nn, sc, err, errlen);
-    if (rc) return rc;
-    if (t->prefix_space && nn > 0 && ns[0] != ' ') {
+/* One piece between added tokens, normalized: ByteLevel's add_prefix_space
+ * (when ByteLevel comes first) then the pre-tokenizers and BPE. */
+static int encode_piece(const tok_tokenizer *t, const char *s, size_t n, int origin, idvec *out,
+                        scratch *sc, char *err, size_t errlen) {
+    if (t->prefix_space && n > 0 && s[0] != ' ') {
         /* Rare (GPT-2 style add_prefix_space): copy with the space. */
-        char *p = malloc(nn + 1);
+        char *p = malloc(n + 1);
         if (!p) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
         p[0] = ' ';
-        memcpy(p + 1, ns, nn);
-        rc = encode_plain(t, p, nn + 1, out, sc, err, errlen);
+        memcpy(p + 1, s, n);
+        int rc = encode_plain(t, p, n + 1, origin, out, sc, err, errlen);
         free(p);
         return rc;
     }
-    if (!t->has_normalized_added) return encode_plain(t, ns, nn, out, sc, err, errlen);
+    return encode_plain(t, s, n, origin, out, sc, err, errlen);
+}
+
+static int encode_segment(const tok_tokenizer *t, const char *s, size_t n, int origin, idvec *out,
+                          scratch *sc, char *err, size_t errlen) {
+    const char *ns;
+    size_t nn;
+    int rc = normalize(t, s, n, &ns, &nn, &origin, sc, err, errlen);
+    if (rc) return rc;
+    if (!t->has_normalized_added) return encode_piece(t, ns, nn, origin, out, sc, err, errlen);
     /* Tokens flagged "normalized" are matched in the normalized text. */
     char *copy = malloc(nn ? nn : 1);
     if (!copy) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
@@ -1455,11 +2170,11 @@ static int encode_segment(const tok_tokenizer *t, const char *s, size_t n, idvec
     size_t pos = 0, ms, me;
     int32_t id;
     while (rc == TOK_OK && next_added(t, copy, nn, pos, pos, 2, &ms, &me, &id)) {
-        if (ms > pos) rc = encode_plain(t, copy + pos, ms - pos, out, sc, err, errlen);
+        if (ms > pos) rc = encode_piece(t, copy + pos, ms - pos, origin && pos == 0, out, sc, err, errlen);
         if (rc == TOK_OK && idvec_push(out, id)) rc = tok_err(err, errlen, TOK_ENOMEM, "out of memory");
         pos = me;
     }
-    if (rc == TOK_OK && pos < nn) rc = encode_plain(t, copy + pos, nn - pos, out, sc, err, errlen);
+    if (rc == TOK_OK && pos < nn) rc = encode_piece(t, copy + pos, nn - pos, origin && pos == 0, out, sc, err, errlen);
     free(copy);
     return rc;
 }
@@ -1470,6 +2185,7 @@ static int encode_bpe(const tok_tokenizer *t, const char *text, size_t len, idve
     memset(&sc, 0, sizeof sc);
     int rc = TOK_OK;
     for (int k = 0; k < t->n_pre; k++) {
+        if (!t->pre[k].re) continue;
         sc.md[k] = pcre2_match_data_create_from_pattern(t->pre[k].re, NULL);
         if (!sc.md[k]) {
             rc = tok_err(err, errlen, TOK_ENOMEM, "out of memory");
@@ -1479,17 +2195,20 @@ static int encode_bpe(const tok_tokenizer *t, const char *text, size_t len, idve
     size_t pos = 0, ms, me;
     int32_t id;
     while (next_added(t, text, len, pos, pos, 1, &ms, &me, &id)) {
-        if (ms > pos && (rc = encode_segment(t, text + pos, ms - pos, out, &sc, err, errlen)))
+        if (ms > pos && (rc = encode_segment(t, text + pos, ms - pos, pos == 0, out, &sc, err, errlen)))
             goto done;
         if (idvec_push(out, id)) goto oom;
         pos = me;
     }
-    if (pos < len && (rc = encode_segment(t, text + pos, len - pos, out, &sc, err, errlen))) goto done;
+    if (pos < len && (rc = encode_segment(t, text + pos, len - pos, pos == 0, out, &sc, err, errlen)))
+        goto done;
     goto done;
 oom:
     rc = tok_err(err, errlen, TOK_ENOMEM, "out of memory");
 done:
-    for (int k = 0; k < 4; k++) pcre2_match_data_free(sc.md[k]);
+    for (int k = 0; k < MAX_PRE; k++) pcre2_match_data_free(sc.md[k]);
+    for (int k = 0; k < MAX_NORM; k++) pcre2_match_data_free(sc.nmd[k]);
+    free(sc.arena.p);
     free(sc.syms);
     free(sc.heap);
     free(sc.norm[0].p);
@@ -1552,10 +2271,14 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, int ski
     if (t->kind == KIND_SPM) return tok_spm_decode(t->spm, ids, n_ids, out, out_len, err, errlen);
     tok_buf raw = {0}, res = {0};
     int rc = TOK_OK;
+    int by_token = tok_first_by_token(t), first = 1;
     for (size_t i = 0; i < n_ids && rc == TOK_OK; i++) {
         const char *p;
         size_t n;
-        if (tok_id_bytes(t, ids[i], skip_special, raw.len == 0, &p, &n) == 0) rc = tok_buf_append(&raw, p, n);
+        if (tok_id_bytes(t, ids[i], skip_special, by_token ? first : raw.len == 0, &p, &n) == 0) {
+            rc = tok_buf_append(&raw, p, n);
+            first = 0;
+        }
     }
     if (rc == TOK_OK) rc = tok_utf8_lossy(raw.p ? raw.p : "", raw.len, 1, &res, NULL);
     if (rc == TOK_OK) rc = tok_buf_append(&res, "", 0);

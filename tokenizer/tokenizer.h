@@ -9,21 +9,32 @@
  *   immutable from the caller's point of view: every function that takes a
  *   `const tok_tokenizer *` may be called from many threads at once (the
  *   internal pre-token cache is lock-protected).
- * - tokenizer.json support: model "BPE" with a ByteLevel pre-tokenizer and
- *   decoder (GPT-2 / Qwen / Llama-3 family). Pipeline, as HF runs it:
- *   added tokens matched first on the raw text (leftmost-longest, never
- *   split; lstrip/rstrip/single_word/normalized honoured), the normalizer
- *   (NFC/NFD/NFKC/NFKD via utf8proc) on the remaining segments, the Split
- *   pre-tokenizer regex (PCRE2, UTF+UCP, JIT), ByteLevel, BPE merges by rank
- *   (HF's exact priority-queue order), post-processor for add_special.
- *   Anything else in the file (unknown model type, normalizer, decoder...)
- *   is refused at load time with a message rather than tokenized wrongly.
+ * - tokenizer.json support: model "BPE", either byte-level (a ByteLevel
+ *   pre-tokenizer and decoder: GPT-2 / Qwen / Llama-3 / SmolLM family) or
+ *   over characters (Metaspace, or Llama-style Prepend+Replace normalizers;
+ *   unk, fuse_unk, byte_fallback). Pipeline, as HF runs it: added tokens
+ *   matched first on the raw text (leftmost-longest, never split;
+ *   lstrip/rstrip/single_word honoured; "normalized" ones by their
+ *   normalized content in the normalized text), the normalizers (Sequence,
+ *   NFC/NFD/NFKC/NFKD, Lowercase, Replace, Prepend, Strip) on the remaining
+ *   segments, the pre-tokenizers (Sequence, Split with every behavior and
+ *   invert, ByteLevel with add_prefix_space/use_regex, Digits, Punctuation,
+ *   Whitespace, WhitespaceSplit, Metaspace with prepend_scheme/split; PCRE2,
+ *   UTF+UCP, JIT), BPE merges by rank (HF's exact priority-queue order),
+ *   post-processor for add_special. Decoders: ByteLevel; Metaspace; a
+ *   Sequence of Replace(c -> " "), ByteFallback, Fuse, Strip(" ", 1, 0).
+ *   Anything else in the file (unknown model type, normalizer, decoder, a
+ *   pre-tokenizer after ByteLevel...) is refused at load time with a
+ *   message naming it rather than tokenized wrongly.
+ * - tok_load_bpe_vocab builds the same tokenizer from plain arrays (a GGUF's
+ *   tokenizer.ggml.*), the pipeline chosen by llama.cpp's pre-tokenizer name.
  * - Encode input must be valid UTF-8 (what a Python str can hold): invalid
  *   input is an error (TOK_EINVAL, message names the byte offset); nothing
  *   is silently replaced.
- * - Decode maps ids to bytes (ByteLevel decoder) and converts the bytes as
- *   Rust's String::from_utf8_lossy does: each maximal invalid subpart
- *   becomes one U+FFFD. No space clean-up. Ids that name no token are
+ * - Decode maps ids to bytes (the decoder's rule per token) and converts the
+ *   bytes as Rust's String::from_utf8_lossy does: each maximal invalid
+ *   subpart becomes one U+FFFD (HF's ByteFallback decoder instead gives one
+ *   U+FFFD per byte token of an invalid run: only such id sequences differ). No space clean-up. Ids that name no token are
  *   skipped, as HF does. Special tokens are kept unless skip_special.
  * - Streaming decode (tok_stream_*) emits only complete characters; the
  *   concatenation of everything it emits (including tok_stream_finish)
@@ -67,6 +78,28 @@ int tok_load_json_mem(const char *json, size_t len, tok_tokenizer **out, char *e
                       size_t errlen);
 /* Load a SentencePiece model (tokenizer.model). */
 int tok_load_sentencepiece(const char *path, tok_tokenizer **out, char *err, size_t errlen);
+/* A byte-level BPE given as plain arrays, e.g. a GGUF's tokenizer.ggml.*
+ * (the caller reads the file: tokenizer/ does not depend on weights/).
+ * Token strings are in the ByteLevel alphabet as in a tokenizer.json vocab. */
+typedef struct tok_bpe_vocab {
+    const char *const *tokens; /* n_tokens strings, NOT NUL-terminated */
+    const size_t *token_lens;
+    size_t n_tokens;
+    const char *const *merges; /* "a b" each, NOT NUL-terminated */
+    const size_t *merge_lens;
+    size_t n_merges;
+    /* n_tokens GGUF token types (1 normal, 2 unknown, 3 control,
+     * 4 user-defined, 5 unused, 6 byte), or NULL (all normal). Control and
+     * user-defined tokens become special added tokens. */
+    const int32_t *types;
+    /* llama.cpp pre-tokenizer name (tokenizer.ggml.pre): "default", "gpt-2",
+     * "smollm", "qwen2", "llama-bpe"; NULL = "default". Others: error. */
+    const char *pre;
+    int32_t bos_id, eos_id, unk_id, pad_id; /* -1 when absent */
+    int add_bos, add_eos; /* add_special prepends BOS / appends EOS */
+} tok_bpe_vocab;
+/* Load from arrays; tok_eos_id() is v->eos_id. Nothing in v is kept. */
+int tok_load_bpe_vocab(const tok_bpe_vocab *v, tok_tokenizer **out, char *err, size_t errlen);
 void tok_free(tok_tokenizer *t);
 
 /* "bpe" or "sentencepiece". */

@@ -154,8 +154,11 @@ int tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *len, c
     s->out.len = 0;
     *text = "";
     *len = 0;
-    if (tok_id_bytes(s->t, id, s->skip_special, s->first, &p, &n) != 0 || n == 0) return TOK_OK;
+    if (tok_id_bytes(s->t, id, s->skip_special, s->first, &p, &n) != 0) return TOK_OK;
+    /* "First" is the first emitted token or the first non-empty one. */
+    if (n == 0 && !tok_first_by_token(s->t)) return TOK_OK;
     s->first = 0;
+    if (n == 0) return TOK_OK;
     s->in.len = 0;
     if (tok_buf_append(&s->in, s->pend, s->npend) || tok_buf_append(&s->in, p, n) ||
         tok_utf8_lossy(s->in.p, s->in.len, 0, &s->out, &held) || tok_buf_append(&s->out, "", 0))
