@@ -26,10 +26,10 @@
 #include "comm/echo_codec.h"
 #include "comm/echo_internal.h"
 
-static const char *const mode_names[] = {"exact", "int4", "echo"};
+static const char *const mode_names[ECHO_MODE_COUNT] = {"exact", "int4", "echo", "bf16"};
 
 int echo_mode_parse(const char *s, echo_mode *out) {
-    for (int m = 0; m < 3; m++)
+    for (int m = 0; m < ECHO_MODE_COUNT; m++)
         if (s && !strcmp(s, mode_names[m])) {
             *out = (echo_mode)m;
             return 0;
@@ -38,7 +38,7 @@ int echo_mode_parse(const char *s, echo_mode *out) {
 }
 
 const char *echo_mode_name(echo_mode m) {
-    return (unsigned)m < 3 ? mode_names[m] : "unknown";
+    return (unsigned)m < ECHO_MODE_COUNT ? mode_names[m] : "unknown";
 }
 
 static double now_s(void) {
@@ -59,7 +59,7 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
         snprintf(err, errlen, "echo: %d ranks is outside [1, %d] (ECHO_MAX_RANKS)", nranks, ECHO_MAX_RANKS);
         return -1;
     }
-    if ((unsigned)cfg->mode > ECHO_MODE_ECHO) {
+    if ((unsigned)cfg->mode >= ECHO_MODE_COUNT) {
         snprintf(err, errlen, "echo: unknown mode %d", (int)cfg->mode);
         return -1;
     }
@@ -89,6 +89,7 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
     w->nranks = nranks;
     /* bf16 is the smallest element: the widest message in elements. */
     echo_plan_init(&w->max_plan, cfg->max_count, nranks, group, ECHO_BF16);
+    if (cfg->mode == ECHO_MODE_BF16) echo_plan_bf16_wire(&w->max_plan);
     /* The exact path takes every call in exact mode, else only calls below
      * min_bytes (the size policy); its buffers are sized for that. */
     if (cfg->mode == ECHO_MODE_EXACT)
@@ -137,7 +138,15 @@ int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t
         return -1;
     }
     int tp_ready = 0, compute_ready = 0;
-    echo_comm *c = calloc(1, sizeof *c);
+    echo_comm *c = NULL;
+    if (w->cfg.mode == ECHO_MODE_BF16 && w->tp->device_memory) {
+        /* the bf16 steps are host loops in this file (no kernels yet) */
+        snprintf(err, errlen, "echo: mode bf16 (16-bit exact) runs on host transports only (local on host memory, "
+                              "mpi), not on %s",
+                 w->tp->name);
+        goto fail;
+    }
+    c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(err, errlen, "echo: out of memory");
         goto fail;
@@ -444,6 +453,74 @@ static int run_quantized(echo_comm *c, const echo_plan *p, int site, void *buf, 
     return 0;
 }
 
+/* ---- bf16: the 16-bit exact baseline (host memory) ----
+ * The int4 schedule with another wire form: a shard travels as its values
+ * rounded to bf16 (nearest even); the owner sums in fp32 in rank order
+ * (own shard unrounded, like int4) and rounds the sum to bf16 once, so
+ * every rank decodes the same bits. Plain loops on the inline conversions
+ * of echo_codec.h, so this file needs no other compute code. */
+
+static int bf16_is_special(uint16_t v) {
+    return (v & 0x7f80u) == 0x7f80u; /* inf or nan */
+}
+
+/* wire[i] = bf16(x[i]) for n values of dt. */
+static void bf16_narrow(const void *x, echo_dtype dt, size_t n, uint16_t *wire) {
+    if (dt == ECHO_BF16)
+        memcpy(wire, x, n * 2);
+    else
+        for (size_t i = 0; i < n; i++)
+            wire[i] = echo_f32_to_bf16(((const float *)x)[i]);
+}
+
+static int run_bf16(echo_comm *c, const echo_plan *p, int site, void *buf, char *err, size_t errlen) {
+    echo_world *w = c->w;
+    const echo_transport_ops *t = w->tp;
+    int me = c->rank, N = p->nranks;
+    size_t esz = echo_dtype_size(p->dt), bad_out = ECHO_NO_INDEX;
+    for (int j = 0; j < N; j++) {
+        size_t n = echo_plan_len(p, j), off = (size_t)j * p->shard;
+        if (j != me && n) bf16_narrow((const char *)buf + off * esz, p->dt, n, (uint16_t *)t->p1_send(c, j));
+    }
+    echo_call call = {site, p->count, p->dt, ECHO_MODE_BF16, buf, NULL};
+    if (t->p1_exchange(c, p, &call, NULL, err, errlen)) return -1;
+    size_t n = echo_plan_len(p, me), off = (size_t)me * p->shard;
+    float *sum = c->scratch;
+    uint16_t *out = (uint16_t *)t->p2_send(c, p);
+    if (n) {
+        /* fixed order j = 0..N-1, as the int4 phase 2 */
+        for (int j = 0; j < N; j++) {
+            const uint16_t *in = j == me ? NULL : (const uint16_t *)t->p1_recv(c, j);
+            for (size_t i = 0; i < n; i++) {
+                float v;
+                if (in)
+                    v = echo_bf16_to_f32(in[i]);
+                else if (p->dt == ECHO_F32)
+                    v = ((const float *)buf)[off + i];
+                else
+                    v = echo_bf16_to_f32(((const uint16_t *)buf)[off + i]);
+                sum[i] = j ? sum[i] + v : v;
+            }
+        }
+        for (size_t i = 0; i < n; i++)
+            out[i] = echo_f32_to_bf16(sum[i]);
+    }
+    if (t->p2_exchange(c, p, NULL, err, errlen)) return -1;
+    for (int s = 0; s < N; s++) {
+        size_t m = echo_plan_len(p, s), o = (size_t)s * p->shard;
+        const uint16_t *g = (const uint16_t *)t->p2_recv(c, p, s);
+        for (size_t i = 0; i < m; i++) {
+            if (bf16_is_special(g[i]) && bad_out == ECHO_NO_INDEX) bad_out = o + i;
+            if (p->dt == ECHO_F32)
+                ((float *)buf)[o + i] = echo_bf16_to_f32(g[i]);
+            else
+                ((uint16_t *)buf)[o + i] = g[i];
+        }
+    }
+    if (bad_out != ECHO_NO_INDEX) return bad_value(c, ECHO_NO_INDEX, bad_out, err, errlen);
+    return 0;
+}
+
 static int run_exact(echo_comm *c, const echo_plan *p, int site, void *buf, void *stream, char *err, size_t errlen) {
     echo_world *w = c->w;
     size_t bad = ECHO_NO_INDEX;
@@ -551,8 +628,13 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
             }
             c->armed = 1;
         }
-        rc = used == ECHO_MODE_EXACT ? run_exact(c, &p, site, buf, stream, err, errlen)
-                                     : run_quantized(c, &p, site, buf, stream, err, errlen);
+        if (used == ECHO_MODE_BF16) echo_plan_bf16_wire(&p);
+        if (used == ECHO_MODE_EXACT)
+            rc = run_exact(c, &p, site, buf, stream, err, errlen);
+        else if (used == ECHO_MODE_BF16)
+            rc = run_bf16(c, &p, site, buf, err, errlen); /* host only: never deferred nor replayed */
+        else
+            rc = run_quantized(c, &p, site, buf, stream, err, errlen);
     done:
         if (rc) {
             c->aborted = 1;

@@ -6,7 +6,8 @@
  *   - A world is N ranks that reduce together. With the `local` transport the
  *     ranks are threads of one process (sharing host memory, or one GPU's
  *     memory) and the world is created once and shared; with `nccl` each
- *     rank is a GPU.
+ *     rank is a GPU; with `mpi` each rank is a process (one world per
+ *     process, each holding its own rank's comm).
  *   - Each rank owns an echo_comm (its transport endpoint and its residual).
  *     Per rank, calls are made from one thread, in the same order on every
  *     rank (like NCCL): begin_pass, then allreduce at sites in order. The
@@ -22,6 +23,8 @@
  *       int4:  the Echo codec and two-shot schedule, no residuals.
  *       echo:  int4 plus error feedback: the rounding error each call leaves
  *              is added to the input of the next call of the same pass.
+ *       bf16:  exact with 16 bits on the wire (host transports): the int4
+ *              schedule with bf16 messages, fp32 sums, no residuals.
  *     See docs/echo.md for the wire format, the schedule and the error bound.
  *   - Residual slots. The residual carried into a call is the one left by
  *     the previous call of this pass on this rank, whatever its site; sites
@@ -54,7 +57,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum echo_mode { ECHO_MODE_EXACT = 0, ECHO_MODE_INT4, ECHO_MODE_ECHO } echo_mode;
+/* ECHO_MODE_BF16 ("bf16") is the 16-bit exact baseline: the two-shot
+ * schedule with bf16 on the wire (round to nearest even) and fp32
+ * accumulation, the sum rounded to bf16 once by its owner before the
+ * all-gather, so replicas are bit-identical; host transports only (local on
+ * host memory, mpi). ECHO_MODE_COUNT sizes arrays indexed by mode. */
+typedef enum echo_mode { ECHO_MODE_EXACT = 0, ECHO_MODE_INT4, ECHO_MODE_ECHO, ECHO_MODE_BF16, ECHO_MODE_COUNT } echo_mode;
 typedef enum echo_dtype { ECHO_F32 = 0, ECHO_BF16 } echo_dtype;
 
 /* Limits. ECHO_DEFAULT_GROUP was chosen by measurement (docs/echo.md, "Choosing G"). */
@@ -78,7 +86,7 @@ typedef struct echo_config {
 typedef struct echo_world echo_world; /* shared by the ranks of one process */
 typedef struct echo_comm echo_comm;   /* one rank */
 
-/* Parse "exact" | "int4" | "echo"; -1 if unknown. */
+/* Parse "exact" | "int4" | "echo" | "bf16"; -1 if unknown. */
 int echo_mode_parse(const char *s, echo_mode *out);
 const char *echo_mode_name(echo_mode m);
 
@@ -109,6 +117,30 @@ int echo_world_create_local_device(int nranks, int device, const echo_config *cf
  * supported. Fails with a message in a build without CUDA. */
 int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
                            size_t errlen);
+/* mpi transport: one rank per process, rank = this process's rank in
+ * MPI_COMM_WORLD, nranks = its size; buffers in host memory (host compute).
+ * Collective: every process of MPI_COMM_WORLD calls it (it duplicates the
+ * communicator, so echo's traffic never mixes with the program's). MPI must
+ * already be initialised by the program, with MPI_Init_thread at
+ * MPI_THREAD_FUNNELED or better, and every echo call of the process made
+ * from the thread that initialised it. echo_comm_create takes this
+ * process's own rank only. Same schedule, checks, size policy, residuals
+ * and bits as local for int4, echo and bf16 (phase 1 MPI_Alltoallv, phase 2
+ * MPI_Allgather); before each call's data moves, a small MPI_Allgather of
+ * (site, count, dtype, path) lets every rank fail a disagreement alike.
+ * exact: MPI_Allreduce of fp32 (default), or the two-shot schedule with
+ * fp32 on the wire summed in rank order when $ECHO_MPI_EXACT=twoshot (read
+ * here); both give bit-identical replicas (Open MPI reduces each element
+ * once and distributes it), equal to local within fp32 reordering.
+ * echo_abort: MPI cannot interrupt a blocking collective, so it only marks
+ * this process's world aborted (its calls fail until
+ * echo_world_clear_abort, and echo_world_usable says why); peers already
+ * inside a collective of it are woken only by MPI_Abort, which ends the
+ * job: the program calls it when a rank fails outside the all-reduce.
+ * clear_abort is safe only when every process aborted at the same point.
+ * track_error, deferred and device memory are not supported. Fails with a
+ * message in a build without Open MPI (Makefile: MPI=0). */
+int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, size_t errlen);
 /* Destroy every comm of the world first. */
 void echo_world_destroy(echo_world *w);
 
@@ -220,9 +252,9 @@ uint64_t echo_comm_epoch(const echo_comm *c);
 int echo_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
 
 typedef struct echo_stats {
-    uint64_t calls[3];      /* by echo_mode actually used for the call */
-    uint64_t wire_bytes[3]; /* bytes this rank sent, by mode */
-    double seconds[3];      /* wall time inside echo_allreduce, by mode (enqueue time only when deferred) */
+    uint64_t calls[ECHO_MODE_COUNT];      /* by echo_mode actually used for the call */
+    uint64_t wire_bytes[ECHO_MODE_COUNT]; /* bytes this rank sent, by mode */
+    double seconds[ECHO_MODE_COUNT];      /* wall time inside echo_allreduce, by mode (enqueue time only when deferred) */
 } echo_stats;
 
 void echo_get_stats(const echo_comm *c, echo_stats *out);

@@ -62,6 +62,11 @@ static inline void echo_plan_init(echo_plan *p, size_t count, int nranks, int gr
     p->dt = dt;
 }
 
+/* Mode bf16 sends each shard as L bf16 values instead of the int4 form. */
+static inline void echo_plan_bf16_wire(echo_plan *p) {
+    p->wire = p->shard * 2;
+}
+
 /* What a rank posts for one call: transports that can see every rank's post
  * (local) check that the ranks agree, and read peers' inputs for `exact`. */
 typedef struct echo_call {

@@ -448,7 +448,7 @@ void eng_comm_stats(const eng *e, echo_stats *out) {
         if (!e->ranks[i].comm) continue;
         echo_stats s;
         echo_get_stats(e->ranks[i].comm, &s);
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < ECHO_MODE_COUNT; k++) {
             out->calls[k] += s.calls[k];
             out->wire_bytes[k] += s.wire_bytes[k];
             out->seconds[k] += s.seconds[k];

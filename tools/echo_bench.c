@@ -2,14 +2,16 @@
  * echo-bench: benchmarks, one subcommand each (the table `commands` below;
  * add a row to add one).
  *
- *   echo-bench allreduce [--transport local|nccl] [--ranks N] [--algo exact,int4,echo]
- *                        [--min-bytes 1K] [--max-bytes 16M] [--group G] [--echo-min-bytes N]
- *                        [--iters N] [--json]
+ *   echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]
+ *                        [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G]
+ *                        [--echo-min-bytes N] [--iters N] [--warmup N] [--json]
  *       nccl-tests-style table per message size and algorithm: time, algbw,
  *       busbw = algbw*2(N-1)/N, wire bits per value, relative error vs an
  *       fp64 sum. local: fp32 messages, ranks are threads over host memory.
  *       nccl: bf16 messages on GPUs 0..N-1, exact = NCCL's own bf16
- *       all-reduce (tools/bench/allreduce_nccl.c).
+ *       all-reduce (tools/bench/allreduce_nccl.c). mpi: run under mpirun,
+ *       one rank per process, fp32; time = slowest rank's; rank 0 prints
+ *       (scripts/netlab.sh and docs/network.md: over a shaped link).
  *   echo-bench chain [--ranks N] [--depth K] [--count M] [--group G] [--json]
  *       accumulated error of K chained all-reduces of independent random
  *       partials, int4 vs echo: ||sum out - sum exact|| per depth.
@@ -31,6 +33,10 @@
 
 #include "comm/echo.h"
 #include "tools/bench/bench.h"
+
+#ifdef ECHO_HAVE_MPI
+#include <mpi.h>
+#endif
 
 /* ---- shared helpers ---- */
 
@@ -212,8 +218,9 @@ static int ar_measure(int nranks, echo_mode mode, int group, size_t min_policy, 
     double t = tsum / iters, bytes = (double)count * sizeof(float);
     echo_stats st;
     echo_get_stats(R->c[0], &st);
-    uint64_t calls = st.calls[0] + st.calls[1] + st.calls[2];
-    uint64_t wire = st.wire_bytes[0] + st.wire_bytes[1] + st.wire_bytes[2];
+    uint64_t calls = 0, wire = 0;
+    for (int k = 0; k < ECHO_MODE_COUNT; k++)
+        calls += st.calls[k], wire += st.wire_bytes[k];
     double num = 0, den = 0;
     for (size_t i = 0; i < count; i++) {
         double d = (double)R->buf[0][i] - ref[i];
@@ -243,16 +250,170 @@ out:
     return status;
 }
 
+#ifdef ECHO_HAVE_MPI
+/* ---- allreduce over the mpi transport: this process is one rank ---- */
+
+typedef struct ar_mpi_opts {
+    int group, iters, warmup, json, seed, nmodes;
+    bench_dist dist;
+    size_t minb, maxb, step, policy;
+    const echo_mode *modes;
+} ar_mpi_opts;
+
+/* Every rank times each call after a barrier; an iteration's time is the
+ * slowest rank's. rel_err: each rank sums |out - ref|^2 over its 1/N of the
+ * indices against an fp64 sum of all ranks' inputs (regenerated here). */
+static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_mode mode, size_t count, const float *x, float *buf,
+                      const double *ref, size_t lo, size_t hi, int it, ar_row *row, char *err, size_t errlen) {
+    echo_config cfg = {mode, o->group, o->policy, 1, count, 0, 0};
+    echo_world *w = NULL;
+    echo_comm *c = NULL;
+    int rc = echo_world_create_mpi(&cfg, &w, err, errlen);
+    if (!rc) rc = echo_comm_create(w, me, &c, err, errlen);
+    double tsum = 0;
+    for (int i = 0; i < o->warmup + it; i++) {
+        int bad = rc, any = 0;
+        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD); /* also lines the ranks up */
+        if (any) {
+            if (!rc) snprintf(err, errlen, "another rank failed");
+            rc = -1;
+            break;
+        }
+        memcpy(buf, x, count * sizeof(float));
+        double t0 = now_s();
+        rc = echo_begin_pass(c, err, errlen);
+        if (!rc) rc = echo_allreduce(c, 0, buf, count, ECHO_F32, NULL, err, errlen);
+        double t = now_s() - t0, tmax = 0;
+        MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (i >= o->warmup) tsum += tmax;
+    }
+    int bad = rc, any = 0;
+    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+    if (any) {
+        if (!rc) snprintf(err, errlen, "another rank failed");
+        echo_comm_destroy(c);
+        echo_world_destroy(w);
+        return -1;
+    }
+    double e[2] = {0, 0}, tot[2] = {0, 0};
+    for (size_t i = lo; i < hi; i++) {
+        double d = (double)buf[i] - ref[i - lo];
+        e[0] += d * d;
+        e[1] += ref[i - lo] * ref[i - lo];
+    }
+    MPI_Allreduce(e, tot, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    echo_stats st;
+    echo_get_stats(c, &st);
+    uint64_t calls = 0, wire = 0;
+    for (int k = 0; k < ECHO_MODE_COUNT; k++)
+        calls += st.calls[k], wire += st.wire_bytes[k];
+    echo_config got;
+    echo_world_get_config(w, &got);
+    double t = tsum / it, bytes = (double)count * sizeof(float);
+    *row = (ar_row){(size_t)bytes,
+                    echo_mode_name(mode),
+                    N,
+                    got.group_size,
+                    t * 1e6,
+                    bytes / t / 1e9,
+                    bytes / t / 1e9 * 2.0 * (N - 1) / N,
+                    calls ? 8.0 * (double)wire / calls / (2.0 * (N - 1) / N * (double)count) : 0,
+                    tot[1] > 0 ? sqrt(tot[0] / tot[1]) : sqrt(tot[0])};
+    echo_comm_destroy(c);
+    echo_world_destroy(w);
+    return 0;
+}
+
+static int ar_mpi(const ar_mpi_opts *o) {
+    int inited = 0, level = 0, me = 0, N = 1, status = 0, first = 1;
+    MPI_Initialized(&inited);
+    if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &level) != MPI_SUCCESS) {
+        fprintf(stderr, "echo-bench: MPI_Init_thread failed\n");
+        return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &N);
+    size_t maxc = o->maxb / sizeof(float);
+    float *x = malloc(maxc * sizeof(float)), *buf = malloc(maxc * sizeof(float));
+    double *ref = malloc((maxc / (size_t)N + 1) * sizeof(double));
+    if (!x || !buf || !ref) {
+        fprintf(stderr, "echo-bench: rank %d: out of memory for %zu bytes\n", me, o->maxb);
+        MPI_Abort(MPI_COMM_WORLD, 1); /* peers wait in a collective */
+    }
+    fill(o->dist, x, maxc, (uint64_t)o->seed, 0, (uint64_t)me);
+    const char *rate = getenv("ECHO_NETLAB_RATE"), *impl = getenv("ECHO_MPI_EXACT");
+    if (me == 0) {
+        if (o->json)
+            printf("[");
+        else {
+            printf("# echo-bench allreduce: transport mpi (one rank per process), %d ranks, fp32, %s inputs, "
+                   "echo-min-bytes %zu, link %s, exact = %s\n",
+                   N, o->dist == DIST_GAUSS ? "Gaussian" : "outlier", o->policy, rate ? rate : "(not in netlab)",
+                   impl && *impl ? impl : "allreduce");
+            printf("# %12s %6s %6s %12s %12s %12s %10s %10s\n", "bytes", "algo", "group", "time(us)", "algbw(GB/s)",
+                   "busbw(GB/s)", "wire(b/v)", "rel_err");
+        }
+        fflush(stdout);
+    }
+    for (size_t bytes = o->minb; bytes <= o->maxb; bytes *= o->step) {
+        size_t count = bytes / sizeof(float);
+        size_t lo = count * (size_t)me / (size_t)N, hi = count * (size_t)(me + 1) / (size_t)N;
+        for (size_t i = lo; i < hi; i++) {
+            double s = 0;
+            for (int r = 0; r < N; r++)
+                s += sample(o->dist, (uint64_t)o->seed, 0, (uint64_t)r, i);
+            ref[i - lo] = s;
+        }
+        int it = o->iters ? o->iters : (int)(((size_t)64 << 20) / bytes >= 20 ? 20 : ((size_t)64 << 20) / bytes + 1);
+        for (int m = 0; m < o->nmodes; m++) {
+            ar_row row;
+            char err[512] = "";
+            if (ar_mpi_one(o, me, N, o->modes[m], count, x, buf, ref, lo, hi, it, &row, err, sizeof err)) {
+                if (me == 0 && o->json) printf("]\n");
+                fprintf(stderr, "echo-bench: rank %d: %s\n", me, err);
+                status = 1;
+                goto out;
+            }
+            if (me == 0) {
+                if (o->json)
+                    printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"ranks\": %d, \"group\": %d, "
+                           "\"time_us\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, "
+                           "\"wire_bits_per_value\": %.4f, \"rel_err\": %.6g}",
+                           first ? "" : ",", row.bytes, row.algo, row.ranks, row.group, row.time_us, row.algbw,
+                           row.busbw, row.wire_bits, row.rel_err);
+                else
+                    printf("  %12zu %6s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row.bytes, row.algo, row.group,
+                           row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
+                fflush(stdout);
+            }
+            first = 0;
+        }
+        if (bytes > o->maxb / o->step) break;
+    }
+    if (me == 0 && o->json) printf("\n]\n");
+out:
+    fflush(stdout);
+    free(x);
+    free(buf);
+    free(ref);
+    if (!inited) MPI_Finalize();
+    return status;
+}
+#endif
+
 static void ar_usage(void) {
-    fprintf(stderr, "usage: echo-bench allreduce [--transport local|nccl] [--ranks N] [--algo exact,int4,echo]\n"
-                    "                            [--min-bytes 1K] [--max-bytes 16M] [--group G] [--echo-min-bytes N]\n"
-                    "                            [--iters N] [--seed S] [--dist gauss|outlier] [--json]\n"
+    fprintf(stderr, "usage: echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]\n"
+                    "                            [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G]\n"
+                    "                            [--echo-min-bytes N] [--iters N] [--warmup N] [--seed S]\n"
+                    "                            [--dist gauss|outlier] [--json]\n"
                     "  local: ranks are threads over host memory, fp32 (CPU numbers)\n"
-                    "  nccl:  rank r on GPU r, bf16, exact = NCCL's bf16 all-reduce; uniform inputs (no --dist)\n");
+                    "  nccl:  rank r on GPU r, bf16, exact = NCCL's bf16 all-reduce; uniform inputs (no --dist)\n"
+                    "  mpi:   under mpirun, one rank per process (--ranks is the job's size), fp32; exact =\n"
+                    "         MPI_Allreduce, or the two-shot schedule with ECHO_MPI_EXACT=twoshot\n");
 }
 
 static int cmd_allreduce(int argc, char **argv) {
-    int nranks = 2, group = 0, iters = 0, json = 0, seed = 1;
+    int nranks = 2, group = 0, iters = 0, json = 0, seed = 1, step = 2, warmup = 1;
     bench_dist dist = DIST_GAUSS;
     size_t minb = 1024, maxb = 16u << 20, policy = 0;
     const char *algos = "exact,int4,echo", *transport = "local";
@@ -283,6 +444,10 @@ static int cmd_allreduce(int argc, char **argv) {
             bad = parse_int(v, 0, 1 << 30, &seed), i++;
         else if (!strcmp(a, "--dist"))
             bad = parse_dist(v, &dist), i++;
+        else if (!strcmp(a, "--step"))
+            bad = parse_int(v, 2, 1024, &step), i++;
+        else if (!strcmp(a, "--warmup"))
+            bad = parse_int(v, 0, 100, &warmup), i++;
         else
             bad = 1;
         if (bad) {
@@ -290,17 +455,17 @@ static int cmd_allreduce(int argc, char **argv) {
             return 2;
         }
     }
-    if (strcmp(transport, "local") && strcmp(transport, "nccl")) {
-        fprintf(stderr, "echo-bench: unknown transport '%s' (local, nccl)\n", transport);
+    if (strcmp(transport, "local") && strcmp(transport, "nccl") && strcmp(transport, "mpi")) {
+        fprintf(stderr, "echo-bench: unknown transport '%s' (local, nccl, mpi)\n", transport);
         return 2;
     }
-    echo_mode modes[3] = {ECHO_MODE_EXACT, ECHO_MODE_EXACT, ECHO_MODE_EXACT};
+    echo_mode modes[ECHO_MODE_COUNT] = {ECHO_MODE_EXACT};
     int nmodes = 0;
     char list[64];
     snprintf(list, sizeof list, "%s", algos);
     for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (nmodes == 3 || echo_mode_parse(tok, &modes[nmodes])) {
-            fprintf(stderr, "echo-bench: unknown algo '%s' (exact, int4, echo)\n", tok);
+        if (nmodes == ECHO_MODE_COUNT || echo_mode_parse(tok, &modes[nmodes])) {
+            fprintf(stderr, "echo-bench: unknown algo '%s' (exact, bf16, int4, echo)\n", tok);
             return 2;
         }
         nmodes++;
@@ -309,7 +474,21 @@ static int cmd_allreduce(int argc, char **argv) {
         ar_usage();
         return 2;
     }
+    if (!strcmp(transport, "mpi")) {
+#ifdef ECHO_HAVE_MPI
+        ar_mpi_opts o = {group, iters, warmup, json, seed, nmodes, dist, minb, maxb, (size_t)step, policy, modes};
+        return ar_mpi(&o);
+#else
+        fprintf(stderr, "echo-bench: this build has no mpi transport (Open MPI was not found at build time)\n");
+        return 1;
+#endif
+    }
     if (!strcmp(transport, "nccl")) {
+        for (int m = 0; m < nmodes; m++)
+            if (modes[m] == ECHO_MODE_BF16 || nmodes > 3) {
+                fprintf(stderr, "echo-bench: --transport nccl takes exact, int4 and echo (its exact is NCCL's bf16)\n");
+                return 2;
+            }
         if (dist != DIST_GAUSS) {
             fprintf(stderr, "echo-bench: --dist is not supported with --transport nccl (inputs are generated on "
                             "the GPUs, uniform)\n");
@@ -347,7 +526,7 @@ static int cmd_allreduce(int argc, char **argv) {
                "busbw(GB/s)", "wire(b/v)", "rel_err");
     }
     int first = 1;
-    for (size_t bytes = minb; bytes <= maxb; bytes *= 2) {
+    for (size_t bytes = minb; bytes <= maxb; bytes *= (size_t)step) {
         size_t count = bytes / sizeof(float);
         for (size_t i = 0; i < count; i++) {
             double s = 0;
@@ -377,7 +556,7 @@ static int cmd_allreduce(int argc, char **argv) {
             fflush(stdout);
             first = 0;
         }
-        if (bytes > maxb / 2) break;
+        if (bytes > maxb / (size_t)step) break;
     }
     if (json) printf("\n]\n");
 out:
