@@ -159,6 +159,25 @@ typedef struct {
 int tok_chat_apply(const tok_chat_message *msgs, size_t n_msgs, const tok_chat_options *opt,
                    char **out, size_t *out_len, char *err, size_t errlen);
 
+/* ---- Jinja chat templates (tokenizer/jinja.c) ----
+ * Any model's chat_template, rendered as transformers' apply_chat_template
+ * renders it with jinja2 (sandboxed, trim_blocks, lstrip_blocks,
+ * loopcontrols, raise_exception/strftime_now/namespace, json.dumps tojson).
+ * A compiled template is immutable: render it from many threads at once.
+ * Unsupported constructs fail at compile time with TOK_EFORMAT and a message
+ * naming the construct and line; render errors (raise_exception, type
+ * errors, undefined values used, step/memory/64 MiB output limits) return
+ * TOK_EINVAL with the message. The supported subset: tokenizer/README.md. */
+typedef struct tok_template tok_template;
+int tok_template_compile(const char *src, size_t len, tok_template **out, char *err, size_t errlen);
+/* context_json: a JSON object whose keys become template variables, e.g.
+ * {"messages":[...], "add_generation_prompt":true, "bos_token":"<s>",
+ *  "tools":[...]}. *out is malloc'ed and NUL-terminated. */
+int tok_template_render(const tok_template *t, const char *context_json, size_t context_len,
+                        char **out, size_t *out_len, char *err, size_t errlen);
+void tok_template_free(tok_template *t);
+/* ---- end Jinja chat templates ---- */
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,3397 @@
+/*
+ * A small Jinja interpreter for chat templates: the subset of Jinja2 that
+ * chat templates use, with the semantics transformers' apply_chat_template
+ * gives them (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
+ * loopcontrols, raise_exception / strftime_now / namespace globals and a
+ * json.dumps-style tojson). See tokenizer/README.md for what is supported.
+ *
+ * Design: the source is lexed and parsed once into an AST that is never
+ * written after compile (so many threads may render one template). A render
+ * owns an arena: every runtime value lives there and the whole arena is
+ * dropped at the end, so errors unwind with longjmp and leak nothing. Work
+ * is bounded by a step budget, an allocation budget, an output cap and
+ * depth limits: hostile templates fail with a message, never hang.
+ */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <jansson.h>
+#include <utf8proc.h>
+
+#include "tokenizer/internal.h"
+#include "tokenizer/tokenizer.h"
+
+#define J_MAX_OUTPUT (64u << 20)     /* bytes of rendered text */
+#define J_MAX_ALLOC (512u << 20)     /* arena bytes per render */
+#define J_MAX_STEPS 10000000ull      /* evaluation steps per render */
+#define J_MAX_PARSE_DEPTH 200        /* nesting of expressions and blocks */
+#define J_MAX_CALL_DEPTH 64          /* macro recursion */
+#define J_MAX_RANGE 100000           /* as jinja2's sandbox MAX_RANGE */
+
+/* ------------------------------------------------------------------ */
+/* Arena                                                                */
+
+typedef struct chunk {
+    struct chunk *next;
+    size_t used, cap;
+    max_align_t data[];
+} chunk;
+
+typedef struct {
+    chunk *head;
+    size_t total;
+    jmp_buf *jb; /* where to go when out of memory or budget */
+    char *err;
+    size_t errlen;
+} arena;
+
+static void arena_free(arena *a) {
+    for (chunk *c = a->head, *n; c; c = n) n = c->next, free(c);
+    a->head = NULL;
+}
+
+static void afail(arena *a, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (a->err && a->errlen) vsnprintf(a->err, a->errlen, fmt, ap);
+    va_end(ap);
+    longjmp(*a->jb, 1);
+}
+
+static void *aalloc(arena *a, size_t n) {
+    n = (n + 15) & ~(size_t)15;
+    if (n > J_MAX_ALLOC || a->total + n > J_MAX_ALLOC) afail(a, "template uses too much memory");
+    chunk *c = a->head;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = n > 65536 ? n : 65536;
+        c = malloc(sizeof *c + cap);
+        if (!c) afail(a, "out of memory");
+        c->used = 0;
+        c->cap = cap;
+        c->next = a->head;
+        a->head = c;
+        a->total += cap;
+    }
+    void *p = (char *)c->data + c->used;
+    c->used += n;
+    return p;
+}
+
+static void *azalloc(arena *a, size_t n) { return memset(aalloc(a, n), 0, n); }
+
+static char *adup(arena *a, const char *s, size_t n) {
+    char *p = aalloc(a, n + 1);
+    if (n) memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
+/* Growable byte string in the arena. */
+typedef struct {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_put(arena *a, sbuf *b, const char *s, size_t n) {
+    if (!n) return;
+    if (n > J_MAX_OUTPUT || b->n + n > J_MAX_OUTPUT) afail(a, "string longer than %u bytes", J_MAX_OUTPUT);
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 64;
+        while (cap < b->n + n) cap *= 2;
+        char *p = aalloc(a, cap);
+        if (b->n) memcpy(p, b->p, b->n);
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+static void sb_puts(arena *a, sbuf *b, const char *s) { sb_put(a, b, s, strlen(s)); }
+static void sb_printf(arena *a, sbuf *b, const char *fmt, ...) {
+    char tmp[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    sb_put(a, b, tmp, k < 0 ? 0 : (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1);
+}
+
+/* ------------------------------------------------------------------ */
+/* UTF-8 helpers                                                        */
+
+/* Decode one code point; invalid bytes decode as themselves (values come
+ * from jansson and template source that is validated, so this is a guard). */
+static size_t u8dec(const char *s, size_t n, int32_t *cp) {
+    utf8proc_int32_t c;
+    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &c);
+    if (k <= 0) {
+        *cp = (unsigned char)s[0];
+        return 1;
+    }
+    *cp = c;
+    return (size_t)k;
+}
+
+static size_t u8enc(int32_t cp, char *out) {
+    utf8proc_ssize_t k = utf8proc_encode_char(cp, (utf8proc_uint8_t *)out);
+    return k > 0 ? (size_t)k : 0;
+}
+
+static size_t u8len(const char *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        if (((unsigned char)s[i] & 0xC0) != 0x80) c++;
+    return c;
+}
+
+/* Python's str.isspace. */
+static int py_space(int32_t c) {
+    return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f ||
+           c == 0x3000;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tokens                                                               */
+
+enum {
+    TK_EOF,
+    TK_DATA,
+    TK_VBEGIN,
+    TK_VEND,
+    TK_BBEGIN,
+    TK_BEND,
+    TK_NAME,
+    TK_STR,
+    TK_INT,
+    TK_FLOAT,
+    TK_OP,
+};
+
+typedef struct {
+    int type, line;
+    const char *s; /* DATA text, NAME, STR value, OP text */
+    size_t n;
+    int64_t i;
+    double f;
+} token;
+
+typedef struct {
+    arena *a;
+    token *t;
+    size_t n, cap, pos;
+    int depth;
+} parser;
+
+static void perr(parser *p, int line, const char *fmt, ...) {
+    char msg[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    afail(p->a, "line %d: %s", line, msg);
+}
+
+static token *push_tok(parser *p, int type, int line) {
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 256;
+        token *t = aalloc(p->a, cap * sizeof *t);
+        if (p->n) memcpy(t, p->t, p->n * sizeof *t);
+        p->t = t;
+        p->cap = cap;
+    }
+    token *t = &p->t[p->n++];
+    memset(t, 0, sizeof *t);
+    t->type = type;
+    t->line = line;
+    return t;
+}
+
+static int count_nl(const char *s, size_t n) {
+    int k = 0;
+    for (size_t i = 0; i < n; i++) k += s[i] == '\n';
+    return k;
+}
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+static int is_ident0(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* Decode a string literal body the way jinja2 does (Python's
+ * unicode-escape: known escapes are replaced, unknown ones kept). */
+static void lex_string(parser *p, token *t, const char *s, size_t n, int line) {
+    sbuf b = {0};
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\\' || i + 1 >= n) {
+            sb_put(p->a, &b, s + i, 1);
+            continue;
+        }
+        char c = s[++i];
+        const char *simple = NULL;
+        switch (c) {
+        case 'n': simple = "\n"; break;
+        case 't': simple = "\t"; break;
+        case 'r': simple = "\r"; break;
+        case '\\': simple = "\\"; break;
+        case '\'': simple = "'"; break;
+        case '"': simple = "\""; break;
+        case 'a': simple = "\a"; break;
+        case 'b': simple = "\b"; break;
+        case 'f': simple = "\f"; break;
+        case 'v': simple = "\v"; break;
+        case '\n': simple = ""; break;
+        default: break;
+        }
+        if (simple) {
+            sb_puts(p->a, &b, simple);
+            continue;
+        }
+        int32_t cp = -1;
+        if (c >= '0' && c <= '7') {
+            cp = 0;
+            size_t k = 0;
+            for (; k < 3 && i < n && s[i] >= '0' && s[i] <= '7'; k++, i++) cp = cp * 8 + (s[i] - '0');
+            i--;
+        } else if (c == 'x' || c == 'u' || c == 'U') {
+            size_t want = c == 'x' ? 2 : c == 'u' ? 4 : 8;
+            cp = 0;
+            for (size_t k = 0; k < want; k++) {
+                char h = i + 1 + k < n ? s[i + 1 + k] : 0;
+                int v = is_digit(h) ? h - '0' : (h >= 'a' && h <= 'f') ? h - 'a' + 10 : (h >= 'A' && h <= 'F') ? h - 'A' + 10 : -1;
+                if (v < 0) perr(p, line, "truncated \\%c escape in string literal", c);
+                cp = cp * 16 + v;
+            }
+            i += want;
+        } else if (c == 'N') {
+            perr(p, line, "unsupported construct '\\N{...}' escape");
+        } else {
+            sb_put(p->a, &b, s + i - 1, 2); /* unknown escape stays as written */
+            continue;
+        }
+        if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) perr(p, line, "invalid escape in string literal");
+        char u[4];
+        sb_put(p->a, &b, u, u8enc(cp, u));
+    }
+    t->s = b.p ? b.p : "";
+    t->n = b.n;
+}
+
+static const char *const OPS3[] = {"**", "//", "==", "!=", ">=", "<=", NULL};
+static const char OPS1[] = "+-/*%~[](){}><=.:|,;";
+
+/* Lex the inside of a tag until its end marker; returns the position after
+ * the end marker (with trim_blocks/`-` handling applied). */
+static size_t lex_tag(parser *p, const char *src, size_t n, size_t i, int *line, int is_block, int *line_starting) {
+    int bal = 0;
+    for (;;) {
+        while (i < n && is_ws(src[i])) *line += src[i++] == '\n';
+        if (i >= n) perr(p, *line, "unexpected end of template, expected end of %s", is_block ? "block" : "print");
+        /* end of tag, only when brackets are balanced */
+        if (!bal) {
+            const char *end = is_block ? "%}" : "}}";
+            int minus = 0, plus = 0;
+            size_t j = i;
+            if (src[j] == '-' && j + 2 < n + 1 && !strncmp(src + j + 1, end, 2)) minus = 1, j++;
+            else if (is_block && src[j] == '+' && !strncmp(src + j + 1, end, 2)) plus = 1, j++;
+            if (j + 2 <= n && !strncmp(src + j, end, 2)) {
+                j += 2;
+                push_tok(p, is_block ? TK_BEND : TK_VEND, *line);
+                if (minus) {
+                    while (j < n && is_ws(src[j])) *line += src[j++] == '\n';
+                } else if (is_block && !plus && j < n && src[j] == '\n') {
+                    j++, (*line)++;
+                    *line_starting = 1;
+                    return j;
+                }
+                *line_starting = j > 0 && src[j - 1] == '\n';
+                return j;
+            }
+        }
+        char c = src[i];
+        if (is_ident0(c) || (unsigned char)c >= 0x80) {
+            size_t j = i;
+            while (j < n && (is_ident0(src[j]) || is_digit(src[j]))) j++;
+            if (j == i) perr(p, *line, "unexpected character in tag");
+            token *t = push_tok(p, TK_NAME, *line);
+            t->s = src + i;
+            t->n = j - i;
+            i = j;
+        } else if (is_digit(c)) {
+            /* integer / float with '_' separators, as jinja2's lexer */
+            size_t j = i;
+            char num[80];
+            size_t k = 0;
+            int isf = 0;
+            while (j < n && (is_digit(src[j]) || (src[j] == '_' && j + 1 < n && is_digit(src[j + 1]))))
+                if (src[j++] != '_' && k < sizeof num - 8) num[k++] = src[j - 1];
+            if (j + 1 < n && src[j] == '.' && is_digit(src[j + 1])) {
+                isf = 1;
+                num[k++] = src[j++];
+                while (j < n && (is_digit(src[j]) || (src[j] == '_' && j + 1 < n && is_digit(src[j + 1]))))
+                    if (src[j++] != '_' && k < sizeof num - 8) num[k++] = src[j - 1];
+            }
+            if (j < n && (src[j] == 'e' || src[j] == 'E')) {
+                size_t e = j + 1;
+                if (e < n && (src[e] == '+' || src[e] == '-')) e++;
+                if (e < n && is_digit(src[e])) {
+                    isf = 1;
+                    num[k++] = 'e';
+                    if (src[j + 1] == '-') num[k++] = '-';
+                    j = e;
+                    while (j < n && (is_digit(src[j]) || (src[j] == '_' && j + 1 < n && is_digit(src[j + 1]))))
+                        if (src[j++] != '_' && k < sizeof num - 2) num[k++] = src[j - 1];
+                }
+            }
+            num[k] = 0;
+            token *t = push_tok(p, isf ? TK_FLOAT : TK_INT, *line);
+            if (isf) t->f = strtod(num, NULL);
+            else {
+                errno = 0;
+                unsigned long long v = strtoull(num, NULL, 10);
+                if (errno || v > INT64_MAX) perr(p, *line, "unsupported construct: integer literal too large");
+                t->i = (int64_t)v;
+            }
+            i = j;
+        } else if (c == '\'' || c == '"') {
+            size_t j = i + 1;
+            int l0 = *line;
+            while (j < n && src[j] != c) {
+                if (src[j] == '\\' && j + 1 < n) j++;
+                *line += src[j] == '\n';
+                j++;
+            }
+            if (j >= n) perr(p, l0, "unterminated string literal");
+            token *t = push_tok(p, TK_STR, l0);
+            lex_string(p, t, src + i + 1, j - i - 1, l0);
+            i = j + 1;
+        } else {
+            size_t len = 0;
+            for (int k = 0; OPS3[k]; k++)
+                if (i + 1 < n && src[i] == OPS3[k][0] && src[i + 1] == OPS3[k][1]) len = 2;
+            if (!len && c && strchr(OPS1, c)) len = 1;
+            if (!len) perr(p, *line, "unexpected character '%c'", c);
+            if (len == 1 && (c == '(' || c == '[' || c == '{')) bal++;
+            if (len == 1 && (c == ')' || c == ']' || c == '}')) {
+                if (!bal) perr(p, *line, "unexpected '%c'", c);
+                bal--;
+            }
+            token *t = push_tok(p, TK_OP, *line);
+            t->s = src + i;
+            t->n = len;
+            i += len;
+        }
+    }
+}
+
+/* Split the source into data and tag tokens, applying jinja2's whitespace
+ * rules (see jinja2/lexer.py: `-`/`+` markers, lstrip_blocks, trim_blocks). */
+static void lex(parser *p, const char *src, size_t n) {
+    size_t i = 0;
+    int line = 1, line_starting = 1;
+    while (i < n) {
+        /* earliest tag start */
+        size_t j = i;
+        while (j + 1 < n && !(src[j] == '{' && (src[j + 1] == '{' || src[j + 1] == '%' || src[j + 1] == '#'))) j++;
+        if (j + 1 >= n) {
+            token *t = push_tok(p, TK_DATA, line);
+            t->s = src + i;
+            t->n = n - i;
+            return;
+        }
+        char kind = src[j + 1];
+        char sign = j + 2 < n ? src[j + 2] : 0;
+        if (sign != '-' && sign != '+') sign = 0;
+        size_t tlen = j - i;
+        if (sign == '-') {
+            while (tlen && is_ws(src[i + tlen - 1])) tlen--;
+        } else if (sign != '+' && kind != '{') {
+            /* lstrip_blocks: drop spaces between the line start and a block/comment tag */
+            size_t l = tlen;
+            while (l && src[i + l - 1] != '\n') l--;
+            int has_nl = l > 0;
+            if (has_nl || line_starting) {
+                size_t k = l;
+                while (k < tlen && is_ws(src[i + k])) k++;
+                if (k == tlen && l < tlen) tlen = l;
+            }
+        }
+        if (tlen) {
+            token *t = push_tok(p, TK_DATA, line);
+            t->s = src + i;
+            t->n = tlen;
+        }
+        line += count_nl(src + i, j - i);
+        i = j + 2 + (sign ? 1 : 0);
+        if (kind == '#') {
+            /* comment: ends at the first #} (with -/+ markers and trim_blocks) */
+            size_t k = i;
+            while (k + 1 < n && !(src[k] == '#' && src[k + 1] == '}')) k++;
+            if (k + 1 >= n) perr(p, line, "missing end of comment tag");
+            int minus = k > i && src[k - 1] == '-', plus = k > i && src[k - 1] == '+';
+            line += count_nl(src + i, k - i);
+            i = k + 2;
+            if (minus) {
+                while (i < n && is_ws(src[i])) line += src[i++] == '\n';
+            } else if (!plus && i < n && src[i] == '\n') {
+                i++, line++;
+            }
+            line_starting = src[i - 1] == '\n';
+            continue;
+        }
+        if (kind == '%') {
+            /* {% raw %} is not supported: say so instead of rendering it wrong */
+            size_t k = i;
+            while (k < n && is_ws(src[k])) k++;
+            if (n - k >= 3 && !strncmp(src + k, "raw", 3) && (k + 3 >= n || !is_ident0(src[k + 3])))
+                perr(p, line, "unsupported construct '{%% raw %%}'");
+        }
+        push_tok(p, kind == '%' ? TK_BBEGIN : TK_VBEGIN, line);
+        i = lex_tag(p, src, n, i, &line, kind == '%', &line_starting);
+    }
+    push_tok(p, TK_EOF, line);
+}
+
+/* ------------------------------------------------------------------ */
+/* AST                                                                  */
+
+typedef enum {
+    E_STR, E_INT, E_FLOAT, E_BOOL, E_NONE, E_NAME, E_LIST, E_TUPLE, E_DICT,
+    E_ATTR, E_ITEM, E_SLICE, E_CALL, E_FILTER, E_TEST, E_NOT, E_NEG, E_POS,
+    E_BIN, E_AND, E_OR, E_COND, E_CMP, E_CONCAT
+} ekind;
+
+enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FDIV, OP_MOD, OP_POW };
+enum { CMP_EQ, CMP_NE, CMP_LT, CMP_LE, CMP_GT, CMP_GE, CMP_IN, CMP_NOTIN };
+
+typedef struct expr expr;
+typedef struct {
+    const char *name; /* NULL for positional */
+    size_t nlen;
+    expr *e;
+} arg;
+
+struct expr {
+    ekind k;
+    int line, op, neg, fn; /* fn: filter/test id */
+    const char *s;
+    size_t n;
+    int64_t i;
+    double f;
+    expr *a, *b, *c;
+    arg *args;
+    size_t nargs;
+    int *ops; /* E_CMP: nargs-1 operators after a */
+};
+
+typedef enum { S_TEXT, S_OUT, S_IF, S_FOR, S_SET, S_SETBLOCK, S_BREAK, S_CONTINUE, S_MACRO, S_BLOCK } skind;
+
+typedef struct stmt stmt;
+struct stmt {
+    skind k;
+    int line;
+    stmt *next;
+    const char *s; /* text; macro name; set: namespace name when attr set */
+    size_t n;
+    const char *attr; /* set ns.attr */
+    size_t attrn;
+    expr *e, *cond;
+    stmt *body, *orelse;
+    const char **names; /* for/set targets; macro parameters */
+    size_t *nlens;
+    size_t nnames;
+    expr **defaults; /* macro parameter defaults (NULL = required) */
+    int filter_fn;   /* S_SETBLOCK filter, -1 none */
+};
+
+struct tok_template {
+    arena a;
+    stmt *body;
+};
+
+/* ------------------------------------------------------------------ */
+/* Filters, tests, builtins: names resolved at compile time              */
+
+enum {
+    F_TRIM, F_TOJSON, F_LENGTH, F_COUNT, F_UPPER, F_LOWER, F_CAPITALIZE, F_TITLE, F_REPLACE, F_JOIN,
+    F_FIRST, F_LAST, F_DEFAULT, F_D, F_STRING, F_INT, F_FLOAT, F_LIST, F_ITEMS, F_SELECTATTR,
+    F_REJECTATTR, F_SELECT, F_REJECT, F_MAP, F_INDENT, F_SAFE, F_ABS, F_ROUND, F_UNIQUE, F_REVERSE,
+    F_ESCAPE, F_E, F_SUM, F_MIN, F_MAX, F_SORT, F_DICTSORT, F_WORDCOUNT, F_CENTER, F_BOOL,
+    F_N
+};
+static const char *const FILTERS[] = {
+    "trim", "tojson", "length", "count", "upper", "lower", "capitalize", "title", "replace", "join",
+    "first", "last", "default", "d", "string", "int", "float", "list", "items", "selectattr",
+    "rejectattr", "select", "reject", "map", "indent", "safe", "abs", "round", "unique", "reverse",
+    "escape", "e", "sum", "min", "max", "sort", "dictsort", "wordcount", "center", "bool",
+};
+
+enum {
+    T_DEFINED, T_UNDEFINED, T_NONE_, T_STRING, T_MAPPING, T_ITERABLE, T_SEQUENCE, T_NUMBER, T_INTEGER,
+    T_FLOAT_, T_BOOLEAN, T_TRUE, T_FALSE, T_ODD, T_EVEN, T_DIVISIBLEBY, T_EQ, T_EQUALTO, T_EQ2, T_NE,
+    T_NE2, T_LT, T_LT2, T_LESSTHAN, T_GT, T_GT2, T_GREATERTHAN, T_LE, T_LE2, T_GE, T_GE2, T_IN,
+    T_SAMEAS, T_CALLABLE, T_LOWER, T_UPPER, T_N
+};
+static const char *const TESTS[] = {
+    "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number", "integer",
+    "float", "boolean", "true", "false", "odd", "even", "divisibleby", "eq", "equalto", "==", "ne",
+    "!=", "lt", "<", "lessthan", "gt", ">", "greaterthan", "le", "<=", "ge", ">=", "in",
+    "sameas", "callable", "lower", "upper",
+};
+
+static int lookup_name(const char *const *tab, int n, const char *s, size_t len) {
+    for (int i = 0; i < n; i++)
+        if (strlen(tab[i]) == len && !memcmp(tab[i], s, len)) return i;
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Parser                                                               */
+
+static token *cur(parser *p) { return &p->t[p->pos]; }
+static token *nexttok(parser *p) { return &p->t[p->pos++]; }
+static int is_op(token *t, const char *op) { return t->type == TK_OP && t->n == strlen(op) && !memcmp(t->s, op, t->n); }
+static int is_name(token *t, const char *nm) { return t->type == TK_NAME && t->n == strlen(nm) && !memcmp(t->s, nm, t->n); }
+static int accept_op(parser *p, const char *op) { return is_op(cur(p), op) ? (p->pos++, 1) : 0; }
+static int accept_name(parser *p, const char *nm) { return is_name(cur(p), nm) ? (p->pos++, 1) : 0; }
+
+static const char *tokdesc(token *t, char *buf, size_t len) {
+    switch (t->type) {
+    case TK_EOF: return "end of template";
+    case TK_DATA: return "template data";
+    case TK_VBEGIN: return "'{{'";
+    case TK_VEND: return "'}}'";
+    case TK_BBEGIN: return "'{%'";
+    case TK_BEND: return "'%}'";
+    case TK_STR: return "string";
+    case TK_INT: return "integer";
+    case TK_FLOAT: return "float";
+    default: snprintf(buf, len, "'%.*s'", (int)(t->n > 40 ? 40 : t->n), t->s); return buf;
+    }
+}
+
+static void expect_op(parser *p, const char *op) {
+    if (!accept_op(p, op)) {
+        char b[64];
+        perr(p, cur(p)->line, "expected '%s', got %s", op, tokdesc(cur(p), b, sizeof b));
+    }
+}
+
+static token *expect_name(parser *p) {
+    if (cur(p)->type != TK_NAME) {
+        char b[64];
+        perr(p, cur(p)->line, "expected a name, got %s", tokdesc(cur(p), b, sizeof b));
+    }
+    return nexttok(p);
+}
+
+static expr *mk(parser *p, ekind k, int line) {
+    expr *e = azalloc(p->a, sizeof *e);
+    e->k = k;
+    e->line = line;
+    return e;
+}
+
+typedef struct {
+    arg *v;
+    size_t n, cap;
+} argvec;
+static void argpush(parser *p, argvec *v, arg a) {
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 4;
+        arg *nv = aalloc(p->a, cap * sizeof *nv);
+        if (v->n) memcpy(nv, v->v, v->n * sizeof *nv);
+        v->v = nv;
+        v->cap = cap;
+    }
+    v->v[v->n++] = a;
+}
+
+static expr *parse_expr(parser *p);
+static expr *parse_or(parser *p);
+static expr *parse_unary(parser *p, int with_filter);
+
+static void enter(parser *p) {
+    if (++p->depth > J_MAX_PARSE_DEPTH) perr(p, cur(p)->line, "template nested too deeply");
+}
+
+/* (args) of a call, filter or test: positional then name=value. */
+static void parse_args(parser *p, expr *e) {
+    argvec v = {0};
+    expect_op(p, "(");
+    while (!accept_op(p, ")")) {
+        if (v.n) expect_op(p, ",");
+        if (accept_op(p, ")")) break;
+        if (is_op(cur(p), "*") || is_op(cur(p), "**")) perr(p, cur(p)->line, "unsupported construct '*args' in call");
+        arg a = {0};
+        if (cur(p)->type == TK_NAME && is_op(&p->t[p->pos + 1], "=")) {
+            a.name = cur(p)->s;
+            a.nlen = cur(p)->n;
+            p->pos += 2;
+        } else if (v.n && v.v[v.n - 1].name) {
+            perr(p, cur(p)->line, "positional argument after keyword argument");
+        }
+        a.e = parse_expr(p);
+        argpush(p, &v, a);
+    }
+    e->args = v.v;
+    e->nargs = v.n;
+}
+
+static expr *parse_primary(parser *p) {
+    token *t = cur(p);
+    char b[64];
+    expr *e;
+    enter(p);
+    if (t->type == TK_NAME) {
+        p->pos++;
+        if (is_name(t, "true") || is_name(t, "True") || is_name(t, "false") || is_name(t, "False")) {
+            e = mk(p, E_BOOL, t->line);
+            e->i = t->s[0] == 't' || t->s[0] == 'T';
+        } else if (is_name(t, "none") || is_name(t, "None")) {
+            e = mk(p, E_NONE, t->line);
+        } else {
+            e = mk(p, E_NAME, t->line);
+            e->s = t->s;
+            e->n = t->n;
+        }
+    } else if (t->type == TK_STR) {
+        /* adjacent literals concatenate */
+        sbuf s = {0};
+        int line = t->line;
+        while (cur(p)->type == TK_STR) sb_put(p->a, &s, cur(p)->s, cur(p)->n), p->pos++;
+        e = mk(p, E_STR, line);
+        e->s = s.p ? s.p : "";
+        e->n = s.n;
+    } else if (t->type == TK_INT) {
+        p->pos++;
+        e = mk(p, E_INT, t->line);
+        e->i = t->i;
+    } else if (t->type == TK_FLOAT) {
+        p->pos++;
+        e = mk(p, E_FLOAT, t->line);
+        e->f = t->f;
+    } else if (is_op(t, "(")) {
+        p->pos++;
+        if (accept_op(p, ")")) {
+            e = mk(p, E_TUPLE, t->line);
+        } else {
+            expr *first = parse_expr(p);
+            if (is_op(cur(p), ",")) {
+                argvec v = {0};
+                argpush(p, &v, (arg){NULL, 0, first});
+                while (accept_op(p, ",")) {
+                    if (is_op(cur(p), ")")) break;
+                    argpush(p, &v, (arg){NULL, 0, parse_expr(p)});
+                }
+                e = mk(p, E_TUPLE, t->line);
+                e->args = v.v;
+                e->nargs = v.n;
+            } else {
+                e = first;
+            }
+            expect_op(p, ")");
+        }
+    } else if (is_op(t, "[")) {
+        p->pos++;
+        argvec v = {0};
+        while (!accept_op(p, "]")) {
+            if (v.n) expect_op(p, ",");
+            if (accept_op(p, "]")) break;
+            argpush(p, &v, (arg){NULL, 0, parse_expr(p)});
+        }
+        e = mk(p, E_LIST, t->line);
+        e->args = v.v;
+        e->nargs = v.n;
+    } else if (is_op(t, "{")) {
+        p->pos++;
+        argvec v = {0};
+        while (!accept_op(p, "}")) {
+            if (v.n) expect_op(p, ",");
+            if (accept_op(p, "}")) break;
+            argpush(p, &v, (arg){NULL, 0, parse_expr(p)});
+            expect_op(p, ":");
+            argpush(p, &v, (arg){NULL, 0, parse_expr(p)});
+        }
+        e = mk(p, E_DICT, t->line);
+        e->args = v.v;
+        e->nargs = v.n;
+    } else {
+        perr(p, t->line, "unexpected %s", tokdesc(t, b, sizeof b));
+        return NULL;
+    }
+    p->depth--;
+    return e;
+}
+
+static expr *parse_subscript(parser *p, expr *obj) {
+    int line = cur(p)->line;
+    expect_op(p, "[");
+    expr *parts[3] = {0};
+    int is_slice = 0, k = 0;
+    for (;;) {
+        if (is_op(cur(p), "]")) break;
+        if (accept_op(p, ":")) {
+            is_slice = 1;
+            if (++k > 2) perr(p, line, "invalid slice");
+            continue;
+        }
+        if (parts[k]) {
+            char b[64];
+            perr(p, cur(p)->line, "expected ']', got %s", tokdesc(cur(p), b, sizeof b));
+        }
+        parts[k] = parse_expr(p);
+        if (is_op(cur(p), ",")) perr(p, line, "unsupported construct: tuple subscript");
+    }
+    expect_op(p, "]");
+    expr *e;
+    if (is_slice) {
+        e = mk(p, E_SLICE, line);
+        e->a = obj;
+        e->b = parts[0];
+        e->c = parts[1];
+        if (parts[2]) {
+            e->args = aalloc(p->a, sizeof *e->args);
+            e->args[0] = (arg){NULL, 0, parts[2]};
+            e->nargs = 1;
+        }
+    } else {
+        if (!parts[0]) perr(p, line, "empty subscript");
+        e = mk(p, E_ITEM, line);
+        e->a = obj;
+        e->b = parts[0];
+    }
+    return e;
+}
+
+static expr *parse_postfix(parser *p, expr *e) {
+    for (;;) {
+        token *t = cur(p);
+        if (is_op(t, ".")) {
+            p->pos++;
+            token *nm = cur(p);
+            if (nm->type == TK_INT) {
+                p->pos++;
+                expr *x = mk(p, E_ITEM, nm->line);
+                x->a = e;
+                x->b = mk(p, E_INT, nm->line);
+                x->b->i = nm->i;
+                e = x;
+                continue;
+            }
+            nm = expect_name(p);
+            expr *x = mk(p, E_ATTR, nm->line);
+            x->a = e;
+            x->s = nm->s;
+            x->n = nm->n;
+            e = x;
+        } else if (is_op(t, "[")) {
+            e = parse_subscript(p, e);
+        } else if (is_op(t, "(")) {
+            expr *x = mk(p, E_CALL, t->line);
+            x->a = e;
+            parse_args(p, x);
+            e = x;
+        } else {
+            return e;
+        }
+    }
+}
+
+static expr *parse_filter_expr(parser *p, expr *e) {
+    for (;;) {
+        if (accept_op(p, "|")) {
+            do {
+                token *nm = expect_name(p);
+                sbuf full = {0};
+                sb_put(p->a, &full, nm->s, nm->n);
+                while (is_op(cur(p), ".")) { /* dotted filter names */
+                    p->pos++;
+                    token *x = expect_name(p);
+                    sb_puts(p->a, &full, ".");
+                    sb_put(p->a, &full, x->s, x->n);
+                }
+                int fn = lookup_name(FILTERS, F_N, full.p, full.n);
+                if (fn < 0) perr(p, nm->line, "unsupported construct: filter '%.*s'", (int)(full.n > 60 ? 60 : full.n), full.p);
+                expr *x = mk(p, E_FILTER, nm->line);
+                x->a = e;
+                x->fn = fn;
+                x->s = full.p;
+                x->n = full.n;
+                if (is_op(cur(p), "(")) parse_args(p, x);
+                e = x;
+            } while (accept_op(p, "|"));
+        } else if (is_name(cur(p), "is")) {
+            int line = nexttok(p)->line;
+            int neg = accept_name(p, "not");
+            token *nm = expect_name(p);
+            int fn = lookup_name(TESTS, T_N, nm->s, nm->n);
+            if (fn < 0) perr(p, nm->line, "unsupported construct: test '%.*s'", (int)(nm->n > 60 ? 60 : nm->n), nm->s);
+            expr *x = mk(p, E_TEST, line);
+            x->a = e;
+            x->fn = fn;
+            x->neg = neg;
+            x->s = nm->s;
+            x->n = nm->n;
+            token *t = cur(p);
+            if (is_op(t, "(")) {
+                parse_args(p, x);
+            } else if ((t->type == TK_NAME || t->type == TK_STR || t->type == TK_INT || t->type == TK_FLOAT ||
+                        is_op(t, "[") || is_op(t, "{")) &&
+                       !is_name(t, "else") && !is_name(t, "or") && !is_name(t, "and")) {
+                /* `x is divisibleby 3`: one argument without parentheses */
+                expr *a1 = parse_primary(p);
+                a1 = parse_postfix(p, a1);
+                x->args = aalloc(p->a, sizeof *x->args);
+                x->args[0] = (arg){NULL, 0, a1};
+                x->nargs = 1;
+            }
+            e = x;
+        } else if (is_op(cur(p), "(")) {
+            expr *x = mk(p, E_CALL, cur(p)->line);
+            x->a = e;
+            parse_args(p, x);
+            e = x;
+        } else {
+            return e;
+        }
+    }
+}
+
+static expr *parse_unary(parser *p, int with_filter) {
+    token *t = cur(p);
+    expr *e;
+    enter(p);
+    if (is_op(t, "-") || is_op(t, "+")) {
+        p->pos++;
+        e = mk(p, is_op(t, "-") ? E_NEG : E_POS, t->line);
+        e->a = parse_unary(p, 0);
+    } else {
+        e = parse_primary(p);
+    }
+    e = parse_postfix(p, e);
+    if (with_filter) e = parse_filter_expr(p, e);
+    p->depth--;
+    return e;
+}
+
+static expr *bin(parser *p, ekind k, int op, expr *a, expr *b, int line) {
+    expr *e = mk(p, k, line);
+    e->op = op;
+    e->a = a;
+    e->b = b;
+    return e;
+}
+
+static expr *parse_pow(parser *p) {
+    expr *e = parse_unary(p, 1);
+    while (is_op(cur(p), "**")) {
+        int line = nexttok(p)->line;
+        e = bin(p, E_BIN, OP_POW, e, parse_unary(p, 1), line);
+    }
+    return e;
+}
+
+static expr *parse_math2(parser *p) {
+    expr *e = parse_pow(p);
+    for (;;) {
+        token *t = cur(p);
+        int op = is_op(t, "*") ? OP_MUL : is_op(t, "/") ? OP_DIV : is_op(t, "//") ? OP_FDIV : is_op(t, "%") ? OP_MOD : -1;
+        if (op < 0) return e;
+        p->pos++;
+        e = bin(p, E_BIN, op, e, parse_pow(p), t->line);
+    }
+}
+
+static expr *parse_concat(parser *p) {
+    expr *e = parse_math2(p);
+    while (is_op(cur(p), "~")) {
+        int line = nexttok(p)->line;
+        e = bin(p, E_CONCAT, 0, e, parse_math2(p), line);
+    }
+    return e;
+}
+
+static expr *parse_math1(parser *p) {
+    expr *e = parse_concat(p);
+    for (;;) {
+        token *t = cur(p);
+        int op = is_op(t, "+") ? OP_ADD : is_op(t, "-") ? OP_SUB : -1;
+        if (op < 0) return e;
+        p->pos++;
+        e = bin(p, E_BIN, op, e, parse_concat(p), t->line);
+    }
+}
+
+static expr *parse_compare(parser *p) {
+    int line = cur(p)->line;
+    expr *first = parse_math1(p);
+    argvec v = {0};
+    int ops[64], nops = 0;
+    for (;;) {
+        token *t = cur(p);
+        int op = is_op(t, "==") ? CMP_EQ : is_op(t, "!=") ? CMP_NE : is_op(t, "<") ? CMP_LT : is_op(t, "<=") ? CMP_LE
+               : is_op(t, ">") ? CMP_GT : is_op(t, ">=") ? CMP_GE : is_name(t, "in") ? CMP_IN : -1;
+        if (op >= 0) {
+            p->pos++;
+        } else if (is_name(t, "not") && is_name(&p->t[p->pos + 1], "in")) {
+            p->pos += 2;
+            op = CMP_NOTIN;
+        } else {
+            break;
+        }
+        if (nops == 64) perr(p, t->line, "comparison chain too long");
+        ops[nops++] = op;
+        argpush(p, &v, (arg){NULL, 0, parse_math1(p)});
+    }
+    if (!nops) return first;
+    expr *e = mk(p, E_CMP, line);
+    e->a = first;
+    e->args = v.v;
+    e->nargs = v.n;
+    e->ops = aalloc(p->a, nops * sizeof *e->ops);
+    memcpy(e->ops, ops, nops * sizeof *ops);
+    return e;
+}
+
+static expr *parse_not(parser *p) {
+    if (is_name(cur(p), "not")) {
+        int line = nexttok(p)->line;
+        enter(p);
+        expr *e = mk(p, E_NOT, line);
+        e->a = parse_not(p);
+        p->depth--;
+        return e;
+    }
+    return parse_compare(p);
+}
+
+static expr *parse_and(parser *p) {
+    expr *e = parse_not(p);
+    while (is_name(cur(p), "and")) {
+        int line = nexttok(p)->line;
+        e = bin(p, E_AND, 0, e, parse_not(p), line);
+    }
+    return e;
+}
+
+static expr *parse_or(parser *p) {
+    expr *e = parse_and(p);
+    while (is_name(cur(p), "or")) {
+        int line = nexttok(p)->line;
+        e = bin(p, E_OR, 0, e, parse_and(p), line);
+    }
+    return e;
+}
+
+static expr *parse_expr(parser *p) {
+    enter(p);
+    expr *e = parse_or(p);
+    while (is_name(cur(p), "if")) {
+        int line = nexttok(p)->line;
+        expr *x = mk(p, E_COND, line);
+        x->a = e;
+        x->b = parse_or(p);
+        if (accept_name(p, "else")) x->c = parse_expr(p);
+        e = x;
+    }
+    p->depth--;
+    return e;
+}
+
+/* `a` or `a, b` (tuple without parentheses), as in {{ }} and set values. */
+static expr *parse_tuple_expr(parser *p) {
+    int line = cur(p)->line;
+    expr *e = parse_expr(p);
+    if (!is_op(cur(p), ",")) return e;
+    argvec v = {0};
+    argpush(p, &v, (arg){NULL, 0, e});
+    while (accept_op(p, ",")) {
+        if (cur(p)->type == TK_BEND || cur(p)->type == TK_VEND) break;
+        argpush(p, &v, (arg){NULL, 0, parse_expr(p)});
+    }
+    expr *t = mk(p, E_TUPLE, line);
+    t->args = v.v;
+    t->nargs = v.n;
+    return t;
+}
+
+static void expect_bend(parser *p) {
+    if (cur(p)->type != TK_BEND) {
+        char b[64];
+        perr(p, cur(p)->line, "expected end of statement '%%}', got %s", tokdesc(cur(p), b, sizeof b));
+    }
+    p->pos++;
+}
+
+static stmt *mks(parser *p, skind k, int line) {
+    stmt *s = azalloc(p->a, sizeof *s);
+    s->k = k;
+    s->line = line;
+    s->filter_fn = -1;
+    return s;
+}
+
+/* Names of a for/set target: `x` or `a, b` (optionally parenthesized). */
+static void parse_targets(parser *p, stmt *s) {
+    const char *names[16];
+    size_t lens[16], n = 0;
+    int paren = accept_op(p, "(");
+    do {
+        if (paren && is_op(cur(p), ")")) break;
+        token *t = expect_name(p);
+        if (n == 16) perr(p, t->line, "too many targets");
+        names[n] = t->s;
+        lens[n++] = t->n;
+    } while (accept_op(p, ","));
+    if (paren) expect_op(p, ")");
+    s->names = aalloc(p->a, n * sizeof *s->names);
+    s->nlens = aalloc(p->a, n * sizeof *s->nlens);
+    memcpy(s->names, names, n * sizeof *names);
+    memcpy(s->nlens, lens, n * sizeof *lens);
+    s->nnames = n;
+}
+
+/* Parse statements until a block tag named in `ends` (space separated);
+ * *endtag receives the index of the tag that stopped it. */
+static stmt *parse_body(parser *p, const char *const *ends, int *endtag, int in_loop);
+
+static stmt *parse_tag(parser *p, int in_loop, const char *const *ends, int *endtag, int *stop) {
+    token *kw = cur(p);
+    int line = kw->line;
+    char b[64];
+    if (kw->type != TK_NAME) perr(p, line, "expected a statement name, got %s", tokdesc(kw, b, sizeof b));
+    for (int i = 0; ends && ends[i]; i++)
+        if (is_name(kw, ends[i])) {
+            *endtag = i;
+            *stop = 1;
+            p->pos++;
+            return NULL;
+        }
+    p->pos++;
+    enter(p);
+    stmt *s = NULL;
+    if (is_name(kw, "if")) {
+        s = mks(p, S_IF, line);
+        s->cond = parse_tuple_expr(p);
+        expect_bend(p);
+        static const char *const e1[] = {"elif", "else", "endif", NULL};
+        int tag;
+        s->body = parse_body(p, e1, &tag, in_loop);
+        stmt *last = s;
+        while (tag == 0) { /* elif */
+            stmt *x = mks(p, S_IF, cur(p)->line);
+            x->cond = parse_tuple_expr(p);
+            expect_bend(p);
+            x->body = parse_body(p, e1, &tag, in_loop);
+            last->orelse = x;
+            last = x;
+        }
+        if (tag == 1) {
+            expect_bend(p);
+            static const char *const e2[] = {"endif", NULL};
+            last->orelse = parse_body(p, e2, &tag, in_loop);
+        }
+        expect_bend(p);
+    } else if (is_name(kw, "for")) {
+        s = mks(p, S_FOR, line);
+        parse_targets(p, s);
+        if (!accept_name(p, "in")) perr(p, cur(p)->line, "expected 'in' in for loop");
+        /* the iterable stops before `if` (jinja2 parses it without conditionals) */
+        int l2 = cur(p)->line;
+        expr *it = parse_or(p);
+        if (is_op(cur(p), ",")) {
+            argvec v = {0};
+            argpush(p, &v, (arg){NULL, 0, it});
+            while (accept_op(p, ",")) argpush(p, &v, (arg){NULL, 0, parse_or(p)});
+            it = mk(p, E_TUPLE, l2);
+            it->args = v.v;
+            it->nargs = v.n;
+        }
+        s->e = it;
+        if (accept_name(p, "if")) s->cond = parse_expr(p);
+        if (is_name(cur(p), "recursive")) perr(p, cur(p)->line, "unsupported construct 'for ... recursive'");
+        expect_bend(p);
+        static const char *const e1[] = {"else", "endfor", NULL};
+        int tag;
+        s->body = parse_body(p, e1, &tag, 1);
+        if (tag == 0) {
+            expect_bend(p);
+            static const char *const e2[] = {"endfor", NULL};
+            s->orelse = parse_body(p, e2, &tag, in_loop);
+        }
+        expect_bend(p);
+    } else if (is_name(kw, "set")) {
+        token *t = expect_name(p);
+        if (is_op(cur(p), ".")) {
+            p->pos++;
+            token *at = expect_name(p);
+            s = mks(p, S_SET, line);
+            s->s = t->s;
+            s->n = t->n;
+            s->attr = at->s;
+            s->attrn = at->n;
+            expect_op(p, "=");
+            s->e = parse_tuple_expr(p);
+            expect_bend(p);
+        } else {
+            p->pos--;
+            s = mks(p, S_SET, line);
+            parse_targets(p, s);
+            if (accept_op(p, "=")) {
+                s->e = parse_tuple_expr(p);
+                expect_bend(p);
+            } else {
+                if (s->nnames != 1) perr(p, line, "block set takes one name");
+                s->k = S_SETBLOCK;
+                if (accept_op(p, "|")) {
+                    token *f = expect_name(p);
+                    s->filter_fn = lookup_name(FILTERS, F_N, f->s, f->n);
+                    if (s->filter_fn < 0 || is_op(cur(p), "(") || is_op(cur(p), "|"))
+                        perr(p, f->line, "unsupported construct: filter on block set");
+                }
+                expect_bend(p);
+                static const char *const e1[] = {"endset", NULL};
+                int tag;
+                s->body = parse_body(p, e1, &tag, in_loop);
+                expect_bend(p);
+            }
+        }
+    } else if (is_name(kw, "break") || is_name(kw, "continue")) {
+        if (!in_loop) perr(p, line, "'%.*s' outside of a loop", (int)kw->n, kw->s);
+        s = mks(p, is_name(kw, "break") ? S_BREAK : S_CONTINUE, line);
+        expect_bend(p);
+    } else if (is_name(kw, "macro")) {
+        token *nm = expect_name(p);
+        s = mks(p, S_MACRO, line);
+        s->s = nm->s;
+        s->n = nm->n;
+        const char *names[32];
+        size_t lens[32], n = 0;
+        expr *defs[32];
+        expect_op(p, "(");
+        while (!accept_op(p, ")")) {
+            if (n) expect_op(p, ",");
+            if (accept_op(p, ")")) break;
+            token *a = expect_name(p);
+            if (n == 32) perr(p, a->line, "too many macro parameters");
+            names[n] = a->s;
+            lens[n] = a->n;
+            defs[n] = accept_op(p, "=") ? parse_expr(p) : NULL;
+            n++;
+        }
+        expect_bend(p);
+        s->names = aalloc(p->a, (n + 1) * sizeof *s->names);
+        s->nlens = aalloc(p->a, (n + 1) * sizeof *s->nlens);
+        s->defaults = aalloc(p->a, (n + 1) * sizeof *s->defaults);
+        memcpy(s->names, names, n * sizeof *names);
+        memcpy(s->nlens, lens, n * sizeof *lens);
+        memcpy(s->defaults, defs, n * sizeof *defs);
+        s->nnames = n;
+        static const char *const e1[] = {"endmacro", NULL};
+        int tag;
+        s->body = parse_body(p, e1, &tag, 0);
+        expect_bend(p);
+    } else if (is_name(kw, "generation")) {
+        /* transformers' AssistantTracker tag: renders its body unchanged */
+        expect_bend(p);
+        s = mks(p, S_BLOCK, line);
+        static const char *const e1[] = {"endgeneration", NULL};
+        int tag;
+        s->body = parse_body(p, e1, &tag, in_loop);
+        expect_bend(p);
+    } else {
+        perr(p, line, "unsupported construct '{%% %.*s %%}'", (int)(kw->n > 40 ? 40 : kw->n), kw->s);
+    }
+    p->depth--;
+    return s;
+}
+
+static stmt *parse_body(parser *p, const char *const *ends, int *endtag, int in_loop) {
+    stmt *head = NULL, **tail = &head;
+    for (;;) {
+        token *t = cur(p);
+        stmt *s = NULL;
+        if (t->type == TK_EOF) {
+            if (ends) perr(p, t->line, "unexpected end of template, expected '%s'", ends[0]);
+            return head;
+        } else if (t->type == TK_DATA) {
+            p->pos++;
+            s = mks(p, S_TEXT, t->line);
+            s->s = t->s;
+            s->n = t->n;
+        } else if (t->type == TK_VBEGIN) {
+            p->pos++;
+            s = mks(p, S_OUT, t->line);
+            s->e = parse_tuple_expr(p);
+            if (cur(p)->type != TK_VEND) {
+                char b[64];
+                perr(p, cur(p)->line, "expected end of print statement '}}', got %s", tokdesc(cur(p), b, sizeof b));
+            }
+            p->pos++;
+        } else if (t->type == TK_BBEGIN) {
+            p->pos++;
+            int stop = 0;
+            s = parse_tag(p, in_loop, ends, endtag, &stop);
+            if (stop) return head;
+        } else {
+            char b[64];
+            perr(p, t->line, "unexpected %s", tokdesc(t, b, sizeof b));
+        }
+        *tail = s;
+        tail = &s->next;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Runtime values                                                       */
+
+enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_NS, V_MACRO, V_METHOD, V_FUNC, V_LOOP };
+
+typedef struct list list;
+typedef struct dict dict;
+typedef struct method method;
+typedef struct loopst loopst;
+
+typedef struct {
+    int t;
+    union {
+        int64_t i;
+        double f;
+        struct {
+            const char *p;
+            size_t n;
+        } s;
+        list *l;
+        dict *d;
+        const stmt *m;
+        method *me;
+        loopst *lp;
+        int fn;
+    } u;
+} val;
+
+struct list {
+    size_t n, cap;
+    val *v;
+    int tuple;
+};
+struct dict {
+    size_t n, cap;
+    val *k; /* strings */
+    val *v;
+};
+struct method {
+    val self;
+    int id;
+};
+struct loopst {
+    list *items;
+    size_t i;
+};
+
+enum { G_RAISE, G_STRFTIME, G_NAMESPACE, G_RANGE, G_DICT, G_N };
+static const char *const GLOBALS[] = {"raise_exception", "strftime_now", "namespace", "range", "dict"};
+
+enum {
+    M_STRIP, M_LSTRIP, M_RSTRIP, M_SPLIT, M_RSPLIT, M_STARTSWITH, M_ENDSWITH, M_UPPER, M_LOWER,
+    M_REPLACE, M_TITLE, M_CAPITALIZE, M_FIND, M_COUNT, M_SPLITLINES, M_JOIN, M_ISDIGIT, M_ISALPHA,
+    M_ISSPACE, M_ITEMS, M_KEYS, M_VALUES, M_GET, M_CYCLE, M_MUTATE, M_N
+};
+static const char *const STR_METHODS[] = {
+    "strip", "lstrip", "rstrip", "split", "rsplit", "startswith", "endswith", "upper", "lower",
+    "replace", "title", "capitalize", "find", "count", "splitlines", "join", "isdigit", "isalpha",
+    "isspace", NULL};
+static const char *const DICT_METHODS[] = {"items", "keys", "values", "get", NULL};
+static const char *const MUTATING[] = {"append", "pop", "update", "insert", "extend", "remove", "clear",
+                                        "setdefault", "popitem", "sort", "reverse", NULL};
+
+/* Render state: one per tok_template_render call. */
+typedef struct frame frame;
+struct frame {
+    frame *parent;
+    dict *vars;
+};
+
+typedef struct {
+    arena a;
+    unsigned long long steps;
+    int depth;
+    frame *root;
+    sbuf *out;
+    int brk; /* 1 break, 2 continue */
+} rs;
+
+#define FAIL(R, ...) afail(&(R)->a, __VA_ARGS__)
+
+static void step(rs *R) {
+    if (++R->steps > J_MAX_STEPS) FAIL(R, "template exceeds its step budget (loop too long?)");
+}
+
+static val vundef(const char *name, size_t n) {
+    val v = {V_UNDEF, {0}};
+    v.u.s.p = name;
+    v.u.s.n = n;
+    return v;
+}
+static val vnone(void) { return (val){V_NONE, {0}}; }
+static val vbool(int b) { val v = {V_BOOL, {0}}; v.u.i = !!b; return v; }
+static val vint(int64_t i) { val v = {V_INT, {0}}; v.u.i = i; return v; }
+static val vfloat(double f) { val v = {V_FLOAT, {0}}; v.u.f = f; return v; }
+static val vstr(const char *p, size_t n) {
+    val v = {V_STR, {0}};
+    v.u.s.p = p;
+    v.u.s.n = n;
+    return v;
+}
+static val vsb(sbuf *b) { return vstr(b->p ? b->p : "", b->n); }
+
+static list *list_new(rs *R, size_t cap) {
+    list *l = azalloc(&R->a, sizeof *l);
+    if (cap) {
+        if (cap > (J_MAX_ALLOC / sizeof(val))) FAIL(R, "list too long");
+        l->v = aalloc(&R->a, cap * sizeof(val));
+        l->cap = cap;
+    }
+    return l;
+}
+static void list_push(rs *R, list *l, val v) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 4;
+        if (cap > J_MAX_ALLOC / sizeof(val)) FAIL(R, "list too long");
+        val *nv = aalloc(&R->a, cap * sizeof *nv);
+        if (l->n) memcpy(nv, l->v, l->n * sizeof *nv);
+        l->v = nv;
+        l->cap = cap;
+    }
+    l->v[l->n++] = v;
+}
+static val vlist(list *l) { val v = {V_LIST, {0}}; v.u.l = l; return v; }
+
+static dict *dict_new(rs *R) { return azalloc(&R->a, sizeof(dict)); }
+static int str_eq(val a, const char *s, size_t n) { return a.u.s.n == n && (!n || !memcmp(a.u.s.p, s, n)); }
+static val *dict_find(const dict *d, const char *k, size_t n) {
+    for (size_t i = 0; i < d->n; i++)
+        if (str_eq(d->k[i], k, n)) return &d->v[i];
+    return NULL;
+}
+static void dict_set(rs *R, dict *d, val k, val v) {
+    val *x = dict_find(d, k.u.s.p, k.u.s.n);
+    if (x) {
+        *x = v;
+        return;
+    }
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 8;
+        if (cap > J_MAX_ALLOC / sizeof(val)) FAIL(R, "dict too large");
+        val *nk = aalloc(&R->a, cap * sizeof *nk), *nv = aalloc(&R->a, cap * sizeof *nv);
+        if (d->n) memcpy(nk, d->k, d->n * sizeof *nk), memcpy(nv, d->v, d->n * sizeof *nv);
+        d->k = nk;
+        d->v = nv;
+        d->cap = cap;
+    }
+    d->k[d->n] = k;
+    d->v[d->n++] = v;
+}
+static val vdict(dict *d) { val v = {V_DICT, {0}}; v.u.d = d; return v; }
+
+static int is_num(val v) { return v.t == V_INT || v.t == V_BOOL || v.t == V_FLOAT; }
+static double num_f(val v) { return v.t == V_FLOAT ? v.u.f : (double)v.u.i; }
+
+static const char *type_name(val v) {
+    switch (v.t) {
+    case V_UNDEF: return "Undefined";
+    case V_NONE: return "NoneType";
+    case V_BOOL: return "bool";
+    case V_INT: return "int";
+    case V_FLOAT: return "float";
+    case V_STR: return "str";
+    case V_LIST: return v.u.l->tuple ? "tuple" : "list";
+    case V_DICT: return "dict";
+    case V_NS: return "Namespace";
+    case V_LOOP: return "LoopContext";
+    default: return "function";
+    }
+}
+
+static void undef_fail(rs *R, val v) {
+    if (v.u.s.p) FAIL(R, "'%.*s' is undefined", (int)(v.u.s.n > 80 ? 80 : v.u.s.n), v.u.s.p);
+    FAIL(R, "undefined value used");
+}
+
+/* Python float repr: shortest round-tripping digits, exponent form outside [1e-4, 1e16). */
+static void fmt_float(rs *R, sbuf *b, double f, int json) {
+    if (isnan(f)) { sb_puts(&R->a, b, json ? "NaN" : "nan"); return; }
+    if (isinf(f)) { sb_puts(&R->a, b, f > 0 ? (json ? "Infinity" : "inf") : (json ? "-Infinity" : "-inf")); return; }
+    char tmp[40];
+    int prec;
+    for (prec = 1; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*e", prec - 1, f);
+        if (strtod(tmp, NULL) == f) break;
+    }
+    /* tmp = [-]d.ddde[+-]XX */
+    char digits[24];
+    int nd = 0, neg = tmp[0] == '-';
+    const char *q = tmp + neg;
+    for (; *q && *q != 'e'; q++)
+        if (is_digit(*q)) digits[nd++] = *q;
+    int ex = atoi(q + 1);
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    if (neg) sb_puts(&R->a, b, "-");
+    if (ex >= -4 && ex < 16) {
+        if (ex < 0) {
+            sb_puts(&R->a, b, "0.");
+            for (int k = 0; k < -ex - 1; k++) sb_puts(&R->a, b, "0");
+            sb_put(&R->a, b, digits, nd);
+        } else {
+            for (int k = 0; k <= ex; k++) sb_put(&R->a, b, k < nd ? &digits[k] : "0", 1);
+            sb_puts(&R->a, b, ".");
+            if (nd > ex + 1) sb_put(&R->a, b, digits + ex + 1, nd - ex - 1);
+            else sb_puts(&R->a, b, "0");
+        }
+    } else {
+        sb_put(&R->a, b, digits, 1);
+        if (nd > 1) {
+            sb_puts(&R->a, b, ".");
+            sb_put(&R->a, b, digits + 1, nd - 1);
+        }
+        sb_printf(&R->a, b, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
+    }
+}
+
+static void repr(rs *R, sbuf *b, val v, int depth);
+
+/* Python repr of a str. */
+static void repr_str(rs *R, sbuf *b, const char *s, size_t n) {
+    int sq = 0, dq = 0;
+    for (size_t i = 0; i < n; i++) sq |= s[i] == '\'', dq |= s[i] == '"';
+    char q = sq && !dq ? '"' : '\'';
+    sb_put(&R->a, b, &q, 1);
+    for (size_t i = 0; i < n;) {
+        int32_t c;
+        size_t k = u8dec(s + i, n - i, &c);
+        if (c == q || c == '\\') sb_puts(&R->a, b, c == '\\' ? "\\\\" : q == '"' ? "\\\"" : "\\'");
+        else if (c == '\n') sb_puts(&R->a, b, "\\n");
+        else if (c == '\r') sb_puts(&R->a, b, "\\r");
+        else if (c == '\t') sb_puts(&R->a, b, "\\t");
+        else {
+            utf8proc_category_t cat = utf8proc_category(c);
+            int printable = c == ' ' || !(cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
+                                          cat == UTF8PROC_CATEGORY_CS || cat == UTF8PROC_CATEGORY_CO ||
+                                          cat == UTF8PROC_CATEGORY_CN || cat == UTF8PROC_CATEGORY_ZL ||
+                                          cat == UTF8PROC_CATEGORY_ZP || cat == UTF8PROC_CATEGORY_ZS);
+            if (printable) sb_put(&R->a, b, s + i, k);
+            else if (c < 0x100) sb_printf(&R->a, b, "\\x%02x", c);
+            else if (c < 0x10000) sb_printf(&R->a, b, "\\u%04x", c);
+            else sb_printf(&R->a, b, "\\U%08x", c);
+        }
+        i += k;
+    }
+    sb_put(&R->a, b, &q, 1);
+}
+
+/* str(v) as Python would print it. */
+static void to_str(rs *R, sbuf *b, val v, int depth) {
+    switch (v.t) {
+    case V_UNDEF: break;
+    case V_STR: sb_put(&R->a, b, v.u.s.p, v.u.s.n); break;
+    default: repr(R, b, v, depth);
+    }
+}
+
+static void repr(rs *R, sbuf *b, val v, int depth) {
+    if (depth > 100) FAIL(R, "value nested too deeply");
+    step(R);
+    switch (v.t) {
+    case V_UNDEF: sb_puts(&R->a, b, "Undefined"); break;
+    case V_NONE: sb_puts(&R->a, b, "None"); break;
+    case V_BOOL: sb_puts(&R->a, b, v.u.i ? "True" : "False"); break;
+    case V_INT: sb_printf(&R->a, b, "%lld", (long long)v.u.i); break;
+    case V_FLOAT: fmt_float(R, b, v.u.f, 0); break;
+    case V_STR: repr_str(R, b, v.u.s.p, v.u.s.n); break;
+    case V_LIST:
+        sb_puts(&R->a, b, v.u.l->tuple ? "(" : "[");
+        for (size_t i = 0; i < v.u.l->n; i++) {
+            if (i) sb_puts(&R->a, b, ", ");
+            repr(R, b, v.u.l->v[i], depth + 1);
+        }
+        if (v.u.l->tuple && v.u.l->n == 1) sb_puts(&R->a, b, ",");
+        sb_puts(&R->a, b, v.u.l->tuple ? ")" : "]");
+        break;
+    case V_DICT:
+    case V_NS:
+        sb_puts(&R->a, b, v.t == V_NS ? "<Namespace {" : "{");
+        for (size_t i = 0; i < v.u.d->n; i++) {
+            if (i) sb_puts(&R->a, b, ", ");
+            repr(R, b, v.u.d->k[i], depth + 1);
+            sb_puts(&R->a, b, ": ");
+            repr(R, b, v.u.d->v[i], depth + 1);
+        }
+        sb_puts(&R->a, b, v.t == V_NS ? "}>" : "}");
+        break;
+    default: FAIL(R, "cannot print a %s", type_name(v));
+    }
+}
+
+static val str_of(rs *R, val v) {
+    if (v.t == V_STR) return v;
+    sbuf b = {0};
+    to_str(R, &b, v, 0);
+    return vsb(&b);
+}
+
+static int truthy(val v) {
+    switch (v.t) {
+    case V_UNDEF:
+    case V_NONE: return 0;
+    case V_BOOL:
+    case V_INT: return v.u.i != 0;
+    case V_FLOAT: return v.u.f != 0;
+    case V_STR: return v.u.s.n != 0;
+    case V_LIST: return v.u.l->n != 0;
+    case V_DICT: return v.u.d->n != 0;
+    default: return 1;
+    }
+}
+
+static int val_eq(rs *R, val a, val b, int depth) {
+    if (depth > 100) FAIL(R, "value nested too deeply");
+    if (is_num(a) && is_num(b)) {
+        if (a.t == V_FLOAT || b.t == V_FLOAT) return num_f(a) == num_f(b);
+        return a.u.i == b.u.i;
+    }
+    if (a.t != b.t) return 0;
+    switch (a.t) {
+    case V_UNDEF:
+    case V_NONE: return 1;
+    case V_STR: return str_eq(a, b.u.s.p, b.u.s.n);
+    case V_LIST:
+        if (a.u.l->n != b.u.l->n || a.u.l->tuple != b.u.l->tuple) return 0;
+        for (size_t i = 0; i < a.u.l->n; i++)
+            if (!val_eq(R, a.u.l->v[i], b.u.l->v[i], depth + 1)) return 0;
+        return 1;
+    case V_DICT:
+        if (a.u.d->n != b.u.d->n) return 0;
+        for (size_t i = 0; i < a.u.d->n; i++) {
+            val *x = dict_find(b.u.d, a.u.d->k[i].u.s.p, a.u.d->k[i].u.s.n);
+            if (!x || !val_eq(R, a.u.d->v[i], *x, depth + 1)) return 0;
+        }
+        return 1;
+    case V_NS: return a.u.d == b.u.d;
+    case V_MACRO: return a.u.m == b.u.m;
+    case V_FUNC: return a.u.fn == b.u.fn;
+    case V_LOOP: return a.u.lp == b.u.lp;
+    default: return 0;
+    }
+}
+
+/* <0, 0, >0 like Python's ordering; TypeError for unorderable types. */
+static int val_cmp(rs *R, val a, val b, int depth) {
+    if (depth > 100) FAIL(R, "value nested too deeply");
+    if (is_num(a) && is_num(b)) {
+        if (a.t == V_FLOAT || b.t == V_FLOAT) {
+            double x = num_f(a), y = num_f(b);
+            return x < y ? -1 : x > y ? 1 : 0;
+        }
+        return a.u.i < b.u.i ? -1 : a.u.i > b.u.i;
+    }
+    if (a.t == V_STR && b.t == V_STR) {
+        size_t n = a.u.s.n < b.u.s.n ? a.u.s.n : b.u.s.n;
+        int c = n ? memcmp(a.u.s.p, b.u.s.p, n) : 0;
+        if (c) return c;
+        return a.u.s.n < b.u.s.n ? -1 : a.u.s.n > b.u.s.n;
+    }
+    if (a.t == V_LIST && b.t == V_LIST && a.u.l->tuple == b.u.l->tuple) {
+        for (size_t i = 0; i < a.u.l->n && i < b.u.l->n; i++) {
+            if (val_eq(R, a.u.l->v[i], b.u.l->v[i], depth + 1)) continue;
+            return val_cmp(R, a.u.l->v[i], b.u.l->v[i], depth + 1);
+        }
+        return a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n;
+    }
+    if (a.t == V_UNDEF) undef_fail(R, a);
+    if (b.t == V_UNDEF) undef_fail(R, b);
+    FAIL(R, "'<' not supported between instances of '%s' and '%s'", type_name(a), type_name(b));
+    return 0;
+}
+
+/* Items of an iterable as a list (strings give characters, dicts keys). */
+static list *iter_list(rs *R, val v) {
+    switch (v.t) {
+    case V_UNDEF: return list_new(R, 0);
+    case V_LIST: return v.u.l;
+    case V_DICT: {
+        list *l = list_new(R, v.u.d->n);
+        for (size_t i = 0; i < v.u.d->n; i++) list_push(R, l, v.u.d->k[i]);
+        return l;
+    }
+    case V_STR: {
+        list *l = list_new(R, 0);
+        for (size_t i = 0; i < v.u.s.n;) {
+            int32_t c;
+            size_t k = u8dec(v.u.s.p + i, v.u.s.n - i, &c);
+            list_push(R, l, vstr(v.u.s.p + i, k));
+            i += k;
+        }
+        return l;
+    }
+    default: FAIL(R, "'%s' object is not iterable", type_name(v)); return NULL;
+    }
+}
+
+static int64_t length_of(rs *R, val v) {
+    switch (v.t) {
+    case V_UNDEF: return 0;
+    case V_STR: return (int64_t)u8len(v.u.s.p, v.u.s.n);
+    case V_LIST: return (int64_t)v.u.l->n;
+    case V_DICT:
+    case V_NS: return (int64_t)v.u.d->n;
+    default: FAIL(R, "object of type '%s' has no len()", type_name(v)); return 0;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* JSON                                                                 */
+
+static val from_json(rs *R, json_t *j, int depth) {
+    if (depth > 200) FAIL(R, "context nested too deeply");
+    switch (json_typeof(j)) {
+    case JSON_NULL: return vnone();
+    case JSON_TRUE: return vbool(1);
+    case JSON_FALSE: return vbool(0);
+    case JSON_INTEGER: return vint(json_integer_value(j));
+    case JSON_REAL: return vfloat(json_real_value(j));
+    case JSON_STRING: return vstr(adup(&R->a, json_string_value(j), json_string_length(j)), json_string_length(j));
+    case JSON_ARRAY: {
+        list *l = list_new(R, json_array_size(j));
+        for (size_t i = 0; i < json_array_size(j); i++) list_push(R, l, from_json(R, json_array_get(j, i), depth + 1));
+        return vlist(l);
+    }
+    case JSON_OBJECT: {
+        dict *d = dict_new(R);
+        const char *k;
+        json_t *x;
+        json_object_foreach(j, k, x) {
+            size_t kn = strlen(k);
+            dict_set(R, d, vstr(adup(&R->a, k, kn), kn), from_json(R, x, depth + 1));
+        }
+        return vdict(d);
+    }
+    }
+    return vnone();
+}
+
+static void json_str(rs *R, sbuf *b, const char *s, size_t n) {
+    sb_puts(&R->a, b, "\"");
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *e = NULL;
+        char u[8];
+        if (c == '"') e = "\\\"";
+        else if (c == '\\') e = "\\\\";
+        else if (c == '\n') e = "\\n";
+        else if (c == '\r') e = "\\r";
+        else if (c == '\t') e = "\\t";
+        else if (c == '\b') e = "\\b";
+        else if (c == '\f') e = "\\f";
+        else if (c < 0x20) snprintf(u, sizeof u, "\\u%04x", c), e = u;
+        if (!e) continue;
+        sb_put(&R->a, b, s + run, i - run);
+        sb_puts(&R->a, b, e);
+        run = i + 1;
+    }
+    sb_put(&R->a, b, s + run, n - run);
+    sb_puts(&R->a, b, "\"");
+}
+
+typedef struct {
+    const char *indent; /* NULL: no indent */
+    size_t indn;
+    const char *item_sep, *key_sep;
+    size_t isn, ksn;
+    int sort_keys;
+} jsonopt;
+
+static int key_cmp(const void *a, const void *b) {
+    const val *x = *(val *const *)a, *y = *(val *const *)b;
+    size_t n = x->u.s.n < y->u.s.n ? x->u.s.n : y->u.s.n;
+    int c = n ? memcmp(x->u.s.p, y->u.s.p, n) : 0;
+    return c ? c : (x->u.s.n > y->u.s.n) - (x->u.s.n < y->u.s.n);
+}
+
+/* json.dumps(v, ensure_ascii=False, ...) */
+static void to_json(rs *R, sbuf *b, val v, const jsonopt *o, int level) {
+    if (level > 100) FAIL(R, "value nested too deeply for tojson");
+    step(R);
+    switch (v.t) {
+    case V_NONE: sb_puts(&R->a, b, "null"); return;
+    case V_BOOL: sb_puts(&R->a, b, v.u.i ? "true" : "false"); return;
+    case V_INT: sb_printf(&R->a, b, "%lld", (long long)v.u.i); return;
+    case V_FLOAT: fmt_float(R, b, v.u.f, 1); return;
+    case V_STR: json_str(R, b, v.u.s.p, v.u.s.n); return;
+    case V_LIST:
+    case V_DICT: {
+        int isd = v.t == V_DICT;
+        size_t n = isd ? v.u.d->n : v.u.l->n;
+        if (!n) {
+            sb_puts(&R->a, b, isd ? "{}" : "[]");
+            return;
+        }
+        sb_puts(&R->a, b, isd ? "{" : "[");
+        size_t *ord = NULL;
+        if (isd && o->sort_keys) {
+            val **ks = aalloc(&R->a, n * sizeof *ks);
+            for (size_t i = 0; i < n; i++) ks[i] = &v.u.d->k[i];
+            qsort(ks, n, sizeof *ks, key_cmp);
+            ord = aalloc(&R->a, n * sizeof *ord);
+            for (size_t i = 0; i < n; i++) ord[i] = (size_t)(ks[i] - v.u.d->k);
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (i) sb_put(&R->a, b, o->item_sep, o->isn);
+            if (o->indent) {
+                sb_puts(&R->a, b, "\n");
+                for (int l = 0; l <= level; l++) sb_put(&R->a, b, o->indent, o->indn);
+            }
+            size_t k = ord ? ord[i] : i;
+            if (isd) {
+                json_str(R, b, v.u.d->k[k].u.s.p, v.u.d->k[k].u.s.n);
+                sb_put(&R->a, b, o->key_sep, o->ksn);
+                to_json(R, b, v.u.d->v[k], o, level + 1);
+            } else {
+                to_json(R, b, v.u.l->v[k], o, level + 1);
+            }
+        }
+        if (o->indent) {
+            sb_puts(&R->a, b, "\n");
+            for (int l = 0; l < level; l++) sb_put(&R->a, b, o->indent, o->indn);
+        }
+        sb_puts(&R->a, b, isd ? "}" : "]");
+        return;
+    }
+    default: FAIL(R, "Object of type %s is not JSON serializable", type_name(v));
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Evaluation                                                           */
+
+static val eval(rs *R, const expr *e, frame *f);
+static void exec_body(rs *R, const stmt *s, frame *f);
+
+static val lookup(rs *R, frame *f, const char *name, size_t n) {
+    for (; f; f = f->parent) {
+        val *v = dict_find(f->vars, name, n);
+        if (v) return *v;
+    }
+    int g = lookup_name(GLOBALS, G_N, name, n);
+    if (g >= 0) {
+        val v = {V_FUNC, {0}};
+        v.u.fn = g;
+        return v;
+    }
+    (void)R;
+    return vundef(name, n);
+}
+
+static val vmethod(rs *R, val self, int id) {
+    method *m = aalloc(&R->a, sizeof *m);
+    m->self = self;
+    m->id = id;
+    val v = {V_METHOD, {0}};
+    v.u.me = m;
+    return v;
+}
+
+static val get_attr(rs *R, val obj, const char *name, size_t n) {
+    switch (obj.t) {
+    case V_UNDEF: undef_fail(R, obj); break;
+    case V_DICT: {
+        int m = lookup_name(DICT_METHODS, 4, name, n);
+        if (m >= 0) return vmethod(R, obj, M_ITEMS + m);
+        if (lookup_name(MUTATING, 11, name, n) >= 0) return vmethod(R, obj, M_MUTATE);
+        val *x = dict_find(obj.u.d, name, n);
+        if (x) return *x;
+        break;
+    }
+    case V_NS: {
+        val *x = dict_find(obj.u.d, name, n);
+        if (x) return *x;
+        break;
+    }
+    case V_STR: {
+        int m = lookup_name(STR_METHODS, M_ISSPACE + 1, name, n);
+        if (m >= 0) return vmethod(R, obj, m);
+        break;
+    }
+    case V_LIST:
+        if (lookup_name(MUTATING, 11, name, n) >= 0) return vmethod(R, obj, M_MUTATE);
+        break;
+    case V_LOOP: {
+        loopst *l = obj.u.lp;
+        int64_t len = (int64_t)l->items->n, i = (int64_t)l->i;
+#define IS(s) (n == sizeof(s) - 1 && !memcmp(name, s, n))
+        if (IS("index")) return vint(i + 1);
+        if (IS("index0")) return vint(i);
+        if (IS("revindex")) return vint(len - i);
+        if (IS("revindex0")) return vint(len - i - 1);
+        if (IS("first")) return vbool(i == 0);
+        if (IS("last")) return vbool(i == len - 1);
+        if (IS("length")) return vint(len);
+        if (IS("depth")) return vint(1);
+        if (IS("depth0")) return vint(0);
+        if (IS("previtem")) return i > 0 ? l->items->v[i - 1] : vundef("previtem", 8);
+        if (IS("nextitem")) return i + 1 < len ? l->items->v[i + 1] : vundef("nextitem", 8);
+        if (IS("cycle")) return vmethod(R, obj, M_CYCLE);
+#undef IS
+        break;
+    }
+    default: break;
+    }
+    return vundef(NULL, 0);
+}
+
+static int64_t norm_index(int64_t i, int64_t len) { return i < 0 ? i + len : i; }
+
+static val get_item(rs *R, val obj, val key) {
+    if (obj.t == V_UNDEF) undef_fail(R, obj);
+    if (obj.t == V_DICT || obj.t == V_NS) {
+        if (key.t == V_STR) {
+            val *x = dict_find(obj.u.d, key.u.s.p, key.u.s.n);
+            if (x) return *x;
+            if (obj.t == V_DICT) return get_attr(R, obj, key.u.s.p, key.u.s.n);
+        }
+        return vundef(NULL, 0);
+    }
+    if ((obj.t == V_LIST || obj.t == V_STR) && (key.t == V_INT || key.t == V_BOOL)) {
+        if (obj.t == V_LIST) {
+            int64_t i = norm_index(key.u.i, (int64_t)obj.u.l->n);
+            if (i < 0 || i >= (int64_t)obj.u.l->n) return vundef(NULL, 0);
+            return obj.u.l->v[i];
+        }
+        list *cs = iter_list(R, obj);
+        int64_t i = norm_index(key.u.i, (int64_t)cs->n);
+        if (i < 0 || i >= (int64_t)cs->n) return vundef(NULL, 0);
+        return cs->v[i];
+    }
+    if (key.t == V_STR) return get_attr(R, obj, key.u.s.p, key.u.s.n);
+    return vundef(NULL, 0);
+}
+
+/* Python slice semantics on lists and strings. */
+static val do_slice(rs *R, val obj, val vs, val ve, val vst) {
+    if (obj.t == V_UNDEF) undef_fail(R, obj);
+    list *src;
+    if (obj.t == V_LIST) src = obj.u.l;
+    else if (obj.t == V_STR) src = iter_list(R, obj);
+    else FAIL(R, "'%s' object is not subscriptable", type_name(obj));
+    int64_t len = (int64_t)src->n, st = 1;
+    for (int k = 0; k < 3; k++) {
+        val x = k == 0 ? vs : k == 1 ? ve : vst;
+        if (x.t != V_NONE && x.t != V_INT && x.t != V_BOOL) FAIL(R, "slice indices must be integers or None");
+    }
+    if (vst.t != V_NONE) st = vst.u.i;
+    if (st == 0) FAIL(R, "slice step cannot be zero");
+    int64_t lo, hi;
+    if (st > 0) {
+        lo = vs.t == V_NONE ? 0 : norm_index(vs.u.i, len);
+        hi = ve.t == V_NONE ? len : norm_index(ve.u.i, len);
+        if (lo < 0) lo = 0;
+        if (lo > len) lo = len;
+        if (hi < 0) hi = 0;
+        if (hi > len) hi = len;
+    } else {
+        lo = vs.t == V_NONE ? len - 1 : norm_index(vs.u.i, len);
+        hi = ve.t == V_NONE ? -1 : norm_index(ve.u.i, len);
+        if (lo < -1) lo = -1;
+        if (lo > len - 1) lo = len - 1;
+        if (hi < -1) hi = -1;
+        if (hi > len - 1) hi = len - 1;
+    }
+    list *out = list_new(R, 0);
+    out->tuple = src->tuple;
+    for (int64_t i = lo; st > 0 ? i < hi : i > hi; i += st) {
+        step(R);
+        list_push(R, out, src->v[i]);
+    }
+    if (obj.t == V_LIST) return vlist(out);
+    sbuf b = {0};
+    for (size_t i = 0; i < out->n; i++) sb_put(&R->a, &b, out->v[i].u.s.p, out->v[i].u.s.n);
+    return vsb(&b);
+}
+
+static val arith(rs *R, int op, val a, val b) {
+    if (a.t == V_UNDEF) undef_fail(R, a);
+    if (b.t == V_UNDEF) undef_fail(R, b);
+    if (op == OP_ADD && a.t == V_STR && b.t == V_STR) {
+        sbuf s = {0};
+        sb_put(&R->a, &s, a.u.s.p, a.u.s.n);
+        sb_put(&R->a, &s, b.u.s.p, b.u.s.n);
+        return vsb(&s);
+    }
+    if (op == OP_ADD && a.t == V_LIST && b.t == V_LIST && a.u.l->tuple == b.u.l->tuple) {
+        list *l = list_new(R, a.u.l->n + b.u.l->n);
+        l->tuple = a.u.l->tuple;
+        for (size_t i = 0; i < a.u.l->n; i++) list_push(R, l, a.u.l->v[i]);
+        for (size_t i = 0; i < b.u.l->n; i++) list_push(R, l, b.u.l->v[i]);
+        return vlist(l);
+    }
+    if (op == OP_MUL && ((a.t == V_STR || a.t == V_LIST) && (b.t == V_INT || b.t == V_BOOL))) {
+        val t = a;
+        a = b, b = t;
+    }
+    if (op == OP_MUL && (a.t == V_INT || a.t == V_BOOL) && (b.t == V_STR || b.t == V_LIST)) {
+        int64_t k = a.u.i < 0 ? 0 : a.u.i;
+        if (b.t == V_STR) {
+            if (b.u.s.n && (uint64_t)k > J_MAX_OUTPUT / b.u.s.n) FAIL(R, "string too long");
+            sbuf s = {0};
+            for (int64_t i = 0; i < k; i++) step(R), sb_put(&R->a, &s, b.u.s.p, b.u.s.n);
+            return vsb(&s);
+        }
+        if (b.u.l->n && (uint64_t)k > 1000000 / b.u.l->n) FAIL(R, "list too long");
+        list *l = list_new(R, 0);
+        l->tuple = b.u.l->tuple;
+        for (int64_t i = 0; i < k; i++)
+            for (size_t j = 0; j < b.u.l->n; j++) step(R), list_push(R, l, b.u.l->v[j]);
+        return vlist(l);
+    }
+    if (!is_num(a) || !is_num(b)) {
+        static const char *const nm[] = {"+", "-", "*", "/", "//", "%", "**"};
+        FAIL(R, "unsupported operand type(s) for %s: '%s' and '%s'", nm[op], type_name(a), type_name(b));
+    }
+    if (a.t != V_FLOAT && b.t != V_FLOAT && op != OP_DIV) {
+        int64_t x = a.u.i, y = b.u.i, r = 0;
+        int ovf = 0;
+        switch (op) {
+        case OP_ADD: ovf = __builtin_add_overflow(x, y, &r); break;
+        case OP_SUB: ovf = __builtin_sub_overflow(x, y, &r); break;
+        case OP_MUL: ovf = __builtin_mul_overflow(x, y, &r); break;
+        case OP_FDIV:
+        case OP_MOD:
+            if (!y) FAIL(R, "integer division or modulo by zero");
+            if (x == INT64_MIN && y == -1) ovf = 1;
+            else {
+                int64_t q = x / y, m = x % y;
+                if (m && ((m < 0) != (y < 0))) q--, m += y;
+                r = op == OP_FDIV ? q : m;
+            }
+            break;
+        case OP_POW:
+            if (y < 0) return vfloat(pow((double)x, (double)y));
+            if (x == 0 || x == 1) r = y ? x : 1;
+            else if (x == -1) r = y % 2 ? -1 : 1;
+            else {
+                r = 1; /* |x| >= 2 overflows within 64 steps */
+                for (int64_t i = 0; i < y && !ovf; i++) ovf = __builtin_mul_overflow(r, x, &r);
+            }
+            break;
+        }
+        if (ovf) FAIL(R, "integer overflow (only 64-bit integers are supported)");
+        return vint(r);
+    }
+    double x = num_f(a), y = num_f(b);
+    switch (op) {
+    case OP_ADD: return vfloat(x + y);
+    case OP_SUB: return vfloat(x - y);
+    case OP_MUL: return vfloat(x * y);
+    case OP_DIV:
+        if (y == 0) FAIL(R, "division by zero");
+        return vfloat(x / y);
+    case OP_FDIV:
+    case OP_MOD: {
+        if (y == 0) FAIL(R, "float division or modulo by zero");
+        double m = fmod(x, y);
+        if (m && ((m < 0) != (y < 0))) m += y;
+        if (op == OP_MOD) return vfloat(m);
+        return vfloat(floor((x - m) / y + 0.0));
+    }
+    case OP_POW: return vfloat(pow(x, y));
+    }
+    return vnone();
+}
+
+static int contains(rs *R, val hay, val needle) {
+    switch (hay.t) {
+    case V_STR:
+        if (needle.t != V_STR) FAIL(R, "'in <string>' requires string as left operand, not %s", type_name(needle));
+        if (!needle.u.s.n) return 1;
+        return memmem(hay.u.s.p, hay.u.s.n, needle.u.s.p, needle.u.s.n) != NULL;
+    case V_LIST:
+        for (size_t i = 0; i < hay.u.l->n; i++)
+            if (val_eq(R, hay.u.l->v[i], needle, 0)) return 1;
+        return 0;
+    case V_DICT:
+    case V_NS: return needle.t == V_STR && dict_find(hay.u.d, needle.u.s.p, needle.u.s.n) != NULL;
+    case V_UNDEF: return 0;
+    default: FAIL(R, "argument of type '%s' is not iterable", type_name(hay)); return 0;
+    }
+}
+
+/* Evaluated call arguments. */
+typedef struct {
+    val *pos;
+    size_t npos;
+    const arg *kw; /* keyword arg exprs */
+    val *kwv;
+    size_t nkw;
+} callargs;
+
+static callargs eval_args(rs *R, const expr *e, frame *f) {
+    callargs c = {0};
+    c.pos = aalloc(&R->a, (e->nargs + 1) * sizeof(val));
+    c.kwv = aalloc(&R->a, (e->nargs + 1) * sizeof(val));
+    c.kw = aalloc(&R->a, (e->nargs + 1) * sizeof(arg));
+    for (size_t i = 0; i < e->nargs; i++) {
+        val v = eval(R, e->args[i].e, f);
+        if (e->args[i].name) ((arg *)c.kw)[c.nkw] = e->args[i], c.kwv[c.nkw++] = v;
+        else c.pos[c.npos++] = v;
+    }
+    return c;
+}
+
+/* Parameter `i` named `name`: positional i, else keyword, else default. */
+static val param(rs *R, const callargs *c, size_t i, const char *name, val dflt) {
+    if (i < c->npos) return c->pos[i];
+    size_t n = strlen(name);
+    for (size_t k = 0; k < c->nkw; k++)
+        if (c->kw[k].nlen == n && !memcmp(c->kw[k].name, name, n)) return c->kwv[k];
+    (void)R;
+    return dflt;
+}
+
+static void check_args(rs *R, const callargs *c, size_t maxpos, const char *const *names, const char *what) {
+    if (c->npos > maxpos) FAIL(R, "%s: too many positional arguments", what);
+    for (size_t k = 0; k < c->nkw; k++) {
+        int ok = 0;
+        for (size_t j = 0; names && names[j]; j++)
+            if (strlen(names[j]) == c->kw[k].nlen && !memcmp(names[j], c->kw[k].name, c->kw[k].nlen)) ok = 1;
+        if (!ok) FAIL(R, "%s: unexpected keyword argument '%.*s'", what, (int)c->kw[k].nlen, c->kw[k].name);
+    }
+}
+
+static val need_str(rs *R, val v, const char *what) {
+    if (v.t != V_STR) FAIL(R, "%s: expected a string, got %s", what, type_name(v));
+    return v;
+}
+
+static int64_t need_int(rs *R, val v, const char *what) {
+    if (v.t != V_INT && v.t != V_BOOL) FAIL(R, "%s: expected an integer, got %s", what, type_name(v));
+    return v.u.i;
+}
+
+/* Case mapping by code point (Python uses full case mapping; the simple
+ * mapping differs only for a few characters such as U+00DF). */
+typedef enum { CASE_UPPER, CASE_LOWER, CASE_TITLE_PY, CASE_CAPITALIZE, CASE_TITLE_JINJA } casemode;
+
+/* The unconditional multi-character mappings of SpecialCasing.txt that
+ * chat text may meet (sharp s, Latin ligatures, dotted capital I). */
+static const char *special_case(int32_t c, int kind) { /* kind: 0 lower, 1 upper, 2 title */
+    switch (c) {
+    case 0xDF: return kind == 1 ? "SS" : kind == 2 ? "Ss" : NULL;
+    case 0xFB00: return kind == 1 ? "FF" : kind == 2 ? "Ff" : NULL;
+    case 0xFB01: return kind == 1 ? "FI" : kind == 2 ? "Fi" : NULL;
+    case 0xFB02: return kind == 1 ? "FL" : kind == 2 ? "Fl" : NULL;
+    case 0xFB03: return kind == 1 ? "FFI" : kind == 2 ? "Ffi" : NULL;
+    case 0xFB04: return kind == 1 ? "FFL" : kind == 2 ? "Ffl" : NULL;
+    case 0xFB05:
+    case 0xFB06: return kind == 1 ? "ST" : kind == 2 ? "St" : NULL;
+    case 0x130: return kind == 0 ? "i\xcc\x87" : NULL;
+    default: return NULL;
+    }
+}
+
+static int is_cased(int32_t c) {
+    utf8proc_category_t cat = utf8proc_category(c);
+    return cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LT ||
+           utf8proc_tolower(c) != c || utf8proc_toupper(c) != c;
+}
+
+static val map_case(rs *R, val s, casemode m) {
+    sbuf b = {0};
+    int prev_cased = 0, first = 1, word_start = 1;
+    for (size_t i = 0; i < s.u.s.n;) {
+        int32_t c;
+        size_t k = u8dec(s.u.s.p + i, s.u.s.n - i, &c);
+        int kind; /* 0 lower, 1 upper, 2 title */
+        switch (m) {
+        case CASE_UPPER: kind = 1; break;
+        case CASE_LOWER: kind = 0; break;
+        case CASE_CAPITALIZE: kind = first ? 2 : 0; break;
+        case CASE_TITLE_PY:
+            /* str.title: a cased char after a cased char is lowered */
+            kind = prev_cased ? 0 : 2;
+            prev_cased = is_cased(c);
+            break;
+        default:
+            /* jinja's title filter: words start after [-\s({\[<] runs */
+            kind = word_start ? 1 : 0;
+            word_start = py_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+            break;
+        }
+        first = 0;
+        const char *sp = special_case(c, kind);
+        if (sp) {
+            sb_puts(&R->a, &b, sp);
+        } else {
+            int32_t o = kind == 1 ? utf8proc_toupper(c) : kind == 2 ? utf8proc_totitle(c) : utf8proc_tolower(c);
+            char u[4];
+            sb_put(&R->a, &b, u, u8enc(o, u));
+        }
+        i += k;
+    }
+    return vsb(&b);
+}
+
+/* Python str.strip family. chars NULL: whitespace. */
+static val strip(rs *R, val s, val chars, int left, int right) {
+    (void)R;
+    const char *p = s.u.s.p;
+    size_t n = s.u.s.n;
+    int has_chars = chars.t == V_STR;
+    while (n && left) {
+        int32_t c;
+        size_t k = u8dec(p, n, &c);
+        if (!(has_chars ? (memmem(chars.u.s.p, chars.u.s.n, p, k) != NULL) : py_space(c))) break;
+        p += k, n -= k;
+    }
+    while (n && right) {
+        size_t k = 1;
+        while (k < n && k < 4 && ((unsigned char)p[n - k] & 0xC0) == 0x80) k++;
+        int32_t c;
+        u8dec(p + n - k, k, &c);
+        if (!(has_chars ? (memmem(chars.u.s.p, chars.u.s.n, p + n - k, k) != NULL) : py_space(c))) break;
+        n -= k;
+    }
+    return vstr(p, n);
+}
+
+static val str_replace(rs *R, val s, val old, val new_, int64_t count) {
+    sbuf b = {0};
+    if (!old.u.s.n) {
+        /* Python inserts `new` between characters and at both ends */
+        list *cs = iter_list(R, s);
+        int64_t done = 0;
+        for (size_t i = 0; i <= cs->n; i++) {
+            if (count < 0 || done < count) sb_put(&R->a, &b, new_.u.s.p, new_.u.s.n), done++;
+            if (i < cs->n) sb_put(&R->a, &b, cs->v[i].u.s.p, cs->v[i].u.s.n);
+        }
+        return vsb(&b);
+    }
+    const char *p = s.u.s.p, *end = p + s.u.s.n;
+    int64_t done = 0;
+    while (p < end) {
+        const char *q = (count < 0 || done < count) ? memmem(p, (size_t)(end - p), old.u.s.p, old.u.s.n) : NULL;
+        if (!q) break;
+        sb_put(&R->a, &b, p, (size_t)(q - p));
+        sb_put(&R->a, &b, new_.u.s.p, new_.u.s.n);
+        p = q + old.u.s.n;
+        done++;
+        step(R);
+    }
+    sb_put(&R->a, &b, p, (size_t)(end - p));
+    return vsb(&b);
+}
+
+/* Python str.split(sep=None, maxsplit=-1) and rsplit. */
+static val str_split(rs *R, val s, val sep, int64_t maxsplit, int reverse) {
+    list *l = list_new(R, 0);
+    const char *p = s.u.s.p;
+    size_t n = s.u.s.n;
+    if (sep.t == V_STR) {
+        if (!sep.u.s.n) FAIL(R, "empty separator");
+        if (!reverse) {
+            const char *q, *end = p + n;
+            int64_t k = 0;
+            while ((maxsplit < 0 || k < maxsplit) && (q = memmem(p, (size_t)(end - p), sep.u.s.p, sep.u.s.n))) {
+                step(R);
+                list_push(R, l, vstr(p, (size_t)(q - p)));
+                p = q + sep.u.s.n;
+                k++;
+            }
+            list_push(R, l, vstr(p, (size_t)(end - p)));
+        } else {
+            list *tmp = list_new(R, 0);
+            size_t end = n;
+            int64_t k = 0;
+            for (size_t i = n; i >= sep.u.s.n && (maxsplit < 0 || k < maxsplit);) {
+                if (!memcmp(p + i - sep.u.s.n, sep.u.s.p, sep.u.s.n)) {
+                    list_push(R, tmp, vstr(p + i, end - i));
+                    i -= sep.u.s.n;
+                    end = i;
+                    k++;
+                } else {
+                    i--;
+                }
+                step(R);
+            }
+            list_push(R, tmp, vstr(p, end));
+            for (size_t i = tmp->n; i-- > 0;) list_push(R, l, tmp->v[i]);
+        }
+        return vlist(l);
+    }
+    /* whitespace split: runs of whitespace, no empty strings */
+    list *cs = iter_list(R, s);
+    if (reverse) {
+        list *tmp = list_new(R, 0);
+        int64_t k = 0;
+        size_t i = cs->n;
+        while (i > 0) {
+            int32_t c;
+            while (i > 0 && (u8dec(cs->v[i - 1].u.s.p, cs->v[i - 1].u.s.n, &c), py_space(c))) i--;
+            if (!i) break;
+            if (maxsplit >= 0 && k == maxsplit) {
+                list_push(R, tmp, vstr(p, (size_t)(cs->v[i - 1].u.s.p + cs->v[i - 1].u.s.n - p)));
+                i = 0;
+                break;
+            }
+            size_t e = i;
+            while (i > 0 && (u8dec(cs->v[i - 1].u.s.p, cs->v[i - 1].u.s.n, &c), !py_space(c))) i--;
+            const char *a = cs->v[i].u.s.p;
+            list_push(R, tmp, vstr(a, (size_t)(cs->v[e - 1].u.s.p + cs->v[e - 1].u.s.n - a)));
+            k++;
+        }
+        for (size_t j = tmp->n; j-- > 0;) list_push(R, l, tmp->v[j]);
+        return vlist(l);
+    }
+    size_t i = 0;
+    int64_t k = 0;
+    while (i < cs->n) {
+        int32_t c;
+        while (i < cs->n && (u8dec(cs->v[i].u.s.p, cs->v[i].u.s.n, &c), py_space(c))) i++;
+        if (i == cs->n) break;
+        if (maxsplit >= 0 && k == maxsplit) {
+            list_push(R, l, vstr(cs->v[i].u.s.p, (size_t)(p + n - cs->v[i].u.s.p)));
+            break;
+        }
+        size_t st = i;
+        while (i < cs->n && (u8dec(cs->v[i].u.s.p, cs->v[i].u.s.n, &c), !py_space(c))) i++;
+        list_push(R, l, vstr(cs->v[st].u.s.p, (size_t)(cs->v[i - 1].u.s.p + cs->v[i - 1].u.s.n - cs->v[st].u.s.p)));
+        k++;
+    }
+    return vlist(l);
+}
+
+/* str.splitlines(): jinja's indent filter relies on it. */
+static list *splitlines(rs *R, const char *p, size_t n) {
+    list *l = list_new(R, 0);
+    size_t st = 0;
+    for (size_t i = 0; i < n;) {
+        int32_t c;
+        size_t k = u8dec(p + i, n - i, &c);
+        if (c == '\n' || c == '\r' || c == '\v' || c == '\f' || c == 0x1c || c == 0x1d || c == 0x1e ||
+            c == 0x85 || c == 0x2028 || c == 0x2029) {
+            list_push(R, l, vstr(p + st, i - st));
+            if (c == '\r' && i + 1 < n && p[i + 1] == '\n') k++;
+            st = i + k;
+        }
+        i += k;
+    }
+    if (st < n) list_push(R, l, vstr(p + st, n - st));
+    return l;
+}
+
+static val call_value(rs *R, val fn, const callargs *c, int line);
+static int run_test(rs *R, int fn, val v, const callargs *c);
+
+/* Attribute lookup used by selectattr/map/join(attribute=): dotted paths,
+ * integer parts index lists (jinja2's make_attrgetter). */
+static val attr_path(rs *R, val v, val path) {
+    if (path.t == V_INT) return get_item(R, v, path);
+    need_str(R, path, "attribute");
+    const char *p = path.u.s.p, *end = p + path.u.s.n;
+    for (;;) {
+        const char *dot = memchr(p, '.', (size_t)(end - p));
+        size_t n = dot ? (size_t)(dot - p) : (size_t)(end - p);
+        int isint = n > 0;
+        int64_t iv = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!is_digit(p[i]) || iv > INT64_MAX / 10 - 10) isint = 0;
+            else iv = iv * 10 + (p[i] - '0');
+        }
+        v = isint ? get_item(R, v, vint(iv)) : get_item(R, v, vstr(p, n));
+        if (!dot) return v;
+        p = dot + 1;
+    }
+}
+
+static val vstrz(const char *s) { return vstr(s, strlen(s)); }
+
+/* select/reject/selectattr/rejectattr */
+static val filter_select(rs *R, val seq, const callargs *c, int attr, int want) {
+    list *items = iter_list(R, seq), *out = list_new(R, 0);
+    size_t first = attr ? 1 : 0;
+    if (attr && c->npos < 1) FAIL(R, "selectattr/rejectattr need an attribute");
+    int tfn = -1;
+    if (c->npos > first) {
+        val tn = need_str(R, c->pos[first], "select test");
+        tfn = lookup_name(TESTS, T_N, tn.u.s.p, tn.u.s.n);
+        if (tfn < 0) FAIL(R, "no test named '%.*s'", (int)(tn.u.s.n > 60 ? 60 : tn.u.s.n), tn.u.s.p);
+    }
+    callargs tc = {0};
+    if (c->npos > first + 1) {
+        tc.pos = c->pos + first + 1;
+        tc.npos = c->npos - first - 1;
+    }
+    for (size_t i = 0; i < items->n; i++) {
+        step(R);
+        val x = attr ? attr_path(R, items->v[i], c->pos[0]) : items->v[i];
+        int ok = tfn < 0 ? truthy(x) : run_test(R, tfn, x, &tc);
+        if (ok == want) list_push(R, out, items->v[i]);
+    }
+    return vlist(out);
+}
+
+static val apply_filter(rs *R, int fn, val v, const callargs *c, int line);
+
+static val filter_map(rs *R, val seq, const callargs *c, int line) {
+    list *items = iter_list(R, seq), *out = list_new(R, items->n);
+    val attr = param(R, c, 99, "attribute", vundef(NULL, 0));
+    if (attr.t != V_UNDEF) {
+        val dflt = param(R, c, 99, "default", vundef(NULL, 0));
+        for (size_t i = 0; i < items->n; i++) {
+            step(R);
+            val x = attr_path(R, items->v[i], attr);
+            list_push(R, out, x.t == V_UNDEF && dflt.t != V_UNDEF ? dflt : x);
+        }
+        return vlist(out);
+    }
+    if (c->npos < 1) FAIL(R, "map: needs a filter name or attribute=");
+    val fnm = need_str(R, c->pos[0], "map");
+    int f = lookup_name(FILTERS, F_N, fnm.u.s.p, fnm.u.s.n);
+    if (f < 0) FAIL(R, "no filter named '%.*s'", (int)(fnm.u.s.n > 60 ? 60 : fnm.u.s.n), fnm.u.s.p);
+    callargs fc = *c;
+    fc.pos++;
+    fc.npos--;
+    for (size_t i = 0; i < items->n; i++) step(R), list_push(R, out, apply_filter(R, f, items->v[i], &fc, line));
+    return vlist(out);
+}
+
+static val sort_key(rs *R, val v, int ci) { return ci && v.t == V_STR ? map_case(R, v, CASE_LOWER) : v; }
+
+/* Stable merge sort (Python's sort is stable). */
+static void msort(rs *R, val *a, val *keys, size_t n, val *tmp, val *tmpk, int reverse) {
+    if (n < 2) return;
+    size_t m = n / 2;
+    msort(R, a, keys, m, tmp, tmpk, reverse);
+    msort(R, a + m, keys + m, n - m, tmp, tmpk, reverse);
+    size_t i = 0, j = m, k = 0;
+    while (i < m && j < n) {
+        step(R);
+        int c = val_cmp(R, keys[j], keys[i], 0);
+        int take_right = reverse ? c > 0 : c < 0;
+        if (take_right) tmp[k] = a[j], tmpk[k++] = keys[j++];
+        else tmp[k] = a[i], tmpk[k++] = keys[i++];
+    }
+    while (i < m) tmp[k] = a[i], tmpk[k++] = keys[i++];
+    while (j < n) tmp[k] = a[j], tmpk[k++] = keys[j++];
+    memcpy(a, tmp, n * sizeof *a);
+    memcpy(keys, tmpk, n * sizeof *keys);
+}
+
+static val do_round(rs *R, val v, int64_t prec, val method) {
+    if (!is_num(v)) FAIL(R, "round: expected a number");
+    const char *m = method.t == V_STR ? method.u.s.p : "common";
+    size_t mn = method.t == V_STR ? method.u.s.n : 6;
+    if (mn == 6 && !memcmp(m, "common", 6)) {
+        if (v.t != V_FLOAT) return v.t == V_BOOL ? vint(v.u.i) : v;
+        if (prec > 300 || prec < -300 || !isfinite(v.u.f)) return v;
+        if (prec >= 0) {
+            /* correctly rounded, ties to even on the exact binary value, as Python */
+            char tmp[400];
+            snprintf(tmp, sizeof tmp, "%.*f", (int)prec, v.u.f);
+            return vfloat(strtod(tmp, NULL));
+        }
+        double p10 = pow(10, (double)-prec), r = v.u.f / p10, fl = floor(r);
+        double d = r - fl;
+        double y = d > 0.5 ? fl + 1 : d < 0.5 ? fl : (fmod(fl, 2) == 0 ? fl : fl + 1);
+        return vfloat(y * p10);
+    }
+    int ceil_ = mn == 4 && !memcmp(m, "ceil", 4), floor_ = mn == 5 && !memcmp(m, "floor", 5);
+    if (!ceil_ && !floor_) FAIL(R, "method must be common, ceil or floor");
+    double p10 = pow(10, (double)prec), x = num_f(v) * p10;
+    return vfloat((ceil_ ? ceil(x) : floor(x)) / p10);
+}
+
+/* float(s) for an ASCII string: decimal digits, sign, point, exponent, or
+ * inf/infinity/nan (strtod alone would also take hex floats). */
+static int py_float_parse(const char *buf, double *out) {
+    const char *q = buf + (buf[0] == '+' || buf[0] == '-');
+    if (!strcasecmp(q, "inf") || !strcasecmp(q, "infinity") || !strcasecmp(q, "nan")) {
+        *out = strtod(buf, NULL);
+        return 1;
+    }
+    int digits = 0;
+    for (const char *c = q; *c; c++) {
+        if (is_digit(*c)) digits = 1;
+        else if (!strchr(".eE+-", *c)) return 0;
+    }
+    char *end;
+    *out = strtod(buf, &end);
+    return digits && end != buf && !*end;
+}
+
+static val to_int_val(rs *R, val v, val dflt, int64_t base) {
+    if (v.t == V_INT) return v;
+    if (v.t == V_BOOL) return vint(v.u.i);
+    if (v.t == V_FLOAT) {
+        if (!isfinite(v.u.f) || fabs(v.u.f) >= 9.2e18) return dflt;
+        return vint((int64_t)v.u.f);
+    }
+    if (v.t == V_STR) {
+        /* int(s, base); else int(float(s)) */
+        char buf[80];
+        val t = strip(R, v, vnone(), 1, 1);
+        if (t.u.s.n && t.u.s.n < sizeof buf) {
+            size_t k = 0;
+            for (size_t i = 0; i < t.u.s.n; i++)
+                if (t.u.s.p[i] != '_') buf[k++] = t.u.s.p[i];
+            buf[k] = 0;
+            int ok = k > 0;
+            for (size_t i = 0; i < t.u.s.n; i++) ok &= (unsigned char)t.u.s.p[i] < 0x80;
+            if (ok && base >= 2 && base <= 36) {
+                char *end;
+                errno = 0;
+                long long x = strtoll(buf, &end, (int)base);
+                if (!*end && !errno && end != buf && buf[0] != ' ') return vint(x);
+                double d;
+                if (base == 10 && py_float_parse(buf, &d) && isfinite(d) && fabs(d) < 9.2e18) return vint((int64_t)d);
+            }
+        }
+        return dflt;
+    }
+    return dflt;
+}
+
+static val to_float_val(rs *R, val v, val dflt) {
+    if (is_num(v)) return vfloat(num_f(v));
+    if (v.t == V_STR) {
+        val t = strip(R, v, vnone(), 1, 1);
+        char buf[80];
+        if (t.u.s.n && t.u.s.n < sizeof buf) {
+            memcpy(buf, t.u.s.p, t.u.s.n);
+            buf[t.u.s.n] = 0;
+            double d;
+            if (py_float_parse(buf, &d)) return vfloat(d);
+        }
+    }
+    return dflt;
+}
+
+static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
+    (void)line;
+    step(R);
+    switch (fn) {
+    case F_TRIM: {
+        static const char *const nm[] = {"chars", NULL};
+        check_args(R, c, 1, nm, "trim");
+        return strip(R, str_of(R, v), param(R, c, 0, "chars", vnone()), 1, 1);
+    }
+    case F_TOJSON: {
+        static const char *const nm[] = {"ensure_ascii", "indent", "separators", "sort_keys", NULL};
+        check_args(R, c, 4, nm, "tojson");
+        val ea = param(R, c, 0, "ensure_ascii", vbool(0)), ind = param(R, c, 1, "indent", vnone()),
+            sep = param(R, c, 2, "separators", vnone()), sk = param(R, c, 3, "sort_keys", vbool(0));
+        if (truthy(ea)) FAIL(R, "unsupported construct: tojson(ensure_ascii=True)");
+        jsonopt o = {0};
+        if (ind.t == V_INT || ind.t == V_BOOL) {
+            int64_t k = ind.u.i < 0 ? 0 : ind.u.i > 64 ? 64 : ind.u.i;
+            char *sp = aalloc(&R->a, (size_t)k + 1);
+            memset(sp, ' ', (size_t)k);
+            o.indent = sp;
+            o.indn = (size_t)k;
+        } else if (ind.t == V_STR) {
+            o.indent = ind.u.s.p;
+            o.indn = ind.u.s.n;
+        } else if (ind.t != V_NONE) {
+            FAIL(R, "tojson: indent must be an integer or string");
+        }
+        if (sep.t == V_LIST && sep.u.l->n == 2 && sep.u.l->v[0].t == V_STR && sep.u.l->v[1].t == V_STR) {
+            o.item_sep = sep.u.l->v[0].u.s.p, o.isn = sep.u.l->v[0].u.s.n;
+            o.key_sep = sep.u.l->v[1].u.s.p, o.ksn = sep.u.l->v[1].u.s.n;
+        } else if (sep.t == V_NONE) {
+            o.item_sep = o.indent ? "," : ", ";
+            o.isn = strlen(o.item_sep);
+            o.key_sep = ": ", o.ksn = 2;
+        } else {
+            FAIL(R, "tojson: separators must be a pair of strings");
+        }
+        o.sort_keys = truthy(sk);
+        sbuf b = {0};
+        to_json(R, &b, v, &o, 0);
+        return vsb(&b);
+    }
+    case F_LENGTH:
+    case F_COUNT: check_args(R, c, 0, NULL, "length"); return vint(length_of(R, v));
+    case F_UPPER: check_args(R, c, 0, NULL, "upper"); return map_case(R, str_of(R, v), CASE_UPPER);
+    case F_LOWER: check_args(R, c, 0, NULL, "lower"); return map_case(R, str_of(R, v), CASE_LOWER);
+    case F_CAPITALIZE: check_args(R, c, 0, NULL, "capitalize"); return map_case(R, str_of(R, v), CASE_CAPITALIZE);
+    case F_TITLE: check_args(R, c, 0, NULL, "title"); return map_case(R, str_of(R, v), CASE_TITLE_JINJA);
+    case F_REPLACE: {
+        static const char *const nm[] = {"old", "new", "count", NULL};
+        check_args(R, c, 3, nm, "replace");
+        val o = str_of(R, param(R, c, 0, "old", vundef(NULL, 0))), n = str_of(R, param(R, c, 1, "new", vundef(NULL, 0)));
+        val cnt = param(R, c, 2, "count", vnone());
+        return str_replace(R, str_of(R, v), o, n, cnt.t == V_NONE ? -1 : need_int(R, cnt, "replace"));
+    }
+    case F_JOIN: {
+        static const char *const nm[] = {"d", "attribute", NULL};
+        check_args(R, c, 2, nm, "join");
+        val d = str_of(R, param(R, c, 0, "d", vstr("", 0))), at = param(R, c, 1, "attribute", vnone());
+        list *l = iter_list(R, v);
+        sbuf b = {0};
+        for (size_t i = 0; i < l->n; i++) {
+            if (i) sb_put(&R->a, &b, d.u.s.p, d.u.s.n);
+            to_str(R, &b, at.t == V_NONE ? l->v[i] : attr_path(R, l->v[i], at), 0);
+        }
+        return vsb(&b);
+    }
+    case F_FIRST: {
+        check_args(R, c, 0, NULL, "first");
+        list *l = iter_list(R, v);
+        return l->n ? l->v[0] : vundef(NULL, 0);
+    }
+    case F_LAST: {
+        check_args(R, c, 0, NULL, "last");
+        if (v.t != V_LIST && v.t != V_STR && v.t != V_DICT) FAIL(R, "last: '%s' object is not reversible", type_name(v));
+        if (v.t == V_DICT) FAIL(R, "last: 'dict' object is not reversible");
+        list *l = iter_list(R, v);
+        return l->n ? l->v[l->n - 1] : vundef(NULL, 0);
+    }
+    case F_DEFAULT:
+    case F_D: {
+        static const char *const nm[] = {"default_value", "boolean", NULL};
+        check_args(R, c, 2, nm, "default");
+        val d = param(R, c, 0, "default_value", vstr("", 0)), b = param(R, c, 1, "boolean", vbool(0));
+        if (v.t == V_UNDEF || (truthy(b) && !truthy(v))) return d;
+        return v;
+    }
+    case F_STRING: check_args(R, c, 0, NULL, "string"); return str_of(R, v);
+    case F_INT: {
+        static const char *const nm[] = {"default", "base", NULL};
+        check_args(R, c, 2, nm, "int");
+        return to_int_val(R, v, param(R, c, 0, "default", vint(0)), need_int(R, param(R, c, 1, "base", vint(10)), "int"));
+    }
+    case F_FLOAT: {
+        static const char *const nm[] = {"default", NULL};
+        check_args(R, c, 1, nm, "float");
+        return to_float_val(R, v, param(R, c, 0, "default", vfloat(0)));
+    }
+    case F_LIST: {
+        check_args(R, c, 0, NULL, "list");
+        list *l = iter_list(R, v), *o = list_new(R, l->n);
+        for (size_t i = 0; i < l->n; i++) list_push(R, o, l->v[i]);
+        return vlist(o);
+    }
+    case F_ITEMS: {
+        check_args(R, c, 0, NULL, "items");
+        if (v.t == V_UNDEF) return vlist(list_new(R, 0));
+        if (v.t != V_DICT) FAIL(R, "items: can only get item pairs from a mapping");
+        list *o = list_new(R, v.u.d->n);
+        for (size_t i = 0; i < v.u.d->n; i++) {
+            list *t = list_new(R, 2);
+            t->tuple = 1;
+            list_push(R, t, v.u.d->k[i]);
+            list_push(R, t, v.u.d->v[i]);
+            list_push(R, o, vlist(t));
+        }
+        return vlist(o);
+    }
+    case F_SELECTATTR: return filter_select(R, v, c, 1, 1);
+    case F_REJECTATTR: return filter_select(R, v, c, 1, 0);
+    case F_SELECT: return filter_select(R, v, c, 0, 1);
+    case F_REJECT: return filter_select(R, v, c, 0, 0);
+    case F_MAP: return filter_map(R, v, c, line);
+    case F_INDENT: {
+        static const char *const nm[] = {"width", "first", "blank", NULL};
+        check_args(R, c, 3, nm, "indent");
+        val w = param(R, c, 0, "width", vint(4));
+        int first = truthy(param(R, c, 1, "first", vbool(0))), blank = truthy(param(R, c, 2, "blank", vbool(0)));
+        sbuf ind = {0};
+        if (w.t == V_STR) sb_put(&R->a, &ind, w.u.s.p, w.u.s.n);
+        else {
+            int64_t k = need_int(R, w, "indent");
+            if (k > 4096) FAIL(R, "indent: width too large");
+            for (int64_t i = 0; i < k; i++) sb_puts(&R->a, &ind, " ");
+        }
+        val s = str_of(R, v);
+        sbuf tmp = {0};
+        sb_put(&R->a, &tmp, s.u.s.p, s.u.s.n);
+        sb_puts(&R->a, &tmp, "\n");
+        list *ls = splitlines(R, tmp.p, tmp.n);
+        sbuf b = {0};
+        if (first) sb_put(&R->a, &b, ind.p, ind.n);
+        for (size_t i = 0; i < ls->n; i++) {
+            val x = ls->v[i];
+            if (i) sb_puts(&R->a, &b, "\n");
+            if (blank && i) sb_put(&R->a, &b, ind.p, ind.n);
+            else if (!blank && i && x.u.s.n) sb_put(&R->a, &b, ind.p, ind.n);
+            sb_put(&R->a, &b, x.u.s.p, x.u.s.n);
+        }
+        return vsb(&b);
+    }
+    case F_SAFE: check_args(R, c, 0, NULL, "safe"); return v;
+    case F_ABS:
+        check_args(R, c, 0, NULL, "abs");
+        if (v.t == V_FLOAT) return vfloat(fabs(v.u.f));
+        if (v.t == V_INT || v.t == V_BOOL) {
+            if (v.u.i == INT64_MIN) FAIL(R, "integer overflow");
+            return vint(v.u.i < 0 ? -v.u.i : v.u.i);
+        }
+        FAIL(R, "bad operand type for abs(): '%s'", type_name(v));
+        break;
+    case F_ROUND: {
+        static const char *const nm[] = {"precision", "method", NULL};
+        check_args(R, c, 2, nm, "round");
+        return do_round(R, v, need_int(R, param(R, c, 0, "precision", vint(0)), "round"), param(R, c, 1, "method", vstrz("common")));
+    }
+    case F_UNIQUE: {
+        static const char *const nm[] = {"case_sensitive", "attribute", NULL};
+        check_args(R, c, 2, nm, "unique");
+        int cs = truthy(param(R, c, 0, "case_sensitive", vbool(0)));
+        val at = param(R, c, 1, "attribute", vnone());
+        list *l = iter_list(R, v), *o = list_new(R, 0), *seen = list_new(R, 0);
+        for (size_t i = 0; i < l->n; i++) {
+            val k = sort_key(R, at.t == V_NONE ? l->v[i] : attr_path(R, l->v[i], at), !cs);
+            if (k.t == V_LIST || k.t == V_DICT) FAIL(R, "unhashable type: '%s'", type_name(k));
+            int dup = 0;
+            for (size_t j = 0; j < seen->n && !dup; j++) step(R), dup = val_eq(R, seen->v[j], k, 0);
+            if (!dup) list_push(R, seen, k), list_push(R, o, l->v[i]);
+        }
+        return vlist(o);
+    }
+    case F_REVERSE: {
+        check_args(R, c, 0, NULL, "reverse");
+        if (v.t == V_STR) {
+            list *l = iter_list(R, v);
+            sbuf b = {0};
+            for (size_t i = l->n; i-- > 0;) sb_put(&R->a, &b, l->v[i].u.s.p, l->v[i].u.s.n);
+            return vsb(&b);
+        }
+        list *l = iter_list(R, v), *o = list_new(R, l->n);
+        for (size_t i = l->n; i-- > 0;) list_push(R, o, l->v[i]);
+        return vlist(o);
+    }
+    case F_ESCAPE:
+    case F_E: {
+        check_args(R, c, 0, NULL, "escape");
+        val s = str_of(R, v);
+        sbuf b = {0};
+        for (size_t i = 0; i < s.u.s.n; i++) {
+            char ch = s.u.s.p[i];
+            const char *r = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&#34;" : ch == '\'' ? "&#39;" : NULL;
+            if (r) sb_puts(&R->a, &b, r);
+            else sb_put(&R->a, &b, &ch, 1);
+        }
+        return vsb(&b);
+    }
+    case F_SUM: {
+        static const char *const nm[] = {"attribute", "start", NULL};
+        check_args(R, c, 2, nm, "sum");
+        val at = param(R, c, 0, "attribute", vnone()), acc = param(R, c, 1, "start", vint(0));
+        list *l = iter_list(R, v);
+        for (size_t i = 0; i < l->n; i++) acc = arith(R, OP_ADD, acc, at.t == V_NONE ? l->v[i] : attr_path(R, l->v[i], at));
+        return acc;
+    }
+    case F_MIN:
+    case F_MAX: {
+        static const char *const nm[] = {"case_sensitive", "attribute", NULL};
+        check_args(R, c, 2, nm, "min/max");
+        int cs = truthy(param(R, c, 0, "case_sensitive", vbool(0)));
+        val at = param(R, c, 1, "attribute", vnone());
+        list *l = iter_list(R, v);
+        if (!l->n) return vundef(NULL, 0);
+        size_t best = 0;
+        val bk = sort_key(R, at.t == V_NONE ? l->v[0] : attr_path(R, l->v[0], at), !cs);
+        for (size_t i = 1; i < l->n; i++) {
+            val k = sort_key(R, at.t == V_NONE ? l->v[i] : attr_path(R, l->v[i], at), !cs);
+            int cmp = val_cmp(R, k, bk, 0);
+            if (fn == F_MIN ? cmp < 0 : cmp > 0) best = i, bk = k;
+        }
+        return l->v[best];
+    }
+    case F_SORT: {
+        static const char *const nm[] = {"reverse", "case_sensitive", "attribute", NULL};
+        check_args(R, c, 3, nm, "sort");
+        int rev = truthy(param(R, c, 0, "reverse", vbool(0))), cs = truthy(param(R, c, 1, "case_sensitive", vbool(0)));
+        val at = param(R, c, 2, "attribute", vnone());
+        list *l = iter_list(R, v), *o = list_new(R, l->n + 1);
+        val *keys = aalloc(&R->a, (l->n + 1) * sizeof *keys), *tmp = aalloc(&R->a, (l->n + 1) * sizeof *tmp),
+            *tmpk = aalloc(&R->a, (l->n + 1) * sizeof *tmpk);
+        for (size_t i = 0; i < l->n; i++) {
+            list_push(R, o, l->v[i]);
+            keys[i] = sort_key(R, at.t == V_NONE ? l->v[i] : attr_path(R, l->v[i], at), !cs);
+        }
+        msort(R, o->v, keys, o->n, tmp, tmpk, rev);
+        return vlist(o);
+    }
+    case F_DICTSORT: {
+        static const char *const nm[] = {"case_sensitive", "by", "reverse", NULL};
+        check_args(R, c, 3, nm, "dictsort");
+        if (v.t != V_DICT) FAIL(R, "dictsort: expected a mapping");
+        int cs = truthy(param(R, c, 0, "case_sensitive", vbool(0)));
+        val by = param(R, c, 1, "by", vstrz("key"));
+        int rev = truthy(param(R, c, 2, "reverse", vbool(0)));
+        int byv = by.t == V_STR && str_eq(by, "value", 5);
+        if (!byv && !(by.t == V_STR && str_eq(by, "key", 3))) FAIL(R, "dictsort: by must be 'key' or 'value'");
+        size_t n = v.u.d->n;
+        list *o = list_new(R, n + 1);
+        val *keys = aalloc(&R->a, (n + 1) * sizeof *keys), *tmp = aalloc(&R->a, (n + 1) * sizeof *tmp),
+            *tmpk = aalloc(&R->a, (n + 1) * sizeof *tmpk);
+        for (size_t i = 0; i < n; i++) {
+            list *t = list_new(R, 2);
+            t->tuple = 1;
+            list_push(R, t, v.u.d->k[i]);
+            list_push(R, t, v.u.d->v[i]);
+            list_push(R, o, vlist(t));
+            keys[i] = sort_key(R, byv ? v.u.d->v[i] : v.u.d->k[i], !cs);
+        }
+        msort(R, o->v, keys, n, tmp, tmpk, rev);
+        return vlist(o);
+    }
+    case F_WORDCOUNT: {
+        check_args(R, c, 0, NULL, "wordcount");
+        /* jinja2: len(re.findall(r"\w+", s)) */
+        val s = str_of(R, v);
+        int64_t k = 0;
+        int in = 0;
+        for (size_t i = 0; i < s.u.s.n;) {
+            int32_t ch;
+            i += u8dec(s.u.s.p + i, s.u.s.n - i, &ch);
+            utf8proc_category_t cat = utf8proc_category(ch);
+            int w = ch == '_' || (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
+                    (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO) || cat == UTF8PROC_CATEGORY_MN ||
+                    cat == UTF8PROC_CATEGORY_MC;
+            if (w && !in) k++;
+            in = w;
+        }
+        return vint(k);
+    }
+    case F_CENTER: {
+        static const char *const nm[] = {"width", NULL};
+        check_args(R, c, 1, nm, "center");
+        int64_t w = need_int(R, param(R, c, 0, "width", vint(80)), "center");
+        val s = str_of(R, v);
+        int64_t len = (int64_t)u8len(s.u.s.p, s.u.s.n);
+        if (w > 1 << 20) FAIL(R, "center: width too large");
+        if (w <= len) return s;
+        /* Python str.center: left = pad/2 + (pad & width & 1) */
+        int64_t pad = w - len, left = pad / 2 + (pad & w & 1);
+        sbuf b = {0};
+        for (int64_t i = 0; i < left; i++) sb_puts(&R->a, &b, " ");
+        sb_put(&R->a, &b, s.u.s.p, s.u.s.n);
+        for (int64_t i = 0; i < pad - left; i++) sb_puts(&R->a, &b, " ");
+        return vsb(&b);
+    }
+    case F_BOOL: check_args(R, c, 0, NULL, "bool"); return vbool(truthy(v));
+    }
+    FAIL(R, "filter not implemented");
+    return vnone();
+}
+
+static int run_test(rs *R, int fn, val v, const callargs *c) {
+    step(R);
+    val a0 = c->npos ? c->pos[0] : vundef(NULL, 0);
+    int need1 = fn >= T_DIVISIBLEBY && fn <= T_SAMEAS;
+    if (need1 && !c->npos) FAIL(R, "test '%s' needs an argument", TESTS[fn]);
+    switch (fn) {
+    case T_DEFINED: return v.t != V_UNDEF;
+    case T_UNDEFINED: return v.t == V_UNDEF;
+    case T_NONE_: return v.t == V_NONE;
+    case T_STRING: return v.t == V_STR;
+    case T_MAPPING: return v.t == V_DICT;
+    case T_ITERABLE: return v.t == V_UNDEF || v.t == V_STR || v.t == V_LIST || v.t == V_DICT;
+    case T_SEQUENCE: return v.t == V_UNDEF || v.t == V_STR || v.t == V_LIST || v.t == V_DICT;
+    case T_NUMBER: return is_num(v);
+    case T_INTEGER: return v.t == V_INT;
+    case T_FLOAT_: return v.t == V_FLOAT;
+    case T_BOOLEAN: return v.t == V_BOOL;
+    case T_TRUE: return v.t == V_BOOL && v.u.i;
+    case T_FALSE: return v.t == V_BOOL && !v.u.i;
+    case T_ODD:
+    case T_EVEN: {
+        if (v.t == V_UNDEF) undef_fail(R, v);
+        if (v.t == V_FLOAT) {
+            double m = fmod(v.u.f, 2);
+            if (m < 0) m += 2;
+            return fn == T_ODD ? m == 1 : m == 0;
+        }
+        int64_t x = need_int(R, v, TESTS[fn]);
+        return fn == T_ODD ? (x % 2 != 0) : (x % 2 == 0);
+    }
+    case T_DIVISIBLEBY: {
+        val m = arith(R, OP_MOD, v, a0);
+        return num_f(m) == 0;
+    }
+    case T_EQ: case T_EQUALTO: case T_EQ2: return val_eq(R, v, a0, 0);
+    case T_NE: case T_NE2: return !val_eq(R, v, a0, 0);
+    case T_LT: case T_LT2: case T_LESSTHAN: return val_cmp(R, v, a0, 0) < 0;
+    case T_GT: case T_GT2: case T_GREATERTHAN: return val_cmp(R, v, a0, 0) > 0;
+    case T_LE: case T_LE2: return val_cmp(R, v, a0, 0) <= 0;
+    case T_GE: case T_GE2: return val_cmp(R, v, a0, 0) >= 0;
+    case T_IN: return contains(R, a0, v);
+    case T_SAMEAS:
+        if (v.t != a0.t) return 0;
+        if (v.t == V_NONE || v.t == V_UNDEF) return v.t == V_NONE;
+        if (v.t == V_BOOL) return v.u.i == a0.u.i;
+        if (v.t == V_INT) return v.u.i == a0.u.i && v.u.i >= -5 && v.u.i <= 256; /* CPython's small ints */
+        if (v.t == V_LIST) return v.u.l == a0.u.l;
+        if (v.t == V_DICT || v.t == V_NS) return v.u.d == a0.u.d;
+        if (v.t == V_STR) return v.u.s.p == a0.u.s.p && v.u.s.n == a0.u.s.n;
+        return val_eq(R, v, a0, 0);
+    case T_CALLABLE: return v.t == V_MACRO || v.t == V_METHOD || v.t == V_FUNC;
+    case T_LOWER:
+    case T_UPPER: {
+        if (v.t != V_STR) FAIL(R, "test '%s' needs a string", TESTS[fn]);
+        val m = map_case(R, v, fn == T_LOWER ? CASE_LOWER : CASE_UPPER);
+        int cased = 0;
+        for (size_t i = 0; i < v.u.s.n;) {
+            int32_t ch;
+            i += u8dec(v.u.s.p + i, v.u.s.n - i, &ch);
+            cased |= utf8proc_tolower(ch) != ch || utf8proc_toupper(ch) != ch;
+        }
+        return cased && str_eq(m, v.u.s.p, v.u.s.n);
+    }
+    }
+    FAIL(R, "test not implemented");
+    return 0;
+}
+
+static void do_strftime(rs *R, sbuf *b, val fmtv) {
+    need_str(R, fmtv, "strftime_now");
+    char fmt[256], out[512];
+    if (fmtv.u.s.n >= sizeof fmt || memchr(fmtv.u.s.p, 0, fmtv.u.s.n)) FAIL(R, "strftime_now: format too long");
+    memcpy(fmt, fmtv.u.s.p, fmtv.u.s.n);
+    fmt[fmtv.u.s.n] = 0;
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm)) FAIL(R, "strftime_now: localtime failed");
+    size_t k = strftime(out, sizeof out, fmt, &tm);
+    if (!k && fmt[0]) FAIL(R, "strftime_now: result too long");
+    sb_put(&R->a, b, out, k);
+}
+
+static val call_method(rs *R, method *m, const callargs *c) {
+    val s = m->self;
+    step(R);
+    switch (m->id) {
+    case M_STRIP: case M_LSTRIP: case M_RSTRIP: {
+        check_args(R, c, 1, NULL, "strip");
+        val ch = c->npos ? c->pos[0] : vnone();
+        if (ch.t != V_NONE) need_str(R, ch, "strip");
+        return strip(R, s, ch, m->id != M_RSTRIP, m->id != M_LSTRIP);
+    }
+    case M_SPLIT: case M_RSPLIT: {
+        static const char *const nm[] = {"sep", "maxsplit", NULL};
+        check_args(R, c, 2, nm, "split");
+        val sep = param(R, c, 0, "sep", vnone());
+        if (sep.t != V_NONE) need_str(R, sep, "split");
+        return str_split(R, s, sep, need_int(R, param(R, c, 1, "maxsplit", vint(-1)), "split"), m->id == M_RSPLIT);
+    }
+    case M_STARTSWITH: case M_ENDSWITH: {
+        check_args(R, c, 1, NULL, "startswith");
+        if (c->npos != 1) FAIL(R, "startswith/endswith take one argument");
+        val a = c->pos[0];
+        list *cands;
+        if (a.t == V_LIST && a.u.l->tuple) cands = a.u.l;
+        else {
+            need_str(R, a, "startswith/endswith");
+            cands = list_new(R, 1);
+            list_push(R, cands, a);
+        }
+        for (size_t i = 0; i < cands->n; i++) {
+            val x = need_str(R, cands->v[i], "startswith/endswith");
+            if (x.u.s.n > s.u.s.n) continue;
+            const char *at = m->id == M_STARTSWITH ? s.u.s.p : s.u.s.p + s.u.s.n - x.u.s.n;
+            if (!x.u.s.n || !memcmp(at, x.u.s.p, x.u.s.n)) return vbool(1);
+        }
+        return vbool(0);
+    }
+    case M_UPPER: check_args(R, c, 0, NULL, "upper"); return map_case(R, s, CASE_UPPER);
+    case M_LOWER: check_args(R, c, 0, NULL, "lower"); return map_case(R, s, CASE_LOWER);
+    case M_TITLE: check_args(R, c, 0, NULL, "title"); return map_case(R, s, CASE_TITLE_PY);
+    case M_CAPITALIZE: check_args(R, c, 0, NULL, "capitalize"); return map_case(R, s, CASE_CAPITALIZE);
+    case M_REPLACE: {
+        check_args(R, c, 3, NULL, "replace");
+        if (c->npos < 2) FAIL(R, "replace takes at least 2 arguments");
+        return str_replace(R, s, need_str(R, c->pos[0], "replace"), need_str(R, c->pos[1], "replace"),
+                           c->npos > 2 ? need_int(R, c->pos[2], "replace") : -1);
+    }
+    case M_FIND: case M_COUNT: {
+        check_args(R, c, 1, NULL, "find/count");
+        if (c->npos != 1) FAIL(R, "find/count take one argument here");
+        val x = need_str(R, c->pos[0], "find/count");
+        if (m->id == M_FIND) {
+            if (!x.u.s.n) return vint(0);
+            const char *q = memmem(s.u.s.p, s.u.s.n, x.u.s.p, x.u.s.n);
+            return vint(q ? (int64_t)u8len(s.u.s.p, (size_t)(q - s.u.s.p)) : -1);
+        }
+        if (!x.u.s.n) return vint((int64_t)u8len(s.u.s.p, s.u.s.n) + 1);
+        int64_t k = 0;
+        for (const char *p = s.u.s.p, *e = p + s.u.s.n, *q; (q = memmem(p, (size_t)(e - p), x.u.s.p, x.u.s.n)); p = q + x.u.s.n) k++;
+        return vint(k);
+    }
+    case M_SPLITLINES: check_args(R, c, 0, NULL, "splitlines"); return vlist(splitlines(R, s.u.s.p, s.u.s.n));
+    case M_JOIN: {
+        check_args(R, c, 1, NULL, "join");
+        if (c->npos != 1) FAIL(R, "join takes one argument");
+        list *l = iter_list(R, c->pos[0]);
+        sbuf b = {0};
+        for (size_t i = 0; i < l->n; i++) {
+            if (i) sb_put(&R->a, &b, s.u.s.p, s.u.s.n);
+            sb_put(&R->a, &b, need_str(R, l->v[i], "join").u.s.p, l->v[i].u.s.n);
+        }
+        return vsb(&b);
+    }
+    case M_ISDIGIT: case M_ISALPHA: case M_ISSPACE: {
+        check_args(R, c, 0, NULL, "is*");
+        if (!s.u.s.n) return vbool(0);
+        for (size_t i = 0; i < s.u.s.n;) {
+            int32_t ch;
+            i += u8dec(s.u.s.p + i, s.u.s.n - i, &ch);
+            utf8proc_category_t cat = utf8proc_category(ch);
+            int ok = m->id == M_ISSPACE ? py_space(ch)
+                   : m->id == M_ISDIGIT ? cat == UTF8PROC_CATEGORY_ND
+                   : (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO);
+            if (!ok) return vbool(0);
+        }
+        return vbool(1);
+    }
+    case M_ITEMS: case M_KEYS: case M_VALUES: {
+        check_args(R, c, 0, NULL, "items");
+        dict *d = s.u.d;
+        list *o = list_new(R, d->n);
+        for (size_t i = 0; i < d->n; i++) {
+            if (m->id == M_KEYS) list_push(R, o, d->k[i]);
+            else if (m->id == M_VALUES) list_push(R, o, d->v[i]);
+            else {
+                list *t = list_new(R, 2);
+                t->tuple = 1;
+                list_push(R, t, d->k[i]);
+                list_push(R, t, d->v[i]);
+                list_push(R, o, vlist(t));
+            }
+        }
+        return vlist(o);
+    }
+    case M_GET: {
+        check_args(R, c, 2, NULL, "get");
+        if (c->npos < 1) FAIL(R, "get expected at least 1 argument");
+        val k = c->pos[0];
+        if (k.t == V_STR) {
+            val *x = dict_find(s.u.d, k.u.s.p, k.u.s.n);
+            if (x) return *x;
+        }
+        return c->npos > 1 ? c->pos[1] : vnone();
+    }
+    case M_CYCLE: {
+        check_args(R, c, 1000000, NULL, "cycle");
+        if (!c->npos) FAIL(R, "no items for cycling given");
+        return c->pos[s.u.lp->i % c->npos];
+    }
+    case M_MUTATE: FAIL(R, "access to a mutating method is unsafe in the sandbox (immutable objects)"); break;
+    }
+    FAIL(R, "method not implemented");
+    return vnone();
+}
+
+static val call_macro(rs *R, const stmt *m, const callargs *c) {
+    if (++R->depth > J_MAX_CALL_DEPTH) FAIL(R, "macro recursion too deep");
+    frame fr = {R->root, dict_new(R)};
+    if (c->npos > m->nnames) FAIL(R, "macro '%.*s' takes not more than %zu argument(s)", (int)m->n, m->s, m->nnames);
+    for (size_t i = 0; i < m->nnames; i++) {
+        val v = vundef(m->names[i], m->nlens[i]);
+        int got = 0;
+        if (i < c->npos) v = c->pos[i], got = 1;
+        for (size_t k = 0; k < c->nkw; k++)
+            if (c->kw[k].nlen == m->nlens[i] && !memcmp(c->kw[k].name, m->names[i], m->nlens[i])) {
+                if (got) FAIL(R, "macro got multiple values for argument");
+                v = c->kwv[k], got = 1;
+            }
+        if (!got && m->defaults[i]) v = eval(R, m->defaults[i], &fr);
+        dict_set(R, fr.vars, vstr(m->names[i], m->nlens[i]), v);
+    }
+    for (size_t k = 0; k < c->nkw; k++) {
+        int ok = 0;
+        for (size_t i = 0; i < m->nnames; i++) ok |= c->kw[k].nlen == m->nlens[i] && !memcmp(c->kw[k].name, m->names[i], m->nlens[i]);
+        if (!ok) FAIL(R, "macro '%.*s' takes no keyword argument '%.*s'", (int)m->n, m->s, (int)c->kw[k].nlen, c->kw[k].name);
+    }
+    sbuf out = {0}, *saved = R->out;
+    int saved_brk = R->brk;
+    R->out = &out;
+    exec_body(R, m->body, &fr);
+    R->out = saved;
+    R->brk = saved_brk;
+    R->depth--;
+    return vsb(&out);
+}
+
+static val call_value(rs *R, val fn, const callargs *c, int line) {
+    (void)line;
+    switch (fn.t) {
+    case V_UNDEF: undef_fail(R, fn); break;
+    case V_MACRO: return call_macro(R, fn.u.m, c);
+    case V_METHOD: return call_method(R, fn.u.me, c);
+    case V_FUNC:
+        switch (fn.u.fn) {
+        case G_RAISE: {
+            val m = c->npos ? str_of(R, c->pos[0]) : vstr("", 0);
+            FAIL(R, "%.*s", (int)(m.u.s.n > 4000 ? 4000 : m.u.s.n), m.u.s.p);
+            break;
+        }
+        case G_STRFTIME: {
+            check_args(R, c, 1, NULL, "strftime_now");
+            if (c->npos != 1) FAIL(R, "strftime_now takes one argument");
+            sbuf b = {0};
+            do_strftime(R, &b, c->pos[0]);
+            return vsb(&b);
+        }
+        case G_NAMESPACE:
+        case G_DICT: {
+            dict *d = dict_new(R);
+            if (c->npos > 1) FAIL(R, "%s: too many positional arguments", GLOBALS[fn.u.fn]);
+            if (c->npos == 1) {
+                if (c->pos[0].t != V_DICT) FAIL(R, "%s: positional argument must be a mapping", GLOBALS[fn.u.fn]);
+                for (size_t i = 0; i < c->pos[0].u.d->n; i++) dict_set(R, d, c->pos[0].u.d->k[i], c->pos[0].u.d->v[i]);
+            }
+            for (size_t k = 0; k < c->nkw; k++) {
+                if (fn.u.fn == G_NAMESPACE && c->kw[k].name[0] == '_')
+                    FAIL(R, "chat templates cannot store underscore-prefixed attributes on a namespace");
+                dict_set(R, d, vstr(c->kw[k].name, c->kw[k].nlen), c->kwv[k]);
+            }
+            val v = vdict(d);
+            if (fn.u.fn == G_NAMESPACE) v.t = V_NS;
+            return v;
+        }
+        case G_RANGE: {
+            check_args(R, c, 3, NULL, "range");
+            int64_t a = 0, b = 0, st = 1;
+            if (c->npos == 1) b = need_int(R, c->pos[0], "range");
+            else if (c->npos >= 2) {
+                a = need_int(R, c->pos[0], "range"), b = need_int(R, c->pos[1], "range");
+                if (c->npos == 3) st = need_int(R, c->pos[2], "range");
+            } else FAIL(R, "range expected at least 1 argument");
+            if (!st) FAIL(R, "range() arg 3 must not be zero");
+            double cnt = st > 0 ? ceil(((double)b - (double)a) / (double)st) : ceil(((double)a - (double)b) / (double)-st);
+            if (cnt > J_MAX_RANGE) FAIL(R, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", J_MAX_RANGE);
+            list *l = list_new(R, 0);
+            for (int64_t i = a; st > 0 ? i < b : i > b; i += st) step(R), list_push(R, l, vint(i));
+            return vlist(l);
+        }
+        }
+        break;
+    default: break;
+    }
+    FAIL(R, "'%s' object is not callable", type_name(fn));
+    return vnone();
+}
+
+static val eval(rs *R, const expr *e, frame *f) {
+    step(R);
+    switch (e->k) {
+    case E_STR: return vstr(e->s, e->n);
+    case E_INT: return vint(e->i);
+    case E_FLOAT: return vfloat(e->f);
+    case E_BOOL: return vbool((int)e->i);
+    case E_NONE: return vnone();
+    case E_NAME: return lookup(R, f, e->s, e->n);
+    case E_LIST:
+    case E_TUPLE: {
+        list *l = list_new(R, e->nargs);
+        l->tuple = e->k == E_TUPLE;
+        for (size_t i = 0; i < e->nargs; i++) list_push(R, l, eval(R, e->args[i].e, f));
+        return vlist(l);
+    }
+    case E_DICT: {
+        dict *d = dict_new(R);
+        for (size_t i = 0; i + 1 < e->nargs; i += 2) {
+            val k = eval(R, e->args[i].e, f);
+            if (k.t != V_STR) FAIL(R, "line %d: unsupported construct: dict key of type %s (only strings)", e->line, type_name(k));
+            dict_set(R, d, k, eval(R, e->args[i + 1].e, f));
+        }
+        return vdict(d);
+    }
+    case E_ATTR: return get_attr(R, eval(R, e->a, f), e->s, e->n);
+    case E_ITEM: return get_item(R, eval(R, e->a, f), eval(R, e->b, f));
+    case E_SLICE: {
+        val o = eval(R, e->a, f);
+        val a = e->b ? eval(R, e->b, f) : vnone(), b = e->c ? eval(R, e->c, f) : vnone();
+        val st = e->nargs ? eval(R, e->args[0].e, f) : vnone();
+        return do_slice(R, o, a, b, st);
+    }
+    case E_CALL: {
+        val fn = eval(R, e->a, f);
+        callargs c = eval_args(R, e, f);
+        return call_value(R, fn, &c, e->line);
+    }
+    case E_FILTER: {
+        val v = eval(R, e->a, f);
+        callargs c = eval_args(R, e, f);
+        return apply_filter(R, e->fn, v, &c, e->line);
+    }
+    case E_TEST: {
+        val v = eval(R, e->a, f);
+        callargs c = eval_args(R, e, f);
+        int r = run_test(R, e->fn, v, &c);
+        return vbool(e->neg ? !r : r);
+    }
+    case E_NOT: return vbool(!truthy(eval(R, e->a, f)));
+    case E_NEG:
+    case E_POS: {
+        val v = eval(R, e->a, f);
+        if (v.t == V_UNDEF) undef_fail(R, v);
+        if (!is_num(v)) FAIL(R, "bad operand type for unary %c: '%s'", e->k == E_NEG ? '-' : '+', type_name(v));
+        if (e->k == E_POS) return v.t == V_BOOL ? vint(v.u.i) : v;
+        if (v.t == V_FLOAT) return vfloat(-v.u.f);
+        if (v.u.i == INT64_MIN) FAIL(R, "integer overflow");
+        return vint(-v.u.i);
+    }
+    case E_BIN: return arith(R, e->op, eval(R, e->a, f), eval(R, e->b, f));
+    case E_CONCAT: {
+        sbuf b = {0};
+        to_str(R, &b, eval(R, e->a, f), 0);
+        to_str(R, &b, eval(R, e->b, f), 0);
+        return vsb(&b);
+    }
+    case E_AND: {
+        val a = eval(R, e->a, f);
+        return truthy(a) ? eval(R, e->b, f) : a;
+    }
+    case E_OR: {
+        val a = eval(R, e->a, f);
+        return truthy(a) ? a : eval(R, e->b, f);
+    }
+    case E_COND:
+        if (truthy(eval(R, e->b, f))) return eval(R, e->a, f);
+        return e->c ? eval(R, e->c, f) : vundef(NULL, 0);
+    case E_CMP: {
+        val l = eval(R, e->a, f);
+        for (size_t i = 0; i < e->nargs; i++) {
+            val r = eval(R, e->args[i].e, f);
+            int ok;
+            switch (e->ops[i]) {
+            case CMP_EQ: ok = val_eq(R, l, r, 0); break;
+            case CMP_NE: ok = !val_eq(R, l, r, 0); break;
+            case CMP_LT: ok = val_cmp(R, l, r, 0) < 0; break;
+            case CMP_LE: ok = val_cmp(R, l, r, 0) <= 0; break;
+            case CMP_GT: ok = val_cmp(R, l, r, 0) > 0; break;
+            case CMP_GE: ok = val_cmp(R, l, r, 0) >= 0; break;
+            case CMP_IN: ok = contains(R, r, l); break;
+            default: ok = !contains(R, r, l); break;
+            }
+            if (!ok) return vbool(0);
+            l = r;
+        }
+        return vbool(1);
+    }
+    }
+    return vnone();
+}
+
+static void emit(rs *R, const char *s, size_t n) { sb_put(&R->a, R->out, s, n); }
+
+static void assign_targets(rs *R, frame *f, const stmt *s, val v) {
+    if (s->nnames == 1) {
+        dict_set(R, f->vars, vstr(s->names[0], s->nlens[0]), v);
+        return;
+    }
+    list *l = iter_list(R, v);
+    if (l->n != s->nnames)
+        FAIL(R, "line %d: cannot unpack %zu values into %zu names", s->line, l->n, s->nnames);
+    for (size_t i = 0; i < s->nnames; i++) dict_set(R, f->vars, vstr(s->names[i], s->nlens[i]), l->v[i]);
+}
+
+static void exec_for(rs *R, const stmt *s, frame *f) {
+    list *items = iter_list(R, eval(R, s->e, f));
+    if (s->cond) {
+        /* the loop filter sees each item; loop.* counts only the kept ones */
+        list *kept = list_new(R, 0);
+        frame fr = {f, dict_new(R)};
+        for (size_t i = 0; i < items->n; i++) {
+            fr.vars->n = 0;
+            assign_targets(R, &fr, s, items->v[i]);
+            if (truthy(eval(R, s->cond, &fr))) list_push(R, kept, items->v[i]);
+        }
+        items = kept;
+    } else {
+        /* iterate over a snapshot so namespace edits in the body cannot change it */
+        list *copy = list_new(R, items->n);
+        for (size_t i = 0; i < items->n; i++) list_push(R, copy, items->v[i]);
+        items = copy;
+    }
+    if (!items->n) {
+        exec_body(R, s->orelse, f);
+        return;
+    }
+    loopst *lp = azalloc(&R->a, sizeof *lp);
+    lp->items = items;
+    /* one frame per loop, emptied each iteration: nothing else points at
+     * a frame's storage, and a fresh scope per iteration is jinja2's rule */
+    frame fr = {f, dict_new(R)};
+    for (size_t i = 0; i < items->n; i++) {
+        step(R);
+        lp->i = i;
+        fr.vars->n = 0;
+        val lv = {V_LOOP, {0}};
+        lv.u.lp = lp;
+        dict_set(R, fr.vars, vstr("loop", 4), lv);
+        assign_targets(R, &fr, s, items->v[i]);
+        exec_body(R, s->body, &fr);
+        if (R->brk == 1) {
+            R->brk = 0;
+            break;
+        }
+        R->brk = 0;
+    }
+}
+
+static void exec_body(rs *R, const stmt *s, frame *f) {
+    for (; s && !R->brk; s = s->next) {
+        step(R);
+        switch (s->k) {
+        case S_TEXT: emit(R, s->s, s->n); break;
+        case S_OUT: to_str(R, R->out, eval(R, s->e, f), 0); break;
+        case S_IF:
+            if (truthy(eval(R, s->cond, f))) exec_body(R, s->body, f);
+            else exec_body(R, s->orelse, f);
+            break;
+        case S_FOR: exec_for(R, s, f); break;
+        case S_SET:
+            if (s->attr) {
+                val ns = lookup(R, f, s->s, s->n);
+                if (ns.t != V_NS) FAIL(R, "line %d: cannot assign attribute on non-namespace object", s->line);
+                if (s->attr[0] == '_') FAIL(R, "line %d: cannot store underscore-prefixed attributes on a namespace", s->line);
+                dict_set(R, ns.u.d, vstr(s->attr, s->attrn), eval(R, s->e, f));
+            } else {
+                assign_targets(R, f, s, eval(R, s->e, f));
+            }
+            break;
+        case S_SETBLOCK: {
+            sbuf out = {0}, *saved = R->out;
+            R->out = &out;
+            exec_body(R, s->body, f);
+            R->out = saved;
+            val v = vsb(&out);
+            if (s->filter_fn >= 0) {
+                callargs c = {0};
+                v = apply_filter(R, s->filter_fn, v, &c, s->line);
+            }
+            assign_targets(R, f, s, v);
+            break;
+        }
+        case S_BREAK: R->brk = 1; return;
+        case S_CONTINUE: R->brk = 2; return;
+        case S_MACRO: {
+            val m = {V_MACRO, {0}};
+            m.u.m = s;
+            dict_set(R, f->vars, vstr(s->s, s->n), m);
+            break;
+        }
+        case S_BLOCK: exec_body(R, s->body, f); break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Public API                                                           */
+
+int tok_template_compile(const char *src, size_t len, tok_template **out, char *err, size_t errlen) {
+    if (out) *out = NULL;
+    if ((!src && len) || !out) return tok_err(err, errlen, TOK_EINVAL, "tok_template_compile: bad arguments");
+    size_t bad = tok_utf8_valid_prefix(src ? src : "", len);
+    if (bad != len) return tok_err(err, errlen, TOK_EINVAL, "template is not valid UTF-8 (byte %zu)", bad);
+    tok_template *t = calloc(1, sizeof *t);
+    if (!t) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+    jmp_buf jb;
+    t->a.jb = &jb;
+    t->a.err = err;
+    t->a.errlen = errlen;
+    if (setjmp(jb)) {
+        arena_free(&t->a);
+        free(t);
+        return TOK_EFORMAT;
+    }
+    /* jinja2 normalizes newlines to \n and drops one trailing newline */
+    char *s = aalloc(&t->a, len + 1);
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            s[n++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n') i++;
+        } else {
+            s[n++] = src[i];
+        }
+    }
+    if (n && s[n - 1] == '\n') n--;
+    s[n] = 0;
+    parser p = {&t->a, NULL, 0, 0, 0, 0};
+    lex(&p, s, n);
+    if (!p.n || p.t[p.n - 1].type != TK_EOF) push_tok(&p, TK_EOF, 0);
+    t->body = parse_body(&p, NULL, NULL, 0);
+    t->a.jb = NULL;
+    t->a.err = NULL;
+    *out = t;
+    return TOK_OK;
+}
+
+int tok_template_render(const tok_template *t, const char *context_json, size_t context_len, char **out,
+                        size_t *out_len, char *err, size_t errlen) {
+    if (out) *out = NULL;
+    if (out_len) *out_len = 0;
+    if (!t || !out || (!context_json && context_len))
+        return tok_err(err, errlen, TOK_EINVAL, "tok_template_render: bad arguments");
+    json_t *volatile ctx = NULL;
+    if (context_len) {
+        json_error_t je;
+        ctx = json_loadb(context_json, context_len, JSON_ALLOW_NUL, &je);
+        if (!ctx) return tok_err(err, errlen, TOK_EINVAL, "context JSON: %s (line %d)", je.text, je.line);
+        if (!json_is_object(ctx)) {
+            json_decref(ctx);
+            return tok_err(err, errlen, TOK_EINVAL, "context JSON must be an object");
+        }
+    }
+    rs *R = calloc(1, sizeof *R);
+    if (!R) {
+        json_decref(ctx);
+        return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+    }
+    jmp_buf jb;
+    R->a.jb = &jb;
+    R->a.err = err;
+    R->a.errlen = errlen;
+    if (setjmp(jb)) {
+        json_decref(ctx);
+        arena_free(&R->a);
+        free(R);
+        return TOK_EINVAL;
+    }
+    frame *root = aalloc(&R->a, sizeof *root);
+    root->parent = NULL;
+    root->vars = ctx ? from_json(R, ctx, 0).u.d : dict_new(R);
+    json_decref(ctx);
+    ctx = NULL;
+    R->root = root;
+    sbuf o = {0};
+    R->out = &o;
+    exec_body(R, t->body, root);
+    char *res = malloc(o.n + 1);
+    if (!res) FAIL(R, "out of memory");
+    if (o.n) memcpy(res, o.p, o.n);
+    res[o.n] = 0;
+    *out = res;
+    if (out_len) *out_len = o.n;
+    arena_free(&R->a);
+    free(R);
+    return TOK_OK;
+}
+
+void tok_template_free(tok_template *t) {
+    if (!t) return;
+    arena_free(&t->a);
+    free(t);
+}
