@@ -53,7 +53,7 @@ CXXFLAGS += -std=c++17 $(OPT) -g $(WARN) -pthread -MMD -MP -I. $(SAN)
 LDLIBS   += $(PKG_LIBS) -lm -pthread
 LDFLAGS  += $(SAN)
 
-LIB_C_SRC  := $(sort $(wildcard weights/*.c model/*.c kernels/*.c kernels/cpu/*.c comm/*.c engine/*.c tokenizer/*.c server/*.c))
+LIB_C_SRC  := $(sort $(wildcard weights/*.c model/*.c model/arch/*.c kernels/*.c kernels/cpu/*.c comm/*.c engine/*.c tokenizer/*.c server/*.c))
 LIB_CC_SRC := $(sort $(wildcard tokenizer/*.cc))
 CU_SRC     := $(sort $(wildcard kernels/cuda/*.cu comm/*.cu))
 TOOL_SRC   := $(sort $(wildcard tools/echo_*.c))
@@ -156,8 +156,10 @@ endif
 FUZZ_CC     ?= clang
 FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined
 # Each fuzz target lists the library sources it exercises here.
-FUZZ_DEPS_safetensors := weights/safetensors.c
+FUZZ_DEPS_safetensors := $(wildcard weights/*.c)
+FUZZ_DEPS_gguf        := $(wildcard weights/*.c)
 FUZZ_DEPS_tokenizer   := $(filter-out %.cc,$(wildcard tokenizer/*.c))
+FUZZ_DEPS_jinja       := tokenizer/jinja.c tokenizer/utf8.c
 # server/ also needs model config parsing, the sampling helpers and mode names;
 # fuzz_server.c stubs the engine API and the SentencePiece wrapper.
 FUZZ_DEPS_server      := $(wildcard server/*.c) $(FUZZ_DEPS_tokenizer) model/config.c engine/sample.c comm/echo.c

@@ -1,5 +1,6 @@
 /*
- * model/: config.json parsing for Qwen3ForCausalLM.
+ * model/: configuration from config.json (Hugging Face folders) or GGUF
+ * metadata, for the families of model/arch/.
  *
  * Unknown keys are ignored (HF configs carry many that do not affect
  * inference), but every key that would change the computation and that we do
@@ -12,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
+#include "model/family.h"
 #include "model/model.h"
 
 /* Sanity ceilings: far above any real Qwen3, low enough that products of
@@ -87,26 +91,28 @@ static int cfg_add_eos(json_t *v, const char *where, model_config *cfg, char *er
     return 0;
 }
 
-static int cfg_check_arch(json_t *root, char *err, size_t errlen) {
+/* The family named by "architectures" (first known entry) or model_type. */
+static const model_family *cfg_family(json_t *root, char *err, size_t errlen) {
     json_t *archs = json_object_get(root, "architectures");
     json_t *mt = json_object_get(root, "model_type");
-    int ok = 0;
+    const model_family *f = NULL;
     if (json_is_array(archs)) {
         size_t i;
         json_t *a;
-        json_array_foreach(archs, i, a) ok |= json_is_string(a) && strcmp(json_string_value(a), "Qwen3ForCausalLM") == 0;
+        json_array_foreach(archs, i, a) if (!f && json_is_string(a)) f = model_family_find(json_string_value(a));
     } else if (json_is_string(mt)) {
-        ok = strcmp(json_string_value(mt), "qwen3") == 0;
+        f = model_family_find(json_string_value(mt));
     }
-    if (!ok) {
+    if (!f) {
+        char known[256];
+        model_family_list(known, sizeof known);
         const char *got = json_is_array(archs) && json_is_string(json_array_get(archs, 0))
                               ? json_string_value(json_array_get(archs, 0))
                           : json_is_string(mt) ? json_string_value(mt)
                                                : "(none)";
-        snprintf(err, errlen, "config.json: unsupported architecture '%s' (echo runs Qwen3ForCausalLM)", got);
-        return -1;
+        snprintf(err, errlen, "config.json: unsupported architecture '%s' (echo runs %s)", got, known);
     }
-    return 0;
+    return f;
 }
 
 /* rope_theta lives at the top level in transformers 4.x configs and inside
@@ -153,7 +159,10 @@ int model_config_parse(const char *config_json, const char *generation_json, mod
         snprintf(err, errlen, "config.json: malformed JSON (line %d: %s)", jerr.line, root ? "not an object" : jerr.text);
         goto out;
     }
-    if (cfg_check_arch(root, err, errlen)) goto out;
+    const model_family *fam = cfg_family(root, err, errlen);
+    if (!fam) goto out;
+    cfg->arch = fam->name;
+    cfg->qk_norm = fam->qk_norm;
     if (cfg_int(root, "vocab_size", 1, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size, err, errlen) ||
         cfg_int(root, "hidden_size", 1, 0, 1, CFG_MAX_DIM, &cfg->hidden_size, err, errlen) ||
         cfg_int(root, "intermediate_size", 1, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size, err, errlen) ||
@@ -189,13 +198,10 @@ int model_config_parse(const char *config_json, const char *generation_json, mod
     if (cfg_rope(root, cfg, err, errlen)) goto out;
     cfg->tie_word_embeddings = cfg_true(root, "tie_word_embeddings");
     if (cfg_true(root, "attention_bias")) {
-        snprintf(err, errlen, "config.json: attention_bias=true is not supported (Qwen3 has none)");
+        snprintf(err, errlen, "config.json: attention_bias=true is not supported");
         goto out;
     }
-    if (cfg_true(root, "use_sliding_window")) {
-        snprintf(err, errlen, "config.json: use_sliding_window=true is not supported");
-        goto out;
-    }
+    if (fam->parse_json && fam->parse_json(root, cfg, err, errlen)) goto out;
     json_t *act = json_object_get(root, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
         snprintf(err, errlen, "config.json: hidden_act '%s' is not supported (expected silu)",
@@ -291,7 +297,9 @@ int model_random_parse(const char *spec, model_config *cfg, uint64_t *seed, char
                           .tie_word_embeddings = sh->tied,
                           .max_position_embeddings = sh->max_pos,
                           .n_eos = 1,
-                          .eos_ids = {sh->eos}};
+                          .eos_ids = {sh->eos},
+                          .arch = model_family_qwen3.name,
+                          .qk_norm = model_family_qwen3.qk_norm};
     uint64_t sd = 1;
     while ((tok = strtok_r(NULL, ",", &save))) {
         char *end = NULL;
@@ -318,8 +326,151 @@ int model_random_parse(const char *spec, model_config *cfg, uint64_t *seed, char
     return 0;
 }
 
+int model_path_is_gguf(const char *path) {
+    struct stat st;
+    char magic[4];
+    if (!path || stat(path, &st) || !S_ISREG(st.st_mode)) return 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    int ok = fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    fclose(f);
+    return ok;
+}
+
+/* "<arch>.<key>" of a GGUF as an int in [lo, hi]; `def` when absent and
+ * not required. */
+static int gguf_int(const weights_set *ws, const char *arch, const char *key, int required, int def, int lo, int hi,
+                    int *out, char *err, size_t errlen) {
+    char k[160];
+    int64_t v;
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (weights_meta_int(ws, k, &v)) {
+        if (required) {
+            snprintf(err, errlen, "GGUF: missing integer metadata \"%s\"", k);
+            return -1;
+        }
+        *out = def;
+        return 0;
+    }
+    if (v < lo || v > hi) {
+        snprintf(err, errlen, "GGUF: \"%s\" = %lld is out of range [%d, %d]", k, (long long)v, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int gguf_add_eos(const weights_set *ws, const char *key, model_config *cfg, char *err, size_t errlen) {
+    int64_t v;
+    if (weights_meta_int(ws, key, &v)) return 0;
+    if (v < 0 || v >= cfg->vocab_size) {
+        snprintf(err, errlen, "GGUF: \"%s\" = %lld is not a token id below %d", key, (long long)v, cfg->vocab_size);
+        return -1;
+    }
+    for (int k = 0; k < cfg->n_eos; k++)
+        if (cfg->eos_ids[k] == (int32_t)v) return 0;
+    if (cfg->n_eos < MODEL_MAX_EOS) cfg->eos_ids[cfg->n_eos++] = (int32_t)v;
+    return 0;
+}
+
+int model_config_from_gguf(const weights_set *ws, model_config *cfg, char *err, size_t errlen) {
+    const char *s;
+    size_t n;
+    char arch[64], k[160];
+    memset(cfg, 0, sizeof *cfg);
+    if (weights_meta_str(ws, "general.architecture", &s, &n) || n == 0 || n >= sizeof arch) {
+        snprintf(err, errlen, "GGUF: missing or bad \"general.architecture\"");
+        return -1;
+    }
+    memcpy(arch, s, n);
+    arch[n] = 0;
+    const model_family *fam = model_family_find(arch);
+    if (!fam || strcmp(fam->gguf_arch, arch)) {
+        char known[256];
+        model_family_list(known, sizeof known);
+        snprintf(err, errlen, "GGUF: unsupported architecture '%s' (echo runs %s)", arch, known);
+        return -1;
+    }
+    cfg->arch = fam->name;
+    cfg->qk_norm = fam->qk_norm;
+    if (gguf_int(ws, arch, "embedding_length", 1, 0, 1, CFG_MAX_DIM, &cfg->hidden_size, err, errlen) ||
+        gguf_int(ws, arch, "feed_forward_length", 1, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size, err, errlen) ||
+        gguf_int(ws, arch, "block_count", 1, 0, 1, CFG_MAX_LAYERS, &cfg->num_layers, err, errlen) ||
+        gguf_int(ws, arch, "attention.head_count", 1, 0, 1, 4096, &cfg->num_heads, err, errlen) ||
+        gguf_int(ws, arch, "attention.head_count_kv", 0, cfg->num_heads, 1, 4096, &cfg->num_kv_heads, err, errlen) ||
+        gguf_int(ws, arch, "attention.key_length", 0, cfg->hidden_size / cfg->num_heads, 2, 65536, &cfg->head_dim,
+                 err, errlen) ||
+        gguf_int(ws, arch, "context_length", 0, 4096, 1, INT_MAX / 2, &cfg->max_position_embeddings, err, errlen))
+        return -1;
+    int vlen = cfg->head_dim, rot = cfg->head_dim;
+    if (gguf_int(ws, arch, "attention.value_length", 0, cfg->head_dim, 1, 65536, &vlen, err, errlen) ||
+        gguf_int(ws, arch, "rope.dimension_count", 0, cfg->head_dim, 1, 65536, &rot, err, errlen))
+        return -1;
+    if (vlen != cfg->head_dim || rot != cfg->head_dim) {
+        snprintf(err, errlen, "GGUF: value length %d / rotary dimensions %d differ from head_dim %d (not supported)",
+                 vlen, rot, cfg->head_dim);
+        return -1;
+    }
+    if (cfg->num_heads % cfg->num_kv_heads || cfg->head_dim % 2) {
+        snprintf(err, errlen, "GGUF: %d heads, %d KV heads, head_dim %d: heads must be a multiple of KV heads and "
+                 "head_dim even", cfg->num_heads, cfg->num_kv_heads, cfg->head_dim);
+        return -1;
+    }
+    double v;
+    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
+    if (weights_meta_float(ws, k, &v)) v = 1e-6;
+    if (!(v > 0 && v < 1)) {
+        snprintf(err, errlen, "GGUF: \"%s\" = %g is out of range (0, 1)", k, v);
+        return -1;
+    }
+    cfg->rms_norm_eps = (float)v;
+    snprintf(k, sizeof k, "%s.rope.freq_base", arch);
+    if (weights_meta_float(ws, k, &cfg->rope_theta)) cfg->rope_theta = 10000.0;
+    if (!(cfg->rope_theta > 1.0) || cfg->rope_theta > 1e12) {
+        snprintf(err, errlen, "GGUF: rope frequency base %g is out of range", cfg->rope_theta);
+        return -1;
+    }
+    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    if (!weights_meta_str(ws, k, &s, &n) && !(n == 4 && !memcmp(s, "none", 4))) {
+        snprintf(err, errlen, "GGUF: rope scaling '%.*s' is not supported", (int)(n < 32 ? n : 32), s);
+        return -1;
+    }
+    if (weights_find(ws, "rope_freqs.weight")) {
+        snprintf(err, errlen, "GGUF: rope frequency factors (rope_freqs.weight, Llama 3.1 scaling) are not supported");
+        return -1;
+    }
+    /* The vocabulary is the embedding's rows (a GGUF need not say it twice). */
+    const weights_tensor *emb = weights_find(ws, "token_embd.weight");
+    if (!emb || emb->ndim != 2 || emb->shape[1] != cfg->hidden_size || emb->shape[0] < 1 ||
+        emb->shape[0] > CFG_MAX_VOCAB) {
+        snprintf(err, errlen, "GGUF: token_embd.weight is missing or not (vocab, %d)", cfg->hidden_size);
+        return -1;
+    }
+    cfg->vocab_size = (int)emb->shape[0];
+    cfg->tie_word_embeddings = weights_find(ws, "output.weight") == NULL;
+    if (gguf_add_eos(ws, "tokenizer.ggml.eos_token_id", cfg, err, errlen) ||
+        gguf_add_eos(ws, "tokenizer.ggml.eot_token_id", cfg, err, errlen))
+        return -1;
+    return 0;
+}
+
+static int config_load_gguf(const char *path, model_config *cfg, char *err, size_t errlen) {
+    weights_set *ws;
+    if (weights_open(path, &ws, err, errlen)) return -1;
+    int rc = model_config_from_gguf(ws, cfg, err, errlen);
+    weights_close(ws);
+    if (rc) {
+        /* name the file: messages above only say "GGUF" */
+        char tmp[1024];
+        snprintf(tmp, sizeof tmp, "%s", err);
+        snprintf(err, errlen, "%s: %s", path, tmp);
+    }
+    return rc;
+}
+
 int model_config_load(const char *dir, model_config *cfg, char *err, size_t errlen) {
     if (model_is_random(dir)) return model_random_parse(dir, cfg, NULL, err, errlen);
+    if (model_path_is_gguf(dir)) return config_load_gguf(dir, cfg, err, errlen);
     char path[4096];
     int missing;
     snprintf(path, sizeof path, "%s/config.json", dir);

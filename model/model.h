@@ -1,23 +1,30 @@
 /*
- * model/ — Qwen3 (Qwen3ForCausalLM) configuration and forward pass.
+ * model/ — decoder-only transformer families (Qwen3, Llama): configuration
+ * and forward pass.
  *
  * Contract
  *   - model_config_load() reads a Hugging Face model folder's config.json
- *     (and generation_config.json for EOS ids). It accepts only
- *     architectures/model_type Qwen3 and rejects features this engine does
- *     not implement (attention bias, sliding window, rope scaling) with a
- *     clear message instead of computing something else.
+ *     (and generation_config.json for EOS ids), or a GGUF file's metadata.
+ *     It accepts the families of model/arch/ (config.json "architectures" or
+ *     model_type; GGUF general.architecture) and rejects features this
+ *     engine does not implement (biases, sliding window, rope scaling) with
+ *     a clear message instead of computing something else.
  *   - model_load() takes one tensor-parallel rank's slices from an opened
- *     checkpoint (weights/), checks every tensor's name, full shape and dtype,
- *     and hands the slices to the backend (kern_ops.upload_weight). The model
- *     is backend-neutral: it only calls the op table, and comm/ for the two
- *     row-parallel all-reduces per layer.
- *   - HF semantics: RMSNorm (fp32, no +1); q_norm/k_norm per head over head_dim
- *     before RoPE; NEOX RoPE; causal GQA attention scaled by head_dim^-0.5;
- *     SiLU-gated MLP; final norm; lm_head or tied embeddings.
+ *     checkpoint (weights/: safetensors, or GGUF whose quantized tensors are
+ *     dequantized to fp32 at load, rows of this rank only), checks every
+ *     tensor's name, full shape and dtype, and hands the slices to the
+ *     backend (kern_ops.upload_weight). The model is backend-neutral: it
+ *     only calls the op table, and comm/ for the two row-parallel
+ *     all-reduces per layer.
+ *   - HF semantics: RMSNorm (fp32, no +1); q_norm/k_norm per head over
+ *     head_dim before RoPE where the family has them (qk_norm); NEOX RoPE
+ *     (a Llama GGUF's interleaved q/k rows are permuted back at load);
+ *     causal GQA attention scaled by head_dim^-0.5; SiLU-gated MLP; final
+ *     norm; lm_head or tied embeddings.
  *   - A model is one tensor-parallel rank's shard plus that rank's paged KV
  *     cache. Block allocation and sequence bookkeeping belong to engine/;
- *     model_forward() takes block tables and positions.
+ *     model_forward() takes a batch of sequences with block tables and
+ *     positions.
  *   - A model belongs to one thread at a time (its rank's thread).
  */
 #ifndef ECHO_MODEL_H
@@ -46,10 +53,18 @@ typedef struct model_config {
     int max_position_embeddings;
     int n_eos;
     int32_t eos_ids[MODEL_MAX_EOS];
+    /* The family (model/arch/) and the parts of the block it changes. */
+    const char *arch; /* "qwen3", "llama" (static string) */
+    int qk_norm;      /* per-head q/k RMSNorm before RoPE */
 } model_config;
 
-/* Parse `dir`/config.json (+ generation_config.json when present). */
+/* Parse `dir`/config.json (+ generation_config.json when present), or the
+ * metadata of `dir` when it is a GGUF file. */
 int model_config_load(const char *dir, model_config *cfg, char *err, size_t errlen);
+/* Same, from an opened GGUF (weights_is_gguf). */
+int model_config_from_gguf(const weights_set *ws, model_config *cfg, char *err, size_t errlen);
+/* 1 when `path` is a regular file starting with the GGUF magic. */
+int model_path_is_gguf(const char *path);
 /* Same, from a config.json text (generation config optional, may be NULL). */
 int model_config_parse(const char *config_json, const char *generation_json, model_config *cfg, char *err,
                        size_t errlen);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
@@ -45,10 +46,14 @@ static int32_t *json_ids(json_t *a, int *n) {
     return ids;
 }
 
-static void ref_load(const char *dir, ref_model *r) {
-    char path[1024];
+/* `model` is a fixture folder, or the model.gguf inside one. */
+static void ref_load(const char *model, ref_model *r) {
+    char path[1024], dir[512];
     memset(r, 0, sizeof *r);
-    snprintf(r->dir, sizeof r->dir, "%s", dir);
+    snprintf(r->dir, sizeof r->dir, "%s", model);
+    snprintf(dir, sizeof dir, "%s", model);
+    size_t dl = strlen(dir);
+    if (dl > 11 && !strcmp(dir + dl - 11, "/model.gguf")) dir[dl - 11] = 0;
     snprintf(path, sizeof path, "%s/reference.json", dir);
     json_error_t je;
     r->json = json_load_file(path, 0, &je);
@@ -105,7 +110,10 @@ static int list_models(char names[][256]) {
         if (!f) continue;
         fclose(f);
         if (strlen(e->d_name) > 200) continue;
-        snprintf(names[n++], 256, "%s/%.200s", MODELS_DIR, e->d_name);
+        /* a GGUF fixture is its model.gguf, opened as a file */
+        snprintf(p, sizeof p, "%s/%s/model.gguf", MODELS_DIR, e->d_name);
+        int gguf = access(p, F_OK) == 0;
+        snprintf(names[n++], 256, "%s/%.200s%s", MODELS_DIR, e->d_name, gguf ? "/model.gguf" : "");
     }
     closedir(d);
     return n;
@@ -142,8 +150,12 @@ static float *full_forward(eng *e, const ref_prompt *p, int vocab) {
 START_TEST(test_fixtures_present) {
     char names[MAX_MODELS][256];
     int n = list_models(names);
-    /* make_reference.py writes five models; fewer means fixtures are missing. */
-    ck_assert_int_ge(n, 5);
+    /* make_reference.py writes six Qwen3 and two Llama models,
+     * make_gguf_models.py two GGUF ones; fewer means fixtures are missing. */
+    ck_assert_int_ge(n, 10);
+    int gguf = 0;
+    for (int i = 0; i < n; i++) gguf += strstr(names[i], ".gguf") != NULL;
+    ck_assert_int_eq(gguf, 2);
 }
 END_TEST
 
@@ -290,7 +302,7 @@ START_TEST(test_config_errors) {
     struct {
         const char *json, *expect;
     } cases[] = {
-        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10}", "LlamaForCausalLM"},
+        {"{\"architectures\":[\"MistralForCausalLM\"],\"vocab_size\":10}", "MistralForCausalLM"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":8}", "vocab_size"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"],", "malformed JSON"},
         {"[1,2]", "malformed JSON"},
@@ -697,7 +709,10 @@ START_TEST(test_fused_weights_bit_identical) {
     for (int mi = 0; mi < nm; mi++) {
         ref_model r;
         ref_load(names[mi], &r);
-        for (int tp = 1; tp <= 2; tp++) {
+        model_config mc;
+        ck_assert_msg(model_config_load(names[mi], &mc, err, sizeof err) == 0, "%s", err);
+        for (int tp = 1; tp <= 3; tp++) {
+            if (model_check_tp(&mc, tp, err, sizeof err)) continue; /* llama-tp3 splits at 3, not 2 */
             eng *e[2] = {open_engine_fuse(names[mi], tp, ENG_FUSE_OFF), open_engine_fuse(names[mi], tp, ENG_FUSE_ON)};
             /* auto is off on cpu; the forced values are kept */
             ck_assert_int_eq(eng_get_config(e[0])->fuse_weights, ENG_FUSE_OFF);

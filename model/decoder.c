@@ -1,11 +1,13 @@
 /*
- * model/: Qwen3 weights and forward pass over the kernels/ op table.
+ * model/: the decoder pass of every family (model/arch/) over the kernels/
+ * op table, and the loading of one rank's weights.
  *
- * One forward call processes `n` new tokens of one sequence:
+ * One pass over the n tokens of a batch of sequences:
  *   x = embed(ids)
  *   per layer: h = rmsnorm(x); q,k,v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ;
- *              q,k = rmsnorm per head (q_norm, k_norm); rope(q), rope(k);
- *              append k,v to the cache; a = attention(q, cache);
+ *              q,k = rmsnorm per head (q_norm, k_norm; qk_norm families);
+ *              rope(q), rope(k); append k,v to the cache;
+ *              a = attention(q, cache);
  *              x += allreduce(a·Woᵀ)                        site 2l
  *              h = rmsnorm(x); x += allreduce((silu(h·Wgᵀ) * h·Wuᵀ)·Wdᵀ)   site 2l+1
  *   logits = rmsnorm(x)·Wlmᵀ (Wlm = embed when tied)
@@ -22,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/family.h"
 #include "model/model.h"
 
 typedef struct layer_w {
@@ -84,6 +87,10 @@ struct model {
     void **kc, **vc; /* [num_layers] each (kv_blocks*kv_block_size, hkv*hd) */
     scratch sc;
     uint64_t scratch_gen; /* bumped when the scratch is reallocated (part of a graph's key) */
+    const model_family *fam;
+    int gguf;             /* weights are a GGUF: its tensor names, dequantized at load */
+    void **owned;         /* host fp32 copies the backend's weights may alias (GGUF slices) */
+    int n_owned, cap_owned;
     int graphs;           /* model_set_graphs: decode steps through backend graphs */
     long graph_steps;     /* steps that ran as a graph (captured or replayed) */
 };
@@ -132,6 +139,34 @@ int model_check_tp(const model_config *c, int tp, char *err, size_t errlen) {
     return 0;
 }
 
+/* The tensors of a decoder, by their names in each checkpoint format
+ * (printf patterns taking the layer). */
+typedef enum tkind {
+    T_EMBED, T_NORM, T_HEAD, T_ATTN_NORM, T_Q, T_K, T_V, T_O, T_QN, T_KN, T_MLP_NORM, T_GATE, T_UP, T_DOWN
+} tkind;
+static const struct {
+    const char *hf, *gguf;
+} tnames[] = {
+    [T_EMBED] = {"model.embed_tokens.weight", "token_embd.weight"},
+    [T_NORM] = {"model.norm.weight", "output_norm.weight"},
+    [T_HEAD] = {"lm_head.weight", "output.weight"},
+    [T_ATTN_NORM] = {"model.layers.%d.input_layernorm.weight", "blk.%d.attn_norm.weight"},
+    [T_Q] = {"model.layers.%d.self_attn.q_proj.weight", "blk.%d.attn_q.weight"},
+    [T_K] = {"model.layers.%d.self_attn.k_proj.weight", "blk.%d.attn_k.weight"},
+    [T_V] = {"model.layers.%d.self_attn.v_proj.weight", "blk.%d.attn_v.weight"},
+    [T_O] = {"model.layers.%d.self_attn.o_proj.weight", "blk.%d.attn_output.weight"},
+    [T_QN] = {"model.layers.%d.self_attn.q_norm.weight", "blk.%d.attn_q_norm.weight"},
+    [T_KN] = {"model.layers.%d.self_attn.k_norm.weight", "blk.%d.attn_k_norm.weight"},
+    [T_MLP_NORM] = {"model.layers.%d.post_attention_layernorm.weight", "blk.%d.ffn_norm.weight"},
+    [T_GATE] = {"model.layers.%d.mlp.gate_proj.weight", "blk.%d.ffn_gate.weight"},
+    [T_UP] = {"model.layers.%d.mlp.up_proj.weight", "blk.%d.ffn_up.weight"},
+    [T_DOWN] = {"model.layers.%d.mlp.down_proj.weight", "blk.%d.ffn_down.weight"},
+};
+
+static void tensor_name(const model *m, tkind k, int layer, char *buf, size_t len) {
+    snprintf(buf, len, m->gguf ? tnames[k].gguf : tnames[k].hf, layer);
+}
+
 static int to_kern_dtype(weights_dtype d, kern_dtype *out) {
     switch (d) {
     case WEIGHTS_F32: *out = KERN_F32; return 0;
@@ -158,18 +193,74 @@ static int random_slice(model *m, const char *name, int64_t rows, int64_t cols, 
     return 0;
 }
 
+/* Keep a host buffer alive as long as the model: the cpu backend's
+ * weights alias their host view. */
+static int own(model *m, void *p) {
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? 2 * m->cap_owned : 64;
+        void **o = realloc(m->owned, (size_t)cap * sizeof *o);
+        if (!o) return -1;
+        m->owned = o;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return 0;
+}
+
+/* llama.cpp's converter stores row i2*2 + half of a rotary head where HF
+ * has row half*(hd/2) + i2: the HF row r of a q/k matrix lives in GGUF row
+ * gguf_qk_row(r). */
+static int64_t gguf_qk_row(int64_t r, int64_t hd) {
+    int64_t head = r / hd, i = r % hd, half = i / (hd / 2), i2 = i % (hd / 2);
+    return head * hd + 2 * i2 + half;
+}
+
 /* Fetch `name`, check its full shape (rows, cols) — or a vector of length
  * cols when rows == 0 — and hand the slice rows [r0, r0+nr) x columns
  * [c0, c0+nc) to the backend. Row slices stay contiguous; column slices
- * become strided views (ld = cols), so no rank copies the full matrix. */
-static int load_slice(model *m, const weights_set *ws, const char *name, int64_t rows, int64_t cols, int64_t r0,
-                      int64_t nr, int64_t c0, int64_t nc, kern_weight *out, char *err, size_t errlen) {
+ * become strided views (ld = cols), so no rank copies the full matrix.
+ * Quantized tensors, rows stored permuted (permute_hd > 0: a Llama GGUF's
+ * q/k, heads of permute_hd rows) and, with fused weights, every tensor of a
+ * GGUF (which may mix dtypes within a layer) are dequantized row by row
+ * into an fp32 copy of the slice that the model owns. */
+static int load_slice_perm(model *m, const weights_set *ws, const char *name, int64_t rows, int64_t cols,
+                           int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t permute_hd, kern_weight *out,
+                           char *err, size_t errlen) {
     if (m->random) return random_slice(m, name, rows, cols, r0, nr, c0, nc, out, err, errlen);
     const weights_tensor *t;
     int64_t shape[2] = {rows, cols};
     int ndim = rows ? 2 : 1;
     if (weights_get(ws, name, ndim, rows ? shape : shape + 1, &t, err, errlen)) return -1;
     kern_weight host = {t->data, KERN_F32, rows ? nr : 1, nc, cols};
+    /* Fused weights need one dtype per group, and a GGUF may mix them. */
+    if (weights_dtype_is_quantized(t->dtype) || permute_hd > 0 || (m->gguf && m->fused && t->dtype != WEIGHTS_F32)) {
+        float *row = malloc((size_t)cols * sizeof *row);
+        float *buf = malloc((size_t)host.rows * (size_t)nc * sizeof *buf);
+        if (!row || !buf || own(m, buf)) {
+            free(row);
+            free(buf);
+            snprintf(err, errlen, "%s: out of memory dequantizing %lld x %lld", name, (long long)host.rows,
+                     (long long)nc);
+            return -1;
+        }
+        for (int64_t i = 0; i < host.rows; i++) {
+            int64_t src = r0 + i;
+            if (permute_hd > 0) src = gguf_qk_row(src, permute_hd);
+            if (weights_read_rows_f32(t, src, 1, row, err, errlen)) {
+                free(row);
+                return -1;
+            }
+            memcpy(buf + i * nc, row + c0, (size_t)nc * sizeof *row);
+        }
+        free(row);
+        host = (kern_weight){buf, KERN_F32, host.rows, nc, 0};
+        if (m->ops->upload_weight(m->be, &host, out)) {
+            snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
+            return -1;
+        }
+        m->weight_bytes += (size_t)host.rows * (size_t)nc * sizeof(float);
+        return 0;
+    }
     if (to_kern_dtype(t->dtype, &host.dtype)) {
         snprintf(err, errlen, "%s: dtype %s not supported", name, weights_dtype_name(t->dtype));
         return -1;
@@ -182,6 +273,11 @@ static int load_slice(model *m, const weights_set *ws, const char *name, int64_t
     }
     m->weight_bytes += (size_t)host.rows * (size_t)nc * es;
     return 0;
+}
+
+static int load_slice(model *m, const weights_set *ws, const char *name, int64_t rows, int64_t cols, int64_t r0,
+                      int64_t nr, int64_t c0, int64_t nc, kern_weight *out, char *err, size_t errlen) {
+    return load_slice_perm(m, ws, name, rows, cols, r0, nr, c0, nc, 0, out, err, errlen);
 }
 
 static int load_full(model *m, const weights_set *ws, const char *name, int64_t rows, int64_t cols, kern_weight *out,
@@ -335,41 +431,52 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    if (load_full(m, ws, "model.embed_tokens.weight", V, H, &m->embed, err, errlen)) goto fail;
+    m->fam = model_family_find(c->arch);
+    if (!m->fam) {
+        snprintf(err, errlen, "%s: no model family '%s'", dir, c->arch ? c->arch : "(none)");
+        goto fail;
+    }
+    m->gguf = ws && weights_is_gguf(ws);
+    tensor_name(m, T_EMBED, 0, name, sizeof name);
+    if (load_full(m, ws, name, V, H, &m->embed, err, errlen)) goto fail;
     m->embed_bytes = m->weight_bytes;
-    if (load_full(m, ws, "model.norm.weight", 0, H, &m->norm, err, errlen)) goto fail;
-    const char *head_name = c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    tensor_name(m, T_NORM, 0, name, sizeof name);
+    if (load_full(m, ws, name, 0, H, &m->norm, err, errlen)) goto fail;
+    tensor_name(m, c->tie_word_embeddings ? T_EMBED : T_HEAD, 0, name, sizeof name);
     size_t bytes_before_head = m->weight_bytes;
-    if (m->vocab_n > 0 &&
-        load_slice(m, ws, head_name, V, H, m->vocab0, m->vocab_n, 0, H, &m->lm_head, err, errlen))
+    if (m->vocab_n > 0 && load_slice(m, ws, name, V, H, m->vocab0, m->vocab_n, 0, H, &m->lm_head, err, errlen))
         goto fail;
     /* A tied head reads rows of the embedding this rank already holds. */
     if (c->tie_word_embeddings) m->weight_bytes = bytes_before_head;
     int64_t q0 = (int64_t)r * m->hq * hd, k0 = (int64_t)kv0 * hd, i0 = (int64_t)r * m->inter;
     int64_t qn = (int64_t)m->hq * hd, kn = (int64_t)m->hkv * hd, in = m->inter;
+    /* A Llama GGUF stores q/k rows with the rotary halves interleaved. */
+    int64_t perm = m->gguf && m->fam->gguf_permute_qk ? hd : 0;
     for (int l = 0; l < c->num_layers; l++) {
         layer_w *L = &m->layers[l];
         struct {
-            const char *suffix;
-            int64_t rows, cols, r0, nr, c0, nc;
+            tkind kind;
+            int64_t rows, cols, r0, nr, c0, nc, perm;
             kern_weight *w;
         } spec[] = {
-            {"input_layernorm.weight", 0, H, 0, 1, 0, H, &L->attn_norm},
-            {"self_attn.q_proj.weight", qd, H, q0, qn, 0, H, &L->wq},
-            {"self_attn.k_proj.weight", kvd, H, k0, kn, 0, H, &L->wk},
-            {"self_attn.v_proj.weight", kvd, H, k0, kn, 0, H, &L->wv},
-            {"self_attn.o_proj.weight", H, qd, 0, H, q0, qn, &L->wo},
-            {"self_attn.q_norm.weight", 0, hd, 0, 1, 0, hd, &L->q_norm},
-            {"self_attn.k_norm.weight", 0, hd, 0, 1, 0, hd, &L->k_norm},
-            {"post_attention_layernorm.weight", 0, H, 0, 1, 0, H, &L->mlp_norm},
-            {"mlp.gate_proj.weight", I, H, i0, in, 0, H, &L->wg},
-            {"mlp.up_proj.weight", I, H, i0, in, 0, H, &L->wu},
-            {"mlp.down_proj.weight", H, I, 0, H, i0, in, &L->wd},
+            {T_ATTN_NORM, 0, H, 0, 1, 0, H, 0, &L->attn_norm},
+            {T_Q, qd, H, q0, qn, 0, H, perm, &L->wq},
+            {T_K, kvd, H, k0, kn, 0, H, perm, &L->wk},
+            {T_V, kvd, H, k0, kn, 0, H, 0, &L->wv},
+            {T_O, H, qd, 0, H, q0, qn, 0, &L->wo},
+            {T_MLP_NORM, 0, H, 0, 1, 0, H, 0, &L->mlp_norm},
+            {T_GATE, I, H, i0, in, 0, H, 0, &L->wg},
+            {T_UP, I, H, i0, in, 0, H, 0, &L->wu},
+            {T_DOWN, H, I, 0, H, i0, in, 0, &L->wd},
+            /* families without q/k norms end the list here */
+            {T_QN, 0, hd, 0, 1, 0, hd, 0, &L->q_norm},
+            {T_KN, 0, hd, 0, 1, 0, hd, 0, &L->k_norm},
         };
-        for (size_t i = 0; i < sizeof spec / sizeof *spec; i++) {
-            snprintf(name, sizeof name, "model.layers.%d.%s", l, spec[i].suffix);
-            if (load_slice(m, ws, name, spec[i].rows, spec[i].cols, spec[i].r0, spec[i].nr, spec[i].c0, spec[i].nc,
-                           spec[i].w, err, errlen))
+        size_t n_spec = sizeof spec / sizeof *spec - (c->qk_norm ? 0 : 2);
+        for (size_t i = 0; i < n_spec; i++) {
+            tensor_name(m, spec[i].kind, l, name, sizeof name);
+            if (load_slice_perm(m, ws, name, spec[i].rows, spec[i].cols, spec[i].r0, spec[i].nr, spec[i].c0,
+                                spec[i].nc, spec[i].perm, spec[i].w, err, errlen))
                 goto fail;
         }
         if (m->fused) {
@@ -422,6 +529,8 @@ void model_free(model *m) {
         if (m->embed.data) m->ops->free_weight(m->be, &m->embed);
         if (m->norm.data) m->ops->free_weight(m->be, &m->norm);
     }
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     free(m->kc);
     free(m->vc);
     free(m->layers);
@@ -652,7 +761,13 @@ static int forward_ops(model *m, const model_batch *b, int n, const int32_t *pos
             OP(ops->matmul(be, k, sc->h, &L->wk, n));
             OP(ops->matmul(be, v, sc->h, &L->wv, n));
         }
-        OP(ops->qk_norm_rope(be, q, k, &L->q_norm, &L->k_norm, pos, n, hq, hkv, hd, c->rms_norm_eps, c->rope_theta));
+        if (c->qk_norm) {
+            OP(ops->qk_norm_rope(be, q, k, &L->q_norm, &L->k_norm, pos, n, hq, hkv, hd, c->rms_norm_eps,
+                                 c->rope_theta));
+        } else {
+            OP(ops->rope(be, q, pos, n, hq, hd, c->rope_theta));
+            OP(ops->rope(be, k, pos, n, hkv, hd, c->rope_theta));
+        }
         OP(ops->kv_store(be, m->kc[l], m->vc[l], k, v, slots, n, hkv * hd));
         OP(ops->attention(be, sc->att, q, m->kc[l], m->vc[l], &ab, hq, hkv, hd, scale));
         OP(ops->matmul(be, sc->o, sc->att, &L->wo, n));

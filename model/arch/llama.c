@@ -1,0 +1,25 @@
+/* model/arch: Llama (LlamaForCausalLM: Llama 2/3, SmolLM, TinyLlama...):
+ * Qwen3's block without q/k norms. MLP biases are not implemented; RoPE
+ * scaling other than the default is refused by the shared config code. */
+#include <stdio.h>
+
+#include "model/family.h"
+
+static int llama_json(json_t *root, model_config *cfg, char *err, size_t errlen) {
+    (void)cfg;
+    if (json_is_true(json_object_get(root, "mlp_bias"))) {
+        snprintf(err, errlen, "config.json: mlp_bias=true is not supported");
+        return -1;
+    }
+    return 0;
+}
+
+const model_family model_family_llama = {
+    .name = "llama",
+    .hf_arch = "LlamaForCausalLM",
+    .hf_type = "llama",
+    .gguf_arch = "llama",
+    .qk_norm = 0,
+    .gguf_permute_qk = 1,
+    .parse_json = llama_json,
+};

@@ -1,0 +1,30 @@
+/* model/: the table of decoder families (one row per model/arch/ file). */
+#include <stdio.h>
+#include <string.h>
+
+#include "model/family.h"
+
+static const model_family *const families[] = {&model_family_qwen3, &model_family_llama};
+
+#define N_FAMILIES (sizeof families / sizeof *families)
+
+const model_family *model_family_find(const char *key) {
+    if (!key) return NULL;
+    for (size_t i = 0; i < N_FAMILIES; i++) {
+        const model_family *f = families[i];
+        if (!strcmp(key, f->name) || !strcmp(key, f->hf_arch) || !strcmp(key, f->hf_type) ||
+            !strcmp(key, f->gguf_arch))
+            return f;
+    }
+    return NULL;
+}
+
+void model_family_list(char *buf, size_t len) {
+    size_t at = 0;
+    if (len) buf[0] = 0;
+    for (size_t i = 0; i < N_FAMILIES && at < len; i++) {
+        int n = snprintf(buf + at, len - at, "%s%s (%s)", i ? ", " : "", families[i]->name, families[i]->hf_arch);
+        if (n < 0) break;
+        at += (size_t)n;
+    }
+}
