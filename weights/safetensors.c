@@ -40,6 +40,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "weights/internal.h"
+
 /* The reference implementation refuses headers above 100 MB; a real header
  * (tens of thousands of tensors) is a few MB. The cap keeps a hostile length
  * from making jansson allocate without bound. */
@@ -72,6 +74,8 @@ struct weights_set {
     size_t nmaps, maps_cap;
 
     size_t total_bytes;
+
+    weights_gguf *gguf; /* GGUF metadata (gguf.c); NULL for safetensors */
 };
 
 /* ---------------------------------------------------------------- messages */
@@ -97,8 +101,8 @@ static const char *quote_name(char *out, size_t outlen, const char *s, size_t sl
 }
 
 /* "<file>: <tensor>: <reason>" into the caller's buffer; tensor may be NULL. */
-__attribute__((format(printf, 5, 6))) static void set_err(char *err, size_t errlen, const char *file,
-                                                           const char *tensor, const char *fmt, ...) {
+__attribute__((format(printf, 5, 0))) static void vset_err(char *err, size_t errlen, const char *file,
+                                                            const char *tensor, const char *fmt, va_list ap) {
     if (!err || errlen == 0) return;
     char qn[NAME_QUOTE_MAX + 8];
     int off;
@@ -108,9 +112,21 @@ __attribute__((format(printf, 5, 6))) static void set_err(char *err, size_t errl
     else
         off = snprintf(err, errlen, "%s: ", file ? file : "(weights)");
     if (off < 0 || (size_t)off >= errlen) return;
+    vsnprintf(err + off, errlen - (size_t)off, fmt, ap);
+}
+
+__attribute__((format(printf, 5, 6))) static void set_err(char *err, size_t errlen, const char *file,
+                                                           const char *tensor, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err + off, errlen - (size_t)off, fmt, ap);
+    vset_err(err, errlen, file, tensor, fmt, ap);
+    va_end(ap);
+}
+
+void weights_priv_err(char *err, size_t errlen, const char *file, const char *what, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vset_err(err, errlen, file, what, fmt, ap);
     va_end(ap);
 }
 
@@ -131,6 +147,10 @@ static const struct {
     {"I16", WEIGHTS_I16, 2},         {"I8", WEIGHTS_I8, 1},           {"U8", WEIGHTS_U8, 1},
     {"BOOL", WEIGHTS_BOOL, 1},       {"F8_E4M3", WEIGHTS_F8_E4M3, 1}, {"F8_E5M2", WEIGHTS_F8_E5M2, 1},
     {"U16", WEIGHTS_U16, 2},         {"U32", WEIGHTS_U32, 4},         {"U64", WEIGHTS_U64, 8},
+    /* GGUF only (size 0: no per-element size; never a safetensors dtype). */
+    {"Q8_0", WEIGHTS_Q8_0, 0},       {"Q4_0", WEIGHTS_Q4_0, 0},       {"Q4_1", WEIGHTS_Q4_1, 0},
+    {"Q5_0", WEIGHTS_Q5_0, 0},       {"Q5_1", WEIGHTS_Q5_1, 0},       {"Q4_K", WEIGHTS_Q4_K, 0},
+    {"Q5_K", WEIGHTS_Q5_K, 0},       {"Q6_K", WEIGHTS_Q6_K, 0},
 };
 #define NDTYPES (sizeof DTYPES / sizeof DTYPES[0])
 
@@ -148,7 +168,7 @@ const char *weights_dtype_name(weights_dtype dt) {
 
 static int dtype_from_string(const char *s, weights_dtype *dt) {
     for (size_t i = 0; i < NDTYPES; i++)
-        if (strcmp(DTYPES[i].name, s) == 0) {
+        if (DTYPES[i].size && strcmp(DTYPES[i].name, s) == 0) {
             *dt = DTYPES[i].dt;
             return 0;
         }
@@ -156,7 +176,7 @@ static int dtype_from_string(const char *s, weights_dtype *dt) {
 }
 
 static int dtype_fetchable(weights_dtype dt) {
-    return dt == WEIGHTS_F32 || dt == WEIGHTS_F16 || dt == WEIGHTS_BF16;
+    return dt == WEIGHTS_F32 || dt == WEIGHTS_F16 || dt == WEIGHTS_BF16 || weights_dtype_is_quantized(dt);
 }
 
 /* -------------------------------------------------------------- hash table */
@@ -236,6 +256,7 @@ void weights_close(weights_set *ws) {
     for (size_t i = 0; i < ws->n; i++) free((char *)ws->tensors[i].name);
     for (size_t i = 0; i < ws->nfiles; i++) free(ws->files[i]);
     for (size_t i = 0; i < ws->nmaps; i++) munmap(ws->maps[i].addr, ws->maps[i].len);
+    weights_gguf_free(ws->gguf);
     free(ws->tensors);
     free(ws->slots);
     free(ws->files);
@@ -255,6 +276,8 @@ const weights_tensor *weights_find(const weights_set *ws, const char *name) {
 }
 
 size_t weights_total_bytes(const weights_set *ws) { return ws ? ws->total_bytes : 0; }
+
+const weights_gguf *weights_priv_gguf(const weights_set *ws) { return ws ? ws->gguf : NULL; }
 
 /* ------------------------------------------------------------ header parse */
 
@@ -440,7 +463,6 @@ int weights_parse_file_image(weights_set *ws, const char *fname, const uint8_t *
     weights_tensor *tmp = NULL;
     size_t ntmp = 0;
     span *spans = NULL;
-    char *fcopy = NULL;
     json_error_t je;
 
     if (!fname) fname = "(memory)";
@@ -481,8 +503,7 @@ int weights_parse_file_image(weights_set *ws, const char *fname, const uint8_t *
     size_t nkeys = json_object_size(root);
     tmp = calloc(nkeys ? nkeys : 1, sizeof *tmp);
     spans = calloc(nkeys ? nkeys : 1, sizeof *spans);
-    fcopy = strdup(fname);
-    if (!tmp || !spans || !fcopy) {
+    if (!tmp || !spans) {
         set_err(err, errlen, fname, NULL, "out of memory");
         goto fail;
     }
@@ -501,7 +522,6 @@ int weights_parse_file_image(weights_set *ws, const char *fname, const uint8_t *
             set_err(err, errlen, fname, key, "out of memory");
             goto fail;
         }
-        t->file = fcopy;
         ntmp++;
     }
 
@@ -528,55 +548,66 @@ int weights_parse_file_image(weights_set *ws, const char *fname, const uint8_t *
         }
     }
 
-    /* Names within this file are unique (jansson rejected duplicates); check
-     * against the shards already in the set. */
-    for (size_t i = 0; i < ntmp; i++) {
-        const weights_tensor *prev = table_find(ws, tmp[i].name);
-        if (prev) {
-            set_err(err, errlen, fname, tmp[i].name, "duplicate tensor name (also in %s)", prev->file);
-            goto fail;
-        }
-    }
-
-    /* Commit: reserve everything first so nothing below can fail. */
-    size_t total = ws->total_bytes;
-    for (size_t i = 0; i < ntmp; i++) {
-        if (total > SIZE_MAX - tmp[i].nbytes) {
-            set_err(err, errlen, fname, tmp[i].name, "total tensor size overflows");
-            goto fail;
-        }
-        total += tmp[i].nbytes;
-    }
-    if (reserve_tensors(ws, ntmp) != 0 ||
-        grow((void **)&ws->files, &ws->files_cap, ws->nfiles, sizeof *ws->files) != 0) {
-        set_err(err, errlen, fname, NULL, "out of memory");
-        goto fail;
-    }
-    ws->files[ws->nfiles++] = fcopy;
-    fcopy = NULL;
-    for (size_t i = 0; i < ntmp; i++) {
-        ws->tensors[ws->n] = tmp[i];
-        table_insert(ws, ws->n);
-        ws->n++;
-    }
+    if (weights_priv_commit(ws, fname, tmp, ntmp, NULL, err, errlen) != 0) goto fail;
     ntmp = 0; /* names now owned by the set */
-    ws->total_bytes = total;
     rc = 0;
 
 fail:
     for (size_t i = 0; i < ntmp; i++) free((char *)tmp[i].name);
     free(tmp);
     free(spans);
-    free(fcopy);
     json_decref(root);
     return rc;
+}
+
+int weights_priv_commit(weights_set *ws, const char *fname, weights_tensor *tmp, size_t n, weights_gguf *gguf,
+                        char *err, size_t errlen) {
+    /* Names within this file are unique (the parser checked); check
+     * against the shards already in the set. */
+    for (size_t i = 0; i < n; i++) {
+        const weights_tensor *prev = table_find(ws, tmp[i].name);
+        if (prev) {
+            set_err(err, errlen, fname, tmp[i].name, "duplicate tensor name (also in %s)", prev->file);
+            return -1;
+        }
+    }
+
+    /* Reserve everything first so nothing below can fail. */
+    size_t total = ws->total_bytes;
+    for (size_t i = 0; i < n; i++) {
+        if (total > SIZE_MAX - tmp[i].nbytes) {
+            set_err(err, errlen, fname, tmp[i].name, "total tensor size overflows");
+            return -1;
+        }
+        total += tmp[i].nbytes;
+    }
+    char *fcopy = strdup(fname);
+    if (!fcopy || reserve_tensors(ws, n) != 0 ||
+        grow((void **)&ws->files, &ws->files_cap, ws->nfiles, sizeof *ws->files) != 0) {
+        free(fcopy);
+        set_err(err, errlen, fname, NULL, "out of memory");
+        return -1;
+    }
+    ws->files[ws->nfiles++] = fcopy;
+    for (size_t i = 0; i < n; i++) {
+        tmp[i].file = fcopy;
+        ws->tensors[ws->n] = tmp[i];
+        table_insert(ws, ws->n);
+        ws->n++;
+    }
+    ws->total_bytes = total;
+    if (gguf) ws->gguf = gguf;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- opening */
 
 /* mmap `path` read-only, record the mapping in `ws` (weights_close unmaps
- * it), and validate it as one shard. `what` prefixes an open failure. */
-static int load_file(weights_set *ws, const char *path, const char *what, char *err, size_t errlen) {
+ * it), and validate it as one shard. `what` prefixes an open failure. With
+ * `gguf_ok` (a file named directly, not a shard) a file starting with the
+ * GGUF magic is read as GGUF. */
+static int load_file(weights_set *ws, const char *path, const char *what, int gguf_ok, char *err,
+                     size_t errlen) {
     static const uint8_t empty[1] = {0};
     char eb[128];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -613,6 +644,8 @@ static int load_file(weights_set *ws, const char *path, const char *what, char *
         buf = p;
     }
     close(fd); /* the mapping keeps the file alive */
+    if (gguf_ok && len >= 4 && memcmp(buf, "GGUF", 4) == 0)
+        return weights_parse_gguf_image(ws, path, buf, len, err, errlen);
     return weights_parse_file_image(ws, path, buf, len, err, errlen);
 }
 
@@ -741,7 +774,7 @@ static int load_index(weights_set *ws, const char *index, const char *dir, char 
             set_err(err, errlen, index, NULL, "out of memory");
             goto fail;
         }
-        if (load_file(ws, paths[i], "missing shard file (named by " INDEX_NAME ")", err, errlen) != 0)
+        if (load_file(ws, paths[i], "missing shard file (named by " INDEX_NAME ")", 0, err, errlen) != 0)
             goto fail;
     }
 
@@ -806,7 +839,7 @@ int weights_open(const char *path, weights_set **out, char *err, size_t errlen) 
         if (stat(index, &s2) == 0) {
             if (load_index(ws, index, path, err, errlen) != 0) goto fail;
         } else if (stat(single, &s2) == 0) {
-            if (load_file(ws, single, "cannot open", err, errlen) != 0) goto fail;
+            if (load_file(ws, single, "cannot open", 0, err, errlen) != 0) goto fail;
         } else {
             set_err(err, errlen, path, NULL, "neither " INDEX_NAME " nor " SINGLE_NAME " found in the folder");
             goto fail;
@@ -825,7 +858,7 @@ int weights_open(const char *path, weights_set **out, char *err, size_t errlen) 
             strcpy(dir, ".");
         if (load_index(ws, path, dir, err, errlen) != 0) goto fail;
     } else {
-        if (load_file(ws, path, "cannot open", err, errlen) != 0) goto fail;
+        if (load_file(ws, path, "cannot open", 1, err, errlen) != 0) goto fail;
     }
 
     *out = ws;
