@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/codec_cpu.h"
 #include "comm/echo_codec.h"
 #include "comm/echo_internal.h"
 
@@ -205,8 +206,8 @@ ECHO_INLINE size_t decode_store_impl(const uint8_t *codes, const uint16_t *scale
     default: break;                                                                                                    \
     }
 
-size_t echo_cpu_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n, int group,
-                       uint8_t *codes, uint16_t *scales, size_t *bad) {
+static size_t scalar_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n,
+                            int group, uint8_t *codes, uint16_t *scales, size_t *bad) {
 #define ENC(G) return encode_impl(x, xdt, res, res_valid, rmode, n, G, codes, scales, bad)
     ECHO_FOR_EACH_G(ENC)
 #undef ENC
@@ -214,7 +215,8 @@ size_t echo_cpu_encode(const void *x, echo_dtype xdt, float *res, int res_valid,
     return 1; /* unreachable: groups are validated at world creation */
 }
 
-void echo_cpu_decode(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out, int accumulate) {
+static void scalar_decode(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out,
+                          int accumulate) {
 #define DEC(G)                                                                                                         \
     decode_impl(codes, scales, n, G, out, accumulate);                                                                 \
     return
@@ -222,13 +224,43 @@ void echo_cpu_decode(const uint8_t *codes, const uint16_t *scales, size_t n, int
 #undef DEC
 }
 
-size_t echo_cpu_decode_store(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out,
-                             echo_dtype dt, size_t *bad) {
+static size_t scalar_decode_store(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out,
+                                  echo_dtype dt, size_t *bad) {
 #define DST(G) return decode_store_impl(codes, scales, n, G, out, dt, bad)
     ECHO_FOR_EACH_G(DST)
 #undef DST
     *bad = 0;
     return 1;
+}
+
+const echo_cpu_codec echo_cpu_codec_scalar = {
+    .name = "scalar",
+    .encode = scalar_encode,
+    .decode = scalar_decode,
+    .decode_store = scalar_decode_store,
+};
+
+/* __builtin_cpu_supports reads what libgcc's constructor found in cpuid:
+ * cheap enough to ask per call, and nothing here can be set or go stale. */
+const echo_cpu_codec *echo_cpu_codec_best(void) {
+#ifdef ECHO_HAVE_CODEC_AVX2
+    if (__builtin_cpu_supports("avx2")) return &echo_cpu_codec_avx2;
+#endif
+    return &echo_cpu_codec_scalar;
+}
+
+size_t echo_cpu_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n, int group,
+                       uint8_t *codes, uint16_t *scales, size_t *bad) {
+    return echo_cpu_codec_best()->encode(x, xdt, res, res_valid, rmode, n, group, codes, scales, bad);
+}
+
+void echo_cpu_decode(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out, int accumulate) {
+    echo_cpu_codec_best()->decode(codes, scales, n, group, out, accumulate);
+}
+
+size_t echo_cpu_decode_store(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out,
+                             echo_dtype dt, size_t *bad) {
+    return echo_cpu_codec_best()->decode_store(codes, scales, n, group, out, dt, bad);
 }
 
 /* The runtime-length loops below work in blocks of ECHO_BLOCK values with a

@@ -1,0 +1,360 @@
+/*
+ * The host codec's vector tables (comm/codec_cpu.h) against the scalar
+ * reference, bit for bit. The scalar table is itself checked against the
+ * codec's independent arithmetic in test_comm.c (section 1); here every
+ * other table must give exactly its bytes: codes, scales, residuals,
+ * decoded values (NaN payloads included), the number of poisoned groups and
+ * the first bad element, and must write nothing past the message.
+ *
+ * Inputs are random and adversarial, group by group: Gaussian values over
+ * many decades, all-zero groups with signed zeros, subnormals, values at the
+ * top of the codec's range (just below 2^127 and at it), inf/nan anywhere
+ * (also brought in by the residual), exact ties of y/s at k + 1/2, and raw
+ * random bits. Every group size 16..256, counts around multiples of 8 and
+ * of the group, fp32 and bf16 input, with and without residual, both
+ * residual roundings. On a CPU without AVX2 the comparison is skipped (and
+ * says so); the dispatch test still runs.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/codec_cpu.h"
+#include "comm/echo_codec.h"
+#include "tests/unit/testutil.h"
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_unif(uint64_t *s) { /* [-1, 1) */
+    return (float)((double)(rng_next(s) >> 11) * 0x1p-52 - 1.0);
+}
+
+static float bits_f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* One value of a group of kind `kind`, element i of G. */
+static float gen_value(uint64_t *s, int kind, int i, int G, int decade) {
+    float u = rng_unif(s);
+    switch (kind) {
+    case 0: /* ordinary, 2^-120 .. 2^120, and signed zeros among them */
+        if ((rng_next(s) & 15) == 0) return (rng_next(s) & 1) ? -0.0f : 0.0f;
+        return u * powf(2.0f, (float)decade);
+    case 1: return (rng_next(s) & 1) ? -0.0f : 0.0f;
+    case 2: return bits_f((uint32_t)(rng_next(s) & 0x807fffffu)); /* subnormals and zeros */
+    case 3:                                                       /* top of the range: just below 2^127 (legal) */
+        return bits_f((0x7effffffu - (uint32_t)(rng_next(s) % 4096)) | (rng_next(s) & 1 ? 0x80000000u : 0));
+    case 4: { /* ties: k + 1/2 with absmax 7 (scale 1), times a power of two */
+        int k = (int)(rng_next(s) % 15) - 7;
+        float v = i == G / 2 ? 7.0f : (float)k + ((rng_next(s) & 1) ? 0.5f : 0.0f);
+        if (v > 7.0f) v = 7.0f;
+        return ldexpf(v, decade);
+    }
+    case 5: return bits_f((uint32_t)rng_next(s)); /* raw bits: nan, inf, huge, anything */
+    case 6:                                       /* mostly ordinary with one poison value */
+        if (i == (int)(rng_next(s) % (uint64_t)G) && (rng_next(s) & 3) == 0) {
+            const uint32_t bad[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f812345u,
+                                    0xffffffffu, 0x7f000000u, 0xff000000u, 0x7f7fffffu};
+            return bits_f(bad[rng_next(s) % 8]);
+        }
+        return u;
+    default: /* smallest values: the scale floor 2^-133 */
+        return bits_f((uint32_t)(rng_next(s) % 8) | (rng_next(s) & 1 ? 0x80000000u : 0));
+    }
+}
+
+/* n values, each group of G its own kind and decade. */
+static void gen(float *x, size_t n, int G, uint64_t seed, int kinds_mask) {
+    uint64_t s = seed;
+    int kind = 0, decade = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i % (size_t)G == 0) {
+            do
+                kind = (int)(rng_next(&s) % 8);
+            while (!(kinds_mask >> kind & 1));
+            decade = (int)(rng_next(&s) % 241) - 120;
+        }
+        x[i] = gen_value(&s, kind, (int)(i % (size_t)G), G, decade);
+    }
+}
+
+#define CANARY 64 /* bytes past each output that must stay untouched */
+
+static void *alloc_fill(size_t bytes, uint8_t fill) {
+    uint8_t *p = malloc(bytes + CANARY);
+    ck_assert_ptr_nonnull(p);
+    memset(p, fill, bytes + CANARY);
+    return p;
+}
+
+static const int groups[] = {16, 32, 64, 128, 256};
+
+static size_t counts_for(int G, size_t *c) {
+    size_t k = 0;
+    const size_t fixed[] = {0, 1, 7, 8, 9, 15, 17, 1000, 4099};
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
+        c[k++] = fixed[i];
+    c[k++] = (size_t)G - 1;
+    c[k++] = (size_t)G;
+    c[k++] = (size_t)G + 1;
+    c[k++] = 3 * (size_t)G + 5;
+    c[k++] = 8 * (size_t)G;
+    c[k++] = 8 * (size_t)G + 8;
+    c[k++] = 8 * (size_t)G - 3;
+    return k;
+}
+
+/* Encode one input with both tables; everything must match. */
+static void cmp_encode(const echo_cpu_codec *t, const void *x, echo_dtype dt, const float *res0, int res_mode,
+                       echo_resid rmode, size_t n, int G, const char *what) {
+    size_t ng = (n + (size_t)G - 1) / (size_t)G, cb = ng * (size_t)G / 2, rb = n * sizeof(float);
+    uint8_t *c0 = alloc_fill(cb, 0x5a), *c1 = alloc_fill(cb, 0x5a);
+    uint16_t *s0 = alloc_fill(ng * 2, 0x5a), *s1 = alloc_fill(ng * 2, 0x5a);
+    float *r0 = NULL, *r1 = NULL;
+    if (res_mode) { /* 1: residual written only; 2: carried in and written */
+        r0 = alloc_fill(rb, 0x5a);
+        r1 = alloc_fill(rb, 0x5a);
+        memcpy(r0, res0, rb);
+        memcpy(r1, res0, rb);
+    }
+    size_t b0 = 12345, b1 = 54321;
+    size_t p0 = echo_cpu_codec_scalar.encode(x, dt, r0, res_mode == 2, rmode, n, G, c0, s0, &b0);
+    size_t p1 = t->encode(x, dt, r1, res_mode == 2, rmode, n, G, c1, s1, &b1);
+    ck_assert_msg(p0 == p1, "%s: poisoned groups %zu vs %zu", what, p0, p1);
+    ck_assert_msg(b0 == b1, "%s: first bad element %zu vs %zu", what, b0, b1);
+    for (size_t g = 0; g < ng; g++)
+        ck_assert_msg(s0[g] == s1[g], "%s: scale of group %zu: %04x vs %04x", what, g, s0[g], s1[g]);
+    ck_assert_msg(memcmp(s1, s0, ng * 2 + CANARY) == 0, "%s: scales past the end", what);
+    for (size_t j = 0; j < cb; j++)
+        ck_assert_msg(c0[j] == c1[j], "%s: code byte %zu (group %zu): %02x vs %02x", what, j, 2 * j / (size_t)G, c0[j],
+                      c1[j]);
+    ck_assert_msg(memcmp(c1, c0, cb + CANARY) == 0, "%s: codes past the end", what);
+    if (res_mode) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t a, b;
+            memcpy(&a, r0 + i, 4);
+            memcpy(&b, r1 + i, 4);
+            ck_assert_msg(a == b, "%s: residual %zu: %08x vs %08x", what, i, a, b);
+        }
+        ck_assert_msg(memcmp(r1, r0, rb + CANARY) == 0, "%s: residual past the end", what);
+    }
+    free(c0);
+    free(c1);
+    free(s0);
+    free(s1);
+    free(r0);
+    free(r1);
+}
+
+static int have_avx2(void) {
+#ifdef ECHO_HAVE_CODEC_AVX2
+    if (__builtin_cpu_supports("avx2")) return 1;
+#endif
+    return 0;
+}
+
+/* The vector tables this machine can run (besides the scalar one). */
+static int vector_tables(const echo_cpu_codec **out) {
+    int k = 0;
+#ifdef ECHO_HAVE_CODEC_AVX2
+    if (have_avx2()) out[k++] = &echo_cpu_codec_avx2;
+#endif
+    (void)out;
+    if (!k) fprintf(stderr, "test_codec_simd: no vector codec on this CPU; nothing to compare\n");
+    return k;
+}
+
+START_TEST(test_dispatch) {
+    const echo_cpu_codec *b = echo_cpu_codec_best();
+    ck_assert_ptr_nonnull(b);
+    ck_assert_ptr_eq(b, echo_cpu_codec_best()); /* a pure function */
+    if (have_avx2())
+        ck_assert_str_eq(b->name, "avx2");
+    else
+        ck_assert_str_eq(b->name, "scalar");
+    /* The entry points the host compute calls go through the best table:
+     * same bits as the scalar one on an ordinary input. */
+    float x[300], r0[300], r1[300];
+    uint8_t c0[160], c1[160];
+    uint16_t s0[20], s1[20];
+    size_t b0, b1;
+    gen(x, 300, 64, 7, 0x01);
+    for (int i = 0; i < 300; i++)
+        r0[i] = r1[i] = x[(i * 7) % 300] * 0.01f;
+    ck_assert_uint_eq(echo_cpu_encode(x, ECHO_F32, r0, 1, ECHO_RESID_F32, 300, 64, c0, s0, &b0), 0);
+    ck_assert_uint_eq(echo_cpu_codec_scalar.encode(x, ECHO_F32, r1, 1, ECHO_RESID_F32, 300, 64, c1, s1, &b1), 0);
+    ck_assert(memcmp(c0, c1, 160) == 0 && memcmp(s0, s1, 10) == 0 && memcmp(r0, r1, sizeof r0) == 0);
+}
+END_TEST
+
+/* Input kinds per test: the ordinary ones, then each adversarial one mixed in. */
+static const int kind_masks[] = {0x01, 0x03, 0x05, 0x09, 0x11, 0x21, 0x41, 0x81, 0xff};
+
+START_TEST(test_encode_matches_scalar) {
+    const echo_cpu_codec *tabs[4];
+    int nt = vector_tables(tabs);
+    size_t counts[32], ntests = 0;
+    for (int ti = 0; ti < nt; ti++)
+        for (int gi = 0; gi < 5; gi++) {
+            int G = groups[gi];
+            size_t nc = counts_for(G, counts);
+            for (size_t ci = 0; ci < nc; ci++)
+                for (size_t ki = 0; ki < sizeof kind_masks / sizeof *kind_masks; ki++) {
+                    size_t n = counts[ci];
+                    uint64_t seed = 1000003u * (uint64_t)G + 7919u * ci + ki;
+                    float *x = malloc((n + 1) * 4), *res = malloc((n + 1) * 4);
+                    uint16_t *xb = malloc((n + 1) * 2);
+                    gen(x, n, G, seed, kind_masks[ki]);
+                    /* residual: small against x mostly, sometimes of another kind (it can bring inf in) */
+                    gen(res, n, G, seed ^ 0xabcdef, ki == 8 ? 0xff : 0x01);
+                    for (size_t i = 0; i < n; i++) {
+                        if (ki != 8) res[i] *= 0x1p-8f * fabsf(x[i]);
+                        xb[i] = echo_f32_to_bf16(x[i]);
+                    }
+                    for (int dti = 0; dti < 2; dti++)
+                        for (int rm = 0; rm < 3; rm++)
+                            for (int rr = 0; rr < 2; rr++) {
+                                char what[160];
+                                snprintf(what, sizeof what, "%s G=%d n=%zu kinds=%#x %s res=%d rmode=%s",
+                                         tabs[ti]->name, G, n, kind_masks[ki], dti ? "bf16" : "f32", rm,
+                                         rr ? "bf16" : "f32");
+                                cmp_encode(tabs[ti], dti ? (const void *)xb : x, dti ? ECHO_BF16 : ECHO_F32, res, rm,
+                                           rr ? ECHO_RESID_BF16 : ECHO_RESID_F32, n, G, what);
+                                ntests++;
+                            }
+                    free(x);
+                    free(res);
+                    free(xb);
+                }
+        }
+    if (nt) ck_assert_uint_gt(ntests, 5000);
+}
+END_TEST
+
+/* Codes and scales as they come off the wire: any byte, any scale (zero,
+ * subnormal, huge, poison, other NaNs and inf). */
+static void gen_wire(uint8_t *codes, uint16_t *scales, size_t ng, int G, uint64_t seed) {
+    uint64_t s = seed;
+    for (size_t i = 0; i < ng * (size_t)G / 2; i++)
+        codes[i] = (uint8_t)rng_next(&s);
+    for (size_t g = 0; g < ng; g++) {
+        uint64_t r = rng_next(&s);
+        switch (r % 8) {
+        case 0: scales[g] = 0; break;
+        case 1: scales[g] = (uint16_t)(1 + (r >> 8) % 127); break; /* subnormal */
+        case 2: scales[g] = ECHO_SCALE_POISON; break;
+        case 3: scales[g] = (uint16_t)(0x7f00 + (r >> 8) % 0x7f); break; /* huge: products overflow */
+        case 4: scales[g] = (uint16_t)(r >> 16); break;                  /* anything, NaN/inf included */
+        default: scales[g] = echo_f32_to_bf16(ldexpf(1.0f + (float)((r >> 8) % 128) / 128, (int)((r >> 20) % 60) - 30));
+        }
+    }
+}
+
+START_TEST(test_decode_matches_scalar) {
+    const echo_cpu_codec *tabs[4];
+    int nt = vector_tables(tabs);
+    size_t counts[32], ntests = 0;
+    for (int ti = 0; ti < nt; ti++)
+        for (int gi = 0; gi < 5; gi++) {
+            int G = groups[gi];
+            size_t nc = counts_for(G, counts);
+            for (size_t ci = 0; ci < nc; ci++)
+                for (int rep = 0; rep < 4; rep++) {
+                    size_t n = counts[ci], ng = (n + (size_t)G - 1) / (size_t)G, fb = n * 4;
+                    uint64_t seed = 31337u * (uint64_t)G + 101u * ci + (uint64_t)rep;
+                    uint8_t *codes = malloc(ng * (size_t)G / 2 + 1);
+                    uint16_t *scales = malloc(ng * 2 + 2);
+                    float *acc = malloc(fb + 4);
+                    gen_wire(codes, scales, ng, G, seed);
+                    /* accumulators of every kind, NaNs with payloads included */
+                    gen(acc, n, G, seed ^ 0x5555, rep == 3 ? 0xff : 0x61);
+                    char what[128];
+                    for (int a = 0; a < 2; a++) {
+                        snprintf(what, sizeof what, "%s decode G=%d n=%zu rep=%d accumulate=%d", tabs[ti]->name, G, n,
+                                 rep, a);
+                        float *o0 = alloc_fill(fb, 0x5a), *o1 = alloc_fill(fb, 0x5a);
+                        memcpy(o0, acc, fb);
+                        memcpy(o1, acc, fb);
+                        echo_cpu_codec_scalar.decode(codes, scales, n, G, o0, a);
+                        tabs[ti]->decode(codes, scales, n, G, o1, a);
+                        for (size_t i = 0; i < n; i++) {
+                            uint32_t u0, u1;
+                            memcpy(&u0, o0 + i, 4);
+                            memcpy(&u1, o1 + i, 4);
+                            ck_assert_msg(u0 == u1, "%s: value %zu: %08x vs %08x", what, i, u0, u1);
+                        }
+                        ck_assert_msg(memcmp(o0, o1, fb + CANARY) == 0, "%s: past the end", what);
+                        free(o0);
+                        free(o1);
+                        ntests++;
+                    }
+                    for (int dti = 0; dti < 2; dti++) {
+                        echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
+                        size_t ob = n * echo_dtype_size(dt), b0 = 1, b1 = 2;
+                        snprintf(what, sizeof what, "%s decode_store G=%d n=%zu rep=%d %s", tabs[ti]->name, G, n, rep,
+                                 dti ? "bf16" : "f32");
+                        uint8_t *o0 = alloc_fill(ob, 0x5a), *o1 = alloc_fill(ob, 0x5a);
+                        size_t p0 = echo_cpu_codec_scalar.decode_store(codes, scales, n, G, o0, dt, &b0);
+                        size_t p1 = tabs[ti]->decode_store(codes, scales, n, G, o1, dt, &b1);
+                        ck_assert_msg(p0 == p1 && b0 == b1, "%s: poisoned %zu/%zu, first bad %zu/%zu", what, p0, p1, b0,
+                                      b1);
+                        for (size_t i = 0; i < ob; i++)
+                            ck_assert_msg(o0[i] == o1[i], "%s: byte %zu: %02x vs %02x", what, i, o0[i], o1[i]);
+                        ck_assert_msg(memcmp(o0, o1, ob + CANARY) == 0, "%s: past the end", what);
+                        free(o0);
+                        free(o1);
+                        ntests++;
+                    }
+                    free(codes);
+                    free(scales);
+                    free(acc);
+                }
+        }
+    if (nt) ck_assert_uint_gt(ntests, 1000);
+}
+END_TEST
+
+/* A group size outside 16..256 (never reaches the codec through the API,
+ * which validates it) still behaves as the scalar table does. */
+START_TEST(test_bad_group_matches_scalar) {
+    const echo_cpu_codec *tabs[4];
+    int nt = vector_tables(tabs);
+    float x[64] = {1.0f}, r[64] = {0};
+    uint8_t c[64];
+    uint16_t s[8];
+    for (int ti = 0; ti < nt; ti++) {
+        size_t b0, b1;
+        size_t p0 = echo_cpu_codec_scalar.encode(x, ECHO_F32, r, 1, ECHO_RESID_F32, 64, 48, c, s, &b0);
+        size_t p1 = tabs[ti]->encode(x, ECHO_F32, r, 1, ECHO_RESID_F32, 64, 48, c, s, &b1);
+        ck_assert(p0 == p1 && b0 == b1);
+        p0 = echo_cpu_codec_scalar.decode_store(c, s, 64, 48, x, ECHO_F32, &b0);
+        p1 = tabs[ti]->decode_store(c, s, 64, 48, x, ECHO_F32, &b1);
+        ck_assert(p0 == p1 && b0 == b1);
+    }
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("codec_simd");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_dispatch);
+    tcase_add_test(tc, test_encode_matches_scalar);
+    tcase_add_test(tc, test_decode_matches_scalar);
+    tcase_add_test(tc, test_bad_group_matches_scalar);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return nf ? 1 : 0;
+}
