@@ -17,6 +17,7 @@
  */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,6 +178,55 @@ START_TEST(test_dtype_helpers) {
     blk[2] = 127;
     ck_assert_int_eq(weights_dequantize(WEIGHTS_Q8_0, blk, 32, out, err, sizeof err), 0);
     ck_assert(out[0] == 127.0f * 5.9604644775390625e-8f);
+}
+END_TEST
+
+/* Several threads reading rows of one tensor (and metadata) at once get the
+ * same values as one thread: the readers keep no shared state. */
+typedef struct reader_arg {
+    const weights_set *ws;
+    const float *want;
+    int bad;
+} reader_arg;
+
+static void *reader(void *p) {
+    reader_arg *a = p;
+    const weights_tensor *t = weights_find(a->ws, "w");
+    float got[512];
+    char err[256];
+    for (int it = 0; it < 200; it++)
+        for (int64_t r = 0; r < 5; r++) {
+            int64_t row = (r + it) % 5;
+            if (weights_read_rows_f32(t, row, 1, got, err, sizeof err) != 0 ||
+                memcmp(got, a->want + row * 512, sizeof got) != 0)
+                a->bad = 1;
+            const char *s;
+            size_t n;
+            if (weights_meta_str(a->ws, "general.architecture", &s, &n) != 0 || n != 4 || memcmp(s, "test", 4))
+                a->bad = 1;
+        }
+    return NULL;
+}
+
+START_TEST(test_concurrent_reads) {
+    char err[512];
+    weights_set *ws;
+    ck_assert_msg(weights_open(FIX "q6_k.gguf", &ws, err, sizeof err) == 0, "%s", err);
+    size_t n;
+    float *want = load_f32(FIX "q6_k.w.f32", &n);
+    ck_assert_uint_eq(n, 5 * 512);
+    pthread_t th[4];
+    reader_arg a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (reader_arg){ws, want, 0};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, reader, &a[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+        ck_assert_int_eq(a[i].bad, 0);
+    }
+    free(want);
+    weights_close(ws);
 }
 END_TEST
 
@@ -827,6 +877,7 @@ static Suite *gguf_suite(void) {
     tcase_add_test(ok, test_dtype_helpers);
     tcase_add_test(ok, test_metadata);
     tcase_add_test(ok, test_open_paths);
+    tcase_add_test(ok, test_concurrent_reads);
     suite_add_tcase(s, ok);
     TCase *bad = tcase_create("corrupt");
     tcase_set_timeout(bad, 120);
