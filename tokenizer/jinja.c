@@ -26,7 +26,6 @@
 #include <jansson.h>
 #include <utf8proc.h>
 
-#include "tokenizer/internal.h"
 #include "tokenizer/tokenizer.h"
 
 #define J_MAX_OUTPUT (64u << 20)     /* bytes of rendered text */
@@ -3300,13 +3299,33 @@ static void exec_body(rs *R, const stmt *s, frame *f) {
 /* ------------------------------------------------------------------ */
 /* Public API                                                           */
 
+/* Local error formatting and UTF-8 check keep this file standalone (the
+ * fuzz target links it alone). */
+static int jerr(char *err, size_t errlen, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && errlen) vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static size_t utf8_valid_prefix(const char *s, size_t len) {
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t c;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &c);
+        if (k <= 0) return i;
+        i += (size_t)k;
+    }
+    return len;
+}
+
 int tok_template_compile(const char *src, size_t len, tok_template **out, char *err, size_t errlen) {
     if (out) *out = NULL;
-    if ((!src && len) || !out) return tok_err(err, errlen, TOK_EINVAL, "tok_template_compile: bad arguments");
-    size_t bad = tok_utf8_valid_prefix(src ? src : "", len);
-    if (bad != len) return tok_err(err, errlen, TOK_EINVAL, "template is not valid UTF-8 (byte %zu)", bad);
+    if ((!src && len) || !out) return jerr(err, errlen, TOK_EINVAL, "tok_template_compile: bad arguments");
+    size_t bad = utf8_valid_prefix(src ? src : "", len);
+    if (bad != len) return jerr(err, errlen, TOK_EINVAL, "template is not valid UTF-8 (byte %zu)", bad);
     tok_template *t = calloc(1, sizeof *t);
-    if (!t) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+    if (!t) return jerr(err, errlen, TOK_ENOMEM, "out of memory");
     jmp_buf jb;
     t->a.jb = &jb;
     t->a.err = err;
@@ -3344,21 +3363,21 @@ int tok_template_render(const tok_template *t, const char *context_json, size_t 
     if (out) *out = NULL;
     if (out_len) *out_len = 0;
     if (!t || !out || (!context_json && context_len))
-        return tok_err(err, errlen, TOK_EINVAL, "tok_template_render: bad arguments");
+        return jerr(err, errlen, TOK_EINVAL, "tok_template_render: bad arguments");
     json_t *volatile ctx = NULL;
     if (context_len) {
         json_error_t je;
         ctx = json_loadb(context_json, context_len, JSON_ALLOW_NUL, &je);
-        if (!ctx) return tok_err(err, errlen, TOK_EINVAL, "context JSON: %s (line %d)", je.text, je.line);
+        if (!ctx) return jerr(err, errlen, TOK_EINVAL, "context JSON: %s (line %d)", je.text, je.line);
         if (!json_is_object(ctx)) {
             json_decref(ctx);
-            return tok_err(err, errlen, TOK_EINVAL, "context JSON must be an object");
+            return jerr(err, errlen, TOK_EINVAL, "context JSON must be an object");
         }
     }
     rs *R = calloc(1, sizeof *R);
     if (!R) {
         json_decref(ctx);
-        return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
+        return jerr(err, errlen, TOK_ENOMEM, "out of memory");
     }
     jmp_buf jb;
     R->a.jb = &jb;
