@@ -62,15 +62,24 @@ trap 'exit 143' TERM
 ip netns add "$ns" || exit 1
 ip netns exec "$ns" ip link set lo up || exit 1
 if [ "$rate" != none ]; then
-    # burst: 10 ms at the rate, at least 256 KiB (loopback moves up to
-    # 64 KiB segments; a bucket smaller than a segment stalls it); latency:
-    # how long a packet may queue before tbf drops it, long enough for TCP
-    # not to see losses as congestion on a link this short.
+    # The link: jumbo frames (MTU 9000 rather than loopback's 64 KiB, so
+    # packets are link-sized); a bucket of 2 ms at the rate, at least 64 KiB:
+    # small enough that a message does not slip through unshaped (a 10 ms
+    # bucket let 1 MiB calls through at memory speed), large enough that a
+    # late timer on this loaded machine does not lose tokens. latency: how
+    # long a packet may queue before tbf drops it, long enough that TCP
+    # never sees a drop. TCP keeps its window between calls
+    # (tcp_slow_start_after_idle=0, as on cluster hosts; per namespace).
+    # NETLAB_MTU / NETLAB_BURST (bytes) override. docs/network.md checks
+    # the rate with 64 MiB all-reduces.
     bps=$(awk -v r="$rate" 'BEGIN{ n = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u);
         m = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1; printf "%d", n * m }')
-    burst=$(( bps / 8 / 100 ))
-    [ "$burst" -ge 262144 ] || burst=262144
-    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst "$burst" latency 100ms || exit 1
+    burst=$((bps / 8 / 500))
+    [ "$burst" -ge 65536 ] || burst=65536
+    ip netns exec "$ns" ip link set lo mtu "${NETLAB_MTU:-9000}" || exit 1
+    ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_slow_start_after_idle=0 || exit 1
+    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst "${NETLAB_BURST:-$burst}" latency 100ms ||
+        exit 1
 fi
 
 export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo

@@ -261,7 +261,9 @@ typedef struct ar_mpi_opts {
 } ar_mpi_opts;
 
 /* Every rank times each call after a barrier; an iteration's time is the
- * slowest rank's. rel_err: each rank sums |out - ref|^2 over its 1/N of the
+ * slowest rank's, and the row's time the median over iterations (ranks are
+ * processes on a shared machine: a descheduled rank stalls its peers, and
+ * the median keeps one such stall out of the row). rel_err: each rank sums |out - ref|^2 over its 1/N of the
  * indices against an fp64 sum of all ranks' inputs (regenerated here). */
 static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_mode mode, size_t count, const float *x, float *buf,
                       const double *ref, size_t lo, size_t hi, int it, ar_row *row, char *err, size_t errlen) {
@@ -270,7 +272,11 @@ static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_mode mode, size_
     echo_comm *c = NULL;
     int rc = echo_world_create_mpi(&cfg, &w, err, errlen);
     if (!rc) rc = echo_comm_create(w, me, &c, err, errlen);
-    double tsum = 0;
+    double *ts = calloc((size_t)it, sizeof *ts);
+    if (!ts && !rc) {
+        snprintf(err, errlen, "out of memory");
+        rc = -1;
+    }
     for (int i = 0; i < o->warmup + it; i++) {
         int bad = rc, any = 0;
         MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD); /* also lines the ranks up */
@@ -285,16 +291,25 @@ static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_mode mode, size_
         if (!rc) rc = echo_allreduce(c, 0, buf, count, ECHO_F32, NULL, err, errlen);
         double t = now_s() - t0, tmax = 0;
         MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (i >= o->warmup) tsum += tmax;
+        if (i >= o->warmup) ts[i - o->warmup] = tmax;
     }
     int bad = rc, any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
     if (any) {
         if (!rc) snprintf(err, errlen, "another rank failed");
+        free(ts);
         echo_comm_destroy(c);
         echo_world_destroy(w);
         return -1;
     }
+    for (int i = 1; i < it; i++) /* insertion sort: a few dozen times */
+        for (int j = i; j > 0 && ts[j] < ts[j - 1]; j--) {
+            double s = ts[j];
+            ts[j] = ts[j - 1];
+            ts[j - 1] = s;
+        }
+    double t = it % 2 ? ts[it / 2] : 0.5 * (ts[it / 2 - 1] + ts[it / 2]);
+    free(ts);
     double e[2] = {0, 0}, tot[2] = {0, 0};
     for (size_t i = lo; i < hi; i++) {
         double d = (double)buf[i] - ref[i - lo];
@@ -309,7 +324,7 @@ static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_mode mode, size_
         calls += st.calls[k], wire += st.wire_bytes[k];
     echo_config got;
     echo_world_get_config(w, &got);
-    double t = tsum / it, bytes = (double)count * sizeof(float);
+    double bytes = (double)count * sizeof(float);
     *row = (ar_row){(size_t)bytes,
                     echo_mode_name(mode),
                     N,
@@ -364,7 +379,8 @@ static int ar_mpi(const ar_mpi_opts *o) {
                 s += sample(o->dist, (uint64_t)o->seed, 0, (uint64_t)r, i);
             ref[i - lo] = s;
         }
-        int it = o->iters ? o->iters : (int)(((size_t)64 << 20) / bytes >= 20 ? 20 : ((size_t)64 << 20) / bytes + 1);
+        /* many repetitions for small messages (noisy), one at 256 MiB */
+        int it = o->iters ? o->iters : (int)(((size_t)64 << 20) / bytes >= 100 ? 100 : ((size_t)64 << 20) / bytes + 1);
         for (int m = 0; m < o->nmodes; m++) {
             ar_row row;
             char err[512] = "";
@@ -409,7 +425,8 @@ static void ar_usage(void) {
                     "  local: ranks are threads over host memory, fp32 (CPU numbers)\n"
                     "  nccl:  rank r on GPU r, bf16, exact = NCCL's bf16 all-reduce; uniform inputs (no --dist)\n"
                     "  mpi:   under mpirun, one rank per process (--ranks is the job's size), fp32; exact =\n"
-                    "         MPI_Allreduce, or the two-shot schedule with ECHO_MPI_EXACT=twoshot\n");
+                    "         MPI_Allreduce, or the two-shot schedule with ECHO_MPI_EXACT=twoshot; time =\n"
+                    "         median over iterations of the slowest rank's\n");
 }
 
 static int cmd_allreduce(int argc, char **argv) {
