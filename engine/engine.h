@@ -81,6 +81,31 @@ typedef struct eng_config {
 typedef struct eng eng;
 
 int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen);
+/* A model's tokenizer: `model_path`'s tokenizer.json / tokenizer.model
+ * (tok_load_dir), or a GGUF file's tokenizer.ggml.* metadata. With `chat`
+ * non-NULL it also receives the model's Jinja chat template
+ * (tokenizer_config.json "chat_template", or the GGUF's
+ * tokenizer.chat_template; NULL when the model has none) and the BOS/EOS
+ * token texts templates refer to ("" when unknown); free with
+ * eng_chat_template_free. Returns 0, ENG_TOK_MISSING when a folder has no
+ * tokenizer files, or -1 with a message. */
+#define ENG_TOK_MISSING (-2)
+typedef struct tok_tokenizer tok_tokenizer;
+typedef struct eng_chat_template {
+    char *source;
+    char *bos_token, *eos_token;
+} eng_chat_template;
+int eng_tokenizer_load(const char *model_path, tok_tokenizer **tok, eng_chat_template *chat, char *err,
+                       size_t errlen);
+void eng_chat_template_free(eng_chat_template *chat);
+/* Render chat->source with `context_json`, a JSON object of the template's
+ * variables (messages, add_generation_prompt, chat_template_kwargs...):
+ * bos_token / eos_token are added when absent, as transformers does.
+ * *out is malloc'ed. -1 with a message: no template, a construct the
+ * interpreter does not support, or the template's own raise_exception. */
+int eng_chat_render(const eng_chat_template *chat, const char *context_json, char **out, size_t *out_len,
+                    char *err, size_t errlen);
+
 void eng_destroy(eng *e);
 
 const model_config *eng_model_config(const eng *e);

@@ -302,6 +302,43 @@ static const char *content_text(json_t *c, chat_buf *b, const char *param, verr 
     return out;
 }
 
+/* The model's own Jinja template over the request's messages (content
+ * parts joined into text, as validated in b), chat_template_kwargs merged
+ * into the variables, as apply_chat_template is called by vLLM. */
+static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b, json_t *kw, int add_gen, char **text,
+                                 size_t *tl, verr *e) {
+    json_t *ctx = json_object(), *ms = json_array();
+    size_t i;
+    json_t *m;
+    int rc = -1;
+    char *ctx_text = NULL, terr[512];
+    if (!ctx || !ms) goto oom;
+    json_array_foreach(msgs, i, m) {
+        json_t *c = json_deep_copy(m);
+        if (!c || json_object_set_new(c, "content", json_string(b->msgs[i].content)) ||
+            json_array_append_new(ms, c))
+            goto oom;
+    }
+    if (json_object_set_new(ctx, "messages", ms)) goto oom;
+    ms = NULL;
+    if (kw && json_object_update(ctx, kw)) goto oom;
+    if (json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_gen))) goto oom;
+    if (!(ctx_text = json_dumps(ctx, JSON_COMPACT))) goto oom;
+    if (eng_chat_render(&s->chat, ctx_text, text, tl, terr, sizeof terr)) {
+        fail(e, 400, "messages", "chat template: %s", terr);
+        goto out;
+    }
+    rc = 0;
+    goto out;
+oom:
+    fail(e, 500, "messages", "out of memory");
+out:
+    json_decref(ms);
+    json_decref(ctx);
+    free(ctx_text);
+    return rc;
+}
+
 static int render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, verr *e) {
     json_t *msgs = field(root, "messages");
     if (!msgs) return fail(e, 400, "messages", "'messages' is required");
@@ -316,6 +353,7 @@ static int render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, 
         const char *k;
         json_t *v;
         json_object_foreach(kw, k, v) {
+            if (s->chat.source) continue; /* the model's template gets every key, as vLLM passes them */
             if (strcmp(k, "enable_thinking") != 0)
                 return fail(e, 400, "chat_template_kwargs", "unsupported chat_template_kwargs key '%.100s'", k);
             if (!json_is_boolean(v))
@@ -392,12 +430,16 @@ static int render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, 
             }
         }
     }
-    tok_chat_options co = {.add_generation_prompt = add_gen, .enable_thinking = enable_thinking};
     size_t tl;
-    char terr[256];
-    if (tok_chat_apply(b.msgs, nm, &co, &text, &tl, terr, sizeof terr) != TOK_OK) {
-        fail(e, 400, "messages", "chat template: %s", terr);
-        goto out;
+    char terr[512];
+    if (s->chat.source) {
+        if (render_model_template(s, msgs, &b, kw, add_gen, &text, &tl, e)) goto out;
+    } else {
+        tok_chat_options co = {.add_generation_prompt = add_gen, .enable_thinking = enable_thinking};
+        if (tok_chat_apply(b.msgs, nm, &co, &text, &tl, terr, sizeof terr) != TOK_OK) {
+            fail(e, 400, "messages", "chat template: %s", terr);
+            goto out;
+        }
     }
     rc = encode_text(s, text, tl, 0, "messages", ids, n, e);
 out:

@@ -149,6 +149,7 @@ struct srv_server {
     char unusable_why[512];
     int shut_down;
     tok_tokenizer *tok;
+    eng_chat_template chat; /* the model's Jinja chat template (source NULL: Qwen3's built in) */
     eng *eng;
     model_config mc;
     int max_model_len, block_size, total_blocks;

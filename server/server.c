@@ -43,6 +43,7 @@ static int pjoin(char *out, size_t n, const char *a, const char *b) {
 static int is_model_dir(const char *d) {
     char p[4096];
     struct stat st;
+    if (model_path_is_gguf(d)) return 1; /* a GGUF file is a whole model */
     if (snprintf(p, sizeof p, "%s/config.json", d) >= (int)sizeof p) return 0;
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
@@ -93,7 +94,7 @@ static int hf_snapshot(const char *repo_dir, char *dir, size_t dirlen) {
 
 int srv_resolve_model(const char *name, char *dir, size_t dirlen, char *err, size_t errlen) {
     char p[4096];
-    snprintf(err, errlen, "model '%s' not found; looked for a folder with config.json at:", name);
+    snprintf(err, errlen, "model '%s' not found; looked for a GGUF file or a folder with config.json at:", name);
     if (is_model_dir(name)) return snprintf(dir, dirlen, "%s", name) < (int)dirlen ? 0 : -1;
     add_looked(err, errlen, name);
     const char *env = getenv("ECHO_MODEL_DIR");
@@ -246,6 +247,8 @@ static void *ticker_main(void *arg) {
 }
 
 static double dir_safetensors_mb(const char *dir) {
+    struct stat gs;
+    if (model_path_is_gguf(dir)) return stat(dir, &gs) == 0 ? (double)gs.st_size / 1e6 : 0;
     DIR *d = opendir(dir);
     if (!d) return 0;
     double total = 0;
@@ -266,10 +269,26 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     const srv_options *o = &s->opt;
     if (model_config_load(s->model_dir, &s->mc, err, errlen)) return -1;
     load_gen_defaults(s->model_dir, &s->gd);
-    if (tok_load_dir(s->model_dir, &s->tok, err, errlen) != TOK_OK) {
-        size_t l = strlen(err);
-        snprintf(err + l, errlen - l, " (the model folder needs tokenizer.json + tokenizer_config.json)");
+    int trc = eng_tokenizer_load(s->model_dir, &s->tok, &s->chat, err, errlen);
+    if (trc) {
+        if (trc == ENG_TOK_MISSING) {
+            size_t l = strlen(err);
+            snprintf(err + l, errlen - l, " (the model folder needs tokenizer.json + tokenizer_config.json)");
+        }
         return -1;
+    }
+    if (s->chat.source) {
+        /* a template the interpreter cannot run is refused now, not at the first chat request */
+        tok_template *t;
+        char terr[512];
+        if (tok_template_compile(s->chat.source, strlen(s->chat.source), &t, terr, sizeof terr) != TOK_OK) {
+            snprintf(err, errlen, "%s: chat template: %s", s->model_dir, terr);
+            return -1;
+        }
+        tok_template_free(t);
+        srv_log(s, SRV_LOG_INFO, "chat template: the model's own (%zu bytes of Jinja)", strlen(s->chat.source));
+    } else {
+        srv_log(s, SRV_LOG_WARNING, "the model has no chat template: /v1/chat/completions uses Qwen3's");
     }
     if ((long long)tok_vocab_size(s->tok) > s->mc.vocab_size)
         srv_log(s, SRV_LOG_WARNING, "tokenizer has %zu ids but the model only %d; larger ids are refused",
@@ -305,8 +324,8 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     pthread_cond_init(&tk.cv, NULL);
     pthread_t th;
     int have_ticker = pthread_create(&th, NULL, ticker_main, &tk) == 0;
-    srv_log(s, SRV_LOG_INFO, "loading %s (%.0f MB of safetensors) on %s, tp %d", s->model_dir, tk.weight_mb, ec.device,
-            ec.tp);
+    srv_log(s, SRV_LOG_INFO, "loading %s (%.0f MB of %s) on %s, tp %d", s->model_dir, tk.weight_mb,
+            model_path_is_gguf(s->model_dir) ? "GGUF" : "safetensors", ec.device, ec.tp);
     int rc = eng_create(&ec, &s->eng, err, errlen);
     if (rc && strcmp(o->device, "auto") == 0 && strcmp(ec.device, "cpu") != 0) {
         srv_log(s, SRV_LOG_WARNING, "--device auto: cuda unavailable (%s); using cpu", err);
@@ -364,6 +383,7 @@ void srv_destroy(srv_server *s) {
     srv_http_stop(s);
     eng_destroy(s->eng);
     tok_free(s->tok);
+    eng_chat_template_free(&s->chat);
     srv_sched *q = &s->sch;
     free(q->running);
     free(q->items);

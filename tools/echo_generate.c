@@ -54,7 +54,7 @@ static const char *USAGE =
     "  --top-k K              with --temperature > 0: sample among the K most likely (0 = off)\n"
     "  --top-p P              with --temperature > 0: nucleus sampling mass (default 1 = off)\n"
     "  --prompt TEXT          text prompt, encoded with the model's tokenizer\n"
-    "  --chat                 wrap --prompt as a user turn of the Qwen3 chat template\n"
+    "  --chat                 wrap --prompt as a user turn of the model's chat template (Qwen3's when it has none)\n"
     "                         (with the assistant generation prompt)\n"
     "  --no-thinking          with --chat: enable_thinking=false (empty <think> block)\n"
     "  --tokenizer PATH       tokenizer folder or tokenizer.json / tokenizer.model file\n"
@@ -139,13 +139,15 @@ static int on_step(void *user, const eng_step_out *st) {
 
 /* The tokenizer is optional when the prompt is given as ids: a folder
  * without tokenizer files is then fine and output stays numeric. */
-static int load_tokenizer(const char *path, int optional, tok_tokenizer **tok, char *err, size_t errlen) {
+static int load_tokenizer(const char *path, int optional, tok_tokenizer **tok, eng_chat_template *chat, char *err,
+                          size_t errlen) {
     struct stat st;
     int rc;
     *tok = NULL;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        rc = tok_load_dir(path, tok, err, errlen);
-        if (rc == TOK_EIO && optional) return 0;
+    if (model_path_is_gguf(path) || (stat(path, &st) == 0 && S_ISDIR(st.st_mode))) {
+        rc = eng_tokenizer_load(path, tok, chat, err, errlen);
+        if (rc == ENG_TOK_MISSING && optional) return 0;
+        return rc == 0 ? 0 : -1;
     } else {
         size_t l = strlen(path);
         if (l >= 6 && strcmp(path + l - 6, ".model") == 0)
@@ -258,6 +260,7 @@ int main(int argc, char **argv) {
     eng *e = NULL;
     tok_tokenizer *tok = NULL;
     char *chat_text = NULL;
+    eng_chat_template chat_tpl = {0};
     int rc = 1;
     gen_out out = {json_array(), json_array(), json, 0, NULL, NULL, 0};
     double t0 = now_s();
@@ -269,15 +272,29 @@ int main(int argc, char **argv) {
             snprintf(err, sizeof err, "%s has no tokenizer: --prompt needs --tokenizer PATH", model_dir);
             goto fail;
         }
-    } else if (load_tokenizer(tok_path ? tok_path : model_dir, !tok_path && !prompt_text, &tok, err, sizeof err))
+    } else if (load_tokenizer(tok_path ? tok_path : model_dir, !tok_path && !prompt_text, &tok, &chat_tpl, err,
+                              sizeof err))
         goto fail;
     if (prompt_text) {
         const char *text = prompt_text;
         if (chat) {
-            tok_chat_message msg = {.role = "user", .content = prompt_text};
-            tok_chat_options co = {.add_generation_prompt = 1, .enable_thinking = !no_thinking};
             size_t len;
-            if (tok_chat_apply(&msg, 1, &co, &chat_text, &len, err, sizeof err)) goto fail;
+            if (chat_tpl.source) {
+                /* the model's own template, as apply_chat_template renders it */
+                json_t *ctx = json_pack("{s:[{s:s,s:s}],s:b,s:b}", "messages", "role", "user", "content",
+                                        prompt_text, "add_generation_prompt", 1, "enable_thinking", !no_thinking);
+                char *ctx_text = ctx ? json_dumps(ctx, JSON_COMPACT) : NULL;
+                json_decref(ctx);
+                int r = ctx_text ? eng_chat_render(&chat_tpl, ctx_text, &chat_text, &len, err, sizeof err) : -1;
+                if (!ctx_text) snprintf(err, sizeof err, "out of memory");
+                free(ctx_text);
+                if (r) goto fail;
+            } else {
+                /* no template shipped with the model: Qwen3's, built in */
+                tok_chat_message msg = {.role = "user", .content = prompt_text};
+                tok_chat_options co = {.add_generation_prompt = 1, .enable_thinking = !no_thinking};
+                if (tok_chat_apply(&msg, 1, &co, &chat_text, &len, err, sizeof err)) goto fail;
+            }
             text = chat_text;
         }
         size_t n;
@@ -372,6 +389,7 @@ fail:
     tok_stream_free(out.stream);
     free(out.text);
     free(chat_text);
+    eng_chat_template_free(&chat_tpl);
     tok_free(tok);
     eng_destroy(e);
     free(prompt);
