@@ -344,6 +344,37 @@ static void disagree(echo_mode mode) {
     echo_world_destroy(w);
 }
 
+/* echo_abort is local to the process: its calls fail (without
+ * communicating) until echo_world_clear_abort; every rank aborts at the
+ * same point here, so clearing re-arms the world. */
+static void abort_local(void) {
+    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 2, 4096, 0, 0};
+    echo_world *w = NULL;
+    echo_comm *c = NULL;
+    char err[256] = "", why[256] = "";
+    float buf[1000];
+    if (echo_world_create_mpi(&cfg, &w, err, sizeof err) || echo_comm_create(w, g_rank, &c, err, sizeof err)) {
+        CHECK(0, "abort setup: %s", err);
+        echo_world_destroy(w);
+        return;
+    }
+    fill(buf, ECHO_F32, 1000, 11, 0, g_rank);
+    int rc = echo_begin_pass(c, err, sizeof err);
+    echo_abort(c);
+    rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
+    CHECK(rc == -1, "a call after echo_abort in the same pass worked");
+    rc = echo_begin_pass(c, err, sizeof err);
+    if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "aborted"), "a call of an aborted mpi world: rc %d '%s'", rc, err);
+    CHECK(echo_world_usable(w, why, sizeof why) == 1, "an aborted mpi world reads as unusable: %s", why);
+    echo_world_clear_abort(w);
+    rc = echo_begin_pass(c, err, sizeof err);
+    if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
+    CHECK(!rc, "the call after clear_abort failed: %s", err);
+    echo_comm_destroy(c);
+    echo_world_destroy(w);
+}
+
 static void api(void) {
     echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 2, 1024, 0, 0};
     echo_world *w = NULL;
@@ -384,6 +415,7 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &g_n);
     init_counts(g_n);
     api();
+    abort_local();
     const echo_mode modes[] = {ECHO_MODE_INT4, ECHO_MODE_ECHO, ECHO_MODE_BF16, ECHO_MODE_EXACT};
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
         compare(modes[m], 0, 0);
