@@ -522,14 +522,14 @@ enum {
     F_TRIM, F_TOJSON, F_LENGTH, F_COUNT, F_UPPER, F_LOWER, F_CAPITALIZE, F_TITLE, F_REPLACE, F_JOIN,
     F_FIRST, F_LAST, F_DEFAULT, F_D, F_STRING, F_INT, F_FLOAT, F_LIST, F_ITEMS, F_SELECTATTR,
     F_REJECTATTR, F_SELECT, F_REJECT, F_MAP, F_INDENT, F_SAFE, F_ABS, F_ROUND, F_UNIQUE, F_REVERSE,
-    F_ESCAPE, F_E, F_SUM, F_MIN, F_MAX, F_SORT, F_DICTSORT, F_WORDCOUNT, F_CENTER, F_BOOL,
+    F_ESCAPE, F_E, F_SUM, F_MIN, F_MAX, F_SORT, F_DICTSORT, F_WORDCOUNT, F_CENTER,
     F_N
 };
 static const char *const FILTERS[] = {
     "trim", "tojson", "length", "count", "upper", "lower", "capitalize", "title", "replace", "join",
     "first", "last", "default", "d", "string", "int", "float", "list", "items", "selectattr",
     "rejectattr", "select", "reject", "map", "indent", "safe", "abs", "round", "unique", "reverse",
-    "escape", "e", "sum", "min", "max", "sort", "dictsort", "wordcount", "center", "bool",
+    "escape", "e", "sum", "min", "max", "sort", "dictsort", "wordcount", "center",
 };
 
 enum {
@@ -1277,10 +1277,16 @@ typedef struct {
     } u;
 } val;
 
+/* What a list stands for in Python: jinja2's select/map/unique/items
+ * filters return generators (always true, one pass, no len, unprintable),
+ * dict methods return views, range() a range. They behave as lists only
+ * where Python's types agree. */
+enum { LK_PLAIN, LK_GEN, LK_ITEMS, LK_KEYS, LK_VALUES, LK_RANGE };
 struct list {
     size_t n, cap;
     val *v;
-    int tuple;
+    int tuple, kind, consumed;
+    int64_t r0, r1, r2; /* range(start, stop, step) */
 };
 struct dict {
     size_t n, cap;
@@ -1412,7 +1418,10 @@ static const char *type_name(val v) {
     case V_INT: return "int";
     case V_FLOAT: return "float";
     case V_STR: return "str";
-    case V_LIST: return v.u.l->tuple ? "tuple" : "list";
+    case V_LIST: {
+        static const char *const k[] = {"list", "generator", "dict_items", "dict_keys", "dict_values", "range"};
+        return v.u.l->tuple ? "tuple" : k[v.u.l->kind];
+    }
     case V_DICT: return "dict";
     case V_NS: return "Namespace";
     case V_LOOP: return "LoopContext";
@@ -1516,6 +1525,13 @@ static void repr(rs *R, sbuf *b, val v, int depth) {
     case V_FLOAT: fmt_float(R, b, v.u.f, 0); break;
     case V_STR: repr_str(R, b, v.u.s.p, v.u.s.n); break;
     case V_LIST:
+        if (v.u.l->kind == LK_GEN) FAIL(R, "cannot print a generator (jinja2 prints its address); convert it with |list");
+        if (v.u.l->kind == LK_RANGE) {
+            if (v.u.l->r2 == 1) sb_printf(&R->a, b, "range(%lld, %lld)", (long long)v.u.l->r0, (long long)v.u.l->r1);
+            else sb_printf(&R->a, b, "range(%lld, %lld, %lld)", (long long)v.u.l->r0, (long long)v.u.l->r1, (long long)v.u.l->r2);
+            break;
+        }
+        if (v.u.l->kind != LK_PLAIN) sb_puts(&R->a, b, type_name(v)), sb_puts(&R->a, b, "(");
         sb_puts(&R->a, b, v.u.l->tuple ? "(" : "[");
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) sb_puts(&R->a, b, ", ");
@@ -1523,6 +1539,7 @@ static void repr(rs *R, sbuf *b, val v, int depth) {
         }
         if (v.u.l->tuple && v.u.l->n == 1) sb_puts(&R->a, b, ",");
         sb_puts(&R->a, b, v.u.l->tuple ? ")" : "]");
+        if (v.u.l->kind != LK_PLAIN) sb_puts(&R->a, b, ")");
         break;
     case V_DICT:
     case V_NS:
@@ -1554,7 +1571,7 @@ static int truthy(val v) {
     case V_INT: return v.u.i != 0;
     case V_FLOAT: return v.u.f != 0;
     case V_STR: return v.u.s.n != 0;
-    case V_LIST: return v.u.l->n != 0;
+    case V_LIST: return v.u.l->kind == LK_GEN || v.u.l->n != 0;
     case V_DICT: return v.u.d->n != 0;
     default: return 1;
     }
@@ -1572,6 +1589,7 @@ static int val_eq(rs *R, val a, val b, int depth) {
     case V_NONE: return 1;
     case V_STR: return str_eq(a, b.u.s.p, b.u.s.n);
     case V_LIST:
+        if (a.u.l->kind != b.u.l->kind || a.u.l->kind == LK_GEN) return a.u.l == b.u.l;
         if (a.u.l->n != b.u.l->n || a.u.l->tuple != b.u.l->tuple) return 0;
         for (size_t i = 0; i < a.u.l->n; i++)
             if (!val_eq(R, a.u.l->v[i], b.u.l->v[i], depth + 1)) return 0;
@@ -1607,7 +1625,8 @@ static int val_cmp(rs *R, val a, val b, int depth) {
         if (c) return c;
         return a.u.s.n < b.u.s.n ? -1 : a.u.s.n > b.u.s.n;
     }
-    if (a.t == V_LIST && b.t == V_LIST && a.u.l->tuple == b.u.l->tuple) {
+    if (a.t == V_LIST && b.t == V_LIST && a.u.l->tuple == b.u.l->tuple && a.u.l->kind == LK_PLAIN &&
+        b.u.l->kind == LK_PLAIN) {
         for (size_t i = 0; i < a.u.l->n && i < b.u.l->n; i++) {
             if (val_eq(R, a.u.l->v[i], b.u.l->v[i], depth + 1)) continue;
             return val_cmp(R, a.u.l->v[i], b.u.l->v[i], depth + 1);
@@ -1624,7 +1643,12 @@ static int val_cmp(rs *R, val a, val b, int depth) {
 static list *iter_list(rs *R, val v) {
     switch (v.t) {
     case V_UNDEF: return list_new(R, 0);
-    case V_LIST: return v.u.l;
+    case V_LIST:
+        if (v.u.l->kind == LK_GEN) { /* a generator runs once */
+            if (v.u.l->consumed) return list_new(R, 0);
+            v.u.l->consumed = 1;
+        }
+        return v.u.l;
     case V_DICT: {
         list *l = list_new(R, v.u.d->n);
         for (size_t i = 0; i < v.u.d->n; i++) list_push(R, l, v.u.d->k[i]);
@@ -1648,7 +1672,9 @@ static int64_t length_of(rs *R, val v) {
     switch (v.t) {
     case V_UNDEF: return 0;
     case V_STR: return (int64_t)u8len(v.u.s.p, v.u.s.n);
-    case V_LIST: return (int64_t)v.u.l->n;
+    case V_LIST:
+        if (v.u.l->kind == LK_GEN) FAIL(R, "object of type 'generator' has no len()");
+        return (int64_t)v.u.l->n;
     case V_DICT:
     case V_NS: return (int64_t)v.u.d->n;
     default: FAIL(R, "object of type '%s' has no len()", type_name(v)); return 0;
@@ -1737,6 +1763,7 @@ static void to_json(rs *R, sbuf *b, val v, const jsonopt *o, int level) {
     case V_STR: json_str(R, b, v.u.s.p, v.u.s.n); return;
     case V_LIST:
     case V_DICT: {
+        if (v.t == V_LIST && v.u.l->kind != LK_PLAIN) FAIL(R, "Object of type %s is not JSON serializable", type_name(v));
         int isd = v.t == V_DICT;
         size_t n = isd ? v.u.d->n : v.u.l->n;
         if (!n) {
@@ -1870,6 +1897,7 @@ static val get_item(rs *R, val obj, val key) {
     }
     if ((obj.t == V_LIST || obj.t == V_STR) && (key.t == V_INT || key.t == V_BOOL)) {
         if (obj.t == V_LIST) {
+            if (obj.u.l->kind != LK_PLAIN && obj.u.l->kind != LK_RANGE) return vundef(NULL, 0); /* not subscriptable */
             int64_t i = norm_index(key.u.i, (int64_t)obj.u.l->n);
             if (i < 0 || i >= (int64_t)obj.u.l->n) return vundef(NULL, 0);
             return obj.u.l->v[i];
@@ -1887,6 +1915,7 @@ static val get_item(rs *R, val obj, val key) {
 static val do_slice(rs *R, val obj, val vs, val ve, val vst) {
     if (obj.t == V_UNDEF) undef_fail(R, obj);
     list *src;
+    if (obj.t == V_LIST && obj.u.l->kind != LK_PLAIN && obj.u.l->kind != LK_RANGE) return vundef(NULL, 0);
     if (obj.t == V_LIST) src = obj.u.l;
     else if (obj.t == V_STR) src = iter_list(R, obj);
     else FAIL(R, "'%s' object is not subscriptable", type_name(obj));
@@ -1934,6 +1963,8 @@ static val arith(rs *R, int op, val a, val b) {
         sb_put(&R->a, &s, b.u.s.p, b.u.s.n);
         return vsb(&s);
     }
+    if ((a.t == V_LIST && a.u.l->kind != LK_PLAIN) || (b.t == V_LIST && b.u.l->kind != LK_PLAIN))
+        FAIL(R, "unsupported operand type(s): '%s' and '%s'", type_name(a), type_name(b));
     if (op == OP_ADD && a.t == V_LIST && b.t == V_LIST && a.u.l->tuple == b.u.l->tuple) {
         list *l = list_new(R, a.u.l->n + b.u.l->n);
         l->tuple = a.u.l->tuple;
@@ -2343,6 +2374,7 @@ static val filter_select(rs *R, val seq, const callargs *c, int attr, int want) 
         int ok = tfn < 0 ? truthy(x) : run_test(R, tfn, x, &tc);
         if (ok == want) list_push(R, out, items->v[i]);
     }
+    out->kind = LK_GEN;
     return vlist(out);
 }
 
@@ -2358,6 +2390,7 @@ static val filter_map(rs *R, val seq, const callargs *c, int line) {
             val x = attr_path(R, items->v[i], attr);
             list_push(R, out, x.t == V_UNDEF && dflt.t != V_UNDEF ? dflt : x);
         }
+        out->kind = LK_GEN;
         return vlist(out);
     }
     if (c->npos < 1) FAIL(R, "map: needs a filter name or attribute=");
@@ -2368,6 +2401,7 @@ static val filter_map(rs *R, val seq, const callargs *c, int line) {
     fc.pos++;
     fc.npos--;
     for (size_t i = 0; i < items->n; i++) step(R), list_push(R, out, apply_filter(R, f, items->v[i], &fc, line));
+    out->kind = LK_GEN;
     return vlist(out);
 }
 
@@ -2557,7 +2591,8 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
     }
     case F_LAST: {
         check_args(R, c, 0, NULL, "last");
-        if (v.t != V_LIST && v.t != V_STR && v.t != V_DICT) FAIL(R, "last: '%s' object is not reversible", type_name(v));
+        if ((v.t != V_LIST && v.t != V_STR && v.t != V_DICT) || (v.t == V_LIST && v.u.l->kind == LK_GEN))
+            FAIL(R, "last: '%s' object is not reversible", type_name(v));
         if (v.t == V_DICT) FAIL(R, "last: 'dict' object is not reversible");
         list *l = iter_list(R, v);
         return l->n ? l->v[l->n - 1] : vundef(NULL, 0);
@@ -2599,6 +2634,7 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
             list_push(R, t, v.u.d->v[i]);
             list_push(R, o, vlist(t));
         }
+        o->kind = LK_GEN;
         return vlist(o);
     }
     case F_SELECTATTR: return filter_select(R, v, c, 1, 1);
@@ -2618,7 +2654,9 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
             if (k > 4096) FAIL(R, "indent: width too large");
             for (int64_t i = 0; i < k; i++) sb_puts(&R->a, &ind, " ");
         }
-        val s = str_of(R, v);
+        if (v.t == V_UNDEF) undef_fail(R, v);
+        if (v.t != V_STR) FAIL(R, "indent: unsupported operand type(s) for +=: '%s' and 'str'", type_name(v));
+        val s = v;
         sbuf tmp = {0};
         sb_put(&R->a, &tmp, s.u.s.p, s.u.s.n);
         sb_puts(&R->a, &tmp, "\n");
@@ -2662,6 +2700,7 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
             for (size_t j = 0; j < seen->n && !dup; j++) step(R), dup = val_eq(R, seen->v[j], k, 0);
             if (!dup) list_push(R, seen, k), list_push(R, o, l->v[i]);
         }
+        o->kind = LK_GEN;
         return vlist(o);
     }
     case F_REVERSE: {
@@ -2672,8 +2711,12 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
             for (size_t i = l->n; i-- > 0;) sb_put(&R->a, &b, l->v[i].u.s.p, l->v[i].u.s.n);
             return vsb(&b);
         }
+        /* reversed(x) is an iterator; a generator is listed then reversed */
+        int was_gen = v.t == V_LIST && v.u.l->kind == LK_GEN;
+        if (v.t == V_DICT || (v.t == V_LIST && v.u.l->kind >= LK_ITEMS && v.u.l->kind <= LK_VALUES)) was_gen = 0;
         list *l = iter_list(R, v), *o = list_new(R, l->n);
         for (size_t i = l->n; i-- > 0;) list_push(R, o, l->v[i]);
+        if (!was_gen) o->kind = LK_GEN;
         return vlist(o);
     }
     case F_ESCAPE:
@@ -2787,7 +2830,6 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
         for (int64_t i = 0; i < pad - left; i++) sb_puts(&R->a, &b, " ");
         return vsb(&b);
     }
-    case F_BOOL: check_args(R, c, 0, NULL, "bool"); return vbool(truthy(v));
     }
     FAIL(R, "filter not implemented");
     return vnone();
@@ -2805,7 +2847,9 @@ static int run_test(rs *R, int fn, val v, const callargs *c) {
     case T_STRING: return v.t == V_STR;
     case T_MAPPING: return v.t == V_DICT;
     case T_ITERABLE: return v.t == V_UNDEF || v.t == V_STR || v.t == V_LIST || v.t == V_DICT;
-    case T_SEQUENCE: return v.t == V_UNDEF || v.t == V_STR || v.t == V_LIST || v.t == V_DICT;
+    case T_SEQUENCE:
+        return v.t == V_UNDEF || v.t == V_STR || v.t == V_DICT ||
+               (v.t == V_LIST && (v.u.l->kind == LK_PLAIN || v.u.l->kind == LK_RANGE));
     case T_NUMBER: return is_num(v);
     case T_INTEGER: return v.t == V_INT;
     case T_FLOAT_: return v.t == V_FLOAT;
@@ -2846,7 +2890,7 @@ static int run_test(rs *R, int fn, val v, const callargs *c) {
     case T_CALLABLE: return v.t == V_MACRO || v.t == V_METHOD || v.t == V_FUNC;
     case T_LOWER:
     case T_UPPER: {
-        if (v.t != V_STR) FAIL(R, "test '%s' needs a string", TESTS[fn]);
+        v = str_of(R, v); /* str(value).islower() */
         val m = map_case(R, v, fn == T_LOWER ? CASE_LOWER : CASE_UPPER);
         int cased = 0;
         for (size_t i = 0; i < v.u.s.n;) {
@@ -2976,6 +3020,7 @@ static val call_method(rs *R, method *m, const callargs *c) {
                 list_push(R, o, vlist(t));
             }
         }
+        o->kind = m->id == M_ITEMS ? LK_ITEMS : m->id == M_KEYS ? LK_KEYS : LK_VALUES;
         return vlist(o);
     }
     case M_GET: {
@@ -3080,6 +3125,8 @@ static val call_value(rs *R, val fn, const callargs *c, int line) {
             if (cnt > J_MAX_RANGE) FAIL(R, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", J_MAX_RANGE);
             list *l = list_new(R, 0);
             for (int64_t i = a; st > 0 ? i < b : i > b; i += st) step(R), list_push(R, l, vint(i));
+            l->kind = LK_RANGE;
+            l->r0 = a, l->r1 = b, l->r2 = st;
             return vlist(l);
         }
         }
