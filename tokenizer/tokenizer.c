@@ -1648,7 +1648,7 @@ static int bpe_cached(const tok_tokenizer *t, const char *w, size_t n, idvec *ou
         e->wlen = (uint8_t)n;
         e->nids = (uint8_t)k;
         memcpy(e->word, w, n);
-        memcpy(e->ids, out->ids + before, k * sizeof *ids);
+        if (k) memcpy(e->ids, out->ids + before, k * sizeof *ids); /* ids may be NULL */
         pthread_mutex_unlock(&st->mu);
     }
     return rc;
