@@ -1,10 +1,13 @@
 /*
  * echo-eval: how much accuracy the quantized all-reduces cost. Runs the same
- * prompts through the same tensor-parallel model with the exact, int4 and
- * echo all-reduce and compares each with exact: KL of next-token
- * distributions, top-1 agreement, greedy-continuation agreement, and the
- * relative residual-stream error after every layer (the error-vs-depth
- * curve that Echo's error feedback is meant to keep flat).
+ * prompts through the same tensor-parallel model with the exact all-reduce
+ * and with each variant (int4 / echo x group size x size policy) and
+ * reports, teacher-forced on the prompts' own next tokens, perplexity and
+ * next-token top-1 accuracy (the paper's unit: points), and against exact:
+ * KL of next-token distributions, top-1 agreement, greedy-continuation
+ * agreement (all prompts decoded as one batch), and the relative
+ * residual-stream error after every layer (the error-vs-depth curve that
+ * Echo's error feedback is meant to keep flat).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -21,21 +24,24 @@
 #define PROG "echo-eval"
 
 static const char *USAGE =
-    "usage: echo-eval --model DIR --tp N (--prompts FILE | --random-prompts K) [options]\n"
+    "usage: echo-eval --model PATH --tp N (--text FILE | --prompts FILE | --random-prompts K) [options]\n"
     "\n"
     "Compare the int4 and echo all-reduce against exact on the same prompts.\n"
     "\n"
-    "  --model DIR          Hugging Face Qwen3 folder\n"
-    "  --tp N               tensor-parallel ranks (>= 2; the all-reduce only exists then)\n"
+    "  --model PATH         model folder or GGUF file\n"
+    "  --tp N               tensor-parallel ranks (1: exact only, the reference perplexity)\n"
+    "  --text FILE          UTF-8 text, tokenized with the model's tokenizer and cut into\n"
+    "                       prompts of --prompt-len tokens (at most --max-prompts)\n"
     "  --prompts FILE       JSONL: each line a JSON array of token ids, or a JSON string\n"
-    "                       (encoded with the model folder's tokenizer)\n"
+    "                       (encoded with the model's tokenizer)\n"
     "  --random-prompts K   K random prompts instead (ids uniform over the vocabulary)\n"
-    "  --prompt-len L       length of random prompts (default 64)\n"
+    "  --prompt-len L       length of random / --text prompts (default 64)\n"
+    "  --max-prompts K      --text: at most K prompts (default 50)\n"
     "  --seed S             seed of random prompts (default 1)\n"
     "  --gen-tokens G       greedy continuation length compared (default 32)\n"
     "  --modes LIST         comma-separated subset of int4,echo (default int4,echo)\n"
-    "  --echo-min-bytes N   size policy of the quantized modes (default 0)\n"
-    "  --echo-group G       values per scale group (default: comm/ default)\n"
+    "  --echo-min-bytes LIST  size policies of the quantized modes, e.g. 0,65536 (default 0)\n"
+    "  --echo-group LIST    values per scale group, e.g. 32,64,128 (default: comm/ default)\n"
     "  --threads N          cpu threads in total (default: all)\n"
     "  --json               print one JSON object instead of tables\n"
     "  -h, --help           this help\n";
@@ -77,7 +83,7 @@ static int load_prompts(const char *path, const char *model_dir, int vocab, prom
                 p.ids[i] = (int32_t)json_integer_value(v);
             }
         } else if (json_is_string(j)) {
-            if (!tok && tok_load_dir(model_dir, &tok, err, errlen)) {
+            if (!tok && eng_tokenizer_load(model_dir, &tok, NULL, err, errlen)) {
                 json_decref(j);
                 goto out;
             }
@@ -126,71 +132,208 @@ out:
     return rc;
 }
 
-/* What one mode produced for one prompt. */
-typedef struct run {
-    float *logits; /* (n, vocab): next-token logits at every prompt position */
-    float *states; /* (layers, n, hidden) */
-    int32_t *greedy;
-} run;
-
-static int run_prompt(eng *e, const prompt *p, int gen, run *r, char *err, size_t errlen) {
-    const model_config *c = eng_model_config(e);
-    int seq;
-    if (eng_seq_new(e, &seq, err, errlen)) return -1;
-    eng_item it = {seq, p->ids, p->n, ENG_LOGITS_ALL};
-    int rc = eng_step_states(e, &it, 1, r->logits, r->states, err, errlen);
-    float *last = malloc((size_t)c->vocab_size * sizeof *last);
-    if (!last) rc = -1;
-    if (!rc) memcpy(last, r->logits + (size_t)(p->n - 1) * c->vocab_size, (size_t)c->vocab_size * sizeof *last);
-    eng_sampling greedy = {.temperature = 0, .top_p = 1};
-    for (int t = 0; !rc && t < gen; t++) {
-        r->greedy[t] = eng_sample(last, c->vocab_size, &greedy, NULL);
-        if (t + 1 == gen) break;
-        it = (eng_item){seq, &r->greedy[t], 1, ENG_LOGITS_LAST};
-        rc = eng_step(e, &it, 1, last, err, errlen);
+/* --text: the whole file tokenized once, cut into prompts of `len` tokens. */
+static int load_text(const char *path, const char *model_dir, int len, int max_prompts, prompt **out, int *count,
+                     char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
     }
-    free(last);
-    eng_seq_free(e, seq);
+    char *text = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 65536 > cap) {
+            char *t = realloc(text, cap = 2 * cap + 65536);
+            if (!t) break;
+            text = t;
+        }
+        size_t r = fread(text + n, 1, cap - n, f);
+        if (r == 0) break;
+        n += r;
+    }
+    fclose(f);
+    tok_tokenizer *tok = NULL;
+    int32_t *ids = NULL;
+    size_t nid = 0;
+    int rc = -1;
+    if (!text) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    if (eng_tokenizer_load(model_dir, &tok, NULL, err, errlen)) goto out;
+    if (tok_encode(tok, text, n, 0, &ids, &nid, err, errlen)) goto out;
+    int k = (int)(nid / (size_t)len);
+    if (k > max_prompts) k = max_prompts;
+    if (k < 1) {
+        snprintf(err, errlen, "%s: %zu tokens, fewer than one prompt of %d", path, nid, len);
+        goto out;
+    }
+    prompt *ps = calloc((size_t)k, sizeof *ps);
+    for (int i = 0; ps && i < k; i++) {
+        ps[i].n = len;
+        if ((ps[i].ids = malloc((size_t)len * sizeof(int32_t))))
+            memcpy(ps[i].ids, ids + (size_t)i * len, (size_t)len * sizeof(int32_t));
+        else
+            ps = NULL; /* leaks on OOM only at exit */
+    }
+    if (!ps) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    *out = ps;
+    *count = k;
+    rc = 0;
+out:
+    free(ids);
+    free(text);
+    tok_free(tok);
     return rc;
 }
 
-typedef struct mode_acc {
+/* What one engine produced for all prompts. */
+typedef struct run {
+    float **logits; /* [np] (n_i, vocab): next-token logits at every prompt position */
+    float **states; /* [np] (layers, n_i, hidden) */
+    int32_t *greedy; /* (np, gen) */
+} run;
+
+static void run_free(run *r, int np) {
+    for (int i = 0; i < np; i++) {
+        if (r->logits) free(r->logits[i]);
+        if (r->states) free(r->states[i]);
+    }
+    free(r->logits);
+    free(r->states);
+    free(r->greedy);
+    memset(r, 0, sizeof *r);
+}
+
+/* Every prompt prefilled on its own (all positions' logits, layer states),
+ * then all greedy continuations decoded together, one batch per step. */
+static int run_all(eng *e, const prompt *ps, int np, int gen, run *r, char *err, size_t errlen) {
+    const model_config *c = eng_model_config(e);
+    size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size, L = (size_t)c->num_layers;
+    int rc = -1, *seqs = calloc((size_t)np, sizeof *seqs), nseq = 0;
+    eng_item *items = calloc((size_t)np, sizeof *items);
+    float *rows = malloc((size_t)np * V * sizeof *rows);
+    r->logits = calloc((size_t)np, sizeof *r->logits);
+    r->states = calloc((size_t)np, sizeof *r->states);
+    r->greedy = malloc((size_t)np * gen * sizeof *r->greedy);
+    eng_sampling greedy = {.temperature = 0, .top_p = 1};
+    if (!seqs || !items || !rows || !r->logits || !r->states || !r->greedy) goto oom;
+    for (int i = 0; i < np; i++) {
+        r->logits[i] = malloc((size_t)ps[i].n * V * sizeof(float));
+        r->states[i] = malloc(L * ps[i].n * H * sizeof(float));
+        if (!r->logits[i] || !r->states[i]) goto oom;
+        if (eng_seq_new(e, &seqs[i], err, errlen)) goto out;
+        nseq++;
+        eng_item it = {seqs[i], ps[i].ids, ps[i].n, ENG_LOGITS_ALL};
+        if (eng_step_states(e, &it, 1, r->logits[i], r->states[i], err, errlen)) goto out;
+        r->greedy[(size_t)i * gen] = eng_sample(r->logits[i] + (size_t)(ps[i].n - 1) * V, (int)V, &greedy, NULL);
+    }
+    for (int t = 1; t < gen; t++) {
+        for (int i = 0; i < np; i++) items[i] = (eng_item){seqs[i], &r->greedy[(size_t)i * gen + t - 1], 1, ENG_LOGITS_LAST};
+        if (eng_step(e, items, np, rows, err, errlen)) goto out;
+        for (int i = 0; i < np; i++) r->greedy[(size_t)i * gen + t] = eng_sample(rows + (size_t)i * V, (int)V, &greedy, NULL);
+    }
+    rc = 0;
+    goto out;
+oom:
+    snprintf(err, errlen, "out of memory");
+out:
+    for (int i = 0; i < nseq; i++) eng_seq_free(e, seqs[i]);
+    free(seqs);
+    free(items);
+    free(rows);
+    return rc;
+}
+
+/* Teacher-forced: -log p and top-1 hits of each prompt's own next token. */
+typedef struct lm_acc {
+    double nll;
+    long scored, hits;
+} lm_acc;
+
+static void lm_score(lm_acc *a, const float *logits, const prompt *p, size_t V, double *lp) {
+    for (int t = 0; t + 1 < p->n; t++) {
+        const float *l = logits + (size_t)t * V;
+        eng_log_softmax(l, (int)V, lp);
+        size_t b = 0;
+        for (size_t v = 1; v < V; v++)
+            if (l[v] > l[b]) b = v;
+        a->nll -= lp[p->ids[t + 1]];
+        a->hits += (int32_t)b == p->ids[t + 1];
+        a->scored++;
+    }
+}
+
+typedef struct variant {
     echo_mode mode;
+    int group;
+    size_t min_bytes;
+    lm_acc lm;
     double kl_sum, kl_max;
     long positions, top1_agree;
     double agree_len_sum;
     long full_agree;
     double *layer_num, *layer_den; /* per layer: sum ||h_mode - h_exact||^2, ||h_exact||^2 */
-} mode_acc;
+} variant;
+
+#define MAX_LIST 8
+static int parse_list(const char *s, long lo, long hi, long *out) {
+    char buf[256];
+    int n = 0;
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == MAX_LIST || cli_parse_long(t, lo, hi, &out[n])) return -1;
+        n++;
+    }
+    return n;
+}
 
 int main(int argc, char **argv) {
-    enum { O_MODEL = 256, O_TP, O_PROMPTS, O_RAND, O_PLEN, O_SEED, O_GEN, O_MODES, O_MINB, O_GROUP, O_THREADS, O_JSON };
+    enum {
+        O_MODEL = 256, O_TP, O_PROMPTS, O_TEXT, O_RAND, O_PLEN, O_MAXP, O_SEED, O_GEN, O_MODES, O_MINB, O_GROUP,
+        O_THREADS, O_JSON
+    };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},   {"tp", required_argument, 0, O_TP},
-        {"prompts", required_argument, 0, O_PROMPTS}, {"random-prompts", required_argument, 0, O_RAND},
-        {"prompt-len", required_argument, 0, O_PLEN}, {"seed", required_argument, 0, O_SEED},
+        {"prompts", required_argument, 0, O_PROMPTS}, {"text", required_argument, 0, O_TEXT},
+        {"random-prompts", required_argument, 0, O_RAND}, {"prompt-len", required_argument, 0, O_PLEN},
+        {"max-prompts", required_argument, 0, O_MAXP}, {"seed", required_argument, 0, O_SEED},
         {"gen-tokens", required_argument, 0, O_GEN}, {"modes", required_argument, 0, O_MODES},
         {"echo-min-bytes", required_argument, 0, O_MINB}, {"echo-group", required_argument, 0, O_GROUP},
         {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
     };
-    const char *model_dir = NULL, *prompts_path = NULL, *modes_arg = "int4,echo";
-    int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, c;
-    long seed = 1;
+    const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL;
+    int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, c;
+    long seed = 1, groups[MAX_LIST] = {0}, minbs[MAX_LIST] = {0};
+    int n_groups = 1, n_minb = 1;
     eng_config base = {.max_num_seqs = 1};
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case O_MODEL: model_dir = optarg; break;
-        case O_TP: tp = (int)cli_long(PROG, optarg, "--tp", 2, 64); break;
+        case O_TP: tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
         case O_PROMPTS: prompts_path = optarg; break;
+        case O_TEXT: text_path = optarg; break;
         case O_RAND: n_random = (int)cli_long(PROG, optarg, "--random-prompts", 1, 100000); break;
-        case O_PLEN: plen = (int)cli_long(PROG, optarg, "--prompt-len", 1, 1 << 20); break;
+        case O_PLEN: plen = (int)cli_long(PROG, optarg, "--prompt-len", 2, 1 << 20); break;
+        case O_MAXP: max_prompts = (int)cli_long(PROG, optarg, "--max-prompts", 1, 4096); break;
         case O_SEED: seed = cli_long(PROG, optarg, "--seed", 0, 1L << 40); break;
         case O_GEN: gen = (int)cli_long(PROG, optarg, "--gen-tokens", 1, 1 << 16); break;
         case O_MODES: modes_arg = optarg; break;
-        case O_MINB: base.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
-        case O_GROUP: base.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
+        case O_MINB:
+            if ((n_minb = parse_list(optarg, 0, 1L << 40, minbs)) < 1)
+                cli_usage_error(PROG, "--echo-min-bytes expects up to 8 comma-separated byte counts, got '%s'", optarg);
+            break;
+        case O_GROUP:
+            if ((n_groups = parse_list(optarg, 16, 256, groups)) < 1)
+                cli_usage_error(PROG, "--echo-group expects up to 8 comma-separated sizes in [16, 256], got '%s'",
+                                optarg);
+            break;
         case O_THREADS: base.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_JSON: json = 1; break;
         case 'h': fputs(USAGE, stdout); return 0;
@@ -198,32 +341,49 @@ int main(int argc, char **argv) {
         }
     }
     if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
-    if (!model_dir) cli_usage_error(PROG, "%s", "--model DIR is required");
-    if (!tp) cli_usage_error(PROG, "%s", "--tp N (>= 2) is required");
-    if (!prompts_path == !n_random) cli_usage_error(PROG, "%s", "give exactly one of --prompts FILE and --random-prompts K");
+    if (!model_dir) cli_usage_error(PROG, "%s", "--model PATH is required");
+    if (!tp) cli_usage_error(PROG, "%s", "--tp N is required");
+    if ((prompts_path != NULL) + (text_path != NULL) + (n_random != 0) != 1)
+        cli_usage_error(PROG, "%s", "give exactly one of --text FILE, --prompts FILE and --random-prompts K");
+    if (tp == 1 && modes_arg)
+        cli_usage_error(PROG, "%s", "--modes needs --tp >= 2: with one rank there is no all-reduce");
+    if (!modes_arg) modes_arg = tp > 1 ? "int4,echo" : "";
 
-    mode_acc acc[2];
+    echo_mode modes[2];
     int n_modes = 0;
     {
         char buf[64];
         snprintf(buf, sizeof buf, "%s", modes_arg);
-        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             echo_mode m;
-            if (echo_mode_parse(tok, &m) || m == ECHO_MODE_EXACT || n_modes == 2)
+            if (echo_mode_parse(t, &m) || m == ECHO_MODE_EXACT || n_modes == 2)
                 cli_usage_error(PROG, "--modes expects a subset of int4,echo, got '%s'", modes_arg);
-            memset(&acc[n_modes], 0, sizeof acc[n_modes]);
-            acc[n_modes++].mode = m;
+            modes[n_modes++] = m;
         }
     }
+    int nv = n_modes * n_groups * n_minb;
+    variant *vs = calloc((size_t)(nv ? nv : 1), sizeof *vs);
+    for (int k = 0, i = 0; vs && k < n_modes; k++)
+        for (int g = 0; g < n_groups; g++)
+            for (int b = 0; b < n_minb; b++, i++)
+                vs[i] = (variant){.mode = modes[k], .group = (int)groups[g], .min_bytes = (size_t)minbs[b]};
 
     char err[1024];
     model_config mc;
     prompt *ps = NULL;
     int np = 0, rc = 1, maxlen = 0;
-    eng *eng_exact = NULL, *eng_mode[2] = {NULL, NULL};
+    eng *ex = NULL;
     run rx = {0}, rm = {0};
+    lm_acc lmx = {0};
+    double *lpx = NULL, *lpm = NULL;
+    if (!vs) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
     if (model_config_load(model_dir, &mc, err, sizeof err)) goto fail;
-    if (prompts_path) {
+    if (text_path) {
+        if (load_text(text_path, model_dir, plen, max_prompts, &ps, &np, err, sizeof err)) goto fail;
+    } else if (prompts_path) {
         if (load_prompts(prompts_path, model_dir, mc.vocab_size, &ps, &np, err, sizeof err)) goto fail;
     } else {
         np = n_random;
@@ -242,36 +402,44 @@ int main(int argc, char **argv) {
     base.model_dir = model_dir;
     base.tp = tp;
     base.max_model_len = maxlen + gen;
-    base.max_batch_tokens = maxlen;
-    eng_config cx = base;
-    cx.allreduce = ECHO_MODE_EXACT;
-    if (eng_create(&cx, &eng_exact, err, sizeof err)) goto fail;
-    for (int k = 0; k < n_modes; k++) {
-        eng_config cm = base;
-        cm.allreduce = acc[k].mode;
-        if (eng_create(&cm, &eng_mode[k], err, sizeof err)) goto fail;
-        acc[k].layer_num = calloc((size_t)mc.num_layers, sizeof(double));
-        acc[k].layer_den = calloc((size_t)mc.num_layers, sizeof(double));
-    }
+    base.max_num_seqs = np;
+    base.max_batch_tokens = maxlen > np ? maxlen : np;
     size_t V = (size_t)mc.vocab_size, H = (size_t)mc.hidden_size, L = (size_t)mc.num_layers;
-    rx.logits = malloc((size_t)maxlen * V * sizeof(float));
-    rm.logits = malloc((size_t)maxlen * V * sizeof(float));
-    rx.states = malloc(L * maxlen * H * sizeof(float));
-    rm.states = malloc(L * maxlen * H * sizeof(float));
-    rx.greedy = malloc((size_t)gen * sizeof(int32_t));
-    rm.greedy = malloc((size_t)gen * sizeof(int32_t));
-    double *lpx = malloc(V * sizeof(double)), *lpm = malloc(V * sizeof(double));
-    if (!rx.logits || !rm.logits || !rx.states || !rm.states || !rx.greedy || !rm.greedy || !lpx || !lpm) {
+    lpx = malloc(V * sizeof(double));
+    lpm = malloc(V * sizeof(double));
+    if (!lpx || !lpm) {
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    for (int i = 0; i < np; i++) {
-        if (run_prompt(eng_exact, &ps[i], gen, &rx, err, sizeof err)) goto fail;
-        for (int k = 0; k < n_modes; k++) {
-            mode_acc *a = &acc[k];
-            if (run_prompt(eng_mode[k], &ps[i], gen, &rm, err, sizeof err)) goto fail;
+    eng_config cx = base;
+    cx.allreduce = ECHO_MODE_EXACT;
+    if (eng_create(&cx, &ex, err, sizeof err) || run_all(ex, ps, np, gen, &rx, err, sizeof err)) goto fail;
+    eng_destroy(ex);
+    ex = NULL;
+    for (int i = 0; i < np; i++) lm_score(&lmx, rx.logits[i], &ps[i], V, lpx);
+    if (!json) fprintf(stderr, "echo-eval: exact done (%d prompts)\n", np);
+    for (int k = 0; k < nv; k++) {
+        variant *a = &vs[k];
+        eng_config cm = base;
+        cm.allreduce = a->mode;
+        cm.echo_group = a->group;
+        cm.echo_min_bytes = a->min_bytes;
+        a->layer_num = calloc(L, sizeof(double));
+        a->layer_den = calloc(L, sizeof(double));
+        eng *em = NULL;
+        if (!a->layer_num || !a->layer_den) {
+            snprintf(err, sizeof err, "out of memory");
+            goto fail;
+        }
+        if (eng_create(&cm, &em, err, sizeof err)) goto fail;
+        int r = run_all(em, ps, np, gen, &rm, err, sizeof err);
+        if (!a->group) a->group = eng_get_config(em)->echo_group;
+        eng_destroy(em);
+        if (r) goto fail;
+        for (int i = 0; i < np; i++) {
+            lm_score(&a->lm, rm.logits[i], &ps[i], V, lpm);
             for (int t = 0; t < ps[i].n; t++) {
-                const float *lx = rx.logits + (size_t)t * V, *lm = rm.logits + (size_t)t * V;
+                const float *lx = rx.logits[i] + (size_t)t * V, *lm = rm.logits[i] + (size_t)t * V;
                 eng_log_softmax(lx, (int)V, lpx);
                 eng_log_softmax(lm, (int)V, lpm);
                 double kl = 0;
@@ -287,11 +455,11 @@ int main(int argc, char **argv) {
                 a->top1_agree += bx == bm;
             }
             int agree = 0;
-            while (agree < gen && rx.greedy[agree] == rm.greedy[agree]) agree++;
+            while (agree < gen && rx.greedy[(size_t)i * gen + agree] == rm.greedy[(size_t)i * gen + agree]) agree++;
             a->agree_len_sum += agree;
             a->full_agree += agree == gen;
             for (size_t l = 0; l < L; l++) {
-                const float *hx = rx.states + l * ps[i].n * H, *hm = rm.states + l * ps[i].n * H;
+                const float *hx = rx.states[i] + l * ps[i].n * H, *hm = rm.states[i] + l * ps[i].n * H;
                 for (size_t q = 0; q < (size_t)ps[i].n * H; q++) {
                     double d = (double)hm[q] - hx[q];
                     a->layer_num[l] += d * d;
@@ -299,24 +467,35 @@ int main(int argc, char **argv) {
                 }
             }
         }
+        run_free(&rm, np);
+        if (!json)
+            fprintf(stderr, "echo-eval: %s G=%d min_bytes=%zu done (%d of %d)\n", echo_mode_name(a->mode), a->group,
+                    a->min_bytes, k + 1, nv);
     }
+    double ppl_x = exp(lmx.nll / (double)lmx.scored), acc_x = (double)lmx.hits / (double)lmx.scored;
     if (json) {
-        json_t *root = json_pack("{s:s,s:i,s:i,s:i,s:i}", "model", model_dir, "tp", tp, "prompts", np, "gen_tokens",
-                                 gen, "layers", (int)L);
-        json_t *modes = json_array();
-        for (int k = 0; k < n_modes; k++) {
-            mode_acc *a = &acc[k];
+        json_t *root = json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:{s:f,s:f}}", "model", model_dir, "tp", tp, "prompts", np,
+                                 "tokens_scored", (int)lmx.scored, "gen_tokens", gen, "layers", (int)L, "exact", "ppl",
+                                 ppl_x, "next_token_acc", acc_x);
+        json_t *jm = json_array();
+        for (int k = 0; k < nv; k++) {
+            variant *a = &vs[k];
             json_t *layers = json_array();
             for (size_t l = 0; l < L; l++)
                 json_array_append_new(layers, json_real(sqrt(a->layer_num[l] / (a->layer_den[l] + 1e-300))));
-            json_array_append_new(
-                modes, json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:o}", "mode", echo_mode_name(a->mode), "kl_mean",
-                                 a->kl_sum / (double)a->positions, "kl_max", a->kl_max, "top1_agreement",
-                                 (double)a->top1_agree / (double)a->positions, "greedy_agree_len_mean",
-                                 a->agree_len_sum / np, "greedy_full_agree_frac", (double)a->full_agree / np,
-                                 "layer_rel_err", layers));
+            double acc = (double)a->lm.hits / (double)a->lm.scored;
+            json_t *o = json_pack("{s:s,s:i,s:I,s:f,s:f,s:f}", "mode", echo_mode_name(a->mode), "group", a->group,
+                                  "min_bytes", (json_int_t)a->min_bytes, "ppl", exp(a->lm.nll / (double)a->lm.scored),
+                                  "next_token_acc", acc, "next_token_acc_delta_pt", 100.0 * (acc - acc_x));
+            json_object_set_new(o, "kl_mean", json_real(a->kl_sum / (double)a->positions));
+            json_object_set_new(o, "kl_max", json_real(a->kl_max));
+            json_object_set_new(o, "top1_agreement", json_real((double)a->top1_agree / (double)a->positions));
+            json_object_set_new(o, "greedy_agree_len_mean", json_real(a->agree_len_sum / np));
+            json_object_set_new(o, "greedy_full_agree_frac", json_real((double)a->full_agree / np));
+            json_object_set_new(o, "layer_rel_err", layers);
+            json_array_append_new(jm, o);
         }
-        json_object_set_new(root, "modes", modes);
+        json_object_set_new(root, "modes", jm);
         char *s = json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
         puts(s ? s : "{}");
         free(s);
@@ -324,41 +503,42 @@ int main(int argc, char **argv) {
     } else {
         printf("echo-eval: %s, tp %d, %d prompts (%d..%d tokens), %d greedy tokens, %d layers\n\n", model_dir, tp, np,
                ps[0].n, maxlen, gen, (int)L);
-        printf("%-6s %12s %12s %10s %18s %12s\n", "mode", "KL mean", "KL max", "top-1", "greedy agree len",
-               "full agree");
-        for (int k = 0; k < n_modes; k++) {
-            mode_acc *a = &acc[k];
-            printf("%-6s %12.3e %12.3e %9.2f%% %12.1f / %-4d %11.0f%%\n", echo_mode_name(a->mode),
-                   a->kl_sum / (double)a->positions, a->kl_max, 100.0 * (double)a->top1_agree / (double)a->positions,
-                   a->agree_len_sum / np, gen, 100.0 * (double)a->full_agree / np);
+        printf("%-6s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "G", "min_B", "ppl", "acc", "d acc",
+               "KL mean", "KL max", "top-1=", "greedy agree len", "full agree");
+        printf("%-6s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", ppl_x, 100 * acc_x, "-");
+        for (int k = 0; k < nv; k++) {
+            variant *a = &vs[k];
+            double acc = (double)a->lm.hits / (double)a->lm.scored;
+            printf("%-6s %5d %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
+                   echo_mode_name(a->mode), a->group, a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
+                   100 * (acc - acc_x), a->kl_sum / (double)a->positions, a->kl_max,
+                   100.0 * (double)a->top1_agree / (double)a->positions, a->agree_len_sum / np, gen,
+                   100.0 * (double)a->full_agree / np);
         }
-        printf("\nresidual-stream error after each layer, ||h_mode - h_exact|| / ||h_exact||\n%-6s", "layer");
-        for (int k = 0; k < n_modes; k++) printf(" %12s", echo_mode_name(acc[k].mode));
-        printf("\n");
-        for (size_t l = 0; l < L; l++) {
-            printf("%-6zu", l);
-            for (int k = 0; k < n_modes; k++)
-                printf(" %12.3e", sqrt(acc[k].layer_num[l] / (acc[k].layer_den[l] + 1e-300)));
+        if (nv) {
+            printf("\nresidual-stream error after each layer, ||h_mode - h_exact|| / ||h_exact||\n%-6s", "layer");
+            for (int k = 0; k < nv; k++) printf("  %4s/G%-4d", echo_mode_name(vs[k].mode), vs[k].group);
             printf("\n");
+            for (size_t l = 0; l < L; l++) {
+                printf("%-6zu", l);
+                for (int k = 0; k < nv; k++) printf(" %11.3e", sqrt(vs[k].layer_num[l] / (vs[k].layer_den[l] + 1e-300)));
+                printf("\n");
+            }
         }
     }
     rc = 0;
-    free(lpx);
-    free(lpm);
 fail:
     if (rc) fprintf(stderr, "echo-eval: error: %s\n", err);
-    free(rx.logits);
-    free(rm.logits);
-    free(rx.states);
-    free(rm.states);
-    free(rx.greedy);
-    free(rm.greedy);
-    for (int k = 0; k < n_modes; k++) {
-        free(acc[k].layer_num);
-        free(acc[k].layer_den);
-        eng_destroy(eng_mode[k]);
+    free(lpx);
+    free(lpm);
+    run_free(&rx, np);
+    run_free(&rm, np);
+    for (int k = 0; vs && k < nv; k++) {
+        free(vs[k].layer_num);
+        free(vs[k].layer_den);
     }
-    eng_destroy(eng_exact);
+    free(vs);
+    eng_destroy(ex);
     for (int i = 0; i < np; i++) free(ps[i].ids);
     free(ps);
     return rc;
