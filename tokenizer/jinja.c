@@ -1275,6 +1275,7 @@ typedef struct {
         loopst *lp;
         int fn;
     } u;
+    int mk; /* V_STR: a markupsafe.Markup (from safe/escape): `+` escapes the other side */
 } val;
 
 /* What a list stands for in Python: jinja2's select/map/unique/items
@@ -1341,17 +1342,17 @@ static void step(rs *R) {
 }
 
 static val vundef(const char *name, size_t n) {
-    val v = {V_UNDEF, {0}};
+    val v = {V_UNDEF, {0}, 0};
     v.u.s.p = name;
     v.u.s.n = n;
     return v;
 }
-static val vnone(void) { return (val){V_NONE, {0}}; }
-static val vbool(int b) { val v = {V_BOOL, {0}}; v.u.i = !!b; return v; }
-static val vint(int64_t i) { val v = {V_INT, {0}}; v.u.i = i; return v; }
-static val vfloat(double f) { val v = {V_FLOAT, {0}}; v.u.f = f; return v; }
+static val vnone(void) { return (val){V_NONE, {0}, 0}; }
+static val vbool(int b) { val v = {V_BOOL, {0}, 0}; v.u.i = !!b; return v; }
+static val vint(int64_t i) { val v = {V_INT, {0}, 0}; v.u.i = i; return v; }
+static val vfloat(double f) { val v = {V_FLOAT, {0}, 0}; v.u.f = f; return v; }
 static val vstr(const char *p, size_t n) {
-    val v = {V_STR, {0}};
+    val v = {V_STR, {0}, 0};
     v.u.s.p = p;
     v.u.s.n = n;
     return v;
@@ -1378,7 +1379,7 @@ static void list_push(rs *R, list *l, val v) {
     }
     l->v[l->n++] = v;
 }
-static val vlist(list *l) { val v = {V_LIST, {0}}; v.u.l = l; return v; }
+static val vlist(list *l) { val v = {V_LIST, {0}, 0}; v.u.l = l; return v; }
 
 static dict *dict_new(rs *R) { return azalloc(&R->a, sizeof(dict)); }
 static int str_eq(val a, const char *s, size_t n) { return a.u.s.n == n && (!n || !memcmp(a.u.s.p, s, n)); }
@@ -1405,7 +1406,7 @@ static void dict_set(rs *R, dict *d, val k, val v) {
     d->k[d->n] = k;
     d->v[d->n++] = v;
 }
-static val vdict(dict *d) { val v = {V_DICT, {0}}; v.u.d = d; return v; }
+static val vdict(dict *d) { val v = {V_DICT, {0}, 0}; v.u.d = d; return v; }
 
 static int is_num(val v) { return v.t == V_INT || v.t == V_BOOL || v.t == V_FLOAT; }
 static double num_f(val v) { return v.t == V_FLOAT ? v.u.f : (double)v.u.i; }
@@ -1523,7 +1524,11 @@ static void repr(rs *R, sbuf *b, val v, int depth) {
     case V_BOOL: sb_puts(&R->a, b, v.u.i ? "True" : "False"); break;
     case V_INT: sb_printf(&R->a, b, "%lld", (long long)v.u.i); break;
     case V_FLOAT: fmt_float(R, b, v.u.f, 0); break;
-    case V_STR: repr_str(R, b, v.u.s.p, v.u.s.n); break;
+    case V_STR:
+        if (v.mk) sb_puts(&R->a, b, "Markup(");
+        repr_str(R, b, v.u.s.p, v.u.s.n);
+        if (v.mk) sb_puts(&R->a, b, ")");
+        break;
     case V_LIST:
         if (v.u.l->kind == LK_GEN) FAIL(R, "cannot print a generator (jinja2 prints its address); convert it with |list");
         if (v.u.l->kind == LK_RANGE) {
@@ -1818,7 +1823,7 @@ static val lookup(rs *R, frame *f, const char *name, size_t n) {
     }
     int g = lookup_name(GLOBALS, G_N, name, n);
     if (g >= 0) {
-        val v = {V_FUNC, {0}};
+        val v = {V_FUNC, {0}, 0};
         v.u.fn = g;
         return v;
     }
@@ -1830,7 +1835,7 @@ static val vmethod(rs *R, val self, int id) {
     method *m = aalloc(&R->a, sizeof *m);
     m->self = self;
     m->id = id;
-    val v = {V_METHOD, {0}};
+    val v = {V_METHOD, {0}, 0};
     v.u.me = m;
     return v;
 }
@@ -1905,7 +1910,9 @@ static val get_item(rs *R, val obj, val key) {
         list *cs = iter_list(R, obj);
         int64_t i = norm_index(key.u.i, (int64_t)cs->n);
         if (i < 0 || i >= (int64_t)cs->n) return vundef(NULL, 0);
-        return cs->v[i];
+        val ch = cs->v[i];
+        ch.mk = obj.mk;
+        return ch;
     }
     if (key.t == V_STR) return get_attr(R, obj, key.u.s.p, key.u.s.n);
     return vundef(NULL, 0);
@@ -1951,12 +1958,25 @@ static val do_slice(rs *R, val obj, val vs, val ve, val vst) {
     if (obj.t == V_LIST) return vlist(out);
     sbuf b = {0};
     for (size_t i = 0; i < out->n; i++) sb_put(&R->a, &b, out->v[i].u.s.p, out->v[i].u.s.n);
-    return vsb(&b);
+    val r = vsb(&b);
+    r.mk = obj.mk;
+    return r;
 }
+
+static val markup_escape(rs *R, val v);
 
 static val arith(rs *R, int op, val a, val b) {
     if (a.t == V_UNDEF) undef_fail(R, a);
     if (b.t == V_UNDEF) undef_fail(R, b);
+    if (op == OP_ADD && a.t == V_STR && b.t == V_STR && (a.mk || b.mk)) {
+        a = markup_escape(R, a), b = markup_escape(R, b);
+        sbuf s = {0};
+        sb_put(&R->a, &s, a.u.s.p, a.u.s.n);
+        sb_put(&R->a, &s, b.u.s.p, b.u.s.n);
+        val r = vsb(&s);
+        r.mk = 1;
+        return r;
+    }
     if (op == OP_ADD && a.t == V_STR && b.t == V_STR) {
         sbuf s = {0};
         sb_put(&R->a, &s, a.u.s.p, a.u.s.n);
@@ -1982,7 +2002,9 @@ static val arith(rs *R, int op, val a, val b) {
             if (b.u.s.n && (uint64_t)k > J_MAX_OUTPUT / b.u.s.n) FAIL(R, "string too long");
             sbuf s = {0};
             for (int64_t i = 0; i < k; i++) step(R), sb_put(&R->a, &s, b.u.s.p, b.u.s.n);
-            return vsb(&s);
+            val r = vsb(&s);
+            r.mk = b.mk;
+            return r;
         }
         if (b.u.l->n && (uint64_t)k > 1000000 / b.u.l->n) FAIL(R, "list too long");
         list *l = list_new(R, 0);
@@ -2053,11 +2075,15 @@ static int contains(rs *R, val hay, val needle) {
         if (!needle.u.s.n) return 1;
         return memmem(hay.u.s.p, hay.u.s.n, needle.u.s.p, needle.u.s.n) != NULL;
     case V_LIST:
+        if (hay.u.l->kind == LK_KEYS && (needle.t == V_LIST || needle.t == V_DICT))
+            FAIL(R, "unhashable type: '%s'", type_name(needle));
         for (size_t i = 0; i < hay.u.l->n; i++)
             if (val_eq(R, hay.u.l->v[i], needle, 0)) return 1;
         return 0;
     case V_DICT:
-    case V_NS: return needle.t == V_STR && dict_find(hay.u.d, needle.u.s.p, needle.u.s.n) != NULL;
+    case V_NS:
+        if (needle.t == V_LIST || needle.t == V_DICT) FAIL(R, "unhashable type: '%s'", type_name(needle));
+        return needle.t == V_STR && dict_find(hay.u.d, needle.u.s.p, needle.u.s.n) != NULL;
     case V_UNDEF: return 0;
     default: FAIL(R, "argument of type '%s' is not iterable", type_name(hay)); return 0;
     }
@@ -2470,6 +2496,7 @@ static int py_float_parse(const char *buf, double *out) {
 }
 
 static val to_int_val(rs *R, val v, val dflt, int64_t base) {
+    if (v.t == V_UNDEF) undef_fail(R, v); /* int(Undefined) raises */
     if (v.t == V_INT) return v;
     if (v.t == V_BOOL) return vint(v.u.i);
     if (v.t == V_FLOAT) {
@@ -2502,6 +2529,7 @@ static val to_int_val(rs *R, val v, val dflt, int64_t base) {
 }
 
 static val to_float_val(rs *R, val v, val dflt) {
+    if (v.t == V_UNDEF) undef_fail(R, v);
     if (is_num(v)) return vfloat(num_f(v));
     if (v.t == V_STR) {
         val t = strip(R, v, vnone(), 1, 1);
@@ -2516,7 +2544,34 @@ static val to_float_val(rs *R, val v, val dflt) {
     return dflt;
 }
 
+static val markup_escape(rs *R, val v) {
+    if (v.t == V_STR && v.mk) return v;
+    val s = str_of(R, v);
+    sbuf b = {0};
+    for (size_t i = 0; i < s.u.s.n; i++) {
+        char ch = s.u.s.p[i];
+        const char *r = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&#34;" : ch == '\'' ? "&#39;" : NULL;
+        if (r) sb_puts(&R->a, &b, r);
+        else sb_put(&R->a, &b, &ch, 1);
+    }
+    val o = vsb(&b);
+    o.mk = 1;
+    return o;
+}
+
+static val apply_filter_(rs *R, int fn, val v, const callargs *c, int line);
+
+/* Filters that run str methods on their input keep a Markup a Markup. */
 static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
+    val r = apply_filter_(R, fn, v, c, line);
+    if (v.t == V_STR && v.mk && r.t == V_STR &&
+        (fn == F_UPPER || fn == F_LOWER || fn == F_CAPITALIZE || fn == F_TRIM || fn == F_STRING || fn == F_CENTER ||
+         fn == F_INDENT || fn == F_REVERSE))
+        r.mk = 1;
+    return r;
+}
+
+static val apply_filter_(rs *R, int fn, val v, const callargs *c, int line) {
     (void)line;
     step(R);
     switch (fn) {
@@ -2593,7 +2648,6 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
         check_args(R, c, 0, NULL, "last");
         if ((v.t != V_LIST && v.t != V_STR && v.t != V_DICT) || (v.t == V_LIST && v.u.l->kind == LK_GEN))
             FAIL(R, "last: '%s' object is not reversible", type_name(v));
-        if (v.t == V_DICT) FAIL(R, "last: 'dict' object is not reversible");
         list *l = iter_list(R, v);
         return l->n ? l->v[l->n - 1] : vundef(NULL, 0);
     }
@@ -2624,7 +2678,11 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
     }
     case F_ITEMS: {
         check_args(R, c, 0, NULL, "items");
-        if (v.t == V_UNDEF) return vlist(list_new(R, 0));
+        if (v.t == V_UNDEF) {
+            list *e = list_new(R, 0);
+            e->kind = LK_GEN;
+            return vlist(e);
+        }
         if (v.t != V_DICT) FAIL(R, "items: can only get item pairs from a mapping");
         list *o = list_new(R, v.u.d->n);
         for (size_t i = 0; i < v.u.d->n; i++) {
@@ -2672,7 +2730,12 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
         }
         return vsb(&b);
     }
-    case F_SAFE: check_args(R, c, 0, NULL, "safe"); return v;
+    case F_SAFE: {
+        check_args(R, c, 0, NULL, "safe");
+        val s = str_of(R, v);
+        s.mk = 1;
+        return s;
+    }
     case F_ABS:
         check_args(R, c, 0, NULL, "abs");
         if (v.t == V_FLOAT) return vfloat(fabs(v.u.f));
@@ -2720,18 +2783,7 @@ static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
         return vlist(o);
     }
     case F_ESCAPE:
-    case F_E: {
-        check_args(R, c, 0, NULL, "escape");
-        val s = str_of(R, v);
-        sbuf b = {0};
-        for (size_t i = 0; i < s.u.s.n; i++) {
-            char ch = s.u.s.p[i];
-            const char *r = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&#34;" : ch == '\'' ? "&#39;" : NULL;
-            if (r) sb_puts(&R->a, &b, r);
-            else sb_put(&R->a, &b, &ch, 1);
-        }
-        return vsb(&b);
-    }
+    case F_E: check_args(R, c, 0, NULL, "escape"); return markup_escape(R, v);
     case F_SUM: {
         static const char *const nm[] = {"attribute", "start", NULL};
         check_args(R, c, 2, nm, "sum");
@@ -2887,7 +2939,7 @@ static int run_test(rs *R, int fn, val v, const callargs *c) {
         if (v.t == V_DICT || v.t == V_NS) return v.u.d == a0.u.d;
         if (v.t == V_STR) return v.u.s.p == a0.u.s.p && v.u.s.n == a0.u.s.n;
         return val_eq(R, v, a0, 0);
-    case T_CALLABLE: return v.t == V_MACRO || v.t == V_METHOD || v.t == V_FUNC;
+    case T_CALLABLE: return v.t == V_MACRO || v.t == V_METHOD || v.t == V_FUNC || v.t == V_UNDEF; /* Undefined has __call__ */
     case T_LOWER:
     case T_UPPER: {
         v = str_of(R, v); /* str(value).islower() */
@@ -2919,7 +2971,34 @@ static void do_strftime(rs *R, sbuf *b, val fmtv) {
     sb_put(&R->a, b, out, k);
 }
 
+static val call_method_(rs *R, method *m, const callargs *c);
+
+/* Markup's str methods return Markup and escape their string arguments. */
 static val call_method(rs *R, method *m, const callargs *c) {
+    val s = m->self;
+    if (s.t != V_STR || !s.mk) return call_method_(R, m, c);
+    callargs c2 = *c;
+    if (m->id == M_REPLACE || m->id == M_JOIN) {
+        c2.pos = aalloc(&R->a, (c->npos + 1) * sizeof *c2.pos);
+        for (size_t i = 0; i < c->npos; i++) {
+            val x = c->pos[i];
+            if (m->id == M_REPLACE && i < 2 && x.t == V_STR) x = markup_escape(R, x);
+            if (m->id == M_JOIN && i == 0) {
+                list *l = iter_list(R, x), *e = list_new(R, l->n);
+                for (size_t k = 0; k < l->n; k++) list_push(R, e, markup_escape(R, l->v[k]));
+                x = vlist(e);
+            }
+            c2.pos[i] = x;
+        }
+    }
+    val r = call_method_(R, m, &c2);
+    if (r.t == V_STR) r.mk = 1;
+    if (r.t == V_LIST && (m->id == M_SPLIT || m->id == M_RSPLIT || m->id == M_SPLITLINES))
+        for (size_t i = 0; i < r.u.l->n; i++) r.u.l->v[i].mk = 1;
+    return r;
+}
+
+static val call_method_(rs *R, method *m, const callargs *c) {
     val s = m->self;
     step(R);
     switch (m->id) {
@@ -3123,7 +3202,7 @@ static val call_value(rs *R, val fn, const callargs *c, int line) {
             if (!st) FAIL(R, "range() arg 3 must not be zero");
             double cnt = st > 0 ? ceil(((double)b - (double)a) / (double)st) : ceil(((double)a - (double)b) / (double)-st);
             if (cnt > J_MAX_RANGE) FAIL(R, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", J_MAX_RANGE);
-            list *l = list_new(R, 0);
+            list *l = list_new(R, cnt > 0 ? (size_t)cnt : 0);
             for (int64_t i = a; st > 0 ? i < b : i > b; i += st) step(R), list_push(R, l, vint(i));
             l->kind = LK_RANGE;
             l->r0 = a, l->r1 = b, l->r2 = st;
@@ -3264,12 +3343,7 @@ static void exec_for(rs *R, const stmt *s, frame *f) {
             if (truthy(eval(R, s->cond, &fr))) list_push(R, kept, items->v[i]);
         }
         items = kept;
-    } else {
-        /* iterate over a snapshot so namespace edits in the body cannot change it */
-        list *copy = list_new(R, items->n);
-        for (size_t i = 0; i < items->n; i++) list_push(R, copy, items->v[i]);
-        items = copy;
-    }
+    } /* lists are never modified after they are built: no snapshot needed */
     if (!items->n) {
         exec_body(R, s->orelse, f);
         return;
@@ -3283,7 +3357,7 @@ static void exec_for(rs *R, const stmt *s, frame *f) {
         step(R);
         lp->i = i;
         fr.vars->n = 0;
-        val lv = {V_LOOP, {0}};
+        val lv = {V_LOOP, {0}, 0};
         lv.u.lp = lp;
         dict_set(R, fr.vars, vstr("loop", 4), lv);
         assign_targets(R, &fr, s, items->v[i]);
@@ -3333,7 +3407,7 @@ static void exec_body(rs *R, const stmt *s, frame *f) {
         case S_BREAK: R->brk = 1; return;
         case S_CONTINUE: R->brk = 2; return;
         case S_MACRO: {
-            val m = {V_MACRO, {0}};
+            val m = {V_MACRO, {0}, 0};
             m.u.m = s;
             dict_set(R, f->vars, vstr(s->s, s->n), m);
             break;
