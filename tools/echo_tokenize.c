@@ -1,13 +1,13 @@
 /*
  * echo-tokenize: encode/decode through tokenizer/ from the command line.
  *
- *   echo-tokenize (--model DIR | --tokenizer FILE) [--add-special] --jsonl
+ *   echo-tokenize (--model DIR|GGUF | --tokenizer FILE) [--add-special] --jsonl
  *       each stdin line is a JSON string -> one line with a JSON array of ids
- *   echo-tokenize (--model DIR | --tokenizer FILE) --decode [--skip-special] --jsonl
+ *   echo-tokenize (--model DIR|GGUF | --tokenizer FILE) --decode [--skip-special] --jsonl
  *       each stdin line is a JSON array of ids -> one line with a JSON string
- *   echo-tokenize (--model DIR | --tokenizer FILE) [--add-special]
+ *   echo-tokenize (--model DIR|GGUF | --tokenizer FILE) [--add-special]
  *       all of stdin as text -> ids separated by spaces
- *   echo-tokenize (--model DIR | --tokenizer FILE) --bench FILE [--repeat N]
+ *   echo-tokenize (--model DIR|GGUF | --tokenizer FILE) --bench FILE [--repeat N]
  *       single-thread encode throughput on FILE, whole file as one string and
  *       line by line (best of N each)
  */
@@ -17,11 +17,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/engine.h"
 #include "tokenizer/tokenizer.h"
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: echo-tokenize (--model DIR | --tokenizer FILE) [--decode] [--add-special]\n"
+            "usage: echo-tokenize (--model DIR|GGUF | --tokenizer FILE) [--decode] [--add-special]\n"
             "                     [--skip-special] [--jsonl] [--bench FILE [--repeat N]]\n");
 }
 
@@ -120,7 +121,7 @@ int main(int argc, char **argv) {
     char err[512];
     tok_tokenizer *t = NULL;
     int rc;
-    if (model) rc = tok_load_dir(model, &t, err, sizeof err);
+    if (model) rc = eng_tokenizer_load(model, &t, NULL, err, sizeof err);
     else {
         size_t n = strlen(file);
         rc = n > 6 && !strcmp(file + n - 6, ".model") ? tok_load_sentencepiece(file, &t, err, sizeof err)
