@@ -103,6 +103,9 @@ typedef struct kern_ops {
     int (*silu_mul)(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
     /* x += y elementwise. */
     int (*add)(kern_backend *be, void *x, const void *y, size_t count);
+    /* x(rows, dim) += b on every row, b a (1, dim) weight (a projection's
+     * bias: Qwen2's q/k/v). Summed in fp32, rounded once to act_dtype. */
+    int (*add_bias)(kern_backend *be, void *x, const kern_weight *b, int rows, int dim);
 
     /* ---- fused ops (the GPU path's launch count; each is defined as the
      * unfused sequence it replaces, and the cpu twin computes exactly that) ---- */

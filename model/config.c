@@ -163,6 +163,7 @@ int model_config_parse(const char *config_json, const char *generation_json, mod
     if (!fam) goto out;
     cfg->arch = fam->name;
     cfg->qk_norm = fam->qk_norm;
+    cfg->qkv_bias = fam->qkv_bias;
     if (cfg_int(root, "vocab_size", 1, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size, err, errlen) ||
         cfg_int(root, "hidden_size", 1, 0, 1, CFG_MAX_DIM, &cfg->hidden_size, err, errlen) ||
         cfg_int(root, "intermediate_size", 1, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size, err, errlen) ||
@@ -393,6 +394,7 @@ int model_config_from_gguf(const weights_set *ws, model_config *cfg, char *err, 
     }
     cfg->arch = fam->name;
     cfg->qk_norm = fam->qk_norm;
+    cfg->qkv_bias = fam->qkv_bias;
     if (gguf_int(ws, arch, "embedding_length", 1, 0, 1, CFG_MAX_DIM, &cfg->hidden_size, err, errlen) ||
         gguf_int(ws, arch, "feed_forward_length", 1, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size, err, errlen) ||
         gguf_int(ws, arch, "block_count", 1, 0, 1, CFG_MAX_LAYERS, &cfg->num_layers, err, errlen) ||

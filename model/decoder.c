@@ -34,6 +34,7 @@ typedef struct layer_w {
     kern_weight wv;        /* (hkv_local*hd, hidden) */
     kern_weight wo;        /* (hidden, hq_local*hd)   column slice, ld = hq*hd */
     kern_weight q_norm;    /* (1, hd) */
+    kern_weight bq, bk, bv; /* (1, hq_local*hd), (1, hkv_local*hd) x 2: qkv_bias families */
     kern_weight k_norm;    /* (1, hd) */
     kern_weight mlp_norm;  /* (1, hidden) */
     kern_weight wg;        /* (inter_local, hidden) */
@@ -142,7 +143,8 @@ int model_check_tp(const model_config *c, int tp, char *err, size_t errlen) {
 /* The tensors of a decoder, by their names in each checkpoint format
  * (printf patterns taking the layer). */
 typedef enum tkind {
-    T_EMBED, T_NORM, T_HEAD, T_ATTN_NORM, T_Q, T_K, T_V, T_O, T_QN, T_KN, T_MLP_NORM, T_GATE, T_UP, T_DOWN
+    T_EMBED, T_NORM, T_HEAD, T_ATTN_NORM, T_Q, T_K, T_V, T_O, T_QN, T_KN, T_MLP_NORM, T_GATE, T_UP, T_DOWN,
+    T_BQ, T_BK, T_BV
 } tkind;
 static const struct {
     const char *hf, *gguf;
@@ -161,6 +163,9 @@ static const struct {
     [T_GATE] = {"model.layers.%d.mlp.gate_proj.weight", "blk.%d.ffn_gate.weight"},
     [T_UP] = {"model.layers.%d.mlp.up_proj.weight", "blk.%d.ffn_up.weight"},
     [T_DOWN] = {"model.layers.%d.mlp.down_proj.weight", "blk.%d.ffn_down.weight"},
+    [T_BQ] = {"model.layers.%d.self_attn.q_proj.bias", "blk.%d.attn_q.bias"},
+    [T_BK] = {"model.layers.%d.self_attn.k_proj.bias", "blk.%d.attn_k.bias"},
+    [T_BV] = {"model.layers.%d.self_attn.v_proj.bias", "blk.%d.attn_v.bias"},
 };
 
 static void tensor_name(const model *m, tkind k, int layer, char *buf, size_t len) {
@@ -468,12 +473,17 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
             {T_GATE, I, H, i0, in, 0, H, 0, &L->wg},
             {T_UP, I, H, i0, in, 0, H, 0, &L->wu},
             {T_DOWN, H, I, 0, H, i0, in, 0, &L->wd},
-            /* families without q/k norms end the list here */
+            /* optional per family: q/k norms, q/k/v biases (slices of the
+             * vectors: a 1 x n "matrix" sliced by columns) */
             {T_QN, 0, hd, 0, 1, 0, hd, 0, &L->q_norm},
             {T_KN, 0, hd, 0, 1, 0, hd, 0, &L->k_norm},
+            {T_BQ, 0, qd, 0, 1, q0, qn, 0, &L->bq},
+            {T_BK, 0, kvd, 0, 1, k0, kn, 0, &L->bk},
+            {T_BV, 0, kvd, 0, 1, k0, kn, 0, &L->bv},
         };
-        size_t n_spec = sizeof spec / sizeof *spec - (c->qk_norm ? 0 : 2);
-        for (size_t i = 0; i < n_spec; i++) {
+        for (size_t i = 0; i < sizeof spec / sizeof *spec; i++) {
+            if ((spec[i].kind == T_QN || spec[i].kind == T_KN) && !c->qk_norm) continue;
+            if ((spec[i].kind == T_BQ || spec[i].kind == T_BK || spec[i].kind == T_BV) && !c->qkv_bias) continue;
             tensor_name(m, spec[i].kind, l, name, sizeof name);
             if (load_slice_perm(m, ws, name, spec[i].rows, spec[i].cols, spec[i].r0, spec[i].nr, spec[i].c0,
                                 spec[i].nc, spec[i].perm, spec[i].w, err, errlen))
@@ -760,6 +770,11 @@ static int forward_ops(model *m, const model_batch *b, int n, const int32_t *pos
             OP(ops->matmul(be, q, sc->h, &L->wq, n));
             OP(ops->matmul(be, k, sc->h, &L->wk, n));
             OP(ops->matmul(be, v, sc->h, &L->wv, n));
+        }
+        if (c->qkv_bias) {
+            OP(ops->add_bias(be, q, &L->bq, n, (int)qd));
+            OP(ops->add_bias(be, k, &L->bk, n, (int)kvd));
+            OP(ops->add_bias(be, v, &L->bv, n, (int)kvd));
         }
         if (c->qk_norm) {
             OP(ops->qk_norm_rope(be, q, k, &L->q_norm, &L->k_norm, pos, n, hq, hkv, hd, c->rms_norm_eps,

@@ -4,7 +4,8 @@
 
 #include "model/family.h"
 
-static const model_family *const families[] = {&model_family_qwen3, &model_family_llama};
+static const model_family *const families[] = {&model_family_qwen3, &model_family_llama,
+                                                  &model_family_qwen2};
 
 #define N_FAMILIES (sizeof families / sizeof *families)
 

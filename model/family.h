@@ -19,6 +19,7 @@ typedef struct model_family {
     const char *hf_type;   /* config.json "model_type" */
     const char *gguf_arch; /* GGUF general.architecture; its keys are "<gguf_arch>.<key>" */
     int qk_norm;           /* q_norm/k_norm: RMSNorm per head before RoPE */
+    int qkv_bias;          /* q/k/v projections carry biases */
     /* llama.cpp's converter interleaves the two rotary halves of every q/k
      * head row-wise for this family; loading a GGUF undoes it. */
     int gguf_permute_qk;
@@ -29,6 +30,7 @@ typedef struct model_family {
 
 extern const model_family model_family_qwen3;
 extern const model_family model_family_llama;
+extern const model_family model_family_qwen2;
 
 /* The family whose name, HF architecture, HF model_type or GGUF
  * architecture is `key`; NULL if none. */

@@ -1,5 +1,5 @@
 /*
- * model/ — decoder-only transformer families (Qwen3, Llama): configuration
+ * model/ — decoder-only transformer families (Qwen3, Llama, Qwen2): configuration
  * and forward pass.
  *
  * Contract
@@ -17,7 +17,8 @@
  *     only calls the op table, and comm/ for the two row-parallel
  *     all-reduces per layer.
  *   - HF semantics: RMSNorm (fp32, no +1); q_norm/k_norm per head over
- *     head_dim before RoPE where the family has them (qk_norm); NEOX RoPE
+ *     head_dim before RoPE where the family has them (qk_norm); q/k/v
+ *     biases where it has them (qkv_bias); NEOX RoPE
  *     (a Llama GGUF's interleaved q/k rows are permuted back at load);
  *     causal GQA attention scaled by head_dim^-0.5; SiLU-gated MLP; final
  *     norm; lm_head or tied embeddings.
@@ -54,8 +55,9 @@ typedef struct model_config {
     int n_eos;
     int32_t eos_ids[MODEL_MAX_EOS];
     /* The family (model/arch/) and the parts of the block it changes. */
-    const char *arch; /* "qwen3", "llama" (static string) */
+    const char *arch; /* "qwen3", "llama", "qwen2" (static string) */
     int qk_norm;      /* per-head q/k RMSNorm before RoPE */
+    int qkv_bias;     /* biases on the q/k/v projections */
 } model_config;
 
 /* Parse `dir`/config.json (+ generation_config.json when present), or the

@@ -95,6 +95,7 @@ static const kern_ops cpu_ops = {
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .add_bias = cpu_add_bias,
     .add_rmsnorm = cpu_add_rmsnorm,
     .qk_norm_rope = cpu_qk_norm_rope,
     .logits_topk = cpu_logits_topk,

@@ -3,6 +3,7 @@
  * matmuls, so they run on the calling thread.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -30,6 +31,20 @@ int cpu_add(kern_backend *be, void *x, const void *y, size_t count) {
     float *a = x;
     const float *b = y;
     for (size_t i = 0; i < count; i++) a[i] += b[i];
+    return 0;
+}
+
+int cpu_add_bias(kern_backend *be, void *x, const kern_weight *b, int rows, int dim) {
+    if (b->rows != 1 || b->cols != dim)
+        return kern_fail(be, "add_bias: bias is (%lld, %lld), expected (1, %d)", (long long)b->rows,
+                         (long long)b->cols, dim);
+    float *bf = malloc((size_t)(dim > 0 ? dim : 1) * sizeof *bf);
+    if (!bf) return kern_fail(be, "add_bias: out of memory");
+    cpu_load_rows(bf, b, 0, 1);
+    float *a = x;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < dim; i++) a[(size_t)r * dim + i] += bf[i];
+    free(bf);
     return 0;
 }
 

@@ -327,6 +327,7 @@ int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, c
                    int hq, int hkv, int hd, float scale);
 int cuda_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
 int cuda_add(kern_backend *be, void *x, const void *y, size_t count);
+int cuda_add_bias(kern_backend *be, void *x, const kern_weight *b, int rows, int dim);
 int cuda_add_rmsnorm(kern_backend *be, void *x, const void *y, void *out, const kern_weight *w, int rows, int dim,
                      float eps);
 int cuda_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw, const kern_weight *kw,

@@ -328,6 +328,7 @@ static const kern_ops cuda_ops = {
     cuda_attention,     /* attention */
     cuda_silu_mul,      /* silu_mul */
     cuda_add,           /* add */
+    cuda_add_bias,      /* add_bias */
     cuda_add_rmsnorm,   /* add_rmsnorm */
     cuda_qk_norm_rope,  /* qk_norm_rope */
     cuda_logits_topk,   /* logits_topk */

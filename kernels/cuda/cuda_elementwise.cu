@@ -11,6 +11,8 @@
  *   - silu_mul: out = silu(gate) * up, silu(x) = x / (1 + e^-x), in fp32
  *     with the precise expf, rounded to bf16. In place OK (elementwise).
  *   - add: x += y, summed in fp32, rounded to bf16.
+ *   - add_bias: x(rows, dim) += b per row (b a dense (1, dim) bf16 device
+ *     weight), summed in fp32, rounded to bf16.
  * All enqueued on the stream; grid-stride loops over size_t counts.
  */
 #include "kernels/cuda/cuda.h"
@@ -34,6 +36,27 @@ __global__ void __launch_bounds__(CUDA_THREADS)
 __global__ void __launch_bounds__(CUDA_THREADS) cuda_add_kernel(bf16 *x, const bf16 *y, size_t count) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
         x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + __bfloat162float(y[i]));
+}
+
+__global__ void __launch_bounds__(CUDA_THREADS)
+    cuda_add_bias_kernel(bf16 *x, const bf16 *b, size_t count, int64_t dim) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + __bfloat162float(b[i % (size_t)dim]));
+}
+
+int cuda_add_bias(kern_backend *be, void *x, const kern_weight *b, int rows, int dim) {
+    if (cuda_check_weight(be, "add_bias", b)) return -1;
+    if (b->rows != 1 || b->cols != dim)
+        return kern_fail(be, "add_bias: bias is (%lld, %lld), expected (1, %d)", (long long)b->rows,
+                         (long long)b->cols, dim);
+    size_t count = (size_t)(rows > 0 ? rows : 0) * (size_t)(dim > 0 ? dim : 0);
+    if (count == 0) return 0;
+    if (cuda_enter(be)) return -1;
+    if (cuda_replaying(be)) return 0;
+    cuda_add_bias_kernel<<<cuda_blocks(count, CUDA_THREADS), CUDA_THREADS, 0, cuda_get(be)->stream>>>(
+        (bf16 *)x, (const bf16 *)b->data, count, (int64_t)dim);
+    CUDA_LAUNCH_TRY(be, "cuda_add_bias_kernel");
+    return 0;
 }
 
 int cuda_embedding(kern_backend *be, void *out, const kern_weight *table, const int32_t *ids, int n) {

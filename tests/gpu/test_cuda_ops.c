@@ -503,6 +503,28 @@ fail:
     return h;
 }
 
+typedef struct bias_case {
+    const float *x; /* (rows, dim) */
+    kern_weight b;  /* (1, dim) */
+    int rows, dim;
+} bias_case;
+
+static float *run_add_bias(bk *b, void *arg, size_t *n) {
+    bias_case *c = arg;
+    kern_weight dev = {0};
+    void *x = NULL;
+    float *h = NULL;
+    BK_TRY(b, b->ops->upload_weight(b->be, &c->b, &dev));
+    if (!(x = act_from_host(b, c->x, c->rows, c->dim, c->rows))) goto fail;
+    BK_TRY(b, b->ops->add_bias(b->be, x, &dev, c->rows, c->dim));
+    *n = (size_t)c->rows * c->dim;
+    h = to_host(b, x, *n);
+fail:
+    release(b, x);
+    if (dev.data) b->ops->free_weight(b->be, &dev);
+    return h;
+}
+
 typedef struct copy_case {
     const float *src; /* (rows, cols) */
     int rows, cols, dst_row, overlap;
@@ -1117,6 +1139,21 @@ static void bench_attention(int small) {
     fflush(stdout);
 }
 
+/* Qwen2's q/k/v bias: one row (decode), many rows, an odd width. */
+static void test_add_bias(void) {
+    const int rows[] = {1, 37, 5}, dims[] = {1024, 256, 33};
+    char shape[128];
+    for (int k = 0; k < 3; k++) {
+        float *x = rand_f32((size_t)rows[k] * dims[k], 4.0f), *bv = rand_f32((size_t)dims[k], 1.0f);
+        bias_case c = {x, {bv, KERN_F32, 1, dims[k], 0}, rows[k], dims[k]};
+        snprintf(shape, sizeof shape, "(%d, %d)", rows[k], dims[k]);
+        if (!emu_skip("add_bias", shape, (double)rows[k] * dims[k], EMU_MAX_ELEMS))
+            compare("add_bias", shape, run_add_bias, &c, TOL);
+        free(x);
+        free(bv);
+    }
+}
+
 static void test_elementwise(void) {
     const int ns[] = {1, 37};
     char shape[128];
@@ -1669,6 +1706,7 @@ int main(int argc, char **argv) {
     test_graph_restage();
     test_attention();
     test_elementwise();
+    test_add_bias();
     test_copy();
     test_add_rmsnorm();
     test_qk_norm_rope();
