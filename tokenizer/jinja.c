@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ctype.h>
 #include <strings.h>
 #include <time.h>
 
@@ -323,21 +324,42 @@ static size_t lex_tag(parser *p, const char *src, size_t n, size_t i, int *line,
             t->s = src + i;
             t->n = j - i;
             i = j;
+        } else if (c == '0' && i + 2 < n && strchr("xXoObB", src[i + 1]) && src[i + 1] &&
+                   (isxdigit((unsigned char)src[i + 2]) || src[i + 2] == '_')) {
+            /* 0x / 0o / 0b literals */
+            int base = (src[i + 1] | 32) == 'x' ? 16 : (src[i + 1] | 32) == 'o' ? 8 : 2;
+            size_t j = i + 2;
+            uint64_t v = 0;
+            int any = 0;
+            for (; j < n; j++) {
+                int d = src[j] == '_' ? -2 : is_digit(src[j]) ? src[j] - '0' : isxdigit((unsigned char)src[j]) ? (src[j] | 32) - 'a' + 10 : -1;
+                if (d == -2) continue;
+                if (d < 0 || d >= base) break;
+                if (v > (uint64_t)INT64_MAX / (uint64_t)base) perr(p, *line, "unsupported construct: integer literal too large");
+                v = v * (uint64_t)base + (uint64_t)d;
+                any = 1;
+            }
+            if (!any || v > (uint64_t)INT64_MAX) perr(p, *line, "invalid integer literal");
+            token *t = push_tok(p, TK_INT, *line);
+            t->i = (int64_t)v;
+            i = j;
         } else if (is_digit(c)) {
-            /* integer / float with '_' separators, as jinja2's lexer */
+            /* integer / float with '_' separators, as jinja2's lexer; no
+             * float right after a '.' (x.0.1 is two subscripts) */
+            int after_dot = p->n && p->t[p->n - 1].type == TK_OP && p->t[p->n - 1].n == 1 && p->t[p->n - 1].s[0] == '.';
             size_t j = i;
             char num[80];
             size_t k = 0;
             int isf = 0;
             while (j < n && (is_digit(src[j]) || (src[j] == '_' && j + 1 < n && is_digit(src[j + 1]))))
                 if (src[j++] != '_' && k < sizeof num - 8) num[k++] = src[j - 1];
-            if (j + 1 < n && src[j] == '.' && is_digit(src[j + 1])) {
+            if (!after_dot && j + 1 < n && src[j] == '.' && is_digit(src[j + 1])) {
                 isf = 1;
                 num[k++] = src[j++];
                 while (j < n && (is_digit(src[j]) || (src[j] == '_' && j + 1 < n && is_digit(src[j + 1]))))
                     if (src[j++] != '_' && k < sizeof num - 8) num[k++] = src[j - 1];
             }
-            if (j < n && (src[j] == 'e' || src[j] == 'E')) {
+            if (!after_dot && j < n && (src[j] == 'e' || src[j] == 'E')) {
                 size_t e = j + 1;
                 if (e < n && (src[e] == '+' || src[e] == '-')) e++;
                 if (e < n && is_digit(src[e])) {
@@ -522,14 +544,14 @@ enum {
     F_TRIM, F_TOJSON, F_LENGTH, F_COUNT, F_UPPER, F_LOWER, F_CAPITALIZE, F_TITLE, F_REPLACE, F_JOIN,
     F_FIRST, F_LAST, F_DEFAULT, F_D, F_STRING, F_INT, F_FLOAT, F_LIST, F_ITEMS, F_SELECTATTR,
     F_REJECTATTR, F_SELECT, F_REJECT, F_MAP, F_INDENT, F_SAFE, F_ABS, F_ROUND, F_UNIQUE, F_REVERSE,
-    F_ESCAPE, F_E, F_SUM, F_MIN, F_MAX, F_SORT, F_DICTSORT, F_WORDCOUNT, F_CENTER,
+    F_ESCAPE, F_E, F_SUM, F_MIN, F_MAX, F_SORT, F_DICTSORT, F_WORDCOUNT, F_CENTER, F_FORMAT,
     F_N
 };
 static const char *const FILTERS[] = {
     "trim", "tojson", "length", "count", "upper", "lower", "capitalize", "title", "replace", "join",
     "first", "last", "default", "d", "string", "int", "float", "list", "items", "selectattr",
     "rejectattr", "select", "reject", "map", "indent", "safe", "abs", "round", "unique", "reverse",
-    "escape", "e", "sum", "min", "max", "sort", "dictsort", "wordcount", "center",
+    "escape", "e", "sum", "min", "max", "sort", "dictsort", "wordcount", "center", "format",
 };
 
 enum {
@@ -1309,12 +1331,12 @@ static const char *const GLOBALS[] = {"raise_exception", "strftime_now", "namesp
 enum {
     M_STRIP, M_LSTRIP, M_RSTRIP, M_SPLIT, M_RSPLIT, M_STARTSWITH, M_ENDSWITH, M_UPPER, M_LOWER,
     M_REPLACE, M_TITLE, M_CAPITALIZE, M_FIND, M_COUNT, M_SPLITLINES, M_JOIN, M_ISDIGIT, M_ISALPHA,
-    M_ISSPACE, M_ITEMS, M_KEYS, M_VALUES, M_GET, M_CYCLE, M_MUTATE, M_N
+    M_ISSPACE, M_FORMAT, M_ITEMS, M_KEYS, M_VALUES, M_GET, M_CYCLE, M_MUTATE, M_N
 };
 static const char *const STR_METHODS[] = {
     "strip", "lstrip", "rstrip", "split", "rsplit", "startswith", "endswith", "upper", "lower",
     "replace", "title", "capitalize", "find", "count", "splitlines", "join", "isdigit", "isalpha",
-    "isspace", NULL};
+    "isspace", "format", NULL};
 static const char *const DICT_METHODS[] = {"items", "keys", "values", "get", NULL};
 static const char *const MUTATING[] = {"append", "pop", "update", "insert", "extend", "remove", "clear",
                                         "setdefault", "popitem", "sort", "reverse", NULL};
@@ -1857,7 +1879,7 @@ static val get_attr(rs *R, val obj, const char *name, size_t n) {
         break;
     }
     case V_STR: {
-        int m = lookup_name(STR_METHODS, M_ISSPACE + 1, name, n);
+        int m = lookup_name(STR_METHODS, M_FORMAT + 1, name, n);
         if (m >= 0) return vmethod(R, obj, m);
         break;
     }
@@ -1964,6 +1986,7 @@ static val do_slice(rs *R, val obj, val vs, val ve, val vst) {
 }
 
 static val markup_escape(rs *R, val v);
+static val py_percent(rs *R, val fmt, val args);
 
 static val arith(rs *R, int op, val a, val b) {
     if (a.t == V_UNDEF) undef_fail(R, a);
@@ -1992,6 +2015,7 @@ static val arith(rs *R, int op, val a, val b) {
         for (size_t i = 0; i < b.u.l->n; i++) list_push(R, l, b.u.l->v[i]);
         return vlist(l);
     }
+    if (op == OP_MOD && a.t == V_STR) return py_percent(R, a, b);
     if (op == OP_MUL && ((a.t == V_STR || a.t == V_LIST) && (b.t == V_INT || b.t == V_BOOL))) {
         val t = a;
         a = b, b = t;
@@ -2561,6 +2585,168 @@ static val markup_escape(rs *R, val v) {
 
 static val apply_filter_(rs *R, int fn, val v, const callargs *c, int line);
 
+static void pad_to(rs *R, sbuf *b, val s, int64_t width, int left) {
+    int64_t len = (int64_t)u8len(s.u.s.p, s.u.s.n);
+    if (!left) for (int64_t i = len; i < width; i++) sb_puts(&R->a, b, " ");
+    sb_put(&R->a, b, s.u.s.p, s.u.s.n);
+    if (left) for (int64_t i = len; i < width; i++) sb_puts(&R->a, b, " ");
+}
+
+/* Python's printf-style `fmt % args`: %[(key)][flags][width][.prec]type
+ * with types s r d i u f F e E g G x X o c and %%. */
+static val py_percent(rs *R, val fmt, val args) {
+    list *pos = NULL;
+    dict *map = NULL;
+    if (args.t == V_LIST && args.u.l->tuple) pos = args.u.l;
+    else if (args.t == V_DICT) map = args.u.d;
+    size_t next = 0;
+    int used_single = 0;
+    sbuf b = {0};
+    const char *p = fmt.u.s.p, *e = p + fmt.u.s.n;
+    while (p < e) {
+        const char *q = memchr(p, '%', (size_t)(e - p));
+        if (!q) q = e;
+        sb_put(&R->a, &b, p, (size_t)(q - p));
+        if (q == e) break;
+        p = q + 1;
+        if (p == e) FAIL(R, "incomplete format");
+        if (*p == '%') { sb_puts(&R->a, &b, "%"); p++; continue; }
+        val arg;
+        if (*p == '(') {
+            const char *k = memchr(p, ')', (size_t)(e - p));
+            if (!k || !map) FAIL(R, "format requires a mapping");
+            val *x = dict_find(map, p + 1, (size_t)(k - p - 1));
+            if (!x) FAIL(R, "KeyError in format: '%.*s'", (int)(k - p - 1), p + 1);
+            arg = *x;
+            p = k + 1;
+        } else if (pos) {
+            if (next >= pos->n) FAIL(R, "not enough arguments for format string");
+            arg = pos->v[next++];
+        } else {
+            if (used_single++) FAIL(R, "not enough arguments for format string");
+            arg = args;
+        }
+        char flags[8];
+        int nf = 0;
+        while (p < e && strchr("-+ #0", *p) && nf < 6) flags[nf++] = *p++;
+        flags[nf] = 0;
+        int64_t width = -1, prec = -1;
+        if (p < e && *p == '*') FAIL(R, "unsupported construct: '*' width in format");
+        while (p < e && is_digit(*p)) width = (width < 0 ? 0 : width) * 10 + (*p++ - '0'), width = width > 4096 ? 4096 : width;
+        if (p < e && *p == '.') {
+            p++;
+            prec = 0;
+            while (p < e && is_digit(*p)) prec = prec * 10 + (*p++ - '0'), prec = prec > 300 ? 300 : prec;
+        }
+        if (p == e) FAIL(R, "incomplete format");
+        char t = *p++;
+        int left = strchr(flags, '-') != NULL;
+        if (t == 's' || t == 'r') {
+            sbuf tmp = {0};
+            if (t == 's') to_str(R, &tmp, arg, 0);
+            else repr(R, &tmp, arg, 0);
+            val sv = vsb(&tmp);
+            if (prec >= 0) { /* precision truncates characters */
+                list *cs = iter_list(R, sv);
+                size_t cut = 0;
+                for (int64_t i = 0; i < prec && (size_t)i < cs->n; i++) cut += cs->v[i].u.s.n;
+                sv.u.s.n = cut;
+            }
+            pad_to(R, &b, sv, width, left);
+            continue;
+        }
+        if (arg.t == V_UNDEF) undef_fail(R, arg);
+        if (!is_num(arg)) FAIL(R, "%%%c format: a real number is required, not %s", t, type_name(arg));
+        char spec[32], out[400];
+        int k;
+        if (strchr("diuxXoc", t)) {
+            int64_t iv;
+            if (arg.t == V_FLOAT) {
+                if (t != 'd' && t != 'i' && t != 'u') FAIL(R, "%%%c format: an integer is required, not float", t);
+                if (!isfinite(arg.u.f) || fabs(arg.u.f) >= 9.2e18) FAIL(R, "integer overflow");
+                iv = (int64_t)arg.u.f;
+            } else {
+                iv = arg.u.i;
+            }
+            if (t == 'c') {
+                if (iv < 0 || iv > 0x10FFFF) FAIL(R, "%%c arg not in range(0x110000)");
+                char u[4];
+                pad_to(R, &b, vstr(u, u8enc((int32_t)iv, u)), width, left);
+                continue;
+            }
+            char ct = t == 'i' || t == 'u' ? 'd' : t;
+            int neg = iv < 0;
+            uint64_t mag = neg ? (uint64_t)0 - (uint64_t)iv : (uint64_t)iv;
+            if (ct == 'd') snprintf(spec, sizeof spec, "%%%s%s*.*llu", flags, "");
+            else snprintf(spec, sizeof spec, "%%%s*.*ll%c", flags, ct);
+            /* sign handled here because C's %x/%o are unsigned */
+            char digits[80];
+            snprintf(digits, sizeof digits, ct == 'd' ? "%llu" : ct == 'x' ? "%llx" : ct == 'X' ? "%llX" : "%llo", (unsigned long long)mag);
+            const char *sign = neg ? "-" : strchr(flags, '+') ? "+" : strchr(flags, ' ') ? " " : "";
+            const char *pre = strchr(flags, '#') ? (ct == 'x' ? "0x" : ct == 'X' ? "0X" : ct == 'o' ? "0o" : "") : "";
+            int64_t nd = (int64_t)strlen(digits), zeros = prec > nd ? prec - nd : 0;
+            int64_t body = (int64_t)strlen(sign) + (int64_t)strlen(pre) + zeros + nd;
+            int zero_pad = strchr(flags, '0') && !left;
+            if (!left && !zero_pad) for (int64_t i = body; i < width; i++) sb_puts(&R->a, &b, " ");
+            sb_puts(&R->a, &b, sign);
+            sb_puts(&R->a, &b, pre);
+            if (zero_pad) for (int64_t i = body; i < width; i++) sb_puts(&R->a, &b, "0");
+            for (int64_t i = 0; i < zeros; i++) sb_puts(&R->a, &b, "0");
+            sb_puts(&R->a, &b, digits);
+            if (left) for (int64_t i = body; i < width; i++) sb_puts(&R->a, &b, " ");
+            continue;
+        }
+        if (!strchr("fFeEgG", t)) FAIL(R, "unsupported format character '%c'", t);
+        snprintf(spec, sizeof spec, "%%%s*.*%c", flags, t);
+        k = snprintf(out, sizeof out, spec, (int)(width < 0 ? 0 : width), (int)(prec < 0 ? 6 : prec), num_f(arg));
+        if (k < 0 || (size_t)k >= sizeof out) FAIL(R, "formatted number too long");
+        sb_put(&R->a, &b, out, (size_t)k);
+    }
+    if ((pos && next < pos->n) || (!pos && !map && !used_single && args.t != V_DICT))
+        FAIL(R, "not all arguments converted during string formatting");
+    return vsb(&b);
+}
+
+/* str.format with {}, {N} and {name} fields (no format specs). */
+static val py_format(rs *R, val fmt, const callargs *c) {
+    sbuf b = {0};
+    const char *p = fmt.u.s.p, *e = p + fmt.u.s.n;
+    size_t auto_i = 0;
+    while (p < e) {
+        if (*p == '{' && p + 1 < e && p[1] == '{') { sb_puts(&R->a, &b, "{"); p += 2; continue; }
+        if (*p == '}' && p + 1 < e && p[1] == '}') { sb_puts(&R->a, &b, "}"); p += 2; continue; }
+        if (*p == '}') FAIL(R, "Single '}' encountered in format string");
+        if (*p != '{') { sb_put(&R->a, &b, p++, 1); continue; }
+        const char *k = memchr(p, '}', (size_t)(e - p));
+        if (!k) FAIL(R, "Single '{' encountered in format string");
+        const char *f = p + 1;
+        size_t n = (size_t)(k - f);
+        for (size_t i = 0; i < n; i++)
+            if (f[i] == ':' || f[i] == '!' || f[i] == '.' || f[i] == '[')
+                FAIL(R, "unsupported construct: format field '{%.*s}'", (int)(n > 40 ? 40 : n), f);
+        val arg;
+        if (!n || is_digit(f[0])) {
+            size_t idx = 0;
+            if (!n) idx = auto_i++;
+            else for (size_t i = 0; i < n; i++) {
+                if (!is_digit(f[i]) || idx > 100000) FAIL(R, "bad format field");
+                idx = idx * 10 + (size_t)(f[i] - '0');
+            }
+            if (idx >= c->npos) FAIL(R, "Replacement index %zu out of range for positional args tuple", idx);
+            arg = c->pos[idx];
+        } else {
+            arg = vundef(NULL, 0);
+            int found = 0;
+            for (size_t i = 0; i < c->nkw; i++)
+                if (c->kw[i].nlen == n && !memcmp(c->kw[i].name, f, n)) arg = c->kwv[i], found = 1;
+            if (!found) FAIL(R, "KeyError in format: '%.*s'", (int)(n > 40 ? 40 : n), f);
+        }
+        to_str(R, &b, arg, 0);
+        p = k + 1;
+    }
+    return vsb(&b);
+}
+
 /* Filters that run str methods on their input keep a Markup a Markup. */
 static val apply_filter(rs *R, int fn, val v, const callargs *c, int line) {
     val r = apply_filter_(R, fn, v, c, line);
@@ -2784,6 +2970,22 @@ static val apply_filter_(rs *R, int fn, val v, const callargs *c, int line) {
     }
     case F_ESCAPE:
     case F_E: check_args(R, c, 0, NULL, "escape"); return markup_escape(R, v);
+    case F_FORMAT: {
+        /* jinja2: soft_str(value) % (kwargs or args) */
+        if (c->npos && c->nkw) FAIL(R, "can't handle positional and keyword arguments at the same time");
+        val fmtv = str_of(R, v), args;
+        if (c->nkw) {
+            dict *d = dict_new(R);
+            for (size_t i = 0; i < c->nkw; i++) dict_set(R, d, vstr(c->kw[i].name, c->kw[i].nlen), c->kwv[i]);
+            args = vdict(d);
+        } else {
+            list *t = list_new(R, c->npos);
+            t->tuple = 1;
+            for (size_t i = 0; i < c->npos; i++) list_push(R, t, c->pos[i]);
+            args = vlist(t);
+        }
+        return py_percent(R, fmtv, args);
+    }
     case F_SUM: {
         static const char *const nm[] = {"attribute", "start", NULL};
         check_args(R, c, 2, nm, "sum");
@@ -3058,6 +3260,7 @@ static val call_method_(rs *R, method *m, const callargs *c) {
         for (const char *p = s.u.s.p, *e = p + s.u.s.n, *q; (q = memmem(p, (size_t)(e - p), x.u.s.p, x.u.s.n)); p = q + x.u.s.n) k++;
         return vint(k);
     }
+    case M_FORMAT: return py_format(R, s, c);
     case M_SPLITLINES: check_args(R, c, 0, NULL, "splitlines"); return vlist(splitlines(R, s.u.s.p, s.u.s.n));
     case M_JOIN: {
         check_args(R, c, 1, NULL, "join");
