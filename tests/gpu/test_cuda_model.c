@@ -103,10 +103,14 @@ static double rel_err(const float *a, const float *b, size_t n) {
 }
 
 /* *tol = max(TOL, the fixture's hf_bf16_max_rel_err) (TOL when absent). */
+/* `dir`: a fixture folder, or the model.gguf inside one. */
 static int load_prompts(const char *dir, prompt **out, int *n, double *tol) {
-    char path[1024];
+    char path[1024], folder[1024];
     json_error_t je;
-    snprintf(path, sizeof path, "%.1000s/reference.json", dir);
+    snprintf(folder, sizeof folder, "%.1000s", dir);
+    size_t fl = strlen(folder);
+    if (fl > 11 && !strcmp(folder + fl - 11, "/model.gguf")) folder[fl - 11] = 0;
+    snprintf(path, sizeof path, "%.1000s/reference.json", folder);
     json_t *root = json_load_file(path, 0, &je);
     if (!root) {
         printf("%s: %s\n", path, je.text);
@@ -570,7 +574,11 @@ static void test_graphs_random(const char *dev) {
 }
 
 static void test_model(const char *dir, const char *dev) {
-    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    char label[512];
+    snprintf(label, sizeof label, "%s", dir);
+    size_t ll = strlen(label);
+    if (ll > 11 && !strcmp(label + ll - 11, "/model.gguf")) label[ll - 11] = 0; /* name GGUF fixtures by folder */
+    const char *name = strrchr(label, '/') ? strrchr(label, '/') + 1 : label;
     prompt *ps = NULL;
     int np = 0;
     double tol = TOL;
@@ -598,7 +606,8 @@ static void test_model(const char *dir, const char *dev) {
     static const struct {
         int tp;
         echo_mode mode;
-    } runs[] = {{1, ECHO_MODE_EXACT}, {2, ECHO_MODE_EXACT}, {4, ECHO_MODE_EXACT}, {4, ECHO_MODE_ECHO}};
+    } runs[] = {{1, ECHO_MODE_EXACT}, {2, ECHO_MODE_EXACT}, {3, ECHO_MODE_EXACT}, {4, ECHO_MODE_EXACT},
+                {4, ECHO_MODE_ECHO}};
     for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
         int tp = runs[r].tp;
         char what[64];
@@ -704,7 +713,11 @@ int main(int argc, char **argv) {
             struct stat st;
             if (de->d_name[0] == '.' || strlen(de->d_name) > 400) continue;
             snprintf(cfg, sizeof cfg, "%s/%s/reference.json", MODELS_DIR, de->d_name);
-            if (stat(cfg, &st) == 0) snprintf(dirs[n++], sizeof dirs[0], "%s/%s", MODELS_DIR, de->d_name);
+            if (stat(cfg, &st) != 0) continue;
+            /* a GGUF fixture is opened as its model.gguf */
+            snprintf(cfg, sizeof cfg, "%s/%s/model.gguf", MODELS_DIR, de->d_name);
+            int gguf = stat(cfg, &st) == 0;
+            snprintf(dirs[n++], sizeof dirs[0], "%s/%s%s", MODELS_DIR, de->d_name, gguf ? "/model.gguf" : "");
         }
         if (d) closedir(d);
         qsort(dirs, (size_t)n, sizeof dirs[0], (int (*)(const void *, const void *))strcmp);
