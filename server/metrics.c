@@ -18,6 +18,9 @@ static const double ITL_B[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  
 static const double REQ_B[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+/* vLLM's iteration-token buckets. */
+static const double ITER_B[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+
 static int hist_init(srv_hist *h, const double *b, int n) {
     h->bounds = b;
     h->n = n;
@@ -32,8 +35,44 @@ int srv_metrics_init(srv_metrics *m) {
         n_req = (int)(sizeof REQ_B / sizeof *REQ_B);
     if (hist_init(&m->ttft, TTFT_B, n_ttft) || hist_init(&m->itl, ITL_B, n_itl) || hist_init(&m->e2e, REQ_B, n_req) ||
         hist_init(&m->queue, REQ_B, n_req) || hist_init(&m->prefill, REQ_B, n_req) ||
-        hist_init(&m->decode, REQ_B, n_req))
+        hist_init(&m->decode, REQ_B, n_req) || hist_init(&m->inference, REQ_B, n_req) ||
+        hist_init(&m->iter_tokens, ITER_B, (int)(sizeof ITER_B / sizeof *ITER_B)))
         return -1;
+    return srv_metrics_set_len(m, 4096);
+}
+
+/* vLLM's build_1_2_5_buckets(max_model_len): 1, 2, 5, 10, 20, 50, ... <= max. */
+int srv_metrics_set_len(srv_metrics *m, int max_model_len) {
+    double *b = malloc(64 * sizeof *b);
+    if (!b) return -1;
+    int n = 0;
+    for (double e = 1; n < 60; e *= 10) {
+        const double mant[3] = {1, 2, 5};
+        int stop = 0;
+        for (int i = 0; i < 3; i++) {
+            if (mant[i] * e > max_model_len) {
+                stop = 1;
+                break;
+            }
+            b[n++] = mant[i] * e;
+        }
+        if (stop) break;
+    }
+    uint64_t *c1 = calloc((size_t)n + 1, sizeof *c1), *c2 = calloc((size_t)n + 1, sizeof *c2);
+    if (!c1 || !c2) {
+        free(b);
+        free(c1);
+        free(c2);
+        return -1;
+    }
+    pthread_mutex_lock(&m->mu);
+    free(m->req_prompt.counts);
+    free(m->req_gen.counts);
+    free(m->tok_bounds);
+    m->tok_bounds = b;
+    m->req_prompt = (srv_hist){.bounds = b, .n = n, .counts = c1};
+    m->req_gen = (srv_hist){.bounds = b, .n = n, .counts = c2};
+    pthread_mutex_unlock(&m->mu);
     return 0;
 }
 
@@ -44,6 +83,11 @@ void srv_metrics_free(srv_metrics *m) {
     free(m->queue.counts);
     free(m->prefill.counts);
     free(m->decode.counts);
+    free(m->inference.counts);
+    free(m->iter_tokens.counts);
+    free(m->req_prompt.counts);
+    free(m->req_gen.counts);
+    free(m->tok_bounds);
     pthread_mutex_destroy(&m->mu);
 }
 
@@ -89,14 +133,24 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
     }
 }
 
+/* A bucket bound as prometheus_client writes it (Python's repr of a float,
+ * "1.0" not "1"; Go's exponent form from 1e+06 up), so scrapers that
+ * compare label values see the same series as with vLLM. */
+static void le_str(double v, char *out, size_t n) {
+    snprintf(out, n, "%g", v);
+    if (!strpbrk(out, ".en")) strncat(out, ".0", n - strlen(out) - 1);
+}
+
 static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist *h, const char *lbl) {
     sb_printf(b, "# HELP echo:%s %s\n# TYPE echo:%s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (int i = 0; i <= h->n; i++) {
         cum += h->counts[i];
-        if (i < h->n)
-            sb_printf(b, "echo:%s_bucket{%s,le=\"%g\"} %llu\n", name, lbl, h->bounds[i], (unsigned long long)cum);
-        else
+        if (i < h->n) {
+            char le[32];
+            le_str(h->bounds[i], le, sizeof le);
+            sb_printf(b, "echo:%s_bucket{%s,le=\"%s\"} %llu\n", name, lbl, le, (unsigned long long)cum);
+        } else
             sb_printf(b, "echo:%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lbl, (unsigned long long)cum);
     }
     sb_printf(b, "echo:%s_sum{%s} %.9g\necho:%s_count{%s} %llu\n", name, lbl, h->sum, name, lbl,
@@ -133,6 +187,20 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
              lbl);
     put_hist(&b, "request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", &m->decode,
              lbl);
+    put_hist(&b, "request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+             &m->inference, lbl);
+    put_hist(&b, "request_prompt_tokens", "Number of prefill tokens processed.", &m->req_prompt, lbl);
+    put_hist(&b, "request_generation_tokens", "Number of generation tokens processed.", &m->req_gen, lbl);
+    put_hist(&b, "iteration_tokens_total", "Histogram of number of tokens per engine_step.", &m->iter_tokens, lbl);
+    sb_printf(&b,
+              "# HELP echo:num_preemptions_total Cumulative number of preemption from the engine.\n"
+              "# TYPE echo:num_preemptions_total counter\necho:num_preemptions_total{%s} %llu\n",
+              lbl, (unsigned long long)m->preemptions);
+    sb_printf(&b,
+              "# HELP echo:cache_config_info Information of the LLMEngine CacheConfig\n"
+              "# TYPE echo:cache_config_info gauge\necho:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\","
+              "cache_dtype=\"auto\",enable_prefix_caching=\"False\"} 1.0\n",
+              m->block_size, m->num_blocks);
     sb_printf(&b,
               "# HELP echo:prompt_tokens_total Number of prefill tokens processed.\n"
               "# TYPE echo:prompt_tokens_total counter\necho:prompt_tokens_total{%s} %llu\n",
@@ -179,6 +247,17 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
                   "# TYPE echo:http_responses_total counter\n");
     for (int k = 1; k <= 5; k++)
         sb_printf(&b, "echo:http_responses_total{status=\"%dxx\"} %llu\n", k, (unsigned long long)m->http_requests[k]);
+    sb_printf(&b, "# HELP echo:http_connections_rejected_total Connections answered 503 at once: over "
+                  "--max-connections, or over --max-connections-per-client from one address.\n"
+                  "# TYPE echo:http_connections_rejected_total counter\n"
+                  "echo:http_connections_rejected_total{reason=\"max_connections\"} %llu\n"
+                  "echo:http_connections_rejected_total{reason=\"per_client\"} %llu\n",
+              (unsigned long long)m->conn_rejected[0], (unsigned long long)m->conn_rejected[1]);
+    sb_printf(&b, "# HELP echo:http_request_deadline_closed_total Connections closed because a request did not "
+                  "arrive whole within --request-deadline.\n"
+                  "# TYPE echo:http_request_deadline_closed_total counter\n"
+                  "echo:http_request_deadline_closed_total %llu\n",
+              (unsigned long long)m->deadline_closed);
     pthread_mutex_unlock(&m->mu);
     if (b.oom) {
         free(b.p);

@@ -35,6 +35,33 @@ const char *srv_finish_name(srv_finish f) {
     }
 }
 
+srv_group *srv_group_new(void) {
+    srv_group *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    return g;
+}
+
+void srv_group_notify(srv_group *g) {
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    g->version++;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void srv_group_unref(srv_group *g) {
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    int left = --g->refs;
+    pthread_mutex_unlock(&g->mu);
+    if (left > 0) return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+}
+
 srv_req *srv_req_new(void) {
     srv_req *r = calloc(1, sizeof *r);
     if (!r) return NULL;
@@ -43,6 +70,9 @@ srv_req *srv_req_new(void) {
     r->refs = 1;
     r->seq = -1;
     r->rep_penalty = 1;
+    r->plp_k = -1;
+    r->stop_str = -1;
+    r->stop_tok = -1;
     atomic_init(&r->cancelled, 0);
     return r;
 }
@@ -61,9 +91,13 @@ void srv_req_unref(srv_req *r) {
     free(r->text);
     free(r->all);
     free(r->gen);
+    free(r->prompt_lp);
+    free(r->bias_ids);
+    free(r->bias_vals);
     tok_stream_free(r->ds);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
+    srv_group_unref(r->grp);
     free(r);
 }
 
@@ -71,26 +105,33 @@ static int blocks_for(const srv_server *s, long long tokens) {
     return (int)((tokens + s->block_size - 1) / s->block_size);
 }
 
-int srv_sched_submit(srv_server *s, srv_req *r) {
+int srv_sched_submit_many(srv_server *s, srv_req **rs, int k) {
     srv_sched *q = &s->sch;
     pthread_mutex_lock(&q->mu);
-    if (q->stopping || q->n_waiting >= s->opt.max_waiting) {
+    if (q->stopping || q->n_waiting + k > s->opt.max_waiting) {
         pthread_mutex_unlock(&q->mu);
         return -1;
     }
-    pthread_mutex_lock(&r->mu);
-    r->refs++;
-    pthread_mutex_unlock(&r->mu);
-    r->next = NULL;
-    if (q->tail)
-        q->tail->next = r;
-    else
-        q->head = r;
-    q->tail = r;
-    q->n_waiting++;
+    for (int i = 0; i < k; i++) {
+        srv_req *r = rs[i];
+        pthread_mutex_lock(&r->mu);
+        r->refs++;
+        pthread_mutex_unlock(&r->mu);
+        r->next = NULL;
+        if (q->tail)
+            q->tail->next = r;
+        else
+            q->head = r;
+        q->tail = r;
+        q->n_waiting++;
+    }
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
     return 0;
+}
+
+int srv_sched_submit(srv_server *s, srv_req *r) {
+    return srv_sched_submit_many(s, &r, 1);
 }
 
 /* Publish the end of a request and drop the scheduler's reference. */
@@ -107,6 +148,9 @@ static void req_finish(srv_server *s, srv_req *r, srv_finish fin, const char *ms
     if (fin == SRV_FIN_STOP || fin == SRV_FIN_LENGTH) {
         srv_hist_observe(&s->met.e2e, t - r->t_arrive);
         if (r->n_toks > 0) srv_hist_observe(&s->met.decode, r->t_last - r->t_first);
+        if (r->t_sched > 0) srv_hist_observe(&s->met.inference, t - r->t_sched);
+        srv_hist_observe(&s->met.req_prompt, r->n_prompt);
+        srv_hist_observe(&s->met.req_gen, r->n_toks);
     }
     pthread_mutex_unlock(&s->met.mu);
     pthread_mutex_lock(&r->mu);
@@ -116,6 +160,7 @@ static void req_finish(srv_server *s, srv_req *r, srv_finish fin, const char *ms
     if (msg) snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    srv_group_notify(r->grp);
     srv_req_unref(r);
 }
 
@@ -152,15 +197,19 @@ static size_t stop_holdback(const srv_req *r) {
     return hold;
 }
 
-/* Earliest stop-string match starting at or after `from`, or -1. */
-static long long stop_find(const srv_req *r, size_t from) {
+/* Earliest stop-string match starting at or after `from`, or -1; *which
+ * gets the matching string's index. */
+static long long stop_find(const srv_req *r, size_t from, int *which) {
     long long best = -1;
     for (int i = 0; i < r->n_stop; i++) {
         size_t L = r->stop_len[i];
         size_t st = from >= L - 1 ? from - (L - 1) : 0;
         if (r->gen_len < st + L) continue;
         const char *p = memmem(r->gen + st, r->gen_len - st, r->stop[i], L);
-        if (p && (best < 0 || p - r->gen < best)) best = p - r->gen;
+        if (p && (best < 0 || p - r->gen < best)) {
+            best = p - r->gen;
+            *which = i;
+        }
     }
     return best;
 }
@@ -176,6 +225,9 @@ static srv_finish req_on_token(srv_server *s, srv_req *r, const srv_tokrec *rec,
     for (int i = 0; i < r->n_stop_ids; i++)
         is_stop_id |= tok == r->stop_ids[i];
     r->all[r->n_all++] = tok;
+    if (r->want_cum) r->cum_logprob += rec->logprob;
+    /* vLLM's stop_reason: the stop_token_ids entry (not EOS) that ended it */
+    if (is_stop_id && !(is_eos && !r->ignore_eos)) r->stop_tok = tok;
     srv_finish fin = SRV_FIN_NONE;
     size_t before = r->gen_len;
     int oom = 0;
@@ -198,8 +250,11 @@ static srv_finish req_on_token(srv_server *s, srv_req *r, const srv_tokrec *rec,
     }
     size_t emit_to;
     /* min_tokens holds off stop strings too, as it holds off EOS. */
-    long long at = r->n_stop && n_out >= r->min_tokens ? stop_find(r, before) : -1;
+    int which = -1;
+    long long at = r->n_stop && n_out >= r->min_tokens ? stop_find(r, before, &which) : -1;
     if (at >= 0) {
+        r->stop_str = which;
+        r->stop_tok = -1;
         r->gen_len = (size_t)at;
         emit_to = (size_t)at;
         fin = SRV_FIN_STOP;
@@ -229,6 +284,7 @@ static srv_finish req_on_token(srv_server *s, srv_req *r, const srv_tokrec *rec,
     r->t_last = t;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    srv_group_notify(r->grp);
 
     pthread_mutex_lock(&s->met.mu);
     s->met.generation_tokens++;
@@ -259,22 +315,57 @@ static void apply_processors(srv_server *s, srv_req *r, float *row) {
         }
     }
     int n_out = r->n_all - r->n_prompt;
+    if (r->presence != 0 || r->frequency != 0) {
+        /* OpenAI's: logit -= frequency * count + presence * (count > 0), over the output tokens */
+        if (++q->stamp2 == 0) {
+            memset(q->mark2, 0, (size_t)s->mc.vocab_size * sizeof *q->mark2);
+            q->stamp2 = 1;
+        }
+        for (int i = r->n_prompt; i < r->n_all; i++) {
+            int32_t t = r->all[i];
+            if (q->mark2[t] != q->stamp2) {
+                q->mark2[t] = q->stamp2;
+                q->cnt[t] = 0;
+            }
+            q->cnt[t]++;
+        }
+        for (int i = r->n_prompt; i < r->n_all; i++) {
+            int32_t t = r->all[i];
+            if (q->cnt[t] == 0) continue; /* already applied */
+            row[t] -= r->frequency * (float)q->cnt[t] + r->presence;
+            q->cnt[t] = 0;
+        }
+    }
+    for (int i = 0; i < r->n_bias; i++)
+        row[r->bias_ids[i]] += r->bias_vals[i];
     if (n_out < r->min_tokens) {
         for (int i = 0; i < s->mc.n_eos; i++)
             row[s->mc.eos_ids[i]] = -INFINITY;
         for (int i = 0; i < r->n_stop_ids; i++)
             row[r->stop_ids[i]] = -INFINITY;
     }
+    if (r->min_p > 0 && r->sp.temperature > 0) {
+        /* vLLM's min_p on the tempered distribution: p_i < min_p * p_max
+         * <=> logit_i < max + T * ln(min_p) */
+        int V = s->mc.vocab_size;
+        float mx = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (row[i] > mx) mx = row[i];
+        float cut = mx + r->sp.temperature * logf(r->min_p);
+        for (int i = 0; i < V; i++)
+            if (row[i] < cut) row[i] = -INFINITY;
+    }
 }
 
 static void sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec) {
     int V = s->mc.vocab_size;
     memset(rec, 0, sizeof *rec);
-    if (r->want_logprobs) eng_log_softmax(row, V, s->sch.lp); /* raw model distribution, as vLLM */
+    int need_lp = r->want_logprobs || r->want_cum;
+    if (need_lp) eng_log_softmax(row, V, s->sch.lp); /* raw model distribution, as vLLM */
     apply_processors(s, r, row);
     rec->token = eng_sample(row, V, &r->sp, &r->rng);
+    if (need_lp) rec->logprob = (float)s->sch.lp[rec->token];
     if (r->want_logprobs) {
-        rec->logprob = (float)s->sch.lp[rec->token];
         if (r->top_logprobs > 0) {
             int k = eng_top_k(s->sch.lp, V, r->top_logprobs, rec->top_ids);
             rec->n_top = k;
@@ -290,7 +381,7 @@ static void sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec) {
  * sampling, so the top candidates of the raw row would not be those of the
  * processed one. */
 static int req_cands(const srv_server *s, const srv_req *r) {
-    if (r->rep_penalty != 1.0f) return 0;
+    if (r->rep_penalty != 1.0f || r->presence != 0 || r->frequency != 0 || r->min_p > 0 || r->n_bias) return 0;
     if (r->n_all - r->n_prompt < r->min_tokens && (s->mc.n_eos > 0 || r->n_stop_ids > 0)) return 0;
     return eng_cands_needed(&r->sp, r->want_logprobs ? r->top_logprobs : 0, s->mc.vocab_size);
 }
@@ -300,8 +391,8 @@ static int req_cands(const srv_server *s, const srv_req *r) {
 static void sample_cands(srv_server *s, srv_req *r, const eng_cands *c, srv_tokrec *rec) {
     memset(rec, 0, sizeof *rec);
     rec->token = eng_sample_cands(c, s->mc.vocab_size, &r->sp, &r->rng);
+    if (r->want_logprobs || r->want_cum) rec->logprob = (float)eng_cands_logprob(c, rec->token);
     if (r->want_logprobs) {
-        rec->logprob = (float)eng_cands_logprob(c, rec->token);
         int k = r->top_logprobs < c->k ? r->top_logprobs : c->k;
         rec->n_top = k;
         for (int i = 0; i < k; i++) {
@@ -309,6 +400,25 @@ static void sample_cands(srv_server *s, srv_req *r, const eng_cands *c, srv_tokr
             rec->top_lp[i] = (float)((double)c->vals[i] - c->lse);
         }
     }
+}
+
+/* Logprob, rank and top-k of prompt token `pos` under `row` (the logits
+ * at pos - 1), into r->prompt_lp[pos]. */
+static void prompt_logprob(srv_server *s, srv_req *r, const float *row, int pos) {
+    int V = s->mc.vocab_size;
+    double *lp = s->sch.lp;
+    eng_log_softmax(row, V, lp);
+    srv_tokrec *rec = &r->prompt_lp[pos];
+    int32_t tok = r->prompt[pos];
+    rec->token = tok;
+    rec->logprob = (float)lp[tok];
+    int rank = 1;
+    for (int i = 0; i < V; i++)
+        rank += lp[i] > lp[tok];
+    rec->rank = rank;
+    rec->n_top = r->plp_k > 0 ? eng_top_k(lp, V, r->plp_k, rec->top_ids) : 0;
+    for (int i = 0; i < rec->n_top; i++)
+        rec->top_lp[i] = (float)lp[rec->top_ids[i]];
 }
 
 static void publish_gauges(srv_server *s) {
@@ -419,25 +529,36 @@ static void *sched_main(void *arg) {
             publish_gauges(s);
             continue;
         }
-        /* Batch: decodes first, then prompt chunks, within the budget. */
-        int n = 0, budget = ec->max_batch_tokens;
+        /* Batch: decodes first, then prompt chunks, within the budget. A
+         * request that wants prompt logprobs takes its prompt rows whole
+         * (ENG_LOGITS_ALL), at most SRV_PLP_ROWS of them per step. */
+        int n = 0, budget = ec->max_batch_tokens, plp_rows = SRV_PLP_ROWS, any_all = 0, step_tokens = 0;
         for (int pass = 0; pass < 2; pass++) {
             for (int i = 0; i < q->n_running && budget > 0; i++) {
                 srv_req *r = q->running[i];
                 int left = r->n_all - r->n_cached;
                 if ((pass == 0) != (left == 1) || left <= 0) continue;
+                int all = r->plp_k >= 0 && r->n_cached < r->n_prompt;
                 int chunk = left < budget ? left : budget;
-                q->items[n] =
-                    (eng_item){r->seq, r->all + r->n_cached, chunk, chunk == left ? ENG_LOGITS_LAST : ENG_LOGITS_NONE};
+                if (all) {
+                    if (plp_rows == 0) continue;
+                    if (chunk > plp_rows) chunk = plp_rows;
+                    plp_rows -= chunk;
+                    any_all = 1;
+                }
+                eng_logits lg = all ? ENG_LOGITS_ALL : chunk == left ? ENG_LOGITS_LAST : ENG_LOGITS_NONE;
+                q->items[n] = (eng_item){r->seq, r->all + r->n_cached, chunk, lg};
                 q->item_req[n++] = i;
                 budget -= chunk;
+                step_tokens += chunk;
             }
         }
         /* Each request whose next token the candidates decide takes the
-         * candidates path; the others get their full rows in the same step. */
+         * candidates path; the others get their full rows in the same step.
+         * A step with prompt-logprob rows takes full rows for all. */
         int kmax = 0;
         for (int k = 0; k < n; k++) {
-            int kr = q->items[k].logits == ENG_LOGITS_LAST ? req_cands(s, q->running[q->item_req[k]]) : -1;
+            int kr = !any_all && q->items[k].logits == ENG_LOGITS_LAST ? req_cands(s, q->running[q->item_req[k]]) : -1;
             q->full[k] = kr == 0;
             if (kr > kmax) kmax = kr;
         }
@@ -464,23 +585,51 @@ static void *sched_main(void *arg) {
                 if (fins[i] != SRV_FIN_NONE) finish_running(s, i, fins[i], err);
             continue;
         }
+        pthread_mutex_lock(&s->met.mu);
+        srv_hist_observe(&s->met.iter_tokens, step_tokens);
+        pthread_mutex_unlock(&s->met.mu);
         double t = srv_now();
         int row = 0, frow = 0; /* logits row; full row (packed when kmax) */
         for (int k = 0; k < n; k++) {
             srv_req *r = q->running[q->item_req[k]];
-            r->n_cached += q->items[k].n_tokens;
-            if (q->items[k].logits != ENG_LOGITS_LAST) continue;
+            const eng_item *it = &q->items[k];
+            int p0 = r->n_cached;
+            r->n_cached += it->n_tokens;
+            float *last = NULL; /* the row that samples the next token */
+            if (it->logits == ENG_LOGITS_ALL) {
+                for (int j = 0; j < it->n_tokens; j++) {
+                    float *rw = q->logits + (size_t)(frow + j) * V;
+                    if (p0 + j + 1 < r->n_prompt) prompt_logprob(s, r, rw, p0 + j + 1);
+                }
+                last = q->logits + (size_t)(frow + it->n_tokens - 1) * V;
+                frow += it->n_tokens;
+                if (r->n_cached >= r->n_prompt) {
+                    pthread_mutex_lock(&r->mu);
+                    r->plp_done = 1;
+                    pthread_mutex_unlock(&r->mu);
+                    srv_group_notify(r->grp);
+                }
+                if (r->n_cached < r->n_all) continue; /* a prompt chunk before the last */
+            } else if (it->logits != ENG_LOGITS_LAST) {
+                continue;
+            }
             if (r->n_all == r->n_prompt) {
                 pthread_mutex_lock(&s->met.mu);
                 s->met.prompt_tokens += (uint64_t)r->n_prompt;
                 pthread_mutex_unlock(&s->met.mu);
+                if (r->max_tokens == 0) { /* echo: score the prompt only */
+                    fins[q->item_req[k]] = SRV_FIN_LENGTH;
+                    continue;
+                }
             }
             srv_tokrec rec;
-            if (!kmax || q->full[k])
+            if (last)
+                sample_row(s, r, last, &rec);
+            else if (!kmax || q->full[k])
                 sample_row(s, r, q->logits + (size_t)frow++ * V, &rec);
             else
                 sample_cands(s, r, &q->cands[row], &rec);
-            row++;
+            if (!last) row++;
             fins[q->item_req[k]] = req_on_token(s, r, &rec, t);
         }
         for (int i = q->n_running - 1; i >= 0; i--)
@@ -499,12 +648,14 @@ int srv_sched_start(srv_server *s, char *err, size_t errlen) {
     q->items = calloc((size_t)ec->max_num_seqs, sizeof *q->items);
     q->item_req = calloc((size_t)ec->max_num_seqs, sizeof *q->item_req);
     q->fins = calloc((size_t)ec->max_num_seqs, sizeof *q->fins);
-    q->logits = malloc((size_t)ec->max_num_seqs * V * sizeof *q->logits);
+    q->logits = malloc(((size_t)ec->max_num_seqs + SRV_PLP_ROWS) * V * sizeof *q->logits);
     q->cands = malloc((size_t)ec->max_num_seqs * sizeof *q->cands);
     q->full = calloc((size_t)ec->max_num_seqs, sizeof *q->full);
     q->lp = malloc(V * sizeof *q->lp);
     q->mark = calloc(V, sizeof *q->mark);
-    if (!q->running || !q->items || !q->item_req || !q->fins || !q->logits || !q->cands || !q->full || !q->lp ||
+    q->mark2 = calloc(V, sizeof *q->mark2);
+    q->cnt = calloc(V, sizeof *q->cnt);
+    if (!q->mark2 || !q->cnt || !q->running || !q->items || !q->item_req || !q->fins || !q->logits || !q->cands || !q->full || !q->lp ||
         !q->mark) {
         snprintf(err, errlen, "out of memory for the scheduler");
         return -1;

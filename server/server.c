@@ -139,7 +139,7 @@ int srv_resolve_model(const char *name, char *dir, size_t dirlen, char *err, siz
 
 /* ---- generation_config.json defaults ---- */
 
-static void load_gen_defaults(const char *dir, srv_gen_defaults *gd) {
+static void load_gen_defaults(srv_server *s, const char *dir, srv_gen_defaults *gd) {
     *gd = (srv_gen_defaults){.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .top_k = 0};
     char p[4096];
     snprintf(p, sizeof p, "%s/generation_config.json", dir);
@@ -149,16 +149,37 @@ static void load_gen_defaults(const char *dir, srv_gen_defaults *gd) {
         json_decref(g);
         return;
     }
+    /* A value out of range is named and the neutral default used, never
+     * replaced silently. */
     json_t *v;
-    if ((v = json_object_get(g, "temperature")) && json_is_number(v) && json_number_value(v) >= 0)
-        gd->temperature = (float)json_number_value(v);
-    if ((v = json_object_get(g, "top_p")) && json_is_number(v) && json_number_value(v) > 0 && json_number_value(v) <= 1)
-        gd->top_p = (float)json_number_value(v);
-    if ((v = json_object_get(g, "top_k")) && json_is_integer(v) && json_integer_value(v) >= 0 &&
-        json_integer_value(v) < (1 << 30))
-        gd->top_k = (int)json_integer_value(v);
-    if ((v = json_object_get(g, "repetition_penalty")) && json_is_number(v) && json_number_value(v) > 0)
-        gd->repetition_penalty = (float)json_number_value(v);
+    if ((v = json_object_get(g, "temperature")) && !json_is_null(v)) {
+        if (json_is_number(v) && json_number_value(v) >= 0 && json_number_value(v) <= 2)
+            gd->temperature = (float)json_number_value(v);
+        else
+            srv_log(s, SRV_LOG_WARNING, "generation_config.json: temperature out of range [0, 2]; using %g",
+                    (double)gd->temperature);
+    }
+    if ((v = json_object_get(g, "top_p")) && !json_is_null(v)) {
+        if (json_is_number(v) && json_number_value(v) > 0 && json_number_value(v) <= 1)
+            gd->top_p = (float)json_number_value(v);
+        else
+            srv_log(s, SRV_LOG_WARNING, "generation_config.json: top_p out of range (0, 1]; using %g",
+                    (double)gd->top_p);
+    }
+    if ((v = json_object_get(g, "top_k")) && !json_is_null(v)) {
+        if (json_is_integer(v) && json_integer_value(v) >= -1 && json_integer_value(v) < (1 << 30))
+            gd->top_k = json_integer_value(v) < 0 ? 0 : (int)json_integer_value(v);
+        else
+            srv_log(s, SRV_LOG_WARNING, "generation_config.json: top_k is not an integer >= -1; using %d (off)",
+                    gd->top_k);
+    }
+    if ((v = json_object_get(g, "repetition_penalty")) && !json_is_null(v)) {
+        if (json_is_number(v) && json_number_value(v) > 0 && json_number_value(v) <= 10)
+            gd->repetition_penalty = (float)json_number_value(v);
+        else
+            srv_log(s, SRV_LOG_WARNING, "generation_config.json: repetition_penalty out of range (0, 10]; using %g",
+                    (double)gd->repetition_penalty);
+    }
     json_decref(g);
 }
 
@@ -180,6 +201,8 @@ int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errle
     if (s->opt.max_waiting <= 0) s->opt.max_waiting = 256;
     if (s->opt.max_connections <= 0) s->opt.max_connections = 256;
     if (s->opt.timeout_s <= 0) s->opt.timeout_s = 30;
+    if (s->opt.request_deadline_s <= 0) s->opt.request_deadline_s = 30;
+    if (s->opt.max_conn_per_client <= 0) s->opt.max_conn_per_client = s->opt.max_connections > 1 ? s->opt.max_connections / 2 : 1;
     if (s->opt.max_body_bytes == 0) s->opt.max_body_bytes = 8u << 20;
     if (s->opt.drain_s < 0) s->opt.drain_s = 0;
     s->model_dir = strdup(opt->model_dir);
@@ -202,6 +225,8 @@ int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errle
     s->seed_base = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
     pthread_mutex_init(&s->sch.mu, NULL);
     pthread_cond_init(&s->sch.cv, NULL);
+    pthread_mutex_init(&s->conn_mu, NULL);
+    atomic_init(&s->reaper_stop, 0);
     if (!s->model_dir || !s->name || srv_metrics_init(&s->met)) {
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -268,7 +293,7 @@ static double dir_safetensors_mb(const char *dir) {
 int srv_load(srv_server *s, char *err, size_t errlen) {
     const srv_options *o = &s->opt;
     if (model_config_load(s->model_dir, &s->mc, err, errlen)) return -1;
-    load_gen_defaults(s->model_dir, &s->gd);
+    load_gen_defaults(s, s->model_dir, &s->gd);
     int trc = eng_tokenizer_load(s->model_dir, &s->tok, &s->chat, err, errlen);
     if (trc) {
         if (trc == ENG_TOK_MISSING) {
@@ -291,7 +316,9 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
         srv_log(s, SRV_LOG_WARNING, "the model has no chat template: /v1/chat/completions uses Qwen3's");
     }
     if ((long long)tok_vocab_size(s->tok) > s->mc.vocab_size)
-        srv_log(s, SRV_LOG_WARNING, "tokenizer has %zu ids but the model only %d; larger ids are refused",
+        srv_log(s, SRV_LOG_WARNING,
+                "the tokenizer's vocabulary (%zu ids) does not fit the model's (%d): prompts that tokenize to "
+                "larger ids are refused (400)",
                 tok_vocab_size(s->tok), s->mc.vocab_size);
     eng_config ec = {.model_dir = s->model_dir,
                      .device = strcmp(o->device, "auto") == 0 ? "cpu" : o->device,
@@ -364,6 +391,14 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     if (s->total_blocks < (s->max_model_len + s->block_size - 1) / s->block_size)
         srv_log(s, SRV_LOG_WARNING, "KV cache holds fewer tokens (%d) than max_model_len (%d)",
                 s->total_blocks * s->block_size, s->max_model_len);
+    if (srv_metrics_set_len(&s->met, s->max_model_len)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_lock(&s->met.mu);
+    s->met.block_size = s->block_size;
+    s->met.num_blocks = s->total_blocks;
+    pthread_mutex_unlock(&s->met.mu);
     if (srv_sched_start(s, err, errlen)) return -1;
     atomic_store(&s->ready, 1);
     return 0;
@@ -394,10 +429,13 @@ void srv_destroy(srv_server *s) {
     free(q->full);
     free(q->lp);
     free(q->mark);
+    free(q->mark2);
+    free(q->cnt);
     free(q->piece);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
     srv_metrics_free(&s->met);
+    pthread_mutex_destroy(&s->conn_mu);
     free(s->model_dir);
     free(s->name);
     free(s);

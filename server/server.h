@@ -14,8 +14,13 @@
  *     budget, decodes first, so a long prompt never stalls running decodes.
  *     KV blocks for prompt + max_tokens are reserved at admission: when they
  *     are not free the request waits, it never fails.
- *   - A client that goes away mid-stream has its request cancelled; the
- *     scheduler frees its sequence (and KV blocks) at the next step.
+ *   - A client that goes away (mid-stream, or while waiting for a
+ *     non-streaming answer) has its request cancelled; the scheduler frees
+ *     its sequence (and KV blocks) at the next step.
+ *   - Hostile clients: a request must arrive whole within
+ *     request_deadline_s (else its connection is closed); connections beyond
+ *     max_connections, or beyond max_conn_per_client from one address, are
+ *     answered 503 with Retry-After and counted in /metrics.
  *   - Latency timestamps (queue, TTFT, inter-token) are taken in the
  *     scheduler where each token is produced, not where HTTP flushes.
  *   - srv_shutdown() stops accepting, lets in-flight requests finish for up
@@ -50,7 +55,9 @@ typedef struct srv_options {
     int kv_blocks;              /* 0 = enough for max_num_seqs full sequences */
     int max_waiting;            /* waiting-queue bound (503 beyond), default 256 */
     int max_connections;        /* simultaneous HTTP connections, default 256 */
-    int timeout_s;              /* idle / partial-request connection timeout, default 30 */
+    int timeout_s;              /* idle connection timeout, default 30 */
+    double request_deadline_s;  /* whole request (headers + body) must arrive within this, default 30 */
+    int max_conn_per_client;    /* connections from one client address, default max_connections / 2 */
     size_t max_body_bytes;      /* request body limit (413 beyond), default 8 MiB */
     double drain_s;             /* shutdown: time to let running requests finish, default 5 */
     const char *api_key;        /* NULL = no auth */

@@ -50,7 +50,11 @@ static const char *USAGE =
     "  --num-kv-blocks N            KV blocks of 16 tokens (default: max-num-seqs full sequences)\n"
     "  --max-queue N                waiting requests before 503 (default 256)\n"
     "  --max-connections N          simultaneous HTTP connections (default 256)\n"
-    "  --timeout S                  close idle or half-sent connections after S seconds (default 30)\n"
+    "  --timeout S                  close idle connections after S seconds (default 30)\n"
+    "  --request-deadline S         a request's headers and body must arrive within S seconds, else its\n"
+    "                               connection is closed (slow clients; default 30)\n"
+    "  --max-connections-per-client N   connections from one client address; 503 beyond\n"
+    "                               (default max-connections / 2)\n"
     "  --max-body-bytes N           request body limit, 413 beyond (default 8388608)\n"
     "  --drain-seconds S            on SIGINT/SIGTERM, let running requests finish this long (default 5)\n"
     "  --api-key KEY                require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize\n"
@@ -113,7 +117,9 @@ int main(int argc, char **argv) {
         O_LDELAY,
         O_MINB,
         O_GROUP,
-        O_GRAPHS
+        O_GRAPHS,
+        O_DEADLINE,
+        O_PERCLIENT
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -134,6 +140,8 @@ int main(int argc, char **argv) {
         {"max-queue", required_argument, 0, O_QUEUE},
         {"max-connections", required_argument, 0, O_CONNS},
         {"timeout", required_argument, 0, O_TIMEOUT},
+        {"request-deadline", required_argument, 0, O_DEADLINE},
+        {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
         {"max-body-bytes", required_argument, 0, O_BODY},
         {"drain-seconds", required_argument, 0, O_DRAIN},
         {"api-key", required_argument, 0, O_KEY},
@@ -183,6 +191,10 @@ int main(int argc, char **argv) {
         case O_QUEUE: o.max_waiting = (int)cli_long(PROG, optarg, "--max-queue", 1, 1 << 20); break;
         case O_CONNS: o.max_connections = (int)cli_long(PROG, optarg, "--max-connections", 1, 65536); break;
         case O_TIMEOUT: o.timeout_s = (int)cli_long(PROG, optarg, "--timeout", 1, 86400); break;
+        case O_DEADLINE: o.request_deadline_s = cli_double(PROG, optarg, "--request-deadline", 0.1, 86400); break;
+        case O_PERCLIENT:
+            o.max_conn_per_client = (int)cli_long(PROG, optarg, "--max-connections-per-client", 1, 65536);
+            break;
         case O_BODY: o.max_body_bytes = (size_t)cli_long(PROG, optarg, "--max-body-bytes", 1024, 1L << 34); break;
         case O_DRAIN: o.drain_s = cli_double(PROG, optarg, "--drain-seconds", 0, 86400); break;
         case O_KEY:
