@@ -1241,7 +1241,11 @@ static stmt *parse_body(parser *p, const char *const *ends, int *endtag, int in_
         token *t = cur(p);
         stmt *s = NULL;
         if (t->type == TK_EOF) {
-            if (ends) perr(p, t->line, "unexpected end of template, expected '%s'", ends[0]);
+            if (ends) {
+                int k = 0;
+                while (ends[k + 1]) k++;
+                perr(p, t->line, "unexpected end of template, expected '%s'", ends[k]);
+            }
             return head;
         } else if (t->type == TK_DATA) {
             p->pos++;
@@ -1452,9 +1456,31 @@ static const char *type_name(val v) {
     }
 }
 
+/* An undefined value carries its variable name, or (mk = 1) jinja2's hint
+ * such as "'dict object' has no attribute 'x'". */
 static void undef_fail(rs *R, val v) {
+    if (v.u.s.p && v.mk) FAIL(R, "%.*s", (int)(v.u.s.n > 200 ? 200 : v.u.s.n), v.u.s.p);
     if (v.u.s.p) FAIL(R, "'%.*s' is undefined", (int)(v.u.s.n > 80 ? 80 : v.u.s.n), v.u.s.p);
     FAIL(R, "undefined value used");
+}
+
+static val undef_hint(rs *R, val obj, const char *what, val key) {
+    sbuf b = {0};
+    sb_puts(&R->a, &b, "'");
+    sb_puts(&R->a, &b, type_name(obj));
+    sb_puts(&R->a, &b, " object' has no ");
+    sb_puts(&R->a, &b, what);
+    sb_puts(&R->a, &b, " ");
+    if (key.t == V_STR) {
+        sb_puts(&R->a, &b, "'");
+        sb_put(&R->a, &b, key.u.s.p, key.u.s.n > 80 ? 80 : key.u.s.n);
+        sb_puts(&R->a, &b, "'");
+    } else if (key.t == V_INT) {
+        sb_printf(&R->a, &b, "%lld", (long long)key.u.i);
+    }
+    val u = vundef(b.p, b.n);
+    u.mk = 1;
+    return u;
 }
 
 /* Python float repr: shortest round-tripping digits, exponent form outside [1e-4, 1e16). */
@@ -1907,7 +1933,7 @@ static val get_attr(rs *R, val obj, const char *name, size_t n) {
     }
     default: break;
     }
-    return vundef(NULL, 0);
+    return undef_hint(R, obj, "attribute", vstr(name, n));
 }
 
 static int64_t norm_index(int64_t i, int64_t len) { return i < 0 ? i + len : i; }
@@ -1920,18 +1946,18 @@ static val get_item(rs *R, val obj, val key) {
             if (x) return *x;
             if (obj.t == V_DICT) return get_attr(R, obj, key.u.s.p, key.u.s.n);
         }
-        return vundef(NULL, 0);
+        return undef_hint(R, obj, "element", key);
     }
     if ((obj.t == V_LIST || obj.t == V_STR) && (key.t == V_INT || key.t == V_BOOL)) {
         if (obj.t == V_LIST) {
             if (obj.u.l->kind != LK_PLAIN && obj.u.l->kind != LK_RANGE) return vundef(NULL, 0); /* not subscriptable */
             int64_t i = norm_index(key.u.i, (int64_t)obj.u.l->n);
-            if (i < 0 || i >= (int64_t)obj.u.l->n) return vundef(NULL, 0);
+            if (i < 0 || i >= (int64_t)obj.u.l->n) return undef_hint(R, obj, "element", key);
             return obj.u.l->v[i];
         }
         list *cs = iter_list(R, obj);
         int64_t i = norm_index(key.u.i, (int64_t)cs->n);
-        if (i < 0 || i >= (int64_t)cs->n) return vundef(NULL, 0);
+        if (i < 0 || i >= (int64_t)cs->n) return undef_hint(R, obj, "element", key);
         val ch = cs->v[i];
         ch.mk = obj.mk;
         return ch;
