@@ -34,6 +34,7 @@
 #define J_MAX_STEPS 10000000ull      /* evaluation steps per render */
 #define J_MAX_PARSE_DEPTH 200        /* nesting of expressions and blocks */
 #define J_MAX_CALL_DEPTH 64          /* macro recursion */
+#define J_MAX_EVAL_DEPTH 1000        /* nested eval/exec frames: bounds C stack use (~1 KB each) */
 #define J_MAX_RANGE 100000           /* as jinja2's sandbox MAX_RANGE */
 
 /* ------------------------------------------------------------------ */
@@ -1358,7 +1359,8 @@ typedef struct {
     int depth;
     frame *root;
     sbuf *out;
-    int brk; /* 1 break, 2 continue */
+    int brk;    /* 1 break, 2 continue */
+    int edepth; /* C recursion through eval/exec_body */
 } rs;
 
 #define FAIL(R, ...) afail(&(R)->a, __VA_ARGS__)
@@ -3445,7 +3447,16 @@ static val call_value(rs *R, val fn, const callargs *c, int line) {
     return vnone();
 }
 
+static val eval_(rs *R, const expr *e, frame *f);
+
 static val eval(rs *R, const expr *e, frame *f) {
+    if (++R->edepth > J_MAX_EVAL_DEPTH) FAIL(R, "template recursion too deep");
+    val v = eval_(R, e, f);
+    R->edepth--;
+    return v;
+}
+
+static val eval_(rs *R, const expr *e, frame *f) {
     step(R);
     switch (e->k) {
     case E_STR: return vstr(e->s, e->n);
@@ -3599,7 +3610,15 @@ static void exec_for(rs *R, const stmt *s, frame *f) {
     }
 }
 
+static void exec_body_(rs *R, const stmt *s, frame *f);
+
 static void exec_body(rs *R, const stmt *s, frame *f) {
+    if (++R->edepth > J_MAX_EVAL_DEPTH) FAIL(R, "template recursion too deep");
+    exec_body_(R, s, f);
+    R->edepth--;
+}
+
+static void exec_body_(rs *R, const stmt *s, frame *f) {
     for (; s && !R->brk; s = s->next) {
         step(R);
         switch (s->k) {

@@ -358,6 +358,42 @@ START_TEST(test_garbage) {
 }
 END_TEST
 
+/* Deep recursion stays within a 1 MiB thread stack (the depth limits bound
+ * the C recursion of the evaluator). */
+static void *thr_deep(void *p) {
+    int *rc = p;
+    static char src[4096];
+    size_t k = 0;
+    k += (size_t)snprintf(src + k, sizeof src - k, "{%% macro r(n) %%}{{ r(");
+    for (int i = 0; i < 40; i++) src[k++] = '(';
+    k += (size_t)snprintf(src + k, sizeof src - k, "n + 1");
+    for (int i = 0; i < 40; i++) src[k++] = ')';
+    k += (size_t)snprintf(src + k, sizeof src - k, ") | string | trim }}{%% endmacro %%}{{ r(0) }}");
+    tok_template *t;
+    char err[256], *out;
+    size_t ol;
+    rc[0] = tok_template_compile(src, k, &t, err, sizeof err);
+    if (rc[0] == TOK_OK) {
+        rc[1] = tok_template_render(t, "{}", 2, &out, &ol, err, sizeof err);
+        tok_template_free(t);
+    }
+    return NULL;
+}
+
+START_TEST(test_small_stack) {
+    pthread_attr_t at;
+    pthread_t th;
+    int rc[2] = {-99, -99};
+    ck_assert_int_eq(pthread_attr_init(&at), 0);
+    ck_assert_int_eq(pthread_attr_setstacksize(&at, 1 << 20), 0);
+    ck_assert_int_eq(pthread_create(&th, &at, thr_deep, rc), 0);
+    pthread_join(th, NULL);
+    pthread_attr_destroy(&at);
+    ck_assert_int_eq(rc[0], TOK_OK);
+    ck_assert_int_eq(rc[1], TOK_EINVAL); /* macro recursion limit, not a stack overflow */
+}
+END_TEST
+
 typedef struct {
     const tok_template *t;
     const char *ctx, *want;
@@ -419,6 +455,7 @@ static Suite *jinja_suite(void) {
     tcase_add_test(tc, test_errors_and_limits);
     tcase_add_test(tc, test_garbage);
     tcase_add_test(tc, test_threads);
+    tcase_add_test(tc, test_small_stack);
     suite_add_tcase(s, tc);
     return s;
 }
