@@ -135,8 +135,9 @@ for n in sorted({k[0] for k in runs}):
     sc += "unset multiplot\n"
     gp(sc)
 sc = term.replace("1500,500", "800,500") + "set output '%s/network-speedup.png'\n" % out
-sc += ("set title 'echo vs bf16-exact (time of bf16 / time of echo), mpi transport'\nset logscale x 2\n"
-       "set xlabel 'message (KiB, fp32)'\nset ylabel 'speed-up'\nset key top left\nset grid\n")
+sc += ("set title 'echo vs bf16-exact (time of bf16 / time of echo), mpi transport'\nset logscale xy 2\n"
+       "set yrange [0.25:64]\nset xlabel 'message (KiB, fp32)'\nset ylabel 'speed-up'\nset key top right\n"
+       "set grid\n")
 keys = sorted(runs, key=order)
 sc += "plot 1 with lines lc rgb 'gray' notitle, " + ", ".join(
     "'-' using 1:2 with linespoints title '%d ranks, %s'" % k for k in keys) + "\n"
