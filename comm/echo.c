@@ -141,8 +141,9 @@ int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t
     echo_comm *c = NULL;
     if (w->cfg.mode == ECHO_MODE_BF16 && w->tp->device_memory) {
         /* the bf16 steps are host loops in this file (no kernels yet) */
-        snprintf(err, errlen, "echo: mode bf16 (16-bit exact) runs on host transports only (local on host memory, "
-                              "mpi), not on %s",
+        snprintf(err, errlen,
+                 "echo: mode bf16 (16-bit exact) runs on host transports only (local on host memory, "
+                 "mpi), not on %s",
                  w->tp->name);
         goto fail;
     }

@@ -62,7 +62,13 @@
  * accumulation, the sum rounded to bf16 once by its owner before the
  * all-gather, so replicas are bit-identical; host transports only (local on
  * host memory, mpi). ECHO_MODE_COUNT sizes arrays indexed by mode. */
-typedef enum echo_mode { ECHO_MODE_EXACT = 0, ECHO_MODE_INT4, ECHO_MODE_ECHO, ECHO_MODE_BF16, ECHO_MODE_COUNT } echo_mode;
+typedef enum echo_mode {
+    ECHO_MODE_EXACT = 0,
+    ECHO_MODE_INT4,
+    ECHO_MODE_ECHO,
+    ECHO_MODE_BF16,
+    ECHO_MODE_COUNT
+} echo_mode;
 typedef enum echo_dtype { ECHO_F32 = 0, ECHO_BF16 } echo_dtype;
 
 /* Limits. ECHO_DEFAULT_GROUP was chosen by measurement (docs/echo.md, "Choosing G"). */
@@ -254,7 +260,7 @@ int echo_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
 typedef struct echo_stats {
     uint64_t calls[ECHO_MODE_COUNT];      /* by echo_mode actually used for the call */
     uint64_t wire_bytes[ECHO_MODE_COUNT]; /* bytes this rank sent, by mode */
-    double seconds[ECHO_MODE_COUNT];      /* wall time inside echo_allreduce, by mode (enqueue time only when deferred) */
+    double seconds[ECHO_MODE_COUNT]; /* wall time inside echo_allreduce, by mode (enqueue time only when deferred) */
 } echo_stats;
 
 void echo_get_stats(const echo_comm *c, echo_stats *out);

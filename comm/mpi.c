@@ -78,8 +78,9 @@ static int mpi_ready(mpi_world *mw, char *err, size_t errlen) {
         return -1;
     }
     if (mw->aborted) {
-        snprintf(err, errlen, "echo: the mpi world was aborted in this process (echo_abort); peers are woken only "
-                              "by MPI_Abort");
+        snprintf(err, errlen,
+                 "echo: the mpi world was aborted in this process (echo_abort); peers are woken only "
+                 "by MPI_Abort");
         return -1;
     }
     return 0;
@@ -258,8 +259,9 @@ int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, s
     *out = NULL;
     int inited = 0, fin = 0, level = 0, n = 0, me = 0;
     if (MPI_Initialized(&inited) != MPI_SUCCESS || !inited || MPI_Finalized(&fin) != MPI_SUCCESS || fin) {
-        snprintf(err, errlen, "echo: the mpi transport needs MPI initialised (MPI_Init_thread with "
-                              "MPI_THREAD_FUNNELED or better) and not finalised");
+        snprintf(err, errlen,
+                 "echo: the mpi transport needs MPI initialised (MPI_Init_thread with "
+                 "MPI_THREAD_FUNNELED or better) and not finalised");
         return -1;
     }
     if (MPI_Query_thread(&level) != MPI_SUCCESS || level < MPI_THREAD_FUNNELED) {
@@ -301,8 +303,10 @@ int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, s
     echo_plan_init(&ep, w->exact_max, n, w->cfg.group_size, ECHO_BF16);
     /* MPI counts and displacements are ints */
     if (N * mw->stride > INT_MAX || ep.shard * N > INT_MAX) {
-        snprintf(err, errlen, "echo: max_count %zu is too large for the mpi transport's int counts (at most %d "
-                              "bytes of messages per rank)", cfg->max_count, INT_MAX);
+        snprintf(err, errlen,
+                 "echo: max_count %zu is too large for the mpi transport's int counts (at most %d "
+                 "bytes of messages per rank)",
+                 cfg->max_count, INT_MAX);
         goto fail;
     }
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &mw->comm);
@@ -343,8 +347,9 @@ fail:
 int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
     (void)cfg;
     *out = NULL;
-    snprintf(err, errlen, "echo: this build has no mpi transport (Open MPI was not found at build time: install "
-                          "openmpi-bin and libopenmpi-dev, then rebuild; see comm/README.md)");
+    snprintf(err, errlen,
+             "echo: this build has no mpi transport (Open MPI was not found at build time: install "
+             "openmpi-bin and libopenmpi-dev, then rebuild; see comm/README.md)");
     return -1;
 }
 

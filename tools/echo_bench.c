@@ -418,15 +418,16 @@ out:
 #endif
 
 static void ar_usage(void) {
-    fprintf(stderr, "usage: echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]\n"
-                    "                            [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G]\n"
-                    "                            [--echo-min-bytes N] [--iters N] [--warmup N] [--seed S]\n"
-                    "                            [--dist gauss|outlier] [--json]\n"
-                    "  local: ranks are threads over host memory, fp32 (CPU numbers)\n"
-                    "  nccl:  rank r on GPU r, bf16, exact = NCCL's bf16 all-reduce; uniform inputs (no --dist)\n"
-                    "  mpi:   under mpirun, one rank per process (--ranks is the job's size), fp32; exact =\n"
-                    "         MPI_Allreduce, or the two-shot schedule with ECHO_MPI_EXACT=twoshot; time =\n"
-                    "         median over iterations of the slowest rank's\n");
+    fprintf(stderr,
+            "usage: echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]\n"
+            "                            [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G]\n"
+            "                            [--echo-min-bytes N] [--iters N] [--warmup N] [--seed S]\n"
+            "                            [--dist gauss|outlier] [--json]\n"
+            "  local: ranks are threads over host memory, fp32 (CPU numbers)\n"
+            "  nccl:  rank r on GPU r, bf16, exact = NCCL's bf16 all-reduce; uniform inputs (no --dist)\n"
+            "  mpi:   under mpirun, one rank per process (--ranks is the job's size), fp32; exact =\n"
+            "         MPI_Allreduce, or the two-shot schedule with ECHO_MPI_EXACT=twoshot; time =\n"
+            "         median over iterations of the slowest rank's\n");
 }
 
 static int cmd_allreduce(int argc, char **argv) {

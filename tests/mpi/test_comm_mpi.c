@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "comm/echo.h"
+#include "comm/echo_internal.h" /* a device-memory stand-in of the local transport */
 
 static int g_rank, g_n;
 static long g_checks, g_fail;
@@ -375,6 +376,34 @@ static void abort_local(void) {
     echo_world_destroy(w);
 }
 
+/* A transport on device memory refuses bf16 (its steps are host loops):
+ * the local transport with a memory table that says "device", on host
+ * buffers, as tests/unit/test_comm.c stands it in. */
+static int fake_alloc(int device, size_t bytes, void **out, char *err, size_t errlen) {
+    (void)device, (void)err, (void)errlen;
+    *out = calloc(1, bytes ? bytes : 1);
+    return *out ? 0 : -1;
+}
+static void fake_free(int device, void *p) {
+    (void)device;
+    free(p);
+}
+
+static void bf16_refused_on_device(void) {
+    static const echo_local_mem fake = {.device_memory = 1, .alloc = fake_alloc, .free = fake_free};
+    echo_config cfg = {ECHO_MODE_BF16, 0, 0, 2, 1024, 0, 0};
+    echo_world *w = NULL;
+    echo_comm *c = NULL;
+    char err[256] = "";
+    int rc = echo_local_world_create(2, 0, &fake, &echo_host_compute, &cfg, &w, err, sizeof err);
+    CHECK(!rc, "device-memory stand-in: %s", err);
+    if (rc) return;
+    rc = echo_comm_create(w, 0, &c, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "host transports only"), "bf16 on a device transport: rc %d '%s'", rc, err);
+    echo_comm_destroy(c);
+    echo_world_destroy(w);
+}
+
 static void api(void) {
     echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 2, 1024, 0, 0};
     echo_world *w = NULL;
@@ -416,6 +445,7 @@ int main(int argc, char **argv) {
     init_counts(g_n);
     api();
     abort_local();
+    bf16_refused_on_device();
     const echo_mode modes[] = {ECHO_MODE_INT4, ECHO_MODE_ECHO, ECHO_MODE_BF16, ECHO_MODE_EXACT};
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
         compare(modes[m], 0, 0);
