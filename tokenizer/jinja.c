@@ -487,7 +487,7 @@ static void lex(parser *p, const char *src, size_t n) {
 typedef enum {
     E_STR, E_INT, E_FLOAT, E_BOOL, E_NONE, E_NAME, E_LIST, E_TUPLE, E_DICT,
     E_ATTR, E_ITEM, E_SLICE, E_CALL, E_FILTER, E_TEST, E_NOT, E_NEG, E_POS,
-    E_BIN, E_AND, E_OR, E_COND, E_CMP, E_CONCAT
+    E_BIN, E_AND, E_OR, E_COND, E_CMP, E_CONCAT, E_BODY /* the rendered body of a filter block / block set */
 } ekind;
 
 enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FDIV, OP_MOD, OP_POW };
@@ -513,7 +513,7 @@ struct expr {
     int *ops; /* E_CMP: nargs-1 operators after a */
 };
 
-typedef enum { S_TEXT, S_OUT, S_IF, S_FOR, S_SET, S_SETBLOCK, S_BREAK, S_CONTINUE, S_MACRO, S_BLOCK } skind;
+typedef enum { S_TEXT, S_OUT, S_IF, S_FOR, S_SET, S_SETBLOCK, S_BREAK, S_CONTINUE, S_MACRO, S_BLOCK, S_FILTER, S_CALL } skind;
 
 typedef struct stmt stmt;
 struct stmt {
@@ -530,7 +530,8 @@ struct stmt {
     size_t *nlens;
     size_t nnames;
     expr **defaults; /* macro parameter defaults (NULL = required) */
-    int filter_fn;   /* S_SETBLOCK filter, -1 none */
+    int filter_fn;   /* unused */
+    int uses_caller; /* S_MACRO: the body names `caller` (accepts a call block) */
 };
 
 struct tok_template {
@@ -827,10 +828,9 @@ static expr *parse_postfix(parser *p, expr *e) {
     }
 }
 
-static expr *parse_filter_expr(parser *p, expr *e) {
-    for (;;) {
-        if (accept_op(p, "|")) {
-            do {
+/* name[(args)] [| name[(args)] ...] applied to e (after a `|`). */
+static expr *parse_filter_chain(parser *p, expr *e) {
+    do {
                 token *nm = expect_name(p);
                 sbuf full = {0};
                 sb_put(p->a, &full, nm->s, nm->n);
@@ -849,7 +849,14 @@ static expr *parse_filter_expr(parser *p, expr *e) {
                 x->n = full.n;
                 if (is_op(cur(p), "(")) parse_args(p, x);
                 e = x;
-            } while (accept_op(p, "|"));
+    } while (accept_op(p, "|"));
+    return e;
+}
+
+static expr *parse_filter_expr(parser *p, expr *e) {
+    for (;;) {
+        if (accept_op(p, "|")) {
+            e = parse_filter_chain(p, e);
         } else if (is_name(cur(p), "is")) {
             int line = nexttok(p)->line;
             int neg = accept_name(p, "not");
@@ -1173,12 +1180,7 @@ static stmt *parse_tag(parser *p, int in_loop, const char *const *ends, int *end
             } else {
                 if (s->nnames != 1) perr(p, line, "block set takes one name");
                 s->k = S_SETBLOCK;
-                if (accept_op(p, "|")) {
-                    token *f = expect_name(p);
-                    s->filter_fn = lookup_name(FILTERS, F_N, f->s, f->n);
-                    if (s->filter_fn < 0 || is_op(cur(p), "(") || is_op(cur(p), "|"))
-                        perr(p, f->line, "unsupported construct: filter on block set");
-                }
+                if (accept_op(p, "|")) s->e = parse_filter_chain(p, mk(p, E_BODY, line));
                 expect_bend(p);
                 static const char *const e1[] = {"endset", NULL};
                 int tag;
@@ -1218,6 +1220,50 @@ static stmt *parse_tag(parser *p, int in_loop, const char *const *ends, int *end
         memcpy(s->defaults, defs, n * sizeof *defs);
         s->nnames = n;
         static const char *const e1[] = {"endmacro", NULL};
+        int tag;
+        size_t first = p->pos;
+        s->body = parse_body(p, e1, &tag, 0);
+        for (size_t i = first; i < p->pos; i++) s->uses_caller |= is_name(&p->t[i], "caller");
+        expect_bend(p);
+    } else if (is_name(kw, "filter")) {
+        s = mks(p, S_FILTER, line);
+        s->e = parse_filter_chain(p, mk(p, E_BODY, line));
+        expect_bend(p);
+        static const char *const e1[] = {"endfilter", NULL};
+        int tag;
+        s->body = parse_body(p, e1, &tag, in_loop);
+        expect_bend(p);
+    } else if (is_name(kw, "call")) {
+        /* {% call [(params)] macro(args) %}body{% endcall %}: body is `caller` */
+        s = mks(p, S_CALL, line);
+        s->s = "caller";
+        s->n = 6;
+        const char *names[32];
+        size_t lens[32], n = 0;
+        expr *defs[32];
+        if (accept_op(p, "(")) {
+            while (!accept_op(p, ")")) {
+                if (n) expect_op(p, ",");
+                if (accept_op(p, ")")) break;
+                token *a = expect_name(p);
+                if (n == 32) perr(p, a->line, "too many caller parameters");
+                names[n] = a->s;
+                lens[n] = a->n;
+                defs[n] = accept_op(p, "=") ? parse_expr(p) : NULL;
+                n++;
+            }
+        }
+        s->names = aalloc(p->a, (n + 1) * sizeof *s->names);
+        s->nlens = aalloc(p->a, (n + 1) * sizeof *s->nlens);
+        s->defaults = aalloc(p->a, (n + 1) * sizeof *s->defaults);
+        memcpy(s->names, names, n * sizeof *names);
+        memcpy(s->nlens, lens, n * sizeof *lens);
+        memcpy(s->defaults, defs, n * sizeof *defs);
+        s->nnames = n;
+        s->e = parse_expr(p);
+        if (s->e->k != E_CALL) perr(p, line, "expected a call after 'call'");
+        expect_bend(p);
+        static const char *const e1[] = {"endcall", NULL};
         int tag;
         s->body = parse_body(p, e1, &tag, 0);
         expect_bend(p);
@@ -1283,6 +1329,12 @@ enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_NS, V_M
 
 typedef struct list list;
 typedef struct dict dict;
+struct frame;
+/* A macro (or a call block's body) with the frame it was defined in. */
+struct closure {
+    const struct stmt *m;
+    struct frame *f;
+};
 typedef struct method method;
 typedef struct loopst loopst;
 
@@ -1297,7 +1349,7 @@ typedef struct {
         } s;
         list *l;
         dict *d;
-        const stmt *m;
+        struct closure *m;
         method *me;
         loopst *lp;
         int fn;
@@ -1358,6 +1410,7 @@ typedef struct {
     unsigned long long steps;
     int depth;
     frame *root;
+    val body; /* E_BODY while a filter block / block set applies its filters */
     sbuf *out;
     int brk;    /* 1 break, 2 continue */
     int edepth; /* C recursion through eval/exec_body */
@@ -3354,9 +3407,13 @@ static val call_method_(rs *R, method *m, const callargs *c) {
     return vnone();
 }
 
-static val call_macro(rs *R, const stmt *m, const callargs *c) {
+static val call_macro(rs *R, const struct closure *cl, const callargs *c) {
+    const stmt *m = cl->m;
     if (++R->depth > J_MAX_CALL_DEPTH) FAIL(R, "macro recursion too deep");
-    frame fr = {R->root, dict_new(R)};
+    /* frames live in the arena: a `caller` may outlive the C frame that made it */
+    frame *fp = aalloc(&R->a, sizeof *fp);
+    fp->parent = cl->f;
+    fp->vars = dict_new(R);
     if (c->npos > m->nnames) FAIL(R, "macro '%.*s' takes not more than %zu argument(s)", (int)m->n, m->s, m->nnames);
     for (size_t i = 0; i < m->nnames; i++) {
         val v = vundef(m->names[i], m->nlens[i]);
@@ -3367,18 +3424,22 @@ static val call_macro(rs *R, const stmt *m, const callargs *c) {
                 if (got) FAIL(R, "macro got multiple values for argument");
                 v = c->kwv[k], got = 1;
             }
-        if (!got && m->defaults[i]) v = eval(R, m->defaults[i], &fr);
-        dict_set(R, fr.vars, vstr(m->names[i], m->nlens[i]), v);
+        if (!got && m->defaults[i]) v = eval(R, m->defaults[i], fp);
+        dict_set(R, fp->vars, vstr(m->names[i], m->nlens[i]), v);
     }
     for (size_t k = 0; k < c->nkw; k++) {
         int ok = 0;
+        if (m->uses_caller && c->kw[k].nlen == 6 && !memcmp(c->kw[k].name, "caller", 6)) {
+            dict_set(R, fp->vars, vstr("caller", 6), c->kwv[k]);
+            continue;
+        }
         for (size_t i = 0; i < m->nnames; i++) ok |= c->kw[k].nlen == m->nlens[i] && !memcmp(c->kw[k].name, m->names[i], m->nlens[i]);
         if (!ok) FAIL(R, "macro '%.*s' takes no keyword argument '%.*s'", (int)m->n, m->s, (int)c->kw[k].nlen, c->kw[k].name);
     }
     sbuf out = {0}, *saved = R->out;
     int saved_brk = R->brk;
     R->out = &out;
-    exec_body(R, m->body, &fr);
+    exec_body(R, m->body, fp);
     R->out = saved;
     R->brk = saved_brk;
     R->depth--;
@@ -3464,6 +3525,7 @@ static val eval_(rs *R, const expr *e, frame *f) {
     case E_FLOAT: return vfloat(e->f);
     case E_BOOL: return vbool((int)e->i);
     case E_NONE: return vnone();
+    case E_BODY: return R->body;
     case E_NAME: return lookup(R, f, e->s, e->n);
     case E_LIST:
     case E_TUPLE: {
@@ -3576,11 +3638,13 @@ static void exec_for(rs *R, const stmt *s, frame *f) {
     if (s->cond) {
         /* the loop filter sees each item; loop.* counts only the kept ones */
         list *kept = list_new(R, 0);
-        frame fr = {f, dict_new(R)};
+        frame *fr = aalloc(&R->a, sizeof *fr);
+        fr->parent = f;
+        fr->vars = dict_new(R);
         for (size_t i = 0; i < items->n; i++) {
-            fr.vars->n = 0;
-            assign_targets(R, &fr, s, items->v[i]);
-            if (truthy(eval(R, s->cond, &fr))) list_push(R, kept, items->v[i]);
+            fr->vars->n = 0;
+            assign_targets(R, fr, s, items->v[i]);
+            if (truthy(eval(R, s->cond, fr))) list_push(R, kept, items->v[i]);
         }
         items = kept;
     } /* lists are never modified after they are built: no snapshot needed */
@@ -3590,18 +3654,21 @@ static void exec_for(rs *R, const stmt *s, frame *f) {
     }
     loopst *lp = azalloc(&R->a, sizeof *lp);
     lp->items = items;
-    /* one frame per loop, emptied each iteration: nothing else points at
-     * a frame's storage, and a fresh scope per iteration is jinja2's rule */
-    frame fr = {f, dict_new(R)};
+    /* a fresh scope per iteration is jinja2's rule; one frame emptied each
+     * iteration gives it without an allocation per item (a macro defined
+     * inside the loop body sees the current iteration's variables) */
+    frame *fr = aalloc(&R->a, sizeof *fr);
+    fr->parent = f;
+    fr->vars = dict_new(R);
     for (size_t i = 0; i < items->n; i++) {
         step(R);
         lp->i = i;
-        fr.vars->n = 0;
+        fr->vars->n = 0;
         val lv = {V_LOOP, {0}, 0};
         lv.u.lp = lp;
-        dict_set(R, fr.vars, vstr("loop", 4), lv);
-        assign_targets(R, &fr, s, items->v[i]);
-        exec_body(R, s->body, &fr);
+        dict_set(R, fr->vars, vstr("loop", 4), lv);
+        assign_targets(R, fr, s, items->v[i]);
+        exec_body(R, s->body, fr);
         if (R->brk == 1) {
             R->brk = 0;
             break;
@@ -3645,9 +3712,11 @@ static void exec_body_(rs *R, const stmt *s, frame *f) {
             exec_body(R, s->body, f);
             R->out = saved;
             val v = vsb(&out);
-            if (s->filter_fn >= 0) {
-                callargs c = {0};
-                v = apply_filter(R, s->filter_fn, v, &c, s->line);
+            if (s->e) {
+                val prev = R->body;
+                R->body = v;
+                v = eval(R, s->e, f);
+                R->body = prev;
             }
             assign_targets(R, f, s, v);
             break;
@@ -3656,11 +3725,43 @@ static void exec_body_(rs *R, const stmt *s, frame *f) {
         case S_CONTINUE: R->brk = 2; return;
         case S_MACRO: {
             val m = {V_MACRO, {0}, 0};
-            m.u.m = s;
+            m.u.m = aalloc(&R->a, sizeof *m.u.m);
+            m.u.m->m = s;
+            m.u.m->f = f;
             dict_set(R, f->vars, vstr(s->s, s->n), m);
             break;
         }
         case S_BLOCK: exec_body(R, s->body, f); break;
+        case S_FILTER: {
+            sbuf out = {0}, *saved = R->out;
+            R->out = &out;
+            exec_body(R, s->body, f);
+            R->out = saved;
+            val prev = R->body;
+            R->body = vsb(&out);
+            val v = eval(R, s->e, f);
+            R->body = prev;
+            to_str(R, R->out, v, 0);
+            break;
+        }
+        case S_CALL: {
+            val cv = {V_MACRO, {0}, 0};
+            cv.u.m = aalloc(&R->a, sizeof *cv.u.m);
+            cv.u.m->m = s;
+            cv.u.m->f = f;
+            val fn = eval(R, s->e->a, f);
+            callargs c = eval_args(R, s->e, f);
+            arg *kw = aalloc(&R->a, (c.nkw + 1) * sizeof *kw);
+            val *kwv = aalloc(&R->a, (c.nkw + 1) * sizeof *kwv);
+            if (c.nkw) memcpy(kw, c.kw, c.nkw * sizeof *kw), memcpy(kwv, c.kwv, c.nkw * sizeof *kwv);
+            kw[c.nkw] = (arg){"caller", 6, NULL};
+            kwv[c.nkw] = cv;
+            c.kw = kw;
+            c.kwv = kwv;
+            c.nkw++;
+            to_str(R, R->out, call_value(R, fn, &c, s->line), 0);
+            break;
+        }
         }
     }
 }
