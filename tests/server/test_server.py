@@ -28,6 +28,7 @@ import time
 import traceback
 
 PASSED, FAILED = [], []
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def check(name, cond, detail=""):
@@ -307,8 +308,10 @@ def curl_section(S, name):
     check("completion: stop_token_ids accepted", st == 200, j)
     st, j = cj(U + "/v1/completions", {"prompt": "Hi", "max_tokens": 5})
     check("completion: defaults from generation_config.json (no sampling fields)", st == 200, j)
-    check("completion: default max_tokens fills the context", cj(U + "/v1/completions", {"prompt": "Hi", "temperature": 0,
-          "ignore_eos": True})[1]["usage"]["total_tokens"] == 256)
+    check("completion: default max_tokens is 16 (OpenAI, vLLM)", cj(U + "/v1/completions", {"prompt": "Hi",
+          "temperature": 0, "ignore_eos": True})[1]["usage"]["completion_tokens"] == 16)
+    check("chat: default max_tokens fills the context", cj(U + "/v1/chat/completions", {"messages": [
+          {"role": "user", "content": "Hi"}], "temperature": 0, "ignore_eos": True})[1]["usage"]["total_tokens"] == 256)
 
     # errors
     def err(desc, payload, status, param=None, path="/v1/completions", raw=False):
@@ -340,16 +343,24 @@ def curl_section(S, name):
     err("seed wrong type", {"prompt": "x", "seed": "s"}, 400, "seed")
     err("stop wrong type", {"prompt": "x", "stop": 3}, 400, "stop")
     err("stream wrong type", {"prompt": "x", "stream": "yes"}, 400, "stream")
-    err("n = 2 unsupported", {"prompt": "x", "n": 2}, 400, "n")
-    err("unknown field is named", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate")
-    err("presence_penalty unsupported", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty")
+    err("n = 0", {"prompt": "x", "n": 0}, 400, "n")
+    err("best_of < n", {"prompt": "x", "n": 3, "best_of": 2}, 400, "best_of")
+    err("best_of > n streamed", {"prompt": "x", "n": 1, "best_of": 2, "stream": True}, 400, "best_of")
+    err("presence_penalty out of range", {"prompt": "x", "presence_penalty": 3}, 400, "presence_penalty")
+    err("frequency_penalty wrong type", {"prompt": "x", "frequency_penalty": "x"}, 400, "frequency_penalty")
+    err("min_p above 1", {"prompt": "x", "min_p": 1.5}, 400, "min_p")
+    err("logit_bias key not a token id", {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias")
+    err("logit_bias value out of range", {"prompt": "x", "logit_bias": {"5": 101}}, 400, "logit_bias")
+    err("suffix not honoured", {"prompt": "x", "suffix": "end"}, 400, "suffix")
+    err("prompt_logprobs streamed", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs")
+    err("batch with a non-prompt", {"prompt": ["a", 5]}, 400, "prompt")
+    err("too many runs (prompts x n)", {"prompt": ["a"] * 20, "n": 10}, 400, "prompt")
     err("min_tokens > max_tokens", {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens")
     err("repetition_penalty <= 0", {"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty")
     err("stream_options without stream", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
         "stream_options")
     err("prompt + max_tokens beyond the context", {"prompt": "x", "max_tokens": 100000}, 400, "max_tokens")
     err("prompt longer than the context", {"prompt": list(range(300))}, 400, "prompt")
-    err("echo with logprobs", {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo")
     err("unknown model", {"model": "nope", "prompt": "x"}, 404, "model")
     err("chat: messages missing", {"max_tokens": 3}, 400, "messages", path="/v1/chat/completions")
     err("chat: bad role", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages",
@@ -360,8 +371,6 @@ def curl_section(S, name):
         path="/v1/chat/completions")
     err("chat: top_logprobs without logprobs", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400,
         "top_logprobs", path="/v1/chat/completions")
-    err("chat: unknown chat_template_kwargs key", {"messages": [{"role": "user", "content": "x"}],
-        "chat_template_kwargs": {"foo": 1}}, 400, "chat_template_kwargs", path="/v1/chat/completions")
     err("chat: tools unsupported", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
         400, "tools", path="/v1/chat/completions")
     err("tokenize: prompt wrong type", {"prompt": 5}, 400, "prompt", path="/tokenize")
@@ -651,7 +660,7 @@ def hostile_bodies(rng, n):
         b'{"prompt": "x", "max_tokens": -99999999999}', b'{"prompt": "x", "temperature": NaN}',
         b'{"prompt": "x", "temperature": Infinity}', b'{"prompt": "\xff\xfe"}', b'{"prompt": "\\ud800"}',
         b'{"prompt": [1, 2, "3"]}', b'{"prompt": [1.5]}', b'{"prompt": [-1]}', b'{"prompt": [4294967296]}',
-        b'{"prompt": {"a": 1}}', b'{"prompt": [[1], [2]]}', b'{"prompt": ["a", "b"]}', b'{"prompt": "x", "stop": [1]}',
+        b'{"prompt": {"a": 1}}', b'{"prompt": [[1], ["2"]]}', b'{"prompt": ["a", 5]}', b'{"prompt": "x", "stop": [1]}',
         b'{"prompt": "x", "stop": ["' + b"s" * 5000 + b'"]}', b'{"prompt": "x", "stop": ' +
         json.dumps(["a"] * 100).encode() + b'}', b'{"prompt": "x", "prompt": "y"}',
         b'[' * 5000 + b']' * 5000, b'{"a":' * 3000 + b'1' + b'}' * 3000, b'{"prompt": "x", "seed": 1e400}',
@@ -674,7 +683,9 @@ def hostile_bodies(rng, n):
             out.append(b[: rng.randrange(1, len(b))])
         else:  # well-formed JSON, hostile values (always invalid: one bad field at least)
             d = {f: rng.choice(values) for f in rng.sample(fields, rng.randrange(1, 6))}
-            d["max_tokens"] = rng.choice([0, -5, "many", 10 ** 12, 1.5, [], {}])
+            d["max_tokens"] = rng.choice([-5, "many", 10 ** 12, 1.5, [], {}])
+            d["add_special_tokens"] = rng.choice([5, "x", [], {}])  # /tokenize: unknown fields are ignored
+            d["tokens"] = rng.choice(["x", [-1], [10 ** 9], {}])     # /detokenize: likewise
             out.append(json.dumps(d).encode())
     return out[:n]
 
@@ -840,6 +851,304 @@ def abuse_section(S, n_bodies=800, n_disconnect=100, n_slow=20, timeout_s=3):
           again["choices"][0]["text"] == ref["choices"][0]["text"])
 
 
+def post(url, payload, timeout=120):
+    st, j = cj(url, payload, timeout=timeout)
+    return st, j
+
+
+def features_section(S, name, repo):
+    """Prompt logprobs, batches, n / best_of, penalties, stop_reason: each checked against an
+    independent path (the decode path's logprobs, transformers' logits, single requests)."""
+    U = S.url
+    # 1. echo + logprobs == the decode path's logprobs of the same tokens
+    st, g = post(U + "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0,
+                                         "logprobs": 3, "ignore_eos": True})
+    st, ids = post(U + "/tokenize", {"prompt": "The capital of France is"})
+    gen_lp = g["choices"][0]["logprobs"]
+    ptoks = ids["tokens"]
+    st, e = post(U + "/v1/completions", {"prompt": ptoks, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                                         "echo": True, "logprobs": 3})
+    el = e["choices"][0]["logprobs"]
+    n = len(ptoks)
+    check("echo+logprobs: prompt tokens then completion, the first null", st == 200 and
+          el["token_logprobs"][0] is None and el["top_logprobs"][0] is None and
+          len(el["token_logprobs"]) == n + 6 and e["choices"][0]["text"].startswith("The capital of France is"), e)
+    check("echo+logprobs: completion part == non-echo logprobs",
+          all(abs(a - b) < 1e-6 for a, b in zip(el["token_logprobs"][n:], gen_lp["token_logprobs"])))
+    st, pl = post(U + "/v1/completions", {"prompt": ptoks, "max_tokens": 1, "temperature": 0, "ignore_eos": True,
+                                          "prompt_logprobs": 2})
+    plp = pl["choices"][0].get("prompt_logprobs")
+    check("prompt_logprobs: vLLM's shape (null, then {id: {logprob, rank, decoded_token}})",
+          st == 200 and plp is not None and plp[0] is None and len(plp) == n and
+          all(str(t) in d and {"logprob", "rank", "decoded_token"} <= set(d[str(t)]) for t, d in zip(ptoks[1:], plp[1:])),
+          pl)
+    check("prompt_logprobs == echo's prompt token_logprobs",
+          plp is not None and all(abs(d[str(t)]["logprob"] - x) < 1e-6
+                                  for t, d, x in zip(ptoks[1:], plp[1:], el["token_logprobs"][1:n])))
+    # forced decode: logit_bias +100 makes the token the greedy choice; its reported logprob is the raw
+    # distribution's, computed on the decode path (one full row), not on the prompt-rows path
+    worst = 0.0
+    for i in range(1, n):
+        st, f = post(U + "/v1/completions", {"prompt": ptoks[:i], "max_tokens": 1, "temperature": 0, "logprobs": 0,
+                                             "logit_bias": {str(ptoks[i]): 100}})
+        worst = max(worst, abs(f["choices"][0]["logprobs"]["token_logprobs"][0] - el["token_logprobs"][i]))
+    check(f"prompt logprobs == decode-path logprobs of the same tokens (max diff {worst:.2e})", worst < 1e-4)
+    st, z = post(U + "/v1/completions", {"prompt": ptoks, "max_tokens": 0, "echo": True, "logprobs": 1})
+    check("echo + max_tokens 0 scores the prompt only", st == 200 and z["usage"]["completion_tokens"] == 0 and
+          z["choices"][0]["logprobs"]["token_logprobs"][1:] == el["token_logprobs"][1:n], z)
+    # 2. the transformers reference (tests/fixtures/models/realvocab: the demo model's weights)
+    import struct
+    fx = os.path.join(repo, "tests/fixtures/models/realvocab")
+    ref = json.load(open(fx + "/reference.json"))
+    raw = open(fx + "/reference.bin", "rb").read()
+    nf = struct.unpack("<Q", raw[8:16])[0]
+    V = ref["vocab_size"]
+    worst, count = 0.0, 0
+    import math
+    for p in ref["prompts"]:
+        seqr = p["prompt"] + p["greedy"]
+        st, j = post(U + "/v1/completions", {"prompt": seqr, "max_tokens": 0, "echo": True, "logprobs": 1})
+        lps = j["choices"][0]["logprobs"]["token_logprobs"]
+        for r in range(p["logits_rows"]):
+            pos = p["logits_first_position"] + r
+            if pos + 1 >= len(seqr):
+                continue
+            off = 16 + 4 * (p["logits_offset"] + r * V)
+            row = struct.unpack(f"<{V}f", raw[off:off + 4 * V])
+            mx = max(row)
+            lse = mx + math.log(sum(math.exp(x - mx) for x in row))
+            worst = max(worst, abs(lps[pos + 1] - (row[seqr[pos + 1]] - lse)))
+            count += 1
+    check(f"prompt logprobs == transformers' fp32 logits ({count} positions, max diff {worst:.2e})",
+          count > 0 and worst < 1e-4 and nf > 0)
+    # 3. batched prompts: one choice per prompt, each == the prompt alone
+    prompts = ["Hello there", "One two three", [1, 2, 3, 4]]
+    st, b = post(U + "/v1/completions", {"prompt": prompts, "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+    alone = [post(U + "/v1/completions", {"prompt": p, "max_tokens": 5, "temperature": 0, "ignore_eos": True})[1]
+             for p in prompts]
+    check("batched prompts: one choice per prompt (index), each == the prompt alone", st == 200 and
+          [c["index"] for c in b["choices"]] == [0, 1, 2] and
+          [c["text"] for c in b["choices"]] == [a["choices"][0]["text"] for a in alone] and
+          b["usage"]["completion_tokens"] == 15, b)
+    # 4. n and best_of (seeded: run j uses seed + j)
+    req = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 11, "ignore_eos": True,
+           "logprobs": 0}
+    st, nn = post(U + "/v1/completions", dict(req, n=3))
+    st1, one = post(U + "/v1/completions", req)
+    check("n = 3: three choices, the first == n = 1 with the same seed", st == 200 and len(nn["choices"]) == 3 and
+          nn["choices"][0]["text"] == one["choices"][0]["text"] and nn["usage"]["completion_tokens"] == 18, nn)
+    st, bo = post(U + "/v1/completions", dict(req, n=1, best_of=3))
+    sums = [sum(c["logprobs"]["token_logprobs"]) for c in nn["choices"]]
+    check("best_of = 3: the run with the highest cumulative logprob", st == 200 and len(bo["choices"]) == 1 and
+          bo["choices"][0]["text"] == nn["choices"][max(range(3), key=lambda k: sums[k])]["text"], (bo, sums))
+    # 5. stop_reason
+    st, g = post(U + "/v1/completions", {"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    text = g["choices"][0]["text"]
+    stop = text[3:5] if len(text) > 5 else None
+    if stop:
+        st, sj = post(U + "/v1/completions", {"prompt": "Hello", "max_tokens": 8, "temperature": 0, "stop": [stop]})
+        check("stop_reason: the matched stop string", sj["choices"][0]["finish_reason"] == "stop" and
+              sj["choices"][0]["stop_reason"] == stop, sj)
+    st, tk = post(U + "/tokenize", {"prompt": "Hello"})
+    # the 2nd greedy token's id: its string (top 1 of its row) through /tokenize
+    st, d = post(U + "/v1/completions", {"prompt": tk["tokens"], "max_tokens": 3, "temperature": 0,
+                                         "ignore_eos": True, "logprobs": 5})
+    top2 = d["choices"][0]["logprobs"]["top_logprobs"][1]
+    st, ids2 = post(U + "/tokenize", {"prompt": next(iter(top2)), "add_special_tokens": False})
+    if len(ids2["tokens"]) == 1:
+        sid = ids2["tokens"][0]
+        st, sj = post(U + "/v1/completions", {"prompt": tk["tokens"], "max_tokens": 3, "temperature": 0,
+                                              "ignore_eos": True, "stop_token_ids": [sid]})
+        check("stop_reason: the stop_token_ids entry", sj["choices"][0]["stop_reason"] == sid and
+              sj["usage"]["completion_tokens"] == 2, sj)
+    # 6. penalties, min_p, logit_bias against the raw top logprobs (greedy: argmax of the adjusted row)
+    pen = {"presence_penalty": 1.0, "frequency_penalty": 1.5}
+    st, pj = post(U + "/v1/completions", dict({"prompt": "a a a a a", "max_tokens": 10, "temperature": 0,
+                                               "ignore_eos": True, "logprobs": 20}, **pen))
+    lpj = pj["choices"][0]["logprobs"]
+    ok, seen = True, {}
+    for tokstr, top in zip(lpj["tokens"], lpj["top_logprobs"]):
+        adj = {t: v - (pen["frequency_penalty"] * seen.get(t, 0) + pen["presence_penalty"] * (t in seen))
+               for t, v in top.items()}
+        ok &= max(adj, key=adj.get) == tokstr
+        seen[tokstr] = seen.get(tokstr, 0) + 1
+    check("presence/frequency_penalty: each greedy token is the argmax of the penalized row", st == 200 and ok, pj)
+    st, gj = post(U + "/v1/completions", {"prompt": "a a a a a", "max_tokens": 6, "temperature": 0,
+                                          "ignore_eos": True})
+    st, mj = post(U + "/v1/completions", {"prompt": "a a a a a", "max_tokens": 6, "temperature": 1.0, "seed": 3,
+                                          "min_p": 1.0, "ignore_eos": True})
+    check("min_p = 1: only the most likely token survives (== greedy)", mj["choices"][0]["text"] ==
+          gj["choices"][0]["text"], (mj, gj))
+    st, lb = post(U + "/v1/completions", {"prompt": "a a a a a", "max_tokens": 4, "temperature": 0,
+                                          "ignore_eos": True, "logit_bias": {"9707": 100}})
+    st, dt = post(U + "/detokenize", {"tokens": [9707] * 4})
+    check("logit_bias +100: that token every step", lb["choices"][0]["text"] == dt["prompt"], (lb, dt))
+    # 7. stream_options.continuous_usage_stats
+    st, _, body = request("POST", U + "/v1/completions", {"prompt": "Hi", "max_tokens": 4, "temperature": 0,
+                          "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True,
+                                                                                 "continuous_usage_stats": True}})
+    ev = [e for e in sse_events(body.decode()) if e != "[DONE]"]
+    us = [e.get("usage") for e in ev]
+    check("continuous_usage_stats: usage on every chunk, completion_tokens growing to 4",
+          st == 200 and all(u is not None for u in us) and us[-1]["completion_tokens"] == 4 and
+          [u["completion_tokens"] for u in us] == sorted(u["completion_tokens"] for u in us), us)
+    # 8. n > 1 streamed: every index finishes
+    st, _, body = request("POST", U + "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                          "max_tokens": 3, "n": 2, "stream": True, "temperature": 0})
+    ev = [e for e in sse_events(body.decode()) if e != "[DONE]"]
+    fins = sorted(c["index"] for e in ev for c in e["choices"] if c.get("finish_reason"))
+    check("chat n = 2 streamed: both indices finish", st == 200 and fins == [0, 1], ev[-3:])
+    # 9. routes and the field policy
+    st, m = cj(U + "/v1/models/" + name)
+    st2, m2 = cj(U + "/v1/models/nope")
+    check("GET /v1/models/{id}: the model, 404 for another", st == 200 and m["id"] == name and st2 == 404, (m, m2))
+    st, v = cj(U + "/version")
+    check("GET /version", st == 200 and isinstance(v.get("version"), str), v)
+    st, j = post(U + "/v1/completions", {"prompt": "x", "max_tokens": 1, "frobnicate": 1, "stream_options_x": 2})
+    time.sleep(0.2)
+    check("unknown fields: accepted, one warning line naming them",
+          st == 200 and re.search(r"WARNING .*ignoring unknown fields: 'frobnicate', 'stream_options_x'", S.logtext())
+          is not None, j)
+    st, j = post(U + "/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "weird": 1}],
+                                              "max_tokens": 1, "chat_template_kwargs": {"foo": 1}})
+    check("chat: unknown message key and chat_template_kwargs key ignored", st == 200, j)
+    # 10. the openai client
+    import openai
+    client = openai.OpenAI(base_url=U + "/v1", api_key="unused", max_retries=0, timeout=60)
+    r = client.completions.create(model=name, prompt="Hello", max_tokens=4, n=2, temperature=0)
+    check("openai: completions n = 2", len(r.choices) == 2 and {c.index for c in r.choices} == {0, 1})
+    r = client.completions.create(model=name, prompt=ptoks, max_tokens=1, temperature=0, echo=True, logprobs=1)
+    check("openai: echo + logprobs", r.choices[0].logprobs.token_logprobs[0] is None and
+          abs(r.choices[0].logprobs.token_logprobs[n - 1] - el["token_logprobs"][n - 1]) < 1e-6)
+    r = client.completions.create(model=name, prompt="a a a a a", max_tokens=10, temperature=0, logprobs=20,
+                                  presence_penalty=1.0, frequency_penalty=1.5, extra_body={"ignore_eos": True})
+    check("openai: penalties", r.choices[0].text == pj["choices"][0]["text"])
+    if stop:
+        r = client.completions.create(model=name, prompt="Hello", max_tokens=8, temperature=0, stop=[stop])
+        check("openai: stop_reason", (r.choices[0].model_extra or {}).get("stop_reason") == stop, r)
+    r = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, n=3,
+                                       temperature=0.9, seed=4)
+    check("openai: chat n = 3", sorted(c.index for c in r.choices) == [0, 1, 2])
+    check("openai: models.retrieve", client.models.retrieve(name).id == name)
+
+
+def limits_section(binary, model, name):
+    """Hostile clients: the request deadline, the per-client cap, --max-connections (503 + Retry-After at
+    once, counted in /metrics), and a non-streaming request whose client hangs up."""
+    S = Server(binary, model, "--served-model-name", name, "--max-model-len", "256", "--timeout", "30",
+               "--request-deadline", "2", "--max-connections", "16", "--max-connections-per-client", "4",
+               name="limits")
+    try:
+        port = S.port
+        m0 = parse_metrics(S.url)
+
+        def slow_conn(src):
+            s = socket.socket()
+            s.bind((src, 0))
+            s.settimeout(10)
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            return s
+
+        slow = [slow_conn("127.0.0.2") for _ in range(20)]
+        t0 = time.time()
+        # the 16 over the per-client cap get a whole 503 with Retry-After at once
+        def read_all(s, limit):
+            s.settimeout(limit)
+            data = b""
+            try:
+                while True:
+                    b = s.recv(4096)
+                    if not b:
+                        break
+                    data += b
+            except OSError:
+                pass
+            return data
+        over = [read_all(s, 1.0) for s in slow[4:]]
+        check("per-client cap: 16 connections over it answered 503 + Retry-After at once",
+              all(d.startswith(b"HTTP/1.1 503") and b"Retry-After:" in d and b'"code":503' in d for d in over) and
+              time.time() - t0 < 5, [d[:40] for d in over][:3])
+        # /health from another address answers while the slow ones trickle, each byte resetting the idle timeout
+        ok = 0
+        for i in range(20):
+            for s in slow[:4]:
+                try:
+                    s.sendall(b"X")
+                except OSError:
+                    pass
+            try:
+                st, _, _ = request("GET", S.url + "/health", timeout=2)
+                ok += st == 200
+            except OSError:
+                pass
+            time.sleep(0.1)
+        check("/health answers 20 of 20 probes during the slow clients", ok == 20, ok)
+        closed = []
+        for s in slow[:4]:
+            d = read_all(s, 4.0)
+            closed.append((d, time.time() - t0))
+        check("request deadline: the trickling connections are closed (~2 s) though each byte resets the idle "
+              "timeout (30 s)", all(d == b"" for d, _ in closed) and max(t for _, t in closed) < 8,
+              [(d[:20], round(t, 1)) for d, t in closed])
+        for s in slow:
+            s.close()
+        # --max-connections: 16 idle connections from 4 addresses, then a 17th from a 5th
+        idle = [slow_conn(f"127.0.0.{3 + i // 4}") for i in range(16)]
+        time.sleep(0.3)
+        extra = slow_conn("127.0.0.9")
+        d = read_all(extra, 2.0)
+        check("--max-connections: the 17th connection answered 503 + Retry-After", d.startswith(b"HTTP/1.1 503") and
+              b"Retry-After:" in d, d[:80])
+        for s in idle + [extra]:
+            s.close()
+        time.sleep(0.5)
+        st, h, _ = request("GET", S.url + "/health")
+        m1 = parse_metrics(S.url)
+
+        def delta(fam, sname, **lb):
+            return (sample(m1, fam, sname, **lb) or 0) - (sample(m0, fam, sname, **lb) or 0)
+        check("/metrics counts the refused connections by reason",
+              delta("echo:http_connections_rejected", "echo:http_connections_rejected_total", reason="per_client") == 16
+              and delta("echo:http_connections_rejected", "echo:http_connections_rejected_total",
+                        reason="max_connections") == 1 and
+              delta("echo:http_request_deadline_closed", "echo:http_request_deadline_closed_total") >= 4,
+              {k: v for k, v in m1.items() if "rejected" in k or "deadline" in k})
+        # every 503 carries Retry-After (queue full: a server with a tiny queue below)
+        # non-streaming requests whose clients hang up are cancelled, their KV freed
+        gen0 = sample(m1, "echo:generation_tokens", "echo:generation_tokens_total") or 0
+        ab0 = sample(m1, "echo:request_success", "echo:request_success_total", finished_reason="abort") or 0
+        body = json.dumps({"prompt": "hang up", "max_tokens": 200, "ignore_eos": True, "temperature": 0}).encode()
+        socks = []
+        for i in range(3):  # the cap is 4 per address: /metrics keeps one
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            socks.append(s)
+        time.sleep(0.4)
+        for s in socks:
+            s.close()
+        m2 = None
+        for _ in range(50):
+            m2 = parse_metrics(S.url)
+            if (sample(m2, "echo:num_requests_running", "echo:num_requests_running") == 0 and
+                    (sample(m2, "echo:request_success", "echo:request_success_total", finished_reason="abort") or 0)
+                    - ab0 >= 3):
+                break
+            time.sleep(0.1)
+        gen = (sample(m2, "echo:generation_tokens", "echo:generation_tokens_total") or 0) - gen0
+        ab = (sample(m2, "echo:request_success", "echo:request_success_total", finished_reason="abort") or 0) - ab0
+        check("abandoned non-streaming requests cancelled (abort), KV freed, far fewer than 3 x 200 tokens",
+              ab == 3 and gen < 450 and sample(m2, "echo:kv_cache_usage_perc", "echo:kv_cache_usage_perc") == 0,
+              (ab, gen))
+    finally:
+        rc, log = S.stop()
+    check("limits server: SIGTERM -> exit 0", rc == 0, (rc, log[-2000:]))
+    bad = [l for l in log.splitlines()
+           if re.search(r"ERROR: (AddressSanitizer|LeakSanitizer)|Sanitizer has encountered|runtime error:", l)]
+    check("limits server: no sanitizer reports", not bad, "\n".join(bad[:10]))
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -857,6 +1166,7 @@ def main():
         if a.mode == "full":
             section("curl", curl_section, S, name)
             section("openai", openai_section, S, name)
+            section("features", features_section, S, name, REPO)
             section("concurrency", concurrency_section, S)
             section("metrics", metrics_section, S)
             section("abuse", abuse_section, S)
@@ -868,6 +1178,7 @@ def main():
     finally:
         rc, log = S.stop()
     check("main server: SIGTERM -> exit 0", rc == 0, (rc, log[-2000:]))
+    section("limits", limits_section, a.bin, a.model, name)
     bad = [l for l in log.splitlines()
            if re.search(r"ERROR: (AddressSanitizer|LeakSanitizer)|Sanitizer has encountered|runtime error:", l)]
     check("main server: no sanitizer reports (leaks included) at shutdown", not bad, "\n".join(bad[:10]) +
