@@ -46,6 +46,7 @@ done
 
 ns=echo-lab-$$
 child=
+created=0
 cleanup() {
     # a command still running (we were interrupted) goes first
     if [ -n "$child" ] && kill -0 "$child" 2>/dev/null; then
@@ -53,13 +54,15 @@ cleanup() {
         for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$child" 2>/dev/null || break; sleep 0.2; done
         kill -KILL -- "-$child" 2>/dev/null
     fi
-    ip netns del "$ns" 2>/dev/null
+    # only ours: a namespace of that name made by someone else stays
+    [ $created = 0 ] || ip netns del "$ns" 2>/dev/null
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
 ip netns add "$ns" || exit 1
+created=1
 ip netns exec "$ns" ip link set lo up || exit 1
 if [ "$rate" != none ]; then
     # The link: jumbo frames (MTU 9000 rather than loopback's 64 KiB, so
