@@ -80,7 +80,8 @@ if [ "$rate" != none ]; then
     burst=$((bps / 8 / 500))
     [ "$burst" -ge 65536 ] || burst=65536
     ip netns exec "$ns" ip link set lo mtu "${NETLAB_MTU:-9000}" || exit 1
-    ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_slow_start_after_idle=0 || exit 1
+    ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_slow_start_after_idle=0 ||
+        echo "netlab: warning: cannot set tcp_slow_start_after_idle=0 in the namespace" >&2
     ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst "${NETLAB_BURST:-$burst}" latency 100ms ||
         exit 1
 fi
