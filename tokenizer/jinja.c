@@ -530,7 +530,6 @@ struct stmt {
     size_t *nlens;
     size_t nnames;
     expr **defaults; /* macro parameter defaults (NULL = required) */
-    int filter_fn;   /* unused */
     int uses_caller; /* S_MACRO: the body names `caller` (accepts a call block) */
 };
 
@@ -1064,7 +1063,6 @@ static stmt *mks(parser *p, skind k, int line) {
     stmt *s = azalloc(p->a, sizeof *s);
     s->k = k;
     s->line = line;
-    s->filter_fn = -1;
     return s;
 }
 
