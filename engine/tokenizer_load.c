@@ -213,6 +213,9 @@ int eng_chat_render(const eng_chat_template *chat, const char *context_json, cha
     /* transformers passes the tokenizer's special tokens to every template */
     if (!json_object_get(ctx, "bos_token")) json_object_set_new(ctx, "bos_token", json_string(chat->bos_token));
     if (!json_object_get(ctx, "eos_token")) json_object_set_new(ctx, "eos_token", json_string(chat->eos_token));
+    /* ... and tools / documents, None when the request has none */
+    if (!json_object_get(ctx, "tools")) json_object_set_new(ctx, "tools", json_null());
+    if (!json_object_get(ctx, "documents")) json_object_set_new(ctx, "documents", json_null());
     if (!(ctx_text = json_dumps(ctx, JSON_COMPACT))) {
         snprintf(err, errlen, "out of memory");
         goto out;
