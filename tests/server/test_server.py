@@ -653,21 +653,23 @@ def raw_exchange(port, data, timeout=20, read=True):
         s.close()
 
 
+# "add_special_tokens": 0 (not a boolean) keeps the generation bodies invalid on /tokenize too,
+# where the generation fields are unknown and so ignored
 def hostile_bodies(rng, n):
     fixed = [
         b"", b"{", b"}", b"null", b"true", b"123", b'"str"', b"[]", b"{\"prompt\":}", b"{'prompt': 'x'}",
-        b'{"prompt": "x", "max_tokens": 1e999}', b'{"prompt": "x", "max_tokens": 99999999999999999999999}',
-        b'{"prompt": "x", "max_tokens": -99999999999}', b'{"prompt": "x", "temperature": NaN}',
-        b'{"prompt": "x", "temperature": Infinity}', b'{"prompt": "\xff\xfe"}', b'{"prompt": "\\ud800"}',
+        b'{"add_special_tokens": 0, "prompt": "x", "max_tokens": 1e999}', b'{"add_special_tokens": 0, "prompt": "x", "max_tokens": 99999999999999999999999}',
+        b'{"add_special_tokens": 0, "prompt": "x", "max_tokens": -99999999999}', b'{"add_special_tokens": 0, "prompt": "x", "temperature": NaN}',
+        b'{"add_special_tokens": 0, "prompt": "x", "temperature": Infinity}', b'{"prompt": "\xff\xfe"}', b'{"prompt": "\\ud800"}',
         b'{"prompt": [1, 2, "3"]}', b'{"prompt": [1.5]}', b'{"prompt": [-1]}', b'{"prompt": [4294967296]}',
-        b'{"prompt": {"a": 1}}', b'{"prompt": [[1], ["2"]]}', b'{"prompt": ["a", 5]}', b'{"prompt": "x", "stop": [1]}',
-        b'{"prompt": "x", "stop": ["' + b"s" * 5000 + b'"]}', b'{"prompt": "x", "stop": ' +
-        json.dumps(["a"] * 100).encode() + b'}', b'{"prompt": "x", "prompt": "y"}',
-        b'[' * 5000 + b']' * 5000, b'{"a":' * 3000 + b'1' + b'}' * 3000, b'{"prompt": "x", "seed": 1e400}',
+        b'{"prompt": {"a": 1}}', b'{"prompt": [[1], ["2"]]}', b'{"prompt": ["a", 5]}', b'{"add_special_tokens": 0, "prompt": "x", "stop": [1]}',
+        b'{"add_special_tokens": 0, "prompt": "x", "stop": ["' + b"s" * 5000 + b'"]}', b'{"add_special_tokens": 0, "prompt": "x", "stop": ' +
+        json.dumps(["a"] * 100).encode() + b'}', b'{"add_special_tokens": 0, "prompt": "x", "prompt": "y"}',
+        b'[' * 5000 + b']' * 5000, b'{"a":' * 3000 + b'1' + b'}' * 3000, b'{"add_special_tokens": 0, "prompt": "x", "seed": 1e400}',
         b'{"messages": "hi"}', b'{"messages": [{"role": "user"}]}', b'{"messages": [1]}',
-        b'{"prompt": "x", "logprobs": true}', b'{"prompt": "x", "n": 0}', b'{"prompt": "x", "top_k": 9999999999}',
-        b'{"prompt": "x", "max_tokens": null, "temperature": null, "stop": null, "stream": true, "stream_options": 5}',
-        b"\x00\x01\x02\x03", b'{"prompt": "x"}garbage', b'{"prompt": "x", "min_tokens": -1}',
+        b'{"add_special_tokens": 0, "prompt": "x", "logprobs": true}', b'{"add_special_tokens": 0, "prompt": "x", "n": 0}', b'{"add_special_tokens": 0, "prompt": "x", "top_k": 9999999999}',
+        b'{"add_special_tokens": 0, "prompt": "x", "max_tokens": null, "temperature": null, "stop": null, "stream": true, "stream_options": 5}',
+        b"\x00\x01\x02\x03", b'{"prompt": "x"}garbage', b'{"add_special_tokens": 0, "prompt": "x", "min_tokens": -1}',
     ]
     out = list(fixed)
     fields = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "logprobs", "n",
