@@ -147,6 +147,31 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
  * track_error, deferred and device memory are not supported. Fails with a
  * message in a build without Open MPI (Makefile: MPI=0). */
 int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, size_t errlen);
+
+/* ---- Processes (comm/proc.c): ranks as processes under mpirun ----
+ * The MPI calls outside the all-reduce, so that only comm/ includes mpi.h.
+ * echo_proc_init starts the process's MPI session when mpirun launched the
+ * program (OMPI_COMM_WORLD_SIZE set; MPI_Init_thread, SERIALIZED) and reports
+ * rank 0 of 1 otherwise, when every call below is a no-op on one process.
+ * Control messages use their own duplicate of MPI_COMM_WORLD (errors
+ * returned, not fatal) and must be made in the same order on every process,
+ * one thread at a time. A failure (a peer died) comes back as -1 with a
+ * message. */
+int echo_proc_init(int *rank, int *nprocs, char *err, size_t errlen);
+int echo_proc_rank(void);  /* 0 without a session */
+int echo_proc_count(void); /* 1 without a session */
+/* rank 0's `bytes` at buf, to every process */
+int echo_proc_bcast(void *buf, size_t bytes, char *err, size_t errlen);
+/* every process's `bytes` at send into rank 0's recv (nprocs * bytes, rank order) */
+int echo_proc_gather(const void *send, size_t bytes, void *recv, char *err, size_t errlen);
+/* 0 when every process passed ok != 0; else -1 on every process, with
+ * "process R: why" of the lowest failed rank */
+int echo_proc_agree(int ok, const char *why, char *err, size_t errlen);
+/* Print why and end every process of the job (MPI_Abort): for a rank that
+ * cannot continue while its peers may wait in a collective. Returns only
+ * without a session (the caller then exits). */
+void echo_proc_abort(int code, const char *why);
+void echo_proc_finalize(void);
 /* Destroy every comm of the world first. */
 void echo_world_destroy(echo_world *w);
 

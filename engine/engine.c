@@ -7,6 +7,13 @@
  * Every rank validates the same batch the same way before the first
  * collective, so an invalid batch fails on all ranks without anyone waiting
  * in a collective for a rank that gave up.
+ *
+ * Under mpirun (echo_proc_count() > 1) each process is one rank ("procs"
+ * mode): the process of rank 0 owns the engine the caller sees (sequences,
+ * KV blocks, sampling), sends each step's batch to the others (comm/'s
+ * control messages), runs its own rank and gathers their vocabulary slices
+ * or candidates; the other processes sit in eng_follow(), running the same
+ * step on their rank. docs/network.md has the protocol.
  */
 #include <math.h>
 #include <pthread.h>
@@ -73,6 +80,13 @@ struct eng {
     int job; /* what the ranks' threads run at this generation (rank_job) */
     model_batch batch;
     long comm_resets; /* eng_comm_resets */
+    /* procs mode: ranks are the processes of the job, this one is `me`
+     * (only ranks[me] has a backend, model and comm); 0 / 0 otherwise */
+    int procs, me;
+    char *gather; /* rank 0: the gathered results of a step */
+    size_t gather_cap;
+    int dead; /* procs mode: a control message failed (a peer died): no more steps */
+    char why[256];
 };
 
 const model_config *eng_model_config(const eng *e) { return &e->mc; }
@@ -80,7 +94,13 @@ const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
 
 long eng_graph_steps(const eng *e) { return model_graph_steps(e->ranks[0].m); }
 long eng_comm_resets(const eng *e) { return e->comm_resets; }
-int eng_usable(const eng *e, char *why, size_t len) { return !e->world || echo_world_usable(e->world, why, len); }
+int eng_usable(const eng *e, char *why, size_t len) {
+    if (e->dead) {
+        if (why && len) snprintf(why, len, "%s", e->why);
+        return 0;
+    }
+    return !e->world || echo_world_usable(e->world, why, len);
+}
 
 /* After a failed forward on rank r: abort the all-reduce world so that peers
  * waiting for r in a collective fail instead of hanging, unless the failure
@@ -101,6 +121,14 @@ const char *eng_graphs_note(const eng *e) {
     return NULL;
 }
 
+/* Rank r's vocabulary slice, as model_load cuts it (also for ranks that
+ * live in other processes). */
+static void vocab_slice(const eng *e, int r, int *v0, int *vn) {
+    int V = e->mc.vocab_size, per = (V + e->cfg.tp - 1) / e->cfg.tp;
+    *v0 = r * per < V ? r * per : V;
+    *vn = *v0 + per <= V ? per : V - *v0;
+}
+
 /* What a rank's thread runs: the step's forward pass, or, after a pass
  * that aborted the world, dropping its graphs (model_drop_graphs: NCCL
  * frees the aborted communicators only once they are gone, and each rank
@@ -119,6 +147,9 @@ static void rank_job(eng_rank *r, int job, model_batch b) {
     r->rc = model_forward(r->m, &b, r->logits, r->err, sizeof r->err);
     r->aborted = 0;
     if (r->rc && r->e->cfg.tp > 1) rank_failed(r); /* peers must not wait for us in a collective */
+    /* Another process cannot be woken from a blocking collective: a rank
+     * that failed on its own ends the job, saying why. */
+    if (r->rc && r->e->procs && r->aborted) echo_proc_abort(1, r->err);
 }
 
 static void *rank_main(void *arg) {
@@ -144,6 +175,10 @@ static void *rank_main(void *arg) {
 /* Run `job` on every rank: rank 0 on this thread, the others on theirs. */
 static void ranks_run(eng *e, int job) {
     int tp = e->cfg.tp;
+    if (e->procs) {
+        rank_job(&e->ranks[e->me], job, e->batch);
+        return;
+    }
     if (tp > 1) {
         pthread_mutex_lock(&e->mu);
         e->job = job;
@@ -163,6 +198,11 @@ static void ranks_run(eng *e, int job) {
 static int ranks_forward(eng *e, char *err, size_t errlen) {
     int tp = e->cfg.tp;
     ranks_run(e, RANK_FORWARD);
+    if (e->procs) { /* the other processes' status comes with their results (step_gather) */
+        eng_rank *r = &e->ranks[e->me];
+        if (r->rc) snprintf(err, errlen, "rank %d: %s", e->me, r->err);
+        return r->rc ? -1 : 0;
+    }
     /* Report the rank that failed first-hand, not the peers it aborted. */
     int first = -1;
     for (int i = 0; i < tp; i++) {
@@ -248,22 +288,94 @@ static int pick_transport(eng_config *c, int *use_nccl, char *err, size_t errlen
     return 0;
 }
 
-int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
-    eng *e = calloc(1, sizeof *e);
-    *out = NULL;
-    if (!e) {
-        snprintf(err, errlen, "out of memory");
+/* ---- procs mode: the control messages between rank 0 and the others ----
+ * Every message starts with a ctl_hdr broadcast from rank 0; OP_CREATE is
+ * followed by a wire_cfg, OP_STEP by the batch arrays. After a step every
+ * process sends rank 0 its status and results (one gather). */
+enum { OP_CREATE = 1, OP_STEP, OP_DESTROY, OP_EXIT };
+
+typedef struct ctl_hdr {
+    int32_t op;
+    int32_t n, ntok, nrows, max_blocks, k, nfull, states;
+} ctl_hdr;
+
+/* What an eng_config says, as bytes (strings inline). */
+typedef struct wire_cfg {
+    char model_dir[2048], device[32], transport[32];
+    int32_t tp, allreduce, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
+        kv_blocks, cuda_graphs, fuse_weights, quantize;
+    uint64_t echo_min_bytes;
+} wire_cfg;
+
+static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) {
+    const char *dev = c->device ? c->device : "", *tr = c->transport ? c->transport : "";
+    if (!c->model_dir || strlen(c->model_dir) >= sizeof w->model_dir || strlen(dev) >= sizeof w->device ||
+        strlen(tr) >= sizeof w->transport) {
+        snprintf(err, errlen, "model path, device or transport name too long for the other processes");
         return -1;
     }
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->go_cv, NULL);
-    pthread_cond_init(&e->done_cv, NULL);
-    e->cfg = *cfg;
-    if (model_config_load(cfg->model_dir, &e->mc, err, errlen)) goto fail;
-    fill_defaults(&e->cfg, &e->mc);
-    const eng_config *c = &e->cfg;
-    if (check_limits(c, &e->mc, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) goto fail;
-    if (!model_is_random(c->model_dir) && weights_open(c->model_dir, &e->ws, err, errlen)) goto fail;
+    *w = (wire_cfg){.tp = c->tp, .allreduce = c->allreduce, .echo_group = c->echo_group, .threads = c->threads,
+                    .kv_block_size = c->kv_block_size, .max_model_len = c->max_model_len,
+                    .max_num_seqs = c->max_num_seqs, .max_batch_tokens = c->max_batch_tokens,
+                    .kv_blocks = c->kv_blocks, .cuda_graphs = c->cuda_graphs, .fuse_weights = c->fuse_weights,
+                    .quantize = c->quantize, .echo_min_bytes = c->echo_min_bytes};
+    strcpy(w->model_dir, c->model_dir);
+    strcpy(w->device, dev);
+    strcpy(w->transport, tr);
+    return 0;
+}
+
+static void wire_get(wire_cfg *w, eng_config *c) {
+    w->model_dir[sizeof w->model_dir - 1] = w->device[sizeof w->device - 1] = w->transport[sizeof w->transport - 1] = 0;
+    *c = (eng_config){.model_dir = w->model_dir, .device = w->device[0] ? w->device : NULL,
+                      .transport = w->transport[0] ? w->transport : NULL, .tp = w->tp,
+                      .allreduce = (echo_mode)w->allreduce, .echo_group = w->echo_group, .threads = w->threads,
+                      .kv_block_size = w->kv_block_size, .max_model_len = w->max_model_len,
+                      .max_num_seqs = w->max_num_seqs, .max_batch_tokens = w->max_batch_tokens,
+                      .kv_blocks = w->kv_blocks, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
+                      .quantize = w->quantize, .echo_min_bytes = (size_t)w->echo_min_bytes};
+}
+
+/* In procs mode every process reaches each of these points: 0 when all
+ * got there without error, else -1 everywhere with the first failure's
+ * message (so no process goes on into a collective the others skip). */
+static int procs_agree(const eng *e, int rc, char *err, size_t errlen) {
+    if (!e->procs) return rc;
+    char mine[512];
+    snprintf(mine, sizeof mine, "%s", rc ? err : "");
+    return echo_proc_agree(rc == 0, mine, err, errlen);
+}
+
+/* Everything a rank needs before the all-reduce world: config, checks,
+ * weights, this process's backends. */
+static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
+    eng_config *c = &e->cfg;
+    if (model_config_load(c->model_dir, &e->mc, err, errlen)) return -1;
+    fill_defaults(c, &e->mc);
+    if (check_limits(c, &e->mc, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) return -1;
+    if (e->procs) {
+        int n = echo_proc_count();
+        if (c->tp != n) {
+            snprintf(err, errlen, "--tp %d, but mpirun started %d processes: one tensor-parallel rank per process "
+                     "(mpirun -np %d ...)", c->tp, n, c->tp);
+            return -1;
+        }
+        if (strcmp(c->device, "cpu")) {
+            snprintf(err, errlen, "ranks as processes (mpirun) run on --device cpu only so far (the mpi transport "
+                     "is host memory)");
+            return -1;
+        }
+        if (strcmp(c->transport, "auto") && strcmp(c->transport, "mpi")) {
+            snprintf(err, errlen, "under mpirun the ranks are processes: --transport must be auto or mpi, not %s",
+                     c->transport);
+            return -1;
+        }
+        c->transport = "mpi";
+    } else if (!strcmp(c->transport, "mpi")) {
+        snprintf(err, errlen, "--transport mpi: start one process per rank with mpirun -np %d", c->tp);
+        return -1;
+    }
+    if (!model_is_random(c->model_dir) && weights_open(c->model_dir, &e->ws, err, errlen)) return -1;
 
     e->max_blocks_per_seq = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
     e->free_blocks = malloc((size_t)c->kv_blocks * sizeof *e->free_blocks);
@@ -281,7 +393,7 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
     if (!e->free_blocks || !e->seqs || !e->tokens || !e->q_start || !e->pos0 || !e->table || !e->logit_rows ||
         !e->old_nblocks || !e->row_full || !e->ranks) {
         snprintf(err, errlen, "out of memory for engine bookkeeping");
-        goto fail;
+        return -1;
     }
     /* Pop order 0, 1, 2, ... keeps tests and traces easy to read. */
     for (int i = 0; i < c->kv_blocks; i++) e->free_blocks[i] = c->kv_blocks - 1 - i;
@@ -290,81 +402,137 @@ int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
         e->seqs[i].blocks = malloc((size_t)e->max_blocks_per_seq * sizeof(int32_t));
         if (!e->seqs[i].blocks) {
             snprintf(err, errlen, "out of memory");
-            goto fail;
+            return -1;
         }
     }
 
-    int use_nccl = 0;
-    if (c->tp > 1 && pick_transport(&e->cfg, &use_nccl, err, errlen)) goto fail;
+    if (c->tp > 1 && !e->procs && pick_transport(c, use_nccl, err, errlen)) return -1;
     int threads = c->threads;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 1;
+        /* processes on one host share its cores */
+        const char *local = e->procs ? getenv("OMPI_COMM_WORLD_LOCAL_SIZE") : NULL;
+        if (local && atoi(local) > 1) threads = threads / atoi(local) > 0 ? threads / atoi(local) : 1;
     }
-    int per_rank = threads / c->tp > 0 ? threads / c->tp : 1;
+    int per_rank = e->procs ? threads : threads / c->tp > 0 ? threads / c->tp : 1;
     /* Backends first: a missing GPU is reported by the backend ("use
      * --device cpu") rather than by the transport. */
     for (int i = 0; i < c->tp; i++) {
         eng_rank *r = &e->ranks[i];
         r->e = e;
         r->rank = i;
+        if (e->procs && i != e->me) continue; /* another process's rank */
         /* nccl: rank i drives GPU i; local on a device: every rank shares GPU 0 */
-        if (kern_backend_create(c->device, per_rank, use_nccl ? i : 0, &r->ops, &r->be, err, errlen)) goto fail;
+        if (kern_backend_create(c->device, per_rank, *use_nccl ? i : 0, &r->ops, &r->be, err, errlen)) return -1;
     }
-    if (c->tp > 1) {
-        echo_config ec = {.mode = c->allreduce,
-                          .group_size = c->echo_group,
-                          .min_bytes = c->echo_min_bytes,
-                          .n_sites = 2 * e->mc.num_layers,
-                          .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,
-                          /* nccl: calls only enqueue and each pass waits once (model_forward's
-                           * echo_end_pass), which also lets decode steps be CUDA graphs */
-                          .deferred = use_nccl};
-        int rc;
-        if (!strcmp(c->device, "cpu")) {
-            rc = echo_world_create_local(c->tp, &ec, &e->world, err, errlen);
-        } else if (use_nccl) {
-            int devs[ECHO_MAX_RANKS];
-            for (int i = 0; i < c->tp; i++) devs[i] = i;
-            rc = echo_world_create_nccl(c->tp, devs, &ec, &e->world, err, errlen);
-        } else {
-            rc = echo_world_create_local_device(c->tp, 0, &ec, &e->world, err, errlen);
-        }
-        if (rc) goto fail;
+    return 0;
+}
+
+static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
+    const eng_config *c = &e->cfg;
+    if (c->tp == 1) return 0;
+    echo_config ec = {.mode = c->allreduce,
+                      .group_size = c->echo_group,
+                      .min_bytes = c->echo_min_bytes,
+                      .n_sites = 2 * e->mc.num_layers,
+                      .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,
+                      /* nccl: calls only enqueue and each pass waits once (model_forward's
+                       * echo_end_pass), which also lets decode steps be CUDA graphs */
+                      .deferred = use_nccl};
+    if (e->procs) return echo_world_create_mpi(&ec, &e->world, err, errlen);
+    if (!strcmp(c->device, "cpu")) return echo_world_create_local(c->tp, &ec, &e->world, err, errlen);
+    if (use_nccl) {
+        int devs[ECHO_MAX_RANKS];
+        for (int i = 0; i < c->tp; i++) devs[i] = i;
+        return echo_world_create_nccl(c->tp, devs, &ec, &e->world, err, errlen);
     }
+    return echo_world_create_local_device(c->tp, 0, &ec, &e->world, err, errlen);
+}
+
+static int create_ranks(eng *e, int use_nccl, char *err, size_t errlen) {
+    const eng_config *c = &e->cfg;
     for (int i = 0; i < c->tp; i++) {
         eng_rank *r = &e->ranks[i];
-        if (e->world && echo_comm_create(e->world, i, &r->comm, err, errlen)) goto fail;
+        if (e->procs && i != e->me) continue;
+        if (e->world && echo_comm_create(e->world, i, &r->comm, err, errlen)) return -1;
         /* auto: by the backend actually made ("auto" devices resolve there) */
         if (e->cfg.fuse_weights != ENG_FUSE_ON && e->cfg.fuse_weights != ENG_FUSE_OFF)
             e->cfg.fuse_weights = strcmp(r->ops->name, "cpu") ? ENG_FUSE_ON : ENG_FUSE_OFF;
         model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size,
-                              c->fuse_weights == ENG_FUSE_ON};
+                              c->fuse_weights == ENG_FUSE_ON,
+                              c->quantize == ENG_QUANT_Q8_0 ? KERN_Q8_0 : 0};
         char merr[768];
         if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
             snprintf(err, errlen, "%s", merr);
-            goto fail;
+            return -1;
         }
         /* at tp > 1 only the nccl transport's deferred calls can be captured;
          * the model skips steps where graphs cannot apply */
         if (c->cuda_graphs && (c->tp == 1 || use_nccl)) model_set_graphs(r->m, 1);
     }
-    for (int i = 1; i < c->tp; i++) {
+    for (int i = 1; !e->procs && i < c->tp; i++) {
         if (pthread_create(&e->ranks[i].thread, NULL, rank_main, &e->ranks[i]) != 0) {
             snprintf(err, errlen, "cannot start rank thread %d", i);
-            goto fail;
+            return -1;
         }
         e->ranks[i].started = 1;
     }
+    return 0;
+}
+
+/* The engine of this process; procs: ranks are processes (rank 0 has told
+ * the others to make theirs: OP_CREATE). Each stage ends with the processes
+ * agreeing, so a failure anywhere fails every process before the next
+ * collective. */
+static int create(const eng_config *cfg, int procs, eng **out, char *err, size_t errlen) {
+    eng *e = calloc(1, sizeof *e);
+    *out = NULL;
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return procs ? echo_proc_agree(0, err, err, errlen) : -1;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->go_cv, NULL);
+    pthread_cond_init(&e->done_cv, NULL);
+    e->cfg = *cfg;
+    e->procs = procs;
+    e->me = procs ? echo_proc_rank() : 0;
+    int use_nccl = 0;
+    if (procs_agree(e, create_prep(e, &use_nccl, err, errlen), err, errlen) ||
+        procs_agree(e, create_world(e, use_nccl, err, errlen), err, errlen) ||
+        procs_agree(e, create_ranks(e, use_nccl, err, errlen), err, errlen))
+        goto fail;
     *out = e;
     return 0;
 fail:
+    e->procs = 0; /* nothing to tell the others: they fail too */
     eng_destroy(e);
     return -1;
 }
 
+int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (echo_proc_count() == 1) return create(cfg, 0, out, err, errlen);
+    if (echo_proc_rank() != 0) {
+        snprintf(err, errlen, "under mpirun only rank 0 creates engines; the other processes run eng_follow()");
+        return -1;
+    }
+    /* rank 0: the others make the same engine */
+    wire_cfg w;
+    ctl_hdr h = {.op = OP_CREATE};
+    if (wire_put(&w, cfg, err, errlen)) return -1;
+    if (echo_proc_bcast(&h, sizeof h, err, errlen) || echo_proc_bcast(&w, sizeof w, err, errlen)) return -1;
+    return create(cfg, 1, out, err, errlen);
+}
+
 void eng_destroy(eng *e) {
     if (!e) return;
+    if (e->procs && e->me == 0) { /* the others destroy theirs (a dead peer is not waited for) */
+        ctl_hdr h = {.op = OP_DESTROY};
+        char err[256];
+        echo_proc_bcast(&h, sizeof h, err, sizeof err);
+    }
     pthread_mutex_lock(&e->mu);
     e->stop = 1;
     pthread_cond_broadcast(&e->go_cv);
@@ -382,6 +550,7 @@ void eng_destroy(eng *e) {
     }
     echo_world_destroy(e->world);
     weights_close(e->ws);
+    free(e->gather);
     for (int i = 0; e->seqs && i < e->cfg.max_num_seqs; i++) free(e->seqs[i].blocks);
     free(e->seqs);
     free(e->ranks);
@@ -534,7 +703,8 @@ static int step_reserve(eng *e, int nfull, int ncand, char *err, size_t errlen) 
     for (int k = 0; k < e->cfg.tp; k++) {
         eng_rank *r = &e->ranks[k];
         int v0, vn;
-        model_vocab_slice(r->m, &v0, &vn);
+        if (e->procs && e->me != 0 && k != e->me) continue; /* rank 0 keeps every rank's results */
+        vocab_slice(e, k, &v0, &vn);
         if (nfull > r->logits_rows) {
             float *nl = realloc(r->logits, (size_t)nfull * (size_t)(vn > 0 ? vn : 1) * sizeof(float));
             if (!nl) {
@@ -571,7 +741,7 @@ static int merge_cands(eng *e, int row, int k, eng_cands *c) {
     double mx = -INFINITY, sum = 0;
     for (int r = 0; r < tp; r++) {
         int v0;
-        model_vocab_slice(e->ranks[r].m, &v0, &vn[r]);
+        vocab_slice(e, r, &v0, &vn[r]);
         kk[r] = k < vn[r] ? k : vn[r];
         head[r] = 0;
         if (vn[r] <= 0) continue; /* an empty slice adds nothing */
@@ -604,6 +774,196 @@ static int merge_cands(eng *e, int row, int k, eng_cands *c) {
     }
     c->k = kout;
     return 0;
+}
+
+/* ---- procs mode: a step's batch out, results back ---- */
+
+static void procs_dead(eng *e, const char *err) {
+    e->dead = 1;
+    snprintf(e->why, sizeof e->why, "%s", err);
+}
+
+/* The payload of an OP_STEP after its header, the batch arrays as built in
+ * e: rank 0 sends, the others receive into the same places. */
+static int step_payload_move(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
+    int32_t *arrs[] = {e->tokens, e->q_start, e->pos0, e->table, e->logit_rows};
+    size_t lens[] = {(size_t)h->ntok, (size_t)h->n + 1, (size_t)h->n, (size_t)h->n * h->max_blocks,
+                     (size_t)h->nrows};
+    for (int i = 0; i < 5; i++)
+        if (lens[i] && echo_proc_bcast(arrs[i], lens[i] * 4, err, errlen)) return -1;
+    return h->nrows ? echo_proc_bcast(e->row_full, (size_t)h->nrows, err, errlen) : 0;
+}
+
+static int step_send(eng *e, int n, int ntok, int nrows, int k, int nfull, int states, char *err, size_t errlen) {
+    ctl_hdr h = {OP_STEP, n, ntok, nrows, e->max_blocks_per_seq, k, nfull, states};
+    if (echo_proc_bcast(&h, sizeof h, err, errlen) || step_payload_move(e, &h, err, errlen)) {
+        procs_dead(e, err);
+        return -1;
+    }
+    return 0;
+}
+
+/* What each process sends rank 0 after a step: its status, then its
+ * vocabulary slice's full rows and candidates, padded to the widest slice. */
+typedef struct step_status {
+    int32_t rc;
+    char err[508];
+} step_status;
+
+static size_t result_bytes(const eng *e, int nrows, int k, int nfull) {
+    size_t per = ((size_t)e->mc.vocab_size + e->cfg.tp - 1) / e->cfg.tp;
+    return sizeof(step_status) + (size_t)nfull * per * 4 + (size_t)nrows * k * 8 + (size_t)nrows * 4;
+}
+
+static void result_pack(const eng *e, char *buf, int nrows, int k, int nfull, int rc, const char *msg) {
+    const eng_rank *r = &e->ranks[e->me];
+    int v0, vn;
+    vocab_slice(e, e->me, &v0, &vn);
+    size_t per = ((size_t)e->mc.vocab_size + e->cfg.tp - 1) / e->cfg.tp, kk = (size_t)(k < vn ? k : vn);
+    step_status st = {rc, ""};
+    if (rc) snprintf(st.err, sizeof st.err, "%s", msg);
+    memcpy(buf, &st, sizeof st);
+    char *p = buf + sizeof st;
+    if (!rc && vn > 0) memcpy(p, r->logits, (size_t)nfull * vn * 4);
+    p += (size_t)nfull * per * 4;
+    if (!rc && k && vn > 0) {
+        memcpy(p, r->cand_ids, (size_t)nrows * kk * 4);
+        memcpy(p + (size_t)nrows * k * 4, r->cand_vals, (size_t)nrows * kk * 4);
+        memcpy(p + (size_t)nrows * k * 8, r->cand_lse, (size_t)nrows * 4);
+    }
+}
+
+/* Rank 0: every process's results into e->ranks[*]; the first failure's
+ * message. */
+static int step_gather(eng *e, int nrows, int k, int nfull, int rc, char *err, size_t errlen) {
+    size_t one = result_bytes(e, nrows, k, nfull), all = one * (size_t)e->cfg.tp;
+    char *mine = malloc(one);
+    if (all > e->gather_cap) {
+        char *g = realloc(e->gather, all);
+        if (g) {
+            e->gather = g;
+            e->gather_cap = all;
+        }
+    }
+    if (!mine || all > e->gather_cap) {
+        /* cannot take part: the peers would wait in the gather */
+        echo_proc_abort(1, "rank 0: out of memory for a step's results");
+        free(mine);
+        snprintf(err, errlen, "out of memory for a step's results");
+        return -1;
+    }
+    char lerr[512];
+    snprintf(lerr, sizeof lerr, "%s", rc ? err : "");
+    result_pack(e, mine, nrows, k, nfull, rc, lerr);
+    int grc = echo_proc_gather(mine, one, e->gather, err, errlen);
+    free(mine);
+    if (grc) {
+        procs_dead(e, err);
+        return -1;
+    }
+    size_t per = ((size_t)e->mc.vocab_size + e->cfg.tp - 1) / e->cfg.tp;
+    for (int r = 0; r < e->cfg.tp; r++) {
+        const char *b = e->gather + (size_t)r * one;
+        step_status st;
+        memcpy(&st, b, sizeof st);
+        st.err[sizeof st.err - 1] = 0;
+        if (st.rc) {
+            snprintf(err, errlen, "rank %d: %s", r, st.err);
+            return -1;
+        }
+        if (r == 0) continue;
+        eng_rank *rk = &e->ranks[r];
+        int v0, vn;
+        vocab_slice(e, r, &v0, &vn);
+        if (vn <= 0) continue;
+        size_t kk = (size_t)(k < vn ? k : vn);
+        b += sizeof st;
+        memcpy(rk->logits, b, (size_t)nfull * vn * 4);
+        b += (size_t)nfull * per * 4;
+        if (k) {
+            memcpy(rk->cand_ids, b, (size_t)nrows * kk * 4);
+            memcpy(rk->cand_vals, b + (size_t)nrows * k * 4, (size_t)nrows * kk * 4);
+            memcpy(rk->cand_lse, b + (size_t)nrows * k * 8, (size_t)nrows * 4);
+        }
+    }
+    return 0;
+}
+
+/* A process of rank > 0: one step as rank 0 described it. */
+static int follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
+    const eng_config *c = &e->cfg;
+    if (h->n < 1 || h->n > c->max_num_seqs || h->ntok < 1 || h->ntok > c->max_batch_tokens || h->nrows < 0 ||
+        h->nrows > e->logit_cap || h->max_blocks != e->max_blocks_per_seq || h->k < 0 || h->k > KERN_TOPK_MAX ||
+        h->nfull < 0 || h->nfull > h->nrows) {
+        snprintf(err, errlen, "rank %d: a step that does not fit this engine (rank 0 runs another configuration?)",
+                 e->me);
+        return -1;
+    }
+    if (step_payload_move(e, h, err, errlen)) return -1;
+    eng_rank *r = &e->ranks[e->me];
+    int rc = step_reserve(e, h->nfull, h->k ? h->nrows : 0, err, errlen);
+    if (rc) {
+        echo_proc_abort(1, err); /* rank 0 and the peers would wait for this rank */
+        return -1;
+    }
+    if (h->k) r->topk = (model_topk){h->k, r->cand_ids, r->cand_vals, r->cand_lse, h->nfull ? e->row_full : NULL};
+    e->batch = (model_batch){h->n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
+                             e->logit_rows, h->nrows, NULL, h->k ? &r->topk : NULL};
+    char lerr[512] = "";
+    rc = ranks_forward(e, lerr, sizeof lerr);
+    size_t one = result_bytes(e, h->nrows, h->k, h->nfull);
+    char *mine = malloc(one);
+    if (!mine) {
+        echo_proc_abort(1, "out of memory for a step's results");
+        return -1;
+    }
+    result_pack(e, mine, h->nrows, h->k, h->nfull, rc, lerr);
+    rc = echo_proc_gather(mine, one, NULL, err, errlen);
+    free(mine);
+    return rc;
+}
+
+int eng_follow(char *err, size_t errlen) {
+    eng *e = NULL;
+    wire_cfg w; /* outlives each engine made from it (e->cfg points into it) */
+    for (;;) {
+        ctl_hdr h;
+        if (echo_proc_bcast(&h, sizeof h, err, errlen)) break;
+        if (h.op == OP_CREATE) {
+            eng_config c;
+            if (echo_proc_bcast(&w, sizeof w, err, errlen)) break;
+            eng_destroy(e);
+            e = NULL;
+            wire_get(&w, &c);
+            char cerr[1024];
+            create(&c, 1, &e, cerr, sizeof cerr); /* a failure fails rank 0 alike, which reports it */
+        } else if (h.op == OP_STEP) {
+            if (!e) {
+                snprintf(err, errlen, "rank %d: a step without an engine", echo_proc_rank());
+                break;
+            }
+            if (follow_step(e, &h, err, errlen)) break;
+        } else if (h.op == OP_DESTROY) {
+            eng_destroy(e);
+            e = NULL;
+        } else if (h.op == OP_EXIT) {
+            eng_destroy(e);
+            return 0;
+        } else {
+            snprintf(err, errlen, "rank %d: unknown control message %d", echo_proc_rank(), h.op);
+            break;
+        }
+    }
+    if (e) e->procs = 0; /* rank 0 is gone or confused: do not talk to it */
+    eng_destroy(e);
+    return -1;
+}
+
+void eng_procs_exit(void) {
+    if (echo_proc_count() < 2 || echo_proc_rank() != 0) return;
+    ctl_hdr h = {.op = OP_EXIT};
+    char err[256];
+    echo_proc_bcast(&h, sizeof h, err, sizeof err);
 }
 
 static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char *err, size_t errlen) {
@@ -657,13 +1017,20 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
     /* rank 0's request; the other ranks swap in their own (rank_main) */
     e->batch = (model_batch){n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
                              e->logit_rows, nrows, out->layer_states, out->cands ? &e->ranks[0].topk : NULL};
+    /* procs mode: the other processes run the same step on their ranks */
+    if (e->procs && step_send(e, n, tok, nrows, out->cands ? out->k : 0, nfull, out->layer_states != NULL, err,
+                              errlen)) {
+        step_rollback(e, it, n);
+        return -1;
+    }
     int rc = ranks_forward(e, err, errlen);
+    if (e->procs) rc = step_gather(e, nrows, out->cands ? out->k : 0, nfull, rc, err, errlen);
     /* Gather the vocabulary slices into full rows (packed: with candidates,
      * only the flagged rows came back whole). */
     int V = e->mc.vocab_size;
     for (int k = 0; !rc && k < c->tp; k++) {
         int v0, vn;
-        model_vocab_slice(e->ranks[k].m, &v0, &vn);
+        vocab_slice(e, k, &v0, &vn);
         for (int r = 0; r < nfull && vn > 0; r++)
             memcpy(out->logits + (size_t)r * V + v0, e->ranks[k].logits + (size_t)r * vn,
                    (size_t)vn * sizeof(float));

@@ -49,8 +49,9 @@ typedef struct eng_config {
     int max_num_seqs;     /* concurrent sequences, default 8 */
     int max_batch_tokens; /* tokens per step, default max(max_model_len, 512) */
     int kv_blocks;        /* 0 = enough for max_num_seqs full sequences */
-    /* All-reduce transport when tp > 1: "auto" (default), "local" or
-     * "nccl". cpu: local (threads over host memory) only. cuda: nccl puts
+    /* All-reduce transport when tp > 1: "auto" (default), "local",
+     * "nccl" or "mpi" (ranks as processes under mpirun, which auto picks
+     * there; see eng_follow). cpu: local (threads over host memory) only. cuda: nccl puts
      * rank i on GPU i (needs tp GPUs); local puts every rank on GPU 0 and
      * exchanges through its memory (tests on one GPU); auto = nccl when
      * there are tp GPUs, else local. */
@@ -69,18 +70,38 @@ typedef struct eng_config {
      * the weights, off on cpu; ENG_FUSE_ON / ENG_FUSE_OFF force it (tests
      * run the fused path on cpu). eng_get_config reports ON or OFF. */
     int fuse_weights;
+    /* ENG_QUANT_Q8_0: F32/F16/BF16 matrices are quantized to Q8_0 at load
+     * on backends that keep quantized weights (cpu; model_load_opts.quantize),
+     * not with fused weights. ENG_QUANT_NONE (0): stored dtypes. */
+    int quantize;
 } eng_config;
+
+#define ENG_QUANT_NONE 0
+#define ENG_QUANT_Q8_0 1
 
 #define ENG_FUSE_AUTO 0
 #define ENG_FUSE_ON 1
 #define ENG_FUSE_OFF (-1)
 
 /* The names eng_config.transport accepts, NULL-terminated (for flag parsing). */
-#define ENG_TRANSPORTS ((const char *const[]){"auto", "local", "nccl", NULL})
+#define ENG_TRANSPORTS ((const char *const[]){"auto", "local", "nccl", "mpi", NULL})
 
 typedef struct eng eng;
 
 int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen);
+
+/* Ranks as processes (mpirun -np tp; comm/'s echo_proc_init started the
+ * session): eng_create on the process of rank 0 makes the engine on every
+ * process (one rank each, the mpi transport; tp must equal the process
+ * count), eng_step there runs each step on all of them, eng_destroy ends
+ * theirs. The processes of rank > 0 call eng_follow instead, which serves
+ * rank 0's engines until rank 0 calls eng_procs_exit (0) or a control
+ * message fails, e.g. rank 0 died (-1 with a message). A rank that fails
+ * on its own mid-step ends the job (echo_proc_abort): its peers wait in a
+ * collective no message can interrupt. Without mpirun none of this
+ * applies: eng_create makes threads, as always. */
+int eng_follow(char *err, size_t errlen);
+void eng_procs_exit(void);
 /* A model's tokenizer: `model_path`'s tokenizer.json / tokenizer.model
  * (tok_load_dir), or a GGUF file's tokenizer.ggml.* metadata. With `chat`
  * non-NULL it also receives the model's Jinja chat template

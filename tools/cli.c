@@ -1,6 +1,9 @@
 /* Flag parsing shared by the programs (see cli.h). */
 #include "tools/cli.h"
 
+#include "comm/echo.h"
+#include "engine/engine.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,4 +65,29 @@ const char *cli_choice(const char *prog, const char *s, const char *flag, const 
                                 i + 2 < n ? ", " : i + 2 == n ? " or " : "");
     if (len < sizeof msg) snprintf(msg + len, sizeof msg - len, ", got '%%s'");
     cli_usage_error(prog, msg, s);
+}
+
+static void procs_end(void) {
+    eng_procs_exit();
+    echo_proc_finalize();
+}
+
+void cli_procs_start(const char *prog) {
+    int rank, n;
+    char err[1024];
+    if (echo_proc_init(&rank, &n, err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        exit(1);
+    }
+    if (n == 1) {
+        atexit(echo_proc_finalize);
+        return;
+    }
+    if (rank > 0) {
+        int rc = eng_follow(err, sizeof err);
+        if (rc) fprintf(stderr, "%s (rank %d): %s\n", prog, rank, err);
+        echo_proc_finalize();
+        exit(rc ? 1 : 0);
+    }
+    atexit(procs_end);
 }

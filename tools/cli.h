@@ -21,4 +21,10 @@ int cli_parse_double(const char *s, double lo, double hi, double *out);
  * got 'x'"). */
 const char *cli_choice(const char *prog, const char *s, const char *flag, const char *const *choices);
 
+/* Ranks as processes: under mpirun with more than one process, the
+ * processes of rank > 0 serve rank 0's engines here (eng_follow) and exit;
+ * rank 0 returns and runs the program, and its peers are released when it
+ * exits. Without mpirun it does nothing. Call first thing in main. */
+void cli_procs_start(const char *prog);
+
 #endif

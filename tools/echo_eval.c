@@ -293,6 +293,7 @@ static int parse_list(const char *s, long lo, long hi, long *out) {
 }
 
 int main(int argc, char **argv) {
+    cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum {
         O_MODEL = 256, O_TP, O_PROMPTS, O_TEXT, O_RAND, O_PLEN, O_MAXP, O_SEED, O_GEN, O_MODES, O_MINB, O_GROUP,
         O_THREADS, O_JSON

@@ -49,6 +49,7 @@ static const char *USAGE =
     "                         same tokens; at --tp > 1 the nccl transport's all-reduces are\n"
     "                         captured too). Off by default; no effect on cpu or with\n"
     "                         --transport local at --tp > 1 (a note says so)\n"
+    "  --quantize q8_0        quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default)\n"
     "  --top-k K              with --temperature > 0: sample among the K most likely (0 = off)\n"
@@ -165,8 +166,9 @@ static double now_s(void) {
 }
 
 int main(int argc, char **argv) {
+    cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -182,6 +184,7 @@ int main(int argc, char **argv) {
         {"allreduce", required_argument, 0, O_ALLRED},
         {"transport", required_argument, 0, O_TRANSPORT},
         {"cuda-graphs", no_argument, 0, O_GRAPHS},
+        {"quantize", required_argument, 0, O_QUANT},
         {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},
         {"no-thinking", no_argument, 0, O_NOTHINK},
@@ -229,6 +232,10 @@ int main(int argc, char **argv) {
         case O_TP: ec.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
         case O_TRANSPORT: ec.transport = cli_choice(PROG, optarg, "--transport", ENG_TRANSPORTS); break;
         case O_GRAPHS: ec.cuda_graphs = 1; break;
+        case O_QUANT:
+            cli_choice(PROG, optarg, "--quantize", (const char *const[]){"q8_0", NULL});
+            ec.quantize = ENG_QUANT_Q8_0;
+            break;
         case O_ALLRED:
             if (echo_mode_parse(optarg, &ec.allreduce))
                 cli_usage_error(PROG, "--allreduce expects exact, int4 or echo, got '%s'", optarg);

@@ -93,6 +93,7 @@ static void print_examples(const char *host, int port, const char *name, const c
 }
 
 int main(int argc, char **argv) {
+    cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum {
         O_MODEL = 256,
         O_TP,

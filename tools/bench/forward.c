@@ -26,7 +26,10 @@
  *            B items of one random token each (all asking for logits):
  *            tokens/s = B * steps / time.
  *   roofline the bandwidth of ops->copy on a backend of the same device
- *            (2 * bytes / time: each byte is read and written), and for each
+ *            (2 * bytes / time: each byte is read and written); on cpu
+ *            instead the read bandwidth of --threads threads each summing
+ *            its share of a 1 GiB buffer (a streaming read: what a decode
+ *            step does with the weights). For each
  *            B the tokens/s a step would reach if it only streamed its bytes
  *            at that bandwidth:
  *              bytes/step = weight bytes read per step + B * ctx * kv bytes/token
@@ -35,6 +38,9 @@
  *            reads only B rows (a tied head reads it as lm_head instead: then
  *            it stays), ctx is the mean context length over the timed steps,
  *            and kv bytes/token = layers * 2 * hkv * hd * activation size.
+ *   fma peak (cpu) --threads threads each running independent vector fmas
+ *            in registers for ~0.3 s (AVX-512, else AVX2, else nothing):
+ *            the yardstick of prefill FLOP/s beside the matmul peak.
  *   ttft     one request of --ttft-len tokens on the idle engine: eng_step
  *            start to the first token from eng_sample (greedy); median of
  *            --iters runs after a warm-up.
@@ -43,7 +49,9 @@
  * then the weights are generated in device memory and no file is read.
  */
 #include <getopt.h>
+#include <immintrin.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -64,6 +72,7 @@ typedef struct fw_opts {
     const char *model, *device;
     int tp, threads, iters, json;
     int cuda_graphs; /* eng_config.cuda_graphs */
+    int quantize;    /* eng_config.quantize */
     int prefill[FW_MAX_LIST], n_prefill;
     int batch[FW_MAX_LIST], n_batch;
     int decode_steps, decode_prompt, ttft_len;
@@ -163,7 +172,7 @@ static const char FW_USAGE[] =
     "usage: echo-bench forward --model DIR [--device cpu|cuda|auto] [--tp N] [--prefill 512,2048,8192]\n"
     "                          [--decode-batch 1,16,64] [--decode-steps N] [--decode-prompt N]\n"
     "                          [--ttft-len 2048] [--iters N] [--threads N] [--copy-bytes N] [--seed S] [--json]\n"
-    "                          [--gemm-dim N] [--cuda-graphs]\n"
+    "                          [--gemm-dim N] [--cuda-graphs] [--quantize q8_0]\n"
     "\n"
     "Prefill tokens/s and TFLOP/s per prompt length, decode tokens/s per batch beside the memory\n"
     "roofline (weight bytes / measured ops->copy bandwidth), and TTFT of one prompt, on the engine.\n"
@@ -178,7 +187,9 @@ static const char FW_USAGE[] =
     "  --ttft-len N        prompt of the TTFT request (default 2048; 0 skips it)\n"
     "  --iters N           timed runs per prefill length and of TTFT, median reported (default 3)\n"
     "  --threads N         cpu threads (default: all)\n"
-    "  --copy-bytes N[KMG] buffer of the bandwidth measurement (default 1 GiB on a GPU, 256 MiB on cpu)\n"
+    "  --copy-bytes N[KMG] buffer of the bandwidth measurement (default 1 GiB: ops->copy on a GPU, a\n"
+    "                      streaming read by --threads threads on cpu)\n"
+    "  --quantize q8_0     quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; eng_config.quantize)\n"
     "  --seed S            random token ids (default 0)\n"
     "  --gemm-dim N        the matmul peak: ops->matmul of N x N by N x N, the yardstick of prefill\n"
     "                      TFLOP/s (default 8192 on a GPU, 1024 on cpu; 0 skips it)\n"
@@ -206,7 +217,8 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_GEMM,
         O_JSON,
         O_HELP,
-        O_GRAPHS
+        O_GRAPHS,
+        O_QUANT
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -224,6 +236,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"gemm-dim", required_argument, 0, O_GEMM},
         {"json", no_argument, 0, O_JSON},
         {"cuda-graphs", no_argument, 0, O_GRAPHS},
+        {"quantize", required_argument, 0, O_QUANT},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -290,6 +303,10 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             break;
         case O_JSON: o->json = 1; break;
         case O_GRAPHS: o->cuda_graphs = 1; break;
+        case O_QUANT:
+            if (strcmp(a, "q8_0")) rc = fw_usage_error("--quantize: expected q8_0, got '%s'", a);
+            o->quantize = ENG_QUANT_Q8_0;
+            break;
         case 'h':
         case O_HELP:
             fputs(FW_USAGE, stdout);
@@ -346,6 +363,146 @@ out:
     if (b) ops->free(be, b);
     kern_backend_destroy(ops, be);
     return status;
+}
+
+/* ---- cpu yardsticks: streaming read bandwidth and FMA peak ---- */
+
+typedef struct fw_thr {
+    const uint64_t *buf;
+    size_t n; /* uint64 words of this thread's share */
+    int reps, isa;
+    double flops;
+    uint64_t sink; /* keeps the reads alive */
+} fw_thr;
+
+typedef uint64_t fw_v4 __attribute__((vector_size(32)));
+
+/* Sum the share `reps` times with four independent 32-byte lanes (the
+ * compiler's plain vector loads: no memcpy, no stores). */
+static void *fw_read_thread(void *arg) {
+    fw_thr *t = arg;
+    fw_v4 a = {0}, b = {0}, c = {0}, d = {0};
+    for (int r = 0; r < t->reps; r++)
+        for (size_t i = 0; i + 16 <= t->n; i += 16) {
+            fw_v4 x, y, z, w;
+            memcpy(&x, t->buf + i, 32);
+            memcpy(&y, t->buf + i + 4, 32);
+            memcpy(&z, t->buf + i + 8, 32);
+            memcpy(&w, t->buf + i + 12, 32);
+            a += x;
+            b += y;
+            c += z;
+            d += w;
+        }
+    fw_v4 s = a + b + c + d;
+    t->sink = s[0] + s[1] + s[2] + s[3];
+    return NULL;
+}
+
+/* Read bandwidth with `threads` threads, each summing its contiguous share
+ * of a `bytes` buffer (first touched by the same thread layout), best of
+ * five passes: bytes / time. */
+static int fw_read_bandwidth(int threads, size_t bytes, double *bps, char *err, size_t errlen) {
+    if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1) threads = 1;
+    size_t words = bytes / 8 / (size_t)(16 * threads) * (size_t)(16 * threads);
+    uint64_t *buf = NULL;
+    fw_thr *t = calloc((size_t)threads, sizeof *t);
+    pthread_t *th = calloc((size_t)threads, sizeof *th);
+    if (!t || !th || posix_memalign((void **)&buf, 64, words * 8)) {
+        free(t);
+        free(th);
+        snprintf(err, errlen, "read bandwidth: cannot allocate %zu bytes", words * 8);
+        return -1;
+    }
+    for (size_t i = 0; i < words; i++) buf[i] = i;
+    double best = 0;
+    int status = 0;
+    for (int pass = 0; pass < 5 && !status; pass++) {
+        double t0 = fw_now();
+        int started = 0;
+        for (int i = 0; i < threads; i++) {
+            t[i] = (fw_thr){buf + words / threads * i, words / threads, 1, 0, 0, 0};
+            if (pthread_create(&th[i], NULL, fw_read_thread, &t[i])) {
+                snprintf(err, errlen, "read bandwidth: cannot start a thread");
+                status = -1;
+                break;
+            }
+            started++;
+        }
+        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        double dt = fw_now() - t0;
+        if (!status && dt > 0 && words * 8 / dt > best) best = (double)(words * 8) / dt;
+    }
+    *bps = best;
+    free(buf);
+    free(t);
+    free(th);
+    return status;
+}
+
+#define FW_FMA_LOOP(V, FMA, SET1)                                                                               \
+    V a0 = SET1(1.0f), a1 = SET1(1.1f), a2 = SET1(1.2f), a3 = SET1(1.3f), a4 = SET1(1.4f), a5 = SET1(1.5f),     \
+      a6 = SET1(1.6f), a7 = SET1(1.7f), a8 = SET1(1.8f), a9 = SET1(1.9f), a10 = SET1(2.0f), a11 = SET1(2.1f);   \
+    V m = SET1(0.999999f), c = SET1(1e-7f);                                                                     \
+    for (long i = 0; i < n; i++) {                                                                              \
+        a0 = FMA(a0, m, c), a1 = FMA(a1, m, c), a2 = FMA(a2, m, c), a3 = FMA(a3, m, c);                         \
+        a4 = FMA(a4, m, c), a5 = FMA(a5, m, c), a6 = FMA(a6, m, c), a7 = FMA(a7, m, c);                         \
+        a8 = FMA(a8, m, c), a9 = FMA(a9, m, c), a10 = FMA(a10, m, c), a11 = FMA(a11, m, c);                     \
+    }                                                                                                           \
+    V s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;                                          \
+    float f;                                                                                                    \
+    memcpy(&f, &s, 4);
+
+__attribute__((target("avx512f"))) static float fw_fma512(long n) {
+    FW_FMA_LOOP(__m512, _mm512_fmadd_ps, _mm512_set1_ps)
+    return f;
+}
+__attribute__((target("avx2,fma"))) static float fw_fma256(long n) {
+    FW_FMA_LOOP(__m256, _mm256_fmadd_ps, _mm256_set1_ps)
+    return f;
+}
+
+static void *fw_fma_thread(void *arg) {
+    fw_thr *t = arg;
+    const long n = 1L << 22;
+    double t0 = fw_now(), dt;
+    long done = 0;
+    float sink = 0;
+    do {
+        sink += t->isa == 2 ? fw_fma512(n) : fw_fma256(n);
+        done += n;
+        dt = fw_now() - t0;
+    } while (dt < 0.3);
+    t->flops = (double)done * 12 * (t->isa == 2 ? 16 : 8) * 2 / dt;
+    t->sink = (uint64_t)(sink != 0);
+    return NULL;
+}
+
+/* Sum over `threads` threads of fp32 vector-FMA throughput (0 when the
+ * machine has neither AVX-512 nor AVX2+FMA). */
+static double fw_fma_peak(int threads) {
+    __builtin_cpu_init();
+    int isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!isa) return 0;
+    if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1) threads = 1;
+    fw_thr *t = calloc((size_t)threads, sizeof *t);
+    pthread_t *th = calloc((size_t)threads, sizeof *th);
+    double sum = 0;
+    int started = 0;
+    if (t && th)
+        for (; started < threads; started++) {
+            t[started].isa = isa;
+            if (pthread_create(&th[started], NULL, fw_fma_thread, &t[started])) break;
+        }
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        sum += t[i].flops;
+    }
+    free(t);
+    free(th);
+    return sum;
 }
 
 /* The matmul peak of `device` through its op table (the yardstick of the
@@ -419,6 +576,7 @@ out:
 }
 
 int bench_forward_main(int argc, char **argv) {
+    cli_procs_start("echo-bench forward"); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     fw_opts o = {.device = "cpu",
                  .tp = 1,
                  .gemm_dim = -1,
@@ -462,14 +620,19 @@ int bench_forward_main(int argc, char **argv) {
         return 1;
     }
 
-    /* Bandwidth first, while the device holds nothing else. */
-    double bps = 0;
-    size_t act_size = 0, copy_bytes = o.copy_bytes ? (size_t)o.copy_bytes
-                                                   : (strcmp(o.device, "cpu") ? (size_t)1 << 30 : (size_t)256 << 20);
-    if (fw_copy_bandwidth(o.device, o.threads, copy_bytes, &bps, &act_size, err, sizeof err)) {
+    /* Bandwidth first, while the device holds nothing else. On cpu the
+     * roofline is a streaming read (a decode step reads its weights); the
+     * copy on a small buffer only gives the activation size there. */
+    double bps = 0, fma_peak = 0;
+    const int on_cpu = !strcmp(o.device, "cpu");
+    size_t act_size = 0, copy_bytes = o.copy_bytes ? (size_t)o.copy_bytes : (size_t)1 << 30;
+    if (fw_copy_bandwidth(o.device, o.threads, on_cpu ? (size_t)1 << 20 : copy_bytes, &bps, &act_size, err,
+                          sizeof err) ||
+        (on_cpu && fw_read_bandwidth(o.threads, copy_bytes, &bps, err, sizeof err))) {
         fprintf(stderr, "echo-bench forward: %s\n", err);
         return 1;
     }
+    if (on_cpu) fma_peak = fw_fma_peak(o.threads);
 
     double peak = 0;
     int gd = o.gemm_dim >= 0 ? o.gemm_dim : (strcmp(o.device, "cpu") ? 8192 : 1024);
@@ -487,7 +650,8 @@ int bench_forward_main(int argc, char **argv) {
                      .max_num_seqs = max_b,
                      .max_batch_tokens = (int)batch_tok,
                      .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec),
-                     .cuda_graphs = o.cuda_graphs};
+                     .cuda_graphs = o.cuda_graphs,
+                     .quantize = o.quantize};
     eng *e = NULL;
     float *logits = NULL;
     int32_t *ids = NULL;
@@ -612,16 +776,20 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "weight_bytes_read_per_step", json_real(read_bytes));
         json_object_set_new(root, "kv_bytes_per_token", json_real(kv_tok));
         json_object_set_new(root, "copy_bytes", json_integer((json_int_t)copy_bytes));
-        json_object_set_new(root, "copy_gbps", json_real(bps / 1e9));
+        json_object_set_new(root, on_cpu ? "read_gbps" : "copy_gbps", json_real(bps / 1e9));
+        json_object_set_new(root, "quantize", json_string(o.quantize ? "q8_0" : "none"));
+        if (fma_peak > 0) json_object_set_new(root, "fma_peak_gflops", json_real(fma_peak / 1e9));
         if (gd > 0) {
             json_object_set_new(root, "gemm_dim", json_integer(gd));
             json_object_set_new(root, "gemm_peak_tflops", json_real(peak / 1e12));
         }
         for (int i = 0; i < o.n_prefill; i++)
-            json_array_append_new(jp, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f}", "tokens", pre[i].len, "ms",
-                                                pre[i].s * 1e3, "tokens_per_s", pre[i].len / pre[i].s, "tflop",
-                                                pre[i].flop / 1e12, "tflops", pre[i].flop / pre[i].s / 1e12,
-                                                "gemm_peak_pct", peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0));
+            json_array_append_new(
+                jp, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "tokens", pre[i].len, "ms", pre[i].s * 1e3,
+                              "tokens_per_s", pre[i].len / pre[i].s, "tflop", pre[i].flop / 1e12, "tflops",
+                              pre[i].flop / pre[i].s / 1e12, "gemm_peak_pct",
+                              peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0, "fma_peak_pct",
+                              fma_peak > 0 ? 100 * pre[i].flop / pre[i].s / fma_peak : 0.0));
         for (int i = 0; i < o.n_batch; i++) {
             double tps = dec[i].batch * dec[i].steps / dec[i].s, roof = dec[i].batch * bps / dec[i].bytes_per_step;
             json_array_append_new(jd, json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "batch", dec[i].batch, "steps",
@@ -647,16 +815,25 @@ int bench_forward_main(int argc, char **argv) {
         const int graphs_on = o.cuda_graphs && !eng_graphs_note(e);
         printf("# echo-bench forward: %s on %s, tp %d, %s activations; %d layers, hidden %d, vocab %d%s\n", o.model,
                o.device, o.tp, act, L, H, V, graphs_on ? "; decode through CUDA graphs" : "");
-        printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
-               "%zu MiB, 2 x bytes / time); load %.1f s\n",
-               ri.weight_bytes / 1e9, read_bytes / 1e9, bps / 1e9, copy_bytes >> 20, load_s);
+        if (on_cpu)
+            printf("# weights %.3f GB held%s, %.3f GB read per decode step; read bandwidth %.1f GB/s (%zu MiB "
+                   "streamed by %ld threads); load %.1f s\n",
+                   ri.weight_bytes / 1e9, o.quantize ? " (q8_0)" : "", read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
+                   o.threads > 0 ? (long)o.threads : sysconf(_SC_NPROCESSORS_ONLN), load_s);
+        else
+            printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
+                   "%zu MiB, 2 x bytes / time); load %.1f s\n",
+                   ri.weight_bytes / 1e9, read_bytes / 1e9, bps / 1e9, copy_bytes >> 20, load_s);
         if (gd > 0)
             printf("# matmul peak %.3f TFLOP/s (ops->matmul %d x %d x %d)\n", peak / 1e12, gd, gd, gd);
-        printf("# prefill (median of %d)  %8s %10s %10s %9s %7s\n", o.iters, "tokens", "ms", "tok/s", "TFLOP/s",
-               "% peak");
+        if (fma_peak > 0) printf("# fma peak %.3f TFLOP/s (fp32 vector fmas in registers, all threads)\n", fma_peak / 1e12);
+        printf("# prefill (median of %d)  %8s %10s %10s %9s %7s %7s\n", o.iters, "tokens", "ms", "tok/s", "TFLOP/s",
+               "% peak", "% fma");
         for (int i = 0; i < o.n_prefill; i++)
-            printf("  %-22s %8d %10.2f %10.1f %9.3f %6.1f%%\n", "", pre[i].len, pre[i].s * 1e3, pre[i].len / pre[i].s,
-                   pre[i].flop / pre[i].s / 1e12, peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0);
+            printf("  %-22s %8d %10.2f %10.1f %9.3f %6.1f%% %6.1f%%\n", "", pre[i].len, pre[i].s * 1e3,
+                   pre[i].len / pre[i].s, pre[i].flop / pre[i].s / 1e12,
+                   peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0,
+                   fma_peak > 0 ? 100 * pre[i].flop / pre[i].s / fma_peak : 0.0);
         printf("# decode (%3d steps)       %8s %10s %10s %9s %8s\n", o.decode_steps, "batch", "ms/step", "tok/s",
                "roof t/s", "% roof");
         for (int i = 0; i < o.n_batch; i++) {
