@@ -20,8 +20,8 @@ size_t kern_dtype_size(kern_dtype dt) {
     case KERN_F32: return 4;
     case KERN_F16:
     case KERN_BF16: return 2;
+    default: return 0; /* block-quantized: no per-element size */
     }
-    return 0;
 }
 
 const char *kern_dtype_name(kern_dtype dt) {
@@ -29,6 +29,11 @@ const char *kern_dtype_name(kern_dtype dt) {
     case KERN_F32: return "f32";
     case KERN_F16: return "f16";
     case KERN_BF16: return "bf16";
+    case KERN_Q8_0: return "q8_0";
+    case KERN_Q4_0: return "q4_0";
+    case KERN_Q4_1: return "q4_1";
+    case KERN_Q4_K: return "q4_k";
+    case KERN_Q6_K: return "q6_k";
     }
     return "?";
 }

@@ -28,7 +28,42 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum kern_dtype { KERN_F32 = 0, KERN_F16, KERN_BF16 } kern_dtype;
+/* The block-quantized types are ggml's layouts (weights/quant.c reads the
+ * same bytes): a row of `cols` elements is cols / kern_dtype_block() blocks
+ * of kern_dtype_block_bytes() bytes. Only a backend with upload_quantized
+ * (below) takes them; kern_dtype_size() is 0 for them. */
+typedef enum kern_dtype {
+    KERN_F32 = 0,
+    KERN_F16,
+    KERN_BF16,
+    KERN_Q8_0, /* 32 x int8, fp16 scale d: x = d * q */
+    KERN_Q4_0, /* 32 x 4 bit, fp16 d: x = d * (q - 8) */
+    KERN_Q4_1, /* 32 x 4 bit, fp16 d and m: x = d * q + m */
+    KERN_Q4_K, /* 256 per super-block, 8 sub-blocks with 6-bit scales/mins */
+    KERN_Q6_K, /* 256 per super-block, 16 sub-blocks with int8 scales */
+} kern_dtype;
+
+/* Elements per block (1 for F32/F16/BF16) and bytes per block. */
+static inline int kern_dtype_block(kern_dtype dt) {
+    return dt == KERN_Q4_K || dt == KERN_Q6_K ? 256 : dt >= KERN_Q8_0 ? 32 : 1;
+}
+static inline size_t kern_dtype_block_bytes(kern_dtype dt) {
+    switch (dt) {
+    case KERN_F32: return 4;
+    case KERN_F16:
+    case KERN_BF16: return 2;
+    case KERN_Q8_0: return 34;
+    case KERN_Q4_0: return 18;
+    case KERN_Q4_1: return 20;
+    case KERN_Q4_K: return 144;
+    case KERN_Q6_K: return 210;
+    }
+    return 0;
+}
+/* Bytes of `n` elements (n a multiple of the block). */
+static inline size_t kern_dtype_bytes(kern_dtype dt, int64_t n) {
+    return (size_t)(n / kern_dtype_block(dt)) * kern_dtype_block_bytes(dt);
+}
 
 typedef struct kern_weight {
     const void *data; /* host (cpu) or device (cuda) memory */
@@ -36,7 +71,9 @@ typedef struct kern_weight {
     int64_t rows, cols;
     /* Elements between the starts of consecutive rows; 0 means `cols`
      * (dense). A column slice of a row-major matrix (the input split of a
-     * row-parallel layer) is a view with ld = the full matrix's cols. */
+     * row-parallel layer) is a view with ld = the full matrix's cols.
+     * Quantized: cols, ld and the slice's first column are multiples of
+     * the block. */
     int64_t ld;
 } kern_weight;
 
@@ -208,6 +245,18 @@ typedef struct kern_ops {
     void (*graph_abort)(kern_backend *be);
     int (*graph_launch)(kern_backend *be);
     void (*graph_drop_all)(kern_backend *be);
+
+    /* ---- quantized weights (optional: NULL on backends that only take
+     * F32/F16/BF16 weights, e.g. cuda) ----
+     * Make `host` usable as a weight of dtype `to`, a block-quantized type:
+     * host->dtype == to keeps the blocks (cpu aliases the host view, like
+     * upload_weight); host F32/F16/BF16 (dense or strided) is quantized
+     * into a backend-owned copy (cols a multiple of the block; only
+     * KERN_Q8_0 is produced, as ggml's quantize_row_q8_0 rounds). Every op
+     * taking a kern_weight then takes it (matmul, embedding). Release with
+     * free_weight. Errors: a type the backend cannot produce or read,
+     * cols not a multiple of the block. */
+    int (*upload_quantized)(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev);
 } kern_ops;
 
 #define KERN_TOPK_MAX 64

@@ -106,6 +106,11 @@ typedef struct model_load_opts {
      * the fused ones, so every other step is unchanged. Same bytes held,
      * same logits bits on cpu. 0: separate weights. */
     int fuse_weights;
+    /* KERN_Q8_0: matrices stored F32/F16/BF16 are quantized to Q8_0 at load
+     * (ggml's rounding) on a backend with kern_ops.upload_quantized, so a
+     * decode step streams ~1.06 bytes per weight; ignored with fused
+     * weights or on other backends. 0: keep the stored dtypes. */
+    int quantize;
 } model_load_opts;
 
 /* Load rank `rank`'s shard of the model in `dir` (config.json, weights in

@@ -37,6 +37,7 @@ typedef struct att_args {
     const att_task_ref *tasks;
     int hq, hkv, hd;
     float scale;
+    int isa;
     int failed;
 } att_args;
 
@@ -67,7 +68,7 @@ static void att_task(void *arg, int task) {
         int len = pos_first + (i - t->q0) + 1;
         float mx = -INFINITY;
         for (int p = 0; p < len; p++) {
-            s[p] = cpu_dot(q, krow[p], hd) * a->scale;
+            s[p] = cpu_dot(a->isa, q, krow[p], hd) * a->scale;
             if (s[p] > mx) mx = s[p];
         }
         double sum = 0;
@@ -113,7 +114,7 @@ int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, co
                 int q1 = q0 + ATT_QBLOCK < b->q_start[s + 1] ? q0 + ATT_QBLOCK : b->q_start[s + 1];
                 tasks[k++] = (att_task_ref){s, h, q0, q1};
             }
-    att_args a = {out, q, kc, vc, b, tasks, hq, hkv, hd, scale, 0};
+    att_args a = {out, q, kc, vc, b, tasks, hq, hkv, hd, scale, cpu_isa(be), 0};
     cpu_parallel_for(be, ntasks, att_task, &a);
     free(tasks);
     if (a.failed) return kern_fail(be, "attention: out of memory for scores");

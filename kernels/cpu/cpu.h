@@ -30,8 +30,14 @@ typedef struct cpu_pool {
     int active; /* workers still inside the current region */
 } cpu_pool;
 
+/* The instruction sets the kernels have paths for. Every path computes the
+ * same float operations in the same order (matmul.c), so the choice changes
+ * speed, never bits; ECHO_CPU_ISA=scalar|avx2|avx512 caps it (tests). */
+enum { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 };
+
 typedef struct cpu_impl {
     cpu_pool pool;
+    int isa; /* CPU_ISA_*: what this machine has, capped by ECHO_CPU_ISA */
     /* Weights this backend allocated (random_weight, fuse_rows): free_weight releases
      * these and leaves every other pointer alone, since uploads alias the
      * caller's memory (the mmap). A backend is driven by one thread. */
@@ -46,12 +52,26 @@ void cpu_owned_release(kern_backend *be, const void *p);
 void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
 int cpu_nthreads(const kern_backend *be);
 
-/* Dot product with 8 independent lanes and one fixed reduction order
- * (matmul.c); the same result on every machine and in every caller. */
-float cpu_dot(const float *a, const float *b, int len);
+int cpu_isa(const kern_backend *be);
+/* The best CPU_ISA_* this machine runs (matmul.c). */
+int cpu_isa_detect(void);
 
-/* Rows r0 .. r0+nrows-1 of `w` as dense fp32 (nrows, w->cols), honouring ld. */
+/* Dot product with 16 lanes of fmas and one fixed reduction order
+ * (matmul.c); the same result on every machine, every isa and in every
+ * caller. */
+float cpu_dot(int isa, const float *a, const float *b, int len);
+
+/* Rows r0 .. r0+nrows-1 of `w` as dense fp32 (nrows, w->cols), honouring
+ * ld; every dtype, quantized ones dequantized (quant.c's values). */
 void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows);
+
+/* quant.c: elements [first, first+n) of a row of dtype dt starting at src,
+ * as fp32 (ggml's dequantization, bit for bit); Q4_K's 6-bit scale and
+ * min of sub-block j; ggml's Q8_0 quantization of n (a multiple of 32)
+ * values. */
+void cpu_dequant(kern_dtype dt, const void *src, int64_t first, int64_t n, float *dst);
+void cpu_k_scale_min(const uint8_t *q, int j, int *sc, int *m);
+void cpu_quantize_q8_0(const float *x, int64_t n, uint8_t *dst);
 
 /* The ops, one file per family. */
 int cpu_embedding(kern_backend *be, void *out, const kern_weight *table, const int32_t *ids, int n);

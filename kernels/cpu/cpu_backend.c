@@ -46,36 +46,47 @@ static int cpu_copy(kern_backend *be, void *dst, const void *src, size_t n) {
 }
 
 /* safetensors does not promise aligned tensor data (HF pads headers to 8
- * bytes, other writers need not), so 16-bit weights are read through memcpy;
- * gcc turns it into plain (unaligned-safe) loads. */
-static void load_span(float *dst, const kern_weight *w, size_t off, size_t n) {
-    const char *src = (const char *)w->data + off * kern_dtype_size(w->dtype);
-    switch (w->dtype) {
-    case KERN_F32: memcpy(dst, src, n * sizeof(float)); break;
-    case KERN_BF16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            dst[i] = kern_bf16_to_f32(h);
-        }
-        break;
-    case KERN_F16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            dst[i] = kern_f16_to_f32(h);
-        }
-        break;
-    }
+ * bytes, other writers need not), so weights are read through memcpy
+ * (cpu_dequant); gcc turns it into plain (unaligned-safe) loads. */
+void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) {
+    int64_t cols = w->cols, ld = w->ld ? w->ld : cols;
+    for (int64_t r = 0; r < nrows; r++)
+        cpu_dequant(w->dtype, (const char *)w->data + kern_dtype_bytes(w->dtype, (r0 + r) * ld), 0, cols,
+                    dst + r * cols);
 }
 
-void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) {
-    size_t cols = (size_t)w->cols, ld = w->ld ? (size_t)w->ld : cols;
-    if (ld == cols) {
-        load_span(dst, w, (size_t)r0 * cols, (size_t)nrows * cols);
-        return;
+/* Quantized weights: GGUF blocks alias the caller's memory like any upload;
+ * F32/F16/BF16 become an owned Q8_0 copy, row by row. */
+static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev) {
+    int bl = kern_dtype_block(to);
+    int64_t ld = host->ld ? host->ld : host->cols;
+    if (bl == 1) return kern_fail(be, "upload_quantized: %s is not a quantized type", kern_dtype_name(to));
+    if (host->cols % bl || ld % bl)
+        return kern_fail(be, "upload_quantized: (%lld, %lld) weight: cols not a multiple of %s's %d",
+                         (long long)host->rows, (long long)host->cols, kern_dtype_name(to), bl);
+    if (host->dtype == to) {
+        *dev = *host;
+        return 0;
     }
-    for (int64_t r = 0; r < nrows; r++) load_span(dst + (size_t)r * cols, w, (size_t)(r0 + r) * ld, cols);
+    if (to != KERN_Q8_0 || kern_dtype_block(host->dtype) != 1)
+        return kern_fail(be, "upload_quantized: cannot make %s from %s", kern_dtype_name(to),
+                         kern_dtype_name(host->dtype));
+    size_t row_bytes = kern_dtype_bytes(to, host->cols);
+    uint8_t *buf = malloc((size_t)host->rows * row_bytes + 1);
+    float *row = malloc((size_t)host->cols * sizeof *row);
+    if (!buf || !row || cpu_owned_add(be, buf)) {
+        free(buf);
+        free(row);
+        return kern_fail(be, "upload_quantized: out of memory for (%lld, %lld) %s", (long long)host->rows,
+                         (long long)host->cols, kern_dtype_name(to));
+    }
+    for (int64_t r = 0; r < host->rows; r++) {
+        cpu_load_rows(row, host, r, 1);
+        cpu_quantize_q8_0(row, host->cols, buf + (size_t)r * row_bytes);
+    }
+    free(row);
+    *dev = (kern_weight){buf, to, host->rows, host->cols, 0};
+    return 0;
 }
 
 static const kern_ops cpu_ops = {
@@ -102,6 +113,7 @@ static const kern_ops cpu_ops = {
     .stream = cpu_stream,
     .random_weight = cpu_random_weight,
     .fuse_rows = cpu_fuse_rows,
+    .upload_quantized = cpu_upload_quantized,
 };
 
 int kern_cpu_ops_init(kern_backend *be) {

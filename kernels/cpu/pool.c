@@ -1,6 +1,7 @@
 /* The cpu backend's thread pool (see cpu.h for the contract). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "kernels/cpu/cpu.h"
@@ -86,6 +87,20 @@ void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg) {
 
 int cpu_nthreads(const kern_backend *be) { return ((const cpu_impl *)be->impl)->pool.nthreads; }
 
+int cpu_isa(const kern_backend *be) { return ((const cpu_impl *)be->impl)->isa; }
+
+/* The machine's isa, capped by ECHO_CPU_ISA (scalar, avx2, avx512): read
+ * once per backend, so tests can run every path on one machine. */
+static int isa_for_backend(void) {
+    int isa = cpu_isa_detect();
+    const char *cap = getenv("ECHO_CPU_ISA");
+    if (cap) {
+        int c = !strcmp(cap, "scalar") ? CPU_ISA_SCALAR : !strcmp(cap, "avx2") ? CPU_ISA_AVX2 : isa;
+        if (c < isa) isa = c;
+    }
+    return isa;
+}
+
 int kern_cpu_ops_init(kern_backend *be); /* cpu_backend.c */
 
 int kern_cpu_create(int nthreads, kern_backend **out, char *err, size_t errlen) {
@@ -98,6 +113,7 @@ int kern_cpu_create(int nthreads, kern_backend **out, char *err, size_t errlen) 
     cpu_impl *impl = calloc(1, sizeof *impl);
     if (!be || !impl) goto fail;
     be->impl = impl;
+    impl->isa = isa_for_backend();
     if (pool_init(&impl->pool, nthreads) != 0) {
         pool_destroy(&impl->pool);
         goto fail;
