@@ -6,11 +6,13 @@
  */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
 #include "tests/unit/testutil.h"
+#include "weights/weights.h"
 
 static uint64_t rng_state;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -561,6 +563,206 @@ START_TEST(test_fuse_rows_errors) {
 }
 END_TEST
 
+/* ---- quantized weights (kern_ops.upload_quantized) ----
+ * Random blocks with sane fp16 scales; their fp32 values come from
+ * weights/ (ggml's dequantization, tested there against the gguf package),
+ * an implementation independent of kernels/cpu. */
+static const kern_dtype qdts[] = {KERN_Q8_0, KERN_Q4_0, KERN_Q4_1, KERN_Q4_K, KERN_Q6_K};
+static const weights_dtype qwdts[] = {WEIGHTS_Q8_0, WEIGHTS_Q4_0, WEIGHTS_Q4_1, WEIGHTS_Q4_K, WEIGHTS_Q6_K};
+
+static void put_h(uint8_t *p, float v) {
+    uint16_t h = f32_to_f16(v);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+/* rows x cols of dtype qdts[q] in b->raw, their values in b->ref. */
+static void make_qweight(wbuf *b, int q, int rows, int cols) {
+    kern_dtype dt = qdts[q];
+    size_t bb = kern_dtype_block_bytes(dt), nb = (size_t)rows * cols / kern_dtype_block(dt);
+    uint8_t *raw = malloc(nb * bb);
+    for (size_t i = 0; i < nb * bb; i++) raw[i] = (uint8_t)(frand() * 128 + 128);
+    for (size_t i = 0; i < nb; i++) {
+        uint8_t *blk = raw + i * bb;
+        switch (dt) {
+        case KERN_Q4_1:
+            put_h(blk, 0.01f + 0.02f * frand());
+            put_h(blk + 2, 0.05f * frand());
+            break;
+        case KERN_Q8_0:
+        case KERN_Q4_0: put_h(blk, 0.01f + 0.02f * frand()); break;
+        case KERN_Q4_K:
+            put_h(blk, 0.002f * (1.5f + frand()));
+            put_h(blk + 2, 0.002f * (1.5f + frand()));
+            break;
+        case KERN_Q6_K: put_h(blk + 208, 0.001f * (1.5f + frand())); break;
+        default: break;
+        }
+    }
+    b->raw = raw;
+    b->ref = malloc((size_t)rows * cols * sizeof(float));
+    char err[256];
+    ck_assert_msg(weights_dequantize(qwdts[q], raw, (size_t)rows * cols, b->ref, err, sizeof err) == 0, "%s", err);
+    b->w = (kern_weight){raw, dt, rows, cols, 0};
+}
+
+/* A quantized weight gives exactly the bits of its dequantized fp32 copy,
+ * for every token count (the register path at n < 8, the widened row
+ * groups above), and is close to the double-precision product. */
+START_TEST(test_matmul_quantized_equals_dequantized) {
+    const int ns[] = {1, 5, 12, 70};
+    for (int q = 0; q < 5; q++) {
+        int rows = 37, cols = 512;
+        wbuf w;
+        make_qweight(&w, q, rows, cols);
+        kern_weight dev, wf = {w.ref, KERN_F32, rows, cols, 0};
+        ck_assert_int_eq(ops->upload_quantized(be, &w.w, qdts[q], &dev), 0);
+        for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
+            int n = ns[s];
+            float *x = rand_vec((size_t)n * cols), *oq = malloc((size_t)n * rows * 4), *of = malloc((size_t)n * rows * 4);
+            ck_assert_int_eq(ops->matmul(be, oq, x, &dev, n), 0);
+            ck_assert_int_eq(ops->matmul(be, of, x, &wf, n), 0);
+            ck_assert_msg(memcmp(oq, of, (size_t)n * rows * 4) == 0, "%s n=%d differs from fp32", kern_dtype_name(qdts[q]),
+                          n);
+            for (int i = 0; i < n; i++)
+                for (int r = 0; r < rows; r++) {
+                    double ref = 0, mag = 0;
+                    for (int k = 0; k < cols; k++) {
+                        double p = (double)x[(size_t)i * cols + k] * w.ref[(size_t)r * cols + k];
+                        ref += p;
+                        mag += fabs(p);
+                    }
+                    ck_assert(fabs(oq[(size_t)i * rows + r] - ref) <= 1e-6 * mag + 1e-7);
+                }
+            /* batch invariance across the two paths */
+            float one[37];
+            for (int i = 0; i < n; i += 3) {
+                ck_assert_int_eq(ops->matmul(be, one, x + (size_t)i * cols, &dev, 1), 0);
+                ck_assert_int_eq(memcmp(one, oq + (size_t)i * rows, sizeof one), 0);
+            }
+            free(x);
+            free(oq);
+            free(of);
+        }
+        /* embedding rows of a quantized table are its dequantized rows */
+        int32_t ids[2] = {36, 3};
+        float emb[2 * 512];
+        ck_assert_int_eq(ops->embedding(be, emb, &dev, ids, 2), 0);
+        ck_assert_int_eq(memcmp(emb, w.ref + 36 * 512, 512 * 4), 0);
+        ck_assert_int_eq(memcmp(emb + 512, w.ref + 3 * 512, 512 * 4), 0);
+        ops->free_weight(be, &dev);
+        free_weight(&w);
+    }
+}
+END_TEST
+
+/* A column slice of a quantized matrix (ld = the full width, whole blocks)
+ * equals the same columns of the dequantized matrix. */
+START_TEST(test_matmul_quantized_strided) {
+    for (int q = 0; q < 5; q++) {
+        int rows = 9, cols = 768, bl = kern_dtype_block(qdts[q]), c0 = 256, nc = 512;
+        wbuf w;
+        make_qweight(&w, q, rows, cols);
+        ck_assert_int_eq(c0 % bl, 0);
+        kern_weight view = {(const uint8_t *)w.raw + kern_dtype_bytes(qdts[q], c0), qdts[q], rows, nc, cols}, dev;
+        ck_assert_int_eq(ops->upload_quantized(be, &view, qdts[q], &dev), 0);
+        kern_weight fview = {w.ref + c0, KERN_F32, rows, nc, cols};
+        float *x = rand_vec(3 * (size_t)nc), oq[27], of[27];
+        ck_assert_int_eq(ops->matmul(be, oq, x, &dev, 3), 0);
+        ck_assert_int_eq(ops->matmul(be, of, x, &fview, 3), 0);
+        ck_assert_int_eq(memcmp(oq, of, sizeof oq), 0);
+        free(x);
+        free_weight(&w);
+    }
+}
+END_TEST
+
+/* Every instruction-set path computes the same bits (ECHO_CPU_ISA caps the
+ * path of a backend made afterwards); shapes with K % 16 tails too. */
+START_TEST(test_matmul_isa_paths_agree) {
+    const char *caps[] = {"scalar", "avx2"};
+    const int ns[] = {1, 6, 13};
+    for (int c = 0; c < 2; c++) {
+        const kern_ops *o2;
+        kern_backend *b2;
+        char err[256];
+        setenv("ECHO_CPU_ISA", caps[c], 1);
+        ck_assert(kern_backend_create("cpu", 2, 0, &o2, &b2, err, sizeof err) == 0);
+        unsetenv("ECHO_CPU_ISA");
+        for (int d = 0; d < 8; d++) {
+            wbuf w;
+            int rows = 21, cols = d < 3 ? 131 : 256;
+            if (d < 3)
+                make_weight(&w, (kern_dtype[]){KERN_F32, KERN_F16, KERN_BF16}[d], rows, cols);
+            else
+                make_qweight(&w, d - 3, rows, cols);
+            for (size_t s = 0; s < 3; s++) {
+                int n = ns[s];
+                float *x = rand_vec((size_t)n * cols), *a = malloc((size_t)n * rows * 4), *b = malloc((size_t)n * rows * 4);
+                ck_assert_int_eq(ops->matmul(be, a, x, &w.w, n), 0);
+                ck_assert_int_eq(o2->matmul(b2, b, x, &w.w, n), 0);
+                ck_assert_msg(memcmp(a, b, (size_t)n * rows * 4) == 0, "%s: %s n=%d differs", caps[c],
+                              kern_dtype_name(w.w.dtype), n);
+                free(x);
+                free(a);
+                free(b);
+            }
+            free_weight(&w);
+        }
+        kern_backend_destroy(o2, b2);
+    }
+}
+END_TEST
+
+/* upload_quantized to Q8_0 rounds as ggml does: the bytes equal the gguf
+ * package's quantize() of the same values (computed at test time). */
+START_TEST(test_quantize_q8_0_matches_gguf) {
+    int rows = 6, cols = 96;
+    float *v = rand_vec((size_t)rows * cols);
+    v[5] = 0;
+    for (int k = 0; k < 32; k++) v[cols + k] = 0; /* an all-zero block */
+    v[2 * cols + 7] = 3.5f;                        /* a block with a large value */
+    char *dir = tu_mkdtemp(), in[512], out[512], cmd[2048];
+    snprintf(in, sizeof in, "%s/x.f32", dir);
+    snprintf(out, sizeof out, "%s/q.bin", dir);
+    ck_assert_int_eq(tu_write_file(in, v, (size_t)rows * cols * 4), 0);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c \"import numpy as np, gguf; "
+             "x = np.fromfile('%s', dtype=np.float32).reshape(%d, %d); "
+             "open('%s', 'wb').write(gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0).tobytes())\"",
+             in, rows, cols, out);
+    int st;
+    free(tu_run(cmd, &st));
+    ck_assert_msg(st == 0, "python3 gguf quantize failed");
+    size_t len;
+    char *ref = tu_read_file(out, &len);
+    ck_assert_ptr_nonnull(ref);
+    ck_assert_uint_eq(len, kern_dtype_bytes(KERN_Q8_0, (int64_t)rows * cols));
+    kern_weight host = {v, KERN_F32, rows, cols, 0}, dev;
+    ck_assert_int_eq(ops->upload_quantized(be, &host, KERN_Q8_0, &dev), 0);
+    ck_assert_int_eq(dev.dtype, KERN_Q8_0);
+    ck_assert_int_eq(memcmp(dev.data, ref, len), 0);
+    /* bf16 input, strided: rows read through the view */
+    uint16_t *hb = malloc((size_t)rows * 128 * 2);
+    for (int r = 0; r < rows; r++)
+        for (int k = 0; k < 128; k++) hb[r * 128 + k] = f32_to_bf16(k < cols ? v[r * cols + k] : 9.0f);
+    kern_weight hv = {hb, KERN_BF16, rows, cols, 128}, d2;
+    ck_assert_int_eq(ops->upload_quantized(be, &hv, KERN_Q8_0, &d2), 0);
+    ops->free_weight(be, &d2);
+    /* errors: not a quantized target, cols not whole blocks, a type it cannot make */
+    kern_weight odd = {v, KERN_F32, 2, 40, 0};
+    ck_assert_int_ne(ops->upload_quantized(be, &host, KERN_F32, &d2), 0);
+    ck_assert_int_ne(ops->upload_quantized(be, &odd, KERN_Q8_0, &d2), 0);
+    ck_assert_int_ne(ops->upload_quantized(be, &host, KERN_Q4_K, &d2), 0);
+    ops->free_weight(be, &dev);
+    free(hb);
+    free(ref);
+    free(v);
+    tu_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_backend_selection_errors) {
     const kern_ops *o;
     kern_backend *b;
@@ -596,6 +798,10 @@ int main(void) {
     tcase_add_test(tc, test_thread_count_invariance);
     tcase_add_test(tc, test_matmul_batch_invariant);
     tcase_add_test(tc, test_backend_selection_errors);
+    tcase_add_test(tc, test_matmul_quantized_equals_dequantized);
+    tcase_add_test(tc, test_matmul_quantized_strided);
+    tcase_add_test(tc, test_matmul_isa_paths_agree);
+    tcase_add_test(tc, test_quantize_q8_0_matches_gguf);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
