@@ -73,6 +73,9 @@ typedef struct fw_opts {
     int tp, threads, iters, json;
     int cuda_graphs; /* eng_config.cuda_graphs */
     int quantize;    /* eng_config.quantize */
+    echo_mode allreduce; /* eng_config.allreduce (tp > 1) */
+    int echo_group;      /* eng_config.echo_group, 0 = default */
+    long echo_min_bytes; /* eng_config.echo_min_bytes */
     int prefill[FW_MAX_LIST], n_prefill;
     int batch[FW_MAX_LIST], n_batch;
     int decode_steps, decode_prompt, ttft_len;
@@ -179,7 +182,10 @@ static const char FW_USAGE[] =
     "  --model DIR         Hugging Face Qwen3 folder, or a random model generated in device memory\n"
     "                      (random:qwen3-8b[,layers=N][,seed=S]; also qwen3-0.6b, tiny, tiny-hd128)\n"
     "  --device D          cpu (default), cuda, or auto (cuda when a GPU is visible)\n"
-    "  --tp N              tensor-parallel ranks (default 1)\n"
+    "  --tp N              tensor-parallel ranks (default 1; under mpirun -np N one per process)\n"
+    "  --allreduce MODE    exact (default), bf16, int4 or echo: the all-reduce at tp > 1\n"
+    "  --echo-group G      values per scale group of int4/echo (default: comm/ default)\n"
+    "  --echo-min-bytes N  messages below N bytes take the exact path (default 0)\n"
     "  --prefill L,...     prompt lengths, one sequence each (default 512,2048,8192)\n"
     "  --decode-batch B,.. decode batch sizes (default 1,16,64)\n"
     "  --decode-steps N    timed decode steps per batch size (default 32)\n"
@@ -218,7 +224,10 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_JSON,
         O_HELP,
         O_GRAPHS,
-        O_QUANT
+        O_QUANT,
+        O_ALLRED,
+        O_EGROUP,
+        O_EMINB
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -237,6 +246,9 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"json", no_argument, 0, O_JSON},
         {"cuda-graphs", no_argument, 0, O_GRAPHS},
         {"quantize", required_argument, 0, O_QUANT},
+        {"allreduce", required_argument, 0, O_ALLRED},
+        {"echo-group", required_argument, 0, O_EGROUP},
+        {"echo-min-bytes", required_argument, 0, O_EMINB},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -257,6 +269,18 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         case O_TP:
             if (cli_parse_long(a, 1, 64, &v)) rc = fw_usage_error("--tp: expected 1..64, got '%s'", a);
             o->tp = (int)v;
+            break;
+        case O_ALLRED:
+            if (echo_mode_parse(a, &o->allreduce))
+                rc = fw_usage_error("--allreduce: expected exact, bf16, int4 or echo, got '%s'", a);
+            break;
+        case O_EGROUP:
+            if (cli_parse_long(a, 16, 256, &v)) rc = fw_usage_error("--echo-group: expected 16..256, got '%s'", a);
+            o->echo_group = (int)v;
+            break;
+        case O_EMINB:
+            if (cli_parse_long(a, 0, 1L << 40, &v)) rc = fw_usage_error("--echo-min-bytes: expected a byte count, got '%s'", a);
+            o->echo_min_bytes = v;
             break;
         case O_PREFILL:
             if (fw_parse_list(a, 1 << 20, o->prefill, &o->n_prefill))
@@ -644,6 +668,9 @@ int bench_forward_main(int argc, char **argv) {
     eng_config ec = {.model_dir = o.model,
                      .device = o.device,
                      .tp = o.tp,
+                     .allreduce = o.allreduce,
+                     .echo_group = o.echo_group,
+                     .echo_min_bytes = (size_t)o.echo_min_bytes,
                      .threads = o.threads,
                      .kv_block_size = bs,
                      .max_model_len = max_len,
@@ -761,6 +788,7 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "model", json_string(o.model));
         json_object_set_new(root, "device", json_string(o.device));
         json_object_set_new(root, "tp", json_integer(o.tp));
+        json_object_set_new(root, "allreduce", json_string(o.tp > 1 ? echo_mode_name(o.allreduce) : "none"));
         json_object_set_new(root, "cuda_graphs", json_boolean(o.cuda_graphs && !eng_graphs_note(e)));
         json_object_set_new(root, "graph_steps", json_integer(eng_graph_steps(e)));
         long nt = eng_get_config(e)->threads > 0 ? eng_get_config(e)->threads : sysconf(_SC_NPROCESSORS_ONLN);
