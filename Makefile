@@ -290,13 +290,16 @@ test-bench: $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 # ---- the mpi transport and the network lab (comm/mpi.c, scripts/netlab.sh, docs/network.md) ----
 # make test-mpi   the mpi transport against local bit for bit under mpirun -np 2, 3, 4, and
 #                 the lab script's namespace clean-up plus a shaped 2-rank echo-bench smoke
-#                 (the lab parts need root and tc; skipped with a note otherwise)
+#                 (the lab parts need root and tc; skipped with a note otherwise); then ranks
+#                 as processes (tests/mpi/engine.sh): HF's greedy tokens at -np 2/3/4,
+#                 processes == threads bit for bit, the server under mpirun, a killed rank
 .PHONY: test-mpi
 $(BUILD)/tests/mpi_test_comm: $(BUILD)/obj/tests/mpi/test_comm_mpi.o $(filter $(BUILD)/obj/comm/%,$(LIB_OBJ))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-test-mpi: $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench
+test-mpi: $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench $(BIN)/echo-generate $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 	tests/mpi/run.sh $(MPI) $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench
+	tests/mpi/engine.sh $(MPI) $(BIN) $(DEMO_MODEL)
 # ---- end mpi block ----
 
 format:

@@ -77,15 +77,20 @@ static int gguf_tokenizer(const char *path, tok_tokenizer **tok, eng_chat_templa
                           size_t errlen) {
     weights_set *ws = NULL;
     const char **tokens = NULL, **merges = NULL;
-    size_t *tlen = NULL, *mlen = NULL, nt = 0, nm = 0, n;
+    size_t *tlen = NULL, *mlen = NULL, nt = 0, nm = 0, n = 0;
     int32_t *types = NULL;
     char pre[64] = "default";
     int rc = -1, et;
-    const char *s;
+    const char *s = NULL;
     if (weights_open(path, &ws, err, errlen)) return -1;
-    if (weights_meta_str(ws, "tokenizer.ggml.model", &s, &n) || !(n == 4 && !memcmp(s, "gpt2", 4))) {
+    if (weights_meta_str(ws, "tokenizer.ggml.model", &s, &n)) {
+        snprintf(err, errlen, "%s: the GGUF has no tokenizer (tokenizer.ggml.model)", path);
+        rc = ENG_TOK_MISSING;
+        goto out;
+    }
+    if (!(n == 4 && !memcmp(s, "gpt2", 4))) {
         snprintf(err, errlen, "%s: tokenizer.ggml.model is '%.*s': echo reads byte-level BPE ('gpt2') GGUF "
-                 "tokenizers only", path, s ? (int)(n < 32 ? n : 32) : 0, s ? s : "");
+                 "tokenizers only", path, (int)(n < 32 ? n : 32), s);
         goto out;
     }
     if (weights_meta_array(ws, "tokenizer.ggml.tokens", &et, &nt) || et != WEIGHTS_META_STR || nt == 0) {

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# tests/mpi/engine.sh MPI BIN DEMO_MODEL — make test-mpi, ranks as processes:
+#   1. echo-generate under mpirun -np 2, 3 and 4 with the exact all-reduce
+#      gives HF transformers' 32 greedy tokens (the fixtures' reference.json)
+#      on Qwen3, Llama and GGUF fixtures;
+#   2. int4 and echo under mpirun -np 2 give the same bits (tokens and
+#      logprobs) as two ranks as threads (the mpi transport equals local);
+#   3. a rank count that differs from --tp is refused, on every rank, with
+#      one message;
+#   4. echo-serve under mpirun -np 2 answers completions and chat, and stops
+#      on SIGTERM with no process left;
+#   5. a rank killed mid-request ends the job within seconds (no hang), with
+#      mpirun naming the rank.
+# Every mpirun is bounded by `timeout`.
+set -u
+have=$1 bin=$2 demo=$3
+if [ "$have" != 1 ]; then
+    echo "test-mpi engine: skipped: this build has no Open MPI (MPI=0; make deps installs it)"
+    exit 0
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail=0 checks=0
+ok() { checks=$((checks + 1)); }
+bad() { echo "FAIL: $*"; fail=1; }
+tmp=$(mktemp -d)
+srv_pid=
+cleanup() {
+    [ -n "$srv_pid" ] && kill -9 "$srv_pid" 2>/dev/null
+    pkill -9 -f "$tmp/marker" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+M=tests/fixtures/models
+run() { timeout 300 mpirun --oversubscribe "$@"; }
+
+# 1. greedy tokens against HF, per fixture and process count
+for spec in gqa4-deep:2 gqa4-deep:4 llama-tp3:3 llama-gqa:2 gguf-llama/model.gguf:2 qwen2-bias:2; do
+    model=${spec%:*} np=${spec##*:} dir=$M/${model%/model.gguf}
+    prompt=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][1]["prompt"])))' "$dir/reference.json")
+    if run -np "$np" "$bin/echo-generate" --model "$M/$model" --prompt-tokens "$prompt" --max-tokens 32 \
+        --temperature 0 --ignore-eos --json --tp "$np" --allreduce exact >"$tmp/gen.json" 2>"$tmp/gen.err" &&
+        python3 - "$tmp/gen.json" "$dir/reference.json" <<'PY'; then ok; else bad "$model at -np $np: $(tail -3 "$tmp/gen.err")"; fi
+import json, sys
+got = json.load(open(sys.argv[1]))["tokens"]
+want = json.load(open(sys.argv[2]))["prompts"][1]["greedy"]
+assert got == want, (got, want)
+PY
+done
+
+# 2. quantized modes: processes == threads, bit for bit
+for mode in int4 echo; do
+    args=(--model "$M/gqa4-deep" --prompt-tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7 --max-tokens 12 --temperature 0
+          --ignore-eos --top-logprobs 3 --json --tp 2 --allreduce "$mode" --threads 1)
+    "$bin/echo-generate" "${args[@]}" >"$tmp/threads.json" 2>/dev/null
+    run -np 2 "$bin/echo-generate" "${args[@]}" >"$tmp/procs.json" 2>"$tmp/procs.err"
+    if [ -s "$tmp/threads.json" ] && cmp -s "$tmp/threads.json" "$tmp/procs.json"; then ok
+    else bad "$mode: mpirun -np 2 differs from --tp 2 threads: $(tail -2 "$tmp/procs.err")"; fi
+done
+
+# 3. a rank count that does not match --tp
+run -np 2 "$bin/echo-generate" --model "$M/gqa4-deep" --prompt-tokens 1,2 --max-tokens 1 --tp 4 >/dev/null 2>"$tmp/mis.err"
+rc=$?
+n=$(grep -c "mpirun started 2 processes" "$tmp/mis.err")
+if [ $rc != 0 ] && [ "$n" = 1 ]; then ok; else bad "-np 2 --tp 4: rc $rc, message $n times: $(head -3 "$tmp/mis.err")"; fi
+
+# 4. the server under mpirun -np 2
+port=$((20000 + $$ % 20000))
+start_server() {
+    # the marker names this run's processes for cleanup
+    timeout 300 mpirun --oversubscribe -np 2 -x ECHO_TEST_MARKER="$tmp/marker" "$bin/echo-serve" --model "$demo" \
+        --tp 2 --port "$port" --device cpu --max-model-len 512 --served-model-name demo >"$tmp/srv.log" 2>&1 &
+    srv_pid=$!
+    for _ in $(seq 120); do
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && return 0
+        kill -0 "$srv_pid" 2>/dev/null || return 1
+        sleep 0.5
+    done
+    return 1
+}
+served() { pgrep -f "echo-serve --model $demo --tp 2 --port $port" >/dev/null; }
+if start_server; then
+    c=$(curl -s -m 60 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"demo","prompt":"Hello there","max_tokens":6,"temperature":0}')
+    h=$(curl -s -m 60 "localhost:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"demo","messages":[{"role":"user","content":"Hi"}],"max_tokens":6,"temperature":0}')
+    if python3 -c 'import json,sys
+c, h = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert c["usage"]["completion_tokens"] == 6 and c["choices"][0]["finish_reason"] == "length", c
+assert h["choices"][0]["message"]["role"] == "assistant" and h["usage"]["completion_tokens"] >= 1, h' "$c" "$h"; then ok
+    else bad "server under mpirun: completions $c / chat $h"; fi
+    kill -TERM "$srv_pid"
+    for _ in $(seq 40); do served || break; sleep 0.5; done
+    if ! served; then ok; else bad "server under mpirun: processes left 20 s after SIGTERM"; fi
+    wait "$srv_pid" 2>/dev/null
+    srv_pid=
+else
+    bad "server under mpirun -np 2 did not become healthy: $(tail -5 "$tmp/srv.log")"
+fi
+
+# 5. rank 1 killed while a request runs: the job ends, mpirun names the rank
+if start_server; then
+    curl -s -m 120 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"demo","prompt":"Hello","max_tokens":400,"ignore_eos":true}' >/dev/null 2>&1 &
+    sleep 1
+    victim=
+    for p in $(pgrep -f "echo-serve --model $demo --tp 2 --port $port"); do
+        r=$(tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+        [ "$r" = 1 ] && victim=$p
+    done
+    if [ -n "$victim" ]; then
+        kill -9 "$victim"
+        t0=$(date +%s)
+        for _ in $(seq 60); do kill -0 "$srv_pid" 2>/dev/null || break; sleep 0.5; done
+        dt=$(($(date +%s) - t0))
+        if ! kill -0 "$srv_pid" 2>/dev/null && ! served && grep -q "rank 1" "$tmp/srv.log"; then ok
+        else bad "killed rank 1: job still up after ${dt}s or no message: $(tail -5 "$tmp/srv.log")"; fi
+    else
+        bad "killed rank: no rank-1 process found"
+    fi
+    kill -9 "$srv_pid" 2>/dev/null
+    wait "$srv_pid" 2>/dev/null
+    srv_pid=
+else
+    bad "server under mpirun -np 2 (second start) did not become healthy: $(tail -5 "$tmp/srv.log")"
+fi
+
+echo "test-mpi engine: $checks checks passed, $([ $fail = 0 ] && echo 0 || echo some) failed"
+exit $fail
