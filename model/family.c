@@ -20,6 +20,15 @@ const model_family *model_family_find(const char *key) {
     return NULL;
 }
 
+int model_family_no_sliding_window(json_t *root, model_config *cfg, char *err, size_t errlen) {
+    (void)cfg;
+    if (json_is_true(json_object_get(root, "use_sliding_window"))) {
+        snprintf(err, errlen, "config.json: use_sliding_window=true is not supported");
+        return -1;
+    }
+    return 0;
+}
+
 void model_family_list(char *buf, size_t len) {
     size_t at = 0;
     if (len) buf[0] = 0;

@@ -35,6 +35,9 @@ extern const model_family model_family_qwen2;
 /* The family whose name, HF architecture, HF model_type or GGUF
  * architecture is `key`; NULL if none. */
 const model_family *model_family_find(const char *key);
+/* A parse_json hook for families whose configs may ask for sliding-window
+ * attention (use_sliding_window), which echo does not implement. */
+int model_family_no_sliding_window(json_t *root, model_config *cfg, char *err, size_t errlen);
 /* "qwen3 (Qwen3ForCausalLM), llama (LlamaForCausalLM)" for messages. */
 void model_family_list(char *buf, size_t len);
 
