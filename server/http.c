@@ -371,6 +371,192 @@ static json_t *parse_body(conn_ctx *cc, verr *e) {
     return root;
 }
 
+/* ---- token-id arrays straight from the body text ----
+ *
+ * jansson spends about 40 bytes per integer, so a body that is mostly a
+ * token-id array would briefly take ~20x its size. A top-level key holding
+ * an array of plain integers (or, with `batch`, a list of such arrays) is
+ * read here into int32 ids, and its text replaced by a placeholder `0` and
+ * spaces (same length: jansson's error positions stay right) before jansson
+ * parses the rest. Anything else — escapes in the key, floats, strings,
+ * malformed text — leaves the body untouched for jansson, whose answer
+ * (and error message) is then the usual one. */
+typedef struct fast_ids {
+    int present; /* the key's value was taken here */
+    int batch;   /* it was a list of arrays */
+    int count;
+    int32_t **ids;
+    int *n;
+    int bad_set; /* an id outside [0, vocab): the first one, in array bad_at */
+    long long bad;
+    int bad_at;
+} fast_ids;
+
+static void fast_ids_free(fast_ids *f) {
+    for (int i = 0; i < f->count; i++)
+        free(f->ids[i]);
+    free(f->ids);
+    free(f->n);
+    memset(f, 0, sizeof *f);
+}
+
+static const char *skip_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+/* Past the end of a JSON string starting at p ('"'); NULL when unterminated. */
+static const char *skip_string(const char *p, const char *end) {
+    for (p++; p < end; p++) {
+        if (*p == '\\') {
+            p++;
+            continue;
+        }
+        if (*p == '"') return p + 1;
+    }
+    return NULL;
+}
+
+/* Past the end of one JSON value (iterative, any depth); NULL when malformed
+ * enough that the scan should stop. */
+static const char *skip_value(const char *p, const char *end) {
+    long depth = 0;
+    do {
+        p = skip_ws(p, end);
+        if (p >= end) return NULL;
+        if (*p == '"') {
+            if (!(p = skip_string(p, end))) return NULL;
+        } else if (*p == '{' || *p == '[') {
+            depth++;
+            p++;
+        } else if (*p == '}' || *p == ']') {
+            if (--depth < 0) return NULL;
+            p++;
+        } else if (*p == ',' || *p == ':') {
+            if (depth == 0) return NULL;
+            p++;
+        } else {
+            const char *q = p;
+            while (p < end && !strchr(" \t\r\n,:]}[{\"", *p))
+                p++;
+            if (p == q) return NULL;
+        }
+    } while (depth > 0);
+    return p;
+}
+
+/* One array of plain integers at p ('['): appended as fi's next array. */
+static const char *fast_array(const char *p, const char *end, fast_ids *fi, int vocab) {
+    size_t cap = 0, n = 0;
+    int32_t *ids = NULL;
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == ']') goto done;
+    for (;;) {
+        p = skip_ws(p, end);
+        int neg = p < end && *p == '-';
+        if (neg) p++;
+        const char *d = p;
+        long long v = 0;
+        while (p < end && *p >= '0' && *p <= '9' && p - d < 18)
+            v = v * 10 + (*p++ - '0');
+        /* not a plain JSON integer (leading zero, fraction, exponent, too
+         * long): jansson decides */
+        if (p == d || (p - d > 1 && *d == '0') || (p < end && strchr(".eE0123456789", *p))) goto no;
+        if (neg) v = -v;
+        if ((v < 0 || v >= vocab) && !fi->bad_set) {
+            fi->bad_set = 1;
+            fi->bad = v;
+            fi->bad_at = fi->count;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            int32_t *nb = realloc(ids, cap * sizeof *ids);
+            if (!nb) goto no;
+            ids = nb;
+        }
+        ids[n++] = (int32_t)(v < 0 || v >= vocab ? 0 : v);
+        if (n > (size_t)1 << 24) goto no;
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
+        if (p < end && *p == ']') break;
+        goto no;
+    }
+done : {
+    int32_t **ni = realloc(fi->ids, ((size_t)fi->count + 1) * sizeof *ni);
+    if (ni) fi->ids = ni;
+    int *nn = ni ? realloc(fi->n, ((size_t)fi->count + 1) * sizeof *nn) : NULL;
+    if (nn) fi->n = nn;
+    if (!ni || !nn) goto no;
+    fi->ids[fi->count] = ids;
+    fi->n[fi->count++] = (int)n;
+    return p + 1;
+}
+no:
+    free(ids);
+    return NULL;
+}
+
+/* Take the top-level `key` of body if it is an id array (or, batch, a list
+ * of them); 0 taken or left alone, the body changed only when taken. */
+static void fast_ids_take(char *body, size_t len, const char *key, int batch, int vocab, fast_ids *fi) {
+    const char *p = body, *end = body + len;
+    size_t kl = strlen(key);
+    memset(fi, 0, sizeof *fi);
+    p = skip_ws(p, end);
+    if (p >= end || *p != '{') return;
+    p++;
+    for (;;) {
+        p = skip_ws(p, end);
+        if (p >= end || *p != '"') return;
+        const char *k = p + 1, *ke = skip_string(p, end);
+        if (!ke) return;
+        int match = (size_t)(ke - 1 - k) == kl && memcmp(k, key, kl) == 0;
+        p = skip_ws(ke, end);
+        if (p >= end || *p != ':') return;
+        p = skip_ws(p + 1, end);
+        if (match) {
+            if (p >= end || *p != '[') return;
+            const char *v0 = p, *q = skip_ws(p + 1, end);
+            if (q < end && *q == '[') {
+                if (!batch) return;
+                fi->batch = 1;
+                p = q;
+                for (;;) {
+                    if (fi->count >= SRV_MAX_CHOICES || !(p = fast_array(p, end, fi, vocab))) goto undo;
+                    p = skip_ws(p, end);
+                    if (p < end && *p == ',') {
+                        p = skip_ws(p + 1, end);
+                        if (p >= end || *p != '[') goto undo;
+                        continue;
+                    }
+                    if (p < end && *p == ']') break;
+                    goto undo;
+                }
+                p++;
+            } else if (!(p = fast_array(p, end, fi, vocab))) {
+                goto undo;
+            }
+            fi->present = 1;
+            memset((char *)v0, ' ', (size_t)(p - v0));
+            *(char *)v0 = '0';
+            return;
+        }
+        if (!(p = skip_value(p, end))) return;
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
+        return;
+    }
+undo:
+    fast_ids_free(fi);
+}
+
 /* Token ids from a JSON array, each in [0, vocab). */
 static int parse_ids(srv_server *s, json_t *a, const char *param, int32_t **ids, int *n, verr *e) {
     size_t m = json_array_size(a);
@@ -625,6 +811,7 @@ typedef struct gen_req {
     int vllm_k;    /* its top-k */
     char **prompt_text; /* (n_prompts) when echo */
     srv_group *grp;
+    fast_ids fi; /* `prompt` ids read from the body text (fast_ids_take) */
 } gen_req;
 
 static void gen_free(gen_req *g) {
@@ -636,6 +823,7 @@ static void gen_free(gen_req *g) {
             free(g->prompt_text[i]);
     free(g->prompt_text);
     if (g->grp) srv_group_unref(g->grp);
+    fast_ids_free(&g->fi);
     memset(g, 0, sizeof *g);
 }
 
@@ -654,7 +842,22 @@ static void prompts_free(prompt_list *pl) {
 }
 
 /* `prompt`: a string, token ids, or a batch (list) of strings / id lists. */
-static int parse_prompts(srv_server *s, json_t *root, prompt_list *pl, verr *e) {
+static int parse_prompts(srv_server *s, json_t *root, fast_ids *fi, prompt_list *pl, verr *e) {
+    if (fi->present) { /* the ids came straight from the body text; same checks, same order */
+        for (int i = 0; i < fi->count; i++) {
+            if (fi->bad_set && fi->bad_at == i)
+                return fail(e, 400, "prompt", "token id %lld in 'prompt' is out of range [0, %d)", fi->bad,
+                            s->mc.vocab_size);
+            if (fi->n[i] == 0) return fail(e, 400, "prompt", "'prompt' is empty");
+        }
+        pl->ids = fi->ids;
+        pl->n = fi->n;
+        pl->count = fi->count;
+        fi->ids = NULL;
+        fi->n = NULL;
+        fi->count = 0;
+        return 0;
+    }
     json_t *p = field(root, "prompt");
     if (!p) return fail(e, 400, "prompt", "'prompt' is required");
     if (!json_is_string(p) && !json_is_array(p))
@@ -914,7 +1117,7 @@ static int parse_generate(srv_server *s, json_t *root, int chat, gen_req *g, ver
         int pt = 0;
         if (get_bool(root, "parallel_tool_calls", &pt, e) < 0) goto out;
     } else {
-        if (parse_prompts(s, root, &pl, e)) goto out;
+        if (parse_prompts(s, root, &g->fi, &pl, e)) goto out;
         if (get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &v, e) < 0) goto out;
         if (field(root, "logprobs")) {
             t->want_logprobs = 1;
@@ -1468,11 +1671,16 @@ static void stream_free(void *cls) {
 /* Body -> validated, tokenized runs ready for the scheduler (g). On failure
  * *e says why and nothing is left allocated. */
 static int generate_prepare(srv_server *s, conn_ctx *cc, int chat, gen_req *g, verr *e) {
+    if (!chat) fast_ids_take(cc->body, cc->len, "prompt", 1, s->mc.vocab_size, &g->fi);
     json_t *root = parse_body(cc, e);
-    if (!root) return -1;
+    if (!root) {
+        fast_ids_free(&g->fi);
+        return -1;
+    }
     int rc = parse_generate(s, root, chat, g, e);
     json_decref(root);
     if (rc) gen_free(g);
+    fast_ids_free(&g->fi);
     return rc;
 }
 
@@ -1662,17 +1870,29 @@ static enum MHD_Result handle_tokenize(srv_server *s, struct MHD_Connection *c, 
  * or -1 with *e set. */
 static int detokenize_body(srv_server *s, conn_ctx *cc, json_t **out, verr *e) {
     static const char *const known[] = {"model", "tokens", NULL};
+    fast_ids fi;
+    fast_ids_take(cc->body, cc->len, "tokens", 0, s->mc.vocab_size, &fi);
     json_t *root = parse_body(cc, e);
-    if (!root) return -1;
     int32_t *ids = NULL;
     int n = 0;
+    if (!root) goto fail;
     json_t *t = field(root, "tokens");
     if (check_known(root, known, "", e) || model_check(s, root, e)) goto fail;
-    if (!json_is_array(t)) {
-        fail(e, 400, "tokens", "'tokens' must be an array of token ids");
-        goto fail;
+    if (fi.present) {
+        if (fi.bad_set) {
+            fail(e, 400, "tokens", "token id %lld in 'tokens' is out of range [0, %d)", fi.bad, s->mc.vocab_size);
+            goto fail;
+        }
+        ids = fi.ids[0];
+        n = fi.n[0];
+        fi.ids[0] = NULL;
+    } else {
+        if (!json_is_array(t)) {
+            fail(e, 400, "tokens", "'tokens' must be an array of token ids");
+            goto fail;
+        }
+        if (parse_ids(s, t, "tokens", &ids, &n, e)) goto fail;
     }
-    if (parse_ids(s, t, "tokens", &ids, &n, e)) goto fail;
     char *txt = NULL;
     size_t tl;
     char terr[128];
@@ -1684,10 +1904,12 @@ static int detokenize_body(srv_server *s, conn_ctx *cc, json_t **out, verr *e) {
     free(txt);
     free(ids);
     json_decref(root);
+    fast_ids_free(&fi);
     return 0;
 fail:
     free(ids);
     json_decref(root);
+    fast_ids_free(&fi);
     return -1;
 }
 
@@ -1704,7 +1926,10 @@ static enum MHD_Result handle_detokenize(srv_server *s, struct MHD_Connection *c
  * and the network: a prepared generation request is freed instead of being
  * submitted, a response object is serialized as send_json does, then freed. */
 int srv_fuzz_parse(srv_server *s, int route, const char *body, size_t len, char *err, size_t errlen) {
-    conn_ctx cc = {.body = (char *)body, .len = len};
+    char *copy = malloc(len + 1); /* the handlers own (and may rewrite) their body */
+    if (!copy) return -1;
+    if (len) memcpy(copy, body, len);
+    conn_ctx cc = {.body = copy, .len = len};
     verr e = {0};
     json_t *out = NULL;
     int rc;
@@ -1725,7 +1950,7 @@ int srv_fuzz_parse(srv_server *s, int route, const char *body, size_t len, char 
         cc.route = R_DETOKENIZE;
         rc = detokenize_body(s, &cc, &out, &e);
         break;
-    default: return -1;
+    default: free(copy); return -1;
     }
     if (!rc && route >= SRV_FUZZ_TOKENIZE) {
         char *txt = out ? json_dumps(out, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
@@ -1734,6 +1959,7 @@ int srv_fuzz_parse(srv_server *s, int route, const char *body, size_t len, char 
         free(txt);
     }
     if (err && errlen) snprintf(err, errlen, "%s", rc ? e.msg : "");
+    free(copy);
     return rc ? e.status : 200;
 }
 
