@@ -6,7 +6,8 @@ python of the clients' venv):
             loglikelihood_rolling, multiple_choice) with --batch_size 4; every per-sample
             loglikelihood == the engine's own logprobs of the same tokens, taken one token at a time
             on the decode path (logit_bias +100 makes the token the greedy choice; its reported
-            logprob is the raw distribution's), to 1e-4
+            logprob is the raw distribution's), to 1e-4; and == transformers' fp32 forward of the
+            same tokens on the fixture the demo model is made of (tests/fixtures/models/realvocab)
 The last line printed is "N passed, M failed".
 """
 import argparse
@@ -70,6 +71,26 @@ def forced_logprob(url, prefix, tok):
     return lp["token_logprobs"][0], lp["tokens"][0]
 
 
+def hf_loglikelihoods(jobs):
+    """transformers' own forward (bf16 weights upcast to fp32, eager attention: how the fixture's
+    reference.bin was made) over the same token windows."""
+    import torch
+    import transformers
+    m = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(REPO, "tests/fixtures/models/realvocab"),
+                                                          dtype=torch.float32, attn_implementation="eager")
+    m.eval()
+    out = []
+    with torch.no_grad():
+        for _, _, wins in jobs:
+            tot = 0.0
+            for ctx, cont in wins:
+                seq = list(ctx) + list(cont)
+                lp = torch.log_softmax(m(torch.tensor([seq])).logits[0].double(), -1)
+                tot += sum(lp[len(ctx) + j - 1, cont[j]].item() for j in range(len(cont)))
+            out.append(tot)
+    return out
+
+
 def lmeval_section(S, venv_bin, model):
     out = tempfile.mkdtemp(prefix="lmeval-")
     margs = (f"model={NAME},base_url={S.url}/v1/completions,tokenizer={os.path.abspath(model)},"
@@ -122,7 +143,13 @@ def lmeval_section(S, venv_bin, model):
     worst = max(abs(g - e) for g, e, _ in res) if res else 1
     ntok = sum(n for _, _, n in res)
     check(f"lm-eval: {len(res)} per-sample loglikelihoods ({ntok} tokens) == the engine's decode-path logprobs "
-          f"(max diff {worst:.2e})", len(res) == 6 + 16 + 3 and worst < 1e-4, [r for r in res if abs(r[0] - r[1]) >= 1e-4][:5])
+          f"(max diff {worst:.2e})", len(res) == 6 + 16 + 3 and worst < 1e-4,
+          [r for r in res if abs(r[0] - r[1]) >= 1e-4][:5])
+    hf = hf_loglikelihoods(jobs)
+    worst = max(abs(g - h) for (_, g, _), h in zip(jobs, hf))
+    check(f"lm-eval: the {len(hf)} per-sample loglikelihoods == transformers' fp32 forward on the fixture "
+          f"(max diff {worst:.2e})", len(hf) == len(jobs) and worst < 1e-4,
+          [(g, h) for (_, g, _), h in zip(jobs, hf) if abs(g - h) >= 1e-4][:5])
 
 
 def main():

@@ -526,8 +526,22 @@ def metrics_section(S):
     buckets = [s.value for s in after["echo:time_to_first_token_seconds"].samples if s.name.endswith("_bucket")]
     check("metrics: buckets are cumulative", all(a <= b for a, b in zip(buckets, buckets[1:])))
     les = [s.labels["le"] for s in after["echo:time_to_first_token_seconds"].samples if s.name.endswith("_bucket")]
-    check("metrics: vLLM's TTFT buckets", les[:3] == ["0.001", "0.005", "0.01"] and les[-2:] == ["2560.0", "+Inf"]
-          or les[-2:] == ["2560", "+Inf"], les)
+    check("metrics: vLLM's TTFT buckets", les[:3] == ["0.001", "0.005", "0.01"] and les[-2:] == ["2560.0", "+Inf"],
+          les)
+    st, _, raw = request("GET", S.url + "/metrics")
+    check('metrics: bucket labels as prometheus_client writes them (le="1.0")',
+          'le="1.0"' in raw.decode() and 'le="1"' not in raw.decode())
+    for h, want in (("request_prompt_tokens", plen), ("request_generation_tokens", gen),
+                    ("iteration_tokens_total", plen + gen - k)):
+        f = "echo:" + h
+        check(f"metrics: {h} histogram sum grew by {want}", d(f, f + "_sum") == want, d(f, f + "_sum"))
+    f = "echo:request_inference_time_seconds"
+    check("metrics: request_inference_time_seconds count grew by the requests", d(f, f + "_count") == k)
+    check("metrics: num_preemptions_total (0: KV reserved at admission)",
+          sample(after, "echo:num_preemptions", "echo:num_preemptions_total") == 0)
+    cc = [s_ for s_ in after["echo:cache_config_info"].samples] if "echo:cache_config_info" in after else []
+    check("metrics: cache_config_info with the block size", cc and cc[0].labels.get("block_size") == "16" and
+          int(cc[0].labels.get("num_gpu_blocks", "0")) > 0, cc)
     modes = {s.labels.get("mode") for s in after["echo:allreduce_bytes"].samples}
     check("metrics: allreduce_{seconds,bytes}_total by mode", {"exact", "int4", "echo"} <= modes, modes)
     check("metrics: gauges idle after the requests", sample(after, "echo:num_requests_running",
@@ -562,8 +576,27 @@ def servers_section(binary, model, name):
     over = [b for st, b in res if st == 503]
     check("queue limit: overload answered 503 in error shape, the rest 200",
           over and all(is_error_shape(json.loads(b), 503) for b in over) and set(codes) <= {200, 503}, codes)
+    with cf.ThreadPoolExecutor(8) as ex:
+        res = list(ex.map(lambda _: request("POST", S.url + "/v1/completions", payload), range(8)))
+    over = [h for st, h, _ in res if st == 503]
+    check("queue limit: every 503 carries Retry-After", over and all(h.get("retry-after") for h in over),
+          [st for st, _, _ in res])
     rc, _ = S.stop()
     check("queue server: SIGTERM -> exit 0", rc == 0, rc)
+
+    # generation_config.json values out of range are named at load, not silently replaced
+    gdir = tempfile.mkdtemp()
+    for f in os.listdir(model):
+        if f != "generation_config.json":
+            os.symlink(os.path.realpath(os.path.join(model, f)), os.path.join(gdir, f))
+    with open(os.path.join(gdir, "generation_config.json"), "w") as f:
+        json.dump({"temperature": 7, "top_p": 0, "top_k": "many", "repetition_penalty": -1}, f)
+    S = Server(binary, gdir, name="genconf")
+    log = S.logtext()
+    rc, _ = S.stop()
+    check("load: out-of-range generation_config.json values each named in a warning",
+          all(re.search(r"WARNING .*generation_config.json: " + k, log)
+              for k in ("temperature", "top_p", "top_k", "repetition_penalty")), log[-1500:])
 
     # KV exhaustion: requests wait for blocks instead of failing
     S = Server(binary, model, "--num-kv-blocks", "6", "--max-num-seqs", "4", name="kv")
