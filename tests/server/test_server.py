@@ -1096,6 +1096,32 @@ def features_section(S, name, repo):
     check("openai: models.retrieve", client.models.retrieve(name).id == name)
 
 
+def features_smoke(S):
+    """The new request paths once each, for the sanitizers: batches x n, best_of, prompt logprobs, penalties,
+    multi-choice streams, a hang-up while waiting."""
+    U = S.url
+    reqs = [("/v1/completions", {"prompt": ["a b", [1, 2, 3]], "n": 2, "max_tokens": 3, "temperature": 0.7, "seed": 1}),
+            ("/v1/completions", {"prompt": "x y z", "best_of": 3, "max_tokens": 3, "temperature": 1.0, "seed": 2}),
+            ("/v1/completions", {"prompt": [5, 6, 7, 8], "echo": True, "logprobs": 3, "max_tokens": 0}),
+            ("/v1/completions", {"prompt": [5, 6, 7, 8], "echo": True, "logprobs": 2, "max_tokens": 2,
+                                 "prompt_logprobs": 4, "stop": ["e"], "stop_token_ids": [9]}),
+            ("/v1/completions", {"prompt": "p", "max_tokens": 4, "presence_penalty": 1, "frequency_penalty": 1,
+                                 "min_p": 0.2, "logit_bias": {"5": 3}, "temperature": 0.9, "seed": 3}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "odd": 1}], "n": 2,
+                                      "max_tokens": 2, "prompt_logprobs": 1, "unknown": [1]})]
+    ok = all(cj(U + path, body)[0] == 200 for path, body in reqs)
+    st, _, body = request("POST", U + "/v1/completions", {"prompt": ["a", "b"], "n": 2, "max_tokens": 3,
+                          "stream": True, "echo": True, "logprobs": 1, "stream_options": {
+                              "include_usage": True, "continuous_usage_stats": True}})
+    ok &= st == 200 and body.endswith(b"data: [DONE]\n\n")
+    s = socket.create_connection(("127.0.0.1", S.port))
+    b = json.dumps({"prompt": "gone", "n": 3, "max_tokens": 100, "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(b) + b)
+    time.sleep(0.3)
+    s.close()
+    check("asan: batches, n, best_of, prompt logprobs, penalties, multi-choice streams, a hang-up", ok)
+
+
 def limits_section(binary, model, name):
     """Hostile clients: the request deadline, the per-client cap, --max-connections (503 + Retry-After at
     once, counted in /metrics), and a non-streaming request whose client hangs up."""
@@ -1237,6 +1263,7 @@ def main():
         else:
             section("curl (smoke)", lambda: check("asan: completion", cj(S.url + "/v1/completions", {
                 "prompt": "hi", "max_tokens": 4, "temperature": 0})[0] == 200))
+            section("features (smoke)", features_smoke, S)
             section("concurrency (8)", concurrency_section, S, 8)
             section("abuse", abuse_section, S)
     finally:
