@@ -1,15 +1,18 @@
 /*
  * server/: the HTTP surface (libmicrohttpd, one thread per connection).
  *
- * Every request body is untrusted: size-limited (413), parsed with jansson,
- * each field type- and range-checked. Field policy (vLLM's): a field the
- * server does not know is ignored with one warning line per request naming
- * it; a known field whose value cannot be honoured is a 400 naming it. Generation requests become an srv_req handed
- * to the scheduler; non-streaming handlers wait for it to finish, streaming
- * responses are produced by a content-reader callback that waits on the
- * request's condition variable. When MHD drops a streaming response (client
- * gone, or done) the free callback marks the request cancelled, so the
- * scheduler frees its sequence at the next step.
+ * Every request body is untrusted: size-limited (413), parsed with jansson
+ * (token-id arrays straight from the text), each field type- and
+ * range-checked. Field policy (vLLM's): a field the server does not know is
+ * ignored with one warning line per request naming it; a known field whose
+ * value cannot be honoured is a 400 naming it. A generation request becomes
+ * one srv_req per choice (prompts x n or best_of), sharing a notifier group,
+ * handed to the scheduler together; non-streaming handlers wait on the group
+ * and poll their socket, streaming responses come from a content-reader
+ * callback that waits on it. A client gone from either has its requests
+ * cancelled, so the scheduler frees their sequences at the next step.
+ * Connection limits (per client, in all, the request deadline) live in the
+ * socket context MHD keeps per connection, and a reaper thread.
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
