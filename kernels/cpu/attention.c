@@ -5,6 +5,8 @@
  * normaliser accumulates in double so long contexts keep the small weights.
  * Each query row is computed the same way whatever else is in the batch, so
  * results are batch-invariant (the server's greedy outputs rely on it).
+ * q·k and the weighted sum of v use fmas (matmul.c's cpu_dot, cpu_axpy):
+ * the same bits on every instruction set.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -78,11 +80,7 @@ static void att_task(void *arg, int task) {
         }
         float inv = (float)(1.0 / sum);
         memset(o, 0, (size_t)hd * sizeof *o);
-        for (int p = 0; p < len; p++) {
-            const float *v = vrow[p];
-            float w = s[p] * inv;
-            for (int c = 0; c < hd; c++) o[c] += w * v[c];
-        }
+        for (int p = 0; p < len; p++) cpu_axpy(a->isa, o, s[p] * inv, vrow[p], hd);
     }
 out:
     free(s);

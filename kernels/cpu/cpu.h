@@ -60,6 +60,8 @@ int cpu_isa_detect(void);
  * (matmul.c); the same result on every machine, every isa and in every
  * caller. */
 float cpu_dot(int isa, const float *a, const float *b, int len);
+/* y[k] = fma(a, x[k], y[k]) for k < len, on every isa the same bits. */
+void cpu_axpy(int isa, float *y, float a, const float *x, int len);
 
 /* Rows r0 .. r0+nrows-1 of `w` as dense fp32 (nrows, w->cols), honouring
  * ld; every dtype, quantized ones dequantized (quant.c's values). */

@@ -436,6 +436,32 @@ A256 static float dot256(const float *a, const float *b, int len) {
     return s;
 }
 
+A512 static void axpy512(float *y, float a, const float *x, int len) {
+    __m512 av = _mm512_set1_ps(a);
+    int k = 0;
+    for (; k + 16 <= len; k += 16)
+        _mm512_storeu_ps(y + k, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + k), _mm512_loadu_ps(y + k)));
+    for (; k < len; k++) y[k] = fmaf(a, x[k], y[k]);
+}
+
+A256 static void axpy256(float *y, float a, const float *x, int len) {
+    __m256 av = _mm256_set1_ps(a);
+    int k = 0;
+    for (; k + 8 <= len; k += 8)
+        _mm256_storeu_ps(y + k, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k)));
+    for (; k < len; k++) y[k] = fmaf(a, x[k], y[k]);
+}
+
+void cpu_axpy(int isa, float *y, float a, const float *x, int len) {
+    if (isa >= CPU_ISA_AVX512) {
+        axpy512(y, a, x, len);
+    } else if (isa >= CPU_ISA_AVX2) {
+        axpy256(y, a, x, len);
+    } else {
+        for (int k = 0; k < len; k++) y[k] = fmaf(a, x[k], y[k]);
+    }
+}
+
 float cpu_dot(int isa, const float *a, const float *b, int len) {
     if (isa >= CPU_ISA_AVX512) return dot512(a, b, len);
     if (isa >= CPU_ISA_AVX2) return dot256(a, b, len);

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# echo vs llama.cpp on one machine: the same model (Qwen3-0.6B shape, random
+# bf16 weights), the same GGUF files (bf16 and Q8_0), the same thread counts,
+# prefill of PREFILL tokens and batch-1 decode, in one run. Each repetition
+# runs every (format, threads) pair with echo and llama.cpp back to back, so
+# both see the same machine load; the summary gives medians and the spread.
+# docs/bench-forward.md has the results and what the columns mean.
+#
+#   scripts/bench-vs-llamacpp.sh                    # everything, defaults below
+#   REPS=5 THREADS="2" FORMATS=q8_0 scripts/bench-vs-llamacpp.sh
+#
+# Environment (defaults):
+#   LLAMACPP_DIR  build/llamacpp   llama.cpp sdist, build and models are cached here
+#   LLAMACPP_VERSION 0.3.36        llama-cpp-python sdist that vendors llama.cpp
+#   ECHO_BENCH    bin/echo-bench
+#   THREADS       "1 2"            FORMATS "bf16 q8_0"
+#   PREFILL       512              tokens of the prefill run
+#   DECODE        64               decode steps (llama-bench -n), batch 1
+#   REPS          3                repetitions of the whole grid
+#   LAYERS        (all 28)         fewer layers for a quick look
+#   OUT           $LLAMACPP_DIR/results.jsonl   raw results, one JSON per run
+# Needs: python3 with numpy, torch, transformers, sentencepiece (the GGUF
+# converter), cmake and a C++ compiler, pip (to fetch the sdist once).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+LLAMACPP_DIR=${LLAMACPP_DIR:-$ROOT/build/llamacpp}
+LLAMACPP_VERSION=${LLAMACPP_VERSION:-0.3.36}
+ECHO_BENCH=${ECHO_BENCH:-$ROOT/bin/echo-bench}
+THREADS=${THREADS:-"1 2"}
+FORMATS=${FORMATS:-"bf16 q8_0"}
+PREFILL=${PREFILL:-512}
+DECODE=${DECODE:-64}
+REPS=${REPS:-3}
+LAYERS=${LAYERS:-}
+OUT=${OUT:-$LLAMACPP_DIR/results.jsonl}
+
+mkdir -p "$LLAMACPP_DIR"
+cd "$LLAMACPP_DIR"
+SRC=$LLAMACPP_DIR/llama_cpp_python-$LLAMACPP_VERSION/vendor/llama.cpp
+BENCH=$LLAMACPP_DIR/build/bin/llama-bench
+
+# ---- llama.cpp: llama-bench from the llama-cpp-python sdist (cached) ----
+if [ ! -x "$BENCH" ]; then
+    if [ ! -d "$SRC" ]; then
+        pip download "llama-cpp-python==$LLAMACPP_VERSION" --no-deps --no-binary :all: -d "$LLAMACPP_DIR"
+        tar xzf "llama_cpp_python-$LLAMACPP_VERSION.tar.gz"
+    fi
+    cmake -S "$SRC" -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF \
+        -DBUILD_SHARED_LIBS=OFF >cmake.log
+    cmake --build build -j"$(nproc)" --target llama-bench >build.log
+fi
+
+# ---- the model: echo's random Qwen3-0.6B (bf16 safetensors), converted ----
+NAME=qwen3-0.6b${LAYERS:+-l$LAYERS}
+MODEL=$LLAMACPP_DIR/models/$NAME
+if [ ! -f "$MODEL/config.json" ]; then
+    "$ECHO_BENCH" randmodel --shape qwen3-0.6b ${LAYERS:+--layers $LAYERS} --out "$MODEL" --force
+fi
+# the converter wants a tokenizer; the weights are random, any Qwen3 vocabulary will do
+cp -n "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer.json" "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer_config.json" \
+    "$MODEL/"
+for f in $FORMATS; do
+    if [ ! -f "$MODEL-$f.gguf" ]; then
+        PYTHONPATH=$SRC/gguf-py python3 "$SRC/convert_hf_to_gguf.py" "$MODEL" --outtype "$f" \
+            --outfile "$MODEL-$f.gguf.tmp" >"$MODEL-$f.convert.log" 2>&1
+        mv "$MODEL-$f.gguf.tmp" "$MODEL-$f.gguf"
+    fi
+done
+
+# ---- the runs ----
+: >"$OUT"
+echo "# $(date -u +%FT%TZ) $(uname -n): $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) cpus;" \
+    "llama.cpp $(cd "$SRC" && git describe --always 2>/dev/null || echo "from llama-cpp-python $LLAMACPP_VERSION")"
+for rep in $(seq 1 "$REPS"); do
+    for t in $THREADS; do
+        for f in $FORMATS; do
+            gguf=$MODEL-$f.gguf
+            echo "# rep $rep: $f, $t thread(s): load $(cut -d' ' -f1 /proc/loadavg)" >&2
+            "$ECHO_BENCH" forward --model "$gguf" --threads "$t" --prefill "$PREFILL" --decode-batch 1 \
+                --decode-steps "$DECODE" --decode-prompt 1 --ttft-len 0 --iters 1 --gemm-dim 0 --copy-bytes 512M \
+                --json >echo.json
+            "$BENCH" -m "$gguf" -t "$t" -p "$PREFILL" -n "$DECODE" -r 1 -o json >llama.json 2>llama.err
+            python3 - "$rep" "$f" "$t" >>"$OUT" <<'EOF'
+import json, sys
+rep, fmt, t = sys.argv[1], sys.argv[2], int(sys.argv[3])
+e = json.load(open("echo.json"))
+l = json.load(open("llama.json"))
+lp = next(r["avg_ts"] for r in l if r["n_prompt"] > 0)
+lg = next(r["avg_ts"] for r in l if r["n_gen"] > 0)
+d = e["decode"][0]
+print(json.dumps({"rep": int(rep), "format": fmt, "threads": t,
+                  "echo_prefill": e["prefill"][0]["tokens_per_s"], "llama_prefill": lp,
+                  "echo_decode": d["tokens_per_s"], "llama_decode": lg,
+                  "read_gbps": e.get("read_gbps"), "fma_peak_gflops": e.get("fma_peak_gflops"),
+                  "echo_roof_pct": d["roofline_pct"], "echo_fma_pct": e["prefill"][0].get("fma_peak_pct"),
+                  "bytes_per_step": d["bytes_per_step"]}))
+EOF
+        done
+    done
+done
+
+# ---- summary: medians over the repetitions, ratio spread in brackets ----
+python3 - "$OUT" "$PREFILL" <<'EOF'
+import json, statistics as st, sys
+rows = [json.loads(x) for x in open(sys.argv[1])]
+pre = sys.argv[2]
+print(f"{'format':6} {'thr':>3} | {'echo pp'+pre:>11} {'llama pp'+pre:>12} {'ratio':>18} | {'echo tg':>8} "
+      f"{'llama tg':>8} {'ratio':>18} | {'roof t/s':>8} {'echo %roof':>10} {'llama %roof':>11} {'echo %fma':>9}")
+for fmt in dict.fromkeys(r["format"] for r in rows):
+    for t in sorted({r["threads"] for r in rows if r["format"] == fmt}):
+        g = [r for r in rows if r["format"] == fmt and r["threads"] == t]
+        m = lambda k: st.median(r[k] for r in g)
+        rp = [r["echo_prefill"] / r["llama_prefill"] for r in g]
+        rd = [r["echo_decode"] / r["llama_decode"] for r in g]
+        roof = [r["read_gbps"] * 1e9 / r["bytes_per_step"] for r in g]
+        lroof = [100 * r["llama_decode"] / x for r, x in zip(g, roof)]
+        print(f"{fmt:6} {t:>3} | {m('echo_prefill'):11.1f} {m('llama_prefill'):12.1f} "
+              f"{st.median(rp):6.2f} [{min(rp):.2f}-{max(rp):.2f}] | {m('echo_decode'):8.2f} {m('llama_decode'):8.2f} "
+              f"{st.median(rd):6.2f} [{min(rd):.2f}-{max(rd):.2f}] | {st.median(roof):8.2f} "
+              f"{m('echo_roof_pct'):9.1f}% {st.median(lroof):10.1f}% {m('echo_fma_pct'):8.1f}%")
+print(f"# {len(rows)} runs; ratio = echo / llama.cpp tokens/s (median [min-max] over repetitions); roof t/s = "
+      "read bandwidth (echo-bench's streaming read, same threads) / bytes per decode step")
+EOF
