@@ -377,6 +377,64 @@ float echo_codec_group_scale(const void *wire, size_t count, int group, size_t g
     return echo_bf16_to_f32(scales[g]);
 }
 
+static void rot_fwd(const void *x, echo_dtype dt, size_t n, int group, float *out);
+static void rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate);
+
+/* Rotating codecs go through a stack chunk of ECHO_ROT_CHUNK values (whole
+ * groups): no allocation per call. */
+#define ECHO_ROT_CHUNK 4096
+
+int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t count, int group, void *wire, char *err,
+                         size_t errlen) {
+    const echo_codec_info *ci = echo_codec_get(id);
+    if (!ci) {
+        snprintf(err, errlen, "codec: unknown codec %d", (int)id);
+        return -1;
+    }
+    if (!ci->rotate || !group_ok(group)) return echo_codec_encode(x, res, count, group, wire, err, errlen);
+    size_t ng = (count + (size_t)group - 1) / (size_t)group, np = ng * (size_t)group;
+    uint8_t *codes = wire;
+    uint16_t *scales = (uint16_t *)(codes + np / 2);
+    float u[ECHO_ROT_CHUNK];
+    for (size_t off = 0; off < np; off += ECHO_ROT_CHUNK) {
+        size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK, b;
+        size_t in = count - off < m ? count - off : m;
+        rot_fwd(x + off, ECHO_F32, in, group, u);
+        if (echo_cpu_encode(u, ECHO_F32, res ? res + off : NULL, res != NULL, ECHO_RESID_F32, m, group,
+                            codes + off / 2, scales + off / (size_t)group, &b)) {
+            snprintf(err, errlen,
+                     "codec: rotated value %g at element %zu is not finite or exceeds the codec's range (|x| < "
+                     "2^127 / G)",
+                     (double)u[b], off + b);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int group, float *out, int accumulate,
+                         char *err, size_t errlen) {
+    const echo_codec_info *ci = echo_codec_get(id);
+    if (!ci || !group_ok(group)) {
+        snprintf(err, errlen, "codec: unknown codec %d or group %d", (int)id, group);
+        return -1;
+    }
+    if (!ci->rotate) {
+        echo_codec_decode(wire, count, group, out, accumulate);
+        return 0;
+    }
+    size_t ng = (count + (size_t)group - 1) / (size_t)group, np = ng * (size_t)group;
+    const uint8_t *codes = wire;
+    const uint16_t *scales = (const uint16_t *)(codes + np / 2);
+    float u[ECHO_ROT_CHUNK];
+    for (size_t off = 0; off < np; off += ECHO_ROT_CHUNK) {
+        size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK;
+        echo_cpu_decode(codes + off / 2, scales + off / (size_t)group, m, group, u, 0);
+        rot_inv(u, count - off < m ? count - off : m, group, out + off, ECHO_F32, accumulate);
+    }
+    return 0;
+}
+
 /* ---- host compute table ---- */
 
 /* The scales of a shard's wire message follow its L/2 code bytes. */
@@ -384,15 +442,178 @@ static uint16_t *plan_scales(const echo_plan *p, const uint8_t *wire) {
     return (uint16_t *)(wire + p->shard / 2);
 }
 
+/* ---- rotating codecs (echo_plan.rotate): the int4 loops above run on the
+ * rotated values (comm/echo_codec.h, echo_had_fwd), whole groups, padding
+ * included; residuals stay in the rotated basis. ---- */
+
+/* The rotation with G a compile-time constant (instantiated through
+ * ECHO_FOR_EACH_G), so that the butterflies unroll and vectorize. The same
+ * fp32 operations in the same order as echo_had_fwd / echo_had_inv (a
+ * product by -1 is the negation, by +-1/G the same product), so the bits
+ * are theirs and the cuda kernels'. */
+ECHO_INLINE void fwht_g(float *restrict v, int G) {
+    for (int h = 1; h < G; h *= 2)
+        for (int i = 0; i < G; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                float a = v[j], b = v[j + h];
+                v[j] = a + b;
+                v[j + h] = a - b;
+            }
+}
+
+/* ECHO_LANES groups at once, transposed (t[i][l] = value i of group l), so
+ * that every butterfly is a vector op over the lanes whatever the stage.
+ * Each value sees the same adds in the same order as in fwht_g. */
+#define ECHO_LANES 8
+typedef float echo_lanes __attribute__((vector_size(ECHO_LANES * sizeof(float)))); /* GCC vector: lane-wise IEEE ops */
+ECHO_INLINE void fwht_lanes(echo_lanes *t, int G) {
+    for (int h = 1; h < G; h *= 2)
+        for (int i = 0; i < G; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                echo_lanes a = t[j], b = t[j + h];
+                t[j] = a + b;
+                t[j + h] = a - b;
+            }
+}
+
+/* sg[i] = +-1 (D), si[i] = +-1/G (D / G) */
+ECHO_INLINE void had_tables(int G, float *sg, float *si) {
+    float inv = 1.0f / (float)G;
+    for (int i = 0; i < G; i++) {
+        sg[i] = echo_had_neg(i) ? -1.0f : 1.0f;
+        si[i] = echo_had_neg(i) ? -inv : inv;
+    }
+}
+
+/* out[0..pad(n)) = the rotation of x[0..n) (dt), zero-padded. */
+ECHO_INLINE void rot_fwd_impl(const void *x, echo_dtype dt, size_t n, int G, float *out) {
+    float sg[ECHO_MAX_GROUP], si[ECHO_MAX_GROUP];
+    had_tables(G, sg, si);
+    size_t np = (n + (size_t)G - 1) / (size_t)G * (size_t)G, off = 0;
+    if (dt == ECHO_F32) {
+        echo_lanes t[ECHO_MAX_GROUP];
+        const size_t blk = (size_t)G * ECHO_LANES;
+        for (; off + blk <= n; off += blk) {
+            const float *xf = (const float *)x + off;
+            for (int l = 0; l < ECHO_LANES; l++)
+                for (int i = 0; i < G; i++)
+                    t[i][l] = xf[(size_t)l * (size_t)G + (size_t)i] * sg[i];
+            fwht_lanes(t, G);
+            for (int l = 0; l < ECHO_LANES; l++)
+                for (int i = 0; i < G; i++)
+                    out[off + (size_t)l * (size_t)G + (size_t)i] = t[i][l];
+        }
+    }
+    for (; off < np; off += (size_t)G) {
+        float *restrict v = out + off;
+        size_t m = n - off < (size_t)G ? n - off : (size_t)G;
+        if (m == (size_t)G && dt == ECHO_F32) {
+            const float *xf = (const float *)x + off;
+            for (int i = 0; i < G; i++)
+                v[i] = xf[i] * sg[i];
+        } else {
+            for (size_t i = 0; i < m; i++)
+                v[i] = (dt == ECHO_F32 ? ((const float *)x)[off + i]
+                                       : echo_bf16_to_f32(((const uint16_t *)x)[off + i])) *
+                       sg[i];
+            for (size_t i = m; i < (size_t)G; i++)
+                v[i] = 0.0f * sg[i];
+        }
+        fwht_g(v, G);
+    }
+}
+
+/* in[0..pad(n)) = its inverse rotation, in place; out[0..n) (dt) = in
+ * rounded to dt when out != NULL; accumulate: out (fp32) += in. */
+ECHO_INLINE void rot_inv_impl(float *in, size_t n, int G, void *out, echo_dtype dt, int accumulate) {
+    float sg[ECHO_MAX_GROUP], si[ECHO_MAX_GROUP];
+    had_tables(G, sg, si);
+    size_t off = 0;
+    if (dt == ECHO_F32 || !out) {
+        echo_lanes t[ECHO_MAX_GROUP];
+        const size_t blk = (size_t)G * ECHO_LANES;
+        for (; off + blk <= n; off += blk) {
+            for (int l = 0; l < ECHO_LANES; l++)
+                for (int i = 0; i < G; i++)
+                    t[i][l] = in[off + (size_t)l * (size_t)G + (size_t)i];
+            fwht_lanes(t, G);
+            for (int l = 0; l < ECHO_LANES; l++) {
+                float *v = in + off + (size_t)l * (size_t)G;
+                for (int i = 0; i < G; i++)
+                    v[i] = t[i][l] * si[i];
+            }
+            if (!out) continue;
+            float *o = (float *)out + off;
+            if (accumulate)
+                for (size_t i = 0; i < blk; i++)
+                    o[i] += in[off + i];
+            else
+                memcpy(o, in + off, blk * sizeof(float));
+        }
+    }
+    for (; off < n; off += (size_t)G) {
+        float *restrict v = in + off;
+        size_t m = n - off < (size_t)G ? n - off : (size_t)G;
+        fwht_g(v, G);
+        for (int i = 0; i < G; i++)
+            v[i] = v[i] * si[i];
+        if (!out) continue;
+        if (dt == ECHO_F32) {
+            float *o = (float *)out + off;
+            for (size_t i = 0; i < m; i++)
+                o[i] = accumulate ? o[i] + v[i] : v[i];
+        } else {
+            uint16_t *o = (uint16_t *)out + off;
+            for (size_t i = 0; i < m; i++)
+                o[i] = echo_f32_to_bf16(v[i]);
+        }
+    }
+}
+
+static void rot_fwd(const void *x, echo_dtype dt, size_t n, int group, float *out) {
+#define RF(G)                                                                                                          \
+    rot_fwd_impl(x, dt, n, G, out);                                                                                    \
+    return
+    ECHO_FOR_EACH_G(RF)
+#undef RF
+}
+
+static void rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate) {
+#define RI(G)                                                                                                          \
+    rot_inv_impl(in, n, G, out, dt, accumulate);                                                                       \
+    return
+    ECHO_FOR_EACH_G(RI)
+#undef RI
+}
+
+static void rot_inv_store(float *in, size_t n, int G, void *out, echo_dtype dt) {
+    rot_inv(in, n, G, out, dt, 0);
+}
+
+static int host_unrotate(echo_comm *c, float *res, size_t n, int group, void *stream, char *err, size_t errlen) {
+    (void)c, (void)stream, (void)err, (void)errlen;
+    rot_inv(res, n / (size_t)group * (size_t)group, group, NULL, ECHO_F32, 0);
+    return 0;
+}
+
 static int host_phase1(echo_comm *c, const echo_plan *p, const void *x, float *res, int res_valid, uint8_t *const *send,
                        size_t *bad, void *stream, char *err, size_t errlen) {
     (void)stream, (void)err, (void)errlen;
     size_t esz = echo_dtype_size(p->dt);
+    echo_dtype xdt = p->dt;
     *bad = ECHO_NO_INDEX;
+    if (p->rotate) {
+        /* the whole message, own shard included (phase 2 sums it rotated) */
+        rot_fwd(x, p->dt, p->count, p->group, c->rot);
+        x = c->rot;
+        xdt = ECHO_F32;
+        esz = sizeof(float);
+    }
     for (int s = 0; s < p->nranks; s++) {
         size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
         if (s == c->rank || n == 0) continue;
-        if (echo_cpu_encode((const char *)x + off * esz, p->dt, res ? res + off : NULL, res_valid, ECHO_RESID_F32, n,
+        if (p->rotate) n = echo_plan_pad(p, n);
+        if (echo_cpu_encode((const char *)x + off * esz, xdt, res ? res + off : NULL, res_valid, ECHO_RESID_F32, n,
                             p->group, send[s], plan_scales(p, send[s]), &b) &&
             *bad == ECHO_NO_INDEX)
             *bad = off + b;
@@ -407,15 +628,24 @@ static int host_phase2(echo_comm *c, const echo_plan *p, const void *x, const ui
     size_t n = echo_plan_len(p, me), off = (size_t)me * p->shard, bad;
     if (n == 0) return 0;
     float *sum = c->scratch;
+    echo_dtype xdt = p->dt;
+    echo_resid rmode = p->dt == ECHO_BF16 ? ECHO_RESID_BF16 : ECHO_RESID_F32;
+    if (p->rotate) {
+        /* rotated, whole groups; the output is rounded after the inverse
+         * rotation, so g does not account for that rounding */
+        n = echo_plan_pad(p, n);
+        x = c->rot;
+        xdt = ECHO_F32;
+        rmode = ECHO_RESID_F32;
+    }
     /* Fixed order j = 0..N-1 (the cuda twin uses the same), own shard raw. */
     for (int j = 0; j < p->nranks; j++) {
         if (j == me)
-            echo_cpu_load((const char *)x + off * echo_dtype_size(p->dt), p->dt, n, sum, j > 0);
+            echo_cpu_load((const char *)x + off * echo_dtype_size(xdt), xdt, n, sum, j > 0);
         else
             echo_cpu_decode(recv[j], plan_scales(p, recv[j]), n, p->group, sum, j > 0);
     }
-    echo_cpu_encode(sum, ECHO_F32, g, g_valid, p->dt == ECHO_BF16 ? ECHO_RESID_BF16 : ECHO_RESID_F32, n, p->group, out,
-                    plan_scales(p, out), &bad);
+    echo_cpu_encode(sum, ECHO_F32, g, g_valid, rmode, n, p->group, out, plan_scales(p, out), &bad);
     return 0; /* a poisoned group travels in-band and is reported by finish */
 }
 
@@ -427,6 +657,15 @@ static int host_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *g
     for (int s = 0; s < p->nranks; s++) {
         size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
         if (n == 0) continue;
+        if (p->rotate) {
+            size_t np = echo_plan_pad(p, n);
+            const uint16_t *sc = plan_scales(p, gathered[s]);
+            for (size_t g = 0; g < np / (size_t)p->group; g++)
+                if (echo_scale_is_poison(sc[g]) && *bad == ECHO_NO_INDEX) *bad = off + g * (size_t)p->group;
+            echo_cpu_decode(gathered[s], sc, np, p->group, c->rot + off, 0);
+            rot_inv_store(c->rot + off, n, p->group, (char *)buf + off * esz, p->dt);
+            continue;
+        }
         if (echo_cpu_decode_store(gathered[s], plan_scales(p, gathered[s]), n, p->group, (char *)buf + off * esz, p->dt,
                                   &b) &&
             *bad == ECHO_NO_INDEX)
@@ -459,12 +698,24 @@ static int host_comm_init(echo_comm *c, char *err, size_t errlen) {
         snprintf(err, errlen, "echo: out of memory for the %zu-value reduction scratch", w->max_plan.shard);
         return -1;
     }
+    if (echo_codec_get(w->cfg.codec)->rotate && w->cfg.mode != ECHO_MODE_BF16) {
+        size_t m = w->max_plan.shard * (size_t)w->nranks;
+        c->rot = malloc(m * sizeof(float) + 1);
+        if (!c->rot) {
+            free(c->scratch);
+            c->scratch = NULL;
+            snprintf(err, errlen, "echo: out of memory for the %zu-value rotation scratch", m);
+            return -1;
+        }
+    }
     return 0;
 }
 
 static void host_comm_fini(echo_comm *c) {
     free(c->scratch);
+    free(c->rot);
     c->scratch = NULL;
+    c->rot = NULL;
 }
 
 const echo_compute_ops echo_host_compute = {
@@ -476,4 +727,5 @@ const echo_compute_ops echo_host_compute = {
     .free = host_free,
     .comm_init = host_comm_init,
     .comm_fini = host_comm_fini,
+    .unrotate = host_unrotate,
 };

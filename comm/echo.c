@@ -41,6 +41,50 @@ const char *echo_mode_name(echo_mode m) {
     return (unsigned)m < ECHO_MODE_COUNT ? mode_names[m] : "unknown";
 }
 
+/* ---- the codec table ---- */
+
+static const echo_codec_info codecs[ECHO_CODEC_COUNT] = {
+    [ECHO_CODEC_INT4] = {"int4", 0, 4, 2},
+    [ECHO_CODEC_HADAMARD] = {"hadamard", 1, 4, 2},
+};
+
+const echo_codec_info *echo_codec_get(echo_codec_id id) {
+    if (id == ECHO_CODEC_DEFAULT) id = ECHO_DEFAULT_CODEC;
+    return id > ECHO_CODEC_DEFAULT && id < ECHO_CODEC_COUNT ? &codecs[id] : NULL;
+}
+
+static int group_valid(int g) {
+    return g >= ECHO_MIN_GROUP && g <= ECHO_MAX_GROUP && !(g & (g - 1));
+}
+
+int echo_codec_parse(const char *s, echo_codec_id *codec, int *group) {
+    if (!s) return -1;
+    for (int k = ECHO_CODEC_DEFAULT + 1; k < ECHO_CODEC_COUNT; k++) {
+        size_t n = strlen(codecs[k].name);
+        if (strncmp(s, codecs[k].name, n)) continue;
+        if (!s[n]) {
+            *codec = (echo_codec_id)k;
+            *group = 0;
+            return 0;
+        }
+        if (s[n] != '-' || s[n + 1] != 'g') continue;
+        char *end;
+        long g = strtol(s + n + 2, &end, 10);
+        if (*end || end == s + n + 2 || g > ECHO_MAX_GROUP || !group_valid((int)g)) return -1;
+        *codec = (echo_codec_id)k;
+        *group = (int)g;
+        return 0;
+    }
+    return -1;
+}
+
+double echo_codec_bits(echo_codec_id id, int group) {
+    const echo_codec_info *ci = echo_codec_get(id);
+    if (!group) group = ECHO_DEFAULT_GROUP;
+    if (!ci || !group_valid(group)) return 0;
+    return ci->code_bits + 8.0 * ci->scale_bytes / group;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -61,6 +105,10 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
     }
     if ((unsigned)cfg->mode >= ECHO_MODE_COUNT) {
         snprintf(err, errlen, "echo: unknown mode %d", (int)cfg->mode);
+        return -1;
+    }
+    if (!echo_codec_get(cfg->codec)) {
+        snprintf(err, errlen, "echo: unknown codec %d", (int)cfg->codec);
         return -1;
     }
     int group = cfg->group_size ? cfg->group_size : ECHO_DEFAULT_GROUP;
@@ -86,6 +134,7 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
     }
     w->cfg = *cfg;
     w->cfg.group_size = group;
+    if (w->cfg.codec == ECHO_CODEC_DEFAULT) w->cfg.codec = ECHO_DEFAULT_CODEC;
     w->nranks = nranks;
     /* bf16 is the smallest element: the widest message in elements. */
     echo_plan_init(&w->max_plan, cfg->max_count, nranks, group, ECHO_BF16);
@@ -145,6 +194,11 @@ int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t
                  "echo: mode bf16 (16-bit exact) runs on host transports only (local on host memory, "
                  "mpi), not on %s",
                  w->tp->name);
+        goto fail;
+    }
+    if (echo_codec_get(w->cfg.codec)->rotate && !w->compute->unrotate) {
+        snprintf(err, errlen, "echo: codec %s needs rotation kernels the %s compute lacks",
+                 echo_codec_get(w->cfg.codec)->name, w->compute->name);
         goto fail;
     }
     c = calloc(1, sizeof *c);
@@ -533,6 +587,9 @@ static int run_exact(echo_comm *c, const echo_plan *p, int site, void *buf, void
         c->res_valid = 0;
         return 0;
     }
+    if (call.res && echo_codec_get(w->cfg.codec)->rotate &&
+        w->compute->unrotate(c, c->res, echo_plan_pad(p, p->count), p->group, stream, err, errlen))
+        return compute_failed(c);
     if (w->tp->exact(c, p, &call, buf, c->ref, &bad, stream, err, errlen)) return -1;
     c->res_valid = 0;
     if (bad != ECHO_NO_INDEX) {
@@ -615,6 +672,7 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
     if (w->nranks > 1 && count > 0) {
         echo_plan p;
         echo_plan_init(&p, count, w->nranks, cfg->group_size, dt);
+        p.rotate = echo_codec_get(cfg->codec)->rotate;
         if (used == ECHO_MODE_EXACT && count > w->exact_max) {
             /* Cannot happen with min_bytes/2 >= count; kept as a guard. */
             snprintf(err, errlen, "echo: internal: exact path sized for %zu values, got %zu", w->exact_max, count);

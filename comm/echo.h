@@ -71,11 +71,21 @@ typedef enum echo_mode {
 } echo_mode;
 typedef enum echo_dtype { ECHO_F32 = 0, ECHO_BF16 } echo_dtype;
 
+/* The codec of the quantized modes (int4 without, echo with error
+ * feedback), orthogonal to the mode: see the codec table below. */
+typedef enum echo_codec_id {
+    ECHO_CODEC_DEFAULT = 0, /* ECHO_DEFAULT_CODEC */
+    ECHO_CODEC_INT4,        /* the paper's: int4 codes in [-7, 7], one bf16 scale per group of G */
+    ECHO_CODEC_HADAMARD,    /* the same after a per-group Walsh-Hadamard rotation with fixed signs */
+    ECHO_CODEC_COUNT
+} echo_codec_id;
+
 /* Limits. ECHO_DEFAULT_GROUP was chosen by measurement (docs/echo.md, "Choosing G"). */
 #define ECHO_MAX_RANKS 64
 #define ECHO_MIN_GROUP 16
 #define ECHO_MAX_GROUP 256
 #define ECHO_DEFAULT_GROUP 64
+#define ECHO_DEFAULT_CODEC ECHO_CODEC_INT4
 
 typedef struct echo_config {
     echo_mode mode;
@@ -87,6 +97,7 @@ typedef struct echo_config {
      * positional initializers). */
     int track_error; /* 1 = per-site error norms vs the exact sum (local transport, host memory; fp64 cost) */
     int deferred;    /* 1 = calls only enqueue; the pass completes in echo_end_pass (nccl transport; see there) */
+    echo_codec_id codec; /* of the int4 and echo modes; 0 = ECHO_DEFAULT_CODEC */
 } echo_config;
 
 typedef struct echo_world echo_world; /* shared by the ranks of one process */
@@ -95,6 +106,30 @@ typedef struct echo_comm echo_comm;   /* one rank */
 /* Parse "exact" | "int4" | "echo" | "bf16"; -1 if unknown. */
 int echo_mode_parse(const char *s, echo_mode *out);
 const char *echo_mode_name(echo_mode m);
+
+/* ---- The codec table ----
+ * A codec says how a group of G values travels: code bits per value, the
+ * bytes of its scale, and whether the group is rotated first (a linear,
+ * orthogonal map, so the owner sums rotated values and every rank rotates
+ * the decoded sum back once). Every codec runs the same two-shot schedule,
+ * with or without error feedback (mode int4 / echo), on every transport;
+ * docs/echo.md, "Codecs", has the formats and the measurements that chose
+ * ECHO_DEFAULT_CODEC. */
+typedef struct echo_codec_info {
+    const char *name;  /* what users type: "int4", "hadamard" */
+    int rotate;        /* 1: Walsh-Hadamard rotation of each group (comm/echo_codec.h) */
+    int code_bits;     /* wire bits of one value's code */
+    int scale_bytes;   /* wire bytes of one group's scale */
+} echo_codec_info;
+
+/* The entry of `id` (ECHO_CODEC_DEFAULT resolved); NULL if out of range. */
+const echo_codec_info *echo_codec_get(echo_codec_id id);
+/* Parse "NAME" or "NAME-gG" (e.g. "hadamard-g32"): *group = G, or 0 when
+ * no group is named; -1 if the name or the group is not valid. */
+int echo_codec_parse(const char *s, echo_codec_id *codec, int *group);
+/* Wire bits per value of `id` at group size `group` (0: default group);
+ * 0 if either is invalid. */
+double echo_codec_bits(echo_codec_id id, int group);
 
 /* local transport: nranks threads of this process, buffers in host memory. */
 int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen);
@@ -316,5 +351,16 @@ int echo_codec_encode(const float *x, float *res, size_t count, int group, void 
 void echo_codec_decode(const void *wire, size_t count, int group, float *out, int accumulate);
 /* The decoded scale of group g of a wire form (NaN for a poisoned group). */
 float echo_codec_group_scale(const void *wire, size_t count, int group, size_t g);
+/* The same for any codec of the table (ECHO_CODEC_DEFAULT resolved): a
+ * rotating codec codes the rotated groups (whole groups, the padding of a
+ * ragged end rotated in), and its residual res (ceil(count/group)*group
+ * values) is kept in the rotated basis, as the all-reduce keeps it; decode
+ * rotates back. The wire form is echo_codec_wire_bytes(count, group) bytes.
+ * -1 with a message for an unknown codec or group, out of memory, or a
+ * value the codec cannot code. */
+int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t count, int group, void *wire, char *err,
+                         size_t errlen);
+int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int group, float *out, int accumulate,
+                         char *err, size_t errlen);
 
 #endif

@@ -148,4 +148,73 @@ ECHO_HD int echo_nib_hi(uint8_t b) {
     return (int)(int8_t)b >> 4;
 }
 
+/* ---- the Hadamard codec's rotation (ECHO_CODEC_HADAMARD) ----
+ * A group y of G values is coded as int4 in the rotated basis
+ * u = H D y, H the Sylvester Walsh-Hadamard matrix of order G (entries
+ * +-1, unnormalised), D a fixed diagonal of random signs (echo_had_neg; the
+ * same on every rank and every call, so ranks can add rotated values and
+ * rotate the sum back once: y = D H u / G). An outlier channel is spread
+ * over the G rotated values, so it no longer sets one scale that flattens
+ * its group's other values to zero. The butterflies are fp32 adds in a
+ * fixed order and 1/G is a power of two, so host and device give the same
+ * bits; each butterfly's inputs are fixed by the stage before it, so the
+ * order of butterflies within a stage does not matter. */
+ECHO_HD int echo_had_neg(int i) {
+    uint32_t h = (uint32_t)i * 0x9e3779b1u + 0x7f4a7c15u;
+    h ^= h >> 15;
+    h *= 0x85ebca77u;
+    h ^= h >> 13;
+    return (int)(h & 1u);
+}
+
+ECHO_HD float echo_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+ECHO_HD float echo_sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+
+ECHO_HD float echo_mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+/* v = H v in place (G a power of two). */
+ECHO_HD void echo_fwht(float *v, int G) {
+    for (int h = 1; h < G; h *= 2)
+        for (int i = 0; i < G; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                float a = v[j], b = v[j + h];
+                v[j] = echo_add(a, b);
+                v[j + h] = echo_sub(a, b);
+            }
+}
+
+/* v = H D v: into the rotated basis. */
+ECHO_HD void echo_had_fwd(float *v, int G) {
+    for (int i = 0; i < G; i++)
+        if (echo_had_neg(i)) v[i] = -v[i];
+    echo_fwht(v, G);
+}
+
+/* v = D H v / G: back (exact inverse up to the adds' rounding). */
+ECHO_HD void echo_had_inv(float *v, int G) {
+    echo_fwht(v, G);
+    float inv = 1.0f / (float)G;
+    for (int i = 0; i < G; i++)
+        v[i] = echo_mul(v[i], echo_had_neg(i) ? -inv : inv);
+}
+
 #endif

@@ -86,6 +86,10 @@ typedef struct cuda_state {
      * kernel's occupancy. A grid of this size fills the GPU in one wave; more
      * blocks would run as a partial second wave, too few to saturate HBM. */
     unsigned resident[K_COUNT][2];
+    /* Rotating codecs (echo_plan.rotate): the call's values rotated (phase
+     * 1, read again by phase 2), then the decoded sum (finish); one padded
+     * message of fp32, like the host compute's c->rot. */
+    float *d_rot;
 } cuda_state;
 
 /* ---- error checks: record "cuda: FILE:LINE: CALL: NAME (message)" ---- */
@@ -499,6 +503,41 @@ __global__ void __launch_bounds__(ECHO_THREADS)
         if (echo_abs_bits(ld(buf, i)) >= ECHO_INF_BITS) atomicMin(bad, (unsigned long long)i);
 }
 
+/* ---- rotating codecs (echo_plan.rotate) ----
+ * The int4 kernels above run unchanged on rotated values in fp32; these
+ * rotate into and out of the basis with comm/echo_codec.h's echo_had_fwd /
+ * echo_had_inv, the host's arithmetic. A thread owns one group and
+ * rotates it in place in global memory: correct and simple, not yet tuned
+ * (a group per warp with shuffles would be the fast form). */
+template <typename T>
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_rot_fwd_kernel(const T *x, float *y, size_t count, size_t ngroups, int G) {
+    for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < ngroups; g += (size_t)gridDim.x * blockDim.x) {
+        size_t off = g * (size_t)G;
+        float *v = y + off;
+        for (int i = 0; i < G; i++)
+            v[i] = off + (size_t)i < count ? ld(x, off + (size_t)i) : 0.0f;
+        echo_had_fwd(v, G);
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_rot_inv_kernel(float *y, T *buf, size_t count, size_t ngroups, int G) {
+    for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < ngroups; g += (size_t)gridDim.x * blockDim.x) {
+        size_t off = g * (size_t)G;
+        float *v = y + off;
+        echo_had_inv(v, G);
+        for (int i = 0; i < G && off + (size_t)i < count; i++)
+            st(buf, off + (size_t)i, v[i]);
+    }
+}
+
+__global__ void __launch_bounds__(ECHO_THREADS) echo_unrot_kernel(float *r, size_t ngroups, int G) {
+    for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < ngroups; g += (size_t)gridDim.x * blockDim.x)
+        echo_had_inv(r + g * (size_t)G, G);
+}
+
 /* ---- launchers ---- */
 
 /* Grid-stride kernels: enough blocks to fill an H100-class GPU. */
@@ -541,8 +580,25 @@ static int cuda_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
     for (int j = 0; j < ECHO_MAX_RANKS; j++)
         w.p[j] = j < p->nranks ? send[j] : NULL;
     int lg = log2_group(p->group);
-    dim3 grid(grid_x(state_of(c), K_PHASE1, p->dt, p->shard / ECHO_CODE_V, shards), shards);
     cudaStream_t s = (cudaStream_t)stream;
+    if (p->rotate) {
+        /* the whole message, own shard included (phase 2 sums it rotated) */
+        cuda_state *cs = state_of(c);
+        size_t np = echo_plan_pad(p, p->count), ng = np / (size_t)p->group;
+        if (p->dt == ECHO_F32)
+            echo_rot_fwd_kernel<float>
+                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot, p->count, ng, p->group);
+        else
+            echo_rot_fwd_kernel<uint16_t>
+                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const uint16_t *)x, cs->d_rot, p->count, ng, p->group);
+        ECHO_CUDA_TRY(cudaGetLastError());
+        dim3 rgrid(grid_x(cs, K_PHASE1, ECHO_F32, p->shard / ECHO_CODE_V, shards), shards);
+        echo_phase1_kernel<float>
+            <<<rgrid, ECHO_THREADS, 0, s>>>(cs->d_rot, res, res_valid, np, p->shard, lg, c->rank, w);
+        ECHO_CUDA_TRY(cudaGetLastError());
+        return 0;
+    }
+    dim3 grid(grid_x(state_of(c), K_PHASE1, p->dt, p->shard / ECHO_CODE_V, shards), shards);
     if (p->dt == ECHO_F32)
         echo_phase1_kernel<float>
             <<<grid, ECHO_THREADS, 0, s>>>((const float *)x, res, res_valid, p->count, p->shard, lg, c->rank, w);
@@ -562,8 +618,17 @@ static int cuda_phase2(echo_comm *c, const echo_plan *p, const void *x, const ui
     for (int j = 0; j < ECHO_MAX_RANKS; j++)
         w.p[j] = j < p->nranks ? recv[j] : NULL;
     int lg = log2_group(p->group);
-    unsigned nb = grid_x(state_of(c), K_PHASE2, p->dt, p->shard / ECHO_CODE_V, 1);
     cudaStream_t s = (cudaStream_t)stream;
+    if (p->rotate) {
+        /* rotated fp32, whole groups (g does not see the output rounding, as on the host) */
+        unsigned rb = grid_x(state_of(c), K_PHASE2, ECHO_F32, p->shard / ECHO_CODE_V, 1);
+        echo_phase2_kernel<float><<<rb, ECHO_THREADS, 0, s>>>(state_of(c)->d_rot + base, w, g, g_valid,
+                                                             echo_plan_pad(p, len), p->shard, lg, p->nranks, c->rank,
+                                                             out);
+        ECHO_CUDA_TRY(cudaGetLastError());
+        return 0;
+    }
+    unsigned nb = grid_x(state_of(c), K_PHASE2, p->dt, p->shard / ECHO_CODE_V, 1);
     if (p->dt == ECHO_F32)
         echo_phase2_kernel<float><<<nb, ECHO_THREADS, 0, s>>>((const float *)x + base, w, g, g_valid, len, p->shard, lg,
                                                               p->nranks, c->rank, out);
@@ -614,6 +679,21 @@ static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const
     unsigned shards = (unsigned)((p->count + p->shard - 1) / p->shard); /* those holding data */
     if (shards == 0) return 0;
     int lg = log2_group(p->group);
+    if (p->rotate) {
+        cuda_state *cs = state_of(c);
+        size_t np = echo_plan_pad(p, p->count), ng = np / (size_t)p->group;
+        dim3 rgrid(grid_x(cs, K_FINISH, ECHO_F32, p->shard / ECHO_FINISH_V, shards), shards);
+        echo_finish_kernel<float><<<rgrid, ECHO_THREADS, 0, s>>>(w, cs->d_rot, np, p->shard, lg, flag);
+        ECHO_CUDA_TRY(cudaGetLastError());
+        if (p->dt == ECHO_F32)
+            echo_rot_inv_kernel<float>
+                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(cs->d_rot, (float *)buf, p->count, ng, p->group);
+        else
+            echo_rot_inv_kernel<uint16_t>
+                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(cs->d_rot, (uint16_t *)buf, p->count, ng, p->group);
+        ECHO_CUDA_TRY(cudaGetLastError());
+        return 0;
+    }
     dim3 grid(grid_x(state_of(c), K_FINISH, p->dt, p->shard / ECHO_FINISH_V, shards), shards);
     if (p->dt == ECHO_F32)
         echo_finish_kernel<float>
@@ -700,6 +780,10 @@ static int cuda_comm_setup(echo_comm *c, cuda_state *cs, char *err, size_t errle
         ECHO_CUDA_TRY(cudaMallocHost((void **)&cs->h_site_bad, n * sizeof *cs->h_site_bad));
         cs->n_site_flags = c->w->cfg.n_sites;
     }
+    const echo_world *w = c->w;
+    if (echo_codec_get(w->cfg.codec)->rotate && w->nranks > 1 &&
+        (w->cfg.mode == ECHO_MODE_INT4 || w->cfg.mode == ECHO_MODE_ECHO))
+        ECHO_CUDA_TRY(cudaMalloc((void **)&cs->d_rot, w->max_plan.shard * (size_t)w->nranks * sizeof(float)));
     int sms = 0;
     ECHO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device));
     if (sms < 1) sms = 1;
@@ -735,13 +819,23 @@ static void cuda_comm_fini(echo_comm *c) {
     if (cs->h_bad) cudaFreeHost(cs->h_bad);
     if (cs->d_site_bad) cudaFree(cs->d_site_bad);
     if (cs->h_site_bad) cudaFreeHost(cs->h_site_bad);
+    if (cs->d_rot) cudaFree(cs->d_rot);
     free(cs);
     c->compute_state = NULL;
 }
 
+static int cuda_unrotate(echo_comm *c, float *res, size_t n, int group, void *stream, char *err, size_t errlen) {
+    size_t ng = n / (size_t)group;
+    if (ng == 0) return 0;
+    ECHO_CUDA_TRY(cudaSetDevice(c->device));
+    echo_unrot_kernel<<<blocks_stride(ng), ECHO_THREADS, 0, (cudaStream_t)stream>>>(res, ng, group);
+    ECHO_CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
 extern "C" const echo_compute_ops echo_cuda_compute = {
-    "cuda",         cuda_phase1,    cuda_phase2,   cuda_finish, cuda_alloc, cuda_free, cuda_comm_init,
-    cuda_comm_fini, cuda_pass_arm, cuda_pass_read,
+    "cuda",         cuda_phase1,   cuda_phase2,    cuda_finish,   cuda_alloc, cuda_free, cuda_comm_init,
+    cuda_comm_fini, cuda_pass_arm, cuda_pass_read, cuda_unrotate,
 };
 
 /* ---- exact-path helpers for the nccl transport ---- */

@@ -37,6 +37,7 @@ typedef struct echo_plan {
     int nranks;   /* N */
     int group;    /* G */
     echo_dtype dt;
+    int rotate;   /* the codec rotates each group (echo_codec_info.rotate): set by echo.c per call */
 } echo_plan;
 
 /* Values of shard c that lie inside the message. */
@@ -60,6 +61,13 @@ static inline void echo_plan_init(echo_plan *p, size_t count, int nranks, int gr
     p->nranks = nranks;
     p->group = group;
     p->dt = dt;
+    p->rotate = 0;
+}
+
+/* Values of the groups that hold data among the first n (n rounded up to G):
+ * a rotating codec codes and decodes whole groups, padding included. */
+static inline size_t echo_plan_pad(const echo_plan *p, size_t n) {
+    return (n + (size_t)p->group - 1) / (size_t)p->group * (size_t)p->group;
 }
 
 /* Mode bf16 sends each shard as L bf16 values instead of the int4 form. */
@@ -166,6 +174,11 @@ typedef struct echo_compute_ops {
      * none) and its first bad element. */
     int (*pass_arm)(echo_comm *c, void *stream, char *err, size_t errlen);
     int (*pass_read)(echo_comm *c, void *stream, int *site, size_t *bad, char *err, size_t errlen);
+    /* Rotating codecs: res[0..n) (n a multiple of G) = the group-wise
+     * inverse rotation of res in place, so that a residual kept in the
+     * rotated basis can be added to a plain input (the size policy's exact
+     * path). */
+    int (*unrotate)(echo_comm *c, float *res, size_t n, int group, void *stream, char *err, size_t errlen);
 } echo_compute_ops;
 
 extern const echo_compute_ops echo_host_compute;
@@ -261,6 +274,7 @@ struct echo_comm {
     float *res;
     size_t res_bytes;
     float *scratch; /* host compute: the owner's fp32 sum (L values) */
+    float *rot;     /* host compute, rotating codecs: x rotated, then the decoded sum (padded message) */
     double *ref;    /* track_error: exact sum over the own shard (L values) */
 
     /* Pass state. */

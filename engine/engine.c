@@ -303,7 +303,7 @@ typedef struct ctl_hdr {
 typedef struct wire_cfg {
     char model_dir[2048], device[32], transport[32];
     int32_t tp, allreduce, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
-        kv_blocks, cuda_graphs, fuse_weights, quantize;
+        kv_blocks, cuda_graphs, fuse_weights, quantize, echo_codec;
     uint64_t echo_min_bytes;
 } wire_cfg;
 
@@ -318,7 +318,7 @@ static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) 
                     .kv_block_size = c->kv_block_size, .max_model_len = c->max_model_len,
                     .max_num_seqs = c->max_num_seqs, .max_batch_tokens = c->max_batch_tokens,
                     .kv_blocks = c->kv_blocks, .cuda_graphs = c->cuda_graphs, .fuse_weights = c->fuse_weights,
-                    .quantize = c->quantize, .echo_min_bytes = c->echo_min_bytes};
+                    .quantize = c->quantize, .echo_min_bytes = c->echo_min_bytes, .echo_codec = c->echo_codec};
     strcpy(w->model_dir, c->model_dir);
     strcpy(w->device, dev);
     strcpy(w->transport, tr);
@@ -333,7 +333,8 @@ static void wire_get(wire_cfg *w, eng_config *c) {
                       .kv_block_size = w->kv_block_size, .max_model_len = w->max_model_len,
                       .max_num_seqs = w->max_num_seqs, .max_batch_tokens = w->max_batch_tokens,
                       .kv_blocks = w->kv_blocks, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
-                      .quantize = w->quantize, .echo_min_bytes = (size_t)w->echo_min_bytes};
+                      .quantize = w->quantize, .echo_min_bytes = (size_t)w->echo_min_bytes,
+                      .echo_codec = (echo_codec_id)w->echo_codec};
 }
 
 /* In procs mode every process reaches each of these points: 0 when all
@@ -434,6 +435,7 @@ static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
     if (c->tp == 1) return 0;
     echo_config ec = {.mode = c->allreduce,
                       .group_size = c->echo_group,
+                      .codec = c->echo_codec,
                       .min_bytes = c->echo_min_bytes,
                       .n_sites = 2 * e->mc.num_layers,
                       .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,

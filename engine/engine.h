@@ -74,6 +74,7 @@ typedef struct eng_config {
      * on backends that keep quantized weights (cpu; model_load_opts.quantize),
      * not with fused weights. ENG_QUANT_NONE (0): stored dtypes. */
     int quantize;
+    echo_codec_id echo_codec; /* codec of the int4/echo all-reduce; 0 = comm/ default (ECHO_DEFAULT_CODEC) */
 } eng_config;
 
 #define ENG_QUANT_NONE 0

@@ -182,7 +182,7 @@ static int ar_measure(int nranks, echo_mode mode, int group, size_t min_policy, 
     R->iters = iters;
     R->warmup = 1;
     R->dt = calloc((size_t)iters * nranks, sizeof *R->dt);
-    echo_config cfg = {mode, group, min_policy, 1, count, 0, 0};
+    echo_config cfg = {mode, group, min_policy, 1, count, 0, 0, 0};
     if (!R->dt || echo_world_create_local(nranks, &cfg, &w, err, errlen)) goto out;
     for (int r = 0; r < nranks; r++) {
         if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
@@ -267,7 +267,7 @@ typedef struct ar_mpi_opts {
  * indices against an fp64 sum of all ranks' inputs (regenerated here). */
 static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_mode mode, size_t count, const float *x, float *buf,
                       const double *ref, size_t lo, size_t hi, int it, ar_row *row, char *err, size_t errlen) {
-    echo_config cfg = {mode, o->group, o->policy, 1, count, 0, 0};
+    echo_config cfg = {mode, o->group, o->policy, 1, count, 0, 0, 0};
     echo_world *w = NULL;
     echo_comm *c = NULL;
     int rc = echo_world_create_mpi(&cfg, &w, err, errlen);
@@ -644,7 +644,7 @@ static int chain_measure(int nranks, echo_mode mode, int group, int K, size_t co
         .nranks = nranks, .K = K, .count = count, .seed = seed, .dist = dist, .abs_err = abs_err, .ref_norm = ref_norm};
     R->acc_out = calloc(count, sizeof(double));
     R->acc_exact = calloc(count, sizeof(double));
-    echo_config cfg = {mode, group, 0, K, count, 0, 0};
+    echo_config cfg = {mode, group, 0, K, count, 0, 0, 0};
     if (!R->acc_out || !R->acc_exact) {
         snprintf(err, errlen, "out of memory");
         goto out;
@@ -768,8 +768,8 @@ static double thread_cpu_s(void) {
  * alike and the ratios to memcpy stay meaningful. */
 typedef enum { OP_MEMCPY, OP_ENCODE, OP_DECODE_ACC, OP_COUNT } codec_op;
 
-static void time_ops(int iters, const float *x, float *res, float *acc, float *dst, void *wire, size_t count,
-                     int group, double best[OP_COUNT]) {
+static void time_ops(echo_codec_id codec, int iters, const float *x, float *res, float *acc, float *dst, void *wire,
+                     size_t count, int group, double best[OP_COUNT]) {
     char err[256];
     for (int op = 0; op < OP_COUNT; op++)
         best[op] = 1e30;
@@ -778,8 +778,8 @@ static void time_ops(int iters, const float *x, float *res, float *acc, float *d
             double t0 = thread_cpu_s();
             switch (op) {
             case OP_MEMCPY: memcpy(dst, x, count * sizeof(float)); break;
-            case OP_ENCODE: echo_codec_encode(x, res, count, group, wire, err, sizeof err); break;
-            case OP_DECODE_ACC: echo_codec_decode(wire, count, group, acc, 1); break;
+            case OP_ENCODE: echo_codec_encode_as(codec, x, res, count, group, wire, err, sizeof err); break;
+            case OP_DECODE_ACC: echo_codec_decode_as(codec, wire, count, group, acc, 1, err, sizeof err); break;
             }
             double t = thread_cpu_s() - t0;
             best[op] = t < best[op] ? t : best[op];
@@ -794,10 +794,11 @@ static const char *codec_path(void) {
     return "scalar";
 }
 
-static double codec_rel_err(const float *x, size_t n, int group, void *wire, float *out) {
+static double codec_rel_err(echo_codec_id codec, const float *x, size_t n, int group, void *wire, float *out) {
     char err[256];
-    if (echo_codec_encode(x, NULL, n, group, wire, err, sizeof err)) return NAN;
-    echo_codec_decode(wire, n, group, out, 0);
+    if (echo_codec_encode_as(codec, x, NULL, n, group, wire, err, sizeof err) ||
+        echo_codec_decode_as(codec, wire, n, group, out, 0, err, sizeof err))
+        return NAN;
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
         double d = (double)out[i] - x[i];
@@ -823,6 +824,7 @@ static void cost_model(int n, double alpha_s, double link_gbps, double bytes, in
 
 static int cmd_codec(int argc, char **argv) {
     int group = 0, iters = 20, json = 0, seed = 1, mranks = 8, act_bits = 32;
+    echo_codec_id codec = ECHO_CODEC_DEFAULT;
     double alpha_us = 10, ov_enc = 0, ov_dec = 0;
     const char *links = "1.25,12.5,25,50,100,400";
     size_t count = 8u << 20;
@@ -837,7 +839,11 @@ static int cmd_codec(int argc, char **argv) {
             bad = !(count = parse_size(v)), i++;
         else if (!strcmp(a, "--group"))
             bad = parse_int(v, 0, ECHO_MAX_GROUP, &group), i++;
-        else if (!strcmp(a, "--iters"))
+        else if (!strcmp(a, "--codec")) {
+            int g = 0;
+            bad = echo_codec_parse(v, &codec, &g), i++;
+            if (g) group = g;
+        } else if (!strcmp(a, "--iters"))
             bad = parse_int(v, 1, 100000, &iters), i++;
         else if (!strcmp(a, "--seed"))
             bad = parse_int(v, 0, 1 << 30, &seed), i++;
@@ -855,14 +861,14 @@ static int cmd_codec(int argc, char **argv) {
             bad = 1;
         if (bad) {
             fprintf(stderr,
-                    "usage: echo-bench codec [--count M] [--group G (default: all)] [--iters N] [--seed S] "
-                    "[--json]\n"
+                    "usage: echo-bench codec [--count M] [--group G (default: all)] [--codec NAME[-gG]] [--iters N] "
+                    "[--seed S] [--json]\n"
                     "                        [--ranks N] [--alpha-us A] [--links GBPS,...] [--codec-gbps ENC,DEC]\n"
                     "                        [--act-bits 32|16]  (cost model)\n");
             return 2;
         }
     }
-    float *x = malloc(count * sizeof *x), *xo = malloc(count * sizeof *xo), *res = calloc(count, sizeof *res);
+    float *x = malloc(count * sizeof *x), *xo = malloc(count * sizeof *xo), *res = calloc(count + ECHO_MAX_GROUP, sizeof *res);
     float *acc = calloc(count, sizeof *acc), *dst = malloc(count * sizeof *dst);
     void *wire = malloc(echo_codec_wire_bytes(count, ECHO_MIN_GROUP) + 64);
     int status = 0;
@@ -878,9 +884,9 @@ static int cmd_codec(int argc, char **argv) {
     if (json)
         printf("[");
     else {
-        printf("# echo-bench codec: %zu fp32 values (%.1f MiB), one thread, best of %d rounds of memcpy, encode, "
+        printf("# echo-bench codec %s: %zu fp32 values (%.1f MiB), one thread, best of %d rounds of memcpy, encode, "
                "decode in thread CPU time; GB/s of fp32 values (CPU numbers; codec path %s)\n",
-               count, count * 4.0 / (1 << 20), iters, codec_path());
+               echo_codec_get(codec)->name, count, count * 4.0 / (1 << 20), iters, codec_path());
         printf("# %6s %10s %12s %12s %12s %8s %8s %14s %14s\n", "group", "wire(b/v)", "encode GB/s", "dec+acc GB/s",
                "memcpy GB/s", "enc/cpy", "dec/cpy", "rel_err gauss", "rel_err outlr");
     }
@@ -890,9 +896,9 @@ static int cmd_codec(int argc, char **argv) {
         if (group && G != group) continue;
         double bytes = (double)count * sizeof(float);
         double best[OP_COUNT];
-        time_ops(iters, x, res, acc, dst, wire, count, G, best);
+        time_ops(codec, iters, x, res, acc, dst, wire, count, G, best);
         double tm = best[OP_MEMCPY], te = best[OP_ENCODE], td = best[OP_DECODE_ACC];
-        double eg = codec_rel_err(x, count, G, wire, dst), eo = codec_rel_err(xo, count, G, wire, dst);
+        double eg = codec_rel_err(codec, x, count, G, wire, dst), eo = codec_rel_err(codec, xo, count, G, wire, dst);
         double bits = 8.0 * (double)echo_codec_wire_bytes(count, G) / (double)count;
         if (G == model_group) {
             model_enc = bytes / te / 1e9;
@@ -900,11 +906,11 @@ static int cmd_codec(int argc, char **argv) {
             model_bits = bits;
         }
         if (json)
-            printf("%s\n {\"group\": %d, \"count\": %zu, \"wire_bits_per_value\": %.4f, \"encode_gbps\": %.3f, "
+            printf("%s\n {\"codec\": \"%s\", \"group\": %d, \"count\": %zu, \"wire_bits_per_value\": %.4f, \"encode_gbps\": %.3f, "
                    "\"decode_acc_gbps\": %.3f, \"memcpy_gbps\": %.3f, \"encode_vs_memcpy\": %.3f, "
                    "\"decode_acc_vs_memcpy\": %.3f, \"rel_err_gauss\": %.6g, \"rel_err_outlier\": %.6g, "
                    "\"codec_path\": \"%s\"}",
-                   first ? "" : ",", G, count, bits, bytes / te / 1e9, bytes / td / 1e9, bytes / tm / 1e9, tm / te,
+                   first ? "" : ",", echo_codec_get(codec)->name, G, count, bits, bytes / te / 1e9, bytes / td / 1e9, bytes / tm / 1e9, tm / te,
                    tm / td, eg, eo, codec_path());
         else
             printf("  %6d %10.4f %12.2f %12.2f %12.2f %8.2f %8.2f %14.5f %14.5f\n", G, bits, bytes / te / 1e9,

@@ -42,6 +42,9 @@ static const char *USAGE =
     "  --modes LIST         comma-separated subset of int4,echo (default int4,echo)\n"
     "  --echo-min-bytes LIST  size policies of the quantized modes, e.g. 0,65536 (default 0)\n"
     "  --echo-group LIST    values per scale group, e.g. 32,64,128 (default: comm/ default)\n"
+    "  --codecs LIST        codecs of the quantized modes, NAME or NAME-gG, e.g.\n"
+    "                       int4-g64,hadamard-g32 (a NAME without -gG takes each --echo-group;\n"
+    "                       default: comm/ default codec)\n"
     "  --threads N          cpu threads in total (default: all)\n"
     "  --json               print one JSON object instead of tables\n"
     "  -h, --help           this help\n";
@@ -270,6 +273,7 @@ static void lm_score(lm_acc *a, const float *logits, const prompt *p, size_t V, 
 
 typedef struct variant {
     echo_mode mode;
+    echo_codec_id codec;
     int group;
     size_t min_bytes;
     lm_acc lm;
@@ -296,7 +300,7 @@ int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum {
         O_MODEL = 256, O_TP, O_PROMPTS, O_TEXT, O_RAND, O_PLEN, O_MAXP, O_SEED, O_GEN, O_MODES, O_MINB, O_GROUP,
-        O_THREADS, O_JSON
+        O_THREADS, O_JSON, O_CODECS
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},   {"tp", required_argument, 0, O_TP},
@@ -306,9 +310,10 @@ int main(int argc, char **argv) {
         {"gen-tokens", required_argument, 0, O_GEN}, {"modes", required_argument, 0, O_MODES},
         {"echo-min-bytes", required_argument, 0, O_MINB}, {"echo-group", required_argument, 0, O_GROUP},
         {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
+        {"codecs", required_argument, 0, O_CODECS},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
     };
-    const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL;
+    const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL, *codecs_arg = NULL;
     int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, c;
     long seed = 1, groups[MAX_LIST] = {0}, minbs[MAX_LIST] = {0};
     int n_groups = 1, n_minb = 1;
@@ -337,6 +342,7 @@ int main(int argc, char **argv) {
             break;
         case O_THREADS: base.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_JSON: json = 1; break;
+        case O_CODECS: codecs_arg = optarg; break;
         case 'h': fputs(USAGE, stdout); return 0;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -362,12 +368,33 @@ int main(int argc, char **argv) {
             modes[n_modes++] = m;
         }
     }
-    int nv = n_modes * n_groups * n_minb;
+    /* codec x group pairs: each named codec with its own -gG, or with each --echo-group */
+    echo_codec_id cods[64];
+    int cgroups[64], n_cg = 0;
+    {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", codecs_arg ? codecs_arg : "default");
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            echo_codec_id cd = ECHO_CODEC_DEFAULT;
+            int g = 0;
+            if (strcmp(t, "default") && echo_codec_parse(t, &cd, &g))
+                cli_usage_error(PROG, "--codecs: unknown codec '%s' (NAME or NAME-gG, e.g. hadamard-g32)", t);
+            for (int k = 0; k < (g ? 1 : n_groups); k++) {
+                if (n_cg == 64) cli_usage_error(PROG, "%s", "--codecs: too many codec x group variants (64 at most)");
+                cods[n_cg] = cd;
+                cgroups[n_cg++] = g ? g : (int)groups[k];
+            }
+        }
+    }
+    int nv = n_modes * n_cg * n_minb;
     variant *vs = calloc((size_t)(nv ? nv : 1), sizeof *vs);
     for (int k = 0, i = 0; vs && k < n_modes; k++)
-        for (int g = 0; g < n_groups; g++)
+        for (int g = 0; g < n_cg; g++)
             for (int b = 0; b < n_minb; b++, i++)
-                vs[i] = (variant){.mode = modes[k], .group = (int)groups[g], .min_bytes = (size_t)minbs[b]};
+                vs[i] = (variant){.mode = modes[k],
+                                  .codec = cods[g] ? cods[g] : ECHO_DEFAULT_CODEC,
+                                  .group = cgroups[g] ? cgroups[g] : ECHO_DEFAULT_GROUP,
+                                  .min_bytes = (size_t)minbs[b]};
 
     char err[1024];
     model_config mc;
@@ -424,6 +451,7 @@ int main(int argc, char **argv) {
         eng_config cm = base;
         cm.allreduce = a->mode;
         cm.echo_group = a->group;
+        cm.echo_codec = a->codec;
         cm.echo_min_bytes = a->min_bytes;
         a->layer_num = calloc(L, sizeof(double));
         a->layer_den = calloc(L, sizeof(double));
@@ -434,7 +462,6 @@ int main(int argc, char **argv) {
         }
         if (eng_create(&cm, &em, err, sizeof err)) goto fail;
         int r = run_all(em, ps, np, gen, &rm, err, sizeof err);
-        if (!a->group) a->group = eng_get_config(em)->echo_group;
         eng_destroy(em);
         if (r) goto fail;
         for (int i = 0; i < np; i++) {
@@ -470,8 +497,8 @@ int main(int argc, char **argv) {
         }
         run_free(&rm, np);
         if (!json)
-            fprintf(stderr, "echo-eval: %s G=%d min_bytes=%zu done (%d of %d)\n", echo_mode_name(a->mode), a->group,
-                    a->min_bytes, k + 1, nv);
+            fprintf(stderr, "echo-eval: %s %s G=%d min_bytes=%zu done (%d of %d)\n", echo_mode_name(a->mode),
+                    echo_codec_get(a->codec)->name, a->group, a->min_bytes, k + 1, nv);
     }
     double ppl_x = exp(lmx.nll / (double)lmx.scored), acc_x = (double)lmx.hits / (double)lmx.scored;
     if (json) {
@@ -488,6 +515,8 @@ int main(int argc, char **argv) {
             json_t *o = json_pack("{s:s,s:i,s:I,s:f,s:f,s:f}", "mode", echo_mode_name(a->mode), "group", a->group,
                                   "min_bytes", (json_int_t)a->min_bytes, "ppl", exp(a->lm.nll / (double)a->lm.scored),
                                   "next_token_acc", acc, "next_token_acc_delta_pt", 100.0 * (acc - acc_x));
+            json_object_set_new(o, "codec", json_string(echo_codec_get(a->codec)->name));
+            json_object_set_new(o, "bits_per_value", json_real(echo_codec_bits(a->codec, a->group)));
             json_object_set_new(o, "kl_mean", json_real(a->kl_sum / (double)a->positions));
             json_object_set_new(o, "kl_max", json_real(a->kl_max));
             json_object_set_new(o, "top1_agreement", json_real((double)a->top1_agree / (double)a->positions));
@@ -504,21 +533,23 @@ int main(int argc, char **argv) {
     } else {
         printf("echo-eval: %s, tp %d, %d prompts (%d..%d tokens), %d greedy tokens, %d layers\n\n", model_dir, tp, np,
                ps[0].n, maxlen, gen, (int)L);
-        printf("%-6s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "G", "min_B", "ppl", "acc", "d acc",
-               "KL mean", "KL max", "top-1=", "greedy agree len", "full agree");
-        printf("%-6s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", ppl_x, 100 * acc_x, "-");
+        printf("%-6s %-9s %5s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "codec", "G", "bits", "min_B",
+               "ppl", "acc", "d acc", "KL mean", "KL max", "top-1=", "greedy agree len", "full agree");
+        printf("%-6s %-9s %5s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", "32", "-", ppl_x, 100 * acc_x, "-");
         for (int k = 0; k < nv; k++) {
             variant *a = &vs[k];
             double acc = (double)a->lm.hits / (double)a->lm.scored;
-            printf("%-6s %5d %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
-                   echo_mode_name(a->mode), a->group, a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
+            printf("%-6s %-9s %5d %5.3g %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
+                   echo_mode_name(a->mode), echo_codec_get(a->codec)->name, a->group,
+                   echo_codec_bits(a->codec, a->group), a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
                    100 * (acc - acc_x), a->kl_sum / (double)a->positions, a->kl_max,
                    100.0 * (double)a->top1_agree / (double)a->positions, a->agree_len_sum / np, gen,
                    100.0 * (double)a->full_agree / np);
         }
         if (nv) {
             printf("\nresidual-stream error after each layer, ||h_mode - h_exact|| / ||h_exact||\n%-6s", "layer");
-            for (int k = 0; k < nv; k++) printf("  %4s/G%-4d", echo_mode_name(vs[k].mode), vs[k].group);
+            for (int k = 0; k < nv; k++)
+                printf(" %4s/%c/G%-3d", echo_mode_name(vs[k].mode), echo_codec_get(vs[k].codec)->name[0], vs[k].group);
             printf("\n");
             for (size_t l = 0; l < L; l++) {
                 printf("%-6zu", l);

@@ -52,6 +52,7 @@ static const char *USAGE =
     "  --quantize q8_0        quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default)\n"
+    "  --echo-codec NAME      codec of int4/echo: int4 or hadamard, NAME-gG sets G too (default: comm/ default)\n"
     "  --top-k K              with --temperature > 0: sample among the K most likely (0 = off)\n"
     "  --top-p P              with --temperature > 0: nucleus sampling mass (default 1 = off)\n"
     "  --prompt TEXT          text prompt, encoded with the model's tokenizer\n"
@@ -168,7 +169,7 @@ static double now_s(void) {
 int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_CODEC };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -191,6 +192,7 @@ int main(int argc, char **argv) {
         {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"echo-min-bytes", required_argument, 0, O_MINB},
         {"echo-group", required_argument, 0, O_GROUP},
+        {"echo-codec", required_argument, 0, O_CODEC},
         {"top-k", required_argument, 0, O_TOPK},
         {"top-p", required_argument, 0, O_TOPP},
         {"help", no_argument, 0, 'h'},
@@ -220,6 +222,13 @@ int main(int argc, char **argv) {
         }
         case O_MINB: ec.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, LONG_MAX); break;
         case O_GROUP: ec.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
+        case O_CODEC: {
+            int g = 0;
+            if (echo_codec_parse(optarg, &ec.echo_codec, &g))
+                cli_usage_error(PROG, "--echo-codec expects int4 or hadamard, optionally -gG (e.g. hadamard-g32), got '%s'", optarg);
+            if (g) ec.echo_group = g;
+            break;
+        }
         case O_TOPLP: gp.top_logprobs = (int)cli_long(PROG, optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
         case O_IGNEOS: gp.ignore_eos = 1; break;
         case O_JSON: json = 1; break;

@@ -569,7 +569,7 @@ static void part_a(const side *A, const side *B) {
                     for (int gi = 0; gi < 3; gi++) {
                         echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                         size_t m = counts[ci];
-                        echo_config cfg = {modes[mi], groups[gi], 0, 4, m, 0, 0};
+                        echo_config cfg = {modes[mi], groups[gi], 0, 4, m, 0, 0, 0};
                         /* two passes: residual carried over calls 0-2, reset at call 3 */
                         call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                         snprintf(label, sizeof label, "allreduce n=%d %-5s %-4s G=%-3d count=%zu", ranks[ni],
@@ -581,7 +581,7 @@ static void part_a(const side *A, const side *B) {
      * path, which adds the echo residual carried in. */
     for (int ni = 0; ni < 3; ni++) {
         size_t m = 4097;
-        echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * m, 4, m, 0, 0};
+        echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * m, 4, m, 0, 0, 0};
         call_spec cs[4] = {spec(1, 0, m, ECHO_F32), spec(0, 1, m, ECHO_BF16), spec(0, 2, m, ECHO_F32),
                            spec(0, 3, m, ECHO_F32)};
         snprintf(label, sizeof label, "policy    n=%d echo  f32/bf16 G=64  count=%zu", ranks[ni], m);
@@ -599,19 +599,45 @@ static void part_a(const side *A, const side *B) {
                 for (int di = 0; di < 2; di++) {
                     echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                     size_t m = counts2[ci];
-                    echo_config cfg = {modes[mi], groups2[gi], 0, 4, m, 0, 0};
+                    echo_config cfg = {modes[mi], groups2[gi], 0, 4, m, 0, 0, 0};
                     call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                     snprintf(label, sizeof label, "allreduce n=3 %-5s %-4s G=%-3d count=%zu", echo_mode_name(modes[mi]),
                              di ? "bf16" : "f32", groups2[gi], m);
                     compare_case(A, B, label, 3, cfg, cs, 4, seed++);
                 }
+    /* The hadamard codec: rotation kernels around the same codec kernels,
+     * whole groups padded past a ragged end, the residual kept rotated and
+     * rotated back when the size policy sends a call to the exact path. */
+    const int groups3[] = {16, 64, 256};
+    const size_t counts3[] = {7, 4097, 65539};
+    for (int gi = 0; gi < 3; gi++)
+        for (int ci = 0; ci < 3; ci++)
+            for (int mi = 1; mi < 3; mi++)
+                for (int di = 0; di < 2; di++) {
+                    echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
+                    size_t m = counts3[ci];
+                    int n = 2 + (ci & 1);
+                    echo_config cfg = {modes[mi], groups3[gi], 0, 4, m, 0, 0, ECHO_CODEC_HADAMARD};
+                    call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
+                    snprintf(label, sizeof label, "hadamard  n=%d %-5s %-4s G=%-3d count=%zu", n,
+                             echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups3[gi], m);
+                    compare_case(A, B, label, n, cfg, cs, 4, seed++);
+                }
+    {
+        size_t m = 4097;
+        echo_config cfg = {ECHO_MODE_ECHO, 32, 3 * m, 4, m, 0, 0, ECHO_CODEC_HADAMARD};
+        call_spec cs[4] = {spec(1, 0, m, ECHO_F32), spec(0, 1, m, ECHO_BF16), spec(0, 2, m, ECHO_F32),
+                           spec(0, 3, m, ECHO_F32)};
+        snprintf(label, sizeof label, "policy    n=3 echo  f32/bf16 hadamard G=32 count=%zu", m);
+        compare_case(A, B, label, 3, cfg, cs, 4, seed++);
+    }
     for (int gi = 0; gi < 3; gi++)
         for (int di = 0; di < 2; di++)
             for (size_t sh = 1; sh <= 2; sh++) {
                 echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                 const int G = gi == 0 ? 16 : gi == 1 ? 64 : 256;
                 size_t m = 4097;
-                echo_config cfg = {ECHO_MODE_ECHO, G, 0, 4, m, 0, 0};
+                echo_config cfg = {ECHO_MODE_ECHO, G, 0, 4, m, 0, 0, 0};
                 call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                 for (int k = 0; k < 4; k++)
                     cs[k].shift = sh;
@@ -675,7 +701,7 @@ static void part_a3(const side *B) {
         j.calls[2] = spec(1, 0, m, ECHO_F32);
         job_alloc(&j, 3, 3, 77);
         ((float *)j.in[0][1])[1234] = NAN;
-        echo_config cfg = {md, 64, 0, 4, m, 0, 0};
+        echo_config cfg = {md, 64, 0, 4, m, 0, 0, 0};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "inf/nan", buf, sizeof buf);
         if (!fail) fail = expect_all_fail(&j, 1, "aborted by an earlier error", buf, sizeof buf);
@@ -695,7 +721,7 @@ static void part_a3(const side *B) {
     ((float *)j.in[0][0])[4000] = 3e38f;
     ((float *)j.in[0][1])[4000] = 3e38f;
     {
-        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, 0};
+        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, 0, 0};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "element 4000 of the exact all-reduce is not finite", buf, sizeof buf);
         if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
@@ -713,7 +739,7 @@ static void part_a3(const side *B) {
         j.calls[0].odd_count = m - 1;
         j.calls[1] = spec(1, 0, m, ECHO_BF16);
         job_alloc(&j, 3, 2, 79);
-        echo_config cfg = {md, 32, 0, 4, m, 0, 0};
+        echo_config cfg = {md, 32, 0, 4, m, 0, 0, 0};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "ranks disagree", buf, sizeof buf);
         if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
@@ -727,7 +753,7 @@ static void part_a3(const side *B) {
      * outlive both jobs, so this one drives the ranks itself. */
     for (int mi = 0; mi < 2; mi++) {
         echo_mode md = mi ? ECHO_MODE_ECHO : ECHO_MODE_EXACT;
-        echo_config cfg = {md, 64, 0, 4, m, 0, 0};
+        echo_config cfg = {md, 64, 0, 4, m, 0, 0, 0};
         char err[320];
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_F32);
@@ -909,7 +935,7 @@ static void part_n_failures(const side *B, int N) {
             j.calls[2] = spec(1, 0, m, ECHO_BF16);
             job_alloc(&j, N, 3, 91 + 100 * (uint64_t)d);
             ((uint16_t *)j.in[0][N - 1])[1234] = 0x7fc0; /* NaN */
-            echo_config cfg = {md, 64, 0, 4, m, 0, d};
+            echo_config cfg = {md, 64, 0, 4, m, 0, d, 0};
             fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
             if (!fail) fail = expect_all_fail(&j, 0, d ? "at site 0 is not finite" : "inf/nan", buf, sizeof buf);
             if (!fail)
@@ -934,7 +960,7 @@ static void part_n_failures(const side *B, int N) {
         job_alloc(&j, N, 3, 92 + 100 * (uint64_t)d);
         for (int r = 0; r < N; r++)
             ((float *)j.in[1][r])[4000] = 3e38f;
-        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, d};
+        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, d, 0};
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail && d) fail = expect_all_fail(&j, 0, "element 4000 of the all-reduce at site 2", buf, sizeof buf);
         if (!fail && !d) fail = expect_all_ok(&j, 0, buf, sizeof buf);
@@ -956,7 +982,7 @@ static void part_n_failures(const side *B, int N) {
      * echo_world_clear_abort, then works. */
     for (int mi = 0; mi < 2; mi++) {
         echo_mode md = mi ? ECHO_MODE_INT4 : ECHO_MODE_EXACT;
-        echo_config cfg = {md, 32, 0, 4, m, 0, 0};
+        echo_config cfg = {md, 32, 0, 4, m, 0, 0, 0};
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_BF16);
         j.calls[0].odd_rank = N - 1;
@@ -994,7 +1020,7 @@ static void part_n_failures(const side *B, int N) {
     for (int ci = 0; ci < 4; ci++) {
         echo_mode md = ci & 1 ? ECHO_MODE_ECHO : ECHO_MODE_EXACT;
         int at = ci < 2 ? 0 : 1, clear = ci < 2;
-        echo_config cfg = {md, 64, 0, 4, m, 0, 0};
+        echo_config cfg = {md, 64, 0, 4, m, 0, 0, 0};
         memset(&j, 0, sizeof j);
         if (at == 0) {
             j.calls[0] = spec(1, 0, m, ECHO_F32);
@@ -1039,7 +1065,7 @@ static void part_n_failures(const side *B, int N) {
      * emulator's does, at the call); the world recovers as above. */
     for (int ci = 0; ci < 2; ci++) {
         /* ci 0: ranks disagree at call 0; ci 1: the last rank aborts instead of call 0 */
-        echo_config cfg = {ci ? ECHO_MODE_ECHO : ECHO_MODE_INT4, 32, 0, 4, m, 0, 1};
+        echo_config cfg = {ci ? ECHO_MODE_ECHO : ECHO_MODE_INT4, 32, 0, 4, m, 0, 1, 0};
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_BF16);
         j.calls[1] = spec(0, 1, m, ECHO_BF16);
@@ -1086,7 +1112,7 @@ static void part_n_failures(const side *B, int N) {
     /* one GPU named twice: NCCL refuses the world, with a message */
     {
         const int devs[2] = {B->device, B->device};
-        echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, m, 0, 0};
+        echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, m, 0, 0, 0};
         echo_world *w = NULL;
         char err[320];
         int rc = echo_world_create_nccl(2, devs, &cfg, &w, err, sizeof err);
@@ -1350,7 +1376,7 @@ static void part_n_graphs(int N) {
     j.m = 4097;
     j.m2 = 1000;
     j.discard_rank = 0;
-    echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 2 * GR_CALLS, j.m, 0, 1};
+    echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 2 * GR_CALLS, j.m, 0, 1, 0};
     for (int src = 0; src < 2; src++)
         for (int k = 0; k < GR_CALLS; k++)
             for (int r = 0; r < N; r++) {
@@ -1475,7 +1501,7 @@ static void part_n(const side *H, int ndev, int self) {
                 for (int ci = 0; ci < 4; ci++) {
                     echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                     size_t mm = counts[ci];
-                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0, 0};
+                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0, 0, 0};
                     /* two passes: residual carried over calls 0-2, reset at call 3 */
                     call_spec cs[4] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt)};
                     snprintf(label, sizeof label, "nccl n=%d %-5s %-4s G=64  count=%zu", N, echo_mode_name(modes[mi]),
@@ -1488,18 +1514,18 @@ static void part_n(const side *H, int ndev, int self) {
             const int groups[] = {16, 128, 256};
             for (int gi = 0; gi < 3; gi++) {
                 size_t mm = 4097;
-                echo_config cfg = {ECHO_MODE_ECHO, groups[gi], 0, 4, mm, 0, 0};
+                echo_config cfg = {ECHO_MODE_ECHO, groups[gi], 0, 4, mm, 0, 0, 0};
                 call_spec cs[4] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt)};
                 snprintf(label, sizeof label, "nccl n=%d echo  %-4s G=%-3d count=%zu", N, di ? "bf16" : "f32",
                          groups[gi], mm);
                 nccl_case(H, &nc, label, N, cfg, cs, 4, seed++);
             }
             size_t big = ((size_t)1 << 20) + 5;
-            echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, big, 0, 0};
+            echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, big, 0, 0, 0};
             call_spec cb[2] = {spec(1, 0, big, dt), spec(0, 1, big, dt)};
             snprintf(label, sizeof label, "nccl n=%d echo  %-4s G=64  count=%zu", N, di ? "bf16" : "f32", big);
             nccl_case(H, &nc, label, N, cfg, cb, 2, seed++);
-            echo_config cfs = {ECHO_MODE_ECHO, 64, 0, 4, 4097, 0, 0};
+            echo_config cfs = {ECHO_MODE_ECHO, 64, 0, 4, 4097, 0, 0, 0};
             call_spec cs[3] = {spec(1, 0, 4097, dt), spec(0, 1, 4097, dt), spec(0, 2, 4097, dt)};
             for (int k = 0; k < 3; k++)
                 cs[k].shift = 1;
@@ -1511,7 +1537,7 @@ static void part_n(const side *H, int ndev, int self) {
          * around them are quantized, bit for bit. */
         {
             size_t mm = 4097;
-            echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * mm, 4, mm, 0, 0};
+            echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * mm, 4, mm, 0, 0, 0};
             call_spec cs[4] = {spec(1, 0, mm, ECHO_F32), spec(0, 1, mm, ECHO_BF16), spec(0, 2, mm, ECHO_F32),
                                spec(0, 3, mm, ECHO_F32)};
             snprintf(label, sizeof label, "nccl policy n=%d echo f32/bf16 G=64  count=%zu", N, mm);
@@ -1527,7 +1553,7 @@ static void part_n(const side *H, int ndev, int self) {
                 for (int ci = 1; ci < 4; ci += 2) {
                     echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                     size_t mm = counts[ci];
-                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0, 1};
+                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0, 1, 0};
                     call_spec cs[5] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt),
                                        spec(0, 2, mm, dt)};
                     cs[4].shift = 1;

@@ -200,8 +200,8 @@ static int all_true(int v) {
 
 /* The mpi world against local for one configuration. `twoshot`: exact path
  * as two-shot (bit for bit against local when no residual is carried). */
-static void compare(echo_mode mode, size_t min_bytes, int twoshot) {
-    echo_config cfg = {mode, 0, min_bytes, 4, MAXC, 0, 0};
+static void compare(echo_mode mode, size_t min_bytes, int twoshot, echo_codec_id codec) {
+    echo_config cfg = {mode, 0, min_bytes, 4, MAXC, 0, 0, codec};
     results loc = {calloc((size_t)NPASS * NCALL * ECHO_MAX_RANKS, MAXC * 4)};
     results mp = {calloc((size_t)NPASS * NCALL * ECHO_MAX_RANKS, MAXC * 4)};
     char err[256];
@@ -284,7 +284,7 @@ out:
 /* A NaN on the last rank fails the call on every rank, alike; the next
  * pass works. */
 static void poison(echo_mode mode) {
-    echo_config cfg = {mode, 0, 0, 2, 4096, 0, 0};
+    echo_config cfg = {mode, 0, 0, 2, 4096, 0, 0, 0};
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256];
@@ -313,7 +313,7 @@ static void poison(echo_mode mode) {
 /* The last rank passes another count (then another site): every rank
  * fails, nobody hangs, the next pass works. */
 static void disagree(echo_mode mode) {
-    echo_config cfg = {mode, 0, 0, 4, 4096, 0, 0};
+    echo_config cfg = {mode, 0, 0, 4, 4096, 0, 0, 0};
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256];
@@ -349,7 +349,7 @@ static void disagree(echo_mode mode) {
  * communicating) until echo_world_clear_abort; every rank aborts at the
  * same point here, so clearing re-arms the world. */
 static void abort_local(void) {
-    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 2, 4096, 0, 0};
+    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 2, 4096, 0, 0, 0};
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256] = "", why[256] = "";
@@ -391,7 +391,7 @@ static void fake_free(int device, void *p) {
 
 static void bf16_refused_on_device(void) {
     static const echo_local_mem fake = {.device_memory = 1, .alloc = fake_alloc, .free = fake_free};
-    echo_config cfg = {ECHO_MODE_BF16, 0, 0, 2, 1024, 0, 0};
+    echo_config cfg = {ECHO_MODE_BF16, 0, 0, 2, 1024, 0, 0, 0};
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256] = "";
@@ -405,7 +405,7 @@ static void bf16_refused_on_device(void) {
 }
 
 static void api(void) {
-    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 2, 1024, 0, 0};
+    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 2, 1024, 0, 0, 0};
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256] = "";
@@ -448,9 +448,13 @@ int main(int argc, char **argv) {
     bf16_refused_on_device();
     const echo_mode modes[] = {ECHO_MODE_INT4, ECHO_MODE_ECHO, ECHO_MODE_BF16, ECHO_MODE_EXACT};
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
-        compare(modes[m], 0, 0);
-        compare(modes[m], 2048, 0);
-        compare(modes[m], 2048, 1);
+        compare(modes[m], 0, 0, ECHO_CODEC_INT4);
+        compare(modes[m], 2048, 0, ECHO_CODEC_INT4);
+        compare(modes[m], 2048, 1, ECHO_CODEC_INT4);
+        if (modes[m] == ECHO_MODE_INT4 || modes[m] == ECHO_MODE_ECHO) {
+            compare(modes[m], 0, 0, ECHO_CODEC_HADAMARD);
+            compare(modes[m], 2048, 0, ECHO_CODEC_HADAMARD);
+        }
         poison(modes[m]);
         disagree(modes[m]);
     }

@@ -330,13 +330,15 @@ static const int rank_counts[] = {2, 3, 4, 8};
 
 START_TEST(test_replicas_identical_and_exact) {
     const size_t counts[] = {1, 7, 1000, 4097};
+    /* modes exact, int4, echo with the int4 codec, then int4 and echo with hadamard */
     for (int ni = 0; ni < 4; ni++)
-        for (int mode = 0; mode < 3; mode++)
+        for (int mv = 0; mv < 5; mv++)
             for (int dti = 0; dti < 2; dti++) {
-                int n = rank_counts[ni];
+                int n = rank_counts[ni], mode = mv < 3 ? mv : mv - 2;
+                echo_codec_id codec = mv < 3 ? ECHO_CODEC_INT4 : ECHO_CODEC_HADAMARD;
                 echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
                 harness h;
-                h_init(&h, n, (echo_config){(echo_mode)mode, 32, 0, 4, 4097, 0, 0});
+                h_init(&h, n, (echo_config){(echo_mode)mode, 32, 0, 4, 4097, 0, 0, codec});
                 for (size_t ci = 0; ci < 4; ci++) {
                     size_t m = counts[ci];
                     void *buf[MAXN];
@@ -360,8 +362,8 @@ START_TEST(test_replicas_identical_and_exact) {
                     assert_all_ok(&s);
                     size_t esz = dt == ECHO_BF16 ? 2 : 4;
                     for (int r = 1; r < n; r++)
-                        ck_assert_msg(memcmp(buf[0], buf[r], m * esz) == 0, "%s n=%d m=%zu: rank %d differs",
-                                      echo_mode_name((echo_mode)mode), n, m, r);
+                        ck_assert_msg(memcmp(buf[0], buf[r], m * esz) == 0, "%s/%s n=%d m=%zu: rank %d differs",
+                                      echo_mode_name((echo_mode)mode), echo_codec_get(codec)->name, n, m, r);
                     if (mode == ECHO_MODE_EXACT) {
                         for (size_t i = 0; i < m; i++) {
                             double sum = 0, mag = 0;
@@ -440,8 +442,8 @@ START_TEST(test_one_call_bound) {
                 int n = rank_counts[ni], G = gs[gi];
                 size_t m = 3 * (size_t)n * G + 37 * seed; /* not a multiple of G*N */
                 harness hi, he;
-                h_init(&hi, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0});
-                h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, 2, m, 0, 0});
+                h_init(&hi, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0, ECHO_CODEC_INT4});
+                h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, 2, m, 0, 0, ECHO_CODEC_INT4});
                 float *x[MAXN];
                 void *bi[MAXN], *be[MAXN];
                 for (int r = 0; r < n; r++) {
@@ -486,6 +488,117 @@ START_TEST(test_one_call_bound) {
                 h_free(&hi);
                 h_free(&he);
             }
+}
+END_TEST
+
+/* The hadamard codec, one call: u = H D x per group (H unnormalised,
+ * computed here in fp64 from its definition H[i][k] = (-1)^popcount(i & k)),
+ * int4 on u, the sum rotated back by D H / G. An error e in the rotated
+ * basis becomes D H e / G, so each output of group g errs by at most the
+ * mean of its group's rotated bounds: B_g = (sum_{j != c} s_j,g + s_z,g) / 2
+ * with s = absmax/7 rounded up to bf16 (<= absmax (1 + 2^-7) / 7). The
+ * owner's sum absmax is bounded by the exact sum's plus the phase-1 errors.
+ * On inputs with outlier channels its error is well below int4's. */
+static void had_rotate64(const double *x, size_t m, size_t off, int G, double *u) {
+    for (int i = 0; i < G; i++) {
+        u[i] = 0;
+        for (int k = 0; k < G; k++) {
+            double v = off + (size_t)k < m ? x[off + (size_t)k] : 0.0;
+            if (echo_had_neg(k)) v = -v;
+            u[i] += __builtin_popcount((unsigned)(i & k)) & 1 ? -v : v;
+        }
+    }
+}
+
+START_TEST(test_hadamard_one_call_bound) {
+    const int gs[] = {16, 32, 64};
+    for (int ni = 0; ni < 3; ni++)
+        for (int gi = 0; gi < 3; gi++) {
+            int n = rank_counts[ni], G = gs[gi];
+            size_t m = 3 * (size_t)n * G + 37; /* a ragged last group */
+            harness hh, hi;
+            h_init(&hh, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0, ECHO_CODEC_HADAMARD});
+            h_init(&hi, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0, ECHO_CODEC_INT4});
+            double *xd[MAXN], *sum = calloc(m, sizeof(double));
+            void *bh[MAXN], *bi[MAXN];
+            for (int r = 0; r < n; r++) {
+                xd[r] = malloc(m * sizeof(double));
+                bh[r] = malloc(m * 4);
+                bi[r] = malloc(m * 4);
+                for (size_t i = 0; i < m; i++) {
+                    float v = unif(3, (uint64_t)G, (uint64_t)r, i) * (i % 97 == 5 ? 30.0f : 1.0f);
+                    ((float *)bh[r])[i] = ((float *)bi[r])[i] = v;
+                    xd[r][i] = v;
+                    sum[i] += v;
+                }
+            }
+            step s;
+            call_all(&hh, 1, 0, m, ECHO_F32, bh, &s);
+            assert_all_ok(&s);
+            call_all(&hi, 1, 0, m, ECHO_F32, bi, &s);
+            assert_all_ok(&s);
+            size_t L = (m + (size_t)n * G - 1) / ((size_t)n * G) * G;
+            double u[256], eh2 = 0, ei2 = 0, sigma = (1 + 0x1p-7) * (1 + 0x1p-20) / 7;
+            for (size_t off = 0; off < m; off += (size_t)G) {
+                int c = (int)(off / L); /* the group's owner */
+                double sumq = 0, mag = 0;
+                for (int j = 0; j < n; j++) {
+                    had_rotate64(xd[j], m, off, G, u);
+                    double a = 0;
+                    for (int k = 0; k < G; k++)
+                        a = fmax(a, fabs(u[k]));
+                    mag += a;
+                    if (j != c) sumq += sigma * a;
+                }
+                had_rotate64(sum, m, off, G, u);
+                double az = 0;
+                for (int k = 0; k < G; k++)
+                    az = fmax(az, fabs(u[k]));
+                double B = (sumq + sigma * (az + sumq / 2)) / 2;
+                /* fp32 butterflies, sums and inverse: log2(G) + n roundings of terms <= mag */
+                double tol = B + 64 * 0x1p-24 * mag;
+                for (size_t i = off; i < m && i < off + (size_t)G; i++) {
+                    double e = fabs(((float *)bh[0])[i] - sum[i]), ei = ((float *)bi[0])[i] - sum[i];
+                    ck_assert_msg(e <= tol, "n=%d G=%d i=%zu: error %g > bound %g", n, G, i, e, tol);
+                    eh2 += e * e;
+                    ei2 += ei * ei;
+                }
+            }
+            /* outliers every 97 values: the rotation spreads them */
+            ck_assert_msg(eh2 < 0.75 * ei2, "n=%d G=%d: hadamard error^2 %g vs int4 %g", n, G, eh2, ei2);
+            for (int r = 0; r < n; r++) {
+                free(xd[r]);
+                free(bh[r]);
+                free(bi[r]);
+            }
+            free(sum);
+            h_free(&hh);
+            h_free(&hi);
+        }
+}
+END_TEST
+
+/* The codec table: names, groups, wire bits per value. */
+START_TEST(test_codec_table) {
+    echo_codec_id id;
+    int g;
+    ck_assert(echo_codec_parse("int4", &id, &g) == 0 && id == ECHO_CODEC_INT4 && g == 0);
+    ck_assert(echo_codec_parse("hadamard-g32", &id, &g) == 0 && id == ECHO_CODEC_HADAMARD && g == 32);
+    ck_assert(echo_codec_parse("hadamard-g48", &id, &g) == -1);
+    ck_assert(echo_codec_parse("hadamard-g", &id, &g) == -1);
+    ck_assert(echo_codec_parse("int4-g512", &id, &g) == -1);
+    ck_assert(echo_codec_parse("nf4", &id, &g) == -1);
+    ck_assert(echo_codec_get(ECHO_CODEC_DEFAULT) == echo_codec_get(ECHO_DEFAULT_CODEC));
+    ck_assert(echo_codec_get(ECHO_CODEC_COUNT) == NULL);
+    ck_assert_str_eq(echo_codec_get(ECHO_CODEC_HADAMARD)->name, "hadamard");
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_INT4, 64), 4.25);
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_HADAMARD, 32), 4.5);
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_INT4, 48), 0);
+    /* the wire form the table promises is what a call moves */
+    for (int k = ECHO_CODEC_INT4; k < ECHO_CODEC_COUNT; k++) {
+        const echo_codec_info *ci = echo_codec_get((echo_codec_id)k);
+        ck_assert_double_eq(echo_codec_bits((echo_codec_id)k, 16), ci->code_bits + 8.0 * ci->scale_bytes / 16);
+    }
 }
 END_TEST
 
@@ -577,13 +690,15 @@ static void run_chain(harness *h, int K, size_t m, uint64_t seed, double *E, dou
 
 START_TEST(test_depth_independence) {
     const int K = 144; /* two Qwen3-8B passes: 36 layers x 2 sites x 2 */
-    for (int ni = 0; ni < 4; ni++) {
-        int n = rank_counts[ni], G = ni == 1 ? 32 : 0;
+    for (int ni = 0; ni < 8; ni++) {
+        /* the int4 codec, then hadamard */
+        echo_codec_id codec = ni < 4 ? ECHO_CODEC_INT4 : ECHO_CODEC_HADAMARD;
+        int n = rank_counts[ni % 4], G = ni % 4 == 1 ? 32 : 0;
         size_t m = 4096 + 77 * (size_t)n; /* not a multiple of G*N */
         uint64_t seed = 7 + (uint64_t)ni;
         harness he, hq;
-        h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, K, m, 0, 0});
-        h_init(&hq, n, (echo_config){ECHO_MODE_INT4, G, 0, K, m, 0, 0});
+        h_init(&he, n, (echo_config){ECHO_MODE_ECHO, G, 0, K, m, 0, 0, codec});
+        h_init(&hq, n, (echo_config){ECHO_MODE_INT4, G, 0, K, m, 0, 0, codec});
         double Ee[144], ee[144], Eq[144], eq[144];
         run_chain(&he, K, m, seed, Ee, ee);
         run_chain(&hq, K, m, seed, Eq, eq);
@@ -593,6 +708,10 @@ START_TEST(test_depth_independence) {
             ebar += eq[k] * eq[k];
         ebar = sqrt(ebar / K);
         double bstar = one_call_bound(n, 1.0) * sqrt((double)m) * (1 + 1e-3);
+        /* hadamard: the residuals obey the same recursion in the rotated
+         * basis, where |u| <= G X (H unnormalised); back in the input basis
+         * D H / G has 2-norm 1/sqrt(G), so the bound grows by sqrt(G) */
+        if (codec == ECHO_CODEC_HADAMARD) bstar *= sqrt((double)(G ? G : ECHO_DEFAULT_GROUP));
         for (int k = 0; k < K; k++) {
             /* echo: within the worst-case one-call bound at every depth, and
              * within 1.3x a typical single call (the carried residual
@@ -608,7 +727,9 @@ START_TEST(test_depth_independence) {
         double g = Eq[K - 1] / (sqrt((double)K) * ebar);
         ck_assert_msg(g > 0.8 && g < 1.25, "n=%d: int4 error at K=%d is %g x sqrt(K) x one call", n, K, g);
         ck_assert_msg(Eq[K - 1] > 5 * Ee[K - 1], "n=%d: int4 %g vs echo %g at K=%d", n, Eq[K - 1], Ee[K - 1], K);
-        ck_assert_msg(Eq[K - 1] > bstar, "n=%d: int4 at K=%d (%g) should exceed echo's bound (%g)", n, K, Eq[K - 1],
+        /* (hadamard's worst-case bound is sqrt(G) looser than a typical call) */
+        if (codec == ECHO_CODEC_INT4)
+            ck_assert_msg(Eq[K - 1] > bstar, "n=%d: int4 at K=%d (%g) should exceed echo's bound (%g)", n, K, Eq[K - 1],
                       bstar);
         h_free(&he);
         h_free(&hq);
@@ -635,7 +756,7 @@ START_TEST(test_lifecycle_errors) {
     const int n = 3;
     const size_t m = 1000;
     harness h;
-    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 32, 0, 6, m, 0, 0});
+    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 32, 0, 6, m, 0, 0, 0});
     void *buf[MAXN];
     bufs_f32(n, m, 5, buf);
     step s;
@@ -694,15 +815,15 @@ START_TEST(test_lifecycle_errors) {
     /* config errors */
     echo_world *w;
     const echo_config bad[] = {
-        {ECHO_MODE_ECHO, 48, 0, 4, 100, 0, 0}, {ECHO_MODE_ECHO, 8, 0, 4, 100, 0, 0},
-        {ECHO_MODE_ECHO, 512, 0, 4, 100, 0, 0}, {ECHO_MODE_ECHO, 0, 0, 0, 100, 0, 0},
-        {ECHO_MODE_ECHO, 0, 0, 4, 0, 0, 0},     {(echo_mode)9, 0, 0, 4, 100, 0, 0},
+        {ECHO_MODE_ECHO, 48, 0, 4, 100, 0, 0, 0}, {ECHO_MODE_ECHO, 8, 0, 4, 100, 0, 0, 0},
+        {ECHO_MODE_ECHO, 512, 0, 4, 100, 0, 0, 0}, {ECHO_MODE_ECHO, 0, 0, 0, 100, 0, 0, 0},
+        {ECHO_MODE_ECHO, 0, 0, 4, 0, 0, 0, 0},     {(echo_mode)9, 0, 0, 4, 100, 0, 0, 0},
         /* deferred completion is the nccl transport's; local meets at every call */
-        {ECHO_MODE_ECHO, 0, 0, 4, 100, 0, 1},
+        {ECHO_MODE_ECHO, 0, 0, 4, 100, 0, 1, 0},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         ck_assert_msg(echo_world_create_local(2, &bad[i], &w, err, sizeof err) != 0, "config %zu accepted", i);
-    echo_config ok = {ECHO_MODE_INT4, 0, 0, 4, 100, 0, 0};
+    echo_config ok = {ECHO_MODE_INT4, 0, 0, 4, 100, 0, 0, 0};
     ck_assert(echo_world_create_local(0, &ok, &w, err, sizeof err) != 0);
     ck_assert(echo_world_create_local(ECHO_MAX_RANKS + 1, &ok, &w, err, sizeof err) != 0);
     ck_assert(echo_world_create_local(2, &ok, &w, err, sizeof err) == 0);
@@ -727,7 +848,7 @@ START_TEST(test_reset_and_abort) {
     const int n = 4;
     const size_t m = 777;
     harness h;
-    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 16, 0, 4, m, 0, 0});
+    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 16, 0, 4, m, 0, 0, 0});
     void *buf[MAXN], *out1[MAXN];
     step s;
     /* two passes over the same inputs give the same outputs: begin_pass clears the residual */
@@ -802,7 +923,7 @@ START_TEST(test_reset_and_abort) {
     h_free(&h);
 
     /* exact mode reports a non-finite sum too (every rank alike) */
-    h_init(&h, 2, (echo_config){ECHO_MODE_EXACT, 0, 0, 2, 64, 0, 0});
+    h_init(&h, 2, (echo_config){ECHO_MODE_EXACT, 0, 0, 2, 64, 0, 0, 0});
     for (int r = 0; r < 2; r++) {
         buf[r] = calloc(64, 4);
         ((float *)buf[r])[10] = r ? -INFINITY : INFINITY;
@@ -819,9 +940,10 @@ START_TEST(test_size_policy_and_stats) {
     const size_t m = 4 * 32 * 10; /* a multiple of N*G: wire cost is exact */
     /* min_bytes 4000: the fp32 call (5120 B) is quantized, the bf16 call of
      * the same count (2560 B) takes the exact path */
-    for (int mode = 1; mode <= 2; mode++) {
+    for (int mv = 0; mv < 4; mv++) {
+        int mode = 1 + mv % 2; /* int4, echo; with the int4 codec, then hadamard */
         harness h;
-        h_init(&h, n, (echo_config){(echo_mode)mode, 32, 4000, 4, m, 1, 0});
+        h_init(&h, n, (echo_config){(echo_mode)mode, 32, 4000, 4, m, 1, 0, mv < 2 ? ECHO_CODEC_INT4 : ECHO_CODEC_HADAMARD});
         void *buf[MAXN];
         float *x[MAXN];
         double *sum_exact = calloc(m, sizeof(double)), *sum_out = calloc(m, sizeof(double));
@@ -898,7 +1020,7 @@ START_TEST(test_size_policy_and_stats) {
     }
     /* one rank: nothing to reduce, the buffer is untouched */
     harness h1;
-    h_init(&h1, 1, (echo_config){ECHO_MODE_ECHO, 0, 0, 2, 100, 0, 0});
+    h_init(&h1, 1, (echo_config){ECHO_MODE_ECHO, 0, 0, 2, 100, 0, 0, 0});
     void *b1[1];
     bufs_f32(1, 100, 3, b1);
     float keep[100];
@@ -1022,7 +1144,7 @@ START_TEST(test_disagreement_then_next_call) {
     const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_INT4};
     for (int mi = 0; mi < 2; mi++) {
         harness h;
-        h_init(&h, 3, (echo_config){modes[mi], 16, 0, 2, 100, 0, 0});
+        h_init(&h, 3, (echo_config){modes[mi], 16, 0, 2, 100, 0, 0, 0});
         float bufs[3][100];
         pthread_t t[3];
         race_arg a[3];
@@ -1049,7 +1171,7 @@ END_TEST
  * against the host transport by tests/gpu/test_cuda_comm.c.) */
 START_TEST(test_local_device_unavailable) {
     char err[320] = "";
-    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 4, 1000, 0, 0};
+    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 4, 1000, 0, 0, 0};
     echo_world *w = (echo_world *)&cfg; /* must come back NULL on failure */
     int rc = echo_world_create_local_device(2, 0, &cfg, &w, err, sizeof err);
 #ifndef ECHO_HAVE_CUDA
@@ -1196,7 +1318,7 @@ START_TEST(test_local_device_schedule_on_cpu) {
         for (int dti = 0; dti < 2; dti++) {
             echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
             size_t esz = dti ? 2 : 4;
-            echo_config cfg = {modes[mi], 32, 0, K, m, 0, 0};
+            echo_config cfg = {modes[mi], 32, 0, K, m, 0, 0, 0};
             harness hd, hh;
             memset(&hd, 0, sizeof hd);
             hd.n = N;
@@ -1288,6 +1410,8 @@ int main(void) {
     tcase_add_test(tc, test_codec_arithmetic);
     tcase_add_test(tc, test_replicas_identical_and_exact);
     tcase_add_test(tc, test_one_call_bound);
+    tcase_add_test(tc, test_hadamard_one_call_bound);
+    tcase_add_test(tc, test_codec_table);
     tcase_add_test(tc, test_depth_independence);
     tcase_add_test(tc, test_lifecycle_errors);
     tcase_add_test(tc, test_reset_and_abort);

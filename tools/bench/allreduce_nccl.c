@@ -203,7 +203,7 @@ int bench_allreduce_nccl(const bench_ar_opts *o) {
         int devs[ECHO_MAX_RANKS];
         for (int r = 0; r < N; r++)
             devs[r] = r;
-        echo_config cfg = {o->modes[m], o->group, o->policy, iters + 1, maxc, 0, 1};
+        echo_config cfg = {o->modes[m], o->group, o->policy, iters + 1, maxc, 0, 1, 0};
         if (echo_world_create_nccl(N, devs, &cfg, &R.w, err, sizeof err)) {
             fprintf(stderr, "echo-bench: %s\n", err);
             status = 1;
