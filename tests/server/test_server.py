@@ -594,6 +594,24 @@ def servers_section(binary, model, name):
     S = Server(binary, gdir, name="genconf")
     log = S.logtext()
     rc, _ = S.stop()
+    # a tokenizer whose vocabulary does not fit the model's is named (this config no longer fits its
+    # weights either, so the load then fails; the warning comes first)
+    vdir = tempfile.mkdtemp()
+    for f in os.listdir(model):
+        if f != "config.json":
+            os.symlink(os.path.realpath(os.path.join(model, f)), os.path.join(vdir, f))
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    cfg["vocab_size"] = 151650  # above its EOS id, below the tokenizer's 151669
+    json.dump(cfg, open(os.path.join(vdir, "config.json"), "w"))
+    V = Server(binary, vdir, name="vocab", wait_ready=False)
+    try:
+        V.p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    rc, vlog = V.stop()
+    check("load: a tokenizer vocabulary larger than the model's is named in a warning",
+          re.search(r"WARNING .*tokenizer's vocabulary \(\d+ ids\) does not fit the model's \(151650\)", vlog)
+          is not None, vlog[-1500:])
     check("load: out-of-range generation_config.json values each named in a warning",
           all(re.search(r"WARNING .*generation_config.json: " + k, log)
               for k in ("temperature", "top_p", "top_k", "repetition_penalty")), log[-1500:])
