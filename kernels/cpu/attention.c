@@ -14,7 +14,7 @@
 
 #include "kernels/cpu/cpu.h"
 
-#define ATT_QBLOCK 16
+#define ATT_QBLOCK 64
 
 int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
                  int kvdim) {
@@ -54,38 +54,46 @@ static void att_task(void *arg, int task) {
     int maxlen = pos_first + (t->q1 - t->q0);
     float *s = malloc((size_t)maxlen * sizeof *s);
     const float **krow = malloc((size_t)maxlen * sizeof *krow), **vrow = malloc((size_t)maxlen * sizeof *vrow);
-    if (!s || !krow || !vrow) {
+    /* This head's keys and values, packed: in the cache they sit kvdim
+     * floats apart (often 4 KiB, so every row maps to the same L1 sets) and
+     * every query of the task reads them all. */
+    float *kv = malloc(2 * (size_t)maxlen * hd * sizeof *kv);
+    if (!s || !krow || !vrow || !kv) {
         a->failed = 1;
         goto out;
     }
     /* Resolve the block table once per task rather than per query. */
     for (int p = 0; p < maxlen; p++) {
         size_t row = (size_t)table[p / b->block_size] * b->block_size + (size_t)(p % b->block_size);
-        krow[p] = a->kc + row * kvdim + (size_t)kvh * hd;
-        vrow[p] = a->vc + row * kvdim + (size_t)kvh * hd;
+        float *kp = kv + (size_t)p * hd, *vp = kv + ((size_t)maxlen + p) * hd;
+        memcpy(kp, a->kc + row * kvdim + (size_t)kvh * hd, (size_t)hd * sizeof *kp);
+        memcpy(vp, a->vc + row * kvdim + (size_t)kvh * hd, (size_t)hd * sizeof *vp);
+        krow[p] = kp;
+        vrow[p] = vp;
     }
     for (int i = t->q0; i < t->q1; i++) {
         const float *q = a->q + (size_t)i * qdim + (size_t)h * hd;
         float *o = a->out + (size_t)i * qdim + (size_t)h * hd;
         int len = pos_first + (i - t->q0) + 1;
         float mx = -INFINITY;
-        for (int p = 0; p < len; p++) {
-            s[p] = cpu_dot(a->isa, q, krow[p], hd) * a->scale;
+        cpu_dots(a->isa, q, krow, len, hd, a->scale, s);
+        for (int p = 0; p < len; p++)
             if (s[p] > mx) mx = s[p];
-        }
         double sum = 0;
         for (int p = 0; p < len; p++) {
             s[p] = expf(s[p] - mx);
             sum += s[p];
         }
         float inv = (float)(1.0 / sum);
+        for (int p = 0; p < len; p++) s[p] *= inv;
         memset(o, 0, (size_t)hd * sizeof *o);
-        for (int p = 0; p < len; p++) cpu_axpy(a->isa, o, s[p] * inv, vrow[p], hd);
+        cpu_wsum(a->isa, o, s, vrow, len, hd);
     }
 out:
     free(s);
     free(krow);
     free(vrow);
+    free(kv);
 }
 
 int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,

@@ -196,7 +196,15 @@ A512 INL void tile512(const int dt, const int T, const int R, const float *x, si
     for (int t = 0; t < T; t++)
         for (int r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
     int nc = K / 16, c = 0;
+    /* Few tokens of a quantized weight: memory-bound, and the hardware
+     * prefetcher lags behind the short rows. Prefetch the next row group's bytes
+     * (contiguous after this one's when dense) over this group's loop. */
+    const char *pf = (const char *)w + R * ws;
+    size_t pf_step = dt >= KERN_Q8_0 && T <= 2 && nc >= 2 ? (R * ws + (size_t)nc / 2 - 1) / ((size_t)nc / 2) : 0;
+    pf_step = (pf_step + 63) & ~(size_t)63;
     for (; c + 2 <= nc; c += 2) {
+        if (pf_step)
+            for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + (size_t)(c / 2) * pf_step + o, _MM_HINT_T0);
         __m512 w0[4], w1[4];
         for (int r = 0; r < R; r++) ld512x2(dt, w + r * ws, c >> 1, &w0[r], &w1[r]);
         for (int t = 0; t < T; t++) {
@@ -450,6 +458,71 @@ A256 static void axpy256(float *y, float a, const float *x, int len) {
     for (; k + 8 <= len; k += 8)
         _mm256_storeu_ps(y + k, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k)));
     for (; k < len; k++) y[k] = fmaf(a, x[k], y[k]);
+}
+
+void cpu_axpy(int isa, float *y, float a, const float *x, int len);
+float cpu_dot(int isa, const float *a, const float *b, int len);
+
+/* Attention's inner loops, with cpu_dot's and cpu_axpy's exact operations:
+ * four keys' dot products interleaved (four independent fma chains instead
+ * of one), and the weighted sum of value rows kept in registers across
+ * keys instead of stored after each. */
+A512 static void dots512(const float *q, const float *const *k, int n, int len, float scale, float *out) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int c = 0;
+        for (; c + 16 <= len; c += 16) {
+            __m512 qv = _mm512_loadu_ps(q + c);
+            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i] + c), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i + 1] + c), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i + 2] + c), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i + 3] + c), a3);
+        }
+        float s[4] = {hsum512(a0), hsum512(a1), hsum512(a2), hsum512(a3)};
+        for (int j = 0; j < 4; j++) {
+            for (int cc = c; cc < len; cc++) s[j] = fmaf(q[cc], k[i + j][cc], s[j]);
+            out[i + j] = s[j] * scale;
+        }
+    }
+    for (; i < n; i++) out[i] = dot512(q, k[i], len) * scale;
+}
+
+A512 static void wsum512(float *o, const float *w, const float *const *v, int n, int len) {
+    int c = 0;
+    for (; c + 64 <= len; c += 64) {
+        __m512 o0 = _mm512_loadu_ps(o + c), o1 = _mm512_loadu_ps(o + c + 16), o2 = _mm512_loadu_ps(o + c + 32),
+               o3 = _mm512_loadu_ps(o + c + 48);
+        for (int p = 0; p < n; p++) {
+            __m512 wv = _mm512_set1_ps(w[p]);
+            o0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v[p] + c), o0);
+            o1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v[p] + c + 16), o1);
+            o2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v[p] + c + 32), o2);
+            o3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v[p] + c + 48), o3);
+        }
+        _mm512_storeu_ps(o + c, o0);
+        _mm512_storeu_ps(o + c + 16, o1);
+        _mm512_storeu_ps(o + c + 32, o2);
+        _mm512_storeu_ps(o + c + 48, o3);
+    }
+    if (c < len)
+        for (int p = 0; p < n; p++) axpy512(o + c, w[p], v[p] + c, len - c);
+}
+
+void cpu_dots(int isa, const float *q, const float *const *k, int n, int len, float scale, float *out) {
+    if (isa >= CPU_ISA_AVX512) {
+        dots512(q, k, n, len, scale, out);
+        return;
+    }
+    for (int i = 0; i < n; i++) out[i] = cpu_dot(isa, q, k[i], len) * scale;
+}
+
+void cpu_wsum(int isa, float *o, const float *w, const float *const *v, int n, int len) {
+    if (isa >= CPU_ISA_AVX512) {
+        wsum512(o, w, v, n, len);
+        return;
+    }
+    for (int p = 0; p < n; p++) cpu_axpy(isa, o, w[p], v[p], len);
 }
 
 void cpu_axpy(int isa, float *y, float a, const float *x, int len) {
