@@ -643,6 +643,16 @@ def servers_section(binary, model, name):
     check("tp 2: allreduce_bytes_total{mode=exact} > 0",
           (sample(m, "echo:allreduce_bytes", "echo:allreduce_bytes_total", mode="exact") or 0) > 0)
     check("start-up log shows the plan", "plan: tp 2" in S.logtext() and "allreduce exact" in S.logtext())
+    # prompt logprobs gather every row's vocabulary slices across the ranks: == the reference rows
+    fx = os.path.join(REPO, "tests/fixtures/models/realvocab/reference.json")
+    p = json.load(open(fx))["prompts"][-1]
+    st, j = cj(S.url + "/v1/completions", {"prompt": p["prompt"] + p["greedy"][:8], "max_tokens": 0, "echo": True,
+                                           "logprobs": 1})
+    lp = j["choices"][0]["logprobs"] if st == 200 else None
+    check("tp 2: echo + logprobs, every prompt row argmax == the reference greedy tokens",
+          lp is not None and all(max(t.values()) == x for t, x in
+                                 zip(lp["top_logprobs"][len(p["prompt"]):], lp["token_logprobs"][len(p["prompt"]):])),
+          j)
     # SIGTERM with a request in flight: it finishes (drain), exit 0
     box = {}
     t = threading.Thread(target=lambda: box.update(r=stream_text(S.url, {"prompt": "x", "max_tokens": 100,
