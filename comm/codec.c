@@ -377,7 +377,11 @@ float echo_codec_group_scale(const void *wire, size_t count, int group, size_t g
     return echo_bf16_to_f32(scales[g]);
 }
 
-static void rot_fwd(const void *x, echo_dtype dt, size_t n, int group, float *out);
+static void rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out);
+static size_t enc_msg(const echo_plan *p, const void *y, echo_dtype ydt, float *res, int res_valid, echo_resid rmode,
+                      size_t n, uint8_t *codes, uint8_t *scales, size_t *bad);
+static void dec_msg(const echo_plan *p, const uint8_t *codes, const uint8_t *scales, size_t n, float *out,
+                    int accumulate, size_t *bad);
 static void rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate);
 
 /* Rotating codecs go through a stack chunk of ECHO_ROT_CHUNK values (whole
@@ -387,21 +391,26 @@ static void rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, in
 int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t count, int group, void *wire, char *err,
                          size_t errlen) {
     const echo_codec_info *ci = echo_codec_get(id);
-    if (!ci) {
-        snprintf(err, errlen, "codec: unknown codec %d", (int)id);
+    size_t gb = echo_codec_group_bytes(id, group);
+    if (!ci || !gb) {
+        snprintf(err, errlen, "codec: unknown codec %d or group %d", (int)id, group);
         return -1;
     }
-    if (!ci->rotate || !group_ok(group)) return echo_codec_encode(x, res, count, group, wire, err, errlen);
+    if (!ci->rotate) return echo_codec_encode(x, res, count, group, wire, err, errlen);
+    echo_plan p;
+    echo_plan_init(&p, count, 1, group, ECHO_F32);
+    p.rotate = ci->rotate < 0 ? group : ci->rotate;
+    p.sub = ci->sub_bits != 0;
     size_t ng = (count + (size_t)group - 1) / (size_t)group, np = ng * (size_t)group;
-    uint8_t *codes = wire;
-    uint16_t *scales = (uint16_t *)(codes + np / 2);
+    uint8_t *codes = wire, *scales = codes + np / 2;
+    size_t rb = gb - (size_t)group / 2;
     float u[ECHO_ROT_CHUNK];
     for (size_t off = 0; off < np; off += ECHO_ROT_CHUNK) {
         size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK, b;
         size_t in = count - off < m ? count - off : m;
-        rot_fwd(x + off, ECHO_F32, in, group, u);
-        if (echo_cpu_encode(u, ECHO_F32, res ? res + off : NULL, res != NULL, ECHO_RESID_F32, m, group,
-                            codes + off / 2, scales + off / (size_t)group, &b)) {
+        rot_fwd(x + off, ECHO_F32, in, m, p.rotate, u);
+        if (enc_msg(&p, u, ECHO_F32, res ? res + off : NULL, res != NULL, ECHO_RESID_F32, m, codes + off / 2,
+                    scales + off / (size_t)group * rb, &b)) {
             snprintf(err, errlen,
                      "codec: rotated value %g at element %zu is not finite or exceeds the codec's range (|x| < "
                      "2^127 / G)",
@@ -415,7 +424,8 @@ int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t co
 int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int group, float *out, int accumulate,
                          char *err, size_t errlen) {
     const echo_codec_info *ci = echo_codec_get(id);
-    if (!ci || !group_ok(group)) {
+    size_t gb = echo_codec_group_bytes(id, group);
+    if (!ci || !gb) {
         snprintf(err, errlen, "codec: unknown codec %d or group %d", (int)id, group);
         return -1;
     }
@@ -423,14 +433,18 @@ int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int g
         echo_codec_decode(wire, count, group, out, accumulate);
         return 0;
     }
+    echo_plan p;
+    echo_plan_init(&p, count, 1, group, ECHO_F32);
+    p.rotate = ci->rotate < 0 ? group : ci->rotate;
+    p.sub = ci->sub_bits != 0;
     size_t ng = (count + (size_t)group - 1) / (size_t)group, np = ng * (size_t)group;
-    const uint8_t *codes = wire;
-    const uint16_t *scales = (const uint16_t *)(codes + np / 2);
+    const uint8_t *codes = wire, *scales = codes + np / 2;
+    size_t rb = gb - (size_t)group / 2;
     float u[ECHO_ROT_CHUNK];
     for (size_t off = 0; off < np; off += ECHO_ROT_CHUNK) {
         size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK;
-        echo_cpu_decode(codes + off / 2, scales + off / (size_t)group, m, group, u, 0);
-        rot_inv(u, count - off < m ? count - off : m, group, out + off, ECHO_F32, accumulate);
+        dec_msg(&p, codes + off / 2, scales + off / (size_t)group * rb, m, u, 0, NULL);
+        rot_inv(u, count - off < m ? count - off : m, p.rotate, out + off, ECHO_F32, accumulate);
     }
     return 0;
 }
@@ -485,11 +499,12 @@ ECHO_INLINE void had_tables(int G, float *sg, float *si) {
     }
 }
 
-/* out[0..pad(n)) = the rotation of x[0..n) (dt), zero-padded. */
-ECHO_INLINE void rot_fwd_impl(const void *x, echo_dtype dt, size_t n, int G, float *out) {
+/* out[0..np) = the rotation of x[0..n) (dt) zero-padded to np (a multiple
+ * of G, >= n), block by block. */
+ECHO_INLINE void rot_fwd_impl(const void *x, echo_dtype dt, size_t n, size_t np, int G, float *out) {
     float sg[ECHO_MAX_GROUP], si[ECHO_MAX_GROUP];
     had_tables(G, sg, si);
-    size_t np = (n + (size_t)G - 1) / (size_t)G * (size_t)G, off = 0;
+    size_t off = 0;
     if (dt == ECHO_F32) {
         echo_lanes t[ECHO_MAX_GROUP];
         const size_t blk = (size_t)G * ECHO_LANES;
@@ -506,7 +521,7 @@ ECHO_INLINE void rot_fwd_impl(const void *x, echo_dtype dt, size_t n, int G, flo
     }
     for (; off < np; off += (size_t)G) {
         float *restrict v = out + off;
-        size_t m = n - off < (size_t)G ? n - off : (size_t)G;
+        size_t m = off >= n ? 0 : n - off < (size_t)G ? n - off : (size_t)G;
         if (m == (size_t)G && dt == ECHO_F32) {
             const float *xf = (const float *)x + off;
             for (int i = 0; i < G; i++)
@@ -570,9 +585,9 @@ ECHO_INLINE void rot_inv_impl(float *in, size_t n, int G, void *out, echo_dtype 
     }
 }
 
-static void rot_fwd(const void *x, echo_dtype dt, size_t n, int group, float *out) {
+static void rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out) {
 #define RF(G)                                                                                                          \
-    rot_fwd_impl(x, dt, n, G, out);                                                                                    \
+    rot_fwd_impl(x, dt, n, np, G, out);                                                                                \
     return
     ECHO_FOR_EACH_G(RF)
 #undef RF
@@ -596,6 +611,66 @@ static int host_unrotate(echo_comm *c, float *res, size_t n, int group, void *st
     return 0;
 }
 
+/* A message of n values (n a multiple of G for the hsub6 form): codes, then
+ * the scales (int4: one bf16 per group; hsub6: one record per group). */
+static size_t enc_msg(const echo_plan *p, const void *y, echo_dtype ydt, float *res, int res_valid, echo_resid rmode,
+                      size_t n, uint8_t *codes, uint8_t *scales, size_t *bad) {
+    if (!p->sub)
+        return echo_cpu_encode(y, ydt, res, res_valid, rmode, n, p->group, codes, (uint16_t *)scales, bad);
+    /* hsub6: fp32 rotated values, whole groups, residuals fp32 (rotated) */
+    int G = p->group;
+    size_t rb = (size_t)echo_hsub_rec_bytes(G), npoison = 0;
+    const float *yf = y;
+    float t[ECHO_MAX_GROUP];
+    *bad = ECHO_NO_INDEX;
+    for (size_t off = 0; off < n; off += (size_t)G) {
+        const float *v = yf + off;
+        if (res && res_valid) {
+            for (int i = 0; i < G; i++)
+                t[i] = yf[off + (size_t)i] + res[off + (size_t)i];
+            v = t;
+        }
+        uint16_t sb = echo_hsub_encode_group(v, G, codes + off / 2, scales + off / (size_t)G * rb,
+                                             res ? res + off : NULL, G);
+        if (echo_scale_is_poison(sb) && !npoison++) *bad = off;
+    }
+    return npoison;
+}
+
+/* out (fp32) = or += decode of n values; returns the first element of a
+ * poisoned group in *bad (ECHO_NO_INDEX if none) when bad != NULL. */
+static void dec_msg(const echo_plan *p, const uint8_t *codes, const uint8_t *scales, size_t n, float *out,
+                    int accumulate, size_t *bad) {
+    int G = p->group;
+    if (bad) {
+        *bad = ECHO_NO_INDEX;
+        size_t rb = p->sub ? (size_t)echo_hsub_rec_bytes(G) : 2;
+        for (size_t g = 0; g < (n + (size_t)G - 1) / (size_t)G; g++) {
+            uint16_t sb = (uint16_t)(scales[g * rb] | (scales[g * rb + 1] << 8));
+            if (echo_scale_is_poison(sb)) {
+                *bad = g * (size_t)G;
+                break;
+            }
+        }
+    }
+    if (!p->sub) {
+        echo_cpu_decode(codes, (const uint16_t *)scales, n, G, out, accumulate);
+        return;
+    }
+    size_t rb = (size_t)echo_hsub_rec_bytes(G);
+    float v[ECHO_MAX_GROUP];
+    for (size_t off = 0; off < n; off += (size_t)G) {
+        echo_hsub_decode_group(codes + off / 2, scales + off / (size_t)G * rb, G, v);
+        size_t m = n - off < (size_t)G ? n - off : (size_t)G;
+        if (accumulate)
+            for (size_t i = 0; i < m; i++)
+                out[off + i] += v[i];
+        else
+            for (size_t i = 0; i < m; i++)
+                out[off + i] = v[i];
+    }
+}
+
 static int host_phase1(echo_comm *c, const echo_plan *p, const void *x, float *res, int res_valid, uint8_t *const *send,
                        size_t *bad, void *stream, char *err, size_t errlen) {
     (void)stream, (void)err, (void)errlen;
@@ -604,7 +679,7 @@ static int host_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
     *bad = ECHO_NO_INDEX;
     if (p->rotate) {
         /* the whole message, own shard included (phase 2 sums it rotated) */
-        rot_fwd(x, p->dt, p->count, p->group, c->rot);
+        rot_fwd(x, p->dt, p->count, echo_plan_pad(p, p->count), p->rotate, c->rot);
         x = c->rot;
         xdt = ECHO_F32;
         esz = sizeof(float);
@@ -613,8 +688,8 @@ static int host_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
         size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
         if (s == c->rank || n == 0) continue;
         if (p->rotate) n = echo_plan_pad(p, n);
-        if (echo_cpu_encode((const char *)x + off * esz, xdt, res ? res + off : NULL, res_valid, ECHO_RESID_F32, n,
-                            p->group, send[s], plan_scales(p, send[s]), &b) &&
+        if (enc_msg(p, (const char *)x + off * esz, xdt, res ? res + off : NULL, res_valid, ECHO_RESID_F32, n,
+                    send[s], (uint8_t *)plan_scales(p, send[s]), &b) &&
             *bad == ECHO_NO_INDEX)
             *bad = off + b;
     }
@@ -643,27 +718,25 @@ static int host_phase2(echo_comm *c, const echo_plan *p, const void *x, const ui
         if (j == me)
             echo_cpu_load((const char *)x + off * echo_dtype_size(xdt), xdt, n, sum, j > 0);
         else
-            echo_cpu_decode(recv[j], plan_scales(p, recv[j]), n, p->group, sum, j > 0);
+            dec_msg(p, recv[j], (const uint8_t *)plan_scales(p, recv[j]), n, sum, j > 0, NULL);
     }
-    echo_cpu_encode(sum, ECHO_F32, g, g_valid, rmode, n, p->group, out, plan_scales(p, out), &bad);
+    enc_msg(p, sum, ECHO_F32, g, g_valid, rmode, n, out, (uint8_t *)plan_scales(p, out), &bad);
     return 0; /* a poisoned group travels in-band and is reported by finish */
 }
 
 static int host_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, size_t *bad,
                        void *stream, char *err, size_t errlen) {
-    (void)c, (void)stream, (void)err, (void)errlen;
+    (void)stream, (void)err, (void)errlen;
     size_t esz = echo_dtype_size(p->dt);
     *bad = ECHO_NO_INDEX;
     for (int s = 0; s < p->nranks; s++) {
         size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
         if (n == 0) continue;
         if (p->rotate) {
-            size_t np = echo_plan_pad(p, n);
-            const uint16_t *sc = plan_scales(p, gathered[s]);
-            for (size_t g = 0; g < np / (size_t)p->group; g++)
-                if (echo_scale_is_poison(sc[g]) && *bad == ECHO_NO_INDEX) *bad = off + g * (size_t)p->group;
-            echo_cpu_decode(gathered[s], sc, np, p->group, c->rot + off, 0);
-            rot_inv_store(c->rot + off, n, p->group, (char *)buf + off * esz, p->dt);
+            dec_msg(p, gathered[s], (const uint8_t *)plan_scales(p, gathered[s]), echo_plan_pad(p, n), c->rot + off, 0,
+                    &b);
+            if (b != ECHO_NO_INDEX && *bad == ECHO_NO_INDEX) *bad = off + b;
+            rot_inv_store(c->rot + off, n, p->rotate, (char *)buf + off * esz, p->dt);
             continue;
         }
         if (echo_cpu_decode_store(gathered[s], plan_scales(p, gathered[s]), n, p->group, (char *)buf + off * esz, p->dt,

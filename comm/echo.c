@@ -44,8 +44,9 @@ const char *echo_mode_name(echo_mode m) {
 /* ---- the codec table ---- */
 
 static const echo_codec_info codecs[ECHO_CODEC_COUNT] = {
-    [ECHO_CODEC_INT4] = {"int4", 0, 4, 2},
-    [ECHO_CODEC_HADAMARD] = {"hadamard", 1, 4, 2},
+    [ECHO_CODEC_INT4] = {"int4", 0, 4, 2, 0, ECHO_MIN_GROUP, ECHO_DEFAULT_GROUP},
+    [ECHO_CODEC_HADAMARD] = {"hadamard", -1, 4, 2, 0, ECHO_MIN_GROUP, 32},
+    [ECHO_CODEC_HSUB6] = {"hsub6", ECHO_SUB, 4, 2, 6, 64, 128},
 };
 
 const echo_codec_info *echo_codec_get(echo_codec_id id) {
@@ -53,8 +54,17 @@ const echo_codec_info *echo_codec_get(echo_codec_id id) {
     return id > ECHO_CODEC_DEFAULT && id < ECHO_CODEC_COUNT ? &codecs[id] : NULL;
 }
 
-static int group_valid(int g) {
-    return g >= ECHO_MIN_GROUP && g <= ECHO_MAX_GROUP && !(g & (g - 1));
+static int group_valid(const echo_codec_info *ci, int g) {
+    return ci && g >= ci->min_group && g <= ECHO_MAX_GROUP && !(g & (g - 1));
+}
+
+static int default_group(const echo_codec_info *ci) {
+    return ci->default_group;
+}
+
+int echo_codec_default_group(echo_codec_id id) {
+    const echo_codec_info *ci = echo_codec_get(id);
+    return ci ? ci->default_group : 0;
 }
 
 int echo_codec_parse(const char *s, echo_codec_id *codec, int *group) {
@@ -70,7 +80,7 @@ int echo_codec_parse(const char *s, echo_codec_id *codec, int *group) {
         if (s[n] != '-' || s[n + 1] != 'g') continue;
         char *end;
         long g = strtol(s + n + 2, &end, 10);
-        if (*end || end == s + n + 2 || g > ECHO_MAX_GROUP || !group_valid((int)g)) return -1;
+        if (*end || end == s + n + 2 || g > ECHO_MAX_GROUP || !group_valid(&codecs[k], (int)g)) return -1;
         *codec = (echo_codec_id)k;
         *group = (int)g;
         return 0;
@@ -78,11 +88,28 @@ int echo_codec_parse(const char *s, echo_codec_id *codec, int *group) {
     return -1;
 }
 
+size_t echo_codec_group_bytes(echo_codec_id id, int group) {
+    const echo_codec_info *ci = echo_codec_get(id);
+    if (!group && ci) group = default_group(ci);
+    if (!group_valid(ci, group)) return 0;
+    return (size_t)group * (size_t)ci->code_bits / 8 + (size_t)ci->scale_bytes +
+           (size_t)(group / ECHO_SUB) * (size_t)ci->sub_bits / 8;
+}
+
 double echo_codec_bits(echo_codec_id id, int group) {
     const echo_codec_info *ci = echo_codec_get(id);
-    if (!group) group = ECHO_DEFAULT_GROUP;
-    if (!ci || !group_valid(group)) return 0;
-    return ci->code_bits + 8.0 * ci->scale_bytes / group;
+    if (!group && ci) group = default_group(ci);
+    size_t b = echo_codec_group_bytes(id, group);
+    return b ? 8.0 * (double)b / group : 0;
+}
+
+/* The codec's part of a call's geometry: wire size from the table, rotation. */
+static void plan_codec(echo_plan *p, echo_codec_id id) {
+    const echo_codec_info *ci = echo_codec_get(id);
+    size_t gb = echo_codec_group_bytes(id, p->group);
+    p->wire = p->shard / (size_t)p->group * gb;
+    p->rotate = ci->rotate < 0 ? p->group : ci->rotate;
+    p->sub = ci->sub_bits != 0;
 }
 
 static double now_s(void) {
@@ -107,14 +134,15 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
         snprintf(err, errlen, "echo: unknown mode %d", (int)cfg->mode);
         return -1;
     }
-    if (!echo_codec_get(cfg->codec)) {
+    const echo_codec_info *ci = echo_codec_get(cfg->codec);
+    if (!ci) {
         snprintf(err, errlen, "echo: unknown codec %d", (int)cfg->codec);
         return -1;
     }
-    int group = cfg->group_size ? cfg->group_size : ECHO_DEFAULT_GROUP;
-    if (group < ECHO_MIN_GROUP || group > ECHO_MAX_GROUP || (group & (group - 1))) {
-        snprintf(err, errlen, "echo: group size %d is not a power of two in [%d, %d]", group, ECHO_MIN_GROUP,
-                 ECHO_MAX_GROUP);
+    int group = cfg->group_size ? cfg->group_size : default_group(ci);
+    if (!group_valid(ci, group)) {
+        snprintf(err, errlen, "echo: group size %d is not a power of two in [%d, %d] (codec %s)", group,
+                 ci->min_group, ECHO_MAX_GROUP, ci->name);
         return -1;
     }
     if (cfg->n_sites < 1) {
@@ -138,6 +166,7 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
     w->nranks = nranks;
     /* bf16 is the smallest element: the widest message in elements. */
     echo_plan_init(&w->max_plan, cfg->max_count, nranks, group, ECHO_BF16);
+    plan_codec(&w->max_plan, w->cfg.codec);
     if (cfg->mode == ECHO_MODE_BF16) echo_plan_bf16_wire(&w->max_plan);
     /* The exact path takes every call in exact mode, else only calls below
      * min_bytes (the size policy); its buffers are sized for that. */
@@ -587,8 +616,8 @@ static int run_exact(echo_comm *c, const echo_plan *p, int site, void *buf, void
         c->res_valid = 0;
         return 0;
     }
-    if (call.res && echo_codec_get(w->cfg.codec)->rotate &&
-        w->compute->unrotate(c, c->res, echo_plan_pad(p, p->count), p->group, stream, err, errlen))
+    if (call.res && p->rotate &&
+        w->compute->unrotate(c, c->res, echo_plan_pad(p, p->count), p->rotate, stream, err, errlen))
         return compute_failed(c);
     if (w->tp->exact(c, p, &call, buf, c->ref, &bad, stream, err, errlen)) return -1;
     c->res_valid = 0;
@@ -672,7 +701,7 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
     if (w->nranks > 1 && count > 0) {
         echo_plan p;
         echo_plan_init(&p, count, w->nranks, cfg->group_size, dt);
-        p.rotate = echo_codec_get(cfg->codec)->rotate;
+        plan_codec(&p, cfg->codec);
         if (used == ECHO_MODE_EXACT && count > w->exact_max) {
             /* Cannot happen with min_bytes/2 >= count; kept as a guard. */
             snprintf(err, errlen, "echo: internal: exact path sized for %zu values, got %zu", w->exact_max, count);

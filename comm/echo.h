@@ -77,6 +77,7 @@ typedef enum echo_codec_id {
     ECHO_CODEC_DEFAULT = 0, /* ECHO_DEFAULT_CODEC */
     ECHO_CODEC_INT4,        /* the paper's: int4 codes in [-7, 7], one bf16 scale per group of G */
     ECHO_CODEC_HADAMARD,    /* the same after a per-group Walsh-Hadamard rotation with fixed signs */
+    ECHO_CODEC_HSUB6,       /* rotation per 16 values, each 16 with a 6-bit scale under the group's bf16 one */
     ECHO_CODEC_COUNT
 } echo_codec_id;
 
@@ -116,20 +117,29 @@ const char *echo_mode_name(echo_mode m);
  * docs/echo.md, "Codecs", has the formats and the measurements that chose
  * ECHO_DEFAULT_CODEC. */
 typedef struct echo_codec_info {
-    const char *name;  /* what users type: "int4", "hadamard" */
-    int rotate;        /* 1: Walsh-Hadamard rotation of each group (comm/echo_codec.h) */
+    const char *name;  /* what users type: "int4", "hadamard", "hsub6" */
+    int rotate;        /* values per Walsh-Hadamard rotation block (comm/echo_codec.h): 0 none, -1 the group */
     int code_bits;     /* wire bits of one value's code */
     int scale_bytes;   /* wire bytes of one group's scale */
+    int sub_bits;      /* wire bits of the scale of each 16 values within a group (0: none) */
+    int min_group;     /* smallest G the codec takes (G is a power of two up to ECHO_MAX_GROUP) */
+    int default_group; /* G when echo_config.group_size is 0 */
 } echo_codec_info;
 
 /* The entry of `id` (ECHO_CODEC_DEFAULT resolved); NULL if out of range. */
 const echo_codec_info *echo_codec_get(echo_codec_id id);
 /* Parse "NAME" or "NAME-gG" (e.g. "hadamard-g32"): *group = G, or 0 when
- * no group is named; -1 if the name or the group is not valid. */
+ * no group is named; -1 if the name or the group is not valid for it. */
 int echo_codec_parse(const char *s, echo_codec_id *codec, int *group);
 /* Wire bits per value of `id` at group size `group` (0: default group);
  * 0 if either is invalid. */
 double echo_codec_bits(echo_codec_id id, int group);
+/* Wire bytes of one group of G values (0 if invalid): what a shard message
+ * of L values costs is L/G of these. */
+size_t echo_codec_group_bytes(echo_codec_id id, int group);
+/* The G a world of this codec uses when group_size is 0 (the table's
+ * default_group; ECHO_DEFAULT_GROUP for the int4 codec). */
+int echo_codec_default_group(echo_codec_id id);
 
 /* local transport: nranks threads of this process, buffers in host memory. */
 int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen);

@@ -217,4 +217,116 @@ ECHO_HD void echo_had_inv(float *v, int G) {
         v[i] = echo_mul(v[i], echo_had_neg(i) ? -inv : inv);
 }
 
+/* ---- the hsub6 codec (ECHO_CODEC_HSUB6): finer scales at 4.5 bits ----
+ * Each 16 values (a sub-group) are rotated by H16 D (as above, G = 16) and
+ * get their own scale, stored in 6 bits as quarter octaves below the bf16
+ * scale of their group of G (G = 64, 128 or 256): s_k = S * 2^(-e_k/4)
+ * rounded up to bf16, e_k in [0, 63], the largest e_k with 7 s_k >= the
+ * sub-group's absmax (so codes stay in [-7, 7]: sub-groups of small values
+ * get small steps whatever the group's largest value). A group's scale
+ * record is S (bf16, 2 bytes, little-endian) then its G/16 exponents, four
+ * per 3 bytes (e0 | e1 << 6 | e2 << 12 | e3 << 18, little-endian):
+ * 2 + 3G/64 bytes, so 4 + 16/G + 3/8 bits per value (4.5 at G = 128).
+ * s_k is a bf16, so q*s_k and y - q*s_k are exact as for int4. */
+#define ECHO_SUB 16
+#define ECHO_SUB_EMAX 63
+
+ECHO_HD int echo_hsub_rec_bytes(int G) {
+    return 2 + 3 * G / 64;
+}
+
+/* 2^(-r/4), r in 0..3, as fp32 constants */
+ECHO_HD float echo_qoct(int r) {
+    return r == 0 ? 1.0f : r == 1 ? 0.840896415f : r == 2 ? 0.707106781f : 0.594603558f;
+}
+
+/* S * 2^(-e/4) rounded up to bf16 (never 0), S a positive finite bf16 value. */
+ECHO_HD float echo_sub_scale(float S, int e) {
+    float v = echo_mul(echo_mul(S, echo_qoct(e & 3)), echo_bits_f32((uint32_t)(127 - (e >> 2)) << 23));
+    uint32_t up = (echo_f32_bits(v) + 0xffffu) >> 16;
+    return echo_bf16_to_f32((uint16_t)(up ? up : 1u));
+}
+
+/* The largest e in [0, 63] with 7 s(e) >= a (7 s is exact: 8 x 3 bits); s is
+ * non-increasing in e, so a binary search. e = 0 (s = S) when none. */
+ECHO_HD int echo_sub_exp(float S, float a) {
+    int e = 0;
+    for (int b = 32; b; b >>= 1)
+        if (e + b <= ECHO_SUB_EMAX && echo_mul(echo_sub_scale(S, e + b), 7.0f) >= a) e += b;
+    return e;
+}
+
+ECHO_HD int echo_hsub_get_exp(const uint8_t *rec, int k) {
+    const uint8_t *t = rec + 2 + 3 * (k / 4);
+    uint32_t w = (uint32_t)t[0] | ((uint32_t)t[1] << 8) | ((uint32_t)t[2] << 16);
+    return (int)((w >> (6 * (k % 4))) & 63u);
+}
+
+/* Code one group y[0..G) (rotated, zero padding included): codes (G/2
+ * bytes) and its scale record; when r != NULL, r[0..n) = y - q*s (an
+ * all-zero group keeps y, a poisoned one 0, as echo_code's groups). Returns
+ * the group's scale bits (poison when its absmax is inf/nan or >= 2^127). */
+ECHO_HD uint16_t echo_hsub_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
+    uint32_t m = 0;
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        m = a > m ? a : m;
+    }
+    uint16_t sb = echo_scale_from_absbits(m);
+    rec[0] = (uint8_t)(sb & 0xffu);
+    rec[1] = (uint8_t)(sb >> 8);
+    for (int t = 0; t < 3 * G / 64; t++)
+        rec[2 + t] = 0;
+    if (sb == 0 || echo_scale_is_poison(sb)) {
+        for (int j = 0; j < G / 2; j++)
+            codes[j] = 0;
+        if (r)
+            for (int i = 0; i < n; i++)
+                r[i] = sb == 0 ? y[i] : 0.0f;
+        return sb;
+    }
+    float S = echo_bf16_to_f32(sb);
+    for (int k = 0; k < G / ECHO_SUB; k++) {
+        const float *v = y + k * ECHO_SUB;
+        uint32_t am = 0;
+        for (int i = 0; i < ECHO_SUB; i++) {
+            uint32_t a = echo_abs_bits(v[i]);
+            am = a > am ? a : am;
+        }
+        int e = echo_sub_exp(S, echo_bits_f32(am));
+        float s = echo_sub_scale(S, e);
+        uint8_t *t = rec + 2 + 3 * (k / 4);
+        uint32_t w = (uint32_t)t[0] | ((uint32_t)t[1] << 8) | ((uint32_t)t[2] << 16);
+        w |= (uint32_t)e << (6 * (k % 4));
+        t[0] = (uint8_t)w;
+        t[1] = (uint8_t)(w >> 8);
+        t[2] = (uint8_t)(w >> 16);
+        for (int i = 0; i < ECHO_SUB; i += 2) {
+            float q0 = echo_code(v[i], s), q1 = echo_code(v[i + 1], s);
+            codes[(k * ECHO_SUB + i) / 2] = echo_pack2((int)q0, (int)q1);
+            int i0 = k * ECHO_SUB + i;
+            if (r && i0 < n) r[i0] = echo_sub(v[i], echo_mul(q0, s));
+            if (r && i0 + 1 < n) r[i0 + 1] = echo_sub(v[i + 1], echo_mul(q1, s));
+        }
+    }
+    return sb;
+}
+
+/* v[0..G) = decode of one group; returns its scale bits (for the poison check). */
+ECHO_HD uint16_t echo_hsub_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v) {
+    uint16_t sb = (uint16_t)(rec[0] | (rec[1] << 8));
+    float S = echo_bf16_to_f32(sb);
+    int ok = sb != 0 && !echo_scale_is_poison(sb);
+    for (int k = 0; k < G / ECHO_SUB; k++) {
+        /* a poisoned group decodes to NaN, a zero one to 0, as int4's */
+        float s = ok ? echo_sub_scale(S, echo_hsub_get_exp(rec, k)) : S;
+        for (int i = 0; i < ECHO_SUB; i += 2) {
+            uint8_t b = codes[(k * ECHO_SUB + i) / 2];
+            v[k * ECHO_SUB + i] = echo_mul((float)echo_nib_lo(b), s);
+            v[k * ECHO_SUB + i + 1] = echo_mul((float)echo_nib_hi(b), s);
+        }
+    }
+    return sb;
+}
+
 #endif

@@ -538,6 +538,67 @@ __global__ void __launch_bounds__(ECHO_THREADS) echo_unrot_kernel(float *r, size
         echo_had_inv(r + g * (size_t)G, G);
 }
 
+/* ---- the hsub6 codec (echo_plan.sub): a thread codes or decodes one
+ * group of G values with comm/echo_codec.h's group functions, the host's
+ * arithmetic; values are rotated fp32 (d_rot), whole groups. Simple, not
+ * tuned. A shard's wire message: L/2 code bytes, then L/G scale records. */
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_hsub_phase1_kernel(const float *y, float *res, int res_valid, size_t count, size_t L, int G, int own,
+                            wire_ptrs send) {
+    int c = (int)blockIdx.y;
+    c += c >= own;
+    size_t start = (size_t)c * L, n = count - start < L ? count - start : L, K = n / (size_t)G;
+    int rb = echo_hsub_rec_bytes(G);
+    uint8_t *w = send.p[c];
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
+        size_t i = start + k * (size_t)G;
+        float t[ECHO_MAX_GROUP];
+        for (int q = 0; q < G; q++)
+            t[q] = res && res_valid ? y[i + q] + res[i + q] : y[i + q];
+        echo_hsub_encode_group(t, G, w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, res ? res + i : NULL, G);
+    }
+}
+
+/* Owner: S = sum over j = 0..N-1 in that order of (j == own ? ys : decoded
+ * peer j), + g when g_valid; coded into out; g = residual. */
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_hsub_phase2_kernel(const float *ys, wire_cptrs recv, float *g, int g_valid, size_t len, size_t L, int G,
+                            int N, int own, uint8_t *out) {
+    size_t K = len / (size_t)G;
+    int rb = echo_hsub_rec_bytes(G);
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
+        size_t i = k * (size_t)G;
+        float S[ECHO_MAX_GROUP], v[ECHO_MAX_GROUP];
+        for (int j = 0; j < N; j++) {
+            if (j == own)
+                for (int q = 0; q < G; q++)
+                    v[q] = ys[i + q];
+            else
+                echo_hsub_decode_group(recv.p[j] + i / 2, recv.p[j] + L / 2 + k * (size_t)rb, G, v);
+            for (int q = 0; q < G; q++)
+                S[q] = j == 0 ? v[q] : S[q] + v[q];
+        }
+        if (g && g_valid)
+            for (int q = 0; q < G; q++)
+                S[q] = S[q] + g[i + q];
+        echo_hsub_encode_group(S, G, out + i / 2, out + L / 2 + k * (size_t)rb, g ? g + i : NULL, G);
+    }
+}
+
+/* Every rank: decode every shard's groups into y; a poisoned group reports
+ * its first element. */
+__global__ void __launch_bounds__(ECHO_THREADS)
+    echo_hsub_finish_kernel(wire_cptrs gathered, float *y, size_t count, size_t L, int G, unsigned long long *bad) {
+    size_t start = (size_t)blockIdx.y * L, n = count - start < L ? count - start : L, K = n / (size_t)G;
+    int rb = echo_hsub_rec_bytes(G);
+    const uint8_t *w = gathered.p[blockIdx.y];
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
+        uint16_t sb = echo_hsub_decode_group(w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, G,
+                                             y + start + k * (size_t)G);
+        if (echo_scale_is_poison(sb)) atomicMin(bad, (unsigned long long)(start + k * (size_t)G));
+    }
+}
+
 /* ---- launchers ---- */
 
 /* Grid-stride kernels: enough blocks to fill an H100-class GPU. */
@@ -584,14 +645,21 @@ static int cuda_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
     if (p->rotate) {
         /* the whole message, own shard included (phase 2 sums it rotated) */
         cuda_state *cs = state_of(c);
-        size_t np = echo_plan_pad(p, p->count), ng = np / (size_t)p->group;
+        size_t np = echo_plan_pad(p, p->count), ng = np / (size_t)p->rotate;
         if (p->dt == ECHO_F32)
             echo_rot_fwd_kernel<float>
-                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot, p->count, ng, p->group);
+                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot, p->count, ng, p->rotate);
         else
             echo_rot_fwd_kernel<uint16_t>
-                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const uint16_t *)x, cs->d_rot, p->count, ng, p->group);
+                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const uint16_t *)x, cs->d_rot, p->count, ng, p->rotate);
         ECHO_CUDA_TRY(cudaGetLastError());
+        if (p->sub) {
+            dim3 hgrid(blocks_stride(p->shard / (size_t)p->group), shards);
+            echo_hsub_phase1_kernel<<<hgrid, ECHO_THREADS, 0, s>>>(cs->d_rot, res, res_valid, np, p->shard, p->group,
+                                                                   c->rank, w);
+            ECHO_CUDA_TRY(cudaGetLastError());
+            return 0;
+        }
         dim3 rgrid(grid_x(cs, K_PHASE1, ECHO_F32, p->shard / ECHO_CODE_V, shards), shards);
         echo_phase1_kernel<float>
             <<<rgrid, ECHO_THREADS, 0, s>>>(cs->d_rot, res, res_valid, np, p->shard, lg, c->rank, w);
@@ -621,6 +689,13 @@ static int cuda_phase2(echo_comm *c, const echo_plan *p, const void *x, const ui
     cudaStream_t s = (cudaStream_t)stream;
     if (p->rotate) {
         /* rotated fp32, whole groups (g does not see the output rounding, as on the host) */
+        if (p->sub) {
+            size_t lp = echo_plan_pad(p, len);
+            echo_hsub_phase2_kernel<<<blocks_stride(lp / (size_t)p->group), ECHO_THREADS, 0, s>>>(
+                state_of(c)->d_rot + base, w, g, g_valid, lp, p->shard, p->group, p->nranks, c->rank, out);
+            ECHO_CUDA_TRY(cudaGetLastError());
+            return 0;
+        }
         unsigned rb = grid_x(state_of(c), K_PHASE2, ECHO_F32, p->shard / ECHO_CODE_V, 1);
         echo_phase2_kernel<float><<<rb, ECHO_THREADS, 0, s>>>(state_of(c)->d_rot + base, w, g, g_valid,
                                                              echo_plan_pad(p, len), p->shard, lg, p->nranks, c->rank,
@@ -681,16 +756,21 @@ static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const
     int lg = log2_group(p->group);
     if (p->rotate) {
         cuda_state *cs = state_of(c);
-        size_t np = echo_plan_pad(p, p->count), ng = np / (size_t)p->group;
-        dim3 rgrid(grid_x(cs, K_FINISH, ECHO_F32, p->shard / ECHO_FINISH_V, shards), shards);
-        echo_finish_kernel<float><<<rgrid, ECHO_THREADS, 0, s>>>(w, cs->d_rot, np, p->shard, lg, flag);
+        size_t np = echo_plan_pad(p, p->count), ng = np / (size_t)p->rotate;
+        if (p->sub) {
+            dim3 hgrid(blocks_stride(p->shard / (size_t)p->group), shards);
+            echo_hsub_finish_kernel<<<hgrid, ECHO_THREADS, 0, s>>>(w, cs->d_rot, np, p->shard, p->group, flag);
+        } else {
+            dim3 rgrid(grid_x(cs, K_FINISH, ECHO_F32, p->shard / ECHO_FINISH_V, shards), shards);
+            echo_finish_kernel<float><<<rgrid, ECHO_THREADS, 0, s>>>(w, cs->d_rot, np, p->shard, lg, flag);
+        }
         ECHO_CUDA_TRY(cudaGetLastError());
         if (p->dt == ECHO_F32)
             echo_rot_inv_kernel<float>
-                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(cs->d_rot, (float *)buf, p->count, ng, p->group);
+                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(cs->d_rot, (float *)buf, p->count, ng, p->rotate);
         else
             echo_rot_inv_kernel<uint16_t>
-                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(cs->d_rot, (uint16_t *)buf, p->count, ng, p->group);
+                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(cs->d_rot, (uint16_t *)buf, p->count, ng, p->rotate);
         ECHO_CUDA_TRY(cudaGetLastError());
         return 0;
     }

@@ -37,7 +37,11 @@ typedef struct echo_plan {
     int nranks;   /* N */
     int group;    /* G */
     echo_dtype dt;
-    int rotate;   /* the codec rotates each group (echo_codec_info.rotate): set by echo.c per call */
+    /* Set by echo.c from the codec table (the wire size above too):
+     * rotate: values per Walsh-Hadamard block (0: none); sub: scale records
+     * of the hsub6 form (comm/echo_codec.h) instead of one bf16 per group. */
+    int rotate;
+    int sub;
 } echo_plan;
 
 /* Values of shard c that lie inside the message. */
@@ -62,6 +66,7 @@ static inline void echo_plan_init(echo_plan *p, size_t count, int nranks, int gr
     p->group = group;
     p->dt = dt;
     p->rotate = 0;
+    p->sub = 0;
 }
 
 /* Values of the groups that hold data among the first n (n rounded up to G):
@@ -174,10 +179,10 @@ typedef struct echo_compute_ops {
      * none) and its first bad element. */
     int (*pass_arm)(echo_comm *c, void *stream, char *err, size_t errlen);
     int (*pass_read)(echo_comm *c, void *stream, int *site, size_t *bad, char *err, size_t errlen);
-    /* Rotating codecs: res[0..n) (n a multiple of G) = the group-wise
-     * inverse rotation of res in place, so that a residual kept in the
-     * rotated basis can be added to a plain input (the size policy's exact
-     * path). */
+    /* Rotating codecs: res[0..n) (n a multiple of `group`, the rotation
+     * block) = the block-wise inverse rotation of res in place, so that a
+     * residual kept in the rotated basis can be added to a plain input (the
+     * size policy's exact path). */
     int (*unrotate)(echo_comm *c, float *res, size_t n, int group, void *stream, char *err, size_t errlen);
 } echo_compute_ops;
 

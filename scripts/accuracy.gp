@@ -1,18 +1,18 @@
-# Next-token accuracy lost against exact (points) vs group size, tp 3.
+# Pareto plot: next-token accuracy lost against exact (points) vs wire
+# bits/value, tp 3, one point per codec x G, without (int4) and with (echo)
+# error feedback; error bars: the paired difference's standard error.
 # gnuplot -e "dat='build/accuracy/plot.dat'; out='docs/accuracy.png'" scripts/accuracy.gp
-set terminal pngcairo size 900,520 font ",11"
+set terminal pngcairo size 960,560 font ",11"
 set output out
-set title "SmolLM2-135M-Instruct, tp 3: next-token accuracy vs exact (held-out text)"
-set xlabel "values per scale group G"
+set title "SmolLM2-135M-Instruct, tp 3: next-token accuracy vs exact against wire cost (held-out text)"
+set xlabel "wire bits per value (codes + scales)"
 set ylabel "accuracy change vs exact (points)"
-set logscale x 2
-set xtics (32, 64, 128)
 set key bottom right
 set grid
+set xrange [3.95:5.15]
 set yrange [*:0.5]
-f(x) = -0.4
-plot dat using 1:2 with linespoints lw 2 title "int4", \
-     dat using 1:3 with linespoints lw 2 title "echo", \
-     dat using 1:4 with linespoints lw 2 dt 2 title "int4, min 256 KiB exact", \
-     dat using 1:5 with linespoints lw 2 dt 2 title "echo, min 256 KiB exact", \
-     f(x) with lines lc rgb "red" dt 3 title "paper's bound: -0.4 pt"
+set arrow from 4.5, graph 0 to 4.5, graph 1 nohead dt 3 lc rgb "gray40"
+plot dat using ($4 == 0 ? $1 : 1/0):2:3 with yerrorbars pt 7 ps 1.2 lc rgb "#1f77b4" title "int4 (no feedback)", \
+     dat using ($4 == 1 ? $1 : 1/0):2:3 with yerrorbars pt 5 ps 1.2 lc rgb "#d62728" title "echo (error feedback)", \
+     dat using ($4 == 1 ? $1 : 1/0):2:5 with labels offset 0.6,0.6 left font ",9" notitle, \
+     -0.4 with lines lc rgb "red" dt 2 title "paper's bound: -0.4 pt"

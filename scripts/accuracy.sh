@@ -3,22 +3,29 @@
 # scripts/fetch-model.sh) teacher-forced on held-out English text, the
 # Python 3.11 tutorial's reST sources from Debian's python3.11-doc (PSF
 # licence; installed here when missing, as root), at tp 1 (exact, the
-# reference) and tp 3 for exact, int4 and echo at group sizes 32/64/128,
-# with and without a size policy. Writes build/accuracy/*.json, the table
-# docs/accuracy.md and the plot docs/accuracy.png.
+# reference) and tp 3 for exact and each codec of the table (comm/echo.h)
+# without (int4) and with (echo) error feedback. Writes build/accuracy/*.json,
+# the table docs/accuracy.md and the Pareto plot docs/accuracy.png
+# (accuracy change vs wire bits/value).
 #
-#   scripts/accuracy.sh [--quick] [--threads N]
-#     --quick   8 prompts, 16 greedy tokens, G = 64 only (a smoke run, ~2 min)
-# The full run (50 prompts of 128 tokens, 64 greedy tokens) takes ~20 min
-# on 2 cores.
+#   scripts/accuracy.sh [--quick] [--threads N] [--codecs LIST] [--gen-tokens K]
+#     --quick        8 prompts, 16 greedy tokens (a smoke run, ~3 min)
+#     --codecs LIST  codec-gG list (default: int4-g32,int4-g64,int4-g128,
+#                    hadamard-g16,hadamard-g32,hadamard-g64)
+# The full run (50 prompts of 128 tokens, 16 greedy tokens, 12 variants)
+# takes ~30 min on 2 shared cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
 threads=$(nproc)
+codecs=int4-g32,int4-g64,int4-g128,hadamard-g16,hadamard-g32,hadamard-g64
+gen=16
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --threads) threads=$2; shift ;;
+    --codecs) codecs=$2; shift ;;
+    --gen-tokens) gen=$2; shift ;;
     -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "accuracy.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -40,20 +47,22 @@ python3 scripts/rst2text.py "$src"/*.rst.txt > "$out/text.txt"
 echo "accuracy.sh: $(wc -w < "$out/text.txt") words of held-out text in $out/text.txt" >&2
 # ECHO_BIN=DIR: use an existing build of the programs instead of make's bin/
 bin=${ECHO_BIN:-bin}
-[ -n "${ECHO_BIN:-}" ] || make -s bin/echo-eval >&2
+[ -n "${ECHO_BIN:-}" ] || make -s bin/echo-eval bin/echo-bench >&2
 if [ $quick = 1 ]; then
   common=(--text "$out/text.txt" --prompt-len 128 --max-prompts 8 --gen-tokens 16 --threads "$threads" --json)
-  groups=64; minb=0
 else
-  common=(--text "$out/text.txt" --prompt-len 128 --max-prompts 50 --gen-tokens 64 --threads "$threads" --json)
-  groups=32,64,128; minb=0,262144
+  common=(--text "$out/text.txt" --prompt-len 128 --max-prompts 50 --gen-tokens "$gen" --threads "$threads" --json)
 fi
 echo "accuracy.sh: tp 1 (exact reference)" >&2
 "$bin"/echo-eval --model "$model" --tp 1 "${common[@]}" > "$out/tp1.json"
-echo "accuracy.sh: tp 3, exact + int4/echo x G {$groups} x min_bytes {$minb}" >&2
-"$bin"/echo-eval --model "$model" --tp 3 --modes int4,echo --echo-group "$groups" --echo-min-bytes "$minb" \
-  "${common[@]}" > "$out/tp3.json"
-python3 scripts/accuracy_report.py "$out/tp1.json" "$out/tp3.json" docs/accuracy.md "$out/plot.dat"
+echo "accuracy.sh: tp 3, exact + int4/echo x {$codecs}" >&2
+"$bin"/echo-eval --model "$model" --tp 3 --modes int4,echo --codecs "$codecs" "${common[@]}" > "$out/tp3.json"
+# codec throughput on this CPU (one thread, 1M values), for the report
+: > "$out/codec.json"
+for c in $(echo "$codecs" | tr ',' ' '); do
+  "$bin"/echo-bench codec --codec "$c" --count 1M --iters 5 --json >> "$out/codec.json"
+done
+python3 scripts/accuracy_report.py "$out/tp1.json" "$out/tp3.json" docs/accuracy.md "$out/plot.dat" "$out/codec.json"
 if command -v gnuplot >/dev/null; then
   gnuplot -e "dat='$out/plot.dat'; out='docs/accuracy.png'" scripts/accuracy.gp
 fi

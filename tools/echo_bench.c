@@ -890,16 +890,16 @@ static int cmd_codec(int argc, char **argv) {
         printf("# %6s %10s %12s %12s %12s %8s %8s %14s %14s\n", "group", "wire(b/v)", "encode GB/s", "dec+acc GB/s",
                "memcpy GB/s", "enc/cpy", "dec/cpy", "rel_err gauss", "rel_err outlr");
     }
-    int first = 1, model_group = group ? group : ECHO_DEFAULT_GROUP;
+    int first = 1, model_group = group ? group : echo_codec_default_group(codec);
     double model_enc = 0, model_dec = 0, model_bits = 0;
     for (int G = ECHO_MIN_GROUP; G <= ECHO_MAX_GROUP; G *= 2) {
-        if (group && G != group) continue;
+        if ((group && G != group) || !echo_codec_group_bytes(codec, G)) continue;
         double bytes = (double)count * sizeof(float);
         double best[OP_COUNT];
         time_ops(codec, iters, x, res, acc, dst, wire, count, G, best);
         double tm = best[OP_MEMCPY], te = best[OP_ENCODE], td = best[OP_DECODE_ACC];
         double eg = codec_rel_err(codec, x, count, G, wire, dst), eo = codec_rel_err(codec, xo, count, G, wire, dst);
-        double bits = 8.0 * (double)echo_codec_wire_bytes(count, G) / (double)count;
+        double bits = 8.0 * (double)((count + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(codec, G)) / (double)count;
         if (G == model_group) {
             model_enc = bytes / te / 1e9;
             model_dec = bytes / td / 1e9;

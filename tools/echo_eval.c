@@ -279,6 +279,7 @@ typedef struct variant {
     lm_acc lm;
     double kl_sum, kl_max;
     long positions, top1_agree;
+    long gained, lost; /* next tokens right only with this all-reduce / only with exact */
     double agree_len_sum;
     long full_agree;
     double *layer_num, *layer_den; /* per layer: sum ||h_mode - h_exact||^2, ||h_exact||^2 */
@@ -393,7 +394,8 @@ int main(int argc, char **argv) {
             for (int b = 0; b < n_minb; b++, i++)
                 vs[i] = (variant){.mode = modes[k],
                                   .codec = cods[g] ? cods[g] : ECHO_DEFAULT_CODEC,
-                                  .group = cgroups[g] ? cgroups[g] : ECHO_DEFAULT_GROUP,
+                                  .group = cgroups[g] ? cgroups[g]
+                                                      : echo_codec_default_group(cods[g] ? cods[g] : ECHO_DEFAULT_CODEC),
                                   .min_bytes = (size_t)minbs[b]};
 
     char err[1024];
@@ -481,6 +483,11 @@ int main(int argc, char **argv) {
                 if (kl > a->kl_max) a->kl_max = kl;
                 a->positions++;
                 a->top1_agree += bx == bm;
+                if (t + 1 < ps[i].n) {
+                    int32_t want = ps[i].ids[t + 1];
+                    a->gained += (int32_t)bm == want && (int32_t)bx != want;
+                    a->lost += (int32_t)bx == want && (int32_t)bm != want;
+                }
             }
             int agree = 0;
             while (agree < gen && rx.greedy[(size_t)i * gen + agree] == rm.greedy[(size_t)i * gen + agree]) agree++;
@@ -517,6 +524,12 @@ int main(int argc, char **argv) {
                                   "next_token_acc", acc, "next_token_acc_delta_pt", 100.0 * (acc - acc_x));
             json_object_set_new(o, "codec", json_string(echo_codec_get(a->codec)->name));
             json_object_set_new(o, "bits_per_value", json_real(echo_codec_bits(a->codec, a->group)));
+            {
+                /* standard error of the paired accuracy difference (points) */
+                double n = (double)a->lm.scored, d = (double)(a->gained - a->lost);
+                double var = ((double)(a->gained + a->lost) - d * d / n) / (n * n);
+                json_object_set_new(o, "next_token_acc_delta_se_pt", json_real(100.0 * sqrt(var > 0 ? var : 0)));
+            }
             json_object_set_new(o, "kl_mean", json_real(a->kl_sum / (double)a->positions));
             json_object_set_new(o, "kl_max", json_real(a->kl_max));
             json_object_set_new(o, "top1_agreement", json_real((double)a->top1_agree / (double)a->positions));

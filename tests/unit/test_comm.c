@@ -330,15 +330,16 @@ static const int rank_counts[] = {2, 3, 4, 8};
 
 START_TEST(test_replicas_identical_and_exact) {
     const size_t counts[] = {1, 7, 1000, 4097};
-    /* modes exact, int4, echo with the int4 codec, then int4 and echo with hadamard */
+    /* modes exact, int4, echo with the int4 codec, then int4 and echo with
+     * hadamard (G = 32), then with hsub6 (G = 64) */
     for (int ni = 0; ni < 4; ni++)
-        for (int mv = 0; mv < 5; mv++)
+        for (int mv = 0; mv < 7; mv++)
             for (int dti = 0; dti < 2; dti++) {
-                int n = rank_counts[ni], mode = mv < 3 ? mv : mv - 2;
-                echo_codec_id codec = mv < 3 ? ECHO_CODEC_INT4 : ECHO_CODEC_HADAMARD;
+                int n = rank_counts[ni], mode = mv < 3 ? mv : 1 + (mv - 3) % 2;
+                echo_codec_id codec = mv < 3 ? ECHO_CODEC_INT4 : mv < 5 ? ECHO_CODEC_HADAMARD : ECHO_CODEC_HSUB6;
                 echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
                 harness h;
-                h_init(&h, n, (echo_config){(echo_mode)mode, 32, 0, 4, 4097, 0, 0, codec});
+                h_init(&h, n, (echo_config){(echo_mode)mode, mv < 5 ? 32 : 64, 0, 4, 4097, 0, 0, codec});
                 for (size_t ci = 0; ci < 4; ci++) {
                     size_t m = counts[ci];
                     void *buf[MAXN];
@@ -499,25 +500,31 @@ END_TEST
  * with s = absmax/7 rounded up to bf16 (<= absmax (1 + 2^-7) / 7). The
  * owner's sum absmax is bounded by the exact sum's plus the phase-1 errors.
  * On inputs with outlier channels its error is well below int4's. */
-static void had_rotate64(const double *x, size_t m, size_t off, int G, double *u) {
-    for (int i = 0; i < G; i++) {
-        u[i] = 0;
-        for (int k = 0; k < G; k++) {
-            double v = off + (size_t)k < m ? x[off + (size_t)k] : 0.0;
-            if (echo_had_neg(k)) v = -v;
-            u[i] += __builtin_popcount((unsigned)(i & k)) & 1 ? -v : v;
+/* u[0..G) = the rotation of x[off..off+G) in blocks of R (R divides G). */
+static void had_rotate64(const double *x, size_t m, size_t off, int G, int R, double *u) {
+    for (int b = 0; b < G; b += R)
+        for (int i = 0; i < R; i++) {
+            u[b + i] = 0;
+            for (int k = 0; k < R; k++) {
+                size_t at = off + (size_t)b + (size_t)k;
+                double v = at < m ? x[at] : 0.0;
+                if (echo_had_neg(k)) v = -v;
+                u[b + i] += __builtin_popcount((unsigned)(i & k)) & 1 ? -v : v;
+            }
         }
-    }
 }
 
+/* hsub6 too: its 16-value scales are at most its group's, so the same
+ * bound holds with rotation blocks of 16 and the group's absmax. */
 START_TEST(test_hadamard_one_call_bound) {
-    const int gs[] = {16, 32, 64};
+    const int gs[] = {16, 32, 64, 64, 128, 256};
     for (int ni = 0; ni < 3; ni++)
-        for (int gi = 0; gi < 3; gi++) {
-            int n = rank_counts[ni], G = gs[gi];
+        for (int gi = 0; gi < 6; gi++) {
+            int n = rank_counts[ni], G = gs[gi], R = gi < 3 ? G : 16;
+            echo_codec_id codec = gi < 3 ? ECHO_CODEC_HADAMARD : ECHO_CODEC_HSUB6;
             size_t m = 3 * (size_t)n * G + 37; /* a ragged last group */
             harness hh, hi;
-            h_init(&hh, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0, ECHO_CODEC_HADAMARD});
+            h_init(&hh, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0, codec});
             h_init(&hi, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0, ECHO_CODEC_INT4});
             double *xd[MAXN], *sum = calloc(m, sizeof(double));
             void *bh[MAXN], *bi[MAXN];
@@ -543,14 +550,14 @@ START_TEST(test_hadamard_one_call_bound) {
                 int c = (int)(off / L); /* the group's owner */
                 double sumq = 0, mag = 0;
                 for (int j = 0; j < n; j++) {
-                    had_rotate64(xd[j], m, off, G, u);
+                    had_rotate64(xd[j], m, off, G, R, u);
                     double a = 0;
                     for (int k = 0; k < G; k++)
                         a = fmax(a, fabs(u[k]));
                     mag += a;
                     if (j != c) sumq += sigma * a;
                 }
-                had_rotate64(sum, m, off, G, u);
+                had_rotate64(sum, m, off, G, R, u);
                 double az = 0;
                 for (int k = 0; k < G; k++)
                     az = fmax(az, fabs(u[k]));
@@ -559,13 +566,15 @@ START_TEST(test_hadamard_one_call_bound) {
                 double tol = B + 64 * 0x1p-24 * mag;
                 for (size_t i = off; i < m && i < off + (size_t)G; i++) {
                     double e = fabs(((float *)bh[0])[i] - sum[i]), ei = ((float *)bi[0])[i] - sum[i];
-                    ck_assert_msg(e <= tol, "n=%d G=%d i=%zu: error %g > bound %g", n, G, i, e, tol);
+                    ck_assert_msg(e <= tol, "%s n=%d G=%d i=%zu: error %g > bound %g",
+                                  echo_codec_get(codec)->name, n, G, i, e, tol);
                     eh2 += e * e;
                     ei2 += ei * ei;
                 }
             }
             /* outliers every 97 values: the rotation spreads them */
-            ck_assert_msg(eh2 < 0.75 * ei2, "n=%d G=%d: hadamard error^2 %g vs int4 %g", n, G, eh2, ei2);
+            ck_assert_msg(eh2 < 0.75 * ei2, "%s n=%d G=%d: error^2 %g vs int4 %g",
+                          echo_codec_get(codec)->name, n, G, eh2, ei2);
             for (int r = 0; r < n; r++) {
                 free(xd[r]);
                 free(bh[r]);
@@ -597,8 +606,16 @@ START_TEST(test_codec_table) {
     /* the wire form the table promises is what a call moves */
     for (int k = ECHO_CODEC_INT4; k < ECHO_CODEC_COUNT; k++) {
         const echo_codec_info *ci = echo_codec_get((echo_codec_id)k);
-        ck_assert_double_eq(echo_codec_bits((echo_codec_id)k, 16), ci->code_bits + 8.0 * ci->scale_bytes / 16);
+        ck_assert_double_eq(echo_codec_bits((echo_codec_id)k, 128),
+                            ci->code_bits + (8.0 * ci->scale_bytes + ci->sub_bits * 128 / 16) / 128);
     }
+    /* hsub6: 4.5 bits at its default G = 128, 6-bit scales per 16 values, G >= 64 */
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_HSUB6, 0), 4.5);
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_HSUB6, 256), 4.4375);
+    ck_assert_uint_eq(echo_codec_group_bytes(ECHO_CODEC_HSUB6, 128), 72);
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_HSUB6, 32), 0);
+    ck_assert(echo_codec_parse("hsub6-g32", &id, &g) == -1);
+    ck_assert(echo_codec_parse("hsub6-g256", &id, &g) == 0 && id == ECHO_CODEC_HSUB6 && g == 256);
 }
 END_TEST
 
@@ -690,10 +707,10 @@ static void run_chain(harness *h, int K, size_t m, uint64_t seed, double *E, dou
 
 START_TEST(test_depth_independence) {
     const int K = 144; /* two Qwen3-8B passes: 36 layers x 2 sites x 2 */
-    for (int ni = 0; ni < 8; ni++) {
-        /* the int4 codec, then hadamard */
-        echo_codec_id codec = ni < 4 ? ECHO_CODEC_INT4 : ECHO_CODEC_HADAMARD;
-        int n = rank_counts[ni % 4], G = ni % 4 == 1 ? 32 : 0;
+    for (int ni = 0; ni < 12; ni++) {
+        /* the int4 codec, then hadamard, then hsub6 */
+        echo_codec_id codec = ni < 4 ? ECHO_CODEC_INT4 : ni < 8 ? ECHO_CODEC_HADAMARD : ECHO_CODEC_HSUB6;
+        int n = rank_counts[ni % 4], G = ni % 4 == 1 ? (codec == ECHO_CODEC_HSUB6 ? 64 : 32) : 0;
         size_t m = 4096 + 77 * (size_t)n; /* not a multiple of G*N */
         uint64_t seed = 7 + (uint64_t)ni;
         harness he, hq;
@@ -711,7 +728,9 @@ START_TEST(test_depth_independence) {
         /* hadamard: the residuals obey the same recursion in the rotated
          * basis, where |u| <= G X (H unnormalised); back in the input basis
          * D H / G has 2-norm 1/sqrt(G), so the bound grows by sqrt(G) */
-        if (codec == ECHO_CODEC_HADAMARD) bstar *= sqrt((double)(G ? G : ECHO_DEFAULT_GROUP));
+        if (codec == ECHO_CODEC_HADAMARD) bstar *= sqrt((double)(G ? G : echo_codec_default_group(codec)));
+        /* hsub6: rotation blocks of 16, scales no larger than the group's */
+        if (codec == ECHO_CODEC_HSUB6) bstar *= 4;
         for (int k = 0; k < K; k++) {
             /* echo: within the worst-case one-call bound at every depth, and
              * within 1.3x a typical single call (the carried residual
@@ -829,7 +848,8 @@ START_TEST(test_lifecycle_errors) {
     ck_assert(echo_world_create_local(2, &ok, &w, err, sizeof err) == 0);
     echo_config got;
     echo_world_get_config(w, &got);
-    ck_assert_int_eq(got.group_size, ECHO_DEFAULT_GROUP);
+    ck_assert_int_eq(got.group_size, echo_codec_default_group(ECHO_CODEC_DEFAULT));
+    ck_assert_int_eq(got.codec, ECHO_DEFAULT_CODEC);
     ck_assert_int_eq(echo_world_nranks(w), 2);
     echo_comm *ci;
     ck_assert(echo_comm_create(w, 0, &ci, err, sizeof err) == 0);
@@ -940,10 +960,12 @@ START_TEST(test_size_policy_and_stats) {
     const size_t m = 4 * 32 * 10; /* a multiple of N*G: wire cost is exact */
     /* min_bytes 4000: the fp32 call (5120 B) is quantized, the bf16 call of
      * the same count (2560 B) takes the exact path */
-    for (int mv = 0; mv < 4; mv++) {
-        int mode = 1 + mv % 2; /* int4, echo; with the int4 codec, then hadamard */
+    for (int mv = 0; mv < 6; mv++) {
+        int mode = 1 + mv % 2; /* int4, echo; with the int4 codec, then hadamard, then hsub6 (G = 64) */
+        echo_codec_id codec = mv < 2 ? ECHO_CODEC_INT4 : mv < 4 ? ECHO_CODEC_HADAMARD : ECHO_CODEC_HSUB6;
+        int G = codec == ECHO_CODEC_HSUB6 ? 64 : 32;
         harness h;
-        h_init(&h, n, (echo_config){(echo_mode)mode, 32, 4000, 4, m, 1, 0, mv < 2 ? ECHO_CODEC_INT4 : ECHO_CODEC_HADAMARD});
+        h_init(&h, n, (echo_config){(echo_mode)mode, G, 4000, 4, m, 1, 0, codec});
         void *buf[MAXN];
         float *x[MAXN];
         double *sum_exact = calloc(m, sizeof(double)), *sum_out = calloc(m, sizeof(double));
@@ -1010,9 +1032,10 @@ START_TEST(test_size_policy_and_stats) {
         echo_get_stats(h.c[0], &st);
         ck_assert_uint_eq(st.calls[mode], 1);
         ck_assert_uint_eq(st.calls[ECHO_MODE_EXACT], 1);
-        /* wire: 2(N-1) shard messages per rank; 4.5 bits per value at G = 32 */
+        /* wire: 2(N-1) shard messages per rank; the table's bits per value
+         * (4.5 at G = 32, 4.625 for hsub6 at G = 64) */
         double busvals = 2.0 * (n - 1) / n * m;
-        ck_assert_double_eq_tol(8.0 * st.wire_bytes[mode] / busvals, 4.5, 1e-12);
+        ck_assert_double_eq_tol(8.0 * st.wire_bytes[mode] / busvals, echo_codec_bits(codec, G), 1e-12);
         ck_assert_double_eq_tol(8.0 * st.wire_bytes[ECHO_MODE_EXACT] / busvals, 16.0, 1e-12);
         free(sum_exact);
         free(sum_out);
