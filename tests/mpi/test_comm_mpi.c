@@ -454,6 +454,8 @@ int main(int argc, char **argv) {
         if (modes[m] == ECHO_MODE_INT4 || modes[m] == ECHO_MODE_ECHO) {
             compare(modes[m], 0, 0, ECHO_CODEC_HADAMARD);
             compare(modes[m], 2048, 0, ECHO_CODEC_HADAMARD);
+            compare(modes[m], 0, 0, ECHO_CODEC_HSUB6);
+            compare(modes[m], 2048, 0, ECHO_CODEC_HSUB6);
         }
         poison(modes[m]);
         disagree(modes[m]);
