@@ -20,7 +20,8 @@
  *     holds the same values, bit-identical across ranks in every mode.
  *       exact: plain sum in activation precision (fp32 sum; bf16 rounds once;
  *              on nccl NCCL's own order and rounding: see echo_world_create_nccl).
- *       int4:  the Echo codec and two-shot schedule, no residuals.
+ *       int4:  the world's codec (echo_config.codec, the codec table below)
+ *              and the two-shot schedule, no residuals.
  *       echo:  int4 plus error feedback: the rounding error each call leaves
  *              is added to the input of the next call of the same pass.
  *       bf16:  exact with 16 bits on the wire (host transports): the int4
