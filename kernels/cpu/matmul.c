@@ -29,6 +29,12 @@
 #define MM_RB 64 /* output rows per task */
 #define MM_TB 64 /* tokens per cache block */
 #define MM_DEQ_MIN 8 /* tokens from which a quantized row group is widened once per block */
+/* The wide AVX-512 tile of prefills: MM_WT tokens x MM_WR rows (MM_WR
+ * divides 4), fewer widenings per fma than the 4 x 4 tile. */
+#ifndef MM_WT
+#define MM_WT 6
+#define MM_WR 4
+#endif
 
 int cpu_isa_detect(void) {
     __builtin_cpu_init();
@@ -192,7 +198,7 @@ A512 INL void ld512x2(const int dt, const uint8_t *r, int p, __m512 *v0, __m512 
  * out[t * ldo + r]. */
 A512 INL void tile512(const int dt, const int T, const int R, const float *x, size_t ldx, const uint8_t *w,
                       size_t ws, int K, float *o, size_t ldo) {
-    __m512 acc[4][4];
+    __m512 acc[MM_WT > 4 ? MM_WT : 4][4];
     for (int t = 0; t < T; t++)
         for (int r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
     int nc = K / 16, c = 0;
@@ -247,6 +253,10 @@ A512 INL void tile512(const int dt, const int T, const int R, const float *x, si
             case 2: tile512(DT, 2, 1, x, ldx, w + r * ws, ws, K, o + r, ldo); break;                          \
             default: tile512(DT, 1, 1, x, ldx, w + r * ws, ws, K, o + r, ldo); break;                         \
             }                                                                                                 \
+    }                                                                                                         \
+    A512 __attribute__((unused)) static void NAME##_w(const float *x, size_t ldx, const uint8_t *w, size_t ws,  \
+                                                      int K, float *o, size_t ldo) {                          \
+        tile512(DT, MM_WT, MM_WR, x, ldx, w, ws, K, o, ldo);                                                  \
     }                                                                                                         \
     A512 __attribute__((unused)) static void NAME##_deq(const uint8_t *w, size_t ws, int R, int K, float *buf) { \
         for (int r = 0; r < R; r++)                                                                           \
@@ -547,6 +557,7 @@ typedef void (*mm_tile_fn)(int T, int R, const float *x, size_t ldx, const uint8
                            size_t ldo);
 
 typedef void (*mm_deq_fn)(const uint8_t *w, size_t ws, int R, int K, float *buf);
+typedef void (*mm_wide_fn)(const float *x, size_t ldx, const uint8_t *w, size_t ws, int K, float *o, size_t ldo);
 
 typedef struct mm_args {
     float *out;
@@ -555,6 +566,7 @@ typedef struct mm_args {
     int n, isa;
     mm_tile_fn tile, tile_f32;
     mm_deq_fn deq; /* quantized weights at n >= MM_DEQ_MIN (AVX-512) */
+    mm_wide_fn wide, wide_f32; /* AVX-512: MM_WT x MM_WR tiles of many tokens */
     int tt, tr; /* the tile's tokens and rows */
     size_t ws;  /* bytes between weight rows */
     int failed; /* set by a (portable-path) task that could not allocate */
@@ -565,6 +577,11 @@ static mm_deq_fn mm_pick_deq(int isa, kern_dtype dt) {
                                      t512_q4_0_deq, t512_q4_1_deq, t512_q4_k_deq, t512_q6_k_deq};
     if ((unsigned)dt >= sizeof d512 / sizeof *d512 || isa < CPU_ISA_AVX512) return NULL;
     return d512[dt];
+}
+
+static mm_wide_fn mm_pick_wide(int isa, kern_dtype dt) {
+    if (isa < CPU_ISA_AVX512) return NULL;
+    return dt == KERN_F32 ? t512_f32_w : dt == KERN_BF16 ? t512_bf16_w : dt == KERN_F16 ? t512_f16_w : NULL;
 }
 
 static mm_tile_fn mm_pick(int isa, kern_dtype dt) {
@@ -619,15 +636,26 @@ static void mm_task(void *arg, int task) {
             const uint8_t *wr = W + (size_t)r * a->ws;
             size_t ws = a->ws;
             mm_tile_fn tile = a->tile;
+            mm_wide_fn wide = a->wide;
             if (buf) {
                 a->deq(wr, ws, R, K, buf);
                 wr = (const uint8_t *)buf;
                 ws = (size_t)K * sizeof *buf;
                 tile = a->tile_f32;
+                wide = a->wide_f32;
             }
-            for (int t = t0; t < t1; t += a->tt) {
+            for (int t = t0; t < t1;) {
+                const float *x = a->in + (size_t)t * K;
+                float *o = a->out + (size_t)t * rows + r;
+                if (wide && R == a->tr && t1 - t >= MM_WT) {
+                    for (int rr = 0; rr < R; rr += MM_WR)
+                        wide(x, (size_t)K, wr + (size_t)rr * ws, ws, K, o + rr, (size_t)rows);
+                    t += MM_WT;
+                    continue;
+                }
                 int T = t1 - t < a->tt ? t1 - t : a->tt;
-                tile(T, R, a->in + (size_t)t * K, (size_t)K, wr, ws, K, a->out + (size_t)t * rows + r, (size_t)rows);
+                tile(T, R, x, (size_t)K, wr, ws, K, o, (size_t)rows);
+                t += T;
             }
         }
     }
@@ -643,8 +671,20 @@ int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w
         return kern_fail(be, "matmul: weight (%lld, %lld) of dtype %s: bad dtype or not whole blocks",
                          (long long)w->rows, (long long)w->cols, kern_dtype_name(w->dtype));
     int isa = cpu_isa(be);
-    mm_args a = {out,  in, w, n, isa, mm_pick(isa, w->dtype), mm_pick(isa, KERN_F32), mm_pick_deq(isa, w->dtype),
-                 0,    0,  kern_dtype_bytes(w->dtype, ld), 0};
+    mm_args a = {out,
+                 in,
+                 w,
+                 n,
+                 isa,
+                 mm_pick(isa, w->dtype),
+                 mm_pick(isa, KERN_F32),
+                 mm_pick_deq(isa, w->dtype),
+                 mm_pick_wide(isa, w->dtype),
+                 mm_pick_wide(isa, KERN_F32),
+                 0,
+                 0,
+                 kern_dtype_bytes(w->dtype, ld),
+                 0};
     a.tt = isa >= CPU_ISA_AVX512 ? 4 : 2;
     a.tr = isa >= CPU_ISA_AVX512 ? 4 : 2;
     int ntasks = (int)((w->rows + MM_RB - 1) / MM_RB);
