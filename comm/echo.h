@@ -82,12 +82,14 @@ typedef enum echo_codec_id {
     ECHO_CODEC_COUNT
 } echo_codec_id;
 
-/* Limits. ECHO_DEFAULT_GROUP was chosen by measurement (docs/echo.md, "Choosing G"). */
+/* Limits. ECHO_DEFAULT_GROUP is the int4 codec's default G (docs/echo.md, "Choosing G");
+ * ECHO_DEFAULT_CODEC, with its own default G (the codec table), is the preset that
+ * `--allreduce echo` runs, chosen on a trained model (docs/accuracy.md). */
 #define ECHO_MAX_RANKS 64
 #define ECHO_MIN_GROUP 16
 #define ECHO_MAX_GROUP 256
 #define ECHO_DEFAULT_GROUP 64
-#define ECHO_DEFAULT_CODEC ECHO_CODEC_INT4
+#define ECHO_DEFAULT_CODEC ECHO_CODEC_HADAMARD
 
 typedef struct echo_config {
     echo_mode mode;

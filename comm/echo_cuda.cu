@@ -635,7 +635,8 @@ static int cuda_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
     /* shards holding data, then those this rank codes (all but its own) */
     size_t with_data = (p->count + p->shard - 1) / p->shard;
     unsigned shards = (unsigned)(with_data - ((size_t)c->rank < with_data));
-    if (shards == 0) return 0;
+    /* a rotating codec rotates the own shard even when it codes no other */
+    if (shards == 0 && !p->rotate) return 0;
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
     wire_ptrs w;
     for (int j = 0; j < ECHO_MAX_RANKS; j++)
@@ -653,6 +654,7 @@ static int cuda_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
             echo_rot_fwd_kernel<uint16_t>
                 <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const uint16_t *)x, cs->d_rot, p->count, ng, p->rotate);
         ECHO_CUDA_TRY(cudaGetLastError());
+        if (shards == 0) return 0;
         if (p->sub) {
             dim3 hgrid(blocks_stride(p->shard / (size_t)p->group), shards);
             echo_hsub_phase1_kernel<<<hgrid, ECHO_THREADS, 0, s>>>(cs->d_rot, res, res_valid, np, p->shard, p->group,

@@ -10,15 +10,15 @@
 #
 #   scripts/accuracy.sh [--quick] [--threads N] [--codecs LIST] [--gen-tokens K]
 #     --quick        8 prompts, 16 greedy tokens (a smoke run, ~3 min)
-#     --codecs LIST  codec-gG list (default: int4-g32,int4-g64,int4-g128,
-#                    hadamard-g16,hadamard-g32,hadamard-g64)
+#     --codecs LIST  codec-gG list (default: int4-g32,int4-g64,hadamard-g16,
+#                    hadamard-g32,hadamard-g64,hsub6-g128)
 # The full run (50 prompts of 128 tokens, 16 greedy tokens, 12 variants)
 # takes ~30 min on 2 shared cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
 threads=$(nproc)
-codecs=int4-g32,int4-g64,int4-g128,hadamard-g16,hadamard-g32,hadamard-g64
+codecs=int4-g32,int4-g64,hadamard-g16,hadamard-g32,hadamard-g64,hsub6-g128
 gen=16
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,7 +31,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-out=build/accuracy
+# ECHO_ACC_OUT=DIR: where the runs' JSON goes (default build/accuracy)
+out=${ECHO_ACC_OUT:-build/accuracy}
 mkdir -p "$out"
 model=$(scripts/fetch-model.sh build/models)
 src=/usr/share/doc/python3.11/html/_sources/tutorial

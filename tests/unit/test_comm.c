@@ -868,7 +868,7 @@ START_TEST(test_reset_and_abort) {
     const int n = 4;
     const size_t m = 777;
     harness h;
-    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 16, 0, 4, m, 0, 0, 0});
+    h_init(&h, n, (echo_config){ECHO_MODE_ECHO, 16, 0, 4, m, 0, 0, ECHO_CODEC_INT4});
     void *buf[MAXN], *out1[MAXN];
     step s;
     /* two passes over the same inputs give the same outputs: begin_pass clears the residual */
@@ -913,6 +913,32 @@ START_TEST(test_reset_and_abort) {
         call_all(&h, 1, 0, m, ECHO_F32, buf, &s);
         assert_all_fail(&s, "not finite");
         free_bufs(n, buf);
+    }
+    /* the rotating codecs: a bad input poisons its rotated group, which every
+     * rank reports (the message names the group's first element) */
+    for (int k = 0; k < 2; k++) {
+        harness hr;
+        h_init(&hr, n, (echo_config){ECHO_MODE_ECHO, k ? 128 : 16, 0, 4, m, 0, 0,
+                                     k ? ECHO_CODEC_HSUB6 : ECHO_CODEC_HADAMARD});
+        for (int r = 0; r < n; r++) {
+            buf[r] = malloc(m * 4);
+            gen(buf[r], m, 12, 0, (uint64_t)r);
+        }
+        ((float *)buf[2])[5] = INFINITY;
+        call_all(&hr, 1, 0, m, ECHO_F32, buf, &s);
+        assert_all_fail(&s, "aborted");
+        ck_assert_msg(strstr(s.err[2], "input element 0"), "%s", s.err[2]);
+        ck_assert(isnan(((float *)buf[0])[5]));
+        free_bufs(n, buf);
+        /* and the next pass works */
+        for (int r = 0; r < n; r++) {
+            buf[r] = malloc(m * 4);
+            gen(buf[r], m, 12, 1, (uint64_t)r);
+        }
+        call_all(&hr, 1, 0, m, ECHO_F32, buf, &s);
+        assert_all_ok(&s);
+        free_bufs(n, buf);
+        h_free(&hr);
     }
     /* finite inputs whose fp32 sum overflows */
     for (int r = 0; r < n; r++) {
