@@ -2,10 +2,15 @@
 """docs/accuracy.md (and the Pareto plot's data) from echo-eval --json runs at
 tp 1 and tp 3 and echo-bench codec --json throughput (scripts/accuracy.sh).
 
-    accuracy_report.py TP1.json TP3.json OUT.md PLOT.dat [CODEC.json]
+    accuracy_report.py TP1.json TP3.json OUT.md PLOT.dat [CODEC.json [QWEN3.json]]
+
+The default preset is read from comm/echo.h (ECHO_DEFAULT_CODEC) and the
+codec table in comm/echo.c (its default G).
 
 Rows of older echo-eval builds (no "codec" key) are the int4 codec."""
 import json
+import os
+import re
 import sys
 
 BOUND = -0.4  # the paper's: within 0.4 points of exact
@@ -35,6 +40,22 @@ def load_many(path):
 
 def name(r):
     return f"{r.get('codec', 'int4')}-g{r['group']}"
+
+
+def default_preset():
+    """(codec name, G) of `--allreduce echo`, from the sources."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    try:
+        h = open(os.path.join(root, "comm/echo.h")).read()
+        c = open(os.path.join(root, "comm/echo.c")).read()
+        cid = re.search(r"#define ECHO_DEFAULT_CODEC (ECHO_CODEC_\w+)", h).group(1)
+        m = re.search(r"\[" + cid + r"\] = \{\"(\w+)\",[^}]*?,\s*(\w+)\}", c)
+        g = m.group(2)
+        if not g.isdigit():
+            g = re.search(r"#define " + g + r" (\d+)", h).group(1)
+        return m.group(1), int(g)
+    except (OSError, AttributeError):
+        return None
 
 
 def main():
@@ -92,6 +113,22 @@ def main():
                      f"{b['encode_gbps']:.2f} | {b['decode_acc_gbps']:.2f} | {b['rel_err_gauss']:.4f} | "
                      f"{b['rel_err_outlier']:.4f} |")
         L.append("")
+    if len(sys.argv) > 6:
+        q = json.load(open(sys.argv[6]))
+        L.append(f"Qwen3 fixture (`{q['model']}`: random weights, {q['layers']} layers, so only the KL to "
+                 f"exact means anything), tp {q['tp']}, {q['prompts']} random prompts: mean KL of the "
+                 "next-token distribution to exact, lower is better — the new codecs must not regress on a "
+                 "model without trained outliers:\n")
+        L.append("| codec | G | bits/value | KL, int4 | KL, echo |")
+        L.append("|---|---|---|---|---|")
+        keys = sorted({name(r) for r in q["modes"]}, key=lambda k: k)
+        for k in keys:
+            rs = {r["mode"]: r for r in q["modes"] if name(r) == k}
+            any_r = next(iter(rs.values()))
+            kl = lambda m: f"{rs[m]['kl_mean']:.3f}" if m in rs else "–"
+            L.append(f"| {any_r.get('codec', 'int4')} | {any_r['group']} | {row_bits(any_r):.3f} | {kl('int4')} | "
+                     f"{kl('echo')} |")
+        L.append("")
     echo = [r for r in rows if r["mode"] == "echo" and not r.get("min_bytes")]
     int4 = [r for r in rows if r["mode"] == "int4" and not r.get("min_bytes")]
     L.append("## Verdict\n")
@@ -108,10 +145,17 @@ def main():
         L.append(f"- **Within 0.4 points of exact at ≤ {BUDGET} bits/value: no.** The best row is echo with "
                  f"`{name(best)}` ({row_bits(best):.3f} bits/value): {best['next_token_acc_delta_pt']:+.2f} "
                  f"points, {-best['next_token_acc_delta_pt'] + BOUND:.2f} points short of the bound.")
-    if best:
-        L.append(f"- Chosen default preset (`--allreduce echo`): the codec and G of "
-                 f"{'the cheapest row within the bound' if ok else 'the best row within the budget'}: "
-                 f"**`{name(ok[0] if ok else best)}`** with error feedback.")
+    dp = default_preset()
+    if dp:
+        d = [r for r in echo if r.get("codec", "int4") == dp[0] and r["group"] == dp[1]]
+        if d:
+            r = d[0]
+            se = r.get("next_token_acc_delta_se_pt")
+            L.append(f"- **Default preset** (`--allreduce echo`, `ECHO_DEFAULT_CODEC` in comm/echo.h): "
+                     f"`{dp[0]}-g{dp[1]}` with error feedback, {row_bits(r):.3f} bits/value: "
+                     f"{r['next_token_acc_delta_pt']:+.2f}" + (f" ± {se:.2f}" if se is not None else "") +
+                     f" points here ({'within' if r['next_token_acc_delta_pt'] >= BOUND else 'outside'} 0.4 "
+                     "points of exact).")
     if int4:
         bi = max(int4, key=lambda r: r["next_token_acc_delta_pt"])
         L.append(f"- Without error feedback (mode int4) the best row is `{name(bi)}`: "
