@@ -383,6 +383,8 @@ static size_t enc_msg(const echo_plan *p, const void *y, echo_dtype ydt, float *
 static void dec_msg(const echo_plan *p, const uint8_t *codes, const uint8_t *scales, size_t n, float *out,
                     int accumulate, size_t *bad);
 static void rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate);
+static void stage_fwd(const echo_plan *p, const void *x, echo_dtype dt, size_t n, size_t np, float *out);
+static void stage_inv(const echo_plan *p, float *in, size_t n, void *out, echo_dtype dt, int accumulate);
 
 /* Rotating codecs go through a stack chunk of ECHO_ROT_CHUNK values (whole
  * groups): no allocation per call. */
@@ -396,11 +398,11 @@ int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t co
         snprintf(err, errlen, "codec: unknown codec %d or group %d", (int)id, group);
         return -1;
     }
-    if (!ci->rotate) return echo_codec_encode(x, res, count, group, wire, err, errlen);
+    if (!ci->rotate && ci->form == ECHO_FORM_INT4) return echo_codec_encode(x, res, count, group, wire, err, errlen);
     echo_plan p;
     echo_plan_init(&p, count, 1, group, ECHO_F32);
     p.rotate = ci->rotate < 0 ? group : ci->rotate;
-    p.sub = ci->sub_bits != 0;
+    p.form = ci->form;
     size_t ng = (count + (size_t)group - 1) / (size_t)group, np = ng * (size_t)group;
     uint8_t *codes = wire, *scales = codes + np / 2;
     size_t rb = gb - (size_t)group / 2;
@@ -408,7 +410,7 @@ int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t co
     for (size_t off = 0; off < np; off += ECHO_ROT_CHUNK) {
         size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK, b;
         size_t in = count - off < m ? count - off : m;
-        rot_fwd(x + off, ECHO_F32, in, m, p.rotate, u);
+        stage_fwd(&p, x + off, ECHO_F32, in, m, u);
         if (enc_msg(&p, u, ECHO_F32, res ? res + off : NULL, res != NULL, ECHO_RESID_F32, m, codes + off / 2,
                     scales + off / (size_t)group * rb, &b)) {
             snprintf(err, errlen,
@@ -429,14 +431,14 @@ int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int g
         snprintf(err, errlen, "codec: unknown codec %d or group %d", (int)id, group);
         return -1;
     }
-    if (!ci->rotate) {
+    if (!ci->rotate && ci->form == ECHO_FORM_INT4) {
         echo_codec_decode(wire, count, group, out, accumulate);
         return 0;
     }
     echo_plan p;
     echo_plan_init(&p, count, 1, group, ECHO_F32);
     p.rotate = ci->rotate < 0 ? group : ci->rotate;
-    p.sub = ci->sub_bits != 0;
+    p.form = ci->form;
     size_t ng = (count + (size_t)group - 1) / (size_t)group, np = ng * (size_t)group;
     const uint8_t *codes = wire, *scales = codes + np / 2;
     size_t rb = gb - (size_t)group / 2;
@@ -444,7 +446,7 @@ int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int g
     for (size_t off = 0; off < np; off += ECHO_ROT_CHUNK) {
         size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK;
         dec_msg(&p, codes + off / 2, scales + off / (size_t)group * rb, m, u, 0, NULL);
-        rot_inv(u, count - off < m ? count - off : m, p.rotate, out + off, ECHO_F32, accumulate);
+        stage_inv(&p, u, count - off < m ? count - off : m, out + off, ECHO_F32, accumulate);
     }
     return 0;
 }
@@ -601,8 +603,30 @@ static void rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, in
 #undef RI
 }
 
-static void rot_inv_store(float *in, size_t n, int G, void *out, echo_dtype dt) {
-    rot_inv(in, n, G, out, dt, 0);
+/* The staged copy of a message (echo_plan_staged): rotated when the codec
+ * rotates, else the values widened to fp32; zero-padded to np. */
+static void stage_fwd(const echo_plan *p, const void *x, echo_dtype dt, size_t n, size_t np, float *out) {
+    if (p->rotate) {
+        rot_fwd(x, dt, n, np, p->rotate, out);
+        return;
+    }
+    echo_cpu_load(x, dt, n, out, 0);
+    for (size_t i = n; i < np; i++)
+        out[i] = 0.0f;
+}
+
+/* out[0..n) (dt; or fp32 +=) from a staged copy (rotated back in place first). */
+static void stage_inv(const echo_plan *p, float *in, size_t n, void *out, echo_dtype dt, int accumulate) {
+    if (p->rotate) {
+        rot_inv(in, n, p->rotate, out, dt, accumulate);
+        return;
+    }
+    if (accumulate) {
+        echo_cpu_load(in, ECHO_F32, n, out, 1);
+        return;
+    }
+    size_t bad;
+    echo_cpu_store(in, n, out, dt, &bad);
 }
 
 static int host_unrotate(echo_comm *c, float *res, size_t n, int group, void *stream, char *err, size_t errlen) {
@@ -615,11 +639,11 @@ static int host_unrotate(echo_comm *c, float *res, size_t n, int group, void *st
  * the scales (int4: one bf16 per group; hsub6: one record per group). */
 static size_t enc_msg(const echo_plan *p, const void *y, echo_dtype ydt, float *res, int res_valid, echo_resid rmode,
                       size_t n, uint8_t *codes, uint8_t *scales, size_t *bad) {
-    if (!p->sub)
+    if (p->form == ECHO_FORM_INT4)
         return echo_cpu_encode(y, ydt, res, res_valid, rmode, n, p->group, codes, (uint16_t *)scales, bad);
-    /* hsub6: fp32 rotated values, whole groups, residuals fp32 (rotated) */
+    /* record forms: fp32 staged values, whole groups, residuals fp32 */
     int G = p->group;
-    size_t rb = (size_t)echo_hsub_rec_bytes(G), npoison = 0;
+    size_t rb = (size_t)echo_rec_bytes(p->form, G), npoison = 0;
     const float *yf = y;
     float t[ECHO_MAX_GROUP];
     *bad = ECHO_NO_INDEX;
@@ -630,8 +654,8 @@ static size_t enc_msg(const echo_plan *p, const void *y, echo_dtype ydt, float *
                 t[i] = yf[off + (size_t)i] + res[off + (size_t)i];
             v = t;
         }
-        uint16_t sb = echo_hsub_encode_group(v, G, codes + off / 2, scales + off / (size_t)G * rb,
-                                             res ? res + off : NULL, G);
+        uint16_t sb = echo_rec_encode_group(p->form, v, G, codes + off / 2, scales + off / (size_t)G * rb,
+                                            res ? res + off : NULL, G);
         if (echo_scale_is_poison(sb) && !npoison++) *bad = off;
     }
     return npoison;
@@ -644,7 +668,7 @@ static void dec_msg(const echo_plan *p, const uint8_t *codes, const uint8_t *sca
     int G = p->group;
     if (bad) {
         *bad = ECHO_NO_INDEX;
-        size_t rb = p->sub ? (size_t)echo_hsub_rec_bytes(G) : 2;
+        size_t rb = (size_t)echo_rec_bytes(p->form, G);
         for (size_t g = 0; g < (n + (size_t)G - 1) / (size_t)G; g++) {
             uint16_t sb = (uint16_t)(scales[g * rb] | (scales[g * rb + 1] << 8));
             if (echo_scale_is_poison(sb)) {
@@ -653,14 +677,14 @@ static void dec_msg(const echo_plan *p, const uint8_t *codes, const uint8_t *sca
             }
         }
     }
-    if (!p->sub) {
+    if (p->form == ECHO_FORM_INT4) {
         echo_cpu_decode(codes, (const uint16_t *)scales, n, G, out, accumulate);
         return;
     }
-    size_t rb = (size_t)echo_hsub_rec_bytes(G);
+    size_t rb = (size_t)echo_rec_bytes(p->form, G);
     float v[ECHO_MAX_GROUP];
     for (size_t off = 0; off < n; off += (size_t)G) {
-        echo_hsub_decode_group(codes + off / 2, scales + off / (size_t)G * rb, G, v);
+        echo_rec_decode_group(p->form, codes + off / 2, scales + off / (size_t)G * rb, G, v);
         size_t m = n - off < (size_t)G ? n - off : (size_t)G;
         if (accumulate)
             for (size_t i = 0; i < m; i++)
@@ -677,9 +701,9 @@ static int host_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
     size_t esz = echo_dtype_size(p->dt);
     echo_dtype xdt = p->dt;
     *bad = ECHO_NO_INDEX;
-    if (p->rotate) {
-        /* the whole message, own shard included (phase 2 sums it rotated) */
-        rot_fwd(x, p->dt, p->count, echo_plan_pad(p, p->count), p->rotate, c->rot);
+    if (echo_plan_staged(p)) {
+        /* the whole message, own shard included (phase 2 sums it staged) */
+        stage_fwd(p, x, p->dt, p->count, echo_plan_pad(p, p->count), c->rot);
         x = c->rot;
         xdt = ECHO_F32;
         esz = sizeof(float);
@@ -687,7 +711,7 @@ static int host_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
     for (int s = 0; s < p->nranks; s++) {
         size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
         if (s == c->rank || n == 0) continue;
-        if (p->rotate) n = echo_plan_pad(p, n);
+        if (echo_plan_staged(p)) n = echo_plan_pad(p, n);
         if (enc_msg(p, (const char *)x + off * esz, xdt, res ? res + off : NULL, res_valid, ECHO_RESID_F32, n,
                     send[s], (uint8_t *)plan_scales(p, send[s]), &b) &&
             *bad == ECHO_NO_INDEX)
@@ -705,8 +729,8 @@ static int host_phase2(echo_comm *c, const echo_plan *p, const void *x, const ui
     float *sum = c->scratch;
     echo_dtype xdt = p->dt;
     echo_resid rmode = p->dt == ECHO_BF16 ? ECHO_RESID_BF16 : ECHO_RESID_F32;
-    if (p->rotate) {
-        /* rotated, whole groups; the output is rounded after the inverse
+    if (echo_plan_staged(p)) {
+        /* staged, whole groups; the output is rounded after the inverse
          * rotation, so g does not account for that rounding */
         n = echo_plan_pad(p, n);
         x = c->rot;
@@ -732,11 +756,11 @@ static int host_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *g
     for (int s = 0; s < p->nranks; s++) {
         size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
         if (n == 0) continue;
-        if (p->rotate) {
+        if (echo_plan_staged(p)) {
             dec_msg(p, gathered[s], (const uint8_t *)plan_scales(p, gathered[s]), echo_plan_pad(p, n), c->rot + off, 0,
                     &b);
             if (b != ECHO_NO_INDEX && *bad == ECHO_NO_INDEX) *bad = off + b;
-            rot_inv_store(c->rot + off, n, p->rotate, (char *)buf + off * esz, p->dt);
+            stage_inv(p, c->rot + off, n, (char *)buf + off * esz, p->dt, 0);
             continue;
         }
         if (echo_cpu_decode_store(gathered[s], plan_scales(p, gathered[s]), n, p->group, (char *)buf + off * esz, p->dt,
@@ -771,7 +795,8 @@ static int host_comm_init(echo_comm *c, char *err, size_t errlen) {
         snprintf(err, errlen, "echo: out of memory for the %zu-value reduction scratch", w->max_plan.shard);
         return -1;
     }
-    if (echo_codec_get(w->cfg.codec)->rotate && w->cfg.mode != ECHO_MODE_BF16) {
+    const echo_codec_info *ci = echo_codec_get(w->cfg.codec);
+    if ((ci->rotate || ci->form != ECHO_FORM_INT4) && w->cfg.mode != ECHO_MODE_BF16) {
         size_t m = w->max_plan.shard * (size_t)w->nranks;
         c->rot = malloc(m * sizeof(float) + 1);
         if (!c->rot) {

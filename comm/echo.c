@@ -44,9 +44,10 @@ const char *echo_mode_name(echo_mode m) {
 /* ---- the codec table ---- */
 
 static const echo_codec_info codecs[ECHO_CODEC_COUNT] = {
-    [ECHO_CODEC_INT4] = {"int4", 0, 4, 2, 0, ECHO_MIN_GROUP, ECHO_DEFAULT_GROUP},
-    [ECHO_CODEC_HADAMARD] = {"hadamard", -1, 4, 2, 0, ECHO_MIN_GROUP, 32},
-    [ECHO_CODEC_HSUB6] = {"hsub6", ECHO_SUB, 4, 2, 6, 64, 128},
+    [ECHO_CODEC_INT4] = {"int4", 0, 4, 2, 0, ECHO_MIN_GROUP, ECHO_DEFAULT_GROUP, ECHO_FORM_INT4},
+    [ECHO_CODEC_HADAMARD] = {"hadamard", -1, 4, 2, 0, ECHO_MIN_GROUP, 32, ECHO_FORM_INT4},
+    [ECHO_CODEC_HSUB6] = {"hsub6", ECHO_SUB, 4, 2, 6, 64, 128, ECHO_FORM_HSUB},
+    [ECHO_CODEC_OUT2] = {"out2", 0, 4, ECHO_OUT2_REC, 0, 64, 128, ECHO_FORM_OUT2},
 };
 
 const echo_codec_info *echo_codec_get(echo_codec_id id) {
@@ -109,7 +110,7 @@ static void plan_codec(echo_plan *p, echo_codec_id id) {
     size_t gb = echo_codec_group_bytes(id, p->group);
     p->wire = p->shard / (size_t)p->group * gb;
     p->rotate = ci->rotate < 0 ? p->group : ci->rotate;
-    p->sub = ci->sub_bits != 0;
+    p->form = ci->form;
 }
 
 static double now_s(void) {

@@ -79,6 +79,7 @@ typedef enum echo_codec_id {
     ECHO_CODEC_INT4,        /* the paper's: int4 codes in [-7, 7], one bf16 scale per group of G */
     ECHO_CODEC_HADAMARD,    /* the same after a per-group Walsh-Hadamard rotation with fixed signs */
     ECHO_CODEC_HSUB6,       /* rotation per 16 values, each 16 with a 6-bit scale under the group's bf16 one */
+    ECHO_CODEC_OUT2,        /* int4 with the 2 largest |values| of each group in bf16 (outlier channels) */
     ECHO_CODEC_COUNT
 } echo_codec_id;
 
@@ -120,13 +121,14 @@ const char *echo_mode_name(echo_mode m);
  * docs/echo.md, "Codecs", has the formats and the measurements that chose
  * ECHO_DEFAULT_CODEC. */
 typedef struct echo_codec_info {
-    const char *name;  /* what users type: "int4", "hadamard", "hsub6" */
+    const char *name;  /* what users type: "int4", "hadamard", "hsub6", "out2" */
     int rotate;        /* values per Walsh-Hadamard rotation block (comm/echo_codec.h): 0 none, -1 the group */
     int code_bits;     /* wire bits of one value's code */
     int scale_bytes;   /* wire bytes of one group's scale */
     int sub_bits;      /* wire bits of the scale of each 16 values within a group (0: none) */
     int min_group;     /* smallest G the codec takes (G is a power of two up to ECHO_MAX_GROUP) */
     int default_group; /* G when echo_config.group_size is 0 */
+    int form;          /* wire form of a group's scales (comm/echo_codec.h ECHO_FORM_*): 0 one bf16 */
 } echo_codec_info;
 
 /* The entry of `id` (ECHO_CODEC_DEFAULT resolved); NULL if out of range. */

@@ -329,4 +329,105 @@ ECHO_HD uint16_t echo_hsub_decode_group(const uint8_t *codes, const uint8_t *rec
     return sb;
 }
 
+/* ---- the out2 codec (ECHO_CODEC_OUT2): outliers in 16 bits ----
+ * In each group of G (64..256) the two values of largest |y| travel as bf16
+ * (round to nearest even) with their indices; the others are int4 codes
+ * under a bf16 scale set by the third largest |y|, so one or two outlier
+ * channels no longer flatten their group. Record: S, o1, o2 (bf16 each),
+ * i1, i2 (one byte each): 8 bytes, 4 + 64/G bits per value (4.5 at 128).
+ * The outliers' codes are 0. y - bf16(y) is exact (bf16(y) is within a
+ * factor of two of y), so the residual is exact as for int4. */
+#define ECHO_FORM_INT4 0 /* codes, then one bf16 scale per group */
+#define ECHO_FORM_HSUB 1 /* codes, then hsub6 records */
+#define ECHO_FORM_OUT2 2 /* codes, then out2 records */
+#define ECHO_OUT2_REC 8
+
+ECHO_HD uint16_t echo_out2_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
+    uint32_t m = 0, a1 = 0, a2 = 0;
+    int i1 = 0, i2 = 1;
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        m = a > m ? a : m;
+    }
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        if (a > a1) {
+            a1 = a;
+            i1 = i;
+        }
+    }
+    i2 = i1 == 0 ? 1 : 0;
+    a2 = echo_abs_bits(y[i2]);
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        if (i != i1 && a > a2) {
+            a2 = a;
+            i2 = i;
+        }
+    }
+    uint32_t m3 = 0;
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        if (i != i1 && i != i2) m3 = a > m3 ? a : m3;
+    }
+    /* poison: any value the codec cannot carry poisons the whole group */
+    uint16_t sb = m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(m3);
+    int ok = sb != 0 && !echo_scale_is_poison(sb);
+    uint16_t o1 = echo_scale_is_poison(sb) ? ECHO_SCALE_POISON : echo_f32_to_bf16(y[i1]);
+    uint16_t o2 = echo_scale_is_poison(sb) ? ECHO_SCALE_POISON : echo_f32_to_bf16(y[i2]);
+    rec[0] = (uint8_t)sb, rec[1] = (uint8_t)(sb >> 8);
+    rec[2] = (uint8_t)o1, rec[3] = (uint8_t)(o1 >> 8);
+    rec[4] = (uint8_t)o2, rec[5] = (uint8_t)(o2 >> 8);
+    rec[6] = (uint8_t)i1, rec[7] = (uint8_t)i2;
+    float s = echo_bf16_to_f32(sb);
+    for (int i = 0; i < G; i += 2) {
+        float q0 = ok && i != i1 && i != i2 ? echo_code(y[i], s) : 0.0f;
+        float q1 = ok && i + 1 != i1 && i + 1 != i2 ? echo_code(y[i + 1], s) : 0.0f;
+        codes[i / 2] = echo_pack2((int)q0, (int)q1);
+        if (!r) continue;
+        for (int t = 0; t < 2; t++) {
+            int k = i + t;
+            if (k >= n) continue;
+            float q = t ? q1 : q0;
+            if (echo_scale_is_poison(sb))
+                r[k] = 0.0f;
+            else if (k == i1)
+                r[k] = echo_sub(y[k], echo_bf16_to_f32(o1));
+            else if (k == i2)
+                r[k] = echo_sub(y[k], echo_bf16_to_f32(o2));
+            else
+                r[k] = sb == 0 ? y[k] : echo_sub(y[k], echo_mul(q, s));
+        }
+    }
+    return sb;
+}
+
+ECHO_HD uint16_t echo_out2_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v) {
+    uint16_t sb = (uint16_t)(rec[0] | (rec[1] << 8));
+    uint16_t o1 = (uint16_t)(rec[2] | (rec[3] << 8)), o2 = (uint16_t)(rec[4] | (rec[5] << 8));
+    float s = echo_bf16_to_f32(sb);
+    for (int i = 0; i < G; i += 2) {
+        v[i] = echo_mul((float)echo_nib_lo(codes[i / 2]), s);
+        v[i + 1] = echo_mul((float)echo_nib_hi(codes[i / 2]), s);
+    }
+    v[rec[6] % G] = echo_bf16_to_f32(o1);
+    v[rec[7] % G] = echo_bf16_to_f32(o2);
+    return sb;
+}
+
+/* The record forms by number (echo_plan.form), for the loops that serve them all. */
+ECHO_HD int echo_rec_bytes(int form, int G) {
+    return form == ECHO_FORM_HSUB ? echo_hsub_rec_bytes(G) : form == ECHO_FORM_OUT2 ? ECHO_OUT2_REC : 2;
+}
+
+ECHO_HD uint16_t echo_rec_encode_group(int form, const float *y, int G, uint8_t *codes, uint8_t *rec, float *r,
+                                       int n) {
+    return form == ECHO_FORM_OUT2 ? echo_out2_encode_group(y, G, codes, rec, r, n)
+                                  : echo_hsub_encode_group(y, G, codes, rec, r, n);
+}
+
+ECHO_HD uint16_t echo_rec_decode_group(int form, const uint8_t *codes, const uint8_t *rec, int G, float *v) {
+    return form == ECHO_FORM_OUT2 ? echo_out2_decode_group(codes, rec, G, v) : echo_hsub_decode_group(codes, rec, G, v);
+}
+
 #endif

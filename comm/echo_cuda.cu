@@ -538,34 +538,42 @@ __global__ void __launch_bounds__(ECHO_THREADS) echo_unrot_kernel(float *r, size
         echo_had_inv(r + g * (size_t)G, G);
 }
 
-/* ---- the hsub6 codec (echo_plan.sub): a thread codes or decodes one
- * group of G values with comm/echo_codec.h's group functions, the host's
- * arithmetic; values are rotated fp32 (d_rot), whole groups. Simple, not
- * tuned. A shard's wire message: L/2 code bytes, then L/G scale records. */
+/* ---- record forms (echo_plan.form: hsub6, out2): a thread codes or
+ * decodes one group of G values with comm/echo_codec.h's group functions,
+ * the host's arithmetic; values are the staged fp32 copy (d_rot), whole
+ * groups. Simple, not tuned. A shard's wire message: L/2 code bytes, then
+ * L/G scale records. */
+template <typename T>
+__global__ void __launch_bounds__(ECHO_THREADS) echo_stage_kernel(const T *x, float *y, size_t count, size_t np) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < np; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = i < count ? ld(x, i) : 0.0f;
+}
+
 __global__ void __launch_bounds__(ECHO_THREADS)
-    echo_hsub_phase1_kernel(const float *y, float *res, int res_valid, size_t count, size_t L, int G, int own,
-                            wire_ptrs send) {
+    echo_rec_phase1_kernel(int form, const float *y, float *res, int res_valid, size_t count, size_t L, int G, int own,
+                           wire_ptrs send) {
     int c = (int)blockIdx.y;
     c += c >= own;
     size_t start = (size_t)c * L, n = count - start < L ? count - start : L, K = n / (size_t)G;
-    int rb = echo_hsub_rec_bytes(G);
+    int rb = echo_rec_bytes(form, G);
     uint8_t *w = send.p[c];
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
         size_t i = start + k * (size_t)G;
         float t[ECHO_MAX_GROUP];
         for (int q = 0; q < G; q++)
             t[q] = res && res_valid ? y[i + q] + res[i + q] : y[i + q];
-        echo_hsub_encode_group(t, G, w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, res ? res + i : NULL, G);
+        echo_rec_encode_group(form, t, G, w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, res ? res + i : NULL,
+                              G);
     }
 }
 
 /* Owner: S = sum over j = 0..N-1 in that order of (j == own ? ys : decoded
  * peer j), + g when g_valid; coded into out; g = residual. */
 __global__ void __launch_bounds__(ECHO_THREADS)
-    echo_hsub_phase2_kernel(const float *ys, wire_cptrs recv, float *g, int g_valid, size_t len, size_t L, int G,
-                            int N, int own, uint8_t *out) {
+    echo_rec_phase2_kernel(int form, const float *ys, wire_cptrs recv, float *g, int g_valid, size_t len, size_t L,
+                           int G, int N, int own, uint8_t *out) {
     size_t K = len / (size_t)G;
-    int rb = echo_hsub_rec_bytes(G);
+    int rb = echo_rec_bytes(form, G);
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
         size_t i = k * (size_t)G;
         float S[ECHO_MAX_GROUP], v[ECHO_MAX_GROUP];
@@ -574,27 +582,28 @@ __global__ void __launch_bounds__(ECHO_THREADS)
                 for (int q = 0; q < G; q++)
                     v[q] = ys[i + q];
             else
-                echo_hsub_decode_group(recv.p[j] + i / 2, recv.p[j] + L / 2 + k * (size_t)rb, G, v);
+                echo_rec_decode_group(form, recv.p[j] + i / 2, recv.p[j] + L / 2 + k * (size_t)rb, G, v);
             for (int q = 0; q < G; q++)
                 S[q] = j == 0 ? v[q] : S[q] + v[q];
         }
         if (g && g_valid)
             for (int q = 0; q < G; q++)
                 S[q] = S[q] + g[i + q];
-        echo_hsub_encode_group(S, G, out + i / 2, out + L / 2 + k * (size_t)rb, g ? g + i : NULL, G);
+        echo_rec_encode_group(form, S, G, out + i / 2, out + L / 2 + k * (size_t)rb, g ? g + i : NULL, G);
     }
 }
 
 /* Every rank: decode every shard's groups into y; a poisoned group reports
  * its first element. */
 __global__ void __launch_bounds__(ECHO_THREADS)
-    echo_hsub_finish_kernel(wire_cptrs gathered, float *y, size_t count, size_t L, int G, unsigned long long *bad) {
+    echo_rec_finish_kernel(int form, wire_cptrs gathered, float *y, size_t count, size_t L, int G,
+                           unsigned long long *bad) {
     size_t start = (size_t)blockIdx.y * L, n = count - start < L ? count - start : L, K = n / (size_t)G;
-    int rb = echo_hsub_rec_bytes(G);
+    int rb = echo_rec_bytes(form, G);
     const uint8_t *w = gathered.p[blockIdx.y];
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
-        uint16_t sb = echo_hsub_decode_group(w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, G,
-                                             y + start + k * (size_t)G);
+        uint16_t sb = echo_rec_decode_group(form, w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, G,
+                                            y + start + k * (size_t)G);
         if (echo_scale_is_poison(sb)) atomicMin(bad, (unsigned long long)(start + k * (size_t)G));
     }
 }
@@ -636,29 +645,37 @@ static int cuda_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
     size_t with_data = (p->count + p->shard - 1) / p->shard;
     unsigned shards = (unsigned)(with_data - ((size_t)c->rank < with_data));
     /* a rotating codec rotates the own shard even when it codes no other */
-    if (shards == 0 && !p->rotate) return 0;
+    if (shards == 0 && !echo_plan_staged(p)) return 0;
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
     wire_ptrs w;
     for (int j = 0; j < ECHO_MAX_RANKS; j++)
         w.p[j] = j < p->nranks ? send[j] : NULL;
     int lg = log2_group(p->group);
     cudaStream_t s = (cudaStream_t)stream;
-    if (p->rotate) {
-        /* the whole message, own shard included (phase 2 sums it rotated) */
+    if (echo_plan_staged(p)) {
+        /* the whole message, own shard included (phase 2 sums it staged) */
         cuda_state *cs = state_of(c);
-        size_t np = echo_plan_pad(p, p->count), ng = np / (size_t)p->rotate;
-        if (p->dt == ECHO_F32)
-            echo_rot_fwd_kernel<float>
-                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot, p->count, ng, p->rotate);
-        else
-            echo_rot_fwd_kernel<uint16_t>
-                <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const uint16_t *)x, cs->d_rot, p->count, ng, p->rotate);
+        size_t np = echo_plan_pad(p, p->count);
+        if (p->rotate) {
+            size_t ng = np / (size_t)p->rotate;
+            if (p->dt == ECHO_F32)
+                echo_rot_fwd_kernel<float><<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot,
+                                                                                     p->count, ng, p->rotate);
+            else
+                echo_rot_fwd_kernel<uint16_t><<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(
+                    (const uint16_t *)x, cs->d_rot, p->count, ng, p->rotate);
+        } else if (p->dt == ECHO_F32) {
+            echo_stage_kernel<float><<<blocks_stride(np), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot, p->count, np);
+        } else {
+            echo_stage_kernel<uint16_t>
+                <<<blocks_stride(np), ECHO_THREADS, 0, s>>>((const uint16_t *)x, cs->d_rot, p->count, np);
+        }
         ECHO_CUDA_TRY(cudaGetLastError());
         if (shards == 0) return 0;
-        if (p->sub) {
+        if (p->form) {
             dim3 hgrid(blocks_stride(p->shard / (size_t)p->group), shards);
-            echo_hsub_phase1_kernel<<<hgrid, ECHO_THREADS, 0, s>>>(cs->d_rot, res, res_valid, np, p->shard, p->group,
-                                                                   c->rank, w);
+            echo_rec_phase1_kernel<<<hgrid, ECHO_THREADS, 0, s>>>(p->form, cs->d_rot, res, res_valid, np, p->shard,
+                                                                  p->group, c->rank, w);
             ECHO_CUDA_TRY(cudaGetLastError());
             return 0;
         }
@@ -689,12 +706,12 @@ static int cuda_phase2(echo_comm *c, const echo_plan *p, const void *x, const ui
         w.p[j] = j < p->nranks ? recv[j] : NULL;
     int lg = log2_group(p->group);
     cudaStream_t s = (cudaStream_t)stream;
-    if (p->rotate) {
-        /* rotated fp32, whole groups (g does not see the output rounding, as on the host) */
-        if (p->sub) {
+    if (echo_plan_staged(p)) {
+        /* staged fp32, whole groups (g does not see the output rounding, as on the host) */
+        if (p->form) {
             size_t lp = echo_plan_pad(p, len);
-            echo_hsub_phase2_kernel<<<blocks_stride(lp / (size_t)p->group), ECHO_THREADS, 0, s>>>(
-                state_of(c)->d_rot + base, w, g, g_valid, lp, p->shard, p->group, p->nranks, c->rank, out);
+            echo_rec_phase2_kernel<<<blocks_stride(lp / (size_t)p->group), ECHO_THREADS, 0, s>>>(
+                p->form, state_of(c)->d_rot + base, w, g, g_valid, lp, p->shard, p->group, p->nranks, c->rank, out);
             ECHO_CUDA_TRY(cudaGetLastError());
             return 0;
         }
@@ -756,23 +773,31 @@ static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const
     unsigned shards = (unsigned)((p->count + p->shard - 1) / p->shard); /* those holding data */
     if (shards == 0) return 0;
     int lg = log2_group(p->group);
-    if (p->rotate) {
+    if (echo_plan_staged(p)) {
         cuda_state *cs = state_of(c);
-        size_t np = echo_plan_pad(p, p->count), ng = np / (size_t)p->rotate;
-        if (p->sub) {
+        size_t np = echo_plan_pad(p, p->count), ng = p->rotate ? np / (size_t)p->rotate : 0;
+        if (p->form) {
             dim3 hgrid(blocks_stride(p->shard / (size_t)p->group), shards);
-            echo_hsub_finish_kernel<<<hgrid, ECHO_THREADS, 0, s>>>(w, cs->d_rot, np, p->shard, p->group, flag);
+            echo_rec_finish_kernel<<<hgrid, ECHO_THREADS, 0, s>>>(p->form, w, cs->d_rot, np, p->shard, p->group, flag);
         } else {
             dim3 rgrid(grid_x(cs, K_FINISH, ECHO_F32, p->shard / ECHO_FINISH_V, shards), shards);
             echo_finish_kernel<float><<<rgrid, ECHO_THREADS, 0, s>>>(w, cs->d_rot, np, p->shard, lg, flag);
         }
         ECHO_CUDA_TRY(cudaGetLastError());
-        if (p->dt == ECHO_F32)
+        if (!p->rotate) {
+            if (p->dt == ECHO_F32)
+                echo_narrow_kernel<float><<<blocks_stride(p->count), ECHO_THREADS, 0, s>>>(cs->d_rot, (float *)buf,
+                                                                                          p->count);
+            else
+                echo_narrow_kernel<uint16_t>
+                    <<<blocks_stride(p->count), ECHO_THREADS, 0, s>>>(cs->d_rot, (uint16_t *)buf, p->count);
+        } else if (p->dt == ECHO_F32) {
             echo_rot_inv_kernel<float>
                 <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(cs->d_rot, (float *)buf, p->count, ng, p->rotate);
-        else
+        } else {
             echo_rot_inv_kernel<uint16_t>
                 <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(cs->d_rot, (uint16_t *)buf, p->count, ng, p->rotate);
+        }
         ECHO_CUDA_TRY(cudaGetLastError());
         return 0;
     }
@@ -863,7 +888,7 @@ static int cuda_comm_setup(echo_comm *c, cuda_state *cs, char *err, size_t errle
         cs->n_site_flags = c->w->cfg.n_sites;
     }
     const echo_world *w = c->w;
-    if (echo_codec_get(w->cfg.codec)->rotate && w->nranks > 1 &&
+    if ((echo_codec_get(w->cfg.codec)->rotate || echo_codec_get(w->cfg.codec)->form) && w->nranks > 1 &&
         (w->cfg.mode == ECHO_MODE_INT4 || w->cfg.mode == ECHO_MODE_ECHO))
         ECHO_CUDA_TRY(cudaMalloc((void **)&cs->d_rot, w->max_plan.shard * (size_t)w->nranks * sizeof(float)));
     int sms = 0;

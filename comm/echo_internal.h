@@ -38,11 +38,18 @@ typedef struct echo_plan {
     int group;    /* G */
     echo_dtype dt;
     /* Set by echo.c from the codec table (the wire size above too):
-     * rotate: values per Walsh-Hadamard block (0: none); sub: scale records
-     * of the hsub6 form (comm/echo_codec.h) instead of one bf16 per group. */
+     * rotate: values per Walsh-Hadamard block (0: none); form: the scales'
+     * wire form (comm/echo_codec.h ECHO_FORM_*: one bf16 per group, or a
+     * record per group). */
     int rotate;
-    int sub;
+    int form;
 } echo_plan;
+
+/* The codec works on an fp32 copy of the message (c->rot on the host,
+ * d_rot on the device): rotated, or in a record form, whole groups. */
+static inline int echo_plan_staged(const echo_plan *p) {
+    return p->rotate || p->form != 0;
+}
 
 /* Values of shard c that lie inside the message. */
 static inline size_t echo_plan_len(const echo_plan *p, int c) {
@@ -66,7 +73,7 @@ static inline void echo_plan_init(echo_plan *p, size_t count, int nranks, int gr
     p->group = group;
     p->dt = dt;
     p->rotate = 0;
-    p->sub = 0;
+    p->form = 0;
 }
 
 /* Values of the groups that hold data among the first n (n rounded up to G):
@@ -279,7 +286,7 @@ struct echo_comm {
     float *res;
     size_t res_bytes;
     float *scratch; /* host compute: the owner's fp32 sum (L values) */
-    float *rot;     /* host compute, rotating codecs: x rotated, then the decoded sum (padded message) */
+    float *rot;     /* host compute, staged codecs (echo_plan_staged): x (rotated), then the decoded sum (padded message) */
     double *ref;    /* track_error: exact sum over the own shard (L values) */
 
     /* Pass state. */

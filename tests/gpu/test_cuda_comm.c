@@ -623,28 +623,34 @@ static void part_a(const side *A, const side *B) {
                              echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups3[gi], m);
                     compare_case(A, B, label, n, cfg, cs, 4, seed++);
                 }
-    /* hsub6: 16-value rotations and scale records, G = 64..256 */
+    /* hsub6 (16-value rotations, scale records) and out2 (bf16 outliers,
+     * no rotation: the staged copy widened), G = 64..256 */
     const int groups4[] = {64, 128, 256};
-    for (int gi = 0; gi < 3; gi++)
-        for (int ci = 0; ci < 3; ci++)
-            for (int mi = 1; mi < 3; mi++)
-                for (int di = 0; di < 2; di++) {
-                    echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
-                    size_t m = counts3[ci];
-                    int n = 2 + (ci & 1);
-                    echo_config cfg = {modes[mi], groups4[gi], 0, 4, m, 0, 0, ECHO_CODEC_HSUB6};
-                    call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
-                    snprintf(label, sizeof label, "hsub6     n=%d %-5s %-4s G=%-3d count=%zu", n,
-                             echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups4[gi], m);
-                    compare_case(A, B, label, n, cfg, cs, 4, seed++);
-                }
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 2; k++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int ci = 0; ci < 3; ci++)
+                for (int mi = 1; mi < 3; mi++)
+                    for (int di = 0; di < 2; di++) {
+                        echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
+                        size_t m = counts3[ci];
+                        int n = 2 + (ci & 1);
+                        echo_config cfg = {modes[mi], groups4[gi], 0, 4, m, 0, 0,
+                                           k ? ECHO_CODEC_OUT2 : ECHO_CODEC_HSUB6};
+                        call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt),
+                                           spec(1, 0, m, dt)};
+                        snprintf(label, sizeof label, "%-9s n=%d %-5s %-4s G=%-3d count=%zu", k ? "out2" : "hsub6", n,
+                                 echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups4[gi], m);
+                        compare_case(A, B, label, n, cfg, cs, 4, seed++);
+                    }
+    for (int k = 0; k < 3; k++) {
         size_t m = 4097;
         echo_config cfg = {ECHO_MODE_ECHO, 128, 3 * m, 4, m, 0, 0, ECHO_CODEC_HSUB6};
         call_spec cs[4] = {spec(1, 0, m, ECHO_F32), spec(0, 1, m, ECHO_BF16), spec(0, 2, m, ECHO_F32),
                            spec(0, 3, m, ECHO_F32)};
-        if (k) cfg.codec = ECHO_CODEC_HADAMARD, cfg.group_size = 32;
-        snprintf(label, sizeof label, "policy    n=3 echo  f32/bf16 %s count=%zu", k ? "hadamard G=32" : "hsub6 G=128", m);
+        if (k == 1) cfg.codec = ECHO_CODEC_HADAMARD, cfg.group_size = 32;
+        if (k == 2) cfg.codec = ECHO_CODEC_OUT2;
+        snprintf(label, sizeof label, "policy    n=3 echo  f32/bf16 %s count=%zu",
+                 k == 1 ? "hadamard G=32" : k ? "out2 G=128" : "hsub6 G=128", m);
         compare_case(A, B, label, 3, cfg, cs, 4, seed++);
     }
     for (int gi = 0; gi < 3; gi++)

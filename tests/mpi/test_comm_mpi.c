@@ -456,6 +456,7 @@ int main(int argc, char **argv) {
             compare(modes[m], 2048, 0, ECHO_CODEC_HADAMARD);
             compare(modes[m], 0, 0, ECHO_CODEC_HSUB6);
             compare(modes[m], 2048, 0, ECHO_CODEC_HSUB6);
+            compare(modes[m], 0, 0, ECHO_CODEC_OUT2);
         }
         poison(modes[m]);
         disagree(modes[m]);

@@ -331,12 +331,15 @@ static const int rank_counts[] = {2, 3, 4, 8};
 START_TEST(test_replicas_identical_and_exact) {
     const size_t counts[] = {1, 7, 1000, 4097};
     /* modes exact, int4, echo with the int4 codec, then int4 and echo with
-     * hadamard (G = 32), then with hsub6 (G = 64) */
+     * hadamard (G = 32), then with hsub6 and out2 (G = 64) */
     for (int ni = 0; ni < 4; ni++)
-        for (int mv = 0; mv < 7; mv++)
+        for (int mv = 0; mv < 9; mv++)
             for (int dti = 0; dti < 2; dti++) {
                 int n = rank_counts[ni], mode = mv < 3 ? mv : 1 + (mv - 3) % 2;
-                echo_codec_id codec = mv < 3 ? ECHO_CODEC_INT4 : mv < 5 ? ECHO_CODEC_HADAMARD : ECHO_CODEC_HSUB6;
+                echo_codec_id codec = mv < 3   ? ECHO_CODEC_INT4
+                                      : mv < 5 ? ECHO_CODEC_HADAMARD
+                                      : mv < 7 ? ECHO_CODEC_HSUB6
+                                               : ECHO_CODEC_OUT2;
                 echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
                 harness h;
                 h_init(&h, n, (echo_config){(echo_mode)mode, mv < 5 ? 32 : 64, 0, 4, 4097, 0, 0, codec});
@@ -515,13 +518,15 @@ static void had_rotate64(const double *x, size_t m, size_t off, int G, int R, do
 }
 
 /* hsub6 too: its 16-value scales are at most its group's, so the same
- * bound holds with rotation blocks of 16 and the group's absmax. */
+ * bound holds with rotation blocks of 16 and the group's absmax; and out2
+ * (R = 1, no rotation): its scale comes from the third largest |value|,
+ * and its two outliers err by one bf16 rounding, far below the bound. */
 START_TEST(test_hadamard_one_call_bound) {
-    const int gs[] = {16, 32, 64, 64, 128, 256};
+    const int gs[] = {16, 32, 64, 64, 128, 256, 64, 128, 256};
     for (int ni = 0; ni < 3; ni++)
-        for (int gi = 0; gi < 6; gi++) {
-            int n = rank_counts[ni], G = gs[gi], R = gi < 3 ? G : 16;
-            echo_codec_id codec = gi < 3 ? ECHO_CODEC_HADAMARD : ECHO_CODEC_HSUB6;
+        for (int gi = 0; gi < 9; gi++) {
+            int n = rank_counts[ni], G = gs[gi], R = gi < 3 ? G : gi < 6 ? 16 : 1;
+            echo_codec_id codec = gi < 3 ? ECHO_CODEC_HADAMARD : gi < 6 ? ECHO_CODEC_HSUB6 : ECHO_CODEC_OUT2;
             size_t m = 3 * (size_t)n * G + 37; /* a ragged last group */
             harness hh, hi;
             h_init(&hh, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0, codec});
@@ -616,6 +621,9 @@ START_TEST(test_codec_table) {
     ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_HSUB6, 32), 0);
     ck_assert(echo_codec_parse("hsub6-g32", &id, &g) == -1);
     ck_assert(echo_codec_parse("hsub6-g256", &id, &g) == 0 && id == ECHO_CODEC_HSUB6 && g == 256);
+    /* out2: two bf16 outliers + index bytes + the scale: 8 bytes per group */
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_OUT2, 0), 4.5);
+    ck_assert_uint_eq(echo_codec_group_bytes(ECHO_CODEC_OUT2, 256), 136);
 }
 END_TEST
 
@@ -707,10 +715,13 @@ static void run_chain(harness *h, int K, size_t m, uint64_t seed, double *E, dou
 
 START_TEST(test_depth_independence) {
     const int K = 144; /* two Qwen3-8B passes: 36 layers x 2 sites x 2 */
-    for (int ni = 0; ni < 12; ni++) {
-        /* the int4 codec, then hadamard, then hsub6 */
-        echo_codec_id codec = ni < 4 ? ECHO_CODEC_INT4 : ni < 8 ? ECHO_CODEC_HADAMARD : ECHO_CODEC_HSUB6;
-        int n = rank_counts[ni % 4], G = ni % 4 == 1 ? (codec == ECHO_CODEC_HSUB6 ? 64 : 32) : 0;
+    for (int ni = 0; ni < 16; ni++) {
+        /* the int4 codec, then hadamard, hsub6, out2 */
+        echo_codec_id codec = ni < 4    ? ECHO_CODEC_INT4
+                              : ni < 8  ? ECHO_CODEC_HADAMARD
+                              : ni < 12 ? ECHO_CODEC_HSUB6
+                                        : ECHO_CODEC_OUT2;
+        int n = rank_counts[ni % 4], G = ni % 4 == 1 ? (ni >= 8 ? 64 : 32) : 0;
         size_t m = 4096 + 77 * (size_t)n; /* not a multiple of G*N */
         uint64_t seed = 7 + (uint64_t)ni;
         harness he, hq;
@@ -986,10 +997,13 @@ START_TEST(test_size_policy_and_stats) {
     const size_t m = 4 * 32 * 10; /* a multiple of N*G: wire cost is exact */
     /* min_bytes 4000: the fp32 call (5120 B) is quantized, the bf16 call of
      * the same count (2560 B) takes the exact path */
-    for (int mv = 0; mv < 6; mv++) {
-        int mode = 1 + mv % 2; /* int4, echo; with the int4 codec, then hadamard, then hsub6 (G = 64) */
-        echo_codec_id codec = mv < 2 ? ECHO_CODEC_INT4 : mv < 4 ? ECHO_CODEC_HADAMARD : ECHO_CODEC_HSUB6;
-        int G = codec == ECHO_CODEC_HSUB6 ? 64 : 32;
+    for (int mv = 0; mv < 8; mv++) {
+        int mode = 1 + mv % 2; /* int4, echo; with the int4 codec, then hadamard, hsub6, out2 (G = 64) */
+        echo_codec_id codec = mv < 2   ? ECHO_CODEC_INT4
+                              : mv < 4 ? ECHO_CODEC_HADAMARD
+                              : mv < 6 ? ECHO_CODEC_HSUB6
+                                       : ECHO_CODEC_OUT2;
+        int G = mv >= 4 ? 64 : 32;
         harness h;
         h_init(&h, n, (echo_config){(echo_mode)mode, G, 4000, 4, m, 1, 0, codec});
         void *buf[MAXN];
