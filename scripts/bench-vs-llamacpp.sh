@@ -19,6 +19,9 @@
 #   REPS          3                repetitions of the whole grid
 #   LAYERS        (all 28)         fewer layers for a quick look
 #   OUT           $LLAMACPP_DIR/results.jsonl   raw results, one JSON per run
+#   REPACK        1                llama-bench --repack (its AMX/AVX-512 weight repacking); when a
+#                                  run with 1 fails (ggml's AMX matmul crashes on some VMs) the
+#                                  script says so and goes on with 0
 # Needs: python3 with numpy, torch, transformers, sentencepiece (the GGUF
 # converter), cmake and a C++ compiler, pip (to fetch the sdist once).
 set -euo pipefail
@@ -34,6 +37,7 @@ DECODE=${DECODE:-64}
 REPS=${REPS:-3}
 LAYERS=${LAYERS:-}
 OUT=${OUT:-$LLAMACPP_DIR/results.jsonl}
+REPACK=${REPACK:-1}
 
 mkdir -p "$LLAMACPP_DIR"
 cd "$LLAMACPP_DIR"
@@ -81,16 +85,22 @@ for rep in $(seq 1 "$REPS"); do
             "$ECHO_BENCH" forward --model "$gguf" --threads "$t" --prefill "$PREFILL" --decode-batch 1 \
                 --decode-steps "$DECODE" --decode-prompt 1 --ttft-len 0 --iters 1 --gemm-dim 0 --copy-bytes 512M \
                 --json >echo.json
-            "$BENCH" -m "$gguf" -t "$t" -p "$PREFILL" -n "$DECODE" -r 1 -o json >llama.json 2>llama.err
-            python3 - "$rep" "$f" "$t" >>"$OUT" <<'EOF'
+            if ! "$BENCH" -m "$gguf" -t "$t" -p "$PREFILL" -n "$DECODE" -r 1 --repack "$REPACK" -o json \
+                >llama.json 2>llama.err; then
+                [ "$REPACK" = 1 ] || { cat llama.err >&2; exit 1; }
+                echo "# llama-bench --repack 1 failed; --repack 0 from now on" >&2
+                REPACK=0
+                "$BENCH" -m "$gguf" -t "$t" -p "$PREFILL" -n "$DECODE" -r 1 --repack 0 -o json >llama.json 2>llama.err
+            fi
+            python3 - "$rep" "$f" "$t" "$REPACK" >>"$OUT" <<'EOF'
 import json, sys
-rep, fmt, t = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rep, fmt, t, repack = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 e = json.load(open("echo.json"))
 l = json.load(open("llama.json"))
 lp = next(r["avg_ts"] for r in l if r["n_prompt"] > 0)
 lg = next(r["avg_ts"] for r in l if r["n_gen"] > 0)
 d = e["decode"][0]
-print(json.dumps({"rep": int(rep), "format": fmt, "threads": t,
+print(json.dumps({"rep": int(rep), "format": fmt, "threads": t, "llama_repack": repack,
                   "echo_prefill": e["prefill"][0]["tokens_per_s"], "llama_prefill": lp,
                   "echo_decode": d["tokens_per_s"], "llama_decode": lg,
                   "read_gbps": e.get("read_gbps"), "fma_peak_gflops": e.get("fma_peak_gflops"),
