@@ -714,6 +714,42 @@ START_TEST(test_matmul_isa_paths_agree) {
 }
 END_TEST
 
+/* Attention's vector paths (four keys per pass, output kept in registers
+ * across keys) give the portable path's bits, for head sizes with and
+ * without a tail after 64-float chunks. */
+START_TEST(test_attention_isa_paths_agree) {
+    const int hds[] = {128, 80};
+    const kern_ops *o2;
+    kern_backend *b2;
+    char err[256];
+    setenv("ECHO_CPU_ISA", "scalar", 1);
+    ck_assert(kern_backend_create("cpu", 2, 0, &o2, &b2, err, sizeof err) == 0);
+    unsetenv("ECHO_CPU_ISA");
+    for (int d = 0; d < 2; d++) {
+        enum { HQ = 4, HKV = 2, BS = 4, NB = 8 };
+        int hd = hds[d], kvd = HKV * hd, qd = HQ * hd, pos0 = 3, nq = 9, len = pos0 + nq;
+        float *kc = ops->alloc(be, (size_t)NB * BS * kvd * 4), *vc = ops->alloc(be, (size_t)NB * BS * kvd * 4);
+        float *k = rand_vec((size_t)len * kvd), *v = rand_vec((size_t)len * kvd), *q = rand_vec((size_t)nq * qd);
+        int32_t slots[16], table[NB] = {5, 1, 7, 0, 2, 3, 4, 6}, q_start[2] = {0, nq};
+        for (int p = 0; p < len; p++) slots[p] = table[p / BS] * BS + p % BS;
+        ck_assert_int_eq(ops->kv_store(be, kc, vc, k, v, slots, len, kvd), 0);
+        kern_attn_batch b = {1, q_start, &pos0, table, NB, BS};
+        float *a = malloc((size_t)nq * qd * 4), *c = malloc((size_t)nq * qd * 4);
+        ck_assert_int_eq(ops->attention(be, a, q, kc, vc, &b, HQ, HKV, hd, 0.088f), 0);
+        ck_assert_int_eq(o2->attention(b2, c, q, kc, vc, &b, HQ, HKV, hd, 0.088f), 0);
+        ck_assert_msg(memcmp(a, c, (size_t)nq * qd * 4) == 0, "hd %d: vector and portable attention differ", hd);
+        free(a);
+        free(c);
+        free(k);
+        free(v);
+        free(q);
+        ops->free(be, kc);
+        ops->free(be, vc);
+    }
+    kern_backend_destroy(o2, b2);
+}
+END_TEST
+
 /* upload_quantized to Q8_0 rounds as ggml does: the bytes equal the gguf
  * package's quantize() of the same values (computed at test time). */
 START_TEST(test_quantize_q8_0_matches_gguf) {
@@ -801,6 +837,7 @@ int main(void) {
     tcase_add_test(tc, test_matmul_quantized_equals_dequantized);
     tcase_add_test(tc, test_matmul_quantized_strided);
     tcase_add_test(tc, test_matmul_isa_paths_agree);
+    tcase_add_test(tc, test_attention_isa_paths_agree);
     tcase_add_test(tc, test_quantize_q8_0_matches_gguf);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
