@@ -80,6 +80,7 @@ typedef enum echo_codec_id {
     ECHO_CODEC_HADAMARD,    /* the same after a per-group Walsh-Hadamard rotation with fixed signs */
     ECHO_CODEC_HSUB6,       /* rotation per 16 values, each 16 with a 6-bit scale under the group's bf16 one */
     ECHO_CODEC_OUT2,        /* int4 with the 2 largest |values| of each group in bf16 (outlier channels) */
+    ECHO_CODEC_HOUT2,       /* out2's outliers, then hadamard over the rest of the group */
     ECHO_CODEC_COUNT
 } echo_codec_id;
 

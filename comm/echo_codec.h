@@ -32,6 +32,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "comm/echo.h" /* ECHO_MAX_GROUP */
+
 #ifdef __CUDACC__
 #define ECHO_HD static inline __host__ __device__
 #else
@@ -415,19 +417,103 @@ ECHO_HD uint16_t echo_out2_decode_group(const uint8_t *codes, const uint8_t *rec
     return sb;
 }
 
+/* ---- the hout2 codec (ECHO_CODEC_HOUT2): both ----
+ * out2's two outliers leave the group first (bf16 + index, as out2), then
+ * the rest is rotated by H D over the whole group (as hadamard) and coded
+ * as int4 under one bf16 scale. The residual is taken in the input basis
+ * (y minus the decoded, rotated-back group), so it is not exact: it carries
+ * the inverse rotation's fp32 rounding too. Same 8-byte record as out2. */
+#define ECHO_FORM_HOUT2 3
+
+ECHO_HD void echo_hout2_finish(const uint8_t *codes, uint16_t sb, uint16_t o1, uint16_t o2, int i1, int i2, int G,
+                               float *v) {
+    float s = echo_bf16_to_f32(sb);
+    for (int i = 0; i < G; i += 2) {
+        v[i] = echo_mul((float)echo_nib_lo(codes[i / 2]), s);
+        v[i + 1] = echo_mul((float)echo_nib_hi(codes[i / 2]), s);
+    }
+    echo_had_inv(v, G);
+    v[i1 % G] = echo_bf16_to_f32(o1);
+    v[i2 % G] = echo_bf16_to_f32(o2);
+}
+
+ECHO_HD uint16_t echo_hout2_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
+    uint32_t m = 0, a1 = 0, a2;
+    int i1 = 0, i2;
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        m = a > m ? a : m;
+        if (a > a1) {
+            a1 = a;
+            i1 = i;
+        }
+    }
+    i2 = i1 == 0 ? 1 : 0;
+    a2 = echo_abs_bits(y[i2]);
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        if (i != i1 && a > a2) {
+            a2 = a;
+            i2 = i;
+        }
+    }
+    float u[ECHO_MAX_GROUP];
+    for (int i = 0; i < G; i++)
+        u[i] = i == i1 || i == i2 ? 0.0f : y[i];
+    echo_had_fwd(u, G);
+    uint32_t mu = 0;
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(u[i]);
+        mu = a > mu ? a : mu;
+    }
+    uint16_t sb = m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(mu);
+    int poison = echo_scale_is_poison(sb), ok = sb != 0 && !poison;
+    uint16_t o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y[i1]);
+    uint16_t o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y[i2]);
+    rec[0] = (uint8_t)sb, rec[1] = (uint8_t)(sb >> 8);
+    rec[2] = (uint8_t)o1, rec[3] = (uint8_t)(o1 >> 8);
+    rec[4] = (uint8_t)o2, rec[5] = (uint8_t)(o2 >> 8);
+    rec[6] = (uint8_t)i1, rec[7] = (uint8_t)i2;
+    float s = echo_bf16_to_f32(sb);
+    for (int i = 0; i < G; i += 2) {
+        float q0 = ok ? echo_code(u[i], s) : 0.0f, q1 = ok ? echo_code(u[i + 1], s) : 0.0f;
+        codes[i / 2] = echo_pack2((int)q0, (int)q1);
+    }
+    if (!r) return sb;
+    if (poison) {
+        for (int i = 0; i < n; i++)
+            r[i] = 0.0f;
+        return sb;
+    }
+    echo_hout2_finish(codes, sb, o1, o2, i1, i2, G, u);
+    for (int i = 0; i < n; i++)
+        r[i] = echo_sub(y[i], u[i]);
+    return sb;
+}
+
+ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v) {
+    uint16_t sb = (uint16_t)(rec[0] | (rec[1] << 8));
+    echo_hout2_finish(codes, sb, (uint16_t)(rec[2] | (rec[3] << 8)), (uint16_t)(rec[4] | (rec[5] << 8)), rec[6],
+                      rec[7], G, v);
+    return sb;
+}
+
 /* The record forms by number (echo_plan.form), for the loops that serve them all. */
 ECHO_HD int echo_rec_bytes(int form, int G) {
-    return form == ECHO_FORM_HSUB ? echo_hsub_rec_bytes(G) : form == ECHO_FORM_OUT2 ? ECHO_OUT2_REC : 2;
+    return form == ECHO_FORM_HSUB ? echo_hsub_rec_bytes(G) : form == ECHO_FORM_INT4 ? 2 : ECHO_OUT2_REC;
 }
 
 ECHO_HD uint16_t echo_rec_encode_group(int form, const float *y, int G, uint8_t *codes, uint8_t *rec, float *r,
                                        int n) {
-    return form == ECHO_FORM_OUT2 ? echo_out2_encode_group(y, G, codes, rec, r, n)
-                                  : echo_hsub_encode_group(y, G, codes, rec, r, n);
+    return form == ECHO_FORM_OUT2    ? echo_out2_encode_group(y, G, codes, rec, r, n)
+           : form == ECHO_FORM_HOUT2 ? echo_hout2_encode_group(y, G, codes, rec, r, n)
+                                     : echo_hsub_encode_group(y, G, codes, rec, r, n);
 }
 
 ECHO_HD uint16_t echo_rec_decode_group(int form, const uint8_t *codes, const uint8_t *rec, int G, float *v) {
-    return form == ECHO_FORM_OUT2 ? echo_out2_decode_group(codes, rec, G, v) : echo_hsub_decode_group(codes, rec, G, v);
+    return form == ECHO_FORM_OUT2    ? echo_out2_decode_group(codes, rec, G, v)
+           : form == ECHO_FORM_HOUT2 ? echo_hout2_decode_group(codes, rec, G, v)
+                                     : echo_hsub_decode_group(codes, rec, G, v);
 }
 
 #endif

@@ -623,10 +623,11 @@ static void part_a(const side *A, const side *B) {
                              echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups3[gi], m);
                     compare_case(A, B, label, n, cfg, cs, 4, seed++);
                 }
-    /* hsub6 (16-value rotations, scale records) and out2 (bf16 outliers,
-     * no rotation: the staged copy widened), G = 64..256 */
+    /* hsub6 (16-value rotations, scale records), out2 (bf16 outliers, no
+     * rotation: the staged copy widened) and hout2 (both), G = 64..256 */
     const int groups4[] = {64, 128, 256};
-    for (int k = 0; k < 2; k++)
+    const echo_codec_id recs[] = {ECHO_CODEC_HSUB6, ECHO_CODEC_OUT2, ECHO_CODEC_HOUT2};
+    for (int k = 0; k < 3; k++)
         for (int gi = 0; gi < 3; gi++)
             for (int ci = 0; ci < 3; ci++)
                 for (int mi = 1; mi < 3; mi++)
@@ -634,11 +635,11 @@ static void part_a(const side *A, const side *B) {
                         echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                         size_t m = counts3[ci];
                         int n = 2 + (ci & 1);
-                        echo_config cfg = {modes[mi], groups4[gi], 0, 4, m, 0, 0,
-                                           k ? ECHO_CODEC_OUT2 : ECHO_CODEC_HSUB6};
+                        echo_config cfg = {modes[mi], groups4[gi], 0, 4, m, 0, 0, recs[k]};
                         call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt),
                                            spec(1, 0, m, dt)};
-                        snprintf(label, sizeof label, "%-9s n=%d %-5s %-4s G=%-3d count=%zu", k ? "out2" : "hsub6", n,
+                        snprintf(label, sizeof label, "%-9s n=%d %-5s %-4s G=%-3d count=%zu",
+                                 echo_codec_get(recs[k])->name, n,
                                  echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups4[gi], m);
                         compare_case(A, B, label, n, cfg, cs, 4, seed++);
                     }

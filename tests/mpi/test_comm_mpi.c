@@ -457,6 +457,7 @@ int main(int argc, char **argv) {
             compare(modes[m], 0, 0, ECHO_CODEC_HSUB6);
             compare(modes[m], 2048, 0, ECHO_CODEC_HSUB6);
             compare(modes[m], 0, 0, ECHO_CODEC_OUT2);
+            compare(modes[m], 2048, 0, ECHO_CODEC_HOUT2);
         }
         poison(modes[m]);
         disagree(modes[m]);

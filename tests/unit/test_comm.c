@@ -333,13 +333,14 @@ START_TEST(test_replicas_identical_and_exact) {
     /* modes exact, int4, echo with the int4 codec, then int4 and echo with
      * hadamard (G = 32), then with hsub6 and out2 (G = 64) */
     for (int ni = 0; ni < 4; ni++)
-        for (int mv = 0; mv < 9; mv++)
+        for (int mv = 0; mv < 11; mv++)
             for (int dti = 0; dti < 2; dti++) {
                 int n = rank_counts[ni], mode = mv < 3 ? mv : 1 + (mv - 3) % 2;
                 echo_codec_id codec = mv < 3   ? ECHO_CODEC_INT4
                                       : mv < 5 ? ECHO_CODEC_HADAMARD
                                       : mv < 7 ? ECHO_CODEC_HSUB6
-                                               : ECHO_CODEC_OUT2;
+                                      : mv < 9 ? ECHO_CODEC_OUT2
+                                               : ECHO_CODEC_HOUT2;
                 echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
                 harness h;
                 h_init(&h, n, (echo_config){(echo_mode)mode, mv < 5 ? 32 : 64, 0, 4, 4097, 0, 0, codec});
@@ -522,11 +523,16 @@ static void had_rotate64(const double *x, size_t m, size_t off, int G, int R, do
  * (R = 1, no rotation): its scale comes from the third largest |value|,
  * and its two outliers err by one bf16 rounding, far below the bound. */
 START_TEST(test_hadamard_one_call_bound) {
-    const int gs[] = {16, 32, 64, 64, 128, 256, 64, 128, 256};
+    /* hout2 (R = G): removing its two outliers moves a rotated value by at
+     * most their |sum|, so its scale is bounded with 2 max|y| added */
+    const int gs[] = {16, 32, 64, 64, 128, 256, 64, 128, 256, 64, 128};
     for (int ni = 0; ni < 3; ni++)
-        for (int gi = 0; gi < 9; gi++) {
-            int n = rank_counts[ni], G = gs[gi], R = gi < 3 ? G : gi < 6 ? 16 : 1;
-            echo_codec_id codec = gi < 3 ? ECHO_CODEC_HADAMARD : gi < 6 ? ECHO_CODEC_HSUB6 : ECHO_CODEC_OUT2;
+        for (int gi = 0; gi < 11; gi++) {
+            int n = rank_counts[ni], G = gs[gi], R = gi < 3 || gi >= 9 ? G : gi < 6 ? 16 : 1, hout = gi >= 9;
+            echo_codec_id codec = gi < 3   ? ECHO_CODEC_HADAMARD
+                                  : gi < 6 ? ECHO_CODEC_HSUB6
+                                  : gi < 9 ? ECHO_CODEC_OUT2
+                                           : ECHO_CODEC_HOUT2;
             size_t m = 3 * (size_t)n * G + 37; /* a ragged last group */
             harness hh, hi;
             h_init(&hh, n, (echo_config){ECHO_MODE_INT4, G, 0, 2, m, 0, 0, codec});
@@ -556,16 +562,23 @@ START_TEST(test_hadamard_one_call_bound) {
                 double sumq = 0, mag = 0;
                 for (int j = 0; j < n; j++) {
                     had_rotate64(xd[j], m, off, G, R, u);
-                    double a = 0;
+                    double a = 0, top = 0;
                     for (int k = 0; k < G; k++)
                         a = fmax(a, fabs(u[k]));
+                    for (size_t k = off; k < m && k < off + (size_t)G; k++)
+                        top = fmax(top, fabs(xd[j][k]));
+                    if (hout) a += 2 * top;
                     mag += a;
                     if (j != c) sumq += sigma * a;
                 }
                 had_rotate64(sum, m, off, G, R, u);
-                double az = 0;
+                double az = 0, topz = 0;
                 for (int k = 0; k < G; k++)
                     az = fmax(az, fabs(u[k]));
+                for (size_t k = off; k < m && k < off + (size_t)G; k++)
+                    topz = fmax(topz, fabs(sum[k]));
+                /* the owner's sum holds the phase-1 errors too (<= sumq/2 per value) */
+                if (hout) az += 2 * (topz + sumq / 2) + G * sumq / 2;
                 double B = (sumq + sigma * (az + sumq / 2)) / 2;
                 /* fp32 butterflies, sums and inverse: log2(G) + n roundings of terms <= mag */
                 double tol = B + 64 * 0x1p-24 * mag;
@@ -715,12 +728,13 @@ static void run_chain(harness *h, int K, size_t m, uint64_t seed, double *E, dou
 
 START_TEST(test_depth_independence) {
     const int K = 144; /* two Qwen3-8B passes: 36 layers x 2 sites x 2 */
-    for (int ni = 0; ni < 16; ni++) {
-        /* the int4 codec, then hadamard, hsub6, out2 */
+    for (int ni = 0; ni < 20; ni++) {
+        /* the int4 codec, then hadamard, hsub6, out2, hout2 */
         echo_codec_id codec = ni < 4    ? ECHO_CODEC_INT4
                               : ni < 8  ? ECHO_CODEC_HADAMARD
                               : ni < 12 ? ECHO_CODEC_HSUB6
-                                        : ECHO_CODEC_OUT2;
+                              : ni < 16 ? ECHO_CODEC_OUT2
+                                        : ECHO_CODEC_HOUT2;
         int n = rank_counts[ni % 4], G = ni % 4 == 1 ? (ni >= 8 ? 64 : 32) : 0;
         size_t m = 4096 + 77 * (size_t)n; /* not a multiple of G*N */
         uint64_t seed = 7 + (uint64_t)ni;
@@ -742,6 +756,8 @@ START_TEST(test_depth_independence) {
         if (codec == ECHO_CODEC_HADAMARD) bstar *= sqrt((double)(G ? G : echo_codec_default_group(codec)));
         /* hsub6: rotation blocks of 16, scales no larger than the group's */
         if (codec == ECHO_CODEC_HSUB6) bstar *= 4;
+        /* hout2: rotation blocks of G, and the two outliers out of the scale */
+        if (codec == ECHO_CODEC_HOUT2) bstar *= sqrt((double)(G ? G : echo_codec_default_group(codec))) * 3;
         for (int k = 0; k < K; k++) {
             /* echo: within the worst-case one-call bound at every depth, and
              * within 1.3x a typical single call (the carried residual
@@ -997,12 +1013,13 @@ START_TEST(test_size_policy_and_stats) {
     const size_t m = 4 * 32 * 10; /* a multiple of N*G: wire cost is exact */
     /* min_bytes 4000: the fp32 call (5120 B) is quantized, the bf16 call of
      * the same count (2560 B) takes the exact path */
-    for (int mv = 0; mv < 8; mv++) {
-        int mode = 1 + mv % 2; /* int4, echo; with the int4 codec, then hadamard, hsub6, out2 (G = 64) */
+    for (int mv = 0; mv < 10; mv++) {
+        int mode = 1 + mv % 2; /* int4, echo; with the int4 codec, then hadamard, hsub6, out2, hout2 (G = 64) */
         echo_codec_id codec = mv < 2   ? ECHO_CODEC_INT4
                               : mv < 4 ? ECHO_CODEC_HADAMARD
                               : mv < 6 ? ECHO_CODEC_HSUB6
-                                       : ECHO_CODEC_OUT2;
+                              : mv < 8 ? ECHO_CODEC_OUT2
+                                       : ECHO_CODEC_HOUT2;
         int G = mv >= 4 ? 64 : 32;
         harness h;
         h_init(&h, n, (echo_config){(echo_mode)mode, G, 4000, 4, m, 1, 0, codec});
