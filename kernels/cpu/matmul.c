@@ -27,7 +27,7 @@
 #include "kernels/cpu/cpu.h"
 
 #define MM_RB 64 /* output rows per task */
-#define MM_TB 64 /* tokens per cache block */
+#define MM_TB 60 /* tokens per cache block: ten 6-token tiles */
 #define MM_DEQ_MIN 8 /* tokens from which a quantized row group is widened once per block */
 /* The wide AVX-512 tile of prefills: MM_WT tokens x MM_WR rows (MM_WR
  * divides 4), fewer widenings per fma than the 4 x 4 tile. */
@@ -618,32 +618,32 @@ static void mm_task(void *arg, int task) {
         return;
     }
     const uint8_t *W = a->w->data;
-    /* Many tokens of a quantized weight: the row group is dequantized once
-     * per token block into a small buffer (the same fp32 values the
-     * registers would hold, so the same bits) and the fp32 tile runs on it. */
+    /* Many tokens of a quantized weight: the task's rows are dequantized
+     * once into a buffer (the same fp32 values the registers would hold, so
+     * the same bits; at most MM_RB x K floats, L2-sized) and the fp32 tiles
+     * run on it for every token block. */
     float *buf = NULL;
     if (a->deq && a->n >= MM_DEQ_MIN) {
-        buf = malloc((size_t)a->tr * K * sizeof *buf);
+        buf = malloc((size_t)(r1 - r0) * K * sizeof *buf);
         if (!buf) {
             a->failed = 1;
             return;
         }
+        for (int r = r0; r < r1; r += a->tr) {
+            int R = r1 - r < a->tr ? r1 - r : a->tr;
+            a->deq(W + (size_t)r * a->ws, a->ws, R, K, buf + (size_t)(r - r0) * K);
+        }
     }
+    const uint8_t *base = buf ? (const uint8_t *)buf : W;
+    size_t ws = buf ? (size_t)K * sizeof *buf : a->ws;
+    int rb = buf ? r0 : 0; /* the first row held at base */
+    mm_tile_fn tile = buf ? a->tile_f32 : a->tile;
+    mm_wide_fn wide = buf ? a->wide_f32 : a->wide;
     for (int t0 = 0; t0 < a->n; t0 += MM_TB) {
         int t1 = t0 + MM_TB < a->n ? t0 + MM_TB : a->n;
         for (int r = r0; r < r1; r += a->tr) {
             int R = r1 - r < a->tr ? r1 - r : a->tr;
-            const uint8_t *wr = W + (size_t)r * a->ws;
-            size_t ws = a->ws;
-            mm_tile_fn tile = a->tile;
-            mm_wide_fn wide = a->wide;
-            if (buf) {
-                a->deq(wr, ws, R, K, buf);
-                wr = (const uint8_t *)buf;
-                ws = (size_t)K * sizeof *buf;
-                tile = a->tile_f32;
-                wide = a->wide_f32;
-            }
+            const uint8_t *wr = base + (size_t)(r - rb) * ws;
             for (int t = t0; t < t1;) {
                 const float *x = a->in + (size_t)t * K;
                 float *o = a->out + (size_t)t * rows + r;
