@@ -52,7 +52,8 @@ static void att_task(void *arg, int task) {
     const int32_t *table = b->block_table + (size_t)t->seq * b->max_blocks;
     int pos_first = b->pos0[t->seq] + (t->q0 - b->q_start[t->seq]);
     int maxlen = pos_first + (t->q1 - t->q0);
-    float *s = malloc((size_t)maxlen * sizeof *s);
+    int nqb = t->q1 - t->q0;
+    float *s = malloc((size_t)nqb * maxlen * sizeof *s); /* the block's scores, maxlen apart */
     const float **krow = malloc((size_t)maxlen * sizeof *krow), **vrow = malloc((size_t)maxlen * sizeof *vrow);
     /* This head's keys and values, packed: in the cache they sit kvdim
      * floats apart (often 4 KiB, so every row maps to the same L1 sets) and
@@ -71,24 +72,44 @@ static void att_task(void *arg, int task) {
         krow[p] = kp;
         vrow[p] = vp;
     }
+    /* all the block's q·k at once (the causal tail of the last rows is
+     * computed and ignored), then each query on its own */
+    cpu_scores(a->isa, a->q + (size_t)t->q0 * qdim + (size_t)h * hd, (size_t)qdim, nqb, kv, maxlen, hd, s,
+               (size_t)maxlen);
     for (int i = t->q0; i < t->q1; i++) {
-        const float *q = a->q + (size_t)i * qdim + (size_t)h * hd;
         float *o = a->out + (size_t)i * qdim + (size_t)h * hd;
+        float *sr = s + (size_t)(i - t->q0) * maxlen;
         int len = pos_first + (i - t->q0) + 1;
         float mx = -INFINITY;
-        cpu_dots(a->isa, q, krow, len, hd, a->scale, s);
-        for (int p = 0; p < len; p++)
-            if (s[p] > mx) mx = s[p];
+        for (int p = 0; p < len; p++) {
+            sr[p] *= a->scale;
+            if (sr[p] > mx) mx = sr[p];
+        }
         double sum = 0;
         for (int p = 0; p < len; p++) {
-            s[p] = expf(s[p] - mx);
-            sum += s[p];
+            sr[p] = expf(sr[p] - mx);
+            sum += sr[p];
         }
         float inv = (float)(1.0 / sum);
-        for (int p = 0; p < len; p++) s[p] *= inv;
+        for (int p = 0; p < len; p++) sr[p] *= inv;
         memset(o, 0, (size_t)hd * sizeof *o);
-        cpu_wsum(a->isa, o, s, vrow, len, hd);
     }
+    /* p·v four queries at a time (each value row read once for the four) */
+    int i = t->q0;
+    for (; i + 4 <= t->q1; i += 4) {
+        float *o4[4];
+        const float *w4[4];
+        int n4[4];
+        for (int j = 0; j < 4; j++) {
+            o4[j] = a->out + (size_t)(i + j) * qdim + (size_t)h * hd;
+            w4[j] = s + (size_t)(i + j - t->q0) * maxlen;
+            n4[j] = pos_first + (i + j - t->q0) + 1;
+        }
+        cpu_wsum4(a->isa, o4, w4, vrow, n4, hd);
+    }
+    for (; i < t->q1; i++)
+        cpu_wsum(a->isa, a->out + (size_t)i * qdim + (size_t)h * hd, s + (size_t)(i - t->q0) * maxlen, vrow,
+                 pos_first + (i - t->q0) + 1, hd);
 out:
     free(s);
     free(krow);

@@ -62,11 +62,15 @@ int cpu_isa_detect(void);
 float cpu_dot(int isa, const float *a, const float *b, int len);
 /* y[k] = fma(a, x[k], y[k]) for k < len, on every isa the same bits. */
 void cpu_axpy(int isa, float *y, float a, const float *x, int len);
-/* out[i] = cpu_dot(q, k[i], len) * scale for i < n; o[c] gets
- * cpu_axpy(o, w[p], v[p]) for p = 0..n-1 in order: the same bits as those
- * loops, faster. */
-void cpu_dots(int isa, const float *q, const float *const *k, int n, int len, float scale, float *out);
+/* o gets cpu_axpy(o, w[p], v[p]) for p = 0..n-1 in order: the same bits
+ * as that loop, faster. */
 void cpu_wsum(int isa, float *o, const float *w, const float *const *v, int n, int len);
+/* cpu_wsum for four outputs o[j] with weights w[j] over their first n[j]
+ * keys: the same bits, each value row read once for the four. */
+void cpu_wsum4(int isa, float *const *o, const float *const *w, const float *const *v, const int *n, int len);
+/* out[i * ldo + p] = cpu_dot(q + i * ldq, k + p * hd, hd) for i < nq,
+ * p < nk: a block of queries against packed keys, matmul tiles. */
+void cpu_scores(int isa, const float *q, size_t ldq, int nq, const float *k, int nk, int hd, float *out, size_t ldo);
 
 /* Rows r0 .. r0+nrows-1 of `w` as dense fp32 (nrows, w->cols), honouring
  * ld; every dtype, quantized ones dequantized (quant.c's values). */

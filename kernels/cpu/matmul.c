@@ -473,31 +473,8 @@ A256 static void axpy256(float *y, float a, const float *x, int len) {
 void cpu_axpy(int isa, float *y, float a, const float *x, int len);
 float cpu_dot(int isa, const float *a, const float *b, int len);
 
-/* Attention's inner loops, with cpu_dot's and cpu_axpy's exact operations:
- * four keys' dot products interleaved (four independent fma chains instead
- * of one), and the weighted sum of value rows kept in registers across
- * keys instead of stored after each. */
-A512 static void dots512(const float *q, const float *const *k, int n, int len, float scale, float *out) {
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int c = 0;
-        for (; c + 16 <= len; c += 16) {
-            __m512 qv = _mm512_loadu_ps(q + c);
-            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i] + c), a0);
-            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i + 1] + c), a1);
-            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i + 2] + c), a2);
-            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i + 3] + c), a3);
-        }
-        float s[4] = {hsum512(a0), hsum512(a1), hsum512(a2), hsum512(a3)};
-        for (int j = 0; j < 4; j++) {
-            for (int cc = c; cc < len; cc++) s[j] = fmaf(q[cc], k[i + j][cc], s[j]);
-            out[i + j] = s[j] * scale;
-        }
-    }
-    for (; i < n; i++) out[i] = dot512(q, k[i], len) * scale;
-}
-
+/* Attention's p·v with cpu_axpy's exact operations: the weighted sum of
+ * value rows kept in registers across keys instead of stored after each. */
 A512 static void wsum512(float *o, const float *w, const float *const *v, int n, int len) {
     int c = 0;
     for (; c + 64 <= len; c += 64) {
@@ -519,12 +496,44 @@ A512 static void wsum512(float *o, const float *w, const float *const *v, int n,
         for (int p = 0; p < n; p++) axpy512(o + c, w[p], v[p] + c, len - c);
 }
 
-void cpu_dots(int isa, const float *q, const float *const *k, int n, int len, float scale, float *out) {
-    if (isa >= CPU_ISA_AVX512) {
-        dots512(q, k, n, len, scale, out);
-        return;
+void cpu_wsum(int isa, float *o, const float *w, const float *const *v, int n, int len);
+
+/* Four queries' p·v over their first n keys (then each goes on alone):
+ * each value row loaded once for the four. */
+A512 static void wsum4_512(float *const *o, const float *const *w, const float *const *v, int n, int len) {
+    int c = 0;
+    for (; c + 32 <= len; c += 32) {
+        __m512 a[4][2];
+        for (int j = 0; j < 4; j++) {
+            a[j][0] = _mm512_loadu_ps(o[j] + c);
+            a[j][1] = _mm512_loadu_ps(o[j] + c + 16);
+        }
+        for (int p = 0; p < n; p++) {
+            __m512 v0 = _mm512_loadu_ps(v[p] + c), v1 = _mm512_loadu_ps(v[p] + c + 16);
+            for (int j = 0; j < 4; j++) {
+                __m512 wv = _mm512_set1_ps(w[j][p]);
+                a[j][0] = _mm512_fmadd_ps(wv, v0, a[j][0]);
+                a[j][1] = _mm512_fmadd_ps(wv, v1, a[j][1]);
+            }
+        }
+        for (int j = 0; j < 4; j++) {
+            _mm512_storeu_ps(o[j] + c, a[j][0]);
+            _mm512_storeu_ps(o[j] + c + 16, a[j][1]);
+        }
     }
-    for (int i = 0; i < n; i++) out[i] = cpu_dot(isa, q, k[i], len) * scale;
+    if (c < len)
+        for (int j = 0; j < 4; j++)
+            for (int p = 0; p < n; p++) axpy512(o[j] + c, w[j][p], v[p] + c, len - c);
+}
+
+void cpu_wsum4(int isa, float *const *o, const float *const *w, const float *const *v, const int *n, int len) {
+    int m = n[0];
+    for (int j = 1; j < 4; j++) m = n[j] < m ? n[j] : m;
+    if (isa >= CPU_ISA_AVX512)
+        wsum4_512(o, w, v, m, len);
+    else
+        for (int j = 0; j < 4; j++) cpu_wsum(isa, o[j], w[j], v, m, len);
+    for (int j = 0; j < 4; j++) cpu_wsum(isa, o[j], w[j] + m, v + m, n[j] - m, len);
 }
 
 void cpu_wsum(int isa, float *o, const float *w, const float *const *v, int n, int len) {
@@ -692,4 +701,25 @@ int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w
     if (a.failed) return kern_fail(be, "matmul: out of memory for a %dx%lld weight block", MM_RB,
                                    (long long)w->cols);
     return 0;
+}
+
+/* Attention's q·kᵀ for a block of queries: out[i * ldo + p] = cpu_dot(q_i,
+ * k_p, hd) for i < nq, p < nk (k rows packed hd apart), through the matmul
+ * tiles (four queries share each key load): the same bits as cpu_dot. */
+void cpu_scores(int isa, const float *q, size_t ldq, int nq, const float *k, int nk, int hd, float *out, size_t ldo) {
+    mm_tile_fn tile = mm_pick(isa, KERN_F32);
+    if (!tile) {
+        for (int i = 0; i < nq; i++)
+            for (int p = 0; p < nk; p++) out[(size_t)i * ldo + p] = dot_c(q + (size_t)i * ldq, k + (size_t)p * hd, hd);
+        return;
+    }
+    int tt = isa >= CPU_ISA_AVX512 ? 4 : 2, tr = tt;
+    for (int p = 0; p < nk; p += tr) {
+        int R = nk - p < tr ? nk - p : tr;
+        for (int i = 0; i < nq; i += tt) {
+            int T = nq - i < tt ? nq - i : tt;
+            tile(T, R, q + (size_t)i * ldq, ldq, (const uint8_t *)(k + (size_t)p * hd), (size_t)hd * sizeof(float), hd,
+                 out + (size_t)i * ldo + p, ldo);
+        }
+    }
 }
