@@ -3,6 +3,11 @@
 tp 1 and tp 3 and echo-bench codec --json throughput (scripts/accuracy.sh).
 
     accuracy_report.py TP1.json TP3.json OUT.md PLOT.dat [CODEC.json [QWEN3.json]]
+                       [--extra TP3.json]... [--more TP3.json]...
+
+--extra: more rows of the same run setup (same prompts: its exact must match);
+--more: the same codecs on further held-out text (other prompts), pooled with
+the main run's rows per codec into one estimate with its standard error.
 
 The default preset is read from comm/echo.h (ECHO_DEFAULT_CODEC) and the
 codec table in comm/echo.c (its default G).
@@ -49,17 +54,32 @@ def default_preset():
         h = open(os.path.join(root, "comm/echo.h")).read()
         c = open(os.path.join(root, "comm/echo.c")).read()
         cid = re.search(r"#define ECHO_DEFAULT_CODEC (ECHO_CODEC_\w+)", h).group(1)
-        m = re.search(r"\[" + cid + r"\] = \{\"(\w+)\",[^}]*?,\s*(\w+)\}", c)
-        g = m.group(2)
+        # {name, rotate, code_bits, scale_bytes, sub_bits, min_group, default_group, form}
+        m = re.search(r"\[" + cid + r"\] = \{([^}]*)\}", c)
+        f = [x.strip() for x in m.group(1).split(",")]
+        m_name, g = f[0].strip('"'), f[6]
         if not g.isdigit():
             g = re.search(r"#define " + g + r" (\d+)", h).group(1)
-        return m.group(1), int(g)
+        return m_name, int(g)
     except (OSError, AttributeError):
         return None
 
 
 def main():
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--extra", action="append", default=[])
+    ap.add_argument("--more", action="append", default=[])
+    args = ap.parse_args()
+    sys.argv = [sys.argv[0]] + args.files
     tp1, tp3 = (json.load(open(p)) for p in sys.argv[1:3])
+    for e in args.extra:
+        ex = json.load(open(e))
+        if abs(ex["exact"]["next_token_acc"] - tp3["exact"]["next_token_acc"]) > 1e-9:
+            raise SystemExit(f"{e}: its exact run differs from the main one (other prompts?)")
+        tp3["modes"] = tp3["modes"] + ex["modes"]
+    more = [json.load(open(m)) for m in args.more]
     md_path, dat_path = sys.argv[3], sys.argv[4]
     speed = {}
     if len(sys.argv) > 5:
@@ -129,43 +149,81 @@ def main():
             L.append(f"| {any_r.get('codec', 'int4')} | {any_r['group']} | {row_bits(any_r):.3f} | {kl('int4')} | "
                      f"{kl('echo')} |")
         L.append("")
+    pooled = {}
+    if more:
+        # per (mode, codec): the main run's row plus the same row on each further chunk
+        for r in rows:
+            if r.get("min_bytes"):
+                continue
+            key = (r["mode"], name(r))
+            parts = [(r, tp3["tokens_scored"])]
+            for m in more:
+                parts += [(q, m["tokens_scored"]) for q in m["modes"] if (q["mode"], name(q)) == key]
+            if len(parts) < 2 or any("next_token_acc_delta_se_pt" not in q for q, _ in parts):
+                continue
+            n = sum(w for _, w in parts)
+            d = sum(q["next_token_acc_delta_pt"] * w for q, w in parts) / n
+            se = sum((q["next_token_acc_delta_se_pt"] * w) ** 2 for q, w in parts) ** 0.5 / n
+            kl = sum(q["kl_mean"] * w for q, w in parts) / n
+            pooled[key] = (d, se, n, len(parts), [q["next_token_acc_delta_pt"] for q, _ in parts], kl)
+        L.append(f"Pooled over more held-out text: the rows above (text 1) plus the same all-reduce on "
+                 f"{len(more)} further disjoint chunks of the tutorial text (`--more`; 50 prompts of 128 tokens "
+                 "each, scored against exact on the same chunk), weighted by tokens:\n")
+        L.append("| all-reduce | codec | G | bits/value | Δ per chunk (pt) | pooled Δ vs exact | tokens | mean KL |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for (mode, k), (d, se, n, c, ds, kl) in sorted(pooled.items(), key=lambda kv: kv[1][0], reverse=True):
+            r = next(r for r in rows if (r["mode"], name(r)) == (mode, k))
+            L.append(f"| {mode} | {r.get('codec', 'int4')} | {r['group']} | {row_bits(r):.3f} | "
+                     f"{', '.join(f'{x:+.2f}' for x in ds)} | **{d:+.2f} ± {se:.2f}** | {n} | {kl:.3f} |")
+        L.append("")
     echo = [r for r in rows if r["mode"] == "echo" and not r.get("min_bytes")]
     int4 = [r for r in rows if r["mode"] == "int4" and not r.get("min_bytes")]
     L.append("## Verdict\n")
-    ok = sorted([r for r in echo if r["next_token_acc_delta_pt"] >= BOUND and row_bits(r) <= BUDGET + 1e-9],
-                key=row_bits)
+
+    def eff(r):
+        """(delta, se, where): pooled over all text when measured there, else this run's row."""
+        key = (r["mode"], name(r))
+        if key in pooled:
+            d, se, n, c, _, _ = pooled[key]
+            return d, se, f"pooled over {c} chunks, {n} tokens"
+        return r["next_token_acc_delta_pt"], r.get("next_token_acc_delta_se_pt"), f"{tp3['tokens_scored']} tokens"
+
+    def fmt(r):
+        d, se, where = eff(r)
+        return f"{d:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + f" points ({where})"
+
+    ok = sorted([r for r in echo if eff(r)[0] >= BOUND and row_bits(r) <= BUDGET + 1e-9], key=row_bits)
     in_budget = [r for r in echo if row_bits(r) <= BUDGET + 1e-9]
-    best = max(in_budget, key=lambda r: r["next_token_acc_delta_pt"]) if in_budget else None
+    best = max(in_budget, key=lambda r: eff(r)[0]) if in_budget else None
     if ok:
         r = ok[0]
         L.append(f"- **Within 0.4 points of exact at ≤ {BUDGET} bits/value: yes.** The cheapest such row is "
-                 f"echo with `{name(r)}` ({row_bits(r):.3f} bits/value): {r['next_token_acc_delta_pt']:+.2f} "
-                 "points of next-token accuracy.")
+                 f"echo with `{name(r)}` ({row_bits(r):.3f} bits/value): {fmt(r)}.")
     elif best:
-        L.append(f"- **Within 0.4 points of exact at ≤ {BUDGET} bits/value: no.** The best row is echo with "
-                 f"`{name(best)}` ({row_bits(best):.3f} bits/value): {best['next_token_acc_delta_pt']:+.2f} "
-                 f"points, {-best['next_token_acc_delta_pt'] + BOUND:.2f} points short of the bound.")
+        d = eff(best)[0]
+        L.append(f"- **Within 0.4 points of exact at ≤ {BUDGET} bits/value: no.** The best is echo with "
+                 f"`{name(best)}` ({row_bits(best):.3f} bits/value): {fmt(best)}, {BOUND - d:+.2f} points "
+                 "from the bound.")
     dp = default_preset()
     if dp:
         d = [r for r in echo if r.get("codec", "int4") == dp[0] and r["group"] == dp[1]]
         if d:
             r = d[0]
-            se = r.get("next_token_acc_delta_se_pt")
             L.append(f"- **Default preset** (`--allreduce echo`, `ECHO_DEFAULT_CODEC` in comm/echo.h): "
-                     f"`{dp[0]}-g{dp[1]}` with error feedback, {row_bits(r):.3f} bits/value: "
-                     f"{r['next_token_acc_delta_pt']:+.2f}" + (f" ± {se:.2f}" if se is not None else "") +
-                     f" points here ({'within' if r['next_token_acc_delta_pt'] >= BOUND else 'outside'} 0.4 "
-                     "points of exact).")
+                     f"`{dp[0]}-g{dp[1]}` with error feedback, {row_bits(r):.3f} bits/value: {fmt(r)}; "
+                     f"{'within' if eff(r)[0] >= BOUND else 'outside'} 0.4 points of exact.")
     if int4:
-        bi = max(int4, key=lambda r: r["next_token_acc_delta_pt"])
-        L.append(f"- Without error feedback (mode int4) the best row is `{name(bi)}`: "
-                 f"{bi['next_token_acc_delta_pt']:+.2f} points. Error feedback is worth "
-                 "the difference between the int4 and echo rows of the same codec.")
+        bi = max(int4, key=lambda r: eff(r)[0])
+        L.append(f"- Without error feedback (mode int4) the best row is `{name(bi)}`: {fmt(bi)}. Error "
+                 "feedback is worth the difference between the int4 and echo rows of the same codec.")
     L.append("- Why the plain codec loses so much here: trained models carry outlier channels in exactly "
              "the activations tensor parallelism all-reduces; with absmax scaling one outlier sets its "
              "group's scale and flattens the rest of the group to zero. Rotating each group spreads "
-             "the outlier; smaller groups confine it. A 135M model at tp 3 also has 60 all-reduces per "
-             "pass over a small hidden size.\n")
+             "the outlier, smaller groups or finer scales confine it, carrying it in 16 bits removes it. "
+             "A 135M model at tp 3 also has 60 all-reduces per pass over a small hidden size, so every "
+             "call's error reaches the logits. On one chunk of 6350 tokens the paired standard error is "
+             "about 0.25 points, as large as the differences between the 4.5-bit codecs: rank them by "
+             "the pooled rows and the KL, not by one chunk.\n")
     L.append("![next-token accuracy change vs wire bits/value](accuracy.png)\n")
     with open(md_path, "w") as f:
         f.write("\n".join(L) + "\n")
