@@ -9,16 +9,22 @@
 # (accuracy change vs wire bits/value).
 #
 #   scripts/accuracy.sh [--quick] [--threads N] [--codecs LIST] [--gen-tokens K]
+#                       [--more LIST]
 #     --quick        8 prompts, 16 greedy tokens (a smoke run, ~3 min)
 #     --codecs LIST  codec-gG list (default: int4-g32,int4-g64,hadamard-g16,
-#                    hadamard-g32,hadamard-g64,hsub6-g128)
-# The full run (50 prompts of 128 tokens, 16 greedy tokens, 12 variants)
-# takes ~30 min on 2 shared cores.
+#                    hadamard-g32,hadamard-g64,hsub6-g128,out2-g128,
+#                    hout2-g128,hout2-g256)
+#     --more LIST    also run echo with these codecs on 3 further disjoint
+#                    chunks of the text (50 prompts each), pooled in the
+#                    report (default: hadamard-g32,hsub6-g128,hout2-g128)
+# The full run (50 prompts of 128 tokens, 16 greedy tokens, 18 variants, then
+# the further chunks) takes about an hour on 2 shared cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
 threads=$(nproc)
-codecs=int4-g32,int4-g64,hadamard-g16,hadamard-g32,hadamard-g64,hsub6-g128
+codecs=int4-g32,int4-g64,hadamard-g16,hadamard-g32,hadamard-g64,hsub6-g128,out2-g128,hout2-g128,hout2-g256
+more=hadamard-g32,hsub6-g128,hout2-g128
 gen=16
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,6 +32,7 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift ;;
     --codecs) codecs=$2; shift ;;
     --gen-tokens) gen=$2; shift ;;
+    --more) more=$2; shift ;;
     -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "accuracy.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -63,7 +70,29 @@ echo "accuracy.sh: tp 3, exact + int4/echo x {$codecs}" >&2
 for c in $(echo "$codecs" | tr ',' ' '); do
   "$bin"/echo-bench codec --codec "$c" --count 1M --iters 5 --json >> "$out/codec.json"
 done
-python3 scripts/accuracy_report.py "$out/tp1.json" "$out/tp3.json" docs/accuracy.md "$out/plot.dat" "$out/codec.json"
+# the same on further chunks of the text (disjoint from the first 50 prompts)
+more_args=()
+if [ $quick = 0 ] && [ -n "$more" ]; then
+  python3 - "$out" <<'PY'
+import sys
+out = sys.argv[1]
+t = open(f"{out}/text.txt").read()
+for k, off in enumerate((36000, 72000, 108000), start=2):
+    i = t.find("\n\n", off)
+    open(f"{out}/text{k}.txt", "w").write(t[i + 2:])
+PY
+  for k in 2 3 4; do
+    echo "accuracy.sh: text chunk $k: exact + echo x {$more}" >&2
+    "$bin"/echo-eval --model "$model" --tp 3 --modes echo --codecs "$more" --text "$out/text$k.txt" \
+      --prompt-len 128 --max-prompts 50 --gen-tokens 4 --threads "$threads" --json > "$out/more$k.json"
+    more_args+=(--more "$out/more$k.json")
+  done
+fi
+# a Qwen3 fixture (random weights: KL only), so that nothing regresses there
+"$bin"/echo-eval --model tests/fixtures/models/deep36 --tp 4 --random-prompts 8 --prompt-len 32 --gen-tokens 8 \
+  --modes int4,echo --codecs "$codecs" --threads "$threads" --json > "$out/qwen3.json" 2>/dev/null || true
+python3 scripts/accuracy_report.py "$out/tp1.json" "$out/tp3.json" docs/accuracy.md "$out/plot.dat" "$out/codec.json" \
+  "$out/qwen3.json" "${more_args[@]}"
 if command -v gnuplot >/dev/null; then
   gnuplot -e "dat='$out/plot.dat'; out='docs/accuracy.png'" scripts/accuracy.gp
 fi

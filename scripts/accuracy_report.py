@@ -133,7 +133,7 @@ def main():
                      f"{b['encode_gbps']:.2f} | {b['decode_acc_gbps']:.2f} | {b['rel_err_gauss']:.4f} | "
                      f"{b['rel_err_outlier']:.4f} |")
         L.append("")
-    if len(sys.argv) > 6:
+    if len(sys.argv) > 6 and os.path.getsize(sys.argv[6]) > 0:
         q = json.load(open(sys.argv[6]))
         L.append(f"Qwen3 fixture (`{q['model']}`: random weights, {q['layers']} layers, so only the KL to "
                  f"exact means anything), tp {q['tp']}, {q['prompts']} random prompts: mean KL of the "
