@@ -119,7 +119,11 @@ def check_forward(path):
                 fail(f"decode batch {r['batch']}: {k} = {r[k]}")
         if abs(r["tokens_per_s"] - r["batch"] / (r["ms_per_step"] / 1e3)) > 1e-3 * r["tokens_per_s"]:
             fail(f"decode batch {r['batch']}: tokens_per_s disagrees with ms_per_step")
-    for k in ("copy_gbps", "weight_bytes", "weight_bytes_read_per_step", "kv_bytes_per_token"):
+    # the roofline's bandwidth: a streaming read on cpu, ops->copy on a device
+    bw = "read_gbps" if d["device"] == "cpu" else "copy_gbps"
+    if bw not in d:
+        fail(f"no {bw} on device {d['device']}")
+    for k in (bw, "weight_bytes", "weight_bytes_read_per_step", "kv_bytes_per_token"):
         if not d[k] > 0:
             fail(f"{k} = {d[k]}")
     if "ttft" in d and not d["ttft"]["ms"] > 0:
