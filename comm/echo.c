@@ -48,7 +48,7 @@ static const echo_codec_info codecs[ECHO_CODEC_COUNT] = {
     [ECHO_CODEC_HADAMARD] = {"hadamard", -1, 4, 2, 0, ECHO_MIN_GROUP, 32, ECHO_FORM_INT4},
     [ECHO_CODEC_HSUB6] = {"hsub6", ECHO_SUB, 4, 2, 6, 64, 128, ECHO_FORM_HSUB},
     [ECHO_CODEC_OUT2] = {"out2", 0, 4, ECHO_OUT2_REC, 0, 64, 128, ECHO_FORM_OUT2},
-    [ECHO_CODEC_HOUT2] = {"hout2", 0, 4, ECHO_OUT2_REC, 0, 64, 128, ECHO_FORM_HOUT2},
+    [ECHO_CODEC_HOUT2] = {"hout2", 0, 4, ECHO_OUT2_REC, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_HOUT2},
 };
 
 const echo_codec_info *echo_codec_get(echo_codec_id id) {
