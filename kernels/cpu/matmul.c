@@ -394,7 +394,7 @@ A256 INL v16 ld256(const int dt, const uint8_t *r, int c) {
 
 A256 INL void tile256(const int dt, const int T, const int R, const float *x, size_t ldx, const uint8_t *w,
                       size_t ws, int K, float *o, size_t ldo) {
-    v16 acc[2][2];
+    v16 acc[4][2];
     for (int t = 0; t < T; t++)
         for (int r = 0; r < R; r++) acc[t][r].lo = acc[t][r].hi = _mm256_setzero_ps();
     int nc = K / 16;
@@ -431,6 +431,18 @@ A256 INL void tile256(const int dt, const int T, const int R, const float *x, si
             tile256(DT, 2, 1, x, ldx, w, ws, K, o, ldo);                                                      \
         else                                                                                                  \
             tile256(DT, 1, 1, x, ldx, w, ws, K, o, ldo);                                                      \
+    }                                                                                                         \
+    A256 __attribute__((unused)) static void NAME##_w(const float *x, size_t ldx, const uint8_t *w, size_t ws,  \
+                                                      int K, float *o, size_t ldo) {                          \
+        tile256(DT, 4, 1, x, ldx, w, ws, K, o, ldo);                                                          \
+    }                                                                                                         \
+    A256 __attribute__((unused)) static void NAME##_deq(const uint8_t *w, size_t ws, int R, int K, float *buf) { \
+        for (int r = 0; r < R; r++)                                                                           \
+            for (int c = 0; c < K / 16; c++) {                                                                \
+                v16 v = ld256(DT, w + r * ws, c);                                                             \
+                _mm256_storeu_ps(buf + (size_t)r * K + 16 * c, v.lo);                                         \
+                _mm256_storeu_ps(buf + (size_t)r * K + 16 * c + 8, v.hi);                                     \
+            }                                                                                                 \
     }
 
 TILE256_DT(KERN_F32, t256_f32)
@@ -574,8 +586,9 @@ typedef struct mm_args {
     const kern_weight *w;
     int n, isa;
     mm_tile_fn tile, tile_f32;
-    mm_deq_fn deq; /* quantized weights at n >= MM_DEQ_MIN (AVX-512) */
-    mm_wide_fn wide, wide_f32; /* AVX-512: MM_WT x MM_WR tiles of many tokens */
+    mm_deq_fn deq; /* quantized weights at n >= MM_DEQ_MIN (AVX-512, AVX2) */
+    mm_wide_fn wide, wide_f32; /* wt x wr tiles of many tokens (AVX-512 6 x 4, AVX2 4 x 1) */
+    int wt, wr;
     int tt, tr; /* the tile's tokens and rows */
     size_t ws;  /* bytes between weight rows */
     int failed; /* set by a (portable-path) task that could not allocate */
@@ -584,13 +597,18 @@ typedef struct mm_args {
 static mm_deq_fn mm_pick_deq(int isa, kern_dtype dt) {
     static const mm_deq_fn d512[] = {NULL,         NULL,         NULL,         t512_q8_0_deq,
                                      t512_q4_0_deq, t512_q4_1_deq, t512_q4_k_deq, t512_q6_k_deq};
-    if ((unsigned)dt >= sizeof d512 / sizeof *d512 || isa < CPU_ISA_AVX512) return NULL;
-    return d512[dt];
+    static const mm_deq_fn d256[] = {NULL,         NULL,         NULL,         t256_q8_0_deq,
+                                     t256_q4_0_deq, t256_q4_1_deq, t256_q4_k_deq, t256_q6_k_deq};
+    if ((unsigned)dt >= sizeof d512 / sizeof *d512 || isa < CPU_ISA_AVX2) return NULL;
+    return isa >= CPU_ISA_AVX512 ? d512[dt] : d256[dt];
 }
 
 static mm_wide_fn mm_pick_wide(int isa, kern_dtype dt) {
-    if (isa < CPU_ISA_AVX512) return NULL;
-    return dt == KERN_F32 ? t512_f32_w : dt == KERN_BF16 ? t512_bf16_w : dt == KERN_F16 ? t512_f16_w : NULL;
+    if (isa >= CPU_ISA_AVX512)
+        return dt == KERN_F32 ? t512_f32_w : dt == KERN_BF16 ? t512_bf16_w : dt == KERN_F16 ? t512_f16_w : NULL;
+    if (isa >= CPU_ISA_AVX2)
+        return dt == KERN_F32 ? t256_f32_w : dt == KERN_BF16 ? t256_bf16_w : dt == KERN_F16 ? t256_f16_w : NULL;
+    return NULL;
 }
 
 static mm_tile_fn mm_pick(int isa, kern_dtype dt) {
@@ -656,10 +674,10 @@ static void mm_task(void *arg, int task) {
             for (int t = t0; t < t1;) {
                 const float *x = a->in + (size_t)t * K;
                 float *o = a->out + (size_t)t * rows + r;
-                if (wide && R == a->tr && t1 - t >= MM_WT) {
-                    for (int rr = 0; rr < R; rr += MM_WR)
+                if (wide && R == a->tr && t1 - t >= a->wt) {
+                    for (int rr = 0; rr < R; rr += a->wr)
                         wide(x, (size_t)K, wr + (size_t)rr * ws, ws, K, o + rr, (size_t)rows);
-                    t += MM_WT;
+                    t += a->wt;
                     continue;
                 }
                 int T = t1 - t < a->tt ? t1 - t : a->tt;
@@ -690,6 +708,8 @@ int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w
                  mm_pick_deq(isa, w->dtype),
                  mm_pick_wide(isa, w->dtype),
                  mm_pick_wide(isa, KERN_F32),
+                 isa >= CPU_ISA_AVX512 ? MM_WT : 4,
+                 isa >= CPU_ISA_AVX512 ? MM_WR : 1,
                  0,
                  0,
                  kern_dtype_bytes(w->dtype, ld),
