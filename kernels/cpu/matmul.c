@@ -482,9 +482,6 @@ A256 static void axpy256(float *y, float a, const float *x, int len) {
     for (; k < len; k++) y[k] = fmaf(a, x[k], y[k]);
 }
 
-void cpu_axpy(int isa, float *y, float a, const float *x, int len);
-float cpu_dot(int isa, const float *a, const float *b, int len);
-
 /* Attention's p·v with cpu_axpy's exact operations: the weighted sum of
  * value rows kept in registers across keys instead of stored after each. */
 A512 static void wsum512(float *o, const float *w, const float *const *v, int n, int len) {
@@ -508,7 +505,6 @@ A512 static void wsum512(float *o, const float *w, const float *const *v, int n,
         for (int p = 0; p < n; p++) axpy512(o + c, w[p], v[p] + c, len - c);
 }
 
-void cpu_wsum(int isa, float *o, const float *w, const float *const *v, int n, int len);
 
 /* Four queries' p·v over their first n keys (then each goes on alone):
  * each value row loaded once for the four. */
