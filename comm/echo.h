@@ -91,7 +91,7 @@ typedef enum echo_codec_id {
 #define ECHO_MIN_GROUP 16
 #define ECHO_MAX_GROUP 256
 #define ECHO_DEFAULT_GROUP 64
-#define ECHO_DEFAULT_CODEC ECHO_CODEC_HADAMARD
+#define ECHO_DEFAULT_CODEC ECHO_CODEC_HOUT2
 
 typedef struct echo_config {
     echo_mode mode;
