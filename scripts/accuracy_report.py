@@ -95,17 +95,20 @@ def main():
              f"paragraphs (`scripts/rst2text.py`): {tp3['prompts']} prompts of 128 tokens, "
              f"{tp3['tokens_scored']} next-token predictions scored per row. Greedy agreement: "
              f"{tp3['gen_tokens']} greedy tokens from each prompt, compared with exact at the same tp.\n")
-    L.append("Reproduce: `scripts/accuracy.sh` (about 30 minutes on 2 shared cores; `--quick` for a smoke "
+    L.append("Reproduce: `scripts/accuracy.sh` (about an hour on 2 shared cores; `--quick` for a smoke "
              "run; `--codecs LIST` for other codecs). Each row is one codec of the codec table "
              "(`comm/echo.h`) at group size G, without (`int4`) or with (`echo`) error feedback. "
              "bits/value is the wire cost from the table (codes + scales). ± is the standard error of "
              "the paired accuracy difference (tokens that only one of the two gets right), so "
              "differences below about twice it are noise.\n")
-    L.append("Codecs: `int4` is the paper's (int4 codes in [−7, 7], one bf16 scale per G values); "
-             "`hadamard` first rotates each group by H·D (Walsh–Hadamard, fixed random signs, "
+    L.append("Codecs (docs/echo.md §2b): `int4` is the paper's (int4 codes in [−7, 7], one bf16 scale per "
+             "G values); `hadamard` first rotates each group by H·D (Walsh–Hadamard, fixed random signs, "
              "`comm/echo_codec.h`), so that an outlier channel is spread over its group instead of "
              "setting a scale that flattens the rest of the group to zero; ranks add rotated values "
-             "and rotate the sum back once.\n")
+             "and rotate the sum back once. `hsub6` rotates every 16 values and gives each 16 its own "
+             "6-bit scale under the group's bf16 one. `out2` carries the two largest values of each "
+             "group in bf16 (with their indices) and codes the rest under the third largest; `hout2` "
+             "does that and then rotates the rest of the group.\n")
     gt = tp3["gen_tokens"]
     L.append(f"| tp | all-reduce | codec | G | bits/value | perplexity | next-token acc | Δ vs exact | "
              f"top-1 = exact | mean KL | greedy agree (of {gt}) | all {gt} agree |")
@@ -166,8 +169,9 @@ def main():
             se = sum((q["next_token_acc_delta_se_pt"] * w) ** 2 for q, w in parts) ** 0.5 / n
             kl = sum(q["kl_mean"] * w for q, w in parts) / n
             pooled[key] = (d, se, n, len(parts), [q["next_token_acc_delta_pt"] for q, _ in parts], kl)
+        chunks = len({round(m["exact"]["next_token_acc"], 9) for m in more})
         L.append(f"Pooled over more held-out text: the rows above (text 1) plus the same all-reduce on "
-                 f"{len(more)} further disjoint chunks of the tutorial text (`--more`; 50 prompts of 128 tokens "
+                 f"{chunks} further disjoint chunks of the tutorial text (`--more`; 50 prompts of 128 tokens "
                  "each, scored against exact on the same chunk), weighted by tokens:\n")
         L.append("| all-reduce | codec | G | bits/value | Δ per chunk (pt) | pooled Δ vs exact | tokens | mean KL |")
         L.append("|---|---|---|---|---|---|---|---|")
@@ -227,12 +231,19 @@ def main():
     L.append("![next-token accuracy change vs wire bits/value](accuracy.png)\n")
     with open(md_path, "w") as f:
         f.write("\n".join(L) + "\n")
-    # Pareto plot data: bits, delta, se, series (0 int4, 1 echo), label
+    # Pareto plot data: bits (nudged apart when several codecs share them), delta, se,
+    # series (0 int4, 1 echo), label
+    at = {}
+    for r in rows:
+        at.setdefault(round(row_bits(r), 4), set()).add(name(r))
     with open(dat_path, "w") as f:
         for r in rows:
             if r.get("min_bytes"):
                 continue
-            f.write(f"{row_bits(r):.4f} {r['next_token_acc_delta_pt']:.4f} "
+            b = round(row_bits(r), 4)
+            names = sorted(at[b])
+            x = b + 0.03 * (names.index(name(r)) - (len(names) - 1) / 2)
+            f.write(f"{x:.4f} {r['next_token_acc_delta_pt']:.4f} "
                     f"{r.get('next_token_acc_delta_se_pt', 0):.4f} {1 if r['mode'] == 'echo' else 0} "
                     f"{name(r)}\n")
 
