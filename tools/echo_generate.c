@@ -52,7 +52,8 @@ static const char *USAGE =
     "  --quantize q8_0        quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default)\n"
-    "  --echo-codec NAME      codec of int4/echo: int4 or hadamard, NAME-gG sets G too (default: comm/ default)\n"
+    "  --echo-codec NAME      codec of int4/echo: int4, hadamard, hsub6, out2 or hout2; NAME-gG sets G too\n"
+    "                         (default: comm/ default, hout2-g128; docs/accuracy.md)\n"
     "  --top-k K              with --temperature > 0: sample among the K most likely (0 = off)\n"
     "  --top-p P              with --temperature > 0: nucleus sampling mass (default 1 = off)\n"
     "  --prompt TEXT          text prompt, encoded with the model's tokenizer\n"
@@ -225,7 +226,8 @@ int main(int argc, char **argv) {
         case O_CODEC: {
             int g = 0;
             if (echo_codec_parse(optarg, &ec.echo_codec, &g))
-                cli_usage_error(PROG, "--echo-codec expects int4 or hadamard, optionally -gG (e.g. hadamard-g32), got '%s'", optarg);
+                cli_usage_error(PROG, "--echo-codec expects a codec of the table, optionally -gG (e.g. hadamard-g32), got '%s'",
+                                optarg);
             if (g) ec.echo_group = g;
             break;
         }
