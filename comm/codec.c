@@ -530,9 +530,9 @@ ECHO_INLINE void rot_fwd_impl(const void *x, echo_dtype dt, size_t n, size_t np,
                 v[i] = xf[i] * sg[i];
         } else {
             for (size_t i = 0; i < m; i++)
-                v[i] = (dt == ECHO_F32 ? ((const float *)x)[off + i]
-                                       : echo_bf16_to_f32(((const uint16_t *)x)[off + i])) *
-                       sg[i];
+                v[i] =
+                    (dt == ECHO_F32 ? ((const float *)x)[off + i] : echo_bf16_to_f32(((const uint16_t *)x)[off + i])) *
+                    sg[i];
             for (size_t i = m; i < (size_t)G; i++)
                 v[i] = 0.0f * sg[i];
         }
@@ -712,8 +712,8 @@ static int host_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
         size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
         if (s == c->rank || n == 0) continue;
         if (echo_plan_staged(p)) n = echo_plan_pad(p, n);
-        if (enc_msg(p, (const char *)x + off * esz, xdt, res ? res + off : NULL, res_valid, ECHO_RESID_F32, n,
-                    send[s], (uint8_t *)plan_scales(p, send[s]), &b) &&
+        if (enc_msg(p, (const char *)x + off * esz, xdt, res ? res + off : NULL, res_valid, ECHO_RESID_F32, n, send[s],
+                    (uint8_t *)plan_scales(p, send[s]), &b) &&
             *bad == ECHO_NO_INDEX)
             *bad = off + b;
     }

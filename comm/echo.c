@@ -143,8 +143,8 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
     }
     int group = cfg->group_size ? cfg->group_size : default_group(ci);
     if (!group_valid(ci, group)) {
-        snprintf(err, errlen, "echo: group size %d is not a power of two in [%d, %d] (codec %s)", group,
-                 ci->min_group, ECHO_MAX_GROUP, ci->name);
+        snprintf(err, errlen, "echo: group size %d is not a power of two in [%d, %d] (codec %s)", group, ci->min_group,
+                 ECHO_MAX_GROUP, ci->name);
         return -1;
     }
     if (cfg->n_sites < 1) {
@@ -413,8 +413,7 @@ int echo_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen) {
         return 0;
     }
     if (!c->w->tp->vote) {
-        snprintf(err, errlen, "echo: the %s transport has no vote (graphs need a deferred nccl world)",
-                 c->w->tp->name);
+        snprintf(err, errlen, "echo: the %s transport has no vote (graphs need a deferred nccl world)", c->w->tp->name);
         return -1;
     }
     return c->w->tp->vote(c, mine, agreed, err, errlen);

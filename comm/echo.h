@@ -101,8 +101,8 @@ typedef struct echo_config {
     size_t max_count; /* largest message in elements (tokens * hidden) */
     /* Added after the first draft (keep new fields last: callers use
      * positional initializers). */
-    int track_error; /* 1 = per-site error norms vs the exact sum (local transport, host memory; fp64 cost) */
-    int deferred;    /* 1 = calls only enqueue; the pass completes in echo_end_pass (nccl transport; see there) */
+    int track_error;     /* 1 = per-site error norms vs the exact sum (local transport, host memory; fp64 cost) */
+    int deferred;        /* 1 = calls only enqueue; the pass completes in echo_end_pass (nccl transport; see there) */
     echo_codec_id codec; /* of the int4 and echo modes; 0 = ECHO_DEFAULT_CODEC */
 } echo_config;
 

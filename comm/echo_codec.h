@@ -493,8 +493,8 @@ ECHO_HD uint16_t echo_hout2_encode_group(const float *y, int G, uint8_t *codes, 
 
 ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v) {
     uint16_t sb = (uint16_t)(rec[0] | (rec[1] << 8));
-    echo_hout2_finish(codes, sb, (uint16_t)(rec[2] | (rec[3] << 8)), (uint16_t)(rec[4] | (rec[5] << 8)), rec[6],
-                      rec[7], G, v);
+    echo_hout2_finish(codes, sb, (uint16_t)(rec[2] | (rec[3] << 8)), (uint16_t)(rec[4] | (rec[5] << 8)), rec[6], rec[7],
+                      G, v);
     return sb;
 }
 
@@ -503,8 +503,7 @@ ECHO_HD int echo_rec_bytes(int form, int G) {
     return form == ECHO_FORM_HSUB ? echo_hsub_rec_bytes(G) : form == ECHO_FORM_INT4 ? 2 : ECHO_OUT2_REC;
 }
 
-ECHO_HD uint16_t echo_rec_encode_group(int form, const float *y, int G, uint8_t *codes, uint8_t *rec, float *r,
-                                       int n) {
+ECHO_HD uint16_t echo_rec_encode_group(int form, const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
     return form == ECHO_FORM_OUT2    ? echo_out2_encode_group(y, G, codes, rec, r, n)
            : form == ECHO_FORM_HOUT2 ? echo_hout2_encode_group(y, G, codes, rec, r, n)
                                      : echo_hsub_encode_group(y, G, codes, rec, r, n);

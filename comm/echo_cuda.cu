@@ -562,8 +562,7 @@ __global__ void __launch_bounds__(ECHO_THREADS)
         float t[ECHO_MAX_GROUP];
         for (int q = 0; q < G; q++)
             t[q] = res && res_valid ? y[i + q] + res[i + q] : y[i + q];
-        echo_rec_encode_group(form, t, G, w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, res ? res + i : NULL,
-                              G);
+        echo_rec_encode_group(form, t, G, w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, res ? res + i : NULL, G);
     }
 }
 
@@ -659,13 +658,14 @@ static int cuda_phase1(echo_comm *c, const echo_plan *p, const void *x, float *r
         if (p->rotate) {
             size_t ng = np / (size_t)p->rotate;
             if (p->dt == ECHO_F32)
-                echo_rot_fwd_kernel<float><<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot,
-                                                                                     p->count, ng, p->rotate);
+                echo_rot_fwd_kernel<float>
+                    <<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot, p->count, ng, p->rotate);
             else
-                echo_rot_fwd_kernel<uint16_t><<<blocks_stride(ng), ECHO_THREADS, 0, s>>>(
-                    (const uint16_t *)x, cs->d_rot, p->count, ng, p->rotate);
+                echo_rot_fwd_kernel<uint16_t><<<blocks_stride(ng), ECHO_THREADS, 0, s>>>((const uint16_t *)x, cs->d_rot,
+                                                                                         p->count, ng, p->rotate);
         } else if (p->dt == ECHO_F32) {
-            echo_stage_kernel<float><<<blocks_stride(np), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot, p->count, np);
+            echo_stage_kernel<float>
+                <<<blocks_stride(np), ECHO_THREADS, 0, s>>>((const float *)x, cs->d_rot, p->count, np);
         } else {
             echo_stage_kernel<uint16_t>
                 <<<blocks_stride(np), ECHO_THREADS, 0, s>>>((const uint16_t *)x, cs->d_rot, p->count, np);
@@ -716,9 +716,8 @@ static int cuda_phase2(echo_comm *c, const echo_plan *p, const void *x, const ui
             return 0;
         }
         unsigned rb = grid_x(state_of(c), K_PHASE2, ECHO_F32, p->shard / ECHO_CODE_V, 1);
-        echo_phase2_kernel<float><<<rb, ECHO_THREADS, 0, s>>>(state_of(c)->d_rot + base, w, g, g_valid,
-                                                             echo_plan_pad(p, len), p->shard, lg, p->nranks, c->rank,
-                                                             out);
+        echo_phase2_kernel<float><<<rb, ECHO_THREADS, 0, s>>>(
+            state_of(c)->d_rot + base, w, g, g_valid, echo_plan_pad(p, len), p->shard, lg, p->nranks, c->rank, out);
         ECHO_CUDA_TRY(cudaGetLastError());
         return 0;
     }
@@ -786,8 +785,8 @@ static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const
         ECHO_CUDA_TRY(cudaGetLastError());
         if (!p->rotate) {
             if (p->dt == ECHO_F32)
-                echo_narrow_kernel<float><<<blocks_stride(p->count), ECHO_THREADS, 0, s>>>(cs->d_rot, (float *)buf,
-                                                                                          p->count);
+                echo_narrow_kernel<float>
+                    <<<blocks_stride(p->count), ECHO_THREADS, 0, s>>>(cs->d_rot, (float *)buf, p->count);
             else
                 echo_narrow_kernel<uint16_t>
                     <<<blocks_stride(p->count), ECHO_THREADS, 0, s>>>(cs->d_rot, (uint16_t *)buf, p->count);
@@ -803,11 +802,9 @@ static int finish_enqueue(echo_comm *c, const echo_plan *p, const uint8_t *const
     }
     dim3 grid(grid_x(state_of(c), K_FINISH, p->dt, p->shard / ECHO_FINISH_V, shards), shards);
     if (p->dt == ECHO_F32)
-        echo_finish_kernel<float>
-            <<<grid, ECHO_THREADS, 0, s>>>(w, (float *)buf, p->count, p->shard, lg, flag);
+        echo_finish_kernel<float><<<grid, ECHO_THREADS, 0, s>>>(w, (float *)buf, p->count, p->shard, lg, flag);
     else
-        echo_finish_kernel<uint16_t>
-            <<<grid, ECHO_THREADS, 0, s>>>(w, (uint16_t *)buf, p->count, p->shard, lg, flag);
+        echo_finish_kernel<uint16_t><<<grid, ECHO_THREADS, 0, s>>>(w, (uint16_t *)buf, p->count, p->shard, lg, flag);
     ECHO_CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -825,8 +822,8 @@ static int cuda_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *g
 static int cuda_pass_arm(echo_comm *c, void *stream, char *err, size_t errlen) {
     cuda_state *cs = state_of(c);
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
-    ECHO_CUDA_TRY(cudaMemsetAsync(cs->d_site_bad, 0xff, (size_t)cs->n_site_flags * sizeof *cs->d_site_bad,
-                                  (cudaStream_t)stream));
+    ECHO_CUDA_TRY(
+        cudaMemsetAsync(cs->d_site_bad, 0xff, (size_t)cs->n_site_flags * sizeof *cs->d_site_bad, (cudaStream_t)stream));
     return 0;
 }
 
@@ -941,8 +938,8 @@ static int cuda_unrotate(echo_comm *c, float *res, size_t n, int group, void *st
 }
 
 extern "C" const echo_compute_ops echo_cuda_compute = {
-    "cuda",         cuda_phase1,   cuda_phase2,    cuda_finish,   cuda_alloc, cuda_free, cuda_comm_init,
-    cuda_comm_fini, cuda_pass_arm, cuda_pass_read, cuda_unrotate,
+    "cuda",         cuda_phase1,    cuda_phase2,   cuda_finish,    cuda_alloc,    cuda_free,
+    cuda_comm_init, cuda_comm_fini, cuda_pass_arm, cuda_pass_read, cuda_unrotate,
 };
 
 /* ---- exact-path helpers for the nccl transport ---- */

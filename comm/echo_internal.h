@@ -286,8 +286,8 @@ struct echo_comm {
     float *res;
     size_t res_bytes;
     float *scratch; /* host compute: the owner's fp32 sum (L values) */
-    float *rot;     /* host compute, staged codecs (echo_plan_staged): x (rotated), then the decoded sum (padded message) */
-    double *ref;    /* track_error: exact sum over the own shard (L values) */
+    float *rot; /* host compute, staged codecs (echo_plan_staged): x (rotated), then the decoded sum (padded message) */
+    double *ref; /* track_error: exact sum over the own shard (L values) */
 
     /* Pass state. */
     int in_pass;       /* begin_pass was called */

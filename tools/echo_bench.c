@@ -3,7 +3,7 @@
  * add a row to add one).
  *
  *   echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]
- *                        [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G]
+ *                        [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G] [--codec C]
  *                        [--echo-min-bytes N] [--iters N] [--warmup N] [--json]
  *       nccl-tests-style table per message size and algorithm: time, algbw,
  *       busbw = algbw*2(N-1)/N, wire bits per value, relative error vs an
@@ -12,10 +12,10 @@
  *       all-reduce (tools/bench/allreduce_nccl.c). mpi: run under mpirun,
  *       one rank per process, fp32; time = slowest rank's; rank 0 prints
  *       (scripts/netlab.sh and docs/network.md: over a shaped link).
- *   echo-bench chain [--ranks N] [--depth K] [--count M] [--group G] [--json]
+ *   echo-bench chain [--ranks N] [--depth K] [--count M] [--group G] [--codec C] [--json]
  *       accumulated error of K chained all-reduces of independent random
  *       partials, int4 vs echo: ||sum out - sum exact|| per depth.
- *   echo-bench codec [--count M] [--group G] [--iters N] [--json]
+ *   echo-bench codec [--count M] [--group G] [--codec C] [--iters N] [--json]
  *       single-thread codec throughput (encode with error feedback, decode-
  *       accumulate) beside memcpy in the same rounds, with the ratio to it,
  *       and coding error vs wire bits for every group size.
@@ -168,7 +168,8 @@ typedef struct ar_row {
     double time_us, algbw, busbw, wire_bits, rel_err;
 } ar_row;
 
-static int ar_measure(int nranks, echo_mode mode, int group, size_t min_policy, size_t count, float *const *x,
+static int ar_measure(int nranks, echo_mode mode, echo_codec_id codec, int group, size_t min_policy, size_t count,
+                      float *const *x,
                       const double *ref, int iters, ar_row *row, char *err, size_t errlen) {
     ar_run *R = calloc(1, sizeof *R);
     echo_world *w = NULL;
@@ -182,7 +183,7 @@ static int ar_measure(int nranks, echo_mode mode, int group, size_t min_policy, 
     R->iters = iters;
     R->warmup = 1;
     R->dt = calloc((size_t)iters * nranks, sizeof *R->dt);
-    echo_config cfg = {mode, group, min_policy, 1, count, 0, 0, 0};
+    echo_config cfg = {mode, group, min_policy, 1, count, 0, 0, codec};
     if (!R->dt || echo_world_create_local(nranks, &cfg, &w, err, errlen)) goto out;
     for (int r = 0; r < nranks; r++) {
         if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
@@ -258,6 +259,7 @@ typedef struct ar_mpi_opts {
     bench_dist dist;
     size_t minb, maxb, step, policy;
     const echo_mode *modes;
+    echo_codec_id codec;
 } ar_mpi_opts;
 
 /* Every rank times each call after a barrier; an iteration's time is the
@@ -267,7 +269,7 @@ typedef struct ar_mpi_opts {
  * indices against an fp64 sum of all ranks' inputs (regenerated here). */
 static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_mode mode, size_t count, const float *x, float *buf,
                       const double *ref, size_t lo, size_t hi, int it, ar_row *row, char *err, size_t errlen) {
-    echo_config cfg = {mode, o->group, o->policy, 1, count, 0, 0, 0};
+    echo_config cfg = {mode, o->group, o->policy, 1, count, 0, 0, o->codec};
     echo_world *w = NULL;
     echo_comm *c = NULL;
     int rc = echo_world_create_mpi(&cfg, &w, err, errlen);
@@ -420,7 +422,7 @@ out:
 static void ar_usage(void) {
     fprintf(stderr,
             "usage: echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]\n"
-            "                            [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G]\n"
+            "                            [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G] [--codec NAME[-gG]]\n"
             "                            [--echo-min-bytes N] [--iters N] [--warmup N] [--seed S]\n"
             "                            [--dist gauss|outlier] [--json]\n"
             "  local: ranks are threads over host memory, fp32 (CPU numbers)\n"
@@ -432,6 +434,7 @@ static void ar_usage(void) {
 
 static int cmd_allreduce(int argc, char **argv) {
     int nranks = 2, group = 0, iters = 0, json = 0, seed = 1, step = 2, warmup = 1;
+    echo_codec_id codec = ECHO_CODEC_DEFAULT;
     bench_dist dist = DIST_GAUSS;
     size_t minb = 1024, maxb = 16u << 20, policy = 0;
     const char *algos = "exact,int4,echo", *transport = "local";
@@ -454,7 +457,11 @@ static int cmd_allreduce(int argc, char **argv) {
             bad = !(maxb = parse_size(v)), i++;
         else if (!strcmp(a, "--group"))
             bad = parse_int(v, 0, ECHO_MAX_GROUP, &group), i++;
-        else if (!strcmp(a, "--echo-min-bytes"))
+        else if (!strcmp(a, "--codec")) {
+            int g = 0;
+            bad = echo_codec_parse(v, &codec, &g), i++;
+            if (g) group = g;
+        } else if (!strcmp(a, "--echo-min-bytes"))
             policy = parse_size(v), i++;
         else if (!strcmp(a, "--iters"))
             bad = parse_int(v, 1, 1000000, &iters), i++;
@@ -494,7 +501,7 @@ static int cmd_allreduce(int argc, char **argv) {
     }
     if (!strcmp(transport, "mpi")) {
 #ifdef ECHO_HAVE_MPI
-        ar_mpi_opts o = {group, iters, warmup, json, seed, nmodes, dist, minb, maxb, (size_t)step, policy, modes};
+        ar_mpi_opts o = {group, iters, warmup, json, seed, nmodes, dist, minb, maxb, (size_t)step, policy, modes, codec};
         return ar_mpi(&o);
 #else
         fprintf(stderr, "echo-bench: this build has no mpi transport (Open MPI was not found at build time)\n");
@@ -557,7 +564,7 @@ static int cmd_allreduce(int argc, char **argv) {
         for (int m = 0; m < nmodes; m++) {
             ar_row row;
             char err[512];
-            if (ar_measure(nranks, modes[m], group, policy, count, x, ref, it, &row, err, sizeof err)) {
+            if (ar_measure(nranks, modes[m], codec, group, policy, count, x, ref, it, &row, err, sizeof err)) {
                 if (json) printf("]\n");
                 fprintf(stderr, "echo-bench: %s\n", err);
                 status = 1;
@@ -631,7 +638,8 @@ static void *chain_rank(void *p) {
     return NULL;
 }
 
-static int chain_measure(int nranks, echo_mode mode, int group, int K, size_t count, uint64_t seed, bench_dist dist,
+static int chain_measure(int nranks, echo_mode mode, echo_codec_id codec, int group, int K, size_t count, uint64_t seed,
+                         bench_dist dist,
                          double *abs_err, double *ref_norm, char *err, size_t errlen) {
     chain_run *R = calloc(1, sizeof *R);
     echo_world *w = NULL;
@@ -644,7 +652,7 @@ static int chain_measure(int nranks, echo_mode mode, int group, int K, size_t co
         .nranks = nranks, .K = K, .count = count, .seed = seed, .dist = dist, .abs_err = abs_err, .ref_norm = ref_norm};
     R->acc_out = calloc(count, sizeof(double));
     R->acc_exact = calloc(count, sizeof(double));
-    echo_config cfg = {mode, group, 0, K, count, 0, 0, 0};
+    echo_config cfg = {mode, group, 0, K, count, 0, 0, codec};
     if (!R->acc_out || !R->acc_exact) {
         snprintf(err, errlen, "out of memory");
         goto out;
@@ -685,6 +693,7 @@ out:
 
 static int cmd_chain(int argc, char **argv) {
     int nranks = 4, K = 144, group = 0, json = 0, seed = 1;
+    echo_codec_id codec = ECHO_CODEC_DEFAULT;
     bench_dist dist = DIST_GAUSS;
     size_t count = 16384;
     for (int i = 1; i < argc; i++) {
@@ -702,14 +711,19 @@ static int cmd_chain(int argc, char **argv) {
             bad = !(count = parse_size(v)), i++;
         else if (!strcmp(a, "--group"))
             bad = parse_int(v, 0, ECHO_MAX_GROUP, &group), i++;
-        else if (!strcmp(a, "--seed"))
+        else if (!strcmp(a, "--codec")) {
+            int g = 0;
+            bad = echo_codec_parse(v, &codec, &g), i++;
+            if (g) group = g;
+        } else if (!strcmp(a, "--seed"))
             bad = parse_int(v, 0, 1 << 30, &seed), i++;
         else if (!strcmp(a, "--dist"))
             bad = parse_dist(v, &dist), i++;
         else
             bad = 1;
         if (bad) {
-            fprintf(stderr, "usage: echo-bench chain [--ranks N] [--depth K] [--count M] [--group G] [--seed S]\n"
+            fprintf(stderr, "usage: echo-bench chain [--ranks N] [--depth K] [--count M] [--group G] "
+                            "[--codec NAME[-gG]] [--seed S]\n"
                             "                        [--dist gauss|outlier] [--json]\n");
             return 2;
         }
@@ -721,9 +735,9 @@ static int cmd_chain(int argc, char **argv) {
     if (!err_q || !err_e || !ref) {
         fprintf(stderr, "echo-bench: out of memory\n");
         status = 1;
-    } else if (chain_measure(nranks, ECHO_MODE_INT4, group, K, count, (uint64_t)seed, dist, err_q, ref, err,
+    } else if (chain_measure(nranks, ECHO_MODE_INT4, codec, group, K, count, (uint64_t)seed, dist, err_q, ref, err,
                              sizeof err) ||
-               chain_measure(nranks, ECHO_MODE_ECHO, group, K, count, (uint64_t)seed, dist, err_e, ref, err,
+               chain_measure(nranks, ECHO_MODE_ECHO, codec, group, K, count, (uint64_t)seed, dist, err_e, ref, err,
                              sizeof err)) {
         fprintf(stderr, "echo-bench: %s\n", err);
         status = 1;

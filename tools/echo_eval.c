@@ -125,7 +125,8 @@ out:
     fclose(f);
     tok_free(tok);
     if (rc) {
-        for (int i = 0; i < n; i++) free(ps[i].ids);
+        for (int i = 0; i < n; i++)
+            free(ps[i].ids);
         free(ps);
         ps = NULL;
         n = 0;
@@ -196,8 +197,8 @@ out:
 
 /* What one engine produced for all prompts. */
 typedef struct run {
-    float **logits; /* [np] (n_i, vocab): next-token logits at every prompt position */
-    float **states; /* [np] (layers, n_i, hidden) */
+    float **logits;  /* [np] (n_i, vocab): next-token logits at every prompt position */
+    float **states;  /* [np] (layers, n_i, hidden) */
     int32_t *greedy; /* (np, gen) */
 } run;
 
@@ -236,16 +237,19 @@ static int run_all(eng *e, const prompt *ps, int np, int gen, run *r, char *err,
         r->greedy[(size_t)i * gen] = eng_sample(r->logits[i] + (size_t)(ps[i].n - 1) * V, (int)V, &greedy, NULL);
     }
     for (int t = 1; t < gen; t++) {
-        for (int i = 0; i < np; i++) items[i] = (eng_item){seqs[i], &r->greedy[(size_t)i * gen + t - 1], 1, ENG_LOGITS_LAST};
+        for (int i = 0; i < np; i++)
+            items[i] = (eng_item){seqs[i], &r->greedy[(size_t)i * gen + t - 1], 1, ENG_LOGITS_LAST};
         if (eng_step(e, items, np, rows, err, errlen)) goto out;
-        for (int i = 0; i < np; i++) r->greedy[(size_t)i * gen + t] = eng_sample(rows + (size_t)i * V, (int)V, &greedy, NULL);
+        for (int i = 0; i < np; i++)
+            r->greedy[(size_t)i * gen + t] = eng_sample(rows + (size_t)i * V, (int)V, &greedy, NULL);
     }
     rc = 0;
     goto out;
 oom:
     snprintf(err, errlen, "out of memory");
 out:
-    for (int i = 0; i < nseq; i++) eng_seq_free(e, seqs[i]);
+    for (int i = 0; i < nseq; i++)
+        eng_seq_free(e, seqs[i]);
     free(seqs);
     free(items);
     free(rows);
@@ -300,19 +304,40 @@ static int parse_list(const char *s, long lo, long hi, long *out) {
 int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum {
-        O_MODEL = 256, O_TP, O_PROMPTS, O_TEXT, O_RAND, O_PLEN, O_MAXP, O_SEED, O_GEN, O_MODES, O_MINB, O_GROUP,
-        O_THREADS, O_JSON, O_CODECS
+        O_MODEL = 256,
+        O_TP,
+        O_PROMPTS,
+        O_TEXT,
+        O_RAND,
+        O_PLEN,
+        O_MAXP,
+        O_SEED,
+        O_GEN,
+        O_MODES,
+        O_MINB,
+        O_GROUP,
+        O_THREADS,
+        O_JSON,
+        O_CODECS
     };
     static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},   {"tp", required_argument, 0, O_TP},
-        {"prompts", required_argument, 0, O_PROMPTS}, {"text", required_argument, 0, O_TEXT},
-        {"random-prompts", required_argument, 0, O_RAND}, {"prompt-len", required_argument, 0, O_PLEN},
-        {"max-prompts", required_argument, 0, O_MAXP}, {"seed", required_argument, 0, O_SEED},
-        {"gen-tokens", required_argument, 0, O_GEN}, {"modes", required_argument, 0, O_MODES},
-        {"echo-min-bytes", required_argument, 0, O_MINB}, {"echo-group", required_argument, 0, O_GROUP},
-        {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
+        {"model", required_argument, 0, O_MODEL},
+        {"tp", required_argument, 0, O_TP},
+        {"prompts", required_argument, 0, O_PROMPTS},
+        {"text", required_argument, 0, O_TEXT},
+        {"random-prompts", required_argument, 0, O_RAND},
+        {"prompt-len", required_argument, 0, O_PLEN},
+        {"max-prompts", required_argument, 0, O_MAXP},
+        {"seed", required_argument, 0, O_SEED},
+        {"gen-tokens", required_argument, 0, O_GEN},
+        {"modes", required_argument, 0, O_MODES},
+        {"echo-min-bytes", required_argument, 0, O_MINB},
+        {"echo-group", required_argument, 0, O_GROUP},
+        {"threads", required_argument, 0, O_THREADS},
+        {"json", no_argument, 0, O_JSON},
         {"codecs", required_argument, 0, O_CODECS},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL, *codecs_arg = NULL;
     int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, c;
@@ -392,11 +417,11 @@ int main(int argc, char **argv) {
     for (int k = 0, i = 0; vs && k < n_modes; k++)
         for (int g = 0; g < n_cg; g++)
             for (int b = 0; b < n_minb; b++, i++)
-                vs[i] = (variant){.mode = modes[k],
-                                  .codec = cods[g] ? cods[g] : ECHO_DEFAULT_CODEC,
-                                  .group = cgroups[g] ? cgroups[g]
-                                                      : echo_codec_default_group(cods[g] ? cods[g] : ECHO_DEFAULT_CODEC),
-                                  .min_bytes = (size_t)minbs[b]};
+                vs[i] = (variant){
+                    .mode = modes[k],
+                    .codec = cods[g] ? cods[g] : ECHO_DEFAULT_CODEC,
+                    .group = cgroups[g] ? cgroups[g] : echo_codec_default_group(cods[g] ? cods[g] : ECHO_DEFAULT_CODEC),
+                    .min_bytes = (size_t)minbs[b]};
 
     char err[1024];
     model_config mc;
@@ -428,7 +453,8 @@ int main(int argc, char **argv) {
             }
         }
     }
-    for (int i = 0; i < np; i++) maxlen = ps[i].n > maxlen ? ps[i].n : maxlen;
+    for (int i = 0; i < np; i++)
+        maxlen = ps[i].n > maxlen ? ps[i].n : maxlen;
     base.model_dir = model_dir;
     base.tp = tp;
     base.max_model_len = maxlen + gen;
@@ -446,7 +472,8 @@ int main(int argc, char **argv) {
     if (eng_create(&cx, &ex, err, sizeof err) || run_all(ex, ps, np, gen, &rx, err, sizeof err)) goto fail;
     eng_destroy(ex);
     ex = NULL;
-    for (int i = 0; i < np; i++) lm_score(&lmx, rx.logits[i], &ps[i], V, lpx);
+    for (int i = 0; i < np; i++)
+        lm_score(&lmx, rx.logits[i], &ps[i], V, lpx);
     if (!json) fprintf(stderr, "echo-eval: exact done (%d prompts)\n", np);
     for (int k = 0; k < nv; k++) {
         variant *a = &vs[k];
@@ -490,7 +517,8 @@ int main(int argc, char **argv) {
                 }
             }
             int agree = 0;
-            while (agree < gen && rx.greedy[(size_t)i * gen + agree] == rm.greedy[(size_t)i * gen + agree]) agree++;
+            while (agree < gen && rx.greedy[(size_t)i * gen + agree] == rm.greedy[(size_t)i * gen + agree])
+                agree++;
             a->agree_len_sum += agree;
             a->full_agree += agree == gen;
             for (size_t l = 0; l < L; l++) {
@@ -566,7 +594,8 @@ int main(int argc, char **argv) {
             printf("\n");
             for (size_t l = 0; l < L; l++) {
                 printf("%-6zu", l);
-                for (int k = 0; k < nv; k++) printf(" %11.3e", sqrt(vs[k].layer_num[l] / (vs[k].layer_den[l] + 1e-300)));
+                for (int k = 0; k < nv; k++)
+                    printf(" %11.3e", sqrt(vs[k].layer_num[l] / (vs[k].layer_den[l] + 1e-300)));
                 printf("\n");
             }
         }
@@ -584,7 +613,8 @@ fail:
     }
     free(vs);
     eng_destroy(ex);
-    for (int i = 0; i < np; i++) free(ps[i].ids);
+    for (int i = 0; i < np; i++)
+        free(ps[i].ids);
     free(ps);
     return rc;
 }

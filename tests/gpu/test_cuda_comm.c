@@ -636,11 +636,10 @@ static void part_a(const side *A, const side *B) {
                         size_t m = counts3[ci];
                         int n = 2 + (ci & 1);
                         echo_config cfg = {modes[mi], groups4[gi], 0, 4, m, 0, 0, recs[k]};
-                        call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt),
-                                           spec(1, 0, m, dt)};
+                        call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                         snprintf(label, sizeof label, "%-9s n=%d %-5s %-4s G=%-3d count=%zu",
-                                 echo_codec_get(recs[k])->name, n,
-                                 echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups4[gi], m);
+                                 echo_codec_get(recs[k])->name, n, echo_mode_name(modes[mi]), di ? "bf16" : "f32",
+                                 groups4[gi], m);
                         compare_case(A, B, label, n, cfg, cs, 4, seed++);
                     }
     for (int k = 0; k < 3; k++) {
@@ -651,7 +650,10 @@ static void part_a(const side *A, const side *B) {
         if (k == 1) cfg.codec = ECHO_CODEC_HADAMARD, cfg.group_size = 32;
         if (k == 2) cfg.codec = ECHO_CODEC_OUT2;
         snprintf(label, sizeof label, "policy    n=3 echo  f32/bf16 %s count=%zu",
-                 k == 1 ? "hadamard G=32" : k ? "out2 G=128" : "hsub6 G=128", m);
+                 k == 1 ? "hadamard G=32"
+                 : k    ? "out2 G=128"
+                        : "hsub6 G=128",
+                 m);
         compare_case(A, B, label, 3, cfg, cs, 4, seed++);
     }
     for (int gi = 0; gi < 3; gi++)
@@ -1159,10 +1161,10 @@ typedef struct graph_job {
     echo_world *w;
     echo_comm *c[MAXN];
     int n;
-    size_t m, m2;                   /* counts of the graph's calls, and of the check pass after it */
-    int discard_rank;               /* this rank captures pass D and throws it away */
-    void *in[2][GR_CALLS][MAXN];    /* host inputs of the two passes (bf16) */
-    void *out[4][GR_CALLS][MAXN];   /* captured+launched, replayed, eager of in[0], eager of in[1] */
+    size_t m, m2;                 /* counts of the graph's calls, and of the check pass after it */
+    int discard_rank;             /* this rank captures pass D and throws it away */
+    void *in[2][GR_CALLS][MAXN];  /* host inputs of the two passes (bf16) */
+    void *out[4][GR_CALLS][MAXN]; /* captured+launched, replayed, eager of in[0], eager of in[1] */
     char fail[MAXN][384];
     volatile int done[MAXN];
     cudaGraph_t gr[MAXN]; /* each rank's graph of pass A, kept for the abort checks */
@@ -1215,8 +1217,8 @@ static void *graph_rank(void *p) {
         if (pass == 0) GR_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture");
         if (pass == 1) GR_TRY(!echo_set_replay(c, 1, err, sizeof err), "set_replay: %s", err);
         for (int k = 0; k < GR_CALLS; k++)
-            GR_TRY(!echo_allreduce(c, 2 * k, buf[k], j->m, ECHO_BF16, s, err, sizeof err), "pass %d call %d: %s",
-                   pass, k, err);
+            GR_TRY(!echo_allreduce(c, 2 * k, buf[k], j->m, ECHO_BF16, s, err, sizeof err), "pass %d call %d: %s", pass,
+                   k, err);
         if (pass == 0) {
             GR_TRY(cudaStreamEndCapture(s, &gr) == cudaSuccess && gr, "end capture");
             GR_TRY(cudaGraphInstantiate(&ex, gr, 0ULL) == cudaSuccess, "instantiate");
@@ -1292,7 +1294,8 @@ static void *vote_rank(void *p) {
  * same non-zero code, the same answer on every rank; an abort ends a wait
  * in it. On a deferred world of N ranks (its comms c). */
 static const char *vote_cases(echo_world *w, echo_comm *const *c, int N, char *why, size_t len) {
-    static const int pat[][MAXN] = {{1, 1, 1, 1}, {2, 2, 2, 2}, {1, 0, 1, 1}, {1, 2, 1, 2}, {0, 0, 0, 0}, {1, 1, 1, -1}};
+    static const int pat[][MAXN] = {{1, 1, 1, 1}, {2, 2, 2, 2}, {1, 0, 1, 1},
+                                    {1, 2, 1, 2}, {0, 0, 0, 0}, {1, 1, 1, -1}};
     static const int want[] = {1, 1, 0, 0, 0, -1};
     for (int p = 0; p < (int)(sizeof want / sizeof *want); p++) {
         vote_job v;

@@ -586,15 +586,15 @@ START_TEST(test_hadamard_one_call_bound) {
                 double tol = B + 64 * 0x1p-24 * mag;
                 for (size_t i = off; i < m && i < off + (size_t)G; i++) {
                     double e = fabs(((float *)bh[0])[i] - sum[i]), ei = ((float *)bi[0])[i] - sum[i];
-                    ck_assert_msg(e <= tol, "%s n=%d G=%d i=%zu: error %g > bound %g",
-                                  echo_codec_get(codec)->name, n, G, i, e, tol);
+                    ck_assert_msg(e <= tol, "%s n=%d G=%d i=%zu: error %g > bound %g", echo_codec_get(codec)->name, n,
+                                  G, i, e, tol);
                     eh2 += e * e;
                     ei2 += ei * ei;
                 }
             }
             /* outliers every 97 values: the rotation spreads them */
-            ck_assert_msg(eh2 < 0.75 * ei2, "%s n=%d G=%d: error^2 %g vs int4 %g",
-                          echo_codec_get(codec)->name, n, G, eh2, ei2);
+            ck_assert_msg(eh2 < 0.75 * ei2, "%s n=%d G=%d: error^2 %g vs int4 %g", echo_codec_get(codec)->name, n, G,
+                          eh2, ei2);
             for (int r = 0; r < n; r++) {
                 free(xd[r]);
                 free(bh[r]);
@@ -778,7 +778,7 @@ START_TEST(test_depth_independence) {
         /* (hadamard's worst-case bound is sqrt(G) looser than a typical call) */
         if (codec == ECHO_CODEC_INT4)
             ck_assert_msg(Eq[K - 1] > bstar, "n=%d: int4 at K=%d (%g) should exceed echo's bound (%g)", n, K, Eq[K - 1],
-                      bstar);
+                          bstar);
         h_free(&he);
         h_free(&hq);
     }
@@ -863,9 +863,12 @@ START_TEST(test_lifecycle_errors) {
     /* config errors */
     echo_world *w;
     const echo_config bad[] = {
-        {ECHO_MODE_ECHO, 48, 0, 4, 100, 0, 0, 0}, {ECHO_MODE_ECHO, 8, 0, 4, 100, 0, 0, 0},
-        {ECHO_MODE_ECHO, 512, 0, 4, 100, 0, 0, 0}, {ECHO_MODE_ECHO, 0, 0, 0, 100, 0, 0, 0},
-        {ECHO_MODE_ECHO, 0, 0, 4, 0, 0, 0, 0},     {(echo_mode)9, 0, 0, 4, 100, 0, 0, 0},
+        {ECHO_MODE_ECHO, 48, 0, 4, 100, 0, 0, 0},
+        {ECHO_MODE_ECHO, 8, 0, 4, 100, 0, 0, 0},
+        {ECHO_MODE_ECHO, 512, 0, 4, 100, 0, 0, 0},
+        {ECHO_MODE_ECHO, 0, 0, 0, 100, 0, 0, 0},
+        {ECHO_MODE_ECHO, 0, 0, 4, 0, 0, 0, 0},
+        {(echo_mode)9, 0, 0, 4, 100, 0, 0, 0},
         /* deferred completion is the nccl transport's; local meets at every call */
         {ECHO_MODE_ECHO, 0, 0, 4, 100, 0, 1, 0},
     };
@@ -947,8 +950,8 @@ START_TEST(test_reset_and_abort) {
      * rank reports (the message names the group's first element) */
     for (int k = 0; k < 2; k++) {
         harness hr;
-        h_init(&hr, n, (echo_config){ECHO_MODE_ECHO, k ? 128 : 16, 0, 4, m, 0, 0,
-                                     k ? ECHO_CODEC_HSUB6 : ECHO_CODEC_HADAMARD});
+        h_init(&hr, n,
+               (echo_config){ECHO_MODE_ECHO, k ? 128 : 16, 0, 4, m, 0, 0, k ? ECHO_CODEC_HSUB6 : ECHO_CODEC_HADAMARD});
         for (int r = 0; r < n; r++) {
             buf[r] = malloc(m * 4);
             gen(buf[r], m, 12, 0, (uint64_t)r);
@@ -1172,7 +1175,8 @@ START_TEST(test_abort_wakes_peers) {
                     ck_assert_msg(strstr(a[r].err, "aborted") != NULL, "rank %d: %s", r, a[r].err);
                 }
                 char why[64] = "";
-                ck_assert_int_eq(echo_world_usable(h.w, why, sizeof why), 1); /* aborted, not dead: clearing re-arms it */
+                ck_assert_int_eq(echo_world_usable(h.w, why, sizeof why),
+                                 1); /* aborted, not dead: clearing re-arms it */
                 echo_world_clear_abort(h.w);
             } else {
                 for (int r = 0; r < 3; r++)
