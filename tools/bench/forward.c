@@ -75,6 +75,7 @@ typedef struct fw_opts {
     int quantize;    /* eng_config.quantize */
     echo_mode allreduce; /* eng_config.allreduce (tp > 1) */
     int echo_group;      /* eng_config.echo_group, 0 = default */
+    echo_codec_id echo_codec; /* eng_config.echo_codec, 0 = default */
     long echo_min_bytes; /* eng_config.echo_min_bytes */
     int prefill[FW_MAX_LIST], n_prefill;
     int batch[FW_MAX_LIST], n_batch;
@@ -184,7 +185,8 @@ static const char FW_USAGE[] =
     "  --device D          cpu (default), cuda, or auto (cuda when a GPU is visible)\n"
     "  --tp N              tensor-parallel ranks (default 1; under mpirun -np N one per process)\n"
     "  --allreduce MODE    exact (default), bf16, int4 or echo: the all-reduce at tp > 1\n"
-    "  --echo-group G      values per scale group of int4/echo (default: comm/ default)\n"
+    "  --echo-group G      values per scale group of int4/echo (default: the codec's)\n"
+    "  --echo-codec NAME   codec of int4/echo from the codec table, NAME-gG sets G too (default: comm/'s)\n"
     "  --echo-min-bytes N  messages below N bytes take the exact path (default 0)\n"
     "  --prefill L,...     prompt lengths, one sequence each (default 512,2048,8192)\n"
     "  --decode-batch B,.. decode batch sizes (default 1,16,64)\n"
@@ -227,7 +229,8 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_QUANT,
         O_ALLRED,
         O_EGROUP,
-        O_EMINB
+        O_EMINB,
+        O_ECODEC
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -249,6 +252,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"allreduce", required_argument, 0, O_ALLRED},
         {"echo-group", required_argument, 0, O_EGROUP},
         {"echo-min-bytes", required_argument, 0, O_EMINB},
+        {"echo-codec", required_argument, 0, O_ECODEC},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -278,6 +282,13 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             if (cli_parse_long(a, 16, 256, &v)) rc = fw_usage_error("--echo-group: expected 16..256, got '%s'", a);
             o->echo_group = (int)v;
             break;
+        case O_ECODEC: {
+            int g = 0;
+            if (echo_codec_parse(a, &o->echo_codec, &g))
+                rc = fw_usage_error("--echo-codec: expected a codec of the table, optionally -gG, got '%s'", a);
+            if (g) o->echo_group = g;
+            break;
+        }
         case O_EMINB:
             if (cli_parse_long(a, 0, 1L << 40, &v)) rc = fw_usage_error("--echo-min-bytes: expected a byte count, got '%s'", a);
             o->echo_min_bytes = v;
@@ -670,6 +681,7 @@ int bench_forward_main(int argc, char **argv) {
                      .tp = o.tp,
                      .allreduce = o.allreduce,
                      .echo_group = o.echo_group,
+                     .echo_codec = o.echo_codec,
                      .echo_min_bytes = (size_t)o.echo_min_bytes,
                      .threads = o.threads,
                      .kv_block_size = bs,
@@ -789,6 +801,13 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "device", json_string(o.device));
         json_object_set_new(root, "tp", json_integer(o.tp));
         json_object_set_new(root, "allreduce", json_string(o.tp > 1 ? echo_mode_name(o.allreduce) : "none"));
+        json_object_set_new(root, "echo_codec", json_string(echo_codec_get(eng_get_config(e)->echo_codec)->name));
+        {
+            const eng_config *ecfg = eng_get_config(e);
+            echo_codec_id cid = ecfg->echo_codec ? ecfg->echo_codec : ECHO_DEFAULT_CODEC;
+            json_object_set_new(root, "echo_group",
+                                json_integer(ecfg->echo_group ? ecfg->echo_group : echo_codec_default_group(cid)));
+        }
         json_object_set_new(root, "cuda_graphs", json_boolean(o.cuda_graphs && !eng_graphs_note(e)));
         json_object_set_new(root, "graph_steps", json_integer(eng_graph_steps(e)));
         long nt = eng_get_config(e)->threads > 0 ? eng_get_config(e)->threads : sysconf(_SC_NPROCESSORS_ONLN);
