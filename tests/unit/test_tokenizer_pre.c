@@ -31,23 +31,8 @@ static char g_smol_dir[PATH_MAX + 32]; /* "" when SmolLM2 is not available */
 static char g_smol_skip[512];
 
 static json_t *load_jsonl(const char *path) {
-    size_t len;
-    char *buf = tu_read_file(path, &len);
-    ck_assert_msg(buf != NULL, "cannot read %s", path);
-    json_t *arr = json_array();
-    char *p = buf;
-    while (*p) {
-        char *nl = strchr(p, '\n');
-        size_t n = nl ? (size_t)(nl - p) : strlen(p);
-        if (n) {
-            json_error_t je;
-            json_t *v = json_loadb(p, n, 0, &je);
-            ck_assert_msg(v != NULL, "%s: %s", path, je.text);
-            json_array_append_new(arr, v);
-        }
-        p += n + (nl ? 1 : 0);
-    }
-    free(buf);
+    json_t *arr = tu_load_jsonl(path);
+    ck_assert_msg(arr != NULL, "%s: unreadable or not JSONL", path);
     return arr;
 }
 

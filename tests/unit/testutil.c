@@ -78,3 +78,31 @@ double tu_rel_err(const float *a, const float *b, size_t n) {
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+
+json_t *tu_load_jsonl(const char *path) {
+    size_t len;
+    char *buf = tu_read_file(path, &len);
+    if (!buf) {
+        fprintf(stderr, "cannot read %s\n", path);
+        return NULL;
+    }
+    json_t *arr = json_array();
+    for (char *p = buf; arr && *p;) {
+        char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p);
+        if (n) {
+            json_error_t je;
+            json_t *v = json_loadb(p, n, JSON_ALLOW_NUL, &je);
+            if (!v) {
+                fprintf(stderr, "%s: %s\n", path, je.text);
+                json_decref(arr);
+                arr = NULL;
+                break;
+            }
+            json_array_append_new(arr, v);
+        }
+        p += n + (nl ? 1 : 0);
+    }
+    free(buf);
+    return arr;
+}

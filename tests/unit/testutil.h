@@ -5,6 +5,7 @@
 #ifndef ECHO_TESTUTIL_H
 #define ECHO_TESTUTIL_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,10 @@ char *tu_mkdtemp(void);
 void tu_rmtree(const char *dir);
 /* Run a shell command, capture stdout (malloc'ed) and the exit status. */
 char *tu_run(const char *cmd, int *status);
+/* A JSONL file as an array of its lines' values (blank lines skipped);
+ * NULL when the file cannot be read or a line is not JSON (the reason on
+ * stderr). */
+json_t *tu_load_jsonl(const char *path);
 /* ‖a − b‖₂ / ‖b‖₂ in double precision. */
 double tu_rel_err(const float *a, const float *b, size_t n);
 
