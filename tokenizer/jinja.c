@@ -3164,7 +3164,7 @@ static val apply_filter_(rs *R, int fn, val v, const callargs *c, int line) {
         return vsb(&b);
     }
     }
-    FAIL(R, "filter not implemented");
+    FAIL(R, "internal: a compiled filter id without a case"); /* unknown filters fail at compile */
     return vnone();
 }
 
@@ -3234,7 +3234,7 @@ static int run_test(rs *R, int fn, val v, const callargs *c) {
         return cased && str_eq(m, v.u.s.p, v.u.s.n);
     }
     }
-    FAIL(R, "test not implemented");
+    FAIL(R, "internal: a compiled test id without a case"); /* unknown tests fail at compile */
     return 0;
 }
 

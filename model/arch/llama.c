@@ -1,5 +1,5 @@
 /* model/arch: Llama (LlamaForCausalLM: Llama 2/3, SmolLM, TinyLlama...):
- * Qwen3's block without q/k norms. MLP biases are not implemented; RoPE
+ * Qwen3's block without q/k norms. MLP biases are refused by name; RoPE
  * scaling other than the default is refused by the shared config code. */
 #include <stdio.h>
 

@@ -1,6 +1,6 @@
 /* model/arch: Qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5): Llama's block with
  * biases on the q/k/v projections, no q/k norms; sliding-window attention
- * is not implemented. */
+ * is refused by name (model_family_no_sliding_window). */
 #include "model/family.h"
 
 const model_family model_family_qwen2 = {

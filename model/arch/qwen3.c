@@ -1,5 +1,5 @@
 /* model/arch: Qwen3 (Qwen3ForCausalLM): per-head q/k RMSNorm before RoPE,
- * no biases; sliding-window attention is not implemented. */
+ * no biases; sliding-window attention is refused by name. */
 #include "model/family.h"
 
 const model_family model_family_qwen3 = {
