@@ -222,6 +222,11 @@ int echo_proc_agree(int ok, const char *why, char *err, size_t errlen);
  * cannot continue while its peers may wait in a collective. Returns only
  * without a session (the caller then exits). */
 void echo_proc_abort(int code, const char *why);
+/* 1 while every peer process on this host (same pid namespace) runs; 0 with
+ * "rank R (pid P on HOST) has exited..." once one has ended. No MPI call:
+ * safe from any thread, for a health check while a step waits on the dead
+ * rank. Peers on other hosts cannot be seen from here (mpirun ends the job). */
+int echo_proc_peers_alive(char *why, size_t len);
 void echo_proc_finalize(void);
 /* Destroy every comm of the world first. */
 void echo_world_destroy(echo_world *w);

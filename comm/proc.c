@@ -16,11 +16,44 @@
 #include <limits.h>
 #include <mpi.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+/* Where a process runs, for echo_proc_peers_alive: its pid is only
+ * meaningful to a process on the same host and in the same pid namespace. */
+typedef struct proc_where {
+    int32_t pid;
+    char host[64];
+    char pidns[40];
+} proc_where;
+
 static struct {
     int started; /* we called MPI_Init_thread */
     int rank, n;
-    MPI_Comm ctl; /* control messages: a duplicate of MPI_COMM_WORLD, errors returned */
-} sess = {0, 0, 1, MPI_COMM_NULL};
+    MPI_Comm ctl;      /* control messages: a duplicate of MPI_COMM_WORLD, errors returned */
+    proc_where *where; /* every process's, from echo_proc_init; read-only after it */
+} sess = {0, 0, 1, MPI_COMM_NULL, NULL};
+
+static void where_of_self(proc_where *w) {
+    memset(w, 0, sizeof *w);
+    w->pid = (int32_t)getpid();
+    if (gethostname(w->host, sizeof w->host - 1)) snprintf(w->host, sizeof w->host, "?");
+    ssize_t n = readlink("/proc/self/ns/pid", w->pidns, sizeof w->pidns - 1);
+    w->pidns[n > 0 ? n : 0] = 0;
+}
+
+/* A process of this host that has ended: gone, or a zombie not yet reaped. */
+static int local_pid_ended(int32_t pid) {
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return kill((pid_t)pid, 0) != 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
+    return rp && (rp[2] == 'Z' || rp[2] == 'X');
+}
 
 static int proc_fail(int rc, const char *what, char *err, size_t errlen) {
     char msg[MPI_MAX_ERROR_STRING] = "";
@@ -57,6 +90,14 @@ int echo_proc_init(int *rank, int *nprocs, char *err, size_t errlen) {
     MPI_Comm_set_errhandler(sess.ctl, MPI_ERRORS_RETURN);
     MPI_Comm_rank(sess.ctl, &sess.rank);
     MPI_Comm_size(sess.ctl, &sess.n);
+    proc_where me;
+    where_of_self(&me);
+    if (!(sess.where = calloc((size_t)sess.n, sizeof *sess.where))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    rc = MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, sess.where, (int)sizeof me, MPI_BYTE, sess.ctl);
+    if (rc != MPI_SUCCESS) return proc_fail(rc, "MPI_Allgather", err, errlen);
     *rank = sess.rank;
     *nprocs = sess.n;
     return 0;
@@ -65,7 +106,25 @@ int echo_proc_init(int *rank, int *nprocs, char *err, size_t errlen) {
 int echo_proc_rank(void) { return sess.rank; }
 int echo_proc_count(void) { return sess.n; }
 
+int echo_proc_peers_alive(char *why, size_t len) {
+    if (!sess.where) return 1;
+    const proc_where *me = &sess.where[sess.rank];
+    for (int r = 0; r < sess.n; r++) {
+        const proc_where *p = &sess.where[r];
+        if (r == sess.rank || strcmp(p->host, me->host) || strcmp(p->pidns, me->pidns)) continue;
+        if (local_pid_ended(p->pid)) {
+            if (why && len)
+                snprintf(why, len, "rank %d (pid %d on %s) has exited; the job cannot go on and mpirun ends it", r,
+                         (int)p->pid, p->host);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 void echo_proc_finalize(void) {
+    free(sess.where);
+    sess.where = NULL;
     if (sess.ctl != MPI_COMM_NULL) MPI_Comm_free(&sess.ctl);
     sess.ctl = MPI_COMM_NULL;
     if (sess.started) {
@@ -154,6 +213,10 @@ int echo_proc_init(int *rank, int *nprocs, char *err, size_t errlen) {
 }
 int echo_proc_rank(void) { return 0; }
 int echo_proc_count(void) { return 1; }
+int echo_proc_peers_alive(char *why, size_t len) {
+    (void)why, (void)len;
+    return 1;
+}
 void echo_proc_finalize(void) {}
 void echo_proc_abort(int code, const char *why) {
     (void)code;

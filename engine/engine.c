@@ -102,6 +102,10 @@ int eng_usable(const eng *e, char *why, size_t len) {
     return !e->world || echo_world_usable(e->world, why, len);
 }
 
+int eng_ranks_alive(const eng *e, char *why, size_t len) {
+    return !e->procs || echo_proc_peers_alive(why, len);
+}
+
 /* After a failed forward on rank r: abort the all-reduce world so that peers
  * waiting for r in a collective fail instead of hanging, unless the failure
  * was one every rank reported alike (a non-finite sum), which leaves them in

@@ -150,6 +150,10 @@ long eng_comm_resets(const eng *e);
  * `why`; destroy the engine and create it again. 1 otherwise. For a server
  * to report (its health check), after a failed step. */
 int eng_usable(const eng *e, char *why, size_t len);
+/* Ranks as processes: 0 with the reason once a peer process on this host
+ * has exited (a step then waits on it until mpirun ends the job), else 1.
+ * Thread-safe and cheap: for a health check while a step may be blocked. */
+int eng_ranks_alive(const eng *e, char *why, size_t len);
 
 /* Sequences. Ids are small integers, reused after free. */
 int eng_seq_new(eng *e, int *seq, char *err, size_t errlen); /* ENG_ENOSPACE if max_num_seqs are live */

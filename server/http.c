@@ -2089,7 +2089,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     conn_arrived(s, c); /* from here the pace is the server's */
     switch (cc->route) {
     case R_HEALTH: {
-        if (atomic_load(&s->unusable)) {
+        if (!srv_usable(s)) {
             char *why = NULL;
             int n = asprintf(&why, "engine unusable: %s\n", s->unusable_why);
             return send_buf(s, c, 503, n < 0 ? NULL : why, n < 0 ? 0 : (size_t)n, "text/plain");
@@ -2108,7 +2108,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                           atomic_load(&s->accepting) ? "the model is loading; retry when /health is 200"
                                                      : "server is shutting down",
                           NULL);
-    if (atomic_load(&s->unusable) && (cc->route == R_COMPLETIONS || cc->route == R_CHAT)) {
+    if (!srv_usable(s) && (cc->route == R_COMPLETIONS || cc->route == R_CHAT)) {
         char msg[640];
         snprintf(msg, sizeof msg, "the engine can run no more steps (%s); the server must be restarted",
                  s->unusable_why);

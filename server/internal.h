@@ -187,6 +187,7 @@ struct srv_server {
      * (eng_usable after a failed step); unusable_why is written before and
      * only read after it (acquire). /health then answers 503 with it. */
     atomic_int unusable;
+    atomic_int unusable_claim; /* srv_set_unusable's writer, so why is written once */
     char unusable_why[512];
     int shut_down;
     tok_tokenizer *tok;
@@ -227,6 +228,11 @@ void srv_sched_stop(srv_server *s);
 
 /* http */
 int srv_http_start(srv_server *s, char *err, size_t errlen);
+/* The engine can run no more steps: the first caller's why is kept, and
+ * /health answers 503 with it (server.c). srv_usable is 0 once set, and sets
+ * it when a peer rank process has exited (eng_ranks_alive); any thread. */
+void srv_set_unusable(srv_server *s, const char *why);
+int srv_usable(srv_server *s);
 void srv_http_quiesce(srv_server *s);
 void srv_http_stop(srv_server *s);
 

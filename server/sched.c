@@ -574,11 +574,8 @@ static void *sched_main(void *arg) {
             /* Reservation makes ENOSPACE impossible; any failure ends the
              * requests of this batch with an error, the server goes on. */
             srv_log(s, SRV_LOG_ERROR, "engine step failed (%d): %s", rc, err);
-            if (!atomic_load(&s->unusable) && !eng_usable(s->eng, s->unusable_why, sizeof s->unusable_why)) {
-                atomic_store(&s->unusable, 1);
-                srv_log(s, SRV_LOG_ERROR, "the engine can run no more steps (%s): /health answers 503; restart the server",
-                        s->unusable_why);
-            }
+            char why[480];
+            if (!atomic_load(&s->unusable) && !eng_usable(s->eng, why, sizeof why)) srv_set_unusable(s, why);
             for (int k = 0; k < n; k++)
                 fins[q->item_req[k]] = SRV_FIN_ERROR;
             for (int i = q->n_running - 1; i >= 0; i--)

@@ -219,6 +219,7 @@ int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errle
     }
     atomic_init(&s->ready, 0);
     atomic_init(&s->unusable, 0);
+    atomic_init(&s->unusable_claim, 0);
     atomic_init(&s->accepting, 1);
     atomic_init(&s->req_counter, 0);
     atomic_init(&s->http_active, 0);
@@ -439,4 +440,21 @@ void srv_destroy(srv_server *s) {
     free(s->model_dir);
     free(s->name);
     free(s);
+}
+
+void srv_set_unusable(srv_server *s, const char *why) {
+    int expect = 0;
+    if (!atomic_compare_exchange_strong(&s->unusable_claim, &expect, 1)) return;
+    snprintf(s->unusable_why, sizeof s->unusable_why, "%s", why);
+    atomic_store(&s->unusable, 1);
+    srv_log(s, SRV_LOG_ERROR, "the engine can run no more steps (%s): /health answers 503; restart the server",
+            s->unusable_why);
+}
+
+int srv_usable(srv_server *s) {
+    char why[480];
+    /* ready: the loader has stored s->eng */
+    if (!atomic_load(&s->unusable) && atomic_load(&s->ready) && !eng_ranks_alive(s->eng, why, sizeof why))
+        srv_set_unusable(s, why);
+    return !atomic_load(&s->unusable);
 }

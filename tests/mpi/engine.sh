@@ -10,7 +10,8 @@
 #   4. echo-serve under mpirun -np 2 answers completions and chat, and stops
 #      on SIGTERM with no process left;
 #   5. a rank killed mid-request ends the job within seconds (no hang), with
-#      mpirun naming the rank.
+#      mpirun naming the rank, and rank 0's /health answers 503 naming the
+#      dead rank until then.
 # Every mpirun is bounded by `timeout`.
 set -u
 have=$1 bin=$2 demo=$3
@@ -110,10 +111,18 @@ if start_server; then
     if [ -n "$victim" ]; then
         kill -9 "$victim"
         t0=$(date +%s)
-        for _ in $(seq 60); do kill -0 "$srv_pid" 2>/dev/null || break; sleep 0.5; done
+        # rank 0's /health, polled until the job ends, must say why (503)
+        for _ in $(seq 600); do
+            echo "$(curl -s -m 1 -w ' %{http_code}' "localhost:$port/health" 2>/dev/null | tr '\n' ' ')" >>"$tmp/health.log"
+            kill -0 "$srv_pid" 2>/dev/null || break
+            [ $(($(date +%s) - t0)) -lt 30 ] || break
+            sleep 0.05
+        done
         dt=$(($(date +%s) - t0))
         if ! kill -0 "$srv_pid" 2>/dev/null && ! served && grep -q "rank 1" "$tmp/srv.log"; then ok
         else bad "killed rank 1: job still up after ${dt}s or no message: $(tail -5 "$tmp/srv.log")"; fi
+        if grep -q "rank 1 (pid $victim on .*) has exited.* 503 *$" "$tmp/health.log"; then ok
+        else bad "killed rank 1: rank 0's /health never said why: $(sort -u "$tmp/health.log" | head -3)"; fi
     else
         bad "killed rank: no rank-1 process found"
     fi
