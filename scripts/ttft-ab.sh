@@ -2,12 +2,19 @@
 # TTFT A/B experiment: the same model and the same workload (same seed, so
 # the same prompts and arrival times) served with --allreduce exact, then
 # echo, then int4, optionally each under background traffic; writes one
-# comparison table. See docs/ttft.md.
+# comparison table. See docs/ttft.md; over a shaped link, docs/network.md.
 #
 #   scripts/ttft-ab.sh --model M --tp N [--device auto|cpu|cuda] [options] [workload flags]
 #
 # Options (everything else is passed to `echo-bench serve` as the workload):
-#   --modes exact,echo,int4    all-reduce modes, in order; the first is the baseline of the ratios
+#   --modes exact,echo,int4    all-reduce modes, in order; the first is the baseline of the ratios;
+#                              exact, bf16, int4 or echo, each optionally :CODEC (echo:hadamard-g32
+#                              serves --allreduce echo --echo-codec hadamard-g32)
+#   --mpirun                   ranks as processes: the server runs under `mpirun -np TP`
+#                              ($MPIRUN, default mpirun; as root OMPI_ALLOW_RUN_AS_ROOT is set)
+#   --link RATE                run everything (server ranks and client) inside scripts/netlab.sh
+#                              with its loopback shaped to RATE (1gbit, 2.5gbit, none ...); implies
+#                              --mpirun, so every byte between ranks crosses the link; needs root
 #   --background KIND          also measure every mode "busy": cpu-membw (memory-bandwidth hog
 #                              processes) or gpu-nccl (nccl-tests all_reduce_perf looping on the
 #                              same GPUs); none (default) measures quiet only
@@ -31,9 +38,9 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 model="" tp=2 device=auto modes=exact,echo,int4 background=none bg_jobs=1 out="" serve_args=""
-probe=8 bench="$root/bin/echo-bench" serve="$root/bin/echo-serve" plot=1
-workload=()
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+probe=8 bench="$root/bin/echo-bench" serve="$root/bin/echo-serve" plot=1 mpi=0 link=""
+workload=() all_args=("$@")
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "ttft-ab: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,6 +56,8 @@ while [ $# -gt 0 ]; do
     --bench) need "$@"; bench=$2; shift 2 ;;
     --serve) need "$@"; serve=$2; shift 2 ;;
     --no-plot) plot=0; shift ;;
+    --mpirun) mpi=1; shift ;;
+    --link) need "$@"; link=$2; mpi=1; shift 2 ;;
     -h|--help) usage 0 ;;
     --save-result|--label|--base-url) echo "ttft-ab: $1 is set by the script" >&2; exit 2 ;;
     --) shift; workload+=("$@"); break ;;
@@ -64,8 +73,19 @@ case "$background" in none|cpu-membw|gpu-nccl) ;;
   *) echo "ttft-ab: --background: expected none, cpu-membw or gpu-nccl, got '$background'" >&2; exit 2 ;; esac
 IFS=, read -r -a mode_list <<<"$modes"
 for m in "${mode_list[@]}"; do
-  case "$m" in exact|echo|int4) ;; *) echo "ttft-ab: --modes: unknown mode '$m'" >&2; exit 2 ;; esac
+  case "${m%%:*}" in exact|bf16|echo|int4) ;; *) echo "ttft-ab: --modes: unknown mode '$m'" >&2; exit 2 ;; esac
+  case "$m" in exact:*|bf16:*) echo "ttft-ab: --modes: '$m': exact and bf16 take no codec" >&2; exit 2 ;; esac
 done
+# --link: the whole experiment again, inside the lab's namespace (the client
+# too: the server's loopback port is only reachable from inside).
+if [ -n "$link" ] && [ -z "${ECHO_NETLAB_RATE:-}" ]; then
+  [ "$(id -u)" = 0 ] || { echo "ttft-ab: --link needs root (network namespaces)" >&2; exit 2; }
+  exec "$root/scripts/netlab.sh" --rate "$link" -- "$0" "${all_args[@]}"
+fi
+if [ $mpi = 1 ]; then
+  command -v "${MPIRUN:-mpirun}" >/dev/null || { echo "ttft-ab: --mpirun: ${MPIRUN:-mpirun} not found (make deps)" >&2; exit 1; }
+  [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
 for b in "$bench" "$serve"; do
   [ -x "$b" ] || { echo "ttft-ab: $b is not built (run make)" >&2; exit 1; }
 done
@@ -87,11 +107,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-start_server() { # mode -> sets srv_pid, port
-  local mode=$1 log="$out/serve-$1.log"
+start_server() { # mode[:codec] -> sets srv_pid, port
+  local mode=${1%%:*} log="$out/serve-$1.log" launch=() codec=()
+  [ "$mode" = "$1" ] || codec=(--echo-codec "${1#*:}")
+  [ $mpi = 1 ] && launch=("${MPIRUN:-mpirun}" --oversubscribe -np "$tp")
   # shellcheck disable=SC2086  # serve_args is a flag list on purpose
-  "$serve" --model "$model" --tp "$tp" --device "$device" --allreduce "$mode" --port 0 $serve_args \
-    >"$log" 2>&1 &
+  "${launch[@]}" "$serve" --model "$model" --tp "$tp" --device "$device" --allreduce "$mode" "${codec[@]}" --port 0 \
+    $serve_args >"$log" 2>&1 &
   srv_pid=$!
   local deadline=$((SECONDS + 600))
   port=""
@@ -148,7 +170,8 @@ conditions=(quiet)
 [ "$background" != none ] && conditions+=(busy)
 labels=()
 status=0
-echo "ttft-ab: model $model, tp $tp, device $device, modes $modes, background $background, out $out" >&2
+echo "ttft-ab: model $model, tp $tp$([ $mpi = 1 ] && echo " (processes)"), device $device, modes $modes," \
+  "background $background, link ${ECHO_NETLAB_RATE:-host}, out $out" >&2
 echo "ttft-ab: workload: echo-bench serve ${workload[*]}" >&2
 for mode in "${mode_list[@]}"; do
   start_server "$mode" || { status=1; break; }
@@ -213,11 +236,12 @@ def f(x, fmt="{:.2f}"):
     return "n/a" if x is None else fmt.format(x)
 
 print(f"# TTFT A/B: {out}\n")
-print("| run | ok/failed | TTFT mean | p50 | p99 (ms) | TPOT mean (ms) | E2E mean (ms) | out tok/s | req/s | AR s/rank | AR share of prefill |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| run | ok/failed | TTFT mean | p50 | p90 | p99 (ms) | ITL mean | ITL p50 (ms) | TPOT mean (ms) | E2E mean (ms) | out tok/s | req/s | AR s/rank | AR share of prefill |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for lab, r in rows.items():
     print(f"| {lab} | {r['completed']}/{r['failed']} | {f(r['mean_ttft_ms'])} | {f(r['median_ttft_ms'])} | "
-          f"{f(r['p99_ttft_ms'])} | {f(r['mean_tpot_ms'])} | {f(r['mean_e2el_ms'])} | {f(r['output_throughput'])} | "
+          f"{f(r.get('p90_ttft_ms'))} | {f(r['p99_ttft_ms'])} | {f(r.get('mean_itl_ms'))} | {f(r.get('median_itl_ms'))} | "
+          f"{f(r['mean_tpot_ms'])} | {f(r['mean_e2el_ms'])} | {f(r['output_throughput'])} | "
           f"{f(r['request_throughput'])} | {f(r['ar_s_rank'], '{:.4f}')} | "
           f"{f(None if r['ar_prefill_share'] is None else 100 * r['ar_prefill_share'], '{:.1f}%')} |")
 
@@ -225,8 +249,8 @@ def ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
 print(f"\nRatios {base}/other (> 1: the other mode is faster for latency, < 1 for throughput):\n")
-print("| condition | vs | TTFT mean | TTFT p50 | TTFT p99 | out tok/s |")
-print("|---|---|---|---|---|---|")
+print("| condition | vs | TTFT mean | TTFT p50 | TTFT p90 | TTFT p99 | ITL mean | out tok/s |")
+print("|---|---|---|---|---|---|---|---|")
 for lab, r in rows.items():
     mode, _, cond = lab.partition("+")
     if mode == base:
@@ -235,7 +259,8 @@ for lab, r in rows.items():
     if not b:
         continue
     print(f"| {cond or 'quiet'} | {mode} | {f(ratio(b['mean_ttft_ms'], r['mean_ttft_ms']))} | "
-          f"{f(ratio(b['median_ttft_ms'], r['median_ttft_ms']))} | {f(ratio(b['p99_ttft_ms'], r['p99_ttft_ms']))} | "
+          f"{f(ratio(b['median_ttft_ms'], r['median_ttft_ms']))} | {f(ratio(b.get('p90_ttft_ms'), r.get('p90_ttft_ms')))} | "
+          f"{f(ratio(b['p99_ttft_ms'], r['p99_ttft_ms']))} | {f(ratio(b.get('mean_itl_ms'), r.get('mean_itl_ms')))} | "
           f"{f(ratio(b['output_throughput'], r['output_throughput']))} |")
 print("\nAR s/rank: echo:allreduce_seconds_total / tp over the workload; AR share of prefill: the same over a"
       " prefill-only probe (max_tokens 1, one request at a time) / echo:request_prefill_time_seconds_sum.")

@@ -11,7 +11,9 @@
 #      on SIGTERM with no process left;
 #   5. a rank killed mid-request ends the job within seconds (no hang), with
 #      mpirun naming the rank, and rank 0's /health answers 503 naming the
-#      dead rank until then.
+#      dead rank until then;
+#   6. scripts/ttft-ab.sh --link: echo-serve under mpirun in the shaped lab,
+#      exact vs echo, and no namespace left (root only).
 # Every mpirun is bounded by `timeout`.
 set -u
 have=$1 bin=$2 demo=$3
@@ -131,6 +133,21 @@ if start_server; then
     srv_pid=
 else
     bad "server under mpirun -np 2 (second start) did not become healthy: $(tail -5 "$tmp/srv.log")"
+fi
+
+# 6. the server-level TTFT A/B over the shaped lab link (root only): both
+#    all-reduces served by echo-serve under mpirun inside the namespace
+if [ "$(id -u)" = 0 ] && command -v tc >/dev/null; then
+    if timeout 300 scripts/ttft-ab.sh --link 1gbit --model "$demo" --tp 2 --device cpu --modes exact,echo \
+        --bench "$bin/echo-bench" --serve "$bin/echo-serve" --out "$tmp/ab" --probe-prompts 0 --no-plot \
+        --num-prompts 3 --input-len 32 --output-len 4 --ignore-eos --max-concurrency 1 --no-progress \
+        >"$tmp/ab.log" 2>&1 && grep -q "tp 2 (processes).*link 1gbit" "$tmp/ab.log" &&
+        grep -q '^| exact | 3/0 |' "$tmp/ab/summary.md" && grep -q '^| echo | 3/0 |' "$tmp/ab/summary.md" &&
+        grep -Eq '^\| quiet \| echo \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|' "$tmp/ab/summary.md"; then ok
+    else bad "ttft-ab.sh --link 1gbit: $(tail -5 "$tmp/ab.log")"; fi
+    if ip netns list | grep -q '^echo-lab-'; then bad "ttft-ab.sh --link left a namespace: $(ip netns list)"; else ok; fi
+else
+    echo "test-mpi engine: the lab TTFT A/B check is skipped (needs root and tc)"
 fi
 
 echo "test-mpi engine: $checks checks passed, $([ $fail = 0 ] && echo 0 || echo some) failed"
