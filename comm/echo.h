@@ -174,6 +174,15 @@ int echo_world_create_local_device(int nranks, int device, const echo_config *cf
  * supported. Fails with a message in a build without CUDA. */
 int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
                            size_t errlen);
+/* nccl transport with one rank per process (under mpirun, after
+ * echo_proc_init): nranks = the job's processes, rank = this process's,
+ * `device` its GPU. Rank 0 makes the ncclUniqueId, MPI broadcasts it, each
+ * process calls ncclCommInitRank, so the ranks may span hosts. Calls are
+ * checked with the peers over MPI before anything is enqueued; not deferred
+ * (no CUDA graphs at tp > 1 yet); an abort cannot be undone in place
+ * (echo_world_clear_abort leaves the world unusable: restart the job).
+ * Untested on GPUs so far (docs/network.md, "NCCL across processes"). */
+int echo_world_create_nccl_procs(int device, const echo_config *cfg, echo_world **out, char *err, size_t errlen);
 /* mpi transport: one rank per process, rank = this process's rank in
  * MPI_COMM_WORLD, nranks = its size; buffers in host memory (host compute).
  * Collective: every process of MPI_COMM_WORLD calls it (it duplicates the
@@ -215,6 +224,8 @@ int echo_proc_count(void); /* 1 without a session */
 int echo_proc_bcast(void *buf, size_t bytes, char *err, size_t errlen);
 /* every process's `bytes` at send into rank 0's recv (nprocs * bytes, rank order) */
 int echo_proc_gather(const void *send, size_t bytes, void *recv, char *err, size_t errlen);
+/* every process's `bytes` at send into every process's recv (nprocs * bytes) */
+int echo_proc_allgather(const void *send, size_t bytes, void *recv, char *err, size_t errlen);
 /* 0 when every process passed ok != 0; else -1 on every process, with
  * "process R: why" of the lowest failed rank */
 int echo_proc_agree(int ok, const char *why, char *err, size_t errlen);

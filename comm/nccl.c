@@ -24,10 +24,15 @@
  * and an abort (echo_abort, a failed rank, a disagreement) ends the
  * communicators; echo_world_clear_abort creates them anew. See "abort".
  *
+ * With one rank per process (echo_world_create_nccl_procs) the world holds
+ * only this process's communicator; the call check goes over MPI
+ * (nccl_begin_call_procs) and nothing is deferred. See "across processes".
+ *
  * Status: runs in CI on the CPU emulator (tests/emu: nccl_emu.cpp,
- * tests/gpu/test_cuda_comm.c part n); not yet on real GPUs. track_error is
- * not supported here. Without CUDA the file provides echo_world_create_nccl
- * as a clear failure.
+ * tests/gpu/test_cuda_comm.c part n); not yet on real GPUs; the per-process
+ * form needs ncclCommInitRank, which the emulator has not, and is only
+ * built. track_error is not supported here. Without CUDA the file provides
+ * both constructors as clear failures.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +48,9 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
     *out = NULL;
     snprintf(err, errlen, "echo: the nccl transport needs a build with CUDA (make CUDA=1)");
     return -1;
+}
+int echo_world_create_nccl_procs(int device, const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
+    return echo_world_create_nccl(1, &device, cfg, out, err, errlen);
 }
 
 #else
@@ -68,7 +76,9 @@ typedef struct nccl_rec {
 
 typedef struct nccl_world {
     int devices[ECHO_MAX_RANKS];
-    ncclComm_t comms[ECHO_MAX_RANKS]; /* NULL once aborted */
+    ncclComm_t comms[ECHO_MAX_RANKS]; /* NULL once aborted (and for other processes' ranks) */
+    int procs;                        /* one rank per process: this process drives rank `me` only */
+    int me;
     size_t stride;                    /* bytes between phase-1 messages (cache-line rounded) */
 
     /* Abort state, guarded by mu (aborted is also read without it while a
@@ -346,9 +356,22 @@ static const char *dt_name(echo_dtype dt) {
  * a call sees every other post, so a disagreement is always found, by a rank
  * that has not enqueued the call: it aborts the world instead, and the ranks
  * that did enqueue fail in nccl_wait. No barrier, no device work. */
+static int call_mismatch(const echo_call *a, int ra, const echo_call *b, int rb, char *err, size_t errlen) {
+    if (a->site == b->site && a->count == b->count && a->dt == b->dt && a->mode == b->mode) return 0;
+    snprintf(err, errlen,
+             "echo: ranks disagree: rank %d calls site %d with %zu %s values (%s path), rank %d site %d with %zu %s "
+             "values (%s path); the pass is aborted",
+             ra, a->site, a->count, dt_name(a->dt), echo_mode_name(a->mode), rb, b->site, b->count, dt_name(b->dt),
+             echo_mode_name(b->mode));
+    return -1;
+}
+
+static int nccl_begin_call_procs(echo_comm *c, const echo_call *call, char *err, size_t errlen);
+
 static int nccl_begin_call(echo_comm *c, const echo_call *call, char *err, size_t errlen) {
     nccl_world *nw = nw_of(c);
     int me = c->rank, N = c->w->nranks;
+    if (nw->procs) return nccl_begin_call_procs(c, call, err, errlen);
     if (nccl_enter(c, err, errlen)) return -1;
     pthread_mutex_lock(&nw->mu);
     uint64_t seq = ++nw->seq[me];
@@ -359,13 +382,7 @@ static int nccl_begin_call(echo_comm *c, const echo_call *call, char *err, size_
     for (int j = 0; j < N; j++) {
         const nccl_rec *o = &nw->rec[(size_t)j * (size_t)nw->slots + slot];
         if (j == me || o->seq != seq) continue;
-        if (o->call.site != call->site || o->call.count != call->count || o->call.dt != call->dt ||
-            o->call.mode != call->mode) {
-            snprintf(err, errlen,
-                     "echo: ranks disagree: rank %d calls site %d with %zu %s values (%s path), rank %d site %d "
-                     "with %zu %s values (%s path); the pass is aborted",
-                     me, call->site, call->count, dt_name(call->dt), echo_mode_name(call->mode), j, o->call.site,
-                     o->call.count, dt_name(o->call.dt), echo_mode_name(o->call.mode));
+        if (call_mismatch(call, me, &o->call, j, err, errlen)) {
             nw->in_nccl[me] = 0;
             abort_locked(nw, N, err);
             pthread_mutex_unlock(&nw->mu);
@@ -444,15 +461,16 @@ static size_t nccl_p2p_max(const echo_world *w) {
     return w->cfg.mode == ECHO_MODE_EXACT ? 0 : w->max_plan.wire;
 }
 
-/* One warm-up group, driven from this thread for every rank: p2p bytes to
- * and from every peer, an in-place all-gather of ag bytes per rank, and
- * all-reduces of ar_f32 fp32 and ar_bf16 bf16 values (each kind skipped at
- * 0). tmp[r] holds 3 * nranks * max(p2p, ag) + 4 * ar_f32 bytes. */
-static ncclResult_t warm_group(nccl_world *nw, int nranks, void *const *tmp, size_t p2p, size_t ag, size_t ar_f32,
-                               size_t ar_bf16) {
+/* One warm-up group, driven from this thread for ranks r0..r1-1 (all of
+ * them, or this process's one): p2p bytes to and from every peer, an
+ * in-place all-gather of ag bytes per rank, and all-reduces of ar_f32 fp32
+ * and ar_bf16 bf16 values (each kind skipped at 0). tmp[r] holds
+ * 3 * nranks * max(p2p, ag) + 4 * ar_f32 bytes. */
+static ncclResult_t warm_group(nccl_world *nw, int nranks, int r0, int r1, void *const *tmp, size_t p2p, size_t ag,
+                               size_t ar_f32, size_t ar_bf16) {
     size_t m = p2p > ag ? p2p : ag;
     ncclResult_t g = ncclGroupStart();
-    for (int r = 0; r < nranks && g == ncclSuccess; r++) {
+    for (int r = r0; r < r1 && g == ncclSuccess; r++) {
         uint8_t *b = tmp[r];
         for (int j = 0; j < nranks && g == ncclSuccess && p2p; j++) {
             if (j == r) continue;
@@ -482,6 +500,9 @@ static ncclResult_t warm_group(nccl_world *nw, int nranks, void *const *tmp, siz
  * init, at the cost of the memory of all of them. p2p_max: bytes of one
  * phase-1 / phase-2 message (0 on an exact-mode world, which has none);
  * ar_max: values the exact path can take (w->exact_max). */
+static int nccl_warm(nccl_world *nw, int nranks, int r0, int r1, size_t p2p_max, size_t ar_max, char *err,
+                     size_t errlen);
+
 static int nccl_world_init_comms(nccl_world *nw, int nranks, size_t p2p_max, size_t ar_max, char *err,
                                  size_t errlen) {
     ncclResult_t rc = ncclCommInitAll(nw->comms, nranks, nw->devices);
@@ -492,6 +513,13 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, size_t p2p_max, siz
         return -1;
     }
     if (nranks == 1) return 0;
+    return nccl_warm(nw, nranks, 0, nranks, p2p_max, ar_max, err, errlen);
+}
+
+/* The warm-up of ranks r0..r1-1 (their comms exist); on failure their
+ * comms are aborted. */
+static int nccl_warm(nccl_world *nw, int nranks, int r0, int r1, size_t p2p_max, size_t ar_max, char *err,
+                     size_t errlen) {
     /* The warm-up selects each rank's device in turn: leave the caller's
      * thread on the device it had (ncclCommInitAll does the same). */
     int saved = 0;
@@ -500,7 +528,7 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, size_t p2p_max, siz
     const size_t lo = 64, m = p2p_max > lo ? p2p_max : lo, ar = ar_max * 4 > lo ? ar_max * 4 : lo;
     size_t bytes = 3 * (size_t)nranks * m + ar;
     int ret = 0;
-    for (int r = 0; r < nranks && !ret; r++) {
+    for (int r = r0; r < r1 && !ret; r++) {
         cudaError_t e = cudaSetDevice(nw->devices[r]);
         if (e == cudaSuccess) e = cudaMalloc(&tmp[r], bytes);
         if (e == cudaSuccess) e = cudaMemset(tmp[r], 0, bytes);
@@ -511,23 +539,23 @@ static int nccl_world_init_comms(nccl_world *nw, int nranks, size_t p2p_max, siz
         size_t p = p2p_max ? (s < m ? s : m) : (s == lo ? lo : 0); /* exact worlds: one small p2p, all-gather */
         size_t a = s < ar ? s : ar;
         size_t bf = ar_max && a / 2 > ar_max ? ar_max : a / 2; /* bf16: up to ar_max values too */
-        ncclResult_t g = warm_group(nw, nranks, tmp, p, p, a / 4, bf);
+        ncclResult_t g = warm_group(nw, nranks, r0, r1, tmp, p, p, a / 4, bf);
         if (g != ncclSuccess) ret = nccl_fail(err, errlen, __FILE__, __LINE__, "warm-up transfers", g);
         if (s == top) break;
     }
-    for (int r = 0; r < nranks && !ret; r++) {
+    for (int r = r0; r < r1 && !ret; r++) {
         cudaError_t e = cudaSetDevice(nw->devices[r]);
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
         if (e != cudaSuccess)
             ret = echo_cuda_fail(err, errlen, __FILE__, __LINE__, "cudaDeviceSynchronize(warm-up)", e);
     }
-    for (int r = 0; r < nranks; r++)
+    for (int r = r0; r < r1; r++)
         if (tmp[r]) {
             cudaSetDevice(nw->devices[r]);
             cudaFree(tmp[r]);
         }
     if (ret)
-        for (int r = 0; r < nranks; r++)
+        for (int r = r0; r < r1; r++)
             if (nw->comms[r]) {
                 ncclCommAbort(nw->comms[r]); /* new: no graph holds them */
                 nw->comms[r] = NULL;
@@ -547,6 +575,15 @@ static void nccl_set_abort(echo_world *w, int on) {
     pthread_mutex_lock(&nw->mu);
     if (on) {
         abort_locked(nw, w->nranks, "echo_abort was called, or a rank's device work failed");
+    } else if (atomic_load(&nw->aborted) && !nw->dead && nw->procs) {
+        /* new communicators would need every process to take part */
+        char was[200];
+        snprintf(was, sizeof was, "%.190s", nw->reason);
+        nw->dead = 1;
+        snprintf(nw->reason, sizeof nw->reason,
+                 "this process's NCCL communicator was aborted (%s); across processes it is not re-created in place: "
+                 "restart the job",
+                 was);
     } else if (atomic_load(&nw->aborted) && !nw->dead) {
         int busy = -1;
         for (int r = 0; r < w->nranks; r++)
@@ -772,14 +809,10 @@ static const echo_transport_ops nccl_ops = {
     .vote = nccl_vote,
 };
 
-int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
-                           size_t errlen) {
+/* The world without communicators: checks, buffers, records. */
+static int nccl_world_new(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
     echo_world *w;
     *out = NULL;
-    if (!devices) {
-        snprintf(err, errlen, "echo: nccl transport: no device list");
-        return -1;
-    }
     if (cfg && cfg->track_error) {
         snprintf(err, errlen, "echo: track_error needs the local transport (the nccl one has no fp64 reference)");
         return -1;
@@ -814,6 +847,20 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
         echo_world_destroy(w);
         return -1;
     }
+    *out = w;
+    return 0;
+}
+
+int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
+                           size_t errlen) {
+    *out = NULL;
+    if (!devices) {
+        snprintf(err, errlen, "echo: nccl transport: no device list");
+        return -1;
+    }
+    echo_world *w;
+    if (nccl_world_new(nranks, cfg, &w, err, errlen)) return -1;
+    nccl_world *nw = w->tp_world;
     for (int r = 0; r < nranks; r++)
         nw->devices[r] = devices[r];
     if (nccl_world_init_comms(nw, nranks, nccl_p2p_max(w), w->exact_max, err, errlen)) {
@@ -823,5 +870,97 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
     *out = w;
     return 0;
 }
+
+/* ---- across processes ----
+ * One rank per process: rank 0's ncclUniqueId reaches the others over MPI
+ * (comm/proc.c), each process makes its own communicator with
+ * ncclCommInitRank on its GPU, so the ranks may span hosts. The host-side
+ * records of nccl_begin_call only see this process: calls are compared
+ * over MPI instead (an all-gather of each rank's call before anything is
+ * enqueued: every rank sees every call, so all fail alike, and none has
+ * enqueued). No deferral, so no graphs and no vote; an abort ends this
+ * process's communicator only, and the engine then ends the job
+ * (echo_proc_abort), since peers inside an NCCL kernel cannot be reached.
+ * The feature test is the multi-process API itself: a header without it
+ * (the CPU emulator's) builds the failure below. */
+#ifdef NCCL_UNIQUE_ID_BYTES
+static int nccl_begin_call_procs(echo_comm *c, const echo_call *call, char *err, size_t errlen) {
+    echo_call all[ECHO_MAX_RANKS];
+    if (echo_proc_allgather(call, sizeof *call, all, err, errlen)) return -1;
+    for (int j = 0; j < c->w->nranks; j++)
+        if (j != c->rank && call_mismatch(call, c->rank, &all[j], j, err, errlen)) return -1;
+    return nccl_enter(c, err, errlen);
+}
+
+int echo_world_create_nccl_procs(int device, const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
+    int n = echo_proc_count(), me = echo_proc_rank();
+    *out = NULL;
+    if (n < 2) {
+        snprintf(err, errlen, "echo: the nccl transport across processes needs mpirun with 2 or more processes");
+        return -1;
+    }
+    if (cfg && cfg->deferred) {
+        snprintf(err, errlen, "echo: the nccl transport across processes runs eagerly (no deferred completion)");
+        return -1;
+    }
+    echo_world *w;
+    if (nccl_world_new(n, cfg, &w, err, errlen)) return -1;
+    nccl_world *nw = w->tp_world;
+    nw->procs = 1;
+    nw->me = me;
+    nw->devices[me] = device;
+    /* every process takes part in the broadcast, even when rank 0 failed */
+    struct {
+        int32_t ok;
+        ncclUniqueId id;
+    } msg = {1, {{0}}};
+    char why[256] = "";
+    if (me == 0) {
+        ncclResult_t r = ncclGetUniqueId(&msg.id);
+        if (r != ncclSuccess) {
+            msg.ok = 0;
+            nccl_fail(why, sizeof why, __FILE__, __LINE__, "ncclGetUniqueId", r);
+        }
+    }
+    int rc = echo_proc_bcast(&msg, sizeof msg, err, errlen);
+    if (!rc && !msg.ok) {
+        snprintf(err, errlen, "%s", me == 0 ? why : "echo: nccl: rank 0 could not make the ncclUniqueId");
+        rc = -1;
+    }
+    cudaError_t ce = rc ? cudaSuccess : cudaSetDevice(device);
+    if (!rc && ce != cudaSuccess) rc = echo_cuda_fail(err, errlen, __FILE__, __LINE__, "cudaSetDevice", ce);
+    if (!rc) {
+        ncclResult_t r = ncclCommInitRank(&nw->comms[me], n, msg.id, me);
+        if (r != ncclSuccess) {
+            nw->comms[me] = NULL;
+            snprintf(err, errlen, "nccl: %s:%d: ncclCommInitRank (rank %d of %d, GPU %d): %s", __FILE__, __LINE__, me,
+                     n, device, ncclGetErrorString(r));
+            rc = -1;
+        }
+    }
+    if (!rc) rc = nccl_warm(nw, n, me, me + 1, nccl_p2p_max(w), w->exact_max, err, errlen);
+    if (rc) {
+        echo_world_destroy(w);
+        return -1;
+    }
+    *out = w;
+    return 0;
+}
+#else
+static int nccl_begin_call_procs(echo_comm *c, const echo_call *call, char *err, size_t errlen) {
+    (void)c, (void)call;
+    snprintf(err, errlen, "echo: nccl: no multi-process API in this build");
+    return -1;
+}
+
+int echo_world_create_nccl_procs(int device, const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
+    (void)device, (void)cfg;
+    *out = NULL;
+    snprintf(err, errlen,
+             "echo: this nccl.h has no ncclCommInitRank (the CPU emulator's?): the nccl transport across processes "
+             "needs the real NCCL");
+    return -1;
+}
+#endif
 
 #endif

@@ -168,6 +168,19 @@ int echo_proc_gather(const void *send, size_t bytes, void *recv, char *err, size
     return rc == MPI_SUCCESS ? 0 : proc_fail(rc, "MPI_Gather", err, errlen);
 }
 
+int echo_proc_allgather(const void *send, size_t bytes, void *recv, char *err, size_t errlen) {
+    if (sess.ctl == MPI_COMM_NULL || sess.n == 1) {
+        if (bytes) memcpy(recv, send, bytes);
+        return 0;
+    }
+    if (bytes > INT_MAX / (size_t)sess.n) {
+        snprintf(err, errlen, "mpi: all-gather of %zu bytes per process is more than one MPI call carries", bytes);
+        return -1;
+    }
+    int rc = MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, sess.ctl);
+    return rc == MPI_SUCCESS ? 0 : proc_fail(rc, "MPI_Allgather", err, errlen);
+}
+
 int echo_proc_agree(int ok, const char *why, char *err, size_t errlen) {
     if (sess.ctl == MPI_COMM_NULL || sess.n == 1) {
         if (!ok) snprintf(err, errlen, "%s", why ? why : "failed");
@@ -227,6 +240,11 @@ int echo_proc_bcast(void *buf, size_t bytes, char *err, size_t errlen) {
     return 0;
 }
 int echo_proc_gather(const void *send, size_t bytes, void *recv, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    if (bytes) memcpy(recv, send, bytes);
+    return 0;
+}
+int echo_proc_allgather(const void *send, size_t bytes, void *recv, char *err, size_t errlen) {
     (void)err, (void)errlen;
     if (bytes) memcpy(recv, send, bytes);
     return 0;

@@ -83,6 +83,7 @@ struct eng {
     /* procs mode: ranks are the processes of the job, this one is `me`
      * (only ranks[me] has a backend, model and comm); 0 / 0 otherwise */
     int procs, me;
+    int local_dev; /* procs mode: this process's GPU, its node-local rank */
     char *gather; /* rank 0: the gathered results of a step */
     size_t gather_cap;
     int dead; /* procs mode: a control message failed (a peer died): no more steps */
@@ -365,17 +366,24 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
                      "(mpirun -np %d ...)", c->tp, n, c->tp);
             return -1;
         }
-        if (strcmp(c->device, "cpu")) {
-            snprintf(err, errlen, "ranks as processes (mpirun) run on --device cpu only so far (the mpi transport "
-                     "is host memory)");
+        /* on a GPU: one per process, its node-local rank's (NCCL across
+         * processes); on cpu: host memory over MPI */
+        const char *want = strcmp(c->device, "cpu") ? "nccl" : "mpi";
+        if (strcmp(c->transport, "auto") && strcmp(c->transport, want)) {
+            snprintf(err, errlen, "under mpirun the ranks are processes: with --device %s the transport is %s "
+                     "(auto), not %s", c->device, want, c->transport);
             return -1;
         }
-        if (strcmp(c->transport, "auto") && strcmp(c->transport, "mpi")) {
-            snprintf(err, errlen, "under mpirun the ranks are processes: --transport must be auto or mpi, not %s",
-                     c->transport);
+        c->transport = want;
+        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        e->local_dev = lr ? atoi(lr) : 0;
+        int gpus = strcmp(c->device, "cpu") ? kern_gpu_count() : 1;
+        if (gpus > 0 && e->local_dev >= gpus) { /* none: the backend says why */
+            snprintf(err, errlen, "process %d is local rank %d on its host, which has %d GPU%s visible: one GPU per "
+                     "process (mpirun -np N with N GPUs per host, or -H host:GPUS)", e->me, e->local_dev, gpus,
+                     gpus == 1 ? "" : "s");
             return -1;
         }
-        c->transport = "mpi";
     } else if (!strcmp(c->transport, "mpi")) {
         snprintf(err, errlen, "--transport mpi: start one process per rank with mpirun -np %d", c->tp);
         return -1;
@@ -428,8 +436,9 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
         r->e = e;
         r->rank = i;
         if (e->procs && i != e->me) continue; /* another process's rank */
-        /* nccl: rank i drives GPU i; local on a device: every rank shares GPU 0 */
-        if (kern_backend_create(c->device, per_rank, *use_nccl ? i : 0, &r->ops, &r->be, err, errlen)) return -1;
+        /* nccl: rank i drives GPU i (procs: its local rank's); local on a device: all share GPU 0 */
+        int dev = e->procs ? e->local_dev : *use_nccl ? i : 0;
+        if (kern_backend_create(c->device, per_rank, dev, &r->ops, &r->be, err, errlen)) return -1;
     }
     return 0;
 }
@@ -446,7 +455,9 @@ static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
                       /* nccl: calls only enqueue and each pass waits once (model_forward's
                        * echo_end_pass), which also lets decode steps be CUDA graphs */
                       .deferred = use_nccl};
-    if (e->procs) return echo_world_create_mpi(&ec, &e->world, err, errlen);
+    if (e->procs)
+        return strcmp(c->transport, "nccl") ? echo_world_create_mpi(&ec, &e->world, err, errlen)
+                                            : echo_world_create_nccl_procs(e->local_dev, &ec, &e->world, err, errlen);
     if (!strcmp(c->device, "cpu")) return echo_world_create_local(c->tp, &ec, &e->world, err, errlen);
     if (use_nccl) {
         int devs[ECHO_MAX_RANKS];
