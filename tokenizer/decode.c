@@ -71,7 +71,7 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, int ski
 struct tok_stream {
     const tok_tokenizer *t;
     int skip_special;
-    int first;       /* no token emitted yet (SentencePiece strips a space) */
+    int first;       /* no token emitted yet (the first-token rule applies) */
     char pend[4];    /* held-back incomplete character */
     size_t npend;
     tok_buf in, out;

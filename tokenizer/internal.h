@@ -31,7 +31,7 @@ int tok_err(char *err, size_t errlen, int code, const char *fmt, ...)
 #endif
     ;
 
-/* Growable byte buffer, kept NUL-terminated by tok_buf_append. */
+/* Growable byte buffer; tok_buf_append NUL-terminates it. */
 typedef struct {
     char *p;
     size_t len, cap;
@@ -165,7 +165,8 @@ typedef struct {
  * alphabet undone), merges as a (left id, right id) -> (rank, new id) hash. */
 struct tok_tokenizer {
     int kind;
-    /* id -> surface bytes (decode); len NO_TOKEN when the id is unused */
+    /* id -> token bytes (the vocab key; the decode surface too unless
+     * surf_off is set); len NO_TOKEN when the id is unused */
     size_t n_ids;
     uint32_t *id_off, *id_len;
     uint8_t *id_flags;
@@ -262,10 +263,8 @@ size_t tok_key_decode(const struct tok_tokenizer *t, const char *s, size_t len, 
 
 /* ---- load.c, load_pipeline.c: tokenizer.json ---- */
 
-/* A new empty tokenizer (no ids, eos and unk -1). */
-int tok_new(struct tok_tokenizer **out, char *err, size_t errlen);
-/* Fill a tok_new'ed tokenizer from a parsed tokenizer.json. */
-int tok_load_json_root(struct tok_tokenizer *t, struct json_t *root, char *err, size_t errlen);
+/* A BPE tokenizer from a parsed tokenizer.json (root is not kept). */
+int tok_load_json_root(struct json_t *root, struct tok_tokenizer **out, char *err, size_t errlen);
 /* o[key] when it is a string / boolean, else NULL / dflt. */
 const char *tok_jstr(struct json_t *o, const char *key);
 int tok_jbool(struct json_t *o, const char *key, int dflt);

@@ -99,6 +99,16 @@ static int cache_init(tok_tokenizer *t) {
     return TOK_OK;
 }
 
+/* Grow the malloc'ed *buf to at least need bytes. */
+static int grow(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return TOK_OK;
+    char *p = realloc(*buf, need);
+    if (!p) return TOK_ENOMEM;
+    *buf = p;
+    *cap = need;
+    return TOK_OK;
+}
+
 static int parse_merge(json_t *m, const char **a, size_t *alen, const char **b, size_t *blen) {
     if (json_is_array(m) && json_array_size(m) == 2) {
         json_t *x = json_array_get(m, 0), *y = json_array_get(m, 1);
@@ -124,7 +134,7 @@ static int parse_merge(json_t *m, const char **a, size_t *alen, const char **b, 
     return -1;
 }
 
-int tok_load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
+static int load_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
     uint32_t b2u[256];
     int16_t u2b[0x144];
     tok_byte_level_tables(b2u, u2b);
@@ -210,12 +220,7 @@ int tok_load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen)
             rc = tok_err(err, errlen, TOK_EFORMAT, "vocab: token is not valid UTF-8");
             goto done;
         }
-        if (klen > tmpcap) {
-            char *p = realloc(tmp, klen);
-            if (!p) goto oom;
-            tmp = p;
-            tmpcap = klen;
-        }
+        if (grow(&tmp, &tmpcap, klen)) goto oom;
         size_t n = tok_key_decode(t, key, klen, u2b, tmp);
         int32_t id = (int32_t)json_integer_value(v);
         if (t->id_len[id] != NO_TOKEN) {
@@ -256,12 +261,7 @@ int tok_load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen)
             rc = tok_err(err, errlen, TOK_EFORMAT, "merges[%zu]: expected [\"a\",\"b\"] or \"a b\"", i);
             goto done;
         }
-        if (al + bl > tmpcap) {
-            char *p = realloc(tmp, al + bl);
-            if (!p) goto oom;
-            tmp = p;
-            tmpcap = al + bl;
-        }
+        if (grow(&tmp, &tmpcap, al + bl)) goto oom;
         /* Strings -> ids through the vocab (HF does the same lookups). */
         size_t n1 = tok_key_decode(t, a, al, u2b, tmp);
         int32_t ia = tok_vocab_find(t, tmp, n1);
@@ -309,12 +309,7 @@ int tok_load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen)
         a->rstrip = tok_jbool(v, "rstrip", 0);
         a->single_word = tok_jbool(v, "single_word", 0);
         t->n_added++;
-        if (clen > tmpcap) {
-            char *p = realloc(tmp, clen);
-            if (!p) goto oom;
-            tmp = p;
-            tmpcap = clen;
-        }
+        if (grow(&tmp, &tmpcap, clen)) goto oom;
         size_t n = tok_key_decode(t, content, clen, u2b, tmp);
         if (blob_add(t, tmp, n, &t->id_off[a->id])) goto oom;
         t->id_len[a->id] = (uint32_t)n;
@@ -326,12 +321,7 @@ int tok_load_json_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen)
     for (i = 0; i < t->n_added; i++) {
         added_tok *a = &t->added[i];
         if (a->m == a->s) continue;
-        if (a->mlen > tmpcap) {
-            char *p = realloc(tmp, a->mlen);
-            if (!p) goto oom;
-            tmp = p;
-            tmpcap = a->mlen;
-        }
+        if (grow(&tmp, &tmpcap, a->mlen)) goto oom;
         size_t n = tok_key_decode(t, a->m, a->mlen, u2b, tmp);
         if (blob_add(t, tmp, n, &t->id_off[a->id])) goto oom;
         t->id_len[a->id] = (uint32_t)n;
@@ -373,11 +363,27 @@ done:
     return rc;
 }
 
-int tok_new(tok_tokenizer **out, char *err, size_t errlen) {
+static int new_tok(tok_tokenizer **out, char *err, size_t errlen) {
     *out = calloc(1, sizeof **out);
     if (!*out) return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
     (*out)->eos_id = -1;
     (*out)->unk_id = -1;
+    return TOK_OK;
+}
+
+int tok_load_json_root(json_t *root, tok_tokenizer **out, char *err, size_t errlen) {
+    *out = NULL;
+    tok_tokenizer *t = NULL;
+    int rc = new_tok(&t, err, errlen);
+    if (rc == TOK_OK) {
+        t->kind = KIND_BPE;
+        rc = load_root(t, root, err, errlen);
+    }
+    if (rc) {
+        tok_free(t);
+        return rc;
+    }
+    *out = t;
     return TOK_OK;
 }
 
@@ -388,19 +394,9 @@ int tok_load_json_mem(const char *json, size_t len, tok_tokenizer **out, char *e
     if (!root)
         return tok_err(err, errlen, TOK_EFORMAT, "tokenizer.json: bad JSON at line %d column %d: %s",
                        je.line, je.column, je.text);
-    tok_tokenizer *t = NULL;
-    int rc = tok_new(&t, err, errlen);
-    if (rc == TOK_OK) {
-        t->kind = KIND_BPE;
-        rc = tok_load_json_root(t, root, err, errlen);
-    }
+    int rc = tok_load_json_root(root, out, err, errlen);
     json_decref(root);
-    if (rc) {
-        tok_free(t);
-        return rc;
-    }
-    *out = t;
-    return TOK_OK;
+    return rc;
 }
 
 static char *read_file(const char *path, size_t *len) {
@@ -457,7 +453,7 @@ int tok_load_json_file(const char *path, const char *config_path, tok_tokenizer 
 int tok_load_sentencepiece(const char *path, tok_tokenizer **out, char *err, size_t errlen) {
     *out = NULL;
     tok_tokenizer *t = NULL;
-    int rc = tok_new(&t, err, errlen);
+    int rc = new_tok(&t, err, errlen);
     if (rc) return rc;
     t->kind = KIND_SPM;
     if ((rc = tok_spm_load(path, &t->spm, err, errlen))) goto fail;

@@ -120,21 +120,14 @@ int tok_load_bpe_vocab(const tok_bpe_vocab *v, tok_tokenizer **out, char *err, s
     int rc = vocab_to_json(v, &root, err, errlen);
     if (rc) return rc;
     tok_tokenizer *t = NULL;
-    rc = tok_new(&t, err, errlen);
-    if (rc == TOK_OK) {
-        t->kind = KIND_BPE;
-        rc = tok_load_json_root(t, root, err, errlen);
-    }
+    rc = tok_load_json_root(root, &t, err, errlen);
     json_decref(root);
-    if (rc == TOK_OK) {
-        t->eos_id = v->eos_id;
-        if ((v->add_bos && v->bos_id >= 0 && tok_push_id(&t->post_pre, &t->n_post_pre, v->bos_id)) ||
-            (v->add_eos && v->eos_id >= 0 && tok_push_id(&t->post_suf, &t->n_post_suf, v->eos_id)))
-            rc = tok_err(err, errlen, TOK_ENOMEM, "out of memory");
-    }
-    if (rc) {
+    if (rc) return rc;
+    t->eos_id = v->eos_id;
+    if ((v->add_bos && v->bos_id >= 0 && tok_push_id(&t->post_pre, &t->n_post_pre, v->bos_id)) ||
+        (v->add_eos && v->eos_id >= 0 && tok_push_id(&t->post_suf, &t->n_post_suf, v->eos_id))) {
         tok_free(t);
-        return rc;
+        return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
     }
     *out = t;
     return TOK_OK;

@@ -133,7 +133,7 @@ done:
 }
 
 /* Append a rewritten copy of arena[s, e) for the Metaspace and prefix-space
- * steps; returns the new span's start. */
+ * steps; *ns receives the new span's start. */
 static int arena_rewrite(const pre_step *ps, scratch *sc, size_t s, size_t e, int origin, size_t *ns) {
     tok_buf *a = &sc->arena;
     /* The copy may move the arena: work on offsets. */
