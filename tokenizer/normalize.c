@@ -110,7 +110,7 @@ static int replace_all(const norm_step *ns, pcre2_match_data *md, const char *s,
 /* Run the normalizer steps. *origin is cleared when Strip removes the
  * start of the text (HF then no longer sees offset 0 there). */
 int tok_normalize(const tok_tokenizer *t, const char *s, size_t n, const char **outp,
-                     size_t *outn, int *origin, scratch *sc, char *err, size_t errlen) {
+                  size_t *outn, int *origin, scratch *sc, char *err, size_t errlen) {
     *outp = s;
     *outn = n;
     for (int i = 0; i < t->n_norm; i++) {

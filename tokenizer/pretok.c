@@ -21,7 +21,7 @@ static int spans_push(scratch *sc, int which, size_t *n, size_t s, size_t e) {
 }
 
 int tok_regex_next(const pre_step *ps, pcre2_match_data *md, const char *s, size_t len,
-                      size_t off, size_t *ms, size_t *me) {
+                   size_t off, size_t *ms, size_t *me) {
     int r = ps->jit ? pcre2_jit_match(ps->re, (PCRE2_SPTR)s, len, off, 0, md, NULL)
                     : pcre2_match(ps->re, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, md, NULL);
     if (r < 0) return r == PCRE2_ERROR_NOMATCH ? 0 : -1;
@@ -165,7 +165,7 @@ static int arena_rewrite(const pre_step *ps, scratch *sc, size_t s, size_t e, in
 }
 
 int tok_encode_plain(const tok_tokenizer *t, const char *s, size_t n, int origin, idvec *out,
-                        scratch *sc, char *err, size_t errlen) {
+                     scratch *sc, char *err, size_t errlen) {
     if (n == 0) return TOK_OK;
     if (t->n_pre == 0) return tok_bpe_cached(t, s, n, out, sc);
     int rc;

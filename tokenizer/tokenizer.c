@@ -38,7 +38,7 @@ static size_t byte_level_decode(const char *s, size_t len, const int16_t u2b[0x1
 }
 
 size_t tok_key_decode(const tok_tokenizer *t, const char *s, size_t len, const int16_t u2b[0x144],
-                         char *out) {
+                      char *out) {
     if (t->char_level) {
         memcpy(out, s, len);
         return len;
