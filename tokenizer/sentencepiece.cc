@@ -1,5 +1,5 @@
 // C API over the SentencePiece C++ library, for models that ship a
-// tokenizer.model (Llama-2 / Mistral style). Only tokenizer.c calls these;
+// tokenizer.model (Llama-2 / Mistral style). Only tokenizer/ calls these;
 // the declarations live in tokenizer/internal.h. No C++ exception may cross
 // into C, so every entry point catches.
 #include <sentencepiece_processor.h>

@@ -34,8 +34,9 @@
  * - Decode maps ids to bytes (the decoder's rule per token) and converts the
  *   bytes as Rust's String::from_utf8_lossy does: each maximal invalid
  *   subpart becomes one U+FFFD (HF's ByteFallback decoder instead gives one
- *   U+FFFD per byte token of an invalid run: only such id sequences differ). No space clean-up. Ids that name no token are
- *   skipped, as HF does. Special tokens are kept unless skip_special.
+ *   U+FFFD per byte token of an invalid run: only such id sequences differ).
+ *   No space clean-up. Ids that name no token are skipped, as HF does.
+ *   Special tokens are kept unless skip_special.
  * - Streaming decode (tok_stream_*) emits only complete characters; the
  *   concatenation of everything it emits (including tok_stream_finish)
  *   equals tok_decode of the same ids.

@@ -1,42 +1,11 @@
 /*
- * UTF-8 helpers: strict validation, Rust-compatible lossy conversion and the
- * streaming detokenizer built on it.
+ * UTF-8 and Unicode character helpers: strict validation, Rust-compatible
+ * lossy conversion, the last character of a string, White_Space.
  */
 #include "tokenizer/internal.h"
 #include "tokenizer/tokenizer.h"
 
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-int tok_err(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
-int tok_buf_reserve(tok_buf *b, size_t extra) {
-    if (b->len + extra + 1 <= b->cap) return TOK_OK;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->len + extra + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) return TOK_ENOMEM;
-    b->p = p;
-    b->cap = cap;
-    return TOK_OK;
-}
-
-int tok_buf_append(tok_buf *b, const void *data, size_t n) {
-    if (tok_buf_reserve(b, n)) return TOK_ENOMEM;
-    if (n) memcpy(b->p + b->len, data, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return TOK_OK;
-}
 
 /* Length of the valid UTF-8 sequence at s (1..4), 0 when the bytes there
  * are invalid, or -k when the k available bytes are a valid but incomplete
@@ -122,62 +91,17 @@ int tok_utf8_lossy(const char *src, size_t len, int final, tok_buf *out, size_t 
     return tok_buf_append(out, src + run, i - run);
 }
 
-struct tok_stream {
-    const tok_tokenizer *t;
-    int skip_special;
-    int first;       /* no token emitted yet (SentencePiece strips a space) */
-    char pend[4];    /* held-back incomplete character */
-    size_t npend;
-    tok_buf in, out;
-};
-
-tok_stream *tok_stream_new(const tok_tokenizer *t, int skip_special) {
-    tok_stream *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
-    s->t = t;
-    s->skip_special = skip_special;
-    s->first = 1;
-    return s;
+int tok_is_ws(uint32_t cp) {
+    /* Rust char::is_whitespace: the White_Space property. */
+    return (cp >= 9 && cp <= 13) || cp == 32 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+           cp == 0x205F || cp == 0x3000;
 }
 
-void tok_stream_free(tok_stream *s) {
-    if (!s) return;
-    free(s->in.p);
-    free(s->out.p);
-    free(s);
-}
-
-int tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *len, char *err,
-                    size_t errlen) {
-    const char *p;
-    size_t n, held = 0;
-    s->out.len = 0;
-    *text = "";
-    *len = 0;
-    if (tok_id_bytes(s->t, id, s->skip_special, s->first, &p, &n) != 0) return TOK_OK;
-    /* "First" is the first emitted token or the first non-empty one. */
-    if (n == 0 && !tok_first_by_token(s->t)) return TOK_OK;
-    s->first = 0;
-    if (n == 0) return TOK_OK;
-    s->in.len = 0;
-    if (tok_buf_append(&s->in, s->pend, s->npend) || tok_buf_append(&s->in, p, n) ||
-        tok_utf8_lossy(s->in.p, s->in.len, 0, &s->out, &held) || tok_buf_append(&s->out, "", 0))
-        return tok_err(err, errlen, TOK_ENOMEM, "out of memory");
-    /* held <= 3: only a valid prefix of one character is kept back. */
-    memcpy(s->pend, s->in.p + s->in.len - held, held);
-    s->npend = held;
-    *text = s->out.p;
-    *len = s->out.len;
-    return TOK_OK;
-}
-
-int tok_stream_finish(tok_stream *s, const char **text, size_t *len) {
-    s->out.len = 0;
-    int rc = tok_utf8_lossy(s->pend, s->npend, 1, &s->out, NULL);
-    if (rc == TOK_OK) rc = tok_buf_append(&s->out, "", 0);
-    s->npend = 0;
-    s->first = 1;
-    *text = rc == TOK_OK ? s->out.p : "";
-    *len = rc == TOK_OK ? s->out.len : 0;
-    return rc;
+uint32_t tok_utf8_last(const char *s, size_t n, size_t *start) {
+    size_t i = n - 1;
+    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
+    size_t j = i;
+    *start = i;
+    return tok_utf8_next((const unsigned char *)s, &j);
 }

@@ -1,0 +1,39 @@
+/*
+ * The growable byte buffer and the error-return helper every tokenizer/
+ * source shares.
+ */
+#include "tokenizer/internal.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int tok_err(char *err, size_t errlen, int code, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+int tok_buf_reserve(tok_buf *b, size_t extra) {
+    if (b->len + extra + 1 <= b->cap) return TOK_OK;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->len + extra + 1) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return TOK_ENOMEM;
+    b->p = p;
+    b->cap = cap;
+    return TOK_OK;
+}
+
+int tok_buf_append(tok_buf *b, const void *data, size_t n) {
+    if (tok_buf_reserve(b, n)) return TOK_ENOMEM;
+    if (n) memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return TOK_OK;
+}
