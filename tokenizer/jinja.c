@@ -2022,7 +2022,7 @@ static val get_item(rs *R, val obj, val key) {
 /* Python slice semantics on lists and strings. */
 static val do_slice(rs *R, val obj, val vs, val ve, val vst) {
     if (obj.t == V_UNDEF) undef_fail(R, obj);
-    list *src;
+    list *src = NULL; /* FAIL does not return (clang cannot tell) */
     if (obj.t == V_LIST && obj.u.l->kind != LK_PLAIN && obj.u.l->kind != LK_RANGE) return vundef(NULL, 0);
     if (obj.t == V_LIST) src = obj.u.l;
     else if (obj.t == V_STR) src = iter_list(R, obj);
