@@ -243,6 +243,14 @@ typedef struct srv_request {
     int counted; /* in srv_server.http_active */
 } srv_request;
 
+/* A request-validation failure on its way to an HTTP error. */
+typedef struct srv_verr {
+    int status;
+    char msg[512];
+    char param[64];
+    char unknown[256]; /* ignored unknown fields, ", "-separated, for the warning */
+} srv_verr;
+
 typedef enum MHD_Result (*srv_handler)(srv_server *s, struct MHD_Connection *c, srv_request *rq);
 
 /* routes.c: the route table. srv_route_begin runs on a request's first
@@ -256,11 +264,11 @@ enum MHD_Result srv_route_dispatch(srv_server *s, struct MHD_Connection *c, srv_
 /* conn.c: connection limits (MHD's socket context) and the deadline reaper. */
 void srv_conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
                      enum MHD_ConnectionNotificationCode toe);
-void *srv_conn_reaper(void *arg);                             /* thread main: cuts late requests */
-int srv_conn_rejected(struct MHD_Connection *c);              /* answered 503 at accept */
+void *srv_conn_reaper(void *arg);                               /* thread main: cuts late requests */
+int srv_conn_rejected(struct MHD_Connection *c);                /* answered 503 at accept */
 void srv_conn_arrived(srv_server *s, struct MHD_Connection *c); /* the request is in whole (or answered) */
 void srv_conn_next(srv_server *s, struct MHD_Connection *c);    /* keep-alive: the next request's deadline starts */
-void srv_conn_reject_log(srv_server *s, const char *why);     /* at most once a second */
+void srv_conn_reject_log(srv_server *s, const char *why);       /* at most once a second */
 
 /* http.c: answers. Each counts its status class in /metrics; 401, 405 and
  * 503 carry WWW-Authenticate, Allow and Retry-After. buf is malloc'ed and
@@ -272,18 +280,11 @@ enum MHD_Result srv_send_json(srv_server *s, struct MHD_Connection *c, int statu
 json_t *srv_error_json(int status, const char *msg, const char *param); /* OpenAI's error object */
 enum MHD_Result srv_send_error(srv_server *s, struct MHD_Connection *c, int status, const char *msg,
                                const char *param);
-
-/* body.c: the JSON body and its fields. A validation failure is a srv_verr
- * on its way to an HTTP error; the getters return 0 absent (null counts as
- * absent), 1 read, -1 invalid (e set). */
-typedef struct srv_verr {
-    int status;
-    char msg[512];
-    char param[64];
-    char unknown[256]; /* ignored unknown fields, ", "-separated, for the warning */
-} srv_verr;
-int srv_fail(srv_verr *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 enum MHD_Result srv_send_verr(srv_server *s, struct MHD_Connection *c, const srv_verr *e);
+
+/* body.c: the JSON body and its fields. The getters return 0 absent (null
+ * counts as absent), 1 read, -1 invalid (e set). */
+int srv_fail(srv_verr *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 json_t *srv_parse_body(srv_request *rq, srv_verr *e); /* the body as a JSON object */
 json_t *srv_field(json_t *o, const char *k);
 int srv_get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, srv_verr *e);
@@ -338,7 +339,7 @@ int srv_gen_prepare(srv_server *s, srv_request *rq, int chat, srv_gen *g, srv_ve
 void srv_gen_free(srv_gen *g);
 
 /* generate.c: the generation routes' handlers and their run bookkeeping. */
-void srv_cancel_all(srv_gen *g);                                /* runs not done yet */
+void srv_cancel_all(srv_gen *g);                                     /* runs not done yet */
 void srv_log_done(srv_server *s, const srv_gen *g, const char *how); /* one INFO line */
 
 /* render.c: response JSON shared by whole answers and stream chunks. */
@@ -356,7 +357,7 @@ json_t *srv_stop_reason(const srv_req *r);
 /* sse.c: answer a submitted g as a server-sent-event stream; takes g. */
 enum MHD_Result srv_sse_respond(srv_server *s, struct MHD_Connection *c, srv_gen *g);
 
-/* The route handlers (generate.c, tokenize.c, routes.c) and their body
+/* The POST routes' handlers (generate.c, tokenize.c) and their body
  * stages: parse, validate, tokenize and build the answer, without engine or
  * network, then free it all (what srv_fuzz_parse runs). */
 enum MHD_Result srv_handle_completions(srv_server *s, struct MHD_Connection *c, srv_request *rq);
