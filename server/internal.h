@@ -9,6 +9,7 @@
 #define ECHO_SERVER_INTERNAL_H
 
 #include <jansson.h>
+#include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -201,7 +202,7 @@ struct srv_server {
     atomic_ullong req_counter;
     atomic_int http_active; /* generation requests MHD has not completed yet */
     uint64_t seed_base;
-    /* Live connections (http.c): per-client counts and the receive deadline,
+    /* Live connections (conn.c): per-client counts and the receive deadline,
      * enforced by a reaper thread. Guarded by conn_mu. */
     pthread_mutex_t conn_mu;
     struct srv_conn *conns;
@@ -226,7 +227,8 @@ int srv_sched_start(srv_server *s, char *err, size_t errlen);
 int srv_sched_submit(srv_server *s, srv_req *r);
 void srv_sched_stop(srv_server *s);
 
-/* http */
+/* ---- HTTP (http.c and the route files; docs/architecture.md, "server") ---- */
+
 int srv_http_start(srv_server *s, char *err, size_t errlen);
 /* The engine can run no more steps: the first caller's why is kept, and
  * /health answers 503 with it (server.c). srv_usable is 0 once set, and sets
@@ -236,12 +238,147 @@ int srv_usable(srv_server *s);
 void srv_http_quiesce(srv_server *s);
 void srv_http_stop(srv_server *s);
 
-/* Fuzzing (tests/fuzz/fuzz_server.c): run the production parse, validate and
- * tokenize path of one POST body without engine or network, free everything.
- * Needs s->tok, s->mc, s->name and the limits srv_load sets. Returns the HTTP
- * status the server would answer (200: accepted), -1 for an unknown route;
- * err gets the error message ("" on 200). */
-enum { SRV_FUZZ_COMPLETIONS, SRV_FUZZ_CHAT, SRV_FUZZ_TOKENIZE, SRV_FUZZ_DETOKENIZE, SRV_FUZZ_N_ROUTES };
-int srv_fuzz_parse(srv_server *s, int route, const char *body, size_t len, char *err, size_t errlen);
+/* One HTTP request as MHD delivers it (its con_cls): the route, the body. */
+typedef struct srv_request {
+    const struct srv_route *route; /* NULL: no route has this path (404) */
+    size_t arg_at;                 /* where in the url the route's "{id}" starts (0: none) */
+    const char *arg;               /* what "{id}" matched ("" when none), set at dispatch */
+    char *body;                    /* (len) bytes, the handler's to rewrite */
+    size_t len, cap;
+    int too_big;
+    int counted; /* in srv_server.http_active */
+} srv_request;
+
+/* A request-validation failure on its way to an HTTP error. */
+typedef struct srv_verr {
+    int status;
+    char msg[512];
+    char param[64];
+    char unknown[256]; /* ignored unknown fields, ", "-separated, for the warning */
+} srv_verr;
+
+typedef enum MHD_Result (*srv_handler)(srv_server *s, struct MHD_Connection *c, srv_request *rq);
+
+/* routes.c: the route table. srv_route_begin runs on a request's first
+ * call (headers only): it finds the route and answers what can be answered
+ * before the body (404, 405, 401, 413), else MHD_YES. Once the body is in,
+ * srv_route_dispatch runs the readiness gates, then the route's handler. */
+enum MHD_Result srv_route_begin(srv_server *s, struct MHD_Connection *c, srv_request *rq, const char *url,
+                                const char *method);
+enum MHD_Result srv_route_dispatch(srv_server *s, struct MHD_Connection *c, srv_request *rq, const char *url);
+
+/* conn.c: connection limits (MHD's socket context) and the deadline reaper. */
+void srv_conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                     enum MHD_ConnectionNotificationCode toe);
+void *srv_conn_reaper(void *arg);                               /* thread main: cuts late requests */
+int srv_conn_rejected(struct MHD_Connection *c);                /* answered 503 at accept */
+void srv_conn_arrived(srv_server *s, struct MHD_Connection *c); /* the request is in whole (or answered) */
+void srv_conn_next(srv_server *s, struct MHD_Connection *c);    /* keep-alive: the next request's deadline starts */
+void srv_conn_reject_log(srv_server *s, const char *why);       /* at most once a second */
+
+/* http.c: answers. Each counts its status class in /metrics; 401, 405 and
+ * 503 carry WWW-Authenticate, Allow and Retry-After. buf is malloc'ed and
+ * taken; j is taken. */
+void srv_count_status(srv_server *s, int status);
+enum MHD_Result srv_send_buf(srv_server *s, struct MHD_Connection *c, int status, char *buf, size_t len,
+                             const char *ctype);
+enum MHD_Result srv_send_json(srv_server *s, struct MHD_Connection *c, int status, json_t *j);
+json_t *srv_error_json(int status, const char *msg, const char *param); /* OpenAI's error object */
+enum MHD_Result srv_send_error(srv_server *s, struct MHD_Connection *c, int status, const char *msg,
+                               const char *param);
+enum MHD_Result srv_send_verr(srv_server *s, struct MHD_Connection *c, const srv_verr *e);
+
+/* body.c: the JSON body and its fields. The getters return 0 absent (null
+ * counts as absent), 1 read, -1 invalid (e set). */
+int srv_fail(srv_verr *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+json_t *srv_parse_body(srv_request *rq, srv_verr *e); /* the body as a JSON object */
+json_t *srv_field(json_t *o, const char *k);
+int srv_get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, srv_verr *e);
+int srv_get_num(json_t *o, const char *k, double lo, double hi, int lo_open, double *out, srv_verr *e);
+int srv_get_bool(json_t *o, const char *k, int *out, srv_verr *e);
+/* Unknown fields are noted (for one warning line), never refused. */
+void srv_note_unknown(srv_verr *e, const char *prefix, const char *k);
+int srv_check_known(json_t *o, const char *const *known, const char *prefix, srv_verr *e);
+void srv_log_unknown(srv_server *s, const srv_verr *e, const char *id, const char *route);
+int srv_model_check(srv_server *s, json_t *o, srv_verr *e); /* "model", when given, is ours (else 404) */
+
+/* ids.c: token ids of a request. srv_fast_ids_take reads a top-level
+ * integer array (or, batch, a list of them) straight from the body text,
+ * without jansson's ~40 bytes per integer; the rest of the body parses as
+ * usual. */
+typedef struct srv_fast_ids {
+    int present; /* the key's value was taken here */
+    int batch;   /* it was a list of arrays */
+    int count;
+    int32_t **ids;
+    int *n;
+    int bad_set; /* an id outside [0, vocab): the first one, in array bad_at */
+    long long bad;
+    int bad_at;
+} srv_fast_ids;
+void srv_fast_ids_take(char *body, size_t len, const char *key, int batch, int vocab, srv_fast_ids *fi);
+void srv_fast_ids_free(srv_fast_ids *f);
+int srv_parse_ids(srv_server *s, json_t *a, const char *param, int32_t **ids, int *n, srv_verr *e);
+int srv_encode_text(srv_server *s, const char *text, size_t len, int add_special, const char *param, int32_t **ids,
+                    int *n, srv_verr *e);
+
+/* chat.c: root's "messages" through the chat template, tokenized. */
+int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, srv_verr *e);
+
+/* openai.c: one HTTP generation request: n_prompts prompts x per runs each
+ * (per = best_of >= n), all sharing one notifier group. Run (i, j) is
+ * rs[i * per + j]. */
+typedef struct srv_gen {
+    srv_req **rs;
+    int n_rs, n_prompts, per, n;
+    int chat, stream, include_usage, continuous_usage, echo;
+    int echo_lp;        /* echo + logprobs: the prompt's tokens lead the logprobs */
+    int vllm_plp;       /* prompt_logprobs requested: choices carry vLLM's prompt_logprobs */
+    int vllm_k;         /* its top-k */
+    char **prompt_text; /* (n_prompts) when echo */
+    srv_group *grp;
+    srv_fast_ids fi; /* `prompt` ids read from the body text (srv_fast_ids_take) */
+} srv_gen;
+/* Body -> validated, tokenized runs ready for the scheduler (g). On failure
+ * *e says why and nothing is left allocated. */
+int srv_gen_prepare(srv_server *s, srv_request *rq, int chat, srv_gen *g, srv_verr *e);
+void srv_gen_free(srv_gen *g);
+
+/* generate.c: the generation routes' handlers and their run bookkeeping. */
+void srv_cancel_all(srv_gen *g);                                     /* runs not done yet */
+void srv_log_done(srv_server *s, const srv_gen *g, const char *how); /* one INFO line */
+
+/* render.c: response JSON shared by whole answers and stream chunks. */
+json_t *srv_full_response(srv_server *s, srv_gen *g);
+json_t *srv_timings_json(const srv_req *r);
+json_t *srv_usage(long long prompt, long long completion);
+json_t *srv_usage_all(const srv_gen *g);
+json_t *srv_tok_str(srv_server *s, int32_t id);
+json_t *srv_completion_logprobs(srv_server *s, const srv_req *r, int with_prompt, const srv_tokrec *t, int n,
+                                size_t *off);
+json_t *srv_chat_logprobs(srv_server *s, const srv_tokrec *t, int n);
+const char *srv_finish_reason(srv_finish f); /* OpenAI's finish_reason */
+json_t *srv_stop_reason(const srv_req *r);
+
+/* sse.c: answer a submitted g as a server-sent-event stream; takes g. */
+enum MHD_Result srv_sse_respond(srv_server *s, struct MHD_Connection *c, srv_gen *g);
+
+/* The POST routes' handlers (generate.c, tokenize.c) and their body
+ * stages: parse, validate, tokenize and build the answer, without engine or
+ * network, then free it all (what srv_fuzz_parse runs). */
+enum MHD_Result srv_handle_completions(srv_server *s, struct MHD_Connection *c, srv_request *rq);
+enum MHD_Result srv_handle_chat(srv_server *s, struct MHD_Connection *c, srv_request *rq);
+enum MHD_Result srv_handle_tokenize(srv_server *s, struct MHD_Connection *c, srv_request *rq);
+enum MHD_Result srv_handle_detokenize(srv_server *s, struct MHD_Connection *c, srv_request *rq);
+int srv_check_completions(srv_server *s, srv_request *rq, srv_verr *e);
+int srv_check_chat(srv_server *s, srv_request *rq, srv_verr *e);
+int srv_check_tokenize(srv_server *s, srv_request *rq, srv_verr *e);
+int srv_check_detokenize(srv_server *s, srv_request *rq, srv_verr *e);
+
+/* Fuzzing (tests/fuzz/fuzz_server.c): the body stage of the POST route at
+ * path, for one body. Needs s->tok, s->mc, s->name and the limits srv_load
+ * sets. Returns the HTTP status the server would answer (200: accepted), -1
+ * when no POST route has that path; err gets the error message ("" on 200). */
+int srv_fuzz_parse(srv_server *s, const char *path, const char *body, size_t len, char *err, size_t errlen);
 
 #endif

@@ -189,16 +189,17 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0 || size - 1 > g_srv->opt.max_body_bytes) return 0; /* larger bodies are refused with 413 */
+    static const char *const paths[4] = {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"};
     char err[512];
-    int route = data[0] & 3;
+    const char *route = paths[data[0] & 3];
     int status = srv_fuzz_parse(g_srv, route, (const char *)data + 1, size - 1, err, sizeof err);
-    if (g_verbose) fprintf(stderr, "route %d: %d %s\n", route, status, err);
+    if (g_verbose) fprintf(stderr, "%s: %d %s\n", route, status, err);
     if (status != 200 && status != 400 && status != 404) {
-        fprintf(stderr, "route %d: unexpected status %d: %s\n", route, status, err);
+        fprintf(stderr, "%s: unexpected status %d: %s\n", route, status, err);
         abort();
     }
     if ((status == 200) != (err[0] == 0)) {
-        fprintf(stderr, "route %d: status %d with message '%s'\n", route, status, err);
+        fprintf(stderr, "%s: status %d with message '%s'\n", route, status, err);
         abort();
     }
     return 0;

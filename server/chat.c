@@ -1,0 +1,204 @@
+/*
+ * server/: chat messages -> prompt ids. The messages are validated (roles,
+ * text-only content parts, tool calls), rendered through the model's Jinja
+ * template (or Qwen3's built-in one), and tokenized.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/internal.h"
+
+typedef struct chat_buf {
+    tok_chat_message *msgs;
+    tok_tool_call *calls;
+    char **owned;
+    size_t n_owned;
+} chat_buf;
+
+static void chat_buf_free(chat_buf *b) {
+    for (size_t i = 0; i < b->n_owned; i++)
+        free(b->owned[i]);
+    free(b->owned);
+    free(b->msgs);
+    free(b->calls);
+}
+
+static const char *content_text(json_t *c, chat_buf *b, const char *param, srv_verr *e) {
+    if (!c) return "";
+    if (json_is_string(c)) return json_string_value(c);
+    if (!json_is_array(c))
+        return srv_fail(e, 400, param, "message content must be a string or an array of parts"), NULL;
+    size_t total = 0, i;
+    json_t *p;
+    json_array_foreach(c, i, p) {
+        json_t *t = json_is_object(p) ? json_object_get(p, "type") : NULL;
+        json_t *tx = json_is_object(p) ? json_object_get(p, "text") : NULL;
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0 || !json_is_string(tx))
+            return srv_fail(e, 400, param, "only {\"type\": \"text\", \"text\": ...} content parts are supported"),
+                   NULL;
+        total += json_string_length(tx);
+    }
+    char *out = malloc(total + 1), **no = realloc(b->owned, (b->n_owned + 1) * sizeof *no);
+    if (no) b->owned = no;
+    if (!out || !no) {
+        free(out);
+        return srv_fail(e, 500, param, "out of memory"), NULL;
+    }
+    b->owned[b->n_owned++] = out;
+    size_t off = 0;
+    json_array_foreach(c, i, p) {
+        json_t *tx = json_object_get(p, "text");
+        memcpy(out + off, json_string_value(tx), json_string_length(tx));
+        off += json_string_length(tx);
+    }
+    out[off] = 0;
+    return out;
+}
+
+/* The model's own Jinja template over the request's messages (content
+ * parts joined into text, as validated in b), chat_template_kwargs merged
+ * into the variables, as apply_chat_template is called by vLLM. */
+static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b, json_t *kw, int add_gen, char **text,
+                                 size_t *tl, srv_verr *e) {
+    json_t *ctx = json_object(), *ms = json_array();
+    size_t i;
+    json_t *m;
+    int rc = -1;
+    char *ctx_text = NULL, terr[512];
+    if (!ctx || !ms) goto oom;
+    json_array_foreach(msgs, i, m) {
+        json_t *c = json_deep_copy(m);
+        if (!c || json_object_set_new(c, "content", json_string(b->msgs[i].content)) || json_array_append_new(ms, c))
+            goto oom;
+    }
+    if (json_object_set_new(ctx, "messages", ms)) goto oom;
+    ms = NULL;
+    if (kw && json_object_update(ctx, kw)) goto oom;
+    if (json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_gen))) goto oom;
+    if (!(ctx_text = json_dumps(ctx, JSON_COMPACT))) goto oom;
+    if (eng_chat_render(&s->chat, ctx_text, text, tl, terr, sizeof terr)) {
+        srv_fail(e, 400, "messages", "chat template: %s", terr);
+        goto out;
+    }
+    rc = 0;
+    goto out;
+oom:
+    srv_fail(e, 500, "messages", "out of memory");
+out:
+    json_decref(ms);
+    json_decref(ctx);
+    free(ctx_text);
+    return rc;
+}
+
+int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, srv_verr *e) {
+    json_t *msgs = srv_field(root, "messages");
+    if (!msgs) return srv_fail(e, 400, "messages", "'messages' is required");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return srv_fail(e, 400, "messages", "'messages' must be a non-empty array");
+    if (json_array_size(msgs) > 65536) return srv_fail(e, 400, "messages", "too many messages");
+    int enable_thinking = 1;
+    json_t *kw = srv_field(root, "chat_template_kwargs");
+    if (kw) {
+        if (!json_is_object(kw))
+            return srv_fail(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        const char *k;
+        json_t *v;
+        json_object_foreach(kw, k, v) {
+            if (s->chat.source) continue; /* the model's template gets every key, as vLLM passes them */
+            if (strcmp(k, "enable_thinking") != 0) {
+                srv_note_unknown(e, "chat_template_kwargs.", k); /* the built-in template has no use for it */
+                continue;
+            }
+            if (!json_is_boolean(v))
+                return srv_fail(e, 400, "chat_template_kwargs",
+                                "'chat_template_kwargs.enable_thinking' must be a boolean");
+            enable_thinking = json_is_true(v);
+        }
+    }
+    size_t nm = json_array_size(msgs), ncalls = 0, i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        json_t *tc = json_is_object(m) ? srv_field(m, "tool_calls") : NULL;
+        if (json_is_array(tc)) ncalls += json_array_size(tc);
+    }
+    chat_buf b = {calloc(nm, sizeof *b.msgs), calloc(ncalls ? ncalls : 1, sizeof *b.calls), NULL, 0};
+    int rc = -1;
+    char *text = NULL;
+    if (!b.msgs || !b.calls) {
+        srv_fail(e, 500, NULL, "out of memory");
+        goto out;
+    }
+    size_t ci = 0;
+    json_array_foreach(msgs, i, m) {
+        static const char *const known[] = {"role", "content", "reasoning_content", "tool_calls", "tool_call_id",
+                                            "name", NULL};
+        if (!json_is_object(m)) {
+            srv_fail(e, 400, "messages", "each message must be an object");
+            goto out;
+        }
+        if (srv_check_known(m, known, "messages[].", e)) goto out;
+        json_t *role = json_object_get(m, "role");
+        const char *r = json_is_string(role) ? json_string_value(role) : NULL;
+        if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool"))) {
+            srv_fail(e, 400, "messages", "message %zu: 'role' must be one of system, user, assistant, tool", i);
+            goto out;
+        }
+        if (srv_field(m, "name") && !json_is_string(srv_field(m, "name"))) {
+            srv_fail(e, 400, "messages", "message %zu: 'name' must be a string", i);
+            goto out;
+        }
+        b.msgs[i].role = r;
+        if (!(b.msgs[i].content = content_text(srv_field(m, "content"), &b, "messages", e))) goto out;
+        json_t *rc_ = srv_field(m, "reasoning_content");
+        if (rc_) {
+            if (!json_is_string(rc_)) {
+                srv_fail(e, 400, "messages", "message %zu: 'reasoning_content' must be a string", i);
+                goto out;
+            }
+            b.msgs[i].reasoning_content = json_string_value(rc_);
+        }
+        json_t *tc = srv_field(m, "tool_calls");
+        if (tc) {
+            if (!json_is_array(tc)) {
+                srv_fail(e, 400, "messages", "message %zu: 'tool_calls' must be an array", i);
+                goto out;
+            }
+            b.msgs[i].tool_calls = b.calls + ci;
+            size_t j;
+            json_t *call;
+            json_array_foreach(tc, j, call) {
+                json_t *fn = json_is_object(call) ? json_object_get(call, "function") : NULL;
+                json_t *nm_ = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+                json_t *ar = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
+                if (!json_is_string(nm_) || !json_is_string(ar)) {
+                    srv_fail(e, 400, "messages",
+                             "message %zu: tool_calls need function.name and function.arguments "
+                             "strings",
+                             i);
+                    goto out;
+                }
+                b.calls[ci].name = json_string_value(nm_);
+                b.calls[ci].arguments = json_string_value(ar);
+                ci++;
+                b.msgs[i].n_tool_calls++;
+            }
+        }
+    }
+    size_t tl;
+    char terr[512];
+    if (s->chat.source) {
+        if (render_model_template(s, msgs, &b, kw, add_gen, &text, &tl, e)) goto out;
+    } else {
+        tok_chat_options co = {.add_generation_prompt = add_gen, .enable_thinking = enable_thinking};
+        if (tok_chat_apply(b.msgs, nm, &co, &text, &tl, terr, sizeof terr) != TOK_OK) {
+            srv_fail(e, 400, "messages", "chat template: %s", terr);
+            goto out;
+        }
+    }
+    rc = srv_encode_text(s, text, tl, 0, "messages", ids, n, e);
+out:
+    free(text);
+    chat_buf_free(&b);
+    return rc;
+}

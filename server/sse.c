@@ -1,0 +1,247 @@
+/*
+ * server/: streaming answers as server-sent events. MHD pulls the body
+ * through a content-reader callback, which waits on the request's notifier
+ * group (up to a second) and turns what the scheduler published since the
+ * last pass into "data: {chunk}\n\n" events, ending with "data: [DONE]". A
+ * quiet stream gets a keep-alive comment every two seconds, so a departed
+ * client is noticed; MHD then frees the stream, which cancels its runs.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/internal.h"
+
+typedef struct run_cur {
+    int tok_cur, started, fin_sent;
+    size_t text_cur, lp_off;
+} run_cur;
+
+typedef struct stream_ctx {
+    srv_server *s;
+    srv_gen g;
+    run_cur *cur; /* (g.n_rs) */
+    int n_fin;
+    unsigned long long seen;
+    char *out;
+    size_t out_len, out_off, out_cap;
+    int ended;
+    double last_write;
+} stream_ctx;
+
+static void sc_put(stream_ctx *sc, const char *p, size_t n) {
+    if (sc->out_len + n > sc->out_cap) {
+        size_t nc = sc->out_cap ? sc->out_cap : 1024;
+        while (nc < sc->out_len + n)
+            nc *= 2;
+        char *np = realloc(sc->out, nc);
+        if (!np) return;
+        sc->out = np;
+        sc->out_cap = nc;
+    }
+    memcpy(sc->out + sc->out_len, p, n);
+    sc->out_len += n;
+}
+
+static void sc_event(stream_ctx *sc, json_t *j) {
+    char *t = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(j);
+    if (!t) return;
+    sc_put(sc, "data: ", 6);
+    sc_put(sc, t, strlen(t));
+    sc_put(sc, "\n\n", 2);
+    free(t);
+}
+
+static json_t *chunk_base(stream_ctx *sc, json_t *choices) {
+    const srv_req *r = sc->g.rs[0];
+    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", r->id, "object",
+                     sc->g.chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)r->created,
+                     "model", sc->s->name, "choices", choices);
+}
+
+/* continuous_usage_stats: the run's usage so far on each chunk. */
+static void sc_emit(stream_ctx *sc, json_t *choice, const srv_req *r, int n_toks) {
+    json_t *c = chunk_base(sc, json_pack("[o]", choice));
+    if (c && sc->g.continuous_usage) json_object_set_new(c, "usage", srv_usage(r->n_prompt, n_toks));
+    sc_event(sc, c);
+}
+
+/* One content chunk of run k: text (may be empty), logprobs of toks[0..nt). */
+static void sc_content(stream_ctx *sc, int k, const char *text, size_t tl, const srv_tokrec *toks, int nt,
+                       int with_prompt, int n_toks, const char *fin, const srv_req *fin_r) {
+    srv_server *s = sc->s;
+    const srv_req *r = sc->g.rs[k];
+    json_t *lp = json_null();
+    if (r->want_logprobs && (nt > 0 || with_prompt)) {
+        json_decref(lp);
+        lp = r->chat ? srv_chat_logprobs(s, toks, nt)
+                     : srv_completion_logprobs(s, r, with_prompt, toks, nt, &sc->cur[k].lp_off);
+    }
+    json_t *txt = json_stringn(text ? text : "", tl);
+    json_t *choice;
+    if (r->chat) {
+        json_t *delta = fin && !tl ? json_object() : json_pack("{s:o}", "content", txt ? txt : json_string(""));
+        if (fin && !tl) json_decref(txt);
+        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", r->index, "delta", delta, "logprobs", lp, "finish_reason",
+                           fin ? json_string(fin) : json_null());
+    } else {
+        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", r->index, "text", txt ? txt : json_string(""), "logprobs", lp,
+                           "finish_reason", fin ? json_string(fin) : json_null());
+    }
+    if (choice && fin_r) json_object_set_new(choice, "stop_reason", srv_stop_reason(fin_r));
+    json_t *c = chunk_base(sc, json_pack("[o]", choice));
+    if (c && fin && fin_r) json_object_set_new(c, "timings", srv_timings_json(fin_r));
+    if (c && sc->g.continuous_usage) json_object_set_new(c, "usage", srv_usage(r->n_prompt, n_toks));
+    sc_event(sc, c);
+}
+
+/* Turn whatever the scheduler published since the last pass into SSE bytes. */
+static void sc_pass(stream_ctx *sc) {
+    srv_gen *g = &sc->g;
+    for (int k = 0; k < g->n_rs; k++) {
+        srv_req *r = g->rs[k];
+        run_cur *cu = &sc->cur[k];
+        if (cu->fin_sent) continue;
+        if (!cu->started) {
+            if (g->chat) {
+                json_t *ch = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", r->index, "delta", "role", "assistant",
+                                       "content", "", "logprobs", "finish_reason");
+                sc_emit(sc, ch, r, 0);
+            } else if (g->echo) {
+                pthread_mutex_lock(&r->mu);
+                int ready = !g->echo_lp || r->plp_done || r->done;
+                int plp = r->plp_done;
+                pthread_mutex_unlock(&r->mu);
+                if (!ready) continue; /* the prompt's logprobs come with its text */
+                const char *pt = g->prompt_text[k / g->per];
+                sc_content(sc, k, pt, strlen(pt), NULL, 0, g->echo_lp && plp, 0, NULL, NULL);
+                if (!g->echo_lp) cu->lp_off = strlen(pt);
+            }
+            cu->started = 1;
+        }
+        pthread_mutex_lock(&r->mu);
+        int done = r->done, nt = r->n_toks - cu->tok_cur, n_toks = r->n_toks;
+        size_t tl = r->text_len - cu->text_cur;
+        srv_tokrec *toks = nt > 0 ? malloc((size_t)nt * sizeof *toks) : NULL;
+        char *text = tl > 0 ? malloc(tl) : NULL;
+        if (toks) memcpy(toks, r->toks + cu->tok_cur, (size_t)nt * sizeof *toks);
+        if (text) memcpy(text, r->text + cu->text_cur, tl);
+        srv_finish fin = r->finish;
+        pthread_mutex_unlock(&r->mu);
+        if ((nt > 0 && !toks) || (tl > 0 && !text)) {
+            free(toks);
+            free(text);
+            continue; /* out of memory: try again on the next pass */
+        }
+        cu->tok_cur += nt;
+        cu->text_cur += tl;
+        if (tl > 0 || (nt > 0 && r->want_logprobs)) sc_content(sc, k, text, tl, toks, nt, 0, n_toks, NULL, NULL);
+        free(toks);
+        free(text);
+        if (done) {
+            if (fin == SRV_FIN_ERROR)
+                sc_event(sc, srv_error_json(500, r->errmsg[0] ? r->errmsg : "generation failed", NULL));
+            else
+                sc_content(sc, k, NULL, 0, NULL, 0, 0, n_toks, srv_finish_reason(fin), r);
+            cu->fin_sent = 1;
+            sc->n_fin++;
+        }
+    }
+    if (sc->n_fin == g->n_rs && !sc->ended) {
+        if (g->include_usage) {
+            json_t *c = chunk_base(sc, json_array());
+            if (c) {
+                json_object_set_new(c, "usage", srv_usage_all(g));
+                json_object_set_new(c, "timings", srv_timings_json(g->rs[0]));
+            }
+            sc_event(sc, c);
+        }
+        sc_put(sc, "data: [DONE]\n\n", 14);
+        sc->ended = 1;
+    }
+}
+
+/* Wait (up to a second) for news from the scheduler, then a pass. */
+static void sc_fill(stream_ctx *sc) {
+    srv_group *grp = sc->g.grp;
+    pthread_mutex_lock(&grp->mu);
+    unsigned long long v = grp->version;
+    pthread_mutex_unlock(&grp->mu);
+    sc_pass(sc);
+    if (sc->out_len > 0 || sc->ended) return;
+    pthread_mutex_lock(&grp->mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 1;
+    while (grp->version == v)
+        if (pthread_cond_timedwait(&grp->cv, &grp->mu, &ts) != 0) break;
+    pthread_mutex_unlock(&grp->mu);
+    sc_pass(sc);
+    if (sc->out_len == 0 && !sc->ended && srv_now() - sc->last_write > 2.0) {
+        /* SSE comment: keeps a queued stream's connection alive and lets a
+         * departed client be noticed while it waits. */
+        sc_put(sc, ": keep-alive\n\n", 14);
+    }
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream_ctx *sc = cls;
+    if (sc->out_off == sc->out_len) {
+        sc->out_off = sc->out_len = 0;
+        if (sc->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        sc_fill(sc);
+        if (sc->out_len == 0) return 0;
+    }
+    size_t n = sc->out_len - sc->out_off;
+    if (n > max) n = max;
+    memcpy(buf, sc->out + sc->out_off, n);
+    sc->out_off += n;
+    sc->last_write = srv_now();
+    return (ssize_t)n;
+}
+
+/* MHD is done with the stream (finished, or the client went away). */
+static void stream_free(void *cls) {
+    stream_ctx *sc = cls;
+    srv_cancel_all(&sc->g);
+    srv_log_done(sc->s, &sc->g, "stream");
+    srv_gen_free(&sc->g);
+    free(sc->cur);
+    free(sc->out);
+    free(sc);
+}
+
+enum MHD_Result srv_sse_respond(srv_server *s, struct MHD_Connection *c, srv_gen *g) {
+    stream_ctx *sc = calloc(1, sizeof *sc);
+    run_cur *cur = calloc((size_t)g->n_rs, sizeof *cur);
+    if (!sc || !cur) {
+        free(sc);
+        free(cur);
+        srv_cancel_all(g);
+        srv_gen_free(g);
+        return srv_send_error(s, c, 500, "out of memory", NULL);
+    }
+    sc->s = s;
+    sc->g = *g;
+    memset(g, 0, sizeof *g); /* the stream owns it now */
+    sc->cur = cur;
+    sc->last_write = srv_now();
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sc, stream_free);
+    if (!resp) {
+        stream_free(sc);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    /* The request is complete: from here on the stream's pace is the
+     * model's, not the client's, so lift the idle timeout a lot. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 600u);
+    enum MHD_Result mr = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    srv_count_status(s, 200);
+    return mr;
+}
