@@ -368,7 +368,8 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
         }
         /* on a GPU: one per process, its node-local rank's (NCCL across
          * processes); on cpu: host memory over MPI */
-        const char *want = strcmp(c->device, "cpu") ? "nccl" : "mpi";
+        int gpu = !strcmp(c->device, "cuda") || (!strcmp(c->device, "auto") && kern_gpu_count() > 0);
+        const char *want = gpu ? "nccl" : "mpi";
         if (strcmp(c->transport, "auto") && strcmp(c->transport, want)) {
             snprintf(err, errlen, "under mpirun the ranks are processes: with --device %s the transport is %s "
                      "(auto), not %s", c->device, want, c->transport);
@@ -377,7 +378,7 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
         c->transport = want;
         const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
         e->local_dev = lr ? atoi(lr) : 0;
-        int gpus = strcmp(c->device, "cpu") ? kern_gpu_count() : 1;
+        int gpus = gpu ? kern_gpu_count() : 0;
         if (gpus > 0 && e->local_dev >= gpus) { /* none: the backend says why */
             snprintf(err, errlen, "process %d is local rank %d on its host, which has %d GPU%s visible: one GPU per "
                      "process (mpirun -np N with N GPUs per host, or -H host:GPUS)", e->me, e->local_dev, gpus,
