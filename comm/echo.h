@@ -58,22 +58,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ECHO_MODE_BF16 ("bf16") is the 16-bit exact baseline: the two-shot
- * schedule with bf16 on the wire (round to nearest even) and fp32
- * accumulation, the sum rounded to bf16 once by its owner before the
- * all-gather, so replicas are bit-identical; host transports only (local on
- * host memory, mpi). ECHO_MODE_COUNT sizes arrays indexed by mode. */
-typedef enum echo_mode {
-    ECHO_MODE_EXACT = 0,
-    ECHO_MODE_INT4,
-    ECHO_MODE_ECHO,
-    ECHO_MODE_BF16,
-    ECHO_MODE_COUNT
-} echo_mode;
 typedef enum echo_dtype { ECHO_F32 = 0, ECHO_BF16 } echo_dtype;
 
-/* The codec of the quantized modes (int4 without, echo with error
- * feedback), orthogonal to the mode: see the codec table below. */
+/* Rows of the codec table (below): how a group of values travels. */
 typedef enum echo_codec_id {
     ECHO_CODEC_DEFAULT = 0, /* ECHO_DEFAULT_CODEC */
     ECHO_CODEC_INT4,        /* the paper's: int4 codes in [-7, 7], one bf16 scale per group of G */
@@ -81,11 +68,13 @@ typedef enum echo_codec_id {
     ECHO_CODEC_HSUB6,       /* rotation per 16 values, each 16 with a 6-bit scale under the group's bf16 one */
     ECHO_CODEC_OUT2,        /* int4 with the 2 largest |values| of each group in bf16 (outlier channels) */
     ECHO_CODEC_HOUT2,       /* out2's outliers, then hadamard over the rest of the group */
+    ECHO_CODEC_NONE,        /* exact: fp32 on the wire, the transport's own all-reduce */
+    ECHO_CODEC_BF16,        /* exact: bf16 on the wire, fp32 sums rounded once (host transports only) */
     ECHO_CODEC_COUNT
 } echo_codec_id;
 
 /* Limits. ECHO_DEFAULT_GROUP is the int4 codec's default G (docs/echo.md, "Choosing G");
- * ECHO_DEFAULT_CODEC, with its own default G (the codec table), is the preset that
+ * ECHO_DEFAULT_CODEC, with its own default G (the codec table), is the codec
  * `--allreduce echo` runs, chosen on a trained model (docs/accuracy.md). */
 #define ECHO_MAX_RANKS 64
 #define ECHO_MIN_GROUP 16
@@ -93,43 +82,67 @@ typedef enum echo_codec_id {
 #define ECHO_DEFAULT_GROUP 64
 #define ECHO_DEFAULT_CODEC ECHO_CODEC_HOUT2
 
+/* Two orthogonal settings: the codec, and error feedback (lossy codecs
+ * only: an exact codec leaves no error to feed back, and a world asking
+ * for it is refused). The presets below name the usual pairs. */
 typedef struct echo_config {
-    echo_mode mode;
-    int group_size;   /* values per scale group, 16..256, power of two; 0 = default */
-    size_t min_bytes; /* size policy threshold (0 = every call quantized) */
-    int n_sites;      /* residual slots (2 * layers for a transformer) */
-    size_t max_count; /* largest message in elements (tokens * hidden) */
-    /* Added after the first draft (keep new fields last: callers use
-     * positional initializers). */
-    int track_error;     /* 1 = per-site error norms vs the exact sum (local transport, host memory; fp64 cost) */
-    int deferred;        /* 1 = calls only enqueue; the pass completes in echo_end_pass (nccl transport; see there) */
-    echo_codec_id codec; /* of the int4 and echo modes; 0 = ECHO_DEFAULT_CODEC */
+    echo_codec_id codec; /* 0 = ECHO_DEFAULT_CODEC */
+    int feedback;        /* 1 = the error each call leaves enters the next call of the pass */
+    int group_size;      /* values per scale group, 16..256, power of two; 0 = the codec's default */
+    size_t min_bytes;    /* size policy threshold (0 = every call uses the codec) */
+    int n_sites;         /* residual slots (2 * layers for a transformer) */
+    size_t max_count;    /* largest message in elements (tokens * hidden) */
+    int deferred;        /* 1 = calls only enqueue; the pass completes in echo_end_pass (nccl transport) */
 } echo_config;
 
 typedef struct echo_world echo_world; /* shared by the ranks of one process */
 typedef struct echo_comm echo_comm;   /* one rank */
 
+/* ---- Presets: what users type (--allreduce) ----
+ *   exact = {none, no feedback}   int4 = {the 4-bit codec, no feedback}
+ *   echo  = {the 4-bit codec, feedback}   bf16 = {bf16, no feedback}
+ * A preset also names the path a call took in echo_stats (the size
+ * policy's fallback is `exact`). */
+typedef enum echo_preset {
+    ECHO_PRESET_EXACT = 0,
+    ECHO_PRESET_INT4,
+    ECHO_PRESET_ECHO,
+    ECHO_PRESET_BF16,
+    ECHO_PRESET_COUNT /* rows of the preset table */
+} echo_preset;
+
 /* Parse "exact" | "int4" | "echo" | "bf16"; -1 if unknown. */
-int echo_mode_parse(const char *s, echo_mode *out);
-const char *echo_mode_name(echo_mode m);
+int echo_preset_parse(const char *s, echo_preset *out);
+const char *echo_preset_name(echo_preset p); /* "unknown" out of range */
+/* cfg->codec and cfg->feedback of preset p, the 4-bit presets taking
+ * `codec` (0: ECHO_DEFAULT_CODEC); cfg->group_size = group, or when 0 the
+ * default G of `codec` (so a world's G does not depend on the preset).
+ * Other fields are left as they are. -1 for an unknown preset. */
+int echo_preset_config(echo_preset p, echo_codec_id codec, int group, echo_config *cfg);
 
 /* ---- The codec table ----
- * A codec says how a group of G values travels: code bits per value, the
- * bytes of its scale, and whether the group is rotated first (a linear,
- * orthogonal map, so the owner sums rotated values and every rank rotates
- * the decoded sum back once). Every codec runs the same two-shot schedule,
- * with or without error feedback (mode int4 / echo), on every transport;
+ * A row says how a group of G values travels and which code runs it:
+ *   4-bit codecs (int4 ... hout2): code bits per value, the bytes of the
+ *     group's scale, optionally a rotation first (linear and orthogonal, so
+ *     the owner sums rotated values and every rank rotates the decoded sum
+ *     back once); host codec in codec.c, device kernels in echo_cuda.cu.
+ *   exact codecs (`lossless`): values as floats of code_bits bits; none is
+ *     the transport's plain all-reduce (local.c/local_cuda.c, nccl.c,
+ *     mpi.c), bf16 the two-shot schedule with bf16 messages (host loops in
+ *     echo.c; `host_only`: a device world is refused at echo_comm_create).
  * docs/echo.md, "Codecs", has the formats and the measurements that chose
  * ECHO_DEFAULT_CODEC. */
 typedef struct echo_codec_info {
-    const char *name;  /* what users type: "int4", "hadamard", "hsub6", "out2" */
+    const char *name;  /* what users type: "int4", "hadamard", "hsub6", "out2", "hout2", "none", "bf16" */
     int rotate;        /* values per Walsh-Hadamard rotation block (comm/echo_codec.h): 0 none, -1 the group */
-    int code_bits;     /* wire bits of one value's code */
+    int code_bits;     /* wire bits of one value (its code, or the float itself when lossless) */
     int scale_bytes;   /* wire bytes of one group's scale */
     int sub_bits;      /* wire bits of the scale of each 16 values within a group (0: none) */
     int min_group;     /* smallest G the codec takes (G is a power of two up to ECHO_MAX_GROUP) */
     int default_group; /* G when echo_config.group_size is 0 */
     int form;          /* wire form of a group's scales (comm/echo_codec.h ECHO_FORM_*): 0 one bf16 */
+    int lossless;      /* 1: the sum is exact in fp32 (no error, so no feedback) */
+    int host_only;     /* 1: host transports only (local on host memory, mpi) */
 } echo_codec_info;
 
 /* The entry of `id` (ECHO_CODEC_DEFAULT resolved); NULL if out of range. */
@@ -156,8 +169,7 @@ int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out
  * stream). Same schedule, checks and bits as echo_world_create_local; every
  * barrier synchronises the rank's stream (correctness over speed). A rank
  * whose device work fails inside a collective aborts the world (as
- * echo_abort) so its peers fail instead of waiting. track_error is not
- * supported. Fails with a message in a build without CUDA or when no GPU is
+ * echo_abort) so its peers fail instead of waiting. Fails with a message in a build without CUDA or when no GPU is
  * present. */
 int echo_world_create_local_device(int nranks, int device, const echo_config *cfg, echo_world **out, char *err,
                                    size_t errlen);
@@ -170,8 +182,7 @@ int echo_world_create_local_device(int nranks, int device, const echo_config *cf
  * an abort can end the wait; with echo_config.deferred calls only enqueue
  * and echo_end_pass waits once per pass (see "Deferred completion"). int4/echo calls give the same bits as the
  * local transport; exact calls are an ncclAllReduce (NCCL's order of
- * addition, and for bf16 its rounding of partial sums). track_error is not
- * supported. Fails with a message in a build without CUDA. */
+ * addition, and for bf16 its rounding of partial sums). Fails with a message in a build without CUDA. */
 int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
                            size_t errlen);
 /* mpi transport: one rank per process, rank = this process's rank in
@@ -195,7 +206,7 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
  * inside a collective of it are woken only by MPI_Abort, which ends the
  * job: the program calls it when a rank fails outside the all-reduce.
  * clear_abort is safe only when every process aborted at the same point.
- * track_error, deferred and device memory are not supported. Fails with a
+ * deferred and device memory are not supported. Fails with a
  * message in a build without Open MPI (Makefile: MPI=0). */
 int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, size_t errlen);
 
@@ -333,22 +344,18 @@ void echo_discard_pass(echo_comm *c);
 uint64_t echo_comm_epoch(const echo_comm *c);
 int echo_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
 
+/* Indexed by the preset that names the path a call took (ECHO_PRESET_*). */
 typedef struct echo_stats {
-    uint64_t calls[ECHO_MODE_COUNT];      /* by echo_mode actually used for the call */
-    uint64_t wire_bytes[ECHO_MODE_COUNT]; /* bytes this rank sent, by mode */
-    double seconds[ECHO_MODE_COUNT]; /* wall time inside echo_allreduce, by mode (enqueue time only when deferred) */
+    uint64_t calls[ECHO_PRESET_COUNT];
+    uint64_t wire_bytes[ECHO_PRESET_COUNT]; /* bytes this rank sent */
+    double seconds[ECHO_PRESET_COUNT];      /* wall time inside echo_allreduce (enqueue time only when deferred) */
 } echo_stats;
 
 void echo_get_stats(const echo_comm *c, echo_stats *out);
 
-/* Per call site, this rank's share; sum err_sq and ref_sq over the ranks for
- * the whole message (shards partition it). err_sq/ref_sq/residual_sq are
- * filled only with echo_config.track_error. */
+/* Per call site: the calls this rank completed there. */
 typedef struct echo_site_stats {
     uint64_t calls;
-    double err_sq;      /* sum over calls of ||out - sum_i x_i||^2 over this rank's shard */
-    double ref_sq;      /* sum over calls of ||sum_i x_i||^2 over this rank's shard */
-    double residual_sq; /* ||residual this rank carried out of the site's last call||^2 */
 } echo_site_stats;
 
 int echo_get_site_stats(const echo_comm *c, int site, echo_site_stats *out, char *err, size_t errlen);

@@ -25,8 +25,7 @@
  * communicators; echo_world_clear_abort creates them anew. See "abort".
  *
  * Status: runs in CI on the CPU emulator (tests/emu: nccl_emu.cpp,
- * tests/gpu/test_cuda_comm.c part n); not yet on real GPUs. track_error is
- * not supported here. Without CUDA the file provides echo_world_create_nccl
+ * tests/gpu/test_cuda_comm.c part n); not yet on real GPUs. Without CUDA the file provides echo_world_create_nccl
  * as a clear failure.
  */
 #include <stdio.h>
@@ -360,12 +359,12 @@ static int nccl_begin_call(echo_comm *c, const echo_call *call, char *err, size_
         const nccl_rec *o = &nw->rec[(size_t)j * (size_t)nw->slots + slot];
         if (j == me || o->seq != seq) continue;
         if (o->call.site != call->site || o->call.count != call->count || o->call.dt != call->dt ||
-            o->call.mode != call->mode) {
+            o->call.path != call->path) {
             snprintf(err, errlen,
                      "echo: ranks disagree: rank %d calls site %d with %zu %s values (%s path), rank %d site %d "
                      "with %zu %s values (%s path); the pass is aborted",
-                     me, call->site, call->count, dt_name(call->dt), echo_mode_name(call->mode), j, o->call.site,
-                     o->call.count, dt_name(o->call.dt), echo_mode_name(o->call.mode));
+                     me, call->site, call->count, dt_name(call->dt), echo_preset_name(call->path), j, o->call.site,
+                     o->call.count, dt_name(o->call.dt), echo_preset_name(o->call.path));
             nw->in_nccl[me] = 0;
             abort_locked(nw, N, err);
             pthread_mutex_unlock(&nw->mu);
@@ -390,12 +389,12 @@ static int nccl_comm_init(echo_comm *c, char *err, size_t errlen) {
     c->device = nw->devices[c->rank];
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
     size_t N = (size_t)w->nranks;
-    if (w->cfg.mode != ECHO_MODE_EXACT) {
+    if (w->max_plan.wire) {
         ECHO_CUDA_TRY(cudaMalloc((void **)&nr->send, N * nw->stride));
         ECHO_CUDA_TRY(cudaMalloc((void **)&nr->recv, N * nw->stride));
         ECHO_CUDA_TRY(cudaMalloc((void **)&nr->gather, N * nw->stride));
     }
-    if (w->cfg.mode == ECHO_MODE_ECHO && w->exact_max > 0)
+    if (w->cfg.feedback && w->exact_max > 0)
         ECHO_CUDA_TRY(cudaMalloc((void **)&nr->wide, w->exact_max * sizeof(float)));
     return 0;
 }
@@ -439,9 +438,9 @@ static void nccl_world_fini(echo_world *w) {
 }
 
 /* Bytes of the largest phase-1 or phase-2 message of w's calls (a shard's
- * wire form, at most the stride); 0 on an exact-mode world. */
+ * wire form, at most the stride); 0 on a `none` world. */
 static size_t nccl_p2p_max(const echo_world *w) {
-    return w->cfg.mode == ECHO_MODE_EXACT ? 0 : w->max_plan.wire;
+    return w->max_plan.wire;
 }
 
 /* One warm-up group, driven from this thread for every rank: p2p bytes to
@@ -480,7 +479,7 @@ static ncclResult_t warm_group(nccl_world *nw, int nranks, void *const *tmp, siz
  * functions only enqueue, unless NCCL picks at some size an algorithm none
  * of the sampled sizes got: NCCL_RUNTIME_CONNECT=0 has every one made at
  * init, at the cost of the memory of all of them. p2p_max: bytes of one
- * phase-1 / phase-2 message (0 on an exact-mode world, which has none);
+ * phase-1 / phase-2 message (0 on a `none` world, which has none);
  * ar_max: values the exact path can take (w->exact_max). */
 static int nccl_world_init_comms(nccl_world *nw, int nranks, size_t p2p_max, size_t ar_max, char *err,
                                  size_t errlen) {
@@ -645,9 +644,8 @@ static int nccl_p2_exchange(echo_comm *c, const echo_plan *p, void *stream, char
     return nccl_leave(c, err, errlen);
 }
 
-static int nccl_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, double *ref, size_t *bad,
-                      void *stream, char *err, size_t errlen) {
-    (void)ref;
+static int nccl_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, size_t *bad, void *stream,
+                      char *err, size_t errlen) {
     nccl_rank *nr = nr_of(c);
     cudaStream_t s = stream;
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
@@ -748,6 +746,15 @@ static void nccl_pass_discard(echo_comm *c) {
     pthread_mutex_unlock(&nw->mu);
 }
 
+static const echo_deferred_ops nccl_deferred_ops = {
+    .wait = nccl_wait_pass,
+    .note_call = nccl_note_call,
+    .external = nccl_external,
+    .pass_begin = nccl_pass_begin,
+    .pass_discard = nccl_pass_discard,
+    .vote = nccl_vote,
+};
+
 static const echo_transport_ops nccl_ops = {
     .name = "nccl",
     .device_memory = 1,
@@ -761,15 +768,9 @@ static const echo_transport_ops nccl_ops = {
     .p2_exchange = nccl_p2_exchange,
     .p2_recv = nccl_p2_recv,
     .exact = nccl_exact,
-    .exact_ref = NULL,
     .set_abort = nccl_set_abort,
     .usable = nccl_usable,
-    .wait = nccl_wait_pass,
-    .note_call = nccl_note_call,
-    .external = nccl_external,
-    .pass_begin = nccl_pass_begin,
-    .pass_discard = nccl_pass_discard,
-    .vote = nccl_vote,
+    .deferred = &nccl_deferred_ops,
 };
 
 int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
@@ -778,10 +779,6 @@ int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cf
     *out = NULL;
     if (!devices) {
         snprintf(err, errlen, "echo: nccl transport: no device list");
-        return -1;
-    }
-    if (cfg && cfg->track_error) {
-        snprintf(err, errlen, "echo: track_error needs the local transport (the nccl one has no fp64 reference)");
         return -1;
     }
     /* A sanity bound far above any activation message (2^36 values); the
