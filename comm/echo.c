@@ -66,7 +66,8 @@ int echo_preset_config(echo_preset p, echo_codec_id codec, int group, echo_confi
 static echo_preset preset_of(echo_codec_id codec, int feedback) {
     int lossless = echo_codec_get(codec)->lossless;
     for (int k = 0; k < ECHO_PRESET_COUNT; k++)
-        if (lossless ? presets[k].codec == codec : presets[k].codec == ECHO_CODEC_DEFAULT && presets[k].feedback == feedback)
+        if (lossless ? presets[k].codec == codec
+                     : presets[k].codec == ECHO_CODEC_DEFAULT && presets[k].feedback == feedback)
             return (echo_preset)k;
     return ECHO_PRESET_EXACT; /* unreachable: the table has a row for every codec kind */
 }
@@ -261,14 +262,12 @@ int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t
     const echo_codec_info *ci = echo_codec_get(w->cfg.codec);
     if (ci->host_only && w->tp->device_memory) {
         /* e.g. the bf16 steps are host loops in this file (no kernels yet) */
-        snprintf(err, errlen,
-                 "echo: codec %s runs on host transports only (local on host memory, mpi), not on %s", ci->name,
-                 w->tp->name);
+        snprintf(err, errlen, "echo: codec %s runs on host transports only (local on host memory, mpi), not on %s",
+                 ci->name, w->tp->name);
         goto fail;
     }
     if (ci->rotate && !w->compute->unrotate) {
-        snprintf(err, errlen, "echo: codec %s needs rotation kernels the %s compute lacks", ci->name,
-                 w->compute->name);
+        snprintf(err, errlen, "echo: codec %s needs rotation kernels the %s compute lacks", ci->name, w->compute->name);
         goto fail;
     }
     c = calloc(1, sizeof *c);

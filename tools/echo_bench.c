@@ -640,9 +640,8 @@ static void *chain_rank(void *p) {
     return NULL;
 }
 
-static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int group, int K, size_t count, uint64_t seed,
-                         bench_dist dist,
-                         double *abs_err, double *ref_norm, char *err, size_t errlen) {
+static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int group, int K, size_t count,
+                         uint64_t seed, bench_dist dist, double *abs_err, double *ref_norm, char *err, size_t errlen) {
     chain_run *R = calloc(1, sizeof *R);
     echo_world *w = NULL;
     int status = -1;

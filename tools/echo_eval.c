@@ -590,7 +590,8 @@ int main(int argc, char **argv) {
         if (nv) {
             printf("\nresidual-stream error after each layer, ||h_mode - h_exact|| / ||h_exact||\n%-6s", "layer");
             for (int k = 0; k < nv; k++)
-                printf(" %4s/%c/G%-3d", echo_preset_name(vs[k].mode), echo_codec_get(vs[k].codec)->name[0], vs[k].group);
+                printf(" %4s/%c/G%-3d", echo_preset_name(vs[k].mode), echo_codec_get(vs[k].codec)->name[0],
+                       vs[k].group);
             printf("\n");
             for (size_t l = 0; l < L; l++) {
                 printf("%-6zu", l);

@@ -602,8 +602,8 @@ static void part_a(const side *A, const side *B) {
                     size_t m = counts2[ci];
                     echo_config cfg = test_echo_cfg(modes[mi], groups2[gi], 0, 4, m, 0, 0);
                     call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
-                    snprintf(label, sizeof label, "allreduce n=3 %-5s %-4s G=%-3d count=%zu", echo_preset_name(modes[mi]),
-                             di ? "bf16" : "f32", groups2[gi], m);
+                    snprintf(label, sizeof label, "allreduce n=3 %-5s %-4s G=%-3d count=%zu",
+                             echo_preset_name(modes[mi]), di ? "bf16" : "f32", groups2[gi], m);
                     compare_case(A, B, label, 3, cfg, cs, 4, seed++);
                 }
     /* The hadamard codec: rotation kernels around the same codec kernels,

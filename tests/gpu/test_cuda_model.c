@@ -220,8 +220,9 @@ typedef struct fault {
 /* The logits (steps, GRAPH_SEQS, V) of the decode steps described at the
  * top, on a fresh engine; NULL on error. *graph_steps: steps that ran as a
  * graph. */
-static float *decode_steps_tp(const char *dir, const char *dev, int tp, echo_preset mode, int graphs, int fuse, int nseqs,
-                              const prompt *ps, int np, int V, int max_len, int *steps, long *graph_steps, fault *f) {
+static float *decode_steps_tp(const char *dir, const char *dev, int tp, echo_preset mode, int graphs, int fuse,
+                              int nseqs, const prompt *ps, int np, int V, int max_len, int *steps, long *graph_steps,
+                              fault *f) {
     char err[1024] = "bad sequence count";
     eng_config c = {.model_dir = dir, .device = dev, .tp = tp, .allreduce = mode, .max_model_len = max_len,
                     .max_num_seqs = nseqs, .threads = 0, .cuda_graphs = graphs, .fuse_weights = fuse};
