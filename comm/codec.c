@@ -394,8 +394,8 @@ int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t co
                          size_t errlen) {
     const echo_codec_info *ci = echo_codec_get(id);
     size_t gb = echo_codec_group_bytes(id, group);
-    if (!ci || !gb) {
-        snprintf(err, errlen, "codec: unknown codec %d or group %d", (int)id, group);
+    if (!ci || !gb || ci->lossless) {
+        snprintf(err, errlen, "codec: unknown codec %d (or not a 4-bit one) or group %d", (int)id, group);
         return -1;
     }
     if (!ci->rotate && ci->form == ECHO_FORM_INT4) return echo_codec_encode(x, res, count, group, wire, err, errlen);
@@ -427,8 +427,8 @@ int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int g
                          char *err, size_t errlen) {
     const echo_codec_info *ci = echo_codec_get(id);
     size_t gb = echo_codec_group_bytes(id, group);
-    if (!ci || !gb) {
-        snprintf(err, errlen, "codec: unknown codec %d or group %d", (int)id, group);
+    if (!ci || !gb || ci->lossless) {
+        snprintf(err, errlen, "codec: unknown codec %d (or not a 4-bit one) or group %d", (int)id, group);
         return -1;
     }
     if (!ci->rotate && ci->form == ECHO_FORM_INT4) {
@@ -786,17 +786,18 @@ static void host_free(echo_comm *c, void *p) {
     free(p);
 }
 
-/* The owner's fp32 sum of one shard, when this world quantizes. */
+/* The owner's fp32 sum of one shard, when this world runs the two-shot
+ * schedule. */
 static int host_comm_init(echo_comm *c, char *err, size_t errlen) {
     const echo_world *w = c->w;
-    if (w->cfg.mode == ECHO_MODE_EXACT || w->nranks == 1) return 0;
+    if (!w->max_plan.wire || w->nranks == 1) return 0;
     c->scratch = malloc(w->max_plan.shard * sizeof(float) + 1);
     if (!c->scratch) {
         snprintf(err, errlen, "echo: out of memory for the %zu-value reduction scratch", w->max_plan.shard);
         return -1;
     }
     const echo_codec_info *ci = echo_codec_get(w->cfg.codec);
-    if ((ci->rotate || ci->form != ECHO_FORM_INT4) && w->cfg.mode != ECHO_MODE_BF16) {
+    if (ci->rotate || ci->form != ECHO_FORM_INT4) {
         size_t m = w->max_plan.shard * (size_t)w->nranks;
         c->rot = malloc(m * sizeof(float) + 1);
         if (!c->rot) {

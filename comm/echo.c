@@ -26,19 +26,50 @@
 #include "comm/echo_codec.h"
 #include "comm/echo_internal.h"
 
-static const char *const mode_names[ECHO_MODE_COUNT] = {"exact", "int4", "echo", "bf16"};
+/* ---- presets: the pairs users name ---- */
 
-int echo_mode_parse(const char *s, echo_mode *out) {
-    for (int m = 0; m < ECHO_MODE_COUNT; m++)
-        if (s && !strcmp(s, mode_names[m])) {
-            *out = (echo_mode)m;
+/* ECHO_CODEC_DEFAULT in a row: the 4-bit codec the caller chose. */
+static const struct preset {
+    const char *name;
+    echo_codec_id codec;
+    int feedback;
+} presets[ECHO_PRESET_COUNT] = {
+    [ECHO_PRESET_EXACT] = {"exact", ECHO_CODEC_NONE, 0},
+    [ECHO_PRESET_INT4] = {"int4", ECHO_CODEC_DEFAULT, 0},
+    [ECHO_PRESET_ECHO] = {"echo", ECHO_CODEC_DEFAULT, 1},
+    [ECHO_PRESET_BF16] = {"bf16", ECHO_CODEC_BF16, 0},
+};
+
+int echo_preset_parse(const char *s, echo_preset *out) {
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+        if (s && !strcmp(s, presets[k].name)) {
+            *out = (echo_preset)k;
             return 0;
         }
     return -1;
 }
 
-const char *echo_mode_name(echo_mode m) {
-    return (unsigned)m < ECHO_MODE_COUNT ? mode_names[m] : "unknown";
+const char *echo_preset_name(echo_preset p) {
+    return (unsigned)p < ECHO_PRESET_COUNT ? presets[p].name : "unknown";
+}
+
+int echo_preset_config(echo_preset p, echo_codec_id codec, int group, echo_config *cfg) {
+    if ((unsigned)p >= ECHO_PRESET_COUNT) return -1;
+    cfg->codec = presets[p].codec == ECHO_CODEC_DEFAULT ? codec : presets[p].codec;
+    cfg->feedback = presets[p].feedback;
+    cfg->group_size = group ? group : echo_codec_default_group(codec);
+    return 0;
+}
+
+/* The preset that names a path: a lossless codec's own row, else the
+ * 4-bit row with this feedback. */
+static echo_preset preset_of(echo_codec_id codec, int feedback) {
+    int lossless = echo_codec_get(codec)->lossless;
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+        if (lossless ? presets[k].codec == codec
+                     : presets[k].codec == ECHO_CODEC_DEFAULT && presets[k].feedback == feedback)
+            return (echo_preset)k;
+    return ECHO_PRESET_EXACT; /* unreachable: the table has a row for every codec kind */
 }
 
 /* ---- the codec table ---- */
@@ -49,6 +80,9 @@ static const echo_codec_info codecs[ECHO_CODEC_COUNT] = {
     [ECHO_CODEC_HSUB6] = {"hsub6", ECHO_SUB, 4, 2, 6, 64, 128, ECHO_FORM_HSUB},
     [ECHO_CODEC_OUT2] = {"out2", 0, 4, ECHO_OUT2_REC, 0, 64, 128, ECHO_FORM_OUT2},
     [ECHO_CODEC_HOUT2] = {"hout2", 0, 4, ECHO_OUT2_REC, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_HOUT2},
+    /* G only sets the shard granularity here; 128 as ECHO_DEFAULT_CODEC's */
+    [ECHO_CODEC_NONE] = {"none", 0, 32, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 0},
+    [ECHO_CODEC_BF16] = {"bf16", 0, 16, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 1},
 };
 
 const echo_codec_info *echo_codec_get(echo_codec_id id) {
@@ -132,13 +166,14 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
         snprintf(err, errlen, "echo: %d ranks is outside [1, %d] (ECHO_MAX_RANKS)", nranks, ECHO_MAX_RANKS);
         return -1;
     }
-    if ((unsigned)cfg->mode >= ECHO_MODE_COUNT) {
-        snprintf(err, errlen, "echo: unknown mode %d", (int)cfg->mode);
-        return -1;
-    }
     const echo_codec_info *ci = echo_codec_get(cfg->codec);
     if (!ci) {
         snprintf(err, errlen, "echo: unknown codec %d", (int)cfg->codec);
+        return -1;
+    }
+    if (cfg->feedback && ci->lossless) {
+        snprintf(err, errlen, "echo: error feedback needs a lossy codec; %s is exact and leaves no error to feed back",
+                 ci->name);
         return -1;
     }
     int group = cfg->group_size ? cfg->group_size : default_group(ci);
@@ -165,17 +200,22 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
     w->cfg = *cfg;
     w->cfg.group_size = group;
     if (w->cfg.codec == ECHO_CODEC_DEFAULT) w->cfg.codec = ECHO_DEFAULT_CODEC;
+    w->cfg.feedback = cfg->feedback != 0;
     w->nranks = nranks;
+    w->plain = ci->lossless && ci->code_bits == 32;
+    w->path = preset_of(w->cfg.codec, w->cfg.feedback);
     /* bf16 is the smallest element: the widest message in elements. */
     echo_plan_init(&w->max_plan, cfg->max_count, nranks, group, ECHO_BF16);
     plan_codec(&w->max_plan, w->cfg.codec);
-    if (cfg->mode == ECHO_MODE_BF16) echo_plan_bf16_wire(&w->max_plan);
-    /* The exact path takes every call in exact mode, else only calls below
-     * min_bytes (the size policy); its buffers are sized for that. */
-    if (cfg->mode == ECHO_MODE_EXACT)
+    /* The exact path takes every call of a `none` world, else only calls
+     * below min_bytes (the size policy); its buffers are sized for that.
+     * A `none` world moves no two-shot messages. */
+    if (w->plain) {
         w->exact_max = cfg->max_count;
-    else
+        w->max_plan.wire = 0;
+    } else {
         w->exact_max = cfg->min_bytes / 2 < cfg->max_count ? cfg->min_bytes / 2 : cfg->max_count;
+    }
     pthread_mutex_init(&w->mu, NULL);
     *out = w;
     return 0;
@@ -219,17 +259,15 @@ int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t
     }
     int tp_ready = 0, compute_ready = 0;
     echo_comm *c = NULL;
-    if (w->cfg.mode == ECHO_MODE_BF16 && w->tp->device_memory) {
-        /* the bf16 steps are host loops in this file (no kernels yet) */
-        snprintf(err, errlen,
-                 "echo: mode bf16 (16-bit exact) runs on host transports only (local on host memory, "
-                 "mpi), not on %s",
-                 w->tp->name);
+    const echo_codec_info *ci = echo_codec_get(w->cfg.codec);
+    if (ci->host_only && w->tp->device_memory) {
+        /* e.g. the bf16 steps are host loops in this file (no kernels yet) */
+        snprintf(err, errlen, "echo: codec %s runs on host transports only (local on host memory, mpi), not on %s",
+                 ci->name, w->tp->name);
         goto fail;
     }
-    if (echo_codec_get(w->cfg.codec)->rotate && !w->compute->unrotate) {
-        snprintf(err, errlen, "echo: codec %s needs rotation kernels the %s compute lacks",
-                 echo_codec_get(w->cfg.codec)->name, w->compute->name);
+    if (ci->rotate && !w->compute->unrotate) {
+        snprintf(err, errlen, "echo: codec %s needs rotation kernels the %s compute lacks", ci->name, w->compute->name);
         goto fail;
     }
     c = calloc(1, sizeof *c);
@@ -253,17 +291,10 @@ int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t
     tp_ready = 1;
     if (w->compute->comm_init(c, err, errlen)) goto fail;
     compute_ready = 1;
-    if (w->cfg.mode == ECHO_MODE_ECHO && w->nranks > 1) {
+    if (w->cfg.feedback && w->nranks > 1) {
         c->res_bytes = padded * sizeof(float);
         if (w->compute->alloc(c, c->res_bytes, (void **)&c->res, err, errlen)) {
             c->res_bytes = 0;
-            goto fail;
-        }
-    }
-    if (w->cfg.track_error) {
-        c->ref = malloc(mp->shard * sizeof(double) + 1);
-        if (!c->ref) {
-            snprintf(err, errlen, "echo: out of memory for error tracking");
             goto fail;
         }
     }
@@ -274,7 +305,6 @@ fail:
         if (c->res) w->compute->free(c, c->res);
         if (compute_ready) w->compute->comm_fini(c);
         if (tp_ready && w->tp->comm_fini) w->tp->comm_fini(c);
-        free(c->ref);
         free(c->sites);
         free(c);
     }
@@ -290,7 +320,6 @@ void echo_comm_destroy(echo_comm *c) {
     if (c->res) w->compute->free(c, c->res);
     w->compute->comm_fini(c);
     if (w->tp->comm_fini) w->tp->comm_fini(c);
-    free(c->ref);
     free(c->sites);
     pthread_mutex_lock(&w->mu);
     w->has_comm[c->rank] = 0;
@@ -317,7 +346,7 @@ int echo_begin_pass(echo_comm *c, char *err, size_t errlen) {
     c->replay = 0;
     c->armed = 0;
     c->failed_alike = 0;
-    if (c->w->tp->pass_begin) c->w->tp->pass_begin(c);
+    if (c->w->tp->deferred) c->w->tp->deferred->pass_begin(c);
     return 0;
 }
 
@@ -341,13 +370,13 @@ int echo_end_pass(echo_comm *c, void *stream, char *err, size_t errlen) {
     }
     int site = -1;
     size_t bad = ECHO_NO_INDEX;
-    if (c->w->tp->wait(c, stream, err, errlen)) {
+    if (c->w->tp->deferred->wait(c, stream, err, errlen)) {
         c->aborted = 1;
         c->res_valid = 0;
         return -1;
     }
     if (c->w->compute->pass_read(c, stream, &site, &bad, err, errlen)) {
-        if (c->w->tp->set_abort) c->w->tp->set_abort(c->w, 1);
+        c->w->tp->set_abort(c->w, 1);
         c->aborted = 1;
         c->res_valid = 0;
         return -1;
@@ -384,13 +413,13 @@ int echo_launch_external(echo_comm *c, int (*launch)(void *arg, char *err, size_
         snprintf(err, errlen, "echo: launch_external without a comm or a function");
         return -1;
     }
-    if (!c->w->cfg.deferred || !c->w->tp->external) return launch(arg, err, errlen);
-    return c->w->tp->external(c, launch, arg, err, errlen);
+    if (!c->w->cfg.deferred) return launch(arg, err, errlen);
+    return c->w->tp->deferred->external(c, launch, arg, err, errlen);
 }
 
 void echo_discard_pass(echo_comm *c) {
     if (!c) return;
-    if (c->w->tp->pass_discard) c->w->tp->pass_discard(c);
+    if (c->w->tp->deferred) c->w->tp->deferred->pass_discard(c);
     c->in_pass = 0;
     c->last_site = -1;
     c->res_valid = 0;
@@ -412,27 +441,26 @@ int echo_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen) {
         *agreed = mine != 0;
         return 0;
     }
-    if (!c->w->tp->vote) {
+    if (!c->w->tp->deferred) {
         snprintf(err, errlen, "echo: the %s transport has no vote (graphs need a deferred nccl world)", c->w->tp->name);
         return -1;
     }
-    return c->w->tp->vote(c, mine, agreed, err, errlen);
+    return c->w->tp->deferred->vote(c, mine, agreed, err, errlen);
 }
 
 void echo_abort(echo_comm *c) {
     if (!c) return;
     c->aborted = 1;
     c->res_valid = 0;
-    if (c->w->tp->set_abort) c->w->tp->set_abort(c->w, 1);
+    c->w->tp->set_abort(c->w, 1);
 }
 
 void echo_world_clear_abort(echo_world *w) {
-    if (w && w->tp->set_abort) w->tp->set_abort(w, 0);
+    if (w) w->tp->set_abort(w, 0);
 }
 
 int echo_world_usable(const echo_world *w, char *why, size_t len) {
-    if (w && w->tp->usable) return w->tp->usable(w, why, len);
-    return 1;
+    return !w || w->tp->usable(w, why, len);
 }
 
 void echo_get_stats(const echo_comm *c, echo_stats *out) {
@@ -453,27 +481,6 @@ int echo_get_site_stats(const echo_comm *c, int site, echo_site_stats *out, char
 
 /* ---- one call ---- */
 
-static double sq_host(const float *x, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)x[i] * x[i];
-    return s;
-}
-
-/* track_error: ||out - ref||^2 and ||ref||^2 over the own shard (host memory). */
-static void track_error(echo_comm *c, const echo_plan *p, const void *buf, echo_site_stats *st) {
-    size_t n = echo_plan_len(p, c->rank), off = (size_t)c->rank * p->shard;
-    double e = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        double o = p->dt == ECHO_F32 ? ((const float *)buf)[off + i]
-                                     : (double)echo_bf16_to_f32(((const uint16_t *)buf)[off + i]);
-        e += (o - c->ref[i]) * (o - c->ref[i]);
-        r += c->ref[i] * c->ref[i];
-    }
-    st->err_sq += e;
-    st->ref_sq += r;
-}
-
 static int bad_value(echo_comm *c, size_t bad_in, size_t bad_out, char *err, size_t errlen) {
     c->failed_alike = 1; /* every rank decoded the same poisoned group in this call */
     if (bad_in != ECHO_NO_INDEX)
@@ -493,7 +500,7 @@ static int bad_value(echo_comm *c, size_t bad_in, size_t bad_out, char *err, siz
  * compute never fails): abort the world as echo_abort does, so that peers
  * waiting in this collective fail instead of waiting for this rank. */
 static int compute_failed(echo_comm *c) {
-    if (c->w->tp->set_abort) c->w->tp->set_abort(c->w, 1);
+    c->w->tp->set_abort(c->w, 1);
     return -1;
 }
 
@@ -503,7 +510,7 @@ static int run_quantized(echo_comm *c, const echo_plan *p, int site, void *buf, 
     const echo_transport_ops *t = w->tp;
     const echo_compute_ops *k = w->compute;
     int me = c->rank, N = p->nranks;
-    float *res = w->cfg.mode == ECHO_MODE_ECHO ? c->res : NULL;
+    float *res = w->cfg.feedback ? c->res : NULL;
     int res_valid = res && c->res_valid;
     uint8_t *send[ECHO_MAX_RANKS];
     const uint8_t *recv[ECHO_MAX_RANKS];
@@ -511,20 +518,19 @@ static int run_quantized(echo_comm *c, const echo_plan *p, int site, void *buf, 
 
     if (c->replay) {
         /* the device work is in the caller's graph */
-        echo_call call = {site, p->count, p->dt, w->cfg.mode, buf, NULL};
-        if (t->note_call(c, &call, err, errlen)) return -1;
+        echo_call call = {site, p->count, p->dt, w->path, buf, NULL};
+        if (t->deferred->note_call(c, &call, err, errlen)) return -1;
         c->res_valid = res != NULL;
         return 0;
     }
     for (int j = 0; j < N; j++)
         send[j] = j == me ? NULL : t->p1_send(c, j);
     if (k->phase1(c, p, buf, res, res_valid, send, &bad_in, stream, err, errlen)) return compute_failed(c);
-    echo_call call = {site, p->count, p->dt, w->cfg.mode, buf, NULL};
+    echo_call call = {site, p->count, p->dt, w->path, buf, NULL};
     if (t->p1_exchange(c, p, &call, stream, err, errlen)) return -1;
 
     for (int j = 0; j < N; j++)
         recv[j] = j == me ? NULL : t->p1_recv(c, j);
-    if (c->ref && t->exact_ref(c, p, c->ref, err, errlen)) return -1;
     if (k->phase2(c, p, buf, recv, res ? res + (size_t)me * p->shard : NULL, res_valid, t->p2_send(c, p), stream, err,
                   errlen))
         return compute_failed(c);
@@ -567,7 +573,7 @@ static int run_bf16(echo_comm *c, const echo_plan *p, int site, void *buf, char 
         size_t n = echo_plan_len(p, j), off = (size_t)j * p->shard;
         if (j != me && n) bf16_narrow((const char *)buf + off * esz, p->dt, n, (uint16_t *)t->p1_send(c, j));
     }
-    echo_call call = {site, p->count, p->dt, ECHO_MODE_BF16, buf, NULL};
+    echo_call call = {site, p->count, p->dt, w->path, buf, NULL};
     if (t->p1_exchange(c, p, &call, NULL, err, errlen)) return -1;
     size_t n = echo_plan_len(p, me), off = (size_t)me * p->shard;
     float *sum = c->scratch;
@@ -611,16 +617,16 @@ static int run_exact(echo_comm *c, const echo_plan *p, int site, void *buf, void
     size_t bad = ECHO_NO_INDEX;
     /* A residual carried in is added to this rank's input, and the call
      * leaves none: the exact sum introduces no error to carry. */
-    echo_call call = {site, p->count, p->dt, ECHO_MODE_EXACT, buf, c->res && c->res_valid ? c->res : NULL};
+    echo_call call = {site, p->count, p->dt, ECHO_PRESET_EXACT, buf, c->res && c->res_valid ? c->res : NULL};
     if (c->replay) {
-        if (w->tp->note_call(c, &call, err, errlen)) return -1;
+        if (w->tp->deferred->note_call(c, &call, err, errlen)) return -1;
         c->res_valid = 0;
         return 0;
     }
     if (call.res && p->rotate &&
         w->compute->unrotate(c, c->res, echo_plan_pad(p, p->count), p->rotate, stream, err, errlen))
         return compute_failed(c);
-    if (w->tp->exact(c, p, &call, buf, c->ref, &bad, stream, err, errlen)) return -1;
+    if (w->tp->exact(c, p, &call, buf, &bad, stream, err, errlen)) return -1;
     c->res_valid = 0;
     if (bad != ECHO_NO_INDEX) {
         c->failed_alike = 1; /* every rank holds the same sum */
@@ -680,7 +686,7 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
         snprintf(err, errlen, "echo: NULL buffer for %zu values", count);
         return -1;
     }
-    if (cfg->mode == ECHO_MODE_ECHO && c->last_site >= 0 && count != c->pass_count) {
+    if (cfg->feedback && c->last_site >= 0 && count != c->pass_count) {
         snprintf(err, errlen,
                  "echo: count %zu at site %d differs from %zu, the count of this pass's earlier calls (the "
                  "residual carried between calls is laid out for it)",
@@ -695,15 +701,15 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
     c->last_site = site;
     c->pass_count = count;
     size_t bytes = count * echo_dtype_size(dt);
-    echo_mode used = cfg->mode;
-    if (bytes < cfg->min_bytes || w->nranks == 1 || count == 0) used = ECHO_MODE_EXACT;
-    echo_site_stats *st = &c->sites[site];
+    /* the exact path: a `none` world, or the size policy */
+    int exact = w->plain || bytes < cfg->min_bytes || w->nranks == 1 || count == 0;
+    echo_preset used = exact ? ECHO_PRESET_EXACT : w->path;
     int rc = 0;
     if (w->nranks > 1 && count > 0) {
         echo_plan p;
         echo_plan_init(&p, count, w->nranks, cfg->group_size, dt);
         plan_codec(&p, cfg->codec);
-        if (used == ECHO_MODE_EXACT && count > w->exact_max) {
+        if (exact && count > w->exact_max) {
             /* Cannot happen with min_bytes/2 >= count; kept as a guard. */
             snprintf(err, errlen, "echo: internal: exact path sized for %zu values, got %zu", w->exact_max, count);
             return -1;
@@ -717,10 +723,9 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
             }
             c->armed = 1;
         }
-        if (used == ECHO_MODE_BF16) echo_plan_bf16_wire(&p);
-        if (used == ECHO_MODE_EXACT)
+        if (exact)
             rc = run_exact(c, &p, site, buf, stream, err, errlen);
-        else if (used == ECHO_MODE_BF16)
+        else if (echo_codec_get(cfg->codec)->lossless)
             rc = run_bf16(c, &p, site, buf, err, errlen); /* host only: never deferred nor replayed */
         else
             rc = run_quantized(c, &p, site, buf, stream, err, errlen);
@@ -734,21 +739,14 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
              * (padded to whole groups) for the codec, ring chunks of
              * ceil(M/N) values for exact. */
             size_t chunk = (count + (size_t)w->nranks - 1) / (size_t)w->nranks;
-            size_t per_msg = used == ECHO_MODE_EXACT ? chunk * echo_dtype_size(dt) : p.wire;
+            size_t per_msg = exact ? chunk * echo_dtype_size(dt) : p.wire;
             c->stats.wire_bytes[used] += 2 * (uint64_t)(w->nranks - 1) * per_msg;
-            if (c->ref && !w->tp->device_memory) {
-                track_error(c, &p, buf, st);
-                if (c->res && c->res_valid)
-                    st->residual_sq = sq_host(c->res, count);
-                else
-                    st->residual_sq = 0;
-            }
         }
     }
     if (!rc) {
         c->stats.calls[used]++;
         c->stats.seconds[used] += now_s() - t0;
-        st->calls++;
+        c->sites[site].calls++;
     }
     return rc;
 }

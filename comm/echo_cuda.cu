@@ -885,8 +885,8 @@ static int cuda_comm_setup(echo_comm *c, cuda_state *cs, char *err, size_t errle
         cs->n_site_flags = c->w->cfg.n_sites;
     }
     const echo_world *w = c->w;
-    if ((echo_codec_get(w->cfg.codec)->rotate || echo_codec_get(w->cfg.codec)->form) && w->nranks > 1 &&
-        (w->cfg.mode == ECHO_MODE_INT4 || w->cfg.mode == ECHO_MODE_ECHO))
+    const echo_codec_info *ci = echo_codec_get(w->cfg.codec);
+    if ((ci->rotate || ci->form) && w->nranks > 1 && !ci->lossless)
         ECHO_CUDA_TRY(cudaMalloc((void **)&cs->d_rot, w->max_plan.shard * (size_t)w->nranks * sizeof(float)));
     int sms = 0;
     ECHO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device));

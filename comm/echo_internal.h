@@ -82,22 +82,43 @@ static inline size_t echo_plan_pad(const echo_plan *p, size_t n) {
     return (n + (size_t)p->group - 1) / (size_t)p->group * (size_t)p->group;
 }
 
-/* Mode bf16 sends each shard as L bf16 values instead of the int4 form. */
-static inline void echo_plan_bf16_wire(echo_plan *p) {
-    p->wire = p->shard * 2;
-}
-
 /* What a rank posts for one call: transports that can see every rank's post
  * (local) check that the ranks agree, and read peers' inputs for `exact`. */
 typedef struct echo_call {
     int site;
     size_t count;
     echo_dtype dt;
-    echo_mode mode;   /* the path actually taken (after the size policy) */
+    echo_preset path; /* the path actually taken (after the size policy) */
     const void *x;    /* this rank's buffer, unchanged until the last exchange */
     const float *res; /* exact path: residual carried in (M values), or NULL */
 } echo_call;
 
+/* The optional group of a transport: collectives that complete on the
+ * device, after the call returns (nccl). A transport without it cannot
+ * defer (its create function refuses echo_config.deferred), and echo_vote
+ * fails on it.
+ *   wait: complete the collectives this rank enqueued on `stream`, without
+ *     an endless wait (an abort ends it with a failure).
+ *   note_call: a replayed call: check it with the peers as p1_exchange /
+ *     exact would, move nothing.
+ *   external: run launch(arg) (it enqueues a graph holding this rank's
+ *     collectives) unless the world is aborted, so that it counts as a call.
+ *   pass_begin / pass_discard: remember where this rank's pass started /
+ *     take back the calls it posted since (every pass, deferred or not).
+ *   vote: echo_vote among the ranks. */
+typedef struct echo_deferred_ops {
+    int (*wait)(echo_comm *c, void *stream, char *err, size_t errlen);
+    int (*note_call)(echo_comm *c, const echo_call *call, char *err, size_t errlen);
+    int (*external)(echo_comm *c, int (*launch)(void *arg, char *err, size_t errlen), void *arg, char *err,
+                    size_t errlen);
+    void (*pass_begin)(echo_comm *c);
+    void (*pass_discard)(echo_comm *c);
+    int (*vote)(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
+} echo_deferred_ops;
+
+/* A transport moves bytes; echo.c runs the schedule over it. Every
+ * transport fills every slot but comm_fini (NULL: nothing per rank to free)
+ * and `deferred` (NULL: each call completes before it returns). */
 typedef struct echo_transport_ops {
     const char *name;
     int device_memory; /* buffers (and residuals) live on the GPU */
@@ -117,38 +138,16 @@ typedef struct echo_transport_ops {
     const uint8_t *(*p2_recv)(echo_comm *c, const echo_plan *p, int owner);
     /* Plain all-reduce of call->x (+ call->res) into buf, in activation
      * precision (fp32 sum). *bad = first element whose sum is not finite,
-     * else ECHO_NO_INDEX (the same on every rank: the outputs are). `ref`
-     * (track_error, may be NULL): fp64 sum of the raw inputs over this rank's
-     * shard. */
-    int (*exact)(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, double *ref, size_t *bad,
-                 void *stream, char *err, size_t errlen);
-    /* Optional (track_error): fp64 sum of the raw inputs over this rank's
-     * shard; only valid between p1_exchange and p2_exchange. */
-    int (*exact_ref)(echo_comm *c, const echo_plan *p, double *ref, char *err, size_t errlen);
-    /* Optional: on = 1 wakes every rank waiting in (or later entering) a
-     * collective, which then fails; on = 0 re-arms the world once no rank is
-     * inside a collective any more. */
+     * else ECHO_NO_INDEX (the same on every rank: the outputs are). */
+    int (*exact)(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, size_t *bad, void *stream,
+                 char *err, size_t errlen);
+    /* on = 1 wakes every rank waiting in (or later entering) a collective,
+     * which then fails; on = 0 re-arms the world once no rank is inside a
+     * collective any more. */
     void (*set_abort)(echo_world *w, int on);
-    /* Deferred completion (echo_config.deferred), all optional; a transport
-     * without `wait` cannot defer (echo_world_alloc's callers refuse it).
-     * wait: complete the collectives this rank enqueued on `stream`, without
-     * an endless wait (an abort ends it with a failure).
-     * note_call: a replayed call: check it with the peers as p1_exchange /
-     * exact would, move nothing.
-     * external: run launch(arg) (it enqueues a graph holding this rank's
-     * collectives) unless the world is aborted, so that it counts as a call.
-     * pass_begin / pass_discard: remember where this rank's pass started /
-     * take back the calls it posted since. */
-    int (*wait)(echo_comm *c, void *stream, char *err, size_t errlen);
-    int (*note_call)(echo_comm *c, const echo_call *call, char *err, size_t errlen);
-    int (*external)(echo_comm *c, int (*launch)(void *arg, char *err, size_t errlen), void *arg, char *err,
-                    size_t errlen);
-    void (*pass_begin)(echo_comm *c);
-    void (*pass_discard)(echo_comm *c);
-    /* echo_vote among the ranks (optional: deferred worlds) */
-    int (*vote)(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
-    /* echo_world_usable (optional: a transport whose world cannot die) */
+    /* echo_world_usable: 0 with the reason when the world can never work again. */
     int (*usable)(const echo_world *w, char *why, size_t len);
+    const echo_deferred_ops *deferred; /* optional: see echo_deferred_ops */
 } echo_transport_ops;
 
 typedef struct echo_compute_ops {
@@ -263,6 +262,8 @@ struct echo_world {
     int nranks;
     echo_plan max_plan; /* geometry at cfg.max_count (buffer sizing) */
     size_t exact_max;   /* largest count the exact path can take (size policy) */
+    int plain;          /* the codec is `none`: every call is the transport's exact all-reduce */
+    echo_preset path;   /* the path of a call above the size policy (echo_stats index, agreement checks) */
     const echo_transport_ops *tp;
     const echo_compute_ops *compute;
     void *tp_world;     /* the transport's shared state */
@@ -278,7 +279,7 @@ struct echo_comm {
     void *tp_comm;       /* the transport's per-rank state */
     void *compute_state; /* the compute's per-rank state */
 
-    /* The residual, one buffer for all sites (echo mode only): M values in
+    /* The residual, one buffer for all sites (feedback only): M values in
      * the compute's memory. On shard c != rank it holds this rank's phase-1
      * (reduce-scatter) residual, on shard `rank` its phase-2 (all-gather)
      * residual: the phase-1 residual of the own shard is always zero, since
@@ -287,14 +288,13 @@ struct echo_comm {
     size_t res_bytes;
     float *scratch; /* host compute: the owner's fp32 sum (L values) */
     float *rot; /* host compute, staged codecs (echo_plan_staged): x (rotated), then the decoded sum (padded message) */
-    double *ref; /* track_error: exact sum over the own shard (L values) */
 
     /* Pass state. */
     int in_pass;       /* begin_pass was called */
     int aborted;       /* a call of this pass failed after communicating */
     int last_site;     /* -1 at the start of a pass */
     int res_valid;     /* res holds the residual of the previous call */
-    size_t pass_count; /* count of this pass's calls (echo mode) */
+    size_t pass_count; /* count of this pass's calls (feedback worlds) */
     int replay;        /* echo_set_replay: calls are checked and counted, not enqueued */
     int armed;         /* deferred: this pass's flags were cleared (pass_arm) */
     int failed_alike;  /* the pass failed on a non-finite sum, reported by every rank alike */

@@ -22,7 +22,7 @@
  *   - owner c writes p2[c] (and sum) for call t+1 only after A(t+1), which no
  *     rank reaches before it finished reading p2 (and sum) of call t.
  *   - a rank's own buffer (and residual) is read by peers only between A
- *     and B (exact path, track_error); the rank writes its buffer after B.
+ *     and B (exact path); the rank writes its buffer after B.
  *   - a call the ranks disagree on fails on every rank right after A; they
  *     still meet at a barrier in place of B before leaving, so that the
  *     first rule holds for the posts of the failed call too.
@@ -175,13 +175,13 @@ static int post_and_wait(echo_comm *c, const echo_call *call, char *err, size_t 
     if (local_barrier(lw)) return aborted_msg(err, errlen);
     for (int j = 0; j < c->w->nranks; j++) {
         const echo_call *o = &lw->posts[j].call;
-        if (o->site != call->site || o->count != call->count || o->dt != call->dt || o->mode != call->mode) {
+        if (o->site != call->site || o->count != call->count || o->dt != call->dt || o->path != call->path) {
             snprintf(err, errlen,
                      "echo: ranks disagree: rank %d calls site %d with %zu %s values (%s path), rank %d site %d "
                      "with %zu %s values (%s path); the pass is aborted",
                      c->rank, call->site, call->count, call->dt == ECHO_F32 ? "f32" : "bf16",
-                     echo_mode_name(call->mode), j, o->site, o->count, o->dt == ECHO_F32 ? "f32" : "bf16",
-                     echo_mode_name(o->mode));
+                     echo_preset_name(call->path), j, o->site, o->count, o->dt == ECHO_F32 ? "f32" : "bf16",
+                     echo_preset_name(o->path));
             /* Every rank leaves here, so this barrier stands in for B: a
              * rank that left at once could post its next call over the
              * post a slower peer has still to read, and the ranks would
@@ -213,30 +213,8 @@ static int local_p2_exchange(echo_comm *c, const echo_plan *p, void *stream, cha
     return 0;
 }
 
-/* fp64 sum of the raw inputs (no residuals) over the own shard; peers'
- * buffers are readable between the barriers. Host memory only (the device
- * transport refuses track_error). */
-static int local_exact_ref(echo_comm *c, const echo_plan *p, double *ref, char *err, size_t errlen) {
-    (void)err, (void)errlen;
-    local_world *lw = lw_of(c);
-    size_t n = echo_plan_len(p, c->rank), off = (size_t)c->rank * p->shard, esz = echo_dtype_size(p->dt);
-    float tmp[256];
-    for (size_t i = 0; i < n; i++)
-        ref[i] = 0;
-    for (int j = 0; j < p->nranks; j++) {
-        const char *x = (const char *)lw->posts[j].call.x + off * esz;
-        for (size_t b = 0; b < n; b += 256) {
-            size_t m = n - b < 256 ? n - b : 256;
-            echo_cpu_load(x + b * esz, p->dt, m, tmp, 0);
-            for (size_t i = 0; i < m; i++)
-                ref[b + i] += tmp[i];
-        }
-    }
-    return 0;
-}
-
-static int local_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, double *ref, size_t *bad,
-                       void *stream, char *err, size_t errlen) {
+static int local_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, size_t *bad, void *stream,
+                       char *err, size_t errlen) {
     local_world *lw = lw_of(c);
     const echo_local_mem *m = lw->mem;
     *bad = ECHO_NO_INDEX;
@@ -255,7 +233,6 @@ static int local_exact(echo_comm *c, const echo_plan *p, const echo_call *call, 
         }
         if (m->sum(c, p->nranks, p->dt, x, res, n, lw->sum + off, stream, err, errlen)) return rank_failed(c);
     }
-    if (ref) local_exact_ref(c, p, ref, err, errlen);
     /* The sum is written and the peers' buffers are read before B: after
      * it, peers overwrite their buffers and read the whole sum. */
     if (local_sync(c, stream, err, errlen)) return -1;
@@ -264,17 +241,23 @@ static int local_exact(echo_comm *c, const echo_plan *p, const echo_call *call, 
     return 0;
 }
 
-/* One table per memory: the schedule is the same, the flags differ. */
-#define LOCAL_OPS(NAME, DEVICE_MEMORY, EXACT_REF)                                                                      \
+/* A local world cannot die: an abort is cleared by echo_world_clear_abort. */
+static int local_usable(const echo_world *w, char *why, size_t len) {
+    (void)w, (void)why, (void)len;
+    return 1;
+}
+
+/* One table per memory: the schedule is the same, the flag differs. */
+#define LOCAL_OPS(NAME, DEVICE_MEMORY)                                                                                 \
     {                                                                                                                  \
         .name = NAME, .device_memory = DEVICE_MEMORY, .comm_init = local_comm_init, .world_fini = local_world_fini,    \
         .p1_send = local_p1_send, .p1_exchange = local_p1_exchange, .p1_recv = local_p1_recv,                          \
         .p2_send = local_p2_send, .p2_exchange = local_p2_exchange, .p2_recv = local_p2_recv, .exact = local_exact,    \
-        .exact_ref = EXACT_REF, .set_abort = local_set_abort,                                                          \
+        .set_abort = local_set_abort, .usable = local_usable,                                                          \
     }
 
-static const echo_transport_ops local_host_ops = LOCAL_OPS("local", 0, local_exact_ref);
-static const echo_transport_ops local_device_ops = LOCAL_OPS("local-device", 1, NULL);
+static const echo_transport_ops local_host_ops = LOCAL_OPS("local", 0);
+static const echo_transport_ops local_device_ops = LOCAL_OPS("local-device", 1);
 
 int echo_local_world_create(int nranks, int device, const echo_local_mem *mem, const echo_compute_ops *compute,
                             const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
@@ -322,7 +305,7 @@ int echo_local_world_create(int nranks, int device, const echo_local_mem *mem, c
         snprintf(err, errlen, "echo: out of memory for %d call posts", nranks);
         goto fail;
     }
-    if (nranks > 1 && cfg->mode != ECHO_MODE_EXACT) {
+    if (nranks > 1 && mp->wire) {
         if (mem->alloc(device, N * N * lw->stride, (void **)&lw->p1, err, errlen)) goto fail;
         if (mem->alloc(device, N * lw->stride, (void **)&lw->p2, err, errlen)) goto fail;
     }

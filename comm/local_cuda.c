@@ -76,12 +76,6 @@ int echo_world_create_local_device(int nranks, int device, const echo_config *cf
         snprintf(err, errlen, "echo: local device transport: device %d is not a GPU index", device);
         return -1;
     }
-    if (cfg && cfg->track_error) {
-        snprintf(err, errlen,
-                 "echo: track_error needs the local transport on host memory (echo_world_create_local); the "
-                 "device one has no fp64 reference");
-        return -1;
-    }
     /* A sanity bound far above any activation message (2^36 values); the
      * codec kernels are grid-stride, so it is not a launch limit. */
     if (cfg && cfg->max_count > ((size_t)1 << 36)) {

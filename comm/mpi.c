@@ -91,7 +91,7 @@ static int mpi_agree(echo_comm *c, const echo_call *call, char *err, size_t errl
     mpi_world *mw = mw_of(c->w);
     int N = c->w->nranks;
     if (mpi_ready(mw, err, errlen)) return -1;
-    long long mine[4] = {call->site, (long long)call->count, call->dt, call->mode};
+    long long mine[4] = {call->site, (long long)call->count, call->dt, call->path};
     long long all[4 * ECHO_MAX_RANKS];
     MPI_TRY(mw, MPI_Allgather(mine, 4, MPI_LONG_LONG, all, 4, MPI_LONG_LONG, mw->comm));
     for (int j = 0; j < N; j++) {
@@ -101,8 +101,8 @@ static int mpi_agree(echo_comm *c, const echo_call *call, char *err, size_t errl
                      "echo: ranks disagree: rank %d calls site %d with %zu %s values (%s path), rank %d site %lld "
                      "with %lld %s values (%s path); the pass is aborted",
                      c->rank, call->site, call->count, call->dt == ECHO_F32 ? "f32" : "bf16",
-                     echo_mode_name(call->mode), j, o[0], o[1], o[2] == ECHO_F32 ? "f32" : "bf16",
-                     echo_mode_name((echo_mode)o[3]));
+                     echo_preset_name(call->path), j, o[0], o[1], o[2] == ECHO_F32 ? "f32" : "bf16",
+                     echo_preset_name((echo_preset)o[3]));
             return -1;
         }
     }
@@ -163,9 +163,9 @@ static const uint8_t *mpi_p2_recv(echo_comm *c, const echo_plan *p, int owner) {
     return mw_of(c->w)->p2 + (size_t)owner * p->wire;
 }
 
-static int mpi_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, double *ref, size_t *bad,
-                     void *stream, char *err, size_t errlen) {
-    (void)ref, (void)stream;
+static int mpi_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, size_t *bad, void *stream,
+                     char *err, size_t errlen) {
+    (void)stream;
     mpi_world *mw = mw_of(c->w);
     int N = c->w->nranks, me = c->rank;
     size_t M = p->count;
@@ -268,8 +268,8 @@ int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, s
         snprintf(err, errlen, "echo: the mpi transport needs MPI_THREAD_FUNNELED or better (MPI_Init_thread)");
         return -1;
     }
-    if (cfg && (cfg->deferred || cfg->track_error)) {
-        snprintf(err, errlen, "echo: the mpi transport supports neither deferred completion nor track_error");
+    if (cfg && cfg->deferred) {
+        snprintf(err, errlen, "echo: the mpi transport does not support deferred completion");
         return -1;
     }
     const char *impl = getenv("ECHO_MPI_EXACT");
@@ -323,7 +323,7 @@ int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, s
     mw->counts = calloc(N, sizeof(int));
     mw->displs = calloc(N, sizeof(int));
     if (!mw->counts || !mw->displs) goto oom;
-    if (n > 1 && w->cfg.mode != ECHO_MODE_EXACT) {
+    if (n > 1 && mp->wire) {
         if (!(mw->send = alloc64(N * mw->stride)) || !(mw->recv = alloc64(N * mw->stride)) ||
             !(mw->p2 = alloc64(N * mw->stride)))
             goto oom;

@@ -31,8 +31,8 @@
  * Status: runs in CI on the CPU emulator (tests/emu: nccl_emu.cpp,
  * tests/gpu/test_cuda_comm.c part n); not yet on real GPUs; the per-process
  * form needs ncclCommInitRank, which the emulator has not, and is only
- * built. track_error is not supported here. Without CUDA the file provides
- * both constructors as clear failures.
+ * built. Without CUDA the file provides both constructors as clear
+ * failures.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -357,12 +357,12 @@ static const char *dt_name(echo_dtype dt) {
  * that has not enqueued the call: it aborts the world instead, and the ranks
  * that did enqueue fail in nccl_wait. No barrier, no device work. */
 static int call_mismatch(const echo_call *a, int ra, const echo_call *b, int rb, char *err, size_t errlen) {
-    if (a->site == b->site && a->count == b->count && a->dt == b->dt && a->mode == b->mode) return 0;
+    if (a->site == b->site && a->count == b->count && a->dt == b->dt && a->path == b->path) return 0;
     snprintf(err, errlen,
              "echo: ranks disagree: rank %d calls site %d with %zu %s values (%s path), rank %d site %d with %zu %s "
              "values (%s path); the pass is aborted",
-             ra, a->site, a->count, dt_name(a->dt), echo_mode_name(a->mode), rb, b->site, b->count, dt_name(b->dt),
-             echo_mode_name(b->mode));
+             ra, a->site, a->count, dt_name(a->dt), echo_preset_name(a->path), rb, b->site, b->count, dt_name(b->dt),
+             echo_preset_name(b->path));
     return -1;
 }
 
@@ -407,12 +407,12 @@ static int nccl_comm_init(echo_comm *c, char *err, size_t errlen) {
     c->device = nw->devices[c->rank];
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
     size_t N = (size_t)w->nranks;
-    if (w->cfg.mode != ECHO_MODE_EXACT) {
+    if (w->max_plan.wire) {
         ECHO_CUDA_TRY(cudaMalloc((void **)&nr->send, N * nw->stride));
         ECHO_CUDA_TRY(cudaMalloc((void **)&nr->recv, N * nw->stride));
         ECHO_CUDA_TRY(cudaMalloc((void **)&nr->gather, N * nw->stride));
     }
-    if (w->cfg.mode == ECHO_MODE_ECHO && w->exact_max > 0)
+    if (w->cfg.feedback && w->exact_max > 0)
         ECHO_CUDA_TRY(cudaMalloc((void **)&nr->wide, w->exact_max * sizeof(float)));
     return 0;
 }
@@ -456,9 +456,9 @@ static void nccl_world_fini(echo_world *w) {
 }
 
 /* Bytes of the largest phase-1 or phase-2 message of w's calls (a shard's
- * wire form, at most the stride); 0 on an exact-mode world. */
+ * wire form, at most the stride); 0 on a `none` world. */
 static size_t nccl_p2p_max(const echo_world *w) {
-    return w->cfg.mode == ECHO_MODE_EXACT ? 0 : w->max_plan.wire;
+    return w->max_plan.wire;
 }
 
 /* One warm-up group, driven from this thread for ranks r0..r1-1 (all of
@@ -498,7 +498,7 @@ static ncclResult_t warm_group(nccl_world *nw, int nranks, int r0, int r1, void 
  * functions only enqueue, unless NCCL picks at some size an algorithm none
  * of the sampled sizes got: NCCL_RUNTIME_CONNECT=0 has every one made at
  * init, at the cost of the memory of all of them. p2p_max: bytes of one
- * phase-1 / phase-2 message (0 on an exact-mode world, which has none);
+ * phase-1 / phase-2 message (0 on a `none` world, which has none);
  * ar_max: values the exact path can take (w->exact_max). */
 static int nccl_warm(nccl_world *nw, int nranks, int r0, int r1, size_t p2p_max, size_t ar_max, char *err,
                      size_t errlen);
@@ -682,9 +682,8 @@ static int nccl_p2_exchange(echo_comm *c, const echo_plan *p, void *stream, char
     return nccl_leave(c, err, errlen);
 }
 
-static int nccl_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, double *ref, size_t *bad,
-                      void *stream, char *err, size_t errlen) {
-    (void)ref;
+static int nccl_exact(echo_comm *c, const echo_plan *p, const echo_call *call, void *buf, size_t *bad, void *stream,
+                      char *err, size_t errlen) {
     nccl_rank *nr = nr_of(c);
     cudaStream_t s = stream;
     ECHO_CUDA_TRY(cudaSetDevice(c->device));
@@ -785,6 +784,15 @@ static void nccl_pass_discard(echo_comm *c) {
     pthread_mutex_unlock(&nw->mu);
 }
 
+static const echo_deferred_ops nccl_deferred_ops = {
+    .wait = nccl_wait_pass,
+    .note_call = nccl_note_call,
+    .external = nccl_external,
+    .pass_begin = nccl_pass_begin,
+    .pass_discard = nccl_pass_discard,
+    .vote = nccl_vote,
+};
+
 static const echo_transport_ops nccl_ops = {
     .name = "nccl",
     .device_memory = 1,
@@ -798,25 +806,15 @@ static const echo_transport_ops nccl_ops = {
     .p2_exchange = nccl_p2_exchange,
     .p2_recv = nccl_p2_recv,
     .exact = nccl_exact,
-    .exact_ref = NULL,
     .set_abort = nccl_set_abort,
     .usable = nccl_usable,
-    .wait = nccl_wait_pass,
-    .note_call = nccl_note_call,
-    .external = nccl_external,
-    .pass_begin = nccl_pass_begin,
-    .pass_discard = nccl_pass_discard,
-    .vote = nccl_vote,
+    .deferred = &nccl_deferred_ops,
 };
 
 /* The world without communicators: checks, buffers, records. */
 static int nccl_world_new(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen) {
     echo_world *w;
     *out = NULL;
-    if (cfg && cfg->track_error) {
-        snprintf(err, errlen, "echo: track_error needs the local transport (the nccl one has no fp64 reference)");
-        return -1;
-    }
     /* A sanity bound far above any activation message (2^36 values); the
      * codec kernels are grid-stride, so it is not a launch limit. */
     if (cfg && cfg->max_count > ((size_t)1 << 36)) {

@@ -334,7 +334,7 @@ static void wire_get(wire_cfg *w, eng_config *c) {
     w->model_dir[sizeof w->model_dir - 1] = w->device[sizeof w->device - 1] = w->transport[sizeof w->transport - 1] = 0;
     *c = (eng_config){.model_dir = w->model_dir, .device = w->device[0] ? w->device : NULL,
                       .transport = w->transport[0] ? w->transport : NULL, .tp = w->tp,
-                      .allreduce = (echo_mode)w->allreduce, .echo_group = w->echo_group, .threads = w->threads,
+                      .allreduce = (echo_preset)w->allreduce, .echo_group = w->echo_group, .threads = w->threads,
                       .kv_block_size = w->kv_block_size, .max_model_len = w->max_model_len,
                       .max_num_seqs = w->max_num_seqs, .max_batch_tokens = w->max_batch_tokens,
                       .kv_blocks = w->kv_blocks, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
@@ -447,15 +447,16 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
 static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
     const eng_config *c = &e->cfg;
     if (c->tp == 1) return 0;
-    echo_config ec = {.mode = c->allreduce,
-                      .group_size = c->echo_group,
-                      .codec = c->echo_codec,
-                      .min_bytes = c->echo_min_bytes,
+    echo_config ec = {.min_bytes = c->echo_min_bytes,
                       .n_sites = 2 * e->mc.num_layers,
                       .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,
                       /* nccl: calls only enqueue and each pass waits once (model_forward's
                        * echo_end_pass), which also lets decode steps be CUDA graphs */
                       .deferred = use_nccl};
+    if (echo_preset_config(c->allreduce, c->echo_codec, c->echo_group, &ec)) {
+        snprintf(err, errlen, "unknown all-reduce preset %d", (int)c->allreduce);
+        return -1;
+    }
     if (e->procs)
         return strcmp(c->transport, "nccl") ? echo_world_create_mpi(&ec, &e->world, err, errlen)
                                             : echo_world_create_nccl_procs(e->local_dev, &ec, &e->world, err, errlen);
@@ -635,7 +636,7 @@ void eng_comm_stats(const eng *e, echo_stats *out) {
         if (!e->ranks[i].comm) continue;
         echo_stats s;
         echo_get_stats(e->ranks[i].comm, &s);
-        for (int k = 0; k < ECHO_MODE_COUNT; k++) {
+        for (int k = 0; k < ECHO_PRESET_COUNT; k++) {
             out->calls[k] += s.calls[k];
             out->wire_bytes[k] += s.wire_bytes[k];
             out->seconds[k] += s.seconds[k];

@@ -40,7 +40,8 @@ typedef struct eng_config {
     const char *model_dir;
     const char *device; /* "cpu" (default) or "cuda" */
     int tp;             /* tensor-parallel ranks, default 1 */
-    echo_mode allreduce;
+    /* comm/ preset (echo_preset_config): exact, int4, echo, bf16 */
+    echo_preset allreduce;
     size_t echo_min_bytes;
     int echo_group;       /* 0 = comm/ default */
     int threads;          /* total cpu threads, split across ranks; 0 = all */

@@ -230,18 +230,18 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
     sb_printf(&b, "# HELP echo:allreduce_seconds_total Host wall time inside the all-reduce calls, summed over "
                   "ranks (on nccl only the enqueueing: each pass waits for its calls once, at its end).\n"
                   "# TYPE echo:allreduce_seconds_total counter\n");
-    for (int k = 0; k < ECHO_MODE_COUNT; k++)
-        sb_printf(&b, "echo:allreduce_seconds_total{%s,mode=\"%s\"} %.9g\n", lbl, echo_mode_name((echo_mode)k),
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+        sb_printf(&b, "echo:allreduce_seconds_total{%s,mode=\"%s\"} %.9g\n", lbl, echo_preset_name((echo_preset)k),
                   m->comm.seconds[k]);
     sb_printf(&b, "# HELP echo:allreduce_bytes_total Bytes sent by the all-reduce, summed over ranks.\n"
                   "# TYPE echo:allreduce_bytes_total counter\n");
-    for (int k = 0; k < ECHO_MODE_COUNT; k++)
-        sb_printf(&b, "echo:allreduce_bytes_total{%s,mode=\"%s\"} %llu\n", lbl, echo_mode_name((echo_mode)k),
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+        sb_printf(&b, "echo:allreduce_bytes_total{%s,mode=\"%s\"} %llu\n", lbl, echo_preset_name((echo_preset)k),
                   (unsigned long long)m->comm.wire_bytes[k]);
     sb_printf(&b, "# HELP echo:allreduce_calls_total All-reduce calls, summed over ranks.\n"
                   "# TYPE echo:allreduce_calls_total counter\n");
-    for (int k = 0; k < ECHO_MODE_COUNT; k++)
-        sb_printf(&b, "echo:allreduce_calls_total{%s,mode=\"%s\"} %llu\n", lbl, echo_mode_name((echo_mode)k),
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+        sb_printf(&b, "echo:allreduce_calls_total{%s,mode=\"%s\"} %llu\n", lbl, echo_preset_name((echo_preset)k),
                   (unsigned long long)m->comm.calls[k]);
     sb_printf(&b, "# HELP echo:http_responses_total HTTP responses by status class.\n"
                   "# TYPE echo:http_responses_total counter\n");

@@ -44,7 +44,7 @@ typedef struct srv_options {
     int port;                      /* default 8000; 0 = any free port (see srv_port) */
     const char *device;            /* "auto" (default), "cpu", "cuda" */
     int tp;                        /* tensor-parallel ranks, default 1 */
-    echo_mode allreduce;
+    echo_preset allreduce;
     const char *transport;      /* all-reduce transport when tp > 1: "auto" (default), "local", "nccl" */
     size_t echo_min_bytes;      /* size policy of the quantized all-reduce, default 0 */
     int echo_group;             /* 0 = comm/ default */

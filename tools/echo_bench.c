@@ -168,7 +168,7 @@ typedef struct ar_row {
     double time_us, algbw, busbw, wire_bits, rel_err;
 } ar_row;
 
-static int ar_measure(int nranks, echo_mode mode, echo_codec_id codec, int group, size_t min_policy, size_t count,
+static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int group, size_t min_policy, size_t count,
                       float *const *x,
                       const double *ref, int iters, ar_row *row, char *err, size_t errlen) {
     ar_run *R = calloc(1, sizeof *R);
@@ -183,7 +183,8 @@ static int ar_measure(int nranks, echo_mode mode, echo_codec_id codec, int group
     R->iters = iters;
     R->warmup = 1;
     R->dt = calloc((size_t)iters * nranks, sizeof *R->dt);
-    echo_config cfg = {mode, group, min_policy, 1, count, 0, 0, codec};
+    echo_config cfg = {.min_bytes = min_policy, .n_sites = 1, .max_count = count};
+    echo_preset_config(mode, codec, group, &cfg);
     if (!R->dt || echo_world_create_local(nranks, &cfg, &w, err, errlen)) goto out;
     for (int r = 0; r < nranks; r++) {
         if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
@@ -220,7 +221,7 @@ static int ar_measure(int nranks, echo_mode mode, echo_codec_id codec, int group
     echo_stats st;
     echo_get_stats(R->c[0], &st);
     uint64_t calls = 0, wire = 0;
-    for (int k = 0; k < ECHO_MODE_COUNT; k++)
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
         calls += st.calls[k], wire += st.wire_bytes[k];
     double num = 0, den = 0;
     for (size_t i = 0; i < count; i++) {
@@ -231,7 +232,7 @@ static int ar_measure(int nranks, echo_mode mode, echo_codec_id codec, int group
     echo_config got;
     echo_world_get_config(w, &got);
     *row = (ar_row){(size_t)bytes,
-                    echo_mode_name(mode),
+                    echo_preset_name(mode),
                     nranks,
                     got.group_size,
                     t * 1e6,
@@ -258,7 +259,7 @@ typedef struct ar_mpi_opts {
     int group, iters, warmup, json, seed, nmodes;
     bench_dist dist;
     size_t minb, maxb, step, policy;
-    const echo_mode *modes;
+    const echo_preset *modes;
     echo_codec_id codec;
 } ar_mpi_opts;
 
@@ -267,9 +268,10 @@ typedef struct ar_mpi_opts {
  * processes on a shared machine: a descheduled rank stalls its peers, and
  * the median keeps one such stall out of the row). rel_err: each rank sums |out - ref|^2 over its 1/N of the
  * indices against an fp64 sum of all ranks' inputs (regenerated here). */
-static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_mode mode, size_t count, const float *x, float *buf,
+static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_preset mode, size_t count, const float *x, float *buf,
                       const double *ref, size_t lo, size_t hi, int it, ar_row *row, char *err, size_t errlen) {
-    echo_config cfg = {mode, o->group, o->policy, 1, count, 0, 0, o->codec};
+    echo_config cfg = {.min_bytes = o->policy, .n_sites = 1, .max_count = count};
+    echo_preset_config(mode, o->codec, o->group, &cfg);
     echo_world *w = NULL;
     echo_comm *c = NULL;
     int rc = echo_world_create_mpi(&cfg, &w, err, errlen);
@@ -322,13 +324,13 @@ static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_mode mode, size_
     echo_stats st;
     echo_get_stats(c, &st);
     uint64_t calls = 0, wire = 0;
-    for (int k = 0; k < ECHO_MODE_COUNT; k++)
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
         calls += st.calls[k], wire += st.wire_bytes[k];
     echo_config got;
     echo_world_get_config(w, &got);
     double bytes = (double)count * sizeof(float);
     *row = (ar_row){(size_t)bytes,
-                    echo_mode_name(mode),
+                    echo_preset_name(mode),
                     N,
                     got.group_size,
                     t * 1e6,
@@ -484,12 +486,12 @@ static int cmd_allreduce(int argc, char **argv) {
         fprintf(stderr, "echo-bench: unknown transport '%s' (local, nccl, mpi)\n", transport);
         return 2;
     }
-    echo_mode modes[ECHO_MODE_COUNT] = {ECHO_MODE_EXACT};
+    echo_preset modes[ECHO_PRESET_COUNT] = {ECHO_PRESET_EXACT};
     int nmodes = 0;
     char list[64];
     snprintf(list, sizeof list, "%s", algos);
     for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (nmodes == ECHO_MODE_COUNT || echo_mode_parse(tok, &modes[nmodes])) {
+        if (nmodes == ECHO_PRESET_COUNT || echo_preset_parse(tok, &modes[nmodes])) {
             fprintf(stderr, "echo-bench: unknown algo '%s' (exact, bf16, int4, echo)\n", tok);
             return 2;
         }
@@ -510,7 +512,7 @@ static int cmd_allreduce(int argc, char **argv) {
     }
     if (!strcmp(transport, "nccl")) {
         for (int m = 0; m < nmodes; m++)
-            if (modes[m] == ECHO_MODE_BF16 || nmodes > 3) {
+            if (modes[m] == ECHO_PRESET_BF16) {
                 fprintf(stderr, "echo-bench: --transport nccl takes exact, int4 and echo (its exact is NCCL's bf16)\n");
                 return 2;
             }
@@ -523,8 +525,8 @@ static int cmd_allreduce(int argc, char **argv) {
             fprintf(stderr, "echo-bench: --transport nccl needs --ranks >= 2\n");
             return 2;
         }
-        bench_ar_opts o = {nranks, group, iters, json, seed, minb, maxb, policy, {modes[0], modes[1], modes[2]},
-                           nmodes};
+        bench_ar_opts o = {nranks, group, iters, json, seed, minb, maxb, policy, {0}, nmodes};
+        memcpy(o.modes, modes, sizeof modes);
         return bench_allreduce_nccl(&o);
     }
     size_t maxc = maxb / sizeof(float);
@@ -638,9 +640,8 @@ static void *chain_rank(void *p) {
     return NULL;
 }
 
-static int chain_measure(int nranks, echo_mode mode, echo_codec_id codec, int group, int K, size_t count, uint64_t seed,
-                         bench_dist dist,
-                         double *abs_err, double *ref_norm, char *err, size_t errlen) {
+static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int group, int K, size_t count,
+                         uint64_t seed, bench_dist dist, double *abs_err, double *ref_norm, char *err, size_t errlen) {
     chain_run *R = calloc(1, sizeof *R);
     echo_world *w = NULL;
     int status = -1;
@@ -652,7 +653,8 @@ static int chain_measure(int nranks, echo_mode mode, echo_codec_id codec, int gr
         .nranks = nranks, .K = K, .count = count, .seed = seed, .dist = dist, .abs_err = abs_err, .ref_norm = ref_norm};
     R->acc_out = calloc(count, sizeof(double));
     R->acc_exact = calloc(count, sizeof(double));
-    echo_config cfg = {mode, group, 0, K, count, 0, 0, codec};
+    echo_config cfg = {.n_sites = K, .max_count = count};
+    echo_preset_config(mode, codec, group, &cfg);
     if (!R->acc_out || !R->acc_exact) {
         snprintf(err, errlen, "out of memory");
         goto out;
@@ -735,9 +737,9 @@ static int cmd_chain(int argc, char **argv) {
     if (!err_q || !err_e || !ref) {
         fprintf(stderr, "echo-bench: out of memory\n");
         status = 1;
-    } else if (chain_measure(nranks, ECHO_MODE_INT4, codec, group, K, count, (uint64_t)seed, dist, err_q, ref, err,
+    } else if (chain_measure(nranks, ECHO_PRESET_INT4, codec, group, K, count, (uint64_t)seed, dist, err_q, ref, err,
                              sizeof err) ||
-               chain_measure(nranks, ECHO_MODE_ECHO, codec, group, K, count, (uint64_t)seed, dist, err_e, ref, err,
+               chain_measure(nranks, ECHO_PRESET_ECHO, codec, group, K, count, (uint64_t)seed, dist, err_e, ref, err,
                              sizeof err)) {
         fprintf(stderr, "echo-bench: %s\n", err);
         status = 1;

@@ -276,7 +276,7 @@ static void lm_score(lm_acc *a, const float *logits, const prompt *p, size_t V, 
 }
 
 typedef struct variant {
-    echo_mode mode;
+    echo_preset mode;
     echo_codec_id codec;
     int group;
     size_t min_bytes;
@@ -382,14 +382,14 @@ int main(int argc, char **argv) {
         cli_usage_error(PROG, "%s", "--modes needs --tp >= 2: with one rank there is no all-reduce");
     if (!modes_arg) modes_arg = tp > 1 ? "int4,echo" : "";
 
-    echo_mode modes[2];
+    echo_preset modes[2];
     int n_modes = 0;
     {
         char buf[64];
         snprintf(buf, sizeof buf, "%s", modes_arg);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            echo_mode m;
-            if (echo_mode_parse(t, &m) || m == ECHO_MODE_EXACT || n_modes == 2)
+            echo_preset m;
+            if (echo_preset_parse(t, &m) || m == ECHO_PRESET_EXACT || n_modes == 2)
                 cli_usage_error(PROG, "--modes expects a subset of int4,echo, got '%s'", modes_arg);
             modes[n_modes++] = m;
         }
@@ -468,7 +468,7 @@ int main(int argc, char **argv) {
         goto fail;
     }
     eng_config cx = base;
-    cx.allreduce = ECHO_MODE_EXACT;
+    cx.allreduce = ECHO_PRESET_EXACT;
     if (eng_create(&cx, &ex, err, sizeof err) || run_all(ex, ps, np, gen, &rx, err, sizeof err)) goto fail;
     eng_destroy(ex);
     ex = NULL;
@@ -532,7 +532,7 @@ int main(int argc, char **argv) {
         }
         run_free(&rm, np);
         if (!json)
-            fprintf(stderr, "echo-eval: %s %s G=%d min_bytes=%zu done (%d of %d)\n", echo_mode_name(a->mode),
+            fprintf(stderr, "echo-eval: %s %s G=%d min_bytes=%zu done (%d of %d)\n", echo_preset_name(a->mode),
                     echo_codec_get(a->codec)->name, a->group, a->min_bytes, k + 1, nv);
     }
     double ppl_x = exp(lmx.nll / (double)lmx.scored), acc_x = (double)lmx.hits / (double)lmx.scored;
@@ -547,7 +547,7 @@ int main(int argc, char **argv) {
             for (size_t l = 0; l < L; l++)
                 json_array_append_new(layers, json_real(sqrt(a->layer_num[l] / (a->layer_den[l] + 1e-300))));
             double acc = (double)a->lm.hits / (double)a->lm.scored;
-            json_t *o = json_pack("{s:s,s:i,s:I,s:f,s:f,s:f}", "mode", echo_mode_name(a->mode), "group", a->group,
+            json_t *o = json_pack("{s:s,s:i,s:I,s:f,s:f,s:f}", "mode", echo_preset_name(a->mode), "group", a->group,
                                   "min_bytes", (json_int_t)a->min_bytes, "ppl", exp(a->lm.nll / (double)a->lm.scored),
                                   "next_token_acc", acc, "next_token_acc_delta_pt", 100.0 * (acc - acc_x));
             json_object_set_new(o, "codec", json_string(echo_codec_get(a->codec)->name));
@@ -581,7 +581,7 @@ int main(int argc, char **argv) {
             variant *a = &vs[k];
             double acc = (double)a->lm.hits / (double)a->lm.scored;
             printf("%-6s %-9s %5d %5.3g %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
-                   echo_mode_name(a->mode), echo_codec_get(a->codec)->name, a->group,
+                   echo_preset_name(a->mode), echo_codec_get(a->codec)->name, a->group,
                    echo_codec_bits(a->codec, a->group), a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
                    100 * (acc - acc_x), a->kl_sum / (double)a->positions, a->kl_max,
                    100.0 * (double)a->top1_agree / (double)a->positions, a->agree_len_sum / np, gen,
@@ -590,7 +590,8 @@ int main(int argc, char **argv) {
         if (nv) {
             printf("\nresidual-stream error after each layer, ||h_mode - h_exact|| / ||h_exact||\n%-6s", "layer");
             for (int k = 0; k < nv; k++)
-                printf(" %4s/%c/G%-3d", echo_mode_name(vs[k].mode), echo_codec_get(vs[k].codec)->name[0], vs[k].group);
+                printf(" %4s/%c/G%-3d", echo_preset_name(vs[k].mode), echo_codec_get(vs[k].codec)->name[0],
+                       vs[k].group);
             printf("\n");
             for (size_t l = 0; l < L; l++) {
                 printf("%-6zu", l);

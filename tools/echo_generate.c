@@ -203,7 +203,7 @@ int main(int argc, char **argv) {
     const char *tok_path = NULL;
     int no_thinking = 0;
     eng_gen_params gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}};
-    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_MODE_ECHO, .max_num_seqs = 1};
+    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .max_num_seqs = 1};
     int json = 0, chat = 0, c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -248,7 +248,7 @@ int main(int argc, char **argv) {
             ec.quantize = ENG_QUANT_Q8_0;
             break;
         case O_ALLRED:
-            if (echo_mode_parse(optarg, &ec.allreduce))
+            if (echo_preset_parse(optarg, &ec.allreduce))
                 cli_usage_error(PROG, "--allreduce expects exact, int4 or echo, got '%s'", optarg);
             allreduce = optarg;
             break;
@@ -393,10 +393,12 @@ int main(int argc, char **argv) {
         if (ec.tp > 1) {
             echo_stats st;
             eng_comm_stats(e, &st);
+            uint64_t calls = 0, wire = 0;
+            double secs = 0;
+            for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+                calls += st.calls[k], wire += st.wire_bytes[k], secs += st.seconds[k];
             fprintf(stderr, "echo-generate: tp %d, %s all-reduce: %llu calls, %.1f MB sent, %.3fs (all ranks)\n", ec.tp,
-                    echo_mode_name(ec.allreduce), (unsigned long long)(st.calls[0] + st.calls[1] + st.calls[2]),
-                    (double)(st.wire_bytes[0] + st.wire_bytes[1] + st.wire_bytes[2]) / 1e6,
-                    st.seconds[0] + st.seconds[1] + st.seconds[2]);
+                    echo_preset_name(ec.allreduce), (unsigned long long)calls, (double)wire / 1e6, secs);
         }
     }
     rc = 0;

@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
                      .port = 8000,
                      .device = "auto",
                      .tp = 1,
-                     .allreduce = ECHO_MODE_ECHO,
+                     .allreduce = ECHO_PRESET_ECHO,
                      .drain_s = 5,
                      .log_level = SRV_LOG_INFO};
     const char *model = NULL;
@@ -174,7 +174,7 @@ int main(int argc, char **argv) {
         case O_TRANSPORT: o.transport = cli_choice(PROG, optarg, "--transport", ENG_TRANSPORTS); break;
         case O_GRAPHS: o.cuda_graphs = 1; break;
         case O_ALLRED:
-            if (echo_mode_parse(optarg, &o.allreduce))
+            if (echo_preset_parse(optarg, &o.allreduce))
                 cli_usage_error(PROG, "--allreduce expects echo, exact or int4, got '%s'", optarg);
             break;
         case O_MINB: o.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;

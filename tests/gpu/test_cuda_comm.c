@@ -96,6 +96,7 @@
 #include "comm/echo.h"
 #include "comm/echo_codec.h"
 #include "comm/echo_internal.h" /* a2 and b call the compute tables directly */
+#include "tests/comm_preset.h"
 
 #define MAXN 4
 #define MAXC 6
@@ -556,7 +557,7 @@ static void compare_case(const side *A, const side *B, const char *label, int n,
 
 static void part_a(const side *A, const side *B) {
     const int ranks[] = {2, 3, 4};
-    const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_INT4, ECHO_MODE_ECHO};
+    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_INT4, ECHO_PRESET_ECHO};
     const size_t counts[] = {1, 63, 4097, ((size_t)1 << 20) + 5};
     const int groups[] = {32, 64, 128};
     char label[128];
@@ -569,11 +570,11 @@ static void part_a(const side *A, const side *B) {
                     for (int gi = 0; gi < 3; gi++) {
                         echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                         size_t m = counts[ci];
-                        echo_config cfg = {modes[mi], groups[gi], 0, 4, m, 0, 0, 0};
+                        echo_config cfg = test_echo_cfg(modes[mi], groups[gi], 0, 4, m, 0, 0);
                         /* two passes: residual carried over calls 0-2, reset at call 3 */
                         call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                         snprintf(label, sizeof label, "allreduce n=%d %-5s %-4s G=%-3d count=%zu", ranks[ni],
-                                 echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups[gi], m);
+                                 echo_preset_name(modes[mi]), di ? "bf16" : "f32", groups[gi], m);
                         compare_case(A, B, label, ranks[ni], cfg, cs, 4, seed++);
                     }
     /* Size policy: min_bytes between the bf16 and the f32 size of the
@@ -581,7 +582,7 @@ static void part_a(const side *A, const side *B) {
      * path, which adds the echo residual carried in. */
     for (int ni = 0; ni < 3; ni++) {
         size_t m = 4097;
-        echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * m, 4, m, 0, 0, 0};
+        echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 64, 3 * m, 4, m, 0, 0);
         call_spec cs[4] = {spec(1, 0, m, ECHO_F32), spec(0, 1, m, ECHO_BF16), spec(0, 2, m, ECHO_F32),
                            spec(0, 3, m, ECHO_F32)};
         snprintf(label, sizeof label, "policy    n=%d echo  f32/bf16 G=64  count=%zu", ranks[ni], m);
@@ -599,10 +600,10 @@ static void part_a(const side *A, const side *B) {
                 for (int di = 0; di < 2; di++) {
                     echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                     size_t m = counts2[ci];
-                    echo_config cfg = {modes[mi], groups2[gi], 0, 4, m, 0, 0, 0};
+                    echo_config cfg = test_echo_cfg(modes[mi], groups2[gi], 0, 4, m, 0, 0);
                     call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
-                    snprintf(label, sizeof label, "allreduce n=3 %-5s %-4s G=%-3d count=%zu", echo_mode_name(modes[mi]),
-                             di ? "bf16" : "f32", groups2[gi], m);
+                    snprintf(label, sizeof label, "allreduce n=3 %-5s %-4s G=%-3d count=%zu",
+                             echo_preset_name(modes[mi]), di ? "bf16" : "f32", groups2[gi], m);
                     compare_case(A, B, label, 3, cfg, cs, 4, seed++);
                 }
     /* The hadamard codec: rotation kernels around the same codec kernels,
@@ -617,10 +618,10 @@ static void part_a(const side *A, const side *B) {
                     echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                     size_t m = counts3[ci];
                     int n = 2 + (ci & 1);
-                    echo_config cfg = {modes[mi], groups3[gi], 0, 4, m, 0, 0, ECHO_CODEC_HADAMARD};
+                    echo_config cfg = test_echo_cfg(modes[mi], groups3[gi], 0, 4, m, 0, ECHO_CODEC_HADAMARD);
                     call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                     snprintf(label, sizeof label, "hadamard  n=%d %-5s %-4s G=%-3d count=%zu", n,
-                             echo_mode_name(modes[mi]), di ? "bf16" : "f32", groups3[gi], m);
+                             echo_preset_name(modes[mi]), di ? "bf16" : "f32", groups3[gi], m);
                     compare_case(A, B, label, n, cfg, cs, 4, seed++);
                 }
     /* hsub6 (16-value rotations, scale records), out2 (bf16 outliers, no
@@ -635,16 +636,16 @@ static void part_a(const side *A, const side *B) {
                         echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                         size_t m = counts3[ci];
                         int n = 2 + (ci & 1);
-                        echo_config cfg = {modes[mi], groups4[gi], 0, 4, m, 0, 0, recs[k]};
+                        echo_config cfg = test_echo_cfg(modes[mi], groups4[gi], 0, 4, m, 0, recs[k]);
                         call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                         snprintf(label, sizeof label, "%-9s n=%d %-5s %-4s G=%-3d count=%zu",
-                                 echo_codec_get(recs[k])->name, n, echo_mode_name(modes[mi]), di ? "bf16" : "f32",
+                                 echo_codec_get(recs[k])->name, n, echo_preset_name(modes[mi]), di ? "bf16" : "f32",
                                  groups4[gi], m);
                         compare_case(A, B, label, n, cfg, cs, 4, seed++);
                     }
     for (int k = 0; k < 3; k++) {
         size_t m = 4097;
-        echo_config cfg = {ECHO_MODE_ECHO, 128, 3 * m, 4, m, 0, 0, ECHO_CODEC_HSUB6};
+        echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 128, 3 * m, 4, m, 0, ECHO_CODEC_HSUB6);
         call_spec cs[4] = {spec(1, 0, m, ECHO_F32), spec(0, 1, m, ECHO_BF16), spec(0, 2, m, ECHO_F32),
                            spec(0, 3, m, ECHO_F32)};
         if (k == 1) cfg.codec = ECHO_CODEC_HADAMARD, cfg.group_size = 32;
@@ -662,7 +663,7 @@ static void part_a(const side *A, const side *B) {
                 echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                 const int G = gi == 0 ? 16 : gi == 1 ? 64 : 256;
                 size_t m = 4097;
-                echo_config cfg = {ECHO_MODE_ECHO, G, 0, 4, m, 0, 0, 0};
+                echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, G, 0, 4, m, 0, 0);
                 call_spec cs[4] = {spec(1, 0, m, dt), spec(0, 1, m, dt), spec(0, 3, m, dt), spec(1, 0, m, dt)};
                 for (int k = 0; k < 4; k++)
                     cs[k].shift = sh;
@@ -719,21 +720,21 @@ static void part_a3(const side *B) {
 
     /* a NaN on one rank: every rank fails the call; a new pass works */
     for (int mi = 0; mi < 3; mi++) {
-        echo_mode md = mi == 0 ? ECHO_MODE_EXACT : mi == 1 ? ECHO_MODE_INT4 : ECHO_MODE_ECHO;
+        echo_preset md = mi == 0 ? ECHO_PRESET_EXACT : mi == 1 ? ECHO_PRESET_INT4 : ECHO_PRESET_ECHO;
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_F32);
         j.calls[1] = spec(0, 1, m, ECHO_F32); /* the pass is aborted */
         j.calls[2] = spec(1, 0, m, ECHO_F32);
         job_alloc(&j, 3, 3, 77);
         ((float *)j.in[0][1])[1234] = NAN;
-        echo_config cfg = {md, 64, 0, 4, m, 0, 0, 0};
+        echo_config cfg = test_echo_cfg(md, 64, 0, 4, m, 0, 0);
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "inf/nan", buf, sizeof buf);
         if (!fail) fail = expect_all_fail(&j, 1, "aborted by an earlier error", buf, sizeof buf);
         if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
         if (!fail && count_diff(j.out[2][0], j.out[2][1], m, 4) + count_diff(j.out[2][0], j.out[2][2], m, 4))
             fail = "replicas differ after recovery";
-        snprintf(label, sizeof label, "nan input     n=3 %-5s f32 count=%zu", echo_mode_name(md), m);
+        snprintf(label, sizeof label, "nan input     n=3 %-5s f32 count=%zu", echo_preset_name(md), m);
         report(label, 0, fail);
         job_free(&j);
     }
@@ -746,7 +747,7 @@ static void part_a3(const side *B) {
     ((float *)j.in[0][0])[4000] = 3e38f;
     ((float *)j.in[0][1])[4000] = 3e38f;
     {
-        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, 0, 0};
+        echo_config cfg = test_echo_cfg(ECHO_PRESET_EXACT, 64, 0, 4, m, 0, 0);
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "element 4000 of the exact all-reduce is not finite", buf, sizeof buf);
         if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
@@ -757,18 +758,18 @@ static void part_a3(const side *B) {
 
     /* ranks that disagree on the count: every rank fails alike */
     for (int mi = 0; mi < 2; mi++) {
-        echo_mode md = mi ? ECHO_MODE_INT4 : ECHO_MODE_EXACT;
+        echo_preset md = mi ? ECHO_PRESET_INT4 : ECHO_PRESET_EXACT;
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_BF16);
         j.calls[0].odd_rank = 2;
         j.calls[0].odd_count = m - 1;
         j.calls[1] = spec(1, 0, m, ECHO_BF16);
         job_alloc(&j, 3, 2, 79);
-        echo_config cfg = {md, 32, 0, 4, m, 0, 0, 0};
+        echo_config cfg = test_echo_cfg(md, 32, 0, 4, m, 0, 0);
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail) fail = expect_all_fail(&j, 0, "ranks disagree", buf, sizeof buf);
         if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
-        snprintf(label, sizeof label, "disagreement  n=3 %-5s bf16 count=%zu/%zu", echo_mode_name(md), m, m - 1);
+        snprintf(label, sizeof label, "disagreement  n=3 %-5s bf16 count=%zu/%zu", echo_preset_name(md), m, m - 1);
         report(label, 0, fail);
         job_free(&j);
     }
@@ -777,8 +778,8 @@ static void part_a3(const side *B) {
      * after echo_world_clear_abort the next pass works. The world must
      * outlive both jobs, so this one drives the ranks itself. */
     for (int mi = 0; mi < 2; mi++) {
-        echo_mode md = mi ? ECHO_MODE_ECHO : ECHO_MODE_EXACT;
-        echo_config cfg = {md, 64, 0, 4, m, 0, 0, 0};
+        echo_preset md = mi ? ECHO_PRESET_ECHO : ECHO_PRESET_EXACT;
+        echo_config cfg = test_echo_cfg(md, 64, 0, 4, m, 0, 0);
         char err[320];
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_F32);
@@ -815,7 +816,7 @@ static void part_a3(const side *B) {
         for (int r = 0; r < 3; r++)
             echo_comm_destroy(j.c[r]);
         echo_world_destroy(j.w);
-        snprintf(label, sizeof label, "abort + clear n=3 %-5s f32 count=%zu", echo_mode_name(md), m);
+        snprintf(label, sizeof label, "abort + clear n=3 %-5s f32 count=%zu", echo_preset_name(md), m);
         report(label, 0, fail);
         job_free(&j);
     }
@@ -858,7 +859,7 @@ static long count_out_of_bound(const job *j, int k, const void *a, const void *b
 
 /* The path a call takes (echo.c's size policy). */
 static int call_is_exact(const echo_config *cfg, const call_spec *cs) {
-    return cfg->mode == ECHO_MODE_EXACT || cs->count * esize(cs->dt) < cfg->min_bytes;
+    return cfg->codec == ECHO_CODEC_NONE || cs->count * esize(cs->dt) < cfg->min_bytes;
 }
 
 /* One case of part n: the same calls through the host local transport and
@@ -953,14 +954,14 @@ static void part_n_failures(const side *B, int N) {
      * at echo_end_pass, which names the site. */
     for (int d = 0; d < 2; d++)
         for (int mi = 0; mi < 3; mi++) {
-            echo_mode md = mi == 0 ? ECHO_MODE_EXACT : mi == 1 ? ECHO_MODE_INT4 : ECHO_MODE_ECHO;
+            echo_preset md = mi == 0 ? ECHO_PRESET_EXACT : mi == 1 ? ECHO_PRESET_INT4 : ECHO_PRESET_ECHO;
             memset(&j, 0, sizeof j);
             j.calls[0] = spec(1, 0, m, ECHO_BF16);
             j.calls[1] = spec(0, 1, m, ECHO_BF16);
             j.calls[2] = spec(1, 0, m, ECHO_BF16);
             job_alloc(&j, N, 3, 91 + 100 * (uint64_t)d);
             ((uint16_t *)j.in[0][N - 1])[1234] = 0x7fc0; /* NaN */
-            echo_config cfg = {md, 64, 0, 4, m, 0, d, 0};
+            echo_config cfg = test_echo_cfg(md, 64, 0, 4, m, d, 0);
             fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
             if (!fail) fail = expect_all_fail(&j, 0, d ? "at site 0 is not finite" : "inf/nan", buf, sizeof buf);
             if (!fail)
@@ -969,7 +970,7 @@ static void part_n_failures(const side *B, int N) {
             if (!fail) fail = expect_all_ok(&j, 2, buf, sizeof buf);
             if (!fail) fail = expect_replicas(&j, 2, buf, sizeof buf);
             snprintf(label, sizeof label, "nccl %snan input  n=%d %-5s bf16 count=%zu", d ? "deferred " : "", N,
-                     echo_mode_name(md), m);
+                     echo_preset_name(md), m);
             report(label, 0, fail);
             job_free(&j);
         }
@@ -985,7 +986,7 @@ static void part_n_failures(const side *B, int N) {
         job_alloc(&j, N, 3, 92 + 100 * (uint64_t)d);
         for (int r = 0; r < N; r++)
             ((float *)j.in[1][r])[4000] = 3e38f;
-        echo_config cfg = {ECHO_MODE_EXACT, 64, 0, 4, m, 0, d, 0};
+        echo_config cfg = test_echo_cfg(ECHO_PRESET_EXACT, 64, 0, 4, m, d, 0);
         fail = run_job(&j, B, &cfg, why, sizeof why) ? why : NULL;
         if (!fail && d) fail = expect_all_fail(&j, 0, "element 4000 of the all-reduce at site 2", buf, sizeof buf);
         if (!fail && !d) fail = expect_all_ok(&j, 0, buf, sizeof buf);
@@ -1006,8 +1007,8 @@ static void part_n_failures(const side *B, int N) {
      * may have enqueued already), the next pass fails until
      * echo_world_clear_abort, then works. */
     for (int mi = 0; mi < 2; mi++) {
-        echo_mode md = mi ? ECHO_MODE_INT4 : ECHO_MODE_EXACT;
-        echo_config cfg = {md, 32, 0, 4, m, 0, 0, 0};
+        echo_preset md = mi ? ECHO_PRESET_INT4 : ECHO_PRESET_EXACT;
+        echo_config cfg = test_echo_cfg(md, 32, 0, 4, m, 0, 0);
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_BF16);
         j.calls[0].odd_rank = N - 1;
@@ -1030,7 +1031,7 @@ static void part_n_failures(const side *B, int N) {
         if (!fail) fail = expect_all_ok(&j, 1, buf, sizeof buf);
         if (!fail) fail = expect_replicas(&j, 1, buf, sizeof buf);
         session_close(&j);
-        snprintf(label, sizeof label, "nccl disagreement  n=%d %-5s bf16 count=%zu/%zu", N, echo_mode_name(md), m,
+        snprintf(label, sizeof label, "nccl disagreement  n=%d %-5s bf16 count=%zu/%zu", N, echo_preset_name(md), m,
                  m - 1);
         report(label, 0, fail);
         job_free(&j);
@@ -1043,9 +1044,9 @@ static void part_n_failures(const side *B, int N) {
      * bits identical on every rank). `clear` = 0 destroys the aborted world
      * without clearing it (clean-up path). */
     for (int ci = 0; ci < 4; ci++) {
-        echo_mode md = ci & 1 ? ECHO_MODE_ECHO : ECHO_MODE_EXACT;
+        echo_preset md = ci & 1 ? ECHO_PRESET_ECHO : ECHO_PRESET_EXACT;
         int at = ci < 2 ? 0 : 1, clear = ci < 2;
-        echo_config cfg = {md, 64, 0, 4, m, 0, 0, 0};
+        echo_config cfg = test_echo_cfg(md, 64, 0, 4, m, 0, 0);
         memset(&j, 0, sizeof j);
         if (at == 0) {
             j.calls[0] = spec(1, 0, m, ECHO_F32);
@@ -1080,7 +1081,7 @@ static void part_n_failures(const side *B, int N) {
         }
         if (j.w) session_close(&j);
         snprintf(label, sizeof label, "nccl abort at call %d%s n=%d %-5s f32 count=%zu", at,
-                 clear ? " + clear" : ", no clear", N, echo_mode_name(md), m);
+                 clear ? " + clear" : ", no clear", N, echo_preset_name(md), m);
         report(label, 0, fail);
         job_free(&j);
     }
@@ -1090,7 +1091,7 @@ static void part_n_failures(const side *B, int N) {
      * emulator's does, at the call); the world recovers as above. */
     for (int ci = 0; ci < 2; ci++) {
         /* ci 0: ranks disagree at call 0; ci 1: the last rank aborts instead of call 0 */
-        echo_config cfg = {ci ? ECHO_MODE_ECHO : ECHO_MODE_INT4, 32, 0, 4, m, 0, 1, 0};
+        echo_config cfg = test_echo_cfg(ci ? ECHO_PRESET_ECHO : ECHO_PRESET_INT4, 32, 0, 4, m, 1, 0);
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_BF16);
         j.calls[1] = spec(0, 1, m, ECHO_BF16);
@@ -1137,7 +1138,7 @@ static void part_n_failures(const side *B, int N) {
     /* one GPU named twice: NCCL refuses the world, with a message */
     {
         const int devs[2] = {B->device, B->device};
-        echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, m, 0, 0, 0};
+        echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 64, 0, 4, m, 0, 0);
         echo_world *w = NULL;
         char err[320];
         int rc = echo_world_create_nccl(2, devs, &cfg, &w, err, sizeof err);
@@ -1402,7 +1403,7 @@ static void part_n_graphs(int N) {
     j.m = 4097;
     j.m2 = 1000;
     j.discard_rank = 0;
-    echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 2 * GR_CALLS, j.m, 0, 1, 0};
+    echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 64, 0, 2 * GR_CALLS, j.m, 1, 0);
     for (int src = 0; src < 2; src++)
         for (int k = 0; k < GR_CALLS; k++)
             for (int r = 0; r < N; r++) {
@@ -1506,7 +1507,7 @@ static void part_n_graphs(int N) {
 }
 
 static void part_n(const side *H, int ndev, int self) {
-    const echo_mode modes[] = {ECHO_MODE_EXACT, ECHO_MODE_INT4, ECHO_MODE_ECHO};
+    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_INT4, ECHO_PRESET_ECHO};
     const size_t counts[] = {1, 63, 4097, 65539};
     const side nc = {"nccl", 0, 1};
     char label[128];
@@ -1527,10 +1528,10 @@ static void part_n(const side *H, int ndev, int self) {
                 for (int ci = 0; ci < 4; ci++) {
                     echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                     size_t mm = counts[ci];
-                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0, 0, 0};
+                    echo_config cfg = test_echo_cfg(modes[mi], 64, 0, 4, mm, 0, 0);
                     /* two passes: residual carried over calls 0-2, reset at call 3 */
                     call_spec cs[4] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt)};
-                    snprintf(label, sizeof label, "nccl n=%d %-5s %-4s G=64  count=%zu", N, echo_mode_name(modes[mi]),
+                    snprintf(label, sizeof label, "nccl n=%d %-5s %-4s G=64  count=%zu", N, echo_preset_name(modes[mi]),
                              di ? "bf16" : "f32", mm);
                     nccl_case(H, &nc, label, N, cfg, cs, 4, seed++);
                 }
@@ -1540,18 +1541,18 @@ static void part_n(const side *H, int ndev, int self) {
             const int groups[] = {16, 128, 256};
             for (int gi = 0; gi < 3; gi++) {
                 size_t mm = 4097;
-                echo_config cfg = {ECHO_MODE_ECHO, groups[gi], 0, 4, mm, 0, 0, 0};
+                echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, groups[gi], 0, 4, mm, 0, 0);
                 call_spec cs[4] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt)};
                 snprintf(label, sizeof label, "nccl n=%d echo  %-4s G=%-3d count=%zu", N, di ? "bf16" : "f32",
                          groups[gi], mm);
                 nccl_case(H, &nc, label, N, cfg, cs, 4, seed++);
             }
             size_t big = ((size_t)1 << 20) + 5;
-            echo_config cfg = {ECHO_MODE_ECHO, 64, 0, 4, big, 0, 0, 0};
+            echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 64, 0, 4, big, 0, 0);
             call_spec cb[2] = {spec(1, 0, big, dt), spec(0, 1, big, dt)};
             snprintf(label, sizeof label, "nccl n=%d echo  %-4s G=64  count=%zu", N, di ? "bf16" : "f32", big);
             nccl_case(H, &nc, label, N, cfg, cb, 2, seed++);
-            echo_config cfs = {ECHO_MODE_ECHO, 64, 0, 4, 4097, 0, 0, 0};
+            echo_config cfs = test_echo_cfg(ECHO_PRESET_ECHO, 64, 0, 4, 4097, 0, 0);
             call_spec cs[3] = {spec(1, 0, 4097, dt), spec(0, 1, 4097, dt), spec(0, 2, 4097, dt)};
             for (int k = 0; k < 3; k++)
                 cs[k].shift = 1;
@@ -1563,7 +1564,7 @@ static void part_n(const side *H, int ndev, int self) {
          * around them are quantized, bit for bit. */
         {
             size_t mm = 4097;
-            echo_config cfg = {ECHO_MODE_ECHO, 64, 3 * mm, 4, mm, 0, 0, 0};
+            echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 64, 3 * mm, 4, mm, 0, 0);
             call_spec cs[4] = {spec(1, 0, mm, ECHO_F32), spec(0, 1, mm, ECHO_BF16), spec(0, 2, mm, ECHO_F32),
                                spec(0, 3, mm, ECHO_F32)};
             snprintf(label, sizeof label, "nccl policy n=%d echo f32/bf16 G=64  count=%zu", N, mm);
@@ -1579,12 +1580,12 @@ static void part_n(const side *H, int ndev, int self) {
                 for (int ci = 1; ci < 4; ci += 2) {
                     echo_dtype dt = di ? ECHO_BF16 : ECHO_F32;
                     size_t mm = counts[ci];
-                    echo_config cfg = {modes[mi], 64, 0, 4, mm, 0, 1, 0};
+                    echo_config cfg = test_echo_cfg(modes[mi], 64, 0, 4, mm, 1, 0);
                     call_spec cs[5] = {spec(1, 0, mm, dt), spec(0, 1, mm, dt), spec(0, 3, mm, dt), spec(1, 0, mm, dt),
                                        spec(0, 2, mm, dt)};
                     cs[4].shift = 1;
                     snprintf(label, sizeof label, "nccl deferred n=%d %-5s %-4s count=%zu", N,
-                             echo_mode_name(modes[mi]), di ? "bf16" : "f32", mm);
+                             echo_preset_name(modes[mi]), di ? "bf16" : "f32", mm);
                     nccl_case(H, &nc, label, N, cfg, cs, 5, seed++);
                 }
     }

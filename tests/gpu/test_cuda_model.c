@@ -136,7 +136,7 @@ static int load_prompts(const char *dir, prompt **out, int *n, double *tol) {
     return 0;
 }
 
-static eng *open_engine(const char *dir, const char *device, int tp, echo_mode mode) {
+static eng *open_engine(const char *dir, const char *device, int tp, echo_preset mode) {
     char err[1024];
     eng_config c = {.model_dir = dir, .device = device, .tp = tp, .allreduce = mode, .max_model_len = 256,
                     .max_num_seqs = 2, .threads = 0};
@@ -220,8 +220,9 @@ typedef struct fault {
 /* The logits (steps, GRAPH_SEQS, V) of the decode steps described at the
  * top, on a fresh engine; NULL on error. *graph_steps: steps that ran as a
  * graph. */
-static float *decode_steps_tp(const char *dir, const char *dev, int tp, echo_mode mode, int graphs, int fuse, int nseqs,
-                              const prompt *ps, int np, int V, int max_len, int *steps, long *graph_steps, fault *f) {
+static float *decode_steps_tp(const char *dir, const char *dev, int tp, echo_preset mode, int graphs, int fuse,
+                              int nseqs, const prompt *ps, int np, int V, int max_len, int *steps, long *graph_steps,
+                              fault *f) {
     char err[1024] = "bad sequence count";
     eng_config c = {.model_dir = dir, .device = dev, .tp = tp, .allreduce = mode, .max_model_len = max_len,
                     .max_num_seqs = nseqs, .threads = 0, .cuda_graphs = graphs, .fuse_weights = fuse};
@@ -285,7 +286,7 @@ static float *decode_steps_tp(const char *dir, const char *dev, int tp, echo_mod
 
 static float *decode_steps(const char *dir, const char *dev, int graphs, int fuse, int nseqs, const prompt *ps, int np,
                            int V, int max_len, int *steps, long *graph_steps) {
-    return decode_steps_tp(dir, dev, 1, ECHO_MODE_EXACT, graphs, fuse, nseqs, ps, np, V, max_len, steps, graph_steps,
+    return decode_steps_tp(dir, dev, 1, ECHO_PRESET_EXACT, graphs, fuse, nseqs, ps, np, V, max_len, steps, graph_steps,
                            NULL);
 }
 
@@ -342,7 +343,7 @@ static void check_graph_fault(const char *dir, const char *name, int tp, const p
         fault f = {.step = inst ? 0 : 2, .device = tp - 1, .instantiate = inst};
         int T = 0;
         long g = 0;
-        float *l = decode_steps_tp(dir, "cuda", tp, ECHO_MODE_ECHO, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, max_len,
+        float *l = decode_steps_tp(dir, "cuda", tp, ECHO_PRESET_ECHO, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V, max_len,
                                    &T, &g, &f);
         if (f.failed) printf("%-16s tp %d %-26s the failed step said: %s\n", name, tp, what, f.err);
         /* a failed launch: one failed step, one reset, graphs again from the
@@ -376,7 +377,7 @@ static void check_dead_world(const char *dir, const char *name, int tp, const pr
         return;
     }
     char err[1024] = "", why[512] = "", err2[1024] = "";
-    eng_config c = {.model_dir = dir, .device = "cuda", .tp = tp, .allreduce = ECHO_MODE_ECHO, .max_model_len = 256,
+    eng_config c = {.model_dir = dir, .device = "cuda", .tp = tp, .allreduce = ECHO_PRESET_ECHO, .max_model_len = 256,
                     .max_num_seqs = 1, .threads = 0, .cuda_graphs = 1};
     eng *e = NULL;
     int seq = -1, ok = eng_create(&c, &e, err, sizeof err) == 0 && eng_seq_new(e, &seq, err, sizeof err) == 0;
@@ -431,9 +432,9 @@ static void test_graphs_tp(const char *dir, const char *name, const model_config
         }
         int T1 = 0, T2 = 0;
         long g1 = 0, g2 = 0;
-        float *eager = decode_steps_tp(dir, "cuda", tp, ECHO_MODE_ECHO, 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V,
+        float *eager = decode_steps_tp(dir, "cuda", tp, ECHO_PRESET_ECHO, 0, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V,
                                        max_len, &T1, &g1, NULL);
-        float *graph = decode_steps_tp(dir, "cuda", tp, ECHO_MODE_ECHO, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V,
+        float *graph = decode_steps_tp(dir, "cuda", tp, ECHO_PRESET_ECHO, 1, ENG_FUSE_AUTO, GRAPH_SEQS, ps, np, V,
                                        max_len, &T2, &g2, NULL);
         check_graph_bits(name, tp, w1, eager, graph, T1, T2, V);
         check_graph_steps(name, tp, w3, graph, g1, g2, T2);
@@ -599,20 +600,20 @@ static void test_model(const char *dir, const char *dev) {
     }
     const int npr = g_emu && np > 1 ? 1 : np; /* prompts through the tp comparisons */
     float **ref = calloc((size_t)np, sizeof *ref), **dev1 = calloc((size_t)np, sizeof *dev1);
-    eng *cpu = open_engine(dir, "cpu", 1, ECHO_MODE_EXACT);
+    eng *cpu = open_engine(dir, "cpu", 1, ECHO_PRESET_EXACT);
     for (int i = 0; cpu && i < npr; i++) ref[i] = all_logits(cpu, &ps[i], V);
     eng_destroy(cpu);
 
     static const struct {
         int tp;
-        echo_mode mode;
-    } runs[] = {{1, ECHO_MODE_EXACT}, {2, ECHO_MODE_EXACT}, {3, ECHO_MODE_EXACT}, {4, ECHO_MODE_EXACT},
-                {4, ECHO_MODE_ECHO}};
+        echo_preset mode;
+    } runs[] = {{1, ECHO_PRESET_EXACT}, {2, ECHO_PRESET_EXACT}, {3, ECHO_PRESET_EXACT}, {4, ECHO_PRESET_EXACT},
+                {4, ECHO_PRESET_ECHO}};
     for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
         int tp = runs[r].tp;
         char what[64];
-        snprintf(what, sizeof what, "%s %s vs %s", dev, echo_mode_name(runs[r].mode),
-                 runs[r].mode == ECHO_MODE_ECHO ? "exact" : "cpu");
+        snprintf(what, sizeof what, "%s %s vs %s", dev, echo_preset_name(runs[r].mode),
+                 runs[r].mode == ECHO_PRESET_ECHO ? "exact" : "cpu");
         if (tp > 1 && model_check_tp(&mc, tp, err, sizeof err)) {
             printf("%-16s tp %d %-26s skipped: %s\n", name, tp, what, err);
             continue;
@@ -624,7 +625,7 @@ static void test_model(const char *dir, const char *dev) {
         }
         double worst = 0;
         int ok = 1;
-        float **exact4 = runs[r].mode == ECHO_MODE_ECHO ? dev1 : NULL; /* dev1 holds tp 4 exact by then */
+        float **exact4 = runs[r].mode == ECHO_PRESET_ECHO ? dev1 : NULL; /* dev1 holds tp 4 exact by then */
         for (int i = 0; i < npr && ok; i++) {
             float *l = all_logits(e, &ps[i], V);
             const float *base = exact4 ? exact4[i] : ref[i];
@@ -635,7 +636,7 @@ static void test_model(const char *dir, const char *dev) {
             }
             double re = rel_err(l, base, (size_t)(ps[i].n_prompt + ps[i].n_greedy) * V);
             worst = re > worst ? re : worst;
-            if (tp == 4 && runs[r].mode == ECHO_MODE_EXACT) {
+            if (tp == 4 && runs[r].mode == ECHO_PRESET_EXACT) {
                 free(dev1[i]); /* keep tp 4 exact for the echo comparison */
                 dev1[i] = l;
             } else {
@@ -645,7 +646,7 @@ static void test_model(const char *dir, const char *dev) {
         if (!ok)
             fail_line(name, tp, what);
         else
-            report(name, tp, what, worst, tol, runs[r].mode != ECHO_MODE_ECHO);
+            report(name, tp, what, worst, tol, runs[r].mode != ECHO_PRESET_ECHO);
         if (tp == 1 && ok && g_emu) {
             printf("%-16s tp 1 %-26s skipped (--emu: too large to emulate)\n", name, "greedy vs HF");
         } else if (tp == 1 && ok) { /* greedy agreement with HF, reported */

@@ -28,6 +28,7 @@
 
 #include "comm/echo.h"
 #include "comm/echo_internal.h" /* a device-memory stand-in of the local transport */
+#include "tests/comm_preset.h"
 
 static int g_rank, g_n;
 static long g_checks, g_fail;
@@ -200,8 +201,8 @@ static int all_true(int v) {
 
 /* The mpi world against local for one configuration. `twoshot`: exact path
  * as two-shot (bit for bit against local when no residual is carried). */
-static void compare(echo_mode mode, size_t min_bytes, int twoshot, echo_codec_id codec) {
-    echo_config cfg = {mode, 0, min_bytes, 4, MAXC, 0, 0, codec};
+static void compare(echo_preset mode, size_t min_bytes, int twoshot, echo_codec_id codec) {
+    echo_config cfg = test_echo_cfg(mode, 0, min_bytes, 4, MAXC, 0, codec);
     results loc = {calloc((size_t)NPASS * NCALL * ECHO_MAX_RANKS, MAXC * 4)};
     results mp = {calloc((size_t)NPASS * NCALL * ECHO_MAX_RANKS, MAXC * 4)};
     char err[256];
@@ -220,7 +221,7 @@ static void compare(echo_mode mode, size_t min_bytes, int twoshot, echo_codec_id
     CHECK(!rc, "mpi comm: %s", err);
     if (!rc) {
         rc = run_chain(c, g_rank, &mp, err, sizeof err);
-        CHECK(!rc, "mpi chain (%s): %s", echo_mode_name(mode), err);
+        CHECK(!rc, "mpi chain (%s): %s", echo_preset_name(mode), err);
     }
     echo_comm_destroy(c);
     echo_world_destroy(w);
@@ -228,14 +229,14 @@ static void compare(echo_mode mode, size_t min_bytes, int twoshot, echo_codec_id
     for (int p = 0; p < NPASS; p++) {
         echo_dtype dt = pass_dt(p);
         size_t n = pass_count[p], esz = dt == ECHO_F32 ? 4 : 2;
-        int exact = mode == ECHO_MODE_EXACT || n * esz < min_bytes;
+        int exact = mode == ECHO_PRESET_EXACT || n * esz < min_bytes;
         for (int k = 0; k < NCALL; k++) {
             const unsigned char *a = slot(&mp, p, k, g_rank), *b = slot(&loc, p, k, g_rank);
             /* a residual is carried into an exact call only after a quantized one in echo mode */
-            int bitwise = !exact || (twoshot && mode != ECHO_MODE_ECHO);
+            int bitwise = !exact || (twoshot && mode != ECHO_PRESET_ECHO);
             if (bitwise) {
                 CHECK(!memcmp(a, b, n * esz), "%s min_bytes %zu%s pass %d call %d (%zu %s): mpi differs from local",
-                      echo_mode_name(mode), min_bytes, twoshot ? " twoshot" : "", p, k, n,
+                      echo_preset_name(mode), min_bytes, twoshot ? " twoshot" : "", p, k, n,
                       dt == ECHO_F32 ? "f32" : "bf16");
             } else {
                 double worst = 0;
@@ -246,15 +247,15 @@ static void compare(echo_mode mode, size_t min_bytes, int twoshot, echo_codec_id
                     /* fp32 sums in another order (and a residual below one
                      * int4 step, added earlier or later), then the output
                      * rounding: one bf16 ulp for bf16 activations */
-                    double tol = (dt == ECHO_F32 ? 1e-6 : 1.0 / 64) * (s + 1e-30) * (mode == ECHO_MODE_ECHO ? 4 : 1);
+                    double tol = (dt == ECHO_F32 ? 1e-6 : 1.0 / 64) * (s + 1e-30) * (mode == ECHO_PRESET_ECHO ? 4 : 1);
                     double d = fabs(get(a, dt, i) - get(b, dt, i)) / tol;
                     worst = d > worst ? d : worst;
                 }
                 CHECK(worst <= 1, "%s min_bytes %zu pass %d call %d: exact path off local by %.3g x tolerance",
-                      echo_mode_name(mode), min_bytes, p, k, worst);
+                      echo_preset_name(mode), min_bytes, p, k, worst);
             }
             /* exact and bf16 against an fp64 sum, f32 activations */
-            if ((mode == ECHO_MODE_BF16 || mode == ECHO_MODE_EXACT) && dt == ECHO_F32) {
+            if ((mode == ECHO_PRESET_BF16 || mode == ECHO_PRESET_EXACT) && dt == ECHO_F32) {
                 double worst = 0;
                 for (size_t i = 0; i < n; i++) {
                     double ref = 0, s = 0;
@@ -269,11 +270,11 @@ static void compare(echo_mode mode, size_t min_bytes, int twoshot, echo_codec_id
                     double d = fabs(get(a, dt, i) - ref) / (tol + 1e-30);
                     worst = d > worst ? d : worst;
                 }
-                CHECK(worst <= 1, "%s pass %d call %d: off the fp64 sum by %.3g x its bound", echo_mode_name(mode), p,
+                CHECK(worst <= 1, "%s pass %d call %d: off the fp64 sum by %.3g x its bound", echo_preset_name(mode), p,
                       k, worst);
             }
             CHECK(all_same(hash_bytes(a, n * esz)), "%s pass %d call %d: replicas differ across ranks",
-                  echo_mode_name(mode), p, k);
+                  echo_preset_name(mode), p, k);
         }
     }
 out:
@@ -283,8 +284,8 @@ out:
 
 /* A NaN on the last rank fails the call on every rank, alike; the next
  * pass works. */
-static void poison(echo_mode mode) {
-    echo_config cfg = {mode, 0, 0, 2, 4096, 0, 0, 0};
+static void poison(echo_preset mode) {
+    echo_config cfg = test_echo_cfg(mode, 0, 0, 2, 4096, 0, 0);
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256];
@@ -298,22 +299,22 @@ static void poison(echo_mode mode) {
     if (g_rank == g_n - 1) buf[5] = NAN;
     int rc = echo_begin_pass(c, err, sizeof err);
     if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
-    CHECK(rc == -1, "%s: a NaN on rank %d did not fail the call", echo_mode_name(mode), g_n - 1);
-    CHECK(echo_pass_failed_alike(c), "%s: the NaN failure is not reported as alike", echo_mode_name(mode));
-    CHECK(isnan(buf[5]), "%s: the poisoned element is %g, not NaN", echo_mode_name(mode), (double)buf[5]);
-    CHECK(all_true(rc == -1), "%s: not every rank failed on the NaN", echo_mode_name(mode));
+    CHECK(rc == -1, "%s: a NaN on rank %d did not fail the call", echo_preset_name(mode), g_n - 1);
+    CHECK(echo_pass_failed_alike(c), "%s: the NaN failure is not reported as alike", echo_preset_name(mode));
+    CHECK(isnan(buf[5]), "%s: the poisoned element is %g, not NaN", echo_preset_name(mode), (double)buf[5]);
+    CHECK(all_true(rc == -1), "%s: not every rank failed on the NaN", echo_preset_name(mode));
     fill(buf, ECHO_F32, 1000, 9, 1, g_rank);
     rc = echo_begin_pass(c, err, sizeof err);
     if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
-    CHECK(!rc, "%s: the pass after a NaN failed: %s", echo_mode_name(mode), err);
+    CHECK(!rc, "%s: the pass after a NaN failed: %s", echo_preset_name(mode), err);
     echo_comm_destroy(c);
     echo_world_destroy(w);
 }
 
 /* The last rank passes another count (then another site): every rank
  * fails, nobody hangs, the next pass works. */
-static void disagree(echo_mode mode) {
-    echo_config cfg = {mode, 0, 0, 4, 4096, 0, 0, 0};
+static void disagree(echo_preset mode) {
+    echo_config cfg = test_echo_cfg(mode, 0, 0, 4, 4096, 0, 0);
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256];
@@ -331,15 +332,15 @@ static void disagree(echo_mode mode) {
         int rc = echo_begin_pass(c, err, sizeof err);
         if (!rc) rc = echo_allreduce(c, site, buf, n, ECHO_F32, NULL, err, sizeof err);
         CHECK(rc == -1 && strstr(err, "disagree"), "%s: a %s mismatch was not reported: rc %d, '%s'",
-              echo_mode_name(mode), what ? "site" : "count", rc, rc ? err : "");
-        CHECK(all_true(rc == -1), "%s: not every rank failed on a %s mismatch", echo_mode_name(mode),
+              echo_preset_name(mode), what ? "site" : "count", rc, rc ? err : "");
+        CHECK(all_true(rc == -1), "%s: not every rank failed on a %s mismatch", echo_preset_name(mode),
               what ? "site" : "count");
         rc = echo_allreduce(c, 3, buf, 1000, ECHO_F32, NULL, err, sizeof err);
-        CHECK(rc == -1, "%s: a call in the failed pass did not fail", echo_mode_name(mode));
+        CHECK(rc == -1, "%s: a call in the failed pass did not fail", echo_preset_name(mode));
         fill(buf, ECHO_F32, 1000, 10, 2, g_rank);
         rc = echo_begin_pass(c, err, sizeof err);
         if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
-        CHECK(!rc, "%s: the pass after a mismatch failed: %s", echo_mode_name(mode), err);
+        CHECK(!rc, "%s: the pass after a mismatch failed: %s", echo_preset_name(mode), err);
     }
     echo_comm_destroy(c);
     echo_world_destroy(w);
@@ -349,7 +350,7 @@ static void disagree(echo_mode mode) {
  * communicating) until echo_world_clear_abort; every rank aborts at the
  * same point here, so clearing re-arms the world. */
 static void abort_local(void) {
-    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 2, 4096, 0, 0, 0};
+    echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 0, 0, 2, 4096, 0, 0);
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256] = "", why[256] = "";
@@ -391,7 +392,7 @@ static void fake_free(int device, void *p) {
 
 static void bf16_refused_on_device(void) {
     static const echo_local_mem fake = {.device_memory = 1, .alloc = fake_alloc, .free = fake_free};
-    echo_config cfg = {ECHO_MODE_BF16, 0, 0, 2, 1024, 0, 0, 0};
+    echo_config cfg = test_echo_cfg(ECHO_PRESET_BF16, 0, 0, 2, 1024, 0, 0);
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256] = "";
@@ -405,7 +406,7 @@ static void bf16_refused_on_device(void) {
 }
 
 static void api(void) {
-    echo_config cfg = {ECHO_MODE_ECHO, 0, 0, 2, 1024, 0, 0, 0};
+    echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 0, 0, 2, 1024, 0, 0);
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256] = "";
@@ -426,11 +427,9 @@ static void api(void) {
     rc = echo_world_create_mpi(&cfg, &w, err, sizeof err);
     CHECK(rc == -1 && strstr(err, "ECHO_MPI_EXACT"), "ECHO_MPI_EXACT=ring was accepted");
     unsetenv("ECHO_MPI_EXACT");
-    /* bf16 is host-only: the local transport on host memory takes it */
-    cfg.mode = ECHO_MODE_BF16;
-    echo_mode m;
-    CHECK(!echo_mode_parse("bf16", &m) && m == ECHO_MODE_BF16, "'bf16' does not parse");
-    CHECK(!strcmp(echo_mode_name(ECHO_MODE_BF16), "bf16"), "the name of ECHO_MODE_BF16");
+    echo_preset m;
+    CHECK(!echo_preset_parse("bf16", &m) && m == ECHO_PRESET_BF16, "'bf16' does not parse");
+    CHECK(!strcmp(echo_preset_name(ECHO_PRESET_BF16), "bf16"), "the name of ECHO_PRESET_BF16");
 }
 
 int main(int argc, char **argv) {
@@ -446,12 +445,12 @@ int main(int argc, char **argv) {
     api();
     abort_local();
     bf16_refused_on_device();
-    const echo_mode modes[] = {ECHO_MODE_INT4, ECHO_MODE_ECHO, ECHO_MODE_BF16, ECHO_MODE_EXACT};
+    const echo_preset modes[] = {ECHO_PRESET_INT4, ECHO_PRESET_ECHO, ECHO_PRESET_BF16, ECHO_PRESET_EXACT};
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
         compare(modes[m], 0, 0, ECHO_CODEC_INT4);
         compare(modes[m], 2048, 0, ECHO_CODEC_INT4);
         compare(modes[m], 2048, 1, ECHO_CODEC_INT4);
-        if (modes[m] == ECHO_MODE_INT4 || modes[m] == ECHO_MODE_ECHO) {
+        if (modes[m] == ECHO_PRESET_INT4 || modes[m] == ECHO_PRESET_ECHO) {
             compare(modes[m], 0, 0, ECHO_CODEC_HADAMARD);
             compare(modes[m], 2048, 0, ECHO_CODEC_HADAMARD);
             compare(modes[m], 0, 0, ECHO_CODEC_HSUB6);

@@ -19,7 +19,7 @@ static const char *ALL_MODELS[] = {"tied",      "untied-sharded", "wide-head",
                                    "llama-tp3", "gguf-llama/model.gguf", "gguf-qwen3/model.gguf",
                                    "qwen2-bias"};
 
-static eng *open_eng(const char *name, int tp, echo_mode mode, int max_seqs, int kv_blocks, char *err) {
+static eng *open_eng(const char *name, int tp, echo_preset mode, int max_seqs, int kv_blocks, char *err) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", MODELS, name);
     eng_config c = {.model_dir = dir, .tp = tp, .allreduce = mode, .threads = 2, .max_model_len = 128,
@@ -60,7 +60,7 @@ static float *run_alone(eng *e, const int32_t *prompt, int n, int32_t *greedy) {
 START_TEST(test_tp_exact_reproduces_tp1) {
     char err[1024];
     for (size_t mi = 0; mi < sizeof ALL_MODELS / sizeof *ALL_MODELS; mi++) {
-        eng *e1 = open_eng(ALL_MODELS[mi], 1, ECHO_MODE_EXACT, 2, 0, err);
+        eng *e1 = open_eng(ALL_MODELS[mi], 1, ECHO_PRESET_EXACT, 2, 0, err);
         ck_assert_msg(e1 != NULL, "%s", err);
         const model_config *c = eng_model_config(e1);
         int32_t prompt[23], g1[6], gt[6];
@@ -69,12 +69,12 @@ START_TEST(test_tp_exact_reproduces_tp1) {
         for (int tp = 2; tp <= 4; tp++) {
             if (model_check_tp(c, tp, err, sizeof err)) {
                 /* realvocab has 2 heads: tp 3 and 4 must be refused with a reason */
-                eng *bad = open_eng(ALL_MODELS[mi], tp, ECHO_MODE_EXACT, 2, 0, err);
+                eng *bad = open_eng(ALL_MODELS[mi], tp, ECHO_PRESET_EXACT, 2, 0, err);
                 ck_assert(bad == NULL);
                 ck_assert_msg(strstr(err, "--tp") != NULL, "%s", err);
                 continue;
             }
-            eng *et = open_eng(ALL_MODELS[mi], tp, ECHO_MODE_EXACT, 2, 0, err);
+            eng *et = open_eng(ALL_MODELS[mi], tp, ECHO_PRESET_EXACT, 2, 0, err);
             ck_assert_msg(et != NULL, "%s tp %d: %s", ALL_MODELS[mi], tp, err);
             float *got = run_alone(et, prompt, 23, gt);
             double e = tu_rel_err(got, ref, (size_t)7 * c->vocab_size);
@@ -83,7 +83,7 @@ START_TEST(test_tp_exact_reproduces_tp1) {
             echo_stats st;
             eng_comm_stats(et, &st);
             /* 7 passes x 2 sites per layer x tp ranks, all through the exact path */
-            ck_assert_uint_eq(st.calls[ECHO_MODE_EXACT], (uint64_t)7 * 2 * c->num_layers * tp);
+            ck_assert_uint_eq(st.calls[ECHO_PRESET_EXACT], (uint64_t)7 * 2 * c->num_layers * tp);
             free(got);
             eng_destroy(et);
         }
@@ -113,12 +113,12 @@ static float *prefill_all(eng *e, const int32_t *prompt, int n) {
 START_TEST(test_tp_quantized_modes_run) {
     enum { N = 48, V = 512 };
     char err[1024];
-    eng *ex = open_eng("gqa4-deep", 1, ECHO_MODE_EXACT, 1, 0, err);
+    eng *ex = open_eng("gqa4-deep", 1, ECHO_PRESET_EXACT, 1, 0, err);
     ck_assert_msg(ex != NULL, "%s", err);
     int32_t prompt[N];
     make_prompt(prompt, N, V, 99);
     float *ref = prefill_all(ex, prompt, N);
-    const echo_mode modes[] = {ECHO_MODE_INT4, ECHO_MODE_ECHO};
+    const echo_preset modes[] = {ECHO_PRESET_INT4, ECHO_PRESET_ECHO};
     double er[2];
     for (int k = 0; k < 2; k++) {
         eng *e = open_eng("gqa4-deep", 2, modes[k], 1, 0, err);
@@ -126,7 +126,7 @@ START_TEST(test_tp_quantized_modes_run) {
         float *got = prefill_all(e, prompt, N);
         er[k] = tu_rel_err(got, ref, (size_t)N * V);
         for (size_t i = 0; i < (size_t)N * V; i++) ck_assert(isfinite(got[i]));
-        ck_assert_msg(er[k] > 0, "%s changed nothing", echo_mode_name(modes[k]));
+        ck_assert_msg(er[k] > 0, "%s changed nothing", echo_preset_name(modes[k]));
         echo_stats st;
         eng_comm_stats(e, &st);
         ck_assert_uint_eq(st.calls[modes[k]], (uint64_t)2 * 12 * 2); /* one pass, 2 sites x 12 layers, 2 ranks */
@@ -143,7 +143,7 @@ END_TEST
  * sequences gives every sequence the logits it gets alone. */
 START_TEST(test_batch_equals_alone) {
     char err[1024];
-    eng *e = open_eng("gqa4-deep", 2, ECHO_MODE_EXACT, 4, 0, err);
+    eng *e = open_eng("gqa4-deep", 2, ECHO_PRESET_EXACT, 4, 0, err);
     ck_assert_msg(e != NULL, "%s", err);
     const int V = eng_model_config(e)->vocab_size;
     int lens[4] = {9, 1, 30, 14};
@@ -192,7 +192,7 @@ END_TEST
  * must not leak the previous owner's state. */
 START_TEST(test_kv_paging_no_leakage) {
     char err[1024];
-    eng *e = open_eng("tied", 1, ECHO_MODE_EXACT, 3, 64, err);
+    eng *e = open_eng("tied", 1, ECHO_PRESET_EXACT, 3, 64, err);
     ck_assert_msg(e != NULL, "%s", err);
     const int V = eng_model_config(e)->vocab_size;
     int32_t pa[40], pb[40], pc[40], ga[6], gb[6], gc[6];
@@ -236,7 +236,7 @@ END_TEST
 
 START_TEST(test_kv_exhaustion_reported) {
     char err[1024];
-    eng *e = open_eng("tied", 1, ECHO_MODE_EXACT, 3, 5, err); /* 5 blocks of 4 tokens */
+    eng *e = open_eng("tied", 1, ECHO_PRESET_EXACT, 3, 5, err); /* 5 blocks of 4 tokens */
     ck_assert_msg(e != NULL, "%s", err);
     int32_t p[24];
     make_prompt(p, 24, 384, 5);
@@ -429,7 +429,7 @@ static char *corrupt_model(void) {
 
 /* An engine on `dir` at `tp` with one sequence whose 3-token prompt `it`
  * is ready to step. */
-static eng *one_seq_engine(const char *dir, int tp, echo_mode mode, int *seq, eng_item *it) {
+static eng *one_seq_engine(const char *dir, int tp, echo_preset mode, int *seq, eng_item *it) {
     static const int32_t ids[3] = {1, 2, 3};
     char err[1024];
     eng_config c = {.model_dir = dir, .tp = tp, .threads = tp, .max_model_len = 64, .max_num_seqs = 1,
@@ -447,7 +447,7 @@ START_TEST(test_nonfinite_logits_reported) {
     char *dir = corrupt_model(), err[1024];
     int seq;
     eng_item it;
-    eng *e = one_seq_engine(dir, 1, ECHO_MODE_EXACT, &seq, &it);
+    eng *e = one_seq_engine(dir, 1, ECHO_PRESET_EXACT, &seq, &it);
     float out[384];
     ck_assert_int_eq(eng_step(e, &it, 1, out, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "non-finite") != NULL, "%s", err);
@@ -471,7 +471,7 @@ START_TEST(test_nonfinite_allreduce_no_reset) {
     for (int mode = 0; mode < 3; mode++) {
         int seq;
         eng_item it;
-        eng *e = one_seq_engine(dir, 2, (echo_mode)mode, &seq, &it);
+        eng *e = one_seq_engine(dir, 2, (echo_preset)mode, &seq, &it);
         float out[384];
         for (int step = 0; step < 2; step++) {
             ck_assert_int_eq(eng_step(e, &it, 1, out, err, sizeof err), -1);
@@ -525,7 +525,7 @@ START_TEST(test_step_cands_match_full) {
     char err[1024], what[128];
     for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
         for (int tp = 1; tp <= 4; tp *= 2) {
-            eng *e = open_eng(models[mi], tp, ECHO_MODE_EXACT, 3, 0, err);
+            eng *e = open_eng(models[mi], tp, ECHO_PRESET_EXACT, 3, 0, err);
             if (!e) {
                 ck_assert_msg(tp == 4 && strstr(err, "--tp"), "%s tp %d: %s", models[mi], tp, err);
                 continue;
@@ -575,7 +575,7 @@ END_TEST
  * stays as it was, at tp 1 and 2. */
 START_TEST(test_step_cands_errors_roll_back) {
     char err[1024];
-    eng *e = open_eng("tied", 1, ECHO_MODE_EXACT, 2, 0, err);
+    eng *e = open_eng("tied", 1, ECHO_PRESET_EXACT, 2, 0, err);
     ck_assert_msg(e != NULL, "%s", err);
     int seq;
     int32_t p[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -597,7 +597,7 @@ START_TEST(test_step_cands_errors_roll_back) {
 
     char *dir = corrupt_model();
     for (int tp = 1; tp <= 2; tp++) {
-        eng_config c = {.model_dir = dir, .tp = tp, .allreduce = ECHO_MODE_EXACT, .threads = 2, .max_model_len = 64,
+        eng_config c = {.model_dir = dir, .tp = tp, .allreduce = ECHO_PRESET_EXACT, .threads = 2, .max_model_len = 64,
                         .max_num_seqs = 2};
         ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
         int a, b;
@@ -698,7 +698,7 @@ static int gen_cb(void *user, const eng_step_out *st) {
 
 START_TEST(test_generate_cands_equals_full) {
     char err[1024];
-    eng *e = open_eng("gqa4-deep", 2, ECHO_MODE_EXACT, 2, 0, err);
+    eng *e = open_eng("gqa4-deep", 2, ECHO_PRESET_EXACT, 2, 0, err);
     ck_assert_msg(e != NULL, "%s", err);
     const int V = eng_model_config(e)->vocab_size;
     int32_t prompt[11];

@@ -119,7 +119,7 @@ static int list_models(char names[][256]) {
     return n;
 }
 
-static eng *open_engine(const char *dir, int tp, echo_mode mode, int max_len) {
+static eng *open_engine(const char *dir, int tp, echo_preset mode, int max_len) {
     char err[1024];
     eng_config c = {.model_dir = dir, .tp = tp, .allreduce = mode, .threads = 2, .max_model_len = max_len,
                     .max_num_seqs = 4};
@@ -165,7 +165,7 @@ START_TEST(test_logits_match_reference) {
     for (int mi = 0; mi < nm; mi++) {
         ref_model r;
         ref_load(names[mi], &r);
-        eng *e = open_engine(names[mi], 1, ECHO_MODE_EXACT, 64);
+        eng *e = open_engine(names[mi], 1, ECHO_PRESET_EXACT, 64);
         ck_assert_int_eq(eng_model_config(e)->vocab_size, r.vocab);
         double worst = 0;
         for (int i = 0; i < r.n_prompts; i++) {
@@ -195,7 +195,7 @@ START_TEST(test_greedy_matches_reference) {
     for (int mi = 0; mi < nm; mi++) {
         ref_model r;
         ref_load(names[mi], &r);
-        eng *e = open_engine(names[mi], 1, ECHO_MODE_EXACT, 64);
+        eng *e = open_engine(names[mi], 1, ECHO_PRESET_EXACT, 64);
         for (int i = 0; i < r.n_prompts; i++) {
             const ref_prompt *p = &r.p[i];
             int32_t out[64], *cur = out;
@@ -227,7 +227,7 @@ START_TEST(test_decode_equals_full_recompute) {
             const ref_prompt *p = &r.p[i];
             int n = p->n_prompt + p->n_greedy, seq;
             /* the sequence limit is exactly n, so the last check can overflow it */
-            eng *e = open_engine(names[mi], 1, ECHO_MODE_EXACT, n);
+            eng *e = open_engine(names[mi], 1, ECHO_PRESET_EXACT, n);
             float *all = full_forward(e, p, r.vocab);
             float *step = malloc((size_t)r.vocab * sizeof *step);
             char err[1024];
@@ -538,7 +538,7 @@ START_TEST(test_stops_at_eos) {
              "cp %s/config.json %s/model.safetensors %s/ && echo '{\"eos_token_id\": [%d]}' > %s/generation_config.json",
              dir, dir, tmp, eos, tmp);
     ck_assert_int_eq(system(cmd), 0);
-    eng *e = open_engine(tmp, 1, ECHO_MODE_EXACT, 64);
+    eng *e = open_engine(tmp, 1, ECHO_PRESET_EXACT, 64);
     int32_t out[64], *cur = out;
     eng_gen_params gp = {.max_tokens = 32, .sampling = {.top_p = 1}};
     eng_finish fin;
@@ -652,7 +652,7 @@ START_TEST(test_random_model_tp) {
     float *base = NULL;
     const int V = 512;
     for (int tp = 1; tp <= 4; tp *= 2) {
-        eng *e = open_engine(spec, tp, ECHO_MODE_EXACT, 64);
+        eng *e = open_engine(spec, tp, ECHO_PRESET_EXACT, 64);
         ck_assert_int_eq(eng_model_config(e)->vocab_size, V);
         float *l = full_forward(e, &p, V);
         for (int i = 0; i < 6 * V; i++) ck_assert_msg(isfinite(l[i]), "non-finite logit at tp %d", tp);
@@ -665,7 +665,7 @@ START_TEST(test_random_model_tp) {
         }
         eng_destroy(e);
     }
-    eng *e = open_engine("random:tiny,layers=3,seed=10", 1, ECHO_MODE_EXACT, 64);
+    eng *e = open_engine("random:tiny,layers=3,seed=10", 1, ECHO_PRESET_EXACT, 64);
     float *l = full_forward(e, &p, V);
     ck_assert_msg(tu_rel_err(l, base, (size_t)6 * V) > 0.1, "another seed gives the same model");
     free(l);
@@ -682,7 +682,7 @@ END_TEST
  * (the views into the fused weights). */
 static eng *open_engine_fuse(const char *dir, int tp, int fuse) {
     char err[1024];
-    eng_config c = {.model_dir = dir, .tp = tp, .allreduce = ECHO_MODE_EXACT, .threads = 2, .max_model_len = 128,
+    eng_config c = {.model_dir = dir, .tp = tp, .allreduce = ECHO_PRESET_EXACT, .threads = 2, .max_model_len = 128,
                     .max_num_seqs = 4, .fuse_weights = fuse};
     eng *e;
     ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s: %s", dir, err);

@@ -64,7 +64,7 @@ static void check_tp(const char *model, int tp) {
     char err[1024];
     tok_tokenizer *tok = NULL;
     ck_assert_msg(eng_tokenizer_load(model, &tok, NULL, err, sizeof err) == 0, "%s", err);
-    eng_config c = {.model_dir = model, .tp = tp, .allreduce = ECHO_MODE_EXACT, .threads = 2, .max_model_len = 256,
+    eng_config c = {.model_dir = model, .tp = tp, .allreduce = ECHO_PRESET_EXACT, .threads = 2, .max_model_len = 256,
                     .max_num_seqs = 1};
     eng *e = NULL;
     ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);

@@ -203,7 +203,8 @@ int bench_allreduce_nccl(const bench_ar_opts *o) {
         int devs[ECHO_MAX_RANKS];
         for (int r = 0; r < N; r++)
             devs[r] = r;
-        echo_config cfg = {o->modes[m], o->group, o->policy, iters + 1, maxc, 0, 1, 0};
+        echo_config cfg = {.min_bytes = o->policy, .n_sites = iters + 1, .max_count = maxc, .deferred = 1};
+        echo_preset_config(o->modes[m], ECHO_CODEC_DEFAULT, o->group, &cfg);
         if (echo_world_create_nccl(N, devs, &cfg, &R.w, err, sizeof err)) {
             fprintf(stderr, "echo-bench: %s\n", err);
             status = 1;
@@ -230,7 +231,7 @@ int bench_allreduce_nccl(const bench_ar_opts *o) {
         R.w = NULL;
         for (int r = 0; r < N; r++)
             if (R.rc[r]) {
-                fprintf(stderr, "echo-bench: %s: %s\n", echo_mode_name(o->modes[m]), R.err[r]);
+                fprintf(stderr, "echo-bench: %s: %s\n", echo_preset_name(o->modes[m]), R.err[r]);
                 status = 1;
             }
         if (status) break;
@@ -259,10 +260,10 @@ int bench_allreduce_nccl(const bench_ar_opts *o) {
                 printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"ranks\": %d, \"group\": %d, \"transport\": \"nccl\", "
                        "\"dtype\": \"bf16\", \"time_us\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, "
                        "\"wire_bits_per_value\": %.4f, \"rel_err\": %.6g}",
-                       first ? "" : ",", bytes, echo_mode_name(o->modes[m]), N, got.group_size, t * 1e6, algbw, busbw,
+                       first ? "" : ",", bytes, echo_preset_name(o->modes[m]), N, got.group_size, t * 1e6, algbw, busbw,
                        wire_bits, rel);
             else
-                printf("  %12zu %6s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", bytes, echo_mode_name(o->modes[m]),
+                printf("  %12zu %6s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", bytes, echo_preset_name(o->modes[m]),
                        got.group_size, t * 1e6, algbw, busbw, wire_bits, rel);
             first = 0;
         }

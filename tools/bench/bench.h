@@ -37,7 +37,7 @@ int bench_forward_main(int argc, char **argv);
 typedef struct bench_ar_opts {
     int nranks, group, iters, json, seed;
     size_t min_bytes, max_bytes, policy;
-    echo_mode modes[3];
+    echo_preset modes[ECHO_PRESET_COUNT];
     int nmodes;
 } bench_ar_opts;
 int bench_allreduce_nccl(const bench_ar_opts *o);

@@ -73,7 +73,7 @@ typedef struct fw_opts {
     int tp, threads, iters, json;
     int cuda_graphs; /* eng_config.cuda_graphs */
     int quantize;    /* eng_config.quantize */
-    echo_mode allreduce; /* eng_config.allreduce (tp > 1) */
+    echo_preset allreduce; /* eng_config.allreduce (tp > 1) */
     int echo_group;      /* eng_config.echo_group, 0 = default */
     echo_codec_id echo_codec; /* eng_config.echo_codec, 0 = default */
     long echo_min_bytes; /* eng_config.echo_min_bytes */
@@ -275,7 +275,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             o->tp = (int)v;
             break;
         case O_ALLRED:
-            if (echo_mode_parse(a, &o->allreduce))
+            if (echo_preset_parse(a, &o->allreduce))
                 rc = fw_usage_error("--allreduce: expected exact, bf16, int4 or echo, got '%s'", a);
             break;
         case O_EGROUP:
@@ -800,7 +800,7 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "model", json_string(o.model));
         json_object_set_new(root, "device", json_string(o.device));
         json_object_set_new(root, "tp", json_integer(o.tp));
-        json_object_set_new(root, "allreduce", json_string(o.tp > 1 ? echo_mode_name(o.allreduce) : "none"));
+        json_object_set_new(root, "allreduce", json_string(o.tp > 1 ? echo_preset_name(o.allreduce) : "none"));
         json_object_set_new(root, "echo_codec", json_string(echo_codec_get(eng_get_config(e)->echo_codec)->name));
         {
             const eng_config *ecfg = eng_get_config(e);
