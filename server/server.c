@@ -328,6 +328,8 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .transport = o->transport,
                      .echo_min_bytes = o->echo_min_bytes,
                      .echo_group = o->echo_group,
+                     .echo_codec = o->echo_codec,
+                     .quantize = o->quantize,
                      .threads = o->threads,
                      .max_model_len = o->max_model_len,
                      .max_num_seqs = o->max_num_seqs,
@@ -379,10 +381,20 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     double slot_mb = (double)ri.slot_bytes / 1e6, kv_mb = (double)ri.kv_bytes / 1e6;
     srv_log(s, SRV_LOG_INFO, "rank 0 of %d holds %.1f MB of weights (each rank reads only its slices)", c->tp,
             (double)ri.weight_bytes / 1e6);
+    char ar[96] = "none (tp 1)";
+    if (c->tp > 1) {
+        echo_config wc = {0};
+        echo_preset_config(c->allreduce, c->echo_codec, c->echo_group, &wc);
+        const echo_codec_info *ci = echo_codec_get(wc.codec);
+        if (ci && ci->lossless) snprintf(ar, sizeof ar, "%s", echo_preset_name(c->allreduce));
+        else
+            snprintf(ar, sizeof ar, "%s (%s-g%d)", echo_preset_name(c->allreduce), ci ? ci->name : "?",
+                     wc.group_size ? wc.group_size : echo_codec_default_group(wc.codec));
+    }
     srv_log(s, SRV_LOG_INFO,
             "plan: tp %d, device %s, allreduce %s (%s transport), residual slots %.1f MB/rank, KV %d blocks x %d tokens "
             "(%.1f MB/rank), max_model_len %d, max_num_seqs %d, %d tokens/step; loaded in %.1fs",
-            c->tp, c->device, c->tp > 1 ? echo_preset_name(c->allreduce) : "none (tp 1)",
+            c->tp, c->device, ar,
             c->tp > 1 ? c->transport : "no", slot_mb, u.total_blocks, u.block_size, kv_mb, c->max_model_len, c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
     if (eng_graphs_note(s->eng)) srv_log(s, SRV_LOG_WARNING, "%s", eng_graphs_note(s->eng));
     else if (c->cuda_graphs) srv_log(s, SRV_LOG_INFO, "decode steps through CUDA graphs (--cuda-graphs)");

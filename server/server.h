@@ -47,7 +47,9 @@ typedef struct srv_options {
     echo_preset allreduce;
     const char *transport;      /* all-reduce transport when tp > 1: "auto" (default), "local", "nccl" */
     size_t echo_min_bytes;      /* size policy of the quantized all-reduce, default 0 */
-    int echo_group;             /* 0 = comm/ default */
+    int echo_group;             /* 0 = the codec's default */
+    echo_codec_id echo_codec;   /* of int4/echo; 0 = comm/'s default */
+    int quantize;               /* eng_quant: ENG_QUANT_Q8_0 quantizes matrices at load (cpu) */
     int threads;                /* cpu threads in total, 0 = all */
     int max_num_seqs;           /* running batch size, default 8 */
     int max_num_batched_tokens; /* tokens per step (chunked prefill budget), default 512 */

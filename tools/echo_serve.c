@@ -29,7 +29,10 @@ static const char *USAGE =
     "                               (qwen3-8b -> models--Qwen--Qwen3-8B/snapshots/<rev>)\n"
     "  --tp N                       tensor-parallel ranks (default 1)\n"
     "  --device auto|cuda|cpu       backend (default auto: cuda when built and usable, else cpu)\n"
-    "  --allreduce echo|exact|int4  all-reduce of the row-parallel layers when --tp > 1 (default echo)\n"
+    "  --allreduce echo|exact|int4|bf16  all-reduce of the row-parallel layers when --tp > 1 (default\n"
+    "                               echo: 4.5-bit codes with error feedback; exact: fp32, bf16: 16-bit)\n"
+    "  --echo-codec NAME[-gG]       codec of int4/echo: int4, hadamard, hsub6, out2 or hout2 (default\n"
+    "                               hout2-g128, docs/accuracy.md); -gG sets the group too\n"
     "  --transport auto|local|nccl  all-reduce transport when --tp > 1 (default auto: on cuda, nccl\n"
     "                               with one GPU per rank when there are --tp GPUs, else local:\n"
     "                               every rank on GPU 0)\n"
@@ -39,7 +42,8 @@ static const char *USAGE =
     "                               effect on cpu or with --transport local at --tp > 1 (a note\n"
     "                               says so)\n"
     "  --echo-min-bytes N     all-reduce messages below N bytes take the exact path (default 0)\n"
-    "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default, 64)\n"
+    "  --echo-group G         values per scale group, 16..256 (default: the codec's, 128 for hout2)\n"
+    "  --quantize q8_0              quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
     "  --threads N                  cpu threads in total (default: all online CPUs)\n"
     "  --host ADDR                  numeric address to bind (default 127.0.0.1)\n"
     "  --port N                     port (default 8000; 0 = any free port, printed at start)\n"
@@ -120,7 +124,9 @@ int main(int argc, char **argv) {
         O_GROUP,
         O_GRAPHS,
         O_DEADLINE,
-        O_PERCLIENT
+        O_PERCLIENT,
+        O_CODEC,
+        O_QUANT
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -131,6 +137,8 @@ int main(int argc, char **argv) {
         {"cuda-graphs", no_argument, 0, O_GRAPHS},
         {"echo-min-bytes", required_argument, 0, O_MINB},
         {"echo-group", required_argument, 0, O_GROUP},
+        {"echo-codec", required_argument, 0, O_CODEC},
+        {"quantize", required_argument, 0, O_QUANT},
         {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},
         {"served-model-name", required_argument, 0, O_NAME},
@@ -175,7 +183,19 @@ int main(int argc, char **argv) {
         case O_GRAPHS: o.cuda_graphs = 1; break;
         case O_ALLRED:
             if (echo_preset_parse(optarg, &o.allreduce))
-                cli_usage_error(PROG, "--allreduce expects echo, exact or int4, got '%s'", optarg);
+                cli_usage_error(PROG, "--allreduce expects echo, exact, int4 or bf16, got '%s'", optarg);
+            break;
+        case O_CODEC: {
+            int g = 0;
+            if (echo_codec_parse(optarg, &o.echo_codec, &g))
+                cli_usage_error(PROG, "--echo-codec expects a codec of the table, optionally -gG (e.g. hadamard-g32), got '%s'",
+                                optarg);
+            if (g) o.echo_group = g;
+            break;
+        }
+        case O_QUANT:
+            cli_choice(PROG, optarg, "--quantize", (const char *const[]){"q8_0", NULL});
+            o.quantize = ENG_QUANT_Q8_0;
             break;
         case O_MINB: o.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
         case O_GROUP: o.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
