@@ -32,8 +32,7 @@ static int graph_key(const eng_runner *r, const model_batch *b, uint64_t *key) {
     for (int i = 0; i < b->n_logit_rows; i++)
         if (b->logit_rows[i] != i) return 0;
     uint64_t gen = r->moves + (r->comm ? echo_comm_epoch(r->comm) : 0);
-    *key = (uint64_t)b->n_seqs | (uint64_t)b->n_logit_rows << 16 | (uint64_t)b->max_blocks << 32 | (gen & 0xfff)
-                                                                                                        << 52;
+    *key = (uint64_t)b->n_seqs | (uint64_t)b->n_logit_rows << 16 | (uint64_t)b->max_blocks << 32 | (gen & 0xfff) << 52;
     return 1;
 }
 

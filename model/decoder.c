@@ -4,7 +4,8 @@
  *
  * One pass over the n tokens of a batch of sequences:
  *   x = embed(ids)
- *   per layer: h = rmsnorm(x); q,k,v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ;
+ *   per layer: h = rmsnorm(x); q,k,v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ
+ *                                    (+ bq, bk, bv; qkv_bias families);
  *              q,k = rmsnorm per head (q_norm, k_norm; qk_norm families);
  *              rope(q), rope(k); append k,v to the cache;
  *              a = attention(q, cache);
@@ -94,8 +95,8 @@ struct model {
     void **kc, **vc; /* [num_layers] each (kv_blocks*kv_block_size, hkv*hd) */
     scratch sc;
     const model_family *fam;
-    int gguf;             /* weights are a GGUF: its tensor names, dequantized at load */
-    void **owned;         /* host fp32 copies the backend's weights may alias (GGUF slices) */
+    int gguf;             /* weights are a GGUF: its tensor names */
+    void **owned;         /* host copies the backend's weights may alias (dequantized or permuted GGUF slices) */
     int n_owned, cap_owned;
 };
 

@@ -7,13 +7,15 @@
  *     (and generation_config.json for EOS ids), or a GGUF file's metadata.
  *     It accepts the families of model/arch/ (config.json "architectures" or
  *     model_type; GGUF general.architecture) and rejects features this
- *     engine does not implement (biases, sliding window, rope scaling) with
- *     a clear message instead of computing something else.
+ *     engine does not implement (attention_bias beyond a family's q/k/v
+ *     biases, sliding window, rope scaling) with a clear message instead of
+ *     computing something else.
  *   - model_load() takes one tensor-parallel rank's slices from an opened
- *     checkpoint (weights/: safetensors, or GGUF whose quantized tensors are
- *     dequantized to fp32 at load, rows of this rank only), checks every
+ *     checkpoint (weights/: safetensors, or GGUF, whose quantized tensors
+ *     stay quantized where the backend reads them and are otherwise
+ *     dequantized to fp32 at load; rows of this rank only), checks every
  *     tensor's name, full shape and dtype, and hands the slices to the
- *     backend (kern_ops.upload_weight). The model is backend-neutral: it
+ *     backend (kern_ops.upload_weight / upload_quantized). The model is backend-neutral: it
  *     only calls the op table, and comm/ for the two row-parallel
  *     all-reduces per layer.
  *   - HF semantics: RMSNorm (fp32, no +1); q_norm/k_norm per head over
