@@ -38,7 +38,6 @@ typedef struct eng_rank {
     eng_runner run; /* runs m's steps (step.c) */
     pthread_t thread;
     int started;
-    int aborted;   /* this step: the rank failed and aborted the world */
     float *logits; /* (logits_rows, vocab slice) host, grown on demand */
     int logits_rows;
     /* eng_step_cands: this rank's candidates, (cand_rows, KERN_TOPK_MAX)
@@ -105,15 +104,6 @@ int eng_usable(const eng *e, char *why, size_t len) {
     return !e->world || echo_world_usable(e->world, why, len);
 }
 
-/* After a failed forward on rank r: abort the all-reduce world so that peers
- * waiting for r in a collective fail instead of hanging, unless the failure
- * was one every rank reported alike (a non-finite sum), which leaves them in
- * step: on nccl an abort costs re-creating the communicators. */
-static void rank_failed(eng_rank *r) {
-    r->aborted = r->comm && !echo_pass_failed_alike(r->comm);
-    if (r->aborted) echo_abort(r->comm);
-}
-
 const char *eng_graphs_note(const eng *e) {
     if (!e->cfg.cuda_graphs) return NULL;
     if (!e->ranks[0].ops->graph_begin)
@@ -147,12 +137,11 @@ static void rank_job(eng_rank *r, int job, model_batch b) {
         b.layer_states = NULL; /* rank 0 reports; the stream is replicated */
         if (b.topk) b.topk = &r->topk; /* each rank fills its own candidates */
     }
+    /* at tp > 1 a failed step aborts the world: peers must not wait for us in a collective */
     r->rc = eng_run_step(&r->run, &b, r->logits, r->err, sizeof r->err);
-    r->aborted = 0;
-    if (r->rc && r->e->cfg.tp > 1) rank_failed(r); /* peers must not wait for us in a collective */
     /* Another process cannot be woken from a blocking collective: a rank
      * that failed on its own ends the job, saying why. */
-    if (r->rc && r->e->procs && r->aborted) echo_proc_abort(1, r->err);
+    if (r->rc && r->e->procs && r->run.aborted) echo_proc_abort(1, r->err);
 }
 
 static void *rank_main(void *arg) {
@@ -217,7 +206,7 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
     snprintf(err, errlen, "rank %d: %s", first, e->ranks[first].err);
     int aborted = 0;
     for (int i = 0; i < tp; i++)
-        aborted |= e->ranks[i].aborted;
+        aborted |= e->ranks[i].run.aborted;
     if (aborted) {
         ranks_run(e, RANK_DROP_GRAPHS); /* before the communicators can be freed */
         if (echo_world_usable(e->world, NULL, 0)) { /* a dead one cannot be re-armed (eng_usable says so) */

@@ -88,7 +88,7 @@ static int graph_step(eng_runner *r, const model_batch *b, char *err, size_t err
     return 0;
 }
 
-int eng_run_step(eng_runner *r, const model_batch *b, float *logits, char *err, size_t errlen) {
+static int run_step(eng_runner *r, const model_batch *b, float *logits, char *err, size_t errlen) {
     /* Graphs address the activation buffers: destroy them before the
      * buffers go. NCCL may have registered a buffer for a captured
      * all-reduce (NCCL_GRAPH_REGISTER), and a registration that outlives its
@@ -107,4 +107,16 @@ int eng_run_step(eng_runner *r, const model_batch *b, float *logits, char *err, 
      * wait, and their non-finite check) before anything is read back. */
     if (r->comm && echo_end_pass(r->comm, r->ops->stream(r->be), err, errlen)) return -1;
     return model_pass_out(r->m, b, logits, err, errlen);
+}
+
+int eng_run_step(eng_runner *r, const model_batch *b, float *logits, char *err, size_t errlen) {
+    r->aborted = 0;
+    if (run_step(r, b, logits, err, errlen) == 0) return 0;
+    /* Peers waiting for this rank in a collective must fail, not hang:
+     * abort the world, unless every rank reported this failure alike (a
+     * non-finite sum), which leaves them in step; on nccl an abort costs
+     * re-creating the communicators. */
+    r->aborted = r->comm && !echo_pass_failed_alike(r->comm);
+    if (r->aborted) echo_abort(r->comm);
+    return -1;
 }

@@ -32,13 +32,17 @@ typedef struct eng_runner {
      * or for other steps. */
     int graphs;
     long graph_steps; /* steps that ran through a graph (captured or replayed) */
+    int aborted;      /* the last step failed and aborted the all-reduce world */
     uint64_t moves;   /* times the model's activation buffers moved (part of a graph's key) */
 } eng_runner;
 
 /* Run one step of r->m over b: logits (or candidates) as model_pass_out
  * writes them. Any failure inside a graph falls back to the eager pass; -1
- * only when the step failed (at tp > 1 the caller then aborts the world
- * unless the failure was alike on every rank, echo_pass_failed_alike). */
+ * only when the step failed. At tp > 1 a failed step aborts the world
+ * (echo_abort, r->aborted = 1) so that no peer waits for this rank in a
+ * collective, unless every rank failed alike (echo_pass_failed_alike): the
+ * caller clears the abort once every rank has returned and dropped its
+ * graphs. */
 int eng_run_step(eng_runner *r, const model_batch *b, float *logits, char *err, size_t errlen);
 
 /* Destroy the backend's graphs (kern_ops.graph_drop_all; decode steps are
