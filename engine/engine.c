@@ -2,8 +2,9 @@
  * engine/: ranks, KV block bookkeeping and the batched step (see engine.h).
  *
  * Rank 0 runs on the thread that calls eng_step(); ranks 1..tp-1 are
- * persistent threads woken once per step. All ranks run the same
- * model_forward() on their shard and meet only inside comm/'s all-reduce.
+ * persistent threads woken once per step. All ranks run the same step on
+ * their shard (eng_run_step, step.c) and meet only inside comm/'s
+ * all-reduce.
  * Every rank validates the same batch the same way before the first
  * collective, so an invalid batch fails on all ranks without anyone waiting
  * in a collective for a rank that gave up.
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "engine/step.h"
 #include "kernels/kernels.h"
 #include "weights/weights.h"
 
@@ -33,9 +35,9 @@ typedef struct eng_rank {
     kern_backend *be;
     echo_comm *comm;
     model *m;
+    eng_runner run; /* runs m's steps (step.c) */
     pthread_t thread;
     int started;
-    int aborted;   /* this step: the rank failed and aborted the world */
     float *logits; /* (logits_rows, vocab slice) host, grown on demand */
     int logits_rows;
     /* eng_step_cands: this rank's candidates, (cand_rows, KERN_TOPK_MAX)
@@ -93,7 +95,7 @@ struct eng {
 const model_config *eng_model_config(const eng *e) { return &e->mc; }
 const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
 
-long eng_graph_steps(const eng *e) { return model_graph_steps(e->ranks[0].m); }
+long eng_graph_steps(const eng *e) { return e->ranks[0].run.graph_steps; }
 long eng_comm_resets(const eng *e) { return e->comm_resets; }
 int eng_usable(const eng *e, char *why, size_t len) {
     if (e->dead) {
@@ -105,15 +107,6 @@ int eng_usable(const eng *e, char *why, size_t len) {
 
 int eng_ranks_alive(const eng *e, char *why, size_t len) {
     return !e->procs || echo_proc_peers_alive(why, len);
-}
-
-/* After a failed forward on rank r: abort the all-reduce world so that peers
- * waiting for r in a collective fail instead of hanging, unless the failure
- * was one every rank reported alike (a non-finite sum), which leaves them in
- * step: on nccl an abort costs re-creating the communicators. */
-static void rank_failed(eng_rank *r) {
-    r->aborted = r->comm && !echo_pass_failed_alike(r->comm);
-    if (r->aborted) echo_abort(r->comm);
 }
 
 const char *eng_graphs_note(const eng *e) {
@@ -135,26 +128,25 @@ static void vocab_slice(const eng *e, int r, int *v0, int *vn) {
 }
 
 /* What a rank's thread runs: the step's forward pass, or, after a pass
- * that aborted the world, dropping its graphs (model_drop_graphs: NCCL
+ * that aborted the world, dropping its graphs (eng_runner_drop_graphs: NCCL
  * frees the aborted communicators only once they are gone, and each rank
  * drops its own on its thread, where its device is current). */
 enum { RANK_FORWARD, RANK_DROP_GRAPHS };
 
 static void rank_job(eng_rank *r, int job, model_batch b) {
     if (job == RANK_DROP_GRAPHS) {
-        model_drop_graphs(r->m);
+        eng_runner_drop_graphs(&r->run);
         return;
     }
     if (r != &r->e->ranks[0]) {
         b.layer_states = NULL; /* rank 0 reports; the stream is replicated */
         if (b.topk) b.topk = &r->topk; /* each rank fills its own candidates */
     }
-    r->rc = model_forward(r->m, &b, r->logits, r->err, sizeof r->err);
-    r->aborted = 0;
-    if (r->rc && r->e->cfg.tp > 1) rank_failed(r); /* peers must not wait for us in a collective */
+    /* at tp > 1 a failed step aborts the world: peers must not wait for us in a collective */
+    r->rc = eng_run_step(&r->run, &b, r->logits, r->err, sizeof r->err);
     /* Another process cannot be woken from a blocking collective: a rank
      * that failed on its own ends the job, saying why. */
-    if (r->rc && r->e->procs && r->aborted) echo_proc_abort(1, r->err);
+    if (r->rc && r->e->procs && r->run.aborted) echo_proc_abort(1, r->err);
 }
 
 static void *rank_main(void *arg) {
@@ -219,7 +211,7 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
     snprintf(err, errlen, "rank %d: %s", first, e->ranks[first].err);
     int aborted = 0;
     for (int i = 0; i < tp; i++)
-        aborted |= e->ranks[i].aborted;
+        aborted |= e->ranks[i].run.aborted;
     if (aborted) {
         ranks_run(e, RANK_DROP_GRAPHS); /* before the communicators can be freed */
         if (echo_world_usable(e->world, NULL, 0)) { /* a dead one cannot be re-armed (eng_usable says so) */
@@ -450,7 +442,7 @@ static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
     echo_config ec = {.min_bytes = c->echo_min_bytes,
                       .n_sites = 2 * e->mc.num_layers,
                       .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,
-                      /* nccl: calls only enqueue and each pass waits once (model_forward's
+                      /* nccl: calls only enqueue and each pass waits once (eng_run_step's
                        * echo_end_pass), which also lets decode steps be CUDA graphs */
                       .deferred = use_nccl};
     if (echo_preset_config(c->allreduce, c->echo_codec, c->echo_group, &ec)) {
@@ -487,8 +479,9 @@ static int create_ranks(eng *e, int use_nccl, char *err, size_t errlen) {
             return -1;
         }
         /* at tp > 1 only the nccl transport's deferred calls can be captured;
-         * the model skips steps where graphs cannot apply */
-        if (c->cuda_graphs && (c->tp == 1 || use_nccl)) model_set_graphs(r->m, 1);
+         * the runner skips steps where graphs cannot apply */
+        r->run = (eng_runner){.m = r->m, .ops = r->ops, .be = r->be, .comm = r->comm,
+                              .graphs = c->cuda_graphs && (c->tp == 1 || use_nccl)};
     }
     for (int i = 1; !e->procs && i < c->tp; i++) {
         if (pthread_create(&e->ranks[i].thread, NULL, rank_main, &e->ranks[i]) != 0) {

@@ -57,7 +57,7 @@ typedef struct eng_config {
      * exchanges through its memory (tests on one GPU); auto = nccl when
      * there are tp GPUs, else local. */
     const char *transport; /* one of ENG_TRANSPORTS */
-    /* 1: decode steps through CUDA graphs (model_set_graphs): a decode-only
+    /* 1: decode steps through CUDA graphs (engine/step.h): a decode-only
      * step on cuda is recorded once per batch size and replayed
      * afterwards, with the same logits bits as an eager step. 0 (default):
      * off. At tp > 1 only with the nccl transport (its deferred

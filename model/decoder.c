@@ -4,7 +4,8 @@
  *
  * One pass over the n tokens of a batch of sequences:
  *   x = embed(ids)
- *   per layer: h = rmsnorm(x); q,k,v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ;
+ *   per layer: h = rmsnorm(x); q,k,v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ
+ *                                    (+ bq, bk, bv; qkv_bias families);
  *              q,k = rmsnorm per head (q_norm, k_norm; qk_norm families);
  *              rope(q), rope(k); append k,v to the cache;
  *              a = attention(q, cache);
@@ -18,6 +19,10 @@
  * all-reduce (comm/, Echo) completes. With one rank there is nothing to
  * reduce. The residual stream x is replicated and bit-identical on every rank
  * because every all-reduce returns bit-identical replicas.
+ *
+ * This file only emits a pass's ops (model_pass_prepare / _ops / _out);
+ * the step around them (the all-reduce pass, graphs, the ranks' vote) is
+ * engine/step.c's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -65,6 +70,7 @@ typedef struct scratch {
     void *logits; /* (logits_cap, vocab_local): only rows whose logits are wanted */
     int logits_cap;
     float *host;  /* (cap, hidden) host staging for layer states */
+    int32_t *pos, *slots; /* (cap) host: each token's position and KV cache slot (model_pass_prepare) */
 } scratch;
 
 struct model {
@@ -88,22 +94,11 @@ struct model {
     int kv_blocks, kv_block_size;
     void **kc, **vc; /* [num_layers] each (kv_blocks*kv_block_size, hkv*hd) */
     scratch sc;
-    uint64_t scratch_gen; /* bumped when the scratch is reallocated (part of a graph's key) */
     const model_family *fam;
-    int gguf;             /* weights are a GGUF: its tensor names, dequantized at load */
-    void **owned;         /* host fp32 copies the backend's weights may alias (GGUF slices) */
+    int gguf;             /* weights are a GGUF: its tensor names */
+    void **owned;         /* host copies the backend's weights may alias (dequantized or permuted GGUF slices) */
     int n_owned, cap_owned;
-    int graphs;           /* model_set_graphs: decode steps through backend graphs */
-    long graph_steps;     /* steps that ran as a graph (captured or replayed) */
 };
-
-long model_graph_steps(const model *m) { return m->graph_steps; }
-
-void model_set_graphs(model *m, int on) { m->graphs = on != 0; }
-
-void model_drop_graphs(model *m) {
-    if (m->ops->graph_drop_all) m->ops->graph_drop_all(m->be);
-}
 
 const model_config *model_get_config(const model *m) { return &m->cfg; }
 size_t model_weight_bytes(const model *m) { return m->weight_bytes; }
@@ -381,9 +376,18 @@ static void scratch_free(model *m) {
         *bufs[i] = NULL;
     }
     free(m->sc.host);
+    free(m->sc.pos);
+    free(m->sc.slots);
     m->sc.host = NULL;
+    m->sc.pos = m->sc.slots = NULL;
     m->sc.cap = 0;
     m->sc.logits_cap = 0;
+}
+
+static int scratch_fits(const model *m, int n, int rows) { return n <= m->sc.cap && rows <= m->sc.logits_cap; }
+
+int model_pass_moves_buffers(const model *m, const model_batch *b) {
+    return m->sc.cap > 0 && b->n_seqs > 0 && !scratch_fits(m, b->q_start[b->n_seqs], b->n_logit_rows);
 }
 
 /* Grow the scratch to hold `n` tokens of which `rows` want logits; sizes at
@@ -391,19 +395,13 @@ static void scratch_free(model *m) {
  * logits buffer is sized separately: a 2048-token prefill of a 152k vocabulary
  * needs one row, not 1.2 GB. */
 static int scratch_reserve(model *m, int n, int rows, char *err, size_t errlen) {
-    if (n <= m->sc.cap && rows <= m->sc.logits_cap) return 0;
+    if (scratch_fits(m, n, rows)) return 0;
     int cap = n <= m->sc.cap ? m->sc.cap : (m->sc.cap * 2 > n ? m->sc.cap * 2 : n);
     if (rows < m->sc.logits_cap) rows = m->sc.logits_cap;
     if (rows < 1) rows = 1;
     const model_config *c = &m->cfg;
     size_t es = kern_dtype_size(m->ops->act_dtype);
     size_t qd = (size_t)m->hq * c->head_dim, kvd = (size_t)m->hkv * c->head_dim;
-    /* Graphs captured with the old buffers never replay (scratch_gen is in
-     * their key); destroy them before the buffers go: NCCL may have
-     * registered a buffer for a captured all-reduce (NCCL_GRAPH_REGISTER),
-     * and a registration that outlives its memory can be taken for a new
-     * allocation at the same address. */
-    if (m->graphs && m->sc.cap) model_drop_graphs(m);
     scratch_free(m);
     m->sc.x = m->ops->alloc(m->be, (size_t)cap * c->hidden_size * es);
     m->sc.h = m->ops->alloc(m->be, (size_t)cap * c->hidden_size * es);
@@ -420,15 +418,17 @@ static int scratch_reserve(model *m, int n, int rows, char *err, size_t errlen) 
     }
     m->sc.logits = m->ops->alloc(m->be, (size_t)rows * m->vocab_n * es);
     m->sc.host = malloc((size_t)cap * c->hidden_size * sizeof(float));
+    m->sc.pos = malloc((size_t)cap * sizeof *m->sc.pos);
+    m->sc.slots = malloc((size_t)cap * sizeof *m->sc.slots);
     if (!m->sc.x || !m->sc.h || !m->sc.q || !m->sc.k || !m->sc.v || !m->sc.att || !m->sc.o || !m->sc.gate ||
-        !m->sc.up || (m->fused && (!m->sc.qkv || !m->sc.gu)) || !m->sc.logits || !m->sc.host) {
+        !m->sc.up || (m->fused && (!m->sc.qkv || !m->sc.gu)) || !m->sc.logits || !m->sc.host || !m->sc.pos ||
+        !m->sc.slots) {
         scratch_free(m);
         snprintf(err, errlen, "out of memory for activations of %d tokens", cap);
         return -1;
     }
     m->sc.cap = cap;
     m->sc.logits_cap = rows;
-    m->scratch_gen++; /* graphs captured with the old buffers must not replay */
     return 0;
 }
 
@@ -638,17 +638,8 @@ fail:
     return -1;
 }
 
-static int graph_key(const model *m, const model_batch *b, uint64_t *key);
-static int graph_launch(model *m, char *err, size_t errlen);
-static int forward_ops(model *m, const model_batch *b, int n, const int32_t *pos, const int32_t *slots, char *err,
-                       size_t errlen);
-static int forward_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen);
-
-int model_forward(model *m, const model_batch *b, float *logits, char *err, size_t errlen) {
+int model_pass_prepare(model *m, const model_batch *b, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
-    const kern_ops *ops = m->ops;
-    kern_backend *be = m->be;
-    int32_t *pos = NULL, *slots = NULL;
     if (b->n_seqs <= 0 || b->q_start[0] != 0) {
         snprintf(err, errlen, "forward: empty or malformed batch");
         return -1;
@@ -671,19 +662,13 @@ int model_forward(model *m, const model_batch *b, float *logits, char *err, size
         }
     }
     if (scratch_reserve(m, n, b->n_logit_rows, err, errlen)) return -1;
-    pos = malloc((size_t)n * sizeof *pos);
-    slots = malloc((size_t)n * sizeof *slots);
-    if (!pos || !slots) {
-        snprintf(err, errlen, "out of memory");
-        goto fail;
-    }
     /* Positions and cache slots per token, checked against the block table
      * so a bad table is an error here, not a write into another sequence. */
     for (int s = 0; s < b->n_seqs; s++) {
         int q0 = b->q_start[s], q1 = b->q_start[s + 1];
         if (q1 < q0 || b->pos0[s] < 0 || b->pos0[s] + (q1 - q0) > b->max_blocks * m->kv_block_size) {
             snprintf(err, errlen, "forward: sequence %d does not fit its block table", s);
-            goto fail;
+            return -1;
         }
         for (int i = q0; i < q1; i++) {
             int p = b->pos0[s] + (i - q0);
@@ -691,121 +676,27 @@ int model_forward(model *m, const model_batch *b, float *logits, char *err, size
             if (blk < 0 || blk >= m->kv_blocks) {
                 snprintf(err, errlen, "forward: sequence %d position %d maps to block %d of %d", s, p, blk,
                          m->kv_blocks);
-                goto fail;
+                return -1;
             }
-            pos[i] = p;
-            slots[i] = blk * m->kv_block_size + p % m->kv_block_size;
+            m->sc.pos[i] = p;
+            m->sc.slots[i] = blk * m->kv_block_size + p % m->kv_block_size;
         }
     }
-
-    /* Echo's residual slots carry error from call to call within one pass
-     * only: every pass starts clean. */
-    if (m->tp > 1 && echo_begin_pass(m->comm, err, errlen)) goto fail;
-
-    uint64_t key = 0;
-    int graphed = 0;
-    if (graph_key(m, b, &key)) {
-        /* Recorded once per key, then replayed (kern_ops.graph_begin). On
-         * any failure inside, nothing ran (a capture executes nothing, a
-         * replay launched nothing): the KV cache is untouched and the step
-         * is simply redone eagerly below. At tp > 1 the all-reduce calls are
-         * captured too (a deferred comm); a replay's calls are only checked
-         * with the peers (echo_set_replay), and a step redone eagerly tells
-         * the peers to expect its calls again (echo_discard_pass). */
-        int replaying = 0, g = ops->graph_begin(be, key, &replaying), mine = 0, agreed = 0;
-        if (g == 0 && (m->tp == 1 || !replaying || echo_set_replay(m->comm, 1, err, errlen) == 0) &&
-            forward_ops(m, b, n, pos, slots, err, errlen) == 0 && ops->graph_end(be) == 0)
-            mine = replaying ? 2 : 1; /* a graph is ready: replayed (2) or freshly captured (1) */
-        /* NCCL wants a captured collective launched by all its ranks, each
-         * from the graph of the same capture: launch only when every rank
-         * holds the same kind of graph (echo_vote); else all drop theirs
-         * (captured again later, together) and run the step eagerly. */
-        if (m->tp == 1)
-            agreed = mine != 0;
-        else if (echo_vote(m->comm, mine, &agreed, err, errlen))
-            goto fail; /* the world was aborted */
-        if (agreed && graph_launch(m, err, errlen) == 0) {
-            graphed = 1;
-            m->graph_steps++;
-        } else if (agreed && m->tp > 1) {
-            goto fail; /* the peers launched theirs: this rank cannot run the step eagerly instead */
-        } else {
-            if (g == 0) ops->graph_abort(be);
-            if (m->tp > 1) {
-                echo_discard_pass(m->comm);
-                if (echo_begin_pass(m->comm, err, errlen)) goto fail;
-            }
-        }
-    }
-    if (!graphed && forward_ops(m, b, n, pos, slots, err, errlen)) goto fail;
-    /* A deferred comm: the pass's all-reduces complete here (an abortable
-     * wait, and their non-finite check) before anything is read back. */
-    if (m->tp > 1 && echo_end_pass(m->comm, ops->stream(be), err, errlen)) goto fail;
-    if (forward_out(m, b, logits, err, errlen)) goto fail;
-    free(pos);
-    free(slots);
     return 0;
-fail:
-    free(pos);
-    free(slots);
-    return -1;
 }
 
-/* Whether this step may go through a backend graph, and its key. Only
- * decode-only steps (one token per sequence, logits rows 0..r-1) without
- * layer states: a prefill's shapes change every step, and layer states
- * copy to the host mid-pass. At tp > 1 model_set_graphs is only called for
- * a deferred comm (nccl), whose calls enqueue without reading anything
- * back. The key holds everything that fixes the captured launches: batch
- * size, table width (the attention's split and staged sizes), the logits
- * rows, the scratch's generation (its pointers) plus the comm's epoch (its
- * communicators: re-created after an abort); weights, caches and the
- * backend's own buffers are fixed or tracked by the backend. One model per
- * backend (as the engine has), so keys do not collide. */
-static int graph_key(const model *m, const model_batch *b, uint64_t *key) {
-    const kern_ops *ops = m->ops;
-    if (!m->graphs || b->layer_states || !ops->graph_begin || !ops->graph_end || !ops->graph_abort ||
-        !ops->graph_launch)
-        return 0;
-    if (b->n_seqs >= (1 << 16) || b->n_logit_rows >= (1 << 16) || b->max_blocks >= (1 << 20)) return 0;
-    for (int s = 0; s < b->n_seqs; s++)
-        if (b->q_start[s + 1] - b->q_start[s] != 1) return 0;
-    for (int i = 0; i < b->n_logit_rows; i++)
-        if (b->logit_rows[i] != i) return 0;
-    uint64_t gen = m->scratch_gen + (m->tp > 1 ? echo_comm_epoch(m->comm) : 0);
-    *key = (uint64_t)b->n_seqs | (uint64_t)b->n_logit_rows << 16 | (uint64_t)b->max_blocks << 32 | (gen & 0xfff)
-                                                                                                        << 52;
-    return 1;
-}
-
-static int graph_launch_cb(void *arg, char *err, size_t errlen) {
-    model *m = arg;
-    if (m->ops->graph_launch(m->be) == 0) return 0;
-    snprintf(err, errlen, "%s backend: %s", m->ops->name, kern_last_error(m->be));
-    return -1;
-}
-
-/* Launch the step's ready graph. At tp > 1 it holds this rank's NCCL
- * kernels: launched through the comm, which refuses while the world is
- * aborted (its communicators are gone). */
-static int graph_launch(model *m, char *err, size_t errlen) {
-    if (m->tp == 1) return graph_launch_cb(m, err, errlen);
-    return echo_launch_external(m->comm, graph_launch_cb, m, err, errlen);
-}
-
-/* The pass on the backend, embedding to lm_head: launches only, no host
- * transfer (so it can be a graph). */
-static int forward_ops(model *m, const model_batch *b, int n, const int32_t *pos, const int32_t *slots, char *err,
-                       size_t errlen) {
+int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     const kern_ops *ops = m->ops;
     kern_backend *be = m->be;
     const int H = c->hidden_size, hd = c->head_dim, hq = m->hq, hkv = m->hkv, I = m->inter;
     const float scale = 1.0f / sqrtf((float)hd);
     const size_t qd = (size_t)hq * hd, kvd = (size_t)hkv * hd;
+    const int n = b->q_start[b->n_seqs];
     /* A step of exactly one token runs the fused weights (when loaded). */
     const int one_row = m->fused && n == 1;
     scratch *sc = &m->sc;
+    const int32_t *pos = sc->pos, *slots = sc->slots;
     kern_attn_batch ab = {b->n_seqs, b->q_start, b->pos0, b->block_table, b->max_blocks, m->kv_block_size};
 
     OP(ops->embedding(be, sc->x, &m->embed, b->tokens, n));
@@ -876,8 +767,7 @@ fail:
     return -1;
 }
 
-/* The logits (or candidates) to the host: after the pass, outside any graph. */
-static int forward_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen) {
+int model_pass_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen) {
     const kern_ops *ops = m->ops;
     kern_backend *be = m->be;
     scratch *sc = &m->sc;

@@ -7,13 +7,15 @@
  *     (and generation_config.json for EOS ids), or a GGUF file's metadata.
  *     It accepts the families of model/arch/ (config.json "architectures" or
  *     model_type; GGUF general.architecture) and rejects features this
- *     engine does not implement (biases, sliding window, rope scaling) with
- *     a clear message instead of computing something else.
+ *     engine does not implement (attention_bias beyond a family's q/k/v
+ *     biases, sliding window, rope scaling) with a clear message instead of
+ *     computing something else.
  *   - model_load() takes one tensor-parallel rank's slices from an opened
- *     checkpoint (weights/: safetensors, or GGUF whose quantized tensors are
- *     dequantized to fp32 at load, rows of this rank only), checks every
+ *     checkpoint (weights/: safetensors, or GGUF, whose quantized tensors
+ *     stay quantized where the backend reads them and are otherwise
+ *     dequantized to fp32 at load; rows of this rank only), checks every
  *     tensor's name, full shape and dtype, and hands the slices to the
- *     backend (kern_ops.upload_weight). The model is backend-neutral: it
+ *     backend (kern_ops.upload_weight / upload_quantized). The model is backend-neutral: it
  *     only calls the op table, and comm/ for the two row-parallel
  *     all-reduces per layer.
  *   - HF semantics: RMSNorm (fp32, no +1); q_norm/k_norm per head over
@@ -24,8 +26,9 @@
  *     norm; lm_head or tied embeddings.
  *   - A model is one tensor-parallel rank's shard plus that rank's paged KV
  *     cache. Block allocation and sequence bookkeeping belong to engine/;
- *     model_forward() takes a batch of sequences with block tables and
- *     positions.
+ *     a pass takes a batch of sequences with block tables and positions.
+ *   - model/ only emits a pass's ops (model_pass_*); running a step (the
+ *     all-reduce pass, backend graphs, the ranks' vote) is engine/'s.
  *   - A model belongs to one thread at a time (its rank's thread).
  */
 #ifndef ECHO_MODEL_H
@@ -139,12 +142,12 @@ typedef struct model_topk {
     float *vals;  /* (n_logit_rows, kk) the logits */
     float *lse;   /* (n_logit_rows) log-sum-exp over the slice; NaN when the row holds inf/nan */
     /* Optional (n_logit_rows): rows flagged nonzero also come back whole
-     * (their vocabulary slice) in model_forward's `logits`, packed in row
+     * (their vocabulary slice) in model_pass_out's `logits`, packed in row
      * order; NULL: none. */
     const unsigned char *full_rows;
 } model_topk;
 
-/* One forward pass over a batch of sequences. Token rows q_start[s] ..
+/* A batch of sequences for one forward pass. Token rows q_start[s] ..
  * q_start[s+1]-1 belong to sequence s and sit at positions pos0[s], ...;
  * their keys/values are stored in the blocks of block_table row s, which
  * must already hold positions 0 .. pos0[s]-1. */
@@ -164,27 +167,26 @@ typedef struct model_batch {
     const model_topk *topk;
 } model_batch;
 
-/* Decode steps through backend graphs (kern_ops.graph_begin; cuda only),
- * off by default. When on, a decode-only step (one token per sequence,
- * logits rows 0..r-1, no layer_states) is recorded once per batch shape and
- * replayed with one launch afterwards; the logits are the same bits as an
- * eager step. At tp > 1 the comm must be a deferred world (echo.h: the
- * nccl transport), whose calls are captured with the step; the caller
- * turns graphs on only then. Any failure inside a graph falls back to the
- * eager pass. No effect on backends without graph ops or for other steps. */
-void model_set_graphs(model *m, int on);
-/* Steps that ran through a graph so far (for tests and benchmarks). */
-long model_graph_steps(const model *m);
-/* Destroy the backend's graphs (kern_ops.graph_drop_all; decode steps are
- * captured anew). On the rank's own thread, after a pass that aborted the
- * all-reduce world and before echo_world_clear_abort: NCCL frees the
- * aborted communicators only once the graphs that captured their calls are
- * gone (comm/echo.h). No-op without graphs. */
-void model_drop_graphs(model *m);
-
-/* Runs the pass (all-reducing through opts->comm when tp > 1) and writes
- * logits (n_logit_rows, vocab slice) as host fp32 — or, with b->topk, the
- * candidates into b->topk and only the flagged rows into `logits`. */
-int model_forward(model *m, const model_batch *b, float *logits, char *err, size_t errlen);
+/* One forward pass, in the three parts a step runner drives (engine/'s,
+ * which brackets them with the all-reduce pass, echo_begin_pass ..
+ * echo_end_pass, and may capture and replay the ops as a backend graph).
+ * Give all three the same batch, in this order.
+ *   prepare: checks the batch (ids, logits rows, block table against the
+ *     cache) and readies the activation buffers and each token's position
+ *     and cache slot; it may allocate, it enqueues nothing.
+ *   ops: enqueues the pass, embedding to lm_head, and at tp > 1 its
+ *     all-reduces (opts->comm). Launches only, nothing read back except
+ *     b->layer_states; for one batch shape (and no layer_states) the same
+ *     op sequence on the same buffers, so it can be a backend graph.
+ *   out: writes logits (n_logit_rows, vocab slice) as host fp32 — or, with
+ *     b->topk, the candidates into b->topk and only the flagged rows into
+ *     `logits`. */
+int model_pass_prepare(model *m, const model_batch *b, char *err, size_t errlen);
+int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen);
+int model_pass_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen);
+/* 1 when model_pass_prepare(b) will reallocate activation buffers that
+ * exist (every pointer a captured graph holds moves); 0 when b fits them or
+ * there are none yet. */
+int model_pass_moves_buffers(const model *m, const model_batch *b);
 
 #endif

@@ -1,134 +1,31 @@
 /*
  * cuda: causal GQA attention of a batch of sequences over a paged KV cache,
- * and the cache store.
+ * and the cache store. Twin of kernels/cpu/attention.c (kern_attn_batch in
+ * kernels/kernels.h). The full contract and the design (dispatch, key
+ * splits, staged tables, the kernels) are in docs/cuda-attention.md.
  *
- * Contract (twin of kernels/cpu/attention.c; see kern_attn_batch in
- * kernels/kernels.h):
- *   - kv_store: rows i < n of k, v (n, kvdim) bf16 are copied to rows
- *     slots[i] of the caches kc, vc. slots is a HOST array: every slot is
- *     checked (>= 0, the cpu twin's message) before anything is launched,
- *     then it is staged to the device. The copy is exact.
- *   - attention: q, out (q_start[n_seqs], hq*hd) bf16; kc, vc the paged
- *     caches (n_blocks * block_size, hkv*hd) bf16. Row i of sequence s
- *     (q_start[s] <= i < q_start[s+1]) sits at position
- *     p = pos0[s] + i - q_start[s] and attends to positions 0..p; the key and
- *     value of position t of sequence s are cache row
- *     block_table[s*max_blocks + t/block_size]*block_size + t%block_size.
- *     Query head h reads KV head h / (hq/hkv).
- *       out = softmax(q·kᵀ·scale) · v   per (row, head)
- *     Scores, softmax and the weighted sum are fp32 (the tensor-core path
- *     rounds the softmax weights to bf16 before P·V); out is rounded to bf16.
- *     The batch is validated on the host like the cpu twin (same messages:
- *     heads, paging geometry, negative lengths, positions beyond the
- *     sequence's blocks) and, since a device read cannot be bounds-checked,
- *     every block-table entry the batch will read must be >= 0. hd <= 256,
- *     hq <= 65535. out must not overlap q, kc or vc. Rows outside every
- *     sequence's range are left untouched (like the cpu twin).
- *   - All host arrays are staged to the device by the op (pinned ring, see
- *     cuda_stage_begin); the caller may reuse them as soon as it returns.
- *     In graph mode (cuda_graph.cu) every sequence's block table is staged
- *     whole (max_blocks entries, of which only the used ones are read), so
- *     the staged size depends on the batch's shape only.
+ *   kv_store: rows i < n of k, v (n, kvdim) bf16 to rows slots[i] of kc,
+ *     vc, exactly; slots is a host array, each checked >= 0 before launch.
+ *   attention: q, out (q_start[n_seqs], hq*hd) bf16; kc, vc (n_blocks *
+ *     block_size, hkv*hd) bf16, addressed through block_table. Per (row,
+ *     head): out = softmax(q·kᵀ·scale)·v over positions 0..p (causal, by
+ *     absolute position); query head h reads KV head h / (hq/hkv). fp32
+ *     scores, softmax and sum (the tensor-core path rounds P to bf16), out
+ *     rounded to bf16. Host-validated like the cpu twin (same messages),
+ *     plus every block-table entry read must be >= 0. hd <= 256,
+ *     hq <= 65535; out must not overlap q, kc, vc; rows outside every
+ *     sequence are left untouched.
+ *   Host arrays are staged by the op (reusable on return); in graph mode a
+ *   sequence's table is staged whole, so staged sizes follow the batch's
+ *   shape only.
+ *   Batch-invariant: a (row, head) depends only on its own sequence, the
+ *   table's capacity and the device — whatever else is in the batch, and
+ *   eager or graph alike.
  *
- * Dispatch. head_dim 64 and 128 (Qwen3 uses 128) with 16-byte aligned q,
- * out, kc and vc take the fast paths; every other call takes the simple
- * kernel (below). On the fast paths each sequence is routed by its own
- * shape alone:
- *   - a sequence with >= ATT_PF_MIN_ROWS query rows (a prompt chunk) goes to
- *     the tiled tensor-core kernel, one block per (tile of ATT_PF_ROWS
- *     consecutive rows, query head);
- *   - every row of the other sequences (decode steps, short chunks) goes to
- *     the decode kernel, one block per (row, key split, group of GT query
- *     heads sharing a KV head). The split is cut from the block table's
- *     CAPACITY cap = max_blocks * block_size (a per-engine constant), not
- *     from the row's length, so a decode step's launch geometry and its
- *     staged arrays' sizes do not change from step to step (what a cuda
- *     graph replay needs, see cuda_graph.cu):
- *         S = min(max(cap / ATT_SPLIT_MIN_KEYS, 1), ceil(2 * SMs / (hq/GT)),
- *                 ATT_SPLIT_MAX)
- *         C = round_up(ceil(cap / S), ATT_SPLIT_ALIGN)
- *     and every decode-path row gets ceil(cap / C) splits (1: not split);
- *     split j covers keys [j*C, min((j+1)*C, len)) of the row's len = pos+1
- *     keys. A split whose range is empty (a short row in a long table)
- *     writes the empty partial (m = -inf, l = 0) and returns at once. Split
- *     rows write partials (m, l, acc) to the scratch impl->att_part, and a
- *     combine kernel merges them, skipping empty partials.
- * Every choice depends on the sequence's own lengths, the table's capacity
- * and the device only, never on the rest of the batch, so the result of a
- * (row, head) is the same whatever else is in the batch: batch-invariant
- * like the cpu twin, which the server's greedy outputs rely on — and the
- * same whether the step ran eagerly or from a graph. (Splitting a row even
- * when the batch alone would fill the device costs little: the partials
- * are (hd+2) floats per split and head against the split's >= 256 keys of
- * K and V; an empty split is one tiny block.) Tiles and splits are cut in
- * positions, so for one capacity the paging is only addressing.
- *
- * Batch tables. On the host, attention builds one int32 array and stages it
- * in one copy (cuda_stage_begin/commit). The simple path stages
- *     info[3r .. 3r+2] = (q/out row, position, offset of its table)  r < nq
- *     tables[...]      = for each sequence with rows, the block-table
- *                        entries its last row can reach (ceil(len/bs);
- *                        max_blocks in graph mode)
- * with nq the number of query rows in the batch; `tables` follows info.
- * The fast paths stage
- *     tables[...]   as above, first (so offsets index the array directly)
- *     tiles[4i..]   = (first row, rows <= ATT_PF_ROWS, position of the
- *                      first row, table offset), each sequence's last tile
- *                      first (it has the most keys: big blocks start early)
- *     items[5i..]   = (row, first key, end key, table offset, partial slot
- *                      or -1 when the row is not split)
- *     comb[3i..]    = (row, first partial slot, number of splits)
- * and launch at most three kernels: prefill, decode, combine.
- *
- * Simple kernel: one block of ATT_WARPS warps per (query row, head), a
- * straightforward flash-style loop. Warp w takes keys w, w+ATT_WARPS, ...;
- * per key it resolves the cache row through the block table, forms q·k with
- * lane-strided dimensions (c = lane + 32j, coalesced) and a shuffle
- * reduction, then updates its online softmax (running max m, sum l,
- * unnormalised accumulator acc). At the end the warps' (m, l, acc) are
- * merged through shared memory: M = max m_w, L = Σ l_w e^(m_w-M),
- * out = Σ acc_w e^(m_w-M) / L.
- *
- * Prefill kernel (att_prefill_kernel<HD>): 4 warps, 16 query rows each.
- * The Q tile is staged in shared memory once and kept as WMMA fragments
- * (bf16 16x16x16, fp32 accumulate). For each tile of ATT_PF_KEYS keys up
- * to the tile's last position, the block gathers K and V through the block
- * table into shared memory with 16-byte loads (keys past the last position
- * are zero, so no garbage reaches P·V). Each warp then
- *   S = Q·Kᵀ (fp32 fragments, stored to its shared S strip),
- *   softmax in fp32 by two lanes per row: causal mask by absolute position
- *     (row at position p sees keys t <= p; the history before pos0 lives in
- *     the cache), running max m and sum l in the log2 domain
- *     (scale·log2 e folded in, so exp2f), P = 2^(s-m) rounded to bf16 into
- *     shared memory (l sums the rounded weights, so numerator and
- *     denominator agree), the factor corr = 2^(m_old-m_new) per row,
- *   O *= corr per row, then O += P·V on tensor cores.
- * O stays in accumulator fragments. Their element layout is unspecified,
- * so the row of each element is found at run time: a 16x16 matrix holding
- * its row index in every entry is loaded into an accumulator fragment once,
- * and x[i] of that fragment is the row of element i of every accumulator
- * fragment (one layout per fragment type); the 8 row numbers pack into one
- * register (4 bits each). Key tiles beyond a warp's last row are skipped,
- * and within the diagonal tile so are the 16-key slices no row of the warp
- * sees. At the end O is scaled by 1/l, staged through the S strip and
- * stored as bf16 with 16-byte stores. Shared memory: K, V tiles (padded
- * rows, so WMMA loads spread over the banks), S (fp32), P (bf16), corr:
- * 61,696 bytes for hd 128 (above the default 48 KB, so the opt-in limit is
- * raised once per backend; within sm_86's 99 KB as well as sm_80's and
- * sm_90's), 45,312 bytes for hd 64.
- *
- * Decode kernel (att_decode_kernel<HD, GT>): 128 threads per block; a
- * group of HD/8 lanes takes one key at a time, each lane 8 dimensions of
- * it (one 16-byte load of K and of V); the block's 128/(HD/8) groups load
- * two keys each per iteration before using them, so 16 (hd 128) or 32
- * (hd 64) keys are in flight per block. The GT query heads of the block
- * share the loads (GQA: K and V are read once per KV head, not once per
- * query head). Per key and head the group reduces q·k with shuffles inside
- * the group and updates its online softmax (log2 domain). The groups'
- * (m, l, acc) merge through shared memory as in the simple kernel; an
- * unsplit row is normalised and stored, a split row's (M, L, acc) go to its
- * partial slot. Combine (att_combine_kernel<HD>): per (split row, head),
- * M = max m_j, L = Σ l_j 2^(m_j-M), out = Σ acc_j 2^(m_j-M) / L.
+ * Paths: head_dim 64/128 with 16-byte aligned q, out, kc, vc take the fast
+ * paths (prompt chunks of >= ATT_PF_MIN_ROWS rows: tiled tensor-core
+ * prefill kernel; other rows: decode kernel, split over keys by the table's
+ * capacity, then combine); anything else takes the simple kernel.
  */
 #include <limits.h>
 #include <math.h>
@@ -334,7 +231,7 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> att_frag_c;
 
 /* One block per (tile of up to ATT_PF_ROWS rows of one sequence, query
  * head): tiles[4*blockIdx.x ..] = (first row, rows, position of the first
- * row, table offset), blockIdx.y = head. See the file comment. */
+ * row, table offset), blockIdx.y = head. Design: docs/cuda-attention.md. */
 template <int HD>
 __global__ void __launch_bounds__(ATT_PF_WARPS * 32)
     att_prefill_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
@@ -537,7 +434,7 @@ __global__ void __launch_bounds__(ATT_PF_WARPS * 32)
 /* One block per (item, group of GT query heads): items[5*blockIdx.x ..] =
  * (row, first key, end key, table offset, partial slot or -1), blockIdx.y =
  * head group (heads GT*y .. GT*y+GT-1, one KV head since GT divides
- * hq/hkv). See the file comment. */
+ * hq/hkv). Design: docs/cuda-attention.md. */
 template <int HD, int GT>
 __global__ void __launch_bounds__(ATT_DEC_THREADS)
     att_decode_kernel(bf16 *__restrict__ out, float *__restrict__ part_acc, float2 *__restrict__ part_ml,
@@ -711,8 +608,8 @@ __global__ void __launch_bounds__(HD)
 /* The split of every decode-path row of a batch whose block tables hold
  * cap = max_blocks * block_size positions and whose per-row grid is
  * `groups` blocks: the number of splits (1: not split) and the keys per
- * split (a multiple of ATT_SPLIT_ALIGN). See the file comment: it depends
- * on the capacity and the device, never on a row's length. */
+ * split (a multiple of ATT_SPLIT_ALIGN). It depends on the capacity and
+ * the device, never on a row's length (docs/cuda-attention.md). */
 static int att_splits(int64_t cap, int groups, int sms, int64_t *chunk) {
     *chunk = cap;
     int64_t want = (2 * (int64_t)sms + groups - 1) / groups; /* splits for ~2 blocks per SM */

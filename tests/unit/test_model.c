@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "engine/step.h" /* the step runner: a whole pass of a model */
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "tests/unit/testutil.h"
@@ -783,12 +784,13 @@ START_TEST(test_fused_weights_model) {
     /* 4 tokens (the views), then 3 one-token steps (the fused weights) */
     int32_t toks[4] = {3, 14, 15, 92}, qs4[2] = {0, 4}, pos0 = 0, rows4[4] = {0, 1, 2, 3};
     model_batch b = {1, toks, qs4, &pos0, table, 8, rows4, 4, NULL, NULL};
-    for (int f = 0; f < 2; f++) ck_assert_msg(model_forward(m[f], &b, l[f], err, sizeof err) == 0, "%s", err);
+    eng_runner run[2] = {{.m = m[0], .ops = cpu, .be = be}, {.m = m[1], .ops = cpu, .be = be}};
+    for (int f = 0; f < 2; f++) ck_assert_msg(eng_run_step(&run[f], &b, l[f], err, sizeof err) == 0, "%s", err);
     ck_assert(memcmp(l[0], l[1], (size_t)4 * V * sizeof(float)) == 0);
     for (int t = 0; t < 3; t++) {
         int32_t tok = 65 + t, qs1[2] = {0, 1}, p = 4 + t, row = 0;
         model_batch d = {1, &tok, qs1, &p, table, 8, &row, 1, NULL, NULL};
-        for (int f = 0; f < 2; f++) ck_assert_msg(model_forward(m[f], &d, l[f], err, sizeof err) == 0, "%s", err);
+        for (int f = 0; f < 2; f++) ck_assert_msg(eng_run_step(&run[f], &d, l[f], err, sizeof err) == 0, "%s", err);
         ck_assert_msg(memcmp(l[0], l[1], (size_t)V * sizeof(float)) == 0, "decode %d: fused logits differ", t);
     }
     model_free(m[0]);
@@ -799,9 +801,9 @@ START_TEST(test_fused_weights_model) {
 }
 END_TEST
 
-/* ---- graphs: the model's side, through a cpu op table with fake graph ops ----
- * The cpu backend has no graphs (NULL entries: the model runs eagerly). Here
- * the graph entries are stubs around the cpu ops, so the model's routing is
+/* ---- graphs: the step runner's side, through a cpu op table with fake graph ops ----
+ * The cpu backend has no graphs (NULL entries: steps run eagerly). Here
+ * the graph entries are stubs around the cpu ops, so the runner's routing is
  * visible: which steps ask for a graph, and that a failed graph_end or
  * graph_launch or a refused graph_begin falls back to the eager pass with
  * the same logits. On
@@ -860,7 +862,7 @@ START_TEST(test_model_graph_routing) {
     model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0, 0}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0, 0};
     ck_assert_msg(model_load(spec, &og, &mg, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(model_load(spec, &oe, &me, err, sizeof err) == 0, "%s", err);
-    model_set_graphs(mg, 1);
+    eng_runner rg = {.m = mg, .ops = &fake, .be = be, .graphs = 1}, re = {.m = me, .ops = cpu, .be = be};
     const int V = model_get_config(mg)->vocab_size, MB = 8;
     /* two sequences on blocks 0..7 and 8..15 of each model's own cache */
     int32_t table[2 * 8];
@@ -869,8 +871,8 @@ START_TEST(test_model_graph_routing) {
     /* prefill: 5 and 3 tokens, not decode-only: no graph asked */
     int32_t toks[8] = {1, 2, 3, 4, 5, 6, 7, 8}, qs[3] = {0, 5, 8}, pos0[2] = {0, 0}, rows[2] = {4, 7};
     model_batch b = {2, toks, qs, pos0, table, MB, rows, 2, NULL, NULL};
-    ck_assert_msg(model_forward(mg, &b, lg, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(model_forward(me, &b, le, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eng_run_step(&rg, &b, lg, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eng_run_step(&re, &b, le, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(g_fake.begin, 0);
     ck_assert(memcmp(lg, le, (size_t)2 * V * sizeof *lg) == 0);
     /* decode steps: modes 0 (graph), 1 (graph_end fails: eager), 2 (no graph: eager), 3 (graph_launch
@@ -882,8 +884,8 @@ START_TEST(test_model_graph_routing) {
         g_fake.mode = modes[t];
         int32_t dt[2] = {10 + t, 20 + t};
         model_batch d = {2, dt, dq, dpos, table, MB, drows, 2, NULL, NULL};
-        ck_assert_msg(model_forward(mg, &d, lg, err, sizeof err) == 0, "step %d: %s", t, err);
-        ck_assert_msg(model_forward(me, &d, le, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(eng_run_step(&rg, &d, lg, err, sizeof err) == 0, "step %d: %s", t, err);
+        ck_assert_msg(eng_run_step(&re, &d, le, err, sizeof err) == 0, "%s", err);
         ck_assert_msg(memcmp(lg, le, (size_t)2 * V * sizeof *lg) == 0, "step %d (mode %d): logits differ", t,
                       modes[t]);
         ck_assert_int_eq(g_fake.begin, before.begin + 1);
@@ -893,8 +895,8 @@ START_TEST(test_model_graph_routing) {
         dpos[0]++;
         dpos[1]++;
     }
-    ck_assert_int_eq(model_graph_steps(mg), 2);
-    ck_assert_int_eq(model_graph_steps(me), 0);
+    ck_assert_int_eq(rg.graph_steps, 2);
+    ck_assert_int_eq(re.graph_steps, 0);
     /* the key holds the batch size and the logits rows */
     ck_assert_int_eq((int)(g_fake.last_key & 0xffff), 2);
     ck_assert_int_eq((int)(g_fake.last_key >> 16 & 0xffff), 2);
@@ -902,24 +904,24 @@ START_TEST(test_model_graph_routing) {
     int begins = g_fake.begin;
     int32_t one_row[1] = {1}, dt[2] = {30, 31};
     model_batch d = {2, dt, dq, dpos, table, MB, one_row, 1, NULL, NULL};
-    ck_assert_msg(model_forward(mg, &d, lg, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eng_run_step(&rg, &d, lg, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(g_fake.begin, begins);
-    /* model_drop_graphs goes to the backend's graph_drop_all, once; none
-     * on cpu: nothing to drop */
+    /* eng_runner_drop_graphs goes to the backend's graph_drop_all, once;
+     * none on cpu: nothing to drop */
     ck_assert_int_eq(g_fake.drop_all, 0);
-    model_drop_graphs(mg);
-    model_drop_graphs(me);
+    eng_runner_drop_graphs(&rg);
+    eng_runner_drop_graphs(&re);
     ck_assert_int_eq(g_fake.drop_all, 1);
     /* a step that outgrows the activation buffers drops the graphs before
      * freeing the buffers they address (once), and is still right */
     int32_t big[24], bq[2] = {0, 24}, bpos[1] = {0}, brow[1] = {23}; /* 8 blocks of 4 tokens hold 32 */
     for (int i = 0; i < 24; i++) big[i] = 40 + i;
     model_batch bb = {1, big, bq, bpos, table + 8, MB, brow, 1, NULL, NULL};
-    ck_assert_msg(model_forward(mg, &bb, lg, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(model_forward(me, &bb, le, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eng_run_step(&rg, &bb, lg, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eng_run_step(&re, &bb, le, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(g_fake.drop_all, 2);
     ck_assert(memcmp(lg, le, (size_t)V * sizeof *lg) == 0);
-    ck_assert_msg(model_forward(mg, &bb, lg, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eng_run_step(&rg, &bb, lg, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(g_fake.drop_all, 2); /* no growth, no drop */
     model_free(mg);
     model_free(me);
