@@ -380,11 +380,339 @@ AVX2_FN static size_t avx2_decode_store(const uint8_t *codes, const uint16_t *sc
     return np;
 }
 
+/* ---- the staged codecs: rotation (hadamard, hsub6) and the out2/hout2
+ * records. A group is G/8 vectors held in registers (or their stack
+ * spill at G = 256); the butterflies are echo_fwht's adds and subtractions
+ * on the same operands in the same stage order. ---- */
+
+/* The butterfly stages of span 1, 2 and 4, within each vector: given sw,
+ * v with the partner lanes swapped, a lane with bit h clear gets a + b, its
+ * partner a - b (a the lower lane, b the upper), as echo_fwht computes them. */
+#define BFLY_IN(v, sw, mask) _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), mask)
+
+/* v = H v for one group of G values in G/8 vectors (echo_fwht). */
+AVX2_INLINE void fwht_v(__m256 *v, int G) {
+    for (int j = 0; j < G / 8; j++)
+        v[j] = BFLY_IN(v[j], _mm256_permute_ps(v[j], 0xb1), 0xaa);
+    for (int j = 0; j < G / 8; j++)
+        v[j] = BFLY_IN(v[j], _mm256_permute_ps(v[j], 0x4e), 0xcc);
+    for (int j = 0; j < G / 8; j++)
+        v[j] = BFLY_IN(v[j], _mm256_permute2f128_ps(v[j], v[j], 1), 0xf0);
+    for (int h = 1; h < G / 8; h *= 2)
+        for (int i = 0; i < G / 8; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                __m256 a = v[j], b = v[j + h];
+                v[j] = _mm256_add_ps(a, b);
+                v[j + h] = _mm256_sub_ps(a, b);
+            }
+}
+
+/* D as multipliers (+-1, codec.c's rot_fwd), as sign masks (echo_had_fwd's
+ * negation) and D / G (+-1/G, echo_had_inv), one vector per 8 values. */
+typedef struct {
+    __m256 mul[ECHO_MAX_GROUP / 8], neg[ECHO_MAX_GROUP / 8], inv[ECHO_MAX_GROUP / 8];
+} had_vecs;
+
+AVX2_INLINE void had_vecs_init(had_vecs *d, int G) {
+    float m[ECHO_MAX_GROUP], n[ECHO_MAX_GROUP], iv[ECHO_MAX_GROUP], inv = 1.0f / (float)G;
+    for (int i = 0; i < G; i++) {
+        int neg = echo_had_neg(i);
+        m[i] = neg ? -1.0f : 1.0f;
+        n[i] = neg ? -0.0f : 0.0f;
+        iv[i] = neg ? -inv : inv;
+    }
+    for (int j = 0; j < G / 8; j++) {
+        d->mul[j] = _mm256_loadu_ps(m + 8 * j);
+        d->neg[j] = _mm256_loadu_ps(n + 8 * j);
+        d->inv[j] = _mm256_loadu_ps(iv + 8 * j);
+    }
+}
+
+/* v = D H v / G (echo_had_inv). */
+AVX2_INLINE void had_inv_v(__m256 *v, const had_vecs *d, int G) {
+    fwht_v(v, G);
+    for (int j = 0; j < G / 8; j++)
+        v[j] = _mm256_mul_ps(v[j], d->inv[j]);
+}
+
+AVX2_INLINE void rotf_impl(const void *x, echo_dtype dt, size_t n, size_t np, int G, float *out) {
+    had_vecs d;
+    had_vecs_init(&d, G);
+    size_t off = 0;
+    for (; off + (size_t)G <= n; off += (size_t)G) {
+        __m256 v[ECHO_MAX_GROUP / 8];
+        for (int j = 0; ECHO_PF > 0 && j < G / 8; j += 2)
+            _mm_prefetch((const char *)x + (off + 8 * (size_t)j + ECHO_PF) * echo_dtype_size(dt), _MM_HINT_T0);
+        for (int j = 0; j < G / 8; j++)
+            v[j] = _mm256_mul_ps(load8(x, dt, off + 8 * (size_t)j), d.mul[j]);
+        fwht_v(v, G);
+        for (int j = 0; j < G / 8; j++)
+            _mm256_storeu_ps(out + off + 8 * (size_t)j, v[j]);
+    }
+    if (off < np)
+        echo_cpu_codec_scalar.rot_fwd((const char *)x + off * echo_dtype_size(dt), dt, n > off ? n - off : 0, np - off,
+                                      G, out + off);
+}
+
+/* 8 fp32 values as bf16 at o (echo_f32_to_bf16). */
+AVX2_INLINE void store_bf16_8(uint16_t *o, __m256 v) {
+    __m256i b = bf16_8(v);
+    __m256i p = _mm256_packus_epi32(b, b); /* per 128-bit half: 0-3 | 4-7 */
+    _mm_storel_epi64((__m128i *)o, _mm256_castsi256_si128(p));
+    _mm_storel_epi64((__m128i *)(o + 4), _mm256_extracti128_si256(p, 1));
+}
+
+AVX2_INLINE void roti_impl(float *in, size_t n, int G, void *out, echo_dtype dt, int accumulate) {
+    had_vecs d;
+    had_vecs_init(&d, G);
+    size_t off = 0;
+    for (; off + (size_t)G <= n; off += (size_t)G) {
+        __m256 v[ECHO_MAX_GROUP / 8];
+        for (int j = 0; j < G / 8; j++)
+            v[j] = _mm256_loadu_ps(in + off + 8 * (size_t)j);
+        had_inv_v(v, &d, G);
+        for (int j = 0; j < G / 8; j++) {
+            size_t i = off + 8 * (size_t)j;
+            _mm256_storeu_ps(in + i, v[j]);
+            if (!out) continue;
+            if (dt != ECHO_F32)
+                store_bf16_8((uint16_t *)out + i, v[j]);
+            else if (accumulate)
+                _mm256_storeu_ps((float *)out + i, add_acc(_mm256_loadu_ps((float *)out + i), v[j]));
+            else
+                _mm256_storeu_ps((float *)out + i, v[j]);
+        }
+    }
+    if (off < n)
+        echo_cpu_codec_scalar.rot_inv(in + off, n - off, G, out ? (char *)out + off * echo_dtype_size(dt) : NULL, dt,
+                                      accumulate);
+}
+
+AVX2_FN static void avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out) {
+    switch (group) {
+    case 16: rotf_impl(x, dt, n, np, 16, out); break;
+    case 32: rotf_impl(x, dt, n, np, 32, out); break;
+    case 64: rotf_impl(x, dt, n, np, 64, out); break;
+    case 128: rotf_impl(x, dt, n, np, 128, out); break;
+    case 256: rotf_impl(x, dt, n, np, 256, out); break;
+    default: echo_cpu_codec_scalar.rot_fwd(x, dt, n, np, group, out); break;
+    }
+}
+
+AVX2_FN static void avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate) {
+    /* the dt/accumulate combinations the host compute uses get their own loop */
+    switch (group) {
+    case 16: roti_impl(in, n, 16, out, dt, accumulate); break;
+    case 32: roti_impl(in, n, 32, out, dt, accumulate); break;
+    case 64: roti_impl(in, n, 64, out, dt, accumulate); break;
+    case 128: roti_impl(in, n, 128, out, dt, accumulate); break;
+    case 256: roti_impl(in, n, 256, out, dt, accumulate); break;
+    default: echo_cpu_codec_scalar.rot_inv(in, n, group, out, dt, accumulate); break;
+    }
+}
+
+/* Index of the first lane of v[0..nv) equal to m (one exists). */
+AVX2_INLINE int first_eq(const __m256i *a, int nv, uint32_t m) {
+    const __m256i mv = _mm256_set1_epi32((int)m);
+    for (int j = 0; j < nv; j++) {
+        int k = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a[j], mv)));
+        if (k) return 8 * j + __builtin_ctz((unsigned)k);
+    }
+    return 0;
+}
+
+/* All-ones in lane i % 8 of a vector. */
+AVX2_INLINE __m256i lane_mask(int i) {
+    return _mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(i & 7));
+}
+
+/* One full out2 (rot = 0) or hout2 (rot = 1) group: echo_out2_encode_group
+ * / echo_hout2_encode_group on y = x (+ res when hr); res = the residual
+ * when hw. out2 is hout2 without the rotation, bit for bit: its outliers'
+ * codes are those of a zeroed value, its third largest |y| is the largest
+ * once they are zeroed, and y - (+0) is y for the residual of a zero group. */
+AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, int rot, int G, const had_vecs *d,
+                                  uint8_t *codes, uint8_t *rec) {
+    __m256 v[ECHO_MAX_GROUP / 8], u[ECHO_MAX_GROUP / 8];
+    __m256i a[ECHO_MAX_GROUP / 8], mx = _mm256_setzero_si256();
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+    for (int j = 0; ECHO_PF > 0 && j < G / 8; j += 2) {
+        _mm_prefetch((const char *)(x + 8 * j + ECHO_PF), _MM_HINT_T0);
+        if (hr) _mm_prefetch((const char *)(res + 8 * j + ECHO_PF), _MM_HINT_T0);
+    }
+    for (int j = 0; j < G / 8; j++) {
+        __m256 y = _mm256_loadu_ps(x + 8 * j);
+        if (hr) y = _mm256_add_ps(y, _mm256_loadu_ps(res + 8 * j));
+        v[j] = y;
+        a[j] = _mm256_and_si256(_mm256_castps_si256(y), abs);
+        mx = _mm256_max_epi32(mx, a[j]);
+    }
+    /* the first largest |y| (integer compare: nan/inf are the largest),
+     * then the first largest of the others */
+    uint32_t m = hmax8(mx);
+    int i1 = first_eq(a, G / 8, m);
+    a[i1 >> 3] = _mm256_or_si256(a[i1 >> 3], lane_mask(i1)); /* -1: below every |y| */
+    mx = _mm256_setzero_si256();
+    for (int j = 0; j < G / 8; j++)
+        mx = _mm256_max_epi32(mx, a[j]);
+    int i2 = first_eq(a, G / 8, hmax8(mx));
+    for (int j = 0; j < G / 8; j++)
+        u[j] = v[j];
+    u[i1 >> 3] = _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i1)), u[i1 >> 3]);
+    u[i2 >> 3] = _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i2)), u[i2 >> 3]);
+    if (rot) {
+        for (int j = 0; j < G / 8; j++)
+            u[j] = _mm256_xor_ps(u[j], d->neg[j]);
+        fwht_v(u, G);
+    }
+    mx = _mm256_setzero_si256();
+    for (int j = 0; j < G / 8; j++)
+        mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(u[j]), abs));
+    uint16_t sb = m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(hmax8(mx));
+    int poison = echo_scale_is_poison(sb), ok = sb != 0 && !poison;
+    float y1 = hr ? x[i1] + res[i1] : x[i1], y2 = hr ? x[i2] + res[i2] : x[i2];
+    uint16_t o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y1);
+    uint16_t o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y2);
+    rec[0] = (uint8_t)sb, rec[1] = (uint8_t)(sb >> 8);
+    rec[2] = (uint8_t)o1, rec[3] = (uint8_t)(o1 >> 8);
+    rec[4] = (uint8_t)o2, rec[5] = (uint8_t)(o2 >> 8);
+    rec[6] = (uint8_t)i1, rec[7] = (uint8_t)i2;
+    const __m256 s = _mm256_set1_ps(echo_bf16_to_f32(sb));
+    if (!ok) {
+        memset(codes, 0, (size_t)G / 2);
+        for (int j = 0; j < G / 8; j++)
+            u[j] = _mm256_setzero_ps();
+    } else
+        for (int j = 0; j < G / 8; j += 4) {
+            __m256i qi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                             _mm256_setzero_si256()};
+            for (int t = 0; t < 4 && j + t < G / 8; t++) {
+                u[j + t] = rint8(_mm256_div_ps(u[j + t], s)); /* u = q from here */
+                qi[t] = _mm256_cvttps_epi32(u[j + t]);
+            }
+            __m128i b = pack32(qi[0], qi[1], qi[2], qi[3]);
+            if (G == 16)
+                _mm_storel_epi64((__m128i *)codes, b);
+            else
+                _mm_storeu_si128((__m128i *)(codes + j * 4), b);
+        }
+    if (!hw) return sb;
+    if (poison) {
+        for (int j = 0; j < G / 8; j++)
+            _mm256_storeu_ps(res + 8 * j, _mm256_setzero_ps());
+        return sb;
+    }
+    /* the decoded group (echo_hout2_finish), then y minus it */
+    for (int j = 0; j < G / 8; j++)
+        u[j] = _mm256_mul_ps(u[j], s);
+    if (rot) had_inv_v(u, d, G);
+    u[i1 >> 3] = _mm256_blendv_ps(u[i1 >> 3], _mm256_set1_ps(echo_bf16_to_f32(o1)), _mm256_castsi256_ps(lane_mask(i1)));
+    u[i2 >> 3] = _mm256_blendv_ps(u[i2 >> 3], _mm256_set1_ps(echo_bf16_to_f32(o2)), _mm256_castsi256_ps(lane_mask(i2)));
+    for (int j = 0; j < G / 8; j++)
+        _mm256_storeu_ps(res + 8 * j, _mm256_sub_ps(v[j], u[j]));
+    return sb;
+}
+
+AVX2_INLINE size_t o2_enc_impl(const float *y, float *res, int hr, int hw, int rot, size_t n, int G, uint8_t *codes,
+                               uint8_t *recs, size_t *bad) {
+    had_vecs d;
+    if (rot) had_vecs_init(&d, G);
+    size_t npoison = 0;
+    for (size_t off = 0; off + (size_t)G <= n; off += (size_t)G) {
+        uint16_t sb = o2_enc_group(y + off, hw ? res + off : NULL, hr, hw, rot, G, &d, codes + off / 2,
+                                   recs + off / (size_t)G * ECHO_OUT2_REC);
+        if (echo_scale_is_poison(sb) && !npoison++) *bad = off;
+    }
+    return npoison;
+}
+
+/* out2 / hout2 with the residual's use known at compile time. */
+AVX2_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int rot, size_t n, int G, uint8_t *codes,
+                                   uint8_t *recs, size_t *bad) {
+    if (!res) return o2_enc_impl(y, res, 0, 0, rot, n, G, codes, recs, bad);
+    if (res_valid) return o2_enc_impl(y, res, 1, 1, rot, n, G, codes, recs, bad);
+    return o2_enc_impl(y, res, 0, 1, rot, n, G, codes, recs, bad);
+}
+
+AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
+                                      uint8_t *codes, uint8_t *recs, size_t *bad) {
+    int rot = form == ECHO_FORM_HOUT2;
+    *bad = ECHO_NO_INDEX;
+    if ((form != ECHO_FORM_OUT2 && !rot) || n % (size_t)(group > 0 ? group : 1))
+        return echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
+    switch (group) {
+    case 16: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 16, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 16, codes, recs, bad);
+    case 32: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 32, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 32, codes, recs, bad);
+    case 64: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 64, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 64, codes, recs, bad);
+    case 128: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 128, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 128, codes, recs, bad);
+    case 256: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 256, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 256, codes, recs, bad);
+    default: return echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
+    }
+}
+
+/* Full out2 / hout2 groups decoded (echo_out2_decode_group,
+ * echo_hout2_decode_group), into out or added to it. */
+AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, int rot, float *out,
+                             int accumulate) {
+    had_vecs d;
+    if (rot) had_vecs_init(&d, G);
+    for (size_t g = 0; g < ng; g++) {
+        const uint8_t *rec = recs + g * ECHO_OUT2_REC;
+        const __m256 s = _mm256_set1_ps(echo_bf16_to_f32((uint16_t)(rec[0] | (rec[1] << 8))));
+        __m256 v[ECHO_MAX_GROUP / 8];
+        for (int j = 0; j < G / 8; j += 4) {
+            __m256i q[4];
+            unpack32(codes + g * (size_t)G / 2 + (size_t)j * 4, G == 16, q);
+            for (int t = 0; t < 4 && j + t < G / 8; t++)
+                v[j + t] = _mm256_mul_ps(_mm256_cvtepi32_ps(q[t]), s);
+        }
+        if (rot) had_inv_v(v, &d, G);
+        int i1 = rec[6] % G, i2 = rec[7] % G; /* untrusted bytes: i1 first, then i2, as the scalar loop */
+        v[i1 >> 3] = _mm256_blendv_ps(v[i1 >> 3], _mm256_set1_ps(echo_bf16_to_f32((uint16_t)(rec[2] | (rec[3] << 8)))),
+                                      _mm256_castsi256_ps(lane_mask(i1)));
+        v[i2 >> 3] = _mm256_blendv_ps(v[i2 >> 3], _mm256_set1_ps(echo_bf16_to_f32((uint16_t)(rec[4] | (rec[5] << 8)))),
+                                      _mm256_castsi256_ps(lane_mask(i2)));
+        float *o = out + g * (size_t)G;
+        if (accumulate)
+            for (int j = 0; j < G / 8; j++)
+                _mm256_storeu_ps(o + 8 * j, add_acc(_mm256_loadu_ps(o + 8 * j), v[j]));
+        else
+            for (int j = 0; j < G / 8; j++)
+                _mm256_storeu_ps(o + 8 * j, v[j]);
+    }
+}
+
+AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group,
+                                    float *out, int accumulate) {
+    int rot = form == ECHO_FORM_HOUT2;
+    size_t ng = n / (size_t)(group > 0 ? group : 1);
+    if (form != ECHO_FORM_OUT2 && !rot) {
+        echo_cpu_codec_scalar.rec_decode(form, codes, recs, n, group, out, accumulate);
+        return;
+    }
+    switch (group) {
+    case 16: rot ? o2_dec_impl(codes, recs, ng, 16, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 16, 0, out, accumulate); break;
+    case 32: rot ? o2_dec_impl(codes, recs, ng, 32, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 32, 0, out, accumulate); break;
+    case 64: rot ? o2_dec_impl(codes, recs, ng, 64, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 64, 0, out, accumulate); break;
+    case 128: rot ? o2_dec_impl(codes, recs, ng, 128, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 128, 0, out, accumulate); break;
+    case 256: rot ? o2_dec_impl(codes, recs, ng, 256, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 256, 0, out, accumulate); break;
+    default: echo_cpu_codec_scalar.rec_decode(form, codes, recs, n, group, out, accumulate); return;
+    }
+    size_t off = ng * (size_t)group;
+    if (off < n)
+        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * ECHO_OUT2_REC, n - off, group, out + off,
+                                         accumulate);
+}
+
 const echo_cpu_codec echo_cpu_codec_avx2 = {
     .name = "avx2",
     .encode = avx2_encode,
     .decode = avx2_decode,
     .decode_store = avx2_decode_store,
+    .rot_fwd = avx2_rot_fwd,
+    .rot_inv = avx2_rot_inv,
+    .rec_encode = avx2_rec_encode,
+    .rec_decode = avx2_rec_decode,
 };
 
 #endif
