@@ -380,78 +380,170 @@ AVX2_FN static size_t avx2_decode_store(const uint8_t *codes, const uint16_t *sc
     return np;
 }
 
-/* ---- the staged codecs: rotation (hadamard, hsub6) and the out2/hout2
- * records. A group is G/8 vectors held in registers (or their stack
- * spill at G = 256); the butterflies are echo_fwht's adds and subtractions
- * on the same operands in the same stage order. ---- */
+/* ---- the staged codecs: the rotation (hadamard, hsub6) and the out2 /
+ * hout2 records ----
+ * A group's butterflies (echo_fwht: the same adds and subtractions on the
+ * same operands, stage by stage in the same order) run in two passes over
+ * the group, each on at most 8 vectors so that they stay in registers:
+ * pass A on each 4 consecutive vectors (2 at G = 16: the in-vector stages
+ * of span 1, 2, 4 and the cross-vector ones of span 8, 16), pass B on the
+ * vectors 4 apart (span 32 .. G/2; none for G <= 32). A stage only pairs
+ * values its pass holds together, and every value sees the stages in
+ * order. Each pass takes the group's first step (the signs D) or last one
+ * (D / G, the largest |.|) on the way. Named vectors rather than arrays:
+ * gcc keeps an array of vectors in memory unless every loop over it is
+ * unrolled first. */
 
-/* The butterfly stages of span 1, 2 and 4, within each vector: given sw,
- * v with the partner lanes swapped, a lane with bit h clear gets a + b, its
- * partner a - b (a the lower lane, b the upper), as echo_fwht computes them. */
+/* Group loops unrolled whole: gcc's -O2 keeps loops of 8+ trips rolled. */
+#define UNROLL _Pragma("GCC unroll 32")
+
+/* An in-vector stage: sw is v with the partner lanes swapped; a lane with
+ * the stage's bit clear gets a + b, its partner a - b (a the lower lane). */
 #define BFLY_IN(v, sw, mask) _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), mask)
 
-/* v = H v for one group of G values in G/8 vectors (echo_fwht). */
-AVX2_INLINE void fwht_v(__m256 *v, int G) {
-    for (int j = 0; j < G / 8; j++)
-        v[j] = BFLY_IN(v[j], _mm256_permute_ps(v[j], 0xb1), 0xaa);
-    for (int j = 0; j < G / 8; j++)
-        v[j] = BFLY_IN(v[j], _mm256_permute_ps(v[j], 0x4e), 0xcc);
-    for (int j = 0; j < G / 8; j++)
-        v[j] = BFLY_IN(v[j], _mm256_permute2f128_ps(v[j], v[j], 1), 0xf0);
-    for (int h = 1; h < G / 8; h *= 2)
-        for (int i = 0; i < G / 8; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                __m256 a = v[j], b = v[j + h];
-                v[j] = _mm256_add_ps(a, b);
-                v[j + h] = _mm256_sub_ps(a, b);
-            }
+AVX2_INLINE __m256 fwht_in(__m256 v) {
+    v = BFLY_IN(v, _mm256_permute_ps(v, 0xb1), 0xaa);
+    v = BFLY_IN(v, _mm256_permute_ps(v, 0x4e), 0xcc);
+    return BFLY_IN(v, _mm256_permute2f128_ps(v, v, 1), 0xf0);
 }
 
+/* A cross-vector butterfly: a, b = a + b, a - b. */
+#define BF(a, b)                                                                                                       \
+    do {                                                                                                               \
+        __m256 t_ = (a);                                                                                               \
+        (a) = _mm256_add_ps(t_, (b));                                                                                  \
+        (b) = _mm256_sub_ps(t_, (b));                                                                                  \
+    } while (0)
+
 /* D as multipliers (+-1, codec.c's rot_fwd), as sign masks (echo_had_fwd's
- * negation) and D / G (+-1/G, echo_had_inv), one vector per 8 values. */
+ * negation) and D / G (+-1/G, echo_had_inv), 8 values a row. */
 typedef struct {
     __m256 mul[ECHO_MAX_GROUP / 8], neg[ECHO_MAX_GROUP / 8], inv[ECHO_MAX_GROUP / 8];
 } had_vecs;
 
 AVX2_INLINE void had_vecs_init(had_vecs *d, int G) {
-    float m[ECHO_MAX_GROUP], n[ECHO_MAX_GROUP], iv[ECHO_MAX_GROUP], inv = 1.0f / (float)G;
-    for (int i = 0; i < G; i++) {
-        int neg = echo_had_neg(i);
-        m[i] = neg ? -1.0f : 1.0f;
-        n[i] = neg ? -0.0f : 0.0f;
-        iv[i] = neg ? -inv : inv;
-    }
+    const __m256 inv = _mm256_set1_ps(1.0f / (float)G), sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
     for (int j = 0; j < G / 8; j++) {
-        d->mul[j] = _mm256_loadu_ps(m + 8 * j);
-        d->neg[j] = _mm256_loadu_ps(n + 8 * j);
-        d->inv[j] = _mm256_loadu_ps(iv + 8 * j);
+        /* echo_had_neg on 8 lanes */
+        __m256i h = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * j));
+        h = _mm256_add_epi32(_mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x9e3779b1u)), _mm256_set1_epi32(0x7f4a7c15));
+        h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+        h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x85ebca77u));
+        h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+        __m256 neg = _mm256_and_ps(_mm256_castsi256_ps(_mm256_slli_epi32(h, 31)), sign);
+        d->neg[j] = neg;
+        d->mul[j] = _mm256_or_ps(one, neg);
+        d->inv[j] = _mm256_or_ps(inv, neg);
     }
 }
 
-/* v = D H v / G (echo_had_inv). */
-AVX2_INLINE void had_inv_v(__m256 *v, const had_vecs *d, int G) {
-    fwht_v(v, G);
-    for (int j = 0; j < G / 8; j++)
-        v[j] = _mm256_mul_ps(v[j], d->inv[j]);
+/* The optional steps a pass takes on each vector j of the group. */
+typedef struct {
+    const __m256 *mul, *neg; /* before: v * mul[j], v ^ neg[j] */
+    const __m256 *inv;       /* after: v * inv[j] */
+    __m256i *mx;             /* after: *mx = max(*mx, |v| bits) */
+} pass_ops;
+
+AVX2_INLINE __m256 pass_pre(__m256 v, const pass_ops *o, int j) {
+    if (o->mul) v = _mm256_mul_ps(v, o->mul[j]);
+    if (o->neg) v = _mm256_xor_ps(v, o->neg[j]);
+    return v;
+}
+
+AVX2_INLINE void pass_post(__m256 v, const pass_ops *o, int j, float *dst) {
+    if (o->inv) v = _mm256_mul_ps(v, o->inv[j]);
+    if (o->mx)
+        *o->mx = _mm256_max_epi32(*o->mx, _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff)));
+    _mm256_storeu_ps(dst + 8 * j, v);
+}
+
+/* Pass A from src (G values of dt) to dst (fp32; may be src); pre and
+ * post are applied around it. */
+AVX2_INLINE void pass_a(const void *src, echo_dtype dt, float *dst, int G, const pass_ops *pre, const pass_ops *post) {
+    for (int q = 0; q < G / 8; q += 4) {
+        __m256 v0 = fwht_in(pass_pre(load8(src, dt, 8 * (size_t)q), pre, q));
+        __m256 v1 = fwht_in(pass_pre(load8(src, dt, 8 * (size_t)q + 8), pre, q + 1));
+        BF(v0, v1);
+        if (G > 16) {
+            __m256 v2 = fwht_in(pass_pre(load8(src, dt, 8 * (size_t)q + 16), pre, q + 2));
+            __m256 v3 = fwht_in(pass_pre(load8(src, dt, 8 * (size_t)q + 24), pre, q + 3));
+            BF(v2, v3);
+            BF(v0, v2);
+            BF(v1, v3);
+            pass_post(v2, post, q + 2, dst);
+            pass_post(v3, post, q + 3, dst);
+        }
+        pass_post(v0, post, q, dst);
+        pass_post(v1, post, q + 1, dst);
+    }
+}
+
+/* Pass B (G >= 64) in place on b, post applied after it. */
+AVX2_INLINE void pass_b(float *b, int G, const pass_ops *post) {
+    const __m256 z = _mm256_setzero_ps();
+    for (int r = 0; r < 4; r++) {
+        const int k = G / 32; /* vectors 4 apart: 2, 4 or 8 */
+        __m256 v0 = _mm256_loadu_ps(b + 8 * r), v1 = _mm256_loadu_ps(b + 8 * (r + 4));
+        __m256 v2 = k > 2 ? _mm256_loadu_ps(b + 8 * (r + 8)) : z, v3 = k > 2 ? _mm256_loadu_ps(b + 8 * (r + 12)) : z;
+        __m256 v4 = k > 4 ? _mm256_loadu_ps(b + 8 * (r + 16)) : z, v5 = k > 4 ? _mm256_loadu_ps(b + 8 * (r + 20)) : z;
+        __m256 v6 = k > 4 ? _mm256_loadu_ps(b + 8 * (r + 24)) : z, v7 = k > 4 ? _mm256_loadu_ps(b + 8 * (r + 28)) : z;
+        BF(v0, v1);
+        if (k > 2) {
+            BF(v2, v3);
+            BF(v0, v2);
+            BF(v1, v3);
+        }
+        if (k > 4) {
+            BF(v4, v5);
+            BF(v6, v7);
+            BF(v4, v6);
+            BF(v5, v7);
+            BF(v0, v4);
+            BF(v1, v5);
+            BF(v2, v6);
+            BF(v3, v7);
+        }
+        pass_post(v0, post, r, b);
+        pass_post(v1, post, r + 4, b);
+        if (k > 2) {
+            pass_post(v2, post, r + 8, b);
+            pass_post(v3, post, r + 12, b);
+        }
+        if (k > 4) {
+            pass_post(v4, post, r + 16, b);
+            pass_post(v5, post, r + 20, b);
+            pass_post(v6, post, r + 24, b);
+            pass_post(v7, post, r + 28, b);
+        }
+    }
+}
+
+/* dst = H (pre(src)), post applied to the result (dst may be src). */
+AVX2_INLINE void fwht_pass(const void *src, echo_dtype dt, float *dst, int G, const pass_ops *pre,
+                           const pass_ops *post) {
+    const pass_ops none = {0};
+    pass_a(src, dt, dst, G, pre, G > 32 ? &none : post);
+    if (G > 32) pass_b(dst, G, post);
+}
+
+/* b[0..G) = D H src / G (echo_had_inv; b may be src). */
+AVX2_INLINE void had_inv_buf(const float *src, float *b, const had_vecs *d, int G) {
+    const pass_ops none = {0}, post = {.inv = d->inv};
+    fwht_pass(src, ECHO_F32, b, G, &none, &post);
 }
 
 AVX2_INLINE void rotf_impl(const void *x, echo_dtype dt, size_t n, size_t np, int G, float *out) {
     had_vecs d;
     had_vecs_init(&d, G);
-    size_t off = 0;
+    const pass_ops pre = {.mul = d.mul}, none = {0};
+    size_t off = 0, esz = echo_dtype_size(dt);
     for (; off + (size_t)G <= n; off += (size_t)G) {
-        __m256 v[ECHO_MAX_GROUP / 8];
         for (int j = 0; ECHO_PF > 0 && j < G / 8; j += 2)
-            _mm_prefetch((const char *)x + (off + 8 * (size_t)j + ECHO_PF) * echo_dtype_size(dt), _MM_HINT_T0);
-        for (int j = 0; j < G / 8; j++)
-            v[j] = _mm256_mul_ps(load8(x, dt, off + 8 * (size_t)j), d.mul[j]);
-        fwht_v(v, G);
-        for (int j = 0; j < G / 8; j++)
-            _mm256_storeu_ps(out + off + 8 * (size_t)j, v[j]);
+            _mm_prefetch((const char *)x + (off + 8 * (size_t)j + ECHO_PF) * esz, _MM_HINT_T0);
+        fwht_pass((const char *)x + off * esz, dt, out + off, G, &pre, &none);
     }
     if (off < np)
-        echo_cpu_codec_scalar.rot_fwd((const char *)x + off * echo_dtype_size(dt), dt, n > off ? n - off : 0, np - off,
-                                      G, out + off);
+        echo_cpu_codec_scalar.rot_fwd((const char *)x + off * esz, dt, n > off ? n - off : 0, np - off, G, out + off);
 }
 
 /* 8 fp32 values as bf16 at o (echo_f32_to_bf16). */
@@ -467,20 +559,18 @@ AVX2_INLINE void roti_impl(float *in, size_t n, int G, void *out, echo_dtype dt,
     had_vecs_init(&d, G);
     size_t off = 0;
     for (; off + (size_t)G <= n; off += (size_t)G) {
-        __m256 v[ECHO_MAX_GROUP / 8];
-        for (int j = 0; j < G / 8; j++)
-            v[j] = _mm256_loadu_ps(in + off + 8 * (size_t)j);
-        had_inv_v(v, &d, G);
+        had_inv_buf(in + off, in + off, &d, G);
+        if (!out) continue;
+        UNROLL
         for (int j = 0; j < G / 8; j++) {
             size_t i = off + 8 * (size_t)j;
-            _mm256_storeu_ps(in + i, v[j]);
-            if (!out) continue;
+            __m256 v = _mm256_loadu_ps(in + i);
             if (dt != ECHO_F32)
-                store_bf16_8((uint16_t *)out + i, v[j]);
+                store_bf16_8((uint16_t *)out + i, v);
             else if (accumulate)
-                _mm256_storeu_ps((float *)out + i, add_acc(_mm256_loadu_ps((float *)out + i), v[j]));
+                _mm256_storeu_ps((float *)out + i, add_acc(_mm256_loadu_ps((float *)out + i), v));
             else
-                _mm256_storeu_ps((float *)out + i, v[j]);
+                _mm256_storeu_ps((float *)out + i, v);
         }
     }
     if (off < n)
@@ -488,34 +578,35 @@ AVX2_INLINE void roti_impl(float *in, size_t n, int G, void *out, echo_dtype dt,
                                       accumulate);
 }
 
-AVX2_FN static void avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out) {
-    switch (group) {
-    case 16: rotf_impl(x, dt, n, np, 16, out); break;
-    case 32: rotf_impl(x, dt, n, np, 32, out); break;
-    case 64: rotf_impl(x, dt, n, np, 64, out); break;
-    case 128: rotf_impl(x, dt, n, np, 128, out); break;
-    case 256: rotf_impl(x, dt, n, np, 256, out); break;
-    default: echo_cpu_codec_scalar.rot_fwd(x, dt, n, np, group, out); break;
+/* Every legal G as a constant; others go to the scalar table. */
+#define AVX2_FOR_EACH_G(group, CALL, FALLBACK)                                                                        \
+    switch (group) {                                                                                                   \
+    case 16: CALL(16); break;                                                                                          \
+    case 32: CALL(32); break;                                                                                          \
+    case 64: CALL(64); break;                                                                                          \
+    case 128: CALL(128); break;                                                                                        \
+    case 256: CALL(256); break;                                                                                        \
+    default: FALLBACK; break;                                                                                          \
     }
+
+AVX2_FN static void avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out) {
+#define RF(G) rotf_impl(x, dt, n, np, G, out)
+    AVX2_FOR_EACH_G(group, RF, echo_cpu_codec_scalar.rot_fwd(x, dt, n, np, group, out))
+#undef RF
 }
 
 AVX2_FN static void avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate) {
-    /* the dt/accumulate combinations the host compute uses get their own loop */
-    switch (group) {
-    case 16: roti_impl(in, n, 16, out, dt, accumulate); break;
-    case 32: roti_impl(in, n, 32, out, dt, accumulate); break;
-    case 64: roti_impl(in, n, 64, out, dt, accumulate); break;
-    case 128: roti_impl(in, n, 128, out, dt, accumulate); break;
-    case 256: roti_impl(in, n, 256, out, dt, accumulate); break;
-    default: echo_cpu_codec_scalar.rot_inv(in, n, group, out, dt, accumulate); break;
-    }
+#define RI(G) roti_impl(in, n, G, out, dt, accumulate)
+    AVX2_FOR_EACH_G(group, RI, echo_cpu_codec_scalar.rot_inv(in, n, group, out, dt, accumulate))
+#undef RI
 }
 
-/* Index of the first lane of v[0..nv) equal to m (one exists). */
-AVX2_INLINE int first_eq(const __m256i *a, int nv, uint32_t m) {
+/* Index of the first lane of a[0..G/8) equal to m (one exists). */
+AVX2_INLINE int first_eq(const int32_t *a, int G, uint32_t m) {
     const __m256i mv = _mm256_set1_epi32((int)m);
-    for (int j = 0; j < nv; j++) {
-        int k = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a[j], mv)));
+    for (int j = 0; j < G / 8; j++) {
+        int k = _mm256_movemask_ps(
+            _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_load_si256((const __m256i *)(a + 8 * j)), mv)));
         if (k) return 8 * j + __builtin_ctz((unsigned)k);
     }
     return 0;
@@ -526,69 +617,96 @@ AVX2_INLINE __m256i lane_mask(int i) {
     return _mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(i & 7));
 }
 
+/* o + v on one lane, o the first operand (add_acc). */
+AVX2_INLINE float add_acc1(float o, float v) {
+    return _mm_cvtss_f32(_mm256_castps256_ps128(add_acc(_mm256_set1_ps(o), _mm256_set1_ps(v))));
+}
+
 /* One full out2 (rot = 0) or hout2 (rot = 1) group: echo_out2_encode_group
  * / echo_hout2_encode_group on y = x (+ res when hr); res = the residual
  * when hw. out2 is hout2 without the rotation, bit for bit: its outliers'
  * codes are those of a zeroed value, its third largest |y| is the largest
- * once they are zeroed, and y - (+0) is y for the residual of a zero group. */
+ * once they are zeroed, and y - (+0) is y for the residual of a zero group.
+ * The outliers' residuals are patched in afterwards with scalar stores. */
 AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, int rot, int G, const had_vecs *d,
                                   uint8_t *codes, uint8_t *rec) {
-    __m256 v[ECHO_MAX_GROUP / 8], u[ECHO_MAX_GROUP / 8];
-    __m256i a[ECHO_MAX_GROUP / 8], mx = _mm256_setzero_si256();
+    float yb[ECHO_MAX_GROUP] __attribute__((aligned(32))), ub[ECHO_MAX_GROUP] __attribute__((aligned(32)));
+    int32_t ab[ECHO_MAX_GROUP] __attribute__((aligned(32)));
     const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+    __m256i mx = _mm256_setzero_si256();
     for (int j = 0; ECHO_PF > 0 && j < G / 8; j += 2) {
         _mm_prefetch((const char *)(x + 8 * j + ECHO_PF), _MM_HINT_T0);
         if (hr) _mm_prefetch((const char *)(res + 8 * j + ECHO_PF), _MM_HINT_T0);
     }
+    UNROLL
     for (int j = 0; j < G / 8; j++) {
         __m256 y = _mm256_loadu_ps(x + 8 * j);
         if (hr) y = _mm256_add_ps(y, _mm256_loadu_ps(res + 8 * j));
-        v[j] = y;
-        a[j] = _mm256_and_si256(_mm256_castps_si256(y), abs);
-        mx = _mm256_max_epi32(mx, a[j]);
+        __m256i a = _mm256_and_si256(_mm256_castps_si256(y), abs);
+        _mm256_store_ps(yb + 8 * j, y);
+        _mm256_store_si256((__m256i *)(ab + 8 * j), a);
+        mx = _mm256_max_epi32(mx, a);
     }
-    /* the first largest |y| (integer compare: nan/inf are the largest),
-     * then the first largest of the others */
+    /* the first largest |y| (integer compare: nan/inf are the largest), then
+     * the first largest of the others */
     uint32_t m = hmax8(mx);
-    int i1 = first_eq(a, G / 8, m);
-    a[i1 >> 3] = _mm256_or_si256(a[i1 >> 3], lane_mask(i1)); /* -1: below every |y| */
+    int i1 = first_eq(ab, G, m);
+    /* Vector read-modify-writes, not scalar stores: a vector load of a
+     * scalar store that is still in flight stalls until it retires. */
+    __m256i *ab1 = (__m256i *)(ab + (i1 & ~7));
+    _mm256_store_si256(ab1, _mm256_or_si256(_mm256_load_si256(ab1), lane_mask(i1))); /* -1: below every |y| */
     mx = _mm256_setzero_si256();
+    UNROLL
     for (int j = 0; j < G / 8; j++)
-        mx = _mm256_max_epi32(mx, a[j]);
-    int i2 = first_eq(a, G / 8, hmax8(mx));
-    for (int j = 0; j < G / 8; j++)
-        u[j] = v[j];
-    u[i1 >> 3] = _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i1)), u[i1 >> 3]);
-    u[i2 >> 3] = _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i2)), u[i2 >> 3]);
+        mx = _mm256_max_epi32(mx, _mm256_load_si256((const __m256i *)(ab + 8 * j)));
+    int i2 = first_eq(ab, G, hmax8(mx));
+    float y1 = yb[i1], y2 = yb[i2];
+    /* zero the outliers (restored in the residual below) */
+    _mm256_store_ps(yb + (i1 & ~7), _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i1)), _mm256_load_ps(yb + (i1 & ~7))));
+    _mm256_store_ps(yb + (i2 & ~7), _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i2)), _mm256_load_ps(yb + (i2 & ~7))));
+    /* u = the group without its outliers (rotated for hout2) in ub; mu its largest |u| */
+    mx = _mm256_setzero_si256();
     if (rot) {
+        const pass_ops pre = {.neg = d->neg}, post = {.mx = &mx};
+        fwht_pass(yb, ECHO_F32, ub, G, &pre, &post);
+    } else {
+        UNROLL
         for (int j = 0; j < G / 8; j++)
-            u[j] = _mm256_xor_ps(u[j], d->neg[j]);
-        fwht_v(u, G);
+            mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_load_si256((const __m256i *)(yb + 8 * j)), abs));
     }
-    mx = _mm256_setzero_si256();
-    for (int j = 0; j < G / 8; j++)
-        mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(u[j]), abs));
+    const float *u = rot ? ub : yb;
     uint16_t sb = m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(hmax8(mx));
     int poison = echo_scale_is_poison(sb), ok = sb != 0 && !poison;
-    float y1 = hr ? x[i1] + res[i1] : x[i1], y2 = hr ? x[i2] + res[i2] : x[i2];
     uint16_t o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y1);
     uint16_t o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y2);
     rec[0] = (uint8_t)sb, rec[1] = (uint8_t)(sb >> 8);
     rec[2] = (uint8_t)o1, rec[3] = (uint8_t)(o1 >> 8);
     rec[4] = (uint8_t)o2, rec[5] = (uint8_t)(o2 >> 8);
     rec[6] = (uint8_t)i1, rec[7] = (uint8_t)i2;
-    const __m256 s = _mm256_set1_ps(echo_bf16_to_f32(sb));
+    if (hw && poison) {
+        UNROLL
+        for (int j = 0; j < G / 8; j++)
+            _mm256_storeu_ps(res + 8 * j, _mm256_setzero_ps());
+    }
     if (!ok) {
         memset(codes, 0, (size_t)G / 2);
+        if (!hw || poison) return sb;
+        /* a zero scale: the decoded group is 0 but for the outliers (q*s =
+         * +0, rotated back to +-0) */
+        UNROLL
         for (int j = 0; j < G / 8; j++)
-            u[j] = _mm256_setzero_ps();
-    } else
+            _mm256_store_ps(ub + 8 * j, _mm256_setzero_ps());
+    } else {
+        /* codes, and the dequantized q*s into ub (the decoder's values before its inverse rotation) */
+        const __m256 s = _mm256_set1_ps(echo_bf16_to_f32(sb));
+        UNROLL
         for (int j = 0; j < G / 8; j += 4) {
             __m256i qi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                              _mm256_setzero_si256()};
             for (int t = 0; t < 4 && j + t < G / 8; t++) {
-                u[j + t] = rint8(_mm256_div_ps(u[j + t], s)); /* u = q from here */
-                qi[t] = _mm256_cvttps_epi32(u[j + t]);
+                __m256 q = rint8(_mm256_div_ps(_mm256_load_ps(u + 8 * (j + t)), s));
+                qi[t] = _mm256_cvttps_epi32(q);
+                if (hw) _mm256_store_ps(ub + 8 * (j + t), _mm256_mul_ps(q, s));
             }
             __m128i b = pack32(qi[0], qi[1], qi[2], qi[3]);
             if (G == 16)
@@ -596,20 +714,15 @@ AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, in
             else
                 _mm_storeu_si128((__m128i *)(codes + j * 4), b);
         }
-    if (!hw) return sb;
-    if (poison) {
-        for (int j = 0; j < G / 8; j++)
-            _mm256_storeu_ps(res + 8 * j, _mm256_setzero_ps());
-        return sb;
+        if (!hw) return sb;
     }
-    /* the decoded group (echo_hout2_finish), then y minus it */
+    /* the residual: y minus the decoded group (echo_hout2_finish) */
+    if (rot) had_inv_buf(ub, ub, d, G);
+    UNROLL
     for (int j = 0; j < G / 8; j++)
-        u[j] = _mm256_mul_ps(u[j], s);
-    if (rot) had_inv_v(u, d, G);
-    u[i1 >> 3] = _mm256_blendv_ps(u[i1 >> 3], _mm256_set1_ps(echo_bf16_to_f32(o1)), _mm256_castsi256_ps(lane_mask(i1)));
-    u[i2 >> 3] = _mm256_blendv_ps(u[i2 >> 3], _mm256_set1_ps(echo_bf16_to_f32(o2)), _mm256_castsi256_ps(lane_mask(i2)));
-    for (int j = 0; j < G / 8; j++)
-        _mm256_storeu_ps(res + 8 * j, _mm256_sub_ps(v[j], u[j]));
+        _mm256_storeu_ps(res + 8 * j, _mm256_sub_ps(_mm256_load_ps(yb + 8 * j), _mm256_load_ps(ub + 8 * j)));
+    res[i1] = y1 - echo_bf16_to_f32(o1);
+    res[i2] = y2 - echo_bf16_to_f32(o2);
     return sb;
 }
 
@@ -636,68 +749,73 @@ AVX2_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, in
 
 AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
                                       uint8_t *codes, uint8_t *recs, size_t *bad) {
-    int rot = form == ECHO_FORM_HOUT2;
     *bad = ECHO_NO_INDEX;
-    if ((form != ECHO_FORM_OUT2 && !rot) || n % (size_t)(group > 0 ? group : 1))
+    if ((form != ECHO_FORM_OUT2 && form != ECHO_FORM_HOUT2) || n % (size_t)(group > 0 ? group : 1))
         return echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
-    switch (group) {
-    case 16: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 16, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 16, codes, recs, bad);
-    case 32: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 32, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 32, codes, recs, bad);
-    case 64: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 64, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 64, codes, recs, bad);
-    case 128: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 128, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 128, codes, recs, bad);
-    case 256: return rot ? o2_enc_variants(y, res, res_valid, 1, n, 256, codes, recs, bad) : o2_enc_variants(y, res, res_valid, 0, n, 256, codes, recs, bad);
-    default: return echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
-    }
+    size_t np = 0;
+#define RE(G)                                                                                                          \
+    np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
+                                 : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
+    AVX2_FOR_EACH_G(group, RE, np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
+#undef RE
+    return np;
 }
 
 /* Full out2 / hout2 groups decoded (echo_out2_decode_group,
- * echo_hout2_decode_group), into out or added to it. */
+ * echo_hout2_decode_group), into out or added to it. The outliers are
+ * patched in afterwards, i1 then i2 (untrusted bytes: they may coincide). */
 AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, int rot, float *out,
                              int accumulate) {
     had_vecs d;
     if (rot) had_vecs_init(&d, G);
+    float b[ECHO_MAX_GROUP] __attribute__((aligned(32)));
     for (size_t g = 0; g < ng; g++) {
-        const uint8_t *rec = recs + g * ECHO_OUT2_REC;
+        const uint8_t *rec = recs + g * ECHO_OUT2_REC, *c = codes + g * (size_t)G / 2;
         const __m256 s = _mm256_set1_ps(echo_bf16_to_f32((uint16_t)(rec[0] | (rec[1] << 8))));
-        __m256 v[ECHO_MAX_GROUP / 8];
+        int i1 = rec[6] % G, i2 = rec[7] % G;
+        float *o = out + g * (size_t)G;
+        float a1 = o[i1], a2 = o[i2];
+        UNROLL
         for (int j = 0; j < G / 8; j += 4) {
             __m256i q[4];
-            unpack32(codes + g * (size_t)G / 2 + (size_t)j * 4, G == 16, q);
-            for (int t = 0; t < 4 && j + t < G / 8; t++)
-                v[j + t] = _mm256_mul_ps(_mm256_cvtepi32_ps(q[t]), s);
+            unpack32(c + (size_t)j * 4, G == 16, q);
+            _mm256_store_ps(b + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(q[0]), s));
+            _mm256_store_ps(b + 8 * j + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(q[1]), s));
+            if (G == 16) continue;
+            _mm256_store_ps(b + 8 * j + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(q[2]), s));
+            _mm256_store_ps(b + 8 * j + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(q[3]), s));
         }
-        if (rot) had_inv_v(v, &d, G);
-        int i1 = rec[6] % G, i2 = rec[7] % G; /* untrusted bytes: i1 first, then i2, as the scalar loop */
-        v[i1 >> 3] = _mm256_blendv_ps(v[i1 >> 3], _mm256_set1_ps(echo_bf16_to_f32((uint16_t)(rec[2] | (rec[3] << 8)))),
-                                      _mm256_castsi256_ps(lane_mask(i1)));
-        v[i2 >> 3] = _mm256_blendv_ps(v[i2 >> 3], _mm256_set1_ps(echo_bf16_to_f32((uint16_t)(rec[4] | (rec[5] << 8)))),
-                                      _mm256_castsi256_ps(lane_mask(i2)));
-        float *o = out + g * (size_t)G;
-        if (accumulate)
+        if (rot) had_inv_buf(b, b, &d, G);
+        if (accumulate) {
+            UNROLL
             for (int j = 0; j < G / 8; j++)
-                _mm256_storeu_ps(o + 8 * j, add_acc(_mm256_loadu_ps(o + 8 * j), v[j]));
-        else
+                _mm256_storeu_ps(o + 8 * j, add_acc(_mm256_loadu_ps(o + 8 * j), _mm256_load_ps(b + 8 * j)));
+        } else {
+            UNROLL
             for (int j = 0; j < G / 8; j++)
-                _mm256_storeu_ps(o + 8 * j, v[j]);
+                _mm256_storeu_ps(o + 8 * j, _mm256_load_ps(b + 8 * j));
+        }
+        float o1 = echo_bf16_to_f32((uint16_t)(rec[2] | (rec[3] << 8)));
+        float o2 = echo_bf16_to_f32((uint16_t)(rec[4] | (rec[5] << 8)));
+        o[i1] = accumulate ? add_acc1(a1, o1) : o1;
+        o[i2] = accumulate ? add_acc1(a2, o2) : o2;
     }
 }
 
 AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group,
                                     float *out, int accumulate) {
-    int rot = form == ECHO_FORM_HOUT2;
     size_t ng = n / (size_t)(group > 0 ? group : 1);
-    if (form != ECHO_FORM_OUT2 && !rot) {
+    if (form != ECHO_FORM_OUT2 && form != ECHO_FORM_HOUT2) {
         echo_cpu_codec_scalar.rec_decode(form, codes, recs, n, group, out, accumulate);
         return;
     }
-    switch (group) {
-    case 16: rot ? o2_dec_impl(codes, recs, ng, 16, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 16, 0, out, accumulate); break;
-    case 32: rot ? o2_dec_impl(codes, recs, ng, 32, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 32, 0, out, accumulate); break;
-    case 64: rot ? o2_dec_impl(codes, recs, ng, 64, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 64, 0, out, accumulate); break;
-    case 128: rot ? o2_dec_impl(codes, recs, ng, 128, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 128, 0, out, accumulate); break;
-    case 256: rot ? o2_dec_impl(codes, recs, ng, 256, 1, out, accumulate) : o2_dec_impl(codes, recs, ng, 256, 0, out, accumulate); break;
-    default: echo_cpu_codec_scalar.rec_decode(form, codes, recs, n, group, out, accumulate); return;
-    }
+#define RD(G)                                                                                                          \
+    if (form == ECHO_FORM_HOUT2)                                                                                       \
+        o2_dec_impl(codes, recs, ng, G, 1, out, accumulate);                                                           \
+    else                                                                                                               \
+        o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
+    AVX2_FOR_EACH_G(group, RD, ng = 0)
+#undef RD
     size_t off = ng * (size_t)group;
     if (off < n)
         echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * ECHO_OUT2_REC, n - off, group, out + off,
