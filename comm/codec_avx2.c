@@ -397,14 +397,21 @@ AVX2_FN static size_t avx2_decode_store(const uint8_t *codes, const uint16_t *sc
 /* Group loops unrolled whole: gcc's -O2 keeps loops of 8+ trips rolled. */
 #define UNROLL _Pragma("GCC unroll 32")
 
-/* An in-vector stage: sw is v with the partner lanes swapped; a lane with
- * the stage's bit clear gets a + b, its partner a - b (a the lower lane). */
-#define BFLY_IN(v, sw, mask) _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), mask)
+/* An in-vector stage: sw is v with the partner lanes swapped, neg the sign
+ * bit of the upper lane of each pair. The lower lane gets b + a (= a + b),
+ * the upper a + (-b) (= a - b: IEEE defines the difference so), a the lower
+ * lane and b the upper: one add instead of an add, a subtraction and a
+ * blend. Only a NaN's payload can tell the orders apart, and those are not
+ * part of the contract (test_codec_simd.c, cmp_f32). */
+#define BFLY_IN(v, sw, neg) _mm256_add_ps(sw, _mm256_xor_ps(v, neg))
 
 AVX2_INLINE __m256 fwht_in(__m256 v) {
-    v = BFLY_IN(v, _mm256_permute_ps(v, 0xb1), 0xaa);
-    v = BFLY_IN(v, _mm256_permute_ps(v, 0x4e), 0xcc);
-    return BFLY_IN(v, _mm256_permute2f128_ps(v, v, 1), 0xf0);
+    const __m256 n1 = _mm256_castsi256_ps(_mm256_setr_epi32(0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN));
+    const __m256 n2 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, INT32_MIN, INT32_MIN, 0, 0, INT32_MIN, INT32_MIN));
+    const __m256 n4 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, 0, 0, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN));
+    v = BFLY_IN(v, _mm256_permute_ps(v, 0xb1), n1);
+    v = BFLY_IN(v, _mm256_permute_ps(v, 0x4e), n2);
+    return BFLY_IN(v, _mm256_permute2f128_ps(v, v, 1), n4);
 }
 
 /* A cross-vector butterfly: a, b = a + b, a - b. */
