@@ -199,44 +199,56 @@ END_TEST
 /* Input kinds per test: the ordinary ones, then each adversarial one mixed in. */
 static const int kind_masks[] = {0x01, 0x03, 0x05, 0x09, 0x11, 0x21, 0x41, 0x81, 0xff};
 
-START_TEST(test_encode_matches_scalar) {
+/* One case of the sweeps below: table t, group G, count n (the ci-th of
+ * counts_for), input kinds kind_masks[ki]; returns the comparisons made. */
+typedef size_t (*case_fn)(const echo_cpu_codec *t, int G, size_t ci, size_t n, size_t ki);
+
+/* fn over every vector table, group size, count and input kind: at least
+ * min_tests comparisons when there is a vector table. */
+static void sweep(case_fn fn, size_t min_tests) {
     const echo_cpu_codec *tabs[4];
     int nt = vector_tables(tabs);
     size_t counts[32], ntests = 0;
     for (int ti = 0; ti < nt; ti++)
         for (int gi = 0; gi < 5; gi++) {
-            int G = groups[gi];
-            size_t nc = counts_for(G, counts);
+            size_t nc = counts_for(groups[gi], counts);
             for (size_t ci = 0; ci < nc; ci++)
-                for (size_t ki = 0; ki < sizeof kind_masks / sizeof *kind_masks; ki++) {
-                    size_t n = counts[ci];
-                    uint64_t seed = 1000003u * (uint64_t)G + 7919u * ci + ki;
-                    float *x = malloc((n + 1) * 4), *res = malloc((n + 1) * 4);
-                    uint16_t *xb = malloc((n + 1) * 2);
-                    gen(x, n, G, seed, kind_masks[ki]);
-                    /* residual: small against x mostly, sometimes of another kind (it can bring inf in) */
-                    gen(res, n, G, seed ^ 0xabcdef, ki == 8 ? 0xff : 0x01);
-                    for (size_t i = 0; i < n; i++) {
-                        if (ki != 8) res[i] *= 0x1p-8f * fabsf(x[i]);
-                        xb[i] = echo_f32_to_bf16(x[i]);
-                    }
-                    for (int dti = 0; dti < 2; dti++)
-                        for (int rm = 0; rm < 3; rm++)
-                            for (int rr = 0; rr < 2; rr++) {
-                                char what[160];
-                                snprintf(what, sizeof what, "%s G=%d n=%zu kinds=%#x %s res=%d rmode=%s",
-                                         tabs[ti]->name, G, n, kind_masks[ki], dti ? "bf16" : "f32", rm,
-                                         rr ? "bf16" : "f32");
-                                cmp_encode(tabs[ti], dti ? (const void *)xb : x, dti ? ECHO_BF16 : ECHO_F32, res, rm,
-                                           rr ? ECHO_RESID_BF16 : ECHO_RESID_F32, n, G, what);
-                                ntests++;
-                            }
-                    free(x);
-                    free(res);
-                    free(xb);
-                }
+                for (size_t ki = 0; ki < sizeof kind_masks / sizeof *kind_masks; ki++)
+                    ntests += fn(tabs[ti], groups[gi], ci, counts[ci], ki);
         }
-    if (nt) ck_assert_uint_gt(ntests, 5000);
+    if (nt) ck_assert_uint_ge(ntests, min_tests);
+}
+
+static size_t encode_case(const echo_cpu_codec *t, int G, size_t ci, size_t n, size_t ki) {
+    size_t ntests = 0;
+    uint64_t seed = 1000003u * (uint64_t)G + 7919u * ci + ki;
+    float *x = malloc((n + 1) * 4), *res = malloc((n + 1) * 4);
+    uint16_t *xb = malloc((n + 1) * 2);
+    gen(x, n, G, seed, kind_masks[ki]);
+    /* residual: small against x mostly, sometimes of another kind (it can bring inf in) */
+    gen(res, n, G, seed ^ 0xabcdef, ki == 8 ? 0xff : 0x01);
+    for (size_t i = 0; i < n; i++) {
+        if (ki != 8) res[i] *= 0x1p-8f * fabsf(x[i]);
+        xb[i] = echo_f32_to_bf16(x[i]);
+    }
+    for (int dti = 0; dti < 2; dti++)
+        for (int rm = 0; rm < 3; rm++)
+            for (int rr = 0; rr < 2; rr++) {
+                char what[160];
+                snprintf(what, sizeof what, "%s G=%d n=%zu kinds=%#x %s res=%d rmode=%s", t->name, G, n,
+                         kind_masks[ki], dti ? "bf16" : "f32", rm, rr ? "bf16" : "f32");
+                cmp_encode(t, dti ? (const void *)xb : x, dti ? ECHO_BF16 : ECHO_F32, res, rm,
+                           rr ? ECHO_RESID_BF16 : ECHO_RESID_F32, n, G, what);
+                ntests++;
+            }
+    free(x);
+    free(res);
+    free(xb);
+    return ntests;
+}
+
+START_TEST(test_encode_matches_scalar) {
+    sweep(encode_case, 5000);
 }
 END_TEST
 
@@ -362,71 +374,63 @@ static float *dup_f32(const float *x, size_t n) {
 }
 
 /* The rotation of the rotating codecs, both ways, every output mode. */
-START_TEST(test_rotation_matches_scalar) {
-    const echo_cpu_codec *tabs[4];
-    int nt = vector_tables(tabs);
-    size_t counts[32], ntests = 0;
-    for (int ti = 0; ti < nt; ti++)
-        for (int gi = 0; gi < 5; gi++) {
-            int G = groups[gi];
-            size_t nc = counts_for(G, counts);
-            for (size_t ci = 0; ci < nc; ci++)
-                for (size_t ki = 0; ki < sizeof kind_masks / sizeof *kind_masks; ki++) {
-                    size_t n = counts[ci], np = (n + (size_t)G - 1) / (size_t)G * (size_t)G;
-                    size_t npx = np + (ci & 1 ? (size_t)G : 0); /* padding past a whole group too */
-                    uint64_t seed = 7777u * (uint64_t)G + 131u * ci + ki;
-                    float *x = malloc((n + 1) * 4), *in = malloc((np + 1) * 4), *acc = malloc((n + 1) * 4);
-                    uint16_t *xb = malloc((n + 1) * 2);
-                    gen(x, n, G, seed, kind_masks[ki]);
-                    gen(in, np, G, seed ^ 0x1234, kind_masks[ki]);
-                    gen(acc, n, G, seed ^ 0x4321, ki == 8 ? 0xff : 0x01);
-                    for (size_t i = 0; i < n; i++)
-                        xb[i] = echo_f32_to_bf16(x[i]);
-                    char what[160];
-                    for (int dti = 0; dti < 2; dti++) {
-                        echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
-                        snprintf(what, sizeof what, "%s rot_fwd G=%d n=%zu np=%zu kinds=%#x %s", tabs[ti]->name, G, n,
-                                 npx, kind_masks[ki], dti ? "bf16" : "f32");
-                        float *o0 = alloc_fill(npx * 4, 0x5a), *o1 = alloc_fill(npx * 4, 0x5a);
-                        echo_cpu_codec_scalar.rot_fwd(dti ? (const void *)xb : x, dt, n, npx, G, o0);
-                        tabs[ti]->rot_fwd(dti ? (const void *)xb : x, dt, n, npx, G, o1);
-                        cmp_f32(o0, o1, npx, 1, what, "value");
-                        free(o0);
-                        free(o1);
-                        ntests++;
-                    }
-                    /* out: none, fp32, fp32 accumulated, bf16 */
-                    for (int mode = 0; mode < 4; mode++) {
-                        echo_dtype dt = mode == 3 ? ECHO_BF16 : ECHO_F32;
-                        size_t ob = n * echo_dtype_size(dt);
-                        snprintf(what, sizeof what, "%s rot_inv G=%d n=%zu kinds=%#x mode=%d", tabs[ti]->name, G, n,
-                                 kind_masks[ki], mode);
-                        float *i0 = dup_f32(in, np), *i1 = dup_f32(in, np);
-                        uint8_t *o0 = alloc_fill(ob, 0x5a), *o1 = alloc_fill(ob, 0x5a);
-                        if (mode == 2) {
-                            memcpy(o0, acc, ob);
-                            memcpy(o1, acc, ob);
-                        }
-                        echo_cpu_codec_scalar.rot_inv(i0, n, G, mode ? o0 : NULL, dt, mode == 2);
-                        tabs[ti]->rot_inv(i1, n, G, mode ? o1 : NULL, dt, mode == 2);
-                        cmp_f32(i0, i1, np, 1, what, "in place");
-                        if (mode == 3)
-                            cmp_bf16((const uint16_t *)o0, (const uint16_t *)o1, n, what, "out");
-                        else
-                            cmp_f32((const float *)o0, (const float *)o1, n, 1, what, "out");
-                        free(i0);
-                        free(i1);
-                        free(o0);
-                        free(o1);
-                        ntests++;
-                    }
-                    free(x);
-                    free(in);
-                    free(acc);
-                    free(xb);
-                }
+static size_t rotation_case(const echo_cpu_codec *t, int G, size_t ci, size_t n, size_t ki) {
+    size_t np = (n + (size_t)G - 1) / (size_t)G * (size_t)G, ntests = 0;
+    size_t npx = np + (ci & 1 ? (size_t)G : 0); /* padding past a whole group too */
+    uint64_t seed = 7777u * (uint64_t)G + 131u * ci + ki;
+    float *x = malloc((n + 1) * 4), *in = malloc((np + 1) * 4), *acc = malloc((n + 1) * 4);
+    uint16_t *xb = malloc((n + 1) * 2);
+    gen(x, n, G, seed, kind_masks[ki]);
+    gen(in, np, G, seed ^ 0x1234, kind_masks[ki]);
+    gen(acc, n, G, seed ^ 0x4321, ki == 8 ? 0xff : 0x01);
+    for (size_t i = 0; i < n; i++)
+        xb[i] = echo_f32_to_bf16(x[i]);
+    char what[160];
+    for (int dti = 0; dti < 2; dti++) {
+        echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
+        snprintf(what, sizeof what, "%s rot_fwd G=%d n=%zu np=%zu kinds=%#x %s", t->name, G, n, npx, kind_masks[ki],
+                 dti ? "bf16" : "f32");
+        float *o0 = alloc_fill(npx * 4, 0x5a), *o1 = alloc_fill(npx * 4, 0x5a);
+        echo_cpu_codec_scalar.rot_fwd(dti ? (const void *)xb : x, dt, n, npx, G, o0);
+        t->rot_fwd(dti ? (const void *)xb : x, dt, n, npx, G, o1);
+        cmp_f32(o0, o1, npx, 1, what, "value");
+        free(o0);
+        free(o1);
+        ntests++;
+    }
+    /* out: none, fp32, fp32 accumulated, bf16 */
+    for (int mode = 0; mode < 4; mode++) {
+        echo_dtype dt = mode == 3 ? ECHO_BF16 : ECHO_F32;
+        size_t ob = n * echo_dtype_size(dt);
+        snprintf(what, sizeof what, "%s rot_inv G=%d n=%zu kinds=%#x mode=%d", t->name, G, n, kind_masks[ki], mode);
+        float *i0 = dup_f32(in, np), *i1 = dup_f32(in, np);
+        uint8_t *o0 = alloc_fill(ob, 0x5a), *o1 = alloc_fill(ob, 0x5a);
+        if (mode == 2) {
+            memcpy(o0, acc, ob);
+            memcpy(o1, acc, ob);
         }
-    if (nt) ck_assert_uint_gt(ntests, 2000);
+        echo_cpu_codec_scalar.rot_inv(i0, n, G, mode ? o0 : NULL, dt, mode == 2);
+        t->rot_inv(i1, n, G, mode ? o1 : NULL, dt, mode == 2);
+        cmp_f32(i0, i1, np, 1, what, "in place");
+        if (mode == 3)
+            cmp_bf16((const uint16_t *)o0, (const uint16_t *)o1, n, what, "out");
+        else
+            cmp_f32((const float *)o0, (const float *)o1, n, 1, what, "out");
+        free(i0);
+        free(i1);
+        free(o0);
+        free(o1);
+        ntests++;
+    }
+    free(x);
+    free(in);
+    free(acc);
+    free(xb);
+    return ntests;
+}
+
+START_TEST(test_rotation_matches_scalar) {
+    sweep(rotation_case, 2000);
 }
 END_TEST
 
