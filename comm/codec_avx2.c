@@ -10,6 +10,10 @@
  * gives -0 where the adds give +0), and nothing here is built with FMA, so
  * no multiply-add can be contracted. Full groups are vectorized; a partial
  * last group, and group sizes outside 16..256, go to the scalar table.
+ * One latitude: where a Walsh-Hadamard butterfly meets a NaN, which NaN
+ * comes out (its payload and sign) is not fixed: the compiler orders a
+ * commutative add's operands as it likes, in the scalar loops too, and the
+ * cuda kernels give the canonical NaN. Every other value is bit-identical.
  *
  * Why intrinsics rather than the scalar source built for AVX2: gcc's
  * vectorization of the scalar loops leaves the nibble packing and

@@ -3,8 +3,11 @@
  * reference, bit for bit. The scalar table is itself checked against the
  * codec's independent arithmetic in test_comm.c (section 1); here every
  * other table must give exactly its bytes: codes, scales, residuals,
- * decoded values (NaN payloads included), the number of poisoned groups and
- * the first bad element, and must write nothing past the message.
+ * decoded values (NaN payloads included, but for values that went through
+ * a rotation: cmp_f32), the number of poisoned groups and the first bad
+ * element, and must write nothing past the message. The staged codecs'
+ * loops (rotation both ways, the out2 / hout2 / hsub6 records) are swept
+ * the same way.
  *
  * Inputs are random and adversarial, group by group: Gaussian values over
  * many decades, all-zero groups with signed zeros, subnormals, values at the
