@@ -758,12 +758,139 @@ AVX2_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, in
     return o2_enc_impl(y, res, 0, 1, rot, n, G, codes, recs, bad);
 }
 
+/* ---- hsub6: a scale per 16 values under the group's bf16 one (G = 64,
+ * 128, 256: 4, 8 or 16 sub-groups, one per lane) ---- */
+
+/* echo_sub_scale on 8 lanes: S * 2^(-e/4) rounded up to bf16, never 0. */
+AVX2_INLINE __m256 sub_scale8(__m256 S, __m256i e) {
+    const __m256 qoct =
+        _mm256_setr_ps(echo_qoct(0), echo_qoct(1), echo_qoct(2), echo_qoct(3), echo_qoct(0), echo_qoct(1), echo_qoct(2), echo_qoct(3));
+    __m256 q = _mm256_permutevar8x32_ps(qoct, _mm256_and_si256(e, _mm256_set1_epi32(3)));
+    __m256 p = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), _mm256_srli_epi32(e, 2)), 23));
+    __m256i up = _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(S, q), p)),
+                                                    _mm256_set1_epi32(0xffff)),
+                                   16);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_max_epi32(up, _mm256_set1_epi32(1)), 16));
+}
+
+/* echo_sub_exp on 8 lanes (a: the sub-groups' largest |y|, finite). Its
+ * bound e + b <= 63 always holds: before step b, e <= 64 - 2b. */
+AVX2_INLINE __m256i sub_exp8(__m256 S, __m256 a) {
+    __m256i e = _mm256_setzero_si256();
+    for (int b = 32; b; b >>= 1) {
+        __m256i c = _mm256_add_epi32(e, _mm256_set1_epi32(b));
+        __m256 ok = _mm256_cmp_ps(_mm256_mul_ps(sub_scale8(S, c), _mm256_set1_ps(7.0f)), a, _CMP_GE_OQ);
+        e = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(e), _mm256_castsi256_ps(c), ok));
+    }
+    return e;
+}
+
+/* One full hsub6 group: echo_hsub_encode_group on y = x (+ res when hr),
+ * res = the residual when hw. An all-zero or poisoned group goes to it. */
+AVX2_INLINE uint16_t hsub_enc_group(const float *x, float *res, int hr, int hw, int G, uint8_t *codes, uint8_t *rec) {
+    float yb[ECHO_MAX_GROUP] __attribute__((aligned(32)));
+    __m256i sm[16];
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+    const int K = G / ECHO_SUB;
+    for (int j = 0; ECHO_PF > 0 && j < G / 8; j += 2) {
+        _mm_prefetch((const char *)(x + 8 * j + ECHO_PF), _MM_HINT_T0);
+        if (hr) _mm_prefetch((const char *)(res + 8 * j + ECHO_PF), _MM_HINT_T0);
+    }
+    for (int k = 0; k < 16; k++) {
+        sm[k] = _mm256_setzero_si256();
+        for (int t = 0; k < K && t < 2; t++) {
+            __m256 y = _mm256_loadu_ps(x + 16 * k + 8 * t);
+            if (hr) y = _mm256_add_ps(y, _mm256_loadu_ps(res + 16 * k + 8 * t));
+            _mm256_store_ps(yb + 16 * k + 8 * t, y);
+            sm[k] = _mm256_max_epi32(sm[k], _mm256_and_si256(_mm256_castps_si256(y), abs));
+        }
+    }
+    __m256i am[2] = {hmax8x8(sm), hmax8x8(sm + 8)}; /* lane k: sub-group k's (8 + k's) largest |y| */
+    uint16_t sb = echo_scale_from_absbits(hmax8(_mm256_max_epi32(am[0], am[1])));
+    if (sb == 0 || echo_scale_is_poison(sb)) return echo_hsub_encode_group(yb, G, codes, rec, hw ? res : NULL, G);
+    const __m256 S = _mm256_set1_ps(echo_bf16_to_f32(sb));
+    __m256 sc[2];
+    int32_t e[16] __attribute__((aligned(32)));
+    for (int h = 0; h < 2; h++) {
+        __m256i eh = sub_exp8(S, _mm256_castsi256_ps(am[h]));
+        sc[h] = sub_scale8(S, eh);
+        _mm256_store_si256((__m256i *)(e + 8 * h), eh);
+    }
+    rec[0] = (uint8_t)(sb & 0xffu);
+    rec[1] = (uint8_t)(sb >> 8);
+    for (int k = 0; k < K; k += 4) {
+        uint32_t w = (uint32_t)e[k] | (uint32_t)e[k + 1] << 6 | (uint32_t)e[k + 2] << 12 | (uint32_t)e[k + 3] << 18;
+        uint8_t *t = rec + 2 + 3 * (k / 4);
+        t[0] = (uint8_t)w, t[1] = (uint8_t)(w >> 8), t[2] = (uint8_t)(w >> 16);
+    }
+    /* codes and residuals, two sub-groups (32 values) at a time */
+    for (int k = 0; k < K; k += 2) {
+        __m256i qi[4];
+        for (int t = 0; t < 4; t++) {
+            int kk = k + t / 2;
+            __m256 s = _mm256_permutevar8x32_ps(sc[kk >> 3], _mm256_set1_epi32(kk & 7));
+            __m256 y = _mm256_load_ps(yb + 16 * k + 8 * t);
+            __m256 q = rint8(_mm256_div_ps(y, s));
+            qi[t] = _mm256_cvttps_epi32(q);
+            if (hw) _mm256_storeu_ps(res + 16 * k + 8 * t, _mm256_sub_ps(y, _mm256_mul_ps(q, s)));
+        }
+        _mm_storeu_si128((__m128i *)(codes + 8 * k), pack32(qi[0], qi[1], qi[2], qi[3]));
+    }
+    return sb;
+}
+
+AVX2_INLINE size_t hsub_enc_impl(const float *y, float *res, int hr, int hw, size_t n, int G, uint8_t *codes,
+                                 uint8_t *recs, size_t *bad) {
+    size_t npoison = 0, rb = (size_t)echo_hsub_rec_bytes(G);
+    for (size_t off = 0; off + (size_t)G <= n; off += (size_t)G) {
+        uint16_t sb = hsub_enc_group(y + off, hw ? res + off : NULL, hr, hw, G, codes + off / 2, recs + off / (size_t)G * rb);
+        if (echo_scale_is_poison(sb) && !npoison++) *bad = off;
+    }
+    return npoison;
+}
+
+/* Full hsub6 groups decoded (echo_hsub_decode_group), into out or added to it. */
+AVX2_INLINE void hsub_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, float *out, int accumulate) {
+    const int K = G / ECHO_SUB, rb = echo_hsub_rec_bytes(G);
+    for (size_t g = 0; g < ng; g++) {
+        const uint8_t *rec = recs + g * (size_t)rb, *c = codes + g * (size_t)G / 2;
+        uint16_t sb = (uint16_t)(rec[0] | (rec[1] << 8));
+        const __m256 S = _mm256_set1_ps(echo_bf16_to_f32(sb));
+        /* a poisoned group decodes to NaN, a zero one to 0, as int4's */
+        int ok = sb != 0 && !echo_scale_is_poison(sb);
+        int32_t e[16] __attribute__((aligned(32))) = {0};
+        for (int k = 0; k < K; k++)
+            e[k] = echo_hsub_get_exp(rec, k);
+        __m256 sc[2] = {S, S};
+        for (int h = 0; ok && h < 2; h++)
+            sc[h] = sub_scale8(S, _mm256_load_si256((const __m256i *)(e + 8 * h)));
+        float *o = out + g * (size_t)G;
+        for (int k = 0; k < K; k += 2) {
+            __m256i q[4];
+            unpack32(c + 8 * k, 0, q);
+            for (int t = 0; t < 4; t++) {
+                int kk = k + t / 2;
+                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q[t]), _mm256_permutevar8x32_ps(sc[kk >> 3], _mm256_set1_epi32(kk & 7)));
+                float *p = o + 16 * k + 8 * t;
+                _mm256_storeu_ps(p, accumulate ? add_acc(_mm256_loadu_ps(p), v) : v);
+            }
+        }
+    }
+}
+
 AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
                                       uint8_t *codes, uint8_t *recs, size_t *bad) {
     *bad = ECHO_NO_INDEX;
-    if ((form != ECHO_FORM_OUT2 && form != ECHO_FORM_HOUT2) || n % (size_t)(group > 0 ? group : 1))
+    int hr = res && res_valid, hw = res != NULL;
+    if (n % (size_t)(group > 0 ? group : 1) || (form == ECHO_FORM_HSUB && group < 64))
         return echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
     size_t np = 0;
+    if (form == ECHO_FORM_HSUB) {
+#define RE(G) np = hsub_enc_impl(y, res, hr, hw, n, G, codes, recs, bad)
+        AVX2_FOR_EACH_G(group, RE, np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
+#undef RE
+        return np;
+    }
 #define RE(G)                                                                                                          \
     np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
                                  : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
@@ -816,12 +943,11 @@ AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t n
 AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group,
                                     float *out, int accumulate) {
     size_t ng = n / (size_t)(group > 0 ? group : 1);
-    if (form != ECHO_FORM_OUT2 && form != ECHO_FORM_HOUT2) {
-        echo_cpu_codec_scalar.rec_decode(form, codes, recs, n, group, out, accumulate);
-        return;
-    }
+    if (form == ECHO_FORM_HSUB && group < 64) ng = 0;
 #define RD(G)                                                                                                          \
-    if (form == ECHO_FORM_HOUT2)                                                                                       \
+    if (form == ECHO_FORM_HSUB)                                                                                        \
+        hsub_dec_impl(codes, recs, ng, G, out, accumulate);                                                            \
+    else if (form == ECHO_FORM_HOUT2)                                                                                  \
         o2_dec_impl(codes, recs, ng, G, 1, out, accumulate);                                                           \
     else                                                                                                               \
         o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
@@ -829,8 +955,8 @@ AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_
 #undef RD
     size_t off = ng * (size_t)group;
     if (off < n)
-        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * ECHO_OUT2_REC, n - off, group, out + off,
-                                         accumulate);
+        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group), n - off,
+                                         group, out + off, accumulate);
 }
 
 const echo_cpu_codec echo_cpu_codec_avx2 = {
