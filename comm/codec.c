@@ -240,6 +240,7 @@ static size_t scalar_rec_encode(int form, const float *y, float *res, int res_va
                                 uint8_t *codes, uint8_t *recs, size_t *bad);
 static void scalar_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group, float *out,
                               int accumulate);
+static void scalar_add(const float *in, size_t n, float *out);
 
 const echo_cpu_codec echo_cpu_codec_scalar = {
     .name = "scalar",
@@ -250,6 +251,7 @@ const echo_cpu_codec echo_cpu_codec_scalar = {
     .rot_inv = scalar_rot_inv,
     .rec_encode = scalar_rec_encode,
     .rec_decode = scalar_rec_decode,
+    .add = scalar_add,
 };
 
 /* __builtin_cpu_supports reads what libgcc's constructor found in cpuid:
@@ -642,11 +644,15 @@ static void stage_inv(const echo_plan *p, float *in, size_t n, void *out, echo_d
         return;
     }
     if (accumulate) {
-        echo_cpu_load(in, ECHO_F32, n, out, 1);
+        echo_cpu_codec_best()->add(in, n, out);
         return;
     }
     size_t bad;
     echo_cpu_store(in, n, out, dt, &bad);
+}
+
+static void scalar_add(const float *in, size_t n, float *out) {
+    echo_cpu_load(in, ECHO_F32, n, out, 1);
 }
 
 static int host_unrotate(echo_comm *c, float *res, size_t n, int group, void *stream, char *err, size_t errlen) {

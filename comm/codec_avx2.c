@@ -572,6 +572,8 @@ AVX2_INLINE void roti_impl(float *in, size_t n, int G, void *out, echo_dtype dt,
     for (; off + (size_t)G <= n; off += (size_t)G) {
         had_inv_buf(in + off, in + off, &d, G);
         if (!out) continue;
+        for (int j = 0; ECHO_PF > 0 && j < G / 8; j += 2)
+            _mm_prefetch((char *)out + (off + 8 * (size_t)j + ECHO_PF) * echo_dtype_size(dt), _MM_HINT_T0);
         UNROLL
         for (int j = 0; j < G / 8; j++) {
             size_t i = off + 8 * (size_t)j;
@@ -865,6 +867,8 @@ AVX2_INLINE void hsub_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t
         for (int h = 0; ok && h < 2; h++)
             sc[h] = sub_scale8(S, _mm256_load_si256((const __m256i *)(e + 8 * h)));
         float *o = out + g * (size_t)G;
+        for (int j = 0; ECHO_PF > 0 && j < G / 8; j += 2)
+            _mm_prefetch((const char *)(o + 8 * j + ECHO_PF), _MM_HINT_T0);
         for (int k = 0; k < K; k += 2) {
             __m256i q[4];
             unpack32(c + 8 * k, 0, q);
@@ -912,6 +916,8 @@ AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t n
         const __m256 s = _mm256_set1_ps(echo_bf16_to_f32((uint16_t)(rec[0] | (rec[1] << 8))));
         int i1 = rec[6] % G, i2 = rec[7] % G;
         float *o = out + g * (size_t)G;
+        for (int j = 0; ECHO_PF > 0 && j < G / 8; j += 2)
+            _mm_prefetch((const char *)(o + 8 * j + ECHO_PF), _MM_HINT_T0);
         float a1 = o[i1], a2 = o[i2];
         UNROLL
         for (int j = 0; j < G / 8; j += 4) {
@@ -959,6 +965,19 @@ AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_
                                          group, out + off, accumulate);
 }
 
+/* The accumulator is prefetched: the loads of out are what hold a staged
+ * decode-accumulate back (one with out prefetched measured 0.8 of memcpy
+ * against 0.6 without). */
+AVX2_FN static void avx2_add(const float *in, size_t n, float *out) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        if (ECHO_PF > 0) _mm_prefetch((const char *)(out + i + ECHO_PF), _MM_HINT_T0);
+        _mm256_storeu_ps(out + i, add_acc(_mm256_loadu_ps(out + i), _mm256_loadu_ps(in + i)));
+        _mm256_storeu_ps(out + i + 8, add_acc(_mm256_loadu_ps(out + i + 8), _mm256_loadu_ps(in + i + 8)));
+    }
+    echo_cpu_codec_scalar.add(in + i, n - i, out + i);
+}
+
 const echo_cpu_codec echo_cpu_codec_avx2 = {
     .name = "avx2",
     .encode = avx2_encode,
@@ -968,6 +987,7 @@ const echo_cpu_codec echo_cpu_codec_avx2 = {
     .rot_inv = avx2_rot_inv,
     .rec_encode = avx2_rec_encode,
     .rec_decode = avx2_rec_decode,
+    .add = avx2_add,
 };
 
 #endif

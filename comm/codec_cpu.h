@@ -43,6 +43,8 @@ typedef struct echo_cpu_codec {
                          uint8_t *recs, size_t *bad);
     void (*rec_decode)(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group, float *out,
                        int accumulate);
+    /* out[0..n) += in (fp32; the accumulator the add's first operand). */
+    void (*add)(const float *in, size_t n, float *out);
 } echo_cpu_codec;
 
 /* The reference: portable C, vectorized by the compiler for the baseline ISA. */

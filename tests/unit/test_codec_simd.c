@@ -401,6 +401,13 @@ static size_t rotation_case(const echo_cpu_codec *t, int G, size_t ci, size_t n,
         free(o1);
         ntests++;
     }
+    snprintf(what, sizeof what, "%s add n=%zu kinds=%#x", t->name, n, kind_masks[ki]);
+    float *a0 = dup_f32(acc, n), *a1 = dup_f32(acc, n);
+    echo_cpu_codec_scalar.add(x, n, a0);
+    t->add(x, n, a1);
+    cmp_f32(a0, a1, n, 0, what, "value");
+    free(a0);
+    free(a1);
     /* out: none, fp32, fp32 accumulated, bf16 */
     for (int mode = 0; mode < 4; mode++) {
         echo_dtype dt = mode == 3 ? ECHO_BF16 : ECHO_F32;
