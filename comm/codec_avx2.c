@@ -453,6 +453,7 @@ typedef struct {
     const __m256 *mul, *neg; /* before: v * mul[j], v ^ neg[j] */
     const __m256 *inv;       /* after: v * inv[j] */
     __m256i *mx;             /* after: *mx = max(*mx, |v| bits) */
+    const float *ysub;       /* last: store ysub - v rather than v */
 } pass_ops;
 
 AVX2_INLINE __m256 pass_pre(__m256 v, const pass_ops *o, int j) {
@@ -465,6 +466,7 @@ AVX2_INLINE void pass_post(__m256 v, const pass_ops *o, int j, float *dst) {
     if (o->inv) v = _mm256_mul_ps(v, o->inv[j]);
     if (o->mx)
         *o->mx = _mm256_max_epi32(*o->mx, _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff)));
+    if (o->ysub) v = _mm256_sub_ps(_mm256_loadu_ps(o->ysub + 8 * j), v);
     _mm256_storeu_ps(dst + 8 * j, v);
 }
 
@@ -729,11 +731,16 @@ AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, in
         }
         if (!hw) return sb;
     }
-    /* the residual: y minus the decoded group (echo_hout2_finish) */
-    if (rot) had_inv_buf(ub, ub, d, G);
-    UNROLL
-    for (int j = 0; j < G / 8; j++)
-        _mm256_storeu_ps(res + 8 * j, _mm256_sub_ps(_mm256_load_ps(yb + 8 * j), _mm256_load_ps(ub + 8 * j)));
+    /* the residual: y minus the decoded group (echo_hout2_finish; res is
+     * pass A's scratch) */
+    if (rot) {
+        const pass_ops none = {0}, post = {.inv = d->inv, .ysub = yb};
+        fwht_pass(ub, ECHO_F32, res, G, &none, &post);
+    } else {
+        UNROLL
+        for (int j = 0; j < G / 8; j++)
+            _mm256_storeu_ps(res + 8 * j, _mm256_sub_ps(_mm256_load_ps(yb + 8 * j), _mm256_load_ps(ub + 8 * j)));
+    }
     res[i1] = y1 - echo_bf16_to_f32(o1);
     res[i2] = y2 - echo_bf16_to_f32(o2);
     return sb;
