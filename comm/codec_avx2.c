@@ -594,7 +594,7 @@ AVX2_INLINE void roti_impl(float *in, size_t n, int G, void *out, echo_dtype dt,
 }
 
 /* Every legal G as a constant; others go to the scalar table. */
-#define AVX2_FOR_EACH_G(group, CALL, FALLBACK)                                                                        \
+#define AVX2_FOR_EACH_G(group, CALL, FALLBACK)                                                                         \
     switch (group) {                                                                                                   \
     case 16: CALL(16); break;                                                                                          \
     case 32: CALL(32); break;                                                                                          \
@@ -604,13 +604,13 @@ AVX2_INLINE void roti_impl(float *in, size_t n, int G, void *out, echo_dtype dt,
     default: FALLBACK; break;                                                                                          \
     }
 
-AVX2_FN static void avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out) {
+AVX2_FN static void avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out){
 #define RF(G) rotf_impl(x, dt, n, np, G, out)
     AVX2_FOR_EACH_G(group, RF, echo_cpu_codec_scalar.rot_fwd(x, dt, n, np, group, out))
 #undef RF
 }
 
-AVX2_FN static void avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate) {
+AVX2_FN static void avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate){
 #define RI(G) roti_impl(in, n, G, out, dt, accumulate)
     AVX2_FOR_EACH_G(group, RI, echo_cpu_codec_scalar.rot_inv(in, n, group, out, dt, accumulate))
 #undef RI
@@ -677,8 +677,10 @@ AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, in
     int i2 = first_eq(ab, G, hmax8(mx));
     float y1 = yb[i1], y2 = yb[i2];
     /* zero the outliers (restored in the residual below) */
-    _mm256_store_ps(yb + (i1 & ~7), _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i1)), _mm256_load_ps(yb + (i1 & ~7))));
-    _mm256_store_ps(yb + (i2 & ~7), _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i2)), _mm256_load_ps(yb + (i2 & ~7))));
+    _mm256_store_ps(yb + (i1 & ~7),
+                    _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i1)), _mm256_load_ps(yb + (i1 & ~7))));
+    _mm256_store_ps(yb + (i2 & ~7),
+                    _mm256_andnot_ps(_mm256_castsi256_ps(lane_mask(i2)), _mm256_load_ps(yb + (i2 & ~7))));
     /* u = the group without its outliers (rotated for hout2) in ub; mu its largest |u| */
     mx = _mm256_setzero_si256();
     if (rot) {
@@ -772,13 +774,13 @@ AVX2_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, in
 
 /* echo_sub_scale on 8 lanes: S * 2^(-e/4) rounded up to bf16, never 0. */
 AVX2_INLINE __m256 sub_scale8(__m256 S, __m256i e) {
-    const __m256 qoct =
-        _mm256_setr_ps(echo_qoct(0), echo_qoct(1), echo_qoct(2), echo_qoct(3), echo_qoct(0), echo_qoct(1), echo_qoct(2), echo_qoct(3));
+    const __m256 qoct = _mm256_setr_ps(echo_qoct(0), echo_qoct(1), echo_qoct(2), echo_qoct(3), echo_qoct(0),
+                                       echo_qoct(1), echo_qoct(2), echo_qoct(3));
     __m256 q = _mm256_permutevar8x32_ps(qoct, _mm256_and_si256(e, _mm256_set1_epi32(3)));
-    __m256 p = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), _mm256_srli_epi32(e, 2)), 23));
-    __m256i up = _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(S, q), p)),
-                                                    _mm256_set1_epi32(0xffff)),
-                                   16);
+    __m256 p =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), _mm256_srli_epi32(e, 2)), 23));
+    __m256i up = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(S, q), p)), _mm256_set1_epi32(0xffff)), 16);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_max_epi32(up, _mm256_set1_epi32(1)), 16));
 }
 
@@ -852,14 +854,16 @@ AVX2_INLINE size_t hsub_enc_impl(const float *y, float *res, int hr, int hw, siz
                                  uint8_t *recs, size_t *bad) {
     size_t npoison = 0, rb = (size_t)echo_hsub_rec_bytes(G);
     for (size_t off = 0; off + (size_t)G <= n; off += (size_t)G) {
-        uint16_t sb = hsub_enc_group(y + off, hw ? res + off : NULL, hr, hw, G, codes + off / 2, recs + off / (size_t)G * rb);
+        uint16_t sb =
+            hsub_enc_group(y + off, hw ? res + off : NULL, hr, hw, G, codes + off / 2, recs + off / (size_t)G * rb);
         if (echo_scale_is_poison(sb) && !npoison++) *bad = off;
     }
     return npoison;
 }
 
 /* Full hsub6 groups decoded (echo_hsub_decode_group), into out or added to it. */
-AVX2_INLINE void hsub_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, float *out, int accumulate) {
+AVX2_INLINE void hsub_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, float *out,
+                               int accumulate) {
     const int K = G / ECHO_SUB, rb = echo_hsub_rec_bytes(G);
     for (size_t g = 0; g < ng; g++) {
         const uint8_t *rec = recs + g * (size_t)rb, *c = codes + g * (size_t)G / 2;
@@ -881,7 +885,8 @@ AVX2_INLINE void hsub_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t
             unpack32(c + 8 * k, 0, q);
             for (int t = 0; t < 4; t++) {
                 int kk = k + t / 2;
-                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q[t]), _mm256_permutevar8x32_ps(sc[kk >> 3], _mm256_set1_epi32(kk & 7)));
+                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q[t]),
+                                         _mm256_permutevar8x32_ps(sc[kk >> 3], _mm256_set1_epi32(kk & 7)));
                 float *p = o + 16 * k + 8 * t;
                 _mm256_storeu_ps(p, accumulate ? add_acc(_mm256_loadu_ps(p), v) : v);
             }
@@ -898,14 +903,16 @@ AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int 
     size_t np = 0;
     if (form == ECHO_FORM_HSUB) {
 #define RE(G) np = hsub_enc_impl(y, res, hr, hw, n, G, codes, recs, bad)
-        AVX2_FOR_EACH_G(group, RE, np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
+        AVX2_FOR_EACH_G(group, RE,
+                        np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
         return np;
     }
 #define RE(G)                                                                                                          \
     np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
                                  : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
-    AVX2_FOR_EACH_G(group, RE, np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
+    AVX2_FOR_EACH_G(group, RE,
+                    np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
     return np;
 }
@@ -968,8 +975,8 @@ AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_
 #undef RD
     size_t off = ng * (size_t)group;
     if (off < n)
-        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group), n - off,
-                                         group, out + off, accumulate);
+        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group),
+                                         n - off, group, out + off, accumulate);
 }
 
 /* The accumulator is prefetched: the loads of out are what hold a staged

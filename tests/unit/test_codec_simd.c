@@ -238,8 +238,8 @@ static size_t encode_case(const echo_cpu_codec *t, int G, size_t ci, size_t n, s
         for (int rm = 0; rm < 3; rm++)
             for (int rr = 0; rr < 2; rr++) {
                 char what[160];
-                snprintf(what, sizeof what, "%s G=%d n=%zu kinds=%#x %s res=%d rmode=%s", t->name, G, n,
-                         kind_masks[ki], dti ? "bf16" : "f32", rm, rr ? "bf16" : "f32");
+                snprintf(what, sizeof what, "%s G=%d n=%zu kinds=%#x %s res=%d rmode=%s", t->name, G, n, kind_masks[ki],
+                         dti ? "bf16" : "f32", rm, rr ? "bf16" : "f32");
                 cmp_encode(t, dti ? (const void *)xb : x, dti ? ECHO_BF16 : ECHO_F32, res, rm,
                            rr ? ECHO_RESID_BF16 : ECHO_RESID_F32, n, G, what);
                 ntests++;
@@ -503,8 +503,8 @@ START_TEST(test_records_match_scalar) {
                             size_t b0 = 1, b1 = 2;
                             size_t p0 = echo_cpu_codec_scalar.rec_encode(form, y, r0, rm == 2, n, G, c0, e0, &b0);
                             size_t p1 = tabs[ti]->rec_encode(form, y, r1, rm == 2, n, G, c1, e1, &b1);
-                            ck_assert_msg(p0 == p1 && b0 == b1, "%s: poisoned %zu/%zu, first bad %zu/%zu", what, p0,
-                                          p1, b0, b1);
+                            ck_assert_msg(p0 == p1 && b0 == b1, "%s: poisoned %zu/%zu, first bad %zu/%zu", what, p0, p1,
+                                          b0, b1);
                             cmp_u8(c0, c1, cb, what, "codes");
                             cmp_u8(e0, e1, ng * rb, what, "records");
                             if (rm) cmp_f32(r0, r1, n, 0, what, "residual");
