@@ -233,11 +233,25 @@ static size_t scalar_decode_store(const uint8_t *codes, const uint16_t *scales, 
     return 1;
 }
 
+/* the staged codecs' loops, further down */
+static void scalar_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out);
+static void scalar_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate);
+static size_t scalar_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
+                                uint8_t *codes, uint8_t *recs, size_t *bad);
+static void scalar_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group, float *out,
+                              int accumulate);
+static void scalar_add(const float *in, size_t n, float *out);
+
 const echo_cpu_codec echo_cpu_codec_scalar = {
     .name = "scalar",
     .encode = scalar_encode,
     .decode = scalar_decode,
     .decode_store = scalar_decode_store,
+    .rot_fwd = scalar_rot_fwd,
+    .rot_inv = scalar_rot_inv,
+    .rec_encode = scalar_rec_encode,
+    .rec_decode = scalar_rec_decode,
+    .add = scalar_add,
 };
 
 /* __builtin_cpu_supports reads what libgcc's constructor found in cpuid:
@@ -587,7 +601,7 @@ ECHO_INLINE void rot_inv_impl(float *in, size_t n, int G, void *out, echo_dtype 
     }
 }
 
-static void rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out) {
+static void scalar_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out) {
 #define RF(G)                                                                                                          \
     rot_fwd_impl(x, dt, n, np, G, out);                                                                                \
     return
@@ -595,12 +609,20 @@ static void rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group
 #undef RF
 }
 
-static void rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate) {
+static void scalar_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate) {
 #define RI(G)                                                                                                          \
     rot_inv_impl(in, n, G, out, dt, accumulate);                                                                       \
     return
     ECHO_FOR_EACH_G(RI)
 #undef RI
+}
+
+static void rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out) {
+    echo_cpu_codec_best()->rot_fwd(x, dt, n, np, group, out);
+}
+
+static void rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate) {
+    echo_cpu_codec_best()->rot_inv(in, n, group, out, dt, accumulate);
 }
 
 /* The staged copy of a message (echo_plan_staged): rotated when the codec
@@ -622,11 +644,15 @@ static void stage_inv(const echo_plan *p, float *in, size_t n, void *out, echo_d
         return;
     }
     if (accumulate) {
-        echo_cpu_load(in, ECHO_F32, n, out, 1);
+        echo_cpu_codec_best()->add(in, n, out);
         return;
     }
     size_t bad;
     echo_cpu_store(in, n, out, dt, &bad);
+}
+
+static void scalar_add(const float *in, size_t n, float *out) {
+    echo_cpu_load(in, ECHO_F32, n, out, 1);
 }
 
 static int host_unrotate(echo_comm *c, float *res, size_t n, int group, void *stream, char *err, size_t errlen) {
@@ -642,20 +668,23 @@ static size_t enc_msg(const echo_plan *p, const void *y, echo_dtype ydt, float *
     if (p->form == ECHO_FORM_INT4)
         return echo_cpu_encode(y, ydt, res, res_valid, rmode, n, p->group, codes, (uint16_t *)scales, bad);
     /* record forms: fp32 staged values, whole groups, residuals fp32 */
-    int G = p->group;
-    size_t rb = (size_t)echo_rec_bytes(p->form, G), npoison = 0;
-    const float *yf = y;
+    return echo_cpu_codec_best()->rec_encode(p->form, y, res, res_valid, n, p->group, codes, scales, bad);
+}
+
+static size_t scalar_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int G, uint8_t *codes,
+                                uint8_t *recs, size_t *bad) {
+    size_t rb = (size_t)echo_rec_bytes(form, G), npoison = 0;
     float t[ECHO_MAX_GROUP];
     *bad = ECHO_NO_INDEX;
     for (size_t off = 0; off < n; off += (size_t)G) {
-        const float *v = yf + off;
+        const float *v = y + off;
         if (res && res_valid) {
             for (int i = 0; i < G; i++)
-                t[i] = yf[off + (size_t)i] + res[off + (size_t)i];
+                t[i] = y[off + (size_t)i] + res[off + (size_t)i];
             v = t;
         }
-        uint16_t sb = echo_rec_encode_group(p->form, v, G, codes + off / 2, scales + off / (size_t)G * rb,
-                                            res ? res + off : NULL, G);
+        uint16_t sb =
+            echo_rec_encode_group(form, v, G, codes + off / 2, recs + off / (size_t)G * rb, res ? res + off : NULL, G);
         if (echo_scale_is_poison(sb) && !npoison++) *bad = off;
     }
     return npoison;
@@ -677,14 +706,18 @@ static void dec_msg(const echo_plan *p, const uint8_t *codes, const uint8_t *sca
             }
         }
     }
-    if (p->form == ECHO_FORM_INT4) {
+    if (p->form == ECHO_FORM_INT4)
         echo_cpu_decode(codes, (const uint16_t *)scales, n, G, out, accumulate);
-        return;
-    }
-    size_t rb = (size_t)echo_rec_bytes(p->form, G);
+    else
+        echo_cpu_codec_best()->rec_decode(p->form, codes, scales, n, G, out, accumulate);
+}
+
+static void scalar_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int G, float *out,
+                              int accumulate) {
+    size_t rb = (size_t)echo_rec_bytes(form, G);
     float v[ECHO_MAX_GROUP];
     for (size_t off = 0; off < n; off += (size_t)G) {
-        echo_rec_decode_group(p->form, codes + off / 2, scales + off / (size_t)G * rb, G, v);
+        echo_rec_decode_group(form, codes + off / 2, recs + off / (size_t)G * rb, G, v);
         size_t m = n - off < (size_t)G ? n - off : (size_t)G;
         if (accumulate)
             for (size_t i = 0; i < m; i++)

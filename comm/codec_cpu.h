@@ -5,10 +5,13 @@
  *
  * Every table computes the same bits as `echo_cpu_codec_scalar` (the
  * portable C loops of codec.c over comm/echo_codec.h, which the CUDA kernels
- * match): same IEEE operations in the same order, no FMA, no reciprocal.
- * The entry points have the signatures and contracts of echo_cpu_encode,
- * echo_cpu_decode and echo_cpu_decode_store (comm/echo_internal.h), which
- * call the selected table.
+ * match): same IEEE operations in the same order, no FMA, no reciprocal
+ * (a rotated NaN's payload aside: comm/codec_avx2.c).
+ * The int4 entry points have the signatures and contracts of
+ * echo_cpu_encode, echo_cpu_decode and echo_cpu_decode_store
+ * (comm/echo_internal.h), which call the selected table; the rotation and
+ * record-form entries serve codec.c's staged codecs (hadamard, hsub6, out2,
+ * hout2).
  */
 #ifndef ECHO_COMM_CODEC_CPU_H
 #define ECHO_COMM_CODEC_CPU_H
@@ -22,6 +25,26 @@ typedef struct echo_cpu_codec {
     void (*decode)(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out, int accumulate);
     size_t (*decode_store)(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out, echo_dtype dt,
                            size_t *bad);
+    /* The rotation of the rotating codecs (comm/echo_codec.h, echo_had_fwd
+     * over blocks of `group`): out[0..np) = H D of x[0..n) zero-padded to np
+     * (a multiple of group, >= n). rot_inv: in[0..pad(n)) rotated back in
+     * place; when out != NULL also out[0..n) = in rounded to dt, or
+     * (accumulate, fp32 only) out += in. */
+    void (*rot_fwd)(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out);
+    void (*rot_inv)(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate);
+    /* The record forms (ECHO_FORM_HSUB, _OUT2, _HOUT2) over whole groups of
+     * fp32 y[0..n), n a multiple of group: codes and one record per group
+     * (echo_rec_encode_group); y + res coded when res_valid, res = the fp32
+     * residual when res != NULL. Returns the number of poisoned groups, *bad
+     * the first element of the first (ECHO_NO_INDEX if none). rec_decode:
+     * out[0..n) = (or +=) the decoded values; a partial last group decodes
+     * its first n % group values. */
+    size_t (*rec_encode)(int form, const float *y, float *res, int res_valid, size_t n, int group, uint8_t *codes,
+                         uint8_t *recs, size_t *bad);
+    void (*rec_decode)(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group, float *out,
+                       int accumulate);
+    /* out[0..n) += in (fp32; the accumulator the add's first operand). */
+    void (*add)(const float *in, size_t n, float *out);
 } echo_cpu_codec;
 
 /* The reference: portable C, vectorized by the compiler for the baseline ISA. */

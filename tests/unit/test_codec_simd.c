@@ -3,8 +3,11 @@
  * reference, bit for bit. The scalar table is itself checked against the
  * codec's independent arithmetic in test_comm.c (section 1); here every
  * other table must give exactly its bytes: codes, scales, residuals,
- * decoded values (NaN payloads included), the number of poisoned groups and
- * the first bad element, and must write nothing past the message.
+ * decoded values (NaN payloads included, but for values that went through
+ * a rotation: cmp_f32), the number of poisoned groups and the first bad
+ * element, and must write nothing past the message. The staged codecs'
+ * loops (rotation both ways, the out2 / hout2 / hsub6 records) are swept
+ * the same way.
  *
  * Inputs are random and adversarial, group by group: Gaussian values over
  * many decades, all-zero groups with signed zeros, subnormals, values at the
@@ -199,44 +202,56 @@ END_TEST
 /* Input kinds per test: the ordinary ones, then each adversarial one mixed in. */
 static const int kind_masks[] = {0x01, 0x03, 0x05, 0x09, 0x11, 0x21, 0x41, 0x81, 0xff};
 
-START_TEST(test_encode_matches_scalar) {
+/* One case of the sweeps below: table t, group G, count n (the ci-th of
+ * counts_for), input kinds kind_masks[ki]; returns the comparisons made. */
+typedef size_t (*case_fn)(const echo_cpu_codec *t, int G, size_t ci, size_t n, size_t ki);
+
+/* fn over every vector table, group size, count and input kind: at least
+ * min_tests comparisons when there is a vector table. */
+static void sweep(case_fn fn, size_t min_tests) {
     const echo_cpu_codec *tabs[4];
     int nt = vector_tables(tabs);
     size_t counts[32], ntests = 0;
     for (int ti = 0; ti < nt; ti++)
         for (int gi = 0; gi < 5; gi++) {
-            int G = groups[gi];
-            size_t nc = counts_for(G, counts);
+            size_t nc = counts_for(groups[gi], counts);
             for (size_t ci = 0; ci < nc; ci++)
-                for (size_t ki = 0; ki < sizeof kind_masks / sizeof *kind_masks; ki++) {
-                    size_t n = counts[ci];
-                    uint64_t seed = 1000003u * (uint64_t)G + 7919u * ci + ki;
-                    float *x = malloc((n + 1) * 4), *res = malloc((n + 1) * 4);
-                    uint16_t *xb = malloc((n + 1) * 2);
-                    gen(x, n, G, seed, kind_masks[ki]);
-                    /* residual: small against x mostly, sometimes of another kind (it can bring inf in) */
-                    gen(res, n, G, seed ^ 0xabcdef, ki == 8 ? 0xff : 0x01);
-                    for (size_t i = 0; i < n; i++) {
-                        if (ki != 8) res[i] *= 0x1p-8f * fabsf(x[i]);
-                        xb[i] = echo_f32_to_bf16(x[i]);
-                    }
-                    for (int dti = 0; dti < 2; dti++)
-                        for (int rm = 0; rm < 3; rm++)
-                            for (int rr = 0; rr < 2; rr++) {
-                                char what[160];
-                                snprintf(what, sizeof what, "%s G=%d n=%zu kinds=%#x %s res=%d rmode=%s",
-                                         tabs[ti]->name, G, n, kind_masks[ki], dti ? "bf16" : "f32", rm,
-                                         rr ? "bf16" : "f32");
-                                cmp_encode(tabs[ti], dti ? (const void *)xb : x, dti ? ECHO_BF16 : ECHO_F32, res, rm,
-                                           rr ? ECHO_RESID_BF16 : ECHO_RESID_F32, n, G, what);
-                                ntests++;
-                            }
-                    free(x);
-                    free(res);
-                    free(xb);
-                }
+                for (size_t ki = 0; ki < sizeof kind_masks / sizeof *kind_masks; ki++)
+                    ntests += fn(tabs[ti], groups[gi], ci, counts[ci], ki);
         }
-    if (nt) ck_assert_uint_gt(ntests, 5000);
+    if (nt) ck_assert_uint_ge(ntests, min_tests);
+}
+
+static size_t encode_case(const echo_cpu_codec *t, int G, size_t ci, size_t n, size_t ki) {
+    size_t ntests = 0;
+    uint64_t seed = 1000003u * (uint64_t)G + 7919u * ci + ki;
+    float *x = malloc((n + 1) * 4), *res = malloc((n + 1) * 4);
+    uint16_t *xb = malloc((n + 1) * 2);
+    gen(x, n, G, seed, kind_masks[ki]);
+    /* residual: small against x mostly, sometimes of another kind (it can bring inf in) */
+    gen(res, n, G, seed ^ 0xabcdef, ki == 8 ? 0xff : 0x01);
+    for (size_t i = 0; i < n; i++) {
+        if (ki != 8) res[i] *= 0x1p-8f * fabsf(x[i]);
+        xb[i] = echo_f32_to_bf16(x[i]);
+    }
+    for (int dti = 0; dti < 2; dti++)
+        for (int rm = 0; rm < 3; rm++)
+            for (int rr = 0; rr < 2; rr++) {
+                char what[160];
+                snprintf(what, sizeof what, "%s G=%d n=%zu kinds=%#x %s res=%d rmode=%s", t->name, G, n, kind_masks[ki],
+                         dti ? "bf16" : "f32", rm, rr ? "bf16" : "f32");
+                cmp_encode(t, dti ? (const void *)xb : x, dti ? ECHO_BF16 : ECHO_F32, res, rm,
+                           rr ? ECHO_RESID_BF16 : ECHO_RESID_F32, n, G, what);
+                ntests++;
+            }
+    free(x);
+    free(res);
+    free(xb);
+    return ntests;
+}
+
+START_TEST(test_encode_matches_scalar) {
+    sweep(encode_case, 5000);
 }
 END_TEST
 
@@ -323,6 +338,208 @@ START_TEST(test_decode_matches_scalar) {
 }
 END_TEST
 
+/* n fp32 values at a and b bit for bit, and the CANARY bytes after them
+ * untouched. After a rotation (nan_any) two NaNs match whatever their
+ * payloads: a butterfly over two NaNs returns one of them, and which one
+ * is the compiler's choice of operand order (it treats the add as
+ * commutative), in the scalar reference as here; the cuda kernels give the
+ * canonical NaN. Every other value must match bit for bit. */
+static void cmp_f32(const float *a, const float *b, size_t n, int nan_any, const char *what, const char *part) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u0, u1;
+        memcpy(&u0, a + i, 4);
+        memcpy(&u1, b + i, 4);
+        int nans = nan_any && (u0 & 0x7fffffffu) > 0x7f800000u && (u1 & 0x7fffffffu) > 0x7f800000u;
+        ck_assert_msg(u0 == u1 || nans, "%s: %s %zu: %08x vs %08x", what, part, i, u0, u1);
+    }
+    ck_assert_msg(memcmp(a + n, b + n, CANARY) == 0, "%s: %s past the end", what, part);
+}
+
+/* The same for n bf16 values. */
+static void cmp_bf16(const uint16_t *a, const uint16_t *b, size_t n, const char *what, const char *part) {
+    for (size_t i = 0; i < n; i++) {
+        int nans = (a[i] & 0x7fffu) > 0x7f80u && (b[i] & 0x7fffu) > 0x7f80u;
+        ck_assert_msg(a[i] == b[i] || nans, "%s: %s %zu: %04x vs %04x", what, part, i, a[i], b[i]);
+    }
+    ck_assert_msg(memcmp(a + n, b + n, CANARY) == 0, "%s: %s past the end", what, part);
+}
+
+static void cmp_u8(const uint8_t *a, const uint8_t *b, size_t n, const char *what, const char *part) {
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(a[i] == b[i], "%s: %s byte %zu: %02x vs %02x", what, part, i, a[i], b[i]);
+    ck_assert_msg(memcmp(a, b, n + CANARY) == 0, "%s: %s past the end", what, part);
+}
+
+static float *dup_f32(const float *x, size_t n) {
+    float *p = alloc_fill(n * 4, 0x5a);
+    memcpy(p, x, n * 4);
+    return p;
+}
+
+/* The rotation of the rotating codecs, both ways, every output mode. */
+static size_t rotation_case(const echo_cpu_codec *t, int G, size_t ci, size_t n, size_t ki) {
+    size_t np = (n + (size_t)G - 1) / (size_t)G * (size_t)G, ntests = 0;
+    size_t npx = np + (ci & 1 ? (size_t)G : 0); /* padding past a whole group too */
+    uint64_t seed = 7777u * (uint64_t)G + 131u * ci + ki;
+    float *x = malloc((n + 1) * 4), *in = malloc((np + 1) * 4), *acc = malloc((n + 1) * 4);
+    uint16_t *xb = malloc((n + 1) * 2);
+    gen(x, n, G, seed, kind_masks[ki]);
+    gen(in, np, G, seed ^ 0x1234, kind_masks[ki]);
+    gen(acc, n, G, seed ^ 0x4321, ki == 8 ? 0xff : 0x01);
+    for (size_t i = 0; i < n; i++)
+        xb[i] = echo_f32_to_bf16(x[i]);
+    char what[160];
+    for (int dti = 0; dti < 2; dti++) {
+        echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
+        snprintf(what, sizeof what, "%s rot_fwd G=%d n=%zu np=%zu kinds=%#x %s", t->name, G, n, npx, kind_masks[ki],
+                 dti ? "bf16" : "f32");
+        float *o0 = alloc_fill(npx * 4, 0x5a), *o1 = alloc_fill(npx * 4, 0x5a);
+        echo_cpu_codec_scalar.rot_fwd(dti ? (const void *)xb : x, dt, n, npx, G, o0);
+        t->rot_fwd(dti ? (const void *)xb : x, dt, n, npx, G, o1);
+        cmp_f32(o0, o1, npx, 1, what, "value");
+        free(o0);
+        free(o1);
+        ntests++;
+    }
+    snprintf(what, sizeof what, "%s add n=%zu kinds=%#x", t->name, n, kind_masks[ki]);
+    float *a0 = dup_f32(acc, n), *a1 = dup_f32(acc, n);
+    echo_cpu_codec_scalar.add(x, n, a0);
+    t->add(x, n, a1);
+    cmp_f32(a0, a1, n, 0, what, "value");
+    free(a0);
+    free(a1);
+    /* out: none, fp32, fp32 accumulated, bf16 */
+    for (int mode = 0; mode < 4; mode++) {
+        echo_dtype dt = mode == 3 ? ECHO_BF16 : ECHO_F32;
+        size_t ob = n * echo_dtype_size(dt);
+        snprintf(what, sizeof what, "%s rot_inv G=%d n=%zu kinds=%#x mode=%d", t->name, G, n, kind_masks[ki], mode);
+        float *i0 = dup_f32(in, np), *i1 = dup_f32(in, np);
+        uint8_t *o0 = alloc_fill(ob, 0x5a), *o1 = alloc_fill(ob, 0x5a);
+        if (mode == 2) {
+            memcpy(o0, acc, ob);
+            memcpy(o1, acc, ob);
+        }
+        echo_cpu_codec_scalar.rot_inv(i0, n, G, mode ? o0 : NULL, dt, mode == 2);
+        t->rot_inv(i1, n, G, mode ? o1 : NULL, dt, mode == 2);
+        cmp_f32(i0, i1, np, 1, what, "in place");
+        if (mode == 3)
+            cmp_bf16((const uint16_t *)o0, (const uint16_t *)o1, n, what, "out");
+        else
+            cmp_f32((const float *)o0, (const float *)o1, n, 1, what, "out");
+        free(i0);
+        free(i1);
+        free(o0);
+        free(o1);
+        ntests++;
+    }
+    free(x);
+    free(in);
+    free(acc);
+    free(xb);
+    return ntests;
+}
+
+START_TEST(test_rotation_matches_scalar) {
+    sweep(rotation_case, 2000);
+}
+END_TEST
+
+static const struct {
+    int form, min_group;
+    const char *name;
+} rec_forms[] = {{ECHO_FORM_OUT2, 64, "out2"}, {ECHO_FORM_HOUT2, 16, "hout2"}, {ECHO_FORM_HSUB, 64, "hsub6"}};
+
+/* Decode one wire message (n values, maybe a partial last group) with both
+ * tables, into and onto out. */
+static void cmp_rec_decode(const echo_cpu_codec *t, int form, const uint8_t *codes, const uint8_t *recs, size_t n,
+                           int G, const float *acc, const char *what0) {
+    char what[200];
+    for (int a = 0; a < 2; a++) {
+        snprintf(what, sizeof what, "%s decode n=%zu accumulate=%d", what0, n, a);
+        float *o0 = dup_f32(acc, n), *o1 = dup_f32(acc, n);
+        echo_cpu_codec_scalar.rec_decode(form, codes, recs, n, G, o0, a);
+        t->rec_decode(form, codes, recs, n, G, o1, a);
+        cmp_f32(o0, o1, n, form == ECHO_FORM_HOUT2, what, "value");
+        free(o0);
+        free(o1);
+    }
+}
+
+/* The record forms (out2, hout2, hsub6): encode with every residual use,
+ * then decode what was encoded and random wire bytes (any scale, outlier
+ * and index byte). */
+START_TEST(test_records_match_scalar) {
+    const echo_cpu_codec *tabs[4];
+    int nt = vector_tables(tabs);
+    const size_t ngs[] = {1, 2, 3, 8, 9, 17};
+    size_t ntests = 0;
+    for (int ti = 0; ti < nt; ti++)
+        for (size_t fi = 0; fi < sizeof rec_forms / sizeof *rec_forms; fi++)
+            for (int gi = 0; gi < 5; gi++) {
+                int G = groups[gi], form = rec_forms[fi].form;
+                if (G < rec_forms[fi].min_group) continue;
+                size_t rb = (size_t)echo_rec_bytes(form, G);
+                for (size_t ni = 0; ni < sizeof ngs / sizeof *ngs; ni++)
+                    for (size_t ki = 0; ki < sizeof kind_masks / sizeof *kind_masks; ki++) {
+                        size_t ng = ngs[ni], n = ng * (size_t)G, cb = n / 2;
+                        uint64_t seed = 4241u * (uint64_t)G + 17u * ni + ki + 100003u * fi;
+                        float *y = malloc(n * 4), *res = malloc(n * 4), *acc = malloc(n * 4);
+                        gen(y, n, G, seed, kind_masks[ki]);
+                        gen(res, n, G, seed ^ 0xabcdef, ki == 8 ? 0xff : 0x01);
+                        gen(acc, n, G, seed ^ 0x777, ki == 8 ? 0xff : 0x61);
+                        for (size_t i = 0; ki != 8 && i < n; i++)
+                            res[i] *= 0x1p-8f * fabsf(y[i]);
+                        /* with the ties kind, sub-group k's largest |y| is 7 S 2^-(k%4): 7 s(e) meets it
+                         * exactly at e = 4(k%4), where hsub6's search must take >= */
+                        for (size_t i = 0; ki == 4 && i < n; i++)
+                            y[i] = ldexpf(y[i], -(int)(i / ECHO_SUB % 4));
+                        char what[160];
+                        uint8_t *c0 = alloc_fill(cb, 0x5a), *c1 = alloc_fill(cb, 0x5a);
+                        uint8_t *e0 = alloc_fill(ng * rb, 0x5a), *e1 = alloc_fill(ng * rb, 0x5a);
+                        for (int rm = 0; rm < 3; rm++) { /* residual: none, written only, carried in and written */
+                            snprintf(what, sizeof what, "%s %s G=%d n=%zu kinds=%#x res=%d", tabs[ti]->name,
+                                     rec_forms[fi].name, G, n, kind_masks[ki], rm);
+                            float *r0 = rm ? dup_f32(res, n) : NULL, *r1 = rm ? dup_f32(res, n) : NULL;
+                            size_t b0 = 1, b1 = 2;
+                            size_t p0 = echo_cpu_codec_scalar.rec_encode(form, y, r0, rm == 2, n, G, c0, e0, &b0);
+                            size_t p1 = tabs[ti]->rec_encode(form, y, r1, rm == 2, n, G, c1, e1, &b1);
+                            ck_assert_msg(p0 == p1 && b0 == b1, "%s: poisoned %zu/%zu, first bad %zu/%zu", what, p0, p1,
+                                          b0, b1);
+                            cmp_u8(c0, c1, cb, what, "codes");
+                            cmp_u8(e0, e1, ng * rb, what, "records");
+                            if (rm) cmp_f32(r0, r1, n, 0, what, "residual");
+                            free(r0);
+                            free(r1);
+                            ntests++;
+                        }
+                        cmp_rec_decode(tabs[ti], form, c0, e0, n, G, acc, what);
+                        /* random wire: any byte, scales of every kind (gen_wire's) */
+                        uint16_t *sc = malloc(ng * 2);
+                        gen_wire(c0, sc, ng, G, seed ^ 0x99);
+                        uint64_t s = seed;
+                        for (size_t g = 0; g < ng; g++) {
+                            for (size_t k = 0; k < rb; k++)
+                                e0[g * rb + k] = (uint8_t)rng_next(&s);
+                            e0[g * rb] = (uint8_t)sc[g];
+                            e0[g * rb + 1] = (uint8_t)(sc[g] >> 8);
+                        }
+                        cmp_rec_decode(tabs[ti], form, c0, e0, n, G, acc, what);
+                        cmp_rec_decode(tabs[ti], form, c0, e0, n - 3, G, acc, what); /* partial last group */
+                        ntests += 3;
+                        free(sc);
+                        free(c0);
+                        free(c1);
+                        free(e0);
+                        free(e1);
+                        free(y);
+                        free(res);
+                        free(acc);
+                    }
+            }
+    if (nt) ck_assert_uint_gt(ntests, 1000);
+}
+END_TEST
+
 /* A group size outside 16..256 (never reaches the codec through the API,
  * which validates it) still behaves as the scalar table does. */
 START_TEST(test_bad_group_matches_scalar) {
@@ -351,6 +568,8 @@ int main(void) {
     tcase_add_test(tc, test_encode_matches_scalar);
     tcase_add_test(tc, test_decode_matches_scalar);
     tcase_add_test(tc, test_bad_group_matches_scalar);
+    tcase_add_test(tc, test_rotation_matches_scalar);
+    tcase_add_test(tc, test_records_match_scalar);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
