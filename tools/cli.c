@@ -91,3 +91,13 @@ void cli_procs_start(const char *prog) {
     }
     atexit(procs_end);
 }
+
+int cli_echo_codec(const char *prog, const char *s, int *group) {
+    echo_codec_id id;
+    int g = 0;
+    if (echo_codec_parse(s, &id, &g))
+        cli_usage_error(prog, "--echo-codec expects a codec of the table, optionally -gG (e.g. hadamard-g32), got '%s'",
+                        s);
+    if (g) *group = g;
+    return (int)id;
+}

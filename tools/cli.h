@@ -20,6 +20,9 @@ int cli_parse_double(const char *s, double lo, double hi, double *out);
  * names the flag and lists them ("--transport expects auto, local or nccl,
  * got 'x'"). */
 const char *cli_choice(const char *prog, const char *s, const char *flag, const char *const *choices);
+/* --echo-codec NAME[-gG]: the codec id (an echo_codec_id), and *group = G
+ * when one is named (else unchanged); a usage error otherwise. */
+int cli_echo_codec(const char *prog, const char *s, int *group);
 
 /* Ranks as processes: under mpirun with more than one process, the
  * processes of rank > 0 serve rank 0's engines here (eng_follow) and exit;

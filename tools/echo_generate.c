@@ -223,14 +223,7 @@ int main(int argc, char **argv) {
         }
         case O_MINB: ec.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, LONG_MAX); break;
         case O_GROUP: ec.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
-        case O_CODEC: {
-            int g = 0;
-            if (echo_codec_parse(optarg, &ec.echo_codec, &g))
-                cli_usage_error(PROG, "--echo-codec expects a codec of the table, optionally -gG (e.g. hadamard-g32), got '%s'",
-                                optarg);
-            if (g) ec.echo_group = g;
-            break;
-        }
+        case O_CODEC: ec.echo_codec = (echo_codec_id)cli_echo_codec(PROG, optarg, &ec.echo_group); break;
         case O_TOPLP: gp.top_logprobs = (int)cli_long(PROG, optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
         case O_IGNEOS: gp.ignore_eos = 1; break;
         case O_JSON: json = 1; break;

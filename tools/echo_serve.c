@@ -185,14 +185,7 @@ int main(int argc, char **argv) {
             if (echo_preset_parse(optarg, &o.allreduce))
                 cli_usage_error(PROG, "--allreduce expects echo, exact, int4 or bf16, got '%s'", optarg);
             break;
-        case O_CODEC: {
-            int g = 0;
-            if (echo_codec_parse(optarg, &o.echo_codec, &g))
-                cli_usage_error(PROG, "--echo-codec expects a codec of the table, optionally -gG (e.g. hadamard-g32), got '%s'",
-                                optarg);
-            if (g) o.echo_group = g;
-            break;
-        }
+        case O_CODEC: o.echo_codec = (echo_codec_id)cli_echo_codec(PROG, optarg, &o.echo_group); break;
         case O_QUANT:
             cli_choice(PROG, optarg, "--quantize", (const char *const[]){"q8_0", NULL});
             o.quantize = ENG_QUANT_Q8_0;
