@@ -116,8 +116,7 @@ static inline const char *kern_rope_invalid(const kern_rope *r) {
     if (r->type != KERN_ROPE_LLAMA3) return "unknown rope type";
     if (!(r->factor >= 1) || !(r->low_freq_factor > 0) || !(r->high_freq_factor > r->low_freq_factor) ||
         !(r->original_max_position_embeddings >= 1))
-        return "llama3 needs factor >= 1, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings >= "
-               "1";
+        return "llama3 needs factor >= 1, 0 < low_freq_factor < high_freq_factor and an original context >= 1";
     return NULL;
 }
 
