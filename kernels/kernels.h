@@ -25,6 +25,7 @@
 #ifndef ECHO_KERNELS_H
 #define ECHO_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -93,6 +94,51 @@ typedef struct kern_attn_batch {
     int block_size;
 } kern_attn_batch;
 
+/* RoPE's frequencies: theta and, for a scaled variant, its parameters
+ * (Hugging Face's rope_parameters of the same names). A zeroed struct with
+ * a theta is plain RoPE. */
+typedef enum kern_rope_type {
+    KERN_ROPE_DEFAULT = 0, /* inv_freq[i] = theta^(-2i/head_dim) */
+    KERN_ROPE_LLAMA3,      /* Llama 3.1: long wavelengths slowed by `factor` */
+} kern_rope_type;
+
+typedef struct kern_rope {
+    double theta;
+    kern_rope_type type;
+    /* KERN_ROPE_LLAMA3 only */
+    double factor, low_freq_factor, high_freq_factor, original_max_position_embeddings;
+} kern_rope;
+
+/* NULL when the ops can use r, else why not. */
+static inline const char *kern_rope_invalid(const kern_rope *r) {
+    if (!(r->theta > 0)) return "theta must be positive";
+    if (r->type == KERN_ROPE_DEFAULT) return NULL;
+    if (r->type != KERN_ROPE_LLAMA3) return "unknown rope type";
+    if (!(r->factor >= 1) || !(r->low_freq_factor > 0) || !(r->high_freq_factor > r->low_freq_factor) ||
+        !(r->original_max_position_embeddings >= 1))
+        return "llama3 needs factor >= 1, 0 < low_freq_factor < high_freq_factor and an original context >= 1";
+    return NULL;
+}
+
+/* inv_freq[i], i < head_dim/2: the angle of position p is (float)p * this.
+ * Every backend takes its frequencies from here, so all agree to the bit.
+ * It is HF's fp32 recipe operation by operation (modeling_rope_utils.py,
+ * torch on CPU: `2*pi / x` is reciprocal(x) * (float)(2*pi), a double
+ * scalar is rounded to fp32 first); llama3 keeps short wavelengths, divides
+ * long ones by factor and blends in between (docs/architecture.md). */
+static inline float kern_rope_inv_freq(const kern_rope *r, int i, int head_dim) {
+    float inv = 1.0f / powf((float)r->theta, (float)(2 * i) / (float)head_dim);
+    if (r->type != KERN_ROPE_LLAMA3) return inv;
+    float factor = (float)r->factor, low = (float)r->low_freq_factor;
+    double old = r->original_max_position_embeddings;
+    float wavelen = (1.0f / inv) * (float)6.283185307179586;
+    if (wavelen > (float)(old / r->low_freq_factor)) return inv / factor;
+    if (wavelen < (float)(old / r->high_freq_factor)) return inv;
+    float smooth = ((1.0f / wavelen) * (float)old - low) / (float)(r->high_freq_factor - r->low_freq_factor);
+    float a = (1.0f - smooth) * inv / factor, b = smooth * inv;
+    return a + b;
+}
+
 typedef struct kern_backend kern_backend; /* per-rank state: threads or stream + handles */
 
 typedef struct kern_ops {
@@ -122,11 +168,10 @@ typedef struct kern_ops {
     /* out(n, w.rows) = in(n, w.cols) · wᵀ. Not in place. */
     int (*matmul)(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
     /* NEOX (rotate-half) RoPE in place on x(n, heads*head_dim) at positions
-     * pos[n]: for i < head_dim/2, f = pos * theta^(-2i/head_dim) (fp32, as HF
-     * computes it), (x[i], x[i+d/2]) -> (x[i]cos f - x[i+d/2]sin f,
-     * x[i+d/2]cos f + x[i]sin f). */
-    int (*rope)(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim,
-                double theta);
+     * pos[n]: for i < head_dim/2, f = (float)pos * kern_rope_inv_freq(rope,
+     * i, head_dim) (fp32, as HF computes it), (x[i], x[i+d/2]) ->
+     * (x[i]cos f - x[i+d/2]sin f, x[i+d/2]cos f + x[i]sin f). */
+    int (*rope)(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, const kern_rope *rope);
     /* Write rows i < n of k, v (n, kvdim) to cache rows slots[i] of kc, vc
      * (host array of slots). */
     int (*kv_store)(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
@@ -160,7 +205,7 @@ typedef struct kern_ops {
      * the normalised value stays fp32 into the rotation (one rounding fewer
      * than the unfused ops). pos is a HOST array. */
     int (*qk_norm_rope)(kern_backend *be, void *q, void *k, const kern_weight *qw, const kern_weight *kw,
-                        const int32_t *pos, int n, int hq, int hkv, int hd, float eps, double theta);
+                        const int32_t *pos, int n, int hq, int hkv, int hd, float eps, const kern_rope *rope);
     /* Reduce logits (rows, vocab) on the backend to what sampling needs:
      * per row r, the k (1..KERN_TOPK_MAX) largest values in descending order,
      * ties by ascending column, into ids[r*k + j] / vals[r*k + j] (fp32), and

@@ -115,34 +115,56 @@ static const model_family *cfg_family(json_t *root, char *err, size_t errlen) {
     return f;
 }
 
-/* rope_theta lives at the top level in transformers 4.x configs and inside
- * "rope_parameters" (with rope_type) in 5.x; scaled variants are not
- * implemented and must not be run as if they were plain RoPE. */
+/* RoPE. transformers 4.x writes rope_theta at the top level and a scaled
+ * variant as "rope_scaling"; 5.x writes "rope_parameters" (rope_type,
+ * rope_theta, the variant's keys) and, as there, a rope_scaling object
+ * wins and a missing rope_theta falls back to the top level. Only the
+ * default and Llama 3.1's "llama3" are implemented; any other type is
+ * refused by name rather than run as plain RoPE. */
 static int cfg_rope(json_t *root, model_config *cfg, char *err, size_t errlen) {
     json_t *scaling = json_object_get(root, "rope_scaling");
     json_t *params = json_object_get(root, "rope_parameters");
-    json_t *src = root;
-    if (json_is_object(params)) src = params;
-    if (json_is_object(scaling)) {
-        json_t *t = json_object_get(scaling, "rope_type");
-        if (!t) t = json_object_get(scaling, "type");
-        if (!json_is_string(t) || strcmp(json_string_value(t), "default") != 0) {
-            snprintf(err, errlen, "config.json: rope_scaling of type '%s' is not supported",
-                     json_is_string(t) ? json_string_value(t) : "?");
-            return -1;
+    json_t *src = json_is_object(scaling) ? scaling : json_is_object(params) ? params : NULL;
+    const char *what = src == scaling ? "rope_scaling" : "rope_parameters";
+    json_t *t = src ? json_object_get(src, "rope_type") : NULL;
+    if (src && !t) t = json_object_get(src, "type");
+    const char *type = !t || json_is_null(t) ? "default" : json_is_string(t) ? json_string_value(t) : "?";
+    kern_rope *r = &cfg->rope;
+    memset(r, 0, sizeof *r);
+    if (!strcmp(type, "llama3")) {
+        static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor"};
+        double *vals[] = {&r->factor, &r->low_freq_factor, &r->high_freq_factor};
+        for (int i = 0; i < 3; i++) {
+            json_t *v = json_object_get(src, keys[i]);
+            if (!json_is_number(v)) {
+                snprintf(err, errlen, "config.json: %s.%s must be a number for rope type llama3", what, keys[i]);
+                return -1;
+            }
+            *vals[i] = json_number_value(v);
         }
-    }
-    if (src == params) {
-        json_t *t = json_object_get(params, "rope_type");
-        if (t && (!json_is_string(t) || strcmp(json_string_value(t), "default") != 0)) {
-            snprintf(err, errlen, "config.json: rope_parameters.rope_type '%s' is not supported",
-                     json_is_string(t) ? json_string_value(t) : "?");
+        int old;
+        if (cfg_int(src, "original_max_position_embeddings", 0, cfg->max_position_embeddings, 1, INT_MAX / 2, &old, err,
+                    errlen))
             return -1;
-        }
+        r->type = KERN_ROPE_LLAMA3;
+        r->original_max_position_embeddings = old;
+    } else if (strcmp(type, "default") != 0) {
+        snprintf(err, errlen, "config.json: %s of type '%s' is not supported (echo runs default and llama3)", what,
+                 type);
+        return -1;
     }
-    if (cfg_num(src, "rope_theta", 10000.0, &cfg->rope_theta, err, errlen)) return -1;
-    if (!(cfg->rope_theta > 1.0) || cfg->rope_theta > 1e12) {
-        snprintf(err, errlen, "config.json: rope_theta %g is out of range", cfg->rope_theta);
+    double theta_top;
+    if (cfg_num(root, "rope_theta", 10000.0, &theta_top, err, errlen) ||
+        (src && cfg_num(src, "rope_theta", theta_top, &r->theta, err, errlen)))
+        return -1;
+    if (!src) r->theta = theta_top;
+    if (!(r->theta > 1.0) || r->theta > 1e12) {
+        snprintf(err, errlen, "config.json: rope_theta %g is out of range", r->theta);
+        return -1;
+    }
+    const char *why = kern_rope_invalid(r);
+    if (why) {
+        snprintf(err, errlen, "config.json: %s: %s", what, why);
         return -1;
     }
     return 0;
@@ -294,7 +316,7 @@ int model_random_parse(const char *spec, model_config *cfg, uint64_t *seed, char
                           .num_kv_heads = sh->kv_heads,
                           .head_dim = sh->head_dim,
                           .rms_norm_eps = 1e-6f,
-                          .rope_theta = 1000000.0,
+                          .rope = {.theta = 1000000.0},
                           .tie_word_embeddings = sh->tied,
                           .max_position_embeddings = sh->max_pos,
                           .n_eos = 1,
@@ -427,9 +449,9 @@ int model_config_from_gguf(const weights_set *ws, model_config *cfg, char *err, 
     }
     cfg->rms_norm_eps = (float)v;
     snprintf(k, sizeof k, "%s.rope.freq_base", arch);
-    if (weights_meta_float(ws, k, &cfg->rope_theta)) cfg->rope_theta = 10000.0;
-    if (!(cfg->rope_theta > 1.0) || cfg->rope_theta > 1e12) {
-        snprintf(err, errlen, "GGUF: rope frequency base %g is out of range", cfg->rope_theta);
+    if (weights_meta_float(ws, k, &cfg->rope.theta)) cfg->rope.theta = 10000.0;
+    if (!(cfg->rope.theta > 1.0) || cfg->rope.theta > 1e12) {
+        snprintf(err, errlen, "GGUF: rope frequency base %g is out of range", cfg->rope.theta);
         return -1;
     }
     snprintf(k, sizeof k, "%s.rope.scaling.type", arch);

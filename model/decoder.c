@@ -723,11 +723,10 @@ int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen) {
             OP(ops->add_bias(be, v, &L->bv, n, (int)kvd));
         }
         if (c->qk_norm) {
-            OP(ops->qk_norm_rope(be, q, k, &L->q_norm, &L->k_norm, pos, n, hq, hkv, hd, c->rms_norm_eps,
-                                 c->rope_theta));
+            OP(ops->qk_norm_rope(be, q, k, &L->q_norm, &L->k_norm, pos, n, hq, hkv, hd, c->rms_norm_eps, &c->rope));
         } else {
-            OP(ops->rope(be, q, pos, n, hq, hd, c->rope_theta));
-            OP(ops->rope(be, k, pos, n, hkv, hd, c->rope_theta));
+            OP(ops->rope(be, q, pos, n, hq, hd, &c->rope));
+            OP(ops->rope(be, k, pos, n, hkv, hd, &c->rope));
         }
         OP(ops->kv_store(be, m->kc[l], m->vc[l], k, v, slots, n, hkv * hd));
         OP(ops->attention(be, sc->att, q, m->kc[l], m->vc[l], &ab, hq, hkv, hd, scale));

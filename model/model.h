@@ -8,8 +8,8 @@
  *     It accepts the families of model/arch/ (config.json "architectures" or
  *     model_type; GGUF general.architecture) and rejects features this
  *     engine does not implement (attention_bias beyond a family's q/k/v
- *     biases, sliding window, rope scaling) with a clear message instead of
- *     computing something else.
+ *     biases, sliding window, rope scaling other than Llama 3.1's "llama3")
+ *     with a clear message instead of computing something else.
  *   - model_load() takes one tensor-parallel rank's slices from an opened
  *     checkpoint (weights/: safetensors, or GGUF, whose quantized tensors
  *     stay quantized where the backend reads them and are otherwise
@@ -52,7 +52,7 @@ typedef struct model_config {
     int num_kv_heads;
     int head_dim;
     float rms_norm_eps;
-    double rope_theta;
+    kern_rope rope; /* theta, and Llama 3.1's scaling when the config asks for it */
     int tie_word_embeddings;
     int max_position_embeddings;
     int n_eos;

@@ -89,7 +89,7 @@ int cpu_embedding(kern_backend *be, void *out, const kern_weight *table, const i
 int cpu_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *w, int rows, int dim,
                 float eps);
 int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
-int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta);
+int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, const kern_rope *rope);
 int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
                  int kvdim);
 int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
@@ -100,7 +100,7 @@ int cpu_add_bias(kern_backend *be, void *x, const kern_weight *b, int rows, int 
 int cpu_add_rmsnorm(kern_backend *be, void *x, const void *y, void *out, const kern_weight *w, int rows, int dim,
                     float eps);
 int cpu_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw, const kern_weight *kw,
-                     const int32_t *pos, int n, int hq, int hkv, int hd, float eps, double theta);
+                     const int32_t *pos, int n, int hq, int hkv, int hd, float eps, const kern_rope *rope);
 int cpu_logits_topk(kern_backend *be, const void *logits, int rows, int vocab, int k, int32_t *ids, float *vals,
                     float *lse);
 void *cpu_stream(kern_backend *be);

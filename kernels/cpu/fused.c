@@ -77,23 +77,25 @@ static void norm_rotate_head(float *v, const float *wf, const float *cs, int hd,
 }
 
 int cpu_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw, const kern_weight *kw,
-                     const int32_t *pos, int n, int hq, int hkv, int hd, float eps, double theta) {
+                     const int32_t *pos, int n, int hq, int hkv, int hd, float eps, const kern_rope *rope) {
     if (hd <= 0 || hd % 2) return kern_fail(be, "qk_norm_rope: head_dim %d is odd or not positive", hd);
     if (n < 0 || hq < 0 || hkv < 0) return kern_fail(be, "qk_norm_rope: bad shape n=%d hq=%d hkv=%d", n, hq, hkv);
     if (check_norm_weight(be, "qk_norm_rope", "q_norm ", qw, hd) ||
         check_norm_weight(be, "qk_norm_rope", "k_norm ", kw, hd))
         return -1;
+    const char *why = kern_rope_invalid(rope);
+    if (why) return kern_fail(be, "qk_norm_rope: %s", why);
     if (n == 0 || hq + hkv == 0) return 0;
     int half = hd / 2;
     /* qwf, kwf: the norm weights as fp32; inv_freq: rope()'s per-i factor
-     * (the same powf expression, so the same bits, computed once per call
-     * instead of once per token); cs: one token's cos/sin table */
+     * (kern_rope_inv_freq, so the same bits); cs: one token's cos/sin table */
     float *buf = malloc((size_t)(2 * hd + half + hd) * sizeof *buf);
     if (!buf) return kern_fail(be, "qk_norm_rope: out of memory");
     float *qwf = buf, *kwf = buf + hd, *inv_freq = buf + 2 * hd, *cs = inv_freq + half;
     cpu_load_rows(qwf, qw, 0, 1);
     cpu_load_rows(kwf, kw, 0, 1);
-    for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf((float)theta, (float)(2 * i) / (float)hd);
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = kern_rope_inv_freq(rope, i, hd);
     float *qs = q, *ks = k;
     for (int t = 0; t < n; t++) {
         for (int i = 0; i < half; i++) {

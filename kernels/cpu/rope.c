@@ -1,24 +1,29 @@
 /*
- * cpu: NEOX rotate-half RoPE. The frequencies follow HF's fp32 recipe
- * (inv_freq = 1 / theta^(2i/d) in fp32, angle = fp32(pos) * inv_freq rounded
- * to fp32, then cos/sin) so that our rotation matches the reference to the
- * last ulp of the angle, not just mathematically.
+ * cpu: NEOX rotate-half RoPE. The frequencies are kern_rope_inv_freq()
+ * (HF's fp32 recipe), the angle fp32(pos) * inv_freq rounded to fp32, then
+ * cos/sin, so that our rotation matches the reference to the last ulp of
+ * the angle, not just mathematically.
  */
 #include <math.h>
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu.h"
 
-int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta) {
+int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, const kern_rope *rope) {
     if (head_dim % 2) return kern_fail(be, "rope: head_dim %d is odd", head_dim);
+    const char *why = kern_rope_invalid(rope);
+    if (why) return kern_fail(be, "rope: %s", why);
     int half = head_dim / 2;
-    float *cs = malloc((size_t)head_dim * sizeof *cs);
-    if (!cs) return kern_fail(be, "rope: out of memory");
+    /* inv_freq (half), then one token's cos (half) and sin (half) */
+    float *inv_freq = malloc((size_t)(half + head_dim) * sizeof *inv_freq);
+    if (!inv_freq) return kern_fail(be, "rope: out of memory");
+    float *cs = inv_freq + half;
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = kern_rope_inv_freq(rope, i, head_dim);
     float *xs = x;
     for (int t = 0; t < n; t++) {
         for (int i = 0; i < half; i++) {
-            float inv_freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)head_dim);
-            float ang = (float)pos[t] * inv_freq;
+            float ang = (float)pos[t] * inv_freq[i];
             cs[i] = cosf(ang);
             cs[half + i] = sinf(ang);
         }
@@ -31,6 +36,6 @@ int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, in
             }
         }
     }
-    free(cs);
+    free(inv_freq);
     return 0;
 }

@@ -189,8 +189,8 @@ typedef struct cuda_impl {
     void *tmp; /* device scratch: to_host_f32, overlapping copies */
     size_t tmp_bytes;
 
-    float *rope_inv_freq; /* device, head_dim/2 values for (rope_theta, rope_hd) */
-    double rope_theta;
+    float *rope_inv_freq; /* device, head_dim/2 values for (rope_key, rope_hd) */
+    kern_rope rope_key;
     int rope_hd;
 
     int sm_count;          /* multiprocessors of the device: sizes attention's split-K */
@@ -294,13 +294,14 @@ int cuda_tmp_reserve(kern_backend *be, size_t bytes, void **p);
  * cuda_backend.cu. */
 int cuda_check_weight(kern_backend *be, const char *op, const kern_weight *w);
 
-/* The device table inv_freq[i] = 1 / theta^(2i/head_dim), i < head_dim/2,
- * computed on the host with the cpu twin's fp32 expression (so bit-identical
- * to kernels/cpu/rope.c) and cached in cuda_impl per (theta, head_dim); a
- * change of either synchronises the stream before the old table is freed.
- * The pointer stays valid until the next call with other values. Shared by
- * rope and qk_norm_rope, so both rotate by the same angles. cuda_rope.cu. */
-int cuda_rope_table(kern_backend *be, double theta, int head_dim, const float **table);
+/* The device table inv_freq[i] = kern_rope_inv_freq(rope, i, head_dim),
+ * i < head_dim/2, computed on the host (so bit-identical to the cpu twin)
+ * and cached in cuda_impl per (rope, head_dim); a change of either
+ * synchronises the stream before the old table is freed. The pointer stays
+ * valid until the next call with other values. Shared by rope and
+ * qk_norm_rope, so both rotate by the same angles. Rejects an invalid rope
+ * (kern_rope_invalid), naming `op`. cuda_rope.cu. */
+int cuda_rope_table(kern_backend *be, const char *op, const kern_rope *rope, int head_dim, const float **table);
 
 /* Graphs. cuda_graph.cu. Staging in graph mode (called by
  * cuda_stage_begin/commit), the op-table entries and teardown. */
@@ -320,7 +321,7 @@ void cuda_mm_plans_clear(cuda_impl *impl);
 int cuda_embedding(kern_backend *be, void *out, const kern_weight *table, const int32_t *ids, int n);
 int cuda_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *w, int rows, int dim, float eps);
 int cuda_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
-int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta);
+int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, const kern_rope *rope);
 int cuda_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
                   int kvdim);
 int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
@@ -331,7 +332,7 @@ int cuda_add_bias(kern_backend *be, void *x, const kern_weight *b, int rows, int
 int cuda_add_rmsnorm(kern_backend *be, void *x, const void *y, void *out, const kern_weight *w, int rows, int dim,
                      float eps);
 int cuda_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw, const kern_weight *kw,
-                      const int32_t *pos, int n, int hq, int hkv, int hd, float eps, double theta);
+                      const int32_t *pos, int n, int hq, int hkv, int hd, float eps, const kern_rope *rope);
 int cuda_logits_topk(kern_backend *be, const void *logits, int rows, int vocab, int k, int32_t *ids, float *vals,
                      float *lse);
 void *cuda_stream(kern_backend *be);

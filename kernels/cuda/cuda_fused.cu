@@ -15,7 +15,7 @@
  *     is RMS-normalised with qw / kw (1, hd) in fp32 — the same expression
  *     as rmsnorm(), inv formed in double from the fp32 sum — and rotated at
  *     the HOST position pos[t] like rope(): inv_freq from the shared table
- *     (cuda_rope_table, the cpu twin's fp32 expression), angle
+ *     (cuda_rope_table, kern_rope_inv_freq like the cpu twin), angle
  *     (float)pos * inv_freq[i] in fp32, the precise sincosf. The normalised
  *     value stays fp32 into the rotation (one bf16 rounding fewer than
  *     rmsnorm() then rope()). One launch for q's and k's heads: a block per
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(32 * QKNR_WARPS)
 }
 
 int cuda_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw, const kern_weight *kw,
-                      const int32_t *pos, int n, int hq, int hkv, int hd, float eps, double theta) {
+                      const int32_t *pos, int n, int hq, int hkv, int hd, float eps, const kern_rope *rope) {
     if (hd <= 0 || hd % 2) return kern_fail(be, "qk_norm_rope: head_dim %d is odd or not positive", hd);
     if (hd > 2048) return kern_fail(be, "qk_norm_rope: head_dim %d out of range [2, 2048]", hd);
     if (n < 0 || hq < 0 || hkv < 0) return kern_fail(be, "qk_norm_rope: bad shape n=%d hq=%d hkv=%d", n, hq, hkv);
@@ -201,7 +201,7 @@ int cuda_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw,
     if (cuda_enter(be)) return -1;
     const float *table = NULL;
     const int32_t *dpos = NULL;
-    if (cuda_rope_table(be, theta, hd, &table) || cuda_stage_i32(be, pos, n, &dpos)) return -1;
+    if (cuda_rope_table(be, "qk_norm_rope", rope, hd, &table) || cuda_stage_i32(be, pos, n, &dpos)) return -1;
     if (cuda_replaying(be)) return 0;
     dim3 grid((unsigned)n, (unsigned)((hq + hkv + QKNR_WARPS - 1) / QKNR_WARPS));
     cuda_qk_norm_rope_kernel<<<grid, 32 * QKNR_WARPS, (size_t)hd * sizeof(float), cuda_get(be)->stream>>>(

@@ -4,11 +4,11 @@
  * Contract (twin of kernels/cpu/rope.c): x (n, heads*head_dim) bf16 is
  * rotated in place at the HOST positions pos[n] (copied to the device by the
  * op). For i < head_dim/2:
- *   inv_freq[i] = 1.0f / powf((float)theta, (float)(2i) / (float)head_dim)
+ *   inv_freq[i] = kern_rope_inv_freq(rope, i, head_dim)   (kernels.h)
  *   f = (float)pos * inv_freq[i]                     (fp32, as HF computes it)
  *   (x[i], x[i+d/2]) -> (x[i] cos f - x[i+d/2] sin f, x[i+d/2] cos f + x[i] sin f)
- * inv_freq is computed on the host with the same expression as the cpu twin
- * (so it is bit-identical) and cached on the device per (theta, head_dim);
+ * inv_freq is computed on the host by the function the cpu twin calls (so
+ * it is bit-identical) and cached on the device per (rope, head_dim);
  * the angle product and the rotation run in fp32 on the device with the
  * precise sincosf (no fast math), and the result is rounded to bf16.
  * Grid: one block per (token, group of heads); cos/sin are computed once per
@@ -41,16 +41,24 @@ __global__ void __launch_bounds__(ROPE_MAX_THREADS)
     }
 }
 
-/* The device inv_freq table for (theta, head_dim), rebuilt when either
+static int rope_same(const kern_rope *a, const kern_rope *b) {
+    return a->theta == b->theta && a->type == b->type && a->factor == b->factor &&
+           a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
+           a->original_max_position_embeddings == b->original_max_position_embeddings;
+}
+
+/* The device inv_freq table for (rope, head_dim), rebuilt when either
  * changes; shared with qk_norm_rope (cuda_fused.cu) through cuda.h. */
-int cuda_rope_table(kern_backend *be, double theta, int head_dim, const float **table) {
+int cuda_rope_table(kern_backend *be, const char *op, const kern_rope *rope, int head_dim, const float **table) {
+    const char *why = kern_rope_invalid(rope);
+    if (why) return kern_fail(be, "%s: %s", op, why);
     cuda_impl *impl = cuda_get(be);
-    if (!impl->rope_inv_freq || impl->rope_theta != theta || impl->rope_hd != head_dim) {
+    if (!impl->rope_inv_freq || !rope_same(&impl->rope_key, rope) || impl->rope_hd != head_dim) {
         int half = head_dim / 2;
         float *h = (float *)malloc((size_t)half * sizeof *h);
-        if (!h) return kern_fail(be, "rope: out of memory");
+        if (!h) return kern_fail(be, "%s: out of memory", op);
         for (int i = 0; i < half; i++)
-            h[i] = 1.0f / powf((float)theta, (float)(2 * i) / (float)head_dim);
+            h[i] = kern_rope_inv_freq(rope, i, head_dim);
         int rc = 0;
         /* earlier rope launches may still read the old table */
         CUDA_TRY_GOTO(be, cudaStreamSynchronize(impl->stream), rc, done);
@@ -64,7 +72,7 @@ int cuda_rope_table(kern_backend *be, double theta, int head_dim, const float **
             cudaMemcpyAsync(impl->rope_inv_freq, h, (size_t)half * sizeof(float), cudaMemcpyHostToDevice, impl->stream),
             rc, done);
         CUDA_TRY_GOTO(be, cudaStreamSynchronize(impl->stream), rc, done);
-        impl->rope_theta = theta;
+        impl->rope_key = *rope;
         impl->rope_hd = head_dim;
     done:
         free(h);
@@ -74,7 +82,7 @@ int cuda_rope_table(kern_backend *be, double theta, int head_dim, const float **
     return 0;
 }
 
-int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, double theta) {
+int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, const kern_rope *rope) {
     if (head_dim % 2) return kern_fail(be, "rope: head_dim %d is odd", head_dim);
     if (head_dim <= 0 || head_dim > ROPE_MAX_HEAD_DIM)
         return kern_fail(be, "rope: head_dim %d out of range [2, %d]", head_dim, ROPE_MAX_HEAD_DIM);
@@ -83,7 +91,7 @@ int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, i
     if (cuda_enter(be)) return -1;
     const float *table = NULL;
     const int32_t *dpos = NULL;
-    if (cuda_rope_table(be, theta, head_dim, &table) || cuda_stage_i32(be, pos, n, &dpos)) return -1;
+    if (cuda_rope_table(be, "rope", rope, head_dim, &table) || cuda_stage_i32(be, pos, n, &dpos)) return -1;
     if (cuda_replaying(be)) return 0;
     dim3 grid((unsigned)n, (unsigned)((heads + ROPE_HEADS_PER_BLOCK - 1) / ROPE_HEADS_PER_BLOCK));
     int threads = ((head_dim / 2 + 31) / 32) * 32;

@@ -1,6 +1,7 @@
 /* model/arch: Llama (LlamaForCausalLM: Llama 2/3, SmolLM, TinyLlama...):
  * Qwen3's block without q/k norms. MLP biases are refused by name; RoPE
- * scaling other than the default is refused by the shared config code. */
+ * (default, or Llama 3.1's "llama3" scaling; other types refused) is read by
+ * the shared config code. */
 #include <stdio.h>
 
 #include "model/family.h"

@@ -359,7 +359,7 @@ typedef struct rope_case {
     const float *x;
     const int32_t *pos;
     int n, heads, hd;
-    double theta;
+    kern_rope rope;
 } rope_case;
 
 static float *run_rope(bk *b, void *arg, size_t *n) {
@@ -368,7 +368,7 @@ static float *run_rope(bk *b, void *arg, size_t *n) {
     float *h = NULL;
     int dim = c->heads * c->hd;
     if (!(x = act_from_host(b, c->x, c->n, dim, c->n))) goto fail;
-    BK_TRY(b, b->ops->rope(b->be, x, c->pos, c->n, c->heads, c->hd, c->theta));
+    BK_TRY(b, b->ops->rope(b->be, x, c->pos, c->n, c->heads, c->hd, &c->rope));
     *n = (size_t)c->n * dim;
     h = to_host(b, x, *n);
 fail:
@@ -721,13 +721,28 @@ static void test_matmul(void) {
     free(raw);
 }
 
+/* Llama 3.1's rope scaling (Llama-3.1-8B's parameters), and the
+ * llama-rope-scaled fixture's, whose short original context puts its
+ * 16-wide heads in all three regimes. */
+#define ROPE_L3(th, old)                                                                                               \
+    {                                                                                                                  \
+        .theta = (th), .type = KERN_ROPE_LLAMA3, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,             \
+        .original_max_position_embeddings = (old)                                                                      \
+    }
+#define ROPE_L31 ROPE_L3(5e5, 8192)
+#define ROPE_L3_FIX ROPE_L3(1e4, 32)
+/* plain RoPE for the checks that are not about frequencies */
+static const kern_rope ROPE_1E4 = {.theta = 1e4};
+
 static void test_rope(void) {
     struct {
         int n, pos0, heads, hd;
-        double theta;
+        kern_rope rope;
     } cases[] = {
-        {1, 0, 32, 128, 1e6},    {37, 0, 32, 128, 1e6}, {1, 1000, 8, 128, 1e6}, {37, 1000, 8, 128, 1e6},
-        {5, 30000, 4, 128, 1e6}, {37, 5, 4, 16, 1e4},   {1, 40, 2, 16, 1e4},    {3, 7, 3, 80, 1e4},
+        {1, 0, 32, 128, {.theta = 1e6}},    {37, 0, 32, 128, {.theta = 1e6}},   {1, 1000, 8, 128, {.theta = 1e6}},
+        {37, 1000, 8, 128, {.theta = 1e6}}, {5, 30000, 4, 128, {.theta = 1e6}}, {37, 5, 4, 16, {.theta = 1e4}},
+        {1, 40, 2, 16, {.theta = 1e4}},     {3, 7, 3, 80, {.theta = 1e4}},      {37, 0, 8, 128, ROPE_L31},
+        {5, 30000, 4, 128, ROPE_L31},       {37, 20, 4, 16, ROPE_L3_FIX},
     };
     char shape[128];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -736,9 +751,9 @@ static void test_rope(void) {
         int32_t *pos = malloc((size_t)n * sizeof *pos);
         for (int t = 0; t < n; t++)
             pos[t] = cases[i].pos0 + t;
-        rope_case c = {x, pos, n, cases[i].heads, cases[i].hd, cases[i].theta};
-        snprintf(shape, sizeof shape, "n=%d pos0=%d heads=%d hd=%d theta=%g", n, cases[i].pos0, cases[i].heads,
-                 cases[i].hd, cases[i].theta);
+        rope_case c = {x, pos, n, cases[i].heads, cases[i].hd, cases[i].rope};
+        snprintf(shape, sizeof shape, "n=%d pos0=%d heads=%d hd=%d theta=%g%s", n, cases[i].pos0, cases[i].heads,
+                 cases[i].hd, cases[i].rope.theta, cases[i].rope.type == KERN_ROPE_LLAMA3 ? " llama3" : "");
         if (!emu_skip("rope", shape, (double)n * dim, EMU_MAX_ELEMS)) compare("rope", shape, run_rope, &c, TOL);
         free(x);
         free(pos);
@@ -770,7 +785,7 @@ static float *run_stage_ring(bk *b, void *arg, size_t *nout) {
         int32_t *p = pos + (size_t)i * c->n;
         for (int t = 0; t < c->n; t++)
             p[t] = i * 7 + t;
-        BK_TRY(b, b->ops->rope(b->be, x[i], p, c->n, c->heads, c->hd, 1e4));
+        BK_TRY(b, b->ops->rope(b->be, x[i], p, c->n, c->heads, c->hd, &ROPE_1E4));
     }
     if (!(h = malloc((size_t)c->calls * per * sizeof *h))) goto fail;
     for (int i = 0; i < c->calls; i++) {
@@ -821,11 +836,11 @@ static void test_graph_restage(void) {
         for (int t = 0; t < N; t++)
             pos[t] = step * 5 + t;
         int rep = 0;
-        ok = g_cpu.ops->rope(g_cpu.be, xc, pos, N, HEADS, HD, 1e4) == 0;
+        ok = g_cpu.ops->rope(g_cpu.be, xc, pos, N, HEADS, HD, &ROPE_1E4) == 0;
         ok = ok && g_gpu.ops->graph_begin(g_gpu.be, 0x67726170ull, &rep) == 0;
         if (!ok) break;
         replays += rep;
-        if (g_gpu.ops->rope(g_gpu.be, xg, pos, N, HEADS, HD, 1e4) != 0) {
+        if (g_gpu.ops->rope(g_gpu.be, xg, pos, N, HEADS, HD, &ROPE_1E4) != 0) {
             g_gpu.ops->graph_abort(g_gpu.be);
             ok = 0;
             break;
@@ -1322,7 +1337,7 @@ typedef struct qknr_case {
     kern_weight qw, kw;
     const int32_t *pos;
     int n, hq, hkv, hd;
-    double theta;
+    kern_rope rope;
     int unfused; /* rmsnorm() of q and k, then rope() of both */
 } qknr_case;
 
@@ -1342,10 +1357,10 @@ static float *run_qk_norm_rope(bk *b, void *arg, size_t *n) {
     if (c->unfused) {
         BK_TRY(b, b->ops->rmsnorm(b->be, q, q, &dq, c->n * c->hq, c->hd, eps));
         BK_TRY(b, b->ops->rmsnorm(b->be, k, k, &dk, c->n * c->hkv, c->hd, eps));
-        BK_TRY(b, b->ops->rope(b->be, q, c->pos, c->n, c->hq, c->hd, c->theta));
-        BK_TRY(b, b->ops->rope(b->be, k, c->pos, c->n, c->hkv, c->hd, c->theta));
+        BK_TRY(b, b->ops->rope(b->be, q, c->pos, c->n, c->hq, c->hd, &c->rope));
+        BK_TRY(b, b->ops->rope(b->be, k, c->pos, c->n, c->hkv, c->hd, &c->rope));
     } else {
-        BK_TRY(b, b->ops->qk_norm_rope(b->be, q, k, &dq, &dk, c->pos, c->n, c->hq, c->hkv, c->hd, eps, c->theta));
+        BK_TRY(b, b->ops->qk_norm_rope(b->be, q, k, &dq, &dk, c->pos, c->n, c->hq, c->hkv, c->hd, eps, &c->rope));
     }
     if (!(hq = to_host(b, q, nq)) || !(hk = to_host(b, k, nk))) goto fail;
     if (!(h = malloc((nq + nk) * sizeof *h + 4))) goto fail;
@@ -1365,15 +1380,23 @@ fail:
 static void test_qk_norm_rope(void) {
     struct {
         int n, pos0, hq, hkv, hd; /* pos0 < 0: scattered positions (a decode batch) */
-        double theta;
+        kern_rope rope;
         kern_dtype wdt;
     } cases[] = {
-        {1, 0, 32, 8, 128, 1e6, KERN_BF16},    {37, 0, 32, 8, 128, 1e6, KERN_BF16}, /* Qwen3-8B */
-        {37, 1000, 32, 8, 128, 1e6, KERN_F32}, {5, 30000, 32, 8, 128, 1e6, KERN_BF16},
-        {6, -1, 32, 8, 128, 1e6, KERN_BF16},   {1, 1000, 16, 8, 64, 1e6, KERN_BF16}, /* 16/8 heads of 64 */
-        {37, 5, 16, 8, 64, 1e6, KERN_F16},     {8, 0, 4, 1, 256, 1e6, KERN_BF16},    /* MQA, widest head */
-        {37, 5, 4, 2, 16, 1e4, KERN_BF16},     {3, 7, 3, 1, 80, 1e4, KERN_BF16},     /* fixture; half 40 */
-        {4, 100, 8, 8, 64, 1e4, KERN_BF16},    {2, 3, 5, 1, 2, 1e4, KERN_BF16},      /* MHA; hd 2 */
+        {1, 0, 32, 8, 128, {.theta = 1e6}, KERN_BF16},
+        {37, 0, 32, 8, 128, {.theta = 1e6}, KERN_BF16}, /* Qwen3-8B */
+        {37, 1000, 32, 8, 128, {.theta = 1e6}, KERN_F32},
+        {5, 30000, 32, 8, 128, {.theta = 1e6}, KERN_BF16},
+        {6, -1, 32, 8, 128, {.theta = 1e6}, KERN_BF16},
+        {1, 1000, 16, 8, 64, {.theta = 1e6}, KERN_BF16}, /* 16/8 heads of 64 */
+        {37, 5, 16, 8, 64, {.theta = 1e6}, KERN_F16},
+        {8, 0, 4, 1, 256, {.theta = 1e6}, KERN_BF16}, /* MQA, widest head */
+        {37, 5, 4, 2, 16, {.theta = 1e4}, KERN_BF16},
+        {3, 7, 3, 1, 80, {.theta = 1e4}, KERN_BF16}, /* fixture; half 40 */
+        {4, 100, 8, 8, 64, {.theta = 1e4}, KERN_BF16},
+        {2, 3, 5, 1, 2, {.theta = 1e4}, KERN_BF16}, /* MHA; hd 2 */
+        {6, -1, 32, 8, 128, ROPE_L31, KERN_BF16},
+        {37, 20, 4, 2, 16, ROPE_L3_FIX, KERN_BF16}, /* llama3 */
     };
     char shape[128];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -1384,12 +1407,12 @@ static void test_qk_norm_rope(void) {
         int32_t *pos = malloc((size_t)n * sizeof *pos);
         for (int t = 0; t < n; t++)
             pos[t] = cases[i].pos0 >= 0 ? cases[i].pos0 + t : (int32_t)(rnd32() % 40000u);
-        qknr_case c = {q, k, qw, kw, pos, n, hq, hkv, hd, cases[i].theta, 0};
+        qknr_case c = {q, k, qw, kw, pos, n, hq, hkv, hd, cases[i].rope, 0};
         int off = snprintf(shape, sizeof shape, "n=%d ", n);
         off += cases[i].pos0 >= 0 ? snprintf(shape + off, sizeof shape - (size_t)off, "pos0=%d", cases[i].pos0)
                                   : snprintf(shape + off, sizeof shape - (size_t)off, "pos scattered");
-        snprintf(shape + off, sizeof shape - (size_t)off, " hq=%d hkv=%d hd=%d %s", hq, hkv, hd,
-                 kern_dtype_name(cases[i].wdt));
+        snprintf(shape + off, sizeof shape - (size_t)off, " hq=%d hkv=%d hd=%d %s%s", hq, hkv, hd,
+                 kern_dtype_name(cases[i].wdt), cases[i].rope.type == KERN_ROPE_LLAMA3 ? " llama3" : "");
         if (emu_skip("qk_norm_rope", shape, (double)n * (hq + hkv) * hd, EMU_MAX_ELEMS)) { /* and the unfused check */
             free(q);
             free(k);
@@ -1428,9 +1451,9 @@ static void test_qk_norm_rope(void) {
         if (!q || !k || b->ops->upload_weight(b->be, &w16, &d16) != 0 || b->ops->upload_weight(b->be, &w8, &d8) != 0) {
             ok_odd = ok_w = 0;
         } else {
-            int rc = b->ops->qk_norm_rope(b->be, q, k, &d16, &d16, pos, 2, 4, 2, 15, 1e-6f, 1e4);
+            int rc = b->ops->qk_norm_rope(b->be, q, k, &d16, &d16, pos, 2, 4, 2, 15, 1e-6f, &ROPE_1E4);
             ok_odd &= rc == -1 && strstr(kern_last_error(b->be), "head_dim 15 is odd") != NULL;
-            rc = b->ops->qk_norm_rope(b->be, q, k, &d16, &d8, pos, 2, 4, 2, 16, 1e-6f, 1e4);
+            rc = b->ops->qk_norm_rope(b->be, q, k, &d16, &d8, pos, 2, 4, 2, 16, 1e-6f, &ROPE_1E4);
             ok_w &= rc == -1 &&
                     strcmp(kern_last_error(b->be), "qk_norm_rope: k_norm weight is (1, 8), expected (1, 16)") == 0;
         }

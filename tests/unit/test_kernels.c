@@ -168,9 +168,10 @@ START_TEST(test_rope) {
     int n = 3, heads = 2, hd = 16;
     int32_t pos[3] = {0, 7, 4000};
     double theta = 1e6;
+    const kern_rope rope = {.theta = theta};
     float *x = rand_vec((size_t)n * heads * hd), *orig = malloc((size_t)n * heads * hd * sizeof(float));
     memcpy(orig, x, (size_t)n * heads * hd * sizeof(float));
-    ck_assert_int_eq(ops->rope(be, x, pos, n, heads, hd, theta), 0);
+    ck_assert_int_eq(ops->rope(be, x, pos, n, heads, hd, &rope), 0);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < heads; h++)
             for (int i = 0; i < hd / 2; i++) {
@@ -182,9 +183,78 @@ START_TEST(test_rope) {
                 /* fp32 angles at position 4000 carry ~4000*2^-24 rad of error */
                 ck_assert_msg(fabs(v[i] - a) < 1e-3 && fabs(v[i + hd / 2] - b) < 1e-3, "t=%d h=%d i=%d", t, h, i);
             }
-    ck_assert_int_ne(ops->rope(be, x, pos, n, heads, 15, theta), 0);
+    ck_assert_int_ne(ops->rope(be, x, pos, n, heads, 15, &rope), 0);
     free(x);
     free(orig);
+}
+END_TEST
+
+#define ROPE_L3(th, old)                                                                                               \
+    {                                                                                                                  \
+        .theta = (th), .type = KERN_ROPE_LLAMA3, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,             \
+        .original_max_position_embeddings = (old)                                                                      \
+    }
+
+/* Llama 3.1's scaling against its definition in double (HF's
+ * _compute_llama3_parameters): the llama-rope-scaled fixture's parameters
+ * (original context 32) on 16-wide heads and Llama-3.1-8B's on 128-wide
+ * ones, each with frequencies in all three regimes. */
+START_TEST(test_rope_llama3) {
+    const kern_rope ropes[] = {ROPE_L3(1e4, 32), ROPE_L3(5e5, 8192)};
+    const int hds[] = {16, 128};
+    const int32_t pos[] = {0, 1, 7, 31, 33, 61, 500, 20000};
+    const int n = 8, heads = 2;
+    for (int ri = 0; ri < 2; ri++) {
+        const kern_rope *r = &ropes[ri];
+        const kern_rope plain = {.theta = r->theta};
+        int hd = hds[ri], half = hd / 2, regimes[3] = {0};
+        size_t cnt = (size_t)n * heads * hd;
+        float *x = rand_vec(cnt), *orig = malloc(cnt * sizeof(float)), *px = malloc(cnt * sizeof(float));
+        memcpy(orig, x, cnt * sizeof(float));
+        memcpy(px, x, cnt * sizeof(float));
+        ck_assert_int_eq(ops->rope(be, x, pos, n, heads, hd, r), 0);
+        ck_assert_int_eq(ops->rope(be, px, pos, n, heads, hd, &plain), 0);
+        double lo_wl = r->original_max_position_embeddings / r->low_freq_factor;
+        double hi_wl = r->original_max_position_embeddings / r->high_freq_factor, off_plain = 0;
+        for (int i = 0; i < half; i++) {
+            double inv = pow(r->theta, -2.0 * i / hd), wl = 2 * M_PI / inv, f;
+            if (wl < hi_wl) {
+                f = inv, regimes[0]++;
+            } else if (wl > lo_wl) {
+                f = inv / r->factor, regimes[1]++;
+            } else {
+                double sm = (r->original_max_position_embeddings / wl - r->low_freq_factor) /
+                            (r->high_freq_factor - r->low_freq_factor);
+                f = (1 - sm) * inv / r->factor + sm * inv, regimes[2]++;
+            }
+            ck_assert_msg(fabs(kern_rope_inv_freq(r, i, hd) - f) <= 1e-6 * f, "hd %d i %d", hd, i);
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < heads; h++) {
+                    size_t at = ((size_t)t * heads + h) * hd;
+                    const float *o = orig + at, *v = x + at;
+                    double ang = pos[t] * f;
+                    double a = o[i] * cos(ang) - o[i + half] * sin(ang);
+                    double b = o[i + half] * cos(ang) + o[i] * sin(ang);
+                    /* fp32 frequency and angle: a few ulps of the angle */
+                    double tol = 2e-6 + 1e-6 * ang;
+                    ck_assert_msg(fabs(v[i] - a) <= tol && fabs(v[i + half] - b) <= tol, "hd %d t %d h %d i %d", hd, t,
+                                  h, i);
+                    off_plain = fmax(off_plain, fabs(v[i] - px[at + (size_t)i]));
+                }
+        }
+        ck_assert_msg(regimes[0] && regimes[1] && regimes[2], "hd %d: regimes %d %d %d", hd, regimes[0], regimes[1],
+                      regimes[2]);
+        ck_assert(off_plain > 0.1); /* the scaling changes the rotation */
+        free(x);
+        free(orig);
+        free(px);
+    }
+    /* a llama3 rope with a zero blend band is refused by name */
+    kern_rope bad = ROPE_L3(1e4, 32);
+    bad.high_freq_factor = bad.low_freq_factor;
+    float v[16] = {0};
+    ck_assert_int_ne(ops->rope(be, v, pos, 1, 1, 16, &bad), 0);
+    ck_assert_ptr_nonnull(strstr(kern_last_error(be), "rope: llama3 needs"));
 }
 END_TEST
 
@@ -260,10 +330,12 @@ END_TEST
 START_TEST(test_qk_norm_rope_matches_unfused) {
     const struct {
         int n, hq, hkv, hd;
-        double theta;
+        kern_rope rope;
     } cases[] = {
-        {1, 32, 8, 128, 1e6}, {5, 32, 8, 128, 1e6}, {3, 16, 8, 64, 1e6}, {4, 4, 2, 16, 1e4}, {2, 3, 1, 80, 1e4},
-        {6, 4, 4, 10, 1e4},   {3, 2, 2, 2, 1e4},    {2, 5, 0, 6, 1e6},   {1, 8, 1, 256, 1e6}, {0, 4, 2, 16, 1e4},
+        {1, 32, 8, 128, {.theta = 1e6}}, {5, 32, 8, 128, {.theta = 1e6}}, {3, 16, 8, 64, {.theta = 1e6}},
+        {4, 4, 2, 16, {.theta = 1e4}},   {2, 3, 1, 80, {.theta = 1e4}},   {6, 4, 4, 10, {.theta = 1e4}},
+        {3, 2, 2, 2, {.theta = 1e4}},    {2, 5, 0, 6, {.theta = 1e6}},    {1, 8, 1, 256, {.theta = 1e6}},
+        {0, 4, 2, 16, {.theta = 1e4}},   {7, 4, 2, 16, ROPE_L3(1e4, 32)}, {5, 32, 8, 128, ROPE_L3(5e5, 8192)},
     };
     const int32_t far[] = {0, 1, 7, 4000, 30000, 131071, 40961};
     const kern_dtype dts[] = {KERN_BF16, KERN_F16, KERN_F32};
@@ -283,9 +355,9 @@ START_TEST(test_qk_norm_rope_matches_unfused) {
         memcpy(kr, k, (nk + 1) * sizeof(float));
         ck_assert_int_eq(ops->rmsnorm(be, qr, qr, &qw.w, n * hq, hd, eps), 0);
         ck_assert_int_eq(ops->rmsnorm(be, kr, kr, &kw.w, n * hkv, hd, eps), 0);
-        ck_assert_int_eq(ops->rope(be, qr, pos, n, hq, hd, cases[ci].theta), 0);
-        ck_assert_int_eq(ops->rope(be, kr, pos, n, hkv, hd, cases[ci].theta), 0);
-        ck_assert_msg(ops->qk_norm_rope(be, q, k, &qw.w, &kw.w, pos, n, hq, hkv, hd, eps, cases[ci].theta) == 0, "%s",
+        ck_assert_int_eq(ops->rope(be, qr, pos, n, hq, hd, &cases[ci].rope), 0);
+        ck_assert_int_eq(ops->rope(be, kr, pos, n, hkv, hd, &cases[ci].rope), 0);
+        ck_assert_msg(ops->qk_norm_rope(be, q, k, &qw.w, &kw.w, pos, n, hq, hkv, hd, eps, &cases[ci].rope) == 0, "%s",
                       kern_last_error(be));
         ck_assert_msg(memcmp(q, qr, nq * sizeof(float)) == 0, "q differs: n=%d hq=%d hkv=%d hd=%d", n, hq, hkv, hd);
         ck_assert_msg(memcmp(k, kr, nk * sizeof(float)) == 0, "k differs: n=%d hq=%d hkv=%d hd=%d", n, hq, hkv, hd);
@@ -306,18 +378,30 @@ START_TEST(test_qk_norm_rope_errors) {
     make_weight(&w8, KERN_BF16, 1, 8);
     int32_t pos[2] = {3, 4};
     float *q = rand_vec(2 * 4 * 16), *k = rand_vec(2 * 2 * 16);
-    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, 2, 15, 1e-6f, 1e4), 0);
+    const kern_rope r4 = {.theta = 1e4};
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, 2, 15, 1e-6f, &r4), 0);
     ck_assert_str_eq(kern_last_error(be), "qk_norm_rope: head_dim 15 is odd or not positive");
-    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, 2, 0, 1e-6f, 1e4), 0);
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, 2, 0, 1e-6f, &r4), 0);
     ck_assert_ptr_nonnull(strstr(kern_last_error(be), "head_dim 0"));
-    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w8.w, &w16.w, pos, 2, 4, 2, 16, 1e-6f, 1e4), 0);
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w8.w, &w16.w, pos, 2, 4, 2, 16, 1e-6f, &r4), 0);
     ck_assert_str_eq(kern_last_error(be), "qk_norm_rope: q_norm weight is (1, 8), expected (1, 16)");
-    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w8.w, pos, 2, 4, 2, 16, 1e-6f, 1e4), 0);
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w8.w, pos, 2, 4, 2, 16, 1e-6f, &r4), 0);
     ck_assert_str_eq(kern_last_error(be), "qk_norm_rope: k_norm weight is (1, 8), expected (1, 16)");
-    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, -1, 4, 2, 16, 1e-6f, 1e4), 0);
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, -1, 4, 2, 16, 1e-6f, &r4), 0);
     ck_assert_str_eq(kern_last_error(be), "qk_norm_rope: bad shape n=-1 hq=4 hkv=2");
-    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, -2, 16, 1e-6f, 1e4), 0);
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, -2, 16, 1e-6f, &r4), 0);
     ck_assert_ptr_nonnull(strstr(kern_last_error(be), "bad shape"));
+    kern_rope bad = {.theta = 1e4,
+                     .type = KERN_ROPE_LLAMA3,
+                     .factor = 0.5,
+                     .low_freq_factor = 1,
+                     .high_freq_factor = 4,
+                     .original_max_position_embeddings = 32};
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, 2, 16, 1e-6f, &bad), 0);
+    ck_assert_ptr_nonnull(strstr(kern_last_error(be), "qk_norm_rope: llama3 needs factor >= 1"));
+    bad = (kern_rope){.theta = 1e4, .type = (kern_rope_type)7};
+    ck_assert_int_ne(ops->qk_norm_rope(be, q, k, &w16.w, &w16.w, pos, 2, 4, 2, 16, 1e-6f, &bad), 0);
+    ck_assert_str_eq(kern_last_error(be), "qk_norm_rope: unknown rope type");
     free(q);
     free(k);
     free_weight(&w16);
@@ -822,6 +906,7 @@ int main(void) {
     tcase_add_test(tc, test_matmul_rejects_alias);
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_rope_llama3);
     tcase_add_test(tc, test_add_rmsnorm_matches_unfused);
     tcase_add_test(tc, test_add_rmsnorm_errors);
     tcase_add_test(tc, test_qk_norm_rope_matches_unfused);

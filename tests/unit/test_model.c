@@ -151,9 +151,9 @@ static float *full_forward(eng *e, const ref_prompt *p, int vocab) {
 START_TEST(test_fixtures_present) {
     char names[MAX_MODELS][256];
     int n = list_models(names);
-    /* make_reference.py writes six Qwen3, two Llama and a Qwen2 model,
+    /* make_reference.py writes six Qwen3, three Llama and a Qwen2 model,
      * make_gguf_models.py two GGUF ones; fewer means fixtures are missing. */
-    ck_assert_int_ge(n, 11);
+    ck_assert_int_ge(n, 12);
     int gguf = 0;
     for (int i = 0; i < n; i++) gguf += strstr(names[i], ".gguf") != NULL;
     ck_assert_int_eq(gguf, 2);
@@ -279,7 +279,8 @@ START_TEST(test_config_fields) {
     ck_assert_int_eq(c.head_dim, 32); /* honoured even though 4*32 != 64 */
     ck_assert_int_eq(c.num_kv_heads, 2);
     ck_assert(c.tie_word_embeddings);
-    ck_assert(fabs(c.rope_theta - 1e6) < 1e-9);
+    ck_assert(fabs(c.rope.theta - 1e6) < 1e-9);
+    ck_assert_int_eq(c.rope.type, KERN_ROPE_DEFAULT);
     ck_assert_int_eq(c.n_eos, 2);
     ck_assert_int_eq(c.eos_ids[0], 99);
     ck_assert_int_eq(c.eos_ids[1], 98);
@@ -290,10 +291,40 @@ START_TEST(test_config_fields) {
              "\"num_hidden_layers\":1,\"num_attention_heads\":2,"
              "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5000.0}}");
     ck_assert_msg(model_config_parse(buf, NULL, &c, err, sizeof err) == 0, "%s", err);
-    ck_assert(fabs(c.rope_theta - 5000.0) < 1e-9);
+    ck_assert(fabs(c.rope.theta - 5000.0) < 1e-9);
     ck_assert_int_eq(c.head_dim, 4);     /* default hidden / heads */
     ck_assert_int_eq(c.num_kv_heads, 2); /* default = heads */
     ck_assert(!c.tie_word_embeddings);
+}
+END_TEST
+
+/* Llama 3.1's rope scaling as transformers 4.x writes it (rope_scaling,
+ * top-level rope_theta) and as 5.x does (rope_parameters); rope_scaling
+ * wins when both are present, as in transformers 5. Refusals: test_config_errors. */
+START_TEST(test_config_rope_llama3) {
+    model_config c;
+    char err[512];
+    const char *forms[] = {
+        ",\"rope_theta\":500000.0,\"rope_scaling\":{\"factor\":8.0,\"low_freq_factor\":1.0,"
+        "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}",
+        ",\"rope_theta\":7,\"rope_parameters\":{\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+        "\"original_max_position_embeddings\":8192,\"rope_theta\":500000.0,\"rope_type\":\"llama3\"}",
+        ",\"rope_theta\":500000.0,\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":3.0},"
+        "\"rope_scaling\":{\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
+        "\"original_max_position_embeddings\":8192,\"type\":\"llama3\"}",
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof *forms; i++) {
+        ck_assert_msg(parse_with(forms[i], NULL, &c, err) == 0, "form %zu: %s", i, err);
+        ck_assert_int_eq(c.rope.type, KERN_ROPE_LLAMA3);
+        ck_assert(c.rope.theta == 500000.0 && c.rope.factor == 8.0 && c.rope.low_freq_factor == 1.0);
+        ck_assert(c.rope.high_freq_factor == 4.0 && c.rope.original_max_position_embeddings == 8192.0);
+    }
+    /* original_max_position_embeddings defaults to max_position_embeddings (transformers 5) */
+    ck_assert_msg(parse_with(",\"max_position_embeddings\":4096,\"rope_scaling\":{\"rope_type\":\"llama3\","
+                             "\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4}",
+                             NULL, &c, err) == 0,
+                  "%s", err);
+    ck_assert(c.rope.original_max_position_embeddings == 4096.0 && c.rope.theta == 1e6);
 }
 END_TEST
 
@@ -320,6 +351,17 @@ START_TEST(test_config_errors) {
         {",\"attention_bias\":true", "attention_bias"},
         {",\"use_sliding_window\":true", "sliding_window"},
         {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}", "yarn"},
+        /* rope: llama3 with bad parameters, other types by name */
+        {",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"high_freq_factor\":4}", "low_freq_factor"},
+        {",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":4,\"high_freq_factor\":4}",
+         "llama3 needs"},
+        {",\"rope_parameters\":{\"rope_type\":\"llama3\",\"factor\":0.5,\"low_freq_factor\":1,"
+         "\"high_freq_factor\":4}",
+         "rope_parameters: llama3 needs factor >= 1"},
+        {",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":2}", "'dynamic'"},
+        {",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}", "'linear'"},
+        {",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4}", "rope_parameters of type 'yarn'"},
+        {",\"rope_parameters\":{\"rope_type\":\"longrope\"}", "'longrope'"},
         {",\"hidden_act\":\"gelu\"", "gelu"},
         {",\"num_key_value_heads\":3", "multiple"},
         {",\"head_dim\":33", "even"},
@@ -1040,6 +1082,7 @@ static Suite *model_suite(void) {
     suite_add_tcase(s, tc);
     TCase *tcc = tcase_create("config");
     tcase_add_test(tcc, test_config_fields);
+    tcase_add_test(tcc, test_config_rope_llama3);
     tcase_add_test(tcc, test_config_errors);
     tcase_add_test(tcc, test_shape_mismatch_names_tensor);
     tcase_add_test(tcc, test_log_softmax_and_top_k);
