@@ -37,7 +37,7 @@ M=tests/fixtures/models
 run() { timeout 300 mpirun --oversubscribe "$@"; }
 
 # 1. greedy tokens against HF, per fixture and process count
-for spec in gqa4-deep:2 gqa4-deep:4 llama-tp3:3 llama-gqa:2 gguf-llama/model.gguf:2 qwen2-bias:2; do
+for spec in gqa4-deep:2 gqa4-deep:4 llama-tp3:3 llama-gqa:2 llama3-rope:2 gguf-llama/model.gguf:2 qwen2-bias:2; do
     model=${spec%:*} np=${spec##*:} dir=$M/${model%/model.gguf}
     prompt=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][1]["prompt"])))' "$dir/reference.json")
     if run -np "$np" "$bin/echo-generate" --model "$M/$model" --prompt-tokens "$prompt" --max-tokens 32 \
