@@ -382,14 +382,17 @@ int main(int argc, char **argv) {
         cli_usage_error(PROG, "%s", "--modes needs --tp >= 2: with one rank there is no all-reduce");
     if (!modes_arg) modes_arg = tp > 1 ? "int4,echo" : "";
 
-    echo_preset modes[2];
+    /* the quantized presets, each compared with exact once */
+    echo_preset modes[ECHO_PRESET_COUNT];
     int n_modes = 0;
     {
         char buf[64];
         snprintf(buf, sizeof buf, "%s", modes_arg);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            echo_preset m;
-            if (echo_preset_parse(t, &m) || m == ECHO_PRESET_EXACT || n_modes == 2)
+            echo_preset m = ECHO_PRESET_EXACT;
+            int bad = echo_preset_parse(t, &m) || (m != ECHO_PRESET_INT4 && m != ECHO_PRESET_ECHO);
+            for (int i = 0; i < n_modes; i++) bad |= modes[i] == m;
+            if (bad)
                 cli_usage_error(PROG, "--modes expects a subset of int4,echo, got '%s'", modes_arg);
             modes[n_modes++] = m;
         }
