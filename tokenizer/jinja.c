@@ -3401,7 +3401,7 @@ static val call_method_(rs *R, method *m, const callargs *c) {
     }
     case M_MUTATE: FAIL(R, "access to a mutating method is unsafe in the sandbox (immutable objects)"); break;
     }
-    FAIL(R, "method not implemented");
+    FAIL(R, "unknown method"); /* unreachable: method names are resolved when the template compiles */
     return vnone();
 }
 
