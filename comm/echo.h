@@ -117,7 +117,7 @@ typedef struct echo_codec_info {
     int min_group;     /* smallest G the codec takes (G is a power of two up to ECHO_MAX_GROUP) */
     int default_group; /* G when echo_config.group_size is 0 */
     int form;          /* wire form of a group's scales (comm/echo_codec.h ECHO_FORM_*): 0 one bf16 */
-    int lossless;      /* 1: the sum is exact in fp32 (no error, so no feedback) */
+    int lossless;      /* 1: an exact path (fp32, or bf16 rounding only): no codes, no feedback */
     int host_only;     /* 1: host transports only (local on host memory, mpi) */
 } echo_codec_info;
 
