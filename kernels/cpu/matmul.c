@@ -239,7 +239,7 @@ A512 INL void tile512(const int dt, const int T, const int R, const float *x, si
 #define TILE512_DT(DT, NAME)                                                                                  \
     A512 static void NAME(int T, int R, const float *x, size_t ldx, const uint8_t *w, size_t ws, int K, float *o, \
                           size_t ldo) {                                                                       \
-        if (R == 4) {                                                                                         \
+        if (R == 4 && T > 1) { /* one token: a row at a time below (one memory stream: faster decode) */     \
             switch (T) {                                                                                      \
             case 4: tile512(DT, 4, 4, x, ldx, w, ws, K, o, ldo); return;                                      \
             case 3: tile512(DT, 3, 4, x, ldx, w, ws, K, o, ldo); return;                                      \
@@ -420,17 +420,18 @@ A256 INL void tile256(const int dt, const int T, const int R, const float *x, si
 #define TILE256_DT(DT, NAME)                                                                                  \
     A256 static void NAME(int T, int R, const float *x, size_t ldx, const uint8_t *w, size_t ws, int K, float *o, \
                           size_t ldo) {                                                                       \
-        if (R == 2) {                                                                                         \
-            if (T == 2)                                                                                       \
-                tile256(DT, 2, 2, x, ldx, w, ws, K, o, ldo);                                                  \
-            else                                                                                              \
-                tile256(DT, 1, 2, x, ldx, w, ws, K, o, ldo);                                                  \
+        if (R == 2 && T == 2) {                                                                               \
+            tile256(DT, 2, 2, x, ldx, w, ws, K, o, ldo);                                                      \
             return;                                                                                           \
         }                                                                                                     \
-        if (T == 2)                                                                                           \
-            tile256(DT, 2, 1, x, ldx, w, ws, K, o, ldo);                                                      \
-        else                                                                                                  \
-            tile256(DT, 1, 1, x, ldx, w, ws, K, o, ldo);                                                      \
+        /* one token: a row at a time, one stream through memory (faster at                                  \
+         * batch-1 decode than rows side by side; each row's sum is the same) */                              \
+        for (int r = 0; r < R; r++) {                                                                         \
+            if (T == 2)                                                                                       \
+                tile256(DT, 2, 1, x, ldx, w + r * ws, ws, K, o + r, ldo);                                     \
+            else                                                                                              \
+                tile256(DT, 1, 1, x, ldx, w + r * ws, ws, K, o + r, ldo);                                     \
+        }                                                                                                     \
     }                                                                                                         \
     A256 __attribute__((unused)) static void NAME##_w(const float *x, size_t ldx, const uint8_t *w, size_t ws,  \
                                                       int K, float *o, size_t ldo) {                          \
