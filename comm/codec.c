@@ -728,79 +728,174 @@ static void scalar_rec_decode(int form, const uint8_t *codes, const uint8_t *rec
     }
 }
 
+/* ---- the phases' work, cut into spans of whole groups for the rank's
+ * workers (echo_comm_set_workers). A span codes, sums or decodes its own
+ * values only, so any split gives the same bits; the first bad element is
+ * the first span's, spans being in message order. ---- */
+
+#define HOST_SPAN_MIN 16384 /* values: smaller spans cost more to hand out than to code */
+#define HOST_SPANS 64
+
+typedef struct host_span {
+    int s;          /* shard */
+    size_t off;     /* first value, within the shard */
+    size_t len;     /* values (whole groups but for a message's last) */
+    size_t bad;     /* first bad element of the whole buffer, or ECHO_NO_INDEX */
+} host_span;
+
+typedef struct host_job {
+    echo_comm *c;
+    const echo_plan *p;
+    void (*fn)(struct host_job *j, host_span *sp);
+    host_span sp[HOST_SPANS];
+    int n;
+    /* the phase's arguments */
+    const void *x;
+    float *res;
+    int res_valid;
+    uint8_t *const *send;
+    const uint8_t *const *msgs;
+    uint8_t *out;
+    void *buf;
+} host_job;
+
+/* Spans of n values of shard s: one without workers, else up to twice the
+ * workers' threads, none under HOST_SPAN_MIN values. */
+static void job_add(host_job *j, int s, size_t n) {
+    size_t G = (size_t)j->p->group, k = 1;
+    if (j->c->workers.nthreads > 1) {
+        k = n / HOST_SPAN_MIN;
+        size_t most = 2 * (size_t)j->c->workers.nthreads;
+        k = k < 1 ? 1 : k > most ? most : k;
+    }
+    size_t chunk = ((n + k - 1) / k + G - 1) / G * G;
+    for (size_t o = 0; o < n && j->n < HOST_SPANS; o += chunk)
+        j->sp[j->n++] = (host_span){s, o, n - o < chunk ? n - o : chunk, ECHO_NO_INDEX};
+}
+
+static void job_task(void *arg, int t) {
+    host_job *j = arg;
+    j->fn(j, &j->sp[t]);
+}
+
+/* Run every span; the first bad element in message order. */
+static size_t job_run(host_job *j) {
+    if (j->n > 1 && j->c->workers.nthreads > 1)
+        j->c->workers.run(j->c->workers.ctx, j->n, job_task, j);
+    else
+        for (int t = 0; t < j->n; t++)
+            j->fn(j, &j->sp[t]);
+    for (int t = 0; t < j->n; t++)
+        if (j->sp[t].bad != ECHO_NO_INDEX) return j->sp[t].bad;
+    return ECHO_NO_INDEX;
+}
+
+/* A span's codes and scales (or records) within a wire message. */
+static uint8_t *span_codes(const host_span *sp, const uint8_t *msg) {
+    return (uint8_t *)msg + sp->off / 2;
+}
+static uint8_t *span_scales(const echo_plan *p, const host_span *sp, const uint8_t *msg) {
+    return (uint8_t *)plan_scales(p, msg) + sp->off / (size_t)p->group * (size_t)echo_rec_bytes(p->form, p->group);
+}
+
+/* Phase 1 of one span: staged, its values rotated (or widened) into c->rot
+ * (the own shard too: phase 2 sums it from there), then coded for shard s
+ * unless it is the own one. */
+static void phase1_span(host_job *j, host_span *sp) {
+    const echo_plan *p = j->p;
+    echo_comm *c = j->c;
+    size_t at = (size_t)sp->s * p->shard + sp->off, esz = echo_dtype_size(p->dt), b;
+    const void *x = (const char *)j->x + at * esz;
+    echo_dtype xdt = p->dt;
+    if (echo_plan_staged(p)) {
+        size_t in = p->count > at ? p->count - at : 0;
+        stage_fwd(p, x, p->dt, in < sp->len ? in : sp->len, sp->len, c->rot + at);
+        x = c->rot + at;
+        xdt = ECHO_F32;
+    }
+    if (sp->s == c->rank) return;
+    if (enc_msg(p, x, xdt, j->res ? j->res + at : NULL, j->res_valid, ECHO_RESID_F32, sp->len,
+                span_codes(sp, j->send[sp->s]), span_scales(p, sp, j->send[sp->s]), &b))
+        sp->bad = at + b;
+}
+
 static int host_phase1(echo_comm *c, const echo_plan *p, const void *x, float *res, int res_valid, uint8_t *const *send,
                        size_t *bad, void *stream, char *err, size_t errlen) {
     (void)stream, (void)err, (void)errlen;
-    size_t esz = echo_dtype_size(p->dt);
-    echo_dtype xdt = p->dt;
-    *bad = ECHO_NO_INDEX;
-    if (echo_plan_staged(p)) {
-        /* the whole message, own shard included (phase 2 sums it staged) */
-        stage_fwd(p, x, p->dt, p->count, echo_plan_pad(p, p->count), c->rot);
-        x = c->rot;
-        xdt = ECHO_F32;
-        esz = sizeof(float);
-    }
+    host_job j = {.c = c, .p = p, .fn = phase1_span, .x = x, .res = res, .res_valid = res_valid, .send = send};
     for (int s = 0; s < p->nranks; s++) {
-        size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
-        if (s == c->rank || n == 0) continue;
-        if (echo_plan_staged(p)) n = echo_plan_pad(p, n);
-        if (enc_msg(p, (const char *)x + off * esz, xdt, res ? res + off : NULL, res_valid, ECHO_RESID_F32, n, send[s],
-                    (uint8_t *)plan_scales(p, send[s]), &b) &&
-            *bad == ECHO_NO_INDEX)
-            *bad = off + b;
+        size_t n = echo_plan_len(p, s);
+        if (n && (s != c->rank || echo_plan_staged(p))) job_add(&j, s, echo_plan_staged(p) ? echo_plan_pad(p, n) : n);
     }
+    *bad = job_run(&j);
     return 0;
+}
+
+/* Phase 2 of one span of the own shard: the sum over j = 0..N-1 in that
+ * order (the cuda twin uses the same), own values raw, then coded. */
+static void phase2_span(host_job *j, host_span *sp) {
+    const echo_plan *p = j->p;
+    echo_comm *c = j->c;
+    size_t at = (size_t)c->rank * p->shard + sp->off, b;
+    float *sum = c->scratch + sp->off;
+    echo_dtype xdt = p->dt;
+    const void *x = (const char *)j->x + at * echo_dtype_size(xdt);
+    echo_resid rmode = p->dt == ECHO_BF16 ? ECHO_RESID_BF16 : ECHO_RESID_F32;
+    if (echo_plan_staged(p)) {
+        /* staged, whole groups; the output is rounded after the inverse
+         * rotation, so g does not account for that rounding */
+        x = c->rot + at;
+        xdt = ECHO_F32;
+        rmode = ECHO_RESID_F32;
+    }
+    for (int r = 0; r < p->nranks; r++) {
+        if (r == c->rank)
+            echo_cpu_load(x, xdt, sp->len, sum, r > 0);
+        else
+            dec_msg(p, span_codes(sp, j->msgs[r]), span_scales(p, sp, j->msgs[r]), sp->len, sum, r > 0, NULL);
+    }
+    /* a poisoned group travels in-band and is reported by finish */
+    enc_msg(p, sum, ECHO_F32, j->res ? j->res + sp->off : NULL, j->res_valid, rmode, sp->len, span_codes(sp, j->out),
+            span_scales(p, sp, j->out), &b);
 }
 
 static int host_phase2(echo_comm *c, const echo_plan *p, const void *x, const uint8_t *const *recv, float *g,
                        int g_valid, uint8_t *out, void *stream, char *err, size_t errlen) {
     (void)stream, (void)err, (void)errlen;
-    int me = c->rank;
-    size_t n = echo_plan_len(p, me), off = (size_t)me * p->shard, bad;
+    size_t n = echo_plan_len(p, c->rank);
     if (n == 0) return 0;
-    float *sum = c->scratch;
-    echo_dtype xdt = p->dt;
-    echo_resid rmode = p->dt == ECHO_BF16 ? ECHO_RESID_BF16 : ECHO_RESID_F32;
+    host_job j = {.c = c, .p = p, .fn = phase2_span, .x = x, .res = g, .res_valid = g_valid, .msgs = recv, .out = out};
+    job_add(&j, c->rank, echo_plan_staged(p) ? echo_plan_pad(p, n) : n);
+    job_run(&j);
+    return 0;
+}
+
+/* Finish of one span: decoded (staged: into c->rot, then rotated back) and
+ * rounded to the buffer's dtype. */
+static void finish_span(host_job *j, host_span *sp) {
+    const echo_plan *p = j->p;
+    size_t at = (size_t)sp->s * p->shard + sp->off, esz = echo_dtype_size(p->dt), b;
+    const uint8_t *msg = j->msgs[sp->s];
+    void *out = (char *)j->buf + at * esz;
     if (echo_plan_staged(p)) {
-        /* staged, whole groups; the output is rounded after the inverse
-         * rotation, so g does not account for that rounding */
-        n = echo_plan_pad(p, n);
-        x = c->rot;
-        xdt = ECHO_F32;
-        rmode = ECHO_RESID_F32;
-    }
-    /* Fixed order j = 0..N-1 (the cuda twin uses the same), own shard raw. */
-    for (int j = 0; j < p->nranks; j++) {
-        if (j == me)
-            echo_cpu_load((const char *)x + off * echo_dtype_size(xdt), xdt, n, sum, j > 0);
-        else
-            dec_msg(p, recv[j], (const uint8_t *)plan_scales(p, recv[j]), n, sum, j > 0, NULL);
-    }
-    enc_msg(p, sum, ECHO_F32, g, g_valid, rmode, n, out, (uint8_t *)plan_scales(p, out), &bad);
-    return 0; /* a poisoned group travels in-band and is reported by finish */
+        size_t in = p->count - at; /* >= 1: a span starts inside the message */
+        dec_msg(p, span_codes(sp, msg), span_scales(p, sp, msg), sp->len, j->c->rot + at, 0, &b);
+        stage_inv(p, j->c->rot + at, in < sp->len ? in : sp->len, out, p->dt, 0);
+    } else if (!echo_cpu_decode_store(span_codes(sp, msg), (const uint16_t *)span_scales(p, sp, msg), sp->len, p->group,
+                                      out, p->dt, &b))
+        b = ECHO_NO_INDEX;
+    if (b != ECHO_NO_INDEX) sp->bad = at + b;
 }
 
 static int host_finish(echo_comm *c, const echo_plan *p, const uint8_t *const *gathered, void *buf, size_t *bad,
                        void *stream, char *err, size_t errlen) {
     (void)stream, (void)err, (void)errlen;
-    size_t esz = echo_dtype_size(p->dt);
-    *bad = ECHO_NO_INDEX;
+    host_job j = {.c = c, .p = p, .fn = finish_span, .msgs = gathered, .buf = buf};
     for (int s = 0; s < p->nranks; s++) {
-        size_t n = echo_plan_len(p, s), off = (size_t)s * p->shard, b;
-        if (n == 0) continue;
-        if (echo_plan_staged(p)) {
-            dec_msg(p, gathered[s], (const uint8_t *)plan_scales(p, gathered[s]), echo_plan_pad(p, n), c->rot + off, 0,
-                    &b);
-            if (b != ECHO_NO_INDEX && *bad == ECHO_NO_INDEX) *bad = off + b;
-            stage_inv(p, c->rot + off, n, (char *)buf + off * esz, p->dt, 0);
-            continue;
-        }
-        if (echo_cpu_decode_store(gathered[s], plan_scales(p, gathered[s]), n, p->group, (char *)buf + off * esz, p->dt,
-                                  &b) &&
-            *bad == ECHO_NO_INDEX)
-            *bad = off + b;
+        size_t n = echo_plan_len(p, s);
+        if (n) job_add(&j, s, echo_plan_staged(p) ? echo_plan_pad(p, n) : n);
     }
+    *bad = job_run(&j);
     return 0;
 }
 

@@ -243,6 +243,10 @@ int echo_world_nranks(const echo_world *w) {
 
 /* ---- comms ---- */
 
+void echo_comm_set_workers(echo_comm *c, const echo_workers *w) {
+    c->workers = w && w->run && w->nthreads > 1 ? *w : (echo_workers){0};
+}
+
 int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t errlen) {
     *out = NULL;
     if (!w || rank < 0 || rank >= w->nranks) {

@@ -202,6 +202,20 @@ void echo_proc_finalize(void);
 int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t errlen);
 void echo_comm_destroy(echo_comm *c);
 
+/* Host threads for this rank's codec (optional; without them the calling
+ * thread codes alone). run(ctx, ntasks, fn, arg) calls fn(arg, t) once for
+ * each t < ntasks, on up to nthreads threads, and returns when all have
+ * returned: the rank's compute threads, idle while it waits on the
+ * all-reduce. Messages are split at whole groups, so the bits do not
+ * depend on the threads. Device memory ignores them. */
+typedef void (*echo_task_fn)(void *arg, int task);
+typedef struct echo_workers {
+    int nthreads;
+    void (*run)(void *ctx, int ntasks, echo_task_fn fn, void *arg);
+    void *ctx;
+} echo_workers;
+void echo_comm_set_workers(echo_comm *c, const echo_workers *w);
+
 /* Bytes of residual memory this rank holds (reported at start-up): one
  * padded fp32 message with feedback, whatever n_sites; else 0. */
 size_t echo_comm_slot_bytes(const echo_comm *c);

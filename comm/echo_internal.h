@@ -287,6 +287,7 @@ struct echo_comm {
     float *res;
     size_t res_bytes;
     float *scratch; /* host compute: the owner's fp32 sum (L values) */
+    echo_workers workers; /* host compute: echo_comm_set_workers (nthreads 0: none) */
     float *rot; /* host compute, staged codecs (echo_plan_staged): x (rotated), then the decoded sum (padded message) */
 
     /* Pass state. */

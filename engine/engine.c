@@ -461,12 +461,18 @@ static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
     return echo_world_create_local_device(c->tp, 0, &ec, &e->world, err, errlen);
 }
 
+/* The rank's compute threads code its all-reduce messages (comm/echo.h). */
+static void rank_host_run(void *be, int ntasks, echo_task_fn fn, void *arg) {
+    kern_host_parallel(be, ntasks, fn, arg);
+}
+
 static int create_ranks(eng *e, int use_nccl, char *err, size_t errlen) {
     const eng_config *c = &e->cfg;
     for (int i = 0; i < c->tp; i++) {
         eng_rank *r = &e->ranks[i];
         if (e->procs && i != e->me) continue;
         if (e->world && echo_comm_create(e->world, i, &r->comm, err, errlen)) return -1;
+        if (r->comm) echo_comm_set_workers(r->comm, &(echo_workers){kern_host_threads(r->be), rank_host_run, r->be});
         /* auto: by the backend actually made ("auto" devices resolve there) */
         if (e->cfg.fuse_weights != ENG_FUSE_ON && e->cfg.fuse_weights != ENG_FUSE_OFF)
             e->cfg.fuse_weights = strcmp(r->ops->name, "cpu") ? ENG_FUSE_ON : ENG_FUSE_OFF;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kernels/backend_internal.h"
+#include "kernels/cpu/cpu.h"
 
 int kern_fail(kern_backend *be, const char *fmt, ...) {
     va_list ap;
@@ -78,6 +79,23 @@ int kern_backend_create(const char *device, int nthreads, int device_index, cons
     }
     *ops = (*be)->ops;
     return 0;
+}
+
+static int is_cpu(const kern_backend *be) {
+    return be && be->ops && !strcmp(be->ops->name, "cpu");
+}
+
+int kern_host_threads(const kern_backend *be) {
+    return is_cpu(be) ? cpu_nthreads(be) : 1;
+}
+
+void kern_host_parallel(kern_backend *be, int ntasks, kern_task_fn fn, void *arg) {
+    if (is_cpu(be)) {
+        cpu_parallel_for(be, ntasks, fn, arg);
+        return;
+    }
+    for (int t = 0; t < ntasks; t++)
+        fn(arg, t);
 }
 
 int kern_gpu_count(void) {

@@ -318,6 +318,14 @@ void kern_backend_destroy(const kern_ops *ops, kern_backend *be);
 const char *kern_auto_device(void);
 /* GPUs the cuda backend can use (0 without one, or in a build without it). */
 int kern_gpu_count(void);
+/* The backend's host threads for work outside the ops (the all-reduce's
+ * host codec, while the model waits on it): kern_host_threads says how
+ * many; kern_host_parallel runs fn(arg, t) for t < ntasks on them (the
+ * caller included) and returns when all are done. A cuda backend, or a cpu
+ * one with one thread, runs them on the caller. Not from inside an op. */
+typedef void (*kern_task_fn)(void *arg, int task);
+int kern_host_threads(const kern_backend *be);
+void kern_host_parallel(kern_backend *be, int ntasks, kern_task_fn fn, void *arg);
 /* The message of the last failed op on this backend. */
 const char *kern_last_error(const kern_backend *be);
 

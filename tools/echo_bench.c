@@ -15,10 +15,10 @@
  *   echo-bench chain [--ranks N] [--depth K] [--count M] [--group G] [--codec C] [--json]
  *       accumulated error of K chained all-reduces of independent random
  *       partials, int4 vs echo: ||sum out - sum exact|| per depth.
- *   echo-bench codec [--count M] [--group G] [--codec C] [--iters N] [--json]
- *       single-thread codec throughput (encode with error feedback, decode-
- *       accumulate) beside memcpy in the same rounds, with the ratio to it,
- *       and coding error vs wire bits for every group size.
+ *   echo-bench codec [--count M] [--group G] [--codec C] [--iters N] [--threads T] [--json]
+ *       codec throughput (encode with error feedback, decode-accumulate)
+ *       beside memcpy in the same rounds on the same T threads (default 1),
+ *       with the ratio to it, and coding error vs wire bits per group size.
  *
  * Exit codes: 0 ok, 1 runtime error, 2 usage error. Inputs are Gaussian
  * from a counter-based generator (--seed), so runs are reproducible.
@@ -778,28 +778,98 @@ static double thread_cpu_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Best-of-iters thread CPU seconds of memcpy, encode and decode-accumulate
- * over the buffers. Each round runs the three one after the other, so that
- * load from other processes (on memory bandwidth and caches) hits them
- * alike and the ratios to memcpy stay meaningful. */
+/* Best-of-iters seconds of memcpy, encode and decode-accumulate over the
+ * buffers. Each round runs the three one after the other, so that load
+ * from other processes (on memory bandwidth and caches) hits them alike and
+ * the ratios to memcpy stay meaningful. One thread: its CPU time (time it
+ * spent descheduled on a shared machine does not count). T threads: each
+ * takes a slice of whole groups (its own wire buffer), as a rank's workers
+ * do (echo_comm_set_workers), and the round's wall time counts. */
 typedef enum { OP_MEMCPY, OP_ENCODE, OP_DECODE_ACC, OP_COUNT } codec_op;
+#define ECHO_BENCH_MAX_THREADS 64
 
-static void time_ops(echo_codec_id codec, int iters, const float *x, float *res, float *acc, float *dst, void *wire,
-                     size_t count, int group, double best[OP_COUNT]) {
+typedef struct codec_team {
+    int nthreads, iters, group;
+    echo_codec_id codec;
+    const float *x;
+    float *res, *acc, *dst;
+    uint8_t *wire; /* nthreads slices of slice_wire bytes */
+    size_t count, slice, slice_wire;
+    pthread_barrier_t bar;
+    int op; /* the op of this round, OP_COUNT: stop */
+} codec_team;
+
+static void team_op(codec_team *tm, int t) {
     char err[256];
+    size_t off = (size_t)t * tm->slice, n = off < tm->count ? tm->count - off : 0;
+    n = n < tm->slice ? n : tm->slice;
+    uint8_t *wire = tm->wire + (size_t)t * tm->slice_wire;
+    if (!n) return;
+    switch (tm->op) {
+    case OP_MEMCPY: memcpy(tm->dst + off, tm->x + off, n * sizeof(float)); break;
+    case OP_ENCODE: echo_codec_encode_as(tm->codec, tm->x + off, tm->res + off, n, tm->group, wire, err, sizeof err); break;
+    case OP_DECODE_ACC: echo_codec_decode_as(tm->codec, wire, n, tm->group, tm->acc + off, 1, err, sizeof err); break;
+    }
+}
+
+typedef struct team_arg {
+    codec_team *tm;
+    int t;
+} team_arg;
+
+static void *team_worker(void *p) {
+    team_arg *a = p;
+    for (;;) {
+        pthread_barrier_wait(&a->tm->bar);
+        if (a->tm->op == OP_COUNT) return NULL;
+        team_op(a->tm, a->t);
+        pthread_barrier_wait(&a->tm->bar);
+    }
+}
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Rounds of the three ops on the team (the caller is thread 0); 0 or -1. */
+static int time_ops(codec_team *tm, double best[OP_COUNT]) {
+    pthread_t th[ECHO_BENCH_MAX_THREADS];
+    team_arg args[ECHO_BENCH_MAX_THREADS];
+    int started = 0, rc = 0;
+    if (tm->nthreads > 1 && pthread_barrier_init(&tm->bar, NULL, (unsigned)tm->nthreads)) return -1;
+    for (int t = 1; t < tm->nthreads; t++, started++) {
+        args[t] = (team_arg){tm, t};
+        if (pthread_create(&th[t], NULL, team_worker, &args[t])) {
+            rc = -1;
+            break;
+        }
+    }
     for (int op = 0; op < OP_COUNT; op++)
         best[op] = 1e30;
-    for (int it = 0; it < iters; it++)
+    for (int it = 0; !rc && it < tm->iters; it++)
         for (int op = 0; op < OP_COUNT; op++) {
-            double t0 = thread_cpu_s();
-            switch (op) {
-            case OP_MEMCPY: memcpy(dst, x, count * sizeof(float)); break;
-            case OP_ENCODE: echo_codec_encode_as(codec, x, res, count, group, wire, err, sizeof err); break;
-            case OP_DECODE_ACC: echo_codec_decode_as(codec, wire, count, group, acc, 1, err, sizeof err); break;
-            }
-            double t = thread_cpu_s() - t0;
+            tm->op = op;
+            double t0 = tm->nthreads > 1 ? wall_s() : thread_cpu_s();
+            if (tm->nthreads > 1) pthread_barrier_wait(&tm->bar);
+            team_op(tm, 0);
+            if (tm->nthreads > 1) pthread_barrier_wait(&tm->bar);
+            double t = (tm->nthreads > 1 ? wall_s() : thread_cpu_s()) - t0;
             best[op] = t < best[op] ? t : best[op];
         }
+    if (started == tm->nthreads - 1 && tm->nthreads > 1) {
+        tm->op = OP_COUNT;
+        pthread_barrier_wait(&tm->bar);
+        for (int t = 1; t < tm->nthreads; t++)
+            pthread_join(th[t], NULL);
+    } else if (started) {
+        /* a thread failed to start: the others wait on a barrier that cannot fill */
+        fprintf(stderr, "echo-bench: could not start %d threads\n", tm->nthreads);
+        exit(1);
+    }
+    if (tm->nthreads > 1) pthread_barrier_destroy(&tm->bar);
+    return rc;
 }
 
 /* comm/ runs its AVX2 codec exactly when the CPU has AVX2 (comm/codec_cpu.h). */
@@ -839,7 +909,7 @@ static void cost_model(int n, double alpha_s, double link_gbps, double bytes, in
 }
 
 static int cmd_codec(int argc, char **argv) {
-    int group = 0, iters = 20, json = 0, seed = 1, mranks = 8, act_bits = 32;
+    int group = 0, iters = 20, json = 0, seed = 1, mranks = 8, act_bits = 32, threads = 1;
     echo_codec_id codec = ECHO_CODEC_DEFAULT;
     double alpha_us = 10, ov_enc = 0, ov_dec = 0;
     const char *links = "1.25,12.5,25,50,100,400";
@@ -861,6 +931,8 @@ static int cmd_codec(int argc, char **argv) {
             if (g) group = g;
         } else if (!strcmp(a, "--iters"))
             bad = parse_int(v, 1, 100000, &iters), i++;
+        else if (!strcmp(a, "--threads"))
+            bad = parse_int(v, 1, ECHO_BENCH_MAX_THREADS, &threads), i++;
         else if (!strcmp(a, "--seed"))
             bad = parse_int(v, 0, 1 << 30, &seed), i++;
         else if (!strcmp(a, "--ranks"))
@@ -878,7 +950,7 @@ static int cmd_codec(int argc, char **argv) {
         if (bad) {
             fprintf(stderr,
                     "usage: echo-bench codec [--count M] [--group G (default: all)] [--codec NAME[-gG]] [--iters N] "
-                    "[--seed S] [--json]\n"
+                    "[--threads T] [--seed S] [--json]\n"
                     "                        [--ranks N] [--alpha-us A] [--links GBPS,...] [--codec-gbps ENC,DEC]\n"
                     "                        [--act-bits 32|16]  (cost model)\n");
             return 2;
@@ -888,12 +960,14 @@ static int cmd_codec(int argc, char **argv) {
     float *acc = calloc(count, sizeof *acc), *dst = malloc(count * sizeof *dst);
     /* the largest wire form of this codec over the groups it takes (hout2
      * at G = 16 is 8 bits a value, int4's 5) */
-    size_t wire_bytes = 0;
+    size_t slice = (count + (size_t)threads - 1) / (size_t)threads, wire_bytes = 0;
+    slice = (slice + ECHO_MAX_GROUP - 1) / ECHO_MAX_GROUP * ECHO_MAX_GROUP; /* whole groups of every size */
     for (int G = ECHO_MIN_GROUP; G <= ECHO_MAX_GROUP; G *= 2) {
-        size_t b = (count + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(codec, G);
+        size_t b = (slice + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(codec, G);
         wire_bytes = b > wire_bytes ? b : wire_bytes;
     }
-    void *wire = malloc(wire_bytes + 64);
+    wire_bytes = (wire_bytes + 63) / 64 * 64;
+    uint8_t *wire = malloc(wire_bytes * (size_t)threads);
     int status = 0;
     if (!x || !xo || !res || !acc || !dst || !wire) {
         fprintf(stderr, "echo-bench: out of memory for %zu values\n", count);
@@ -903,13 +977,14 @@ static int cmd_codec(int argc, char **argv) {
     fill(DIST_GAUSS, x, count, (uint64_t)seed, 0, 0);
     fill(DIST_OUTLIER, xo, count, (uint64_t)seed, 0, 0);
     memset(dst, 0, count * sizeof *dst); /* fault the pages in before timing */
-    memset(wire, 0, wire_bytes);
+    memset(wire, 0, wire_bytes * (size_t)threads);
     if (json)
         printf("[");
     else {
-        printf("# echo-bench codec %s: %zu fp32 values (%.1f MiB), one thread, best of %d rounds of memcpy, encode, "
-               "decode in thread CPU time; GB/s of fp32 values (CPU numbers; codec path %s)\n",
-               echo_codec_get(codec)->name, count, count * 4.0 / (1 << 20), iters, codec_path());
+        printf("# echo-bench codec %s: %zu fp32 values (%.1f MiB), %d thread%s, best of %d rounds of memcpy, encode, "
+               "decode in %s; GB/s of fp32 values (CPU numbers; codec path %s)\n",
+               echo_codec_get(codec)->name, count, count * 4.0 / (1 << 20), threads, threads > 1 ? "s" : "", iters,
+               threads > 1 ? "wall time, each thread a slice of whole groups" : "thread CPU time", codec_path());
         printf("# %6s %10s %12s %12s %12s %8s %8s %14s %14s\n", "group", "wire(b/v)", "encode GB/s", "dec+acc GB/s",
                "memcpy GB/s", "enc/cpy", "dec/cpy", "rel_err gauss", "rel_err outlr");
     }
@@ -919,8 +994,14 @@ static int cmd_codec(int argc, char **argv) {
         if ((group && G != group) || !echo_codec_group_bytes(codec, G)) continue;
         double bytes = (double)count * sizeof(float);
         double best[OP_COUNT];
-        time_ops(codec, iters, x, res, acc, dst, wire, count, G, best);
-        double tm = best[OP_MEMCPY], te = best[OP_ENCODE], td = best[OP_DECODE_ACC];
+        codec_team tm = {.nthreads = threads, .iters = iters, .group = G, .codec = codec, .x = x, .res = res,
+                         .acc = acc, .dst = dst, .wire = wire, .count = count, .slice = slice, .slice_wire = wire_bytes};
+        if (time_ops(&tm, best)) {
+            fprintf(stderr, "echo-bench: could not start %d threads\n", threads);
+            status = 1;
+            goto out;
+        }
+        double tmc = best[OP_MEMCPY], te = best[OP_ENCODE], td = best[OP_DECODE_ACC];
         double eg = codec_rel_err(codec, x, count, G, wire, dst), eo = codec_rel_err(codec, xo, count, G, wire, dst);
         double bits = 8.0 * (double)((count + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(codec, G)) / (double)count;
         if (G == model_group) {
@@ -932,12 +1013,12 @@ static int cmd_codec(int argc, char **argv) {
             printf("%s\n {\"codec\": \"%s\", \"group\": %d, \"count\": %zu, \"wire_bits_per_value\": %.4f, \"encode_gbps\": %.3f, "
                    "\"decode_acc_gbps\": %.3f, \"memcpy_gbps\": %.3f, \"encode_vs_memcpy\": %.3f, "
                    "\"decode_acc_vs_memcpy\": %.3f, \"rel_err_gauss\": %.6g, \"rel_err_outlier\": %.6g, "
-                   "\"codec_path\": \"%s\"}",
-                   first ? "" : ",", echo_codec_get(codec)->name, G, count, bits, bytes / te / 1e9, bytes / td / 1e9, bytes / tm / 1e9, tm / te,
-                   tm / td, eg, eo, codec_path());
+                   "\"codec_path\": \"%s\", \"threads\": %d}",
+                   first ? "" : ",", echo_codec_get(codec)->name, G, count, bits, bytes / te / 1e9, bytes / td / 1e9,
+                   bytes / tmc / 1e9, tmc / te, tmc / td, eg, eo, codec_path(), threads);
         else
             printf("  %6d %10.4f %12.2f %12.2f %12.2f %8.2f %8.2f %14.5f %14.5f\n", G, bits, bytes / te / 1e9,
-                   bytes / td / 1e9, bytes / tm / 1e9, tm / te, tm / td, eg, eo);
+                   bytes / td / 1e9, bytes / tmc / 1e9, tmc / te, tmc / td, eg, eo);
         fflush(stdout);
         first = 0;
     }
@@ -951,7 +1032,7 @@ static int cmd_codec(int argc, char **argv) {
         printf("# cost model: 1 GiB all-reduce of %s, %d ranks, alpha %.1f us, group %d (%.3f b/v), codec rates "
                "%s (not overlapped)\n",
                act_bits == 32 ? "fp32" : "bf16", mranks, alpha_us, model_group, model_bits,
-               ov_enc > 0 ? "given by --codec-gbps" : "measured above (one thread)");
+               ov_enc > 0 ? "given by --codec-gbps" : threads > 1 ? "measured above" : "measured above (one thread)");
         printf("# %10s %12s %12s %10s\n", "link GB/s", "exact ms", "echo ms", "speed-up");
         char list[256];
         snprintf(list, sizeof list, "%s", links);

@@ -18,6 +18,7 @@
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -392,6 +393,103 @@ START_TEST(test_replicas_identical_and_exact) {
                     }
                 }
                 h_free(&h);
+            }
+}
+END_TEST
+
+/* Workers (echo_comm_set_workers) split each message at whole groups: the
+ * same bits as the rank's thread alone, whatever the threads' order, and
+ * the same first bad element. The runner starts nthreads - 1 threads per
+ * call, which claim tasks from a counter, so spans finish out of order. */
+typedef struct wk_job {
+    echo_task_fn fn;
+    void *arg;
+    int ntasks;
+    atomic_int next;
+    atomic_int ran;
+} wk_job;
+
+static void *wk_thread(void *p) {
+    wk_job *j = p;
+    for (int t; (t = atomic_fetch_add(&j->next, 1)) < j->ntasks;) {
+        j->fn(j->arg, t);
+        atomic_fetch_add(&j->ran, 1);
+    }
+    return NULL;
+}
+
+static void wk_run(void *ctx, int ntasks, echo_task_fn fn, void *arg) {
+    int nt = *(const int *)ctx;
+    wk_job j = {fn, arg, ntasks, 0, 0};
+    pthread_t t[8];
+    for (int i = 0; i < nt - 1; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, wk_thread, &j), 0);
+    wk_thread(&j);
+    for (int i = 0; i < nt - 1; i++)
+        pthread_join(t[i], NULL);
+    ck_assert_int_eq(atomic_load(&j.ran), ntasks);
+}
+
+START_TEST(test_workers_same_bits) {
+    static int three = 3;
+    const echo_workers wk = {3, wk_run, &three};
+    const struct {
+        echo_codec_id codec;
+        int G;
+    } cs[] = {{ECHO_CODEC_INT4, 64},  {ECHO_CODEC_HADAMARD, 32}, {ECHO_CODEC_HSUB6, 64},
+              {ECHO_CODEC_OUT2, 128}, {ECHO_CODEC_HOUT2, 128}};
+    for (int n = 2; n <= 4; n++)
+        for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++)
+            for (int dti = 0; dti < 2; dti++) {
+                echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
+                size_t m = (size_t)n * 70001 + 37, esz = dti ? 2 : 4; /* 4 spans a shard, a partial group */
+                harness h[2];
+                for (int v = 0; v < 2; v++) {
+                    h_init(&h[v], n, test_echo_cfg(ECHO_PRESET_ECHO, cs[k].G, 0, 2, m, 0, cs[k].codec));
+                    for (int r = 0; v && r < n; r++)
+                        echo_comm_set_workers(h[v].c[r], &wk);
+                }
+                void *buf[2][MAXN];
+                float *x = malloc(m * sizeof(float));
+                for (int v = 0; v < 2; v++)
+                    for (int r = 0; r < n; r++)
+                        buf[v][r] = malloc(m * esz);
+                /* two passes of two sites (residuals carried), then a NaN in a late span */
+                for (int call = 0; call < 5; call++) {
+                    step s[2];
+                    for (int v = 0; v < 2; v++) {
+                        for (int r = 0; r < n; r++) {
+                            gen(x, m, 7 + (uint64_t)call, (uint64_t)k, (uint64_t)r);
+                            if (call == 4 && r == 1) x[m - 3 * m / (size_t)(4 * n)] = NAN;
+                            for (size_t i = 0; i < m; i++)
+                                if (dti)
+                                    ((uint16_t *)buf[v][r])[i] = to_bf16(x[i]);
+                                else
+                                    ((float *)buf[v][r])[i] = x[i];
+                        }
+                        call_all(&h[v], call % 2 == 0, call % 2, m, dt, buf[v], &s[v]);
+                    }
+                    for (int r = 0; r < n; r++) {
+                        const char *what = echo_codec_get(cs[k].codec)->name;
+                        ck_assert_msg(s[0].rc[r] == s[1].rc[r], "%s n=%d call %d rank %d: rc %d vs %d", what, n, call,
+                                      r, s[0].rc[r], s[1].rc[r]);
+                        if (call == 4) {
+                            ck_assert_msg(s[1].rc[r] != 0 && !strcmp(s[0].err[r], s[1].err[r]),
+                                          "%s n=%d rank %d: '%s' vs '%s'", what, n, r, s[0].err[r], s[1].err[r]);
+                            continue;
+                        }
+                        ck_assert_msg(s[1].rc[r] == 0, "%s: %s", what, s[1].err[r]);
+                        ck_assert_msg(memcmp(buf[0][r], buf[1][r], m * esz) == 0,
+                                      "%s/%s n=%d call %d rank %d: workers changed the bits", what,
+                                      dti ? "bf16" : "f32", n, call, r);
+                    }
+                }
+                for (int v = 0; v < 2; v++) {
+                    for (int r = 0; r < n; r++)
+                        free(buf[v][r]);
+                    h_free(&h[v]);
+                }
+                free(x);
             }
 }
 END_TEST
@@ -1508,6 +1606,7 @@ int main(void) {
     tcase_add_test(tc, test_codec_edge_cases);
     tcase_add_test(tc, test_codec_arithmetic);
     tcase_add_test(tc, test_replicas_identical_and_exact);
+    tcase_add_test(tc, test_workers_same_bits);
     tcase_add_test(tc, test_one_call_bound);
     tcase_add_test(tc, test_hadamard_one_call_bound);
     tcase_add_test(tc, test_codec_table);
