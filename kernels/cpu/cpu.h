@@ -4,7 +4,12 @@
  * The pool runs `fn(arg, task)` for task = 0..ntasks-1 on the calling thread
  * plus nthreads-1 workers; tasks are claimed from an atomic counter so uneven
  * tasks balance. One parallel region at a time per backend (a backend belongs
- * to one rank thread, so the model never nests them).
+ * to one rank thread, so the model never nests them). The caller waits only
+ * for workers that joined the region: one still waking up when the caller
+ * has run every task stays out of it. After a region a worker polls for the
+ * next one for ECHO_POOL_SPIN_US microseconds (default CPU_POOL_SPIN_US,
+ * 0..1e6) before it sleeps: a decode step is hundreds of short regions
+ * (docs/bench-forward.md).
  */
 #ifndef ECHO_KERNELS_CPU_H
 #define ECHO_KERNELS_CPU_H
@@ -16,18 +21,23 @@
 
 typedef void (*cpu_task_fn)(void *arg, int task);
 
+#define CPU_POOL_SPIN_US 100
+
 typedef struct cpu_pool {
     int nthreads; /* including the caller */
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t start_cv, done_cv;
-    unsigned long generation; /* bumped per parallel region */
-    int stop;
+    atomic_ulong generation; /* bumped per parallel region (under mu) */
+    atomic_int stop;
     cpu_task_fn fn;
     void *arg;
     int ntasks;
     atomic_int next;
-    int active; /* workers still inside the current region */
+    int open;     /* the region takes workers (under mu) */
+    int active;   /* workers inside the region (under mu) */
+    int sleepers; /* workers waiting on start_cv (under mu) */
+    long spin_ns; /* a worker polls this long for the next region before it sleeps */
 } cpu_pool;
 
 /* The instruction sets the kernels have paths for. Every path computes the

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels/cpu/cpu.h"
@@ -14,18 +15,52 @@ static void pool_run_tasks(cpu_pool *p) {
     }
 }
 
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Poll for a region after `seen` for up to p->spin_ns: a decode step is
+ * hundreds of short regions, and a sleeping worker costs each one its
+ * wake-up (microseconds, tens in a VM). */
+static void pool_spin(cpu_pool *p, unsigned long seen) {
+    if (p->spin_ns <= 0) return;
+    long end = now_ns() + p->spin_ns;
+    for (int i = 1;; i++) {
+        if (atomic_load_explicit(&p->generation, memory_order_relaxed) != seen ||
+            atomic_load_explicit(&p->stop, memory_order_relaxed))
+            return;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if (!(i & 255) && now_ns() > end) return;
+    }
+}
+
 static void *pool_worker(void *arg) {
     cpu_pool *p = arg;
     unsigned long seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->generation == seen) pthread_cond_wait(&p->start_cv, &p->mu);
-        if (p->stop) break;
-        seen = p->generation;
+        pool_spin(p, seen);
+        pthread_mutex_lock(&p->mu);
+        while (!atomic_load(&p->stop) && atomic_load(&p->generation) == seen) {
+            p->sleepers++;
+            pthread_cond_wait(&p->start_cv, &p->mu);
+            p->sleepers--;
+        }
+        if (atomic_load(&p->stop)) break;
+        seen = atomic_load(&p->generation);
+        if (!p->open) { /* the caller finished it alone */
+            pthread_mutex_unlock(&p->mu);
+            continue;
+        }
+        p->active++;
         pthread_mutex_unlock(&p->mu);
         pool_run_tasks(p);
         pthread_mutex_lock(&p->mu);
-        if (--p->active == 0) pthread_cond_signal(&p->done_cv);
+        if (--p->active == 0 && !p->open) pthread_cond_signal(&p->done_cv);
+        pthread_mutex_unlock(&p->mu);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -33,9 +68,12 @@ static void *pool_worker(void *arg) {
 
 static int pool_init(cpu_pool *p, int nthreads) {
     p->nthreads = nthreads;
-    p->generation = 0;
-    p->stop = 0;
-    p->active = 0;
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->stop, 0);
+    p->open = p->active = p->sleepers = 0;
+    const char *sp = getenv("ECHO_POOL_SPIN_US");
+    long us = sp && *sp ? strtol(sp, NULL, 10) : CPU_POOL_SPIN_US;
+    p->spin_ns = (us < 0 ? 0 : us > 1000000 ? 1000000 : us) * 1000L;
     atomic_init(&p->next, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start_cv, NULL);
@@ -53,7 +91,7 @@ static int pool_init(cpu_pool *p, int nthreads) {
 
 static void pool_destroy(cpu_pool *p) {
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
@@ -75,12 +113,14 @@ void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg) {
     p->arg = arg;
     p->ntasks = ntasks;
     atomic_store(&p->next, 0);
-    p->active = p->nthreads - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->start_cv);
+    p->open = 1;
+    atomic_fetch_add(&p->generation, 1);
+    if (p->sleepers) pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
     pool_run_tasks(p);
+    /* close the region: a worker that wakes up later leaves the tasks alone */
     pthread_mutex_lock(&p->mu);
+    p->open = 0;
     while (p->active > 0) pthread_cond_wait(&p->done_cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }

@@ -5,6 +5,9 @@
  * shapes, GQA and cache offsets directly.
  */
 #include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -896,6 +899,64 @@ START_TEST(test_backend_selection_errors) {
 }
 END_TEST
 
+/* The pool under many short regions, as a decode step runs them: every
+ * task of every region runs exactly once and before the region returns,
+ * whether the workers poll (the default), sleep at once (spin 0), or wake
+ * up after the caller has run every task itself; also the host parallel-for
+ * of kernels.h. Regions alternate tiny ones with ones that sleep, so that
+ * workers both miss regions and join them. */
+typedef struct pool_probe {
+    int region;
+    int ntasks;
+    atomic_int hits[16];
+    atomic_int stale; /* a task that ran for another region */
+    int *seen;        /* region a task last ran for */
+    pthread_t caller;
+} pool_probe;
+
+static void pool_probe_task(void *arg, int t) {
+    pool_probe *p = arg;
+    if (p->seen[t] != p->region - 1) atomic_fetch_add(&p->stale, 1);
+    p->seen[t] = p->region;
+    atomic_fetch_add(&p->hits[t], 1);
+    /* a slow worker (the caller must wait for it), and then workers past
+     * their poll, asleep for the next region */
+    if (p->region % 97 == 0 && !pthread_equal(pthread_self(), p->caller)) usleep(300);
+}
+
+START_TEST(test_pool_many_regions) {
+    const char *spins[] = {NULL, "0", "5"};
+    for (int v = 0; v < 3; v++) {
+        if (spins[v])
+            setenv("ECHO_POOL_SPIN_US", spins[v], 1);
+        else
+            unsetenv("ECHO_POOL_SPIN_US");
+        const kern_ops *ops;
+        kern_backend *pb;
+        char err[256];
+        ck_assert_msg(kern_backend_create("cpu", 3, 0, &ops, &pb, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(kern_host_threads(pb), 3);
+        int seen[16];
+        for (int t = 0; t < 16; t++)
+            seen[t] = 0;
+        pool_probe p = {.seen = seen, .caller = pthread_self()};
+        for (int r = 1; r <= 3000; r++) {
+            p.region = r;
+            p.ntasks = 16;
+            for (int t = 0; t < 16; t++)
+                atomic_store(&p.hits[t], 0);
+            kern_host_parallel(pb, 16, pool_probe_task, &p);
+            for (int t = 0; t < 16; t++)
+                ck_assert_msg(atomic_load(&p.hits[t]) == 1, "spin %s region %d task %d ran %d times",
+                              spins[v] ? spins[v] : "default", r, t, atomic_load(&p.hits[t]));
+        }
+        ck_assert_int_eq(atomic_load(&p.stale), 0);
+        kern_backend_destroy(ops, pb);
+    }
+    unsetenv("ECHO_POOL_SPIN_US");
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("kernels-cpu");
     TCase *tc = tcase_create("ops");
@@ -917,6 +978,7 @@ int main(void) {
     tcase_add_test(tc, test_matmul_strided_view);
     tcase_add_test(tc, test_elementwise_and_embedding);
     tcase_add_test(tc, test_thread_count_invariance);
+    tcase_add_test(tc, test_pool_many_regions);
     tcase_add_test(tc, test_matmul_batch_invariant);
     tcase_add_test(tc, test_backend_selection_errors);
     tcase_add_test(tc, test_matmul_quantized_equals_dequantized);
