@@ -165,11 +165,23 @@ static int have_avx2(void) {
     return 0;
 }
 
+static int have_avx512(void) {
+#ifdef ECHO_HAVE_CODEC_AVX512
+    if (echo_cpu_codec_avx512_ok()) return 1;
+#endif
+    return 0;
+}
+
 /* The vector tables this machine can run (besides the scalar one). */
 static int vector_tables(const echo_cpu_codec **out) {
     int k = 0;
 #ifdef ECHO_HAVE_CODEC_AVX2
     if (have_avx2()) out[k++] = &echo_cpu_codec_avx2;
+    else fprintf(stderr, "test_codec_simd: no AVX2 on this CPU; its table is not compared\n");
+#endif
+#ifdef ECHO_HAVE_CODEC_AVX512
+    if (have_avx512()) out[k++] = &echo_cpu_codec_avx512;
+    else fprintf(stderr, "test_codec_simd: no AVX-512 (F, BW, VL, DQ) on this CPU; its table is not compared\n");
 #endif
     (void)out;
     if (!k) fprintf(stderr, "test_codec_simd: no vector codec on this CPU; nothing to compare\n");
@@ -177,13 +189,27 @@ static int vector_tables(const echo_cpu_codec **out) {
 }
 
 START_TEST(test_dispatch) {
+    const char *cap = getenv("ECHO_CODEC_ISA");
+    const char *want = have_avx512() ? "avx512" : have_avx2() ? "avx2" : "scalar";
+    if (cap && !strcmp(cap, "scalar")) want = "scalar";
+    if (cap && !strcmp(cap, "avx2") && have_avx2()) want = "avx2";
     const echo_cpu_codec *b = echo_cpu_codec_best();
     ck_assert_ptr_nonnull(b);
     ck_assert_ptr_eq(b, echo_cpu_codec_best()); /* a pure function */
-    if (have_avx2())
-        ck_assert_str_eq(b->name, "avx2");
+    ck_assert_str_eq(b->name, want);
+    /* the cap, set and cleared again */
+    char *saved = cap ? strdup(cap) : NULL;
+    setenv("ECHO_CODEC_ISA", "scalar", 1);
+    ck_assert_str_eq(echo_cpu_codec_best()->name, "scalar");
+    setenv("ECHO_CODEC_ISA", "avx2", 1);
+    ck_assert_str_eq(echo_cpu_codec_best()->name, have_avx2() ? "avx2" : "scalar");
+    setenv("ECHO_CODEC_ISA", "anything", 1);
+    ck_assert_str_eq(echo_cpu_codec_best()->name, have_avx512() ? "avx512" : have_avx2() ? "avx2" : "scalar");
+    if (saved)
+        setenv("ECHO_CODEC_ISA", saved, 1);
     else
-        ck_assert_str_eq(b->name, "scalar");
+        unsetenv("ECHO_CODEC_ISA");
+    free(saved);
     /* The entry points the host compute calls go through the best table:
      * same bits as the scalar one on an ordinary input. */
     float x[300], r0[300], r1[300];
