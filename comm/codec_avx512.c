@@ -123,6 +123,13 @@ Z_INLINE __m512i vmax(const __m512i *a, int V) {
 
 /* The lane masks k[0..V) as bits of 64-bit words (element i: bit i % 64 of w[i / 64]). */
 Z_INLINE void kwords(const __mmask16 *k, int V, uint64_t *w) {
+    if (V % 4 == 0) { /* in the mask registers */
+        UNROLL
+        for (int q = 0; q < V / 4; q++)
+            w[q] = _cvtmask64_u64(
+                _mm512_kunpackd(_mm512_kunpackw(k[4 * q + 3], k[4 * q + 2]), _mm512_kunpackw(k[4 * q + 1], k[4 * q])));
+        return;
+    }
     UNROLL
     for (int q = 0; q < (V + 3) / 4; q++) {
         uint64_t x = 0;
@@ -189,17 +196,20 @@ Z_INLINE float add_acc1(float o, float v) {
     return r;
 }
 
-/* The decoder's values before echo_had_inv's multipliers, times them:
- * D H (q s) / G for the integer-valued codes q[0..V) and bf16 scale sb. */
-Z_INLINE void inv_rot(__m512 *q, int V, uint16_t sb, const zhad *d, int G) {
+/* The decoded group D H (q s) / G for the integer-valued codes q[0..V)
+ * and bf16 scale sb, in q; or, when yb != NULL, yb minus it (the residual). */
+Z_INLINE void inv_rot(__m512 *q, int V, uint16_t sb, const zhad *d, int G, const float *yb) {
     float s = echo_bf16_to_f32(sb);
     if (__builtin_expect((uint16_t)(sb - 1u) < SAFE_SB - 1u, 1)) {
-        /* 0 < s < 2^118: exact up to the last product (file comment) */
+        /* 0 < s < 2^118: exact up to the last product, which is exact too
+         * (file comment), so y - it is one FNMADD */
         const __m512 sg = _mm512_set1_ps(s * (1.0f / (float)G));
         fwht(q, V);
         UNROLL
-        for (int j = 0; j < V; j++)
-            q[j] = _mm512_mul_ps(q[j], _mm512_xor_ps(sg, d->neg[j]));
+        for (int j = 0; j < V; j++) {
+            __m512 m = _mm512_xor_ps(sg, d->neg[j]);
+            q[j] = yb ? _mm512_fnmadd_ps(q[j], m, _mm512_load_ps(yb + 16 * j)) : _mm512_mul_ps(q[j], m);
+        }
         return;
     }
     const __m512 sv = _mm512_set1_ps(s);
@@ -208,8 +218,10 @@ Z_INLINE void inv_rot(__m512 *q, int V, uint16_t sb, const zhad *d, int G) {
         q[j] = _mm512_mul_ps(q[j], sv);
     fwht(q, V);
     UNROLL
-    for (int j = 0; j < V; j++)
+    for (int j = 0; j < V; j++) {
         q[j] = _mm512_mul_ps(q[j], d->inv[j]);
+        if (yb) q[j] = _mm512_sub_ps(_mm512_load_ps(yb + 16 * j), q[j]);
+    }
 }
 
 /* Store 16 codes (the low nibbles of t's lanes) at c, two per byte. */
@@ -225,21 +237,20 @@ Z_INLINE void pack16(uint8_t *c, __m512 t) {
  * that provably rounds to the same integer in every lane: the product is
  * within |u/s| 2^-23 < 2^-20 of u/s, fl(u/s) within 2^-22 of it, and
  * e - rint(e) is exact (Sterbenz), so |e - rint(e)| < 1/2 - 2^-16 leaves
- * rint(fl(u/s)) = rint(e). Else (about one group in 250 of Gaussian data,
+ * rint(fl(u/s)) = rint(e). Else (about one group in 60 of Gaussian data,
  * and every one with a subnormal s, whose 1/s is inf) the group divides. */
 Z_INLINE void quant(const __m512 *u, int V, float s, __m512 *t) {
     const __m512 c = _mm512_set1_ps(12582912.0f), r = _mm512_set1_ps(1.0f / s);
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
-    __m512i dm = _mm512_setzero_si512();
-    UNROLL
-    for (int j = 0; j < V; j++) {
-        __m512 e = _mm512_mul_ps(u[j], r);
-        t[j] = _mm512_add_ps(e, c);
-        __m512 d = _mm512_sub_ps(e, _mm512_sub_ps(t[j], c));
-        dm = _mm512_max_epi32(dm, _mm512_and_si512(_mm512_castps_si512(d), abs)); /* NaN: the largest */
+    __m512 dm = _mm512_setzero_ps();
+    if (__builtin_expect(s >= 0x1p-126f, 1)) {
+        UNROLL
+        for (int j = 0; j < V; j++) {
+            __m512 e = _mm512_mul_ps(u[j], r);
+            t[j] = _mm512_add_ps(e, c);
+            dm = _mm512_range_ps(dm, _mm512_sub_ps(e, _mm512_sub_ps(t[j], c)), 0x0b); /* max |.| */
+        }
+        if (__builtin_expect(_mm512_cmp_ps_mask(dm, _mm512_set1_ps(0.5f - 0x1p-16f), _CMP_LT_OQ) == 0xffff, 1)) return;
     }
-    const __m512i lim = _mm512_set1_epi32((int)echo_f32_bits(0.5f - 0x1p-16f));
-    if (__builtin_expect(_mm512_cmpge_epi32_mask(dm, lim) == 0, 1)) return;
     const __m512 sv = _mm512_set1_ps(s);
     UNROLL
     for (int j = 0; j < V; j++)
@@ -289,7 +300,7 @@ Z_INLINE void enc_scale(const float *yb, int rot, int G, const zhad *d, float *u
     w[st->i2 / 64] |= 1ull << (st->i2 % 64);
     UNROLL
     for (int j = 0; j < V; j++) {
-        __mmask16 keep = (__mmask16) ~(w[j / 4] >> (16 * (j % 4)));
+        __mmask16 keep = (__mmask16)_kshiftri_mask64(_cvtu64_mask64(~w[j / 4]), 16 * (j % 4));
         __m512 y = _mm512_load_ps(yb + 16 * j);
         /* outliers 0 (then D: -0 where it negates, as echo_had_fwd) */
         u[j] = rot ? _mm512_mask_xor_ps(d->neg[j], keep, y, d->neg[j]) : _mm512_maskz_mov_ps(keep, y);
@@ -344,16 +355,16 @@ Z_INLINE void enc_codes(const float *yb, const float *ub, float *res, int hw, in
         }
         if (!hw) return;
         if (rot)
-            inv_rot(q, V, sb, d, G);
+            inv_rot(q, V, sb, d, G, yb);
         else {
             const __m512 sv = _mm512_set1_ps(s);
             UNROLL
             for (int j = 0; j < V; j++)
-                q[j] = _mm512_mul_ps(q[j], sv);
+                q[j] = _mm512_sub_ps(_mm512_load_ps(yb + 16 * j), _mm512_mul_ps(q[j], sv));
         }
         UNROLL
         for (int j = 0; j < V; j++)
-            _mm512_storeu_ps(res + 16 * j, _mm512_sub_ps(_mm512_load_ps(yb + 16 * j), q[j]));
+            _mm512_storeu_ps(res + 16 * j, q[j]);
     }
     res[st->i1] = st->y1 - echo_bf16_to_f32(st->o1);
     res[st->i2] = st->y2 - echo_bf16_to_f32(st->o2);
@@ -465,7 +476,7 @@ Z_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, 
         __m512 v[ZMAXV];
         unpack(codes + g * (size_t)G / 2, V, v);
         if (rot)
-            inv_rot(v, V, sb, &d, G);
+            inv_rot(v, V, sb, &d, G, NULL);
         else {
             const __m512 sv = _mm512_set1_ps(echo_bf16_to_f32(sb));
             UNROLL
