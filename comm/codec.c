@@ -267,6 +267,10 @@ const echo_cpu_codec *echo_cpu_codec_best(void) {
     return &echo_cpu_codec_scalar;
 }
 
+const char *echo_codec_host_isa(void) {
+    return echo_cpu_codec_best()->name;
+}
+
 size_t echo_cpu_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n, int group,
                        uint8_t *codes, uint16_t *scales, size_t *bad) {
     return echo_cpu_codec_best()->encode(x, xdt, res, res_valid, rmode, n, group, codes, scales, bad);
