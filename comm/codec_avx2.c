@@ -593,26 +593,16 @@ AVX2_INLINE void roti_impl(float *in, size_t n, int G, void *out, echo_dtype dt,
                                       accumulate);
 }
 
-/* Every legal G as a constant; others go to the scalar table. */
-#define AVX2_FOR_EACH_G(group, CALL, FALLBACK)                                                                         \
-    switch (group) {                                                                                                   \
-    case 16: CALL(16); break;                                                                                          \
-    case 32: CALL(32); break;                                                                                          \
-    case 64: CALL(64); break;                                                                                          \
-    case 128: CALL(128); break;                                                                                        \
-    case 256: CALL(256); break;                                                                                        \
-    default: FALLBACK; break;                                                                                          \
-    }
 
 AVX2_FN void echo_avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out){
 #define RF(G) rotf_impl(x, dt, n, np, G, out)
-    AVX2_FOR_EACH_G(group, RF, echo_cpu_codec_scalar.rot_fwd(x, dt, n, np, group, out))
+    ECHO_CPU_FOR_EACH_G(group, RF, echo_cpu_codec_scalar.rot_fwd(x, dt, n, np, group, out))
 #undef RF
 }
 
 AVX2_FN void echo_avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate){
 #define RI(G) roti_impl(in, n, G, out, dt, accumulate)
-    AVX2_FOR_EACH_G(group, RI, echo_cpu_codec_scalar.rot_inv(in, n, group, out, dt, accumulate))
+    ECHO_CPU_FOR_EACH_G(group, RI, echo_cpu_codec_scalar.rot_inv(in, n, group, out, dt, accumulate))
 #undef RI
 }
 
@@ -903,7 +893,7 @@ AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int 
     size_t np = 0;
     if (form == ECHO_FORM_HSUB) {
 #define RE(G) np = hsub_enc_impl(y, res, hr, hw, n, G, codes, recs, bad)
-        AVX2_FOR_EACH_G(group, RE,
+        ECHO_CPU_FOR_EACH_G(group, RE,
                         np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
         return np;
@@ -911,7 +901,7 @@ AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int 
 #define RE(G)                                                                                                          \
     np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
                                  : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
-    AVX2_FOR_EACH_G(group, RE,
+    ECHO_CPU_FOR_EACH_G(group, RE,
                     np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
     return np;
@@ -971,7 +961,7 @@ AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_
         o2_dec_impl(codes, recs, ng, G, 1, out, accumulate);                                                           \
     else                                                                                                               \
         o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
-    AVX2_FOR_EACH_G(group, RD, ng = 0)
+    ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
 #undef RD
     size_t off = ng * (size_t)group;
     if (off < n)

@@ -409,16 +409,6 @@ Z_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int r
     return o2_enc_impl(y, res, 0, 1, rot, n, G, codes, recs, bad);
 }
 
-/* Every legal G as a constant. */
-#define Z_FOR_EACH_G(group, CALL, FALLBACK)                                                                            \
-    switch (group) {                                                                                                   \
-    case 16: CALL(16); break;                                                                                          \
-    case 32: CALL(32); break;                                                                                          \
-    case 64: CALL(64); break;                                                                                          \
-    case 128: CALL(128); break;                                                                                        \
-    case 256: CALL(256); break;                                                                                        \
-    default: FALLBACK; break;                                                                                          \
-    }
 
 Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
                                 uint8_t *codes, uint8_t *recs, size_t *bad) {
@@ -429,7 +419,7 @@ Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_va
 #define RE(G)                                                                                                          \
     np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
                                  : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
-    Z_FOR_EACH_G(group, RE, np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
+    ECHO_CPU_FOR_EACH_G(group, RE, np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
     return np;
 }
@@ -505,7 +495,7 @@ Z_FN static void z_rec_decode(int form, const uint8_t *codes, const uint8_t *rec
         o2_dec_impl(codes, recs, ng, G, 1, out, accumulate);                                                           \
     else                                                                                                               \
         o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
-    Z_FOR_EACH_G(group, RD, ng = 0)
+    ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
 #undef RD
     size_t off = ng * (size_t)group;
     if (off < n)

@@ -47,6 +47,18 @@ typedef struct echo_cpu_codec {
     void (*add)(const float *in, size_t n, float *out);
 } echo_cpu_codec;
 
+/* CALL(G) with every legal group size G as a constant (the vector tables'
+ * loops are specialised per G), FALLBACK for any other. */
+#define ECHO_CPU_FOR_EACH_G(group, CALL, FALLBACK)                                                                     \
+    switch (group) {                                                                                                   \
+    case 16: CALL(16); break;                                                                                          \
+    case 32: CALL(32); break;                                                                                          \
+    case 64: CALL(64); break;                                                                                          \
+    case 128: CALL(128); break;                                                                                        \
+    case 256: CALL(256); break;                                                                                        \
+    default: FALLBACK; break;                                                                                          \
+    }
+
 /* The reference: portable C, vectorized by the compiler for the baseline ISA. */
 extern const echo_cpu_codec echo_cpu_codec_scalar;
 
