@@ -11,8 +11,8 @@
  *     b * (+-1) + a: the product is exact, so the FMA rounds once, as the
  *     add or subtraction does.
  *   - The decoder's inverse rotation of q*s (hout2's residual and decode)
- *     runs on the integer codes: when 0 < s < 2^118 every partial sum of
- *     the scalar butterflies over q*s is an integer (|.| <= 1024) times s,
+ *     runs on the integer codes: when 0 < s < 2^125 / G every partial sum
+ *     of the scalar butterflies over q*s is an integer (|.| <= 8 G) times s,
  *     exact in fp32, so the reference's result is the one rounding of
  *     (H q) * (+-s/G); H q is exact in any order, and that product is exact
  *     too, so y - it may be one FNMADD. Other scales (0, huge, inf, NaN,
@@ -43,7 +43,8 @@
 #define UNROLL _Pragma("GCC unroll 32")
 #define ZMAXV (ECHO_MAX_GROUP / 16)
 #define ZMAXW ((ZMAXV + 3) / 4)
-#define SAFE_SB 0x7a80u /* bf16 bits of 2^118: scales below it invert exactly */
+/* The bf16 bits of 2^(125 - log2 G): scales below it invert exactly (inv_rot). */
+#define SAFE_SB(G) ((unsigned)(252 - __builtin_ctz((unsigned)(G))) << 7)
 
 /* The rotation's signs D, 16 values a row: neg as sign masks (-0.0 where
  * echo_had_neg), inv as D / G (echo_had_inv's multipliers). */
@@ -200,8 +201,8 @@ Z_INLINE float add_acc1(float o, float v) {
  * and bf16 scale sb, in q; or, when yb != NULL, yb minus it (the residual). */
 Z_INLINE void inv_rot(__m512 *q, int V, uint16_t sb, const zhad *d, int G, const float *yb) {
     float s = echo_bf16_to_f32(sb);
-    if (__builtin_expect((uint16_t)(sb - 1u) < SAFE_SB - 1u, 1)) {
-        /* 0 < s < 2^118: exact up to the last product, which is exact too
+    if (__builtin_expect((uint16_t)(sb - 1u) < SAFE_SB(G) - 1u, 1)) {
+        /* 0 < s < 2^125 / G: exact up to the last product, which is exact too
          * (file comment), so y - it is one FNMADD */
         const __m512 sg = _mm512_set1_ps(s * (1.0f / (float)G));
         fwht(q, V);
@@ -409,7 +410,6 @@ Z_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int r
     return o2_enc_impl(y, res, 0, 1, rot, n, G, codes, recs, bad);
 }
 
-
 Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
                                 uint8_t *codes, uint8_t *recs, size_t *bad) {
     if (form == ECHO_FORM_HSUB || n % (size_t)(group > 0 ? group : 1))
@@ -419,7 +419,8 @@ Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_va
 #define RE(G)                                                                                                          \
     np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
                                  : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
-    ECHO_CPU_FOR_EACH_G(group, RE, np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
+    ECHO_CPU_FOR_EACH_G(group, RE,
+                        np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
     return np;
 }

@@ -629,30 +629,33 @@ START_TEST(test_records_at_code_boundaries) {
             ntests++;
         }
     /* hout2 decoded where codec_avx512.c's exact inverse rotation stops (s
-     * at 2^118) and around it, with the largest sums of codes (all -8, all
-     * 7) and mixed ones, zero, subnormal, negative and non-finite scales */
-    const uint16_t scales[] = {0x7a7f, 0x7a80, 0x7a81, 0x7a00, 0x7aff, 0x0001, 0x007f, 0x0080, 0x3f80,
-                               0x0000, 0x8000, 0x8001, 0xfa7f, 0x7f80, 0xff80, 0x7fc0, 0x7f7f};
+     * at 2^125 / G) and around it, with the largest sums of codes (all -8,
+     * all 7) and mixed ones, zero, subnormal, negative and non-finite scales */
+    const uint16_t scales[] = {0x7a7f, 0x7a80, 0x7a81, 0x7a00, 0x7a01, 0x79ff, 0x7aff, 0x7b00, 0x7b7f, 0x7b80, 0x0001,
+                               0x007f, 0x0080, 0x3f80, 0x0000, 0x8000, 0x8001, 0xfa7f, 0x7f80, 0xff80, 0x7fc0, 0x7f7f};
     const uint8_t fills[] = {0x88, 0x77, 0x78, 0x87, 0x8f, 0x00};
-    size_t dg = sizeof scales / sizeof *scales * sizeof fills / sizeof *fills;
-    uint8_t *codes = malloc(dg * (size_t)G / 2), *recs = malloc(dg * ECHO_OUT2_REC);
-    float *acc = malloc(dg * (size_t)G * 4);
-    for (size_t g = 0; g < dg; g++) {
-        uint16_t sb = scales[g % (sizeof scales / sizeof *scales)];
-        memset(codes + g * (size_t)G / 2, fills[g / (sizeof scales / sizeof *scales)], (size_t)G / 2);
-        uint8_t r8[ECHO_OUT2_REC] = {(uint8_t)sb, (uint8_t)(sb >> 8), 0x80, 0x3f, 0x00, 0xc0, (uint8_t)g, 5};
-        memcpy(recs + g * ECHO_OUT2_REC, r8, sizeof r8);
+    const size_t nsc = sizeof scales / sizeof *scales, dg = nsc * sizeof fills / sizeof *fills;
+    for (int dgi = 0; dgi < 3; dgi++) {
+        int DG = dgi == 0 ? 16 : dgi == 1 ? 128 : 256;
+        uint8_t *codes = malloc(dg * (size_t)DG / 2), *recs = malloc(dg * ECHO_OUT2_REC);
+        float *acc = malloc(dg * (size_t)DG * 4);
+        for (size_t g = 0; g < dg; g++) {
+            uint16_t sb = scales[g % nsc];
+            memset(codes + g * (size_t)DG / 2, fills[g / nsc], (size_t)DG / 2);
+            uint8_t r8[ECHO_OUT2_REC] = {(uint8_t)sb, (uint8_t)(sb >> 8), 0x80, 0x3f, 0x00, 0xc0, (uint8_t)g, 5};
+            memcpy(recs + g * ECHO_OUT2_REC, r8, sizeof r8);
+        }
+        gen(acc, dg * (size_t)DG, DG, 99, 0x01);
+        for (int ti = 0; ti < nt; ti++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s hout2 G=%d decode at the exact inverse's edges", tabs[ti]->name, DG);
+            cmp_rec_decode(tabs[ti], ECHO_FORM_HOUT2, codes, recs, dg * (size_t)DG, DG, acc, what);
+            ntests++;
+        }
+        free(codes);
+        free(recs);
+        free(acc);
     }
-    gen(acc, dg * (size_t)G, G, 99, 0x01);
-    for (int ti = 0; ti < nt; ti++) {
-        char what[96];
-        snprintf(what, sizeof what, "%s hout2 decode at the exact inverse's edges", tabs[ti]->name);
-        cmp_rec_decode(tabs[ti], ECHO_FORM_HOUT2, codes, recs, dg * (size_t)G, G, acc, what);
-        ntests++;
-    }
-    free(codes);
-    free(recs);
-    free(acc);
     free(y);
     free(res);
     if (nt) ck_assert_uint_ge(ntests, 3);
