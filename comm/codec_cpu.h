@@ -5,8 +5,10 @@
  *
  * Every table computes the same bits as `echo_cpu_codec_scalar` (the
  * portable C loops of codec.c over comm/echo_codec.h, which the CUDA kernels
- * match): same IEEE operations in the same order, no FMA, no reciprocal
- * (a rotated NaN's payload aside: comm/codec_avx2.c).
+ * match): the same IEEE operations in the same order, or others proven to
+ * round the same (an FMA whose product is exact, a reciprocal whose result
+ * is checked: comm/codec_avx512.c), a rotated NaN's payload aside
+ * (comm/codec_avx2.c).
  * The int4 entry points have the signatures and contracts of
  * echo_cpu_encode, echo_cpu_decode and echo_cpu_decode_store
  * (comm/echo_internal.h), which call the selected table; the rotation and
