@@ -236,7 +236,7 @@ Z_INLINE void pack16(uint8_t *c, __m512 t) {
  * low nibble, q = t - 1.5*2^23 the code as a float), for a positive normal
  * or subnormal scale s and |u/s| <= 7.5. The quotient is u * fl(1/s) when
  * that provably rounds to the same integer in every lane: the product is
- * within |u/s| 2^-23 < 2^-20 of u/s, fl(u/s) within 2^-22 of it, and
+ * within |u/s| 2^-23 < 2^-20 of u/s, fl(u/s) within 2^-21 of it, and
  * e - rint(e) is exact (Sterbenz), so |e - rint(e)| < 1/2 - 2^-16 leaves
  * rint(fl(u/s)) = rint(e). Else (about one group in 60 of Gaussian data,
  * and every one with a subnormal s, whose 1/s is inf) the group divides. */
