@@ -286,8 +286,13 @@ Z_INLINE void enc_top2(const float *x, const float *res, int hr, int G, float *y
     __m512i mx = vmax(a, V);
     st->m = (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(mx));
     top2(a, V, mx, &st->i1, &st->i2);
-    st->y1 = hr ? x[st->i1] + res[st->i1] : x[st->i1];
-    st->y2 = hr ? x[st->i2] + res[st->i2] : x[st->i2];
+    st->y1 = yb[st->i1];
+    st->y2 = yb[st->i2];
+    /* the outliers leave the staged group (their residuals are patched in
+     * last); the next phase's loads come a few groups later, when these
+     * stores have long retired */
+    yb[st->i1] = 0.0f;
+    yb[st->i2] = 0.0f;
 }
 
 /* Phase 2: u = the group without its outliers (rotated for hout2) into ub,
@@ -296,15 +301,10 @@ Z_INLINE void enc_scale(const float *yb, int rot, int G, const zhad *d, float *u
     const int V = G / 16;
     const __m512i abs = _mm512_set1_epi32(0x7fffffff);
     __m512 u[ZMAXV];
-    uint64_t w[ZMAXW] = {0};
-    w[st->i1 / 64] |= 1ull << (st->i1 % 64);
-    w[st->i2 / 64] |= 1ull << (st->i2 % 64);
     UNROLL
     for (int j = 0; j < V; j++) {
-        __mmask16 keep = (__mmask16)_kshiftri_mask64(_cvtu64_mask64(~w[j / 4]), 16 * (j % 4));
         __m512 y = _mm512_load_ps(yb + 16 * j);
-        /* outliers 0 (then D: -0 where it negates, as echo_had_fwd) */
-        u[j] = rot ? _mm512_mask_xor_ps(d->neg[j], keep, y, d->neg[j]) : _mm512_maskz_mov_ps(keep, y);
+        u[j] = rot ? _mm512_xor_ps(y, d->neg[j]) : y; /* D: -0 for an outlier where it negates, as echo_had_fwd */
     }
     if (rot) fwht(u, V);
     __m512i mu = _mm512_setzero_si512();
