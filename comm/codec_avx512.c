@@ -17,12 +17,15 @@
  *     (H q) * (+-s/G); H q is exact in any order, and that product is exact
  *     too, so y - it may be one FNMADD. Other scales (0, huge, inf, NaN,
  *     negative: only from the wire) take the reference's order.
+ *   - y/s is y * fl(1/s) where a check proves it gives the same code
+ *     (quant), else a division.
  *   - The top-2 search is compare masks and bit scans over the group's
  *     |y| bits, the reference's first-occurrence rules.
  *   - The code is the low nibble of the bits of y/s + 1.5*2^23 (the first
  *     add of echo_rint), so no conversion to int.
- * Full groups with G in 16..256 are vectorized; a partial last group goes
- * to the scalar table, hsub6 to the AVX2 one.
+ * The encoder runs phase by phase over a few groups (o2_enc_impl). Full
+ * groups with G in 16..256 are vectorized; a partial last group goes to
+ * the scalar table, hsub6 to the AVX2 one.
  */
 #include "comm/codec_cpu.h"
 
