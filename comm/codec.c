@@ -254,13 +254,21 @@ const echo_cpu_codec echo_cpu_codec_scalar = {
     .add = scalar_add,
 };
 
-/* __builtin_cpu_supports reads what libgcc's constructor found in cpuid:
- * cheap enough to ask per call, and nothing here can be set or go stale. */
+/* __builtin_cpu_supports reads what libgcc's constructor found in cpuid,
+ * getenv scans the environment: cheap enough to ask per call (a call codes
+ * a whole message), and nothing here can be set or go stale. */
 const echo_cpu_codec *echo_cpu_codec_best(void) {
+    const char *cap = getenv("ECHO_CODEC_ISA");
+    if (cap && !strcmp(cap, "scalar")) return &echo_cpu_codec_scalar;
 #ifdef ECHO_HAVE_CODEC_AVX2
+    if (!(cap && !strcmp(cap, "avx2")) && echo_cpu_codec_avx512_ok()) return &echo_cpu_codec_avx512;
     if (__builtin_cpu_supports("avx2")) return &echo_cpu_codec_avx2;
 #endif
     return &echo_cpu_codec_scalar;
+}
+
+const char *echo_codec_host_isa(void) {
+    return echo_cpu_codec_best()->name;
 }
 
 size_t echo_cpu_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n, int group,

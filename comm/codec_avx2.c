@@ -278,7 +278,7 @@ AVX2_INLINE size_t enc_variants(const void *x, echo_dtype xdt, float *res, int r
     return enc_impl(x, xdt, res, hr, hw, rmode, ng, G, codes, scales, bad);
 }
 
-AVX2_FN static size_t avx2_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n,
+AVX2_FN size_t echo_avx2_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n,
                                   int group, uint8_t *codes, uint16_t *scales, size_t *bad) {
     size_t ng = n / (size_t)(group > 0 ? group : 1), np;
     *bad = ECHO_NO_INDEX;
@@ -325,7 +325,7 @@ AVX2_INLINE void dec_impl(const uint8_t *codes, const uint16_t *scales, size_t n
         DEC_LOOP(G, _mm256_storeu_ps(out + i, v);)
 }
 
-AVX2_FN static void avx2_decode(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out,
+AVX2_FN void echo_avx2_decode(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out,
                                 int accumulate) {
     size_t ng = n / (size_t)(group > 0 ? group : 1);
     switch (group) {
@@ -362,7 +362,7 @@ AVX2_INLINE size_t dst_impl(const uint8_t *codes, const uint16_t *scales, size_t
     return npoison;
 }
 
-AVX2_FN static size_t avx2_decode_store(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out,
+AVX2_FN size_t echo_avx2_decode_store(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out,
                                         echo_dtype dt, size_t *bad) {
     size_t ng = n / (size_t)(group > 0 ? group : 1), np;
     *bad = ECHO_NO_INDEX;
@@ -593,26 +593,16 @@ AVX2_INLINE void roti_impl(float *in, size_t n, int G, void *out, echo_dtype dt,
                                       accumulate);
 }
 
-/* Every legal G as a constant; others go to the scalar table. */
-#define AVX2_FOR_EACH_G(group, CALL, FALLBACK)                                                                         \
-    switch (group) {                                                                                                   \
-    case 16: CALL(16); break;                                                                                          \
-    case 32: CALL(32); break;                                                                                          \
-    case 64: CALL(64); break;                                                                                          \
-    case 128: CALL(128); break;                                                                                        \
-    case 256: CALL(256); break;                                                                                        \
-    default: FALLBACK; break;                                                                                          \
-    }
 
-AVX2_FN static void avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out){
+AVX2_FN void echo_avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out){
 #define RF(G) rotf_impl(x, dt, n, np, G, out)
-    AVX2_FOR_EACH_G(group, RF, echo_cpu_codec_scalar.rot_fwd(x, dt, n, np, group, out))
+    ECHO_CPU_FOR_EACH_G(group, RF, echo_cpu_codec_scalar.rot_fwd(x, dt, n, np, group, out))
 #undef RF
 }
 
-AVX2_FN static void avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate){
+AVX2_FN void echo_avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate){
 #define RI(G) roti_impl(in, n, G, out, dt, accumulate)
-    AVX2_FOR_EACH_G(group, RI, echo_cpu_codec_scalar.rot_inv(in, n, group, out, dt, accumulate))
+    ECHO_CPU_FOR_EACH_G(group, RI, echo_cpu_codec_scalar.rot_inv(in, n, group, out, dt, accumulate))
 #undef RI
 }
 
@@ -903,7 +893,7 @@ AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int 
     size_t np = 0;
     if (form == ECHO_FORM_HSUB) {
 #define RE(G) np = hsub_enc_impl(y, res, hr, hw, n, G, codes, recs, bad)
-        AVX2_FOR_EACH_G(group, RE,
+        ECHO_CPU_FOR_EACH_G(group, RE,
                         np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
         return np;
@@ -911,7 +901,7 @@ AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int 
 #define RE(G)                                                                                                          \
     np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
                                  : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
-    AVX2_FOR_EACH_G(group, RE,
+    ECHO_CPU_FOR_EACH_G(group, RE,
                     np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
     return np;
@@ -971,7 +961,7 @@ AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_
         o2_dec_impl(codes, recs, ng, G, 1, out, accumulate);                                                           \
     else                                                                                                               \
         o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
-    AVX2_FOR_EACH_G(group, RD, ng = 0)
+    ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
 #undef RD
     size_t off = ng * (size_t)group;
     if (off < n)
@@ -982,7 +972,7 @@ AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_
 /* The accumulator is prefetched: the loads of out are what hold a staged
  * decode-accumulate back (one with out prefetched measured 0.8 of memcpy
  * against 0.6 without). */
-AVX2_FN static void avx2_add(const float *in, size_t n, float *out) {
+AVX2_FN void echo_avx2_add(const float *in, size_t n, float *out) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         if (ECHO_PF > 0) _mm_prefetch((const char *)(out + i + ECHO_PF), _MM_HINT_T0);
@@ -994,14 +984,14 @@ AVX2_FN static void avx2_add(const float *in, size_t n, float *out) {
 
 const echo_cpu_codec echo_cpu_codec_avx2 = {
     .name = "avx2",
-    .encode = avx2_encode,
-    .decode = avx2_decode,
-    .decode_store = avx2_decode_store,
-    .rot_fwd = avx2_rot_fwd,
-    .rot_inv = avx2_rot_inv,
+    .encode = echo_avx2_encode,
+    .decode = echo_avx2_decode,
+    .decode_store = echo_avx2_decode_store,
+    .rot_fwd = echo_avx2_rot_fwd,
+    .rot_inv = echo_avx2_rot_inv,
     .rec_encode = avx2_rec_encode,
     .rec_decode = avx2_rec_decode,
-    .add = avx2_add,
+    .add = echo_avx2_add,
 };
 
 #endif

@@ -5,8 +5,10 @@
  *
  * Every table computes the same bits as `echo_cpu_codec_scalar` (the
  * portable C loops of codec.c over comm/echo_codec.h, which the CUDA kernels
- * match): same IEEE operations in the same order, no FMA, no reciprocal
- * (a rotated NaN's payload aside: comm/codec_avx2.c).
+ * match): the same IEEE operations in the same order, or others proven to
+ * round the same (an FMA whose product is exact, a reciprocal whose result
+ * is checked: comm/codec_avx512.c), a rotated NaN's payload aside
+ * (comm/codec_avx2.c).
  * The int4 entry points have the signatures and contracts of
  * echo_cpu_encode, echo_cpu_decode and echo_cpu_decode_store
  * (comm/echo_internal.h), which call the selected table; the rotation and
@@ -47,6 +49,18 @@ typedef struct echo_cpu_codec {
     void (*add)(const float *in, size_t n, float *out);
 } echo_cpu_codec;
 
+/* CALL(G) with every legal group size G as a constant (the vector tables'
+ * loops are specialised per G), FALLBACK for any other. */
+#define ECHO_CPU_FOR_EACH_G(group, CALL, FALLBACK)                                                                     \
+    switch (group) {                                                                                                   \
+    case 16: CALL(16); break;                                                                                          \
+    case 32: CALL(32); break;                                                                                          \
+    case 64: CALL(64); break;                                                                                          \
+    case 128: CALL(128); break;                                                                                        \
+    case 256: CALL(256); break;                                                                                        \
+    default: FALLBACK; break;                                                                                          \
+    }
+
 /* The reference: portable C, vectorized by the compiler for the baseline ISA. */
 extern const echo_cpu_codec echo_cpu_codec_scalar;
 
@@ -55,10 +69,30 @@ extern const echo_cpu_codec echo_cpu_codec_scalar;
 /* AVX2 intrinsics (codec_avx2.c); only callable when the CPU has AVX2. Full
  * groups are vectorized; a partial last group goes to the scalar table. */
 extern const echo_cpu_codec echo_cpu_codec_avx2;
+/* Its entries, for tables that reuse them. */
+size_t echo_avx2_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n,
+                        int group, uint8_t *codes, uint16_t *scales, size_t *bad);
+void echo_avx2_decode(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out, int accumulate);
+size_t echo_avx2_decode_store(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out,
+                              echo_dtype dt, size_t *bad);
+void echo_avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out);
+void echo_avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate);
+void echo_avx2_add(const float *in, size_t n, float *out);
+
+#define ECHO_HAVE_CODEC_AVX512 1
+/* AVX-512 (F, BW, VL, DQ) with FMA and BMI (codec_avx512.c): its own out2
+ * and hout2 record loops, the AVX2 table's other entries; only callable when
+ * the CPU has all of those and AVX2 (echo_cpu_codec_avx512_ok). */
+extern const echo_cpu_codec echo_cpu_codec_avx512;
+int echo_cpu_codec_avx512_ok(void);
 #endif
 
-/* The table this CPU runs: a pure function of the CPU's features (no state
- * to set or forget), so every rank of a world and every call agree. */
+/* The table this CPU runs: the fastest it has, unless the environment
+ * variable ECHO_CODEC_ISA (read on every call) caps it: "scalar" or "avx2"
+ * (the best table not above that one; any other value, or none, caps
+ * nothing). A pure function of the CPU and the environment (no state to
+ * set or forget), so every rank of a process and every call agree; the cap
+ * is for measuring the tables against each other in one binary. */
 const echo_cpu_codec *echo_cpu_codec_best(void);
 
 #endif

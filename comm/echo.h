@@ -296,5 +296,9 @@ int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t co
                          size_t errlen);
 int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int group, float *out, int accumulate,
                          char *err, size_t errlen);
+/* Which host codec loops this process runs: "avx512", "avx2" or "scalar"
+ * (the CPU's best, capped by the environment variable ECHO_CODEC_ISA =
+ * scalar or avx2; docs/echo.md §8). */
+const char *echo_codec_host_isa(void);
 
 #endif

@@ -872,12 +872,9 @@ static int time_ops(codec_team *tm, double best[OP_COUNT]) {
     return rc;
 }
 
-/* comm/ runs its AVX2 codec exactly when the CPU has AVX2 (comm/codec_cpu.h). */
+/* The host codec loops comm/ runs (its table: scalar, avx2, avx512). */
 static const char *codec_path(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (__builtin_cpu_supports("avx2")) return "avx2";
-#endif
-    return "scalar";
+    return echo_codec_host_isa();
 }
 
 static double codec_rel_err(echo_codec_id codec, const float *x, size_t n, int group, void *wire, float *out) {

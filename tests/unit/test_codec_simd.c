@@ -165,11 +165,27 @@ static int have_avx2(void) {
     return 0;
 }
 
+static int have_avx512(void) {
+#ifdef ECHO_HAVE_CODEC_AVX512
+    if (echo_cpu_codec_avx512_ok()) return 1;
+#endif
+    return 0;
+}
+
 /* The vector tables this machine can run (besides the scalar one). */
 static int vector_tables(const echo_cpu_codec **out) {
     int k = 0;
 #ifdef ECHO_HAVE_CODEC_AVX2
-    if (have_avx2()) out[k++] = &echo_cpu_codec_avx2;
+    if (have_avx2())
+        out[k++] = &echo_cpu_codec_avx2;
+    else
+        fprintf(stderr, "test_codec_simd: no AVX2 on this CPU; its table is not compared\n");
+#endif
+#ifdef ECHO_HAVE_CODEC_AVX512
+    if (have_avx512())
+        out[k++] = &echo_cpu_codec_avx512;
+    else
+        fprintf(stderr, "test_codec_simd: no AVX-512 (F, BW, VL, DQ) on this CPU; its table is not compared\n");
 #endif
     (void)out;
     if (!k) fprintf(stderr, "test_codec_simd: no vector codec on this CPU; nothing to compare\n");
@@ -177,13 +193,27 @@ static int vector_tables(const echo_cpu_codec **out) {
 }
 
 START_TEST(test_dispatch) {
+    const char *cap = getenv("ECHO_CODEC_ISA");
+    const char *want = have_avx512() ? "avx512" : have_avx2() ? "avx2" : "scalar";
+    if (cap && !strcmp(cap, "scalar")) want = "scalar";
+    if (cap && !strcmp(cap, "avx2") && have_avx2()) want = "avx2";
     const echo_cpu_codec *b = echo_cpu_codec_best();
     ck_assert_ptr_nonnull(b);
     ck_assert_ptr_eq(b, echo_cpu_codec_best()); /* a pure function */
-    if (have_avx2())
-        ck_assert_str_eq(b->name, "avx2");
+    ck_assert_str_eq(b->name, want);
+    /* the cap, set and cleared again */
+    char *saved = cap ? strdup(cap) : NULL;
+    setenv("ECHO_CODEC_ISA", "scalar", 1);
+    ck_assert_str_eq(echo_cpu_codec_best()->name, "scalar");
+    setenv("ECHO_CODEC_ISA", "avx2", 1);
+    ck_assert_str_eq(echo_cpu_codec_best()->name, have_avx2() ? "avx2" : "scalar");
+    setenv("ECHO_CODEC_ISA", "anything", 1);
+    ck_assert_str_eq(echo_cpu_codec_best()->name, have_avx512() ? "avx512" : have_avx2() ? "avx2" : "scalar");
+    if (saved)
+        setenv("ECHO_CODEC_ISA", saved, 1);
     else
-        ck_assert_str_eq(b->name, "scalar");
+        unsetenv("ECHO_CODEC_ISA");
+    free(saved);
     /* The entry points the host compute calls go through the best table:
      * same bits as the scalar one on an ordinary input. */
     float x[300], r0[300], r1[300];
@@ -540,6 +570,98 @@ START_TEST(test_records_match_scalar) {
 }
 END_TEST
 
+/* The codes at and next to every half-integer y/s (the reciprocal's
+ * check in codec_avx512.c must catch each), over every bf16 mantissa of
+ * the scale at many exponents, subnormal scales included: out2 codes y/s
+ * directly (two outliers of 7.5 s first, then 7 s setting the scale s),
+ * hout2 the same groups rotated. */
+START_TEST(test_records_at_code_boundaries) {
+    const echo_cpu_codec *tabs[4];
+    int nt = vector_tables(tabs);
+    const int exps[] = {0, 1, 2, 3, 20, 100, 126, 127, 128, 160, 200, 240, 248};
+    const int G = 128;
+    size_t ng = 128 * sizeof exps / sizeof *exps, n = ng * (size_t)G, ntests = 0;
+    float *y = malloc(n * 4), *res = malloc(n * 4);
+    for (size_t g = 0; g < ng; g++) {
+        uint16_t sb = (uint16_t)(exps[g / 128] << 7 | (g % 128));
+        if (!sb) sb = 1;
+        float sc = echo_bf16_to_f32(sb), *v = y + g * (size_t)G;
+        v[0] = 7.5f * sc, v[1] = -7.5f * sc, v[2] = 7.0f * sc;
+        for (int i = 3; i < G; i++) {
+            int b = (i - 3) / 9, st = (i - 3) % 9 - 4; /* boundary b: +-(b/2 + 1/2), st steps off it */
+            float h = (float)(b / 2) + 0.5f;
+            if (h > 6.5f) h = 6.5f;
+            float t = (b & 1 ? -h : h) * sc;
+            for (; st > 0; st--)
+                t = nextafterf(t, INFINITY);
+            for (; st < 0; st++)
+                t = nextafterf(t, -INFINITY);
+            v[i] = t;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        res[i] = 0.0f;
+    const int forms[] = {ECHO_FORM_OUT2, ECHO_FORM_HOUT2};
+    for (int ti = 0; ti < nt; ti++)
+        for (int fi = 0; fi < 2; fi++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s %s at code boundaries", tabs[ti]->name, fi ? "hout2" : "out2");
+            size_t cb = n / 2, rb = ng * ECHO_OUT2_REC, b0 = 1, b1 = 2;
+            uint8_t *c0 = alloc_fill(cb, 0x5a), *c1 = alloc_fill(cb, 0x5a);
+            uint8_t *e0 = alloc_fill(rb, 0x5a), *e1 = alloc_fill(rb, 0x5a);
+            float *r0 = dup_f32(res, n), *r1 = dup_f32(res, n);
+            size_t p0 = echo_cpu_codec_scalar.rec_encode(forms[fi], y, r0, 1, n, G, c0, e0, &b0);
+            size_t p1 = tabs[ti]->rec_encode(forms[fi], y, r1, 1, n, G, c1, e1, &b1);
+            /* (hout2's rotated sums overflow at the largest scales: poisoned, alike) */
+            ck_assert_msg(p0 == p1 && b0 == b1 && (fi || p0 == 0), "%s: poisoned %zu/%zu", what, p0, p1);
+            cmp_u8(c0, c1, cb, what, "codes");
+            cmp_u8(e0, e1, rb, what, "records");
+            cmp_f32(r0, r1, n, 0, what, "residual");
+            for (size_t g = 0; fi == 0 && g < ng; g++) /* the scale is s: the boundaries were hit */
+                ck_assert_msg(e0[g * ECHO_OUT2_REC + 6] == 0 && e0[g * ECHO_OUT2_REC + 7] == 1, "%s: outliers of %zu",
+                              what, g);
+            free(c0);
+            free(c1);
+            free(e0);
+            free(e1);
+            free(r0);
+            free(r1);
+            ntests++;
+        }
+    /* hout2 decoded where codec_avx512.c's exact inverse rotation stops (s
+     * at 2^125 / G) and around it, with the largest sums of codes (all -8,
+     * all 7) and mixed ones, zero, subnormal, negative and non-finite scales */
+    const uint16_t scales[] = {0x7a7f, 0x7a80, 0x7a81, 0x7a00, 0x7a01, 0x79ff, 0x7aff, 0x7b00, 0x7b7f, 0x7b80, 0x0001,
+                               0x007f, 0x0080, 0x3f80, 0x0000, 0x8000, 0x8001, 0xfa7f, 0x7f80, 0xff80, 0x7fc0, 0x7f7f};
+    const uint8_t fills[] = {0x88, 0x77, 0x78, 0x87, 0x8f, 0x00};
+    const size_t nsc = sizeof scales / sizeof *scales, dg = nsc * sizeof fills / sizeof *fills;
+    for (int dgi = 0; dgi < 3; dgi++) {
+        int DG = dgi == 0 ? 16 : dgi == 1 ? 128 : 256;
+        uint8_t *codes = malloc(dg * (size_t)DG / 2), *recs = malloc(dg * ECHO_OUT2_REC);
+        float *acc = malloc(dg * (size_t)DG * 4);
+        for (size_t g = 0; g < dg; g++) {
+            uint16_t sb = scales[g % nsc];
+            memset(codes + g * (size_t)DG / 2, fills[g / nsc], (size_t)DG / 2);
+            uint8_t r8[ECHO_OUT2_REC] = {(uint8_t)sb, (uint8_t)(sb >> 8), 0x80, 0x3f, 0x00, 0xc0, (uint8_t)g, 5};
+            memcpy(recs + g * ECHO_OUT2_REC, r8, sizeof r8);
+        }
+        gen(acc, dg * (size_t)DG, DG, 99, 0x01);
+        for (int ti = 0; ti < nt; ti++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s hout2 G=%d decode at the exact inverse's edges", tabs[ti]->name, DG);
+            cmp_rec_decode(tabs[ti], ECHO_FORM_HOUT2, codes, recs, dg * (size_t)DG, DG, acc, what);
+            ntests++;
+        }
+        free(codes);
+        free(recs);
+        free(acc);
+    }
+    free(y);
+    free(res);
+    if (nt) ck_assert_uint_ge(ntests, 3);
+}
+END_TEST
+
 /* A group size outside 16..256 (never reaches the codec through the API,
  * which validates it) still behaves as the scalar table does. */
 START_TEST(test_bad_group_matches_scalar) {
@@ -570,6 +692,7 @@ int main(void) {
     tcase_add_test(tc, test_bad_group_matches_scalar);
     tcase_add_test(tc, test_rotation_matches_scalar);
     tcase_add_test(tc, test_records_match_scalar);
+    tcase_add_test(tc, test_records_at_code_boundaries);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -1,0 +1,528 @@
+/*
+ * comm/codec_avx512.c — the out2 / hout2 record loops in AVX-512
+ * intrinsics (echo_cpu_codec_avx512, comm/codec_cpu.h); the other entries
+ * are the AVX2 table's. echo_cpu_codec_best picks it at run time.
+ *
+ * Contract: bit-identical to echo_cpu_codec_scalar, as the AVX2 table is
+ * (the one latitude: which NaN a rotation's butterfly returns). Where this
+ * file computes differently, it computes the same bits (docs/echo.md §8b
+ * has the arguments):
+ *   - A butterfly a + b / a - b inside a vector is one permute and one FMA,
+ *     b * (+-1) + a: the product is exact, so the FMA rounds once, as the
+ *     add or subtraction does.
+ *   - The decoder's inverse rotation of q*s (hout2's residual and decode)
+ *     runs on the integer codes: when 0 < s < 2^125 / G every partial sum
+ *     of the scalar butterflies over q*s is an integer (|.| <= 8 G) times s,
+ *     exact in fp32, so the reference's result is the one rounding of
+ *     (H q) * (+-s/G); H q is exact in any order, and that product is exact
+ *     too, so y - it may be one FNMADD. Other scales (0, huge, inf, NaN,
+ *     negative: only from the wire) take the reference's order.
+ *   - y/s is y * fl(1/s) where a check proves it gives the same code
+ *     (quant), else a division.
+ *   - The top-2 search is compare masks and bit scans over the group's
+ *     |y| bits, the reference's first-occurrence rules.
+ *   - The code is the low nibble of the bits of y/s + 1.5*2^23 (the first
+ *     add of echo_rint), so no conversion to int.
+ * The encoder runs phase by phase over a few groups (o2_enc_impl). Full
+ * groups with G in 16..256 are vectorized; a partial last group goes to
+ * the scalar table, hsub6 to the AVX2 one.
+ */
+#include "comm/codec_cpu.h"
+
+#ifdef ECHO_HAVE_CODEC_AVX512
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "comm/echo_codec.h"
+
+#ifndef ECHO_PF
+#define ECHO_PF 1024
+#endif
+#define Z_TARGET "avx512f,avx512bw,avx512vl,avx512dq,fma,bmi,bmi2,popcnt"
+#define Z_FN __attribute__((target(Z_TARGET)))
+#define Z_INLINE static inline __attribute__((always_inline, target(Z_TARGET)))
+/* Group loops unrolled whole, so that arrays of vectors stay in registers. */
+#define UNROLL _Pragma("GCC unroll 32")
+#define ZMAXV (ECHO_MAX_GROUP / 16)
+#define ZMAXW ((ZMAXV + 3) / 4)
+/* The bf16 bits of 2^(125 - log2 G): scales below it invert exactly (inv_rot). */
+#define SAFE_SB(G) ((unsigned)(252 - __builtin_ctz((unsigned)(G))) << 7)
+
+/* The rotation's signs D, 16 values a row: neg as sign masks (-0.0 where
+ * echo_had_neg), inv as D / G (echo_had_inv's multipliers). */
+typedef struct {
+    __m512 neg[ZMAXV], inv[ZMAXV];
+} zhad;
+
+Z_INLINE void zhad_init(zhad *d, int G) {
+    const __m512 inv = _mm512_set1_ps(1.0f / (float)G);
+    for (int j = 0; j < G / 16; j++) {
+        /* echo_had_neg on 16 lanes */
+        __m512i h = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                     _mm512_set1_epi32(16 * j));
+        h = _mm512_add_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x9e3779b1u)), _mm512_set1_epi32(0x7f4a7c15));
+        h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
+        h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85ebca77u));
+        h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+        d->neg[j] = _mm512_castsi512_ps(_mm512_slli_epi32(h, 31));
+        d->inv[j] = _mm512_xor_ps(inv, d->neg[j]);
+    }
+}
+
+/* The in-vector stages (spans 1, 2, 4, 8): lane l gets v[l] * sgn + v[l ^ h],
+ * sgn = -1 where l & h (a - b), else +1 (a + b). */
+Z_INLINE __m512 fwht_in(__m512 v) {
+    const __m512 p = _mm512_set1_ps(1.0f), m = _mm512_set1_ps(-1.0f);
+    const __m512 s1 = _mm512_mask_mov_ps(p, 0xaaaa, m), s2 = _mm512_mask_mov_ps(p, 0xcccc, m);
+    const __m512 s4 = _mm512_mask_mov_ps(p, 0xf0f0, m), s8 = _mm512_mask_mov_ps(p, 0xff00, m);
+    v = _mm512_fmadd_ps(v, s1, _mm512_permute_ps(v, 0xb1));
+    v = _mm512_fmadd_ps(v, s2, _mm512_permute_ps(v, 0x4e));
+    v = _mm512_fmadd_ps(v, s4, _mm512_shuffle_f32x4(v, v, 0xb1));
+    return _mm512_fmadd_ps(v, s8, _mm512_shuffle_f32x4(v, v, 0x4e));
+}
+
+/* v = H v over V vectors (echo_fwht's stages in its order: every value
+ * sees the in-vector spans, then 16, 32, ...). */
+Z_INLINE void fwht(__m512 *v, int V) {
+    UNROLL
+    for (int j = 0; j < V; j++)
+        v[j] = fwht_in(v[j]);
+    UNROLL
+    for (int h = 1; h < V; h *= 2) {
+        UNROLL
+        for (int i = 0; i < V; i += 2 * h) {
+            UNROLL
+            for (int j = i; j < i + h; j++) {
+                __m512 a = v[j], b = v[j + h];
+                v[j] = _mm512_add_ps(a, b);
+                v[j + h] = _mm512_sub_ps(a, b);
+            }
+        }
+    }
+}
+
+/* Largest of 16 non-negative int32 lanes, in every lane. */
+Z_INLINE __m512i bmax16(__m512i v) {
+    v = _mm512_max_epi32(v, _mm512_shuffle_i32x4(v, v, 0x4e));
+    v = _mm512_max_epi32(v, _mm512_shuffle_i32x4(v, v, 0xb1));
+    v = _mm512_max_epi32(v, _mm512_shuffle_epi32(v, (_MM_PERM_ENUM)0x4e));
+    return _mm512_max_epi32(v, _mm512_shuffle_epi32(v, (_MM_PERM_ENUM)0xb1));
+}
+
+/* Largest lane of a[0..V), in every lane. */
+Z_INLINE __m512i vmax(const __m512i *a, int V) {
+    __m512i t[ZMAXV];
+    UNROLL
+    for (int j = 0; j < V; j++)
+        t[j] = a[j];
+    UNROLL
+    for (int h = 1; h < V; h *= 2) {
+        UNROLL
+        for (int j = 0; j + h < V; j += 2 * h)
+            t[j] = _mm512_max_epi32(t[j], t[j + h]);
+    }
+    return bmax16(t[0]);
+}
+
+/* The lane masks k[0..V) as bits of 64-bit words (element i: bit i % 64 of w[i / 64]). */
+Z_INLINE void kwords(const __mmask16 *k, int V, uint64_t *w) {
+    if (V % 4 == 0) { /* in the mask registers */
+        UNROLL
+        for (int q = 0; q < V / 4; q++)
+            w[q] = _cvtmask64_u64(
+                _mm512_kunpackd(_mm512_kunpackw(k[4 * q + 3], k[4 * q + 2]), _mm512_kunpackw(k[4 * q + 1], k[4 * q])));
+        return;
+    }
+    UNROLL
+    for (int q = 0; q < (V + 3) / 4; q++) {
+        uint64_t x = 0;
+        UNROLL
+        for (int t = 0; t < 4; t++)
+            if (4 * q + t < V) x |= (uint64_t)_cvtmask16_u32(k[4 * q + t]) << (16 * t);
+        w[q] = x;
+    }
+}
+
+/* The first set bit of w[0..W) (one is set), without branches. */
+Z_INLINE int first_bit(const uint64_t *w, int W) {
+    int r = 0;
+    for (int q = W - 1; q >= 0; q--)
+        r = w[q] ? 64 * q + (int)_tzcnt_u64(w[q]) : r;
+    return r;
+}
+
+/* The index of the first largest a (i1) and of the first largest of the
+ * others (i2), as echo_hout2_encode_group finds them; mx = the largest in
+ * every lane. */
+Z_INLINE void top2(const __m512i *a, int V, __m512i mx, int *i1, int *i2) {
+    __mmask16 k[ZMAXV];
+    uint64_t w[ZMAXW];
+    const int W = (V + 3) / 4;
+    UNROLL
+    for (int j = 0; j < V; j++)
+        k[j] = _mm512_cmpeq_epi32_mask(a[j], mx);
+    kwords(k, V, w);
+    int n = 0;
+    UNROLL
+    for (int q = 0; q < W; q++)
+        n += (int)_mm_popcnt_u64(w[q]);
+    *i1 = first_bit(w, W);
+    if (__builtin_expect(n > 1, 0)) { /* a tie at the top: the second of them */
+        w[*i1 / 64] &= w[*i1 / 64] - 1;
+        *i2 = first_bit(w, W);
+        return;
+    }
+    /* the largest of the others: the one largest replaced by 0 (<= every |y|) */
+    __m512i b[ZMAXV];
+    UNROLL
+    for (int j = 0; j < V; j++)
+        b[j] = _mm512_mask_mov_epi32(a[j], k[j], _mm512_setzero_si512());
+    __m512i m2 = vmax(b, V);
+    UNROLL
+    for (int j = 0; j < V; j++)
+        k[j] = _mm512_cmpeq_epi32_mask(b[j], m2);
+    kwords(k, V, w);
+    *i2 = first_bit(w, W);
+}
+
+/* o + v with o the first operand (codec_avx2.c's add_acc: the NaN payload
+ * x86 returns is the first operand's; the scalar loop adds to o). */
+Z_INLINE __m512 add_acc(__m512 o, __m512 v) {
+    __m512 r;
+    __asm__("vaddps %2, %1, %0" : "=v"(r) : "v"(o), "vm"(v));
+    return r;
+}
+
+Z_INLINE float add_acc1(float o, float v) {
+    float r;
+    __asm__("vaddss %2, %1, %0" : "=v"(r) : "v"(o), "vm"(v));
+    return r;
+}
+
+/* The decoded group D H (q s) / G for the integer-valued codes q[0..V)
+ * and bf16 scale sb, in q; or, when yb != NULL, yb minus it (the residual). */
+Z_INLINE void inv_rot(__m512 *q, int V, uint16_t sb, const zhad *d, int G, const float *yb) {
+    float s = echo_bf16_to_f32(sb);
+    if (__builtin_expect((uint16_t)(sb - 1u) < SAFE_SB(G) - 1u, 1)) {
+        /* 0 < s < 2^125 / G: exact up to the last product, which is exact too
+         * (file comment), so y - it is one FNMADD */
+        const __m512 sg = _mm512_set1_ps(s * (1.0f / (float)G));
+        fwht(q, V);
+        UNROLL
+        for (int j = 0; j < V; j++) {
+            __m512 m = _mm512_xor_ps(sg, d->neg[j]);
+            q[j] = yb ? _mm512_fnmadd_ps(q[j], m, _mm512_load_ps(yb + 16 * j)) : _mm512_mul_ps(q[j], m);
+        }
+        return;
+    }
+    const __m512 sv = _mm512_set1_ps(s);
+    UNROLL
+    for (int j = 0; j < V; j++)
+        q[j] = _mm512_mul_ps(q[j], sv);
+    fwht(q, V);
+    UNROLL
+    for (int j = 0; j < V; j++) {
+        q[j] = _mm512_mul_ps(q[j], d->inv[j]);
+        if (yb) q[j] = _mm512_sub_ps(_mm512_load_ps(yb + 16 * j), q[j]);
+    }
+}
+
+/* Store 16 codes (the low nibbles of t's lanes) at c, two per byte. */
+Z_INLINE void pack16(uint8_t *c, __m512 t) {
+    /* even lanes' nibble to bits 28..31, next to the odd lane's 0..3 */
+    __m512i a = _mm512_sllv_epi32(_mm512_castps_si512(t), _mm512_set1_epi64(28));
+    _mm_storel_epi64((__m128i *)c, _mm512_cvtepi64_epi8(_mm512_srli_epi64(a, 28)));
+}
+
+/* t[j] = fl(u[j] / s) + 1.5*2^23, echo_rint's first add (the code is its
+ * low nibble, q = t - 1.5*2^23 the code as a float), for a positive normal
+ * or subnormal scale s and |u/s| <= 7.5. The quotient is u * fl(1/s) when
+ * that provably rounds to the same integer in every lane: the product is
+ * within |u/s| 2^-23 < 2^-20 of u/s, fl(u/s) within 2^-21 of it, and
+ * e - rint(e) is exact (Sterbenz), so |e - rint(e)| < 1/2 - 2^-16 leaves
+ * rint(fl(u/s)) = rint(e). Else (about one group in 60 of Gaussian data,
+ * and every one with a subnormal s, whose 1/s is inf) the group divides. */
+Z_INLINE void quant(const __m512 *u, int V, float s, __m512 *t) {
+    const __m512 c = _mm512_set1_ps(12582912.0f), r = _mm512_set1_ps(1.0f / s);
+    __m512 dm = _mm512_setzero_ps();
+    if (__builtin_expect(s >= 0x1p-126f, 1)) {
+        UNROLL
+        for (int j = 0; j < V; j++) {
+            __m512 e = _mm512_mul_ps(u[j], r);
+            t[j] = _mm512_add_ps(e, c);
+            dm = _mm512_range_ps(dm, _mm512_sub_ps(e, _mm512_sub_ps(t[j], c)), 0x0b); /* max |.| */
+        }
+        if (__builtin_expect(_mm512_cmp_ps_mask(dm, _mm512_set1_ps(0.5f - 0x1p-16f), _CMP_LT_OQ) == 0xffff, 1)) return;
+    }
+    const __m512 sv = _mm512_set1_ps(s);
+    UNROLL
+    for (int j = 0; j < V; j++)
+        t[j] = _mm512_add_ps(_mm512_div_ps(u[j], sv), c);
+}
+
+/* A group between the phases of o2_enc_impl. */
+typedef struct {
+    int i1, i2;      /* the outliers */
+    uint32_t m;      /* the largest |y| bits */
+    uint16_t sb;     /* the scale */
+    uint16_t o1, o2; /* the outliers as bf16 */
+    float y1, y2;
+} zgrp;
+
+/* Phase 1 of a group at x: y = x (+ res when hr) into yb, its outliers. */
+Z_INLINE void enc_top2(const float *x, const float *res, int hr, int G, float *yb, zgrp *st) {
+    const int V = G / 16;
+    __m512i a[ZMAXV];
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+    for (int j = 0; ECHO_PF > 0 && j < V; j++) {
+        _mm_prefetch((const char *)(x + 16 * j + ECHO_PF), _MM_HINT_T0);
+        if (hr) _mm_prefetch((const char *)(res + 16 * j + ECHO_PF), _MM_HINT_T0);
+    }
+    UNROLL
+    for (int j = 0; j < V; j++) {
+        __m512 y = _mm512_loadu_ps(x + 16 * j);
+        if (hr) y = _mm512_add_ps(y, _mm512_loadu_ps(res + 16 * j));
+        _mm512_store_ps(yb + 16 * j, y);
+        a[j] = _mm512_and_si512(_mm512_castps_si512(y), abs);
+    }
+    __m512i mx = vmax(a, V);
+    st->m = (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(mx));
+    top2(a, V, mx, &st->i1, &st->i2);
+    st->y1 = yb[st->i1];
+    st->y2 = yb[st->i2];
+    /* the outliers leave the staged group (their residuals are patched in
+     * last); the next phase's loads come a few groups later, when these
+     * stores have long retired */
+    yb[st->i1] = 0.0f;
+    yb[st->i2] = 0.0f;
+}
+
+/* Phase 2: u = the group without its outliers (rotated for hout2) into ub,
+ * the scale and the record. */
+Z_INLINE void enc_scale(const float *yb, int rot, int G, const zhad *d, float *ub, zgrp *st, uint8_t *rec) {
+    const int V = G / 16;
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+    __m512 u[ZMAXV];
+    UNROLL
+    for (int j = 0; j < V; j++) {
+        __m512 y = _mm512_load_ps(yb + 16 * j);
+        u[j] = rot ? _mm512_xor_ps(y, d->neg[j]) : y; /* D: -0 for an outlier where it negates, as echo_had_fwd */
+    }
+    if (rot) fwht(u, V);
+    __m512i mu = _mm512_setzero_si512();
+    UNROLL
+    for (int j = 0; j < V; j++) {
+        _mm512_store_ps(ub + 16 * j, u[j]);
+        mu = _mm512_max_epi32(mu, _mm512_and_si512(_mm512_castps_si512(u[j]), abs));
+    }
+    uint32_t mub = (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(bmax16(mu)));
+    uint16_t sb = st->m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(mub);
+    int poison = echo_scale_is_poison(sb);
+    st->sb = sb;
+    st->o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y1);
+    st->o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y2);
+    uint8_t r8[ECHO_OUT2_REC] = {(uint8_t)sb,     (uint8_t)(sb >> 8),     (uint8_t)st->o1, (uint8_t)(st->o1 >> 8),
+                                 (uint8_t)st->o2, (uint8_t)(st->o2 >> 8), (uint8_t)st->i1, (uint8_t)st->i2};
+    memcpy(rec, r8, sizeof r8);
+}
+
+/* Phase 3: the codes, and res = y - the decoded group when hw. */
+Z_INLINE void enc_codes(const float *yb, const float *ub, float *res, int hw, int rot, int G, const zhad *d,
+                        const zgrp *st, uint8_t *codes) {
+    const int V = G / 16;
+    uint16_t sb = st->sb;
+    int poison = echo_scale_is_poison(sb);
+    if (__builtin_expect(sb == 0 || poison, 0)) {
+        memset(codes, 0, (size_t)G / 2);
+        if (!hw) return;
+        /* poisoned: residual 0; zero scale: the decoded group is +-0 (D)
+         * but for the outliers, +0 for out2 */
+        UNROLL
+        for (int j = 0; j < V; j++) {
+            __m512 y = _mm512_load_ps(yb + 16 * j);
+            _mm512_storeu_ps(res + 16 * j, poison ? _mm512_setzero_ps() : rot ? _mm512_sub_ps(y, d->neg[j]) : y);
+        }
+        if (poison) return;
+    } else {
+        const float s = echo_bf16_to_f32(sb);
+        const __m512 c = _mm512_set1_ps(12582912.0f);
+        __m512 q[ZMAXV], u[ZMAXV];
+        UNROLL
+        for (int j = 0; j < V; j++)
+            u[j] = _mm512_load_ps(ub + 16 * j);
+        quant(u, V, s, q);
+        UNROLL
+        for (int j = 0; j < V; j++) {
+            pack16(codes + 8 * j, q[j]);
+            q[j] = _mm512_sub_ps(q[j], c);
+        }
+        if (!hw) return;
+        if (rot)
+            inv_rot(q, V, sb, d, G, yb);
+        else {
+            const __m512 sv = _mm512_set1_ps(s);
+            UNROLL
+            for (int j = 0; j < V; j++)
+                q[j] = _mm512_sub_ps(_mm512_load_ps(yb + 16 * j), _mm512_mul_ps(q[j], sv));
+        }
+        UNROLL
+        for (int j = 0; j < V; j++)
+            _mm512_storeu_ps(res + 16 * j, q[j]);
+    }
+    res[st->i1] = st->y1 - echo_bf16_to_f32(st->o1);
+    res[st->i2] = st->y2 - echo_bf16_to_f32(st->o2);
+}
+
+/* Whole out2 (rot = 0) or hout2 (rot = 1) groups: y = x (+ res when hr),
+ * res = the residual when hw. ZB groups at a time, phase by phase: each
+ * phase of a group is a chain of dependent steps (the top-2 search, the
+ * rotation and the scale, the codes and the inverse rotation), and the
+ * groups' chains are independent, so running a phase over ZB groups lets
+ * the CPU overlap them. The staged y and u stay in L1. */
+#define ZB 4
+Z_INLINE size_t o2_enc_impl(const float *x, float *res, int hr, int hw, int rot, size_t n, int G, uint8_t *codes,
+                            uint8_t *recs, size_t *bad) {
+    zhad d;
+    if (rot) zhad_init(&d, G);
+    float yb[ZB][ECHO_MAX_GROUP] __attribute__((aligned(64))), ub[ZB][ECHO_MAX_GROUP] __attribute__((aligned(64)));
+    zgrp st[ZB];
+    size_t npoison = 0, ng = n / (size_t)G;
+    for (size_t g0 = 0; g0 < ng; g0 += ZB) {
+        int nb = ng - g0 < ZB ? (int)(ng - g0) : ZB;
+        for (int b = 0; b < nb; b++) {
+            size_t off = (g0 + (size_t)b) * (size_t)G;
+            enc_top2(x + off, hr ? res + off : NULL, hr, G, yb[b], &st[b]);
+        }
+        for (int b = 0; b < nb; b++)
+            enc_scale(yb[b], rot, G, &d, ub[b], &st[b], recs + (g0 + (size_t)b) * ECHO_OUT2_REC);
+        for (int b = 0; b < nb; b++) {
+            size_t off = (g0 + (size_t)b) * (size_t)G;
+            enc_codes(yb[b], ub[b], hw ? res + off : NULL, hw, rot, G, &d, &st[b], codes + off / 2);
+            if (echo_scale_is_poison(st[b].sb) && !npoison++) *bad = off;
+        }
+    }
+    return npoison;
+}
+
+/* The residual's use known at compile time. */
+Z_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int rot, size_t n, int G, uint8_t *codes,
+                                uint8_t *recs, size_t *bad) {
+    if (!res) return o2_enc_impl(y, res, 0, 0, rot, n, G, codes, recs, bad);
+    if (res_valid) return o2_enc_impl(y, res, 1, 1, rot, n, G, codes, recs, bad);
+    return o2_enc_impl(y, res, 0, 1, rot, n, G, codes, recs, bad);
+}
+
+Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
+                                uint8_t *codes, uint8_t *recs, size_t *bad) {
+    if (form == ECHO_FORM_HSUB || n % (size_t)(group > 0 ? group : 1))
+        return echo_cpu_codec_avx2.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
+    *bad = ECHO_NO_INDEX;
+    size_t np = 0;
+#define RE(G)                                                                                                          \
+    np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
+                                 : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
+    ECHO_CPU_FOR_EACH_G(group, RE,
+                        np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
+#undef RE
+    return np;
+}
+
+/* The V vectors of codes of one group (G / 2 bytes at c), sign-extended, as fp32. */
+Z_INLINE void unpack(const uint8_t *c, int V, __m512 *q) {
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1));
+    const __m512i nib = _mm512_set1_epi8(15);
+    UNROLL
+    for (int h = 0; h < (V + 7) / 8; h++) {
+        int nb = V >= 8 ? 64 : 8 * V;
+        __m512i b = _mm512_maskz_loadu_epi8(nb == 64 ? ~0ull : (1ull << nb) - 1, c + 64 * h);
+        __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, nib));
+        __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(b, 4), nib));
+        /* 128-bit lane k: elements 32k .. 32k + 15, then 32k + 16 .. 32k + 31 */
+        __m512i e[2] = {_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi)};
+        UNROLL
+        for (int j = 0; j < 8; j++) {
+            if (8 * h + j >= V) break;
+            __m128i x = j / 2 == 0   ? _mm512_castsi512_si128(e[j & 1])
+                        : j / 2 == 1 ? _mm512_extracti32x4_epi32(e[j & 1], 1)
+                        : j / 2 == 2 ? _mm512_extracti32x4_epi32(e[j & 1], 2)
+                                     : _mm512_extracti32x4_epi32(e[j & 1], 3);
+            q[8 * h + j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
+        }
+    }
+}
+
+/* Full out2 / hout2 groups decoded, into out or added to it; the outliers
+ * patched in afterwards, i1 then i2 (untrusted bytes: they may coincide). */
+Z_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, int rot, float *out,
+                          int accumulate) {
+    const int V = G / 16;
+    zhad d;
+    if (rot) zhad_init(&d, G);
+    for (size_t g = 0; g < ng; g++) {
+        const uint8_t *rec = recs + g * ECHO_OUT2_REC;
+        uint16_t sb = (uint16_t)(rec[0] | (rec[1] << 8));
+        int i1 = rec[6] % G, i2 = rec[7] % G;
+        float *o = out + g * (size_t)G;
+        for (int j = 0; ECHO_PF > 0 && j < V; j++)
+            _mm_prefetch((const char *)(o + 16 * j + ECHO_PF), _MM_HINT_T0);
+        float a1 = o[i1], a2 = o[i2];
+        __m512 v[ZMAXV];
+        unpack(codes + g * (size_t)G / 2, V, v);
+        if (rot)
+            inv_rot(v, V, sb, &d, G, NULL);
+        else {
+            const __m512 sv = _mm512_set1_ps(echo_bf16_to_f32(sb));
+            UNROLL
+            for (int j = 0; j < V; j++)
+                v[j] = _mm512_mul_ps(v[j], sv);
+        }
+        UNROLL
+        for (int j = 0; j < V; j++)
+            _mm512_storeu_ps(o + 16 * j, accumulate ? add_acc(_mm512_loadu_ps(o + 16 * j), v[j]) : v[j]);
+        float o1 = echo_bf16_to_f32((uint16_t)(rec[2] | (rec[3] << 8)));
+        float o2 = echo_bf16_to_f32((uint16_t)(rec[4] | (rec[5] << 8)));
+        o[i1] = accumulate ? add_acc1(a1, o1) : o1;
+        o[i2] = accumulate ? add_acc1(a2, o2) : o2;
+    }
+}
+
+Z_FN static void z_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group, float *out,
+                              int accumulate) {
+    if (form == ECHO_FORM_HSUB) {
+        echo_cpu_codec_avx2.rec_decode(form, codes, recs, n, group, out, accumulate);
+        return;
+    }
+    size_t ng = n / (size_t)(group > 0 ? group : 1);
+#define RD(G)                                                                                                          \
+    if (form == ECHO_FORM_HOUT2)                                                                                       \
+        o2_dec_impl(codes, recs, ng, G, 1, out, accumulate);                                                           \
+    else                                                                                                               \
+        o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
+    ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
+#undef RD
+    size_t off = ng * (size_t)group;
+    if (off < n)
+        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group),
+                                         n - off, group, out + off, accumulate);
+}
+
+int echo_cpu_codec_avx512_ok(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt");
+}
+
+const echo_cpu_codec echo_cpu_codec_avx512 = {
+    .name = "avx512",
+    .encode = echo_avx2_encode,
+    .decode = echo_avx2_decode,
+    .decode_store = echo_avx2_decode_store,
+    .rot_fwd = echo_avx2_rot_fwd,
+    .rot_inv = echo_avx2_rot_inv,
+    .rec_encode = z_rec_encode,
+    .rec_decode = z_rec_decode,
+    .add = echo_avx2_add,
+};
+
+#endif
