@@ -429,8 +429,17 @@ int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t co
     uint8_t *codes = wire, *scales = codes + np / 2;
     size_t rb = gb - (size_t)group / 2;
     float u[ECHO_ROT_CHUNK];
-    for (size_t off = 0; off < np; off += ECHO_ROT_CHUNK) {
-        size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK, b;
+    size_t off = 0, b;
+    if (!p.rotate) { /* out2, hout2: whole groups straight from x, only the ragged end staged */
+        off = count / (size_t)group * (size_t)group;
+        if (enc_msg(&p, x, ECHO_F32, res, res != NULL, ECHO_RESID_F32, off, codes, scales, &b)) {
+            snprintf(err, errlen, "codec: value %g at element %zu is not finite or exceeds the codec's range", (double)x[b],
+                     b);
+            return -1;
+        }
+    }
+    for (; off < np; off += ECHO_ROT_CHUNK) {
+        size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK;
         size_t in = count - off < m ? count - off : m;
         stage_fwd(&p, x + off, ECHO_F32, in, m, u);
         if (enc_msg(&p, u, ECHO_F32, res ? res + off : NULL, res != NULL, ECHO_RESID_F32, m, codes + off / 2,
@@ -464,6 +473,10 @@ int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int g
     size_t ng = (count + (size_t)group - 1) / (size_t)group, np = ng * (size_t)group;
     const uint8_t *codes = wire, *scales = codes + np / 2;
     size_t rb = gb - (size_t)group / 2;
+    if (!p.rotate) { /* out2, hout2: no staging (a ragged last group decodes its first values) */
+        dec_msg(&p, codes, scales, count, out, accumulate, NULL);
+        return 0;
+    }
     float u[ECHO_ROT_CHUNK];
     for (size_t off = 0; off < np; off += ECHO_ROT_CHUNK) {
         size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK;
@@ -815,8 +828,11 @@ static void phase1_span(host_job *j, host_span *sp) {
     size_t at = (size_t)sp->s * p->shard + sp->off, esz = echo_dtype_size(p->dt), b;
     const void *x = (const char *)j->x + at * esz;
     echo_dtype xdt = p->dt;
-    if (echo_plan_staged(p)) {
-        size_t in = p->count > at ? p->count - at : 0;
+    size_t in = p->count > at ? p->count - at : 0;
+    /* a peer's whole fp32 groups of out2 / hout2 are coded from x itself:
+     * the staged copy would be the same values */
+    int direct = sp->s != c->rank && !p->rotate && p->dt == ECHO_F32 && in >= sp->len;
+    if (echo_plan_staged(p) && !direct) {
         stage_fwd(p, x, p->dt, in < sp->len ? in : sp->len, sp->len, c->rot + at);
         x = c->rot + at;
         xdt = ECHO_F32;
@@ -885,8 +901,12 @@ static void finish_span(host_job *j, host_span *sp) {
     size_t at = (size_t)sp->s * p->shard + sp->off, esz = echo_dtype_size(p->dt), b;
     const uint8_t *msg = j->msgs[sp->s];
     void *out = (char *)j->buf + at * esz;
-    if (echo_plan_staged(p)) {
-        size_t in = p->count - at; /* >= 1: a span starts inside the message */
+    size_t in = p->count - at; /* >= 1: a span starts inside the message */
+    if (echo_plan_staged(p) && !p->rotate && p->dt == ECHO_F32) {
+        /* out2 / hout2 into an fp32 buffer: no staged copy (a ragged last
+         * group decodes its first values) */
+        dec_msg(p, span_codes(sp, msg), span_scales(p, sp, msg), in < sp->len ? in : sp->len, out, 0, &b);
+    } else if (echo_plan_staged(p)) {
         dec_msg(p, span_codes(sp, msg), span_scales(p, sp, msg), sp->len, j->c->rot + at, 0, &b);
         stage_inv(p, j->c->rot + at, in < sp->len ? in : sp->len, out, p->dt, 0);
     } else if (!echo_cpu_decode_store(span_codes(sp, msg), (const uint16_t *)span_scales(p, sp, msg), sp->len, p->group,
