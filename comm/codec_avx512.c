@@ -183,6 +183,8 @@ Z_INLINE void top2(const __m512i *a, int V, __m512i mx, int *i1, int *i2) {
     for (int j = 0; j < V; j++)
         k[j] = _mm512_cmpeq_epi32_mask(b[j], m2);
     kwords(k, V, w);
+    /* not i1 itself, whose 0 matches when every other |y| is 0 too */
+    w[*i1 / 64] &= ~(1ull << (*i1 % 64));
     *i2 = first_bit(w, W);
 }
 

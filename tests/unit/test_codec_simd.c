@@ -70,6 +70,10 @@ static float gen_value(uint64_t *s, int kind, int i, int G, int decade) {
             return bits_f(bad[rng_next(s) % 8]);
         }
         return u;
+    case 8: /* sparse: signed zeros but for the first (decade & 3) values and, for some
+             * decades, the last: the top-2 search among zeros (one non-zero at 0) */
+        if (i < (decade & 3) || ((decade & 4) && i == G - 1)) return u == 0.0f ? 1.0f : u;
+        return (rng_next(s) & 1) ? -0.0f : 0.0f;
     default: /* smallest values: the scale floor 2^-133 */
         return bits_f((uint32_t)(rng_next(s) % 8) | (rng_next(s) & 1 ? 0x80000000u : 0));
     }
@@ -82,7 +86,7 @@ static void gen(float *x, size_t n, int G, uint64_t seed, int kinds_mask) {
     for (size_t i = 0; i < n; i++) {
         if (i % (size_t)G == 0) {
             do
-                kind = (int)(rng_next(&s) % 8);
+                kind = (int)(rng_next(&s) % 9);
             while (!(kinds_mask >> kind & 1));
             decade = (int)(rng_next(&s) % 241) - 120;
         }
@@ -230,7 +234,7 @@ START_TEST(test_dispatch) {
 END_TEST
 
 /* Input kinds per test: the ordinary ones, then each adversarial one mixed in. */
-static const int kind_masks[] = {0x01, 0x03, 0x05, 0x09, 0x11, 0x21, 0x41, 0x81, 0xff};
+static const int kind_masks[] = {0x01, 0x03, 0x05, 0x09, 0x11, 0x21, 0x41, 0x81, 0xff, 0x100};
 
 /* One case of the sweeps below: table t, group G, count n (the ci-th of
  * counts_for), input kinds kind_masks[ki]; returns the comparisons made. */
