@@ -755,7 +755,7 @@ static void scalar_rec_decode(int form, const uint8_t *codes, const uint8_t *rec
  * the first span's, spans being in message order. ---- */
 
 #define HOST_SPAN_MIN 16384 /* values: smaller spans cost more to hand out than to code */
-#define HOST_SPANS 64
+#define HOST_SPANS (2 * ECHO_MAX_RANKS) /* a job has at most one segment per shard */
 
 typedef struct host_span {
     int s;          /* shard */
@@ -781,16 +781,18 @@ typedef struct host_job {
 } host_job;
 
 /* Spans of n values of shard s: one without workers, else up to twice the
- * workers' threads, none under HOST_SPAN_MIN values. */
+ * workers' threads, none under HOST_SPAN_MIN values, and never more than
+ * the shard's share of HOST_SPANS (so every value gets a span). */
 static void job_add(host_job *j, int s, size_t n) {
     size_t G = (size_t)j->p->group, k = 1;
     if (j->c->workers.nthreads > 1) {
         k = n / HOST_SPAN_MIN;
-        size_t most = 2 * (size_t)j->c->workers.nthreads;
+        size_t most = 2 * (size_t)j->c->workers.nthreads, share = HOST_SPANS / (size_t)j->p->nranks;
+        most = most < share ? most : share;
         k = k < 1 ? 1 : k > most ? most : k;
     }
     size_t chunk = ((n + k - 1) / k + G - 1) / G * G;
-    for (size_t o = 0; o < n && j->n < HOST_SPANS; o += chunk)
+    for (size_t o = 0; o < n; o += chunk)
         j->sp[j->n++] = (host_span){s, o, n - o < chunk ? n - o : chunk, ECHO_NO_INDEX};
 }
 

@@ -430,9 +430,41 @@ static void wk_run(void *ctx, int ntasks, echo_task_fn fn, void *arg) {
     ck_assert_int_eq(atomic_load(&j.ran), ntasks);
 }
 
+/* Two ranks of one int4 call, with and without workers: the same bits. */
+static void workers_case(const echo_workers *wk, size_t m, int n) {
+    harness h[2];
+    void *buf[2][MAXN];
+    float *x = malloc(m * sizeof(float));
+    step s[2];
+    for (int v = 0; v < 2; v++) {
+        h_init(&h[v], n, test_echo_cfg(ECHO_PRESET_ECHO, 64, 0, 1, m, 0, ECHO_CODEC_INT4));
+        for (int r = 0; r < n; r++) {
+            if (v) echo_comm_set_workers(h[v].c[r], wk);
+            gen(x, m, 3, 0, (uint64_t)r);
+            buf[v][r] = malloc(m * sizeof(float));
+            memcpy(buf[v][r], x, m * sizeof(float));
+        }
+        call_all(&h[v], 1, 0, m, ECHO_F32, buf[v], &s[v]);
+        assert_all_ok(&s[v]);
+    }
+    for (int r = 0; r < n; r++) {
+        ck_assert_msg(memcmp(buf[0][r], buf[1][r], m * sizeof(float)) == 0, "m=%zu rank %d: workers changed the bits",
+                      m, r);
+        for (int v = 0; v < 2; v++)
+            free(buf[v][r]);
+    }
+    for (int v = 0; v < 2; v++)
+        h_free(&h[v]);
+    free(x);
+}
+
 START_TEST(test_workers_same_bits) {
     static int three = 3;
     const echo_workers wk = {3, wk_run, &three};
+    /* many threads announced (three run): the span table caps the split
+     * without leaving values out (shards of 2^20 values, 64 spans each) */
+    const echo_workers many = {64, wk_run, &three};
+    workers_case(&many, ((size_t)2 << 20) + 37, 2);
     const struct {
         echo_codec_id codec;
         int G;
