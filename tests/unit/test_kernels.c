@@ -907,7 +907,6 @@ END_TEST
  * workers both miss regions and join them. */
 typedef struct pool_probe {
     int region;
-    int ntasks;
     atomic_int hits[16];
     atomic_int stale; /* a task that ran for another region */
     int *seen;        /* region a task last ran for */
@@ -942,7 +941,6 @@ START_TEST(test_pool_many_regions) {
         pool_probe p = {.seen = seen, .caller = pthread_self()};
         for (int r = 1; r <= 3000; r++) {
             p.region = r;
-            p.ntasks = 16;
             for (int t = 0; t < 16; t++)
                 atomic_store(&p.hits[t], 0);
             kern_host_parallel(pb, 16, pool_probe_task, &p);
