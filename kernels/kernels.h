@@ -149,8 +149,10 @@ typedef struct kern_ops {
     /* Zero-initialised activation/cache memory; NULL on failure. */
     void *(*alloc)(kern_backend *be, size_t bytes);
     void (*free)(kern_backend *be, void *p);
-    /* Make a weight usable by the backend. cpu: aliases the host view (the
-     * mmap). cuda: uploads; the copy is released by free_weight. */
+    /* Make a weight usable by the backend; free_weight releases it. cuda:
+     * a device copy. cpu: a dense copy on 2 MiB pages for a weight of 2 MiB
+     * and more (unless ECHO_CPU_HUGEPAGES=0), else aliases the host view
+     * (the mmap). The host view may be dropped once dev->data differs. */
     int (*upload_weight)(kern_backend *be, const kern_weight *host, kern_weight *dev);
     void (*free_weight)(kern_backend *be, kern_weight *dev);
     /* Copy `n` activations to host fp32 (synchronises the backend). */
@@ -294,7 +296,7 @@ typedef struct kern_ops {
     /* ---- quantized weights (optional: NULL on backends that only take
      * F32/F16/BF16 weights, e.g. cuda) ----
      * Make `host` usable as a weight of dtype `to`, a block-quantized type:
-     * host->dtype == to keeps the blocks (cpu aliases the host view, like
+     * host->dtype == to keeps the blocks (aliased or copied as by
      * upload_weight); host F32/F16/BF16 (dense or strided) is quantized
      * into a backend-owned copy (cols a multiple of the block; only
      * KERN_Q8_0 is produced, as ggml's quantize_row_q8_0 rounds). Every op

@@ -84,6 +84,7 @@ struct model {
     kern_weight embed;   /* (vocab, hidden) replicated */
     kern_weight norm;    /* (1, hidden) */
     kern_weight lm_head; /* (vocab_n, hidden) rows of lm_head, or of embed when tied */
+    int head_is_view;    /* tied: lm_head points into embed (not freed on its own) */
     layer_w *layers;     /* [num_layers] */
     size_t weight_bytes;
     size_t embed_bytes; /* the embedding's part of weight_bytes */
@@ -208,6 +209,30 @@ static int own(model *m, void *p) {
     return 0;
 }
 
+/* After an upload: when the backend made its own copy (out->data differs
+ * from src), free what fed it, the model-owned buffer `mine` or the mmap
+ * pages of the slice [src, src + extent), so a rank holds its weights
+ * once (the cpu backend copies big weights onto huge pages). */
+static void after_upload(model *m, const weights_set *ws, const void *src, size_t extent, void *mine,
+                         const kern_weight *out) {
+    if (out->data == src) return;
+    if (!mine) {
+        weights_drop_pages(ws, src, extent);
+        return;
+    }
+    for (int i = m->n_owned; i-- > 0;)
+        if (m->owned[i] == mine) {
+            free(mine);
+            m->owned[i] = m->owned[--m->n_owned];
+            return;
+        }
+}
+
+/* Bytes a (rows, cols) view with row stride ld spans. */
+static size_t view_extent(kern_dtype dt, int64_t rows, int64_t cols, int64_t ld) {
+    return rows > 0 ? (size_t)(rows - 1) * kern_dtype_bytes(dt, ld ? ld : cols) + kern_dtype_bytes(dt, cols) : 0;
+}
+
 /* llama.cpp's converter stores row i2*2 + half of a rotary head where HF
  * has row half*(hd/2) + i2: the HF row r of a q/k matrix lives in GGUF row
  * gguf_qk_row(r). */
@@ -259,8 +284,9 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
         nc % kern_dtype_block(qdt) == 0) {
         size_t row_bytes = kern_dtype_bytes(qdt, cols), off = kern_dtype_bytes(qdt, c0);
         size_t slice_bytes = kern_dtype_bytes(qdt, nc);
+        char *buf = NULL;
         if (permute_hd > 0) {
-            char *buf = malloc((size_t)host.rows * slice_bytes + 1);
+            buf = malloc((size_t)host.rows * slice_bytes + 1);
             if (!buf || own(m, buf)) {
                 free(buf);
                 snprintf(err, errlen, "%s: out of memory for %lld permuted rows", name, (long long)host.rows);
@@ -277,6 +303,7 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
             snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
             return -1;
         }
+        after_upload(m, ws, host.data, view_extent(qdt, host.rows, nc, host.ld), buf, out);
         m->weight_bytes += (size_t)host.rows * slice_bytes;
         return 0;
     }
@@ -311,6 +338,7 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
             snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
             return -1;
         }
+        if (!to_q8) after_upload(m, ws, buf, 0, buf, out);
         m->weight_bytes += to_q8 ? (size_t)host.rows * kern_dtype_bytes(KERN_Q8_0, nc)
                                  : (size_t)host.rows * (size_t)nc * sizeof(float);
         return 0;
@@ -325,6 +353,7 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
         snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
         return -1;
     }
+    after_upload(m, ws, host.data, view_extent(host.dtype, host.rows, nc, host.ld), NULL, out);
     m->weight_bytes += to_q8 ? (size_t)host.rows * kern_dtype_bytes(KERN_Q8_0, nc) : (size_t)host.rows * (size_t)nc * es;
     return 0;
 }
@@ -502,12 +531,18 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     m->embed_bytes = m->weight_bytes;
     tensor_name(m, T_NORM, 0, name, sizeof name);
     if (load_full(m, ws, name, 0, H, &m->norm, err, errlen)) goto fail;
-    tensor_name(m, c->tie_word_embeddings ? T_EMBED : T_HEAD, 0, name, sizeof name);
-    size_t bytes_before_head = m->weight_bytes;
-    if (m->vocab_n > 0 && load_slice(m, ws, name, V, H, m->vocab0, m->vocab_n, 0, H, &m->lm_head, err, errlen))
-        goto fail;
-    /* A tied head reads rows of the embedding this rank already holds. */
-    if (c->tie_word_embeddings) m->weight_bytes = bytes_before_head;
+    if (c->tie_word_embeddings) {
+        /* A tied head is a view of the embedding rows this rank holds (the
+         * same tensor, loaded the same way): one copy on any backend. */
+        const kern_weight *e = &m->embed;
+        size_t off = kern_dtype_bytes(e->dtype, m->vocab0 * (e->ld ? e->ld : H));
+        m->head_is_view = 1;
+        if (m->vocab_n > 0) m->lm_head = (kern_weight){(const char *)e->data + off, e->dtype, m->vocab_n, H, e->ld};
+    } else {
+        tensor_name(m, T_HEAD, 0, name, sizeof name);
+        if (m->vocab_n > 0 && load_slice(m, ws, name, V, H, m->vocab0, m->vocab_n, 0, H, &m->lm_head, err, errlen))
+            goto fail;
+    }
     int64_t q0 = (int64_t)r * m->hq * hd, k0 = (int64_t)kv0 * hd, i0 = (int64_t)r * m->inter;
     int64_t qn = (int64_t)m->hq * hd, kn = (int64_t)m->hkv * hd, in = m->inter;
     /* A Llama GGUF stores q/k rows with the rotary halves interleaved. */
@@ -590,7 +625,7 @@ void model_free(model *m) {
                     if (w[i].data) m->ops->free_weight(m->be, &w[i]);
             }
         }
-        if (m->lm_head.data) m->ops->free_weight(m->be, &m->lm_head);
+        if (m->lm_head.data && !m->head_is_view) m->ops->free_weight(m->be, &m->lm_head);
         if (m->embed.data) m->ops->free_weight(m->be, &m->embed);
         if (m->norm.data) m->ops->free_weight(m->be, &m->norm);
     }

@@ -251,6 +251,20 @@ static int grow(void **arr, size_t *cap, size_t n, size_t elem) {
 
 weights_set *weights_new_empty(void) { return calloc(1, sizeof(weights_set)); }
 
+void weights_drop_pages(const weights_set *ws, const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if (!ws || !p || page == 0 || (page & (page - 1))) return;
+    for (size_t i = 0; i < ws->nmaps; i++) {
+        uintptr_t m0 = (uintptr_t)ws->maps[i].addr, m1 = m0 + ws->maps[i].len;
+        if (a < m0 || a >= m1) continue;
+        uintptr_t e = a + n > m1 ? m1 : a + n;
+        uintptr_t lo = (a + page - 1) & ~(page - 1), hi = e & ~(page - 1);
+        /* Read-only private file pages: MADV_DONTNEED only unmaps them. */
+        if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        return;
+    }
+}
+
 void weights_close(weights_set *ws) {
     if (!ws) return;
     for (size_t i = 0; i < ws->n; i++) free((char *)ws->tensors[i].name);

@@ -92,6 +92,12 @@ typedef struct weights_set weights_set;
 int weights_open(const char *path, weights_set **out, char *err, size_t errlen);
 void weights_close(weights_set *ws);
 
+/* A hint that bytes [p, p + n) of tensor data were copied elsewhere and
+ * will not be read through this set soon: the whole pages inside leave
+ * the process (RSS); a later read faults them back in from the file, so
+ * every pointer stays valid. No-op for memory the set did not map. */
+void weights_drop_pages(const weights_set *ws, const void *p, size_t n);
+
 /* Number of tensors over all shards, and access by index (stable order). */
 size_t weights_count(const weights_set *ws);
 const weights_tensor *weights_at(const weights_set *ws, size_t i);

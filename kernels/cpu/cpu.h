@@ -48,12 +48,23 @@ enum { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 };
 typedef struct cpu_impl {
     cpu_pool pool;
     int isa; /* CPU_ISA_*: what this machine has, capped by ECHO_CPU_ISA */
-    /* Weights this backend allocated (random_weight, fuse_rows): free_weight releases
-     * these and leaves every other pointer alone, since uploads alias the
-     * caller's memory (the mmap). A backend is driven by one thread. */
+    /* Weights this backend allocated (random_weight, fuse_rows, copied
+     * uploads): free_weight releases these and leaves every other pointer
+     * alone (small uploads alias the caller's memory, the mmap). A backend
+     * is driven by one thread. */
     void **owned;
     size_t n_owned, cap_owned;
+    int huge; /* big blocks on 2 MiB pages, big uploads copied there (mem.c) */
 } cpu_impl;
+
+/* mem.c. Blocks of CPU_HUGE_MIN bytes and more go on huge pages. */
+#define CPU_HUGE_MIN ((size_t)2 << 20)
+int cpu_huge_from_env(int *on, char *err, size_t errlen);
+/* Uninitialised, 64-byte aligned (2 MiB for big blocks); free() releases. */
+void *cpu_mem_alloc(const kern_backend *be, size_t bytes);
+/* upload: `dev` aliases `host`, or, for a weight of CPU_HUGE_MIN bytes and
+ * more while huge pages are on, is a dense backend-owned copy of it. */
+int cpu_copy_weight(kern_backend *be, const kern_weight *host, kern_weight *dev);
 
 /* Track / release (if tracked) a backend-owned allocation. pool.c. */
 int cpu_owned_add(kern_backend *be, void *p);

@@ -8,11 +8,8 @@
 #include "kernels/cpu/cpu.h"
 
 static void *cpu_alloc(kern_backend *be, size_t bytes) {
-    (void)be;
-    /* 64-byte alignment keeps vector loads on cache lines. */
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
-    if (p) memset(p, 0, rounded ? rounded : 64);
+    void *p = cpu_mem_alloc(be, bytes);
+    if (p) memset(p, 0, bytes);
     return p;
 }
 
@@ -23,8 +20,7 @@ static void cpu_free(kern_backend *be, void *p) {
 
 static int cpu_upload_weight(kern_backend *be, const kern_weight *host, kern_weight *dev) {
     if (kern_dtype_size(host->dtype) == 0) return kern_fail(be, "cpu: unsupported weight dtype %d", host->dtype);
-    *dev = *host;
-    return 0;
+    return cpu_copy_weight(be, host, dev);
 }
 
 static void cpu_free_weight(kern_backend *be, kern_weight *dev) {
@@ -55,7 +51,7 @@ void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) 
                     dst + r * cols);
 }
 
-/* Quantized weights: GGUF blocks alias the caller's memory like any upload;
+/* Quantized weights: GGUF blocks are uploaded like any weight;
  * F32/F16/BF16 become an owned Q8_0 copy, row by row. */
 static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev) {
     int bl = kern_dtype_block(to);
@@ -64,15 +60,12 @@ static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_
     if (host->cols % bl || ld % bl)
         return kern_fail(be, "upload_quantized: (%lld, %lld) weight: cols not a multiple of %s's %d",
                          (long long)host->rows, (long long)host->cols, kern_dtype_name(to), bl);
-    if (host->dtype == to) {
-        *dev = *host;
-        return 0;
-    }
+    if (host->dtype == to) return cpu_copy_weight(be, host, dev);
     if (to != KERN_Q8_0 || kern_dtype_block(host->dtype) != 1)
         return kern_fail(be, "upload_quantized: cannot make %s from %s", kern_dtype_name(to),
                          kern_dtype_name(host->dtype));
     size_t row_bytes = kern_dtype_bytes(to, host->cols);
-    uint8_t *buf = malloc((size_t)host->rows * row_bytes + 1);
+    uint8_t *buf = cpu_mem_alloc(be, (size_t)host->rows * row_bytes + 1);
     float *row = malloc((size_t)host->cols * sizeof *row);
     if (!buf || !row || cpu_owned_add(be, buf)) {
         free(buf);

@@ -2,7 +2,7 @@
  * cpu: fuse_rows — one backend-owned weight holding the rows of several
  * (the model's [wq; wk; wv] and [wg; wu], so a one-token decode step runs
  * one matmul per group). The parts usually alias the checkpoint's mmap, so
- * the fused weight is a malloc'ed copy in their dtype (bytes unchanged: the
+ * the fused weight is a backend-allocated copy in their dtype (bytes unchanged: the
  * matmul then reads exactly the values it read from the parts), tracked in
  * the owned list so free_weight releases it.
  */
@@ -15,7 +15,7 @@ int cpu_fuse_rows(kern_backend *be, const kern_weight *const *parts, int n_parts
     int64_t rows;
     if (kern_fuse_rows_check(be, parts, n_parts, &rows)) return -1;
     size_t es = kern_dtype_size(parts[0]->dtype), row_bytes = (size_t)parts[0]->cols * es;
-    char *buf = malloc((size_t)rows * row_bytes);
+    char *buf = cpu_mem_alloc(be, (size_t)rows * row_bytes);
     if (!buf)
         return kern_fail(be, "fuse_rows: out of memory for (%lld, %lld) %s", (long long)rows,
                          (long long)parts[0]->cols, kern_dtype_name(parts[0]->dtype));

@@ -154,6 +154,11 @@ int kern_cpu_create(int nthreads, kern_backend **out, char *err, size_t errlen) 
     if (!be || !impl) goto fail;
     be->impl = impl;
     impl->isa = isa_for_backend();
+    if (cpu_huge_from_env(&impl->huge, err, errlen)) {
+        free(impl);
+        free(be);
+        return -1;
+    }
     if (pool_init(&impl->pool, nthreads) != 0) {
         pool_destroy(&impl->pool);
         goto fail;

@@ -32,7 +32,7 @@ int cpu_random_weight(kern_backend *be, kern_weight *dev, int64_t rows, int64_t 
     if (rows < 1 || cols < 1 || row0 < 0 || col0 < 0 || full_cols < col0 + cols || rows > ((int64_t)1 << 40) / cols)
         return kern_fail(be, "random_weight: bad shape (%lld, %lld) at (%lld, %lld) of %lld columns", (long long)rows,
                          (long long)cols, (long long)row0, (long long)col0, (long long)full_cols);
-    float *out = malloc((size_t)rows * (size_t)cols * sizeof *out);
+    float *out = cpu_mem_alloc(be, (size_t)rows * (size_t)cols * sizeof *out);
     if (!out)
         return kern_fail(be, "random_weight: out of memory for (%lld, %lld) fp32", (long long)rows, (long long)cols);
     int nt = cpu_nthreads(be) * 4;

@@ -886,6 +886,58 @@ START_TEST(test_quantize_q8_0_matches_gguf) {
 }
 END_TEST
 
+/* Weights of 2 MiB and more become dense copies on 2 MiB-aligned blocks
+ * (huge pages, kernels/cpu/mem.c), byte for byte, strided views included;
+ * smaller ones, and every one with ECHO_CPU_HUGEPAGES=0, alias the host
+ * view; a bad value of the variable is refused. */
+START_TEST(test_upload_huge_pages) {
+    const int64_t rows = 1024, cols = 1024, ld = 2048; /* a (1024, 1024) bf16 view of a (1024, 2048) matrix: 2 MiB */
+    uint16_t *host = malloc((size_t)rows * ld * sizeof *host);
+    ck_assert_ptr_nonnull(host);
+    for (int64_t i = 0; i < rows * ld; i++) host[i] = (uint16_t)(i * 2654435761u >> 16);
+    kern_weight h = {host, KERN_BF16, rows, cols, ld}, d;
+    ck_assert_int_eq(ops->upload_weight(be, &h, &d), 0);
+    ck_assert_ptr_ne(d.data, host);
+    ck_assert_uint_eq((uintptr_t)d.data % ((uintptr_t)2 << 20), 0);
+    ck_assert(d.ld == 0 || d.ld == cols);
+    for (int64_t r = 0; r < rows; r++)
+        ck_assert_int_eq(memcmp((const uint16_t *)d.data + r * cols, host + r * ld, (size_t)cols * 2), 0);
+    /* the same products as the aliased view */
+    float *x = rand_vec((size_t)cols), *o1 = ops->alloc(be, (size_t)rows * 4), *o2 = ops->alloc(be, (size_t)rows * 4);
+    ck_assert_int_eq(ops->matmul(be, o1, x, &h, 1), 0);
+    ck_assert_int_eq(ops->matmul(be, o2, x, &d, 1), 0);
+    ck_assert_int_eq(memcmp(o1, o2, (size_t)rows * 4), 0);
+    ops->free_weight(be, &d);
+    kern_weight small = {host, KERN_BF16, 16, cols, ld};
+    ck_assert_int_eq(ops->upload_weight(be, &small, &d), 0);
+    ck_assert_ptr_eq(d.data, host);
+    ops->free_weight(be, &d);
+    void *big = ops->alloc(be, (size_t)3 << 20);
+    ck_assert_ptr_nonnull(big);
+    ck_assert_uint_eq((uintptr_t)big % ((uintptr_t)2 << 20), 0);
+    ck_assert_int_eq(((const char *)big)[((size_t)3 << 20) - 1], 0); /* zeroed */
+    ops->free(be, big);
+
+    const kern_ops *o;
+    kern_backend *b;
+    char err[256];
+    setenv("ECHO_CPU_HUGEPAGES", "0", 1);
+    ck_assert_msg(kern_backend_create("cpu", 1, 0, &o, &b, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(o->upload_weight(b, &h, &d), 0);
+    ck_assert_ptr_eq(d.data, host);
+    o->free_weight(b, &d);
+    kern_backend_destroy(o, b);
+    setenv("ECHO_CPU_HUGEPAGES", "yes", 1);
+    ck_assert_int_ne(kern_backend_create("cpu", 1, 0, &o, &b, err, sizeof err), 0);
+    ck_assert_ptr_nonnull(strstr(err, "ECHO_CPU_HUGEPAGES"));
+    unsetenv("ECHO_CPU_HUGEPAGES");
+    ops->free(be, o1);
+    ops->free(be, o2);
+    free(x);
+    free(host);
+}
+END_TEST
+
 START_TEST(test_backend_selection_errors) {
     const kern_ops *o;
     kern_backend *b;
@@ -979,6 +1031,7 @@ int main(void) {
     tcase_add_test(tc, test_pool_many_regions);
     tcase_add_test(tc, test_matmul_batch_invariant);
     tcase_add_test(tc, test_backend_selection_errors);
+    tcase_add_test(tc, test_upload_huge_pages);
     tcase_add_test(tc, test_matmul_quantized_equals_dequantized);
     tcase_add_test(tc, test_matmul_quantized_strided);
     tcase_add_test(tc, test_matmul_isa_paths_agree);

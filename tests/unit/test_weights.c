@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,6 +327,59 @@ START_TEST(test_many_tensors_lookup) {
     weights_close(ws);
     free(d);
     free(hdr);
+}
+END_TEST
+
+
+/* Rss (kB) of the mapping holding p, from /proc/self/smaps; -1 if none. */
+static long mapping_rss_kb(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0;
+    long rss = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (in && sscanf(line, "Rss: %ld kB", &rss) == 1) break;
+    }
+    fclose(f);
+    return rss;
+}
+
+START_TEST(test_drop_pages) {
+    /* 1 MiB of F32 values i: after the drop the pages leave the mapping's
+     * RSS, and every value reads back the same (faulted in from the file);
+     * memory the set did not map is left alone. */
+    enum { N = 1 << 18 };
+    float *d = malloc(N * sizeof *d);
+    ck_assert_ptr_nonnull(d);
+    for (int i = 0; i < N; i++) d[i] = (float)i;
+    char hdr[128];
+    snprintf(hdr, sizeof hdr, "{\"w\": {\"dtype\": \"F32\", \"shape\": [%d], \"data_offsets\": [0, %d]}}", N,
+             (int)(N * sizeof *d));
+    write_st("big.safetensors", hdr, d, N * sizeof *d);
+    weights_set *ws = open_ok(pth("big.safetensors"));
+    const weights_tensor *t = weights_find(ws, "w");
+    ck_assert_ptr_nonnull(t);
+    const float *w = t->data;
+    double sum = 0;
+    for (int i = 0; i < N; i++) sum += w[i];
+    long before = mapping_rss_kb(w);
+    ck_assert_int_ge(before, 1000); /* all of it was read */
+    weights_drop_pages(ws, w, N * sizeof *w);
+    long after = mapping_rss_kb(w);
+    ck_assert_msg(after >= 0 && after <= 8, "rss %ld kB -> %ld kB", before, after);
+    for (int i = 0; i < N; i++) ck_assert_float_eq(w[i], (float)i);
+    ck_assert(sum > 0);
+    weights_drop_pages(ws, d, N * sizeof *d); /* not the set's: untouched */
+    weights_drop_pages(NULL, w, 16);
+    for (int i = 0; i < N; i++) ck_assert_float_eq(d[i], (float)i);
+    weights_close(ws);
+    free(d);
 }
 END_TEST
 
@@ -741,6 +795,7 @@ static Suite *weights_suite(void) {
     tcase_add_test(ok, test_sharded_valid);
     tcase_add_test(ok, test_sharded_extra_tensor_accepted);
     tcase_add_test(ok, test_many_tensors_lookup);
+    tcase_add_test(ok, test_drop_pages);
     tcase_add_test(ok, test_empty_tensor_inside_other_is_not_overlap);
     tcase_add_test(ok, test_get_ok_and_errors);
     tcase_add_test(ok, test_dtype_helpers);

@@ -435,18 +435,23 @@ static void *fw_read_thread(void *arg) {
 }
 
 /* Read bandwidth with `threads` threads, each summing its contiguous share
- * of a `bytes` buffer (first touched by the same thread layout), best of
- * five passes: bytes / time. */
+ * of a `bytes` buffer, best of five passes: bytes / time. The buffer comes
+ * from the cpu backend's alloc, so it sits on the pages the weights sit on
+ * (2 MiB ones unless ECHO_CPU_HUGEPAGES=0: docs/bench-forward.md). */
 static int fw_read_bandwidth(int threads, size_t bytes, double *bps, char *err, size_t errlen) {
     if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
     size_t words = bytes / 8 / (size_t)(16 * threads) * (size_t)(16 * threads);
     uint64_t *buf = NULL;
+    const kern_ops *ops = NULL;
+    kern_backend *be = NULL;
+    if (kern_backend_create("cpu", 1, 0, &ops, &be, err, errlen)) return -1;
     fw_thr *t = calloc((size_t)threads, sizeof *t);
     pthread_t *th = calloc((size_t)threads, sizeof *th);
-    if (!t || !th || posix_memalign((void **)&buf, 64, words * 8)) {
+    if (!t || !th || !(buf = ops->alloc(be, words * 8))) {
         free(t);
         free(th);
+        kern_backend_destroy(ops, be);
         snprintf(err, errlen, "read bandwidth: cannot allocate %zu bytes", words * 8);
         return -1;
     }
@@ -470,7 +475,8 @@ static int fw_read_bandwidth(int threads, size_t bytes, double *bps, char *err, 
         if (!status && dt > 0 && words * 8 / dt > best) best = (double)(words * 8) / dt;
     }
     *bps = best;
-    free(buf);
+    ops->free(be, buf);
+    kern_backend_destroy(ops, be);
     free(t);
     free(th);
     return status;
