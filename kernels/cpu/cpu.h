@@ -2,8 +2,11 @@
  * Private to kernels/cpu/: the cpu backend's state and its thread pool.
  *
  * The pool runs `fn(arg, task)` for task = 0..ntasks-1 on the calling thread
- * plus nthreads-1 workers; tasks are claimed from an atomic counter so uneven
- * tasks balance. One parallel region at a time per backend (a backend belongs
+ * plus nthreads-1 workers. Thread i owns the i-th contiguous share of the
+ * tasks and runs it in order; a thread done with its share takes tasks
+ * from the end of another's, so uneven tasks (or a thread that never
+ * joins) still balance. Contiguous shares keep each thread's weight rows
+ * one memory stream (docs/bench-forward.md, "Contiguous shares"). One parallel region at a time per backend (a backend belongs
  * to one rank thread, so the model never nests them). The caller waits only
  * for workers that joined the region: one still waking up when the caller
  * has run every task stays out of it. After a region a worker polls for the
@@ -23,9 +26,19 @@ typedef void (*cpu_task_fn)(void *arg, int task);
 
 #define CPU_POOL_SPIN_US 100
 
+struct cpu_pool;
+/* A thread's share of a region's tasks, [front, back) packed as
+ * front << 32 | back, on its own cache line. */
+typedef struct cpu_pool_slot {
+    _Alignas(64) atomic_ullong seg;
+    struct cpu_pool *pool;
+    int idx; /* 0: the caller */
+} cpu_pool_slot;
+
 typedef struct cpu_pool {
     int nthreads; /* including the caller */
     pthread_t *threads;
+    cpu_pool_slot *slots; /* [nthreads] */
     pthread_mutex_t mu;
     pthread_cond_t start_cv, done_cv;
     atomic_ulong generation; /* bumped per parallel region (under mu) */
@@ -33,7 +46,6 @@ typedef struct cpu_pool {
     cpu_task_fn fn;
     void *arg;
     int ntasks;
-    atomic_int next;
     int open;     /* the region takes workers (under mu) */
     int active;   /* workers inside the region (under mu) */
     int sleepers; /* workers waiting on start_cv (under mu) */

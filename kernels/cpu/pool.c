@@ -7,11 +7,28 @@
 
 #include "kernels/cpu/cpu.h"
 
-static void pool_run_tasks(cpu_pool *p) {
+#define SEG(f, b) ((unsigned long long)(unsigned)(f) << 32 | (unsigned)(b))
+
+/* One task from slot s: its front when `front`, else its back; -1 when
+ * the share is empty. */
+static int seg_take(cpu_pool_slot *s, int front) {
+    unsigned long long v = atomic_load_explicit(&s->seg, memory_order_relaxed);
     for (;;) {
-        int t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (t >= p->ntasks) break;
-        p->fn(p->arg, t);
+        int f = (int)(v >> 32), b = (int)(unsigned)v;
+        if (f >= b) return -1;
+        unsigned long long n = front ? SEG(f + 1, b) : SEG(f, b - 1);
+        if (atomic_compare_exchange_weak_explicit(&s->seg, &v, n, memory_order_relaxed, memory_order_relaxed))
+            return front ? f : b - 1;
+    }
+}
+
+/* Thread `self`'s share in order, then the others' from their ends. */
+static void pool_run_tasks(cpu_pool *p, int self) {
+    int t;
+    while ((t = seg_take(&p->slots[self], 1)) >= 0) p->fn(p->arg, t);
+    for (int k = 1; k < p->nthreads; k++) {
+        cpu_pool_slot *s = &p->slots[(self + k) % p->nthreads];
+        while ((t = seg_take(s, 0)) >= 0) p->fn(p->arg, t);
     }
 }
 
@@ -39,7 +56,8 @@ static void pool_spin(cpu_pool *p, unsigned long seen) {
 }
 
 static void *pool_worker(void *arg) {
-    cpu_pool *p = arg;
+    cpu_pool_slot *me = arg;
+    cpu_pool *p = me->pool;
     unsigned long seen = 0;
     for (;;) {
         pool_spin(p, seen);
@@ -57,7 +75,7 @@ static void *pool_worker(void *arg) {
         }
         p->active++;
         pthread_mutex_unlock(&p->mu);
-        pool_run_tasks(p);
+        pool_run_tasks(p, me->idx);
         pthread_mutex_lock(&p->mu);
         if (--p->active == 0 && !p->open) pthread_cond_signal(&p->done_cv);
         pthread_mutex_unlock(&p->mu);
@@ -74,14 +92,22 @@ static int pool_init(cpu_pool *p, int nthreads) {
     const char *sp = getenv("ECHO_POOL_SPIN_US");
     long us = sp && *sp ? strtol(sp, NULL, 10) : CPU_POOL_SPIN_US;
     p->spin_ns = (us < 0 ? 0 : us > 1000000 ? 1000000 : us) * 1000L;
-    atomic_init(&p->next, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
     p->threads = calloc((size_t)nthreads, sizeof *p->threads);
-    if (!p->threads) return -1;
+    p->slots = aligned_alloc(64, (size_t)nthreads * sizeof *p->slots);
+    if (!p->threads || !p->slots) {
+        p->nthreads = 1; /* nothing to join */
+        return -1;
+    }
+    for (int i = 0; i < nthreads; i++) {
+        atomic_init(&p->slots[i].seg, 0);
+        p->slots[i].pool = p;
+        p->slots[i].idx = i;
+    }
     for (int i = 1; i < nthreads; i++) {
-        if (pthread_create(&p->threads[i], NULL, pool_worker, p) != 0) {
+        if (pthread_create(&p->threads[i], NULL, pool_worker, &p->slots[i]) != 0) {
             p->nthreads = i; /* join the ones we started */
             return -1;
         }
@@ -96,6 +122,7 @@ static void pool_destroy(cpu_pool *p) {
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
     free(p->threads);
+    free(p->slots);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->start_cv);
     pthread_cond_destroy(&p->done_cv);
@@ -112,12 +139,15 @@ void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg) {
     p->fn = fn;
     p->arg = arg;
     p->ntasks = ntasks;
-    atomic_store(&p->next, 0);
+    for (int i = 0; i < p->nthreads; i++)
+        atomic_store_explicit(&p->slots[i].seg,
+                              SEG((long long)ntasks * i / p->nthreads, (long long)ntasks * (i + 1) / p->nthreads),
+                              memory_order_relaxed);
     p->open = 1;
     atomic_fetch_add(&p->generation, 1);
     if (p->sleepers) pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
-    pool_run_tasks(p);
+    pool_run_tasks(p, 0);
     /* close the region: a worker that wakes up later leaves the tasks alone */
     pthread_mutex_lock(&p->mu);
     p->open = 0;
