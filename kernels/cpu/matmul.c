@@ -84,6 +84,14 @@ A512 INL float h16_512(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
+/* The f16 at p in every lane (vpbroadcastw + vcvtph2ps: fewer shuffles
+ * than a scalar conversion and a broadcast). */
+A512 INL __m512 h16x16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+}
+
 A512 INL float hsum512(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -149,7 +157,7 @@ A512 INL void ld512x2(const int dt, const uint8_t *r, int p, __m512 *v0, __m512 
     switch (dt) {
     case KERN_Q8_0: {
         const uint8_t *b = r + 34 * p;
-        __m512 d = _mm512_set1_ps(h16_512(b));
+        __m512 d = h16x16(b);
         *v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
         *v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
         return;
@@ -160,13 +168,13 @@ A512 INL void ld512x2(const int dt, const uint8_t *r, int p, __m512 *v0, __m512 
         const uint8_t *b = r + (q41 ? 20 : 18) * p;
         __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + (q41 ? 4 : 2))));
         __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
-        __m512 d = _mm512_set1_ps(h16_512(b));
+        __m512 d = h16x16(b);
         if (!q41) {
             __m512i e = _mm512_set1_epi32(8);
             *v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, e)), d);
             *v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, e)), d);
         } else {
-            __m512 m = _mm512_set1_ps(h16_512(b + 2));
+            __m512 m = h16x16(b + 2);
             *v0 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), d), m);
             *v1 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(hi), d), m);
         }
@@ -209,7 +217,9 @@ A512 INL void tile512(const int dt, const int T, const int R, const float *x, si
     size_t pf_step = dt >= KERN_Q8_0 && T <= 2 && nc >= 2 ? (R * ws + (size_t)nc / 2 - 1) / ((size_t)nc / 2) : 0;
     pf_step = (pf_step + 63) & ~(size_t)63;
     for (; c + 2 <= nc; c += 2) {
-        if (pf_step)
+        if (pf_step == 64) /* one row of one token: a line per block pair */
+            _mm_prefetch(pf + (size_t)(c / 2) * 64, _MM_HINT_T0);
+        else if (pf_step)
             for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + (size_t)(c / 2) * pf_step + o, _MM_HINT_T0);
         __m512 w0[4], w1[4];
         for (int r = 0; r < R; r++) ld512x2(dt, w + r * ws, c >> 1, &w0[r], &w1[r]);
