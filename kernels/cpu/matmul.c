@@ -29,6 +29,7 @@
 #define MM_RB 64 /* output rows per task */
 #define MM_TB 60 /* tokens per cache block: ten 6-token tiles */
 #define MM_DEQ_MIN 8 /* tokens from which a quantized row group is widened once per block */
+#define MM_PF_AHEAD 2048 /* bytes: how far ahead a few-token tile prefetches its weight rows */
 /* The wide AVX-512 tile of prefills: MM_WT tokens x MM_WR rows (MM_WR
  * divides 4), fewer widenings per fma than the 4 x 4 tile. */
 #ifndef MM_WT
@@ -210,11 +211,13 @@ A512 INL void tile512(const int dt, const int T, const int R, const float *x, si
     for (int t = 0; t < T; t++)
         for (int r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
     int nc = K / 16, c = 0;
-    /* Few tokens of a quantized weight: memory-bound, and the hardware
-     * prefetcher lags behind the short rows. Prefetch the next row group's bytes
-     * (contiguous after this one's when dense) over this group's loop. */
-    const char *pf = (const char *)w + R * ws;
-    size_t pf_step = dt >= KERN_Q8_0 && T <= 2 && nc >= 2 ? (R * ws + (size_t)nc / 2 - 1) / ((size_t)nc / 2) : 0;
+    /* Few tokens: memory-bound, and the hardware prefetcher lags behind
+     * the rows (half the speed without this for Q8_0, 13-20 % for bf16 on
+     * 2 MiB pages). Prefetch the row group about 2 KiB ahead (rows are
+     * contiguous when dense) over this group's loop, a line per step. */
+    const size_t group = (size_t)R * ws, ahead = group >= MM_PF_AHEAD ? 1 : (MM_PF_AHEAD + group - 1) / group;
+    const char *pf = (const char *)w + ahead * group;
+    size_t pf_step = T <= 2 && nc >= 2 ? (group + (size_t)nc / 2 - 1) / ((size_t)nc / 2) : 0;
     pf_step = (pf_step + 63) & ~(size_t)63;
     for (; c + 2 <= nc; c += 2) {
         if (pf_step == 64) /* one row of one token: a line per block pair */
