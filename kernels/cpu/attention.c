@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu.h"
 
 #define ATT_QBLOCK 64
+#define ATT_PACK_MIN 4 /* queries in a task from which it packs its head's keys and values */
 
 int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
                  int kvdim) {
@@ -57,25 +58,43 @@ static void att_task(void *arg, int task) {
     const float **krow = malloc((size_t)maxlen * sizeof *krow), **vrow = malloc((size_t)maxlen * sizeof *vrow);
     /* This head's keys and values, packed: in the cache they sit kvdim
      * floats apart (often 4 KiB, so every row maps to the same L1 sets) and
-     * every query of the task reads them all. */
-    float *kv = malloc(2 * (size_t)maxlen * hd * sizeof *kv);
-    if (!s || !krow || !vrow || !kv) {
+     * every query of the task reads them all. Fewer than ATT_PACK_MIN
+     * queries (decode) read them in place: packing would read and write
+     * every key and value once more than the queries read them. */
+    const int pack = nqb >= ATT_PACK_MIN;
+    float *kv = pack ? malloc(2 * (size_t)maxlen * hd * sizeof *kv) : NULL;
+    if (!s || !krow || !vrow || (pack && !kv)) {
         a->failed = 1;
         goto out;
     }
     /* Resolve the block table once per task rather than per query. */
     for (int p = 0; p < maxlen; p++) {
         size_t row = (size_t)table[p / b->block_size] * b->block_size + (size_t)(p % b->block_size);
+        const float *kc = a->kc + row * kvdim + (size_t)kvh * hd, *vc = a->vc + row * kvdim + (size_t)kvh * hd;
+        if (!pack) {
+            krow[p] = kc;
+            vrow[p] = vc;
+            continue;
+        }
         float *kp = kv + (size_t)p * hd, *vp = kv + ((size_t)maxlen + p) * hd;
-        memcpy(kp, a->kc + row * kvdim + (size_t)kvh * hd, (size_t)hd * sizeof *kp);
-        memcpy(vp, a->vc + row * kvdim + (size_t)kvh * hd, (size_t)hd * sizeof *vp);
+        memcpy(kp, kc, (size_t)hd * sizeof *kp);
+        memcpy(vp, vc, (size_t)hd * sizeof *vp);
         krow[p] = kp;
         vrow[p] = vp;
     }
     /* all the block's q·k at once (the causal tail of the last rows is
-     * computed and ignored), then each query on its own */
-    cpu_scores(a->isa, a->q + (size_t)t->q0 * qdim + (size_t)h * hd, (size_t)qdim, nqb, kv, maxlen, hd, s,
-               (size_t)maxlen);
+     * computed and ignored), then each query on its own; cpu_scores gives
+     * cpu_dot's bits, so both ways agree */
+    if (pack) {
+        cpu_scores(a->isa, a->q + (size_t)t->q0 * qdim + (size_t)h * hd, (size_t)qdim, nqb, kv, maxlen, hd, s,
+                   (size_t)maxlen);
+    } else {
+        for (int i = t->q0; i < t->q1; i++) {
+            const float *qi = a->q + (size_t)i * qdim + (size_t)h * hd;
+            float *sr = s + (size_t)(i - t->q0) * maxlen;
+            for (int p = 0, len = pos_first + (i - t->q0) + 1; p < len; p++) sr[p] = cpu_dot(a->isa, qi, krow[p], hd);
+        }
+    }
     for (int i = t->q0; i < t->q1; i++) {
         float *o = a->out + (size_t)i * qdim + (size_t)h * hd;
         float *sr = s + (size_t)(i - t->q0) * maxlen;

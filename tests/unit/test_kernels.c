@@ -804,6 +804,50 @@ END_TEST
 /* Attention's vector paths (four keys per pass, output kept in registers
  * across keys) give the portable path's bits, for head sizes with and
  * without a tail after 64-float chunks. */
+/* A query's attention has the same bits whether its task holds it alone
+ * (decode: keys and values read in place), with two others (in place) or
+ * with the whole prompt (packed), on the vector path and the portable one. */
+START_TEST(test_attention_decode_equals_prefill) {
+    const kern_ops *o2;
+    kern_backend *b2;
+    char err[256];
+    setenv("ECHO_CPU_ISA", "scalar", 1);
+    ck_assert(kern_backend_create("cpu", 2, 0, &o2, &b2, err, sizeof err) == 0);
+    unsetenv("ECHO_CPU_ISA");
+    const kern_ops *os[2] = {ops, o2};
+    kern_backend *bs[2] = {be, b2};
+    enum { HQ = 4, HKV = 2, HD = 64, BS = 4, NB = 8 };
+    const int kvd = HKV * HD, qd = HQ * HD, pos0 = 2, nq = 11, len = pos0 + nq;
+    float *kc = ops->alloc(be, (size_t)NB * BS * kvd * 4), *vc = ops->alloc(be, (size_t)NB * BS * kvd * 4);
+    float *k = rand_vec((size_t)len * kvd), *v = rand_vec((size_t)len * kvd), *q = rand_vec((size_t)nq * qd);
+    int32_t slots[32], table[NB] = {6, 1, 7, 0, 2, 3, 4, 5};
+    for (int p = 0; p < len; p++) slots[p] = table[p / BS] * BS + p % BS;
+    ck_assert_int_eq(ops->kv_store(be, kc, vc, k, v, slots, len, kvd), 0);
+    float *all = malloc((size_t)nq * qd * 4), *one = malloc((size_t)3 * qd * 4);
+    for (int x = 0; x < 2; x++) {
+        int32_t q_start[2] = {0, nq};
+        kern_attn_batch b = {1, q_start, &pos0, table, NB, BS};
+        ck_assert_int_eq(os[x]->attention(bs[x], all, q, kc, vc, &b, HQ, HKV, HD, 0.125f), 0);
+        for (int i = 0; i < nq; i++)
+            for (int m = 1; m <= 3 && i + m <= nq; m += 2) { /* 1 or 3 queries from row i */
+                int32_t qs[2] = {0, m}, p0 = pos0 + i;
+                kern_attn_batch d = {1, qs, &p0, table, NB, BS};
+                ck_assert_int_eq(os[x]->attention(bs[x], one, q + (size_t)i * qd, kc, vc, &d, HQ, HKV, HD, 0.125f), 0);
+                ck_assert_msg(memcmp(one, all + (size_t)i * qd, (size_t)m * qd * 4) == 0,
+                              "path %d: %d queries from row %d differ from the prompt's", x, m, i);
+            }
+    }
+    free(all);
+    free(one);
+    free(k);
+    free(v);
+    free(q);
+    ops->free(be, kc);
+    ops->free(be, vc);
+    kern_backend_destroy(o2, b2);
+}
+END_TEST
+
 START_TEST(test_attention_isa_paths_agree) {
     const int hds[] = {128, 80};
     const kern_ops *o2;
@@ -1036,6 +1080,7 @@ int main(void) {
     tcase_add_test(tc, test_matmul_quantized_strided);
     tcase_add_test(tc, test_matmul_isa_paths_agree);
     tcase_add_test(tc, test_attention_isa_paths_agree);
+    tcase_add_test(tc, test_attention_decode_equals_prefill);
     tcase_add_test(tc, test_quantize_q8_0_matches_gguf);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
