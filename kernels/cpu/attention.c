@@ -1,7 +1,7 @@
 /*
  * cpu: causal GQA attention of a batch of sequences over a paged KV cache,
- * and the cache store. One task per (sequence, query head, block of
- * queries). Softmax in fp32 after subtracting the row maximum; the
+ * and the cache store. One task per (sequence, kv head with its group of
+ * query heads, block of queries). Softmax in fp32 after subtracting the row maximum; the
  * normaliser accumulates in double so long contexts keep the small weights.
  * Each query row is computed the same way whatever else is in the batch, so
  * results are batch-invariant (the server's greedy outputs rely on it).
@@ -30,7 +30,7 @@ int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void
 }
 
 typedef struct att_task_ref {
-    int seq, head, q0, q1; /* rows q0..q1-1 of sequence seq */
+    int seq, head, q0, q1; /* rows q0..q1-1 of sequence seq, for kv head `head` */
 } att_task_ref;
 
 typedef struct att_args {
@@ -48,20 +48,23 @@ static void att_task(void *arg, int task) {
     att_args *a = arg;
     const att_task_ref *t = &a->tasks[task];
     const kern_attn_batch *b = a->b;
-    int h = t->head, kvh = h / (a->hq / a->hkv);
+    const int kvh = t->head, G = a->hq / a->hkv, h0 = kvh * G;
     int hd = a->hd, qdim = a->hq * hd, kvdim = a->hkv * hd;
     const int32_t *table = b->block_table + (size_t)t->seq * b->max_blocks;
     int pos_first = b->pos0[t->seq] + (t->q0 - b->q_start[t->seq]);
     int maxlen = pos_first + (t->q1 - t->q0);
     int nqb = t->q1 - t->q0;
-    float *s = malloc((size_t)nqb * maxlen * sizeof *s); /* the block's scores, maxlen apart */
-    const float **krow = malloc((size_t)maxlen * sizeof *krow), **vrow = malloc((size_t)maxlen * sizeof *vrow);
-    /* This head's keys and values, packed: in the cache they sit kvdim
+    /* This kv head's keys and values, packed: in the cache they sit kvdim
      * floats apart (often 4 KiB, so every row maps to the same L1 sets) and
      * every query of the task reads them all. Fewer than ATT_PACK_MIN
      * queries (decode) read them in place: packing would read and write
      * every key and value once more than the queries read them. */
     const int pack = nqb >= ATT_PACK_MIN;
+    /* the block's scores (maxlen apart) for one head at a time when
+     * packed, for the whole group in place (each key read once for it) */
+    const size_t sn = (size_t)nqb * maxlen;
+    float *s = malloc((pack ? 1 : (size_t)G) * sn * sizeof *s);
+    const float **krow = malloc((size_t)maxlen * sizeof *krow), **vrow = malloc((size_t)maxlen * sizeof *vrow);
     float *kv = pack ? malloc(2 * (size_t)maxlen * hd * sizeof *kv) : NULL;
     if (!s || !krow || !vrow || (pack && !kv)) {
         a->failed = 1;
@@ -82,53 +85,55 @@ static void att_task(void *arg, int task) {
         krow[p] = kp;
         vrow[p] = vp;
     }
-    /* all the block's q·k at once (the causal tail of the last rows is
-     * computed and ignored), then each query on its own; cpu_scores gives
-     * cpu_dot's bits, so both ways agree */
-    if (pack) {
-        cpu_scores(a->isa, a->q + (size_t)t->q0 * qdim + (size_t)h * hd, (size_t)qdim, nqb, kv, maxlen, hd, s,
-                   (size_t)maxlen);
-    } else {
+    if (!pack) /* cpu_dot: the bits of cpu_scores */
+        for (int i = t->q0; i < t->q1; i++)
+            for (int p = 0, len = pos_first + (i - t->q0) + 1; p < len; p++)
+                for (int g = 0; g < G; g++)
+                    s[g * sn + (size_t)(i - t->q0) * maxlen + p] =
+                        cpu_dot(a->isa, a->q + (size_t)i * qdim + (size_t)(h0 + g) * hd, krow[p], hd);
+    for (int g = 0; g < G; g++) {
+        const int h = h0 + g;
+        float *sh = pack ? s : s + g * sn;
+        /* all the block's q·k at once (the causal tail of the last rows is
+         * computed and ignored), then each query on its own */
+        if (pack)
+            cpu_scores(a->isa, a->q + (size_t)t->q0 * qdim + (size_t)h * hd, (size_t)qdim, nqb, kv, maxlen, hd, sh,
+                       (size_t)maxlen);
         for (int i = t->q0; i < t->q1; i++) {
-            const float *qi = a->q + (size_t)i * qdim + (size_t)h * hd;
-            float *sr = s + (size_t)(i - t->q0) * maxlen;
-            for (int p = 0, len = pos_first + (i - t->q0) + 1; p < len; p++) sr[p] = cpu_dot(a->isa, qi, krow[p], hd);
+            float *o = a->out + (size_t)i * qdim + (size_t)h * hd;
+            float *sr = sh + (size_t)(i - t->q0) * maxlen;
+            int len = pos_first + (i - t->q0) + 1;
+            float mx = -INFINITY;
+            for (int p = 0; p < len; p++) {
+                sr[p] *= a->scale;
+                if (sr[p] > mx) mx = sr[p];
+            }
+            double sum = 0;
+            for (int p = 0; p < len; p++) {
+                sr[p] = expf(sr[p] - mx);
+                sum += sr[p];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int p = 0; p < len; p++) sr[p] *= inv;
+            memset(o, 0, (size_t)hd * sizeof *o);
         }
+        /* p·v four queries at a time (each value row read once for the four) */
+        int i = t->q0;
+        for (; i + 4 <= t->q1; i += 4) {
+            float *o4[4];
+            const float *w4[4];
+            int n4[4];
+            for (int j = 0; j < 4; j++) {
+                o4[j] = a->out + (size_t)(i + j) * qdim + (size_t)h * hd;
+                w4[j] = sh + (size_t)(i + j - t->q0) * maxlen;
+                n4[j] = pos_first + (i + j - t->q0) + 1;
+            }
+            cpu_wsum4(a->isa, o4, w4, vrow, n4, hd);
+        }
+        for (; i < t->q1; i++)
+            cpu_wsum(a->isa, a->out + (size_t)i * qdim + (size_t)h * hd, sh + (size_t)(i - t->q0) * maxlen, vrow,
+                     pos_first + (i - t->q0) + 1, hd);
     }
-    for (int i = t->q0; i < t->q1; i++) {
-        float *o = a->out + (size_t)i * qdim + (size_t)h * hd;
-        float *sr = s + (size_t)(i - t->q0) * maxlen;
-        int len = pos_first + (i - t->q0) + 1;
-        float mx = -INFINITY;
-        for (int p = 0; p < len; p++) {
-            sr[p] *= a->scale;
-            if (sr[p] > mx) mx = sr[p];
-        }
-        double sum = 0;
-        for (int p = 0; p < len; p++) {
-            sr[p] = expf(sr[p] - mx);
-            sum += sr[p];
-        }
-        float inv = (float)(1.0 / sum);
-        for (int p = 0; p < len; p++) sr[p] *= inv;
-        memset(o, 0, (size_t)hd * sizeof *o);
-    }
-    /* p·v four queries at a time (each value row read once for the four) */
-    int i = t->q0;
-    for (; i + 4 <= t->q1; i += 4) {
-        float *o4[4];
-        const float *w4[4];
-        int n4[4];
-        for (int j = 0; j < 4; j++) {
-            o4[j] = a->out + (size_t)(i + j) * qdim + (size_t)h * hd;
-            w4[j] = s + (size_t)(i + j - t->q0) * maxlen;
-            n4[j] = pos_first + (i + j - t->q0) + 1;
-        }
-        cpu_wsum4(a->isa, o4, w4, vrow, n4, hd);
-    }
-    for (; i < t->q1; i++)
-        cpu_wsum(a->isa, a->out + (size_t)i * qdim + (size_t)h * hd, s + (size_t)(i - t->q0) * maxlen, vrow,
-                 pos_first + (i - t->q0) + 1, hd);
 out:
     free(s);
     free(krow);
@@ -148,14 +153,14 @@ int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, co
         if (b->pos0[s] + n > b->max_blocks * b->block_size)
             return kern_fail(be, "attention: sequence %d reaches position %d beyond its %d blocks", s, b->pos0[s] + n,
                              b->max_blocks);
-        ntasks += hq * ((n + ATT_QBLOCK - 1) / ATT_QBLOCK);
+        ntasks += hkv * ((n + ATT_QBLOCK - 1) / ATT_QBLOCK);
     }
     if (ntasks == 0) return 0;
     att_task_ref *tasks = malloc((size_t)ntasks * sizeof *tasks);
     if (!tasks) return kern_fail(be, "attention: out of memory");
     int k = 0;
     for (int s = 0; s < b->n_seqs; s++)
-        for (int h = 0; h < hq; h++)
+        for (int h = 0; h < hkv; h++) /* a task: one kv head and its group of query heads */
             for (int q0 = b->q_start[s]; q0 < b->q_start[s + 1]; q0 += ATT_QBLOCK) {
                 int q1 = q0 + ATT_QBLOCK < b->q_start[s + 1] ? q0 + ATT_QBLOCK : b->q_start[s + 1];
                 tasks[k++] = (att_task_ref){s, h, q0, q1};
