@@ -804,16 +804,21 @@ END_TEST
 /* Attention's vector paths (four keys per pass, output kept in registers
  * across keys) give the portable path's bits, for head sizes with and
  * without a tail after 64-float chunks. */
+/* A second cpu backend on the portable path (ECHO_CPU_ISA=scalar). */
+static void scalar_backend(const kern_ops **o, kern_backend **b) {
+    char err[256];
+    setenv("ECHO_CPU_ISA", "scalar", 1);
+    ck_assert_msg(kern_backend_create("cpu", 2, 0, o, b, err, sizeof err) == 0, "%s", err);
+    unsetenv("ECHO_CPU_ISA");
+}
+
 /* A query's attention has the same bits whether its task holds it alone
  * (decode: keys and values read in place), with two others (in place) or
  * with the whole prompt (packed), on the vector path and the portable one. */
 START_TEST(test_attention_decode_equals_prefill) {
     const kern_ops *o2;
     kern_backend *b2;
-    char err[256];
-    setenv("ECHO_CPU_ISA", "scalar", 1);
-    ck_assert(kern_backend_create("cpu", 2, 0, &o2, &b2, err, sizeof err) == 0);
-    unsetenv("ECHO_CPU_ISA");
+    scalar_backend(&o2, &b2);
     const kern_ops *os[2] = {ops, o2};
     kern_backend *bs[2] = {be, b2};
     enum { HQ = 4, HKV = 2, HD = 64, BS = 4, NB = 8 };
@@ -852,10 +857,7 @@ START_TEST(test_attention_isa_paths_agree) {
     const int hds[] = {128, 80};
     const kern_ops *o2;
     kern_backend *b2;
-    char err[256];
-    setenv("ECHO_CPU_ISA", "scalar", 1);
-    ck_assert(kern_backend_create("cpu", 2, 0, &o2, &b2, err, sizeof err) == 0);
-    unsetenv("ECHO_CPU_ISA");
+    scalar_backend(&o2, &b2);
     for (int d = 0; d < 2; d++) {
         enum { HQ = 4, HKV = 2, BS = 4, NB = 8 };
         int hd = hds[d], kvd = HKV * hd, qd = HQ * hd, pos0 = 3, nq = 9, len = pos0 + nq;
