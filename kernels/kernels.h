@@ -244,7 +244,7 @@ typedef struct kern_ops {
      * parts stay valid and the caller may free them afterwards; release out
      * with free_weight. For decode at one token: in(1, cols)·outᵀ is the
      * parts' outputs laid end to end, one matmul instead of n_parts.
-     * cpu: a malloc'ed copy of the parts' bytes (dtype kept), so the
+     * cpu: a backend-allocated copy of the parts' bytes (dtype kept), so the
      * products are bit-identical to the parts' (its matmul computes each
      * output row on its own); cuda: a device-to-device copy (bf16), synced.
      * Errors: n_parts < 1, a missing part, mismatched cols or dtype, a

@@ -261,7 +261,7 @@ static int keepable_qtype(weights_dtype d, kern_dtype *out) {
  * Quantized GGUF matrices stay quantized when the backend can read them
  * (kern_ops.upload_quantized; Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), the weights
  * are not fused, and a column slice starts and ends on a block boundary:
- * the blocks alias the mmap, or, for rows stored permuted (a Llama GGUF's
+ * the blocks are uploaded from the mmap, or, for rows stored permuted (a Llama GGUF's
  * q/k, heads of permute_hd rows: whole rows, so moved as bytes), sit in a
  * copy the model owns. Otherwise quantized tensors, permuted rows and, with
  * fused weights, every tensor of a GGUF (which may mix dtypes within a

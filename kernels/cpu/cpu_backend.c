@@ -1,6 +1,7 @@
 /*
  * cpu backend: memory ops and the op table. Activations are fp32 in host
- * memory; weights stay where weights/ mapped them (no copy).
+ * memory; weights of 2 MiB and more are copied onto huge pages (mem.c),
+ * smaller ones stay where weights/ mapped them.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -1,10 +1,10 @@
 /*
  * cpu: fuse_rows — one backend-owned weight holding the rows of several
  * (the model's [wq; wk; wv] and [wg; wu], so a one-token decode step runs
- * one matmul per group). The parts usually alias the checkpoint's mmap, so
- * the fused weight is a backend-allocated copy in their dtype (bytes unchanged: the
- * matmul then reads exactly the values it read from the parts), tracked in
- * the owned list so free_weight releases it.
+ * one matmul per group). The fused weight is a backend-allocated copy in
+ * the parts' dtype (bytes unchanged: the matmul then reads exactly the
+ * values it read from the parts), tracked in the owned list so
+ * free_weight releases it.
  */
 #include <stdlib.h>
 #include <string.h>
