@@ -1,8 +1,9 @@
 /*
  * cpu: causal GQA attention of a batch of sequences over a paged KV cache,
  * and the cache store. One task per (sequence, kv head with its group of
- * query heads, block of queries). Softmax in fp32 after subtracting the row maximum; the
- * normaliser accumulates in double so long contexts keep the small weights.
+ * query heads, block of queries). Softmax in fp32 after subtracting the
+ * row maximum; the normaliser accumulates in double so long contexts keep
+ * the small weights.
  * Each query row is computed the same way whatever else is in the batch, so
  * results are batch-invariant (the server's greedy outputs rely on it).
  * q·k and the weighted sum of v use fmas (matmul.c's cpu_dot, cpu_axpy):
@@ -15,7 +16,7 @@
 #include "kernels/cpu/cpu.h"
 
 #define ATT_QBLOCK 64
-#define ATT_PACK_MIN 4 /* queries in a task from which it packs its head's keys and values */
+#define ATT_PACK_MIN 4 /* queries in a task from which it packs its kv head's keys and values */
 
 int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
                  int kvdim) {

@@ -6,8 +6,9 @@
  * tasks and runs it in order; a thread done with its share takes tasks
  * from the end of another's, so uneven tasks (or a thread that never
  * joins) still balance. Contiguous shares keep each thread's weight rows
- * one memory stream (docs/bench-forward.md, "Contiguous shares"). One parallel region at a time per backend (a backend belongs
- * to one rank thread, so the model never nests them). The caller waits only
+ * one memory stream (docs/bench-forward.md, "Contiguous shares and
+ * prefetch"). One parallel region at a time per backend (a backend
+ * belongs to one rank thread, so the model never nests them). The caller waits only
  * for workers that joined the region: one still waking up when the caller
  * has run every task stays out of it. After a region a worker polls for the
  * next one for ECHO_POOL_SPIN_US microseconds (default CPU_POOL_SPIN_US,

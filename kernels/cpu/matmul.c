@@ -131,21 +131,20 @@ A512 INL __m512 ld512(const int dt, const uint8_t *r, int c) {
     case KERN_Q8_0: {
         const uint8_t *b = r + 34 * (c >> 1);
         __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * (c & 1))));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(h16_512(b)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), h16x16(b));
     }
     case KERN_Q4_0: {
         const uint8_t *b = r + 18 * (c >> 1);
         __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
         q = (c & 1) ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(15));
         q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(h16_512(b)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), h16x16(b));
     }
     case KERN_Q4_1: {
         const uint8_t *b = r + 20 * (c >> 1);
         __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 4)));
         q = (c & 1) ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(15));
-        return _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(h16_512(b))),
-                             _mm512_set1_ps(h16_512(b + 2)));
+        return _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), h16x16(b)), h16x16(b + 2));
     }
     case KERN_Q4_K: {
         const uint8_t *b = r + 144 * (c >> 4);
