@@ -300,7 +300,7 @@ typedef struct ctl_hdr {
 typedef struct wire_cfg {
     char model_dir[2048], device[32], transport[32];
     int32_t tp, allreduce, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
-        kv_blocks, cuda_graphs, fuse_weights, quantize, echo_codec;
+        kv_blocks, cuda_graphs, fuse_weights, quantize, act_quant, echo_codec;
     uint64_t echo_min_bytes;
 } wire_cfg;
 
@@ -315,7 +315,8 @@ static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) 
                     .kv_block_size = c->kv_block_size, .max_model_len = c->max_model_len,
                     .max_num_seqs = c->max_num_seqs, .max_batch_tokens = c->max_batch_tokens,
                     .kv_blocks = c->kv_blocks, .cuda_graphs = c->cuda_graphs, .fuse_weights = c->fuse_weights,
-                    .quantize = c->quantize, .echo_min_bytes = c->echo_min_bytes, .echo_codec = c->echo_codec};
+                    .quantize = c->quantize, .act_quant = c->act_quant, .echo_min_bytes = c->echo_min_bytes,
+                    .echo_codec = c->echo_codec};
     strcpy(w->model_dir, c->model_dir);
     strcpy(w->device, dev);
     strcpy(w->transport, tr);
@@ -330,7 +331,7 @@ static void wire_get(wire_cfg *w, eng_config *c) {
                       .kv_block_size = w->kv_block_size, .max_model_len = w->max_model_len,
                       .max_num_seqs = w->max_num_seqs, .max_batch_tokens = w->max_batch_tokens,
                       .kv_blocks = w->kv_blocks, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
-                      .quantize = w->quantize, .echo_min_bytes = (size_t)w->echo_min_bytes,
+                      .quantize = w->quantize, .act_quant = w->act_quant, .echo_min_bytes = (size_t)w->echo_min_bytes,
                       .echo_codec = (echo_codec_id)w->echo_codec};
 }
 
@@ -478,7 +479,7 @@ static int create_ranks(eng *e, int use_nccl, char *err, size_t errlen) {
             e->cfg.fuse_weights = strcmp(r->ops->name, "cpu") ? ENG_FUSE_ON : ENG_FUSE_OFF;
         model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size,
                               c->fuse_weights == ENG_FUSE_ON,
-                              c->quantize == ENG_QUANT_Q8_0 ? KERN_Q8_0 : 0};
+                              c->quantize == ENG_QUANT_Q8_0 ? KERN_Q8_0 : 0, c->act_quant == ENG_ACT_Q8};
         char merr[768];
         if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
             snprintf(err, errlen, "%s", merr);

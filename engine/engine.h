@@ -75,11 +75,19 @@ typedef struct eng_config {
      * on backends that keep quantized weights (cpu; model_load_opts.quantize),
      * not with fused weights. ENG_QUANT_NONE (0): stored dtypes. */
     int quantize;
+    /* ENG_ACT_Q8: Q8_0 matrices multiply activations quantized to 8 bits
+     * per 32-block, in integers (model_load_opts.act_q8; cpu): llama.cpp's
+     * numerics, faster at decode. ENG_ACT_NONE (0): the bits of the
+     * dequantized weights. */
+    int act_quant;
     echo_codec_id echo_codec; /* codec of the int4/echo all-reduce; 0 = comm/ default (ECHO_DEFAULT_CODEC) */
 } eng_config;
 
 #define ENG_QUANT_NONE 0
 #define ENG_QUANT_Q8_0 1
+
+#define ENG_ACT_NONE 0
+#define ENG_ACT_Q8 1
 
 #define ENG_FUSE_AUTO 0
 #define ENG_FUSE_ON 1

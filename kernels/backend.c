@@ -35,6 +35,7 @@ const char *kern_dtype_name(kern_dtype dt) {
     case KERN_Q4_1: return "q4_1";
     case KERN_Q4_K: return "q4_k";
     case KERN_Q6_K: return "q6_k";
+    case KERN_Q8_0_A8: return "q8_0_a8";
     }
     return "?";
 }

@@ -42,7 +42,17 @@ typedef enum kern_dtype {
     KERN_Q4_1, /* 32 x 4 bit, fp16 d and m: x = d * q + m */
     KERN_Q4_K, /* 256 per super-block, 8 sub-blocks with 6-bit scales/mins */
     KERN_Q6_K, /* 256 per super-block, 16 sub-blocks with int8 scales */
+    /* Q8_0 values whose matmul quantizes the activations per 32-block to 8
+     * bits and multiplies in integers (llama.cpp's Q8_0 numerics): faster,
+     * not the bits of the dequantized weight. Made only by upload_quantized
+     * (cpu); its memory layout is the backend's own. */
+    KERN_Q8_0_A8,
 } kern_dtype;
+
+/* A view of an uploaded weight's rows (data + kern_dtype_bytes(dt, r0 *
+ * cols)) must start at a multiple of KERN_ROW_GROUP rows: a backend may
+ * keep rows interleaved in groups (the cpu's KERN_Q8_0_A8). */
+#define KERN_ROW_GROUP 16
 
 /* Elements per block (1 for F32/F16/BF16) and bytes per block. */
 static inline int kern_dtype_block(kern_dtype dt) {
@@ -53,7 +63,8 @@ static inline size_t kern_dtype_block_bytes(kern_dtype dt) {
     case KERN_F32: return 4;
     case KERN_F16:
     case KERN_BF16: return 2;
-    case KERN_Q8_0: return 34;
+    case KERN_Q8_0:
+    case KERN_Q8_0_A8: return 34;
     case KERN_Q4_0: return 18;
     case KERN_Q4_1: return 20;
     case KERN_Q4_K: return 144;

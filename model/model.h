@@ -114,6 +114,13 @@ typedef struct model_load_opts {
      * decode step streams ~1.06 bytes per weight; ignored with fused
      * weights or on other backends. 0: keep the stored dtypes. */
     int quantize;
+    /* 1: Q8_0 matrices (a GGUF's, or quantize's) are uploaded as
+     * KERN_Q8_0_A8: their matmuls quantize the activations to 8 bits per
+     * 32-block and multiply in integers (llama.cpp's numerics; faster,
+     * slightly less accurate). Refused on a backend without
+     * upload_quantized, or when no matrix is Q8_0. 0: the bits of the
+     * dequantized weights. */
+    int act_q8;
 } model_load_opts;
 
 /* Load rank `rank`'s shard of the model in `dir` (config.json, weights in

@@ -330,6 +330,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .echo_group = o->echo_group,
                      .echo_codec = o->echo_codec,
                      .quantize = o->quantize,
+                     .act_quant = o->act_quant,
                      .threads = o->threads,
                      .max_model_len = o->max_model_len,
                      .max_num_seqs = o->max_num_seqs,

@@ -50,6 +50,9 @@ static const char *USAGE =
     "                         captured too). Off by default; no effect on cpu or with\n"
     "                         --transport local at --tp > 1 (a note says so)\n"
     "  --quantize q8_0        quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
+    "  --act-quant none|q8_0  q8_0: Q8_0 matrices (a GGUF's, --quantize's) multiply activations\n"
+    "                         quantized to 8 bits per 32-block, in integers, as llama.cpp does (cpu;\n"
+    "                         faster decode, not the dequantized weights' bits). Default none\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default)\n"
     "  --echo-codec NAME      codec of int4/echo: int4, hadamard, hsub6, out2 or hout2; NAME-gG sets G too\n"
@@ -170,7 +173,7 @@ static double now_s(void) {
 int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_CODEC };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -187,6 +190,7 @@ int main(int argc, char **argv) {
         {"transport", required_argument, 0, O_TRANSPORT},
         {"cuda-graphs", no_argument, 0, O_GRAPHS},
         {"quantize", required_argument, 0, O_QUANT},
+        {"act-quant", required_argument, 0, O_ACTQ},
         {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},
         {"no-thinking", no_argument, 0, O_NOTHINK},
@@ -239,6 +243,10 @@ int main(int argc, char **argv) {
         case O_QUANT:
             cli_choice(PROG, optarg, "--quantize", (const char *const[]){"q8_0", NULL});
             ec.quantize = ENG_QUANT_Q8_0;
+            break;
+        case O_ACTQ:
+            ec.act_quant = strcmp(cli_choice(PROG, optarg, "--act-quant", (const char *const[]){"none", "q8_0", NULL}),
+                                  "none") ? ENG_ACT_Q8 : ENG_ACT_NONE;
             break;
         case O_ALLRED:
             if (echo_preset_parse(optarg, &ec.allreduce))

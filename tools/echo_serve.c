@@ -44,6 +44,9 @@ static const char *USAGE =
     "  --echo-min-bytes N     all-reduce messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per scale group, 16..256 (default: the codec's, 128 for hout2)\n"
     "  --quantize q8_0              quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
+    "  --act-quant none|q8_0        q8_0: Q8_0 matrices (a GGUF's, --quantize's) multiply activations\n"
+    "                               quantized to 8 bits per 32-block, in integers, as llama.cpp does\n"
+    "                               (cpu; faster decode, not the dequantized weights' bits). Default none\n"
     "  --threads N                  cpu threads in total (default: all online CPUs)\n"
     "  --host ADDR                  numeric address to bind (default 127.0.0.1)\n"
     "  --port N                     port (default 8000; 0 = any free port, printed at start)\n"
@@ -126,7 +129,8 @@ int main(int argc, char **argv) {
         O_DEADLINE,
         O_PERCLIENT,
         O_CODEC,
-        O_QUANT
+        O_QUANT,
+        O_ACTQ
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -139,6 +143,7 @@ int main(int argc, char **argv) {
         {"echo-group", required_argument, 0, O_GROUP},
         {"echo-codec", required_argument, 0, O_CODEC},
         {"quantize", required_argument, 0, O_QUANT},
+        {"act-quant", required_argument, 0, O_ACTQ},
         {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},
         {"served-model-name", required_argument, 0, O_NAME},
@@ -189,6 +194,10 @@ int main(int argc, char **argv) {
         case O_QUANT:
             cli_choice(PROG, optarg, "--quantize", (const char *const[]){"q8_0", NULL});
             o.quantize = ENG_QUANT_Q8_0;
+            break;
+        case O_ACTQ:
+            o.act_quant = strcmp(cli_choice(PROG, optarg, "--act-quant", (const char *const[]){"none", "q8_0", NULL}),
+                                 "none") ? ENG_ACT_Q8 : ENG_ACT_NONE;
             break;
         case O_MINB: o.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
         case O_GROUP: o.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;

@@ -68,6 +68,9 @@ typedef struct cpu_impl {
     void **owned;
     size_t n_owned, cap_owned;
     int huge; /* big blocks on 2 MiB pages, big uploads copied there (mem.c) */
+    int vnni; /* AVX-512 VNNI for KERN_Q8_0_A8 (isa AVX512 and the machine has it) */
+    void *scratch; /* cpu_scratch's block */
+    size_t scratch_cap;
 } cpu_impl;
 
 /* mem.c. Blocks of CPU_HUGE_MIN bytes and more go on huge pages. */
@@ -84,6 +87,9 @@ int cpu_owned_add(kern_backend *be, void *p);
 void cpu_owned_release(kern_backend *be, const void *p);
 
 void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
+/* A 64-byte aligned block of at least `bytes`, the backend's, reused by
+ * the next call (one op at a time); NULL when out of memory. */
+void *cpu_scratch(kern_backend *be, size_t bytes);
 int cpu_nthreads(const kern_backend *be);
 
 int cpu_isa(const kern_backend *be);
@@ -117,6 +123,15 @@ void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows);
 void cpu_dequant(kern_dtype dt, const void *src, int64_t first, int64_t n, float *dst);
 void cpu_k_scale_min(const uint8_t *q, int j, int *sc, int *m);
 void cpu_quantize_q8_0(const float *x, int64_t n, uint8_t *dst);
+
+/* matmul_q8.c: KERN_Q8_0_A8. Pack a Q8_0 or F32/F16/BF16 weight (rows
+ * quantized as cpu_quantize_q8_0 does) into the backend-owned layout; row
+ * r of a packed weight as fp32 (its Q8_0 values); the matmul; whether the
+ * machine has AVX-512 VNNI. */
+int cpu_pack_q8a8(kern_backend *be, const kern_weight *host, kern_weight *dev);
+void cpu_q8a8_row(const kern_weight *w, int64_t r, float *dst);
+int cpu_matmul_q8a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n);
+int cpu_vnni_detect(void);
 
 /* The ops, one file per family. */
 int cpu_embedding(kern_backend *be, void *out, const kern_weight *table, const int32_t *ids, int n);

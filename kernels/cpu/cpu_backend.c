@@ -47,13 +47,18 @@ static int cpu_copy(kern_backend *be, void *dst, const void *src, size_t n) {
  * (cpu_dequant); gcc turns it into plain (unaligned-safe) loads. */
 void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) {
     int64_t cols = w->cols, ld = w->ld ? w->ld : cols;
+    if (w->dtype == KERN_Q8_0_A8) {
+        for (int64_t r = 0; r < nrows; r++) cpu_q8a8_row(w, r0 + r, dst + r * cols);
+        return;
+    }
     for (int64_t r = 0; r < nrows; r++)
         cpu_dequant(w->dtype, (const char *)w->data + kern_dtype_bytes(w->dtype, (r0 + r) * ld), 0, cols,
                     dst + r * cols);
 }
 
 /* Quantized weights: GGUF blocks are uploaded like any weight;
- * F32/F16/BF16 become an owned Q8_0 copy, row by row. */
+ * F32/F16/BF16 become an owned Q8_0 copy, row by row; KERN_Q8_0_A8 is
+ * packed from Q8_0 blocks or F32/F16/BF16 rows (matmul_q8.c). */
 static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev) {
     int bl = kern_dtype_block(to);
     int64_t ld = host->ld ? host->ld : host->cols;
@@ -61,6 +66,7 @@ static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_
     if (host->cols % bl || ld % bl)
         return kern_fail(be, "upload_quantized: (%lld, %lld) weight: cols not a multiple of %s's %d",
                          (long long)host->rows, (long long)host->cols, kern_dtype_name(to), bl);
+    if (to == KERN_Q8_0_A8) return cpu_pack_q8a8(be, host, dev);
     if (host->dtype == to) return cpu_copy_weight(be, host, dev);
     if (to != KERN_Q8_0 || kern_dtype_block(host->dtype) != 1)
         return kern_fail(be, "upload_quantized: cannot make %s from %s", kern_dtype_name(to),

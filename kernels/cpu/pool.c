@@ -184,6 +184,7 @@ int kern_cpu_create(int nthreads, kern_backend **out, char *err, size_t errlen) 
     if (!be || !impl) goto fail;
     be->impl = impl;
     impl->isa = isa_for_backend();
+    impl->vnni = impl->isa >= CPU_ISA_AVX512 && cpu_vnni_detect();
     if (cpu_huge_from_env(&impl->huge, err, errlen)) {
         free(impl);
         free(be);
@@ -226,11 +227,23 @@ void cpu_owned_release(kern_backend *be, const void *p) {
         }
 }
 
+void *cpu_scratch(kern_backend *be, size_t bytes) {
+    cpu_impl *impl = be->impl;
+    if (bytes <= impl->scratch_cap) return impl->scratch;
+    void *p = cpu_mem_alloc(be, bytes);
+    if (!p) return NULL;
+    free(impl->scratch);
+    impl->scratch = p;
+    impl->scratch_cap = bytes;
+    return p;
+}
+
 void kern_cpu_destroy(kern_backend *be) {
     if (!be) return;
     cpu_impl *impl = be->impl;
     for (size_t i = 0; i < impl->n_owned; i++) free(impl->owned[i]); /* weights never released */
     free(impl->owned);
+    free(impl->scratch);
     pool_destroy(&impl->pool);
     free(impl);
     free(be);

@@ -805,12 +805,15 @@ END_TEST
  * across keys) give the portable path's bits, for head sizes with and
  * without a tail after 64-float chunks. */
 /* A second cpu backend on the portable path (ECHO_CPU_ISA=scalar). */
-static void scalar_backend(const kern_ops **o, kern_backend **b) {
+/* A backend whose paths are capped at `cap` (ECHO_CPU_ISA). */
+static void isa_backend(const char *cap, const kern_ops **o, kern_backend **b) {
     char err[256];
-    setenv("ECHO_CPU_ISA", "scalar", 1);
+    setenv("ECHO_CPU_ISA", cap, 1);
     ck_assert_msg(kern_backend_create("cpu", 2, 0, o, b, err, sizeof err) == 0, "%s", err);
     unsetenv("ECHO_CPU_ISA");
 }
+
+static void scalar_backend(const kern_ops **o, kern_backend **b) { isa_backend("scalar", o, b); }
 
 /* A query's attention has the same bits whether its task holds it alone
  * (decode: keys and values read in place), with two others (in place) or
@@ -929,6 +932,162 @@ START_TEST(test_quantize_q8_0_matches_gguf) {
     free(v);
     tu_rmtree(dir);
     free(dir);
+}
+END_TEST
+
+/* ---- KERN_Q8_0_A8: Q8_0 weights x activations quantized to 8 bits ----
+ * The recipe (docs/bench-forward.md, "8-bit activations") written out once
+ * more on the raw Q8_0 bytes, independently of kernels/cpu/matmul_q8.c. */
+static void ref_q8a8(const float *x, int n, const uint8_t *raw, int rows, int cols, float *out) {
+    int nb = cols / 32;
+    int8_t *q = malloc((size_t)cols);
+    float *dx = malloc((size_t)nb * sizeof *dx);
+    for (int t = 0; t < n; t++) {
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)t * cols + 32 * b;
+            float amax = 0;
+            int finite = 1;
+            for (int k = 0; k < 32; k++) {
+                finite &= isfinite(xb[k]) != 0;
+                amax = fmaxf(amax, fabsf(xb[k]));
+            }
+            float d = finite ? amax / 127.0f : NAN, id = d > 0 ? 1.0f / d : 0.0f;
+            for (int k = 0; k < 32; k++) {
+                float v = xb[k] * id;
+                v = v < 127.0f ? v : 127.0f;
+                v = v > -127.0f ? v : -127.0f;
+                q[32 * b + k] = (int8_t)lrintf(v);
+            }
+            dx[b] = d;
+        }
+        for (int r = 0; r < rows; r++) {
+            float acc = 0;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = raw + ((size_t)r * nb + b) * 34;
+                int32_t s = 0;
+                for (int k = 0; k < 32; k++) s += (int8_t)blk[2 + k] * q[32 * b + k];
+                float dw = kern_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+                acc = fmaf(dw * dx[b], (float)s, acc);
+            }
+            out[(size_t)t * rows + r] = acc;
+        }
+    }
+    free(q);
+    free(dx);
+}
+
+/* Every path (AVX-512 VNNI where the machine has it, AVX2, portable C)
+ * gives the recipe's bits for every token count, so also batch-invariant;
+ * the result is within the activation rounding's bound of the exact
+ * product; a view at a 16-row boundary and embedding rows read the packed
+ * layout right; NaN and infinity reach the output. */
+START_TEST(test_matmul_q8a8) {
+    const char *caps[] = {"avx512", "avx2", "scalar"};
+    const int shapes[][2] = {{37, 512}, {16, 96}, {5, 1024}}; /* rows; cols (96: an odd number of blocks) */
+    const int ns[] = {1, 2, 5, 9, 12, 70};
+    for (int c = 0; c < 3; c++) {
+        const kern_ops *o2;
+        kern_backend *b2;
+        isa_backend(caps[c], &o2, &b2);
+        for (int sh = 0; sh < 3; sh++) {
+            int rows = shapes[sh][0], cols = shapes[sh][1];
+            wbuf w;
+            make_qweight(&w, 0, rows, cols);
+            kern_weight dev;
+            ck_assert_int_eq(o2->upload_quantized(b2, &w.w, KERN_Q8_0_A8, &dev), 0);
+            ck_assert_int_eq(dev.dtype, KERN_Q8_0_A8);
+            for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
+                int n = ns[s];
+                float *x = rand_vec((size_t)n * cols), *o = malloc((size_t)n * rows * 4), *ref = malloc((size_t)n * rows * 4);
+                for (int k = 0; k < 32 && n > 1; k++) x[cols + k] = 0; /* an all-zero block */
+                x[3] = 40.0f;                                          /* one large value */
+                ck_assert_int_eq(o2->matmul(b2, o, x, &dev, n), 0);
+                ref_q8a8(x, n, w.raw, rows, cols, ref);
+                ck_assert_msg(memcmp(o, ref, (size_t)n * rows * 4) == 0, "%s: %dx%d n=%d differs from the recipe",
+                              caps[c], rows, cols, n);
+                /* within the rounding of the activations: |x - dx q| <= dx / 2 per element */
+                for (int i = 0; i < n; i++)
+                    for (int r = 0; r < rows; r++) {
+                        double exact = 0, bound = 0;
+                        for (int b = 0; b < cols / 32; b++) {
+                            double amax = 0, wsum = 0;
+                            for (int k = 32 * b; k < 32 * b + 32; k++) {
+                                exact += (double)x[(size_t)i * cols + k] * w.ref[(size_t)r * cols + k];
+                                amax = fmax(amax, fabs(x[(size_t)i * cols + k]));
+                                wsum += fabs(w.ref[(size_t)r * cols + k]);
+                            }
+                            bound += amax / 254 * wsum;
+                        }
+                        ck_assert_msg(fabs(o[(size_t)i * rows + r] - exact) <= 1.001 * bound + 1e-5,
+                                      "%s n=%d: %g vs %g, bound %g", caps[c], n, o[(size_t)i * rows + r], exact, bound);
+                    }
+                free(x);
+                free(o);
+                free(ref);
+            }
+            /* a view of the rows from 16 on, as a tied lm_head is */
+            if (rows > 16) {
+                kern_weight v = {(const uint8_t *)dev.data + kern_dtype_bytes(KERN_Q8_0_A8, 16 * (int64_t)cols),
+                                 KERN_Q8_0_A8, rows - 16, cols, 0};
+                float *x = rand_vec((size_t)2 * cols), *o = malloc((size_t)2 * rows * 4), *ov = malloc((size_t)2 * rows * 4);
+                ck_assert_int_eq(o2->matmul(b2, o, x, &dev, 2), 0);
+                ck_assert_int_eq(o2->matmul(b2, ov, x, &v, 2), 0);
+                for (int t = 0; t < 2; t++)
+                    ck_assert_int_eq(memcmp(ov + (size_t)t * (rows - 16), o + (size_t)t * rows + 16, (size_t)(rows - 16) * 4), 0);
+                free(x);
+                free(o);
+                free(ov);
+            }
+            /* embedding rows are the Q8_0 values */
+            int32_t ids[3] = {rows - 1, 0, rows / 2};
+            float *emb = malloc((size_t)3 * cols * 4);
+            ck_assert_int_eq(o2->embedding(b2, emb, &dev, ids, 3), 0);
+            for (int i = 0; i < 3; i++)
+                ck_assert_int_eq(memcmp(emb + (size_t)i * cols, w.ref + (size_t)ids[i] * cols, (size_t)cols * 4), 0);
+            free(emb);
+            /* non-finite activations reach every output of their token */
+            float *x = rand_vec((size_t)2 * cols), o[2 * 37];
+            x[cols - 1] = NAN;
+            x[cols + 5] = INFINITY;
+            ck_assert_int_eq(o2->matmul(b2, o, x, &dev, 2), 0);
+            for (int t = 0; t < 2; t++)
+                for (int r = 0; r < rows; r++) ck_assert_msg(isnan(o[t * rows + r]), "%s t=%d r=%d", caps[c], t, r);
+            free(x);
+            o2->free_weight(b2, &dev);
+            free_weight(&w);
+        }
+        kern_backend_destroy(o2, b2);
+    }
+}
+END_TEST
+
+/* KERN_Q8_0_A8 from F32 rows equals it from their Q8_0 bytes (the same
+ * rounding: upload_quantized to Q8_0, tested against the gguf package);
+ * what cannot be made or multiplied is refused. */
+START_TEST(test_q8a8_upload) {
+    int rows = 20, cols = 128;
+    float *v = rand_vec((size_t)rows * cols), *x = rand_vec(3 * (size_t)cols), a[60], b[60];
+    kern_weight host = {v, KERN_F32, rows, cols, 0}, q8, p1, p2;
+    ck_assert_int_eq(ops->upload_quantized(be, &host, KERN_Q8_0, &q8), 0);
+    ck_assert_int_eq(ops->upload_quantized(be, &host, KERN_Q8_0_A8, &p1), 0);
+    ck_assert_int_eq(ops->upload_quantized(be, &q8, KERN_Q8_0_A8, &p2), 0);
+    ck_assert_int_eq(ops->matmul(be, a, x, &p1, 3), 0);
+    ck_assert_int_eq(ops->matmul(be, b, x, &p2, 3), 0);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    kern_weight col = {p1.data, KERN_Q8_0_A8, rows, 64, cols}, d;
+    ck_assert_int_ne(ops->matmul(be, a, x, &col, 1), 0);
+    ck_assert_msg(strstr(kern_last_error(be), "column view"), "%s", kern_last_error(be));
+    wbuf w4;
+    make_qweight(&w4, 1, 4, 64);
+    ck_assert_int_ne(ops->upload_quantized(be, &w4.w, KERN_Q8_0_A8, &d), 0);
+    ck_assert_msg(strstr(kern_last_error(be), "cannot make q8_0_a8 from q4_0"), "%s", kern_last_error(be));
+    ck_assert_int_ne(ops->upload_weight(be, &p1, &d), 0);
+    free_weight(&w4);
+    ops->free_weight(be, &q8);
+    ops->free_weight(be, &p1);
+    ops->free_weight(be, &p2);
+    free(v);
+    free(x);
 }
 END_TEST
 
@@ -1084,6 +1243,8 @@ int main(void) {
     tcase_add_test(tc, test_attention_isa_paths_agree);
     tcase_add_test(tc, test_attention_decode_equals_prefill);
     tcase_add_test(tc, test_quantize_q8_0_matches_gguf);
+    tcase_add_test(tc, test_matmul_q8a8);
+    tcase_add_test(tc, test_q8a8_upload);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -816,7 +816,7 @@ START_TEST(test_fused_weights_model) {
     const char *spec = "random:tiny,layers=2,seed=12";
     model *m[2] = {NULL, NULL};
     for (int f = 0; f < 2; f++) {
-        model_load_opts o = {cpu, be, NULL, 0, 1, NULL, 16, 4, f, 0};
+        model_load_opts o = {cpu, be, NULL, 0, 1, NULL, 16, 4, f, 0, 0};
         ck_assert_msg(model_load(spec, &o, &m[f], err, sizeof err) == 0, "%s", err);
     }
     ck_assert_uint_eq(model_weight_bytes(m[0]), model_weight_bytes(m[1]));
@@ -901,7 +901,7 @@ START_TEST(test_model_graph_routing) {
     fake.graph_drop_all = fake_graph_drop_all;
     const char *spec = "random:tiny,layers=2,seed=4";
     model *mg = NULL, *me = NULL;
-    model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0, 0}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0, 0};
+    model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0};
     ck_assert_msg(model_load(spec, &og, &mg, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(model_load(spec, &oe, &me, err, sizeof err) == 0, "%s", err);
     eng_runner rg = {.m = mg, .ops = &fake, .be = be, .graphs = 1}, re = {.m = me, .ops = cpu, .be = be};

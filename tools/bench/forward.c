@@ -73,6 +73,7 @@ typedef struct fw_opts {
     int tp, threads, iters, json;
     int cuda_graphs; /* eng_config.cuda_graphs */
     int quantize;    /* eng_config.quantize */
+    int act_quant;   /* eng_config.act_quant */
     echo_preset allreduce; /* eng_config.allreduce (tp > 1) */
     int echo_group;      /* eng_config.echo_group, 0 = default */
     echo_codec_id echo_codec; /* eng_config.echo_codec, 0 = default */
@@ -198,6 +199,8 @@ static const char FW_USAGE[] =
     "  --copy-bytes N[KMG] buffer of the bandwidth measurement (default 1 GiB: ops->copy on a GPU, a\n"
     "                      streaming read by --threads threads on cpu)\n"
     "  --quantize q8_0     quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; eng_config.quantize)\n"
+    "  --act-quant none|q8_0  q8_0: Q8_0 matrices multiply 8-bit activations in integers, as\n"
+    "                      llama.cpp does (cpu; eng_config.act_quant). Default none\n"
     "  --seed S            random token ids (default 0)\n"
     "  --gemm-dim N        the matmul peak: ops->matmul of N x N by N x N, the yardstick of prefill\n"
     "                      TFLOP/s (default 8192 on a GPU, 1024 on cpu; 0 skips it)\n"
@@ -227,6 +230,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_HELP,
         O_GRAPHS,
         O_QUANT,
+        O_ACTQ,
         O_ALLRED,
         O_EGROUP,
         O_EMINB,
@@ -249,6 +253,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"json", no_argument, 0, O_JSON},
         {"cuda-graphs", no_argument, 0, O_GRAPHS},
         {"quantize", required_argument, 0, O_QUANT},
+        {"act-quant", required_argument, 0, O_ACTQ},
         {"allreduce", required_argument, 0, O_ALLRED},
         {"echo-group", required_argument, 0, O_EGROUP},
         {"echo-min-bytes", required_argument, 0, O_EMINB},
@@ -341,6 +346,11 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         case O_QUANT:
             if (strcmp(a, "q8_0")) rc = fw_usage_error("--quantize: expected q8_0, got '%s'", a);
             o->quantize = ENG_QUANT_Q8_0;
+            break;
+        case O_ACTQ:
+            if (strcmp(a, "q8_0") && strcmp(a, "none"))
+                rc = fw_usage_error("--act-quant: expected none or q8_0, got '%s'", a);
+            o->act_quant = strcmp(a, "q8_0") ? ENG_ACT_NONE : ENG_ACT_Q8;
             break;
         case 'h':
         case O_HELP:
@@ -696,7 +706,8 @@ int bench_forward_main(int argc, char **argv) {
                      .max_batch_tokens = (int)batch_tok,
                      .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec),
                      .cuda_graphs = o.cuda_graphs,
-                     .quantize = o.quantize};
+                     .quantize = o.quantize,
+                     .act_quant = o.act_quant};
     eng *e = NULL;
     float *logits = NULL;
     int32_t *ids = NULL;
@@ -831,6 +842,7 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "copy_bytes", json_integer((json_int_t)copy_bytes));
         json_object_set_new(root, on_cpu ? "read_gbps" : "copy_gbps", json_real(bps / 1e9));
         json_object_set_new(root, "quantize", json_string(o.quantize ? "q8_0" : "none"));
+        json_object_set_new(root, "act_quant", json_string(o.act_quant ? "q8_0" : "none"));
         if (fma_peak > 0) json_object_set_new(root, "fma_peak_gflops", json_real(fma_peak / 1e9));
         if (gd > 0) {
             json_object_set_new(root, "gemm_dim", json_integer(gd));
@@ -871,7 +883,7 @@ int bench_forward_main(int argc, char **argv) {
         if (on_cpu)
             printf("# weights %.3f GB held%s, %.3f GB read per decode step; read bandwidth %.1f GB/s (%zu MiB "
                    "streamed by %ld threads); load %.1f s\n",
-                   ri.weight_bytes / 1e9, o.quantize ? " (q8_0)" : "", read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
+                   ri.weight_bytes / 1e9, o.quantize ? " (q8_0)" : o.act_quant ? " (8-bit activations)" : "", read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
                    o.threads > 0 ? (long)o.threads : sysconf(_SC_NPROCESSORS_ONLN), load_s);
         else
             printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
