@@ -4,6 +4,9 @@
 # prefill of PREFILL tokens and batch-1 decode, in one run. Each repetition
 # runs every (format, threads) pair with echo and llama.cpp back to back, so
 # both see the same machine load; the summary gives medians and the spread.
+# Format q8_0-a8 is the Q8_0 file with echo's --act-quant q8_0 (8-bit
+# activations in integers, what llama.cpp always does for Q8_0); q8_0 is
+# echo's default there (the dequantized weights' bits).
 # docs/bench-forward.md has the results and what the columns mean.
 #
 #   scripts/bench-vs-llamacpp.sh                    # everything, defaults below
@@ -13,7 +16,7 @@
 #   LLAMACPP_DIR  build/llamacpp   llama.cpp sdist, build and models are cached here
 #   LLAMACPP_VERSION 0.3.36        llama-cpp-python sdist that vendors llama.cpp
 #   ECHO_BENCH    bin/echo-bench
-#   THREADS       "1 2"            FORMATS "bf16 q8_0"
+#   THREADS       "1 2"            FORMATS "bf16 q8_0 q8_0-a8"
 #   PREFILL       512              tokens of the prefill run
 #   DECODE        64               decode steps (llama-bench -n), batch 1
 #   REPS          3                repetitions of the whole grid
@@ -31,7 +34,7 @@ LLAMACPP_DIR=${LLAMACPP_DIR:-$ROOT/build/llamacpp}
 LLAMACPP_VERSION=${LLAMACPP_VERSION:-0.3.36}
 ECHO_BENCH=${ECHO_BENCH:-$ROOT/bin/echo-bench}
 THREADS=${THREADS:-"1 2"}
-FORMATS=${FORMATS:-"bf16 q8_0"}
+FORMATS=${FORMATS:-"bf16 q8_0 q8_0-a8"}
 PREFILL=${PREFILL:-512}
 DECODE=${DECODE:-64}
 REPS=${REPS:-3}
@@ -65,7 +68,7 @@ fi
 # the converter wants a tokenizer; the weights are random, any Qwen3 vocabulary will do
 cp -n "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer.json" "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer_config.json" \
     "$MODEL/"
-for f in $FORMATS; do
+for f in $(printf '%s\n' $FORMATS | sed 's/-a8$//' | sort -u); do
     if [ ! -f "$MODEL-$f.gguf" ]; then
         PYTHONPATH=$SRC/gguf-py python3 "$SRC/convert_hf_to_gguf.py" "$MODEL" --outtype "$f" \
             --outfile "$MODEL-$f.gguf.tmp" >"$MODEL-$f.convert.log" 2>&1
@@ -80,11 +83,13 @@ echo "# $(date -u +%FT%TZ) $(uname -n): $(grep -m1 'model name' /proc/cpuinfo | 
 for rep in $(seq 1 "$REPS"); do
     for t in $THREADS; do
         for f in $FORMATS; do
-            gguf=$MODEL-$f.gguf
+            gguf=$MODEL-${f%-a8}.gguf
+            act=none
+            [ "$f" = "${f%-a8}" ] || act=q8_0
             echo "# rep $rep: $f, $t thread(s): load $(cut -d' ' -f1 /proc/loadavg)" >&2
             "$ECHO_BENCH" forward --model "$gguf" --threads "$t" --prefill "$PREFILL" --decode-batch 1 \
                 --decode-steps "$DECODE" --decode-prompt 1 --ttft-len 0 --iters 1 --gemm-dim 0 --copy-bytes 512M \
-                --json >echo.json
+                --act-quant "$act" --json >echo.json
             if ! "$BENCH" -m "$gguf" -t "$t" -p "$PREFILL" -n "$DECODE" -r 1 --repack "$REPACK" -o json \
                 >llama.json 2>llama.err; then
                 [ "$REPACK" = 1 ] || { cat llama.err >&2; exit 1; }
@@ -116,7 +121,7 @@ python3 - "$OUT" "$PREFILL" <<'EOF'
 import json, statistics as st, sys
 rows = [json.loads(x) for x in open(sys.argv[1])]
 pre = sys.argv[2]
-print(f"{'format':6} {'thr':>3} | {'echo pp'+pre:>11} {'llama pp'+pre:>12} {'ratio':>18} | {'echo tg':>8} "
+print(f"{'format':7} {'thr':>3} | {'echo pp'+pre:>11} {'llama pp'+pre:>12} {'ratio':>18} | {'echo tg':>8} "
       f"{'llama tg':>8} {'ratio':>18} | {'roof t/s':>8} {'echo %roof':>10} {'llama %roof':>11} {'echo %fma':>9}")
 for fmt in dict.fromkeys(r["format"] for r in rows):
     for t in sorted({r["threads"] for r in rows if r["format"] == fmt}):
@@ -126,7 +131,7 @@ for fmt in dict.fromkeys(r["format"] for r in rows):
         rd = [r["echo_decode"] / r["llama_decode"] for r in g]
         roof = [r["read_gbps"] * 1e9 / r["bytes_per_step"] for r in g]
         lroof = [100 * r["llama_decode"] / x for r, x in zip(g, roof)]
-        print(f"{fmt:6} {t:>3} | {m('echo_prefill'):11.1f} {m('llama_prefill'):12.1f} "
+        print(f"{fmt:7} {t:>3} | {m('echo_prefill'):11.1f} {m('llama_prefill'):12.1f} "
               f"{st.median(rp):6.2f} [{min(rp):.2f}-{max(rp):.2f}] | {m('echo_decode'):8.2f} {m('llama_decode'):8.2f} "
               f"{st.median(rd):6.2f} [{min(rd):.2f}-{max(rd):.2f}] | {st.median(roof):8.2f} "
               f"{m('echo_roof_pct'):9.1f}% {st.median(lroof):10.1f}% {m('echo_fma_pct'):8.1f}%")

@@ -1063,7 +1063,8 @@ END_TEST
 
 /* KERN_Q8_0_A8 from F32 rows equals it from their Q8_0 bytes (the same
  * rounding: upload_quantized to Q8_0, tested against the gguf package);
- * what cannot be made or multiplied is refused. */
+ * from a column slice it is the recipe on those columns; what cannot be
+ * made or multiplied is refused. */
 START_TEST(test_q8a8_upload) {
     int rows = 20, cols = 128;
     float *v = rand_vec((size_t)rows * cols), *x = rand_vec(3 * (size_t)cols), a[60], b[60];
@@ -1082,6 +1083,21 @@ START_TEST(test_q8a8_upload) {
     ck_assert_int_ne(ops->upload_quantized(be, &w4.w, KERN_Q8_0_A8, &d), 0);
     ck_assert_msg(strstr(kern_last_error(be), "cannot make q8_0_a8 from q4_0"), "%s", kern_last_error(be));
     ck_assert_int_ne(ops->upload_weight(be, &p1, &d), 0);
+    /* from a column slice of Q8_0 rows (ld = the full width), as a row-parallel layer's */
+    wbuf ws;
+    make_qweight(&ws, 0, 9, 768);
+    kern_weight view = {(const uint8_t *)ws.raw + kern_dtype_bytes(KERN_Q8_0, 256), KERN_Q8_0, 9, 512, 768}, pv;
+    ck_assert_int_eq(ops->upload_quantized(be, &view, KERN_Q8_0_A8, &pv), 0);
+    uint8_t *sub = malloc((size_t)9 * 16 * 34);
+    for (int r = 0; r < 9; r++) memcpy(sub + (size_t)r * 16 * 34, (const uint8_t *)ws.raw + ((size_t)r * 24 + 8) * 34, 16 * 34);
+    float *xs = rand_vec(4 * 512), os[36], rs[36];
+    ck_assert_int_eq(ops->matmul(be, os, xs, &pv, 4), 0);
+    ref_q8a8(xs, 4, sub, 9, 512, rs);
+    ck_assert_int_eq(memcmp(os, rs, sizeof os), 0);
+    ops->free_weight(be, &pv);
+    free(sub);
+    free(xs);
+    free_weight(&ws);
     free_weight(&w4);
     ops->free_weight(be, &q8);
     ops->free_weight(be, &p1);
