@@ -665,19 +665,26 @@ def servers_section(binary, model, name):
     check("SIGTERM mid-stream: stream ends with [DONE], server exits 0", rc == 0 and ev and ev[-1] == "[DONE]",
           (rc, ev[-2:] if ev else None))
 
-    # the codec and weight format are flags too: echo with hadamard-g32 over Q8_0 weights at tp 2
+    # the codec and weight format are flags too: echo with hadamard-g32 over Q8_0 weights (8-bit
+    # activations) at tp 2
     S = Server(binary, model, "--tp", "2", "--allreduce", "echo", "--echo-codec", "hadamard-g32", "--quantize",
-               "q8_0", name="codec")
+               "q8_0", "--act-quant", "q8_0", name="codec")
     st, j = cj(S.url + "/v1/completions", {"prompt": "Hello", "max_tokens": 6, "temperature": 0})
     m = parse_metrics(S.url)
-    check("--echo-codec hadamard-g32 --quantize q8_0: serves, the plan names the codec, echo calls counted",
+    check("--echo-codec hadamard-g32 --quantize q8_0 --act-quant q8_0: serves, the plan names the codec, echo calls "
+          "counted",
           st == 200 and j["usage"]["completion_tokens"] > 0 and "allreduce echo (hadamard-g32)" in S.logtext() and
           (sample(m, "echo:allreduce_bytes", "echo:allreduce_bytes_total", mode="echo") or 0) > 0, (st, j))
     S.stop()
-    for flag, val in (("--echo-codec", "int3"), ("--quantize", "q2_k")):
+    for flag, val in (("--echo-codec", "int3"), ("--quantize", "q2_k"), ("--act-quant", "q4")):
         p = subprocess.run([binary, "--model", model, flag, val], capture_output=True, text=True)
         check(f"{flag} {val}: usage error (exit 2) naming the flag", p.returncode == 2 and flag in p.stderr,
               (p.returncode, p.stderr[-300:]))
+
+    p = subprocess.run([binary, "--model", model, "--act-quant", "q8_0", "--port", "0"], capture_output=True, text=True,
+                       timeout=120)
+    check("--act-quant q8_0 without Q8_0 weights: exit 1, says there is no Q8_0 matrix",
+          p.returncode == 1 and "no Q8_0 matrix" in p.stderr, (p.returncode, p.stderr[-300:]))
 
     # name resolution errors list where they looked
     p = subprocess.run([binary, "--model", "no-such-model-xyz"], capture_output=True, text=True,
