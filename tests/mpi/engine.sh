@@ -50,10 +50,13 @@ assert got == want, (got, want)
 PY
 done
 
-# 2. quantized modes: processes == threads, bit for bit
-for mode in int4 echo; do
+# 2. quantized modes: processes == threads, bit for bit (echo-a8: also Q8_0 weights times
+#    8-bit activations, --act-quant q8_0)
+for mode in int4 echo echo-a8; do
+    extra=()
+    [ "$mode" = echo-a8 ] && extra=(--quantize q8_0 --act-quant q8_0)
     args=(--model "$M/gqa4-deep" --prompt-tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7 --max-tokens 12 --temperature 0
-          --ignore-eos --top-logprobs 3 --json --tp 2 --allreduce "$mode" --threads 1)
+          --ignore-eos --top-logprobs 3 --json --tp 2 --allreduce "${mode%-a8}" --threads 1 "${extra[@]}")
     "$bin/echo-generate" "${args[@]}" >"$tmp/threads.json" 2>/dev/null
     run -np 2 "$bin/echo-generate" "${args[@]}" >"$tmp/procs.json" 2>"$tmp/procs.err"
     if [ -s "$tmp/threads.json" ] && cmp -s "$tmp/threads.json" "$tmp/procs.json"; then ok
