@@ -119,7 +119,9 @@ A512 INL float hsum512(__m512 v) {
     return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
 }
 
-/* Elements 16c .. 16c+15 of a row of dtype dt, as fp32. */
+/* Elements 16c .. 16c+15 of a row of dtype dt, as fp32: the dense dtypes
+ * and Q6_K (Q8_0, Q4_0, Q4_1 and Q4_K come in pairs of chunks through
+ * ld512x2, which shares a block's scales). */
 A512 INL __m512 ld512(const int dt, const uint8_t *r, int c) {
     switch (dt) {
     case KERN_F32: return _mm512_loadu_ps((const float *)r + 16 * c);
@@ -128,33 +130,6 @@ A512 INL __m512 ld512(const int dt, const uint8_t *r, int c) {
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
     case KERN_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 32 * c)));
-    case KERN_Q8_0: {
-        const uint8_t *b = r + 34 * (c >> 1);
-        __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * (c & 1))));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), h16x16(b));
-    }
-    case KERN_Q4_0: {
-        const uint8_t *b = r + 18 * (c >> 1);
-        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
-        q = (c & 1) ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(15));
-        q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), h16x16(b));
-    }
-    case KERN_Q4_1: {
-        const uint8_t *b = r + 20 * (c >> 1);
-        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 4)));
-        q = (c & 1) ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(15));
-        return _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), h16x16(b)), h16x16(b + 2));
-    }
-    case KERN_Q4_K: {
-        const uint8_t *b = r + 144 * (c >> 4);
-        int cc = c & 15, j = cc >> 1, sc, m;
-        cpu_k_scale_min(b + 4, j, &sc, &m);
-        float d1 = h16_512(b) * (float)sc, m1 = h16_512(b + 2) * (float)m;
-        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 16 + 32 * (j >> 1) + 16 * (cc & 1))));
-        q = _mm512_and_si512(_mm512_srli_epi32(q, 4 * (j & 1)), _mm512_set1_epi32(15));
-        return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d1), _mm512_cvtepi32_ps(q)), _mm512_set1_ps(m1));
-    }
     case KERN_Q6_K: {
         const uint8_t *b = r + 210 * (c >> 4);
         int e0 = 16 * (c & 15), hh = e0 >> 7, s = (e0 & 127) >> 5, l0 = e0 & 31;

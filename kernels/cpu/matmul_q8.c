@@ -40,10 +40,8 @@ _Static_assert(G == KERN_ROW_GROUP, "the packed group is kernels.h's row group")
 static size_t group_bytes(int64_t cols) { return (size_t)(cols / 32) * 34 * G; }
 
 typedef struct pack_args {
-    kern_backend *be;
     const kern_weight *host;
     uint8_t *dst;
-    int64_t groups;
     int failed;
 } pack_args;
 
@@ -108,7 +106,7 @@ int cpu_pack_q8a8(kern_backend *be, const kern_weight *host, kern_weight *dev) {
         return kern_fail(be, "upload_quantized: out of memory for (%lld, %lld) %s", (long long)host->rows,
                          (long long)host->cols, kern_dtype_name(KERN_Q8_0_A8));
     }
-    pack_args a = {be, host, buf, groups, 0};
+    pack_args a = {host, buf, 0};
     if (groups > 0) cpu_parallel_for(be, (int)groups, pack_task, &a);
     if (a.failed) {
         cpu_owned_release(be, buf);
