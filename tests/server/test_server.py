@@ -674,6 +674,7 @@ def servers_section(binary, model, name):
     check("--echo-codec hadamard-g32 --quantize q8_0 --act-quant q8_0: serves, the plan names the codec, echo calls "
           "counted",
           st == 200 and j["usage"]["completion_tokens"] > 0 and "allreduce echo (hadamard-g32)" in S.logtext() and
+          "8-bit activations on q8_0 matrices" in S.logtext() and
           (sample(m, "echo:allreduce_bytes", "echo:allreduce_bytes_total", mode="echo") or 0) > 0, (st, j))
     S.stop()
     for flag, val in (("--echo-codec", "int3"), ("--quantize", "q2_k"), ("--act-quant", "q4")):
