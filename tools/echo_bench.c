@@ -25,6 +25,8 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,6 +125,54 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
     return 0;
 }
 
+/* ---- threads that start all together or not at all ---- */
+
+#define TS_MAX 64 /* ECHO_MAX_RANKS, ECHO_BENCH_MAX_THREADS */
+
+/* The benchmarks' threads meet at barriers sized for all of them, so one
+ * that fails to start would leave the others waiting forever. Each thread
+ * first waits at the set's gate: ts_start opens it only once every thread
+ * exists, and otherwise tells the started ones to return. */
+typedef struct thread_set {
+    pthread_t th[TS_MAX];
+    struct ts_slot {
+        struct thread_set *ts;
+        void *(*fn)(void *);
+        void *arg;
+    } slot[TS_MAX];
+    atomic_int gate; /* 0: wait, 1: run, -1: return */
+    int n;
+} thread_set;
+
+static void *ts_main(void *p) {
+    struct ts_slot *s = p;
+    int g;
+    while (!(g = atomic_load(&s->ts->gate))) sched_yield();
+    return g > 0 ? s->fn(s->arg) : NULL;
+}
+
+static void ts_join(thread_set *ts) {
+    for (int i = 0; i < ts->n; i++) pthread_join(ts->th[i], NULL);
+}
+
+/* fn(args + i * size) on n threads; 0, or -1 with none left running (then
+ * ts_join has nothing to wait for). */
+static int ts_start(thread_set *ts, int n, void *(*fn)(void *), void *args, size_t size) {
+    atomic_init(&ts->gate, 0);
+    ts->n = 0;
+    for (int i = 0; i < n && i < TS_MAX; i++) {
+        ts->slot[i] = (struct ts_slot){ts, fn, (char *)args + (size_t)i * size};
+        if (pthread_create(&ts->th[i], NULL, ts_main, &ts->slot[i])) break;
+        ts->n++;
+    }
+    atomic_store(&ts->gate, ts->n == n ? 1 : -1);
+    if (ts->n == n) return 0;
+    ts_join(ts);
+    ts->n = 0;
+    return -1;
+}
+
+
 /* ---- allreduce ---- */
 
 typedef struct ar_run {
@@ -195,16 +245,20 @@ static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int gro
             goto out;
         }
     }
-    pthread_barrier_init(&R->bar, NULL, (unsigned)nranks);
-    pthread_t th[ECHO_MAX_RANKS];
-    ar_arg args[ECHO_MAX_RANKS];
-    for (int r = 0; r < nranks; r++) {
-        args[r] = (ar_arg){R, r};
-        pthread_create(&th[r], NULL, ar_rank, &args[r]);
+    if (pthread_barrier_init(&R->bar, NULL, (unsigned)nranks)) {
+        snprintf(err, errlen, "cannot make a barrier for %d rank threads", nranks);
+        goto out;
     }
-    for (int r = 0; r < nranks; r++)
-        pthread_join(th[r], NULL);
+    thread_set ts;
+    ar_arg args[ECHO_MAX_RANKS];
+    for (int r = 0; r < nranks; r++) args[r] = (ar_arg){R, r};
+    int started = ts_start(&ts, nranks, ar_rank, args, sizeof *args);
+    ts_join(&ts);
     pthread_barrier_destroy(&R->bar);
+    if (started) {
+        snprintf(err, errlen, "could not start %d rank threads", nranks);
+        goto out;
+    }
     for (int r = 0; r < nranks; r++)
         if (R->rc[r]) {
             snprintf(err, errlen, "rank %d: %s", r, R->err[r]);
@@ -667,14 +721,14 @@ static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int 
             goto out;
         }
     }
-    pthread_t t[ECHO_MAX_RANKS];
+    thread_set ts;
     chain_arg args[ECHO_MAX_RANKS];
-    for (int r = 0; r < nranks; r++) {
-        args[r] = (chain_arg){R, r};
-        pthread_create(&t[r], NULL, chain_rank, &args[r]);
+    for (int r = 0; r < nranks; r++) args[r] = (chain_arg){R, r};
+    if (ts_start(&ts, nranks, chain_rank, args, sizeof *args)) {
+        snprintf(err, errlen, "could not start %d rank threads", nranks);
+        goto out;
     }
-    for (int r = 0; r < nranks; r++)
-        pthread_join(t[r], NULL);
+    ts_join(&ts);
     for (int r = 0; r < nranks; r++)
         if (R->rc[r]) {
             snprintf(err, errlen, "rank %d: %s", r, R->err[r]);
@@ -787,6 +841,7 @@ static double thread_cpu_s(void) {
  * do (echo_comm_set_workers), and the round's wall time counts. */
 typedef enum { OP_MEMCPY, OP_ENCODE, OP_DECODE_ACC, OP_COUNT } codec_op;
 #define ECHO_BENCH_MAX_THREADS 64
+_Static_assert(ECHO_BENCH_MAX_THREADS <= TS_MAX && ECHO_MAX_RANKS <= TS_MAX, "thread sets hold every thread");
 
 typedef struct codec_team {
     int nthreads, iters, group;
@@ -835,20 +890,17 @@ static double wall_s(void) {
 
 /* Rounds of the three ops on the team (the caller is thread 0); 0 or -1. */
 static int time_ops(codec_team *tm, double best[OP_COUNT]) {
-    pthread_t th[ECHO_BENCH_MAX_THREADS];
+    thread_set ts = {.n = 0};
     team_arg args[ECHO_BENCH_MAX_THREADS];
-    int started = 0, rc = 0;
     if (tm->nthreads > 1 && pthread_barrier_init(&tm->bar, NULL, (unsigned)tm->nthreads)) return -1;
-    for (int t = 1; t < tm->nthreads; t++, started++) {
-        args[t] = (team_arg){tm, t};
-        if (pthread_create(&th[t], NULL, team_worker, &args[t])) {
-            rc = -1;
-            break;
-        }
+    for (int t = 1; t < tm->nthreads; t++) args[t - 1] = (team_arg){tm, t};
+    if (tm->nthreads > 1 && ts_start(&ts, tm->nthreads - 1, team_worker, args, sizeof *args)) {
+        pthread_barrier_destroy(&tm->bar);
+        return -1;
     }
     for (int op = 0; op < OP_COUNT; op++)
         best[op] = 1e30;
-    for (int it = 0; !rc && it < tm->iters; it++)
+    for (int it = 0; it < tm->iters; it++)
         for (int op = 0; op < OP_COUNT; op++) {
             tm->op = op;
             double t0 = tm->nthreads > 1 ? wall_s() : thread_cpu_s();
@@ -858,18 +910,13 @@ static int time_ops(codec_team *tm, double best[OP_COUNT]) {
             double t = (tm->nthreads > 1 ? wall_s() : thread_cpu_s()) - t0;
             best[op] = t < best[op] ? t : best[op];
         }
-    if (started == tm->nthreads - 1 && tm->nthreads > 1) {
+    if (tm->nthreads > 1) {
         tm->op = OP_COUNT;
         pthread_barrier_wait(&tm->bar);
-        for (int t = 1; t < tm->nthreads; t++)
-            pthread_join(th[t], NULL);
-    } else if (started) {
-        /* a thread failed to start: the others wait on a barrier that cannot fill */
-        fprintf(stderr, "echo-bench: could not start %d threads\n", tm->nthreads);
-        exit(1);
+        ts_join(&ts);
+        pthread_barrier_destroy(&tm->bar);
     }
-    if (tm->nthreads > 1) pthread_barrier_destroy(&tm->bar);
-    return rc;
+    return 0;
 }
 
 /* The host codec loops comm/ runs (its table: scalar, avx2, avx512). */
