@@ -31,7 +31,9 @@
 #define G 16             /* rows per group: KERN_ROW_GROUP */
 #define Q8_TASK_GROUPS 4 /* groups per task: 64 output rows */
 #define Q8_TB 64         /* tokens per cache block */
-#define Q8_PF 2048       /* bytes a 1-2 token tile prefetches ahead */
+#ifndef Q8_PF
+#define Q8_PF 2048 /* bytes a 1-2 token tile prefetches ahead */
+#endif
 
 _Static_assert(G == KERN_ROW_GROUP, "the packed group is kernels.h's row group");
 
