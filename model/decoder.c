@@ -485,7 +485,7 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     m->quantize = o->quantize;
     m->act_q8 = o->act_q8 != 0;
     if (m->act_q8 && !m->ops->upload_quantized) {
-        snprintf(err, errlen, "8-bit activations (act_q8): the %s backend does not keep Q8_0 weights (cpu does)",
+        snprintf(err, errlen, "8-bit activations (--act-quant q8_0): the %s backend does not keep Q8_0 weights (cpu does)",
                  m->ops->name);
         goto fail;
     }
@@ -600,8 +600,8 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
         }
     }
     if (m->act_q8 && !m->n_act_q8) {
-        snprintf(err, errlen, "8-bit activations (act_q8): this rank has no Q8_0 matrix to apply them to (a Q8_0 GGUF's "
-                 "tensors or quantize q8_0 make them; not with fused weights or random models)");
+        snprintf(err, errlen, "8-bit activations (--act-quant q8_0): no Q8_0 matrix to apply them to on this rank; Q8_0 "
+                 "matrices come from a Q8_0 GGUF or --quantize q8_0 (not with fused weights or random models)");
         goto fail;
     }
     m->kv_blocks = o->kv_blocks;

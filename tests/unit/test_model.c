@@ -849,7 +849,8 @@ START_TEST(test_act_q8_fixtures) {
 }
 END_TEST
 
-/* 8-bit activations where nothing is Q8_0 are refused, with the reason. */
+/* 8-bit activations where nothing is Q8_0, or on a backend that keeps no
+ * Q8_0 weights (cuda has no upload_quantized), are refused with the reason. */
 START_TEST(test_act_q8_refused) {
     char err[1024];
     eng_config c = {.model_dir = "random:tiny,layers=2", .tp = 1, .threads = 1, .max_model_len = 64,
@@ -857,6 +858,17 @@ START_TEST(test_act_q8_refused) {
     eng *e;
     ck_assert_int_ne(eng_create(&c, &e, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "no Q8_0 matrix"), "%s", err);
+    const kern_ops *cpu = NULL;
+    kern_backend *be = NULL;
+    ck_assert_msg(kern_backend_create("cpu", 1, 0, &cpu, &be, err, sizeof err) == 0, "%s", err);
+    kern_ops noq = *cpu;
+    noq.upload_quantized = NULL;
+    model_load_opts o = {&noq, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 1};
+    model *m = NULL;
+    ck_assert_int_ne(model_load("random:tiny,layers=2", &o, &m, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "does not keep Q8_0 weights"), "%s", err);
+    ck_assert_ptr_null(m);
+    kern_backend_destroy(cpu, be);
 }
 END_TEST
 
