@@ -310,7 +310,10 @@ typedef struct kern_ops {
      * host->dtype == to keeps the blocks (aliased or copied as by
      * upload_weight); host F32/F16/BF16 (dense or strided) is quantized
      * into a backend-owned copy (cols a multiple of the block; only
-     * KERN_Q8_0 is produced, as ggml's quantize_row_q8_0 rounds). Every op
+     * KERN_Q8_0 is produced, as ggml's quantize_row_q8_0 rounds);
+     * to == KERN_Q8_0_A8 takes Q8_0 blocks or F32/F16/BF16 rows (rounded
+     * so) into the backend's packed copy (dense: a column view of it is
+     * refused by matmul). Every op
      * taking a kern_weight then takes it (matmul, embedding). Release with
      * free_weight. Errors: a type the backend cannot produce or read,
      * cols not a multiple of the block. */
