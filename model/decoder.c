@@ -180,8 +180,20 @@ static int to_kern_dtype(weights_dtype d, kern_dtype *out) {
     }
 }
 
+/* Whether the slice of a matrix (rows > 0) stored F32/F16/BF16 becomes
+ * Q8_0 (model_load_opts.quantize): a backend with upload_quantized,
+ * separate weights, columns [c0, c0 + nc) whole 32-blocks. */
+static int to_q8(const model *m, int64_t rows, int64_t c0, int64_t nc) {
+    return m->quantize == KERN_Q8_0 && m->ops->upload_quantized && !m->fused && rows > 0 && c0 % 32 == 0 &&
+           nc % 32 == 0;
+}
+
+/* The dtype a Q8_0 matrix is uploaded as: KERN_Q8_0_A8 with act_q8. */
+static kern_dtype q8_dtype(const model *m) { return m->act_q8 ? KERN_Q8_0_A8 : KERN_Q8_0; }
+
 /* A random model's slice: values from (seed, tensor name, global index),
- * uniform with the std of Qwen3's initializer (0.02) or 1.0 for norms. */
+ * uniform with the std of Qwen3's initializer (0.02) or 1.0 for norms;
+ * with quantize, a matrix is then quantized as a checkpoint's would be. */
 static int random_slice(model *m, const char *name, int64_t rows, int64_t cols, int64_t r0, int64_t nr, int64_t c0,
                         int64_t nc, kern_weight *out, char *err, size_t errlen) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a: each tensor its own stream */
@@ -192,6 +204,18 @@ static int random_slice(model *m, const char *name, int64_t rows, int64_t cols, 
                               is_norm ? 1.0f : 0.0f, scale)) {
         snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
         return -1;
+    }
+    if (to_q8(m, rows, c0, nc)) {
+        kern_weight q;
+        if (m->ops->upload_quantized(m->be, out, q8_dtype(m), &q)) { /* out stays: model_free releases it */
+            snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
+            return -1;
+        }
+        m->ops->free_weight(m->be, out);
+        *out = q;
+        m->n_act_q8 += m->act_q8;
+        m->weight_bytes += (size_t)out->rows * kern_dtype_bytes(KERN_Q8_0, nc);
+        return 0;
     }
     m->weight_bytes += (size_t)out->rows * (size_t)out->cols * kern_dtype_size(out->dtype);
     return 0;
@@ -301,7 +325,7 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
         } else {
             host = (kern_weight){(const char *)t->data + (size_t)r0 * row_bytes + off, qdt, host.rows, nc, cols};
         }
-        kern_dtype to = qdt == KERN_Q8_0 && m->act_q8 ? KERN_Q8_0_A8 : qdt;
+        kern_dtype to = qdt == KERN_Q8_0 ? q8_dtype(m) : qdt;
         if (m->ops->upload_quantized(m->be, &host, to, out)) {
             snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
             return -1;
@@ -311,14 +335,14 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
         m->weight_bytes += (size_t)host.rows * slice_bytes;
         return 0;
     }
-    int to_q8 = can_q && m->quantize == KERN_Q8_0 && c0 % 32 == 0 && nc % 32 == 0;
-    kern_dtype q8 = m->act_q8 ? KERN_Q8_0_A8 : KERN_Q8_0;
-    m->n_act_q8 += to_q8 && m->act_q8;
+    int quant = to_q8(m, rows, c0, nc);
+    kern_dtype q8 = q8_dtype(m);
+    m->n_act_q8 += quant && m->act_q8;
     /* Fused weights need one dtype per group, and a GGUF may mix them. */
     if (weights_dtype_is_quantized(t->dtype) || permute_hd > 0 || (m->gguf && m->fused && t->dtype != WEIGHTS_F32)) {
         float *row = malloc((size_t)cols * sizeof *row);
         float *buf = malloc((size_t)host.rows * (size_t)nc * sizeof *buf);
-        if (!row || !buf || (!to_q8 && own(m, buf))) {
+        if (!row || !buf || (!quant && own(m, buf))) {
             free(row);
             free(buf);
             snprintf(err, errlen, "%s: out of memory dequantizing %lld x %lld", name, (long long)host.rows,
@@ -330,22 +354,22 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
             if (permute_hd > 0) src = gguf_qk_row(src, permute_hd);
             if (weights_read_rows_f32(t, src, 1, row, err, errlen)) {
                 free(row);
-                if (to_q8) free(buf);
+                if (quant) free(buf);
                 return -1;
             }
             memcpy(buf + i * nc, row + c0, (size_t)nc * sizeof *row);
         }
         free(row);
         host = (kern_weight){buf, KERN_F32, host.rows, nc, 0};
-        int rc = to_q8 ? m->ops->upload_quantized(m->be, &host, q8, out)
+        int rc = quant ? m->ops->upload_quantized(m->be, &host, q8, out)
                        : m->ops->upload_weight(m->be, &host, out);
-        if (to_q8) free(buf); /* the backend made its own Q8_0 copy */
+        if (quant) free(buf); /* the backend made its own Q8_0 copy */
         if (rc) {
             snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
             return -1;
         }
-        if (!to_q8) after_upload(m, ws, buf, 0, buf, out);
-        m->weight_bytes += to_q8 ? (size_t)host.rows * kern_dtype_bytes(KERN_Q8_0, nc)
+        if (!quant) after_upload(m, ws, buf, 0, buf, out);
+        m->weight_bytes += quant ? (size_t)host.rows * kern_dtype_bytes(KERN_Q8_0, nc)
                                  : (size_t)host.rows * (size_t)nc * sizeof(float);
         return 0;
     }
@@ -355,12 +379,12 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
     }
     size_t es = kern_dtype_size(host.dtype);
     host.data = (const char *)t->data + ((size_t)r0 * (size_t)cols + (size_t)c0) * es;
-    if (to_q8 ? m->ops->upload_quantized(m->be, &host, q8, out) : m->ops->upload_weight(m->be, &host, out)) {
+    if (quant ? m->ops->upload_quantized(m->be, &host, q8, out) : m->ops->upload_weight(m->be, &host, out)) {
         snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
         return -1;
     }
     after_upload(m, ws, host.data, view_extent(host.dtype, host.rows, nc, host.ld), NULL, out);
-    m->weight_bytes += to_q8 ? (size_t)host.rows * kern_dtype_bytes(KERN_Q8_0, nc) : (size_t)host.rows * (size_t)nc * es;
+    m->weight_bytes += quant ? (size_t)host.rows * kern_dtype_bytes(KERN_Q8_0, nc) : (size_t)host.rows * (size_t)nc * es;
     return 0;
 }
 
@@ -601,7 +625,7 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     }
     if (m->act_q8 && !m->n_act_q8) {
         snprintf(err, errlen, "8-bit activations (--act-quant q8_0): no Q8_0 matrix to apply them to on this rank; Q8_0 "
-                 "matrices come from a Q8_0 GGUF or --quantize q8_0 (not with fused weights or random models)");
+                 "matrices come from a Q8_0 GGUF or --quantize q8_0 (not with fused weights)");
         goto fail;
     }
     m->kv_blocks = o->kv_blocks;

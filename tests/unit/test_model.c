@@ -717,6 +717,44 @@ START_TEST(test_random_model_tp) {
 }
 END_TEST
 
+static eng *open_engine_q8(const char *dir, int tp, int act, char *err, size_t errlen);
+
+/* --quantize q8_0 on a random model quantizes its matrices as a
+ * checkpoint's would be (it used to be ignored there): well under a third
+ * of the fp32 bytes, logits near the fp32 model's, tp 2 equal to tp 1
+ * within fp32 reordering; --act-quant q8_0 then applies and moves them
+ * again. */
+START_TEST(test_random_model_quantize) {
+    const char *spec = "random:tiny,layers=3,seed=9";
+    int32_t prompt[] = {5, 17, 300, 2, 511, 64};
+    ref_prompt p = {.prompt = prompt, .n_prompt = 6};
+    const int V = 512;
+    char err[1024];
+    eng *e[4] = {open_engine(spec, 1, ECHO_PRESET_EXACT, 64), open_engine_q8(spec, 1, ENG_ACT_NONE, err, sizeof err),
+                 open_engine_q8(spec, 1, ENG_ACT_Q8, err, sizeof err), open_engine_q8(spec, 2, ENG_ACT_NONE, err, sizeof err)};
+    float *l[4];
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(e[i], "engine %d: %s", i, err);
+        l[i] = full_forward(e[i], &p, V);
+    }
+    eng_rank_info r0, r1;
+    eng_get_rank_info(e[0], 0, &r0);
+    eng_get_rank_info(e[1], 0, &r1);
+    size_t n = (size_t)6 * V;
+    double q = tu_rel_err(l[1], l[0], n), a = tu_rel_err(l[2], l[1], n), t = tu_rel_err(l[3], l[1], n);
+    printf("random quantize: weights %zu -> %zu bytes; logits q8_0 vs fp32 %.2e, 8-bit activations %.2e, tp 2 %.2e\n",
+           r0.weight_bytes, r1.weight_bytes, q, a, t);
+    ck_assert_msg(r1.weight_bytes * 3 < r0.weight_bytes, "%zu vs %zu bytes", r1.weight_bytes, r0.weight_bytes);
+    ck_assert_msg(q > 1e-6 && q < 0.1, "q8_0 vs fp32 %g", q);
+    ck_assert_msg(a > 1e-6 && a < 0.1, "8-bit activations vs q8_0 %g", a);
+    ck_assert_msg(t < 1e-5, "tp 2 vs tp 1 %g", t);
+    for (int i = 0; i < 4; i++) {
+        free(l[i]);
+        eng_destroy(e[i]);
+    }
+}
+END_TEST
+
 /* ---- fused decode weights (model_load_opts.fuse_weights) ----
  * The cpu matmul computes each output row on its own with one fixed
  * reduction order, so h·[wq; wk; wv]ᵀ holds exactly the bits of the three
@@ -1223,6 +1261,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tcc, test_fused_weights_model);
     tcase_add_test(tcc, test_engine_graphs_flag_cpu);
     tcase_add_test(tcc, test_act_q8_refused);
+    tcase_add_test(tcc, test_random_model_quantize);
     suite_add_tcase(s, tcc);
     TCase *cli = tcase_create("cli");
     tcase_set_timeout(cli, 600);

@@ -883,7 +883,7 @@ int bench_forward_main(int argc, char **argv) {
         if (on_cpu)
             printf("# weights %.3f GB held%s, %.3f GB read per decode step; read bandwidth %.1f GB/s (%zu MiB "
                    "streamed by %ld threads); load %.1f s\n",
-                   ri.weight_bytes / 1e9, o.quantize ? " (q8_0)" : o.act_quant ? " (8-bit activations)" : "", read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
+                   ri.weight_bytes / 1e9, o.quantize ? (o.act_quant ? " (q8_0, 8-bit activations)" : " (q8_0)") : o.act_quant ? " (8-bit activations)" : "", read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
                    o.threads > 0 ? (long)o.threads : sysconf(_SC_NPROCESSORS_ONLN), load_s);
         else
             printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
