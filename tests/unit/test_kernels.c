@@ -815,6 +815,15 @@ static void isa_backend(const char *cap, const kern_ops **o, kern_backend **b) {
 
 static void scalar_backend(const kern_ops **o, kern_backend **b) { isa_backend("scalar", o, b); }
 
+/* An attention test's random keys, values and queries and its two caches. */
+static void free_att(float *k, float *v, float *q, void *kc, void *vc) {
+    free(k);
+    free(v);
+    free(q);
+    ops->free(be, kc);
+    ops->free(be, vc);
+}
+
 /* A query's attention has the same bits whether its task holds it alone
  * (decode: keys and values read in place), with two others (in place) or
  * with the whole prompt (packed), on the vector path and the portable one. */
@@ -847,11 +856,7 @@ START_TEST(test_attention_decode_equals_prefill) {
     }
     free(all);
     free(one);
-    free(k);
-    free(v);
-    free(q);
-    ops->free(be, kc);
-    ops->free(be, vc);
+    free_att(k, v, q, kc, vc);
     kern_backend_destroy(o2, b2);
 }
 END_TEST
@@ -876,11 +881,7 @@ START_TEST(test_attention_isa_paths_agree) {
         ck_assert_msg(memcmp(a, c, (size_t)nq * qd * 4) == 0, "hd %d: vector and portable attention differ", hd);
         free(a);
         free(c);
-        free(k);
-        free(v);
-        free(q);
-        ops->free(be, kc);
-        ops->free(be, vc);
+        free_att(k, v, q, kc, vc);
     }
     kern_backend_destroy(o2, b2);
 }
