@@ -180,16 +180,25 @@ static int to_kern_dtype(weights_dtype d, kern_dtype *out) {
     }
 }
 
-/* Whether the slice of a matrix (rows > 0) stored F32/F16/BF16 becomes
- * Q8_0 (model_load_opts.quantize): a backend with upload_quantized,
- * separate weights, columns [c0, c0 + nc) whole 32-blocks. */
+/* Whether a tensor (a matrix: rows > 0) may be held quantized: the
+ * backend has upload_quantized and the weights are not fused. */
+static int can_quantize(const model *m, int64_t rows) { return m->ops->upload_quantized && !m->fused && rows > 0; }
+
+/* Whether the slice of a matrix stored F32/F16/BF16 becomes Q8_0
+ * (model_load_opts.quantize): columns [c0, c0 + nc) whole 32-blocks. */
 static int to_q8(const model *m, int64_t rows, int64_t c0, int64_t nc) {
-    return m->quantize == KERN_Q8_0 && m->ops->upload_quantized && !m->fused && rows > 0 && c0 % 32 == 0 &&
-           nc % 32 == 0;
+    return m->quantize == KERN_Q8_0 && can_quantize(m, rows) && c0 % 32 == 0 && nc % 32 == 0;
 }
 
 /* The dtype a Q8_0 matrix is uploaded as: KERN_Q8_0_A8 with act_q8. */
 static kern_dtype q8_dtype(const model *m) { return m->act_q8 ? KERN_Q8_0_A8 : KERN_Q8_0; }
+
+/* upload_quantized, counting the KERN_Q8_0_A8 matrices (act_q8 needs one). */
+static int upload_q(model *m, const kern_weight *host, kern_dtype to, kern_weight *out) {
+    if (m->ops->upload_quantized(m->be, host, to, out)) return -1;
+    m->n_act_q8 += to == KERN_Q8_0_A8;
+    return 0;
+}
 
 /* A random model's slice: values from (seed, tensor name, global index),
  * uniform with the std of Qwen3's initializer (0.02) or 1.0 for norms;
@@ -207,13 +216,12 @@ static int random_slice(model *m, const char *name, int64_t rows, int64_t cols, 
     }
     if (to_q8(m, rows, c0, nc)) {
         kern_weight q;
-        if (m->ops->upload_quantized(m->be, out, q8_dtype(m), &q)) { /* out stays: model_free releases it */
+        if (upload_q(m, out, q8_dtype(m), &q)) { /* out stays: model_free releases it */
             snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
             return -1;
         }
         m->ops->free_weight(m->be, out);
         *out = q;
-        m->n_act_q8 += m->act_q8;
         m->weight_bytes += (size_t)out->rows * kern_dtype_bytes(KERN_Q8_0, nc);
         return 0;
     }
@@ -305,8 +313,7 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
     if (weights_get(ws, name, ndim, rows ? shape : shape + 1, &t, err, errlen)) return -1;
     kern_weight host = {t->data, KERN_F32, rows ? nr : 1, nc, cols};
     kern_dtype qdt;
-    int can_q = m->ops->upload_quantized && !m->fused && rows > 0;
-    if (can_q && keepable_qtype(t->dtype, &qdt) && c0 % kern_dtype_block(qdt) == 0 &&
+    if (can_quantize(m, rows) && keepable_qtype(t->dtype, &qdt) && c0 % kern_dtype_block(qdt) == 0 &&
         nc % kern_dtype_block(qdt) == 0) {
         size_t row_bytes = kern_dtype_bytes(qdt, cols), off = kern_dtype_bytes(qdt, c0);
         size_t slice_bytes = kern_dtype_bytes(qdt, nc);
@@ -326,18 +333,16 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
             host = (kern_weight){(const char *)t->data + (size_t)r0 * row_bytes + off, qdt, host.rows, nc, cols};
         }
         kern_dtype to = qdt == KERN_Q8_0 ? q8_dtype(m) : qdt;
-        if (m->ops->upload_quantized(m->be, &host, to, out)) {
+        if (upload_q(m, &host, to, out)) {
             snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
             return -1;
         }
-        m->n_act_q8 += to == KERN_Q8_0_A8;
         after_upload(m, ws, host.data, view_extent(qdt, host.rows, nc, host.ld), buf, out);
         m->weight_bytes += (size_t)host.rows * slice_bytes;
         return 0;
     }
     int quant = to_q8(m, rows, c0, nc);
     kern_dtype q8 = q8_dtype(m);
-    m->n_act_q8 += quant && m->act_q8;
     /* Fused weights need one dtype per group, and a GGUF may mix them. */
     if (weights_dtype_is_quantized(t->dtype) || permute_hd > 0 || (m->gguf && m->fused && t->dtype != WEIGHTS_F32)) {
         float *row = malloc((size_t)cols * sizeof *row);
@@ -361,7 +366,7 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
         }
         free(row);
         host = (kern_weight){buf, KERN_F32, host.rows, nc, 0};
-        int rc = quant ? m->ops->upload_quantized(m->be, &host, q8, out)
+        int rc = quant ? upload_q(m, &host, q8, out)
                        : m->ops->upload_weight(m->be, &host, out);
         if (quant) free(buf); /* the backend made its own Q8_0 copy */
         if (rc) {
@@ -379,7 +384,7 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
     }
     size_t es = kern_dtype_size(host.dtype);
     host.data = (const char *)t->data + ((size_t)r0 * (size_t)cols + (size_t)c0) * es;
-    if (quant ? m->ops->upload_quantized(m->be, &host, q8, out) : m->ops->upload_weight(m->be, &host, out)) {
+    if (quant ? upload_q(m, &host, q8, out) : m->ops->upload_weight(m->be, &host, out)) {
         snprintf(err, errlen, "%s: %s", name, kern_last_error(m->be));
         return -1;
     }
