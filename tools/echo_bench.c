@@ -252,10 +252,10 @@ static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int gro
     thread_set ts;
     ar_arg args[ECHO_MAX_RANKS];
     for (int r = 0; r < nranks; r++) args[r] = (ar_arg){R, r};
-    int started = ts_start(&ts, nranks, ar_rank, args, sizeof *args);
-    ts_join(&ts);
+    int failed = ts_start(&ts, nranks, ar_rank, args, sizeof *args);
+    ts_join(&ts); /* nothing to wait for when failed */
     pthread_barrier_destroy(&R->bar);
-    if (started) {
+    if (failed) {
         snprintf(err, errlen, "could not start %d rank threads", nranks);
         goto out;
     }
