@@ -18,7 +18,9 @@
  *   echo-bench codec [--count M] [--group G] [--codec C] [--iters N] [--threads T] [--json]
  *       codec throughput (encode with error feedback, decode-accumulate)
  *       beside memcpy in the same rounds on the same T threads (default 1),
- *       with the ratio to it, and coding error vs wire bits per group size.
+ *       with the ratio to it, the same ratio for the encode's memory traffic
+ *       alone (its ceiling where memory is the bound), and coding error vs
+ *       wire bits per group size.
  *
  * Exit codes: 0 ok, 1 runtime error, 2 usage error. Inputs are Gaussian
  * from a counter-based generator (--seed), so runs are reproducible.
@@ -832,14 +834,15 @@ static double thread_cpu_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Best-of-iters seconds of memcpy, encode and decode-accumulate over the
- * buffers. Each round runs the three one after the other, so that load
- * from other processes (on memory bandwidth and caches) hits them alike and
- * the ratios to memcpy stay meaningful. One thread: its CPU time (time it
- * spent descheduled on a shared machine does not count). T threads: each
- * takes a slice of whole groups (its own wire buffer), as a rank's workers
- * do (echo_comm_set_workers), and the round's wall time counts. */
-typedef enum { OP_MEMCPY, OP_ENCODE, OP_DECODE_ACC, OP_COUNT } codec_op;
+/* Best-of-iters seconds of memcpy, the encode's traffic alone, encode and
+ * decode-accumulate over the buffers. Each round runs the four one after
+ * the other, so that load from other processes (on memory bandwidth and
+ * caches) hits them alike and the ratios to memcpy stay meaningful. One
+ * thread: its CPU time (time it spent descheduled on a shared machine does
+ * not count). T threads: each takes a slice of whole groups (its own wire
+ * buffer), as a rank's workers do (echo_comm_set_workers), and the round's
+ * wall time counts. */
+typedef enum { OP_MEMCPY, OP_TRAFFIC, OP_ENCODE, OP_DECODE_ACC, OP_COUNT } codec_op;
 #define ECHO_BENCH_MAX_THREADS 64
 _Static_assert(ECHO_BENCH_MAX_THREADS <= TS_MAX && ECHO_MAX_RANKS <= TS_MAX, "thread sets hold every thread");
 
@@ -847,12 +850,34 @@ typedef struct codec_team {
     int nthreads, iters, group;
     echo_codec_id codec;
     const float *x;
-    float *res, *acc, *dst;
-    uint8_t *wire; /* nthreads slices of slice_wire bytes */
+    float *res, *acc, *dst, *tres; /* tres: OP_TRAFFIC's residual, not the codec's */
+    uint8_t *wire;                 /* nthreads slices of slice_wire bytes */
     size_t count, slice, slice_wire;
+    double wire_per_value;         /* bytes the codec writes per value at this group */
     pthread_barrier_t bar;
     int op; /* the op of this round, OP_COUNT: stop */
 } codec_team;
+
+/* The memory traffic of an error-feedback encode without its arithmetic:
+ * read x and the residual, write the residual and the wire bytes. It
+ * bounds every encode's rate on this machine: an encode moves ~1.6x the
+ * bytes memcpy does, so where one thread is memory-bound the ratio of
+ * this to memcpy, not 1, is the ceiling of enc/cpy (docs/echo.md §8c). */
+typedef float f32x8 __attribute__((vector_size(32))); /* 8 adds at once: the loop must be bound by memory */
+
+static void encode_traffic(const float *x, float *r, size_t n, uint8_t *wire, size_t wire_bytes) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        f32x8 a, b;
+        memcpy(&a, x + i, sizeof a);
+        memcpy(&b, r + i, sizeof b);
+        b += a;
+        memcpy(r + i, &b, sizeof b);
+    }
+    for (; i < n; i++)
+        r[i] += x[i];
+    memset(wire, 0x5a, wire_bytes);
+}
 
 static void team_op(codec_team *tm, int t) {
     char err[256];
@@ -862,6 +887,7 @@ static void team_op(codec_team *tm, int t) {
     if (!n) return;
     switch (tm->op) {
     case OP_MEMCPY: memcpy(tm->dst + off, tm->x + off, n * sizeof(float)); break;
+    case OP_TRAFFIC: encode_traffic(tm->x + off, tm->tres + off, n, wire, (size_t)((double)n * tm->wire_per_value)); break;
     case OP_ENCODE: echo_codec_encode_as(tm->codec, tm->x + off, tm->res + off, n, tm->group, wire, err, sizeof err); break;
     case OP_DECODE_ACC: echo_codec_decode_as(tm->codec, wire, n, tm->group, tm->acc + off, 1, err, sizeof err); break;
     }
@@ -1001,7 +1027,7 @@ static int cmd_codec(int argc, char **argv) {
         }
     }
     float *x = malloc(count * sizeof *x), *xo = malloc(count * sizeof *xo), *res = calloc(count + ECHO_MAX_GROUP, sizeof *res);
-    float *acc = calloc(count, sizeof *acc), *dst = malloc(count * sizeof *dst);
+    float *acc = calloc(count, sizeof *acc), *dst = malloc(count * sizeof *dst), *tres = calloc(count, sizeof *tres);
     /* the largest wire form of this codec over the groups it takes (hout2
      * at G = 16 is 8 bits a value, int4's 5) */
     size_t slice = (count + (size_t)threads - 1) / (size_t)threads, wire_bytes = 0;
@@ -1013,7 +1039,7 @@ static int cmd_codec(int argc, char **argv) {
     wire_bytes = (wire_bytes + 63) / 64 * 64;
     uint8_t *wire = malloc(wire_bytes * (size_t)threads);
     int status = 0;
-    if (!x || !xo || !res || !acc || !dst || !wire) {
+    if (!x || !xo || !res || !acc || !dst || !tres || !wire) {
         fprintf(stderr, "echo-bench: out of memory for %zu values\n", count);
         status = 1;
         goto out;
@@ -1025,12 +1051,14 @@ static int cmd_codec(int argc, char **argv) {
     if (json)
         printf("[");
     else {
-        printf("# echo-bench codec %s: %zu fp32 values (%.1f MiB), %d thread%s, best of %d rounds of memcpy, encode, "
-               "decode in %s; GB/s of fp32 values (CPU numbers; codec path %s)\n",
+        printf("# echo-bench codec %s: %zu fp32 values (%.1f MiB), %d thread%s, best of %d rounds of memcpy, encode "
+               "traffic, encode, decode in %s; GB/s of fp32 values (CPU numbers; codec path %s)\n",
                echo_codec_get(codec)->name, count, count * 4.0 / (1 << 20), threads, threads > 1 ? "s" : "", iters,
                threads > 1 ? "wall time, each thread a slice of whole groups" : "thread CPU time", codec_path());
-        printf("# %6s %10s %12s %12s %12s %8s %8s %14s %14s\n", "group", "wire(b/v)", "encode GB/s", "dec+acc GB/s",
-               "memcpy GB/s", "enc/cpy", "dec/cpy", "rel_err gauss", "rel_err outlr");
+        printf("# traf/cpy: the encode's memory traffic alone (read x and the residual, write the residual and "
+               "the wire bytes; no coding) over memcpy: the most enc/cpy can be where memory is the bound\n");
+        printf("# %6s %10s %12s %12s %12s %8s %8s %8s %14s %14s\n", "group", "wire(b/v)", "encode GB/s", "dec+acc GB/s",
+               "memcpy GB/s", "enc/cpy", "dec/cpy", "traf/cpy", "rel_err gauss", "rel_err outlr");
     }
     int first = 1, model_group = group ? group : echo_codec_default_group(codec);
     double model_enc = 0, model_dec = 0, model_bits = 0;
@@ -1039,13 +1067,14 @@ static int cmd_codec(int argc, char **argv) {
         double bytes = (double)count * sizeof(float);
         double best[OP_COUNT];
         codec_team tm = {.nthreads = threads, .iters = iters, .group = G, .codec = codec, .x = x, .res = res,
-                         .acc = acc, .dst = dst, .wire = wire, .count = count, .slice = slice, .slice_wire = wire_bytes};
+                         .acc = acc, .dst = dst, .tres = tres, .wire = wire, .count = count, .slice = slice,
+                         .slice_wire = wire_bytes, .wire_per_value = (double)echo_codec_group_bytes(codec, G) / G};
         if (time_ops(&tm, best)) {
             fprintf(stderr, "echo-bench: could not start %d threads\n", threads);
             status = 1;
             goto out;
         }
-        double tmc = best[OP_MEMCPY], te = best[OP_ENCODE], td = best[OP_DECODE_ACC];
+        double tmc = best[OP_MEMCPY], tt = best[OP_TRAFFIC], te = best[OP_ENCODE], td = best[OP_DECODE_ACC];
         double eg = codec_rel_err(codec, x, count, G, wire, dst), eo = codec_rel_err(codec, xo, count, G, wire, dst);
         double bits = 8.0 * (double)((count + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(codec, G)) / (double)count;
         if (G == model_group) {
@@ -1056,13 +1085,13 @@ static int cmd_codec(int argc, char **argv) {
         if (json)
             printf("%s\n {\"codec\": \"%s\", \"group\": %d, \"count\": %zu, \"wire_bits_per_value\": %.4f, \"encode_gbps\": %.3f, "
                    "\"decode_acc_gbps\": %.3f, \"memcpy_gbps\": %.3f, \"encode_vs_memcpy\": %.3f, "
-                   "\"decode_acc_vs_memcpy\": %.3f, \"rel_err_gauss\": %.6g, \"rel_err_outlier\": %.6g, "
-                   "\"codec_path\": \"%s\", \"threads\": %d}",
+                   "\"decode_acc_vs_memcpy\": %.3f, \"traffic_gbps\": %.3f, \"traffic_vs_memcpy\": %.3f, "
+                   "\"rel_err_gauss\": %.6g, \"rel_err_outlier\": %.6g, \"codec_path\": \"%s\", \"threads\": %d}",
                    first ? "" : ",", echo_codec_get(codec)->name, G, count, bits, bytes / te / 1e9, bytes / td / 1e9,
-                   bytes / tmc / 1e9, tmc / te, tmc / td, eg, eo, codec_path(), threads);
+                   bytes / tmc / 1e9, tmc / te, tmc / td, bytes / tt / 1e9, tmc / tt, eg, eo, codec_path(), threads);
         else
-            printf("  %6d %10.4f %12.2f %12.2f %12.2f %8.2f %8.2f %14.5f %14.5f\n", G, bits, bytes / te / 1e9,
-                   bytes / td / 1e9, bytes / tmc / 1e9, tmc / te, tmc / td, eg, eo);
+            printf("  %6d %10.4f %12.2f %12.2f %12.2f %8.2f %8.2f %8.2f %14.5f %14.5f\n", G, bits, bytes / te / 1e9,
+                   bytes / td / 1e9, bytes / tmc / 1e9, tmc / te, tmc / td, tmc / tt, eg, eo);
         fflush(stdout);
         first = 0;
     }
@@ -1100,6 +1129,7 @@ out:
     free(res);
     free(acc);
     free(dst);
+    free(tres);
     free(wire);
     return status;
 }

@@ -229,6 +229,27 @@ check "randmodel/forward: malformed flags -> exit 2 with a clear message; runtim
   grep -q 'max_position_embeddings' $tmp/rm/e1 &&
   { \$bench forward --model $tmp/rm/none --device cpu >/dev/null 2>/dev/null; test \$? -eq 1; }"
 
+# The codec rows: every rate and ratio present, positive and finite, the ratios the rates'
+# (so traf/cpy is the encode traffic's rate over memcpy's, as docs/echo.md §8c reads it),
+# and the table's columns, at 1 and 2 threads
+check "codec: --json rows carry encode, decode, memcpy and encode-traffic rates and their ratios" bash -c "
+  for t in 1 2; do
+    $bench codec --codec hout2 --group 128 --count 65536 --iters 2 --threads \$t --json >$tmp/codec\$t.json || exit 1
+    python3 - $tmp/codec\$t.json \$t <<'PY' || exit 1
+import json, math, sys
+rows = json.load(open(sys.argv[1]))
+assert len(rows) == 1, rows
+r = rows[0]
+assert r['codec'] == 'hout2' and r['group'] == 128 and r['threads'] == int(sys.argv[2]), r
+for k in ('encode_gbps', 'decode_acc_gbps', 'memcpy_gbps', 'traffic_gbps', 'encode_vs_memcpy', 'decode_acc_vs_memcpy', 'traffic_vs_memcpy'):
+    assert isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0, (k, r)
+for rate, ratio in (('encode_gbps', 'encode_vs_memcpy'), ('decode_acc_gbps', 'decode_acc_vs_memcpy'), ('traffic_gbps', 'traffic_vs_memcpy')):
+    assert abs(r[rate] / r['memcpy_gbps'] - r[ratio]) <= 0.01 * r[ratio] + 2e-3, (rate, ratio, r)
+PY
+  done
+  $bench codec --codec int4 --group 64 --count 65536 --iters 1 >$tmp/codec.txt &&
+  grep -q 'traf/cpy' $tmp/codec.txt && grep -Eq '^ +64 +4\.2500( +[0-9.]+){8}$' $tmp/codec.txt"
+
 # 64 threads' stacks (8 MiB each) do not fit in 200 MB more address space than one thread
 # needs (found in 100 MB steps; a CUDA build maps far more just to load): some fail to
 # start, and the benchmarks must then say so and exit 1 instead of hanging on barriers
