@@ -19,8 +19,9 @@
  *     negative: only from the wire) take the reference's order.
  *   - y/s is y * fl(1/s) where a check proves it gives the same code
  *     (quant), else a division.
- *   - The top-2 search is compare masks and bit scans over the group's
- *     |y| bits, the reference's first-occurrence rules.
+ *   - The top-2 search is a max over 64-bit keys, |y| bits and the
+ *     complemented index, which order as the reference's first-occurrence
+ *     rules.
  *   - The code is the low nibble of the bits of y/s + 1.5*2^23 (the first
  *     add of echo_rint), so no conversion to int.
  * The encoder runs phase by phase over a few groups (o2_enc_impl). Full
@@ -45,7 +46,6 @@
 /* Group loops unrolled whole, so that arrays of vectors stay in registers. */
 #define UNROLL _Pragma("GCC unroll 32")
 #define ZMAXV (ECHO_MAX_GROUP / 16)
-#define ZMAXW ((ZMAXV + 3) / 4)
 /* The bf16 bits of 2^(125 - log2 G): scales below it invert exactly (inv_rot). */
 #define SAFE_SB(G) ((unsigned)(252 - __builtin_ctz((unsigned)(G))) << 7)
 
@@ -110,82 +110,50 @@ Z_INLINE __m512i bmax16(__m512i v) {
     return _mm512_max_epi32(v, _mm512_shuffle_epi32(v, (_MM_PERM_ENUM)0xb1));
 }
 
-/* Largest lane of a[0..V), in every lane. */
-Z_INLINE __m512i vmax(const __m512i *a, int V) {
-    __m512i t[ZMAXV];
+/* The indices of the first largest a (i1) and of the first largest of the
+ * others (i2), as echo_hout2_encode_group finds them, and the largest a.
+ * Each value becomes a 64-bit key, a << 32 | ~index: keys are unique and
+ * order as (a, then the earlier index), so the largest key is i1's and the
+ * second largest i2's (the second occurrence when the maximum repeats).
+ * The group's top two keys come from a per-lane (largest, second) merge
+ * across vectors, then across lanes: no mask registers and no branch
+ * between a group's values and its outliers' indices. */
+Z_INLINE void top2(const __m512i *a, int V, uint32_t *m1, int *i1, int *i2) {
+    __m512i h[ZMAXV], l[ZMAXV];
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     UNROLL
-    for (int j = 0; j < V; j++)
-        t[j] = a[j];
+    for (int j = 0; j < V; j++) {
+        __m512i ic = _mm512_sub_epi32(_mm512_set1_epi32(-1 - 16 * j), lane); /* ~(16 j + lane) */
+        /* which lanes pair up does not matter: each key carries its index */
+        __m512i k0 = _mm512_unpacklo_epi32(ic, a[j]), k1 = _mm512_unpackhi_epi32(ic, a[j]);
+        h[j] = _mm512_max_epu64(k0, k1);
+        l[j] = _mm512_min_epu64(k0, k1);
+    }
     UNROLL
-    for (int h = 1; h < V; h *= 2) {
+    for (int s = 1; s < V; s *= 2) {
         UNROLL
-        for (int j = 0; j + h < V; j += 2 * h)
-            t[j] = _mm512_max_epi32(t[j], t[j + h]);
+        for (int j = 0; j + s < V; j += 2 * s) {
+            __m512i nl = _mm512_max_epu64(_mm512_min_epu64(h[j], h[j + s]), _mm512_max_epu64(l[j], l[j + s]));
+            h[j] = _mm512_max_epu64(h[j], h[j + s]);
+            l[j] = nl;
+        }
     }
-    return bmax16(t[0]);
-}
-
-/* The lane masks k[0..V) as bits of 64-bit words (element i: bit i % 64 of w[i / 64]). */
-Z_INLINE void kwords(const __mmask16 *k, int V, uint64_t *w) {
-    if (V % 4 == 0) { /* in the mask registers */
-        UNROLL
-        for (int q = 0; q < V / 4; q++)
-            w[q] = _cvtmask64_u64(
-                _mm512_kunpackd(_mm512_kunpackw(k[4 * q + 3], k[4 * q + 2]), _mm512_kunpackw(k[4 * q + 1], k[4 * q])));
-        return;
+    __m512i H = h[0], L = l[0];
+    for (int step = 0; step < 3; step++) { /* 8 lanes -> 4 -> 2 -> 1 */
+        __m512i ph = step == 0   ? _mm512_shuffle_i64x2(H, H, 0x4e)
+                     : step == 1 ? _mm512_shuffle_i64x2(H, H, 0xb1)
+                                 : _mm512_shuffle_epi32(H, (_MM_PERM_ENUM)0x4e);
+        __m512i pl = step == 0   ? _mm512_shuffle_i64x2(L, L, 0x4e)
+                     : step == 1 ? _mm512_shuffle_i64x2(L, L, 0xb1)
+                                 : _mm512_shuffle_epi32(L, (_MM_PERM_ENUM)0x4e);
+        L = _mm512_max_epu64(_mm512_min_epu64(H, ph), _mm512_max_epu64(L, pl));
+        H = _mm512_max_epu64(H, ph);
     }
-    UNROLL
-    for (int q = 0; q < (V + 3) / 4; q++) {
-        uint64_t x = 0;
-        UNROLL
-        for (int t = 0; t < 4; t++)
-            if (4 * q + t < V) x |= (uint64_t)_cvtmask16_u32(k[4 * q + t]) << (16 * t);
-        w[q] = x;
-    }
-}
-
-/* The first set bit of w[0..W) (one is set), without branches. */
-Z_INLINE int first_bit(const uint64_t *w, int W) {
-    int r = 0;
-    for (int q = W - 1; q >= 0; q--)
-        r = w[q] ? 64 * q + (int)_tzcnt_u64(w[q]) : r;
-    return r;
-}
-
-/* The index of the first largest a (i1) and of the first largest of the
- * others (i2), as echo_hout2_encode_group finds them; mx = the largest in
- * every lane. */
-Z_INLINE void top2(const __m512i *a, int V, __m512i mx, int *i1, int *i2) {
-    __mmask16 k[ZMAXV];
-    uint64_t w[ZMAXW];
-    const int W = (V + 3) / 4;
-    UNROLL
-    for (int j = 0; j < V; j++)
-        k[j] = _mm512_cmpeq_epi32_mask(a[j], mx);
-    kwords(k, V, w);
-    int n = 0;
-    UNROLL
-    for (int q = 0; q < W; q++)
-        n += (int)_mm_popcnt_u64(w[q]);
-    *i1 = first_bit(w, W);
-    if (__builtin_expect(n > 1, 0)) { /* a tie at the top: the second of them */
-        w[*i1 / 64] &= w[*i1 / 64] - 1;
-        *i2 = first_bit(w, W);
-        return;
-    }
-    /* the largest of the others: the one largest replaced by 0 (<= every |y|) */
-    __m512i b[ZMAXV];
-    UNROLL
-    for (int j = 0; j < V; j++)
-        b[j] = _mm512_mask_mov_epi32(a[j], k[j], _mm512_setzero_si512());
-    __m512i m2 = vmax(b, V);
-    UNROLL
-    for (int j = 0; j < V; j++)
-        k[j] = _mm512_cmpeq_epi32_mask(b[j], m2);
-    kwords(k, V, w);
-    /* not i1 itself, whose 0 matches when every other |y| is 0 too */
-    w[*i1 / 64] &= ~(1ull << (*i1 % 64));
-    *i2 = first_bit(w, W);
+    uint64_t k1 = (uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(H));
+    uint64_t k2 = (uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(L));
+    *m1 = (uint32_t)(k1 >> 32);
+    *i1 = (int)~(uint32_t)k1;
+    *i2 = (int)~(uint32_t)k2;
 }
 
 /* o + v with o the first operand (codec_avx2.c's add_acc: the NaN payload
@@ -288,9 +256,7 @@ Z_INLINE void enc_top2(const float *x, const float *res, int hr, int G, float *y
         _mm512_store_ps(yb + 16 * j, y);
         a[j] = _mm512_and_si512(_mm512_castps_si512(y), abs);
     }
-    __m512i mx = vmax(a, V);
-    st->m = (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(mx));
-    top2(a, V, mx, &st->i1, &st->i2);
+    top2(a, V, &st->m, &st->i1, &st->i2);
     st->y1 = yb[st->i1];
     st->y2 = yb[st->i2];
     /* the outliers leave the staged group (their residuals are patched in
