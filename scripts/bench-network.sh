@@ -59,8 +59,9 @@ for f in sorted(glob.glob(os.path.join(out, "ar-n*-*.json"))):
     if tag: extra[(n, rate, tag)] = rows
     else: runs[(n, rate)] = rows
 
-def wire_bytes(algo, group):  # bytes per value on the wire
-    return {"exact": 4.0, "bf16": 2.0}.get(algo, (4 + 16.0 / group) / 8)
+def wire_bytes(row, algo, group):  # bytes per value on the wire: the run's own figure
+    if "wire_bits_per_value" in row: return row["wire_bits_per_value"] / 8
+    return {"exact": 4.0, "bf16": 2.0}.get(algo, (4 + 16.0 / group) / 8)  # runs before it was recorded
 
 def size(b):
     return "%d MiB" % (b >> 20) if b >= 1 << 20 else "%d KiB" % (b >> 10)
@@ -71,7 +72,7 @@ def predict(n, rate, b, algo, group):
     CPU work is the same call measured without shaping, not overlapped."""
     cpu = runs.get((n, "none"), {}).get((b, algo))
     if RATE.get(rate) is None or cpu is None: return None
-    link = 2 * (n - 1) * (b / 4) * wire_bytes(algo, group) * 8 / RATE[rate]
+    link = 2 * (n - 1) * (b / 4) * wire_bytes(runs[(n, rate)][(b, algo)], algo, group) * 8 / RATE[rate]
     return link * 1e6, (link * 1e6 + cpu["time_us"])
 
 lines = []
