@@ -1,7 +1,8 @@
 /*
- * comm/codec_avx512.c — the out2 / hout2 record loops in AVX-512
- * intrinsics (echo_cpu_codec_avx512, comm/codec_cpu.h); the other entries
- * are the AVX2 table's. echo_cpu_codec_best picks it at run time.
+ * comm/codec_avx512.c — the out2 / hout2 record loops and the int4 encode
+ * in AVX-512 intrinsics (echo_cpu_codec_avx512, comm/codec_cpu.h); the
+ * other entries are the AVX2 table's. echo_cpu_codec_best picks it at run
+ * time.
  *
  * Contract: bit-identical to echo_cpu_codec_scalar, as the AVX2 table is
  * (the one latitude: which NaN a rotation's butterfly returns). Where this
@@ -24,9 +25,11 @@
  *     rules.
  *   - The code is the low nibble of the bits of y/s + 1.5*2^23 (the first
  *     add of echo_rint), so no conversion to int.
- * The encoder runs phase by phase over a few groups (o2_enc_impl). Full
- * groups with G in 16..256 are vectorized; a partial last group goes to
- * the scalar table, hsub6 to the AVX2 one.
+ * The encoders run phase by phase over a few groups (o2_enc_impl,
+ * i4_enc_impl). Full groups with G in 16..256 are vectorized; a partial
+ * last group goes to the scalar table, hsub6 to the AVX2 one, and int4's
+ * bf16 input, bf16-rounded residuals and all-zero or poisoned groups to
+ * the AVX2 loop.
  */
 #include "comm/codec_cpu.h"
 
@@ -396,6 +399,99 @@ Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_va
     return np;
 }
 
+/* ---- int4 (the paper's codec): encode ----
+ * The same loops' pieces on int4 groups: y = x (+ res), one bf16 scale from
+ * the largest |y|, the codes by quant (a checked reciprocal), the residual
+ * y - q s as one FNMADD (q s is exact: 3 bits times a bf16). fp32 input and
+ * residual only; bf16 input or a bf16-rounded residual, and groups that are
+ * all zero or poisoned, go to the AVX2 loop. */
+
+/* Phase 1 of an int4 group: y = x (+ res when hr) into yb; its largest |y| bits. */
+Z_INLINE uint32_t i4_load(const float *x, const float *res, int hr, int G, float *yb) {
+    const int V = G / 16;
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+    __m512i mx = _mm512_setzero_si512();
+    for (int j = 0; ECHO_PF > 0 && j < V; j++) {
+        _mm_prefetch((const char *)(x + 16 * j + ECHO_PF), _MM_HINT_T0);
+        if (hr) _mm_prefetch((const char *)(res + 16 * j + ECHO_PF), _MM_HINT_T0);
+    }
+    UNROLL
+    for (int j = 0; j < V; j++) {
+        __m512 y = _mm512_loadu_ps(x + 16 * j);
+        if (hr) y = _mm512_add_ps(y, _mm512_loadu_ps(res + 16 * j));
+        _mm512_store_ps(yb + 16 * j, y);
+        mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_castps_si512(y), abs));
+    }
+    return (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(bmax16(mx)));
+}
+
+/* Phase 2: the codes of a group of positive finite scale sb, and res = y - q s when hw. */
+Z_INLINE void i4_codes(const float *yb, float *res, int hw, int G, uint16_t sb, uint8_t *codes) {
+    const int V = G / 16;
+    const float s = echo_bf16_to_f32(sb);
+    const __m512 c = _mm512_set1_ps(12582912.0f), sv = _mm512_set1_ps(s);
+    __m512 y[ZMAXV], q[ZMAXV];
+    UNROLL
+    for (int j = 0; j < V; j++)
+        y[j] = _mm512_load_ps(yb + 16 * j);
+    quant(y, V, s, q);
+    UNROLL
+    for (int j = 0; j < V; j++) {
+        pack16(codes + 8 * j, q[j]);
+        if (hw) _mm512_storeu_ps(res + 16 * j, _mm512_fnmadd_ps(_mm512_sub_ps(q[j], c), sv, y[j]));
+    }
+}
+
+/* Whole int4 groups of fp32 x, ZB at a time phase by phase (o2_enc_impl's
+ * reasons); a group whose scale is 0 or poison is coded by the AVX2 loop. */
+Z_INLINE size_t i4_enc_impl(const float *x, float *res, int hr, int hw, size_t ng, int G, uint8_t *codes,
+                            uint16_t *scales, size_t *bad) {
+    float yb[ZB][ECHO_MAX_GROUP] __attribute__((aligned(64)));
+    size_t npoison = 0;
+    for (size_t g0 = 0; g0 < ng; g0 += ZB) {
+        int nb = ng - g0 < ZB ? (int)(ng - g0) : ZB;
+        uint16_t sb[ZB];
+        for (int b = 0; b < nb; b++) {
+            size_t off = (g0 + (size_t)b) * (size_t)G;
+            sb[b] = echo_scale_from_absbits(i4_load(x + off, hr ? res + off : NULL, hr, G, yb[b]));
+        }
+        for (int b = 0; b < nb; b++) {
+            size_t off = (g0 + (size_t)b) * (size_t)G, k;
+            if (__builtin_expect(sb[b] != 0 && !echo_scale_is_poison(sb[b]), 1)) {
+                scales[g0 + (size_t)b] = sb[b];
+                i4_codes(yb[b], hw ? res + off : NULL, hw, G, sb[b], codes + off / 2);
+            } else if (echo_avx2_encode(x + off, ECHO_F32, hw ? res + off : NULL, hr, ECHO_RESID_F32, (size_t)G, G,
+                                        codes + off / 2, scales + g0 + (size_t)b, &k) &&
+                       !npoison++)
+                *bad = off + k;
+        }
+    }
+    return npoison;
+}
+
+Z_FN static size_t z_encode(const void *x, echo_dtype xdt, float *res, int res_valid, echo_resid rmode, size_t n,
+                            int group, uint8_t *codes, uint16_t *scales, size_t *bad) {
+    if (xdt != ECHO_F32 || (res && rmode != ECHO_RESID_F32) || group < ECHO_MIN_GROUP || group > ECHO_MAX_GROUP)
+        return echo_avx2_encode(x, xdt, res, res_valid, rmode, n, group, codes, scales, bad);
+    const float *xf = x;
+    size_t ng = n / (size_t)group, np = 0;
+    int hr = res && res_valid, hw = res != NULL;
+    *bad = ECHO_NO_INDEX;
+#define IE(G)                                                                                                          \
+    np = hr ? i4_enc_impl(xf, res, 1, 1, ng, G, codes, scales, bad)                                                    \
+            : hw ? i4_enc_impl(xf, res, 0, 1, ng, G, codes, scales, bad) : i4_enc_impl(xf, NULL, 0, 0, ng, G, codes, scales, bad)
+    ECHO_CPU_FOR_EACH_G(group, IE, return echo_avx2_encode(x, xdt, res, res_valid, rmode, n, group, codes, scales, bad))
+#undef IE
+    size_t off = ng * (size_t)group, tb;
+    if (off < n) { /* a partial last group */
+        size_t tp = echo_avx2_encode(xf + off, ECHO_F32, res ? res + off : NULL, res_valid, rmode, n - off, group,
+                                     codes + off / 2, scales + ng, &tb);
+        if (tp && !np) *bad = off + tb;
+        np += tp;
+    }
+    return np;
+}
+
 /* The V vectors of codes of one group (G / 2 bytes at c), sign-extended, as fp32. */
 Z_INLINE void unpack(const uint8_t *c, int V, __m512 *q) {
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1));
@@ -483,7 +579,7 @@ int echo_cpu_codec_avx512_ok(void) {
 
 const echo_cpu_codec echo_cpu_codec_avx512 = {
     .name = "avx512",
-    .encode = echo_avx2_encode,
+    .encode = z_encode,
     .decode = echo_avx2_decode,
     .decode_store = echo_avx2_decode_store,
     .rot_fwd = echo_avx2_rot_fwd,

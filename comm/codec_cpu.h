@@ -81,8 +81,9 @@ void echo_avx2_add(const float *in, size_t n, float *out);
 
 #define ECHO_HAVE_CODEC_AVX512 1
 /* AVX-512 (F, BW, VL, DQ) with FMA and BMI (codec_avx512.c): its own out2
- * and hout2 record loops, the AVX2 table's other entries; only callable when
- * the CPU has all of those and AVX2 (echo_cpu_codec_avx512_ok). */
+ * and hout2 record loops and int4 encode, the AVX2 table's other entries;
+ * only callable when the CPU has all of those and AVX2
+ * (echo_cpu_codec_avx512_ok). */
 extern const echo_cpu_codec echo_cpu_codec_avx512;
 int echo_cpu_codec_avx512_ok(void);
 #endif

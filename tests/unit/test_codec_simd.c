@@ -578,7 +578,7 @@ END_TEST
  * check in codec_avx512.c must catch each), over every bf16 mantissa of
  * the scale at many exponents, subnormal scales included: out2 codes y/s
  * directly (two outliers of 7.5 s first, then 7 s setting the scale s),
- * hout2 the same groups rotated. */
+ * hout2 the same groups rotated, int4 the same values under 7 s. */
 START_TEST(test_records_at_code_boundaries) {
     const echo_cpu_codec *tabs[4];
     int nt = vector_tables(tabs);
@@ -632,6 +632,35 @@ START_TEST(test_records_at_code_boundaries) {
             free(r1);
             ntests++;
         }
+    /* int4 on the same boundaries: 7 s (not two outliers) sets the scale s */
+    for (size_t g = 0; g < ng; g++) {
+        float sc = echo_bf16_to_f32(g % 128 || g / 128 ? (uint16_t)(exps[g / 128] << 7 | (g % 128)) : 1);
+        y[g * (size_t)G] = 7.0f * sc, y[g * (size_t)G + 1] = -7.0f * sc, y[g * (size_t)G + 2] = 0.0f;
+    }
+    for (int ti = 0; ti < nt; ti++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s int4 at code boundaries", tabs[ti]->name);
+        size_t cb = n / 2, b0 = 1, b1 = 2;
+        uint8_t *c0 = alloc_fill(cb, 0x5a), *c1 = alloc_fill(cb, 0x5a);
+        uint16_t *s0 = alloc_fill(ng * 2, 0x5a), *s1 = alloc_fill(ng * 2, 0x5a);
+        float *r0 = dup_f32(res, n), *r1 = dup_f32(res, n);
+        size_t p0 = echo_cpu_codec_scalar.encode(y, ECHO_F32, r0, 1, ECHO_RESID_F32, n, G, c0, s0, &b0);
+        size_t p1 = tabs[ti]->encode(y, ECHO_F32, r1, 1, ECHO_RESID_F32, n, G, c1, s1, &b1);
+        ck_assert_msg(p0 == 0 && p1 == 0 && b0 == b1, "%s: poisoned %zu/%zu", what, p0, p1);
+        cmp_u8(c0, c1, cb, what, "codes");
+        cmp_u8((const uint8_t *)s0, (const uint8_t *)s1, ng * 2, what, "scales");
+        cmp_f32(r0, r1, n, 0, what, "residual");
+        for (size_t g = 0; g < ng; g++) /* the scale is s: the boundaries were hit */
+            ck_assert_msg(s0[g] == (g % 128 || g / 128 ? (uint16_t)(exps[g / 128] << 7 | (g % 128)) : 1),
+                          "%s: scale of %zu", what, g);
+        free(c0);
+        free(c1);
+        free(s0);
+        free(s1);
+        free(r0);
+        free(r1);
+        ntests++;
+    }
     /* hout2 decoded where codec_avx512.c's exact inverse rotation stops (s
      * at 2^125 / G) and around it, with the largest sums of codes (all -8,
      * all 7) and mixed ones, zero, subnormal, negative and non-finite scales */
