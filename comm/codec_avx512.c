@@ -243,10 +243,9 @@ typedef struct {
     float y1, y2;
 } zgrp;
 
-/* Phase 1 of a group at x: y = x (+ res when hr) into yb, its outliers. */
-Z_INLINE void enc_top2(const float *x, const float *res, int hr, int G, float *yb, zgrp *st) {
+/* y = x (+ res when hr) of a group into yb, its |y| bits into a[0..G/16). */
+Z_INLINE void load_y(const float *x, const float *res, int hr, int G, float *yb, __m512i *a) {
     const int V = G / 16;
-    __m512i a[ZMAXV];
     const __m512i abs = _mm512_set1_epi32(0x7fffffff);
     for (int j = 0; ECHO_PF > 0 && j < V; j++) {
         _mm_prefetch((const char *)(x + 16 * j + ECHO_PF), _MM_HINT_T0);
@@ -259,7 +258,13 @@ Z_INLINE void enc_top2(const float *x, const float *res, int hr, int G, float *y
         _mm512_store_ps(yb + 16 * j, y);
         a[j] = _mm512_and_si512(_mm512_castps_si512(y), abs);
     }
-    top2(a, V, &st->m, &st->i1, &st->i2);
+}
+
+/* Phase 1 of a group at x: y = x (+ res when hr) into yb, its outliers. */
+Z_INLINE void enc_top2(const float *x, const float *res, int hr, int G, float *yb, zgrp *st) {
+    __m512i a[ZMAXV];
+    load_y(x, res, hr, G, yb, a);
+    top2(a, G / 16, &st->m, &st->i1, &st->i2);
     st->y1 = yb[st->i1];
     st->y2 = yb[st->i2];
     /* the outliers leave the staged group (their residuals are patched in
@@ -408,20 +413,11 @@ Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_va
 
 /* Phase 1 of an int4 group: y = x (+ res when hr) into yb; its largest |y| bits. */
 Z_INLINE uint32_t i4_load(const float *x, const float *res, int hr, int G, float *yb) {
-    const int V = G / 16;
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
-    __m512i mx = _mm512_setzero_si512();
-    for (int j = 0; ECHO_PF > 0 && j < V; j++) {
-        _mm_prefetch((const char *)(x + 16 * j + ECHO_PF), _MM_HINT_T0);
-        if (hr) _mm_prefetch((const char *)(res + 16 * j + ECHO_PF), _MM_HINT_T0);
-    }
+    __m512i a[ZMAXV], mx = _mm512_setzero_si512();
+    load_y(x, res, hr, G, yb, a);
     UNROLL
-    for (int j = 0; j < V; j++) {
-        __m512 y = _mm512_loadu_ps(x + 16 * j);
-        if (hr) y = _mm512_add_ps(y, _mm512_loadu_ps(res + 16 * j));
-        _mm512_store_ps(yb + 16 * j, y);
-        mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_castps_si512(y), abs));
-    }
+    for (int j = 0; j < G / 16; j++)
+        mx = _mm512_max_epu32(mx, a[j]);
     return (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(bmax16(mx)));
 }
 

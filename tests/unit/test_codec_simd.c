@@ -574,6 +574,15 @@ START_TEST(test_records_match_scalar) {
 }
 END_TEST
 
+/* The scales of test_records_at_code_boundaries: */
+static const int boundary_exps[] = {0, 1, 2, 3, 20, 100, 126, 127, 128, 160, 200, 240, 248};
+
+/* Group g's scale there: every bf16 mantissa (g % 128) at each exponent, 0 made 1. */
+static uint16_t boundary_scale(size_t g) {
+    uint16_t sb = (uint16_t)(boundary_exps[g / 128] << 7 | (g % 128));
+    return sb ? sb : 1;
+}
+
 /* The codes at and next to every half-integer y/s (the reciprocal's
  * check in codec_avx512.c must catch each), over every bf16 mantissa of
  * the scale at many exponents, subnormal scales included: out2 codes y/s
@@ -582,14 +591,11 @@ END_TEST
 START_TEST(test_records_at_code_boundaries) {
     const echo_cpu_codec *tabs[4];
     int nt = vector_tables(tabs);
-    const int exps[] = {0, 1, 2, 3, 20, 100, 126, 127, 128, 160, 200, 240, 248};
     const int G = 128;
-    size_t ng = 128 * sizeof exps / sizeof *exps, n = ng * (size_t)G, ntests = 0;
+    size_t ng = 128 * sizeof boundary_exps / sizeof *boundary_exps, n = ng * (size_t)G, ntests = 0;
     float *y = malloc(n * 4), *res = malloc(n * 4);
     for (size_t g = 0; g < ng; g++) {
-        uint16_t sb = (uint16_t)(exps[g / 128] << 7 | (g % 128));
-        if (!sb) sb = 1;
-        float sc = echo_bf16_to_f32(sb), *v = y + g * (size_t)G;
+        float sc = echo_bf16_to_f32(boundary_scale(g)), *v = y + g * (size_t)G;
         v[0] = 7.5f * sc, v[1] = -7.5f * sc, v[2] = 7.0f * sc;
         for (int i = 3; i < G; i++) {
             int b = (i - 3) / 9, st = (i - 3) % 9 - 4; /* boundary b: +-(b/2 + 1/2), st steps off it */
@@ -634,31 +640,23 @@ START_TEST(test_records_at_code_boundaries) {
         }
     /* int4 on the same boundaries: 7 s (not two outliers) sets the scale s */
     for (size_t g = 0; g < ng; g++) {
-        float sc = echo_bf16_to_f32(g % 128 || g / 128 ? (uint16_t)(exps[g / 128] << 7 | (g % 128)) : 1);
+        float sc = echo_bf16_to_f32(boundary_scale(g));
         y[g * (size_t)G] = 7.0f * sc, y[g * (size_t)G + 1] = -7.0f * sc, y[g * (size_t)G + 2] = 0.0f;
+    }
+    { /* the scale is s: the boundaries are hit */
+        uint8_t *c = malloc(n / 2);
+        uint16_t *sc = malloc(ng * 2);
+        size_t b;
+        ck_assert_uint_eq(echo_cpu_codec_scalar.encode(y, ECHO_F32, NULL, 0, ECHO_RESID_F32, n, G, c, sc, &b), 0);
+        for (size_t g = 0; g < ng; g++)
+            ck_assert_msg(sc[g] == boundary_scale(g), "int4 at code boundaries: scale of %zu", g);
+        free(c);
+        free(sc);
     }
     for (int ti = 0; ti < nt; ti++) {
         char what[96];
         snprintf(what, sizeof what, "%s int4 at code boundaries", tabs[ti]->name);
-        size_t cb = n / 2, b0 = 1, b1 = 2;
-        uint8_t *c0 = alloc_fill(cb, 0x5a), *c1 = alloc_fill(cb, 0x5a);
-        uint16_t *s0 = alloc_fill(ng * 2, 0x5a), *s1 = alloc_fill(ng * 2, 0x5a);
-        float *r0 = dup_f32(res, n), *r1 = dup_f32(res, n);
-        size_t p0 = echo_cpu_codec_scalar.encode(y, ECHO_F32, r0, 1, ECHO_RESID_F32, n, G, c0, s0, &b0);
-        size_t p1 = tabs[ti]->encode(y, ECHO_F32, r1, 1, ECHO_RESID_F32, n, G, c1, s1, &b1);
-        ck_assert_msg(p0 == 0 && p1 == 0 && b0 == b1, "%s: poisoned %zu/%zu", what, p0, p1);
-        cmp_u8(c0, c1, cb, what, "codes");
-        cmp_u8((const uint8_t *)s0, (const uint8_t *)s1, ng * 2, what, "scales");
-        cmp_f32(r0, r1, n, 0, what, "residual");
-        for (size_t g = 0; g < ng; g++) /* the scale is s: the boundaries were hit */
-            ck_assert_msg(s0[g] == (g % 128 || g / 128 ? (uint16_t)(exps[g / 128] << 7 | (g % 128)) : 1),
-                          "%s: scale of %zu", what, g);
-        free(c0);
-        free(c1);
-        free(s0);
-        free(s1);
-        free(r0);
-        free(r1);
+        cmp_encode(tabs[ti], y, ECHO_F32, res, 2, ECHO_RESID_F32, n, G, what);
         ntests++;
     }
     /* hout2 decoded where codec_avx512.c's exact inverse rotation stops (s
