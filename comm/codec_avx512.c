@@ -473,9 +473,11 @@ Z_FN static size_t z_encode(const void *x, echo_dtype xdt, float *res, int res_v
     size_t ng = n / (size_t)group, np = 0;
     int hr = res && res_valid, hw = res != NULL;
     *bad = ECHO_NO_INDEX;
+    /* the residual's use known at compile time */
 #define IE(G)                                                                                                          \
-    np = hr ? i4_enc_impl(xf, res, 1, 1, ng, G, codes, scales, bad)                                                    \
-            : hw ? i4_enc_impl(xf, res, 0, 1, ng, G, codes, scales, bad) : i4_enc_impl(xf, NULL, 0, 0, ng, G, codes, scales, bad)
+    np = hr   ? i4_enc_impl(xf, res, 1, 1, ng, G, codes, scales, bad)                                                  \
+         : hw ? i4_enc_impl(xf, res, 0, 1, ng, G, codes, scales, bad)                                                  \
+              : i4_enc_impl(xf, NULL, 0, 0, ng, G, codes, scales, bad)
     ECHO_CPU_FOR_EACH_G(group, IE, return echo_avx2_encode(x, xdt, res, res_valid, rmode, n, group, codes, scales, bad))
 #undef IE
     size_t off = ng * (size_t)group, tb;
