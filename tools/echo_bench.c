@@ -149,12 +149,14 @@ typedef struct thread_set {
 static void *ts_main(void *p) {
     struct ts_slot *s = p;
     int g;
-    while (!(g = atomic_load(&s->ts->gate))) sched_yield();
+    while (!(g = atomic_load(&s->ts->gate)))
+        sched_yield();
     return g > 0 ? s->fn(s->arg) : NULL;
 }
 
 static void ts_join(thread_set *ts) {
-    for (int i = 0; i < ts->n; i++) pthread_join(ts->th[i], NULL);
+    for (int i = 0; i < ts->n; i++)
+        pthread_join(ts->th[i], NULL);
 }
 
 /* fn(args + i * size) on n threads; 0, or -1 with none left running (then
@@ -173,7 +175,6 @@ static int ts_start(thread_set *ts, int n, void *(*fn)(void *), void *args, size
     ts->n = 0;
     return -1;
 }
-
 
 /* ---- allreduce ---- */
 
@@ -221,8 +222,7 @@ typedef struct ar_row {
 } ar_row;
 
 static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int group, size_t min_policy, size_t count,
-                      float *const *x,
-                      const double *ref, int iters, ar_row *row, char *err, size_t errlen) {
+                      float *const *x, const double *ref, int iters, ar_row *row, char *err, size_t errlen) {
     ar_run *R = calloc(1, sizeof *R);
     echo_world *w = NULL;
     int status = -1;
@@ -253,7 +253,8 @@ static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int gro
     }
     thread_set ts;
     ar_arg args[ECHO_MAX_RANKS];
-    for (int r = 0; r < nranks; r++) args[r] = (ar_arg){R, r};
+    for (int r = 0; r < nranks; r++)
+        args[r] = (ar_arg){R, r};
     int failed = ts_start(&ts, nranks, ar_rank, args, sizeof *args);
     ts_join(&ts); /* nothing to wait for when failed */
     pthread_barrier_destroy(&R->bar);
@@ -478,16 +479,17 @@ out:
 #endif
 
 static void ar_usage(void) {
-    fprintf(stderr,
-            "usage: echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]\n"
-            "                            [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G] [--codec NAME[-gG]]\n"
-            "                            [--echo-min-bytes N] [--iters N] [--warmup N] [--seed S]\n"
-            "                            [--dist gauss|outlier] [--json]\n"
-            "  local: ranks are threads over host memory, fp32 (CPU numbers)\n"
-            "  nccl:  rank r on GPU r, bf16, exact = NCCL's bf16 all-reduce; uniform inputs (no --dist)\n"
-            "  mpi:   under mpirun, one rank per process (--ranks is the job's size), fp32; exact =\n"
-            "         MPI_Allreduce, or the two-shot schedule with ECHO_MPI_EXACT=twoshot; time =\n"
-            "         median over iterations of the slowest rank's\n");
+    fprintf(
+        stderr,
+        "usage: echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]\n"
+        "                            [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G] [--codec NAME[-gG]]\n"
+        "                            [--echo-min-bytes N] [--iters N] [--warmup N] [--seed S]\n"
+        "                            [--dist gauss|outlier] [--json]\n"
+        "  local: ranks are threads over host memory, fp32 (CPU numbers)\n"
+        "  nccl:  rank r on GPU r, bf16, exact = NCCL's bf16 all-reduce; uniform inputs (no --dist)\n"
+        "  mpi:   under mpirun, one rank per process (--ranks is the job's size), fp32; exact =\n"
+        "         MPI_Allreduce, or the two-shot schedule with ECHO_MPI_EXACT=twoshot; time =\n"
+        "         median over iterations of the slowest rank's\n");
 }
 
 static int cmd_allreduce(int argc, char **argv) {
@@ -559,7 +561,8 @@ static int cmd_allreduce(int argc, char **argv) {
     }
     if (!strcmp(transport, "mpi")) {
 #ifdef ECHO_HAVE_MPI
-        ar_mpi_opts o = {group, iters, warmup, json, seed, nmodes, dist, minb, maxb, (size_t)step, policy, modes, codec};
+        ar_mpi_opts o = {group, iters, warmup,       json,   seed,  nmodes, dist,
+                         minb,  maxb,  (size_t)step, policy, modes, codec};
         return ar_mpi(&o);
 #else
         fprintf(stderr, "echo-bench: this build has no mpi transport (Open MPI was not found at build time)\n");
@@ -725,7 +728,8 @@ static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int 
     }
     thread_set ts;
     chain_arg args[ECHO_MAX_RANKS];
-    for (int r = 0; r < nranks; r++) args[r] = (chain_arg){R, r};
+    for (int r = 0; r < nranks; r++)
+        args[r] = (chain_arg){R, r};
     if (ts_start(&ts, nranks, chain_rank, args, sizeof *args)) {
         snprintf(err, errlen, "could not start %d rank threads", nranks);
         goto out;
@@ -853,7 +857,7 @@ typedef struct codec_team {
     float *res, *acc, *dst, *tres; /* tres: OP_TRAFFIC's residual, not the codec's */
     uint8_t *wire;                 /* nthreads slices of slice_wire bytes */
     size_t count, slice, slice_wire;
-    double wire_per_value;         /* bytes the codec writes per value at this group */
+    double wire_per_value; /* bytes the codec writes per value at this group */
     pthread_barrier_t bar;
     int op; /* the op of this round, OP_COUNT: stop */
 } codec_team;
@@ -887,8 +891,12 @@ static void team_op(codec_team *tm, int t) {
     if (!n) return;
     switch (tm->op) {
     case OP_MEMCPY: memcpy(tm->dst + off, tm->x + off, n * sizeof(float)); break;
-    case OP_TRAFFIC: encode_traffic(tm->x + off, tm->tres + off, n, wire, (size_t)((double)n * tm->wire_per_value)); break;
-    case OP_ENCODE: echo_codec_encode_as(tm->codec, tm->x + off, tm->res + off, n, tm->group, wire, err, sizeof err); break;
+    case OP_TRAFFIC:
+        encode_traffic(tm->x + off, tm->tres + off, n, wire, (size_t)((double)n * tm->wire_per_value));
+        break;
+    case OP_ENCODE:
+        echo_codec_encode_as(tm->codec, tm->x + off, tm->res + off, n, tm->group, wire, err, sizeof err);
+        break;
     case OP_DECODE_ACC: echo_codec_decode_as(tm->codec, wire, n, tm->group, tm->acc + off, 1, err, sizeof err); break;
     }
 }
@@ -919,7 +927,8 @@ static int time_ops(codec_team *tm, double best[OP_COUNT]) {
     thread_set ts = {.n = 0};
     team_arg args[ECHO_BENCH_MAX_THREADS];
     if (tm->nthreads > 1 && pthread_barrier_init(&tm->bar, NULL, (unsigned)tm->nthreads)) return -1;
-    for (int t = 1; t < tm->nthreads; t++) args[t - 1] = (team_arg){tm, t};
+    for (int t = 1; t < tm->nthreads; t++)
+        args[t - 1] = (team_arg){tm, t};
     if (tm->nthreads > 1 && ts_start(&ts, tm->nthreads - 1, team_worker, args, sizeof *args)) {
         pthread_barrier_destroy(&tm->bar);
         return -1;
@@ -1026,7 +1035,8 @@ static int cmd_codec(int argc, char **argv) {
             return 2;
         }
     }
-    float *x = malloc(count * sizeof *x), *xo = malloc(count * sizeof *xo), *res = calloc(count + ECHO_MAX_GROUP, sizeof *res);
+    float *x = malloc(count * sizeof *x), *xo = malloc(count * sizeof *xo),
+          *res = calloc(count + ECHO_MAX_GROUP, sizeof *res);
     float *acc = calloc(count, sizeof *acc), *dst = malloc(count * sizeof *dst), *tres = calloc(count, sizeof *tres);
     /* the largest wire form of this codec over the groups it takes (hout2
      * at G = 16 is 8 bits a value, int4's 5) */
@@ -1066,9 +1076,20 @@ static int cmd_codec(int argc, char **argv) {
         if ((group && G != group) || !echo_codec_group_bytes(codec, G)) continue;
         double bytes = (double)count * sizeof(float);
         double best[OP_COUNT];
-        codec_team tm = {.nthreads = threads, .iters = iters, .group = G, .codec = codec, .x = x, .res = res,
-                         .acc = acc, .dst = dst, .tres = tres, .wire = wire, .count = count, .slice = slice,
-                         .slice_wire = wire_bytes, .wire_per_value = (double)echo_codec_group_bytes(codec, G) / G};
+        codec_team tm = {.nthreads = threads,
+                         .iters = iters,
+                         .group = G,
+                         .codec = codec,
+                         .x = x,
+                         .res = res,
+                         .acc = acc,
+                         .dst = dst,
+                         .tres = tres,
+                         .wire = wire,
+                         .count = count,
+                         .slice = slice,
+                         .slice_wire = wire_bytes,
+                         .wire_per_value = (double)echo_codec_group_bytes(codec, G) / G};
         if (time_ops(&tm, best)) {
             fprintf(stderr, "echo-bench: could not start %d threads\n", threads);
             status = 1;
@@ -1076,14 +1097,16 @@ static int cmd_codec(int argc, char **argv) {
         }
         double tmc = best[OP_MEMCPY], tt = best[OP_TRAFFIC], te = best[OP_ENCODE], td = best[OP_DECODE_ACC];
         double eg = codec_rel_err(codec, x, count, G, wire, dst), eo = codec_rel_err(codec, xo, count, G, wire, dst);
-        double bits = 8.0 * (double)((count + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(codec, G)) / (double)count;
+        double bits =
+            8.0 * (double)((count + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(codec, G)) / (double)count;
         if (G == model_group) {
             model_enc = bytes / te / 1e9;
             model_dec = bytes / td / 1e9;
             model_bits = bits;
         }
         if (json)
-            printf("%s\n {\"codec\": \"%s\", \"group\": %d, \"count\": %zu, \"wire_bits_per_value\": %.4f, \"encode_gbps\": %.3f, "
+            printf("%s\n {\"codec\": \"%s\", \"group\": %d, \"count\": %zu, \"wire_bits_per_value\": %.4f, "
+                   "\"encode_gbps\": %.3f, "
                    "\"decode_acc_gbps\": %.3f, \"memcpy_gbps\": %.3f, \"encode_vs_memcpy\": %.3f, "
                    "\"decode_acc_vs_memcpy\": %.3f, \"traffic_gbps\": %.3f, \"traffic_vs_memcpy\": %.3f, "
                    "\"rel_err_gauss\": %.6g, \"rel_err_outlier\": %.6g, \"codec_path\": \"%s\", \"threads\": %d}",
@@ -1105,7 +1128,9 @@ static int cmd_codec(int argc, char **argv) {
         printf("# cost model: 1 GiB all-reduce of %s, %d ranks, alpha %.1f us, group %d (%.3f b/v), codec rates "
                "%s (not overlapped)\n",
                act_bits == 32 ? "fp32" : "bf16", mranks, alpha_us, model_group, model_bits,
-               ov_enc > 0 ? "given by --codec-gbps" : threads > 1 ? "measured above" : "measured above (one thread)");
+               ov_enc > 0    ? "given by --codec-gbps"
+               : threads > 1 ? "measured above"
+                             : "measured above (one thread)");
         printf("# %10s %12s %12s %10s\n", "link GB/s", "exact ms", "echo ms", "speed-up");
         char list[256];
         snprintf(list, sizeof list, "%s", links);

@@ -71,13 +71,13 @@
 typedef struct fw_opts {
     const char *model, *device;
     int tp, threads, iters, json;
-    int cuda_graphs; /* eng_config.cuda_graphs */
-    int quantize;    /* eng_config.quantize */
-    int act_quant;   /* eng_config.act_quant */
-    echo_preset allreduce; /* eng_config.allreduce (tp > 1) */
-    int echo_group;      /* eng_config.echo_group, 0 = default */
+    int cuda_graphs;          /* eng_config.cuda_graphs */
+    int quantize;             /* eng_config.quantize */
+    int act_quant;            /* eng_config.act_quant */
+    echo_preset allreduce;    /* eng_config.allreduce (tp > 1) */
+    int echo_group;           /* eng_config.echo_group, 0 = default */
     echo_codec_id echo_codec; /* eng_config.echo_codec, 0 = default */
-    long echo_min_bytes; /* eng_config.echo_min_bytes */
+    long echo_min_bytes;      /* eng_config.echo_min_bytes */
     int prefill[FW_MAX_LIST], n_prefill;
     int batch[FW_MAX_LIST], n_batch;
     int decode_steps, decode_prompt, ttft_len;
@@ -295,7 +295,8 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             break;
         }
         case O_EMINB:
-            if (cli_parse_long(a, 0, 1L << 40, &v)) rc = fw_usage_error("--echo-min-bytes: expected a byte count, got '%s'", a);
+            if (cli_parse_long(a, 0, 1L << 40, &v))
+                rc = fw_usage_error("--echo-min-bytes: expected a byte count, got '%s'", a);
             o->echo_min_bytes = v;
             break;
         case O_PREFILL:
@@ -465,7 +466,8 @@ static int fw_read_bandwidth(int threads, size_t bytes, double *bps, char *err, 
         snprintf(err, errlen, "read bandwidth: cannot allocate %zu bytes", words * 8);
         return -1;
     }
-    for (size_t i = 0; i < words; i++) buf[i] = i;
+    for (size_t i = 0; i < words; i++)
+        buf[i] = i;
     double best = 0;
     int status = 0;
     for (int pass = 0; pass < 5 && !status; pass++) {
@@ -480,7 +482,8 @@ static int fw_read_bandwidth(int threads, size_t bytes, double *bps, char *err, 
             }
             started++;
         }
-        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < started; i++)
+            pthread_join(th[i], NULL);
         double dt = fw_now() - t0;
         if (!status && dt > 0 && words * 8 / dt > best) best = (double)(words * 8) / dt;
     }
@@ -492,17 +495,17 @@ static int fw_read_bandwidth(int threads, size_t bytes, double *bps, char *err, 
     return status;
 }
 
-#define FW_FMA_LOOP(V, FMA, SET1)                                                                               \
-    V a0 = SET1(1.0f), a1 = SET1(1.1f), a2 = SET1(1.2f), a3 = SET1(1.3f), a4 = SET1(1.4f), a5 = SET1(1.5f),     \
-      a6 = SET1(1.6f), a7 = SET1(1.7f), a8 = SET1(1.8f), a9 = SET1(1.9f), a10 = SET1(2.0f), a11 = SET1(2.1f);   \
-    V m = SET1(0.999999f), c = SET1(1e-7f);                                                                     \
-    for (long i = 0; i < n; i++) {                                                                              \
-        a0 = FMA(a0, m, c), a1 = FMA(a1, m, c), a2 = FMA(a2, m, c), a3 = FMA(a3, m, c);                         \
-        a4 = FMA(a4, m, c), a5 = FMA(a5, m, c), a6 = FMA(a6, m, c), a7 = FMA(a7, m, c);                         \
-        a8 = FMA(a8, m, c), a9 = FMA(a9, m, c), a10 = FMA(a10, m, c), a11 = FMA(a11, m, c);                     \
-    }                                                                                                           \
-    V s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;                                          \
-    float f;                                                                                                    \
+#define FW_FMA_LOOP(V, FMA, SET1)                                                                                      \
+    V a0 = SET1(1.0f), a1 = SET1(1.1f), a2 = SET1(1.2f), a3 = SET1(1.3f), a4 = SET1(1.4f), a5 = SET1(1.5f),            \
+      a6 = SET1(1.6f), a7 = SET1(1.7f), a8 = SET1(1.8f), a9 = SET1(1.9f), a10 = SET1(2.0f), a11 = SET1(2.1f);          \
+    V m = SET1(0.999999f), c = SET1(1e-7f);                                                                            \
+    for (long i = 0; i < n; i++) {                                                                                     \
+        a0 = FMA(a0, m, c), a1 = FMA(a1, m, c), a2 = FMA(a2, m, c), a3 = FMA(a3, m, c);                                \
+        a4 = FMA(a4, m, c), a5 = FMA(a5, m, c), a6 = FMA(a6, m, c), a7 = FMA(a7, m, c);                                \
+        a8 = FMA(a8, m, c), a9 = FMA(a9, m, c), a10 = FMA(a10, m, c), a11 = FMA(a11, m, c);                            \
+    }                                                                                                                  \
+    V s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;                                                 \
+    float f;                                                                                                           \
     memcpy(&f, &s, 4);
 
 __attribute__((target("avx512f"))) static float fw_fma512(long n) {
@@ -849,12 +852,12 @@ int bench_forward_main(int argc, char **argv) {
             json_object_set_new(root, "gemm_peak_tflops", json_real(peak / 1e12));
         }
         for (int i = 0; i < o.n_prefill; i++)
-            json_array_append_new(
-                jp, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "tokens", pre[i].len, "ms", pre[i].s * 1e3,
-                              "tokens_per_s", pre[i].len / pre[i].s, "tflop", pre[i].flop / 1e12, "tflops",
-                              pre[i].flop / pre[i].s / 1e12, "gemm_peak_pct",
-                              peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0, "fma_peak_pct",
-                              fma_peak > 0 ? 100 * pre[i].flop / pre[i].s / fma_peak : 0.0));
+            json_array_append_new(jp, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "tokens", pre[i].len, "ms",
+                                                pre[i].s * 1e3, "tokens_per_s", pre[i].len / pre[i].s, "tflop",
+                                                pre[i].flop / 1e12, "tflops", pre[i].flop / pre[i].s / 1e12,
+                                                "gemm_peak_pct", peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0,
+                                                "fma_peak_pct",
+                                                fma_peak > 0 ? 100 * pre[i].flop / pre[i].s / fma_peak : 0.0));
         for (int i = 0; i < o.n_batch; i++) {
             double tps = dec[i].batch * dec[i].steps / dec[i].s, roof = dec[i].batch * bps / dec[i].bytes_per_step;
             json_array_append_new(jd, json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "batch", dec[i].batch, "steps",
@@ -883,15 +886,19 @@ int bench_forward_main(int argc, char **argv) {
         if (on_cpu)
             printf("# weights %.3f GB held%s, %.3f GB read per decode step; read bandwidth %.1f GB/s (%zu MiB "
                    "streamed by %ld threads); load %.1f s\n",
-                   ri.weight_bytes / 1e9, o.quantize ? (o.act_quant ? " (q8_0, 8-bit activations)" : " (q8_0)") : o.act_quant ? " (8-bit activations)" : "", read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
+                   ri.weight_bytes / 1e9,
+                   o.quantize    ? (o.act_quant ? " (q8_0, 8-bit activations)" : " (q8_0)")
+                   : o.act_quant ? " (8-bit activations)"
+                                 : "",
+                   read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
                    o.threads > 0 ? (long)o.threads : sysconf(_SC_NPROCESSORS_ONLN), load_s);
         else
             printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
                    "%zu MiB, 2 x bytes / time); load %.1f s\n",
                    ri.weight_bytes / 1e9, read_bytes / 1e9, bps / 1e9, copy_bytes >> 20, load_s);
-        if (gd > 0)
-            printf("# matmul peak %.3f TFLOP/s (ops->matmul %d x %d x %d)\n", peak / 1e12, gd, gd, gd);
-        if (fma_peak > 0) printf("# fma peak %.3f TFLOP/s (fp32 vector fmas in registers, all threads)\n", fma_peak / 1e12);
+        if (gd > 0) printf("# matmul peak %.3f TFLOP/s (ops->matmul %d x %d x %d)\n", peak / 1e12, gd, gd, gd);
+        if (fma_peak > 0)
+            printf("# fma peak %.3f TFLOP/s (fp32 vector fmas in registers, all threads)\n", fma_peak / 1e12);
         printf("# prefill (median of %d)  %8s %10s %10s %9s %7s %7s\n", o.iters, "tokens", "ms", "tok/s", "TFLOP/s",
                "% peak", "% fma");
         for (int i = 0; i < o.n_prefill; i++)
