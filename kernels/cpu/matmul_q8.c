@@ -39,7 +39,9 @@ _Static_assert(G == KERN_ROW_GROUP, "the packed group is kernels.h's row group")
 
 /* ---- packing (upload) ---- */
 
-static size_t group_bytes(int64_t cols) { return (size_t)(cols / 32) * 34 * G; }
+static size_t group_bytes(int64_t cols) {
+    return (size_t)(cols / 32) * 34 * G;
+}
 
 typedef struct pack_args {
     const kern_weight *host;
@@ -82,14 +84,16 @@ static void pack_task(void *arg, int g) {
             uint8_t *sc = grp + (size_t)b * 32 + 2 * i, *qb = quads + (size_t)b * 512 + 4 * i;
             if (!src) { /* padding: scale 0, weights 0 */
                 sc[0] = sc[1] = 0;
-                for (int j = 0; j < 8; j++) memset(qb + 64 * j, 0x80, 4);
+                for (int j = 0; j < 8; j++)
+                    memset(qb + 64 * j, 0x80, 4);
                 continue;
             }
             const uint8_t *blk = src + (size_t)b * 34;
             sc[0] = blk[0];
             sc[1] = blk[1];
             for (int j = 0; j < 8; j++)
-                for (int k = 0; k < 4; k++) qb[64 * j + k] = (uint8_t)(blk[2 + 4 * j + k] ^ 0x80);
+                for (int k = 0; k < 4; k++)
+                    qb[64 * j + k] = (uint8_t)(blk[2 + 4 * j + k] ^ 0x80);
         }
     }
     free(tmp);
@@ -296,7 +300,8 @@ VNNI INL void tile_vnni_t(const int T, const q8_tile *p) {
     for (int b = 0; b < p->nb; b++) {
         const uint8_t *qb = quads + (size_t)b * 512;
         if (T <= 2)
-            for (int l = 0; l < 8; l++) _mm_prefetch((const char *)qb + Q8_PF + 64 * l, _MM_HINT_T0);
+            for (int l = 0; l < 8; l++)
+                _mm_prefetch((const char *)qb + Q8_PF + 64 * l, _MM_HINT_T0);
         __m512i s0[8], s1[8];
         for (int t = 0; t < T; t++) {
             s0[t] = _mm512_set1_epi32(corr[t][b]);
@@ -319,7 +324,8 @@ VNNI INL void tile_vnni_t(const int T, const q8_tile *p) {
         }
     }
     __mmask16 m = (__mmask16)((1u << p->nvalid) - 1);
-    for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(p->o + (size_t)t * p->ldo, m, acc[t]);
+    for (int t = 0; t < T; t++)
+        _mm512_mask_storeu_ps(p->o + (size_t)t * p->ldo, m, acc[t]);
 }
 
 VNNI static void tile_vnni(const q8_tile *p) {
@@ -343,13 +349,16 @@ A256Q INL void tile_256_t(const int T, const q8_tile *p) {
     const qact *a = p->a;
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256 acc[4][2];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int t = 0; t < T; t++)
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int b = 0; b < p->nb; b++) {
         const uint8_t *qb = quads + (size_t)b * 512;
         if (T <= 2)
-            for (int l = 0; l < 8; l++) _mm_prefetch((const char *)qb + Q8_PF + 64 * l, _MM_HINT_T0);
+            for (int l = 0; l < 8; l++)
+                _mm_prefetch((const char *)qb + Q8_PF + 64 * l, _MM_HINT_T0);
         __m256i s[4][2];
-        for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+        for (int t = 0; t < T; t++)
+            s[t][0] = s[t][1] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++)
             for (int h = 0; h < 2; h++) {
                 __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * j + 32 * h)), flip);
@@ -428,10 +437,10 @@ int cpu_vnni_detect(void) {
 }
 
 int cpu_matmul_q8a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n) {
-    if (w->ld && w->ld != w->cols) return kern_fail(be, "matmul: a %s weight cannot be a column view",
-                                                    kern_dtype_name(w->dtype));
-    if (w->cols % 32) return kern_fail(be, "matmul: %s weight with %lld columns", kern_dtype_name(w->dtype),
-                                       (long long)w->cols);
+    if (w->ld && w->ld != w->cols)
+        return kern_fail(be, "matmul: a %s weight cannot be a column view", kern_dtype_name(w->dtype));
+    if (w->cols % 32)
+        return kern_fail(be, "matmul: %s weight with %lld columns", kern_dtype_name(w->dtype), (long long)w->cols);
     if (n <= 0 || w->rows <= 0) return 0;
     int K = (int)w->cols, nb = K / 32, isa = cpu_isa(be);
     size_t qb = ((size_t)n * K + 63) & ~(size_t)63, fb = (size_t)n * nb * sizeof(float);
