@@ -11,14 +11,72 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "server/internal.h"
 
+/* Message text must be valid UTF-8 (jansson refuses anything else), and
+ * every byte count that cuts a string can land inside a character: so
+ * strings from outside are quoted through here, never with "%.Ns". Valid
+ * characters are copied, each byte of an invalid sequence (a NUL, a stray
+ * continuation byte, an overlong form, a surrogate) is shown as \xNN, and a
+ * string that does not fit is cut between two characters and ends in
+ * U+2026. */
+const char *srv_quote(char *out, size_t outsz, const char *s, size_t len) {
+    static const char ell[] = "\xe2\x80\xa6"; /* U+2026 */
+    const size_t ell_len = sizeof ell - 1, cap = outsz - 1;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t cp = 0;
+        utf8proc_ssize_t n = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &cp);
+        char esc[8];
+        const char *piece = s + i;
+        size_t pl = (size_t)n;
+        if (n <= 0 || cp == 0) {
+            snprintf(esc, sizeof esc, "\\x%02X", (unsigned char)s[i]);
+            piece = esc;
+            n = 1;
+            pl = 4;
+        }
+        /* room for this piece, and for the ellipsis when more follows */
+        if (o + pl + (i + (size_t)n < len ? ell_len : 0) > cap) {
+            if (o + ell_len <= cap) memcpy(out + o, ell, ell_len), o += ell_len;
+            break;
+        }
+        memcpy(out + o, piece, pl);
+        o += pl;
+        i += (size_t)n;
+    }
+    out[o] = 0;
+    return out;
+}
+
+int srv_utf8_text(const char *s, size_t len) {
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t cp = 0;
+        utf8proc_ssize_t n = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &cp);
+        if (n <= 0 || cp == 0) return 0;
+        i += (size_t)n;
+    }
+    return 1;
+}
+
+size_t srv_utf8_chars(const char *s, size_t len) {
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return n;
+}
+
 int srv_fail(srv_verr *e, int status, const char *param, const char *fmt, ...) {
+    /* Formatted whole first, then cut on a character boundary (a message
+     * may hold text from outside, as jansson's parse errors do). */
+    char full[2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    int n = vsnprintf(full, sizeof full, fmt, ap);
     va_end(ap);
+    srv_quote(e->msg, sizeof e->msg, full, n < 0 ? 0 : (size_t)n < sizeof full ? (size_t)n : sizeof full - 1);
     e->status = status;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     return -1;
@@ -61,8 +119,8 @@ int srv_get_bool(json_t *o, const char *k, int *out, srv_verr *e) {
 
 /* Note an ignored unknown field (prefix: where it sits, e.g. "messages[]."). */
 void srv_note_unknown(srv_verr *e, const char *prefix, const char *k) {
-    char one[96];
-    snprintf(one, sizeof one, "'%s%.60s'", prefix, k);
+    char one[96], q[64];
+    snprintf(one, sizeof one, "'%s%s'", prefix, srv_quote(q, sizeof q, k, strlen(k)));
     if (strstr(e->unknown, one)) return; /* one mention per name */
     size_t l = strlen(e->unknown);
     if (l + strlen(one) + 3 >= sizeof e->unknown) return;
@@ -86,8 +144,11 @@ int srv_model_check(srv_server *s, json_t *o, srv_verr *e) {
     json_t *m = srv_field(o, "model");
     if (!m) return 0;
     if (!json_is_string(m)) return srv_fail(e, 400, "model", "'model' must be a string");
-    if (strcmp(json_string_value(m), s->name) != 0)
-        return srv_fail(e, 404, "model", "The model `%.200s` does not exist.", json_string_value(m));
+    if (strcmp(json_string_value(m), s->name) != 0) {
+        char q[SRV_QUOTE];
+        return srv_fail(e, 404, "model", "The model `%s` does not exist.",
+                        srv_quote(q, sizeof q, json_string_value(m), json_string_length(m)));
+    }
     return 0;
 }
 

@@ -68,7 +68,8 @@ static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b,
     if (!ctx || !ms) goto oom;
     json_array_foreach(msgs, i, m) {
         json_t *c = json_deep_copy(m);
-        if (!c || json_object_set_new(c, "content", json_string(b->msgs[i].content)) || json_array_append_new(ms, c))
+        if (!c || json_object_set_new(c, "content", json_string(b->msgs[i].content)) ||
+            json_object_set_new(c, "role", json_string(b->msgs[i].role)) || json_array_append_new(ms, c))
             goto oom;
     }
     if (json_object_set_new(ctx, "messages", ms)) goto oom;
@@ -89,6 +90,14 @@ out:
     json_decref(ctx);
     free(ctx_text);
     return rc;
+}
+
+/* OpenAI's "developer" role is its current name for system instructions.
+ * A template that names the role renders it as it means to; for the others
+ * (the built-in Qwen3 one included) it is "system", as OpenAI maps it for
+ * models that predate it. */
+static int developer_known(const srv_server *s) {
+    return s->chat.source && strstr(s->chat.source, "developer") != NULL;
 }
 
 int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, srv_verr *e) {
@@ -140,8 +149,11 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
         if (srv_check_known(m, known, "messages[].", e)) goto out;
         json_t *role = json_object_get(m, "role");
         const char *r = json_is_string(role) ? json_string_value(role) : NULL;
-        if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool"))) {
-            srv_fail(e, 400, "messages", "message %zu: 'role' must be one of system, user, assistant, tool", i);
+        if (r && !strcmp(r, "developer") && !developer_known(s)) r = "system";
+        if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool") &&
+                   strcmp(r, "developer"))) {
+            srv_fail(e, 400, "messages",
+                     "message %zu: 'role' must be one of system, developer, user, assistant, tool", i);
             goto out;
         }
         if (srv_field(m, "name") && !json_is_string(srv_field(m, "name"))) {

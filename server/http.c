@@ -50,13 +50,22 @@ enum MHD_Result srv_send_buf(srv_server *s, struct MHD_Connection *c, int status
     return rc;
 }
 
+/* A NULL j is a builder that refused (json_pack: a NULL "o" value or an
+ * invalid UTF-8 "s" one) or ran out of memory; json_dumps only fails for
+ * memory. Either is logged and answered as the server's own failure, never
+ * the client's. */
 enum MHD_Result srv_send_json(srv_server *s, struct MHD_Connection *c, int status, json_t *j) {
     char *txt = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
     json_decref(j);
     if (!txt) {
-        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"internal_error\","
+        static const char unbuilt[] = "{\"error\":{\"message\":\"internal error: the response could not be "
+                                      "built\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}";
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"InternalServerError\","
                                   "\"param\":null,\"code\":500}}";
-        txt = strdup(oom);
+        srv_log(s, SRV_LOG_ERROR, "a %d answer %s; answering 500", status,
+                j ? "could not be serialized (json_dumps: out of memory)"
+                  : "could not be built (a JSON builder refused a value or ran out of memory)");
+        txt = strdup(j ? oom : unbuilt);
         status = 500;
         if (!txt) return MHD_NO;
     }
@@ -70,14 +79,20 @@ static const char *err_type(int status) {
     case 404: return "NotFoundError";
     case 405: return "MethodNotAllowedError";
     case 413: return "RequestTooLargeError";
+    case 414: return "URITooLongError";
     case 503: return "ServiceUnavailableError";
     default: return "InternalServerError";
     }
 }
 
+/* msg and param pass srv_quote, so no byte of them can make the builder
+ * refuse: what is left to fail is memory. */
 json_t *srv_error_json(int status, const char *msg, const char *param) {
-    return json_pack("{s:{s:s,s:s,s:o,s:i}}", "error", "message", msg, "type", err_type(status), "param",
-                     param && *param ? json_string(param) : json_null(), "code", status);
+    char m[1024], p[128];
+    srv_quote(m, sizeof m, msg, strlen(msg));
+    srv_quote(p, sizeof p, param ? param : "", param ? strlen(param) : 0);
+    return json_pack("{s:{s:s,s:s,s:o,s:i}}", "error", "message", m, "type", err_type(status), "param",
+                     *p ? json_string(p) : json_null(), "code", status);
 }
 
 enum MHD_Result srv_send_error(srv_server *s, struct MHD_Connection *c, int status, const char *msg,
@@ -97,11 +112,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                                const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
     (void)version;
     srv_server *s = cls;
-    srv_request *rq = *con_cls;
-    if (!rq) { /* first call: headers only */
-        rq = calloc(1, sizeof *rq);
-        if (!rq) return MHD_NO;
-        *con_cls = rq;
+    srv_request *rq = *con_cls; /* made by srv_uri_log */
+    if (!rq && !(rq = *con_cls = srv_uri_log(s, url, c))) return MHD_NO;
+    if (!rq->begun) { /* first call: headers only */
+        rq->begun = 1;
         if (srv_conn_rejected(c)) return MHD_NO; /* answered 503 at accept */
         return srv_route_begin(s, c, rq, url, method);
     }
@@ -127,7 +141,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     if (rq->too_big) return srv_send_error(s, c, 413, "request body too large", NULL);
     srv_conn_arrived(s, c); /* from here the pace is the server's */
-    return srv_route_dispatch(s, c, rq, url);
+    return srv_route_dispatch(s, c, rq);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -138,6 +152,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     if (!rq) return;
     if (rq->counted) atomic_fetch_sub(&s->http_active, 1);
     free(rq->body);
+    free(rq->path);
     free(rq);
     *con_cls = NULL;
 }
@@ -184,7 +199,9 @@ int srv_http_start(srv_server *s, char *err, size_t errlen) {
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->opt.timeout_s, MHD_OPTION_CONNECTION_LIMIT,
                               (unsigned)s->opt.max_connections + reserve, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
                               MHD_OPTION_NOTIFY_CONNECTION, srv_conn_notify, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                              MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20), MHD_OPTION_END);
+                              MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20), MHD_OPTION_URI_LOG_CALLBACK,
+                              srv_uri_log, s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_CONN_MEMORY,
+                              MHD_OPTION_END);
     if (!s->mhd) {
         snprintf(err, errlen, "cannot listen on %s:%d (address in use, or not allowed)", s->opt.host, s->opt.port);
         return -1;

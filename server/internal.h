@@ -24,6 +24,14 @@
 #define SRV_MAX_STOP_LEN 1024
 #define SRV_MAX_CHOICES 128  /* prompts x n (or best_of) of one request */
 #define SRV_MAX_LOGIT_BIAS 1024
+#define SRV_MAX_STOP_IDS 1024
+#define SRV_QUOTE 204        /* buffer of srv_quote in messages: ~200 bytes of the quoted string */
+/* The raw request target (path and query) is refused past SRV_MAX_URI
+ * bytes with a JSON 414. MHD's per-connection memory (SRV_CONN_MEMORY)
+ * holds the request line and headers; a request whose head does not fit it
+ * is answered by libmicrohttpd itself (an HTML 414 or 431). */
+#define SRV_MAX_URI (16 * 1024)
+#define SRV_CONN_MEMORY (512 * 1024)
 #define SRV_PLP_ROWS 64      /* prompt-logprob rows per step (full-vocabulary rows on the host) */
 
 typedef enum srv_finish { SRV_FIN_NONE = 0, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR } srv_finish;
@@ -241,8 +249,17 @@ void srv_http_stop(srv_server *s);
 /* One HTTP request as MHD delivers it (its con_cls): the route, the body. */
 typedef struct srv_request {
     const struct srv_route *route; /* NULL: no route has this path (404) */
-    size_t arg_at;                 /* where in the url the route's "{id}" starts (0: none) */
-    const char *arg;               /* what "{id}" matched ("" when none), set at dispatch */
+    /* The path as the client sent it, %XX-decoded here with its length, so
+     * a %00 is a byte of it rather than its end (MHD's own decoding hands
+     * the handler a C string). Set by srv_uri_log, which sees the raw
+     * target; NULL when that target is longer than SRV_MAX_URI. */
+    char *path;
+    size_t path_len;
+    size_t uri_len; /* of the raw target, query included */
+    int begun;      /* the access handler has seen this request's headers */
+    size_t arg_at;  /* where in path the route's "{id}" starts (0: none) */
+    const char *arg; /* what "{id}" matched (arg_len bytes, "" when none), set at dispatch */
+    size_t arg_len;
     char *body;                    /* (len) bytes, the handler's to rewrite */
     size_t len, cap;
     int too_big;
@@ -259,13 +276,17 @@ typedef struct srv_verr {
 
 typedef enum MHD_Result (*srv_handler)(srv_server *s, struct MHD_Connection *c, srv_request *rq);
 
+/* routes.c: MHD's URI log callback: the request's srv_request (its
+ * con_cls), made as soon as the request line is in, with the decoded path. */
+void *srv_uri_log(void *cls, const char *uri, struct MHD_Connection *c);
+
 /* routes.c: the route table. srv_route_begin runs on a request's first
  * call (headers only): it finds the route and answers what can be answered
  * before the body (404, 405, 401, 413), else MHD_YES. Once the body is in,
  * srv_route_dispatch runs the readiness gates, then the route's handler. */
 enum MHD_Result srv_route_begin(srv_server *s, struct MHD_Connection *c, srv_request *rq, const char *url,
                                 const char *method);
-enum MHD_Result srv_route_dispatch(srv_server *s, struct MHD_Connection *c, srv_request *rq, const char *url);
+enum MHD_Result srv_route_dispatch(srv_server *s, struct MHD_Connection *c, srv_request *rq);
 
 /* conn.c: connection limits (MHD's socket context) and the deadline reaper. */
 void srv_conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
@@ -290,7 +311,15 @@ enum MHD_Result srv_send_verr(srv_server *s, struct MHD_Connection *c, const srv
 
 /* body.c: the JSON body and its fields. The getters return 0 absent (null
  * counts as absent), 1 read, -1 invalid (e set). */
+/* srv_fail's message is cut on a character boundary and holds only valid
+ * UTF-8: strings from outside go in through srv_quote. */
 int srv_fail(srv_verr *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* s (len bytes, any bytes at all) made fit to quote in a message: valid
+ * UTF-8 in out (outsz >= 8 bytes), invalid bytes and NULs as \xNN, cut
+ * between characters with a trailing U+2026 when it does not fit. */
+const char *srv_quote(char *out, size_t outsz, const char *s, size_t len);
+int srv_utf8_text(const char *s, size_t len);     /* 1: valid UTF-8 without NUL */
+size_t srv_utf8_chars(const char *s, size_t len); /* code points of valid UTF-8 */
 json_t *srv_parse_body(srv_request *rq, srv_verr *e); /* the body as a JSON object */
 json_t *srv_field(json_t *o, const char *k);
 int srv_get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, srv_verr *e);
@@ -354,8 +383,22 @@ json_t *srv_timings_json(const srv_req *r);
 json_t *srv_usage(long long prompt, long long completion);
 json_t *srv_usage_all(const srv_gen *g);
 json_t *srv_tok_str(srv_server *s, int32_t id);
+/* logprobs.text_offset counts characters (code points) of the choice's
+ * text, as OpenAI and vLLM do: a token's offset is the number of characters
+ * in the decoding of every token before it. A token that starts inside a
+ * character (byte-level BPE) gets the offset after that character, which
+ * its predecessor's decoding already shows as one U+FFFD: the character
+ * counts once, with the token holding its first byte. One srv_offsets runs
+ * over a choice's tokens, across stream chunks. */
+typedef struct srv_offsets {
+    tok_stream *ds; /* the tokens so far, decoded as their strings are (special ones kept) */
+    size_t chars;   /* characters those have completed, from the starting offset */
+    int ready;
+} srv_offsets;
+void srv_offsets_start(srv_server *s, srv_offsets *o, size_t chars);
+void srv_offsets_free(srv_offsets *o);
 json_t *srv_completion_logprobs(srv_server *s, const srv_req *r, int with_prompt, const srv_tokrec *t, int n,
-                                size_t *off);
+                                srv_offsets *off);
 json_t *srv_chat_logprobs(srv_server *s, const srv_tokrec *t, int n);
 const char *srv_finish_reason(srv_finish f); /* OpenAI's finish_reason */
 json_t *srv_stop_reason(const srv_req *r);

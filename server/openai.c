@@ -123,8 +123,10 @@ static int parse_stop(srv_server *s, json_t *root, srv_req *r, srv_verr *e) {
     }
     json_t *sid = srv_field(root, "stop_token_ids");
     if (sid) {
-        if (!json_is_array(sid) || json_array_size(sid) > 1024)
+        if (!json_is_array(sid))
             return srv_fail(e, 400, "stop_token_ids", "'stop_token_ids' must be an array of token ids");
+        if (json_array_size(sid) > SRV_MAX_STOP_IDS)
+            return srv_fail(e, 400, "stop_token_ids", "at most %d stop_token_ids", SRV_MAX_STOP_IDS);
         if (srv_parse_ids(s, sid, "stop_token_ids", &r->stop_ids, &r->n_stop_ids, e)) return -1;
     }
     return 0;
@@ -147,9 +149,11 @@ static int parse_logit_bias(srv_server *s, json_t *root, srv_req *r, srv_verr *e
     json_object_foreach(lb, k, v) {
         char *end;
         long id = strtol(k, &end, 10);
-        if (!*k || *end || id < 0 || id >= s->mc.vocab_size)
-            return srv_fail(e, 400, "logit_bias", "logit_bias key '%.40s' is not a token id in [0, %d)", k,
-                            s->mc.vocab_size);
+        if (!*k || *end || id < 0 || id >= s->mc.vocab_size) {
+            char q[48];
+            return srv_fail(e, 400, "logit_bias", "logit_bias key '%s' is not a token id in [0, %d)",
+                            srv_quote(q, sizeof q, k, strlen(k)), s->mc.vocab_size);
+        }
         if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < -100 ||
             json_number_value(v) > 100)
             return srv_fail(e, 400, "logit_bias", "logit_bias values must be numbers in [-100, 100]");

@@ -63,13 +63,43 @@ typedef struct lp_arrays {
     json_t *toks, *lps, *tops, *offs;
 } lp_arrays;
 
+void srv_offsets_start(srv_server *s, srv_offsets *o, size_t chars) {
+    o->ds = tok_stream_new(s->tok, 0);
+    o->chars = chars;
+    o->ready = 1;
+}
+
+void srv_offsets_free(srv_offsets *o) {
+    tok_stream_free(o->ds);
+    memset(o, 0, sizeof *o);
+}
+
+/* The offset of token (internal.h, srv_offsets), then token counted in. A
+ * stream decodes the ids as tok_decode does the whole run: the characters
+ * before a token are those it has completed, plus one for an incomplete
+ * character it holds back (the decoding of the tokens so far shows that as
+ * U+FFFD). Without the stream (out of memory), each token counts the
+ * characters of its own string, as vLLM sums them. */
+static size_t offsets_push(srv_server *s, srv_offsets *o, int32_t token, json_t *ts) {
+    if (!o->ready) srv_offsets_start(s, o, 0);
+    size_t at = o->chars + (o->ds && tok_stream_pending(o->ds) ? 1 : 0);
+    const char *t = NULL;
+    size_t tl = 0;
+    char terr[64];
+    if (o->ds && tok_stream_push(o->ds, token, &t, &tl, terr, sizeof terr) == TOK_OK)
+        o->chars += srv_utf8_chars(t, tl);
+    else
+        o->chars += srv_utf8_chars(json_string_value(ts), json_string_length(ts));
+    return at;
+}
+
 /* One position of completions logprobs; rec NULL: the first prompt token
  * (no logprob); k: top entries to show. */
-static void lp_push(srv_server *s, lp_arrays *a, int32_t token, const srv_tokrec *rec, int k, size_t *off) {
+static void lp_push(srv_server *s, lp_arrays *a, int32_t token, const srv_tokrec *rec, int k, srv_offsets *off) {
     json_t *ts = srv_tok_str(s, token);
-    json_array_append_new(a->offs, json_integer((json_int_t)*off));
-    *off += json_string_length(ts);
+    json_array_append_new(a->offs, json_integer((json_int_t)offsets_push(s, off, token, ts)));
     json_array_append_new(a->toks, ts);
+
     if (!rec) {
         json_array_append_new(a->lps, json_null());
         json_array_append_new(a->tops, json_null());
@@ -89,7 +119,7 @@ static void lp_push(srv_server *s, lp_arrays *a, int32_t token, const srv_tokrec
 /* Completions logprobs: with_prompt (echo) the prompt's tokens first (the
  * first one null), then generated toks[0..n), text offsets from *off. */
 json_t *srv_completion_logprobs(srv_server *s, const srv_req *r, int with_prompt, const srv_tokrec *t, int n,
-                                size_t *off) {
+                                srv_offsets *off) {
     lp_arrays a = {json_array(), json_array(), json_array(), json_array()};
     if (with_prompt)
         for (int i = 0; i < r->n_prompt; i++)
@@ -167,11 +197,12 @@ static json_t *choice_json(srv_server *s, const srv_gen *g, const srv_req *r, in
     json_t *choice, *lp = json_null();
     if (!g->chat) {
         const char *pt = g->prompt_text ? g->prompt_text[prompt_i] : NULL;
-        size_t off = 0;
         if (r->want_logprobs) {
+            srv_offsets off = {0};
             json_decref(lp);
-            if (!g->echo_lp) off = pt ? strlen(pt) : 0;
+            srv_offsets_start(s, &off, !g->echo_lp && pt ? srv_utf8_chars(pt, strlen(pt)) : 0);
             lp = srv_completion_logprobs(s, r, g->echo_lp, r->toks, r->n_toks, &off);
+            srv_offsets_free(&off);
         }
         json_t *text = echo_text(pt, r->text ? r->text : "", r->text_len);
         choice = json_pack("{s:i,s:o,s:o,s:s,s:o}", "index", index, "text", text ? text : json_string(""), "logprobs",

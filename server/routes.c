@@ -46,18 +46,51 @@ static const struct srv_route ROUTES[] = {
 };
 /* clang-format on */
 
-/* The row whose path matches url; *arg_at: where its "{id}" starts in url
- * (0 when the path has none). */
-static const struct srv_route *route_find(const char *url, size_t *arg_at) {
+/* The row whose path matches url (len bytes, NULs and all); *arg_at: where
+ * its "{id}" starts in url (0 when the path has none). */
+static const struct srv_route *route_find(const char *url, size_t len, size_t *arg_at) {
     for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
         const char *path = ROUTES[i].path, *brace = strchr(path, '{');
-        size_t n = brace ? (size_t)(brace - path) : 0;
-        if (brace ? strncmp(url, path, n) == 0 && url[n] : strcmp(url, path) == 0) {
-            *arg_at = n;
+        size_t n = brace ? (size_t)(brace - path) : strlen(path);
+        if (brace ? len > n && memcmp(url, path, n) == 0 : len == n && memcmp(url, path, n) == 0) {
+            *arg_at = brace ? n : 0;
             return &ROUTES[i];
         }
     }
     return NULL;
+}
+
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* MHD passes the raw request target here before it decodes it in place
+ * (to a C string, where %00 would end the path early). The path is decoded
+ * once, here, with its length: %XX becomes the byte, anything else (a lone
+ * '%' included, as MHD does) stays as sent. The return value is the
+ * request's con_cls; completed() frees it. */
+void *srv_uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
+    (void)cls;
+    (void)c;
+    srv_request *rq = calloc(1, sizeof *rq);
+    if (!rq) return NULL;
+    rq->uri_len = strlen(uri);
+    if (rq->uri_len > SRV_MAX_URI) return rq; /* path NULL: 414 at srv_route_begin */
+    size_t n = strcspn(uri, "?#");
+    if (!(rq->path = malloc(n + 1))) return rq;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int hi = uri[i] == '%' && i + 2 < n ? hexval(uri[i + 1]) : -1, lo = hi >= 0 ? hexval(uri[i + 2]) : -1;
+        if (lo >= 0) {
+            rq->path[o++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            rq->path[o++] = uri[i];
+        }
+    }
+    rq->path[o] = 0;
+    rq->path_len = o;
+    return rq;
 }
 
 /* "Authorization: Bearer <key>", compared in constant time. */
@@ -76,7 +109,15 @@ static int authorized(srv_server *s, struct MHD_Connection *c) {
 /* Answered before the body is read, so a refused body is never read. */
 enum MHD_Result srv_route_begin(srv_server *s, struct MHD_Connection *c, srv_request *rq, const char *url,
                                 const char *method) {
-    const struct srv_route *r = rq->route = route_find(url, &rq->arg_at);
+    (void)url; /* MHD's decoding of it; rq->path is ours */
+    if (!rq->path) {
+        char msg[160];
+        if (rq->uri_len <= SRV_MAX_URI) return srv_send_error(s, c, 500, "out of memory", NULL);
+        snprintf(msg, sizeof msg, "the request target is %zu bytes long; at most %d are accepted", rq->uri_len,
+                 SRV_MAX_URI);
+        return srv_send_error(s, c, 414, msg, NULL);
+    }
+    const struct srv_route *r = rq->route = route_find(rq->path, rq->path_len, &rq->arg_at);
     if (r && r->needs == NEEDS_ENGINE) { /* srv_http_stop waits for these to flush */
         rq->counted = 1;
         atomic_fetch_add(&s->http_active, 1);
@@ -101,9 +142,10 @@ enum MHD_Result srv_route_begin(srv_server *s, struct MHD_Connection *c, srv_req
 /* NEEDS_NOTHING routes answer at once (/health says 503 itself while
  * loading); the others wait for the model (503 until srv_load is done), and
  * NEEDS_ENGINE ones also for an engine that can still run steps. */
-enum MHD_Result srv_route_dispatch(srv_server *s, struct MHD_Connection *c, srv_request *rq, const char *url) {
+enum MHD_Result srv_route_dispatch(srv_server *s, struct MHD_Connection *c, srv_request *rq) {
     const struct srv_route *r = rq->route;
-    rq->arg = rq->arg_at ? url + rq->arg_at : "";
+    rq->arg = rq->arg_at ? rq->path + rq->arg_at : "";
+    rq->arg_len = rq->arg_at ? rq->path_len - rq->arg_at : 0;
     if (r && r->needs == NEEDS_NOTHING) return r->handle(s, c, rq);
     if (!atomic_load(&s->ready))
         return srv_send_error(s, c, 503,
@@ -169,12 +211,14 @@ static enum MHD_Result handle_models(srv_server *s, struct MHD_Connection *c, sr
     return srv_send_json(s, c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(s)));
 }
 
-/* GET /v1/models/{id} (the id may hold '/', as "Qwen/Qwen3-8B"). */
+/* GET /v1/models/{id} (the id may hold '/', as "Qwen/Qwen3-8B"). An id
+ * that is not UTF-8 text, or holds a NUL, names no model: 404 like any other
+ * unknown id, the bad bytes shown as \xNN. */
 static enum MHD_Result handle_model_one(srv_server *s, struct MHD_Connection *c, srv_request *rq) {
-    const char *id = rq->arg;
-    if (strcmp(id, s->name) != 0) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "The model `%.200s` does not exist.", id);
+    if (rq->arg_len != strlen(s->name) || memcmp(rq->arg, s->name, rq->arg_len) != 0) {
+        char msg[300], q[SRV_QUOTE];
+        snprintf(msg, sizeof msg, "The model `%s` does not exist%s.", srv_quote(q, sizeof q, rq->arg, rq->arg_len),
+                 srv_utf8_text(rq->arg, rq->arg_len) ? "" : " (the id is not UTF-8 text)");
         return srv_send_error(s, c, 404, msg, "model");
     }
     return srv_send_json(s, c, 200, model_json(s));

@@ -15,7 +15,8 @@
 
 typedef struct run_cur {
     int tok_cur, started, fin_sent;
-    size_t text_cur, lp_off;
+    size_t text_cur;
+    srv_offsets off; /* logprobs.text_offset across the run's chunks */
 } run_cur;
 
 typedef struct stream_ctx {
@@ -47,7 +48,11 @@ static void sc_put(stream_ctx *sc, const char *p, size_t n) {
 static void sc_event(stream_ctx *sc, json_t *j) {
     char *t = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
     json_decref(j);
-    if (!t) return;
+    if (!t) { /* a builder refused a value, or memory ran out: the event is lost, say so */
+        srv_log(sc->s, SRV_LOG_ERROR, "%s: a stream event could not be %s; dropped", sc->g.rs[0]->id,
+                j ? "serialized (out of memory)" : "built (a JSON builder failed)");
+        return;
+    }
     sc_put(sc, "data: ", 6);
     sc_put(sc, t, strlen(t));
     sc_put(sc, "\n\n", 2);
@@ -77,7 +82,7 @@ static void sc_content(stream_ctx *sc, int k, const char *text, size_t tl, const
     if (r->want_logprobs && (nt > 0 || with_prompt)) {
         json_decref(lp);
         lp = r->chat ? srv_chat_logprobs(s, toks, nt)
-                     : srv_completion_logprobs(s, r, with_prompt, toks, nt, &sc->cur[k].lp_off);
+                     : srv_completion_logprobs(s, r, with_prompt, toks, nt, &sc->cur[k].off);
     }
     json_t *txt = json_stringn(text ? text : "", tl);
     json_t *choice;
@@ -116,8 +121,8 @@ static void sc_pass(stream_ctx *sc) {
                 pthread_mutex_unlock(&r->mu);
                 if (!ready) continue; /* the prompt's logprobs come with its text */
                 const char *pt = g->prompt_text[k / g->per];
+                srv_offsets_start(sc->s, &cu->off, g->echo_lp ? 0 : srv_utf8_chars(pt, strlen(pt)));
                 sc_content(sc, k, pt, strlen(pt), NULL, 0, g->echo_lp && plp, 0, NULL, NULL);
-                if (!g->echo_lp) cu->lp_off = strlen(pt);
             }
             cu->started = 1;
         }
@@ -208,6 +213,8 @@ static void stream_free(void *cls) {
     stream_ctx *sc = cls;
     srv_cancel_all(&sc->g);
     srv_log_done(sc->s, &sc->g, "stream");
+    for (int k = 0; k < sc->g.n_rs; k++)
+        srv_offsets_free(&sc->cur[k].off);
     srv_gen_free(&sc->g);
     free(sc->cur);
     free(sc->out);

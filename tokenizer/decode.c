@@ -117,6 +117,8 @@ int tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *len, c
     return TOK_OK;
 }
 
+size_t tok_stream_pending(const tok_stream *s) { return s->npend; }
+
 int tok_stream_finish(tok_stream *s, const char **text, size_t *len) {
     s->out.len = 0;
     int rc = tok_utf8_lossy(s->pend, s->npend, 1, &s->out, NULL);

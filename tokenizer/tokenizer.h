@@ -134,6 +134,9 @@ int tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *len, c
 /* End of generation: flush held-back bytes (an incomplete character
  * becomes U+FFFD). The stream may then be reused from scratch. */
 int tok_stream_finish(tok_stream *s, const char **text, size_t *len);
+/* Bytes held back now (0..3): the start of a character the next ids may
+ * complete. tok_stream_finish would turn them into one U+FFFD. */
+size_t tok_stream_pending(const tok_stream *s);
 void tok_stream_free(tok_stream *s);
 
 /* Qwen3 chat template. Strings are UTF-8, NUL-terminated. */
