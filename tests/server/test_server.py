@@ -1289,6 +1289,337 @@ def limits_section(binary, model, name):
     check("limits server: no sanitizer reports", not bad, "\n".join(bad[:10]))
 
 
+# ---------------------------------------------------------------- issue 35: repros and the property test
+
+def raw_http(port, method, target, headers=(), body=None, timeout=30):
+    """One request from raw bytes (target and headers may hold any bytes but CR/LF);
+    returns (status or None when closed unanswered, headers dict, body bytes)."""
+    h = [b"Host: x", b"Connection: close"] + list(headers)
+    if body is not None:
+        h.append(b"Content-Length: %d" % len(body))
+    data = method + b" " + target + b" HTTP/1.1\r\n" + b"\r\n".join(h) + b"\r\n\r\n" + (body or b"")
+    out = raw_exchange(port, data, timeout=timeout)
+    head, _, rest = out.partition(b"\r\n\r\n")
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", head)
+    if not m:
+        return None, {}, out
+    hdrs = {}
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        hdrs[k.strip().lower().decode("latin-1")] = v.strip().decode("latin-1")
+    if hdrs.get("transfer-encoding", "").lower() == "chunked":
+        dec, p = b"", rest
+        while p:
+            ln, _, p = p.partition(b"\r\n")
+            n = int(ln.split(b";")[0] or b"0", 16)
+            if n == 0:
+                break
+            dec, p = dec + p[:n], p[n + 2:]
+        rest = dec
+    return int(m.group(1)), hdrs, rest
+
+
+def strict_json(body):
+    """The body as JSON, or None: strict UTF-8 first (jansson must never emit anything else)."""
+    try:
+        return json.loads(body.decode("utf-8", "strict"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def pct(b):
+    return "".join(chr(c) if (0x30 <= c <= 0x39 or 0x41 <= c <= 0x5a or 0x61 <= c <= 0x7a or c in b"-._~")
+                   else "%%%02X" % c for c in b).encode()
+
+
+def regress35_section(S, name):
+    """Issue 35's repros, each with the status or offsets the issue names."""
+    port, U = S.port, S.url
+    a199 = b"a" * 199
+    fives = lambda: int(re.search(r'^echo:http_responses_total\{status="5xx"\} (\d+)$',
+                                  request("GET", U + "/metrics")[2].decode(), re.M).group(1))
+    fives0 = fives()
+
+    def post_raw(path, body):
+        return raw_http(port, b"POST", path, [b"Content-Type: application/json"], body)
+
+    def err_ok(res, status):
+        st, _, body = res
+        j = strict_json(body)
+        return st == status and is_error_shape(j, status), (st, body[:200])
+
+    # D1: strings cut by bytes, path ids unchecked, every encoding failure called "out of memory"
+    body = b'{"model": "' + a199 + "é".encode() + b'", "prompt": "hi", "max_tokens": 1}'
+    ok, d = err_ok(post_raw(b"/v1/completions", body), 404)
+    check("issue 35 D1: completions model '<199 a>é' -> 404 in error shape", ok, d)
+    body = b'{"model": "' + a199 + "€".encode() + b'", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}'
+    ok, d = err_ok(post_raw(b"/v1/chat/completions", body), 404)
+    check("issue 35 D1: chat model '<199 a>€' -> 404 in error shape", ok, d)
+    for tgt in [b"%ff", b"%c3", a199 + b"%C3%A9"]:
+        ok, d = err_ok(raw_http(port, b"GET", b"/v1/models/" + tgt), 404)
+        check(f"issue 35 D1: GET /v1/models/{tgt[-12:].decode()} -> 404 in error shape", ok, d)
+    key = "a" + "é" * 100
+    ok, d = err_ok(post_raw(b"/v1/completions", json.dumps(
+        {"prompt": "hi", "max_tokens": 1, "logit_bias": {key: 1}}, ensure_ascii=False).encode()), 400)
+    check("issue 35 D1: logit_bias key 'a' + 'é' x 100 -> 400 in error shape", ok, d)
+    # every one of those was a 500 "out of memory"; nothing answered 5xx since
+    check("issue 35 D1: none of those answered 5xx (/metrics' count)", fives() == fives0, (fives0, fives()))
+
+    # D2: text_offset in characters (code points)
+    st, j = cj(U + "/v1/completions", {"prompt": "é中文😀a", "echo": True, "logprobs": 0, "max_tokens": 0})
+    lp = j["choices"][0]["logprobs"] if st == 200 else {}
+    check("issue 35 D2: echo text_offset of 'é中文😀a' == [0, 1, 3, 4]", lp.get("text_offset") == [0, 1, 3, 4], j)
+    # a character split over two byte-level tokens: it counts once, with the token holding its
+    # first byte; the next token starts after it (internal.h, srv_offsets)
+    vocab = json.load(open(os.path.join(S.args[S.args.index("--model") + 1], "tokenizer.json")))["model"]["vocab"]
+    ids = [vocab["a"], vocab["Ã"], vocab["©"], vocab["b"]]  # byte-level: 0xC3 0xA9 is 'é'
+    st, j = cj(U + "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 0, "max_tokens": 0})
+    ch = j["choices"][0] if st == 200 else {}
+    check("issue 35 D2: 'a' + (0xC3 | 0xA9) + 'b' as 4 tokens -> text 'aéb', text_offset [0, 1, 2, 2]",
+          ch.get("text") == "aéb" and ch["logprobs"]["text_offset"] == [0, 1, 2, 2], j)
+    # generated tokens, whole and streamed: the same offsets, each a character index into the text
+    req = {"prompt": "日本語のテキスト", "max_tokens": 12, "temperature": 0, "logprobs": 1, "echo": True,
+           "ignore_eos": True}
+    st, j = cj(U + "/v1/completions", req)
+    ch = j["choices"][0]
+    text, lpx = ch["text"], ch["logprobs"]
+    offs, toks = lpx["text_offset"], lpx["tokens"]
+    inside = all(text[o:o + len(t)] == t for o, t in zip(offs, toks) if "\ufffd" not in t)
+    check("issue 35 D2: echo + generated: each whole token string sits at its text_offset (characters)",
+          st == 200 and inside and offs == sorted(offs) and offs[-1] <= len(text), (text, offs, toks))
+    st, _, body = request("POST", U + "/v1/completions", dict(req, stream=True))
+    evs = [e for e in sse_events(body.decode()) if isinstance(e, dict)]
+    soffs = [o for e in evs for c in e["choices"] if c.get("logprobs") for o in c["logprobs"]["text_offset"]]
+    check("issue 35 D2: streamed text_offset == the whole answer's", soffs == offs, (soffs, offs))
+    req2 = dict(req, echo=False)
+    st, j2 = cj(U + "/v1/completions", req2)
+    o2 = j2["choices"][0]["logprobs"]["text_offset"]
+    st, _, body = request("POST", U + "/v1/completions", dict(req2, stream=True))
+    s2 = [o for e in sse_events(body.decode()) if isinstance(e, dict) for c in e["choices"]
+          if c.get("logprobs") for o in c["logprobs"]["text_offset"]]
+    np_ = len(offs) - len(o2)
+    check("issue 35 D2: generated-only text_offset == the echoed ones less the prompt's characters",
+          st == 200 and o2 and o2 == [x - offs[np_] for x in offs[np_:]] and
+          offs[np_] == len("日本語のテキスト"), (o2, offs))
+    check("issue 35 D2: generated-only text_offset streamed == whole", s2 == o2, (s2, o2))
+
+    # D3: a NUL in a path id is a byte of it
+    ok, d = err_ok(raw_http(port, b"GET", b"/v1/models/" + name.encode() + b"%00x"), 404)
+    check(f"issue 35 D3: GET /v1/models/{name}%00x -> 404", ok, d)
+    st, _, body = raw_http(port, b"GET", b"/v1/models/" + pct(name.encode()).replace(b"-", b"%2D"))
+    check("issue 35 D3: a percent-encoded id still names the model (200)",
+          st == 200 and (strict_json(body) or {}).get("id") == name, (st, body[:200]))
+
+    # D4: the stop_token_ids cap says so; a 100 kB target gets a JSON error
+    st, _, body = request("POST", U + "/v1/completions", {"prompt": "hi", "max_tokens": 1,
+                                                          "stop_token_ids": list(range(100000))})
+    j = strict_json(body)
+    check("issue 35 D4: 100,000 stop_token_ids -> 400 naming the cap",
+          st == 400 and is_error_shape(j, 400) and "at most 1024" in j["error"]["message"], j)
+    for meth, path in [(b"GET", b"/v1/models/"), (b"POST", b"/v1/completions?x=")]:
+        st, hd, body = raw_http(port, meth, path + b"a" * 100000, body=b"{}" if meth == b"POST" else None)
+        check(f"issue 35 D4: {meth.decode()} with a 100 kB target -> 414 JSON error",
+              st == 414 and is_error_shape(strict_json(body), 414) and "json" in hd.get("content-type", ""),
+              (st, body[:200]))
+
+    # D5: "developer" is "system" for a template without that role
+    def toks(role):
+        st, j = cj(U + "/tokenize", {"messages": [{"role": role, "content": "Be brief."},
+                                                  {"role": "user", "content": "hi"}]})
+        return st, j.get("tokens") if isinstance(j, dict) else j
+    sd, td = toks("developer")
+    ss, ts = toks("system")
+    check("issue 35 D5: role developer renders as system (same prompt tokens)", sd == ss == 200 and td == ts, (sd, td, ts))
+    st, j = cj(U + "/v1/chat/completions", {"messages": [{"role": "developer", "content": "Be brief."},
+                                                         {"role": "user", "content": "hi"}], "max_tokens": 2})
+    check("issue 35 D5: chat with a developer message -> 200", st == 200, j)
+
+
+def adversarial_strings():
+    """Byte strings (may be invalid UTF-8) and raw JSON escape texts ("esc", s) to put into string fields."""
+    out = []
+    for ch in ["é", "€", "😀", "中"]:  # a multi-byte character across every cut the server has made
+        for k in [39, 40, 59, 60, 199, 200, 201, 509, 510, 511, 1023]:
+            out.append(b"a" * k + ch.encode())
+            out.append(b"a" * k + ch.encode() + b"z" * 5)
+    out += [b"\xff", b"\xfe\xff", b"\xc3", b"a\xc3", b"\xe2\x82", b"\x80", b"\xbf\xbf",  # split / stray bytes
+            b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\xaf", b"\xf0\x80\x80\xaf", b"\xf8\x88\x80\x80\x80",  # overlong
+            b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xf4\x90\x80\x80",  # surrogates, beyond U+10FFFF
+            b"\x00", b"a\x00b", b"\x00" * 3,  # raw NULs
+            b"%00", b"%ff", b"%c3", b"%C3%A9", b"%2F..%2F", b"%", b"%%", b"%zz",  # percent-encoded bytes
+            b"a" * 100000, "é".encode() * 50000, "😀".encode() * 25000, b"a" * 99999 + "é".encode(),  # 100 kB
+            b"", b" ", b"\t\x01\x1f\x7f", "\u2028\u2029\ufeff\ufffd".encode(), "e\u0301".encode()]
+    out += [("esc", e) for e in ["\\u0000", "a\\u0000b", "\\ud800", "\\udfff", "\\udc00\\ud800", "\\ud83d",
+                                 "\\ud83d\\ude00", "\\u00e9" * 300]]
+    return out
+
+
+def json_str(v):
+    """A JSON string literal from bytes (raw, only '"', '\\' and control bytes escaped) or an escape text."""
+    if isinstance(v, tuple):
+        return b'"' + v[1].encode() + b'"'
+    o = bytearray(b'"')
+    for c in v:
+        if c in (0x22, 0x5c):
+            o += b"\\" + bytes([c])
+        elif c < 0x20:
+            o += b"\\u%04x" % c
+        else:
+            o.append(c)
+    return bytes(o + b'"')
+
+
+def to_json(x):
+    """Serialize with bytes / ("esc", s) leaves as raw string literals (keys too)."""
+    if isinstance(x, dict):
+        return b"{" + b",".join(to_json(k if not isinstance(k, str) else k.encode()) + b":" + to_json(v)
+                                for k, v in x.items()) + b"}"
+    if isinstance(x, list):
+        return b"[" + b",".join(to_json(v) for v in x) + b"]"
+    if isinstance(x, (bytes, tuple)):
+        return json_str(x)
+    if isinstance(x, str):
+        return json_str(x.encode())
+    return json.dumps(x).encode()
+
+
+def props_bodies(rng, name, adv):
+    """(path, body) pairs: one adversarial string in one string field (or key) of a valid request."""
+    msg = lambda **kw: dict({"role": "user", "content": "hi"}, **kw)
+    A = lambda: rng.choice(adv)
+    base_c = lambda: {"model": name, "prompt": "hi", "max_tokens": 1, "temperature": 0}
+    base_h = lambda: {"model": name, "messages": [msg()], "max_tokens": 1, "temperature": 0}
+    makers = [
+        ("/v1/completions", lambda: dict(base_c(), model=A())),
+        ("/v1/completions", lambda: dict(base_c(), prompt=A())),
+        ("/v1/completions", lambda: dict(base_c(), prompt=[A(), "x"])),
+        ("/v1/completions", lambda: dict(base_c(), stop=A())),
+        ("/v1/completions", lambda: dict(base_c(), stop=["x", A()])),
+        ("/v1/completions", lambda: dict(base_c(), user=A())),
+        ("/v1/completions", lambda: dict(base_c(), suffix=A())),
+        ("/v1/completions", lambda: dict(base_c(), logit_bias={A(): 1})),
+        ("/v1/completions", lambda: dict(base_c(), **{"stream_options": {A(): True}})),
+        ("/v1/completions", lambda: {**base_c(), A(): 1}),
+        ("/v1/completions", lambda: dict(base_c(), echo=True, logprobs=1, prompt=A())),
+        ("/v1/chat/completions", lambda: dict(base_h(), model=A())),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(content=A())])),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(role=A())])),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(name=A())])),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(content=[{"type": "text", "text": A()}])])),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(content=[{"type": A(), "text": "x"}])])),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(), {"role": "assistant", "content": "x",
+                                                                          "reasoning_content": A()}, msg()])),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(), {"role": "assistant", "content": "",
+                                              "tool_calls": [{"id": A(), "type": "function", "function": {
+                                                  "name": A(), "arguments": A()}}]}, msg()])),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(), {"role": "tool", "content": A(),
+                                                                          "tool_call_id": A()}])),
+        ("/v1/chat/completions", lambda: dict(base_h(), chat_template_kwargs={A(): A()})),
+        ("/v1/chat/completions", lambda: dict(base_h(), stop=A(), user=A())),
+        ("/v1/chat/completions", lambda: dict(base_h(), tool_choice=A())),
+        ("/v1/chat/completions", lambda: dict(base_h(), response_format={"type": A()})),
+        ("/v1/chat/completions", lambda: {**base_h(), A(): A()}),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[{**msg(), A(): 1}])),
+        ("/tokenize", lambda: {"model": A(), "prompt": "hi"}),
+        ("/tokenize", lambda: {"model": name, "prompt": A()}),
+        ("/tokenize", lambda: {"model": name, "messages": [msg(content=A())]}),
+        ("/tokenize", lambda: {"prompt": "hi", A(): A()}),
+        ("/detokenize", lambda: {"model": A(), "tokens": [1, 2]}),
+        ("/detokenize", lambda: {"tokens": A()}),
+        ("/detokenize", lambda: {"tokens": [1], A(): 1}),
+    ]
+    path, mk = rng.choice(makers)
+    return path, to_json(mk())
+
+
+def props_section(S, name, n=None, seed=None):
+    """Issue 35's property: random and adversarial strings in every string field, path and header of
+    every route; the server never answers 5xx to them, every refusal is JSON in the error shape (strict
+    UTF-8), every JSON answer parses, and /health stays 200. Seeded ($ECHO_PROPS_SEED), bounded in count
+    ($ECHO_PROPS_N) and time (90 s)."""
+    seed = int(os.environ.get("ECHO_PROPS_SEED", seed if seed is not None else 35))
+    n = int(os.environ.get("ECHO_PROPS_N", n if n is not None else 2000))
+    rng = random.Random(seed)
+    adv = adversarial_strings()
+    adv_bytes = [a for a in adv if isinstance(a, bytes)]
+    port = S.port
+    json_get = {b"/v1/models", b"/version"}
+    gets = [b"/v1/models", b"/version", b"/health", b"/metrics"]
+
+    def make():
+        kind = rng.random()
+        hdrs = [b"Content-Type: application/json"]
+        if kind < 0.55:  # a string field of a request body
+            path, body = props_bodies(rng, name, adv)
+            return b"POST", path.encode(), hdrs, body
+        if kind < 0.75:  # a path id, percent-encoded or raw (no space, CR, LF: the request line must stay one)
+            a = rng.choice(adv_bytes)
+            if rng.random() < 0.5 or any(c in a for c in b" \r\n"):
+                tgt = b"/v1/models/" + pct(a)
+            else:
+                tgt = b"/v1/models/" + a.replace(b"\x00", b"%00")
+            if rng.random() < 0.2:
+                tgt = rng.choice([b"/", b"/v1/", b"/v1/models/x/", b"/health/"]) + pct(a)
+            return b"GET", tgt[:120000] or b"/", [], None
+        if kind < 0.85:  # a query string on any route
+            a = rng.choice(adv_bytes)
+            tgt = rng.choice(gets + [b"/v1/models/" + name.encode()]) + b"?" + pct(a[:50]) + b"=" + pct(a)
+            return b"GET", tgt, [], None
+        # a header value (or name) on any route: raw bytes, CR and LF dropped
+        a = rng.choice(adv_bytes).replace(b"\r", b"").replace(b"\n", b"")
+        h = rng.choice([b"Authorization: Bearer " + a, b"Content-Type: " + a, b"X-Echo-Test: " + a,
+                        b"X-" + re.sub(rb"[\x00-\x20:\x7f]", b"", a)[:2000] + b": 1", b"User-Agent: " + a,
+                        b"Accept: " + a, b"Cookie: k=" + a])
+        if rng.random() < 0.5:
+            path, body = props_bodies(rng, name, [b"ok"])
+            return b"POST", path.encode(), [h, b"Content-Type: application/json"], body
+        return b"GET", rng.choice(gets + [b"/v1/models/" + name.encode()]), [h], None
+
+    cases = [make() for _ in range(n)]
+    bad, statuses, t0 = [], {}, time.time()
+    lock = threading.Lock()
+
+    def run(i):
+        if time.time() - t0 > 90:
+            return None
+        meth, tgt, hdrs, body = cases[i]
+        try:
+            st, hd, resp = raw_http(port, meth, tgt, hdrs, body, timeout=60)
+        except OSError as e:
+            st, hd, resp = None, {}, repr(e).encode()
+        why = None
+        if st is None:
+            why = "closed without an answer"
+        elif st >= 500:
+            why = f"{st}"
+        elif st >= 400:
+            if not is_error_shape(strict_json(resp), st):
+                why = f"{st} not JSON in the error shape"
+        elif tgt.split(b"?")[0] in json_get or meth == b"POST" or tgt.startswith(b"/v1/models/"):
+            if strict_json(resp) is None:
+                why = f"{st} body not valid JSON"
+        with lock:
+            statuses[st] = statuses.get(st, 0) + 1
+            if why:
+                bad.append((why, meth, tgt[:100], [x[:80] for x in hdrs], (body or b"")[:160], resp[:200]))
+            if i % 50 == 49:
+                hs, _, _ = raw_http(port, b"GET", b"/health")
+                if hs != 200:
+                    bad.append(("/health not 200", hs))
+        return st
+
+    with cf.ThreadPoolExecutor(4) as ex:
+        done = [r for r in ex.map(run, range(n))]
+    ran = n - done.count(None)
+    hs, _, _ = raw_http(port, b"GET", b"/health")
+    print(f"  (seed {seed}: {ran} of {n} requests in {time.time() - t0:.1f}s; statuses {sorted(statuses.items(), key=str)})")
+    for b in bad[:8]:
+        print("   ", b)
+    check(f"issue 35 property: {ran} adversarial requests (seed {seed}) over every route: no 5xx, every "
+          f"refusal JSON in the error shape, JSON answers parse; /health 200", not bad and hs == 200 and ran >= n // 2,
+          f"{len(bad)} bad, e.g. {bad[:3]}")
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -1296,6 +1627,7 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--mode", choices=["full", "asan"], default="full")
+    ap.add_argument("--only", choices=["props"], help="run only issue 35's repros and property test (any binary)")
     a = ap.parse_args()
     name = "echo-demo"
     t0 = time.time()
@@ -1303,28 +1635,36 @@ def main():
               "--max-num-batched-tokens", "64", "--timeout", "3", "--drain-seconds", "3"]
     S = Server(a.bin, a.model, *common, name="main")
     try:
-        if a.mode == "full":
+        if a.only == "props":
+            section("issue 35 property test", props_section, S, name)
+            section("issue 35 repros", regress35_section, S, name)
+        elif a.mode == "full":
             section("curl", curl_section, S, name)
             section("openai", openai_section, S, name)
             section("features", features_section, S, name, REPO)
             section("concurrency", concurrency_section, S)
             section("metrics", metrics_section, S)
             section("abuse", abuse_section, S)
+            section("issue 35 property test", props_section, S, name)
+            section("issue 35 repros", regress35_section, S, name)
         else:
             section("curl (smoke)", lambda: check("asan: completion", cj(S.url + "/v1/completions", {
                 "prompt": "hi", "max_tokens": 4, "temperature": 0})[0] == 200))
             section("features (smoke)", features_smoke, S)
             section("concurrency (8)", concurrency_section, S, 8)
             section("abuse", abuse_section, S)
+            section("issue 35 property test", props_section, S, name)
+            section("issue 35 repros", regress35_section, S, name)
     finally:
         rc, log = S.stop()
     check("main server: SIGTERM -> exit 0", rc == 0, (rc, log[-2000:]))
-    section("limits", limits_section, a.bin, a.model, name)
+    if a.only != "props":
+        section("limits", limits_section, a.bin, a.model, name)
     bad = [l for l in log.splitlines()
            if re.search(r"ERROR: (AddressSanitizer|LeakSanitizer)|Sanitizer has encountered|runtime error:", l)]
     check("main server: no sanitizer reports (leaks included) at shutdown", not bad, "\n".join(bad[:10]) +
           ("\n" + log[-4000:] if bad else ""))
-    if a.mode == "full":
+    if a.mode == "full" and a.only != "props":
         section("servers", servers_section, a.bin, a.model, name)
     print(f"(server tests took {time.time() - t0:.0f}s)")
     print(f"{len(PASSED)} passed, {len(FAILED)} failed")
