@@ -8,7 +8,12 @@
  * tokenizer routes), without engine or network. Invariants checked:
  *   - the answer is 200, 400 or 404; a 500 here is a bug (ASan's allocator
  *     never returns NULL, so "out of memory" cannot be genuine);
- *   - an error carries a message, a success none.
+ *   - an error carries a message, a success none;
+ *   - the message is valid UTF-8 without NUL, as jansson needs it to build
+ *     the error answer (issue 35: messages cut by bytes inside a character
+ *     answered 500 "out of memory"), and srv_error_json builds it;
+ *   - srv_quote of the raw body, into a small and a large buffer, is valid
+ *     UTF-8 that fits.
  *
  * The server is set up once in LLVMFuzzerInitialize as srv_create() and
  * srv_load() would before the engine exists: the committed Qwen3 tokenizer
@@ -204,6 +209,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if ((status == 200) != (err[0] == 0)) {
         fprintf(stderr, "%s: status %d with message '%s'\n", route, status, err);
         abort();
+    }
+    json_t *ej = srv_error_json(status, err, NULL);
+    if (!srv_utf8_text(err, strlen(err)) || !ej) {
+        fprintf(stderr, "%s: status %d: the message is not UTF-8 text: '%s'\n", route, status, err);
+        abort();
+    }
+    json_decref(ej);
+    static const size_t sizes[2] = {12, 300};
+    for (int k = 0; k < 2; k++) {
+        char q[300];
+        srv_quote(q, sizes[k], (const char *)data + 1, size - 1);
+        if (strlen(q) >= sizes[k] || !srv_utf8_text(q, strlen(q))) {
+            fprintf(stderr, "srv_quote into %zu bytes: '%s' is not UTF-8 text that fits\n", sizes[k], q);
+            abort();
+        }
     }
     return 0;
 }

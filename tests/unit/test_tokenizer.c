@@ -192,6 +192,7 @@ START_TEST(test_stream_split_character) {
     const tok_tokenizer *t = qwen();
     const unsigned char bytes[] = {0xC3, 0xA9, 0xF0, 0x9F, 0x98, 0x80, 'x'};
     const size_t expect_len[] = {0, 2, 0, 0, 0, 4, 1};
+    const size_t expect_pending[] = {1, 0, 1, 2, 3, 0, 0}; /* tok_stream_pending after each */
     char err[256], name[4];
     tok_stream *s = tok_stream_new(t, 0);
     ck_assert_ptr_nonnull(s);
@@ -203,6 +204,7 @@ START_TEST(test_stream_split_character) {
         ck_assert_int_ge(id, 0);
         ck_assert_int_eq(tok_stream_push(s, id, &txt, &tl, err, sizeof err), TOK_OK);
         ck_assert_uint_eq(tl, expect_len[i]);
+        ck_assert_uint_eq(tok_stream_pending(s), expect_pending[i]);
     }
     ck_assert_int_eq(tok_stream_finish(s, &txt, &tl), TOK_OK);
     ck_assert_uint_eq(tl, 0);
@@ -213,6 +215,7 @@ START_TEST(test_stream_split_character) {
     ck_assert_int_eq(tok_stream_push(s, tok_token_id(t, "x"), &txt, &tl, err, sizeof err), TOK_OK);
     ck_assert_uint_eq(tl, 4);
     ck_assert(!memcmp(txt, "\xEF\xBF\xBDx", 4));
+    ck_assert_uint_eq(tok_stream_pending(s), 0);
     /* An incomplete character at the end becomes one U+FFFD. */
     ck_assert_int_eq(tok_stream_push(s, tok_token_id(t, name), &txt, &tl, err, sizeof err), TOK_OK);
     byte_token_name(0x9F, name);
@@ -221,6 +224,7 @@ START_TEST(test_stream_split_character) {
     ck_assert_int_eq(tok_stream_finish(s, &txt, &tl), TOK_OK);
     ck_assert_uint_eq(tl, 3);
     ck_assert(!memcmp(txt, "\xEF\xBF\xBD", 3));
+    ck_assert_uint_eq(tok_stream_pending(s), 0);
     tok_stream_free(s);
 }
 END_TEST
