@@ -152,8 +152,8 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
         if (r && !strcmp(r, "developer") && !developer_known(s)) r = "system";
         if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool") &&
                    strcmp(r, "developer"))) {
-            srv_fail(e, 400, "messages",
-                     "message %zu: 'role' must be one of system, developer, user, assistant, tool", i);
+            srv_fail(e, 400, "messages", "message %zu: 'role' must be one of system, developer, user, assistant, tool",
+                     i);
             goto out;
         }
         if (srv_field(m, "name") && !json_is_string(srv_field(m, "name"))) {

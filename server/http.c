@@ -195,13 +195,13 @@ int srv_http_start(srv_server *s, char *err, size_t errlen) {
     }
     /* Beyond --max-connections MHD still accepts a reserve, answered 503 at once. */
     unsigned reserve = (unsigned)s->opt.max_connections / 4 < 32 ? 32 : (unsigned)s->opt.max_connections / 4;
-    s->mhd = MHD_start_daemon(flags, (uint16_t)s->opt.port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, sa,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->opt.timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)s->opt.max_connections + reserve, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-                              MHD_OPTION_NOTIFY_CONNECTION, srv_conn_notify, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                              MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20), MHD_OPTION_URI_LOG_CALLBACK,
-                              srv_uri_log, s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_CONN_MEMORY,
-                              MHD_OPTION_END);
+    s->mhd =
+        MHD_start_daemon(flags, (uint16_t)s->opt.port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, sa,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->opt.timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                         (unsigned)s->opt.max_connections + reserve, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+                         MHD_OPTION_NOTIFY_CONNECTION, srv_conn_notify, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                         MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20), MHD_OPTION_URI_LOG_CALLBACK, srv_uri_log, s,
+                         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_CONN_MEMORY, MHD_OPTION_END);
     if (!s->mhd) {
         snprintf(err, errlen, "cannot listen on %s:%d (address in use, or not allowed)", s->opt.host, s->opt.port);
         return -1;

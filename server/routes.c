@@ -61,7 +61,10 @@ static const struct srv_route *route_find(const char *url, size_t len, size_t *a
 }
 
 static int hexval(char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 /* MHD passes the raw request target here before it decodes it in place
@@ -76,7 +79,7 @@ void *srv_uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
     if (!rq) return NULL;
     rq->uri_len = strlen(uri);
     if (rq->uri_len > SRV_MAX_URI) return rq; /* path NULL: 414 at srv_route_begin */
-    size_t n = strcspn(uri, "?#");
+    size_t n = strcspn(uri, "?");             /* the query is not part of the path, as MHD splits it */
     if (!(rq->path = malloc(n + 1))) return rq;
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
