@@ -128,7 +128,8 @@ static int check_answer(int rc, json_t *out, srv_verr *e) {
     if (rc) return rc;
     char *txt = out ? json_dumps(out, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
     json_decref(out);
-    if (!txt) rc = srv_fail(e, 500, NULL, "out of memory"); /* what srv_send_json answers */
+    if (!txt) /* what srv_send_json answers */
+        rc = srv_fail(e, 500, NULL, out ? "out of memory" : "internal error: the response could not be built");
     free(txt);
     return rc;
 }
