@@ -3,7 +3,9 @@
  *
  * Each iteration: admit waiting requests while a sequence slot and the KV
  * blocks for prompt + max_tokens are free (reservation, so eng_step never
- * runs out of blocks mid-generation and nobody is preempted); drop cancelled
+ * runs out of blocks mid-generation and nobody is preempted; the prompt's
+ * cached prefix is mapped, not taken again, and cached blocks no request
+ * holds count as free: eng_seq_new_prefix); drop cancelled
  * requests (their blocks return to the engine before the step); build one
  * batch — every decoding request's last token first, then prompt chunks in
  * admission order within the token budget; run the step; sample, detokenize
