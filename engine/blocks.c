@@ -13,7 +13,8 @@ int eng_blocks_init(eng_blocks *p, int n, int bs, int cache, uint64_t key) {
     p->cache = cache;
     p->key = key;
     uint32_t nb = 1;
-    while (nb < (uint32_t)n && nb < (1u << 30)) nb <<= 1;
+    while (nb < (uint32_t)n && nb < (1u << 30))
+        nb <<= 1;
     p->mask = nb - 1;
     p->free = malloc((size_t)n * sizeof *p->free);
     p->ref = calloc((size_t)n, sizeof *p->ref);
@@ -30,9 +31,11 @@ int eng_blocks_init(eng_blocks *p, int n, int bs, int cache, uint64_t key) {
     if (!p->free || !p->ref || !p->cached || !p->parent || !p->pgen || !p->gen || (cache && !p->tok) || !p->hnext ||
         !p->head || !p->lprev || !p->lnext)
         return -1;
-    for (int i = 0; i < n; i++) p->free[i] = n - 1 - i;
+    for (int i = 0; i < n; i++)
+        p->free[i] = n - 1 - i;
     p->n_free = n;
-    for (uint32_t i = 0; i < nb; i++) p->head[i] = -1;
+    for (uint32_t i = 0; i < nb; i++)
+        p->head[i] = -1;
     p->lru_head = p->lru_tail = -1;
     return 0;
 }
@@ -52,7 +55,9 @@ void eng_blocks_destroy(eng_blocks *p) {
     memset(p, 0, sizeof *p);
 }
 
-int eng_blocks_available(const eng_blocks *p) { return p->n_free + p->n_evictable; }
+int eng_blocks_available(const eng_blocks *p) {
+    return p->n_free + p->n_evictable;
+}
 
 /* splitmix64's finaliser: a good spread for chained 64-bit values. */
 static uint64_t mix(uint64_t h, uint64_t v) {
@@ -66,31 +71,38 @@ static uint64_t mix(uint64_t h, uint64_t v) {
 
 static uint32_t bucket(const eng_blocks *p, int32_t parent, uint32_t pgen, const int32_t *tok) {
     uint64_t h = mix(p->key, (uint64_t)(uint32_t)parent << 32 | pgen);
-    for (int i = 0; i < p->bs; i++) h = mix(h, (uint32_t)tok[i]);
+    for (int i = 0; i < p->bs; i++)
+        h = mix(h, (uint32_t)tok[i]);
     return (uint32_t)h & p->mask;
 }
 
 static int32_t lookup(const eng_blocks *p, int32_t parent, uint32_t pgen, const int32_t *tok) {
     for (int32_t b = p->head[bucket(p, parent, pgen, tok)]; b >= 0; b = p->hnext[b])
-        if (p->parent[b] == parent && p->pgen[b] == pgen && !memcmp(p->tok + (size_t)b * p->bs, tok,
-                                                                    (size_t)p->bs * sizeof *tok))
+        if (p->parent[b] == parent && p->pgen[b] == pgen &&
+            !memcmp(p->tok + (size_t)b * p->bs, tok, (size_t)p->bs * sizeof *tok))
             return b;
     return -1;
 }
 
 static void lru_unlink(eng_blocks *p, int32_t b) {
-    if (p->lprev[b] >= 0) p->lnext[p->lprev[b]] = p->lnext[b];
-    else p->lru_head = p->lnext[b];
-    if (p->lnext[b] >= 0) p->lprev[p->lnext[b]] = p->lprev[b];
-    else p->lru_tail = p->lprev[b];
+    if (p->lprev[b] >= 0)
+        p->lnext[p->lprev[b]] = p->lnext[b];
+    else
+        p->lru_head = p->lnext[b];
+    if (p->lnext[b] >= 0)
+        p->lprev[p->lnext[b]] = p->lprev[b];
+    else
+        p->lru_tail = p->lprev[b];
     p->n_evictable--;
 }
 
 static void lru_append(eng_blocks *p, int32_t b) {
     p->lprev[b] = p->lru_tail;
     p->lnext[b] = -1;
-    if (p->lru_tail >= 0) p->lnext[p->lru_tail] = b;
-    else p->lru_head = b;
+    if (p->lru_tail >= 0)
+        p->lnext[p->lru_tail] = b;
+    else
+        p->lru_head = b;
     p->lru_tail = b;
     p->n_evictable++;
 }
@@ -99,7 +111,8 @@ static void lru_append(eng_blocks *p, int32_t b) {
  * under it can never match again. */
 static void uncache(eng_blocks *p, int32_t b) {
     int32_t *pp = &p->head[bucket(p, p->parent[b], p->pgen[b], p->tok + (size_t)b * p->bs)];
-    while (*pp != b) pp = &p->hnext[*pp];
+    while (*pp != b)
+        pp = &p->hnext[*pp];
     *pp = p->hnext[b];
     p->cached[b] = 0;
     p->gen[b]++;

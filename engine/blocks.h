@@ -20,20 +20,20 @@
 #include <stdint.h>
 
 typedef struct eng_blocks {
-    int n, bs;  /* blocks, tokens per block */
-    int cache;  /* 1: prefix cache on */
+    int n, bs; /* blocks, tokens per block */
+    int cache; /* 1: prefix cache on */
     uint64_t key;
     int32_t *free; /* (n) stack of free ids */
     int n_free;
-    int32_t *ref;     /* (n) sequences holding each block */
-    uint8_t *cached;  /* (n) 1: in the hash table */
-    int32_t *parent;  /* (n) cached: parent block, -1 at the root */
-    uint32_t *pgen;   /* (n) cached: the parent's gen when registered */
-    uint32_t *gen;    /* (n) bumped when the block leaves the cache */
-    int32_t *tok;     /* (n, bs) token ids a step wrote */
-    int32_t *hnext, *head; /* hash chains: (n) and (nbuckets) */
-    uint32_t mask;         /* nbuckets - 1 */
-    int32_t *lprev, *lnext; /* (n) LRU list of evictable blocks */
+    int32_t *ref;               /* (n) sequences holding each block */
+    uint8_t *cached;            /* (n) 1: in the hash table */
+    int32_t *parent;            /* (n) cached: parent block, -1 at the root */
+    uint32_t *pgen;             /* (n) cached: the parent's gen when registered */
+    uint32_t *gen;              /* (n) bumped when the block leaves the cache */
+    int32_t *tok;               /* (n, bs) token ids a step wrote */
+    int32_t *hnext, *head;      /* hash chains: (n) and (nbuckets) */
+    uint32_t mask;              /* nbuckets - 1 */
+    int32_t *lprev, *lnext;     /* (n) LRU list of evictable blocks */
     int32_t lru_head, lru_tail; /* head: evicted first */
     int n_cached, n_evictable;
     long long evicted;
