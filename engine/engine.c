@@ -236,10 +236,12 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
  * chain names all of it. */
 static uint64_t config_key(const eng_config *c) {
     uint64_t h = 1469598103934665603ull;
-    for (const char *p = c->model_dir ? c->model_dir : ""; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-    const int v[] = {c->tp, (int)c->allreduce, c->echo_group, (int)c->echo_codec, c->quantize, c->act_quant,
-                     c->kv_block_size, (int)c->echo_min_bytes};
-    for (size_t i = 0; i < sizeof v / sizeof *v; i++) h = (h ^ (uint32_t)v[i]) * 1099511628211ull;
+    for (const char *p = c->model_dir ? c->model_dir : ""; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    const int v[] = {c->tp,       (int)c->allreduce, c->echo_group,    (int)c->echo_codec,
+                     c->quantize, c->act_quant,      c->kv_block_size, (int)c->echo_min_bytes};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        h = (h ^ (uint32_t)v[i]) * 1099511628211ull;
     return h;
 }
 
@@ -655,8 +657,8 @@ static int reuse_blocks(const eng *e, int n, int max_reuse) {
 }
 
 int eng_prefix_peek(const eng *e, const int32_t *prompt, int n, int max_reuse, int *evictable) {
-    int ev = 0, m = e->pool.cache ? eng_blocks_match(&e->pool, prompt, reuse_blocks(e, n, max_reuse), e->match, &ev)
-                                  : 0;
+    int ev = 0,
+        m = e->pool.cache ? eng_blocks_match(&e->pool, prompt, reuse_blocks(e, n, max_reuse), e->match, &ev) : 0;
     if (evictable) *evictable = ev;
     return m * e->cfg.kv_block_size;
 }
@@ -1104,7 +1106,8 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
         eng_seq *s = &e->seqs[it[i].seq];
         e->old_nblocks[i] = s->nblocks;
         int want = (s->len + it[i].n_tokens + c->kv_block_size - 1) / c->kv_block_size;
-        while (s->nblocks < want) s->blocks[s->nblocks++] = eng_blocks_take(&e->pool);
+        while (s->nblocks < want)
+            s->blocks[s->nblocks++] = eng_blocks_take(&e->pool);
         /* the ids each position holds, for matching and registering its
          * block; only this sequence's own unshared blocks are written */
         for (int k = 0; e->pool.tok && k < it[i].n_tokens; k++) {

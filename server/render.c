@@ -23,8 +23,7 @@ json_t *srv_timings_json(const srv_req *r) {
  * prompt_tokens_details.cached_tokens, as vLLM reports it). */
 json_t *srv_usage(long long p, long long c, long long cached) {
     return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)p, "completion_tokens", (json_int_t)c,
-                     "total_tokens", (json_int_t)(p + c), "prompt_tokens_details", "cached_tokens",
-                     (json_int_t)cached);
+                     "total_tokens", (json_int_t)(p + c), "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
 }
 
 /* Whole-request usage: each prompt once, every run's completion tokens;

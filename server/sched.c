@@ -517,8 +517,7 @@ static int admit(srv_server *s) {
         if (pending_blocks(s) + need > u.free_blocks) break; /* KV full: wait */
         int seq, reused;
         char err[128];
-        if (eng_seq_new_prefix(s->eng, r->prompt, r->n_prompt, max_reuse, &seq, &reused, err, sizeof err) != 0)
-            break;
+        if (eng_seq_new_prefix(s->eng, r->prompt, r->n_prompt, max_reuse, &seq, &reused, err, sizeof err) != 0) break;
         q->head = r->next;
         if (!q->head) q->tail = NULL;
         q->n_waiting--;

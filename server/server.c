@@ -395,13 +395,15 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     }
     /* the prefix cache may hold every block no running request needs */
     char pc[96] = "prefix caching off";
-    if (u.prefix_cache)
-        snprintf(pc, sizeof pc, "prefix caching on (may hold all %d blocks, LRU)", u.total_blocks);
+    if (u.prefix_cache) snprintf(pc, sizeof pc, "prefix caching on (may hold all %d blocks, LRU)", u.total_blocks);
     srv_log(s, SRV_LOG_INFO,
-            "plan: tp %d, device %s%s%s, allreduce %s (%s transport), residual slots %.1f MB/rank, KV %d blocks x %d tokens "
+            "plan: tp %d, device %s%s%s, allreduce %s (%s transport), residual slots %.1f MB/rank, KV %d blocks x %d "
+            "tokens "
             "(%.1f MB/rank), %s, max_model_len %d, max_num_seqs %d, %d tokens/step; loaded in %.1fs",
             c->tp, c->device, c->quantize == ENG_QUANT_Q8_0 ? ", matrices quantized to q8_0" : "",
-            c->act_quant == ENG_ACT_Q8 ? ", 8-bit activations on q8_0 matrices" : "", ar, c->tp > 1 ? c->transport : "no", slot_mb, u.total_blocks, u.block_size, kv_mb, pc, c->max_model_len, c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
+            c->act_quant == ENG_ACT_Q8 ? ", 8-bit activations on q8_0 matrices" : "", ar,
+            c->tp > 1 ? c->transport : "no", slot_mb, u.total_blocks, u.block_size, kv_mb, pc, c->max_model_len,
+            c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
     if (eng_graphs_note(s->eng)) srv_log(s, SRV_LOG_WARNING, "%s", eng_graphs_note(s->eng));
     else if (c->cuda_graphs) srv_log(s, SRV_LOG_INFO, "decode steps through CUDA graphs (--cuda-graphs)");
     srv_log(s, SRV_LOG_INFO, "defaults from generation_config.json: temperature %g, top_p %g, top_k %d",

@@ -225,8 +225,8 @@ static void run_free(run *r, int np) {
  * supplies (at most max_reuse tokens), all positions' logits (n, V) and
  * states (L, n, H) for positions >= the reused ones written in place.
  * *seq: the sequence. */
-static int prefill(eng *e, const int32_t *ids, int n, int max_reuse, float *logits, float *states, float *tmp,
-                   int *seq, char *err, size_t errlen) {
+static int prefill(eng *e, const int32_t *ids, int n, int max_reuse, float *logits, float *states, float *tmp, int *seq,
+                   char *err, size_t errlen) {
     const model_config *c = eng_model_config(e);
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size, L = (size_t)c->num_layers;
     int reused;
@@ -266,7 +266,8 @@ static int run_all(eng *e, const prompt *ps, int np, int gen, int pfx, run *r, c
             if (rc2) goto out;
             /* states of the earlier pass are laid out for pfx positions: spread them to n */
             for (size_t l = L; l-- > 1;)
-                memmove(r->states[i] + l * ps[i].n * H, r->states[i] + l * (size_t)pfx * H, (size_t)pfx * H * sizeof(float));
+                memmove(r->states[i] + l * ps[i].n * H, r->states[i] + l * (size_t)pfx * H,
+                        (size_t)pfx * H * sizeof(float));
         }
         /* without --prefix-cache nothing is reused (a prompt repeated in the set is computed again) */
         if (prefill(e, ps[i].ids, ps[i].n, pfx, r->logits[i], r->states[i], tmp, &seqs[i], err, errlen)) goto out;

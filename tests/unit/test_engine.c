@@ -752,8 +752,15 @@ END_TEST
 static eng *open_pc(const char *name, int tp, echo_preset mode, int kv_blocks, int off, char *err) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", MODELS, name);
-    eng_config c = {.model_dir = dir, .tp = tp, .allreduce = mode, .threads = 2, .max_model_len = 128,
-                    .max_num_seqs = 4, .kv_blocks = kv_blocks, .kv_block_size = 4, .no_prefix_cache = off};
+    eng_config c = {.model_dir = dir,
+                    .tp = tp,
+                    .allreduce = mode,
+                    .threads = 2,
+                    .max_model_len = 128,
+                    .max_num_seqs = 4,
+                    .kv_blocks = kv_blocks,
+                    .kv_block_size = 4,
+                    .no_prefix_cache = off};
     eng *e = NULL;
     if (eng_create(&c, &e, err, 1024)) return NULL;
     return e;
@@ -807,15 +814,18 @@ START_TEST(test_prefix_cache_exact) {
             int32_t longer[33];
             memcpy(longer, p, 21 * sizeof *p);
             make_prompt(longer + 21, 12, V, 77u);
-            struct { const int32_t *ids; int n, want; } cases[] = {
-                {p, 23, 0}, {p, 23, 20}, {longer, 33, 20}, {p, 14, 12}, {longer, 33, 32}, {p, 24, 20}, {p, 24, 20}};
+            struct {
+                const int32_t *ids;
+                int n, want;
+            } cases[] = {{p, 23, 0},       {p, 23, 20}, {longer, 33, 20}, {p, 14, 12},
+                         {longer, 33, 32}, {p, 24, 20}, {p, 24, 20}};
             for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
                 int r_on, r_off;
                 float *a = pc_run(on, cases[k].ids, cases[k].n, -1, 3, &r_on, 0, NULL);
                 float *b = pc_run(off, cases[k].ids, cases[k].n, -1, 3, &r_off, 0, NULL);
                 ck_assert_int_eq(r_off, 0);
-                ck_assert_msg(r_on == cases[k].want, "%s tp %d case %zu: reused %d, want %d", models[mi], tp, k,
-                              r_on, cases[k].want);
+                ck_assert_msg(r_on == cases[k].want, "%s tp %d case %zu: reused %d, want %d", models[mi], tp, k, r_on,
+                              cases[k].want);
                 int rows = cases[k].n - r_on;
                 /* b's rows start at position 0: the last `rows` prompt rows, then the decodes */
                 ck_assert_msg(!memcmp(a, b + (size_t)r_on * V, (size_t)(rows + 3) * V * sizeof *a),
@@ -981,11 +991,11 @@ START_TEST(test_prefix_cache_echo) {
     eng *ex = open_pc("gqa4-deep", 2, ECHO_PRESET_EXACT, 0, 1, err);
     ck_assert_msg(ex != NULL, "%s", err);
     float *x = pc_run(ex, p, 30, -1, 0, &r, 0, NULL);
-    for (size_t i = 0; i < (size_t)10 * V; i++) ck_assert(isfinite(a[i]));
+    for (size_t i = 0; i < (size_t)10 * V; i++)
+        ck_assert(isfinite(a[i]));
     double er = tu_rel_err(a, b + (size_t)20 * V, (size_t)10 * V);
     double ee = tu_rel_err(b + (size_t)20 * V, x + (size_t)20 * V, (size_t)10 * V);
-    ck_assert_msg(er > 0 && er < 2 * ee, "echo, cache vs none: relative logits error %.3g; echo vs exact %.3g", er,
-                  ee);
+    ck_assert_msg(er > 0 && er < 2 * ee, "echo, cache vs none: relative logits error %.3g; echo vs exact %.3g", er, ee);
     free(a);
     free(b);
     free(x);

@@ -526,8 +526,8 @@ static char *sv_conv_body(const sv_opts *o, const char *sys_text, json_t *sys_id
                 char *text = NULL;
                 size_t len = 0, cap = 0;
                 ok = !sv_words(&rng, n, &text, &len, &cap) &&
-                     !json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", who ? "assistant" : "user",
-                                                            "content", text ? text : ""));
+                     !json_array_append_new(
+                         msgs, json_pack("{s:s,s:s}", "role", who ? "assistant" : "user", "content", text ? text : ""));
                 free(text);
             } else {
                 ok = !sv_ids(&rng, n, ids);
@@ -825,9 +825,9 @@ static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err,
         char name[64];
         snprintf(name, sizeof name, "Turn %d mean / median:", t + 1);
         printf("%-40s %.2f / %.2f (%d ok, %ld cached tokens)\n", name, st.mean, st.median, m, ck);
-        json_array_append_new(by_turn, json_pack("{s:i,s:i,s:f,s:f,s:I}", "turn", t + 1, "completed", m, "mean_ttft_ms",
-                                                 st.mean, "median_ttft_ms", st.median, "cached_tokens",
-                                                 (json_int_t)ck));
+        json_array_append_new(by_turn,
+                              json_pack("{s:i,s:i,s:f,s:f,s:I}", "turn", t + 1, "completed", m, "mean_ttft_ms", st.mean,
+                                        "median_ttft_ms", st.median, "cached_tokens", (json_int_t)ck));
     }
     printf("%s\n", "==================================================");
     fflush(stdout);
@@ -984,8 +984,30 @@ static int sv_usage_error(const char *fmt, const char *a) {
 }
 
 enum {
-    O_BASE = 1000, O_ENDPOINT, O_MODEL, O_NUM, O_RATE, O_BURST, O_CONC, O_DATASET, O_IN, O_OUT, O_RATIO, O_SEED,
-    O_IGNORE_EOS, O_SAVE, O_LABEL, O_KEY, O_TIMEOUT, O_CTIMEOUT, O_NOPROG, O_WARM, O_PCTS, O_HELP, O_PREFIX, O_TURNS
+    O_BASE = 1000,
+    O_ENDPOINT,
+    O_MODEL,
+    O_NUM,
+    O_RATE,
+    O_BURST,
+    O_CONC,
+    O_DATASET,
+    O_IN,
+    O_OUT,
+    O_RATIO,
+    O_SEED,
+    O_IGNORE_EOS,
+    O_SAVE,
+    O_LABEL,
+    O_KEY,
+    O_TIMEOUT,
+    O_CTIMEOUT,
+    O_NOPROG,
+    O_WARM,
+    O_PCTS,
+    O_HELP,
+    O_PREFIX,
+    O_TURNS
 };
 
 static int sv_parse(int argc, char **argv, sv_opts *o) {
@@ -1062,7 +1084,8 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
             o->max_conc = (int)v;
             break;
         case O_DATASET:
-            if (strcmp(a, "random") && strcmp(a, "prefix") && strcmp(a, "multiturn") && (strncmp(a, "jsonl:", 6) || !a[6]))
+            if (strcmp(a, "random") && strcmp(a, "prefix") && strcmp(a, "multiturn") &&
+                (strncmp(a, "jsonl:", 6) || !a[6]))
                 rc = sv_usage_error("--dataset: expected random, prefix, multiturn or jsonl:FILE, got '%s'", a);
             o->dataset = a;
             break;
@@ -1131,10 +1154,22 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
 
 int bench_serve_main(int argc, char **argv) {
     sv_opts o = {
-        .base_url = "http://127.0.0.1:8000", .endpoint = "/v1/completions", .dataset = "random",
-        .num_prompts = 100, .input_len = 128, .output_len = 128, .warmups = 1, .progress = 1,
-        .rate = INFINITY, .burstiness = 1.0, .timeout_s = 600, .connect_timeout_s = 10,
-        .pcts = {99}, .n_pcts = 1, .prefix_len = 1000, .turns = 4,
+        .base_url = "http://127.0.0.1:8000",
+        .endpoint = "/v1/completions",
+        .dataset = "random",
+        .num_prompts = 100,
+        .input_len = 128,
+        .output_len = 128,
+        .warmups = 1,
+        .progress = 1,
+        .rate = INFINITY,
+        .burstiness = 1.0,
+        .timeout_s = 600,
+        .connect_timeout_s = 10,
+        .pcts = {99},
+        .n_pcts = 1,
+        .prefix_len = 1000,
+        .turns = 4,
     };
     o.api_key = getenv("OPENAI_API_KEY");
     int rc = sv_parse(argc, argv, &o);
@@ -1151,8 +1186,9 @@ int bench_serve_main(int argc, char **argv) {
         fprintf(stderr, "echo-bench serve: out of memory for %d requests\n", n);
         goto out;
     }
-    for (int i = 0; i < n; i++) reqs[i].chat = o.chat, reqs[i].dep = -1;
-    int ds = !strcmp(o.dataset, "random") ? sv_random_dataset(&o, reqs, err, sizeof err)
+    for (int i = 0; i < n; i++)
+        reqs[i].chat = o.chat, reqs[i].dep = -1;
+    int ds = !strcmp(o.dataset, "random")       ? sv_random_dataset(&o, reqs, err, sizeof err)
              : !strncmp(o.dataset, "jsonl:", 6) ? sv_jsonl_dataset(&o, o.dataset + 6, reqs, err, sizeof err)
                                                 : sv_prefix_dataset(&o, reqs, err, sizeof err);
     if (ds) {
