@@ -3,21 +3,24 @@
 # cache (the default), then with --no-prefix-caching; prints each run's
 # TTFT per turn and the ratio. See docs/ttft.md ("Prefix caching").
 #
-#   scripts/prefix-ab.sh --model M [--serve-args "ARGS"] [--out DIR] [workload flags]
+#   scripts/prefix-ab.sh --model M [--serve-args "ARGS"] [--out DIR] [--off-first] [workload flags]
 #
 # Everything after the known options goes to `echo-bench serve` unchanged
 # (default workload: one 4-turn chat with a 2,000-token system prompt).
-# Each run starts its own echo-serve on a free port and stops it after.
+# Each run starts its own echo-serve on a free port and stops it after;
+# --off-first runs --no-prefix-caching first (on a shared machine, run both
+# orders: a load that drifts during the A/B favours whichever ran first).
 # Saves on.json, off.json, the server logs and /metrics after each run.
 # Exit status: 0 ok, 1 a run failed, 2 usage.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-model="" serve_args="" out="" bench=$root/bin/echo-bench serve=$root/bin/echo-serve
+model="" serve_args="" out="" off_first=0 bench=$root/bin/echo-bench serve=$root/bin/echo-serve
 while [ $# -gt 0 ]; do
     case $1 in
     --model) model=$2; shift 2 ;;
     --serve-args) serve_args=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --off-first) off_first=1; shift ;;
     --bench) bench=$2; shift 2 ;;
     --serve) serve=$2; shift 2 ;;
     *) break ;;
@@ -51,8 +54,13 @@ run() { # label, extra serve flags...
     wait "$pid" 2>/dev/null
     pid=
 }
-run on || exit 1
-run off --no-prefix-caching || exit 1
+if [ $off_first = 1 ]; then
+    run off --no-prefix-caching || exit 1
+    run on || exit 1
+else
+    run on || exit 1
+    run off --no-prefix-caching || exit 1
+fi
 python3 - "$out/on.json" "$out/off.json" <<'PY'
 import json, sys
 on, off = (json.load(open(p))["summary"] for p in sys.argv[1:])
