@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/blocks.h"
 #include "engine/engine.h"
 #include "engine/step.h"
 #include "kernels/kernels.h"
@@ -55,6 +56,13 @@ typedef struct eng_seq {
     int len;     /* tokens in the cache */
     int nblocks; /* blocks held */
     int32_t *blocks;
+    /* prefix cache: the first `cacheable` tokens are prompt (their full
+     * blocks are registered once computed); blocks [0, nreg) are done; the
+     * next one registers as the child of (chain, chain_gen); chain_broken:
+     * that parent left the cache, register no more */
+    int cacheable, nreg, chain_broken;
+    int32_t chain;
+    uint32_t chain_gen;
 } eng_seq;
 
 struct eng {
@@ -64,10 +72,11 @@ struct eng {
     echo_world *world;
     eng_rank *ranks;
     int max_blocks_per_seq;
-    /* KV blocks: a stack of free block ids, shared by all ranks (each rank
-     * has the same block geometry for its own KV heads). */
-    int32_t *free_blocks;
-    int n_free;
+    /* KV block ids, shared by all ranks (each rank has the same block
+     * geometry for its own KV heads), and the prefix cache over them */
+    eng_blocks pool;
+    int32_t *match; /* (max_blocks_per_seq) eng_seq_new_prefix scratch */
+    long long pc_queries, pc_query_tokens, pc_hit_tokens;
     eng_seq *seqs;
     /* step staging */
     int32_t *tokens, *q_start, *pos0, *table, *logit_rows;
@@ -220,6 +229,20 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
         }
     }
     return -1;
+}
+
+/* What the cached KV depends on besides the tokens (blocks.h's key): fixed
+ * for an engine's life, so a cache never outlives it; folded in so the
+ * chain names all of it. */
+static uint64_t config_key(const eng_config *c) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = c->model_dir ? c->model_dir : ""; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    const int v[] = {c->tp,       (int)c->allreduce, c->echo_group,    (int)c->echo_codec,
+                     c->quantize, c->act_quant,      c->kv_block_size, (int)c->echo_min_bytes};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        h = (h ^ (uint32_t)v[i]) * 1099511628211ull;
+    return h;
 }
 
 static void fill_defaults(eng_config *c, const model_config *mc) {
@@ -385,7 +408,11 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
     if (!model_is_random(c->model_dir) && weights_open(c->model_dir, &e->ws, err, errlen)) return -1;
 
     e->max_blocks_per_seq = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
-    e->free_blocks = malloc((size_t)c->kv_blocks * sizeof *e->free_blocks);
+    if (eng_blocks_init(&e->pool, c->kv_blocks, c->kv_block_size, !c->no_prefix_cache, config_key(c))) {
+        snprintf(err, errlen, "out of memory for the KV block pool");
+        return -1;
+    }
+    e->match = malloc((size_t)e->max_blocks_per_seq * sizeof *e->match);
     e->seqs = calloc((size_t)c->max_num_seqs, sizeof *e->seqs);
     e->tokens = malloc((size_t)c->max_batch_tokens * sizeof *e->tokens);
     e->q_start = malloc((size_t)(c->max_num_seqs + 1) * sizeof *e->q_start);
@@ -397,14 +424,11 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
     e->old_nblocks = malloc((size_t)c->max_num_seqs * sizeof *e->old_nblocks);
     e->row_full = malloc((size_t)e->logit_cap);
     e->ranks = calloc((size_t)c->tp, sizeof *e->ranks);
-    if (!e->free_blocks || !e->seqs || !e->tokens || !e->q_start || !e->pos0 || !e->table || !e->logit_rows ||
+    if (!e->match || !e->seqs || !e->tokens || !e->q_start || !e->pos0 || !e->table || !e->logit_rows ||
         !e->old_nblocks || !e->row_full || !e->ranks) {
         snprintf(err, errlen, "out of memory for engine bookkeeping");
         return -1;
     }
-    /* Pop order 0, 1, 2, ... keeps tests and traces easy to read. */
-    for (int i = 0; i < c->kv_blocks; i++) e->free_blocks[i] = c->kv_blocks - 1 - i;
-    e->n_free = c->kv_blocks;
     for (int i = 0; i < c->max_num_seqs; i++) {
         e->seqs[i].blocks = malloc((size_t)e->max_blocks_per_seq * sizeof(int32_t));
         if (!e->seqs[i].blocks) {
@@ -573,7 +597,8 @@ void eng_destroy(eng *e) {
     for (int i = 0; e->seqs && i < e->cfg.max_num_seqs; i++) free(e->seqs[i].blocks);
     free(e->seqs);
     free(e->ranks);
-    free(e->free_blocks);
+    eng_blocks_destroy(&e->pool);
+    free(e->match);
     free(e->tokens);
     free(e->q_start);
     free(e->pos0);
@@ -590,9 +615,11 @@ void eng_destroy(eng *e) {
 int eng_seq_new(eng *e, int *seq, char *err, size_t errlen) {
     for (int i = 0; i < e->cfg.max_num_seqs; i++) {
         if (!e->seqs[i].live) {
-            e->seqs[i].live = 1;
-            e->seqs[i].len = 0;
-            e->seqs[i].nblocks = 0;
+            eng_seq *s = &e->seqs[i];
+            s->live = 1;
+            s->len = s->nblocks = s->cacheable = s->nreg = s->chain_broken = 0;
+            s->chain = -1;
+            s->chain_gen = 0;
             *seq = i;
             return 0;
         }
@@ -604,7 +631,8 @@ int eng_seq_new(eng *e, int *seq, char *err, size_t errlen) {
 void eng_seq_free(eng *e, int seq) {
     if (seq < 0 || seq >= e->cfg.max_num_seqs || !e->seqs[seq].live) return;
     eng_seq *s = &e->seqs[seq];
-    while (s->nblocks > 0) e->free_blocks[e->n_free++] = s->blocks[--s->nblocks];
+    eng_blocks_release(&e->pool, s->blocks, s->nblocks);
+    s->nblocks = 0;
     s->live = 0;
     s->len = 0;
 }
@@ -614,10 +642,81 @@ int eng_seq_len(const eng *e, int seq) {
     return e->seqs[seq].len;
 }
 
+int eng_seq_blocks(const eng *e, int seq) {
+    if (seq < 0 || seq >= e->cfg.max_num_seqs || !e->seqs[seq].live) return -1;
+    return e->seqs[seq].nblocks;
+}
+
+/* Full blocks of prompt[0..n) a sequence may map: at least one token is
+ * left to compute (its logits sample the first output), and it lands in a
+ * fresh block, so a shared block is never written. */
+static int reuse_blocks(const eng *e, int n, int max_reuse) {
+    int bs = e->cfg.kv_block_size, m = n > 0 ? (n - 1) / bs : 0;
+    if (max_reuse >= 0 && max_reuse / bs < m) m = max_reuse / bs;
+    return m < e->max_blocks_per_seq ? m : e->max_blocks_per_seq;
+}
+
+int eng_prefix_peek(const eng *e, const int32_t *prompt, int n, int max_reuse, int *evictable) {
+    int ev = 0,
+        m = e->pool.cache ? eng_blocks_match(&e->pool, prompt, reuse_blocks(e, n, max_reuse), e->match, &ev) : 0;
+    if (evictable) *evictable = ev;
+    return m * e->cfg.kv_block_size;
+}
+
+int eng_seq_new_prefix(eng *e, const int32_t *prompt, int n, int max_reuse, int *seq, int *reused, char *err,
+                       size_t errlen) {
+    *reused = 0;
+    if (n < 0) {
+        snprintf(err, errlen, "prompt of %d tokens", n);
+        return -1;
+    }
+    int rc = eng_seq_new(e, seq, err, errlen);
+    if (rc) return rc;
+    eng_seq *s = &e->seqs[*seq];
+    s->cacheable = n;
+    if (!e->pool.cache || reuse_blocks(e, n, max_reuse) == 0) return 0;
+    int m = eng_blocks_match(&e->pool, prompt, reuse_blocks(e, n, max_reuse), s->blocks, NULL);
+    eng_blocks_hold(&e->pool, s->blocks, m);
+    s->nblocks = s->nreg = m;
+    s->len = m * e->cfg.kv_block_size;
+    if (m > 0) {
+        s->chain = s->blocks[m - 1];
+        s->chain_gen = e->pool.gen[s->chain];
+    }
+    e->pc_queries++;
+    e->pc_query_tokens += n;
+    e->pc_hit_tokens += s->len;
+    *reused = s->len;
+    return 0;
+}
+
+/* After a step: register the sequence's prompt blocks it completed. */
+static void seq_register(eng *e, eng_seq *s) {
+    int bs = e->cfg.kv_block_size, upto = (s->len < s->cacheable ? s->len : s->cacheable) / bs;
+    while (!s->chain_broken && s->nreg < upto) {
+        int32_t c = eng_blocks_register(&e->pool, s->chain, s->chain_gen, s->blocks[s->nreg]);
+        if (c < 0) {
+            s->chain_broken = 1;
+            break;
+        }
+        s->chain = c;
+        s->chain_gen = e->pool.gen[c];
+        s->nreg++;
+    }
+}
+
 void eng_kv_get_usage(const eng *e, eng_kv_usage *u) {
+    memset(u, 0, sizeof *u);
     u->total_blocks = e->cfg.kv_blocks;
-    u->free_blocks = e->n_free;
+    u->free_blocks = eng_blocks_available(&e->pool);
     u->block_size = e->cfg.kv_block_size;
+    u->prefix_cache = e->pool.cache;
+    u->cached_blocks = e->pool.n_cached;
+    u->evictable_blocks = e->pool.n_evictable;
+    u->prefix_queries = e->pc_queries;
+    u->prefix_query_tokens = e->pc_query_tokens;
+    u->prefix_hit_tokens = e->pc_hit_tokens;
+    u->evicted_blocks = e->pool.evicted;
 }
 
 void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out) {
@@ -701,7 +800,9 @@ static int step_check(eng *e, const eng_item *it, int n, int *need_blocks, int *
 static void step_rollback(eng *e, const eng_item *it, int n) {
     for (int i = n - 1; i >= 0; i--) {
         eng_seq *s = &e->seqs[it[i].seq];
-        while (s->nblocks > e->old_nblocks[i]) e->free_blocks[e->n_free++] = s->blocks[--s->nblocks];
+        if (s->nblocks > e->old_nblocks[i])
+            eng_blocks_release(&e->pool, s->blocks + e->old_nblocks[i], s->nblocks - e->old_nblocks[i]);
+        s->nblocks = e->old_nblocks[i];
     }
 }
 
@@ -993,8 +1094,8 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
         return -1;
     }
     if (step_check(e, it, n, &need, &ntok, &nrows, err, errlen)) return -1;
-    if (need > e->n_free) {
-        snprintf(err, errlen, "step: needs %d KV blocks, %d free", need, e->n_free);
+    if (need > eng_blocks_available(&e->pool)) {
+        snprintf(err, errlen, "step: needs %d KV blocks, %d free", need, eng_blocks_available(&e->pool));
         return ENG_ENOSPACE;
     }
     /* Take blocks; remember how many each sequence had so a failed pass
@@ -1005,7 +1106,15 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
         eng_seq *s = &e->seqs[it[i].seq];
         e->old_nblocks[i] = s->nblocks;
         int want = (s->len + it[i].n_tokens + c->kv_block_size - 1) / c->kv_block_size;
-        while (s->nblocks < want) s->blocks[s->nblocks++] = e->free_blocks[--e->n_free];
+        while (s->nblocks < want)
+            s->blocks[s->nblocks++] = eng_blocks_take(&e->pool);
+        /* the ids each position holds, for matching and registering its
+         * block; only this sequence's own unshared blocks are written */
+        for (int k = 0; e->pool.tok && k < it[i].n_tokens; k++) {
+            int p = s->len + k;
+            e->pool.tok[(size_t)s->blocks[p / c->kv_block_size] * c->kv_block_size + p % c->kv_block_size] =
+                it[i].tokens[k];
+        }
         memcpy(e->tokens + tok, it[i].tokens, (size_t)it[i].n_tokens * sizeof(int32_t));
         memcpy(e->table + (size_t)i * e->max_blocks_per_seq, s->blocks, (size_t)s->nblocks * sizeof(int32_t));
         e->pos0[i] = s->len;
@@ -1075,7 +1184,11 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
         step_rollback(e, it, n);
         return -1;
     }
-    for (int i = 0; i < n; i++) e->seqs[it[i].seq].len += it[i].n_tokens;
+    for (int i = 0; i < n; i++) {
+        eng_seq *s = &e->seqs[it[i].seq];
+        s->len += it[i].n_tokens;
+        seq_register(e, s);
+    }
     return 0;
 }
 

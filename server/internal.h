@@ -101,6 +101,7 @@ typedef struct srv_req {
     double t_sched, t_first, t_last, t_done;
     srv_tokrec *prompt_lp; /* (n_prompt) when plp_k >= 0; [0] unused; complete once plp_done */
     int plp_done;
+    atomic_int n_reused; /* prompt tokens the prefix cache supplied (usage's cached_tokens), set at admission */
     double cum_logprob;
     int stop_str;     /* index of the stop string that ended it, -1 */
     int32_t stop_tok; /* stop_token_ids entry that ended it, -1 */
@@ -111,7 +112,6 @@ typedef struct srv_req {
     int n_cached;         /* tokens of `all` in the KV cache */
     int32_t *all;         /* prompt + generated (n_all) */
     int n_all;
-    int reserved; /* KV blocks reserved at admission */
     eng_rng rng;
     tok_stream *ds;
     char *gen; /* all generated text (before stop cut) */
@@ -140,6 +140,7 @@ typedef struct srv_metrics {
     uint64_t success[SRV_FIN_ERROR + 1]; /* by finish reason */
     int running, waiting;
     double kv_usage;
+    eng_kv_usage kv; /* the engine's block and prefix-cache counters (publish_gauges) */
     echo_stats comm;
     uint64_t http_requests[6]; /* by status class 1xx..5xx, [0] unused */
 } srv_metrics;
@@ -161,7 +162,6 @@ typedef struct srv_sched {
     double drain_deadline;
     srv_req **running; /* (max_num_seqs) */
     int n_running;
-    int reserved_blocks;
     pthread_t thread;
     int started;
     /* scheduler-private scratch */
@@ -380,7 +380,7 @@ void srv_log_done(srv_server *s, const srv_gen *g, const char *how); /* one INFO
 /* render.c: response JSON shared by whole answers and stream chunks. */
 json_t *srv_full_response(srv_server *s, srv_gen *g);
 json_t *srv_timings_json(const srv_req *r);
-json_t *srv_usage(long long prompt, long long completion);
+json_t *srv_usage(long long prompt, long long completion, long long cached);
 json_t *srv_usage_all(const srv_gen *g);
 json_t *srv_tok_str(srv_server *s, int32_t id);
 /* logprobs.text_offset counts characters (code points) of the choice's

@@ -199,8 +199,28 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
     sb_printf(&b,
               "# HELP echo:cache_config_info Information of the LLMEngine CacheConfig\n"
               "# TYPE echo:cache_config_info gauge\necho:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\","
-              "cache_dtype=\"auto\",enable_prefix_caching=\"False\"} 1.0\n",
-              m->block_size, m->num_blocks);
+              "cache_dtype=\"auto\",enable_prefix_caching=\"%s\"} 1.0\n",
+              m->block_size, m->num_blocks, m->kv.prefix_cache ? "True" : "False");
+    sb_printf(
+        &b,
+        "# HELP echo:prefix_cache_queries_total Prefix cache queries, in prompt tokens looked up.\n"
+        "# TYPE echo:prefix_cache_queries_total counter\necho:prefix_cache_queries_total{%s} %lld\n"
+        "# HELP echo:prefix_cache_hits_total Prefix cache hits, in prompt tokens reused (the sum of "
+        "usage.prompt_tokens_details.cached_tokens).\n"
+        "# TYPE echo:prefix_cache_hits_total counter\necho:prefix_cache_hits_total{%s} %lld\n"
+        "# HELP echo:prefix_cache_requests_total Requests that looked the prefix cache up.\n"
+        "# TYPE echo:prefix_cache_requests_total counter\necho:prefix_cache_requests_total{%s} %lld\n"
+        "# HELP echo:kv_blocks_in_use KV blocks held by running requests.\n"
+        "# TYPE echo:kv_blocks_in_use gauge\necho:kv_blocks_in_use{%s} %d\n"
+        "# HELP echo:prefix_cache_blocks KV blocks in the prefix cache (held by requests or not).\n"
+        "# TYPE echo:prefix_cache_blocks gauge\necho:prefix_cache_blocks{%s} %d\n"
+        "# HELP echo:prefix_cache_evictable_blocks Cached KV blocks no request holds (free for reuse).\n"
+        "# TYPE echo:prefix_cache_evictable_blocks gauge\necho:prefix_cache_evictable_blocks{%s} %d\n"
+        "# HELP echo:prefix_cache_evicted_blocks_total Cached KV blocks evicted to make room.\n"
+        "# TYPE echo:prefix_cache_evicted_blocks_total counter\necho:prefix_cache_evicted_blocks_total{%s} %lld\n",
+        lbl, m->kv.prefix_query_tokens, lbl, m->kv.prefix_hit_tokens, lbl, m->kv.prefix_queries, lbl,
+        m->kv.total_blocks - m->kv.free_blocks, lbl, m->kv.cached_blocks, lbl, m->kv.evictable_blocks, lbl,
+        m->kv.evicted_blocks);
     sb_printf(&b,
               "# HELP echo:prompt_tokens_total Number of prefill tokens processed.\n"
               "# TYPE echo:prompt_tokens_total counter\necho:prompt_tokens_total{%s} %llu\n",

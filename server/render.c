@@ -19,22 +19,27 @@ json_t *srv_timings_json(const srv_req *r) {
                      1e3 * ((r->t_done > 0 ? r->t_done : srv_now()) - r->t_arrive));
 }
 
-json_t *srv_usage(long long p, long long c) {
-    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens", (json_int_t)c,
-                     "total_tokens", (json_int_t)(p + c));
+/* cached: prompt tokens whose KV came from the prefix cache (OpenAI's
+ * prompt_tokens_details.cached_tokens, as vLLM reports it). */
+json_t *srv_usage(long long p, long long c, long long cached) {
+    return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)p, "completion_tokens", (json_int_t)c,
+                     "total_tokens", (json_int_t)(p + c), "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
 }
 
-/* Whole-request usage: each prompt once, every run's completion tokens. */
+/* Whole-request usage: each prompt once, every run's completion tokens;
+ * cached tokens summed over every run (each looked the cache up), so the
+ * sum over responses equals /metrics' prefix-cache hits. */
 json_t *srv_usage_all(const srv_gen *g) {
-    long long p = 0, c = 0;
+    long long p = 0, c = 0, k = 0;
     for (int i = 0; i < g->n_rs; i++) {
         srv_req *r = g->rs[i];
         if (i % g->per == 0) p += r->n_prompt;
         pthread_mutex_lock(&r->mu);
         c += r->n_toks;
+        k += atomic_load(&r->n_reused);
         pthread_mutex_unlock(&r->mu);
     }
-    return srv_usage(p, c);
+    return srv_usage(p, c, k);
 }
 
 json_t *srv_tok_str(srv_server *s, int32_t id) {

@@ -3,7 +3,9 @@
  *
  * Each iteration: admit waiting requests while a sequence slot and the KV
  * blocks for prompt + max_tokens are free (reservation, so eng_step never
- * runs out of blocks mid-generation and nobody is preempted); drop cancelled
+ * runs out of blocks mid-generation and nobody is preempted; the prompt's
+ * cached prefix is mapped, not taken again, and cached blocks no request
+ * holds count as free: eng_seq_new_prefix); drop cancelled
  * requests (their blocks return to the engine before the step); build one
  * batch — every decoding request's last token first, then prompt chunks in
  * admission order within the token budget; run the step; sample, detokenize
@@ -74,6 +76,7 @@ srv_req *srv_req_new(void) {
     r->stop_str = -1;
     r->stop_tok = -1;
     atomic_init(&r->cancelled, 0);
+    atomic_init(&r->n_reused, 0);
     return r;
 }
 
@@ -430,6 +433,7 @@ static void publish_gauges(srv_server *s) {
     s->met.running = s->sch.n_running;
     s->met.waiting = s->sch.n_waiting;
     s->met.kv_usage = u.total_blocks ? (double)(u.total_blocks - u.free_blocks) / u.total_blocks : 0;
+    s->met.kv = u;
     s->met.comm = cs;
     pthread_mutex_unlock(&s->met.mu);
 }
@@ -444,9 +448,6 @@ static void finish_running(srv_server *s, int i, srv_finish fin, const char *msg
     srv_sched *q = &s->sch;
     srv_req *r = q->running[i];
     running_remove(q, i);
-    pthread_mutex_lock(&q->mu);
-    q->reserved_blocks -= r->reserved;
-    pthread_mutex_unlock(&q->mu);
     if (r->seq >= 0) {
         eng_seq_free(s->eng, r->seq);
         r->seq = -1;
@@ -454,6 +455,18 @@ static void finish_running(srv_server *s, int i, srv_finish fin, const char *msg
     /* Gauges before the client is released (see req_finish). */
     publish_gauges(s);
     req_finish(s, r, fin, msg);
+}
+
+/* KV blocks the running requests may still take from the pool. */
+static int pending_blocks(srv_server *s) {
+    srv_sched *q = &s->sch;
+    int n = 0;
+    for (int i = 0; i < q->n_running; i++) {
+        const srv_req *r = q->running[i];
+        int left = blocks_for(s, (long long)r->n_prompt + r->max_tokens) - eng_seq_blocks(s->eng, r->seq);
+        n += left > 0 ? left : 0;
+    }
+    return n;
 }
 
 /* Move waiting requests into the running batch while slots and KV blocks
@@ -490,17 +503,27 @@ static int admit(srv_server *s) {
     }
     while (q->head && q->n_running < max_seqs) {
         srv_req *r = q->head;
-        int need = blocks_for(s, (long long)r->n_prompt + r->max_tokens);
-        if (q->reserved_blocks + need > s->total_blocks) break; /* KV full: wait */
-        int seq;
+        /* Reservation: the blocks every running request may still take
+         * (up to prompt + max_tokens, less what it holds) plus this one's
+         * must fit in what a step can take (free and evictable cached
+         * blocks). Cached blocks it maps are not taken again, but the
+         * evictable ones among them stop counting as free. A request that
+         * wants prompt logprobs computes its prompt whole. */
+        int max_reuse = r->plp_k >= 0 ? 0 : -1, evictable = 0;
+        int hit = eng_prefix_peek(s->eng, r->prompt, r->n_prompt, max_reuse, &evictable);
+        int need = blocks_for(s, (long long)r->n_prompt + r->max_tokens) - hit / s->block_size + evictable;
+        eng_kv_usage u;
+        eng_kv_get_usage(s->eng, &u);
+        if (pending_blocks(s) + need > u.free_blocks) break; /* KV full: wait */
+        int seq, reused;
         char err[128];
-        if (eng_seq_new(s->eng, &seq, err, sizeof err) != 0) break;
+        if (eng_seq_new_prefix(s->eng, r->prompt, r->n_prompt, max_reuse, &seq, &reused, err, sizeof err) != 0) break;
         q->head = r->next;
         if (!q->head) q->tail = NULL;
         q->n_waiting--;
         r->seq = seq;
-        r->reserved = need;
-        q->reserved_blocks += need;
+        r->n_cached = reused;
+        atomic_store(&r->n_reused, reused);
         r->t_sched = srv_now();
         q->running[q->n_running++] = r;
         pthread_mutex_lock(&s->met.mu);

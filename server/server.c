@@ -336,7 +336,8 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .max_num_seqs = o->max_num_seqs,
                      .max_batch_tokens = o->max_num_batched_tokens,
                      .kv_blocks = o->kv_blocks,
-                     .cuda_graphs = o->cuda_graphs};
+                     .cuda_graphs = o->cuda_graphs,
+                     .no_prefix_cache = o->no_prefix_caching};
     if (strcmp(o->device, "auto") == 0) ec.device = kern_auto_device();
     if (ec.max_batch_tokens < ec.max_num_seqs) {
         snprintf(err, errlen,
@@ -392,11 +393,17 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
             snprintf(ar, sizeof ar, "%s (%s-g%d)", echo_preset_name(c->allreduce), ci ? ci->name : "?",
                      wc.group_size ? wc.group_size : echo_codec_default_group(wc.codec));
     }
+    /* the prefix cache may hold every block no running request needs */
+    char pc[96] = "prefix caching off";
+    if (u.prefix_cache) snprintf(pc, sizeof pc, "prefix caching on (may hold all %d blocks, LRU)", u.total_blocks);
     srv_log(s, SRV_LOG_INFO,
-            "plan: tp %d, device %s%s%s, allreduce %s (%s transport), residual slots %.1f MB/rank, KV %d blocks x %d tokens "
-            "(%.1f MB/rank), max_model_len %d, max_num_seqs %d, %d tokens/step; loaded in %.1fs",
+            "plan: tp %d, device %s%s%s, allreduce %s (%s transport), residual slots %.1f MB/rank, KV %d blocks x %d "
+            "tokens "
+            "(%.1f MB/rank), %s, max_model_len %d, max_num_seqs %d, %d tokens/step; loaded in %.1fs",
             c->tp, c->device, c->quantize == ENG_QUANT_Q8_0 ? ", matrices quantized to q8_0" : "",
-            c->act_quant == ENG_ACT_Q8 ? ", 8-bit activations on q8_0 matrices" : "", ar, c->tp > 1 ? c->transport : "no", slot_mb, u.total_blocks, u.block_size, kv_mb, c->max_model_len, c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
+            c->act_quant == ENG_ACT_Q8 ? ", 8-bit activations on q8_0 matrices" : "", ar,
+            c->tp > 1 ? c->transport : "no", slot_mb, u.total_blocks, u.block_size, kv_mb, pc, c->max_model_len,
+            c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
     if (eng_graphs_note(s->eng)) srv_log(s, SRV_LOG_WARNING, "%s", eng_graphs_note(s->eng));
     else if (c->cuda_graphs) srv_log(s, SRV_LOG_INFO, "decode steps through CUDA graphs (--cuda-graphs)");
     srv_log(s, SRV_LOG_INFO, "defaults from generation_config.json: temperature %g, top_p %g, top_k %d",
@@ -411,6 +418,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     pthread_mutex_lock(&s->met.mu);
     s->met.block_size = s->block_size;
     s->met.num_blocks = s->total_blocks;
+    s->met.kv = u;
     pthread_mutex_unlock(&s->met.mu);
     if (srv_sched_start(s, err, errlen)) return -1;
     atomic_store(&s->ready, 1);

@@ -67,6 +67,7 @@ typedef struct srv_options {
     double load_delay_s;        /* testing: wait this long before loading (exercises the 503 state) */
     srv_log_level log_level;
     int cuda_graphs; /* 1: decode steps through CUDA graphs (eng_config.cuda_graphs), default 0 */
+    int no_prefix_caching; /* 1: no automatic prefix cache (eng_config.no_prefix_cache); default 0: on */
 } srv_options;
 
 typedef struct srv_server srv_server;

@@ -69,7 +69,8 @@ static json_t *chunk_base(stream_ctx *sc, json_t *choices) {
 /* continuous_usage_stats: the run's usage so far on each chunk. */
 static void sc_emit(stream_ctx *sc, json_t *choice, const srv_req *r, int n_toks) {
     json_t *c = chunk_base(sc, json_pack("[o]", choice));
-    if (c && sc->g.continuous_usage) json_object_set_new(c, "usage", srv_usage(r->n_prompt, n_toks));
+    if (c && sc->g.continuous_usage)
+        json_object_set_new(c, "usage", srv_usage(r->n_prompt, n_toks, atomic_load(&r->n_reused)));
     sc_event(sc, c);
 }
 
@@ -98,7 +99,8 @@ static void sc_content(stream_ctx *sc, int k, const char *text, size_t tl, const
     if (choice && fin_r) json_object_set_new(choice, "stop_reason", srv_stop_reason(fin_r));
     json_t *c = chunk_base(sc, json_pack("[o]", choice));
     if (c && fin && fin_r) json_object_set_new(c, "timings", srv_timings_json(fin_r));
-    if (c && sc->g.continuous_usage) json_object_set_new(c, "usage", srv_usage(r->n_prompt, n_toks));
+    if (c && sc->g.continuous_usage)
+        json_object_set_new(c, "usage", srv_usage(r->n_prompt, n_toks, atomic_load(&r->n_reused)));
     sc_event(sc, c);
 }
 

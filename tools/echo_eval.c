@@ -8,6 +8,12 @@
  * agreement (all prompts decoded as one batch), and the relative
  * residual-stream error after every layer (the error-vs-depth curve that
  * Echo's error feedback is meant to keep flat).
+ *
+ * --prefix-cache P: each prompt's first P tokens are computed in an earlier
+ * pass of their own and the rest on top of their cached KV blocks (the
+ * engine's prefix cache, as a server reuses a shared system prompt), in
+ * every mode: exact gives the bits of one pass (the cache is exact), a
+ * lossy all-reduce gives what its cache hits would.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -45,6 +51,8 @@ static const char *USAGE =
     "  --codecs LIST        codecs of the quantized modes, NAME or NAME-gG, e.g.\n"
     "                       int4-g64,hadamard-g32 (a NAME without -gG takes each --echo-group;\n"
     "                       default: comm/ default codec)\n"
+    "  --prefix-cache P     compute each prompt's first P tokens in an earlier pass and the rest\n"
+    "                       on their cached KV blocks (the prefix cache's reuse; default 0: one pass)\n"
     "  --threads N          cpu threads in total (default: all)\n"
     "  --json               print one JSON object instead of tables\n"
     "  -h, --help           this help\n";
@@ -213,14 +221,33 @@ static void run_free(run *r, int np) {
     memset(r, 0, sizeof *r);
 }
 
+/* Prefill ids[0..n) of a fresh sequence on top of what the prefix cache
+ * supplies (at most max_reuse tokens), all positions' logits (n, V) and
+ * states (L, n, H) for positions >= the reused ones written in place.
+ * *seq: the sequence. */
+static int prefill(eng *e, const int32_t *ids, int n, int max_reuse, float *logits, float *states, float *tmp, int *seq,
+                   char *err, size_t errlen) {
+    const model_config *c = eng_model_config(e);
+    size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size, L = (size_t)c->num_layers;
+    int reused;
+    if (eng_seq_new_prefix(e, ids, n, max_reuse, seq, &reused, err, errlen)) return -1;
+    size_t m = (size_t)(n - reused);
+    eng_item it = {*seq, ids + reused, (int)m, ENG_LOGITS_ALL};
+    if (eng_step_states(e, &it, 1, logits + (size_t)reused * V, tmp, err, errlen)) return -1;
+    for (size_t l = 0; l < L; l++)
+        memcpy(states + (l * (size_t)n + (size_t)reused) * H, tmp + l * m * H, m * H * sizeof(float));
+    return 0;
+}
+
 /* Every prompt prefilled on its own (all positions' logits, layer states),
- * then all greedy continuations decoded together, one batch per step. */
-static int run_all(eng *e, const prompt *ps, int np, int gen, run *r, char *err, size_t errlen) {
+ * with --prefix-cache its first pfx tokens in a pass before, then all greedy
+ * continuations decoded together, one batch per step. */
+static int run_all(eng *e, const prompt *ps, int np, int gen, int pfx, run *r, char *err, size_t errlen) {
     const model_config *c = eng_model_config(e);
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size, L = (size_t)c->num_layers;
     int rc = -1, *seqs = calloc((size_t)np, sizeof *seqs), nseq = 0;
     eng_item *items = calloc((size_t)np, sizeof *items);
-    float *rows = malloc((size_t)np * V * sizeof *rows);
+    float *rows = malloc((size_t)np * V * sizeof *rows), *tmp = NULL;
     r->logits = calloc((size_t)np, sizeof *r->logits);
     r->states = calloc((size_t)np, sizeof *r->states);
     r->greedy = malloc((size_t)np * gen * sizeof *r->greedy);
@@ -229,11 +256,22 @@ static int run_all(eng *e, const prompt *ps, int np, int gen, run *r, char *err,
     for (int i = 0; i < np; i++) {
         r->logits[i] = malloc((size_t)ps[i].n * V * sizeof(float));
         r->states[i] = malloc(L * ps[i].n * H * sizeof(float));
-        if (!r->logits[i] || !r->states[i]) goto oom;
-        if (eng_seq_new(e, &seqs[i], err, errlen)) goto out;
+        float *nt = realloc(tmp, L * ps[i].n * H * sizeof(float));
+        if (!r->logits[i] || !r->states[i] || !nt) goto oom;
+        tmp = nt;
+        if (pfx > 0 && pfx < ps[i].n) { /* the earlier pass: its blocks stay cached when it ends */
+            int s;
+            int rc2 = prefill(e, ps[i].ids, pfx, 0, r->logits[i], r->states[i], tmp, &s, err, errlen);
+            eng_seq_free(e, s);
+            if (rc2) goto out;
+            /* states of the earlier pass are laid out for pfx positions: spread them to n */
+            for (size_t l = L; l-- > 1;)
+                memmove(r->states[i] + l * ps[i].n * H, r->states[i] + l * (size_t)pfx * H,
+                        (size_t)pfx * H * sizeof(float));
+        }
+        /* without --prefix-cache nothing is reused (a prompt repeated in the set is computed again) */
+        if (prefill(e, ps[i].ids, ps[i].n, pfx, r->logits[i], r->states[i], tmp, &seqs[i], err, errlen)) goto out;
         nseq++;
-        eng_item it = {seqs[i], ps[i].ids, ps[i].n, ENG_LOGITS_ALL};
-        if (eng_step_states(e, &it, 1, r->logits[i], r->states[i], err, errlen)) goto out;
         r->greedy[(size_t)i * gen] = eng_sample(r->logits[i] + (size_t)(ps[i].n - 1) * V, (int)V, &greedy, NULL);
     }
     for (int t = 1; t < gen; t++) {
@@ -253,6 +291,7 @@ out:
     free(seqs);
     free(items);
     free(rows);
+    free(tmp);
     return rc;
 }
 
@@ -318,7 +357,8 @@ int main(int argc, char **argv) {
         O_GROUP,
         O_THREADS,
         O_JSON,
-        O_CODECS
+        O_CODECS,
+        O_PREFIX
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -336,11 +376,12 @@ int main(int argc, char **argv) {
         {"threads", required_argument, 0, O_THREADS},
         {"json", no_argument, 0, O_JSON},
         {"codecs", required_argument, 0, O_CODECS},
+        {"prefix-cache", required_argument, 0, O_PREFIX},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL, *codecs_arg = NULL;
-    int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, c;
+    int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, pfx = 0, c;
     long seed = 1, groups[MAX_LIST] = {0}, minbs[MAX_LIST] = {0};
     int n_groups = 1, n_minb = 1;
     eng_config base = {.max_num_seqs = 1};
@@ -369,6 +410,7 @@ int main(int argc, char **argv) {
         case O_THREADS: base.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_JSON: json = 1; break;
         case O_CODECS: codecs_arg = optarg; break;
+        case O_PREFIX: pfx = (int)cli_long(PROG, optarg, "--prefix-cache", 0, 1 << 20); break;
         case 'h': fputs(USAGE, stdout); return 0;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -472,7 +514,7 @@ int main(int argc, char **argv) {
     }
     eng_config cx = base;
     cx.allreduce = ECHO_PRESET_EXACT;
-    if (eng_create(&cx, &ex, err, sizeof err) || run_all(ex, ps, np, gen, &rx, err, sizeof err)) goto fail;
+    if (eng_create(&cx, &ex, err, sizeof err) || run_all(ex, ps, np, gen, pfx, &rx, err, sizeof err)) goto fail;
     eng_destroy(ex);
     ex = NULL;
     for (int i = 0; i < np; i++)
@@ -493,7 +535,7 @@ int main(int argc, char **argv) {
             goto fail;
         }
         if (eng_create(&cm, &em, err, sizeof err)) goto fail;
-        int r = run_all(em, ps, np, gen, &rm, err, sizeof err);
+        int r = run_all(em, ps, np, gen, pfx, &rm, err, sizeof err);
         eng_destroy(em);
         if (r) goto fail;
         for (int i = 0; i < np; i++) {
@@ -543,6 +585,7 @@ int main(int argc, char **argv) {
         json_t *root = json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:{s:f,s:f}}", "model", model_dir, "tp", tp, "prompts", np,
                                  "tokens_scored", (int)lmx.scored, "gen_tokens", gen, "layers", (int)L, "exact", "ppl",
                                  ppl_x, "next_token_acc", acc_x);
+        json_object_set_new(root, "prefix_cache", json_integer(pfx));
         json_t *jm = json_array();
         for (int k = 0; k < nv; k++) {
             variant *a = &vs[k];

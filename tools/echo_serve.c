@@ -55,6 +55,10 @@ static const char *USAGE =
     "  --max-num-batched-tokens N   tokens per step, the chunked-prefill budget (default 512)\n"
     "  --max-model-len N            longest prompt + completion (default min(model, 4096))\n"
     "  --num-kv-blocks N            KV blocks of 16 tokens (default: max-num-seqs full sequences)\n"
+    "  --no-prefix-caching          recompute every prompt from its first token (default: full KV\n"
+    "                               blocks of earlier prompts are kept while memory allows and a\n"
+    "                               prompt sharing their prefix reuses them; usage reports\n"
+    "                               prompt_tokens_details.cached_tokens)\n"
     "  --max-queue N                waiting requests before 503 (default 256)\n"
     "  --max-connections N          simultaneous HTTP connections (default 256)\n"
     "  --timeout S                  close idle connections after S seconds (default 30)\n"
@@ -126,6 +130,7 @@ int main(int argc, char **argv) {
         O_MINB,
         O_GROUP,
         O_GRAPHS,
+        O_NO_PREFIX,
         O_DEADLINE,
         O_PERCLIENT,
         O_CODEC,
@@ -139,6 +144,7 @@ int main(int argc, char **argv) {
         {"allreduce", required_argument, 0, O_ALLRED},
         {"transport", required_argument, 0, O_TRANSPORT},
         {"cuda-graphs", no_argument, 0, O_GRAPHS},
+        {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
         {"echo-min-bytes", required_argument, 0, O_MINB},
         {"echo-group", required_argument, 0, O_GROUP},
         {"echo-codec", required_argument, 0, O_CODEC},
@@ -186,6 +192,7 @@ int main(int argc, char **argv) {
             break;
         case O_TRANSPORT: o.transport = cli_choice(PROG, optarg, "--transport", ENG_TRANSPORTS); break;
         case O_GRAPHS: o.cuda_graphs = 1; break;
+        case O_NO_PREFIX: o.no_prefix_caching = 1; break;
         case O_ALLRED:
             if (echo_preset_parse(optarg, &o.allreduce))
                 cli_usage_error(PROG, "--allreduce expects echo, exact, int4 or bf16, got '%s'", optarg);

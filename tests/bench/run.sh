@@ -79,6 +79,29 @@ r = json.load(open(sys.argv[1]))[\"requests\"]
 assert [x[\"output_tokens\"] for x in r] == [3, 5, 2, 3, 5], [x[\"output_tokens\"] for x in r]
 assert r[1][\"prompt_tokens\"] == 4 and all(x[\"error\"] is None for x in r)
 ' $tmp/j.json"
+  check "serve: multiturn (3 conversations x 3 turns over a 200-word system prompt, chat): a turn starts after its \
+conversation's previous one ended, later turns report cached tokens, TTFT per turn" bash -c \
+    "$(printf '%q ' "$bench") serve --no-progress --base-url $url --endpoint /v1/chat/completions --dataset multiturn \
+      --num-prompts 9 --num-turns 3 --prefix-len 200 --input-len 12 --output-len 4 --ignore-eos \
+      --save-result $tmp/m.json >$tmp/m.txt && grep -q '^Turn 3 mean / median' $tmp/m.txt && python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+s, r = d[\"summary\"], d[\"requests\"]
+assert len(r) == 9 and all(x[\"error\"] is None for x in r), r
+assert [x[\"turn\"] for x in r] == [1, 1, 1, 2, 2, 2, 3, 3, 3], [x[\"turn\"] for x in r]
+for i in range(3, 9):  # request i is turn t of conversation i % 3: after i - 3 ended
+    assert r[i][\"start_ms\"] >= r[i - 3][\"start_ms\"] + r[i - 3][\"e2e_ms\"] - 1, (i, r[i], r[i - 3])
+    assert r[i][\"prompt_tokens\"] > r[i - 3][\"prompt_tokens\"] and r[i][\"cached_tokens\"] >= 192, r[i]
+assert [t[\"turn\"] for t in s[\"ttft_by_turn\"]] == [1, 2, 3] and s[\"total_cached_tokens\"] == sum(x[\"cached_tokens\"] for x in r)
+' $tmp/m.json"
+  check "serve: prefix dataset (completions ids): every prompt = the shared 64-token prefix + 8 own" bash -c \
+    "$(printf '%q ' "$bench") serve --no-progress --base-url $url --dataset prefix --num-prompts 6 --prefix-len 64 \
+      --input-len 8 --output-len 2 --max-concurrency 1 --save-result $tmp/p.json >/dev/null && python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))[\"requests\"]
+assert all(x[\"prompt_tokens\"] == 72 for x in r), [x[\"prompt_tokens\"] for x in r]
+assert r[0][\"cached_tokens\"] == 0 and all(x[\"cached_tokens\"] == 64 for x in r[1:]), [x[\"cached_tokens\"] for x in r]
+' $tmp/p.json"
   stop_server
 fi
 
@@ -129,6 +152,8 @@ check "serve: malformed flags -> exit 2 with a clear message" bash -c "
   usage_case \"--request-rate: expected\" serve --request-rate -3 &&
   usage_case \"--endpoint: expected\" serve --endpoint /v1/embeddings &&
   usage_case \"--dataset: expected\" serve --dataset sharegpt &&
+  usage_case \"--num-turns: expected\" serve --num-turns 0 &&
+  usage_case \"--prefix-len: expected\" serve --prefix-len x &&
   usage_case \"unknown option '--bogus'\" serve --bogus &&
   usage_case \"needs a value\" serve --seed &&
   usage_case \"unexpected argument\" serve stray &&

@@ -119,6 +119,20 @@ int eng_step_cands(eng *e, const eng_item *items, int n_items, int k, eng_cands 
 void eng_seq_free(eng *e, int seq) {
     (void)e, (void)seq;
 }
+int eng_seq_new_prefix(eng *e, const int32_t *prompt, int n, int max_reuse, int *seq, int *reused, char *err,
+                       size_t errlen) {
+    (void)e, (void)prompt, (void)n, (void)max_reuse, *seq = -1, *reused = 0;
+    snprintf(err, errlen, "engine not built into the fuzzer");
+    return -1;
+}
+int eng_prefix_peek(const eng *e, const int32_t *prompt, int n, int max_reuse, int *evictable) {
+    (void)e, (void)prompt, (void)n, (void)max_reuse;
+    if (evictable) *evictable = 0;
+    return 0;
+}
+int eng_seq_blocks(const eng *e, int seq) {
+    return (void)e, (void)seq, -1;
+}
 void eng_kv_get_usage(const eng *e, eng_kv_usage *u) {
     (void)e, memset(u, 0, sizeof *u);
 }

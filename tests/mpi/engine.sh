@@ -9,6 +9,8 @@
 #      one message;
 #   4. echo-serve under mpirun -np 2 answers completions and chat, and stops
 #      on SIGTERM with no process left;
+#      With --allreduce exact, a prompt served from the prefix cache gives the
+#      logprobs of the same prompt computed whole, bit for bit;
 #   5. a rank killed mid-request ends the job within seconds (no hang), with
 #      mpirun naming the rank, and rank 0's /health answers 503 naming the
 #      dead rank until then;
@@ -71,10 +73,10 @@ if [ $rc != 0 ] && [ "$n" = 1 ]; then ok; else bad "-np 2 --tp 4: rc $rc, messag
 
 # 4. the server under mpirun -np 2
 port=$((20000 + $$ % 20000))
-start_server() {
+start_server() { # extra echo-serve flags...
     # the marker names this run's processes for cleanup
     timeout 300 mpirun --oversubscribe -np 2 -x ECHO_TEST_MARKER="$tmp/marker" "$bin/echo-serve" --model "$demo" \
-        --tp 2 --port "$port" --device cpu --max-model-len 512 --served-model-name demo >"$tmp/srv.log" 2>&1 &
+        --tp 2 --port "$port" --device cpu --max-model-len 512 --served-model-name demo "$@" >"$tmp/srv.log" 2>&1 &
     srv_pid=$!
     for _ in $(seq 120); do
         [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && return 0
@@ -103,8 +105,38 @@ else
     bad "server under mpirun -np 2 did not become healthy: $(tail -5 "$tmp/srv.log")"
 fi
 
-# 5. rank 1 killed while a request runs: the job ends, mpirun names the rank
+# 4b. prefix caching with the ranks as processes: with --allreduce exact a prompt served from the
+#     cache (rank 0 maps the blocks, rank 1 follows its block table) gives the logprobs of the
+#     same prompt computed whole, bit for bit; then a strict prefix and a longer prompt
+stop_server() {
+    kill -TERM "$srv_pid"
+    for _ in $(seq 40); do served || break; sleep 0.5; done
+    wait "$srv_pid" 2>/dev/null
+    srv_pid=
+}
+if start_server --allreduce exact; then
+    P=$(python3 -c 'import random; r = random.Random(4); print(",".join(str(r.randrange(1000, 20000)) for _ in range(90)))')
+    q() { curl -s -m 60 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"prompt\":[$1],\"max_tokens\":6,\"temperature\":0,\"logprobs\":3,\"ignore_eos\":true}"; }
+    a=$(q "$P") b=$(q "$P") c=$(q "$(echo "$P" | cut -d, -f1-40)") d=$(q "$P,7,8,9,10,11,12,13,14,15,16,17,18")
+    if python3 -c 'import json,sys
+a, b, c, d = (json.loads(x) for x in sys.argv[1:])
+k = [x["usage"]["prompt_tokens_details"]["cached_tokens"] for x in (a, b, c, d)]
+assert k == [0, 80, 32, 80], k
+assert a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"], "cache hit differs from the whole prompt"' "$a" "$b" "$c" "$d"
+    then ok; else bad "prefix cache under mpirun -np 2 (exact): $a / $b / $c / $d"; fi
+    stop_server
+else
+    bad "server under mpirun -np 2 --allreduce exact did not become healthy: $(tail -5 "$tmp/srv.log")"
+fi
+
+# 5. rank 1 killed while a request runs (after requests that filled and hit the prefix cache):
+#    the job ends, mpirun names the rank
 if start_server; then
+    for _ in 1 2; do
+        curl -s -m 60 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
+            -d '{"model":"demo","prompt":"Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello","max_tokens":2}' >/dev/null
+    done
     curl -s -m 120 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
         -d '{"model":"demo","prompt":"Hello","max_tokens":400,"ignore_eos":true}' >/dev/null 2>&1 &
     sleep 1

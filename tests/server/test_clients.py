@@ -2,6 +2,9 @@
 """Third-party clients, unmodified, against a real echo-serve (run by tests/server/run.sh with the
 python of the clients' venv):
   guidellm  a short load run with streams: zero errors, and its TTFT request count == /metrics'
+            TTFT histogram count; then a shared-prefix synthetic run (prefix_tokens=128,
+            prefix_count=1): zero errors, and /metrics' prefix-cache hits == the cached_tokens it
+            recorded from the responses' usage, summed
   lm-eval   local-completions on the committed tasks of tests/fixtures/lmeval (loglikelihood,
             loglikelihood_rolling, multiple_choice) with --batch_size 4; every per-sample
             loglikelihood == the engine's own logprobs of the same tokens, taken one token at a time
@@ -62,6 +65,36 @@ def guidellm_section(S, venv_bin, model):
         return sample(m, "echo:time_to_first_token_seconds", "echo:time_to_first_token_seconds_count") or 0
     check("guidellm: its TTFT request count == /metrics' TTFT histogram count", ttft_n == cnt(m1) - cnt(m0),
           (ttft_n, cnt(m1) - cnt(m0)))
+
+
+def guidellm_prefix_section(S, venv_bin, model):
+    """A shared-prefix synthetic workload (one 128-token system prompt for every request): runs clean, the
+    server reuses the prefix, and /metrics' prefix-cache hits == the cached_tokens guidellm recorded from
+    the responses' usage, summed."""
+    out = tempfile.mkdtemp(prefix="guidellm-prefix-")
+    hits = ("echo:prefix_cache_hits", "echo:prefix_cache_hits_total")
+    h0 = sample(parse_metrics(S.url), *hits) or 0
+    n = 16
+    rc, log = run([os.path.join(venv_bin, "guidellm"), "run",
+                   "--backend", f"kind=openai_http,target={S.url}",
+                   "--profile", "kind=concurrent,streams=4",
+                   "--constraint", f"kind=max_requests,count={n}",
+                   "--data", "kind=synthetic_text,prompt_tokens=32,output_tokens=8,prefix_tokens=128,prefix_count=1",
+                   "--tokenizer", f"kind=huggingface_auto,model={os.path.abspath(model)}",
+                   "--output", f"kind=json,path={out}/out.json", "--disable-console-interactive"], timeout=600,
+                  env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    if not check("guidellm prefix: run exits 0", rc == 0, log[-3000:]):
+        return
+    b = json.load(open(f"{out}/out.json"))["benchmarks"][0]
+    tot = b["metrics"]["request_totals"]
+    check(f"guidellm prefix: {n} requests, zero errors, none incomplete", tot["successful"] == n and
+          tot["errored"] == 0 and tot["incomplete"] == 0, tot)
+    cached = [r.get("cached_tokens") or 0 for r in b["requests"]["successful"]]
+    dh = (sample(parse_metrics(S.url), *hits) or 0) - h0
+    check("guidellm prefix: the shared prefix is reused (cached_tokens > 0 in most responses)",
+          sum(c > 0 for c in cached) >= n - 4, cached)
+    check("guidellm prefix: /metrics prefix_cache_hits_total grew by the cached_tokens summed over its responses",
+          dh == sum(cached), (dh, sum(cached)))
 
 
 def forced_logprob(url, prefix, tok):
@@ -163,6 +196,7 @@ def main():
                name="clients")
     try:
         section("guidellm", guidellm_section, S, a.venv_bin, a.model)
+        section("guidellm shared prefix", guidellm_prefix_section, S, a.venv_bin, a.model)
         section("lm-eval", lmeval_section, S, a.venv_bin, a.model)
     finally:
         rc, log = S.stop()

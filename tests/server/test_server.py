@@ -1172,6 +1172,145 @@ def features_smoke(S):
     check("asan: batches, n, best_of, prompt logprobs, penalties, multi-choice streams, a hang-up", ok)
 
 
+def prefix_cache_section(binary, model, name, mode):
+    """Automatic prefix caching: cached_tokens in usage (completions, chat, streamed), the same logprobs as
+    without the cache (tp 1 is exact), a strict prefix, the same prompt twice at once, prompt logprobs
+    computing their prompt whole, /metrics' hits == the cached_tokens summed over the responses, eviction
+    when KV memory is full, and --no-prefix-caching. Run under ASan too (leaks at shutdown)."""
+    common = ["--served-model-name", name, "--max-model-len", "256", "--max-num-seqs", "4"]
+    rng = random.Random(32)
+
+    def ids(n):
+        return [rng.randrange(1000, 20000) for _ in range(n)]
+
+    def comp(S, prompt, **kw):
+        body = dict({"prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2, "ignore_eos": True}, **kw)
+        st, j = cj(S.url + "/v1/completions", body)
+        assert st == 200, (st, j)
+        return j
+
+    def cached(j):
+        return j["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    def hits(S):
+        m = parse_metrics(S.url)
+        return tuple(sample(m, f, f + "_total") for f in ("echo:prefix_cache_hits", "echo:prefix_cache_queries",
+                                                          "echo:prefix_cache_requests"))
+
+    on = Server(binary, model, *common, name="prefix-on")
+    off = None
+    try:
+        check("prefix: the plan line says prefix caching is on and how many blocks it may hold",
+              re.search(r"plan: .*prefix caching on \(may hold all \d+ blocks", on.logtext()), on.logtext()[-800:])
+        h0 = hits(on)
+        seen, queried, looked = 0, 0, 0
+        p = ids(100)
+        a = comp(on, p)
+        b = comp(on, p)
+        check("prefix: first request cached_tokens 0, the same prompt again 96 (6 blocks of 16; the last token "
+              "is recomputed)", cached(a) == 0 and cached(b) == 96, (a["usage"], b["usage"]))
+        check("prefix: the cached request's tokens and logprobs == the uncached one's, bit for bit",
+              a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"] and
+              a["choices"][0]["text"] == b["choices"][0]["text"])
+        c = comp(on, p[:40])
+        check("prefix: a strict prefix of a cached prompt reuses its whole blocks (32 of 40)", cached(c) == 32,
+              c["usage"])
+        longer = p[:70] + ids(30)
+        d = comp(on, longer)
+        check("prefix: a prompt sharing 70 tokens reuses 64", cached(d) == 64, d["usage"])
+        seen += sum(cached(x) for x in (a, b, c, d))
+        queried += 100 + 100 + 40 + 100
+        looked += 4
+        # streamed usage: the final usage chunk and continuous usage stats carry cached_tokens
+        st, _, body = request("POST", on.url + "/v1/completions", {"prompt": p, "max_tokens": 3, "temperature": 0,
+                              "stream": True, "stream_options": {"include_usage": True,
+                                                                 "continuous_usage_stats": True}})
+        ev = [e for e in sse_events(body.decode()) if isinstance(e, dict)]
+        us = [e["usage"]["prompt_tokens_details"]["cached_tokens"] for e in ev if e.get("usage")]
+        check("prefix: streamed usage (final chunk and continuous) reports cached_tokens", st == 200 and us and
+              all(u == 96 for u in us), us)
+        seen += 96
+        queried += 100
+        looked += 1
+        # chat: the same conversation twice, then one more turn
+        msgs = [{"role": "system", "content": " ".join(["rules"] * 80)}, {"role": "user", "content": "hi there"}]
+        st1, c1 = cj(on.url + "/v1/chat/completions", {"messages": msgs, "max_tokens": 3, "temperature": 0})
+        st2, c2 = cj(on.url + "/v1/chat/completions", {"messages": msgs, "max_tokens": 3, "temperature": 0,
+                                                       "stream": False})
+        turn = msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"}]
+        st3, c3 = cj(on.url + "/v1/chat/completions", {"messages": turn, "max_tokens": 3, "temperature": 0})
+        ok = st1 == st2 == st3 == 200
+        check("prefix: chat reports cached_tokens (0, then > 0 for the same messages and for the next turn), "
+              "same answer", ok and cached(c1) == 0 and cached(c2) > 0 and cached(c3) >= cached(c2) - 16 and
+              c1["choices"][0]["message"] == c2["choices"][0]["message"], [x.get("usage") for x in (c1, c2, c3)])
+        for x in (c1, c2, c3):
+            seen += cached(x) if ok else 0
+            queried += x["usage"]["prompt_tokens"] if ok else 0
+        looked += 3
+        # the same new prompt twice at once (n = 2: both in one step): both computed, same answers
+        q = ids(50)
+        st, j = cj(on.url + "/v1/completions", {"prompt": q, "n": 2, "max_tokens": 4, "temperature": 0,
+                                                "logprobs": 1})
+        ch = j.get("choices", [{}, {}])
+        check("prefix: the same prompt twice in one step: same tokens and logprobs", st == 200 and
+              ch[0].get("logprobs") == ch[1].get("logprobs"), j)
+        seen += cached(j) if st == 200 else 0
+        queried += 100
+        looked += 2
+        e = comp(on, q)
+        check("prefix: ... and the next request maps the prompt once cached (48 of 50)", cached(e) == 48, e["usage"])
+        seen += cached(e)
+        queried += 50
+        looked += 1
+        # prompt logprobs (vLLM's prompt_logprobs; echo + logprobs) compute their prompt whole
+        f = comp(on, p, prompt_logprobs=1)
+        g = comp(on, p, echo=True)
+        check("prefix: prompt_logprobs and echo + logprobs requests report cached_tokens 0 (prompt computed whole)",
+              cached(f) == 0 and cached(g) == 0, (f["usage"], g["usage"]))
+        h1 = hits(on)
+        dh = [x - y for x, y in zip(h1, h0)]
+        check("prefix: /metrics prefix_cache_hits_total grew by the cached_tokens summed over the responses, "
+              "queries by their prompt tokens, requests by the lookups", dh == [seen, queried, looked],
+              (dh, [seen, queried, looked]))
+        m = parse_metrics(on.url)
+        cc = m["echo:cache_config_info"].samples[0].labels if "echo:cache_config_info" in m else {}
+        check("prefix: cache_config_info says enable_prefix_caching True; blocks gauges idle-consistent",
+              cc.get("enable_prefix_caching") == "True" and
+              sample(m, "echo:kv_blocks_in_use", "echo:kv_blocks_in_use") == 0 and
+              sample(m, "echo:prefix_cache_blocks", "echo:prefix_cache_blocks") ==
+              sample(m, "echo:prefix_cache_evictable_blocks", "echo:prefix_cache_evictable_blocks") > 0, cc)
+        # --no-prefix-caching: nothing cached, the same logprobs as the cache hit above
+        off = Server(binary, model, *common, "--no-prefix-caching", name="prefix-off")
+        x1, x2 = comp(off, p), comp(off, p)
+        check("prefix: --no-prefix-caching: cached_tokens 0 twice, the plan line says off, logprobs == the "
+              "cache hit's", cached(x1) == cached(x2) == 0 and "prefix caching off" in off.logtext() and
+              x2["choices"][0]["logprobs"] == b["choices"][0]["logprobs"], (x1["usage"], x2["usage"]))
+    finally:
+        logs = [on.stop()] + ([off.stop()] if off else [])
+    check("prefix servers: SIGTERM -> exit 0", all(rc == 0 for rc, _ in logs), [rc for rc, _ in logs])
+    # KV memory full: 24 blocks of 16 (384 tokens) for requests of 120 + 8: cached prompts are evicted
+    small = Server(binary, model, "--served-model-name", name, "--max-model-len", "256", "--max-num-seqs", "2",
+                   "--num-kv-blocks", "24", name="prefix-small")
+    try:
+        prompts = [ids(120) for _ in range(6)]
+        first = comp(small, prompts[0], max_tokens=8)
+        with cf.ThreadPoolExecutor(4) as ex:
+            rs = list(ex.map(lambda pr: comp(small, pr, max_tokens=8), prompts[1:] * 2))
+        again = comp(small, prompts[0], max_tokens=8)
+        m = parse_metrics(small.url)
+        ev = sample(m, "echo:prefix_cache_evicted_blocks", "echo:prefix_cache_evicted_blocks_total")
+        check("prefix: KV full: every request served, cached blocks evicted, and a prompt whose blocks were "
+              "evicted gets the same logprobs", len(rs) == 10 and ev and ev > 0 and
+              again["choices"][0]["logprobs"] == first["choices"][0]["logprobs"], (ev, again["usage"]))
+    finally:
+        rc, log = small.stop()
+    logs.append((rc, log))
+    check("prefix small-KV server: SIGTERM -> exit 0", rc == 0, rc)
+    bad = [l for _, lg in logs for l in lg.splitlines()
+           if re.search(r"ERROR: (AddressSanitizer|LeakSanitizer)|Sanitizer has encountered|runtime error:", l)]
+    check("prefix servers: no sanitizer reports (leaks included) at shutdown", not bad, "\n".join(bad[:10]))
+
+
 def limits_section(binary, model, name):
     """Hostile clients: the request deadline, the per-client cap, --max-connections (503 + Retry-After at
     once, counted in /metrics), and a non-streaming request whose client hangs up."""
@@ -1660,6 +1799,7 @@ def main():
     check("main server: SIGTERM -> exit 0", rc == 0, (rc, log[-2000:]))
     if a.only != "props":
         section("limits", limits_section, a.bin, a.model, name)
+        section("prefix cache", prefix_cache_section, a.bin, a.model, name, a.mode)
     bad = [l for l in log.splitlines()
            if re.search(r"ERROR: (AddressSanitizer|LeakSanitizer)|Sanitizer has encountered|runtime error:", l)]
     check("main server: no sanitizer reports (leaks included) at shutdown", not bad, "\n".join(bad[:10]) +

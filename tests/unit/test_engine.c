@@ -747,6 +747,264 @@ START_TEST(test_generate_cands_equals_full) {
 }
 END_TEST
 
+/* ---- automatic prefix cache ---- */
+
+static eng *open_pc(const char *name, int tp, echo_preset mode, int kv_blocks, int off, char *err) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", MODELS, name);
+    eng_config c = {.model_dir = dir,
+                    .tp = tp,
+                    .allreduce = mode,
+                    .threads = 2,
+                    .max_model_len = 128,
+                    .max_num_seqs = 4,
+                    .kv_blocks = kv_blocks,
+                    .kv_block_size = 4,
+                    .no_prefix_cache = off};
+    eng *e = NULL;
+    if (eng_create(&c, &e, err, 1024)) return NULL;
+    return e;
+}
+
+/* A sequence for prompt[0..n) through eng_seq_new_prefix: steps what was
+ * not reused (all logits rows of it), then `dec` greedy decode steps.
+ * Returns the rows, (n - reused + dec, V); *reused as mapped. The sequence
+ * is left live in *seq when keep, else freed. */
+static float *pc_run(eng *e, const int32_t *prompt, int n, int max_reuse, int dec, int *reused, int keep, int *seq) {
+    const int V = eng_model_config(e)->vocab_size;
+    char err[1024];
+    int s;
+    ck_assert_msg(eng_seq_new_prefix(e, prompt, n, max_reuse, &s, reused, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(eng_seq_len(e, s), *reused);
+    int rows = n - *reused;
+    float *out = malloc((size_t)(rows + dec) * V * sizeof *out);
+    eng_item it = {s, prompt + *reused, rows, ENG_LOGITS_ALL};
+    ck_assert_msg(eng_step(e, &it, 1, out, err, sizeof err) == 0, "%s", err);
+    eng_sampling g = {.temperature = 0, .top_p = 1};
+    for (int t = 0; t < dec; t++) {
+        int32_t tok = eng_sample(out + (size_t)(rows - 1 + t) * V, V, &g, NULL);
+        it = (eng_item){s, &tok, 1, ENG_LOGITS_LAST};
+        ck_assert_msg(eng_step(e, &it, 1, out + (size_t)(rows + t) * V, err, sizeof err) == 0, "%s", err);
+    }
+    if (keep)
+        *seq = s;
+    else
+        eng_seq_free(e, s);
+    return out;
+}
+
+/* Exact mode: the logits of every computed position and of the decode
+ * steps equal, bit for bit, those of an engine without the cache that
+ * computed the whole prompt, at tp 1, 2 and 4, for the same prompt again,
+ * a longer prompt sharing a prefix, and a strict prefix of a cached one. */
+START_TEST(test_prefix_cache_exact) {
+    static const char *models[] = {"gqa4-deep", "llama-gqa", "gguf-qwen3/model.gguf"};
+    char err[1024];
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
+        for (int tp = 1; tp <= 4; tp *= 2) {
+            eng *on = open_pc(models[mi], tp, ECHO_PRESET_EXACT, 0, 0, err);
+            ck_assert_msg(on != NULL, "%s tp %d: %s", models[mi], tp, err);
+            eng *off = open_pc(models[mi], tp, ECHO_PRESET_EXACT, 0, 1, err);
+            ck_assert_msg(off != NULL, "%s", err);
+            const int V = eng_model_config(on)->vocab_size;
+            int32_t p[40];
+            make_prompt(p, 40, V, 31u + (unsigned)mi);
+            /* prompts: P (23), P again, P[0..21) + other tail (33), P[0..14) (strict prefix),
+             * the longer one again, P[0..24) twice (whole blocks: the last one is recomputed) */
+            int32_t longer[33];
+            memcpy(longer, p, 21 * sizeof *p);
+            make_prompt(longer + 21, 12, V, 77u);
+            struct {
+                const int32_t *ids;
+                int n, want;
+            } cases[] = {{p, 23, 0},       {p, 23, 20}, {longer, 33, 20}, {p, 14, 12},
+                         {longer, 33, 32}, {p, 24, 20}, {p, 24, 20}};
+            for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+                int r_on, r_off;
+                float *a = pc_run(on, cases[k].ids, cases[k].n, -1, 3, &r_on, 0, NULL);
+                float *b = pc_run(off, cases[k].ids, cases[k].n, -1, 3, &r_off, 0, NULL);
+                ck_assert_int_eq(r_off, 0);
+                ck_assert_msg(r_on == cases[k].want, "%s tp %d case %zu: reused %d, want %d", models[mi], tp, k, r_on,
+                              cases[k].want);
+                int rows = cases[k].n - r_on;
+                /* b's rows start at position 0: the last `rows` prompt rows, then the decodes */
+                ck_assert_msg(!memcmp(a, b + (size_t)r_on * V, (size_t)(rows + 3) * V * sizeof *a),
+                              "%s tp %d case %zu: logits with the cache differ from without", models[mi], tp, k);
+                free(a);
+                free(b);
+            }
+            eng_kv_usage u;
+            eng_kv_get_usage(on, &u);
+            ck_assert_int_eq(u.free_blocks, u.total_blocks); /* nothing held, cached blocks are free */
+            ck_assert_int_eq(u.evictable_blocks, u.cached_blocks);
+            ck_assert_int_eq(u.prefix_queries, 7);
+            ck_assert_int_eq(u.prefix_hit_tokens, 20 + 20 + 12 + 32 + 20 + 20);
+            eng_kv_get_usage(off, &u);
+            ck_assert_int_eq(u.cached_blocks, 0);
+            eng_destroy(on);
+            eng_destroy(off);
+        }
+    }
+}
+END_TEST
+
+/* The same prefix twice in one step: neither finds the other (nothing is
+ * registered before a step computed it), both compute it, the second copy
+ * stays out of the cache, and the next request maps the first. A request
+ * that needs the prompt's logprobs (max_reuse 0) maps nothing. */
+START_TEST(test_prefix_cache_same_step) {
+    char err[1024];
+    eng *e = open_pc("tied", 1, ECHO_PRESET_EXACT, 32, 0, err);
+    ck_assert_msg(e != NULL, "%s", err);
+    const int V = eng_model_config(e)->vocab_size;
+    int32_t p[17];
+    make_prompt(p, 17, V, 5);
+    int a, b, ra, rb;
+    ck_assert(eng_seq_new_prefix(e, p, 17, -1, &a, &ra, err, sizeof err) == 0);
+    ck_assert(eng_seq_new_prefix(e, p, 17, -1, &b, &rb, err, sizeof err) == 0);
+    ck_assert_int_eq(ra + rb, 0);
+    float *out = malloc((size_t)2 * V * sizeof *out);
+    eng_item it[2] = {{a, p, 17, ENG_LOGITS_LAST}, {b, p, 17, ENG_LOGITS_LAST}};
+    ck_assert_msg(eng_step(e, it, 2, out, err, sizeof err) == 0, "%s", err);
+    ck_assert(!memcmp(out, out + V, (size_t)V * sizeof *out));
+    eng_kv_usage u;
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.cached_blocks, 4); /* 16 of 17 tokens in full blocks, once */
+    ck_assert_int_eq(u.free_blocks, 32 - 10);
+    eng_seq_free(e, a);
+    eng_seq_free(e, b);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, 32);
+    ck_assert_int_eq(u.evictable_blocks, 4);
+    int c, rc;
+    ck_assert(eng_seq_new_prefix(e, p, 17, -1, &c, &rc, err, sizeof err) == 0);
+    ck_assert_int_eq(rc, 16);
+    ck_assert_int_eq(eng_seq_blocks(e, c), 4);
+    eng_seq_free(e, c);
+    /* prompt logprobs: nothing mapped, nothing looked up */
+    ck_assert(eng_seq_new_prefix(e, p, 17, 0, &c, &rc, err, sizeof err) == 0);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(eng_prefix_peek(e, p, 17, -1, NULL), 16);
+    ck_assert_int_eq(eng_prefix_peek(e, p, 17, 9, NULL), 8);
+    eng_seq_free(e, c);
+    free(out);
+    eng_destroy(e);
+}
+END_TEST
+
+/* Eviction: a block a running sequence mapped is never evicted (a step
+ * that would need it gets ENG_ENOSPACE); unheld cached blocks are taken
+ * when memory runs out, a chain's last block first; the freed sequence's
+ * cache survives partly and still gives exact logits. */
+START_TEST(test_prefix_cache_eviction) {
+    char err[1024];
+    eng *e = open_pc("tied", 1, ECHO_PRESET_EXACT, 12, 0, err); /* 12 blocks of 4 tokens */
+    ck_assert_msg(e != NULL, "%s", err);
+    eng *ref = open_pc("tied", 1, ECHO_PRESET_EXACT, 12, 1, err);
+    ck_assert_msg(ref != NULL, "%s", err);
+    const int V = eng_model_config(e)->vocab_size;
+    int32_t p[23], q[40];
+    make_prompt(p, 23, V, 11);
+    make_prompt(q, 40, V, 12);
+    int r, a;
+    free(pc_run(e, p, 23, -1, 0, &r, 0, NULL)); /* 5 full blocks cached, 1 partial freed */
+    eng_kv_usage u;
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.cached_blocks, 5);
+    ck_assert_int_eq(u.evictable_blocks, 5);
+    /* A maps those 5 and computes 3 tokens into a 6th: 6 available */
+    float *ra = pc_run(e, p, 23, -1, 0, &r, 1, &a);
+    ck_assert_int_eq(r, 20);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, 6);
+    ck_assert_int_eq(eng_prefix_peek(e, p, 23, -1, NULL), 20);
+    int b, rb;
+    ck_assert(eng_seq_new_prefix(e, q, 40, -1, &b, &rb, err, sizeof err) == 0);
+    float *out = malloc((size_t)V * sizeof *out);
+    eng_item big = {b, q, 28, ENG_LOGITS_LAST}; /* 7 blocks: only A's would do */
+    ck_assert_int_eq(eng_step(e, &big, 1, out, err, sizeof err), ENG_ENOSPACE);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.evicted_blocks, 0);
+    ck_assert_int_eq(u.cached_blocks, 5);
+    /* A's decode on its mapped blocks is still exact */
+    int32_t nx = 7;
+    eng_item dec = {a, &nx, 1, ENG_LOGITS_LAST};
+    ck_assert(eng_step(e, &dec, 1, out, err, sizeof err) == 0);
+    int32_t pn[24];
+    memcpy(pn, p, sizeof p);
+    pn[23] = 7;
+    float *want = pc_run(ref, pn, 24, -1, 0, &r, 0, NULL);
+    ck_assert(!memcmp(out, want + (size_t)23 * V, (size_t)V * sizeof *out));
+    free(want);
+    /* A leaves: its own block is free (7 now), its 5 mapped ones
+     * evictable; B's 28 tokens take the 7 free ones, evicting nothing */
+    eng_seq_free(e, a);
+    ck_assert(eng_step(e, &big, 1, out, err, sizeof err) == 0);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.evicted_blocks, 0);
+    ck_assert_int_eq(u.free_blocks, 12 - 7);
+    ck_assert_int_eq(eng_prefix_peek(e, p, 23, -1, NULL), 20);
+    /* KV full: B's 40 tokens need 10 blocks, 3 more than it holds: 3
+     * evictions, the chain's last blocks first, leave its first 2 */
+    eng_item rest = {b, q + 28, 12, ENG_LOGITS_LAST};
+    ck_assert(eng_step(e, &rest, 1, out, err, sizeof err) == 0);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, 2);
+    ck_assert_int_eq(u.evicted_blocks, 3);
+    ck_assert_int_eq(eng_prefix_peek(e, p, 23, -1, NULL), 8);
+    eng_item more = {b, q, 12, ENG_LOGITS_LAST}; /* would need 3 */
+    ck_assert_int_eq(eng_step(e, &more, 1, out, err, sizeof err), ENG_ENOSPACE);
+    eng_seq_free(e, b);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.free_blocks, 12);
+    /* what is left of P's chain still gives the exact logits */
+    float *got = pc_run(e, p, 23, -1, 2, &r, 0, NULL);
+    ck_assert_int_eq(r, 8);
+    float *full = pc_run(ref, p, 23, -1, 2, &r, 0, NULL);
+    ck_assert(!memcmp(got, full + (size_t)8 * V, (size_t)(15 + 2) * V * sizeof *got));
+    free(got);
+    free(full);
+    free(ra);
+    free(out);
+    eng_destroy(ref);
+    eng_destroy(e);
+}
+END_TEST
+
+/* A lossy all-reduce (echo) runs with the cache: finite, and no farther
+ * from the logits computed without it than echo itself is from exact (the
+ * cached KV is an earlier pass's, with that pass's rounding). */
+START_TEST(test_prefix_cache_echo) {
+    char err[1024];
+    eng *on = open_pc("gqa4-deep", 2, ECHO_PRESET_ECHO, 0, 0, err);
+    ck_assert_msg(on != NULL, "%s", err);
+    eng *off = open_pc("gqa4-deep", 2, ECHO_PRESET_ECHO, 0, 1, err);
+    ck_assert_msg(off != NULL, "%s", err);
+    const int V = eng_model_config(on)->vocab_size;
+    int32_t p[30];
+    make_prompt(p, 30, V, 3);
+    int r;
+    free(pc_run(on, p, 21, -1, 0, &r, 0, NULL));
+    float *a = pc_run(on, p, 30, -1, 0, &r, 0, NULL);
+    ck_assert_int_eq(r, 20);
+    float *b = pc_run(off, p, 30, -1, 0, &r, 0, NULL);
+    eng *ex = open_pc("gqa4-deep", 2, ECHO_PRESET_EXACT, 0, 1, err);
+    ck_assert_msg(ex != NULL, "%s", err);
+    float *x = pc_run(ex, p, 30, -1, 0, &r, 0, NULL);
+    for (size_t i = 0; i < (size_t)10 * V; i++)
+        ck_assert(isfinite(a[i]));
+    double er = tu_rel_err(a, b + (size_t)20 * V, (size_t)10 * V);
+    double ee = tu_rel_err(b + (size_t)20 * V, x + (size_t)20 * V, (size_t)10 * V);
+    ck_assert_msg(er > 0 && er < 2 * ee, "echo, cache vs none: relative logits error %.3g; echo vs exact %.3g", er, ee);
+    free(a);
+    free(b);
+    free(x);
+    eng_destroy(ex);
+    eng_destroy(on);
+    eng_destroy(off);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("engine");
     TCase *tp = tcase_create("tensor-parallel");
@@ -775,6 +1033,13 @@ int main(void) {
     tcase_add_test(cd, test_step_cands_errors_roll_back);
     tcase_add_test(cd, test_generate_cands_equals_full);
     suite_add_tcase(s, cd);
+    TCase *pc = tcase_create("prefix-cache");
+    tcase_set_timeout(pc, 600);
+    tcase_add_test(pc, test_prefix_cache_exact);
+    tcase_add_test(pc, test_prefix_cache_same_step);
+    tcase_add_test(pc, test_prefix_cache_eviction);
+    tcase_add_test(pc, test_prefix_cache_echo);
+    suite_add_tcase(s, pc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -21,6 +21,15 @@
  * transport error, a non-200 status, an error event, a stream without
  * content or without [DONE]; its record keeps `error` and null timings.
  *
+ * Prefix caching workloads (--dataset prefix, multiturn): every request
+ * starts with one shared system prompt of --prefix-len tokens (words for
+ * chat); multiturn runs --num-turns turns per conversation, each turn sent
+ * once the conversation's previous one finished, its prompt the earlier
+ * turns plus a new user message. Earlier assistant replies are fixed text
+ * of --output-len words, not what the server answered, so every server (and
+ * every mode of an A/B run) is sent the same prompts. The summary adds TTFT
+ * per turn and the prompt tokens the server reported as cached.
+ *
  * Percentiles: linear interpolation between closest ranks (numpy's default),
  * see bench_percentile; std is the population std (numpy's default ddof=0).
  */
@@ -45,6 +54,8 @@
 typedef struct sv_opts {
     const char *base_url, *endpoint, *model, *dataset, *save, *label, *api_key;
     int num_prompts, max_conc, input_len, output_len, warmups, ignore_eos, progress, chat;
+    int prefix_len, turns; /* --prefix-len, --num-turns (prefix and multiturn datasets) */
+    char *warm_body;       /* prefix / multiturn: a warm-up request that shares nothing with them */
     double rate, burstiness, range_ratio, timeout_s, connect_timeout_s;
     unsigned long long seed;
     double pcts[SV_MAX_PCTS]; /* --metric-percentiles, printed in the summary */
@@ -56,11 +67,14 @@ typedef struct sv_req {
     int input_len;        /* requested prompt length (tokens for random ids, words for chat, -1 for jsonl) */
     int output_len;       /* max_tokens */
     double arrival_s;     /* scheduled release, seconds after the run starts */
+    int dep;              /* multiturn: the request that must finish first (the previous turn), -1 none */
+    int turn;             /* multiturn: 0-based turn; 0 otherwise */
     /* results */
     double send_s, first_s, last_s, done_s; /* monotonic seconds; 0 = not yet */
     double *itl_ms;
     size_t n_itl, cap_itl;
     long prompt_tokens, output_tokens; /* -1 until the usage chunk */
+    long cached_tokens;                /* usage.prompt_tokens_details.cached_tokens, -1 when absent */
     int done, status_checked;
     long http;
     char *error; /* NULL = success */
@@ -179,6 +193,8 @@ static void sv_event(sv_req *r, double t) {
         json_t *pt = json_object_get(u, "prompt_tokens"), *ct = json_object_get(u, "completion_tokens");
         if (json_is_integer(pt)) r->prompt_tokens = (long)json_integer_value(pt);
         if (json_is_integer(ct)) r->output_tokens = (long)json_integer_value(ct);
+        json_t *ck = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
+        if (json_is_integer(ck)) r->cached_tokens = (long)json_integer_value(ck);
     }
     json_decref(o);
 }
@@ -255,11 +271,12 @@ static void sv_req_reset(sv_req *r) {
     free(r->line);
     free(r->ev);
     char *body = r->body;
-    int il = r->input_len, ol = r->output_len, chat = r->chat;
+    int il = r->input_len, ol = r->output_len, chat = r->chat, dep = r->dep, turn = r->turn;
     double arr = r->arrival_s;
     memset(r, 0, sizeof *r);
     r->body = body, r->input_len = il, r->output_len = ol, r->chat = chat, r->arrival_s = arr;
-    r->prompt_tokens = r->output_tokens = -1;
+    r->dep = dep, r->turn = turn;
+    r->prompt_tokens = r->output_tokens = r->cached_tokens = -1;
 }
 
 static int sv_start(CURLM *m, sv_req *r, const sv_opts *o, const char *url, struct curl_slist *hdrs) {
@@ -336,7 +353,9 @@ static double sv_run(sv_req *reqs, int n, const sv_opts *o, int max_conc, int pr
     int tty = isatty(STDERR_FILENO);
     while (finished < n) {
         double t = sv_now() - t0;
-        while (next < n && reqs[next].arrival_s <= t && (max_conc <= 0 || inflight < max_conc)) {
+        /* in order; a later turn waits for its conversation's previous one */
+        while (next < n && reqs[next].arrival_s <= t && (max_conc <= 0 || inflight < max_conc) &&
+               (reqs[next].dep < 0 || reqs[reqs[next].dep].done_s > 0)) {
             if (sv_start(m, &reqs[next], o, url, h)) {
                 sv_fail(&reqs[next], "could not start the transfer (curl)%s", NULL);
                 reqs[next].send_s = reqs[next].done_s = sv_now();
@@ -379,7 +398,8 @@ static double sv_run(sv_req *reqs, int n, const sv_opts *o, int max_conc, int pr
         }
         if (finished >= n) break;
         int wait_ms = 100;
-        if (next < n && (max_conc <= 0 || inflight < max_conc)) {
+        if (next < n && (max_conc <= 0 || inflight < max_conc) &&
+            (reqs[next].dep < 0 || reqs[reqs[next].dep].done_s > 0)) {
             double dt = reqs[next].arrival_s - (sv_now() - t0);
             wait_ms = dt <= 0 ? 0 : dt >= 0.1 ? 100 : (int)(dt * 1e3) + 1;
         }
@@ -433,6 +453,23 @@ static char *sv_body(const sv_opts *o, json_t *prompt, int max_tokens) {
     return s;
 }
 
+/* n words (chat) or token ids (completions) drawn from rng, appended to a
+ * growing text / id array. */
+static int sv_words(uint64_t *rng, int n, char **text, size_t *len, size_t *cap) {
+    for (int k = 0; k < n; k++) {
+        const char *w = SV_WORDS[sv_rng_next(rng) % (sizeof SV_WORDS / sizeof *SV_WORDS)];
+        if (sv_grow((void **)text, cap, *len + strlen(w) + 2, 1)) return -1;
+        *len += (size_t)sprintf(*text + *len, "%s%s", *len ? " " : "", w);
+    }
+    return 0;
+}
+
+static int sv_ids(uint64_t *rng, int n, json_t *arr) {
+    for (int k = 0; k < n; k++)
+        if (json_array_append_new(arr, json_integer(sv_randint(rng, 1000, 99999)))) return -1;
+    return 0;
+}
+
 static int sv_len(uint64_t *rng, int base, double ratio) {
     long lo = (long)(base * (1.0 - ratio)), hi = (long)(base * (1.0 + ratio));
     if (lo < 1) lo = 1;
@@ -468,6 +505,103 @@ static int sv_random_dataset(const sv_opts *o, sv_req *reqs, char *err, size_t e
     }
     return 0;
 oom:
+    snprintf(err, errlen, "out of memory building %d prompts", o->num_prompts);
+    return -1;
+}
+
+/* Body of a prefix / multiturn request: the shared system prompt, then
+ * `turns` user messages with a fixed assistant reply between them. Each
+ * user message and reply comes from its own seed, so a conversation's turn
+ * k is the start of its turn k+1. */
+static char *sv_conv_body(const sv_opts *o, const char *sys_text, json_t *sys_ids, unsigned long long conv, int turns,
+                          int max_tokens) {
+    json_t *msgs = o->chat ? json_array() : NULL, *ids = o->chat ? NULL : json_deep_copy(sys_ids);
+    if (o->chat) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", sys_text));
+    int ok = o->chat ? msgs != NULL : ids != NULL;
+    for (int t = 0; ok && t < turns; t++) {
+        for (int who = 0; ok && who < (t + 1 < turns ? 2 : 1); who++) { /* user, then the reply */
+            uint64_t rng = (o->seed + 1) * 0x2545f4914f6cdd1dULL ^ (conv * 1000003ULL + (uint64_t)t * 2 + who + 1);
+            int n = who ? o->output_len : o->input_len;
+            if (o->chat) {
+                char *text = NULL;
+                size_t len = 0, cap = 0;
+                ok = !sv_words(&rng, n, &text, &len, &cap) &&
+                     !json_array_append_new(
+                         msgs, json_pack("{s:s,s:s}", "role", who ? "assistant" : "user", "content", text ? text : ""));
+                free(text);
+            } else {
+                ok = !sv_ids(&rng, n, ids);
+            }
+        }
+    }
+    if (!ok) {
+        json_decref(msgs);
+        json_decref(ids);
+        return NULL;
+    }
+    if (!o->chat) return sv_body(o, ids, max_tokens);
+    json_t *b = json_object();
+    if (!b) {
+        json_decref(msgs);
+        return NULL;
+    }
+    if (o->model) json_object_set_new(b, "model", json_string(o->model));
+    json_object_set_new(b, "messages", msgs);
+    json_object_set_new(b, "max_tokens", json_integer(max_tokens));
+    json_object_set_new(b, "temperature", json_real(0.0));
+    json_object_set_new(b, "stream", json_true());
+    json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    if (o->ignore_eos) json_object_set_new(b, "ignore_eos", json_true());
+    char *s = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    return s;
+}
+
+/* prefix: num_prompts requests, each the system prompt plus its own user
+ * message (one turn). multiturn: num_prompts / turns conversations, the
+ * requests ordered turn by turn (every conversation's turn 1, then turn
+ * 2, ...), each turn depending on its conversation's previous one. */
+static int sv_prefix_dataset(sv_opts *o, sv_req *reqs, char *err, size_t errlen) {
+    int turns = strcmp(o->dataset, "multiturn") ? 1 : o->turns, convs = o->num_prompts / turns;
+    if (convs * turns != o->num_prompts) {
+        snprintf(err, errlen, "--dataset multiturn: --num-prompts %d is not a multiple of --num-turns %d",
+                 o->num_prompts, turns);
+        return -1;
+    }
+    uint64_t rng = o->seed * 0x9e3779b97f4a7c15ULL + 3;
+    char *sys = NULL, *wtext = NULL;
+    size_t len = 0, cap = 0, wl = 0, wc = 0;
+    json_t *sys_ids = json_array(), *wids = json_array();
+    if (!sys_ids || !wids ||
+        (o->chat ? sv_words(&rng, o->prefix_len, &sys, &len, &cap) : sv_ids(&rng, o->prefix_len, sys_ids)))
+        goto oom;
+    for (int t = 0; t < turns; t++) {
+        for (int c = 0; c < convs; c++) {
+            sv_req *r = &reqs[t * convs + c];
+            r->turn = t;
+            r->dep = t ? (t - 1) * convs + c : -1;
+            r->input_len = -1;
+            r->output_len = o->output_len;
+            if (!(r->body = sv_conv_body(o, sys ? sys : "", sys_ids, (unsigned long long)c, t + 1, o->output_len)))
+                goto oom;
+        }
+    }
+    /* the warm-up: a short conversation of another seed's words */
+    sv_opts w = *o;
+    w.seed = o->seed + 0x5bd1e995;
+    uint64_t wr = w.seed;
+    if (o->chat ? sv_words(&wr, 16, &wtext, &wl, &wc) : sv_ids(&wr, 16, wids)) goto oom;
+    if (!(o->warm_body = sv_conv_body(&w, wtext ? wtext : "", wids, 0, 1, o->output_len))) goto oom;
+    free(sys);
+    free(wtext);
+    json_decref(sys_ids);
+    json_decref(wids);
+    return 0;
+oom:
+    free(sys);
+    free(wtext);
+    json_decref(sys_ids);
+    json_decref(wids);
     snprintf(err, errlen, "out of memory building %d prompts", o->num_prompts);
     return -1;
 }
@@ -619,8 +753,10 @@ static json_t *sv_ms_or_null(double ms, int ok) { return ok ? json_real(ms) : js
 /* Prints vLLM's block and writes the JSON; returns the number of successes,
  * or -1 when the result file cannot be written. */
 static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err, size_t errlen) {
-    int n = o->num_prompts, ok = 0;
-    long tin = 0, tout = 0;
+    int n = o->num_prompts, ok = 0, nturns = 1;
+    long tin = 0, tout = 0, tcached = 0;
+    int with_cached = 0;
+    json_t *by_turn = NULL;
     double *ttft = calloc((size_t)n + 1, sizeof *ttft), *tpot = calloc((size_t)n + 1, sizeof *tpot),
            *e2e = calloc((size_t)n + 1, sizeof *e2e), *itl = NULL;
     size_t nitl = 0, ntpot = 0, capitl = 0;
@@ -638,6 +774,8 @@ static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err,
         ok++;
         if (r->prompt_tokens > 0) tin += r->prompt_tokens;
         if (r->output_tokens > 0) tout += r->output_tokens;
+        if (r->cached_tokens >= 0) tcached += r->cached_tokens, with_cached = 1;
+        if (r->turn + 1 > nturns) nturns = r->turn + 1;
         if (r->output_tokens > 1)
             tpot[ntpot++] = ((r->done_s - r->send_s) - (r->first_s - r->send_s)) * 1e3 / (double)(r->output_tokens - 1);
         if (sv_grow((void **)&itl, &capitl, nitl + r->n_itl + 1, sizeof *itl)) {
@@ -664,10 +802,33 @@ static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err,
     printf("%-40s %-10.2f\n", "Request throughput (req/s):", ok / dur);
     printf("%-40s %-10.2f\n", "Output token throughput (tok/s):", (double)tout / dur);
     printf("%-40s %-10.2f\n", "Total Token throughput (tok/s):", (double)(tin + tout) / dur);
+    if (with_cached) printf("%-40s %-10ld\n", "Total cached prompt tokens:", tcached);
     sv_print_section("Time to First Token", "TTFT", &st_ttft, o);
     sv_print_section("Time per Output Token (excl. 1st token)", "TPOT", &st_tpot, o);
     sv_print_section("Inter-token Latency", "ITL", &st_itl, o);
     sv_print_section("End-to-end Latency", "E2EL", &st_e2e, o);
+    /* multiturn: TTFT of each turn over the conversations (ttft[] is reused) */
+    if (nturns > 1) {
+        printf("%s\n", "--------------TTFT by turn (ms)-----------------");
+        by_turn = json_array();
+    }
+    for (int t = 0; by_turn && t < nturns; t++) {
+        int m = 0;
+        long ck = 0;
+        for (int i = 0; i < n; i++) {
+            if (reqs[i].error || reqs[i].turn != t) continue;
+            ttft[m++] = (reqs[i].first_s - reqs[i].send_s) * 1e3;
+            ck += reqs[i].cached_tokens > 0 ? reqs[i].cached_tokens : 0;
+        }
+        sv_stat st;
+        sv_stats(ttft, (size_t)m, o, &st);
+        char name[64];
+        snprintf(name, sizeof name, "Turn %d mean / median:", t + 1);
+        printf("%-40s %.2f / %.2f (%d ok, %ld cached tokens)\n", name, st.mean, st.median, m, ck);
+        json_array_append_new(by_turn,
+                              json_pack("{s:i,s:i,s:f,s:f,s:I}", "turn", t + 1, "completed", m, "mean_ttft_ms", st.mean,
+                                        "median_ttft_ms", st.median, "cached_tokens", (json_int_t)ck));
+    }
     printf("%s\n", "==================================================");
     fflush(stdout);
 
@@ -700,6 +861,11 @@ static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err,
     json_object_set_new(sum, "failed", json_integer(n - ok));
     json_object_set_new(sum, "total_input_tokens", json_integer(tin));
     json_object_set_new(sum, "total_output_tokens", json_integer(tout));
+    json_object_set_new(sum, "total_cached_tokens", with_cached ? json_integer(tcached) : json_null());
+    json_object_set_new(sum, "prefix_len", json_integer(o->prefix_len));
+    json_object_set_new(sum, "num_turns", json_integer(nturns));
+    json_object_set_new(sum, "ttft_by_turn", by_turn ? by_turn : json_null());
+    by_turn = NULL;
     json_object_set_new(sum, "request_throughput", json_real(ok / dur));
     json_object_set_new(sum, "output_throughput", json_real((double)tout / dur));
     json_object_set_new(sum, "total_token_throughput", json_real((double)(tin + tout) / dur));
@@ -738,6 +904,8 @@ static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err,
         json_object_set_new(rec, "prompt_tokens", r->prompt_tokens >= 0 ? json_integer(r->prompt_tokens) : json_null());
         json_object_set_new(rec, "output_tokens", r->output_tokens >= 0 ? json_integer(r->output_tokens) : json_null());
         json_object_set_new(rec, "input_len", r->input_len >= 0 ? json_integer(r->input_len) : json_null());
+        json_object_set_new(rec, "cached_tokens", r->cached_tokens >= 0 ? json_integer(r->cached_tokens) : json_null());
+        json_object_set_new(rec, "turn", json_integer(r->turn + 1));
         json_object_set_new(rec, "max_tokens", json_integer(r->output_len));
         json_object_set_new(rec, "error", r->error ? json_string(r->error) : json_null());
         char *rs = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -756,6 +924,7 @@ static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err,
     }
     status = ok;
 out:
+    json_decref(by_turn);
     json_decref(sum);
     free(ttft);
     free(tpot);
@@ -769,7 +938,8 @@ out:
 static const char *SV_USAGE =
     "usage: echo-bench serve [--base-url http://127.0.0.1:8000] [--endpoint /v1/completions|/v1/chat/completions]\n"
     "                        [--num-prompts N] [--request-rate R|inf] [--burstiness B] [--max-concurrency C]\n"
-    "                        [--dataset random|jsonl:FILE] [--input-len L] [--output-len M] [--range-ratio X]\n"
+    "                        [--dataset random|prefix|multiturn|jsonl:FILE] [--input-len L] [--output-len M]\n"
+    "                        [--range-ratio X] [--prefix-len P] [--num-turns T]\n"
     "                        [--seed S] [--ignore-eos] [--save-result FILE.json] [--label NAME]\n"
     "\n"
     "Load generator for an OpenAI-compatible server (vllm bench serve's flags and summary).\n"
@@ -781,8 +951,14 @@ static const char *SV_USAGE =
     "  --request-rate R|inf      mean arrivals per second, Poisson (default inf: all at once)\n"
     "  --burstiness B            gamma shape of the inter-arrival times; 1 = Poisson, < 1 burstier (default 1)\n"
     "  --max-concurrency C       at most C requests in flight (default: no limit)\n"
-    "  --dataset random|jsonl:FILE   random: token ids 1000..99999 for completions, words for chat;\n"
-    "                            jsonl: one {\"prompt\": \"text\" or [ids], \"output_len\": M} per line\n"
+    "  --dataset random|prefix|multiturn|jsonl:FILE   random: token ids 1000..99999 for completions,\n"
+    "                            words for chat; jsonl: one {\"prompt\": \"text\" or [ids], \"output_len\": M}\n"
+    "                            per line; prefix: every request a shared system prompt of P tokens (words\n"
+    "                            for chat) plus its own L; multiturn: N/T conversations of T turns sharing\n"
+    "                            that system prompt, each turn its earlier turns (fixed M-word replies)\n"
+    "                            plus L new, sent when the previous turn finished; TTFT per turn\n"
+    "  --prefix-len P            prefix, multiturn: shared system prompt length (default 1000)\n"
+    "  --num-turns T             multiturn: turns per conversation (default 4)\n"
     "  --input-len L             random: prompt tokens (default 128)\n"
     "  --output-len M            max_tokens (default 128; jsonl lines may override)\n"
     "  --range-ratio X           random: lengths uniform in [L*(1-X), L*(1+X)] (default 0)\n"
@@ -808,8 +984,30 @@ static int sv_usage_error(const char *fmt, const char *a) {
 }
 
 enum {
-    O_BASE = 1000, O_ENDPOINT, O_MODEL, O_NUM, O_RATE, O_BURST, O_CONC, O_DATASET, O_IN, O_OUT, O_RATIO, O_SEED,
-    O_IGNORE_EOS, O_SAVE, O_LABEL, O_KEY, O_TIMEOUT, O_CTIMEOUT, O_NOPROG, O_WARM, O_PCTS, O_HELP
+    O_BASE = 1000,
+    O_ENDPOINT,
+    O_MODEL,
+    O_NUM,
+    O_RATE,
+    O_BURST,
+    O_CONC,
+    O_DATASET,
+    O_IN,
+    O_OUT,
+    O_RATIO,
+    O_SEED,
+    O_IGNORE_EOS,
+    O_SAVE,
+    O_LABEL,
+    O_KEY,
+    O_TIMEOUT,
+    O_CTIMEOUT,
+    O_NOPROG,
+    O_WARM,
+    O_PCTS,
+    O_HELP,
+    O_PREFIX,
+    O_TURNS
 };
 
 static int sv_parse(int argc, char **argv, sv_opts *o) {
@@ -840,6 +1038,8 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
         {"num-warmups", required_argument, 0, O_WARM},
         {"metric-percentiles", required_argument, 0, O_PCTS},
         {"help", no_argument, 0, O_HELP},
+        {"prefix-len", required_argument, 0, O_PREFIX},
+        {"num-turns", required_argument, 0, O_TURNS},
         {0, 0, 0, 0},
     };
     char **av = argv; /* argv[0] is the subcommand name */
@@ -884,13 +1084,22 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
             o->max_conc = (int)v;
             break;
         case O_DATASET:
-            if (strcmp(a, "random") && (strncmp(a, "jsonl:", 6) || !a[6]))
-                rc = sv_usage_error("--dataset: expected random or jsonl:FILE, got '%s'", a);
+            if (strcmp(a, "random") && strcmp(a, "prefix") && strcmp(a, "multiturn") &&
+                (strncmp(a, "jsonl:", 6) || !a[6]))
+                rc = sv_usage_error("--dataset: expected random, prefix, multiturn or jsonl:FILE, got '%s'", a);
             o->dataset = a;
             break;
         case O_IN:
             if (cli_parse_long(a, 1, 10000000, &v)) rc = sv_usage_error("--input-len: expected >= 1, got '%s'", a);
             o->input_len = (int)v;
+            break;
+        case O_PREFIX:
+            if (cli_parse_long(a, 1, 10000000, &v)) rc = sv_usage_error("--prefix-len: expected >= 1, got '%s'", a);
+            o->prefix_len = (int)v;
+            break;
+        case O_TURNS:
+            if (cli_parse_long(a, 1, 1000, &v)) rc = sv_usage_error("--num-turns: expected 1..1000, got '%s'", a);
+            o->turns = (int)v;
             break;
         case O_OUT:
             if (cli_parse_long(a, 1, 10000000, &v)) rc = sv_usage_error("--output-len: expected >= 1, got '%s'", a);
@@ -945,10 +1154,22 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
 
 int bench_serve_main(int argc, char **argv) {
     sv_opts o = {
-        .base_url = "http://127.0.0.1:8000", .endpoint = "/v1/completions", .dataset = "random",
-        .num_prompts = 100, .input_len = 128, .output_len = 128, .warmups = 1, .progress = 1,
-        .rate = INFINITY, .burstiness = 1.0, .timeout_s = 600, .connect_timeout_s = 10,
-        .pcts = {99}, .n_pcts = 1,
+        .base_url = "http://127.0.0.1:8000",
+        .endpoint = "/v1/completions",
+        .dataset = "random",
+        .num_prompts = 100,
+        .input_len = 128,
+        .output_len = 128,
+        .warmups = 1,
+        .progress = 1,
+        .rate = INFINITY,
+        .burstiness = 1.0,
+        .timeout_s = 600,
+        .connect_timeout_s = 10,
+        .pcts = {99},
+        .n_pcts = 1,
+        .prefix_len = 1000,
+        .turns = 4,
     };
     o.api_key = getenv("OPENAI_API_KEY");
     int rc = sv_parse(argc, argv, &o);
@@ -965,9 +1186,12 @@ int bench_serve_main(int argc, char **argv) {
         fprintf(stderr, "echo-bench serve: out of memory for %d requests\n", n);
         goto out;
     }
-    for (int i = 0; i < n; i++) reqs[i].chat = o.chat;
-    if (!strcmp(o.dataset, "random") ? sv_random_dataset(&o, reqs, err, sizeof err)
-                                     : sv_jsonl_dataset(&o, o.dataset + 6, reqs, err, sizeof err)) {
+    for (int i = 0; i < n; i++)
+        reqs[i].chat = o.chat, reqs[i].dep = -1;
+    int ds = !strcmp(o.dataset, "random")       ? sv_random_dataset(&o, reqs, err, sizeof err)
+             : !strncmp(o.dataset, "jsonl:", 6) ? sv_jsonl_dataset(&o, o.dataset + 6, reqs, err, sizeof err)
+                                                : sv_prefix_dataset(&o, reqs, err, sizeof err);
+    if (ds) {
         fprintf(stderr, "echo-bench serve: %s\n", err);
         goto out;
     }
@@ -986,7 +1210,8 @@ int bench_serve_main(int argc, char **argv) {
     fprintf(stderr, "echo-bench serve: %s%s, %d prompts, request rate %s, burstiness %g, max concurrency %s\n",
             o.base_url, o.endpoint, n, rate, o.burstiness, conc);
     for (int w = 0; w < o.warmups; w++) {
-        warm.body = reqs[0].body;
+        warm.body = o.warm_body ? o.warm_body : reqs[0].body; /* a shared-prefix run's warm-up shares nothing */
+        warm.dep = -1;
         warm.chat = o.chat;
         warm.output_len = reqs[0].output_len;
         if (sv_run(&warm, 1, &o, 1, 0) < 0) {
@@ -1026,6 +1251,7 @@ out:
         free(reqs[i].body);
     }
     free(reqs);
+    free(o.warm_body);
     curl_global_cleanup();
     return status;
 }
