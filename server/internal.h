@@ -24,7 +24,7 @@
 #define SRV_MAX_STOP_LEN 1024
 #define SRV_MAX_CHOICES 128  /* prompts x n (or best_of) of one request */
 #define SRV_MAX_LOGIT_BIAS 1024
-#define SRV_PLP_ROWS 64      /* prompt-logprob rows per step (full-vocabulary rows on the host) */
+#define SRV_PLP_ROWS 64      /* prompt-logprob rows per step (full-vocabulary rows on the host); srv_plp_rows */
 
 typedef enum srv_finish { SRV_FIN_NONE = 0, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR } srv_finish;
 const char *srv_finish_name(srv_finish f);
@@ -214,6 +214,7 @@ struct srv_server {
 };
 
 double srv_now(void); /* CLOCK_MONOTONIC seconds */
+int srv_plp_rows(const srv_server *s); /* prompt-logprob rows per step */
 
 /* request lifetime */
 srv_req *srv_req_new(void);

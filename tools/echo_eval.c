@@ -39,7 +39,7 @@ static const char *USAGE =
     "  --max-prompts K      --text: at most K prompts (default 50)\n"
     "  --seed S             seed of random prompts (default 1)\n"
     "  --gen-tokens G       greedy continuation length compared (default 32)\n"
-    "  --modes LIST         comma-separated subset of int4,echo (default int4,echo)\n"
+    "  --modes LIST         comma-separated subset of int4,echo,bf16 (default int4,echo)\n"
     "  --echo-min-bytes LIST  size policies of the quantized modes, e.g. 0,65536 (default 0)\n"
     "  --echo-group LIST    values per scale group, e.g. 32,64,128 (default: comm/ default)\n"
     "  --codecs LIST        codecs of the quantized modes, NAME or NAME-gG, e.g.\n"
@@ -47,6 +47,9 @@ static const char *USAGE =
     "                       default: comm/ default codec)\n"
     "  --threads N          cpu threads in total (default: all)\n"
     "  --json               print one JSON object instead of tables\n"
+    "  --logprobs-out FILE  also write JSONL, one line per all-reduce and prompt:\n"
+    "                       {\"mode\",\"codec\",\"group\",\"prompt\",\"token_logprobs\":[log p of token t+1\n"
+    "                       at t, as fp32],\"last_top\":[[id, log p] x 5 after the last token]}\n"
     "  -h, --help           this help\n";
 
 typedef struct prompt {
@@ -275,6 +278,33 @@ static void lm_score(lm_acc *a, const float *logits, const prompt *p, size_t V, 
     }
 }
 
+/* --logprobs-out: one JSONL line per prompt of a run (the logprobs the
+ * server's echo + logprobs returns, and echo-generate's first step). */
+static int dump_logprobs(FILE *f, const char *mode, const char *codec, int group, const run *r, const prompt *ps,
+                         int np, size_t V, double *lp) {
+    for (int i = 0; i < np; i++) {
+        json_t *o = json_pack("{s:s,s:s,s:i,s:i}", "mode", mode, "codec", codec, "group", group, "prompt", i);
+        json_t *a = json_array(), *top = json_array();
+        for (int t = 0; t < ps[i].n; t++) {
+            eng_log_softmax(r->logits[i] + (size_t)t * V, (int)V, lp);
+            if (t + 1 < ps[i].n) json_array_append_new(a, json_real((float)lp[ps[i].ids[t + 1]]));
+        }
+        int32_t ids[5];
+        int k = eng_top_k(lp, (int)V, 5, ids);
+        for (int j = 0; j < k; j++) json_array_append_new(top, json_pack("[i,f]", (json_int_t)ids[j], (double)(float)lp[ids[j]]));
+        json_object_set_new(o, "token_logprobs", a);
+        json_object_set_new(o, "last_top", top);
+        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        json_decref(o);
+        if (!s || fprintf(f, "%s\n", s) < 0) {
+            free(s);
+            return -1;
+        }
+        free(s);
+    }
+    return 0;
+}
+
 typedef struct variant {
     echo_preset mode;
     echo_codec_id codec;
@@ -318,7 +348,8 @@ int main(int argc, char **argv) {
         O_GROUP,
         O_THREADS,
         O_JSON,
-        O_CODECS
+        O_CODECS,
+        O_LPOUT
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -336,10 +367,12 @@ int main(int argc, char **argv) {
         {"threads", required_argument, 0, O_THREADS},
         {"json", no_argument, 0, O_JSON},
         {"codecs", required_argument, 0, O_CODECS},
+        {"logprobs-out", required_argument, 0, O_LPOUT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL, *codecs_arg = NULL;
+    const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL, *codecs_arg = NULL,
+               *lp_path = NULL;
     int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, c;
     long seed = 1, groups[MAX_LIST] = {0}, minbs[MAX_LIST] = {0};
     int n_groups = 1, n_minb = 1;
@@ -369,6 +402,7 @@ int main(int argc, char **argv) {
         case O_THREADS: base.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_JSON: json = 1; break;
         case O_CODECS: codecs_arg = optarg; break;
+        case O_LPOUT: lp_path = optarg; break;
         case 'h': fputs(USAGE, stdout); return 0;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -390,10 +424,10 @@ int main(int argc, char **argv) {
         snprintf(buf, sizeof buf, "%s", modes_arg);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             echo_preset m = ECHO_PRESET_EXACT;
-            int bad = echo_preset_parse(t, &m) || (m != ECHO_PRESET_INT4 && m != ECHO_PRESET_ECHO);
+            int bad = echo_preset_parse(t, &m) || m == ECHO_PRESET_EXACT;
             for (int i = 0; i < n_modes; i++) bad |= modes[i] == m;
             if (bad)
-                cli_usage_error(PROG, "--modes expects a subset of int4,echo, got '%s'", modes_arg);
+                cli_usage_error(PROG, "--modes expects a subset of int4,echo,bf16, got '%s'", modes_arg);
             modes[n_modes++] = m;
         }
     }
@@ -419,12 +453,17 @@ int main(int argc, char **argv) {
     variant *vs = calloc((size_t)(nv ? nv : 1), sizeof *vs);
     for (int k = 0, i = 0; vs && k < n_modes; k++)
         for (int g = 0; g < n_cg; g++)
-            for (int b = 0; b < n_minb; b++, i++)
+            for (int b = 0; b < n_minb; b++, i++) {
                 vs[i] = (variant){
                     .mode = modes[k],
                     .codec = cods[g] ? cods[g] : ECHO_DEFAULT_CODEC,
                     .group = cgroups[g] ? cgroups[g] : echo_codec_default_group(cods[g] ? cods[g] : ECHO_DEFAULT_CODEC),
                     .min_bytes = (size_t)minbs[b]};
+                /* a preset with its own codec (bf16) runs that one */
+                echo_config pc = {0};
+                echo_preset_config(modes[k], vs[i].codec, vs[i].group, &pc);
+                if (echo_codec_get(pc.codec)->lossless) vs[i].codec = pc.codec;
+            }
 
     char err[1024];
     model_config mc;
@@ -434,6 +473,7 @@ int main(int argc, char **argv) {
     run rx = {0}, rm = {0};
     lm_acc lmx = {0};
     double *lpx = NULL, *lpm = NULL;
+    FILE *lpf = NULL;
     if (!vs) {
         snprintf(err, sizeof err, "out of memory");
         goto fail;
@@ -477,6 +517,14 @@ int main(int argc, char **argv) {
     ex = NULL;
     for (int i = 0; i < np; i++)
         lm_score(&lmx, rx.logits[i], &ps[i], V, lpx);
+    if (lp_path && !(lpf = fopen(lp_path, "w"))) {
+        snprintf(err, sizeof err, "%s: cannot open: %s", lp_path, strerror(errno));
+        goto fail;
+    }
+    if (lpf && dump_logprobs(lpf, "exact", "none", 0, &rx, ps, np, V, lpx)) {
+        snprintf(err, sizeof err, "%s: write failed", lp_path);
+        goto fail;
+    }
     if (!json) fprintf(stderr, "echo-eval: exact done (%d prompts)\n", np);
     for (int k = 0; k < nv; k++) {
         variant *a = &vs[k];
@@ -496,6 +544,11 @@ int main(int argc, char **argv) {
         int r = run_all(em, ps, np, gen, &rm, err, sizeof err);
         eng_destroy(em);
         if (r) goto fail;
+        if (lpf && dump_logprobs(lpf, echo_preset_name(a->mode), echo_codec_get(a->codec)->name, a->group, &rm, ps, np,
+                                 V, lpm)) {
+            snprintf(err, sizeof err, "%s: write failed", lp_path);
+            goto fail;
+        }
         for (int i = 0; i < np; i++) {
             lm_score(&a->lm, rm.logits[i], &ps[i], V, lpm);
             for (int t = 0; t < ps[i].n; t++) {
@@ -606,6 +659,10 @@ int main(int argc, char **argv) {
     }
     rc = 0;
 fail:
+    if (lpf && fclose(lpf) && !rc) {
+        fprintf(stderr, "echo-eval: error: %s: write failed\n", lp_path);
+        rc = 1;
+    }
     if (rc) fprintf(stderr, "echo-eval: error: %s\n", err);
     free(lpx);
     free(lpm);
