@@ -8,8 +8,10 @@
  * batch — every decoding request's last token first, then prompt chunks in
  * admission order within the token budget; run the step; sample, detokenize
  * and publish each new token. Sampling rows are independent of the batch, and
- * the engine computes each row the same whatever else is in the batch, so
- * greedy output does not depend on concurrency.
+ * with exact on threads the engine computes each row the same whatever else
+ * is in the batch, so greedy output does not depend on concurrency; under
+ * another all-reduce a prompt's rows still do not (engine.h, "Passes"),
+ * decode rows do.
  */
 #include <math.h>
 #include <stdio.h>

@@ -707,6 +707,9 @@ int bench_forward_main(int argc, char **argv) {
                      .max_model_len = max_len,
                      .max_num_seqs = max_b,
                      .max_batch_tokens = (int)batch_tok,
+                     /* each prompt one pass, as before passes were cut at
+                      * C (engine.h): a TTFT is one eng_step of one prompt */
+                     .pass_tokens = (int)batch_tok,
                      .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec),
                      .cuda_graphs = o.cuda_graphs,
                      .quantize = o.quantize,
