@@ -465,7 +465,13 @@ static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
                        * echo_end_pass), which also lets decode steps be CUDA graphs */
                       .deferred = use_nccl};
     if (echo_preset_config(c->allreduce, c->echo_codec, c->echo_group, &ec)) {
-        snprintf(err, errlen, "unknown all-reduce preset %d", (int)c->allreduce);
+        const echo_codec_info *ci = echo_codec_get(c->echo_codec);
+        if ((unsigned)c->allreduce < ECHO_PRESET_COUNT && ci)
+            snprintf(err, errlen, "--allreduce %s is the paper's %s codec; for %s without error feedback use "
+                     "--allreduce echo-nofb --echo-codec %s", echo_preset_name(c->allreduce),
+                     echo_codec_get(echo_preset_codec(c->allreduce))->name, ci->name, ci->name);
+        else
+            snprintf(err, errlen, "unknown all-reduce preset %d", (int)c->allreduce);
         return -1;
     }
     if (e->procs)

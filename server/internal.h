@@ -128,6 +128,10 @@ typedef struct srv_metrics {
     uint64_t conn_rejected[2];                 /* [0] --max-connections, [1] per-client cap */
     uint64_t deadline_closed;                  /* connections cut at --request-deadline */
     int block_size, num_blocks;                /* cache_config_info */
+    /* allreduce_config_info: what the all-reduce runs (tp 1: preset "none") */
+    char ar_preset[16], ar_codec[16];
+    int ar_group, ar_feedback, ar_tp;
+    double ar_bits;
     uint64_t prompt_tokens, generation_tokens;
     uint64_t success[SRV_FIN_ERROR + 1]; /* by finish reason */
     int running, waiting;

@@ -1,7 +1,8 @@
 /*
  * echo-eval: how much accuracy the quantized all-reduces cost. Runs the same
  * prompts through the same tensor-parallel model with the exact all-reduce
- * and with each variant (int4 / echo x group size x size policy) and
+ * and with each variant (echo / echo-nofb / int4 / bf16 x codec x group size
+ * x size policy) and
  * reports, teacher-forced on the prompts' own next tokens, perplexity and
  * next-token top-1 accuracy (the paper's unit: points), and against exact:
  * KL of next-token distributions, top-1 agreement, greedy-continuation
@@ -26,7 +27,7 @@
 static const char *USAGE =
     "usage: echo-eval --model PATH --tp N (--text FILE | --prompts FILE | --random-prompts K) [options]\n"
     "\n"
-    "Compare the int4 and echo all-reduce against exact on the same prompts.\n"
+    "Compare the quantized all-reduce presets against exact on the same prompts.\n"
     "\n"
     "  --model PATH         model folder or GGUF file\n"
     "  --tp N               tensor-parallel ranks (1: exact only, the reference perplexity)\n"
@@ -39,7 +40,9 @@ static const char *USAGE =
     "  --max-prompts K      --text: at most K prompts (default 50)\n"
     "  --seed S             seed of random prompts (default 1)\n"
     "  --gen-tokens G       greedy continuation length compared (default 32)\n"
-    "  --modes LIST         comma-separated subset of int4,echo,bf16 (default int4,echo)\n"
+    "  --modes LIST         comma-separated subset of echo,echo-nofb,int4,bf16 (default echo,echo-nofb):\n"
+    "                       echo-nofb is echo's codec without error feedback; int4 the paper's codec\n"
+    "                       (at the groups of --codecs' int4 entries, else G 64)\n"
     "  --echo-min-bytes LIST  size policies of the quantized modes, e.g. 0,65536 (default 0)\n"
     "  --echo-group LIST    values per scale group, e.g. 32,64,128 (default: comm/ default)\n"
     "  --codecs LIST        codecs of the quantized modes, NAME or NAME-gG, e.g.\n"
@@ -414,7 +417,7 @@ int main(int argc, char **argv) {
         cli_usage_error(PROG, "%s", "give exactly one of --text FILE, --prompts FILE and --random-prompts K");
     if (tp == 1 && modes_arg)
         cli_usage_error(PROG, "%s", "--modes needs --tp >= 2: with one rank there is no all-reduce");
-    if (!modes_arg) modes_arg = tp > 1 ? "int4,echo" : "";
+    if (!modes_arg) modes_arg = tp > 1 ? "echo,echo-nofb" : "";
 
     /* the quantized presets, each compared with exact once */
     echo_preset modes[ECHO_PRESET_COUNT];
@@ -427,7 +430,7 @@ int main(int argc, char **argv) {
             int bad = echo_preset_parse(t, &m) || m == ECHO_PRESET_EXACT;
             for (int i = 0; i < n_modes; i++) bad |= modes[i] == m;
             if (bad)
-                cli_usage_error(PROG, "--modes expects a subset of int4,echo,bf16, got '%s'", modes_arg);
+                cli_usage_error(PROG, "--modes expects a subset of echo,echo-nofb,int4,bf16, got '%s'", modes_arg);
             modes[n_modes++] = m;
         }
     }
@@ -449,21 +452,37 @@ int main(int argc, char **argv) {
             }
         }
     }
-    int nv = n_modes * n_cg * n_minb;
-    variant *vs = calloc((size_t)(nv ? nv : 1), sizeof *vs);
-    for (int k = 0, i = 0; vs && k < n_modes; k++)
-        for (int g = 0; g < n_cg; g++)
-            for (int b = 0; b < n_minb; b++, i++) {
-                vs[i] = (variant){
-                    .mode = modes[k],
-                    .codec = cods[g] ? cods[g] : ECHO_DEFAULT_CODEC,
-                    .group = cgroups[g] ? cgroups[g] : echo_codec_default_group(cods[g] ? cods[g] : ECHO_DEFAULT_CODEC),
-                    .min_bytes = (size_t)minbs[b]};
-                /* a preset with its own codec (bf16) runs that one */
-                echo_config pc = {0};
-                echo_preset_config(modes[k], vs[i].codec, vs[i].group, &pc);
-                if (echo_codec_get(pc.codec)->lossless) vs[i].codec = pc.codec;
+    /* Variants: echo and echo-nofb run each codec x group; a preset that
+     * fixes its codec runs that codec once per group: int4 at the groups of
+     * the int4 entries of --codecs (else its default G), bf16 at the default
+     * codec's G (only its shard size), as the server does. */
+    int nv = 0;
+    variant *vs = calloc((size_t)n_modes * n_cg * n_minb + 1, sizeof *vs);
+    for (int k = 0; vs && k < n_modes; k++) {
+        echo_codec_id fixed = echo_preset_codec(modes[k]);
+        int any = 0;
+        for (int g = 0; g < n_cg; g++) {
+            echo_codec_id cd = cods[g] ? cods[g] : ECHO_DEFAULT_CODEC;
+            int grp = cgroups[g] ? cgroups[g] : echo_codec_default_group(cd);
+            if (fixed != ECHO_CODEC_DEFAULT) {
+                if (echo_codec_get(fixed)->lossless) {
+                    grp = echo_codec_default_group(ECHO_CODEC_DEFAULT);
+                } else if (cd != fixed) {
+                    if (g + 1 < n_cg || any) continue;
+                    grp = echo_codec_default_group(fixed); /* no int4 entry: its default G */
+                }
+                cd = fixed;
             }
+            any = 1;
+            for (int b = 0; b < n_minb; b++) {
+                int dup = 0;
+                for (int q = 0; q < nv; q++)
+                    dup |= vs[q].mode == modes[k] && vs[q].codec == cd && vs[q].group == grp &&
+                           vs[q].min_bytes == (size_t)minbs[b];
+                if (!dup) vs[nv++] = (variant){.mode = modes[k], .codec = cd, .group = grp, .min_bytes = (size_t)minbs[b]};
+            }
+        }
+    }
 
     char err[1024];
     model_config mc;
@@ -607,6 +626,14 @@ int main(int argc, char **argv) {
                                   "min_bytes", (json_int_t)a->min_bytes, "ppl", exp(a->lm.nll / (double)a->lm.scored),
                                   "next_token_acc", acc, "next_token_acc_delta_pt", 100.0 * (acc - acc_x));
             json_object_set_new(o, "codec", json_string(echo_codec_get(a->codec)->name));
+            {
+                echo_config pc = {0};
+                char desc[128];
+                echo_preset_config(a->mode, a->codec, a->group, &pc);
+                echo_preset_describe(a->mode, a->codec, a->group, desc, sizeof desc);
+                json_object_set_new(o, "feedback", json_boolean(pc.feedback));
+                json_object_set_new(o, "allreduce", json_string(desc));
+            }
             json_object_set_new(o, "bits_per_value", json_real(echo_codec_bits(a->codec, a->group)));
             {
                 /* standard error of the paired accuracy difference (points) */
@@ -630,13 +657,13 @@ int main(int argc, char **argv) {
     } else {
         printf("echo-eval: %s, tp %d, %d prompts (%d..%d tokens), %d greedy tokens, %d layers\n\n", model_dir, tp, np,
                ps[0].n, maxlen, gen, (int)L);
-        printf("%-6s %-9s %5s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "codec", "G", "bits", "min_B",
+        printf("%-9s %-9s %5s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "codec", "G", "bits", "min_B",
                "ppl", "acc", "d acc", "KL mean", "KL max", "top-1=", "greedy agree len", "full agree");
-        printf("%-6s %-9s %5s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", "32", "-", ppl_x, 100 * acc_x, "-");
+        printf("%-9s %-9s %5s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", "32", "-", ppl_x, 100 * acc_x, "-");
         for (int k = 0; k < nv; k++) {
             variant *a = &vs[k];
             double acc = (double)a->lm.hits / (double)a->lm.scored;
-            printf("%-6s %-9s %5d %5.3g %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
+            printf("%-9s %-9s %5d %5.3g %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
                    echo_preset_name(a->mode), echo_codec_get(a->codec)->name, a->group,
                    echo_codec_bits(a->codec, a->group), a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
                    100 * (acc - acc_x), a->kl_sum / (double)a->positions, a->kl_max,

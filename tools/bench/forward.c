@@ -185,7 +185,8 @@ static const char FW_USAGE[] =
     "                      (random:qwen3-8b[,layers=N][,seed=S]; also qwen3-0.6b, tiny, tiny-hd128)\n"
     "  --device D          cpu (default), cuda, or auto (cuda when a GPU is visible)\n"
     "  --tp N              tensor-parallel ranks (default 1; under mpirun -np N one per process)\n"
-    "  --allreduce MODE    exact (default), bf16, int4 or echo: the all-reduce at tp > 1\n"
+    "  --allreduce MODE    exact (default), bf16, int4 (the paper's codec), echo or echo-nofb: the\n"
+    "                      all-reduce at tp > 1\n"
     "  --echo-group G      values per scale group of int4/echo (default: the codec's)\n"
     "  --echo-codec NAME   codec of int4/echo from the codec table, NAME-gG sets G too (default: comm/'s)\n"
     "  --echo-min-bytes N  messages below N bytes take the exact path (default 0)\n"
@@ -281,7 +282,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             break;
         case O_ALLRED:
             if (echo_preset_parse(a, &o->allreduce))
-                rc = fw_usage_error("--allreduce: expected exact, bf16, int4 or echo, got '%s'", a);
+                rc = fw_usage_error("--allreduce: expected exact, bf16, int4, echo or echo-nofb, got '%s'", a);
             break;
         case O_EGROUP:
             if (cli_parse_long(a, 16, 256, &v)) rc = fw_usage_error("--echo-group: expected 16..256, got '%s'", a);
