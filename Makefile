@@ -205,6 +205,7 @@ test: deps
 	$(MAKE) all
 	$(MAKE) check-suites
 	$(MAKE) test-paths
+	$(MAKE) test-accuracy-quick
 	$(MAKE) test-mpi
 	$(MAKE) fuzz-regress
 	$(MAKE) test-server
@@ -316,6 +317,12 @@ test-mpi: $(BUILD)/tests/mpi_test_comm $(TOOLS) $(DEMO_MODEL)/config.json $(DEFA
 .PHONY: test-paths
 test-paths: $(TOOLS) $(DEFAULT_GGUF)
 	tests/paths.sh $(BIN) $(DEFAULT_GGUF)
+# make test-accuracy-quick   five kinds of committed text (prose, man pages, code, non-English, chat
+#                   through SmolLM2's template), ~300 tokens each, tp 3: fails when a preset's KL to
+#                   exact or accuracy loss jumps past tests/accuracy_quick.json (docs/accuracy.md)
+.PHONY: test-accuracy-quick
+test-accuracy-quick: $(TOOLS) $(DEFAULT_GGUF)
+	tests/accuracy_quick.sh $(BIN) $(DEFAULT_GGUF)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cc' '*.cu' '*.cuh')

@@ -32,7 +32,8 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 launch=(timeout 900)
 [ -n "$np" ] && launch=(timeout 900 mpirun --oversubscribe -np "$np")
-what="tp $tp, ${np:+mpirun -np $np}${np:-threads}"
+what="tp $tp, threads"
+[ -n "$np" ] && what="tp $tp, mpirun -np $np"
 fail=0 checks=0
 tmp=$(mktemp -d)
 srv_pid=
