@@ -825,12 +825,19 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "device", json_string(o.device));
         json_object_set_new(root, "tp", json_integer(o.tp));
         json_object_set_new(root, "allreduce", json_string(o.tp > 1 ? echo_preset_name(o.allreduce) : "none"));
-        json_object_set_new(root, "echo_codec", json_string(echo_codec_get(eng_get_config(e)->echo_codec)->name));
         {
+            /* what the all-reduce runs: the preset's codec (int4 fixes its own), G, bits, feedback */
             const eng_config *ecfg = eng_get_config(e);
-            echo_codec_id cid = ecfg->echo_codec ? ecfg->echo_codec : ECHO_DEFAULT_CODEC;
-            json_object_set_new(root, "echo_group",
-                                json_integer(ecfg->echo_group ? ecfg->echo_group : echo_codec_default_group(cid)));
+            echo_config pc = {0};
+            echo_preset_config(ecfg->allreduce, ecfg->echo_codec, ecfg->echo_group, &pc);
+            const echo_codec_info *ci = echo_codec_get(pc.codec);
+            json_object_set_new(root, "echo_codec", json_string(ci->name));
+            json_object_set_new(root, "echo_group", json_integer(pc.group_size));
+            json_object_set_new(root, "echo_feedback", json_boolean(o.tp > 1 && pc.feedback));
+            json_object_set_new(root, "bits_per_value",
+                                json_real(o.tp < 2 ? 32.0
+                                          : ci->lossless ? (double)ci->code_bits
+                                                         : echo_codec_bits(pc.codec, pc.group_size)));
         }
         json_object_set_new(root, "cuda_graphs", json_boolean(o.cuda_graphs && !eng_graphs_note(e)));
         json_object_set_new(root, "graph_steps", json_integer(eng_graph_steps(e)));
