@@ -1157,7 +1157,7 @@ static int step_pass(eng *e, const eng_item *it, const step_seg *sg, int ns, con
         const step_seg *g = &sg[j];
         int nr = sub[j].logits == ENG_LOGITS_ALL ? g->len : sub[j].logits == ENG_LOGITS_LAST;
         int dst = rbase[g->item] + (sub[j].logits == ENG_LOGITS_ALL ? g->off : 0);
-        if (out->cands)
+        if (out->cands && nr)
             memcpy(out->cands + dst, cd_tmp + r, (size_t)nr * sizeof *cd_tmp);
         if (sfull[j] && nr) {
             int fd = fbase[g->item] + (sub[j].logits == ENG_LOGITS_ALL ? g->off : 0);
