@@ -204,6 +204,8 @@ fuzz-%: $(BUILD)/fuzz/fuzz_%
 test: deps
 	$(MAKE) all
 	$(MAKE) check-suites
+	$(MAKE) test-paths
+	$(MAKE) test-accuracy-quick
 	$(MAKE) test-mpi
 	$(MAKE) fuzz-regress
 	$(MAKE) test-server
@@ -298,15 +300,29 @@ test-bench: $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 #                 the lab script's namespace clean-up plus a shaped 2-rank echo-bench smoke
 #                 (the lab parts need root and tc; skipped with a note otherwise); then ranks
 #                 as processes (tests/mpi/engine.sh): HF's greedy tokens at -np 2/3/4,
-#                 processes == threads bit for bit, the server under mpirun, a killed rank
+#                 processes == threads bit for bit, the server under mpirun, a killed rank,
+#                 and tests/paths.sh under mpirun -np 3 (one answer per path, below)
 .PHONY: test-mpi
 $(BUILD)/tests/mpi_test_comm: $(BUILD)/obj/tests/mpi/test_comm_mpi.o $(filter $(BUILD)/obj/comm/%,$(LIB_OBJ))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-test-mpi: $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench $(BIN)/echo-generate $(BIN)/echo-serve $(DEMO_MODEL)/config.json
+test-mpi: $(BUILD)/tests/mpi_test_comm $(TOOLS) $(DEMO_MODEL)/config.json $(DEFAULT_GGUF)
 	tests/mpi/run.sh $(MPI) $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench
-	tests/mpi/engine.sh $(MPI) $(BIN) $(DEMO_MODEL)
+	ECHO_SMOLLM2_GGUF=$(DEFAULT_GGUF) tests/mpi/engine.sh $(MPI) $(BIN) $(DEMO_MODEL)
 # ---- end mpi block ----
+
+# make test-paths   one answer per path (tests/paths.sh): the same prompt ids through echo-eval,
+#                   echo-serve's prompt logprobs and echo-generate give the same logits bits on
+#                   SmolLM2 at tp 3, for every preset, ranks as threads (test-mpi: under mpirun)
+.PHONY: test-paths
+test-paths: $(TOOLS) $(DEFAULT_GGUF)
+	tests/paths.sh $(BIN) $(DEFAULT_GGUF)
+# make test-accuracy-quick   five kinds of committed text (prose, man pages, code, non-English, chat
+#                   through SmolLM2's template), ~300 tokens each, tp 3: fails when a preset's KL to
+#                   exact or accuracy loss jumps past tests/accuracy_quick.json (docs/accuracy.md)
+.PHONY: test-accuracy-quick
+test-accuracy-quick: $(TOOLS) $(DEFAULT_GGUF)
+	tests/accuracy_quick.sh $(BIN) $(DEFAULT_GGUF)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cc' '*.cu' '*.cuh')

@@ -35,9 +35,10 @@ static const struct preset {
     int feedback;
 } presets[ECHO_PRESET_COUNT] = {
     [ECHO_PRESET_EXACT] = {"exact", ECHO_CODEC_NONE, 0},
-    [ECHO_PRESET_INT4] = {"int4", ECHO_CODEC_DEFAULT, 0},
+    [ECHO_PRESET_NOFB] = {"echo-nofb", ECHO_CODEC_DEFAULT, 0},
     [ECHO_PRESET_ECHO] = {"echo", ECHO_CODEC_DEFAULT, 1},
     [ECHO_PRESET_BF16] = {"bf16", ECHO_CODEC_BF16, 0},
+    [ECHO_PRESET_INT4] = {"int4", ECHO_CODEC_INT4, 0},
 };
 
 int echo_preset_parse(const char *s, echo_preset *out) {
@@ -53,21 +54,46 @@ const char *echo_preset_name(echo_preset p) {
     return (unsigned)p < ECHO_PRESET_COUNT ? presets[p].name : "unknown";
 }
 
+echo_codec_id echo_preset_codec(echo_preset p) {
+    return (unsigned)p < ECHO_PRESET_COUNT ? presets[p].codec : ECHO_CODEC_DEFAULT;
+}
+
 int echo_preset_config(echo_preset p, echo_codec_id codec, int group, echo_config *cfg) {
     if ((unsigned)p >= ECHO_PRESET_COUNT) return -1;
-    cfg->codec = presets[p].codec == ECHO_CODEC_DEFAULT ? codec : presets[p].codec;
+    echo_codec_id fixed = presets[p].codec;
+    const echo_codec_info *fi = echo_codec_get(fixed);
+    /* int4 is the paper's codec: another codec without feedback is echo-nofb */
+    if (fixed != ECHO_CODEC_DEFAULT && !fi->lossless && codec != ECHO_CODEC_DEFAULT && codec != fixed) return -1;
+    cfg->codec = fixed == ECHO_CODEC_DEFAULT ? codec : fixed;
     cfg->feedback = presets[p].feedback;
-    cfg->group_size = group ? group : echo_codec_default_group(codec);
+    cfg->group_size = group ? group : echo_codec_default_group(fixed != ECHO_CODEC_DEFAULT && !fi->lossless ? fixed : codec);
     return 0;
 }
 
-/* The preset that names a path: a lossless codec's own row, else the
- * 4-bit row with this feedback. */
+void echo_preset_describe(echo_preset p, echo_codec_id codec, int group, char *buf, size_t len) {
+    echo_config c = {0};
+    if (echo_preset_config(p, codec, group, &c)) {
+        snprintf(buf, len, "%s: not a valid preset and codec", echo_preset_name(p));
+        return;
+    }
+    const echo_codec_info *ci = echo_codec_get(c.codec);
+    if (ci->lossless)
+        snprintf(buf, len, "%s: %s, %d bits/value", presets[p].name, c.codec == ECHO_CODEC_NONE ? "fp32" : ci->name,
+                 ci->code_bits);
+    else
+        snprintf(buf, len, "%s: %s-g%d, %.3f bits/value, error feedback %s", presets[p].name, ci->name,
+                 c.group_size, echo_codec_bits(c.codec, c.group_size), c.feedback ? "on" : "off");
+}
+
+/* The preset that names a path: a lossless codec's own row, the row that
+ * fixes this lossy codec with this feedback (int4), else the 4-bit row
+ * with this feedback (echo, echo-nofb). */
 static echo_preset preset_of(echo_codec_id codec, int feedback) {
     int lossless = echo_codec_get(codec)->lossless;
     for (int k = 0; k < ECHO_PRESET_COUNT; k++)
-        if (lossless ? presets[k].codec == codec
-                     : presets[k].codec == ECHO_CODEC_DEFAULT && presets[k].feedback == feedback)
+        if (presets[k].codec == codec && (lossless || presets[k].feedback == feedback)) return (echo_preset)k;
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+        if (!lossless && presets[k].codec == ECHO_CODEC_DEFAULT && presets[k].feedback == feedback)
             return (echo_preset)k;
     return ECHO_PRESET_EXACT; /* unreachable: the table has a row for every codec kind */
 }

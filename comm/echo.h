@@ -75,26 +75,44 @@ typedef struct echo_world echo_world; /* shared by the ranks of one process */
 typedef struct echo_comm echo_comm;   /* one rank */
 
 /* ---- Presets: what users type (--allreduce) ----
- *   exact = {none, no feedback}   int4 = {the 4-bit codec, no feedback}
- *   echo  = {the 4-bit codec, feedback}   bf16 = {bf16, no feedback}
- * A preset also names the path a call took in echo_stats (the size
- * policy's fallback is `exact`). */
+ *   exact     = {none, no feedback}
+ *   int4      = {int4, the paper's codec, no feedback}
+ *   echo      = {the chosen 4-bit codec (ECHO_DEFAULT_CODEC), feedback}
+ *   echo-nofb = {the chosen 4-bit codec, no feedback}: echo's codec without
+ *               error feedback, the ablation
+ *   bf16      = {bf16, no feedback}
+ * exact, int4 and bf16 fix their codec; echo and echo-nofb take the codec
+ * the caller names (0: ECHO_DEFAULT_CODEC). A preset also names the path a
+ * call took in echo_stats (the size policy's fallback is `exact`; a world
+ * of the int4 codec without feedback counts as int4, any other 4-bit codec
+ * as echo or echo-nofb). */
 typedef enum echo_preset {
     ECHO_PRESET_EXACT = 0,
-    ECHO_PRESET_INT4,
+    ECHO_PRESET_NOFB, /* "echo-nofb" (until issue 30 this row was named int4) */
     ECHO_PRESET_ECHO,
     ECHO_PRESET_BF16,
+    ECHO_PRESET_INT4, /* the paper's int4 codec, no feedback */
     ECHO_PRESET_COUNT /* rows of the preset table */
 } echo_preset;
 
-/* Parse "exact" | "int4" | "echo" | "bf16"; -1 if unknown. */
+/* Parse "exact" | "int4" | "echo" | "echo-nofb" | "bf16"; -1 if unknown. */
 int echo_preset_parse(const char *s, echo_preset *out);
 const char *echo_preset_name(echo_preset p); /* "unknown" out of range */
-/* cfg->codec and cfg->feedback of preset p, the 4-bit presets taking
+/* The codec preset p fixes (exact: none, int4: int4, bf16: bf16), or
+ * ECHO_CODEC_DEFAULT when it takes the caller's (echo, echo-nofb). */
+echo_codec_id echo_preset_codec(echo_preset p);
+/* cfg->codec and cfg->feedback of preset p, echo and echo-nofb taking
  * `codec` (0: ECHO_DEFAULT_CODEC); cfg->group_size = group, or when 0 the
- * default G of `codec` (so a world's G does not depend on the preset).
- * Other fields are left as they are. -1 for an unknown preset. */
+ * default G of the codec the preset runs (of `codec` for exact and bf16,
+ * whose G only sets the shard granularity, so that their G does not depend
+ * on the preset). Other fields are left as they are. -1 for an unknown
+ * preset, or for a preset that fixes a lossy codec (int4) given another
+ * one (`codec` not 0 and not that codec). */
 int echo_preset_config(echo_preset p, echo_codec_id codec, int group, echo_config *cfg);
+/* What a world of preset p runs, for logs and reports: "echo: hout2-g128,
+ * 4.500 bits/value, error feedback on" (exact: "exact: fp32, 32 bits/value").
+ * The fields one by one: echo_preset_config, echo_codec_get, echo_codec_bits. */
+void echo_preset_describe(echo_preset p, echo_codec_id codec, int group, char *buf, size_t len);
 
 /* ---- The codec table ----
  * A row says how a group of G values travels and which code runs it:

@@ -99,10 +99,20 @@ struct eng {
     size_t gather_cap;
     int dead; /* procs mode: a control message failed (a peer died): no more steps */
     char why[256];
+    int canon; /* steps run as passes fixed by positions (eng_pass_tokens) */
 };
 
 const model_config *eng_model_config(const eng *e) { return &e->mc; }
 const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
+
+int eng_pass_tokens(const eng *e) { return e->canon ? e->cfg.pass_tokens : 0; }
+
+int eng_prompt_chunk(const eng *e, int pos, int left, int budget) {
+    int n = left < budget ? left : budget;
+    if (n <= 0 || !e->canon || n == left) return n > 0 ? n : 0;
+    int C = e->cfg.pass_tokens, end = (pos + n) / C * C;
+    return end > pos ? end - pos : 0;
+}
 
 long eng_graph_steps(const eng *e) { return e->ranks[0].run.graph_steps; }
 long eng_comm_resets(const eng *e) { return e->comm_resets; }
@@ -253,6 +263,8 @@ static void fill_defaults(eng_config *c, const model_config *mc) {
     if (c->max_model_len <= 0) c->max_model_len = mc->max_position_embeddings < 4096 ? mc->max_position_embeddings : 4096;
     if (c->max_num_seqs <= 0) c->max_num_seqs = 8;
     if (c->max_batch_tokens <= 0) c->max_batch_tokens = c->max_model_len > 512 ? c->max_model_len : 512;
+    if (c->pass_tokens <= 0) c->pass_tokens = ENG_PASS_TOKENS;
+    if (c->pass_tokens > c->max_batch_tokens) c->pass_tokens = c->max_batch_tokens;
     if (c->kv_blocks <= 0) {
         long long per = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
         long long total = per * c->max_num_seqs;
@@ -438,6 +450,12 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
     }
 
     if (c->tp > 1 && !e->procs && pick_transport(c, use_nccl, err, errlen)) return -1;
+    /* Only the exact all-reduce on cpu threads sums every value the same
+     * way whatever the message (local.c: rank order, fp32); MPI's and
+     * NCCL's pick algorithms by size, the codecs group and shard the
+     * message (engine.h, "Passes"). */
+    e->canon = c->tp > 1 && (c->allreduce != ECHO_PRESET_EXACT || strcmp(c->transport, "local") ||
+                             strcmp(c->device, "cpu"));
     int threads = c->threads;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -471,7 +489,13 @@ static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
                        * echo_end_pass), which also lets decode steps be CUDA graphs */
                       .deferred = use_nccl};
     if (echo_preset_config(c->allreduce, c->echo_codec, c->echo_group, &ec)) {
-        snprintf(err, errlen, "unknown all-reduce preset %d", (int)c->allreduce);
+        const echo_codec_info *ci = echo_codec_get(c->echo_codec);
+        if ((unsigned)c->allreduce < ECHO_PRESET_COUNT && ci)
+            snprintf(err, errlen, "--allreduce %s is the paper's %s codec; for %s without error feedback use "
+                     "--allreduce echo-nofb --echo-codec %s", echo_preset_name(c->allreduce),
+                     echo_codec_get(echo_preset_codec(c->allreduce))->name, ci->name, ci->name);
+        else
+            snprintf(err, errlen, "unknown all-reduce preset %d", (int)c->allreduce);
         return -1;
     }
     if (e->procs)
@@ -744,8 +768,8 @@ void eng_comm_stats(const eng *e, echo_stats *out) {
 }
 
 /* Validate the batch and count the KV blocks it needs; nothing changes. */
-static int step_check(eng *e, const eng_item *it, int n, int *need_blocks, int *ntok, int *nrows, char *err,
-                      size_t errlen) {
+static int step_check(eng *e, const eng_item *it, int n, long tok_limit, int *need_blocks, int *ntok, int *nrows,
+                      char *err, size_t errlen) {
     const eng_config *c = &e->cfg;
     int tok = 0, rows = 0, need = 0;
     if (n <= 0 || n > c->max_num_seqs) {
@@ -780,7 +804,7 @@ static int step_check(eng *e, const eng_item *it, int n, int *need_blocks, int *
             }
         }
         tok += it[i].n_tokens;
-        if (tok > c->max_batch_tokens) {
+        if (tok > tok_limit) {
             snprintf(err, errlen, "step: more than %d tokens in one batch", c->max_batch_tokens);
             return -1;
         }
@@ -1093,7 +1117,7 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
         snprintf(err, errlen, "step: %d candidates per row (1..%d allowed)", out->k, KERN_TOPK_MAX);
         return -1;
     }
-    if (step_check(e, it, n, &need, &ntok, &nrows, err, errlen)) return -1;
+    if (step_check(e, it, n, c->max_batch_tokens, &need, &ntok, &nrows, err, errlen)) return -1;
     if (need > eng_blocks_available(&e->pool)) {
         snprintf(err, errlen, "step: needs %d KV blocks, %d free", need, eng_blocks_available(&e->pool));
         return ENG_ENOSPACE;
@@ -1192,10 +1216,170 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
     return 0;
 }
 
+/* ---- a step as passes fixed by positions (engine.h, "Passes") ---- */
+
+/* One piece of an item: tokens [off, off + len) of item `item`. */
+typedef struct step_seg {
+    int item, off, len;
+} step_seg;
+
+/* Run one pass of `ns` pieces and put its results where the whole step's
+ * would be. rbase/fbase/tbase: per item, its first logits row, first full
+ * (packed) row and first token in the whole step. */
+static int step_pass(eng *e, const eng_item *it, const step_seg *sg, int ns, const step_out *out, const int *rbase,
+                     const int *fbase, const int *tbase, int ntok_all, char *err, size_t errlen) {
+    const size_t V = (size_t)e->mc.vocab_size, H = (size_t)e->mc.hidden_size, L = (size_t)e->mc.num_layers;
+    eng_item *sub = malloc((size_t)ns * sizeof *sub);
+    unsigned char *sfull = malloc((size_t)ns);
+    int rows = 0, nfull = 0, ntok = 0;
+    if (!sub || !sfull) {
+        free(sub);
+        free(sfull);
+        snprintf(err, errlen, "step: out of memory");
+        return -1;
+    }
+    for (int j = 0; j < ns; j++) {
+        const eng_item *o = &it[sg[j].item];
+        int end = sg[j].off + sg[j].len == o->n_tokens;
+        eng_logits lg = o->logits == ENG_LOGITS_ALL ? ENG_LOGITS_ALL
+                        : o->logits == ENG_LOGITS_LAST && end ? ENG_LOGITS_LAST
+                                                               : ENG_LOGITS_NONE;
+        sub[j] = (eng_item){o->seq, o->tokens + sg[j].off, sg[j].len, lg};
+        sfull[j] = !out->cands || (out->full && out->full[sg[j].item]);
+        int r = lg == ENG_LOGITS_ALL ? sg[j].len : lg == ENG_LOGITS_LAST;
+        rows += r;
+        nfull += sfull[j] ? r : 0;
+        ntok += sg[j].len;
+    }
+    float *lg_tmp = nfull ? malloc((size_t)nfull * V * sizeof(float)) : NULL;
+    eng_cands *cd_tmp = out->cands && rows ? malloc((size_t)rows * sizeof *cd_tmp) : NULL;
+    float *st_tmp = out->layer_states ? malloc(L * (size_t)ntok * H * sizeof(float)) : NULL;
+    if ((nfull && !lg_tmp) || (out->cands && rows && !cd_tmp) || (out->layer_states && !st_tmp)) {
+        free(lg_tmp);
+        free(cd_tmp);
+        free(st_tmp);
+        free(sub);
+        free(sfull);
+        snprintf(err, errlen, "step: out of memory for a pass's results");
+        return -1;
+    }
+    step_out po = {nfull ? lg_tmp : out->logits, st_tmp, out->k, out->cands ? cd_tmp : NULL,
+                   out->cands ? sfull : NULL};
+    int rc = step_run(e, sub, ns, &po, err, errlen);
+    for (int j = 0, r = 0, f = 0, t = 0; !rc && j < ns; j++) {
+        const step_seg *g = &sg[j];
+        int nr = sub[j].logits == ENG_LOGITS_ALL ? g->len : sub[j].logits == ENG_LOGITS_LAST;
+        int dst = rbase[g->item] + (sub[j].logits == ENG_LOGITS_ALL ? g->off : 0);
+        if (out->cands && nr)
+            memcpy(out->cands + dst, cd_tmp + r, (size_t)nr * sizeof *cd_tmp);
+        if (sfull[j] && nr) {
+            int fd = fbase[g->item] + (sub[j].logits == ENG_LOGITS_ALL ? g->off : 0);
+            memcpy(out->logits + (size_t)fd * V, lg_tmp + (size_t)f * V, (size_t)nr * V * sizeof(float));
+            f += nr;
+        }
+        for (size_t l = 0; st_tmp && l < L; l++)
+            memcpy(out->layer_states + (l * (size_t)ntok_all + (size_t)tbase[g->item] + (size_t)g->off) * H,
+                   st_tmp + (l * (size_t)ntok + (size_t)t) * H, (size_t)g->len * H * sizeof(float));
+        r += nr;
+        t += g->len;
+    }
+    free(lg_tmp);
+    free(cd_tmp);
+    free(st_tmp);
+    free(sub);
+    free(sfull);
+    return rc;
+}
+
+/* The step as passes: the one-token items not at a multiple of C first,
+ * together, then each item's tokens cut at the multiples of C, a pass
+ * each. One pass that is the whole batch runs as it is. A failed pass
+ * rolls back the ones before it: every sequence gets its length and blocks
+ * back. */
+static int step_canon(eng *e, const eng_item *it, int n, const step_out *out, char *err, size_t errlen) {
+    const eng_config *c = &e->cfg;
+    const int C = c->pass_tokens;
+    int need, ntok, nrows;
+    if (!e->canon) return step_run(e, it, n, out, err, errlen);
+    if (step_check(e, it, n, 1L << 40, &need, &ntok, &nrows, err, errlen)) return -1;
+    if (need > eng_blocks_available(&e->pool)) {
+        snprintf(err, errlen, "step: needs %d KV blocks, %d free", need, eng_blocks_available(&e->pool));
+        return ENG_ENOSPACE;
+    }
+    int nseg = 0, ndec = 0;
+    for (int i = 0; i < n; i++) {
+        int p = e->seqs[it[i].seq].len;
+        nseg += (p + it[i].n_tokens - 1) / C - p / C + 1;
+        ndec += it[i].n_tokens == 1 && p % C;
+    }
+    if (nseg == n && (ndec == n || n == 1)) return step_run(e, it, n, out, err, errlen); /* one pass */
+    step_seg *sg = malloc((size_t)nseg * sizeof *sg);
+    int *base = malloc((size_t)4 * n * sizeof *base);
+    if (!sg || !base) {
+        free(sg);
+        free(base);
+        snprintf(err, errlen, "step: out of memory");
+        return -1;
+    }
+    int *rbase = base, *fbase = base + n, *tbase = base + 2 * n, *old_len = base + 3 * n;
+    int *old_nb = malloc((size_t)n * sizeof *old_nb);
+    eng_seq *old_seq = malloc((size_t)n * sizeof *old_seq); /* prefix-cache chain state, for the rollback */
+    int rc = old_nb && old_seq ? 0 : -1;
+    if (rc) snprintf(err, errlen, "step: out of memory");
+    int nd = 0, ns = 0;
+    for (int i = 0, r = 0, f = 0, t = 0; !rc && i < n; i++) {
+        eng_seq *s = &e->seqs[it[i].seq];
+        old_len[i] = s->len;
+        old_nb[i] = s->nblocks;
+        old_seq[i] = *s;
+        rbase[i] = r;
+        fbase[i] = f;
+        tbase[i] = t;
+        int nr = it[i].logits == ENG_LOGITS_ALL ? it[i].n_tokens : it[i].logits == ENG_LOGITS_LAST;
+        r += nr;
+        f += !out->cands || (out->full && out->full[i]) ? nr : 0;
+        t += it[i].n_tokens;
+        if (it[i].n_tokens == 1 && s->len % C) sg[nd++] = (step_seg){i, 0, 1}; /* decodes first */
+    }
+    ns = nd;
+    for (int i = 0; !rc && i < n; i++) {
+        if (it[i].n_tokens == 1 && old_len[i] % C) continue;
+        for (int off = 0; off < it[i].n_tokens;) {
+            int p = old_len[i] + off, len = (p / C + 1) * C - p;
+            if (len > it[i].n_tokens - off) len = it[i].n_tokens - off;
+            sg[ns++] = (step_seg){i, off, len};
+            off += len;
+        }
+    }
+    /* the decode pass, then one pass per piece */
+    if (!rc && nd) rc = step_pass(e, it, sg, nd, out, rbase, fbase, tbase, ntok, err, errlen);
+    for (int j = nd; !rc && j < ns; j++) rc = step_pass(e, it, sg + j, 1, out, rbase, fbase, tbase, ntok, err, errlen);
+    if (rc && old_nb && old_seq) {
+        /* Blocks an earlier pass completed and registered stay in the
+         * prefix cache (their KV is whole); the sequence forgets them. */
+        for (int i = n - 1; i >= 0; i--) {
+            eng_seq *s = &e->seqs[it[i].seq];
+            if (s->nblocks > old_nb[i]) eng_blocks_release(&e->pool, s->blocks + old_nb[i], s->nblocks - old_nb[i]);
+            s->nblocks = old_nb[i];
+            s->len = old_len[i];
+            s->nreg = old_seq[i].nreg;
+            s->chain = old_seq[i].chain;
+            s->chain_gen = old_seq[i].chain_gen;
+            s->chain_broken = old_seq[i].chain_broken;
+        }
+        rc = rc == ENG_ENOSPACE ? -1 : rc; /* checked above: cannot happen */
+    }
+    free(old_seq);
+    free(old_nb);
+    free(sg);
+    free(base);
+    return rc;
+}
+
 int eng_step_states(eng *e, const eng_item *it, int n, float *logits, float *layer_states, char *err,
                     size_t errlen) {
     step_out out = {logits, layer_states, 0, NULL, NULL};
-    return step_run(e, it, n, &out, err, errlen);
+    return step_canon(e, it, n, &out, err, errlen);
 }
 
 int eng_step(eng *e, const eng_item *items, int n_items, float *logits, char *err, size_t errlen) {
@@ -1209,5 +1393,5 @@ int eng_step_cands(eng *e, const eng_item *items, int n_items, int k, eng_cands 
         return -1;
     }
     step_out out = {logits, NULL, k, cands, full};
-    return step_run(e, items, n_items, &out, err, errlen);
+    return step_canon(e, items, n_items, &out, err, errlen);
 }

@@ -84,7 +84,30 @@ typedef struct eng_config {
     /* 1: no automatic prefix cache (eng_seq_new_prefix then maps nothing
      * and registers nothing). 0 (default): on. */
     int no_prefix_cache;
+    /* Prompt tokens per pass, C, when the all-reduce's bits depend on the
+     * layout of its messages (eng_pass_tokens): 0 = ENG_PASS_TOKENS, at
+     * most max_batch_tokens. */
+    int pass_tokens;
 } eng_config;
+
+/* Passes under a layout-dependent all-reduce (every preset at tp > 1 but
+ * exact on cpu threads). A lossy or bf16 all-reduce's result for a value
+ * depends on the whole message it travels in: the codec's groups run over
+ * the flattened (tokens x hidden) message, so a group can hold two tokens'
+ * values, and the rank that owns a shard adds its own part unrounded, so
+ * which rank that is (set by the message length) changes the bits; with
+ * error feedback the pass's earlier calls feed in as well. One pass is
+ * therefore one answer: eng_step runs a step as passes fixed by the
+ * tokens' positions alone, so that every program that feeds a prompt
+ * through the engine gets the same logits bits:
+ *   - a prompt's tokens run in passes of their own, cut at the positions
+ *     that are multiples of C (tokens 0..C-1, C..2C-1, ...), whatever
+ *     chunks the caller hands in;
+ *   - one-token items at a position that is not a multiple of C (decode
+ *     steps) share one pass, run first; their bits depend on that batch.
+ * Callers that chunk a prompt cut it with eng_prompt_chunk. docs/accuracy.md
+ * ("One answer per path") has the measurement. */
+#define ENG_PASS_TOKENS 512
 
 #define ENG_QUANT_NONE 0
 #define ENG_QUANT_Q8_0 1
@@ -167,6 +190,15 @@ int eng_usable(const eng *e, char *why, size_t len);
  * Thread-safe and cheap: for a health check while a step may be blocked. */
 int eng_ranks_alive(const eng *e, char *why, size_t len);
 
+/* C (eng_config.pass_tokens) when steps run in the passes above, else 0
+ * (exact on cpu threads, tp 1: one pass per step, whatever the batch). */
+int eng_pass_tokens(const eng *e);
+/* Tokens of a prompt chunk starting at position `pos` with `left` prompt
+ * tokens to go and at most `budget` allowed: min(left, budget), cut back to
+ * a multiple of C when it would end short of the prompt (0 when no
+ * multiple is in reach: wait for a larger budget). */
+int eng_prompt_chunk(const eng *e, int pos, int left, int budget);
+
 /* Sequences. Ids are small integers, reused after free. */
 int eng_seq_new(eng *e, int *seq, char *err, size_t errlen); /* ENG_ENOSPACE if max_num_seqs are live */
 void eng_seq_free(eng *e, int seq);                           /* releases its KV blocks */
@@ -214,9 +246,11 @@ typedef struct eng_item {
     eng_logits logits;
 } eng_item;
 
-/* One forward pass. `logits` receives, in item order, 1 row (LAST) or
- * n_tokens rows (ALL) of vocab_size floats per item asking for them.
- * Errors: ENG_ENOSPACE (nothing changed), or -1 with a message. */
+/* One forward pass (several when eng_pass_tokens says so: the batch limit
+ * max_batch_tokens then holds per pass). `logits` receives, in item order,
+ * 1 row (LAST) or n_tokens rows (ALL) of vocab_size floats per item asking
+ * for them. Errors: ENG_ENOSPACE (nothing changed), or -1 with a message
+ * (nothing changed either: passes that ran are rolled back). */
 int eng_step(eng *e, const eng_item *items, int n_items, float *logits, char *err, size_t errlen);
 /* Same, also copying rank 0's residual stream after every layer into
  * layer_states (num_layers, total tokens of the step, hidden). */
@@ -333,7 +367,8 @@ typedef int (*eng_token_cb)(void *user, const eng_step_out *st); /* non-zero sto
 
 typedef enum eng_finish { ENG_FINISH_LENGTH = 0, ENG_FINISH_EOS, ENG_FINISH_STOP, ENG_FINISH_CALLBACK } eng_finish;
 
-/* Prefill the prompt in one pass, then decode until max_tokens, an EOS id
+/* Prefill the prompt (in chunks of at most max_batch_tokens, cut by
+ * eng_prompt_chunk), then decode until max_tokens, an EOS id
  * (unless ignore_eos), a stop id, or the callback says stop. */
 int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_params *p, eng_token_cb cb, void *user,
                  eng_finish *finish, char *err, size_t errlen);

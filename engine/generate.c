@@ -60,10 +60,12 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
     eng_rng_seed(&rng, p->sampling.seed);
     /* Chunked prefill: a prompt longer than one step's token budget
      * (max_batch_tokens) runs as several steps; only the last asks for
-     * logits. Each chunk attends to the cache the earlier ones filled. */
+     * logits. Each chunk attends to the cache the earlier ones filled; chunks
+     * end at eng_prompt_chunk's cuts, so the logits are those of any other
+     * path (engine.h, "Passes"). */
     eng_item it;
     for (int done = 0; done < n_prompt;) {
-        int chunk = n_prompt - done < ec->max_batch_tokens ? n_prompt - done : ec->max_batch_tokens;
+        int chunk = eng_prompt_chunk(e, done, n_prompt - done, ec->max_batch_tokens);
         int last = done + chunk == n_prompt;
         it = (eng_item){seq, prompt + done, chunk, last ? ENG_LOGITS_LAST : ENG_LOGITS_NONE};
         if (!last ? eng_step(e, &it, 1, NULL, err, errlen)

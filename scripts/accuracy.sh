@@ -4,7 +4,7 @@
 # Python 3.11 tutorial's reST sources from Debian's python3.11-doc (PSF
 # licence; installed here when missing, as root), at tp 1 (exact, the
 # reference) and tp 3 for exact and each codec of the table (comm/echo.h)
-# without (int4) and with (echo) error feedback. Writes build/accuracy/*.json,
+# without (echo-nofb) and with (echo) error feedback. Writes build/accuracy/*.json,
 # the table docs/accuracy.md and the Pareto plot docs/accuracy.png
 # (accuracy change vs wire bits/value).
 #
@@ -63,8 +63,8 @@ else
 fi
 echo "accuracy.sh: tp 1 (exact reference)" >&2
 "$bin"/echo-eval --model "$model" --tp 1 "${common[@]}" > "$out/tp1.json"
-echo "accuracy.sh: tp 3, exact + int4/echo x {$codecs}" >&2
-"$bin"/echo-eval --model "$model" --tp 3 --modes int4,echo --codecs "$codecs" "${common[@]}" > "$out/tp3.json"
+echo "accuracy.sh: tp 3, exact + echo-nofb/echo x {$codecs}" >&2
+"$bin"/echo-eval --model "$model" --tp 3 --modes echo-nofb,echo --codecs "$codecs" "${common[@]}" > "$out/tp3.json"
 # codec throughput on this CPU (one thread, 1M values), for the report
 : > "$out/codec.json"
 for c in $(echo "$codecs" | tr ',' ' '); do
@@ -90,7 +90,7 @@ PY
 fi
 # a Qwen3 fixture (random weights: KL only), so that nothing regresses there
 "$bin"/echo-eval --model tests/fixtures/models/deep36 --tp 4 --random-prompts 8 --prompt-len 32 --gen-tokens 8 \
-  --modes int4,echo --codecs "$codecs" --threads "$threads" --json > "$out/qwen3.json" 2>/dev/null || true
+  --modes echo-nofb,echo --codecs "$codecs" --threads "$threads" --json > "$out/qwen3.json" 2>/dev/null || true
 python3 scripts/accuracy_report.py "$out/tp1.json" "$out/tp3.json" docs/accuracy.md "$out/plot.dat" "$out/codec.json" \
   "$out/qwen3.json" "${more_args[@]}"
 if command -v gnuplot >/dev/null; then

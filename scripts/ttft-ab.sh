@@ -8,7 +8,7 @@
 #
 # Options (everything else is passed to `echo-bench serve` as the workload):
 #   --modes exact,echo,int4    all-reduce modes, in order; the first is the baseline of the ratios;
-#                              exact, bf16, int4 or echo, each optionally :CODEC (echo:hadamard-g32
+#                              exact, bf16, int4 (the paper's codec), echo or echo-nofb, echo/echo-nofb optionally :CODEC (echo:hadamard-g32
 #                              serves --allreduce echo --echo-codec hadamard-g32)
 #   --mpirun                   ranks as processes: the server runs under `mpirun -np TP`
 #                              ($MPIRUN, default mpirun; as root OMPI_ALLOW_RUN_AS_ROOT is set)
@@ -73,7 +73,7 @@ case "$background" in none|cpu-membw|gpu-nccl) ;;
   *) echo "ttft-ab: --background: expected none, cpu-membw or gpu-nccl, got '$background'" >&2; exit 2 ;; esac
 IFS=, read -r -a mode_list <<<"$modes"
 for m in "${mode_list[@]}"; do
-  case "${m%%:*}" in exact|bf16|echo|int4) ;; *) echo "ttft-ab: --modes: unknown mode '$m'" >&2; exit 2 ;; esac
+  case "${m%%:*}" in exact|bf16|echo|echo-nofb|int4) ;; *) echo "ttft-ab: --modes: unknown mode '$m'" >&2; exit 2 ;; esac
   case "$m" in exact:*|bf16:*) echo "ttft-ab: --modes: '$m': exact and bf16 take no codec" >&2; exit 2 ;; esac
 done
 # --link: the whole experiment again, inside the lab's namespace (the client

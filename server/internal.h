@@ -32,7 +32,7 @@
  * is answered by libmicrohttpd itself (an HTML 414 or 431). */
 #define SRV_MAX_URI (16 * 1024)
 #define SRV_CONN_MEMORY (512 * 1024)
-#define SRV_PLP_ROWS 64      /* prompt-logprob rows per step (full-vocabulary rows on the host) */
+#define SRV_PLP_ROWS 64      /* prompt-logprob rows per step (full-vocabulary rows on the host); srv_plp_rows */
 
 typedef enum srv_finish { SRV_FIN_NONE = 0, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR } srv_finish;
 const char *srv_finish_name(srv_finish f);
@@ -136,6 +136,10 @@ typedef struct srv_metrics {
     uint64_t conn_rejected[2];                 /* [0] --max-connections, [1] per-client cap */
     uint64_t deadline_closed;                  /* connections cut at --request-deadline */
     int block_size, num_blocks;                /* cache_config_info */
+    /* allreduce_config_info: what the all-reduce runs (tp 1: preset "none") */
+    char ar_preset[16], ar_codec[16];
+    int ar_group, ar_feedback, ar_tp;
+    double ar_bits;
     uint64_t prompt_tokens, generation_tokens;
     uint64_t success[SRV_FIN_ERROR + 1]; /* by finish reason */
     int running, waiting;
@@ -222,6 +226,7 @@ struct srv_server {
 };
 
 double srv_now(void); /* CLOCK_MONOTONIC seconds */
+int srv_plp_rows(const srv_server *s); /* prompt-logprob rows per step */
 
 /* request lifetime */
 srv_req *srv_req_new(void);

@@ -10,8 +10,10 @@
  * batch — every decoding request's last token first, then prompt chunks in
  * admission order within the token budget; run the step; sample, detokenize
  * and publish each new token. Sampling rows are independent of the batch, and
- * the engine computes each row the same whatever else is in the batch, so
- * greedy output does not depend on concurrency.
+ * with exact on threads the engine computes each row the same whatever else
+ * is in the batch, so greedy output does not depend on concurrency; under
+ * another all-reduce a prompt's rows still do not (engine.h, "Passes"),
+ * decode rows do.
  */
 #include <math.h>
 #include <stdio.h>
@@ -424,6 +426,13 @@ static void prompt_logprob(srv_server *s, srv_req *r, const float *row, int pos)
         rec->top_lp[i] = (float)lp[rec->top_ids[i]];
 }
 
+/* Prompt-logprob rows per step: SRV_PLP_ROWS, or C when the engine cuts
+ * passes at multiples of C (a prompt chunk must reach one). */
+int srv_plp_rows(const srv_server *s) {
+    int c = eng_pass_tokens(s->eng);
+    return c > SRV_PLP_ROWS ? c : SRV_PLP_ROWS;
+}
+
 static void publish_gauges(srv_server *s) {
     eng_kv_usage u;
     eng_kv_get_usage(s->eng, &u);
@@ -554,25 +563,30 @@ static void *sched_main(void *arg) {
         }
         /* Batch: decodes first, then prompt chunks, within the budget. A
          * request that wants prompt logprobs takes its prompt rows whole
-         * (ENG_LOGITS_ALL), at most SRV_PLP_ROWS of them per step. */
-        int n = 0, budget = ec->max_batch_tokens, plp_rows = SRV_PLP_ROWS, any_all = 0, step_tokens = 0;
+         * (ENG_LOGITS_ALL), at most srv_plp_rows of them per step. Prompt
+         * chunks end where eng_prompt_chunk cuts, so that a prompt's logits
+         * are those of any other path (engine.h, "Passes"); there the
+         * engine runs decodes in a pass of their own, and they leave the
+         * prompt budget whole (a prompt never waits for a full C). */
+        const int canon = eng_pass_tokens(s->eng) > 0;
+        int n = 0, budget = ec->max_batch_tokens, plp_rows = srv_plp_rows(s), any_all = 0, step_tokens = 0;
         for (int pass = 0; pass < 2; pass++) {
             for (int i = 0; i < q->n_running && budget > 0; i++) {
                 srv_req *r = q->running[i];
                 int left = r->n_all - r->n_cached;
                 if ((pass == 0) != (left == 1) || left <= 0) continue;
                 int all = r->plp_k >= 0 && r->n_cached < r->n_prompt;
-                int chunk = left < budget ? left : budget;
+                if (all && plp_rows == 0) continue;
+                int chunk = eng_prompt_chunk(s->eng, r->n_cached, left, all && plp_rows < budget ? plp_rows : budget);
+                if (chunk == 0) continue;
                 if (all) {
-                    if (plp_rows == 0) continue;
-                    if (chunk > plp_rows) chunk = plp_rows;
                     plp_rows -= chunk;
                     any_all = 1;
                 }
                 eng_logits lg = all ? ENG_LOGITS_ALL : chunk == left ? ENG_LOGITS_LAST : ENG_LOGITS_NONE;
                 q->items[n] = (eng_item){r->seq, r->all + r->n_cached, chunk, lg};
                 q->item_req[n++] = i;
-                budget -= chunk;
+                if (!(canon && pass == 0)) budget -= chunk;
                 step_tokens += chunk;
             }
         }
@@ -668,7 +682,7 @@ int srv_sched_start(srv_server *s, char *err, size_t errlen) {
     q->items = calloc((size_t)ec->max_num_seqs, sizeof *q->items);
     q->item_req = calloc((size_t)ec->max_num_seqs, sizeof *q->item_req);
     q->fins = calloc((size_t)ec->max_num_seqs, sizeof *q->fins);
-    q->logits = malloc(((size_t)ec->max_num_seqs + SRV_PLP_ROWS) * V * sizeof *q->logits);
+    q->logits = malloc(((size_t)ec->max_num_seqs + (size_t)srv_plp_rows(s)) * V * sizeof *q->logits);
     q->cands = malloc((size_t)ec->max_num_seqs * sizeof *q->cands);
     q->full = calloc((size_t)ec->max_num_seqs, sizeof *q->full);
     q->lp = malloc(V * sizeof *q->lp);

@@ -2,7 +2,7 @@
  * echo-bench: benchmarks, one subcommand each (the table `commands` below;
  * add a row to add one).
  *
- *   echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]
+ *   echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo,echo-nofb]
  *                        [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G] [--codec C]
  *                        [--echo-min-bytes N] [--iters N] [--warmup N] [--json]
  *       nccl-tests-style table per message size and algorithm: time, algbw,
@@ -135,6 +135,13 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
  * that fails to start would leave the others waiting forever. Each thread
  * first waits at the set's gate: ts_start opens it only once every thread
  * exists, and otherwise tells the started ones to return. */
+/* --codec applies to the presets that take a codec (echo, echo-nofb);
+ * int4 is the paper's codec whatever --codec says. */
+static echo_codec_id bench_codec(echo_preset mode, echo_codec_id codec) {
+    echo_codec_id f = echo_preset_codec(mode);
+    return f != ECHO_CODEC_DEFAULT && !echo_codec_get(f)->lossless ? ECHO_CODEC_DEFAULT : codec;
+}
+
 typedef struct thread_set {
     pthread_t th[TS_MAX];
     struct ts_slot {
@@ -219,6 +226,8 @@ typedef struct ar_row {
     const char *algo;
     int ranks, group;
     double time_us, algbw, busbw, wire_bits, rel_err;
+    const char *codec; /* what the preset ran (echo_world_get_config) */
+    int feedback;
 } ar_row;
 
 static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int group, size_t min_policy, size_t count,
@@ -236,7 +245,7 @@ static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int gro
     R->warmup = 1;
     R->dt = calloc((size_t)iters * nranks, sizeof *R->dt);
     echo_config cfg = {.min_bytes = min_policy, .n_sites = 1, .max_count = count};
-    echo_preset_config(mode, codec, group, &cfg);
+    echo_preset_config(mode, bench_codec(mode, codec), group, &cfg);
     if (!R->dt || echo_world_create_local(nranks, &cfg, &w, err, errlen)) goto out;
     for (int r = 0; r < nranks; r++) {
         if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
@@ -296,7 +305,9 @@ static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int gro
                     bytes / t / 1e9,
                     bytes / t / 1e9 * 2.0 * (nranks - 1) / nranks,
                     calls ? 8.0 * (double)wire / calls / (2.0 * (nranks - 1) / nranks * (double)count) : 0,
-                    den > 0 ? sqrt(num / den) : sqrt(num)};
+                    den > 0 ? sqrt(num / den) : sqrt(num),
+                    echo_codec_get(got.codec)->name,
+                    got.feedback};
     status = 0;
 out:
     for (int r = 0; r < nranks; r++) {
@@ -328,7 +339,7 @@ typedef struct ar_mpi_opts {
 static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_preset mode, size_t count, const float *x, float *buf,
                       const double *ref, size_t lo, size_t hi, int it, ar_row *row, char *err, size_t errlen) {
     echo_config cfg = {.min_bytes = o->policy, .n_sites = 1, .max_count = count};
-    echo_preset_config(mode, o->codec, o->group, &cfg);
+    echo_preset_config(mode, bench_codec(mode, o->codec), o->group, &cfg);
     echo_world *w = NULL;
     echo_comm *c = NULL;
     int rc = echo_world_create_mpi(&cfg, &w, err, errlen);
@@ -394,7 +405,9 @@ static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_preset mode, siz
                     bytes / t / 1e9,
                     bytes / t / 1e9 * 2.0 * (N - 1) / N,
                     calls ? 8.0 * (double)wire / calls / (2.0 * (N - 1) / N * (double)count) : 0,
-                    tot[1] > 0 ? sqrt(tot[0] / tot[1]) : sqrt(tot[0])};
+                    tot[1] > 0 ? sqrt(tot[0] / tot[1]) : sqrt(tot[0]),
+                    echo_codec_get(got.codec)->name,
+                    got.feedback};
     echo_comm_destroy(c);
     echo_world_destroy(w);
     return 0;
@@ -426,7 +439,7 @@ static int ar_mpi(const ar_mpi_opts *o) {
                    "echo-min-bytes %zu, link %s, exact = %s\n",
                    N, o->dist == DIST_GAUSS ? "Gaussian" : "outlier", o->policy, rate ? rate : "(not in netlab)",
                    impl && *impl ? impl : "allreduce");
-            printf("# %12s %6s %6s %12s %12s %12s %10s %10s\n", "bytes", "algo", "group", "time(us)", "algbw(GB/s)",
+            printf("# %12s %9s %6s %12s %12s %12s %10s %10s\n", "bytes", "algo", "group", "time(us)", "algbw(GB/s)",
                    "busbw(GB/s)", "wire(b/v)", "rel_err");
         }
         fflush(stdout);
@@ -453,13 +466,14 @@ static int ar_mpi(const ar_mpi_opts *o) {
             }
             if (me == 0) {
                 if (o->json)
-                    printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"ranks\": %d, \"group\": %d, "
+                    printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"codec\": \"%s\", \"feedback\": %d, "
+                           "\"ranks\": %d, \"group\": %d, "
                            "\"time_us\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, "
                            "\"wire_bits_per_value\": %.4f, \"rel_err\": %.6g}",
-                           first ? "" : ",", row.bytes, row.algo, row.ranks, row.group, row.time_us, row.algbw,
-                           row.busbw, row.wire_bits, row.rel_err);
+                           first ? "" : ",", row.bytes, row.algo, row.codec, row.feedback, row.ranks, row.group,
+                           row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
                 else
-                    printf("  %12zu %6s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row.bytes, row.algo, row.group,
+                    printf("  %12zu %9s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row.bytes, row.algo, row.group,
                            row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
                 fflush(stdout);
             }
@@ -481,7 +495,7 @@ out:
 static void ar_usage(void) {
     fprintf(
         stderr,
-        "usage: echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo]\n"
+        "usage: echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo,echo-nofb]\n"
         "                            [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G] [--codec NAME[-gG]]\n"
         "                            [--echo-min-bytes N] [--iters N] [--warmup N] [--seed S]\n"
         "                            [--dist gauss|outlier] [--json]\n"
@@ -550,7 +564,7 @@ static int cmd_allreduce(int argc, char **argv) {
     snprintf(list, sizeof list, "%s", algos);
     for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (nmodes == ECHO_PRESET_COUNT || echo_preset_parse(tok, &modes[nmodes])) {
-            fprintf(stderr, "echo-bench: unknown algo '%s' (exact, bf16, int4, echo)\n", tok);
+            fprintf(stderr, "echo-bench: unknown algo '%s' (exact, bf16, int4, echo, echo-nofb)\n", tok);
             return 2;
         }
         nmodes++;
@@ -608,7 +622,7 @@ static int cmd_allreduce(int argc, char **argv) {
         printf("# echo-bench allreduce: transport local (ranks are threads, host memory: CPU numbers), %d ranks, "
                "fp32, %s inputs, echo-min-bytes %zu\n",
                nranks, dist == DIST_GAUSS ? "Gaussian" : "outlier", policy);
-        printf("# %12s %6s %6s %12s %12s %12s %10s %10s\n", "bytes", "algo", "group", "time(us)", "algbw(GB/s)",
+        printf("# %12s %9s %6s %12s %12s %12s %10s %10s\n", "bytes", "algo", "group", "time(us)", "algbw(GB/s)",
                "busbw(GB/s)", "wire(b/v)", "rel_err");
     }
     int first = 1;
@@ -632,12 +646,13 @@ static int cmd_allreduce(int argc, char **argv) {
                 goto out;
             }
             if (json)
-                printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"ranks\": %d, \"group\": %d, \"time_us\": %.3f, "
+                printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"codec\": \"%s\", \"feedback\": %d, "
+                       "\"ranks\": %d, \"group\": %d, \"time_us\": %.3f, "
                        "\"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"wire_bits_per_value\": %.4f, \"rel_err\": %.6g}",
-                       first ? "" : ",", row.bytes, row.algo, row.ranks, row.group, row.time_us, row.algbw, row.busbw,
-                       row.wire_bits, row.rel_err);
+                       first ? "" : ",", row.bytes, row.algo, row.codec, row.feedback, row.ranks, row.group,
+                       row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
             else
-                printf("  %12zu %6s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row.bytes, row.algo, row.group,
+                printf("  %12zu %9s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row.bytes, row.algo, row.group,
                        row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
             fflush(stdout);
             first = 0;
@@ -797,7 +812,7 @@ static int cmd_chain(int argc, char **argv) {
     if (!err_q || !err_e || !ref) {
         fprintf(stderr, "echo-bench: out of memory\n");
         status = 1;
-    } else if (chain_measure(nranks, ECHO_PRESET_INT4, codec, group, K, count, (uint64_t)seed, dist, err_q, ref, err,
+    } else if (chain_measure(nranks, ECHO_PRESET_NOFB, codec, group, K, count, (uint64_t)seed, dist, err_q, ref, err,
                              sizeof err) ||
                chain_measure(nranks, ECHO_PRESET_ECHO, codec, group, K, count, (uint64_t)seed, dist, err_e, ref, err,
                              sizeof err)) {

@@ -1,7 +1,8 @@
 /*
  * echo-eval: how much accuracy the quantized all-reduces cost. Runs the same
  * prompts through the same tensor-parallel model with the exact all-reduce
- * and with each variant (int4 / echo x group size x size policy) and
+ * and with each variant (echo / echo-nofb / int4 / bf16 x codec x group size
+ * x size policy) and
  * reports, teacher-forced on the prompts' own next tokens, perplexity and
  * next-token top-1 accuracy (the paper's unit: points), and against exact:
  * KL of next-token distributions, top-1 agreement, greedy-continuation
@@ -32,7 +33,7 @@
 static const char *USAGE =
     "usage: echo-eval --model PATH --tp N (--text FILE | --prompts FILE | --random-prompts K) [options]\n"
     "\n"
-    "Compare the int4 and echo all-reduce against exact on the same prompts.\n"
+    "Compare the quantized all-reduce presets against exact on the same prompts.\n"
     "\n"
     "  --model PATH         model folder or GGUF file\n"
     "  --tp N               tensor-parallel ranks (1: exact only, the reference perplexity)\n"
@@ -45,7 +46,9 @@ static const char *USAGE =
     "  --max-prompts K      --text: at most K prompts (default 50)\n"
     "  --seed S             seed of random prompts (default 1)\n"
     "  --gen-tokens G       greedy continuation length compared (default 32)\n"
-    "  --modes LIST         comma-separated subset of int4,echo (default int4,echo)\n"
+    "  --modes LIST         comma-separated subset of echo,echo-nofb,int4,bf16 (default echo,echo-nofb):\n"
+    "                       echo-nofb is echo's codec without error feedback; int4 the paper's codec\n"
+    "                       (at the groups of --codecs' int4 entries, else G 64)\n"
     "  --echo-min-bytes LIST  size policies of the quantized modes, e.g. 0,65536 (default 0)\n"
     "  --echo-group LIST    values per scale group, e.g. 32,64,128 (default: comm/ default)\n"
     "  --codecs LIST        codecs of the quantized modes, NAME or NAME-gG, e.g.\n"
@@ -55,6 +58,9 @@ static const char *USAGE =
     "                       on their cached KV blocks (the prefix cache's reuse; default 0: one pass)\n"
     "  --threads N          cpu threads in total (default: all)\n"
     "  --json               print one JSON object instead of tables\n"
+    "  --logprobs-out FILE  also write JSONL, one line per all-reduce and prompt:\n"
+    "                       {\"mode\",\"codec\",\"group\",\"prompt\",\"token_logprobs\":[log p of token t+1\n"
+    "                       at t, as fp32],\"last_top\":[[id, log p] x 5 after the last token]}\n"
     "  -h, --help           this help\n";
 
 typedef struct prompt {
@@ -314,6 +320,33 @@ static void lm_score(lm_acc *a, const float *logits, const prompt *p, size_t V, 
     }
 }
 
+/* --logprobs-out: one JSONL line per prompt of a run (the logprobs the
+ * server's echo + logprobs returns, and echo-generate's first step). */
+static int dump_logprobs(FILE *f, const char *mode, const char *codec, int group, const run *r, const prompt *ps,
+                         int np, size_t V, double *lp) {
+    for (int i = 0; i < np; i++) {
+        json_t *o = json_pack("{s:s,s:s,s:i,s:i}", "mode", mode, "codec", codec, "group", group, "prompt", i);
+        json_t *a = json_array(), *top = json_array();
+        for (int t = 0; t < ps[i].n; t++) {
+            eng_log_softmax(r->logits[i] + (size_t)t * V, (int)V, lp);
+            if (t + 1 < ps[i].n) json_array_append_new(a, json_real((float)lp[ps[i].ids[t + 1]]));
+        }
+        int32_t ids[5];
+        int k = eng_top_k(lp, (int)V, 5, ids);
+        for (int j = 0; j < k; j++) json_array_append_new(top, json_pack("[i,f]", (json_int_t)ids[j], (double)(float)lp[ids[j]]));
+        json_object_set_new(o, "token_logprobs", a);
+        json_object_set_new(o, "last_top", top);
+        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        json_decref(o);
+        if (!s || fprintf(f, "%s\n", s) < 0) {
+            free(s);
+            return -1;
+        }
+        free(s);
+    }
+    return 0;
+}
+
 typedef struct variant {
     echo_preset mode;
     echo_codec_id codec;
@@ -358,7 +391,8 @@ int main(int argc, char **argv) {
         O_THREADS,
         O_JSON,
         O_CODECS,
-        O_PREFIX
+        O_PREFIX,
+        O_LPOUT
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -377,10 +411,12 @@ int main(int argc, char **argv) {
         {"json", no_argument, 0, O_JSON},
         {"codecs", required_argument, 0, O_CODECS},
         {"prefix-cache", required_argument, 0, O_PREFIX},
+        {"logprobs-out", required_argument, 0, O_LPOUT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL, *codecs_arg = NULL;
+    const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL, *codecs_arg = NULL,
+               *lp_path = NULL;
     int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, pfx = 0, c;
     long seed = 1, groups[MAX_LIST] = {0}, minbs[MAX_LIST] = {0};
     int n_groups = 1, n_minb = 1;
@@ -411,6 +447,7 @@ int main(int argc, char **argv) {
         case O_JSON: json = 1; break;
         case O_CODECS: codecs_arg = optarg; break;
         case O_PREFIX: pfx = (int)cli_long(PROG, optarg, "--prefix-cache", 0, 1 << 20); break;
+        case O_LPOUT: lp_path = optarg; break;
         case 'h': fputs(USAGE, stdout); return 0;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -422,7 +459,7 @@ int main(int argc, char **argv) {
         cli_usage_error(PROG, "%s", "give exactly one of --text FILE, --prompts FILE and --random-prompts K");
     if (tp == 1 && modes_arg)
         cli_usage_error(PROG, "%s", "--modes needs --tp >= 2: with one rank there is no all-reduce");
-    if (!modes_arg) modes_arg = tp > 1 ? "int4,echo" : "";
+    if (!modes_arg) modes_arg = tp > 1 ? "echo,echo-nofb" : "";
 
     /* the quantized presets, each compared with exact once */
     echo_preset modes[ECHO_PRESET_COUNT];
@@ -432,10 +469,10 @@ int main(int argc, char **argv) {
         snprintf(buf, sizeof buf, "%s", modes_arg);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             echo_preset m = ECHO_PRESET_EXACT;
-            int bad = echo_preset_parse(t, &m) || (m != ECHO_PRESET_INT4 && m != ECHO_PRESET_ECHO);
+            int bad = echo_preset_parse(t, &m) || m == ECHO_PRESET_EXACT;
             for (int i = 0; i < n_modes; i++) bad |= modes[i] == m;
             if (bad)
-                cli_usage_error(PROG, "--modes expects a subset of int4,echo, got '%s'", modes_arg);
+                cli_usage_error(PROG, "--modes expects a subset of echo,echo-nofb,int4,bf16, got '%s'", modes_arg);
             modes[n_modes++] = m;
         }
     }
@@ -457,16 +494,37 @@ int main(int argc, char **argv) {
             }
         }
     }
-    int nv = n_modes * n_cg * n_minb;
-    variant *vs = calloc((size_t)(nv ? nv : 1), sizeof *vs);
-    for (int k = 0, i = 0; vs && k < n_modes; k++)
-        for (int g = 0; g < n_cg; g++)
-            for (int b = 0; b < n_minb; b++, i++)
-                vs[i] = (variant){
-                    .mode = modes[k],
-                    .codec = cods[g] ? cods[g] : ECHO_DEFAULT_CODEC,
-                    .group = cgroups[g] ? cgroups[g] : echo_codec_default_group(cods[g] ? cods[g] : ECHO_DEFAULT_CODEC),
-                    .min_bytes = (size_t)minbs[b]};
+    /* Variants: echo and echo-nofb run each codec x group; a preset that
+     * fixes its codec runs that codec once per group: int4 at the groups of
+     * the int4 entries of --codecs (else its default G), bf16 at the default
+     * codec's G (only its shard size), as the server does. */
+    int nv = 0;
+    variant *vs = calloc((size_t)n_modes * n_cg * n_minb + 1, sizeof *vs);
+    for (int k = 0; vs && k < n_modes; k++) {
+        echo_codec_id fixed = echo_preset_codec(modes[k]);
+        int any = 0;
+        for (int g = 0; g < n_cg; g++) {
+            echo_codec_id cd = cods[g] ? cods[g] : ECHO_DEFAULT_CODEC;
+            int grp = cgroups[g] ? cgroups[g] : echo_codec_default_group(cd);
+            if (fixed != ECHO_CODEC_DEFAULT) {
+                if (echo_codec_get(fixed)->lossless) {
+                    grp = echo_codec_default_group(ECHO_CODEC_DEFAULT);
+                } else if (cd != fixed) {
+                    if (g + 1 < n_cg || any) continue;
+                    grp = echo_codec_default_group(fixed); /* no int4 entry: its default G */
+                }
+                cd = fixed;
+            }
+            any = 1;
+            for (int b = 0; b < n_minb; b++) {
+                int dup = 0;
+                for (int q = 0; q < nv; q++)
+                    dup |= vs[q].mode == modes[k] && vs[q].codec == cd && vs[q].group == grp &&
+                           vs[q].min_bytes == (size_t)minbs[b];
+                if (!dup) vs[nv++] = (variant){.mode = modes[k], .codec = cd, .group = grp, .min_bytes = (size_t)minbs[b]};
+            }
+        }
+    }
 
     char err[1024];
     model_config mc;
@@ -476,6 +534,7 @@ int main(int argc, char **argv) {
     run rx = {0}, rm = {0};
     lm_acc lmx = {0};
     double *lpx = NULL, *lpm = NULL;
+    FILE *lpf = NULL;
     if (!vs) {
         snprintf(err, sizeof err, "out of memory");
         goto fail;
@@ -519,6 +578,14 @@ int main(int argc, char **argv) {
     ex = NULL;
     for (int i = 0; i < np; i++)
         lm_score(&lmx, rx.logits[i], &ps[i], V, lpx);
+    if (lp_path && !(lpf = fopen(lp_path, "w"))) {
+        snprintf(err, sizeof err, "%s: cannot open: %s", lp_path, strerror(errno));
+        goto fail;
+    }
+    if (lpf && dump_logprobs(lpf, "exact", "none", 0, &rx, ps, np, V, lpx)) {
+        snprintf(err, sizeof err, "%s: write failed", lp_path);
+        goto fail;
+    }
     if (!json) fprintf(stderr, "echo-eval: exact done (%d prompts)\n", np);
     for (int k = 0; k < nv; k++) {
         variant *a = &vs[k];
@@ -538,6 +605,11 @@ int main(int argc, char **argv) {
         int r = run_all(em, ps, np, gen, pfx, &rm, err, sizeof err);
         eng_destroy(em);
         if (r) goto fail;
+        if (lpf && dump_logprobs(lpf, echo_preset_name(a->mode), echo_codec_get(a->codec)->name, a->group, &rm, ps, np,
+                                 V, lpm)) {
+            snprintf(err, sizeof err, "%s: write failed", lp_path);
+            goto fail;
+        }
         for (int i = 0; i < np; i++) {
             lm_score(&a->lm, rm.logits[i], &ps[i], V, lpm);
             for (int t = 0; t < ps[i].n; t++) {
@@ -597,6 +669,14 @@ int main(int argc, char **argv) {
                                   "min_bytes", (json_int_t)a->min_bytes, "ppl", exp(a->lm.nll / (double)a->lm.scored),
                                   "next_token_acc", acc, "next_token_acc_delta_pt", 100.0 * (acc - acc_x));
             json_object_set_new(o, "codec", json_string(echo_codec_get(a->codec)->name));
+            {
+                echo_config pc = {0};
+                char desc[128];
+                echo_preset_config(a->mode, a->codec, a->group, &pc);
+                echo_preset_describe(a->mode, a->codec, a->group, desc, sizeof desc);
+                json_object_set_new(o, "feedback", json_boolean(pc.feedback));
+                json_object_set_new(o, "allreduce", json_string(desc));
+            }
             json_object_set_new(o, "bits_per_value", json_real(echo_codec_bits(a->codec, a->group)));
             {
                 /* standard error of the paired accuracy difference (points) */
@@ -620,13 +700,13 @@ int main(int argc, char **argv) {
     } else {
         printf("echo-eval: %s, tp %d, %d prompts (%d..%d tokens), %d greedy tokens, %d layers\n\n", model_dir, tp, np,
                ps[0].n, maxlen, gen, (int)L);
-        printf("%-6s %-9s %5s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "codec", "G", "bits", "min_B",
+        printf("%-9s %-9s %5s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "codec", "G", "bits", "min_B",
                "ppl", "acc", "d acc", "KL mean", "KL max", "top-1=", "greedy agree len", "full agree");
-        printf("%-6s %-9s %5s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", "32", "-", ppl_x, 100 * acc_x, "-");
+        printf("%-9s %-9s %5s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", "32", "-", ppl_x, 100 * acc_x, "-");
         for (int k = 0; k < nv; k++) {
             variant *a = &vs[k];
             double acc = (double)a->lm.hits / (double)a->lm.scored;
-            printf("%-6s %-9s %5d %5.3g %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
+            printf("%-9s %-9s %5d %5.3g %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
                    echo_preset_name(a->mode), echo_codec_get(a->codec)->name, a->group,
                    echo_codec_bits(a->codec, a->group), a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
                    100 * (acc - acc_x), a->kl_sum / (double)a->positions, a->kl_max,
@@ -649,6 +729,10 @@ int main(int argc, char **argv) {
     }
     rc = 0;
 fail:
+    if (lpf && fclose(lpf) && !rc) {
+        fprintf(stderr, "echo-eval: error: %s: write failed\n", lp_path);
+        rc = 1;
+    }
     if (rc) fprintf(stderr, "echo-eval: error: %s\n", err);
     free(lpx);
     free(lpm);

@@ -41,8 +41,9 @@ static const char *USAGE =
     "  --threads N            cpu threads in total, split across ranks (default: all online CPUs)\n"
     "  --tp N                 tensor-parallel ranks (threads on the cpu backend; default 1)\n"
     "  --allreduce MODE       all-reduce of the row-parallel layers when --tp > 1:\n"
-    "                         echo (4-bit error-compensated, default), int4 (no compensation),\n"
-    "                         exact (fp32 sum)\n"
+    "                         echo (the 4-bit codec of --echo-codec with error feedback, default),\n"
+    "                         echo-nofb (that codec without feedback), int4 (the paper's int4 codec,\n"
+    "                         no feedback), bf16 (16-bit sums), exact (fp32 sum)\n"
     "  --transport T          all-reduce transport when --tp > 1: auto (default), local, nccl;\n"
     "                         cuda: nccl = rank i on GPU i, local = every rank on GPU 0\n"
     "  --cuda-graphs          decode steps through CUDA graphs (cuda; recorded once, then replayed;\n"
@@ -54,8 +55,8 @@ static const char *USAGE =
     "                         quantized to 8 bits per 32-block, in integers, as llama.cpp does (cpu;\n"
     "                         faster decode, not the dequantized weights' bits). Default none\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
-    "  --echo-group G         values per int4 scale group, 16..256 (default: comm/ default)\n"
-    "  --echo-codec NAME      codec of int4/echo: int4, hadamard, hsub6, out2 or hout2; NAME-gG sets G too\n"
+    "  --echo-group G         values per scale group, 16..256 (default: the codec's)\n"
+    "  --echo-codec NAME      codec of echo/echo-nofb: int4, hadamard, hsub6, out2 or hout2; NAME-gG sets G\n"
     "                         (default: comm/ default, hout2-g128; docs/accuracy.md)\n"
     "  --top-k K              with --temperature > 0: sample among the K most likely (0 = off)\n"
     "  --top-p P              with --temperature > 0: nucleus sampling mass (default 1 = off)\n"
@@ -250,7 +251,7 @@ int main(int argc, char **argv) {
             break;
         case O_ALLRED:
             if (echo_preset_parse(optarg, &ec.allreduce))
-                cli_usage_error(PROG, "--allreduce expects exact, int4 or echo, got '%s'", optarg);
+                cli_usage_error(PROG, "--allreduce expects exact, int4, echo, echo-nofb or bf16, got '%s'", optarg);
             allreduce = optarg;
             break;
         case O_PROMPT: prompt_text = optarg; break;
@@ -363,6 +364,20 @@ int main(int argc, char **argv) {
         json_t *ptoks = json_array();
         for (int i = 0; i < n_prompt; i++) json_array_append_new(ptoks, json_integer(prompt[i]));
         json_t *root = json_pack("{s:o,s:O,s:O}", "prompt_tokens", ptoks, "tokens", out.tokens, "steps", out.steps);
+        {
+            /* what the all-reduce ran (tp 1: none) */
+            const eng_config *gc = eng_get_config(e);
+            echo_config wc = {0};
+            echo_preset_config(gc->allreduce, gc->echo_codec, gc->echo_group, &wc);
+            const echo_codec_info *ci = echo_codec_get(wc.codec);
+            int on = gc->tp > 1 && ci;
+            json_object_set_new(
+                root, "allreduce",
+                json_pack("{s:s,s:s,s:i,s:f,s:b,s:i}", "preset", on ? echo_preset_name(gc->allreduce) : "none", "codec",
+                          on ? ci->name : "none", "group", on ? wc.group_size : 0, "bits_per_value",
+                          on ? (ci->lossless ? (double)ci->code_bits : echo_codec_bits(wc.codec, wc.group_size)) : 32.0,
+                          "feedback", on && wc.feedback, "tp", gc->tp));
+        }
         if (out.stream) {
             const char *t;
             size_t n;

@@ -29,9 +29,11 @@ static const char *USAGE =
     "                               (qwen3-8b -> models--Qwen--Qwen3-8B/snapshots/<rev>)\n"
     "  --tp N                       tensor-parallel ranks (default 1)\n"
     "  --device auto|cuda|cpu       backend (default auto: cuda when built and usable, else cpu)\n"
-    "  --allreduce echo|exact|int4|bf16  all-reduce of the row-parallel layers when --tp > 1 (default\n"
-    "                               echo: 4.5-bit codes with error feedback; exact: fp32, bf16: 16-bit)\n"
-    "  --echo-codec NAME[-gG]       codec of int4/echo: int4, hadamard, hsub6, out2 or hout2 (default\n"
+    "  --allreduce echo|echo-nofb|int4|bf16|exact  all-reduce of the row-parallel layers when --tp > 1\n"
+    "                               (default echo: --echo-codec's 4.5-bit codes with error feedback;\n"
+    "                               echo-nofb: the same codec without feedback; int4: the paper's int4\n"
+    "                               codec, G 64, no feedback; bf16: 16-bit sums; exact: fp32)\n"
+    "  --echo-codec NAME[-gG]       codec of echo/echo-nofb: int4, hadamard, hsub6, out2 or hout2 (default\n"
     "                               hout2-g128, docs/accuracy.md); -gG sets the group too\n"
     "  --transport auto|local|nccl  all-reduce transport when --tp > 1 (default auto: on cuda, nccl\n"
     "                               with one GPU per rank when there are --tp GPUs, else local:\n"
@@ -195,7 +197,7 @@ int main(int argc, char **argv) {
         case O_NO_PREFIX: o.no_prefix_caching = 1; break;
         case O_ALLRED:
             if (echo_preset_parse(optarg, &o.allreduce))
-                cli_usage_error(PROG, "--allreduce expects echo, exact, int4 or bf16, got '%s'", optarg);
+                cli_usage_error(PROG, "--allreduce expects echo, echo-nofb, exact, int4 or bf16, got '%s'", optarg);
             break;
         case O_CODEC: o.echo_codec = (echo_codec_id)cli_echo_codec(PROG, optarg, &o.echo_group); break;
         case O_QUANT:

@@ -557,7 +557,7 @@ static void compare_case(const side *A, const side *B, const char *label, int n,
 
 static void part_a(const side *A, const side *B) {
     const int ranks[] = {2, 3, 4};
-    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_INT4, ECHO_PRESET_ECHO};
+    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_NOFB, ECHO_PRESET_ECHO};
     const size_t counts[] = {1, 63, 4097, ((size_t)1 << 20) + 5};
     const int groups[] = {32, 64, 128};
     char label[128];
@@ -720,7 +720,7 @@ static void part_a3(const side *B) {
 
     /* a NaN on one rank: every rank fails the call; a new pass works */
     for (int mi = 0; mi < 3; mi++) {
-        echo_preset md = mi == 0 ? ECHO_PRESET_EXACT : mi == 1 ? ECHO_PRESET_INT4 : ECHO_PRESET_ECHO;
+        echo_preset md = mi == 0 ? ECHO_PRESET_EXACT : mi == 1 ? ECHO_PRESET_NOFB : ECHO_PRESET_ECHO;
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_F32);
         j.calls[1] = spec(0, 1, m, ECHO_F32); /* the pass is aborted */
@@ -758,7 +758,7 @@ static void part_a3(const side *B) {
 
     /* ranks that disagree on the count: every rank fails alike */
     for (int mi = 0; mi < 2; mi++) {
-        echo_preset md = mi ? ECHO_PRESET_INT4 : ECHO_PRESET_EXACT;
+        echo_preset md = mi ? ECHO_PRESET_NOFB : ECHO_PRESET_EXACT;
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_BF16);
         j.calls[0].odd_rank = 2;
@@ -954,7 +954,7 @@ static void part_n_failures(const side *B, int N) {
      * at echo_end_pass, which names the site. */
     for (int d = 0; d < 2; d++)
         for (int mi = 0; mi < 3; mi++) {
-            echo_preset md = mi == 0 ? ECHO_PRESET_EXACT : mi == 1 ? ECHO_PRESET_INT4 : ECHO_PRESET_ECHO;
+            echo_preset md = mi == 0 ? ECHO_PRESET_EXACT : mi == 1 ? ECHO_PRESET_NOFB : ECHO_PRESET_ECHO;
             memset(&j, 0, sizeof j);
             j.calls[0] = spec(1, 0, m, ECHO_BF16);
             j.calls[1] = spec(0, 1, m, ECHO_BF16);
@@ -1007,7 +1007,7 @@ static void part_n_failures(const side *B, int N) {
      * may have enqueued already), the next pass fails until
      * echo_world_clear_abort, then works. */
     for (int mi = 0; mi < 2; mi++) {
-        echo_preset md = mi ? ECHO_PRESET_INT4 : ECHO_PRESET_EXACT;
+        echo_preset md = mi ? ECHO_PRESET_NOFB : ECHO_PRESET_EXACT;
         echo_config cfg = test_echo_cfg(md, 32, 0, 4, m, 0, 0);
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_BF16);
@@ -1091,7 +1091,7 @@ static void part_n_failures(const side *B, int N) {
      * emulator's does, at the call); the world recovers as above. */
     for (int ci = 0; ci < 2; ci++) {
         /* ci 0: ranks disagree at call 0; ci 1: the last rank aborts instead of call 0 */
-        echo_config cfg = test_echo_cfg(ci ? ECHO_PRESET_ECHO : ECHO_PRESET_INT4, 32, 0, 4, m, 1, 0);
+        echo_config cfg = test_echo_cfg(ci ? ECHO_PRESET_ECHO : ECHO_PRESET_NOFB, 32, 0, 4, m, 1, 0);
         memset(&j, 0, sizeof j);
         j.calls[0] = spec(1, 0, m, ECHO_BF16);
         j.calls[1] = spec(0, 1, m, ECHO_BF16);
@@ -1507,7 +1507,7 @@ static void part_n_graphs(int N) {
 }
 
 static void part_n(const side *H, int ndev, int self) {
-    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_INT4, ECHO_PRESET_ECHO};
+    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_NOFB, ECHO_PRESET_ECHO};
     const size_t counts[] = {1, 63, 4097, 65539};
     const side nc = {"nccl", 0, 1};
     char label[128];

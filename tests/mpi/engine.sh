@@ -15,7 +15,10 @@
 #      mpirun naming the rank, and rank 0's /health answers 503 naming the
 #      dead rank until then;
 #   6. scripts/ttft-ab.sh --link: echo-serve under mpirun in the shaped lab,
-#      exact vs echo, and no namespace left (root only).
+#      exact vs echo, and no namespace left (root only);
+#   7. one answer per path under mpirun -np 3 (tests/paths.sh): echo-eval,
+#      echo-serve's prompt logprobs and echo-generate give the same logits
+#      bits on SmolLM2 ($ECHO_SMOLLM2_GGUF) for every preset.
 # Every mpirun is bounded by `timeout`.
 set -u
 have=$1 bin=$2 demo=$3
@@ -183,6 +186,13 @@ if [ "$(id -u)" = 0 ] && command -v tc >/dev/null; then
     if ip netns list | grep -q '^echo-lab-'; then bad "ttft-ab.sh --link left a namespace: $(ip netns list)"; else ok; fi
 else
     echo "test-mpi engine: the lab TTFT A/B check is skipped (needs root and tc)"
+fi
+
+# 7. one answer per path, ranks as processes
+if [ -n "${ECHO_SMOLLM2_GGUF:-}" ]; then
+    if tests/paths.sh --np 3 "$bin" "$ECHO_SMOLLM2_GGUF"; then ok; else bad "tests/paths.sh --np 3 (above)"; fi
+else
+    echo "test-mpi engine: the path check is skipped (ECHO_SMOLLM2_GGUF not set)"
 fi
 
 echo "test-mpi engine: $checks checks passed, $([ $fail = 0 ] && echo 0 || echo some) failed"

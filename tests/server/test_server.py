@@ -642,7 +642,7 @@ def servers_section(binary, model, name):
     m = parse_metrics(S.url)
     check("tp 2: allreduce_bytes_total{mode=exact} > 0",
           (sample(m, "echo:allreduce_bytes", "echo:allreduce_bytes_total", mode="exact") or 0) > 0)
-    check("start-up log shows the plan", "plan: tp 2" in S.logtext() and "allreduce exact" in S.logtext())
+    check("start-up log shows the plan", "plan: tp 2" in S.logtext() and "allreduce exact: fp32, 32 bits/value" in S.logtext())
     # prompt logprobs gather every row's vocabulary slices across the ranks: == the reference rows
     fx = os.path.join(REPO, "tests/fixtures/models/realvocab/reference.json")
     p = json.load(open(fx))["prompts"][-1]
@@ -673,9 +673,13 @@ def servers_section(binary, model, name):
     m = parse_metrics(S.url)
     check("--echo-codec hadamard-g32 --quantize q8_0 --act-quant q8_0: serves, the plan names the codec, echo calls "
           "counted",
-          st == 200 and j["usage"]["completion_tokens"] > 0 and "allreduce echo (hadamard-g32)" in S.logtext() and
+          st == 200 and j["usage"]["completion_tokens"] > 0 and "allreduce echo: hadamard-g32, 4.500 bits/value, error feedback on" in S.logtext() and
           "8-bit activations on q8_0 matrices" in S.logtext() and
           (sample(m, "echo:allreduce_bytes", "echo:allreduce_bytes_total", mode="echo") or 0) > 0, (st, j))
+    check("/metrics: allreduce_config_info names preset, codec, group, bits/value and feedback",
+          sample(m, "echo:allreduce_config_info", "echo:allreduce_config_info", preset="echo", codec="hadamard",
+                 group="32", bits_per_value="4.500", feedback="on", tp="2") == 1.0,
+          [x for x in m["echo:allreduce_config_info"].samples] if "echo:allreduce_config_info" in m else m.keys())
     S.stop()
     for flag, val in (("--echo-codec", "int3"), ("--quantize", "q2_k"), ("--act-quant", "q4")):
         p = subprocess.run([binary, "--model", model, flag, val], capture_output=True, text=True)

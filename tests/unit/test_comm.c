@@ -580,7 +580,7 @@ START_TEST(test_one_call_bound) {
                 int n = rank_counts[ni], G = gs[gi];
                 size_t m = 3 * (size_t)n * G + 37 * seed; /* not a multiple of G*N */
                 harness hi, he;
-                h_init(&hi, n, test_echo_cfg(ECHO_PRESET_INT4, G, 0, 2, m, 0, ECHO_CODEC_INT4));
+                h_init(&hi, n, test_echo_cfg(ECHO_PRESET_NOFB, G, 0, 2, m, 0, ECHO_CODEC_INT4));
                 h_init(&he, n, test_echo_cfg(ECHO_PRESET_ECHO, G, 0, 2, m, 0, ECHO_CODEC_INT4));
                 float *x[MAXN];
                 void *bi[MAXN], *be[MAXN];
@@ -668,8 +668,8 @@ START_TEST(test_hadamard_one_call_bound) {
                                            : ECHO_CODEC_HOUT2;
             size_t m = 3 * (size_t)n * G + 37; /* a ragged last group */
             harness hh, hi;
-            h_init(&hh, n, test_echo_cfg(ECHO_PRESET_INT4, G, 0, 2, m, 0, codec));
-            h_init(&hi, n, test_echo_cfg(ECHO_PRESET_INT4, G, 0, 2, m, 0, ECHO_CODEC_INT4));
+            h_init(&hh, n, test_echo_cfg(ECHO_PRESET_NOFB, G, 0, 2, m, 0, codec));
+            h_init(&hi, n, test_echo_cfg(ECHO_PRESET_NOFB, G, 0, 2, m, 0, ECHO_CODEC_INT4));
             double *xd[MAXN], *sum = calloc(m, sizeof(double));
             void *bh[MAXN], *bi[MAXN];
             for (int r = 0; r < n; r++) {
@@ -873,7 +873,7 @@ START_TEST(test_depth_independence) {
         uint64_t seed = 7 + (uint64_t)ni;
         harness he, hq;
         h_init(&he, n, test_echo_cfg(ECHO_PRESET_ECHO, G, 0, K, m, 0, codec));
-        h_init(&hq, n, test_echo_cfg(ECHO_PRESET_INT4, G, 0, K, m, 0, codec));
+        h_init(&hq, n, test_echo_cfg(ECHO_PRESET_NOFB, G, 0, K, m, 0, codec));
         double Ee[144], ee[144], Eq[144], eq[144];
         run_chain(&he, K, m, seed, Ee, ee);
         run_chain(&hq, K, m, seed, Eq, eq);
@@ -1008,7 +1008,7 @@ START_TEST(test_lifecycle_errors) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         ck_assert_msg(echo_world_create_local(2, &bad[i], &w, err, sizeof err) != 0, "config %zu accepted", i);
-    echo_config ok = test_echo_cfg(ECHO_PRESET_INT4, 0, 0, 4, 100, 0, 0);
+    echo_config ok = test_echo_cfg(ECHO_PRESET_NOFB, 0, 0, 4, 100, 0, 0);
     ck_assert(echo_world_create_local(0, &ok, &w, err, sizeof err) != 0);
     ck_assert(echo_world_create_local(ECHO_MAX_RANKS + 1, &ok, &w, err, sizeof err) != 0);
     ck_assert(echo_world_create_local(2, &ok, &w, err, sizeof err) == 0);
@@ -1204,7 +1204,7 @@ START_TEST(test_size_policy_and_stats) {
              * call 0 has some; int4's exact call 1 only bf16 rounding (echo's
              * adds call 0's residual, checked below) */
             if (site == 0) ck_assert_msg(e2 > 1e-6 * r2, "quantized call: rel err^2 %g", e2 / r2);
-            if (site == 1 && mode == ECHO_PRESET_INT4)
+            if (site == 1 && mode == ECHO_PRESET_NOFB)
                 ck_assert_msg(e2 <= r2 / (128.0 * 128.0), "exact bf16 call: rel err^2 %g", e2 / r2);
             for (int r = 0; r < n; r++) {
                 free(x[r]);
@@ -1224,12 +1224,14 @@ START_TEST(test_size_policy_and_stats) {
             ck_assert_msg(sqrt(E / E0) > 0.03, "int4: rel err %g", sqrt(E / E0));
         echo_stats st;
         echo_get_stats(h.c[0], &st);
-        ck_assert_uint_eq(st.calls[mode], 1);
+        /* the path's name: the int4 codec without feedback is the int4 preset */
+        int lab = mode == ECHO_PRESET_NOFB && codec == ECHO_CODEC_INT4 ? ECHO_PRESET_INT4 : mode;
+        ck_assert_uint_eq(st.calls[lab], 1);
         ck_assert_uint_eq(st.calls[ECHO_PRESET_EXACT], 1);
         /* wire: 2(N-1) shard messages per rank; the table's bits per value
          * (4.5 at G = 32, 4.625 for hsub6 at G = 64) */
         double busvals = 2.0 * (n - 1) / n * m;
-        ck_assert_double_eq_tol(8.0 * st.wire_bytes[mode] / busvals, echo_codec_bits(codec, G), 1e-12);
+        ck_assert_double_eq_tol(8.0 * st.wire_bytes[lab] / busvals, echo_codec_bits(codec, G), 1e-12);
         ck_assert_double_eq_tol(8.0 * st.wire_bytes[ECHO_PRESET_EXACT] / busvals, 16.0, 1e-12);
         free(sum_exact);
         free(sum_out);
@@ -1253,14 +1255,34 @@ START_TEST(test_size_policy_and_stats) {
     echo_preset md;
     ck_assert(echo_preset_parse("echo", &md) == 0 && md == ECHO_PRESET_ECHO);
     ck_assert(echo_preset_parse("int4", &md) == 0 && md == ECHO_PRESET_INT4);
+    ck_assert(echo_preset_parse("echo-nofb", &md) == 0 && md == ECHO_PRESET_NOFB);
     ck_assert(echo_preset_parse("exact", &md) == 0 && md == ECHO_PRESET_EXACT);
     ck_assert(echo_preset_parse("fp8", &md) != 0);
     ck_assert_str_eq(echo_preset_name(ECHO_PRESET_INT4), "int4");
+    ck_assert_str_eq(echo_preset_name(ECHO_PRESET_NOFB), "echo-nofb");
+    /* int4 is the paper's codec, G 64 by default; another codec without
+     * feedback is echo-nofb, and int4 refuses one */
+    echo_config p4 = {0};
+    ck_assert(echo_preset_config(ECHO_PRESET_INT4, 0, 0, &p4) == 0);
+    ck_assert(p4.codec == ECHO_CODEC_INT4 && p4.feedback == 0 && p4.group_size == ECHO_DEFAULT_GROUP);
+    ck_assert(echo_preset_config(ECHO_PRESET_INT4, ECHO_CODEC_INT4, 32, &p4) == 0 && p4.group_size == 32);
+    ck_assert(echo_preset_config(ECHO_PRESET_INT4, ECHO_CODEC_HADAMARD, 0, &p4) == -1);
+    ck_assert(echo_preset_codec(ECHO_PRESET_INT4) == ECHO_CODEC_INT4);
+    ck_assert(echo_preset_codec(ECHO_PRESET_ECHO) == ECHO_CODEC_DEFAULT);
+    char desc[128];
+    echo_preset_describe(ECHO_PRESET_INT4, 0, 0, desc, sizeof desc);
+    ck_assert_str_eq(desc, "int4: int4-g64, 4.250 bits/value, error feedback off");
+    echo_preset_describe(ECHO_PRESET_ECHO, 0, 0, desc, sizeof desc);
+    ck_assert_str_eq(desc, "echo: hout2-g128, 4.500 bits/value, error feedback on");
+    echo_preset_describe(ECHO_PRESET_NOFB, ECHO_CODEC_HADAMARD, 32, desc, sizeof desc);
+    ck_assert_str_eq(desc, "echo-nofb: hadamard-g32, 4.500 bits/value, error feedback off");
+    echo_preset_describe(ECHO_PRESET_EXACT, 0, 0, desc, sizeof desc);
+    ck_assert_str_eq(desc, "exact: fp32, 32 bits/value");
     /* presets: codec x feedback; G from the named codec whatever the preset */
     echo_config pc = {0};
     ck_assert(echo_preset_config(ECHO_PRESET_ECHO, ECHO_CODEC_INT4, 0, &pc) == 0);
     ck_assert(pc.codec == ECHO_CODEC_INT4 && pc.feedback == 1 && pc.group_size == ECHO_DEFAULT_GROUP);
-    ck_assert(echo_preset_config(ECHO_PRESET_INT4, 0, 32, &pc) == 0);
+    ck_assert(echo_preset_config(ECHO_PRESET_NOFB, 0, 32, &pc) == 0);
     ck_assert(pc.codec == ECHO_CODEC_DEFAULT && pc.feedback == 0 && pc.group_size == 32);
     ck_assert(echo_preset_config(ECHO_PRESET_EXACT, ECHO_CODEC_INT4, 0, &pc) == 0);
     ck_assert(pc.codec == ECHO_CODEC_NONE && pc.feedback == 0 && pc.group_size == ECHO_DEFAULT_GROUP);
@@ -1374,7 +1396,7 @@ static void *race_rank(void *p) {
 }
 
 START_TEST(test_disagreement_then_next_call) {
-    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_INT4};
+    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_NOFB};
     for (int mi = 0; mi < 2; mi++) {
         harness h;
         h_init(&h, 3, test_echo_cfg(modes[mi], 16, 0, 2, 100, 0, 0));
@@ -1541,7 +1563,7 @@ static void fake_run(harness *h, fake_arg *a, fake_stream *fs, size_t count, ech
 START_TEST(test_local_device_schedule_on_cpu) {
     enum { N = 3, K = 3 };
     const size_t m = 1001;
-    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_INT4, ECHO_PRESET_ECHO};
+    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_NOFB, ECHO_PRESET_ECHO};
     char err[320];
     for (int mi = 0; mi < 3; mi++)
         for (int dti = 0; dti < 2; dti++) {

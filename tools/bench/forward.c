@@ -185,7 +185,8 @@ static const char FW_USAGE[] =
     "                      (random:qwen3-8b[,layers=N][,seed=S]; also qwen3-0.6b, tiny, tiny-hd128)\n"
     "  --device D          cpu (default), cuda, or auto (cuda when a GPU is visible)\n"
     "  --tp N              tensor-parallel ranks (default 1; under mpirun -np N one per process)\n"
-    "  --allreduce MODE    exact (default), bf16, int4 or echo: the all-reduce at tp > 1\n"
+    "  --allreduce MODE    exact (default), bf16, int4 (the paper's codec), echo or echo-nofb: the\n"
+    "                      all-reduce at tp > 1\n"
     "  --echo-group G      values per scale group of int4/echo (default: the codec's)\n"
     "  --echo-codec NAME   codec of int4/echo from the codec table, NAME-gG sets G too (default: comm/'s)\n"
     "  --echo-min-bytes N  messages below N bytes take the exact path (default 0)\n"
@@ -281,7 +282,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             break;
         case O_ALLRED:
             if (echo_preset_parse(a, &o->allreduce))
-                rc = fw_usage_error("--allreduce: expected exact, bf16, int4 or echo, got '%s'", a);
+                rc = fw_usage_error("--allreduce: expected exact, bf16, int4, echo or echo-nofb, got '%s'", a);
             break;
         case O_EGROUP:
             if (cli_parse_long(a, 16, 256, &v)) rc = fw_usage_error("--echo-group: expected 16..256, got '%s'", a);
@@ -707,6 +708,9 @@ int bench_forward_main(int argc, char **argv) {
                      .max_model_len = max_len,
                      .max_num_seqs = max_b,
                      .max_batch_tokens = (int)batch_tok,
+                     /* each prompt one pass, as before passes were cut at
+                      * C (engine.h): a TTFT is one eng_step of one prompt */
+                     .pass_tokens = (int)batch_tok,
                      .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec),
                      .cuda_graphs = o.cuda_graphs,
                      .quantize = o.quantize,
@@ -821,12 +825,19 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "device", json_string(o.device));
         json_object_set_new(root, "tp", json_integer(o.tp));
         json_object_set_new(root, "allreduce", json_string(o.tp > 1 ? echo_preset_name(o.allreduce) : "none"));
-        json_object_set_new(root, "echo_codec", json_string(echo_codec_get(eng_get_config(e)->echo_codec)->name));
         {
+            /* what the all-reduce runs: the preset's codec (int4 fixes its own), G, bits, feedback */
             const eng_config *ecfg = eng_get_config(e);
-            echo_codec_id cid = ecfg->echo_codec ? ecfg->echo_codec : ECHO_DEFAULT_CODEC;
-            json_object_set_new(root, "echo_group",
-                                json_integer(ecfg->echo_group ? ecfg->echo_group : echo_codec_default_group(cid)));
+            echo_config pc = {0};
+            echo_preset_config(ecfg->allreduce, ecfg->echo_codec, ecfg->echo_group, &pc);
+            const echo_codec_info *ci = echo_codec_get(pc.codec);
+            json_object_set_new(root, "echo_codec", json_string(ci->name));
+            json_object_set_new(root, "echo_group", json_integer(pc.group_size));
+            json_object_set_new(root, "echo_feedback", json_boolean(o.tp > 1 && pc.feedback));
+            json_object_set_new(root, "bits_per_value",
+                                json_real(o.tp < 2 ? 32.0
+                                          : ci->lossless ? (double)ci->code_bits
+                                                         : echo_codec_bits(pc.codec, pc.group_size)));
         }
         json_object_set_new(root, "cuda_graphs", json_boolean(o.cuda_graphs && !eng_graphs_note(e)));
         json_object_set_new(root, "graph_steps", json_integer(eng_graph_steps(e)));
