@@ -390,6 +390,7 @@ typedef struct srv_gen {
     srv_group *grp;
     srv_fast_ids fi; /* `prompt` ids read from the body text (srv_fast_ids_take) */
     int tool_parse;  /* chat with tools (tool_choice not none): answers are parsed for tool calls */
+    int tool_parallel; /* parallel_tool_calls: else only the first call is returned */
     const srv_tool_format *tool_fmt;
 } srv_gen;
 /* Body -> validated, tokenized runs ready for the scheduler (g). On failure

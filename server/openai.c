@@ -423,6 +423,7 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
         srv_tools tl;
         if (srv_parse_tools(root, &tl, e)) goto out;
         g->tool_parse = tl.choice != SRV_TOOL_NONE;
+        g->tool_parallel = tl.parallel;
         g->tool_fmt = srv_tool_format_for(s);
         if (t->gram && (tl.choice == SRV_TOOL_REQUIRED || tl.choice == SRV_TOOL_NAMED)) {
             srv_fail(e, 400, "tool_choice", "'tool_choice' %s and a structured-output constraint cannot be combined",

@@ -169,7 +169,11 @@ json_t *srv_req_tool_calls(const srv_gen *g, const srv_req *r, int index, char *
     const char *hex = strchr(r->id, '-');
     char base[48];
     snprintf(base, sizeof base, "%.24s%02x", hex ? hex + 1 : r->id, (unsigned)index & 0xffu);
-    return srv_tool_calls_parse(g->tool_fmt, r->text, r->text_len, base, content, clen);
+    json_t *calls = srv_tool_calls_parse(g->tool_fmt, r->text, r->text_len, base, content, clen);
+    /* parallel_tool_calls false: one call, as OpenAI returns (auto is not constrained) */
+    while (calls && !g->tool_parallel && json_array_size(calls) > 1)
+        json_array_remove(calls, json_array_size(calls) - 1);
+    return calls;
 }
 
 static json_t *choice_json(srv_server *s, const srv_gen *g, const srv_req *r, int prompt_i, int index) {
