@@ -68,8 +68,7 @@ int choice_ebnf(const std::string &src, std::string *ebnf, char *err, size_t err
     *ebnf = "root ::= ";
     size_t i = 0;
     for (const picojson::value &c : v.get<picojson::array>()) {
-        if (!c.is<std::string>())
-            return set_err(err, errlen, GRAM_EINVAL, "choices[%zu]: must be a string", i);
+        if (!c.is<std::string>()) return set_err(err, errlen, GRAM_EINVAL, "choices[%zu]: must be a string", i);
         if (c.get<std::string>().empty())
             return set_err(err, errlen, GRAM_EINVAL, "choices[%zu]: must not be empty", i);
         if (i++) ebnf->append(" | ");
@@ -79,7 +78,7 @@ int choice_ebnf(const std::string &src, std::string *ebnf, char *err, size_t err
     return GRAM_OK;
 }
 
-}  // namespace
+} // namespace
 
 struct gram_vocab {
     xgrammar::TokenizerInfo info;
@@ -106,8 +105,7 @@ int gram_vocab_new(const char *const *tokens, const size_t *lens, size_t n_token
                    const int32_t *stop_ids, size_t n_stop, gram_vocab **out, char *err, size_t errlen) {
     *out = nullptr;
     if (n_tokens == 0 || vocab_size < n_tokens || vocab_size > (1u << 24))
-        return set_err(err, errlen, GRAM_EINVAL, "vocab: %zu tokens for a vocabulary of %zu", n_tokens,
-                       vocab_size);
+        return set_err(err, errlen, GRAM_EINVAL, "vocab: %zu tokens for a vocabulary of %zu", n_tokens, vocab_size);
     try {
         std::vector<std::string> vocab(n_tokens);
         for (size_t i = 0; i < n_tokens; i++)
@@ -132,9 +130,13 @@ int gram_vocab_new(const char *const *tokens, const size_t *lens, size_t n_token
     }
 }
 
-void gram_vocab_free(gram_vocab *v) { delete v; }
+void gram_vocab_free(gram_vocab *v) {
+    delete v;
+}
 
-size_t gram_vocab_size(const gram_vocab *v) { return v->vocab_size; }
+size_t gram_vocab_size(const gram_vocab *v) {
+    return v->vocab_size;
+}
 
 int gram_compile(gram_vocab *v, gram_kind kind, const char *src, size_t len, gram_grammar **out, double *seconds,
                  char *err, size_t errlen) {
@@ -191,7 +193,9 @@ int gram_compile(gram_vocab *v, gram_kind kind, const char *src, size_t len, gra
     }
 }
 
-void gram_grammar_free(gram_grammar *g) { delete g; }
+void gram_grammar_free(gram_grammar *g) {
+    delete g;
+}
 
 int gram_matcher_new(const gram_grammar *g, gram_matcher **out, char *err, size_t errlen) {
     *out = nullptr;
@@ -206,7 +210,9 @@ int gram_matcher_new(const gram_grammar *g, gram_matcher **out, char *err, size_
     }
 }
 
-void gram_matcher_free(gram_matcher *m) { delete m; }
+void gram_matcher_free(gram_matcher *m) {
+    delete m;
+}
 
 int gram_matcher_accept(gram_matcher *m, int32_t token) {
     if (token < 0 || (size_t)token >= m->vocab_size) return 0;
@@ -251,7 +257,9 @@ int gram_matcher_terminated(const gram_matcher *m) {
     }
 }
 
-size_t gram_mask_words(size_t vocab_size) { return (vocab_size + 31) / 32; }
+size_t gram_mask_words(size_t vocab_size) {
+    return (vocab_size + 31) / 32;
+}
 
 void gram_mask_apply(float *row, size_t vocab_size, const uint32_t *mask) {
     for (size_t w = 0; w * 32 < vocab_size; w++) {
@@ -263,4 +271,4 @@ void gram_mask_apply(float *row, size_t vocab_size, const uint32_t *mask) {
     }
 }
 
-}  // extern "C"
+} // extern "C"

@@ -68,7 +68,8 @@ static int hermes_rewrite(json_t *c, const chat_buf *b, size_t i) {
         char *t = malloc(L);
         if (!t) return -1;
         snprintf(t, L, "<tool_response>\n%s\n</tool_response>", m->content);
-        int rc = json_object_set_new(c, "role", json_string("user")) || json_object_set_new(c, "content", json_string(t));
+        int rc =
+            json_object_set_new(c, "role", json_string("user")) || json_object_set_new(c, "content", json_string(t));
         free(t);
         json_object_del(c, "tool_call_id");
         json_object_del(c, "name");
@@ -90,8 +91,8 @@ static int hermes_rewrite(json_t *c, const chat_buf *b, size_t i) {
     return rc ? -1 : 0;
 }
 
-static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b, json_t *kw, int add_gen,
-                                 json_t *tools, char **text, size_t *tl, srv_verr *e) {
+static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b, json_t *kw, int add_gen, json_t *tools,
+                                 char **text, size_t *tl, srv_verr *e) {
     json_t *ctx = json_object(), *ms = json_array();
     size_t i;
     json_t *m;

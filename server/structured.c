@@ -21,14 +21,15 @@
 static const char *const SCHEMA_KEYWORDS[] = {
     "type", "properties", "required", "additionalProperties", "unevaluatedProperties", "items", "prefixItems",
     "unevaluatedItems", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
-    "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
-    "minLength", "maxLength", "format", "propertyNames", "patternProperties", "minProperties", "maxProperties",
+    "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern", "minLength",
+    "maxLength", "format", "propertyNames", "patternProperties", "minProperties", "maxProperties",
     /* annotations */
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
-    "writeOnly", "discriminator", NULL};
-static const char *const SCHEMA_FORMATS[] = {"email", "date", "time", "date-time", "duration", "ipv4", "ipv6",
-                                             "hostname", "uuid", "uri", "uri-reference", "uri-template",
-                                             "json-pointer", "relative-json-pointer", NULL};
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly",
+    "discriminator", NULL};
+static const char *const SCHEMA_FORMATS[] = {
+    "email",    "date", "time", "date-time",     "duration",     "ipv4",         "ipv6",
+    "hostname", "uuid", "uri",  "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
+    NULL};
 
 static int in_list(const char *const *l, const char *k) {
     for (; *l; l++)
@@ -221,15 +222,23 @@ int srv_parse_constraint(srv_server *s, json_t *root, gram_grammar **out, srv_ve
                                 "'response_format.json_schema' must be an object with a 'schema'");
             srv_check_known(js, js_known, "response_format.json_schema.", e);
             json_t *sch = json_object_get(js, "schema"); /* OpenAI allows none: any JSON object */
-            f[nf++] = sch ? (found){"response_format", GRAM_JSON_SCHEMA, sch} : (found){"response_format", GRAM_JSON, NULL};
+            f[nf++] =
+                sch ? (found){"response_format", GRAM_JSON_SCHEMA, sch} : (found){"response_format", GRAM_JSON, NULL};
         }
     }
     json_t *so = srv_field(root, "structured_outputs");
     if (so) {
-        static const char *const so_known[] = {"json", "regex", "choice", "grammar", "json_object",
-                                               "disable_any_whitespace", "disable_additional_properties",
-                                               "whitespace_pattern", NULL};
-        if (!json_is_object(so)) return srv_fail(e, 400, "structured_outputs", "'structured_outputs' must be an object");
+        static const char *const so_known[] = {"json",
+                                               "regex",
+                                               "choice",
+                                               "grammar",
+                                               "json_object",
+                                               "disable_any_whitespace",
+                                               "disable_additional_properties",
+                                               "whitespace_pattern",
+                                               NULL};
+        if (!json_is_object(so))
+            return srv_fail(e, 400, "structured_outputs", "'structured_outputs' must be an object");
         srv_check_known(so, so_known, "structured_outputs.", e);
         if ((v = srv_field(so, "json"))) f[nf++] = (found){"structured_outputs.json", GRAM_JSON_SCHEMA, v};
         if ((v = srv_field(so, "regex"))) f[nf++] = (found){"structured_outputs.regex", GRAM_REGEX, v};

@@ -67,13 +67,16 @@ int srv_parse_tools(json_t *root, srv_tools *t, srv_verr *e) {
             srv_check_known(x, known, "tools[].", e);
             srv_check_known(fn, fknown, "tools[].function.", e);
             json_t *pa = json_object_get(fn, "parameters");
-            if (pa && !json_is_object(pa)) return srv_fail(e, 400, "tools", "tools[%zu]: 'parameters' must be an object", i);
+            if (pa && !json_is_object(pa))
+                return srv_fail(e, 400, "tools", "tools[%zu]: 'parameters' must be an object", i);
             json_t *d = json_object_get(fn, "description");
-            if (d && !json_is_string(d)) return srv_fail(e, 400, "tools", "tools[%zu]: 'description' must be a string", i);
+            if (d && !json_is_string(d))
+                return srv_fail(e, 400, "tools", "tools[%zu]: 'description' must be a string", i);
             for (size_t j = 0; j < i; j++)
-                if (!strcmp(json_string_value(nm),
-                            json_string_value(json_object_get(json_object_get(json_array_get(tools, j), "function"), "name"))))
-                    return srv_fail(e, 400, "tools", "tools[%zu]: function '%s' is defined twice", i, json_string_value(nm));
+                if (!strcmp(json_string_value(nm), json_string_value(json_object_get(
+                                                       json_object_get(json_array_get(tools, j), "function"), "name"))))
+                    return srv_fail(e, 400, "tools", "tools[%zu]: function '%s' is defined twice", i,
+                                    json_string_value(nm));
         }
         if (json_array_size(tools)) t->tools = json_incref(tools);
     }
@@ -144,9 +147,9 @@ int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv
                                 "json_schema", "json_schema", sch, "max_whitespace_cnt", 1, "end", end);
         if (!tag || json_array_append_new(tags, tag)) goto oom;
     }
-    json_t *st = json_pack("{s:s,s:{s:s,s:o,s:s,s:b,s:b}}", "type", "structural_tag", "format", "type",
-                           "tags_with_separator", "tags", tags, "separator", "\n", "at_least_one", 1,
-                           "stop_after_first", !t->parallel);
+    json_t *st =
+        json_pack("{s:s,s:{s:s,s:o,s:s,s:b,s:b}}", "type", "structural_tag", "format", "type", "tags_with_separator",
+                  "tags", tags, "separator", "\n", "at_least_one", 1, "stop_after_first", !t->parallel);
     tags = NULL;
     if (!st) goto oom;
     src = json_dumps(st, JSON_COMPACT);
@@ -245,8 +248,9 @@ char *srv_tools_system_block(const json_t *tools) {
     }
     char *b = malloc(cap + 1024);
     if (!b) return NULL;
-    size_t n = (size_t)sprintf(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                                  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+    size_t n =
+        (size_t)sprintf(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                           "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
     json_array_foreach(tools, i, x) {
         char *d = json_dumps(x, JSON_COMPACT);
         if (!d) continue;

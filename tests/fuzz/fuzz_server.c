@@ -48,7 +48,9 @@ int gram_vocab_new(const char *const *tokens, const size_t *lens, size_t n_token
     snprintf(err, errlen, "grammar engine not built");
     return GRAM_EINTERNAL;
 }
-void gram_vocab_free(gram_vocab *v) { (void)v; }
+void gram_vocab_free(gram_vocab *v) {
+    (void)v;
+}
 int gram_compile(gram_vocab *v, gram_kind kind, const char *src, size_t len, gram_grammar **out, double *seconds,
                  char *err, size_t errlen) {
     (void)v, (void)kind, (void)src, (void)len, (void)seconds;
@@ -56,20 +58,32 @@ int gram_compile(gram_vocab *v, gram_kind kind, const char *src, size_t len, gra
     snprintf(err, errlen, "grammar engine not built");
     return GRAM_EINTERNAL;
 }
-void gram_grammar_free(gram_grammar *g) { (void)g; }
+void gram_grammar_free(gram_grammar *g) {
+    (void)g;
+}
 int gram_matcher_new(const gram_grammar *g, gram_matcher **out, char *err, size_t errlen) {
     (void)g, (void)err, (void)errlen;
     *out = NULL;
     return GRAM_EINTERNAL;
 }
-void gram_matcher_free(gram_matcher *m) { (void)m; }
-int gram_matcher_accept(gram_matcher *m, int32_t token) { return (void)m, (void)token, 0; }
+void gram_matcher_free(gram_matcher *m) {
+    (void)m;
+}
+int gram_matcher_accept(gram_matcher *m, int32_t token) {
+    return (void)m, (void)token, 0;
+}
 int gram_matcher_fill(gram_matcher *m, uint32_t *mask, char *err, size_t errlen) {
     return (void)m, (void)mask, (void)err, (void)errlen, GRAM_EINTERNAL;
 }
-int gram_matcher_complete(const gram_matcher *m) { return (void)m, 0; }
-size_t gram_mask_words(size_t vocab_size) { return (vocab_size + 31) / 32; }
-void gram_mask_apply(float *row, size_t vocab_size, const uint32_t *mask) { (void)row, (void)vocab_size, (void)mask; }
+int gram_matcher_complete(const gram_matcher *m) {
+    return (void)m, 0;
+}
+size_t gram_mask_words(size_t vocab_size) {
+    return (vocab_size + 31) / 32;
+}
+void gram_mask_apply(float *row, size_t vocab_size, const uint32_t *mask) {
+    (void)row, (void)vocab_size, (void)mask;
+}
 
 /* ---- SentencePiece stubs (C++ is not part of this build) ---- */
 int tok_spm_load(const char *path, tok_spm **out, char *err, size_t errlen) {

@@ -80,7 +80,9 @@ static gram_grammar *compile(gram_vocab *v, gram_kind k, const char *src) {
     return g;
 }
 
-static int allowed(const uint32_t *mask, int32_t id) { return (mask[id / 32] >> (id % 32)) & 1u; }
+static int allowed(const uint32_t *mask, int32_t id) {
+    return (mask[id / 32] >> (id % 32)) & 1u;
+}
 
 /* Walk text's tokens through a matcher: index of the first token the mask
  * disallows, or -1 when every token is allowed and accepted. *complete
@@ -310,7 +312,8 @@ START_TEST(test_first_mask_exact) {
     size_t n = tok_vocab_size(t), V = n + 5;
     int32_t eos;
     gram_vocab *v = make_vocab(t, V, &eos);
-    gram_grammar *g = compile(v, GRAM_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+    gram_grammar *g =
+        compile(v, GRAM_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
     char err[256];
     gram_matcher *m = NULL;
     ck_assert_int_eq(gram_matcher_new(g, &m, err, sizeof err), GRAM_OK);
@@ -395,7 +398,8 @@ START_TEST(test_errors_and_cache) {
     /* cache: the same schema again compiles to a grammar that behaves the same */
     gram_grammar *g1 = compile(v, GRAM_JSON_SCHEMA, SCHEMA), *g2 = compile(v, GRAM_JSON_SCHEMA, SCHEMA);
     gram_grammar_free(g1); /* g2 outlives g1 */
-    ck_assert_int_lt(walk_text(t, g2, V, eos, "{\"name\": \"z\", \"color\": \"red\", \"pos\": {\"row\": 3}}", &complete), 0);
+    ck_assert_int_lt(
+        walk_text(t, g2, V, eos, "{\"name\": \"z\", \"color\": \"red\", \"pos\": {\"row\": 3}}", &complete), 0);
     ck_assert(complete);
     gram_grammar_free(g2);
     /* bad vocab arguments */
