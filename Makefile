@@ -1,6 +1,7 @@
 # echo — build.
 #
-#   make            build libraries into build/ and programs into bin/
+#   make            build libraries into build/ and programs into bin/ (the first
+#                   build fetches and builds xgrammar into build/xgrammar: grammar/README.md)
 #   make CUDA=0     same, without the cuda backend
 #   make deps       install the Debian packages the build and tests need
 #   make run        build, then run echo-generate on a bundled fixture model
