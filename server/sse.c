@@ -101,6 +101,7 @@ static void sc_content(stream_ctx *sc, int k, const char *text, size_t tl, const
  * up to the first call's begin marker, and short of a tail that could be
  * the start of one. */
 static size_t tool_safe(const srv_tool_format *f, const char *text, size_t len) {
+    if (len == 0) return 0; /* text may be NULL then */
     size_t bl = strcspn(f->begin, "\n");
     const char *b = memmem(text, len, f->begin, bl);
     if (b) return (size_t)(b - text);
