@@ -1,6 +1,7 @@
 # echo — build.
 #
-#   make            build libraries into build/ and programs into bin/
+#   make            build libraries into build/ and programs into bin/ (the first
+#                   build fetches and builds xgrammar into build/xgrammar: grammar/README.md)
 #   make CUDA=0     same, without the cuda backend
 #   make deps       install the Debian packages the build and tests need
 #   make run        build, then run echo-generate on a bundled fixture model
@@ -54,7 +55,7 @@ LDLIBS   += $(PKG_LIBS) -lm -pthread
 LDFLAGS  += $(SAN)
 
 LIB_C_SRC  := $(sort $(wildcard weights/*.c model/*.c model/arch/*.c kernels/*.c kernels/cpu/*.c comm/*.c engine/*.c tokenizer/*.c server/*.c))
-LIB_CC_SRC := $(sort $(wildcard tokenizer/*.cc))
+LIB_CC_SRC := $(sort $(wildcard tokenizer/*.cc grammar/*.cc))
 CU_SRC     := $(sort $(wildcard kernels/cuda/*.cu comm/*.cu))
 TOOL_SRC   := $(sort $(wildcard tools/echo_*.c))
 TEST_SRC   := $(sort $(wildcard tests/unit/test_*.c))
@@ -64,6 +65,15 @@ LIB_OBJ := $(LIB_C_SRC:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRC:%.cc=$(BUILD)/obj/%.o)
 ifneq ($(LIB_CC_SRC),)
   LDLIBS += $(shell pkg-config --libs sentencepiece 2>/dev/null || echo -lsentencepiece) -lstdc++
 endif
+
+# grammar/ wraps xgrammar (constrained decoding), fetched as a pinned PyPI
+# sdist and built once into XGR_DIR by scripts/fetch-xgrammar.sh, shared by
+# every build folder like the model cache. Only grammar/*.cc sees its headers.
+XGR_DIR    ?= build/xgrammar
+XGR_LIB    := $(XGR_DIR)/libxgrammar.a
+XGR_CFLAGS := -isystem $(XGR_DIR)/src/include -isystem $(XGR_DIR)/src/3rdparty/dlpack/include \
+              -isystem $(XGR_DIR)/src/3rdparty/picojson
+LDLIBS     += $(XGR_LIB) -lstdc++
 
 # The GPU architectures and device-code options, also what
 # check-cuda-resources reports on.
@@ -117,6 +127,13 @@ $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 $(BUILD)/obj/%.o: %.cc $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(shell pkg-config --cflags sentencepiece 2>/dev/null) -c $< -o $@
+
+$(BUILD)/obj/grammar/%.o: grammar/%.cc $(FLAGS_STAMP) | $(XGR_LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(XGR_CFLAGS) -c $< -o $@
+
+$(XGR_LIB): scripts/fetch-xgrammar.sh
+	scripts/fetch-xgrammar.sh $(XGR_DIR)
 
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -276,8 +293,9 @@ serve: deps $(BIN)/echo-serve $(DEFAULT_GGUF)
 	$(BIN)/echo-serve --model $(DEFAULT_GGUF) --device cpu --served-model-name smollm2-135m-instruct \
 	  --max-model-len 8192 $(SERVE_ARGS)
 endif
-test-server: $(BIN)/echo-serve $(DEMO_MODEL)/config.json
-	ECHO_CLIENTS_VENV=$(BUILD)/venv-clients tests/server/run.sh $(BIN)/echo-serve $(DEMO_MODEL)
+test-server: $(BIN)/echo-serve $(DEMO_MODEL)/config.json $(DEFAULT_GGUF)
+	ECHO_CLIENTS_VENV=$(BUILD)/venv-clients ECHO_SMOLLM2_GGUF=$(DEFAULT_GGUF) \
+	  tests/server/run.sh $(BIN)/echo-serve $(DEMO_MODEL)
 test-server-asan:
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin CUDA=0 OPT=-O1 KERN_CFLAGS=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \

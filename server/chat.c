@@ -58,22 +58,79 @@ static const char *content_text(json_t *c, chat_buf *b, const char *param, srv_v
 /* The model's own Jinja template over the request's messages (content
  * parts joined into text, as validated in b), chat_template_kwargs merged
  * into the variables, as apply_chat_template is called by vLLM. */
-static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b, json_t *kw, int add_gen, char **text,
-                                 size_t *tl, srv_verr *e) {
+/* A template without tool support sees tools the Hermes way (the first row
+ * of server/tools.c's formats): a "# Tools" system block, assistant calls
+ * as <tool_call> text, tool results as user <tool_response> turns. */
+static int hermes_rewrite(json_t *c, const chat_buf *b, size_t i) {
+    const tok_chat_message *m = &b->msgs[i];
+    if (!strcmp(m->role, "tool")) {
+        size_t L = strlen(m->content) + 64;
+        char *t = malloc(L);
+        if (!t) return -1;
+        snprintf(t, L, "<tool_response>\n%s\n</tool_response>", m->content);
+        int rc =
+            json_object_set_new(c, "role", json_string("user")) || json_object_set_new(c, "content", json_string(t));
+        free(t);
+        json_object_del(c, "tool_call_id");
+        json_object_del(c, "name");
+        return rc ? -1 : 0;
+    }
+    if (!m->n_tool_calls) return 0;
+    size_t L = strlen(m->content) + 1;
+    for (size_t k = 0; k < m->n_tool_calls; k++)
+        L += strlen(m->tool_calls[k].name) + strlen(m->tool_calls[k].arguments) + 64;
+    char *t = malloc(L);
+    if (!t) return -1;
+    size_t n = (size_t)sprintf(t, "%s", m->content);
+    for (size_t k = 0; k < m->n_tool_calls; k++)
+        n += (size_t)sprintf(t + n, "%s<tool_call>\n{\"name\": \"%s\", \"arguments\": %s}\n</tool_call>", n ? "\n" : "",
+                             m->tool_calls[k].name, m->tool_calls[k].arguments);
+    int rc = json_object_set_new(c, "content", json_string(t));
+    free(t);
+    json_object_del(c, "tool_calls");
+    return rc ? -1 : 0;
+}
+
+static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b, json_t *kw, int add_gen, json_t *tools,
+                                 char **text, size_t *tl, srv_verr *e) {
     json_t *ctx = json_object(), *ms = json_array();
     size_t i;
     json_t *m;
     int rc = -1;
     char *ctx_text = NULL, terr[512];
+    /* Does the template render tools itself? (Qwen3's, Llama 3.1's, Hermes' do.) */
+    int native = tools && strstr(s->chat.source, "tools") != NULL;
     if (!ctx || !ms) goto oom;
     json_array_foreach(msgs, i, m) {
         json_t *c = json_deep_copy(m);
         if (!c || json_object_set_new(c, "content", json_string(b->msgs[i].content)) ||
             json_object_set_new(c, "role", json_string(b->msgs[i].role)) || json_array_append_new(ms, c))
             goto oom;
+        if (tools && !native && hermes_rewrite(c, b, i)) goto oom;
+    }
+    if (tools && !native) {
+        char *blk = srv_tools_system_block(tools);
+        if (!blk) goto oom;
+        json_t *first = json_array_get(ms, 0);
+        const char *fr = json_string_value(json_object_get(first, "role"));
+        if (fr && !strcmp(fr, "system")) {
+            const char *fc = json_string_value(json_object_get(first, "content"));
+            size_t L = strlen(fc ? fc : "") + strlen(blk) + 4;
+            char *t = malloc(L);
+            if (t) snprintf(t, L, "%s%s%s", fc && *fc ? fc : "", fc && *fc ? "\n\n" : "", blk);
+            int bad = !t || json_object_set_new(first, "content", json_string(t));
+            free(t);
+            free(blk);
+            if (bad) goto oom;
+        } else {
+            json_t *sys = json_pack("{s:s,s:s}", "role", "system", "content", blk);
+            free(blk);
+            if (!sys || json_array_insert_new(ms, 0, sys)) goto oom;
+        }
     }
     if (json_object_set_new(ctx, "messages", ms)) goto oom;
     ms = NULL;
+    if (native && json_object_set(ctx, "tools", tools)) goto oom;
     if (kw && json_object_update(ctx, kw)) goto oom;
     if (json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_gen))) goto oom;
     if (!(ctx_text = json_dumps(ctx, JSON_COMPACT))) goto oom;
@@ -133,7 +190,8 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
     }
     chat_buf b = {calloc(nm, sizeof *b.msgs), calloc(ncalls ? ncalls : 1, sizeof *b.calls), NULL, 0};
     int rc = -1;
-    char *text = NULL;
+    char *text = NULL, **tool_txt = NULL;
+    srv_tools tools = {0};
     if (!b.msgs || !b.calls) {
         srv_fail(e, 500, NULL, "out of memory");
         goto out;
@@ -199,10 +257,26 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
     }
     size_t tl;
     char terr[512];
+    /* tool_choice "none" leaves the tools out of the prompt */
+    if (srv_parse_tools(root, &tools, e)) goto out;
+    json_t *tl_json = tools.choice != SRV_TOOL_NONE ? tools.tools : NULL;
     if (s->chat.source) {
-        if (render_model_template(s, msgs, &b, kw, add_gen, &text, &tl, e)) goto out;
+        if (render_model_template(s, msgs, &b, kw, add_gen, tl_json, &text, &tl, e)) goto out;
     } else {
-        tok_chat_options co = {.add_generation_prompt = add_gen, .enable_thinking = enable_thinking};
+        size_t nt = tl_json ? json_array_size(tl_json) : 0;
+        if (nt && !(tool_txt = calloc(nt, sizeof *tool_txt))) {
+            srv_fail(e, 500, NULL, "out of memory");
+            goto out;
+        }
+        for (size_t k = 0; k < nt; k++)
+            if (!(tool_txt[k] = json_dumps(json_array_get(tl_json, k), JSON_COMPACT))) {
+                srv_fail(e, 500, NULL, "out of memory");
+                goto out;
+            }
+        tok_chat_options co = {.add_generation_prompt = add_gen,
+                               .enable_thinking = enable_thinking,
+                               .tools_json = (const char *const *)tool_txt,
+                               .n_tools = nt};
         if (tok_chat_apply(b.msgs, nm, &co, &text, &tl, terr, sizeof terr) != TOK_OK) {
             srv_fail(e, 400, "messages", "chat template: %s", terr);
             goto out;
@@ -210,6 +284,11 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
     }
     rc = srv_encode_text(s, text, tl, 0, "messages", ids, n, e);
 out:
+    if (tool_txt && tools.tools)
+        for (size_t k = 0; k < json_array_size(tools.tools); k++)
+            free(tool_txt[k]);
+    free(tool_txt);
+    srv_tools_free(&tools);
     free(text);
     chat_buf_free(&b);
     return rc;

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -85,6 +86,7 @@ typedef struct srv_req {
     int32_t *stop_ids;
     int n_stop_ids;
     double t_arrive;
+    gram_grammar *gram; /* the request template's constraint (structured.c); runs get a matcher each */
 
     /* ---- shared: guarded by mu (cancelled is atomic) ---- */
     pthread_mutex_t mu;
@@ -116,6 +118,8 @@ typedef struct srv_req {
     tok_stream *ds;
     char *gen; /* all generated text (before stop cut) */
     size_t gen_len, gen_cap, sent;
+    int gram_failed;  /* ended because the grammar allowed no sampled token */
+    gram_matcher *gm; /* constrained decoding: the grammar's state (made by the HTTP thread, then the scheduler's) */
 } srv_req;
 
 /* Prometheus histogram with fixed buckets. */
@@ -131,6 +135,8 @@ typedef struct srv_metrics {
     pthread_mutex_t mu;
     srv_hist ttft, itl, e2e, queue, prefill, decode, inference;
     srv_hist req_prompt, req_gen, iter_tokens; /* token counts (vLLM's families) */
+    srv_hist grammar_compile, grammar_mask;    /* seconds: per constraint compiled, per masked token */
+    uint64_t constrained;                      /* requests (runs) decoded under a grammar */
     double *tok_bounds;                        /* 1, 2, 5, 10, 20, 50, ... up to max_model_len */
     uint64_t preemptions;                      /* always 0: KV is reserved at admission */
     uint64_t conn_rejected[2];                 /* [0] --max-connections, [1] per-client cap */
@@ -180,6 +186,7 @@ typedef struct srv_sched {
     uint32_t *mark2;  /* (vocab) output-token stamps (presence / frequency) */
     uint32_t *cnt;    /* (vocab) output-token counts, valid where mark2 == stamp */
     uint32_t stamp, stamp2;
+    uint32_t *gmask; /* (gram_mask_words(vocab)) the grammar's allowed tokens, one row at a time */
     char *piece; /* single-token decode scratch */
 } srv_sched;
 
@@ -223,6 +230,11 @@ struct srv_server {
     pthread_t reaper;
     int reaper_started;
     atomic_int reaper_stop;
+    /* structured outputs (structured.c): the grammar vocabulary, built on first use */
+    pthread_mutex_t gram_mu;
+    gram_vocab *gvocab;
+    int gvocab_failed;
+    char gvocab_err[256];
 };
 
 double srv_now(void); /* CLOCK_MONOTONIC seconds */
@@ -356,6 +368,45 @@ int srv_parse_ids(srv_server *s, json_t *a, const char *param, int32_t **ids, in
 int srv_encode_text(srv_server *s, const char *text, size_t len, int add_special, const char *param, int32_t **ids,
                     int *n, srv_verr *e);
 
+/* structured.c: the request's one structured-output constraint
+ * (response_format json_object / json_schema, structured_outputs.*,
+ * guided_*), validated and compiled; *out NULL when there is none. */
+int srv_parse_constraint(srv_server *s, json_t *root, gram_grammar **out, srv_verr *e);
+/* 400 naming the JSON-schema keywords the grammar engine would not enforce. */
+int srv_schema_check(json_t *schema, const char *param, srv_verr *e);
+int srv_compile_constraint(srv_server *s, gram_kind kind, const char *src, size_t len, const char *param,
+                           gram_grammar **out, srv_verr *e);
+
+/* tools.c: tool calling. A family's tool-call syntax is one row. */
+typedef struct srv_tool_format {
+    const char *family;
+    const char *detect;     /* the chat template containing this selects the row */
+    const char *begin, *end; /* around each call's JSON */
+    const char *name_key, *args_key;
+} srv_tool_format;
+typedef enum srv_tool_choice { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_TOOL_NAMED } srv_tool_choice;
+typedef struct srv_tools {
+    json_t *tools; /* the request's tools (a reference), NULL when none */
+    srv_tool_choice choice;
+    int named;     /* SRV_TOOL_NAMED: 1 + index into tools */
+    int parallel;  /* parallel_tool_calls (default 1) */
+} srv_tools;
+/* tools, tool_choice, parallel_tool_calls validated into t (free with srv_tools_free). */
+int srv_parse_tools(json_t *root, srv_tools *t, srv_verr *e);
+void srv_tools_free(srv_tools *t);
+/* The row for the served model's chat template (the first row by default). */
+const srv_tool_format *srv_tool_format_for(const srv_server *s);
+/* tool_choice "required" or a named function as a grammar into *out; other
+ * choices leave *out as it is. */
+int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv_verr *e);
+/* The calls in generated text as OpenAI tool_calls (ids "call_<id_base><n>"),
+ * with the text around them in *content (malloc'ed); NULL when there is no
+ * call (or out of memory). */
+json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t len, const char *id_base,
+                             char **content, size_t *content_len);
+/* Hermes-style "# Tools" system text for templates without tool support (malloc'ed). */
+char *srv_tools_system_block(const json_t *tools);
+
 /* chat.c: root's "messages" through the chat template, tokenized. */
 int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, srv_verr *e);
 
@@ -372,6 +423,9 @@ typedef struct srv_gen {
     char **prompt_text; /* (n_prompts) when echo */
     srv_group *grp;
     srv_fast_ids fi; /* `prompt` ids read from the body text (srv_fast_ids_take) */
+    int tool_parse;  /* chat with tools (tool_choice not none): answers are parsed for tool calls */
+    int tool_parallel; /* parallel_tool_calls: else only the first call is returned */
+    const srv_tool_format *tool_fmt;
 } srv_gen;
 /* Body -> validated, tokenized runs ready for the scheduler (g). On failure
  * *e says why and nothing is left allocated. */
@@ -406,6 +460,8 @@ json_t *srv_completion_logprobs(srv_server *s, const srv_req *r, int with_prompt
                                 srv_offsets *off);
 json_t *srv_chat_logprobs(srv_server *s, const srv_tokrec *t, int n);
 const char *srv_finish_reason(srv_finish f); /* OpenAI's finish_reason */
+/* A finished chat run's tool calls (g->tool_parse), NULL when none. */
+json_t *srv_req_tool_calls(const srv_gen *g, const srv_req *r, int index, char **content, size_t *clen);
 json_t *srv_stop_reason(const srv_req *r);
 
 /* sse.c: answer a submitted g as a server-sent-event stream; takes g. */

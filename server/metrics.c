@@ -18,6 +18,10 @@ static const double ITL_B[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  
 static const double REQ_B[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+/* Grammar compile time and per-token mask time (structured outputs). */
+static const double GCOMP_B[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0};
+static const double GMASK_B[] = {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1};
+
 /* vLLM's iteration-token buckets. */
 static const double ITER_B[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 
@@ -36,7 +40,9 @@ int srv_metrics_init(srv_metrics *m) {
     if (hist_init(&m->ttft, TTFT_B, n_ttft) || hist_init(&m->itl, ITL_B, n_itl) || hist_init(&m->e2e, REQ_B, n_req) ||
         hist_init(&m->queue, REQ_B, n_req) || hist_init(&m->prefill, REQ_B, n_req) ||
         hist_init(&m->decode, REQ_B, n_req) || hist_init(&m->inference, REQ_B, n_req) ||
-        hist_init(&m->iter_tokens, ITER_B, (int)(sizeof ITER_B / sizeof *ITER_B)))
+        hist_init(&m->iter_tokens, ITER_B, (int)(sizeof ITER_B / sizeof *ITER_B)) ||
+        hist_init(&m->grammar_compile, GCOMP_B, (int)(sizeof GCOMP_B / sizeof *GCOMP_B)) ||
+        hist_init(&m->grammar_mask, GMASK_B, (int)(sizeof GMASK_B / sizeof *GMASK_B)))
         return -1;
     return srv_metrics_set_len(m, 4096);
 }
@@ -85,6 +91,8 @@ void srv_metrics_free(srv_metrics *m) {
     free(m->decode.counts);
     free(m->inference.counts);
     free(m->iter_tokens.counts);
+    free(m->grammar_compile.counts);
+    free(m->grammar_mask.counts);
     free(m->req_prompt.counts);
     free(m->req_gen.counts);
     free(m->tok_bounds);
@@ -192,6 +200,15 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
     put_hist(&b, "request_prompt_tokens", "Number of prefill tokens processed.", &m->req_prompt, lbl);
     put_hist(&b, "request_generation_tokens", "Number of generation tokens processed.", &m->req_gen, lbl);
     put_hist(&b, "iteration_tokens_total", "Histogram of number of tokens per engine_step.", &m->iter_tokens, lbl);
+    put_hist(&b, "grammar_compile_seconds",
+             "Time to compile a structured-output constraint against the vocabulary (cache hits included).",
+             &m->grammar_compile, lbl);
+    put_hist(&b, "grammar_mask_seconds", "Time to compute and apply the grammar's token mask, per constrained token.",
+             &m->grammar_mask, lbl);
+    sb_printf(&b,
+              "# HELP echo:constrained_requests_total Requests decoded under a grammar (structured outputs, tools).\n"
+              "# TYPE echo:constrained_requests_total counter\necho:constrained_requests_total{%s} %llu\n",
+              lbl, (unsigned long long)m->constrained);
     sb_printf(&b,
               "# HELP echo:num_preemptions_total Cumulative number of preemption from the engine.\n"
               "# TYPE echo:num_preemptions_total counter\necho:num_preemptions_total{%s} %llu\n",

@@ -20,6 +20,8 @@ static const char *const COMPLETION_FIELDS[] = {
     "logprobs",       "n",               "echo",              "user",            "ignore_eos",
     "min_tokens",     "repetition_penalty", "stop_token_ids", "presence_penalty", "frequency_penalty",
     "logit_bias",     "best_of",         "suffix",            "min_p",           "prompt_logprobs",
+    "response_format", "structured_outputs", "guided_json",   "guided_regex",    "guided_choice",
+    "guided_grammar", "guided_decoding_backend",
     NULL};
 static const char *const CHAT_FIELDS[] = {
     "model",          "messages",        "max_tokens",        "max_completion_tokens", "temperature",
@@ -28,6 +30,8 @@ static const char *const CHAT_FIELDS[] = {
     "ignore_eos",     "min_tokens",      "repetition_penalty", "stop_token_ids",   "presence_penalty",
     "frequency_penalty", "logit_bias",   "min_p",             "chat_template_kwargs", "add_generation_prompt",
     "tools",          "tool_choice",     "parallel_tool_calls", "response_format", "prompt_logprobs",
+    "structured_outputs", "guided_json", "guided_regex",      "guided_choice",     "guided_grammar",
+    "guided_decoding_backend",
     NULL};
 /* clang-format on */
 
@@ -184,6 +188,10 @@ static srv_req *req_clone(srv_server *s, const srv_req *t, const int32_t *prompt
     r->frequency = t->frequency;
     r->min_p = t->min_p;
     r->grp = grp;
+    if (t->gram && gram_matcher_new(t->gram, &r->gm, NULL, 0) != GRAM_OK) {
+        srv_req_unref(r);
+        return srv_fail(e, 500, NULL, "out of memory for a grammar matcher"), NULL;
+    }
     pthread_mutex_lock(&grp->mu);
     grp->refs++;
     pthread_mutex_unlock(&grp->mu);
@@ -268,17 +276,8 @@ static int check_neutral(json_t *o, srv_verr *e) {
     json_t *v;
     if ((v = srv_field(o, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
         return srv_fail(e, 400, "suffix", "'suffix' is not supported");
-    if ((v = srv_field(o, "tools")) && !(json_is_array(v) && json_array_size(v) == 0))
-        return srv_fail(e, 400, "tools", "'tools' is not supported");
-    if ((v = srv_field(o, "tool_choice")) &&
-        !(json_is_string(v) && (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto"))))
-        return srv_fail(e, 400, "tool_choice", "'tool_choice' must be \"none\" or \"auto\"");
-    if ((v = srv_field(o, "response_format"))) {
-        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-            return srv_fail(e, 400, "response_format",
-                            "'response_format' other than {\"type\": \"text\"} is not supported");
-    }
+    if ((v = srv_field(o, "guided_decoding_backend")) && !json_is_string(v))
+        return srv_fail(e, 400, "guided_decoding_backend", "'guided_decoding_backend' must be a string");
     if ((v = srv_field(o, "user")) && !json_is_string(v)) return srv_fail(e, 400, "user", "'user' must be a string");
     return 0;
 }
@@ -357,8 +356,6 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
             }
             t->top_logprobs = (int)v;
         }
-        int pt = 0;
-        if (srv_get_bool(root, "parallel_tool_calls", &pt, e) < 0) goto out;
     } else {
         if (parse_prompts(s, root, &g->fi, &pl, e)) goto out;
         if (srv_get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &v, e) < 0) goto out;
@@ -425,6 +422,28 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
     if (srv_get_int(root, "min_tokens", 0, mt_min, &v, e) < 0) goto out;
     if (srv_field(root, "min_tokens")) t->min_tokens = (int)v;
     if (parse_stop(s, root, t, e)) goto out;
+    if (srv_parse_constraint(s, root, &t->gram, e)) goto out;
+    if (chat) {
+        srv_tools tl;
+        if (srv_parse_tools(root, &tl, e)) goto out;
+        g->tool_parse = tl.choice != SRV_TOOL_NONE;
+        g->tool_parallel = tl.parallel;
+        g->tool_fmt = srv_tool_format_for(s);
+        if (t->gram && (tl.choice == SRV_TOOL_REQUIRED || tl.choice == SRV_TOOL_NAMED)) {
+            srv_fail(e, 400, "tool_choice", "'tool_choice' %s and a structured-output constraint cannot be combined",
+                     tl.choice == SRV_TOOL_NAMED ? "naming a function" : "\"required\"");
+            srv_tools_free(&tl);
+            goto out;
+        }
+        int trc = srv_tools_grammar(s, &tl, &t->gram, e);
+        srv_tools_free(&tl);
+        if (trc) goto out;
+    }
+    if (t->gram) {
+        pthread_mutex_lock(&s->met.mu);
+        s->met.constrained++;
+        pthread_mutex_unlock(&s->met.mu);
+    }
     t->want_cum = g->per > g->n;
     unsigned long long cnt = atomic_fetch_add(&s->req_counter, 1);
     snprintf(t->id, sizeof t->id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",

@@ -198,6 +198,19 @@ static json_t *echo_text(const char *pt, const char *text, size_t tl) {
     return j;
 }
 
+json_t *srv_req_tool_calls(const srv_gen *g, const srv_req *r, int index, char **content, size_t *clen) {
+    if (r->finish == SRV_FIN_ABORT || r->finish == SRV_FIN_ERROR || !r->text) return NULL;
+    /* ids unique per response: the request id's hex, the choice, the call */
+    const char *hex = strchr(r->id, '-');
+    char base[48];
+    snprintf(base, sizeof base, "%.24s%02x", hex ? hex + 1 : r->id, (unsigned)index & 0xffu);
+    json_t *calls = srv_tool_calls_parse(g->tool_fmt, r->text, r->text_len, base, content, clen);
+    /* parallel_tool_calls false: one call, as OpenAI returns (auto is not constrained) */
+    while (calls && !g->tool_parallel && json_array_size(calls) > 1)
+        json_array_remove(calls, json_array_size(calls) - 1);
+    return calls;
+}
+
 static json_t *choice_json(srv_server *s, const srv_gen *g, const srv_req *r, int prompt_i, int index) {
     json_t *choice, *lp = json_null();
     if (!g->chat) {
@@ -217,10 +230,16 @@ static json_t *choice_json(srv_server *s, const srv_gen *g, const srv_req *r, in
             json_decref(lp);
             lp = srv_chat_logprobs(s, r->toks, r->n_toks);
         }
-        json_t *text = json_stringn(r->text ? r->text : "", r->text_len);
+        char *content = NULL;
+        size_t clen = 0;
+        json_t *calls = g->tool_parse ? srv_req_tool_calls(g, r, index, &content, &clen) : NULL;
+        json_t *text = calls ? (clen ? json_stringn(content, clen) : json_null())
+                             : json_stringn(r->text ? r->text : "", r->text_len);
+        free(content);
         choice = json_pack("{s:i,s:{s:s,s:o,s:o},s:o,s:s,s:o}", "index", index, "message", "role", "assistant",
-                           "content", text ? text : json_string(""), "tool_calls", json_array(), "logprobs", lp,
-                           "finish_reason", srv_finish_reason(r->finish), "stop_reason", srv_stop_reason(r));
+                           "content", text ? text : json_string(""), "tool_calls", calls ? calls : json_array(),
+                           "logprobs", lp, "finish_reason", calls ? "tool_calls" : srv_finish_reason(r->finish),
+                           "stop_reason", srv_stop_reason(r));
     }
     if (choice && g->vllm_plp) json_object_set_new(choice, "prompt_logprobs", vllm_prompt_logprobs(s, r, g->vllm_k));
     return choice;

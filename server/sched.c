@@ -100,6 +100,8 @@ void srv_req_unref(srv_req *r) {
     free(r->bias_ids);
     free(r->bias_vals);
     tok_stream_free(r->ds);
+    gram_matcher_free(r->gm);
+    gram_grammar_free(r->gram);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     srv_group_unref(r->grp);
@@ -362,12 +364,29 @@ static void apply_processors(srv_server *s, srv_req *r, float *row) {
     }
 }
 
+/* Constrained decoding: tokens the request's grammar does not allow next
+ * get -inf, after the other processors and before temperature, top-k and
+ * top-p (eng_sample), so greedy and sampled decoding alike pick an allowed
+ * token. The time it takes is the per-token cost /metrics reports. */
+static void apply_grammar(srv_server *s, srv_req *r, float *row) {
+    double t0 = srv_now();
+    char err[256];
+    int rc = gram_matcher_fill(r->gm, s->sch.gmask, err, sizeof err);
+    if (rc > 0) gram_mask_apply(row, (size_t)s->mc.vocab_size, s->sch.gmask);
+    if (rc < 0) srv_log(s, SRV_LOG_ERROR, "grammar mask: %s", err); /* the token is checked after sampling */
+    double dt = srv_now() - t0;
+    pthread_mutex_lock(&s->met.mu);
+    srv_hist_observe(&s->met.grammar_mask, dt);
+    pthread_mutex_unlock(&s->met.mu);
+}
+
 static void sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec) {
     int V = s->mc.vocab_size;
     memset(rec, 0, sizeof *rec);
     int need_lp = r->want_logprobs || r->want_cum;
     if (need_lp) eng_log_softmax(row, V, s->sch.lp); /* raw model distribution, as vLLM */
     apply_processors(s, r, row);
+    if (r->gm) apply_grammar(s, r, row);
     rec->token = eng_sample(row, V, &r->sp, &r->rng);
     if (need_lp) rec->logprob = (float)s->sch.lp[rec->token];
     if (r->want_logprobs) {
@@ -386,6 +405,7 @@ static void sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec) {
  * sampling, so the top candidates of the raw row would not be those of the
  * processed one. */
 static int req_cands(const srv_server *s, const srv_req *r) {
+    if (r->gm) return 0; /* the grammar's mask may exclude any of the top candidates */
     if (r->rep_penalty != 1.0f || r->presence != 0 || r->frequency != 0 || r->min_p > 0 || r->n_bias) return 0;
     if (r->n_all - r->n_prompt < r->min_tokens && (s->mc.n_eos > 0 || r->n_stop_ids > 0)) return 0;
     return eng_cands_needed(&r->sp, r->want_logprobs ? r->top_logprobs : 0, s->mc.vocab_size);
@@ -664,11 +684,27 @@ static void *sched_main(void *arg) {
             else
                 sample_cands(s, r, &q->cands[row], &rec);
             if (!last) row++;
+            if (r->gm && !gram_matcher_accept(r->gm, rec.token)) {
+                /* Every token was masked (min_tokens or ignore_eos held off the only
+                 * allowed stop, or the grammar engine failed): never emit a token the
+                 * grammar refuses. A complete text ends as if EOS was sampled. */
+                if (!gram_matcher_complete(r->gm) || s->mc.n_eos == 0) {
+                    fins[q->item_req[k]] = SRV_FIN_ERROR;
+                    r->gram_failed = 1;
+                    continue;
+                }
+                memset(&rec, 0, sizeof rec);
+                rec.token = s->mc.eos_ids[0];
+                r->ignore_eos = 0;
+            }
             fins[q->item_req[k]] = req_on_token(s, r, &rec, t);
         }
         for (int i = q->n_running - 1; i >= 0; i--)
             if (fins[i] != SRV_FIN_NONE)
-                finish_running(s, i, fins[i], fins[i] == SRV_FIN_ERROR ? "out of memory" : NULL);
+                finish_running(s, i, fins[i],
+                               fins[i] != SRV_FIN_ERROR     ? NULL
+                               : q->running[i]->gram_failed ? "no token the grammar allows"
+                                                            : "out of memory");
     }
     publish_gauges(s);
     return NULL;
@@ -689,8 +725,9 @@ int srv_sched_start(srv_server *s, char *err, size_t errlen) {
     q->mark = calloc(V, sizeof *q->mark);
     q->mark2 = calloc(V, sizeof *q->mark2);
     q->cnt = calloc(V, sizeof *q->cnt);
+    q->gmask = malloc(gram_mask_words(V) * sizeof *q->gmask);
     if (!q->mark2 || !q->cnt || !q->running || !q->items || !q->item_req || !q->fins || !q->logits || !q->cands || !q->full || !q->lp ||
-        !q->mark) {
+        !q->mark || !q->gmask) {
         snprintf(err, errlen, "out of memory for the scheduler");
         return -1;
     }

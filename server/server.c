@@ -227,6 +227,7 @@ int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errle
     pthread_mutex_init(&s->sch.mu, NULL);
     pthread_cond_init(&s->sch.cv, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
+    pthread_mutex_init(&s->gram_mu, NULL);
     atomic_init(&s->reaper_stop, 0);
     if (!s->model_dir || !s->name || srv_metrics_init(&s->met)) {
         snprintf(err, errlen, "out of memory");
@@ -455,7 +456,10 @@ void srv_destroy(srv_server *s) {
     free(q->mark);
     free(q->mark2);
     free(q->cnt);
+    free(q->gmask);
     free(q->piece);
+    gram_vocab_free(s->gvocab);
+    pthread_mutex_destroy(&s->gram_mu);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
     srv_metrics_free(&s->met);

@@ -104,6 +104,77 @@ static void sc_content(stream_ctx *sc, int k, const char *text, size_t tl, const
     sc_event(sc, c);
 }
 
+/* How much of text may be streamed as content while tool calls are parsed:
+ * up to the first call's begin marker, and short of a tail that could be
+ * the start of one. */
+static size_t tool_safe(const srv_tool_format *f, const char *text, size_t len) {
+    if (len == 0) return 0; /* text may be NULL then */
+    size_t bl = strcspn(f->begin, "\n");
+    const char *b = memmem(text, len, f->begin, bl);
+    if (b) return (size_t)(b - text);
+    for (size_t k = bl - 1; k > 0; k--)
+        if (k <= len && !memcmp(text + len - k, f->begin, k)) return len - k;
+    return len;
+}
+
+/* A chat run with tools: content up to a possible call as it comes; at the
+ * end the calls as delta.tool_calls chunks (one per call, whole) and
+ * finish_reason "tool_calls", or the held-back text when there was none.
+ * Logprobs are not streamed in this mode. */
+static void sc_tool_pass(stream_ctx *sc, int k) {
+    srv_req *r = sc->g.rs[k];
+    run_cur *cu = &sc->cur[k];
+    pthread_mutex_lock(&r->mu);
+    int done = r->done, n_toks = r->n_toks;
+    size_t len = r->text_len;
+    char *text = len ? malloc(len) : NULL;
+    if (text) memcpy(text, r->text, len);
+    srv_finish fin = r->finish;
+    pthread_mutex_unlock(&r->mu);
+    if (len && !text) return; /* out of memory: next pass */
+    size_t safe = done ? len : tool_safe(sc->g.tool_fmt, text, len);
+    json_t *calls = NULL;
+    if (done && fin != SRV_FIN_ERROR) {
+        char *content = NULL;
+        size_t clen;
+        calls = srv_req_tool_calls(&sc->g, r, r->index, &content, &clen);
+        free(content);
+        if (calls) safe = tool_safe(sc->g.tool_fmt, text, len);
+    }
+    if (safe > cu->text_cur) {
+        sc_content(sc, k, text + cu->text_cur, safe - cu->text_cur, NULL, 0, 0, n_toks, NULL, NULL);
+        cu->text_cur = safe;
+    }
+    free(text);
+    if (!done) return;
+    if (fin == SRV_FIN_ERROR) {
+        sc_event(sc, srv_error_json(500, r->errmsg[0] ? r->errmsg : "generation failed", NULL));
+    } else {
+        size_t i;
+        json_t *c;
+        json_array_foreach(calls, i, c) {
+            json_t *tc = json_deep_copy(c);
+            if (tc) json_object_set_new(tc, "index", json_integer((json_int_t)i));
+            json_t *ch = json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", r->index, "delta", "tool_calls", tc, "logprobs",
+                                   "finish_reason");
+            sc_emit(sc, ch, r, n_toks);
+        }
+        if (calls) {
+            json_t *ch = json_pack("{s:i,s:{},s:n,s:s,s:o}", "index", r->index, "delta", "logprobs", "finish_reason",
+                                   "tool_calls", "stop_reason", srv_stop_reason(r));
+            json_t *c2 = chunk_base(sc, json_pack("[o]", ch));
+            if (c2) json_object_set_new(c2, "timings", srv_timings_json(r));
+            if (c2 && sc->g.continuous_usage) json_object_set_new(c2, "usage", srv_usage(r->n_prompt, n_toks));
+            sc_event(sc, c2);
+        } else {
+            sc_content(sc, k, NULL, 0, NULL, 0, 0, n_toks, srv_finish_reason(fin), r);
+        }
+    }
+    json_decref(calls);
+    cu->fin_sent = 1;
+    sc->n_fin++;
+}
+
 /* Turn whatever the scheduler published since the last pass into SSE bytes. */
 static void sc_pass(stream_ctx *sc) {
     srv_gen *g = &sc->g;
@@ -111,6 +182,10 @@ static void sc_pass(stream_ctx *sc) {
         srv_req *r = g->rs[k];
         run_cur *cu = &sc->cur[k];
         if (cu->fin_sent) continue;
+        if (g->tool_parse && cu->started) {
+            sc_tool_pass(sc, k);
+            continue;
+        }
         if (!cu->started) {
             if (g->chat) {
                 json_t *ch = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", r->index, "delta", "role", "assistant",
@@ -127,6 +202,10 @@ static void sc_pass(stream_ctx *sc) {
                 sc_content(sc, k, pt, strlen(pt), NULL, 0, g->echo_lp && plp, 0, NULL, NULL);
             }
             cu->started = 1;
+            if (g->tool_parse) {
+                sc_tool_pass(sc, k);
+                continue;
+            }
         }
         pthread_mutex_lock(&r->mu);
         int done = r->done, nt = r->n_toks - cu->tok_cur, n_toks = r->n_toks;

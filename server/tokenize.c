@@ -16,6 +16,8 @@ static int tokenize_body(srv_server *s, srv_request *rq, json_t **out, srv_verr 
                                         "add_generation_prompt",
                                         "chat_template_kwargs",
                                         "return_token_strs",
+                                        "tools",
+                                        "tool_choice",
                                         NULL};
     json_t *root = srv_parse_body(rq, e);
     if (!root) return -1;

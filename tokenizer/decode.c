@@ -40,6 +40,10 @@ static int id_bytes(const tok_tokenizer *t, int32_t id, int skip_special, int fi
     return 0;
 }
 
+int tok_token_bytes(const tok_tokenizer *t, int32_t id, const char **p, size_t *n) {
+    return id_bytes(t, id, 1, 0, p, n);
+}
+
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n_ids, int skip_special, char **out,
                size_t *out_len, char *err, size_t errlen) {
     *out = NULL;

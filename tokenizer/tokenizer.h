@@ -113,6 +113,11 @@ int32_t tok_token_id(const tok_tokenizer *t, const char *token);
 int32_t tok_eos_id(const tok_tokenizer *t);
 /* 1 when id is a special added token (skipped by skip_special). */
 int tok_is_special(const tok_tokenizer *t, int32_t id);
+/* The bytes one token adds to decoded text in the middle of a sequence
+ * (no first-token rule: a SentencePiece "▁x" is " x"), for grammar engines
+ * that match tokens against text. *p stays valid while t lives. Returns 0,
+ * or -1 when id names no token or a special token (which has no text). */
+int tok_token_bytes(const tok_tokenizer *t, int32_t id, const char **p, size_t *n);
 
 /* Encode len bytes of UTF-8 text. add_special applies the file's
  * post-processor (Qwen3: adds nothing; SentencePiece: BOS when defined).

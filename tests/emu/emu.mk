@@ -47,8 +47,9 @@ EMU_KERN_CXXFLAGS := -std=c++17 $(EMU_OPT) -g -fno-strict-aliasing -Wall -Wextra
                      -Wno-unused-function \
                      -Wno-unused-parameter -Wno-unused-variable -pthread -MMD -MP -I$(EMU_DIR)/gen -I. $(EMU_INC) \
                      -DECHO_HAVE_CUDA=1 $(EMU_SAN)
+# grammar/ (xgrammar) is used by server/ only, which no GPU test program links.
 
-EMU_LIB_OBJ := $(LIB_C_SRC:%.c=$(EMU_DIR)/obj/%.o) $(LIB_CC_SRC:%.cc=$(EMU_DIR)/obj/%.o) \
+EMU_LIB_OBJ := $(LIB_C_SRC:%.c=$(EMU_DIR)/obj/%.o) $(patsubst %.cc,$(EMU_DIR)/obj/%.o,$(filter-out grammar/%,$(LIB_CC_SRC))) \
                $(CU_SRC:%.cu=$(EMU_DIR)/obj/%.o)
 EMU_RT_OBJ  := $(EMU_DIR)/obj/tests/emu/emu.o $(EMU_DIR)/obj/tests/emu/runtime.o \
                $(EMU_DIR)/obj/tests/emu/cublaslt.o $(EMU_NCCL_SRC:%.cpp=$(EMU_DIR)/obj/%.o)

@@ -44,6 +44,40 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* ---- grammar/ stubs (xgrammar is C++): every vocabulary, grammar and
+ * matcher is one static object, so a structured-output request that passes
+ * validation is accepted (200) as with the real engine; bad sources are
+ * what the real engine would say only for the checks done in server/. ---- */
+static char g_gram_obj;
+int gram_vocab_new(const char *const *tokens, const size_t *lens, size_t n_tokens, size_t vocab_size,
+                   const int32_t *stop_ids, size_t n_stop, gram_vocab **out, char *err, size_t errlen) {
+    (void)tokens, (void)lens, (void)n_tokens, (void)vocab_size, (void)stop_ids, (void)n_stop, (void)err, (void)errlen;
+    *out = (gram_vocab *)&g_gram_obj;
+    return GRAM_OK;
+}
+void gram_vocab_free(gram_vocab *v) { (void)v; }
+int gram_compile(gram_vocab *v, gram_kind kind, const char *src, size_t len, gram_grammar **out, double *seconds,
+                 char *err, size_t errlen) {
+    (void)v, (void)kind, (void)src, (void)len, (void)err, (void)errlen;
+    if (seconds) *seconds = 0;
+    *out = (gram_grammar *)&g_gram_obj;
+    return GRAM_OK;
+}
+void gram_grammar_free(gram_grammar *g) { (void)g; }
+int gram_matcher_new(const gram_grammar *g, gram_matcher **out, char *err, size_t errlen) {
+    (void)g, (void)err, (void)errlen;
+    *out = (gram_matcher *)&g_gram_obj;
+    return GRAM_OK;
+}
+void gram_matcher_free(gram_matcher *m) { (void)m; }
+int gram_matcher_accept(gram_matcher *m, int32_t token) { return (void)m, (void)token, 1; }
+int gram_matcher_fill(gram_matcher *m, uint32_t *mask, char *err, size_t errlen) {
+    return (void)m, (void)mask, (void)err, (void)errlen, 0;
+}
+int gram_matcher_complete(const gram_matcher *m) { return (void)m, 0; }
+size_t gram_mask_words(size_t vocab_size) { return (vocab_size + 31) / 32; }
+void gram_mask_apply(float *row, size_t vocab_size, const uint32_t *mask) { (void)row, (void)vocab_size, (void)mask; }
+
 /* ---- SentencePiece stubs (C++ is not part of this build) ---- */
 int tok_spm_load(const char *path, tok_spm **out, char *err, size_t errlen) {
     *out = NULL;
@@ -193,6 +227,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     atomic_init(&s->http_active, 0);
     s->seed_base = 0x9e3779b97f4a7c15ull; /* fixed: runs are reproducible */
     pthread_mutex_init(&s->sch.mu, NULL);
+    pthread_mutex_init(&s->gram_mu, NULL);
     pthread_cond_init(&s->sch.cv, NULL);
     if (!s->model_dir || !s->name || srv_metrics_init(&s->met)) die("setup", "out of memory");
     g_verbose = getenv("FUZZ_SERVER_VERBOSE") != NULL;

@@ -7,7 +7,7 @@
 #      logprobs) as two ranks as threads (the mpi transport equals local);
 #   3. a rank count that differs from --tp is refused, on every rank, with
 #      one message;
-#   4. echo-serve under mpirun -np 2 answers completions and chat, and stops
+#   4. echo-serve under mpirun -np 2 answers completions, chat and a guided_regex one, and stops
 #      on SIGTERM with no process left;
 #      With --allreduce exact, a prompt served from the prefix cache gives the
 #      logprobs of the same prompt computed whole, bit for bit;
@@ -94,11 +94,15 @@ if start_server; then
         -d '{"model":"demo","prompt":"Hello there","max_tokens":6,"temperature":0}')
     h=$(curl -s -m 60 "localhost:$port/v1/chat/completions" -H 'Content-Type: application/json' \
         -d '{"model":"demo","messages":[{"role":"user","content":"Hi"}],"max_tokens":6,"temperature":0}')
-    if python3 -c 'import json,sys
-c, h = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    # constrained decoding: the mask is applied where rank 0 samples
+    x=$(curl -s -m 60 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"demo","prompt":"Hello","max_tokens":12,"temperature":1,"seed":3,"guided_regex":"[0-9]{3}-[a-z]{2}"}')
+    if python3 -c 'import json,re,sys
+c, h, x = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 assert c["usage"]["completion_tokens"] == 6 and c["choices"][0]["finish_reason"] == "length", c
-assert h["choices"][0]["message"]["role"] == "assistant" and h["usage"]["completion_tokens"] >= 1, h' "$c" "$h"; then ok
-    else bad "server under mpirun: completions $c / chat $h"; fi
+assert h["choices"][0]["message"]["role"] == "assistant" and h["usage"]["completion_tokens"] >= 1, h
+assert re.fullmatch("[0-9]{3}-[a-z]{2}", x["choices"][0]["text"]), x' "$c" "$h" "$x"; then ok
+    else bad "server under mpirun: completions $c / chat $h / guided_regex $x"; fi
     kill -TERM "$srv_pid"
     for _ in $(seq 40); do served || break; sleep 0.5; done
     if ! served; then ok; else bad "server under mpirun: processes left 20 s after SIGTERM"; fi

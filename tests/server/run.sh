@@ -6,6 +6,7 @@
 # later runs reuse ($ECHO_CLIENTS_VENV, default <build>/venv-clients next to
 # the binary's bin/; created here when missing, with pinned versions).
 #   usage: tests/server/run.sh [--asan] ECHO_SERVE_BINARY MODEL_DIR
+# With $ECHO_SMOLLM2_GGUF (the trained model) also tests/server/test_structured.py.
 # Prints "N passed, M failed" as its last line; exit status 0 only when M = 0.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -16,10 +17,10 @@ model=${2:?usage: $0 [--asan] ECHO_SERVE MODEL_DIR}
 for tool in curl python3; do
   command -v "$tool" >/dev/null || { echo "test-server: '$tool' is required"; echo "0 passed, 1 failed"; exit 1; }
 done
-if ! python3 -c 'import openai, prometheus_client' 2>/dev/null; then
-  echo "test-server: installing the test clients (openai, prometheus_client) with pip"
-  if ! python3 -m pip install --quiet openai prometheus_client; then
-    echo "test-server: FAILED to pip-install openai and prometheus_client (needed by the server tests)"
+if ! python3 -c 'import openai, prometheus_client, jsonschema, pydantic' 2>/dev/null; then
+  echo "test-server: installing the test clients (openai, prometheus_client, jsonschema, pydantic) with pip"
+  if ! python3 -m pip install --quiet openai prometheus_client jsonschema pydantic; then
+    echo "test-server: FAILED to pip-install openai, prometheus_client, jsonschema and pydantic (needed by the server tests)"
     echo "0 passed, 1 failed"
     exit 1
   fi
@@ -35,6 +36,20 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 python3 "$here/test_server.py" --mode "$mode" --bin "$bin" --model "$model" | tee "$log"
 read -r p1 _ f1 _ < <(tail -1 "$log") || { p1=0; f1=1; }
+
+# Structured outputs and tool calls on the trained model (make test-server passes
+# its GGUF; without one this part fails rather than skips).
+gguf=${ECHO_SMOLLM2_GGUF:-}
+if [ -n "$gguf" ] && [ -f "$gguf" ]; then
+  python3 "$here/test_structured.py" --bin "$bin" --model "$gguf" | tee "$log"
+  read -r ps _ fs _ < <(tail -1 "$log") || { ps=0; fs=1; }
+  case "$ps$fs" in *[!0-9]*|'') ps=0; fs=1 ;; esac
+else
+  echo "test-server: FAILED: no trained model for the structured-output tests (set ECHO_SMOLLM2_GGUF)"
+  ps=0; fs=1
+fi
+case "$p1$f1" in *[!0-9]*|'') p1=0; f1=1 ;; esac
+p1=$((p1 + ps)); f1=$((f1 + fs))
 
 # Third-party clients. The venv sees the system's packages (torch and
 # transformers, when installed, are not downloaded again).
