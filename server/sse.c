@@ -164,7 +164,7 @@ static void sc_tool_pass(stream_ctx *sc, int k) {
                                    "tool_calls", "stop_reason", srv_stop_reason(r));
             json_t *c2 = chunk_base(sc, json_pack("[o]", ch));
             if (c2) json_object_set_new(c2, "timings", srv_timings_json(r));
-            if (c2 && sc->g.continuous_usage) json_object_set_new(c2, "usage", srv_usage(r->n_prompt, n_toks));
+            if (c2 && sc->g.continuous_usage) json_object_set_new(c2, "usage", srv_usage(r->n_prompt, n_toks, atomic_load(&r->n_reused)));
             sc_event(sc, c2);
         } else {
             sc_content(sc, k, NULL, 0, NULL, 0, 0, n_toks, srv_finish_reason(fin), r);
