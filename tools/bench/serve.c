@@ -430,6 +430,19 @@ static const char *const SV_WORDS[] = {
     "may",   "part",  "over",  "new",   "sound", "take",  "only",  "little", "work", "know",  "place", "year",
 };
 
+/* The fields every request body shares (greedy, streamed with usage), then
+ * the body as text; takes b. */
+static char *sv_body_end(const sv_opts *o, json_t *b, int max_tokens) {
+    json_object_set_new(b, "max_tokens", json_integer(max_tokens));
+    json_object_set_new(b, "temperature", json_real(0.0));
+    json_object_set_new(b, "stream", json_true());
+    json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    if (o->ignore_eos) json_object_set_new(b, "ignore_eos", json_true());
+    char *s = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    return s;
+}
+
 static char *sv_body(const sv_opts *o, json_t *prompt, int max_tokens) {
     json_t *b = json_object();
     if (!b) {
@@ -443,14 +456,7 @@ static char *sv_body(const sv_opts *o, json_t *prompt, int max_tokens) {
     } else {
         json_object_set_new(b, "prompt", prompt);
     }
-    json_object_set_new(b, "max_tokens", json_integer(max_tokens));
-    json_object_set_new(b, "temperature", json_real(0.0));
-    json_object_set_new(b, "stream", json_true());
-    json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
-    if (o->ignore_eos) json_object_set_new(b, "ignore_eos", json_true());
-    char *s = json_dumps(b, JSON_COMPACT);
-    json_decref(b);
-    return s;
+    return sv_body_end(o, b, max_tokens);
 }
 
 /* n words (chat) or token ids (completions) drawn from rng, appended to a
@@ -547,14 +553,7 @@ static char *sv_conv_body(const sv_opts *o, const char *sys_text, json_t *sys_id
     }
     if (o->model) json_object_set_new(b, "model", json_string(o->model));
     json_object_set_new(b, "messages", msgs);
-    json_object_set_new(b, "max_tokens", json_integer(max_tokens));
-    json_object_set_new(b, "temperature", json_real(0.0));
-    json_object_set_new(b, "stream", json_true());
-    json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
-    if (o->ignore_eos) json_object_set_new(b, "ignore_eos", json_true());
-    char *s = json_dumps(b, JSON_COMPACT);
-    json_decref(b);
-    return s;
+    return sv_body_end(o, b, max_tokens);
 }
 
 /* prefix: num_prompts requests, each the system prompt plus its own user
