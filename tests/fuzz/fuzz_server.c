@@ -164,6 +164,15 @@ int eng_prefix_peek(const eng *e, const int32_t *prompt, int n, int max_reuse, i
     if (evictable) *evictable = 0;
     return 0;
 }
+/* the one-pass-per-step engine (exact on threads): chunks as asked */
+int eng_pass_tokens(const eng *e) {
+    return (void)e, 0;
+}
+int eng_prompt_chunk(const eng *e, int pos, int left, int budget) {
+    (void)e, (void)pos;
+    int n = left < budget ? left : budget;
+    return n > 0 ? n : 0;
+}
 int eng_seq_blocks(const eng *e, int seq) {
     return (void)e, (void)seq, -1;
 }
