@@ -47,16 +47,15 @@ EMU_KERN_CXXFLAGS := -std=c++17 $(EMU_OPT) -g -fno-strict-aliasing -Wall -Wextra
                      -Wno-unused-function \
                      -Wno-unused-parameter -Wno-unused-variable -pthread -MMD -MP -I$(EMU_DIR)/gen -I. $(EMU_INC) \
                      -DECHO_HAVE_CUDA=1 $(EMU_SAN)
-# grammar/ (xgrammar) is used by server/ only, which no GPU test program links.
 
-EMU_LIB_OBJ := $(LIB_C_SRC:%.c=$(EMU_DIR)/obj/%.o) $(patsubst %.cc,$(EMU_DIR)/obj/%.o,$(filter-out grammar/%,$(LIB_CC_SRC))) \
+EMU_LIB_OBJ := $(LIB_C_SRC:%.c=$(EMU_DIR)/obj/%.o) $(LIB_CC_SRC:%.cc=$(EMU_DIR)/obj/%.o) \
                $(CU_SRC:%.cu=$(EMU_DIR)/obj/%.o)
 EMU_RT_OBJ  := $(EMU_DIR)/obj/tests/emu/emu.o $(EMU_DIR)/obj/tests/emu/runtime.o \
                $(EMU_DIR)/obj/tests/emu/cublaslt.o $(EMU_NCCL_SRC:%.cpp=$(EMU_DIR)/obj/%.o)
 EMU_LIB     := $(EMU_DIR)/libecho-emu.a
 EMU_TESTS   := $(EMU_DIR)/gpu_test_cuda_ops $(EMU_DIR)/gpu_test_cuda_model $(EMU_DIR)/gpu_test_cuda_comm
 EMU_LDLIBS  := $(PKG_LIBS) $(if $(LIB_CC_SRC),$(shell pkg-config --libs sentencepiece 2>/dev/null || echo -lsentencepiece)) \
-               -lm -pthread
+               $(XGR_LIB) -lstdc++ -lm -pthread
 
 # Rebuild when the flags change (another EMU_OPT in the same BUILD). A rule,
 # not a $(shell ...), so builds that do not ask for emu targets touch nothing.
@@ -79,6 +78,11 @@ $(EMU_DIR)/obj/%.o: %.cc $(EMU_FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 $(EMU_OPT) -g $(WARN) -pthread -MMD -MP -I. $(EMU_SAN) \
 	  $(shell pkg-config --cflags sentencepiece 2>/dev/null) -c $< -o $@
+
+# grammar/ wraps xgrammar (server/ links it, so the emulated echo-serve does)
+$(EMU_DIR)/obj/grammar/%.o: grammar/%.cc $(EMU_FLAGS_STAMP) | $(XGR_LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 $(EMU_OPT) -g $(WARN) -pthread -MMD -MP -I. $(EMU_SAN) $(XGR_CFLAGS) -c $< -o $@
 
 $(EMU_DIR)/obj/tests/emu/%.o: tests/emu/%.cpp $(EMU_FLAGS_STAMP)
 	@mkdir -p $(dir $@)
