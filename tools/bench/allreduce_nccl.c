@@ -126,7 +126,7 @@ static void *nb_rank(void *p) {
         if (r == 0) {
             R->wire[i] = 0;
             R->calls[i] = 0;
-            for (int m = 0; m < 3; m++) {
+            for (int m = 0; m < ECHO_PRESET_COUNT; m++) {
                 R->wire[i] += s1.wire_bytes[m] - s0.wire_bytes[m];
                 R->calls[i] += s1.calls[m] - s0.calls[m];
             }
