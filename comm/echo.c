@@ -361,9 +361,13 @@ size_t echo_comm_slot_bytes(const echo_comm *c) {
     return c ? c->res_bytes : 0;
 }
 
-int echo_begin_pass(echo_comm *c, char *err, size_t errlen) {
+int echo_begin_pass(echo_comm *c, echo_pass_mode mode, char *err, size_t errlen) {
     if (!c) {
         snprintf(err, errlen, "echo: begin_pass on a NULL comm");
+        return -1;
+    }
+    if (mode != ECHO_PASS_EAGER && mode != ECHO_PASS_CAPTURE && mode != ECHO_PASS_REPLAY) {
+        snprintf(err, errlen, "echo: begin_pass: unknown mode %d", (int)mode);
         return -1;
     }
     /* Invalidating is enough: the first call of the pass reads the residual
@@ -376,19 +380,18 @@ int echo_begin_pass(echo_comm *c, char *err, size_t errlen) {
     c->replay = 0;
     c->armed = 0;
     c->failed_alike = 0;
+    c->mode = mode;
     if (c->w->tp->deferred) c->w->tp->deferred->pass_begin(c);
-    return 0;
+    return mode == ECHO_PASS_REPLAY ? echo_set_replay(c, 1, err, errlen) : 0;
 }
 
 int echo_pass_failed_alike(const echo_comm *c) {
     return c && c->failed_alike;
 }
 
-int echo_end_pass(echo_comm *c, void *stream, char *err, size_t errlen) {
-    if (!c) {
-        snprintf(err, errlen, "echo: end_pass on a NULL comm");
-        return -1;
-    }
+/* The deferred pass's one wait and its non-finite check (a no-op when
+ * nothing was enqueued). */
+static int wait_pass(echo_comm *c, void *stream, char *err, size_t errlen) {
     c->replay = 0;
     if (!c->w->cfg.deferred || !c->armed) return 0;
     c->armed = 0;
@@ -422,6 +425,39 @@ int echo_end_pass(echo_comm *c, void *stream, char *err, size_t errlen) {
         return -1;
     }
     return 0;
+}
+
+/* A graphed pass: launch when every rank holds the same kind of graph
+ * (1 captured, 2 replayed), else take the pass back (1). */
+static int end_graph(echo_comm *c, const echo_pass_end *end, char *err, size_t errlen) {
+    int mine = end && end->launch ? (c->mode == ECHO_PASS_REPLAY ? 2 : 1) : 0, agreed = 0;
+    if (echo_vote(c, mine, &agreed, err, errlen)) return -1; /* the world was aborted */
+    if (agreed) return echo_launch_external(c, end->launch, end->arg, err, errlen);
+    echo_discard_pass(c);
+    return 1;
+}
+
+int echo_end_pass(echo_comm *c, void *stream, echo_pass_end *end, char *err, size_t errlen) {
+    if (!c) {
+        snprintf(err, errlen, "echo: end_pass on a NULL comm");
+        return -1;
+    }
+    if (end) end->aborted = 0;
+    int rc = -1;
+    if (!end || !end->failed) {
+        rc = c->mode == ECHO_PASS_EAGER ? 0 : end_graph(c, end, err, errlen);
+        c->mode = ECHO_PASS_EAGER;
+        if (rc == 1) return 1;
+        if (rc == 0) rc = wait_pass(c, stream, err, errlen);
+    }
+    /* Peers waiting for this rank in a collective must fail, not hang:
+     * abort the world, unless every rank failed alike (on nccl an abort
+     * costs re-creating the communicators). */
+    if (rc && end && !c->failed_alike) {
+        echo_abort(c);
+        end->aborted = 1;
+    }
+    return rc;
 }
 
 int echo_set_replay(echo_comm *c, int on, char *err, size_t errlen) {

@@ -238,47 +238,63 @@ void echo_comm_set_workers(echo_comm *c, const echo_workers *w);
  * padded fp32 message with feedback, whatever n_sites; else 0. */
 size_t echo_comm_slot_bytes(const echo_comm *c);
 
-/* Start a forward pass: no residual is carried into its first call. */
-int echo_begin_pass(echo_comm *c, char *err, size_t errlen);
+/* ---- A pass: echo_begin_pass, the all-reduces, echo_end_pass ----
+ * A pass is how the calls of one forward pass reach the world, run now
+ * (EAGER) or held by a graph of the caller's backend:
+ *   EAGER    the calls run (deferred: enqueue) as they come;
+ *   CAPTURE  the calls enqueue while the caller records them into a graph;
+ *   REPLAY   the caller's graph will make the calls: each is only checked
+ *            with the peers and counted, nothing enqueued (deferred only).
+ * echo_end_pass owns what follows a graphed pass: every rank votes, the
+ * graphs launch only when every rank holds the same kind (NCCL wants a
+ * captured collective launched by all its ranks), else the pass is taken
+ * back and every rank runs it again eagerly. docs/echo.md §10. */
+typedef enum echo_pass_mode { ECHO_PASS_EAGER = 0, ECHO_PASS_CAPTURE, ECHO_PASS_REPLAY } echo_pass_mode;
+
+/* Start a pass: no residual is carried into its first call. REPLAY needs
+ * a deferred world. */
+int echo_begin_pass(echo_comm *c, echo_pass_mode mode, char *err, size_t errlen);
+
+/* What the caller tells echo_end_pass about its pass, and what it says back. */
+typedef struct echo_pass_end {
+    int failed; /* in: this rank's part of the pass failed (why is in err already) */
+    /* in, CAPTURE / REPLAY: launches this rank's graph of the pass; NULL
+     * when this rank holds none (its capture failed) */
+    int (*launch)(void *arg, char *err, size_t errlen);
+    void *arg;
+    int aborted; /* out: the failure aborted the world (peers fail instead of waiting) */
+} echo_pass_end;
 
 /* In-place all-reduce of `count` values at call site `site` (the contract
  * above). `stream`: the rank's stream on device memory, else NULL. */
 int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype dt, void *stream, char *err,
                    size_t errlen);
 
-/* A rank that fails outside the all-reduce calls echo_abort: its peers'
- * collectives of this world then fail instead of waiting, and their pass is
- * aborted. Once every rank has returned, echo_world_clear_abort re-arms the
- * world (nccl: re-creates its communicators; destroy the graphs that
- * captured its calls first). */
+/* End the pass; call before reading its results on the host. end: NULL
+ * for an eager pass whose caller handles failures itself; else
+ *   - end->failed: the pass failed on this rank;
+ *   - CAPTURE / REPLAY: the vote (end->launch != NULL is this rank's),
+ *     then every rank's launch, or 1: no rank launched, nothing of the
+ *     pass ran (the caller drops its graph, begins an EAGER pass and
+ *     repeats the calls);
+ *   - deferred: the pass's one abortable wait and its first non-finite sum.
+ * 0 done, 1 run it again eagerly, -1 failed: with end, the world is then
+ * aborted (end->aborted = 1) unless every rank failed alike at the same
+ * point (a non-finite sum), which leaves the ranks in step. */
+int echo_end_pass(echo_comm *c, void *stream, echo_pass_end *end, char *err, size_t errlen);
+
+/* A rank that fails outside a pass (or outside the calls, with end NULL)
+ * calls echo_abort: its peers' collectives of this world then fail instead
+ * of waiting, and their pass is aborted. Once every rank has returned,
+ * echo_world_clear_abort re-arms the world. On nccl that re-creates the
+ * communicators, which NCCL frees only once every graph that captured
+ * their calls is destroyed: the caller drops those graphs first (the
+ * engine: ranks_rearm in engine/engine.c), else the world is declared dead. */
 void echo_abort(echo_comm *c);
 void echo_world_clear_abort(echo_world *w);
 /* 0, with why, when the world can never work again (destroy it); 1
  * otherwise, a re-armable aborted world included. Any thread. */
 int echo_world_usable(const echo_world *w, char *why, size_t len);
-/* 1 when this rank's pass failed on a non-finite sum that every rank
- * reported at the same point: the ranks are in step, no echo_abort needed. */
-int echo_pass_failed_alike(const echo_comm *c);
-
-/* ---- Deferred completion and CUDA graphs (echo_config.deferred; nccl) ----
- * Deferred calls only validate, check with the peers and enqueue; the
- * caller tells comm/ what its graphs do (docs/echo.md §10, §11). */
-/* Wait for the pass (abortably) and report its first non-finite sum; call
- * before reading its results on the host. A no-op without `deferred`. */
-int echo_end_pass(echo_comm *c, void *stream, char *err, size_t errlen);
-/* on = 1: the calls that follow are replayed from a graph: checked and
- * counted, nothing enqueued. */
-int echo_set_replay(echo_comm *c, int on, char *err, size_t errlen);
-/* Run launch(arg), the replayed graph's launch, unless the world is aborted. */
-int echo_launch_external(echo_comm *c, int (*launch)(void *arg, char *err, size_t errlen), void *arg, char *err,
-                         size_t errlen);
-/* The calls since echo_begin_pass did not run: begin again and repeat them. */
-void echo_discard_pass(echo_comm *c);
-/* Changes when the communicators are re-created: drop older graphs. */
-uint64_t echo_comm_epoch(const echo_comm *c);
-/* *agreed = 1 when every rank voted the same non-zero `mine` (0: nothing to
- * launch); else every rank runs the step eagerly. -1 on an abort. */
-int echo_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
 
 /* Indexed by the preset that names the path a call took (ECHO_PRESET_*). */
 typedef struct echo_stats {

@@ -296,6 +296,7 @@ struct echo_comm {
     int last_site;     /* -1 at the start of a pass */
     int res_valid;     /* res holds the residual of the previous call */
     size_t pass_count; /* count of this pass's calls (feedback worlds) */
+    echo_pass_mode mode; /* echo_begin_pass's */
     int replay;        /* echo_set_replay: calls are checked and counted, not enqueued */
     int armed;         /* deferred: this pass's flags were cleared (pass_arm) */
     int failed_alike;  /* the pass failed on a non-finite sum, reported by every rank alike */
@@ -303,6 +304,26 @@ struct echo_comm {
     echo_stats stats;
     echo_site_stats *sites; /* n_sites */
 };
+
+/* ---- The parts of echo_end_pass (echo.c), for tests/gpu that drive them
+ * one by one (deferred worlds: docs/echo.md §10, §11) ---- */
+/* on = 1: the calls that follow are replayed from a graph: checked and
+ * counted, nothing enqueued (echo_begin_pass's REPLAY). */
+int echo_set_replay(echo_comm *c, int on, char *err, size_t errlen);
+/* Run launch(arg), the replayed graph's launch, unless the world is aborted. */
+int echo_launch_external(echo_comm *c, int (*launch)(void *arg, char *err, size_t errlen), void *arg, char *err,
+                         size_t errlen);
+/* The calls since echo_begin_pass did not run: begin again and repeat them. */
+void echo_discard_pass(echo_comm *c);
+/* Changes when the communicators are re-created (graphs of older ones are
+ * gone by then: echo_world_clear_abort). */
+uint64_t echo_comm_epoch(const echo_comm *c);
+/* *agreed = 1 when every rank voted the same non-zero `mine` (0: nothing to
+ * launch); else every rank runs the step eagerly. -1 on an abort. */
+int echo_vote(echo_comm *c, int mine, int *agreed, char *err, size_t errlen);
+/* 1 when this rank's pass failed on a non-finite sum that every rank
+ * reported at the same point: the ranks are in step, no echo_abort needed. */
+int echo_pass_failed_alike(const echo_comm *c);
 
 /* Register a transport on a new world (local.c / nccl.c call it). */
 int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen);

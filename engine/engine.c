@@ -146,10 +146,8 @@ static void vocab_slice(const eng *e, int r, int *v0, int *vn) {
     *vn = *v0 + per <= V ? per : V - *v0;
 }
 
-/* What a rank's thread runs: the step's forward pass, or, after a pass
- * that aborted the world, dropping its graphs (eng_runner_drop_graphs: NCCL
- * frees the aborted communicators only once they are gone, and each rank
- * drops its own on its thread, where its device is current). */
+/* What a rank's thread runs: the step's forward pass, or dropping its
+ * graphs (ranks_rearm). */
 enum { RANK_FORWARD, RANK_DROP_GRAPHS };
 
 static void rank_job(eng_rank *r, int job, model_batch b) {
@@ -211,6 +209,19 @@ static void ranks_run(eng *e, int job) {
     }
 }
 
+/* Re-arm the world after a step that aborted it, once every rank has
+ * returned. The one place of the rule "drop graphs before clear_abort":
+ * NCCL frees the aborted communicators (and echo_world_clear_abort creates
+ * new ones) only once every graph that captured their calls is destroyed,
+ * and each rank drops its own on its thread, where its device is current. */
+static void ranks_rearm(eng *e) {
+    ranks_run(e, RANK_DROP_GRAPHS);
+    if (echo_world_usable(e->world, NULL, 0)) { /* a dead one cannot be re-armed (eng_usable says so) */
+        echo_world_clear_abort(e->world);
+        e->comm_resets++;
+    }
+}
+
 static int ranks_forward(eng *e, char *err, size_t errlen) {
     int tp = e->cfg.tp;
     ranks_run(e, RANK_FORWARD);
@@ -231,13 +242,7 @@ static int ranks_forward(eng *e, char *err, size_t errlen) {
     int aborted = 0;
     for (int i = 0; i < tp; i++)
         aborted |= e->ranks[i].run.aborted;
-    if (aborted) {
-        ranks_run(e, RANK_DROP_GRAPHS); /* before the communicators can be freed */
-        if (echo_world_usable(e->world, NULL, 0)) { /* a dead one cannot be re-armed (eng_usable says so) */
-            echo_world_clear_abort(e->world);     /* every rank has returned */
-            e->comm_resets++;
-        }
-    }
+    if (aborted) ranks_rearm(e);
     return -1;
 }
 

@@ -3,13 +3,14 @@
  *
  * A step is one forward pass of a rank's model over a batch. The model only
  * emits the pass's ops (model.h: model_pass_prepare / _ops / _out); the
- * runner owns everything around them, in one place: the all-reduce pass
- * (echo_begin_pass before the ops; echo_end_pass after them, a deferred
- * world's one wait and non-finite check, before anything is read back),
- * and, with graphs on, a decode step as a backend graph (kern_ops.graph_*):
- * captured once per batch shape, then replayed, launched only when every
- * rank holds one (echo_vote), and run eagerly after any failure. The design
- * is in docs/architecture.md ("The step").
+ * runner owns everything around them, in one place, and crosses into comm/
+ * through the pass alone (echo.h: echo_begin_pass in EAGER, CAPTURE or
+ * REPLAY mode, the model's all-reduces, echo_end_pass, which votes,
+ * launches or takes back a graphed pass, waits and aborts), plus echo_abort
+ * for a failure outside the pass. With graphs on, a decode step is a
+ * backend graph (kern_ops.graph_*): captured once per batch shape, then
+ * replayed, and run eagerly after any failure. The design is in
+ * docs/architecture.md ("The step").
  */
 #ifndef ECHO_ENGINE_STEP_H
 #define ECHO_ENGINE_STEP_H
@@ -39,17 +40,13 @@ typedef struct eng_runner {
 /* Run one step of r->m over b: logits (or candidates) as model_pass_out
  * writes them. Any failure inside a graph falls back to the eager pass; -1
  * only when the step failed. At tp > 1 a failed step aborts the world
- * (echo_abort, r->aborted = 1) so that no peer waits for this rank in a
- * collective, unless every rank failed alike (echo_pass_failed_alike): the
- * caller clears the abort once every rank has returned and dropped its
- * graphs. */
+ * (r->aborted = 1) so that no peer waits for this rank in a collective,
+ * unless every rank failed alike (echo_end_pass): the caller re-arms it
+ * once every rank has returned (engine.c, ranks_rearm). */
 int eng_run_step(eng_runner *r, const model_batch *b, float *logits, char *err, size_t errlen);
 
 /* Destroy the backend's graphs (kern_ops.graph_drop_all; decode steps are
- * captured anew). On the rank's own thread, after a step that aborted the
- * all-reduce world and before echo_world_clear_abort: NCCL frees the
- * aborted communicators only once the graphs that captured their calls are
- * gone (comm/echo.h). No-op without graphs. */
+ * captured anew), on the rank's own thread. No-op without graphs. */
 void eng_runner_drop_graphs(eng_runner *r);
 
 #endif

@@ -212,7 +212,7 @@ static void *ar_rank(void *p) {
         memcpy(R->buf[r], R->x[r], R->count * sizeof(float));
         pthread_barrier_wait(&R->bar);
         double t0 = now_s();
-        int rc = echo_begin_pass(R->c[r], R->err[r], sizeof R->err[r]);
+        int rc = echo_begin_pass(R->c[r], ECHO_PASS_EAGER, R->err[r], sizeof R->err[r]);
         if (!rc) rc = echo_allreduce(R->c[r], 0, R->buf[r], R->count, ECHO_F32, NULL, R->err[r], sizeof R->err[r]);
         double t1 = now_s();
         if (rc) R->rc[r] = rc; /* every rank fails the same call; keep looping so the barrier stays even */
@@ -359,7 +359,7 @@ static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_preset mode, siz
         }
         memcpy(buf, x, count * sizeof(float));
         double t0 = now_s();
-        rc = echo_begin_pass(c, err, errlen);
+        rc = echo_begin_pass(c, ECHO_PASS_EAGER, err, errlen);
         if (!rc) rc = echo_allreduce(c, 0, buf, count, ECHO_F32, NULL, err, errlen);
         double t = now_s() - t0, tmax = 0;
         MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -692,7 +692,7 @@ static void *chain_rank(void *p) {
     chain_arg *a = p;
     chain_run *R = a->run;
     int r = a->rank;
-    R->rc[r] = echo_begin_pass(R->c[r], R->err[r], sizeof R->err[r]);
+    R->rc[r] = echo_begin_pass(R->c[r], ECHO_PASS_EAGER, R->err[r], sizeof R->err[r]);
     for (int k = 0; k < R->K && !R->rc[r]; k++) {
         fill(R->dist, R->buf[r], R->count, R->seed, (uint64_t)k + 1, (uint64_t)r);
         R->rc[r] = echo_allreduce(R->c[r], k, R->buf[r], R->count, ECHO_F32, NULL, R->err[r], sizeof R->err[r]);

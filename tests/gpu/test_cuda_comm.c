@@ -298,7 +298,7 @@ static void *rank_main_deferred(job *j, int r, int dev, echo_comm *c) {
         if (first >= 0 && (!cs || cs->begin || r == cs->abort_rank)) {
             /* end the open pass [first, k) */
             char e[320];
-            int rc = echo_end_pass(c, s, e, sizeof e);
+            int rc = echo_end_pass(c, s, NULL, e, sizeof e);
             for (int q = first; q < k; q++) {
                 if (rc && !j->rc[q][r]) {
                     j->rc[q][r] = -1;
@@ -314,7 +314,7 @@ static void *rank_main_deferred(job *j, int r, int dev, echo_comm *c) {
         size_t n = call_count(cs, r), bytes = n * esize(cs->dt);
         char *e = j->err[k][r];
         j->rc[k][r] = 0;
-        if (cs->begin && echo_begin_pass(c, e, 320)) {
+        if (cs->begin && echo_begin_pass(c, ECHO_PASS_EAGER, e, 320)) {
             j->rc[k][r] = -1;
             continue;
         }
@@ -368,7 +368,7 @@ static void *rank_main(void *p) {
         char *e = j->err[k][r];
         void *cbuf = (char *)buf + cs->shift * esize(cs->dt);
         j->rc[k][r] = 0;
-        if (cs->begin && echo_begin_pass(c, e, 320)) {
+        if (cs->begin && echo_begin_pass(c, ECHO_PASS_EAGER, e, 320)) {
             j->rc[k][r] = -1;
             continue;
         }
@@ -1214,7 +1214,7 @@ static void *graph_rank(void *p) {
         const int src = pass & 1;
         for (int k = 0; k < GR_CALLS; k++)
             GR_TRY(cudaMemcpy(buf[k], j->in[src][k][r], bytes, cudaMemcpyHostToDevice) == cudaSuccess, "H2D");
-        GR_TRY(!echo_begin_pass(c, err, sizeof err), "pass %d begin: %s", pass, err);
+        GR_TRY(!echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err), "pass %d begin: %s", pass, err);
         if (pass == 0) GR_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture");
         if (pass == 1) GR_TRY(!echo_set_replay(c, 1, err, sizeof err), "set_replay: %s", err);
         for (int k = 0; k < GR_CALLS; k++)
@@ -1228,7 +1228,7 @@ static void *graph_rank(void *p) {
             void *la[2] = {ex, s};
             GR_TRY(!echo_launch_external(c, gr_launch, la, err, sizeof err), "pass %d launch: %s", pass, err);
         }
-        GR_TRY(!echo_end_pass(c, s, err, sizeof err), "pass %d end: %s", pass, err);
+        GR_TRY(!echo_end_pass(c, s, NULL, err, sizeof err), "pass %d end: %s", pass, err);
         for (int k = 0; k < GR_CALLS; k++)
             GR_TRY(cudaMemcpy(j->out[pass][k][r], buf[k], bytes, cudaMemcpyDeviceToHost) == cudaSuccess, "D2H");
     }
@@ -1236,7 +1236,7 @@ static void *graph_rank(void *p) {
      * the pass eagerly; pass F: another count */
     for (int k = 0; k < GR_CALLS; k++)
         GR_TRY(cudaMemcpy(buf[k], j->in[0][k][r], bytes, cudaMemcpyHostToDevice) == cudaSuccess, "H2D");
-    GR_TRY(!echo_begin_pass(c, err, sizeof err), "pass E begin: %s", err);
+    GR_TRY(!echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err), "pass E begin: %s", err);
     if (r == j->discard_rank) {
         cudaGraph_t g2 = NULL;
         GR_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture E");
@@ -1246,16 +1246,16 @@ static void *graph_rank(void *p) {
         GR_TRY(cudaStreamEndCapture(s, &g2) == cudaSuccess && g2, "end capture E");
         cudaGraphDestroy(g2);
         echo_discard_pass(c);
-        GR_TRY(!echo_begin_pass(c, err, sizeof err), "pass E begin again: %s", err);
+        GR_TRY(!echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err), "pass E begin again: %s", err);
     }
     for (int k = 0; k < GR_CALLS; k++)
         GR_TRY(!echo_allreduce(c, 2 * k, buf[k], j->m, ECHO_BF16, s, err, sizeof err), "E call %d: %s", k, err);
-    GR_TRY(!echo_end_pass(c, s, err, sizeof err), "pass E end: %s", err);
-    GR_TRY(!echo_begin_pass(c, err, sizeof err), "pass F begin: %s", err);
+    GR_TRY(!echo_end_pass(c, s, NULL, err, sizeof err), "pass E end: %s", err);
+    GR_TRY(!echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err), "pass F begin: %s", err);
     GR_TRY(cudaMemset(big, 0, j->m2 * 2) == cudaSuccess, "memset");
     for (int k = 0; k < GR_CALLS; k++)
         GR_TRY(!echo_allreduce(c, 2 * k, big, j->m2, ECHO_BF16, s, err, sizeof err), "F call %d: %s", k, err);
-    GR_TRY(!echo_end_pass(c, s, err, sizeof err), "pass F end: %s", err);
+    GR_TRY(!echo_end_pass(c, s, NULL, err, sizeof err), "pass F end: %s", err);
 out:
     if (j->fail[r][0]) echo_abort(c);
     j->ex[r] = ex; /* the caller destroys them (its abort checks) */
@@ -1361,7 +1361,7 @@ static const char *graph_kept_past_clear(graph_job *j, char *why, size_t len) {
     if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreate(&s) != cudaSuccess || cudaMalloc(&buf, j->m * 2))
         return "cuda set-up";
     cudaMemset(buf, 0, j->m * 2);
-    if (echo_begin_pass(j->c[0], err, sizeof err) ||
+    if (echo_begin_pass(j->c[0], ECHO_PASS_EAGER, err, sizeof err) ||
         cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
         f = "begin";
     for (int k = 0; k < GR_CALLS && !f; k++)

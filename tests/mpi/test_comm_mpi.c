@@ -125,7 +125,7 @@ static unsigned char *slot(results *r, int p, int k, int rank) {
 static int run_chain(echo_comm *c, int rank, results *res, char *err, size_t errlen) {
     static _Thread_local unsigned char buf[MAXC * 4];
     for (int p = 0; p < NPASS; p++) {
-        if (echo_begin_pass(c, err, errlen)) return -1;
+        if (echo_begin_pass(c, ECHO_PASS_EAGER, err, errlen)) return -1;
         for (int k = 0; k < NCALL; k++) {
             echo_dtype dt = pass_dt(p);
             fill(buf, dt, pass_count[p], p, k, rank);
@@ -297,14 +297,14 @@ static void poison(echo_preset mode) {
     }
     fill(buf, ECHO_F32, 1000, 9, 0, g_rank);
     if (g_rank == g_n - 1) buf[5] = NAN;
-    int rc = echo_begin_pass(c, err, sizeof err);
+    int rc = echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err);
     if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
     CHECK(rc == -1, "%s: a NaN on rank %d did not fail the call", echo_preset_name(mode), g_n - 1);
     CHECK(echo_pass_failed_alike(c), "%s: the NaN failure is not reported as alike", echo_preset_name(mode));
     CHECK(isnan(buf[5]), "%s: the poisoned element is %g, not NaN", echo_preset_name(mode), (double)buf[5]);
     CHECK(all_true(rc == -1), "%s: not every rank failed on the NaN", echo_preset_name(mode));
     fill(buf, ECHO_F32, 1000, 9, 1, g_rank);
-    rc = echo_begin_pass(c, err, sizeof err);
+    rc = echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err);
     if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
     CHECK(!rc, "%s: the pass after a NaN failed: %s", echo_preset_name(mode), err);
     echo_comm_destroy(c);
@@ -329,7 +329,7 @@ static void disagree(echo_preset mode) {
         size_t n = what == 0 && last ? 1001 : 1000;
         int site = what == 1 && last ? 2 : 1;
         fill(buf, ECHO_F32, n, 10, what, g_rank);
-        int rc = echo_begin_pass(c, err, sizeof err);
+        int rc = echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err);
         if (!rc) rc = echo_allreduce(c, site, buf, n, ECHO_F32, NULL, err, sizeof err);
         CHECK(rc == -1 && strstr(err, "disagree"), "%s: a %s mismatch was not reported: rc %d, '%s'",
               echo_preset_name(mode), what ? "site" : "count", rc, rc ? err : "");
@@ -338,7 +338,7 @@ static void disagree(echo_preset mode) {
         rc = echo_allreduce(c, 3, buf, 1000, ECHO_F32, NULL, err, sizeof err);
         CHECK(rc == -1, "%s: a call in the failed pass did not fail", echo_preset_name(mode));
         fill(buf, ECHO_F32, 1000, 10, 2, g_rank);
-        rc = echo_begin_pass(c, err, sizeof err);
+        rc = echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err);
         if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
         CHECK(!rc, "%s: the pass after a mismatch failed: %s", echo_preset_name(mode), err);
     }
@@ -361,16 +361,16 @@ static void abort_local(void) {
         return;
     }
     fill(buf, ECHO_F32, 1000, 11, 0, g_rank);
-    int rc = echo_begin_pass(c, err, sizeof err);
+    int rc = echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err);
     echo_abort(c);
     rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
     CHECK(rc == -1, "a call after echo_abort in the same pass worked");
-    rc = echo_begin_pass(c, err, sizeof err);
+    rc = echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err);
     if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
     CHECK(rc == -1 && strstr(err, "aborted"), "a call of an aborted mpi world: rc %d '%s'", rc, err);
     CHECK(echo_world_usable(w, why, sizeof why) == 1, "an aborted mpi world reads as unusable: %s", why);
     echo_world_clear_abort(w);
-    rc = echo_begin_pass(c, err, sizeof err);
+    rc = echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err);
     if (!rc) rc = echo_allreduce(c, 0, buf, 1000, ECHO_F32, NULL, err, sizeof err);
     CHECK(!rc, "the call after clear_abort failed: %s", err);
     echo_comm_destroy(c);

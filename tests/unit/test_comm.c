@@ -98,7 +98,7 @@ static void *step_rank(void *p) {
     step *s = a->s;
     int r = a->r;
     s->rc[r] = 0;
-    if (s->begin) s->rc[r] = echo_begin_pass(s->h->c[r], s->err[r], sizeof s->err[r]);
+    if (s->begin) s->rc[r] = echo_begin_pass(s->h->c[r], ECHO_PASS_EAGER, s->err[r], sizeof s->err[r]);
     if (!s->rc[r])
         s->rc[r] =
             echo_allreduce(s->h->c[r], s->site[r], s->buf[r], s->count[r], s->dt, NULL, s->err[r], sizeof s->err[r]);
@@ -813,7 +813,7 @@ static void *chain_rank(void *p) {
     size_t m = ch->m;
     echo_comm *c = ch->h->c[r];
     float *tmp = r == 0 ? malloc(m * sizeof *tmp) : NULL;
-    ch->rc[r] = echo_begin_pass(c, ch->err[r], sizeof ch->err[r]);
+    ch->rc[r] = echo_begin_pass(c, ECHO_PASS_EAGER, ch->err[r], sizeof ch->err[r]);
     for (int k = 0; k < ch->K && !ch->rc[r]; k++) {
         gen(ch->buf[r], m, ch->seed, (uint64_t)k, (uint64_t)r);
         ch->rc[r] = echo_allreduce(c, k, ch->buf[r], m, ECHO_F32, NULL, ch->err[r], sizeof ch->err[r]);
@@ -975,7 +975,7 @@ START_TEST(test_lifecycle_errors) {
     assert_all_ok(&s);
     /* a stream on the host transport */
     char err[256];
-    ck_assert(echo_begin_pass(h.c[0], err, sizeof err) == 0);
+    ck_assert(echo_begin_pass(h.c[0], ECHO_PASS_EAGER, err, sizeof err) == 0);
     ck_assert(echo_allreduce(h.c[0], 0, buf[0], m, ECHO_F32, (void *)1, err, sizeof err) != 0);
     ck_assert_ptr_nonnull(strstr(err, "stream"));
     /* bad dtype and NULL buffer */
@@ -1309,7 +1309,7 @@ typedef struct abort_arg {
 
 static void *abort_rank(void *p) {
     abort_arg *a = p;
-    a->rc = echo_begin_pass(a->h->c[a->r], a->err, sizeof a->err);
+    a->rc = echo_begin_pass(a->h->c[a->r], ECHO_PASS_EAGER, a->err, sizeof a->err);
     if (a->abort_me) {
         usleep(20000); /* let the peers block in the collective first */
         echo_abort(a->h->c[a->r]);
@@ -1379,14 +1379,14 @@ static void *race_rank(void *p) {
     for (int i = 0; i < a->rounds && a->bad_round < 0; i++) {
         size_t m = a->r == 2 ? 99 : 100; /* rank 2 disagrees */
         char e[320] = "";
-        if (echo_begin_pass(c, e, sizeof e) || echo_allreduce(c, 0, a->buf, m, ECHO_F32, NULL, e, sizeof e) == 0 ||
+        if (echo_begin_pass(c, ECHO_PASS_EAGER, e, sizeof e) || echo_allreduce(c, 0, a->buf, m, ECHO_F32, NULL, e, sizeof e) == 0 ||
             !strstr(e, "disagree")) {
             a->bad_round = i;
             snprintf(a->err, sizeof a->err, "disagreeing call: %s", e);
             continue;
         }
         gen(a->buf, 100, 3, (uint64_t)i, (uint64_t)a->r); /* sums in place: fresh inputs stay finite */
-        if (echo_begin_pass(c, e, sizeof e) || echo_allreduce(c, 0, a->buf, 100, ECHO_F32, NULL, e, sizeof e) != 0) {
+        if (echo_begin_pass(c, ECHO_PASS_EAGER, e, sizeof e) || echo_allreduce(c, 0, a->buf, 100, ECHO_F32, NULL, e, sizeof e) != 0) {
             a->bad_round = i;
             snprintf(a->err, sizeof a->err, "agreeing call: %s", e);
         }
@@ -1424,6 +1424,106 @@ END_TEST
  * there echo_world_create_local_device must fail cleanly, say why, and
  * point at the host path. (On a GPU the transport's results are checked
  * against the host transport by tests/gpu/test_cuda_comm.c.) */
+/* ---- echo_end_pass: the graphed pass's vote, launch and retry, and the
+ * abort unless every rank failed alike (docs/echo.md §10). The local
+ * transport has no deferred group: one rank votes with itself, more
+ * ranks cannot vote (graphs need nccl). ---- */
+static int launches;
+static int count_launch(void *arg, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    launches++;
+    return *(int *)arg;
+}
+
+START_TEST(test_pass_end) {
+    const size_t m = 256;
+    char err[320];
+    int launch_rc = 0;
+    float *x = malloc(m * 4);
+    gen(x, m, 21, 0, 0);
+    harness h;
+    h_init(&h, 1, test_echo_cfg(ECHO_PRESET_ECHO, 32, 0, 4, m, 0, 0));
+    echo_comm *c = h.c[0];
+    /* eager: the calls run, no launch */
+    echo_pass_end end = {.launch = count_launch, .arg = &launch_rc};
+    launches = 0;
+    ck_assert_msg(echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(echo_allreduce(c, 0, x, m, ECHO_F32, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(echo_end_pass(c, NULL, &end, err, sizeof err), 0);
+    ck_assert_int_eq(launches, 0);
+    /* a captured pass whose rank holds a graph: launched once */
+    ck_assert_msg(echo_begin_pass(c, ECHO_PASS_CAPTURE, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(echo_allreduce(c, 0, x, m, ECHO_F32, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(echo_end_pass(c, NULL, &end, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(launches, 1);
+    ck_assert_int_eq(end.aborted, 0);
+    /* no graph held: 1, nothing launched, the pass taken back (its calls
+     * need a new pass) */
+    echo_pass_end none = {0};
+    ck_assert_msg(echo_begin_pass(c, ECHO_PASS_CAPTURE, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(echo_end_pass(c, NULL, &none, err, sizeof err), 1);
+    ck_assert_int_eq(launches, 1);
+    ck_assert(echo_allreduce(c, 1, x, m, ECHO_F32, NULL, err, sizeof err) == -1);
+    ck_assert_msg(strstr(err, "echo_begin_pass"), "%s", err);
+    ck_assert_msg(echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(echo_allreduce(c, 0, x, m, ECHO_F32, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(echo_end_pass(c, NULL, &none, err, sizeof err), 0);
+    /* a failed launch fails the pass and aborts the world */
+    launch_rc = -1;
+    ck_assert_msg(echo_begin_pass(c, ECHO_PASS_CAPTURE, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(echo_end_pass(c, NULL, &end, err, sizeof err), -1);
+    ck_assert_int_eq(launches, 2);
+    ck_assert_int_eq(end.aborted, 1);
+    echo_world_clear_abort(h.w);
+    /* replay needs a deferred world; an unknown mode is refused */
+    ck_assert(echo_begin_pass(c, ECHO_PASS_REPLAY, err, sizeof err) == -1);
+    ck_assert_msg(strstr(err, "deferred"), "%s", err);
+    ck_assert(echo_begin_pass(c, (echo_pass_mode)7, err, sizeof err) == -1);
+    ck_assert_msg(strstr(err, "mode"), "%s", err);
+    h_free(&h);
+
+    /* two ranks: a failure every rank reported alike (a non-finite input)
+     * leaves the world as it is; a failure of one rank's own aborts it */
+    const int n = 2;
+    h_init(&h, n, test_echo_cfg(ECHO_PRESET_ECHO, 32, 0, 4, m, 0, 0));
+    void *buf[MAXN];
+    step st;
+    for (int r = 0; r < n; r++) {
+        buf[r] = malloc(m * 4);
+        gen(buf[r], m, 22, 0, (uint64_t)r);
+    }
+    ((float *)buf[1])[3] = NAN;
+    call_all(&h, 1, 0, m, ECHO_F32, buf, &st);
+    assert_all_fail(&st, "aborted");
+    for (int r = 0; r < n; r++) {
+        echo_pass_end f = {.failed = 1};
+        ck_assert_int_eq(echo_end_pass(h.c[r], NULL, &f, err, sizeof err), -1);
+        ck_assert_msg(f.aborted == 0, "rank %d aborted a world every rank failed alike", r);
+    }
+    for (int r = 0; r < n; r++)
+        gen(buf[r], m, 22, 1, (uint64_t)r);
+    call_all(&h, 1, 0, m, ECHO_F32, buf, &st);
+    assert_all_ok(&st);
+    echo_pass_end f = {.failed = 1};
+    ck_assert_msg(echo_begin_pass(h.c[0], ECHO_PASS_EAGER, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(echo_end_pass(h.c[0], NULL, &f, err, sizeof err), -1);
+    ck_assert_int_eq(f.aborted, 1);
+    call_all(&h, 1, 0, m, ECHO_F32, buf, &st);
+    assert_all_fail(&st, "abort");
+    echo_world_clear_abort(h.w);
+    call_all(&h, 1, 0, m, ECHO_F32, buf, &st);
+    assert_all_ok(&st);
+    /* a graphed pass on a transport without a vote fails and aborts */
+    ck_assert_msg(echo_begin_pass(h.c[0], ECHO_PASS_CAPTURE, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(echo_end_pass(h.c[0], NULL, &end, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "no vote"), "%s", err);
+    ck_assert_int_eq(end.aborted, 1);
+    free_bufs(n, buf);
+    h_free(&h);
+    free(x);
+}
+END_TEST
+
 START_TEST(test_local_device_unavailable) {
     char err[320] = "";
     echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 0, 0, 4, 1000, 0, 0);
@@ -1540,7 +1640,7 @@ typedef struct fake_arg {
 static void *fake_rank(void *p) {
     fake_arg *a = p;
     a->rc = 0;
-    if (a->begin) a->rc = echo_begin_pass(a->h->c[a->r], a->err, sizeof a->err);
+    if (a->begin) a->rc = echo_begin_pass(a->h->c[a->r], ECHO_PASS_EAGER, a->err, sizeof a->err);
     for (int k = 0; k < a->ncalls && !a->rc; k++)
         a->rc = echo_allreduce(a->h->c[a->r], k, a->buf[k], a->count, a->dt, a->fs, a->err, sizeof a->err);
     return NULL;
@@ -1670,6 +1770,7 @@ int main(void) {
     tcase_add_test(tc, test_abort_wakes_peers);
     tcase_add_test(tc, test_size_policy_and_stats);
     tcase_add_test(tc, test_disagreement_then_next_call);
+    tcase_add_test(tc, test_pass_end);
     tcase_add_test(tc, test_local_device_unavailable);
     tcase_add_test(tc, test_local_device_schedule_on_cpu);
     suite_add_tcase(s, tc);

@@ -71,7 +71,7 @@ static size_t nb_min(size_t a, size_t b) {
 /* One pass of `calls` calls, each on buf freshly reset from in. */
 static int nb_pass(const kern_ops *ops, kern_backend *be, echo_comm *c, void *buf, const void *in, size_t count,
                    int calls, char *err, size_t errlen) {
-    if (echo_begin_pass(c, err, errlen)) return -1;
+    if (echo_begin_pass(c, ECHO_PASS_EAGER, err, errlen)) return -1;
     for (int k = 0; k < calls; k++) {
         if (ops->copy(be, buf, in, count)) {
             snprintf(err, errlen, "copy: %s", kern_last_error(be));
@@ -79,7 +79,7 @@ static int nb_pass(const kern_ops *ops, kern_backend *be, echo_comm *c, void *bu
         }
         if (echo_allreduce(c, k, buf, count, ECHO_BF16, ops->stream(be), err, errlen)) return -1;
     }
-    return echo_end_pass(c, ops->stream(be), err, errlen);
+    return echo_end_pass(c, ops->stream(be), NULL, err, errlen);
 }
 
 static void *nb_rank(void *p) {
