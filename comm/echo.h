@@ -183,6 +183,34 @@ int echo_world_create_nccl_procs(int device, const echo_config *cfg, echo_world 
  * or better; echo calls from that thread). local's bits but for `none`.
  * No deferred worlds. Fails without Open MPI (MPI=0). */
 int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, size_t errlen);
+
+/* ---- The transport table: every transport is one row (comm/transport.c) ----
+ * Callers choose a transport by its row, never by comparing names: the
+ * engine's and echo-bench's choices, and what the CLIs list, come from it. */
+typedef struct echo_world_opts {
+    int nranks;          /* ranks of the world (ranks as processes: the job's size, from MPI) */
+    int procs;           /* 1: ranks are processes under mpirun, this one rank echo_proc_rank() */
+    int device;          /* this process's GPU (ranks as processes), or local's one GPU; -1: host memory */
+    const int *devices;  /* ranks as threads on a device-only transport: rank r's GPU */
+} echo_world_opts;
+typedef struct echo_transport_info {
+    const char *name;     /* what users type: "local", "nccl", "mpi" */
+    int device_memory;    /* 0 host memory only, 1 device memory only, 2 either */
+    int capturable;       /* its ranks as threads can be deferred and captured into graphs */
+    int threads;          /* ranks can be threads of one process */
+    int multi_process;    /* ranks can be processes (under mpirun) */
+    int exact_rank_order; /* on host memory its exact path sums in rank order, fp32, whatever the message */
+    int (*create)(const echo_world_opts *o, const echo_config *cfg, echo_world **out, char *err, size_t errlen);
+} echo_transport_info;
+/* Row i of the table (at most ECHO_MAX_TRANSPORTS rows), NULL past the last. */
+#define ECHO_MAX_TRANSPORTS 8
+const echo_transport_info *echo_transport_at(int i);
+/* The row named `name`; NULL if none. */
+const echo_transport_info *echo_transport_find(const char *name);
+/* A world of transport `name` (its row's create), or -1 naming the rows. */
+int echo_world_create(const char *name, const echo_world_opts *o, const echo_config *cfg, echo_world **out,
+                      char *err, size_t errlen);
+
 /* Destroy every comm of the world first. */
 void echo_world_destroy(echo_world *w);
 

@@ -132,7 +132,8 @@ const char *eng_graphs_note(const eng *e) {
     if (!e->cfg.cuda_graphs) return NULL;
     if (!e->ranks[0].ops->graph_begin)
         return "--cuda-graphs has no effect: the backend has no graphs (cuda only); steps run eagerly";
-    if (e->cfg.tp > 1 && strcmp(e->cfg.transport, "nccl"))
+    const echo_transport_info *t = echo_transport_find(e->cfg.transport);
+    if (e->cfg.tp > 1 && !(t && t->capturable))
         return "--cuda-graphs has no effect at tp > 1 with --transport local (its all-reduce meets the peers on the "
                "host at every call, which a graph cannot hold); steps run eagerly. --transport nccl captures it";
     return NULL;
@@ -260,6 +261,43 @@ static uint64_t config_key(const eng_config *c) {
     return h;
 }
 
+/* ---- transport and backend rows (comm/echo.h, kernels/kernels.h) ---- */
+
+/* "auto" is no row's name: the engine picks the row (pick_transport,
+ * kern_backend_find). */
+static int is_auto(const char *name) { return !strcmp(name, "auto"); }
+
+/* Where ranks as threads on host memory go (local). */
+static const echo_transport_info *host_transport(void) {
+    for (int i = 0; echo_transport_at(i); i++)
+        if (echo_transport_at(i)->threads && echo_transport_at(i)->device_memory != 1) return echo_transport_at(i);
+    return NULL;
+}
+
+/* The transport of ranks as threads with one device each, or as processes
+ * (procs) on devices (dev) or on host memory: nccl, nccl, mpi. */
+static const echo_transport_info *pick_row(int procs, int dev) {
+    for (int i = 0; echo_transport_at(i); i++) {
+        const echo_transport_info *t = echo_transport_at(i);
+        if ((procs ? t->multi_process : t->threads) && (dev ? t->device_memory == 1 : t->device_memory == 0))
+            return t;
+    }
+    return NULL;
+}
+
+/* The first device backend (cuda). */
+static const kern_backend_info *device_backend(void) {
+    for (int i = 0; kern_backend_at(i); i++)
+        if (!kern_backend_at(i)->host) return kern_backend_at(i);
+    return kern_backend_at(0);
+}
+
+/* 1 when the named backend runs on the host ("auto" is not resolved: 0). */
+static int host_device(const char *device) {
+    const kern_backend_info *b = is_auto(device) ? NULL : kern_backend_find(device);
+    return b && b->host;
+}
+
 static void fill_defaults(eng_config *c, const model_config *mc) {
     if (!c->device) c->device = "cpu";
     if (!c->transport) c->transport = "auto";
@@ -292,14 +330,18 @@ static int check_limits(const eng_config *c, const model_config *mc, char *err, 
         snprintf(err, errlen, "max batch tokens and max model length must be >= 1");
         return -1;
     }
-    int known = 0;
-    for (const char *const *t = ENG_TRANSPORTS; *t; t++) known |= !strcmp(c->transport, *t);
-    if (!known) {
-        snprintf(err, errlen, "unknown all-reduce transport \"%s\" (auto, local or nccl)", c->transport);
+    const echo_transport_info *t = echo_transport_find(c->transport);
+    if (!t && !is_auto(c->transport)) {
+        size_t len = (size_t)snprintf(err, errlen, "unknown all-reduce transport \"%s\" (auto", c->transport);
+        for (int i = 0; echo_transport_at(i) && len < errlen; i++)
+            len += (size_t)snprintf(err + len, errlen - len, ", %s", echo_transport_at(i)->name);
+        if (len < errlen) snprintf(err + len, errlen - len, ")");
         return -1;
     }
-    if (!strcmp(c->device, "cpu") && !strcmp(c->transport, "nccl")) {
-        snprintf(err, errlen, "the nccl transport needs --device cuda (the cpu backend's ranks are threads: use local)");
+    const kern_backend_info *b = kern_backend_find(c->device);
+    if (host_device(c->device) && t && t->device_memory == 1) {
+        snprintf(err, errlen, "the %s transport needs --device %s (the %s backend's ranks are threads: use %s)",
+                 t->name, device_backend()->name, b->name, host_transport()->name);
         return -1;
     }
     return 0;
@@ -308,19 +350,21 @@ static int check_limits(const eng_config *c, const model_config *mc, char *err, 
 /* Resolve the transport for tp > 1 and each rank's GPU (engine_create). */
 static int pick_transport(eng_config *c, int *use_nccl, char *err, size_t errlen) {
     *use_nccl = 0;
-    if (!strcmp(c->device, "cpu")) {
-        c->transport = "local";
+    if (host_device(c->device)) {
+        c->transport = host_transport()->name;
         return 0;
     }
     int gpus = kern_gpu_count();
-    if (!strcmp(c->transport, "auto")) c->transport = gpus >= c->tp ? "nccl" : "local";
-    if (!strcmp(c->transport, "nccl")) {
+    const echo_transport_info *dev = pick_row(0, 1);
+    if (is_auto(c->transport)) c->transport = gpus >= c->tp ? dev->name : host_transport()->name;
+    const echo_transport_info *t = echo_transport_find(c->transport);
+    if (t && t->device_memory == 1) {
         if (gpus < c->tp) {
-            snprintf(err, errlen, "--tp %d with the nccl transport needs %d GPUs, %d visible (the local transport runs "
-                     "every rank on one GPU)", c->tp, c->tp, gpus);
+            snprintf(err, errlen, "--tp %d with the %s transport needs %d GPUs, %d visible (the %s transport runs "
+                     "every rank on one GPU)", c->tp, t->name, c->tp, gpus, host_transport()->name);
             return -1;
         }
-        *use_nccl = 1;
+        *use_nccl = t->capturable;
     }
     return 0;
 }
@@ -401,9 +445,10 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
         }
         /* on a GPU: one per process, its node-local rank's (NCCL across
          * processes); on cpu: host memory over MPI */
-        int gpu = !strcmp(c->device, "cuda") || (!strcmp(c->device, "auto") && kern_gpu_count() > 0);
-        const char *want = gpu ? "nccl" : "mpi";
-        if (strcmp(c->transport, "auto") && strcmp(c->transport, want)) {
+        const kern_backend_info *b = kern_backend_find(c->device);
+        int gpu = b && !b->host;
+        const char *want = pick_row(1, gpu)->name;
+        if (!is_auto(c->transport) && echo_transport_find(c->transport) != echo_transport_find(want)) {
             snprintf(err, errlen, "under mpirun the ranks are processes: with --device %s the transport is %s "
                      "(auto), not %s", c->device, want, c->transport);
             return -1;
@@ -418,7 +463,7 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
                      gpus == 1 ? "" : "s");
             return -1;
         }
-    } else if (!strcmp(c->transport, "mpi")) {
+    } else if (echo_transport_find(c->transport) && !echo_transport_find(c->transport)->threads) {
         snprintf(err, errlen, "--transport mpi: start one process per rank with mpirun -np %d", c->tp);
         return -1;
     }
@@ -459,8 +504,9 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
      * way whatever the message (local.c: rank order, fp32); MPI's and
      * NCCL's pick algorithms by size, the codecs group and shard the
      * message (engine.h, "Passes"). */
-    e->canon = c->tp > 1 && (c->allreduce != ECHO_PRESET_EXACT || strcmp(c->transport, "local") ||
-                             strcmp(c->device, "cpu"));
+    const echo_transport_info *tr = echo_transport_find(c->transport);
+    e->canon = c->tp > 1 && (c->allreduce != ECHO_PRESET_EXACT || !(tr && tr->exact_rank_order) ||
+                             !host_device(c->device));
     int threads = c->threads;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -503,16 +549,13 @@ static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
             snprintf(err, errlen, "unknown all-reduce preset %d", (int)c->allreduce);
         return -1;
     }
-    if (e->procs)
-        return strcmp(c->transport, "nccl") ? echo_world_create_mpi(&ec, &e->world, err, errlen)
-                                            : echo_world_create_nccl_procs(e->local_dev, &ec, &e->world, err, errlen);
-    if (!strcmp(c->device, "cpu")) return echo_world_create_local(c->tp, &ec, &e->world, err, errlen);
-    if (use_nccl) {
-        int devs[ECHO_MAX_RANKS];
-        for (int i = 0; i < c->tp; i++) devs[i] = i;
-        return echo_world_create_nccl(c->tp, devs, &ec, &e->world, err, errlen);
-    }
-    return echo_world_create_local_device(c->tp, 0, &ec, &e->world, err, errlen);
+    /* ranks as threads: rank i on GPU i (a device-only transport), or all
+     * on GPU 0 (local); processes: each its node-local rank's GPU */
+    int devs[ECHO_MAX_RANKS];
+    for (int i = 0; i < c->tp && i < ECHO_MAX_RANKS; i++) devs[i] = i;
+    echo_world_opts o = {.nranks = c->tp, .procs = e->procs, .devices = devs,
+                         .device = e->procs ? e->local_dev : host_device(c->device) ? -1 : 0};
+    return echo_world_create(c->transport, &o, &ec, &e->world, err, errlen);
 }
 
 /* The rank's compute threads code its all-reduce messages (comm/echo.h). */
@@ -529,7 +572,7 @@ static int create_ranks(eng *e, int use_nccl, char *err, size_t errlen) {
         if (r->comm) echo_comm_set_workers(r->comm, &(echo_workers){kern_host_threads(r->be), rank_host_run, r->be});
         /* auto: by the backend actually made ("auto" devices resolve there) */
         if (e->cfg.fuse_weights != ENG_FUSE_ON && e->cfg.fuse_weights != ENG_FUSE_OFF)
-            e->cfg.fuse_weights = strcmp(r->ops->name, "cpu") ? ENG_FUSE_ON : ENG_FUSE_OFF;
+            e->cfg.fuse_weights = host_device(r->ops->name) ? ENG_FUSE_OFF : ENG_FUSE_ON;
         model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size,
                               c->fuse_weights == ENG_FUSE_ON,
                               c->quantize == ENG_QUANT_Q8_0 ? KERN_Q8_0 : 0, c->act_quant == ENG_ACT_Q8};

@@ -56,7 +56,7 @@ typedef struct eng_config {
      * rank i on GPU i (needs tp GPUs); local puts every rank on GPU 0 and
      * exchanges through its memory (tests on one GPU); auto = nccl when
      * there are tp GPUs, else local. */
-    const char *transport; /* one of ENG_TRANSPORTS */
+    const char *transport; /* "auto" or a row of comm/echo.h's transport table */
     /* 1: decode steps through CUDA graphs (engine/step.h): a decode-only
      * step on cuda is recorded once per batch size and replayed
      * afterwards, with the same logits bits as an eager step. 0 (default):
@@ -118,9 +118,6 @@ typedef struct eng_config {
 #define ENG_FUSE_AUTO 0
 #define ENG_FUSE_ON 1
 #define ENG_FUSE_OFF (-1)
-
-/* The names eng_config.transport accepts, NULL-terminated (for flag parsing). */
-#define ENG_TRANSPORTS ((const char *const[]){"auto", "local", "nccl", "mpi", NULL})
 
 typedef struct eng eng;
 

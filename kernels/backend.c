@@ -60,30 +60,78 @@ float kern_f16_to_f32(uint16_t h) {
     return v.f;
 }
 
+/* ---- the backend table ---- */
+
+#ifndef ECHO_HAVE_CUDA
+/* A build without CUDA (CUDA=0) keeps the cuda row; it has no device. */
+int kern_cuda_create(int device_index, kern_backend **be, char *err, size_t errlen) {
+    (void)device_index, (void)be;
+    snprintf(err, errlen, "this build has no cuda backend (built with CUDA=0); use --device cpu");
+    return -1;
+}
+int kern_cuda_device_count(void) { return 0; }
+void kern_cuda_destroy(kern_backend *be) { (void)be; }
+#endif
+
+static int cpu_create(int nthreads, int device_index, kern_backend **be, char *err, size_t errlen) {
+    (void)device_index;
+    return kern_cpu_create(nthreads, be, err, errlen);
+}
+static int cpu_device_count(void) { return 1; }
+static int cuda_create(int nthreads, int device_index, kern_backend **be, char *err, size_t errlen) {
+    (void)nthreads;
+    return kern_cuda_create(device_index, be, err, errlen);
+}
+static int cuda_device_count(void) {
+    int n = kern_cuda_device_count();
+    return n > 0 ? n : 0;
+}
+
+/* The host backend first: it is what auto falls back to. */
+static const kern_backend_info backends[] = {
+    {"cpu", 1, cpu_create, kern_cpu_destroy, cpu_device_count},
+    {"cuda", 0, cuda_create, kern_cuda_destroy, cuda_device_count},
+};
+#define N_BACKENDS ((int)(sizeof backends / sizeof *backends))
+
+const kern_backend_info *kern_backend_at(int i) {
+    return i >= 0 && i < N_BACKENDS ? &backends[i] : NULL;
+}
+
+static const kern_backend_info *auto_row(void) {
+    for (int i = 0; i < N_BACKENDS; i++)
+        if (!backends[i].host && backends[i].device_count() > 0) return &backends[i];
+    return &backends[0];
+}
+
+const kern_backend_info *kern_backend_find(const char *name) {
+    if (name && !strcmp(name, "auto")) return auto_row();
+    for (int i = 0; name && i < N_BACKENDS; i++)
+        if (!strcmp(backends[i].name, name)) return &backends[i];
+    return NULL;
+}
+
 int kern_backend_create(const char *device, int nthreads, int device_index, const kern_ops **ops,
                         kern_backend **be, char *err, size_t errlen) {
     *be = NULL;
     *ops = NULL;
-    if (!device || strcmp(device, "cpu") == 0) {
-        if (kern_cpu_create(nthreads, be, err, errlen) != 0) return -1;
-    } else if (strcmp(device, "cuda") == 0) {
-#ifdef ECHO_HAVE_CUDA
-        if (kern_cuda_create(device_index, be, err, errlen) != 0) return -1;
-#else
-        (void)device_index;
-        snprintf(err, errlen, "this build has no cuda backend (built with CUDA=0); use --device cpu");
-        return -1;
-#endif
-    } else {
-        snprintf(err, errlen, "unknown device '%s' (expected cpu or cuda)", device);
+    const kern_backend_info *b = device ? NULL : &backends[0];
+    for (int i = 0; device && i < N_BACKENDS; i++)
+        if (!strcmp(backends[i].name, device)) b = &backends[i];
+    if (!b) {
+        size_t len = (size_t)snprintf(err, errlen, "unknown device '%s' (expected ", device);
+        for (int i = 0; i < N_BACKENDS && len < errlen; i++)
+            len += (size_t)snprintf(err + len, errlen - len, "%s%s", backends[i].name,
+                                    i + 2 < N_BACKENDS ? ", " : i + 2 == N_BACKENDS ? " or " : ")");
         return -1;
     }
+    if (b->create(nthreads, device_index, be, err, errlen) != 0) return -1;
     *ops = (*be)->ops;
     return 0;
 }
 
 static int is_cpu(const kern_backend *be) {
-    return be && be->ops && !strcmp(be->ops->name, "cpu");
+    return be && be->ops && !strcmp(be->ops->name, backends[0].name);
 }
 
 int kern_host_threads(const kern_backend *be) {
@@ -100,31 +148,19 @@ void kern_host_parallel(kern_backend *be, int ntasks, kern_task_fn fn, void *arg
 }
 
 int kern_gpu_count(void) {
-#ifdef ECHO_HAVE_CUDA
-    int n = kern_cuda_device_count();
-    return n > 0 ? n : 0;
-#else
+    for (int i = 0; i < N_BACKENDS; i++)
+        if (!backends[i].host) return backends[i].device_count();
     return 0;
-#endif
 }
 
-const char *kern_auto_device(void) {
-#ifdef ECHO_HAVE_CUDA
-    if (kern_cuda_device_count() > 0) return "cuda";
-#endif
-    return "cpu";
-}
+const char *kern_auto_device(void) { return auto_row()->name; }
 
 void kern_backend_destroy(const kern_ops *ops, kern_backend *be) {
     if (!be) return;
-#ifdef ECHO_HAVE_CUDA
-    if (ops && strcmp(ops->name, "cuda") == 0) {
-        kern_cuda_destroy(be);
-        return;
-    }
-#endif
-    (void)ops;
-    kern_cpu_destroy(be);
+    const kern_backend_info *b = &backends[0];
+    for (int i = 0; ops && i < N_BACKENDS; i++)
+        if (!strcmp(backends[i].name, ops->name)) b = &backends[i];
+    b->destroy(be);
 }
 
 int kern_fuse_rows_check(kern_backend *be, const kern_weight *const *parts, int n_parts, int64_t *rows) {

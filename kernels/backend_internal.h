@@ -27,10 +27,8 @@ int kern_fuse_rows_check(kern_backend *be, const kern_weight *const *parts, int 
 /* Backend constructors (kernels/cpu/, kernels/cuda/). */
 int kern_cpu_create(int nthreads, kern_backend **be, char *err, size_t errlen);
 void kern_cpu_destroy(kern_backend *be);
-#ifdef ECHO_HAVE_CUDA
 int kern_cuda_create(int device_index, kern_backend **be, char *err, size_t errlen);
 int kern_cuda_device_count(void);
 void kern_cuda_destroy(kern_backend *be);
-#endif
 
 #endif

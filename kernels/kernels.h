@@ -322,6 +322,22 @@ typedef struct kern_ops {
 
 #define KERN_TOPK_MAX 64
 
+/* The backend table: every backend is one row (kernels/backend.c). Callers
+ * choose by row, never by comparing names; the CLIs list its names. A
+ * backend not built in keeps its row, whose create says so. */
+typedef struct kern_backend_info {
+    const char *name; /* what --device takes: "cpu", "cuda" */
+    int host;         /* 1: buffers in host memory, ops on the host's threads */
+    int (*create)(int nthreads, int device_index, kern_backend **be, char *err, size_t errlen);
+    void (*destroy)(kern_backend *be);
+    int (*device_count)(void); /* devices it can use now (0: none, or not built in) */
+} kern_backend_info;
+/* Row i (at most KERN_MAX_BACKENDS rows), NULL past the last. */
+#define KERN_MAX_BACKENDS 8
+const kern_backend_info *kern_backend_at(int i);
+/* The row named `name` ("auto": kern_auto_device's); NULL if none. */
+const kern_backend_info *kern_backend_find(const char *name);
+
 /* Create a backend by device name ("cpu" or "cuda"). `nthreads` <= 0 picks
  * the number of online CPUs (cpu backend; ignored by cuda). `device_index`
  * selects the GPU (cuda). Errors: unknown device, backend not compiled in,
@@ -329,10 +345,12 @@ typedef struct kern_ops {
 int kern_backend_create(const char *device, int nthreads, int device_index, const kern_ops **ops,
                         kern_backend **be, char *err, size_t errlen);
 void kern_backend_destroy(const kern_ops *ops, kern_backend *be);
-/* "cuda" when this build has the cuda backend and a GPU is visible, else
- * "cpu": what --device auto means. */
+/* The first device backend with a device visible, else the host one
+ * ("cuda" when this build has it and a GPU is visible, else "cpu"): what
+ * --device auto means. */
 const char *kern_auto_device(void);
-/* GPUs the cuda backend can use (0 without one, or in a build without it). */
+/* Devices the first device backend can use (GPUs of cuda; 0 without one,
+ * or in a build without it). */
 int kern_gpu_count(void);
 /* The backend's host threads for work outside the ops (the all-reduce's
  * host codec, while the model waits on it): kern_host_threads says how

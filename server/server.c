@@ -323,7 +323,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                 "larger ids are refused (400)",
                 tok_vocab_size(s->tok), s->mc.vocab_size);
     eng_config ec = {.model_dir = s->model_dir,
-                     .device = strcmp(o->device, "auto") == 0 ? "cpu" : o->device,
+                     .device = o->device,
                      .tp = o->tp,
                      .allreduce = o->allreduce,
                      .transport = o->transport,
@@ -339,7 +339,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .kv_blocks = o->kv_blocks,
                      .cuda_graphs = o->cuda_graphs,
                      .no_prefix_cache = o->no_prefix_caching};
-    if (strcmp(o->device, "auto") == 0) ec.device = kern_auto_device();
+    if (kern_backend_find(o->device)) ec.device = kern_backend_find(o->device)->name; /* "auto" resolved */
     if (ec.max_batch_tokens < ec.max_num_seqs) {
         snprintf(err, errlen,
                  "--max-num-batched-tokens (%d) must be >= --max-num-seqs (%d): every running "
@@ -360,9 +360,10 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     srv_log(s, SRV_LOG_INFO, "loading %s (%.0f MB of %s) on %s, tp %d", s->model_dir, tk.weight_mb,
             model_path_is_gguf(s->model_dir) ? "GGUF" : "safetensors", ec.device, ec.tp);
     int rc = eng_create(&ec, &s->eng, err, errlen);
-    if (rc && strcmp(o->device, "auto") == 0 && strcmp(ec.device, "cpu") != 0) {
-        srv_log(s, SRV_LOG_WARNING, "--device auto: cuda unavailable (%s); using cpu", err);
-        ec.device = "cpu";
+    const kern_backend_info *host = kern_backend_at(0); /* the host backend, auto's fallback (kernels/kernels.h) */
+    if (rc && strcmp(o->device, "auto") == 0 && kern_backend_find(ec.device) && !kern_backend_find(ec.device)->host) {
+        srv_log(s, SRV_LOG_WARNING, "--device auto: %s unavailable (%s); using %s", ec.device, err, host->name);
+        ec.device = host->name;
         rc = eng_create(&ec, &s->eng, err, errlen);
     }
     pthread_mutex_lock(&tk.mu);

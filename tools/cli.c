@@ -3,6 +3,7 @@
 
 #include "comm/echo.h"
 #include "engine/engine.h"
+#include "kernels/kernels.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -52,6 +53,28 @@ double cli_double(const char *prog, const char *s, const char *flag, double lo, 
         cli_usage_error(prog, msg, s);
     }
     return v;
+}
+
+const char *const *cli_transports(void) {
+    static const char *names[ECHO_MAX_TRANSPORTS + 2];
+    if (!names[0]) {
+        int n = 0;
+        names[n++] = "auto";
+        for (int i = 0; echo_transport_at(i) && n <= ECHO_MAX_TRANSPORTS; i++)
+            names[n++] = echo_transport_at(i)->name;
+    }
+    return names;
+}
+
+const char *const *cli_devices(void) {
+    static const char *names[KERN_MAX_BACKENDS + 2];
+    if (!names[0]) {
+        int n = 0;
+        names[n++] = "auto";
+        for (int i = 0; kern_backend_at(i) && n <= KERN_MAX_BACKENDS; i++)
+            names[n++] = kern_backend_at(i)->name;
+    }
+    return names;
 }
 
 const char *cli_choice(const char *prog, const char *s, const char *flag, const char *const *choices) {

@@ -20,6 +20,11 @@ int cli_parse_double(const char *s, double lo, double hi, double *out);
  * names the flag and lists them ("--transport expects auto, local or nccl,
  * got 'x'"). */
 const char *cli_choice(const char *prog, const char *s, const char *flag, const char *const *choices);
+/* The choices of --transport and --device, NULL-terminated: "auto", then
+ * the names of the transport table (comm/echo.h) / backend table
+ * (kernels/kernels.h). */
+const char *const *cli_transports(void);
+const char *const *cli_devices(void);
 /* --echo-codec NAME[-gG]: the codec id (an echo_codec_id), and *group = G
  * when one is named (else unchanged); a usage error otherwise. */
 int cli_echo_codec(const char *prog, const char *s, int *group);

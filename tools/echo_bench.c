@@ -246,7 +246,8 @@ static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int gro
     R->dt = calloc((size_t)iters * nranks, sizeof *R->dt);
     echo_config cfg = {.min_bytes = min_policy, .n_sites = 1, .max_count = count};
     echo_preset_config(mode, bench_codec(mode, codec), group, &cfg);
-    if (!R->dt || echo_world_create_local(nranks, &cfg, &w, err, errlen)) goto out;
+    echo_world_opts wo = {.nranks = nranks, .device = -1};
+    if (!R->dt || echo_world_create("local", &wo, &cfg, &w, err, errlen)) goto out;
     for (int r = 0; r < nranks; r++) {
         if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
         R->x[r] = x[r];
@@ -342,7 +343,8 @@ static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_preset mode, siz
     echo_preset_config(mode, bench_codec(mode, o->codec), o->group, &cfg);
     echo_world *w = NULL;
     echo_comm *c = NULL;
-    int rc = echo_world_create_mpi(&cfg, &w, err, errlen);
+    echo_world_opts wo = {.procs = 1, .device = -1};
+    int rc = echo_world_create("mpi", &wo, &cfg, &w, err, errlen);
     if (!rc) rc = echo_comm_create(w, me, &c, err, errlen);
     double *ts = calloc((size_t)it, sizeof *ts);
     if (!ts && !rc) {
@@ -554,8 +556,14 @@ static int cmd_allreduce(int argc, char **argv) {
             return 2;
         }
     }
-    if (strcmp(transport, "local") && strcmp(transport, "nccl") && strcmp(transport, "mpi")) {
-        fprintf(stderr, "echo-bench: unknown transport '%s' (local, nccl, mpi)\n", transport);
+    /* which benchmark runs is the row's kind: processes (mpi), one device
+     * per rank (nccl), threads over host memory (local) */
+    const echo_transport_info *tr = echo_transport_find(transport);
+    if (!tr) {
+        fprintf(stderr, "echo-bench: unknown transport '%s' (", transport);
+        for (int i = 0; echo_transport_at(i); i++)
+            fprintf(stderr, "%s%s", i ? ", " : "", echo_transport_at(i)->name);
+        fprintf(stderr, ")\n");
         return 2;
     }
     echo_preset modes[ECHO_PRESET_COUNT] = {ECHO_PRESET_EXACT};
@@ -573,7 +581,7 @@ static int cmd_allreduce(int argc, char **argv) {
         ar_usage();
         return 2;
     }
-    if (!strcmp(transport, "mpi")) {
+    if (!tr->threads) {
 #ifdef ECHO_HAVE_MPI
         ar_mpi_opts o = {group, iters, warmup,       json,   seed,  nmodes, dist,
                          minb,  maxb,  (size_t)step, policy, modes, codec};
@@ -583,19 +591,20 @@ static int cmd_allreduce(int argc, char **argv) {
         return 1;
 #endif
     }
-    if (!strcmp(transport, "nccl")) {
+    if (tr->device_memory == 1) {
         for (int m = 0; m < nmodes; m++)
             if (modes[m] == ECHO_PRESET_BF16) {
-                fprintf(stderr, "echo-bench: --transport nccl takes exact, int4 and echo (its exact is NCCL's bf16)\n");
+                fprintf(stderr, "echo-bench: --transport %s takes exact, int4 and echo (its exact is NCCL's bf16)\n",
+                        tr->name);
                 return 2;
             }
         if (dist != DIST_GAUSS) {
-            fprintf(stderr, "echo-bench: --dist is not supported with --transport nccl (inputs are generated on "
-                            "the GPUs, uniform)\n");
+            fprintf(stderr, "echo-bench: --dist is not supported with --transport %s (inputs are generated on "
+                            "the GPUs, uniform)\n", tr->name);
             return 2;
         }
         if (nranks < 2) {
-            fprintf(stderr, "echo-bench: --transport nccl needs --ranks >= 2\n");
+            fprintf(stderr, "echo-bench: --transport %s needs --ranks >= 2\n", tr->name);
             return 2;
         }
         bench_ar_opts o = {nranks, group, iters, json, seed, minb, maxb, policy, {0}, nmodes};
@@ -733,7 +742,8 @@ static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int 
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    if (echo_world_create_local(nranks, &cfg, &w, err, errlen)) goto out;
+    echo_world_opts wo = {.nranks = nranks, .device = -1};
+    if (echo_world_create("local", &wo, &cfg, &w, err, errlen)) goto out;
     for (int r = 0; r < nranks; r++) {
         if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
         if (!(R->buf[r] = malloc(count * sizeof(float)))) {

@@ -233,13 +233,11 @@ int main(int argc, char **argv) {
         case O_IGNEOS: gp.ignore_eos = 1; break;
         case O_JSON: json = 1; break;
         case O_DEVICE:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
-                cli_usage_error(PROG, "--device expects auto, cpu or cuda, got '%s'", optarg);
-            ec.device = optarg;
+            ec.device = cli_choice(PROG, optarg, "--device", cli_devices());
             break;
         case O_THREADS: ec.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_TP: ec.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
-        case O_TRANSPORT: ec.transport = cli_choice(PROG, optarg, "--transport", ENG_TRANSPORTS); break;
+        case O_TRANSPORT: ec.transport = cli_choice(PROG, optarg, "--transport", cli_transports()); break;
         case O_GRAPHS: ec.cuda_graphs = 1; break;
         case O_QUANT:
             cli_choice(PROG, optarg, "--quantize", (const char *const[]){"q8_0", NULL});
@@ -343,7 +341,7 @@ int main(int argc, char **argv) {
                  n_prompt, gp.max_tokens, cfg0.max_position_embeddings);
         goto fail;
     }
-    if (strcmp(ec.device, "auto") == 0) ec.device = kern_auto_device();
+    ec.device = kern_backend_find(ec.device)->name; /* "auto" resolved */
     ec.model_dir = model_dir;
     ec.max_model_len = (int)need;
     ec.max_batch_tokens = n_prompt;

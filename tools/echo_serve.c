@@ -188,11 +188,9 @@ int main(int argc, char **argv) {
         case O_MODEL: model = optarg; break;
         case O_TP: o.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
         case O_DEVICE:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
-                cli_usage_error(PROG, "--device expects auto, cuda or cpu, got '%s'", optarg);
-            o.device = optarg;
+            o.device = cli_choice(PROG, optarg, "--device", cli_devices());
             break;
-        case O_TRANSPORT: o.transport = cli_choice(PROG, optarg, "--transport", ENG_TRANSPORTS); break;
+        case O_TRANSPORT: o.transport = cli_choice(PROG, optarg, "--transport", cli_transports()); break;
         case O_GRAPHS: o.cuda_graphs = 1; break;
         case O_NO_PREFIX: o.no_prefix_caching = 1; break;
         case O_ALLRED:

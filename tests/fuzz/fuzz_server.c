@@ -194,6 +194,13 @@ int eng_ranks_alive(const eng *e, char *why, size_t len) {
 const char *kern_auto_device(void) {
     return "cpu";
 }
+static const kern_backend_info fuzz_cpu = {.name = "cpu", .host = 1};
+const kern_backend_info *kern_backend_find(const char *name) {
+    return (void)name, &fuzz_cpu;
+}
+const kern_backend_info *kern_backend_at(int i) {
+    return i == 0 ? &fuzz_cpu : NULL;
+}
 
 #define MODEL_DIR "tests/fixtures/models/realvocab"
 #define TOKENIZER_DIR "tests/fixtures/tokenizer/qwen3"

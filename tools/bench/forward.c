@@ -272,8 +272,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         switch (c) {
         case O_MODEL: o->model = a; break;
         case O_DEVICE:
-            if (strcmp(a, "cpu") && strcmp(a, "cuda") && strcmp(a, "auto"))
-                rc = fw_usage_error("--device: expected cpu, cuda or auto, got '%s'", a);
+            if (!kern_backend_find(a)) rc = fw_usage_error("--device: expected auto or a backend's name, got '%s'", a);
             o->device = a;
             break;
         case O_TP:
@@ -645,7 +644,7 @@ int bench_forward_main(int argc, char **argv) {
                  .n_batch = 3};
     int rc = fw_parse(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
-    if (!strcmp(o.device, "auto")) o.device = kern_auto_device();
+    o.device = kern_backend_find(o.device)->name; /* "auto" resolved */
 
     char err[1024];
     model_config mc;
@@ -679,7 +678,7 @@ int bench_forward_main(int argc, char **argv) {
      * roofline is a streaming read (a decode step reads its weights); the
      * copy on a small buffer only gives the activation size there. */
     double bps = 0, fma_peak = 0;
-    const int on_cpu = !strcmp(o.device, "cpu");
+    const int on_cpu = kern_backend_find(o.device)->host;
     size_t act_size = 0, copy_bytes = o.copy_bytes ? (size_t)o.copy_bytes : (size_t)1 << 30;
     if (fw_copy_bandwidth(o.device, o.threads, on_cpu ? (size_t)1 << 20 : copy_bytes, &bps, &act_size, err,
                           sizeof err) ||
@@ -690,7 +689,7 @@ int bench_forward_main(int argc, char **argv) {
     if (on_cpu) fma_peak = fw_fma_peak(o.threads);
 
     double peak = 0;
-    int gd = o.gemm_dim >= 0 ? o.gemm_dim : (strcmp(o.device, "cpu") ? 8192 : 1024);
+    int gd = o.gemm_dim >= 0 ? o.gemm_dim : (on_cpu ? 1024 : 8192);
     if (gd > 0 && fw_gemm_peak(o.device, o.threads, gd, &peak, err, sizeof err)) {
         fprintf(stderr, "echo-bench forward: %s\n", err);
         return 1;
@@ -842,7 +841,7 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "cuda_graphs", json_boolean(o.cuda_graphs && !eng_graphs_note(e)));
         json_object_set_new(root, "graph_steps", json_integer(eng_graph_steps(e)));
         long nt = eng_get_config(e)->threads > 0 ? eng_get_config(e)->threads : sysconf(_SC_NPROCESSORS_ONLN);
-        json_object_set_new(root, "threads", json_integer(strcmp(o.device, "cpu") ? 0 : nt));
+        json_object_set_new(root, "threads", json_integer(on_cpu ? nt : 0));
         json_object_set_new(root, "config",
                             json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b}", "vocab_size", V, "hidden_size", H,
                                       "intermediate_size", mc.intermediate_size, "num_layers", L, "num_heads",
