@@ -44,8 +44,9 @@
  *   a NUL-terminated message into `err` (may be NULL when errlen is 0).
  *   The library never prints or exits. Output buffers are malloc'ed and
  *   owned by the caller (free()).
- * - Chat: tok_chat_apply renders the Qwen3 chat template (ChatML) exactly
- *   as transformers' apply_chat_template does with Qwen3's template.
+ * - Chat: tok_chat_apply renders the built-in chat template, Qwen3's
+ *   (ChatML), for models that ship none, through the Jinja interpreter
+ *   below, exactly as transformers' apply_chat_template does.
  */
 #ifndef ECHO_TOKENIZER_H
 #define ECHO_TOKENIZER_H
@@ -144,7 +145,7 @@ int tok_stream_finish(tok_stream *s, const char **text, size_t *len);
 size_t tok_stream_pending(const tok_stream *s);
 void tok_stream_free(tok_stream *s);
 
-/* Qwen3 chat template. Strings are UTF-8, NUL-terminated. */
+/* The built-in (Qwen3) chat template. Strings are UTF-8, NUL-terminated. */
 typedef struct {
     const char *name;
     const char *arguments; /* JSON text, inserted verbatim */
