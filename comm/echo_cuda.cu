@@ -538,7 +538,7 @@ __global__ void __launch_bounds__(ECHO_THREADS) echo_unrot_kernel(float *r, size
         echo_had_inv(r + g * (size_t)G, G);
 }
 
-/* ---- record forms (echo_plan.form: hsub6, out2): a thread codes or
+/* ---- record forms (echo_plan.form: hsub6, out2, hout2): a thread codes or
  * decodes one group of G values with comm/echo_codec.h's group functions,
  * the host's arithmetic; values are the staged fp32 copy (d_rot), whole
  * groups. Simple, not tuned. A shard's wire message: L/2 code bytes, then

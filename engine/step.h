@@ -10,7 +10,7 @@
  * for a failure outside the pass. With graphs on, a decode step is a
  * backend graph (kern_ops.graph_*): captured once per batch shape, then
  * replayed, and run eagerly after any failure. The design is in
- * docs/architecture.md ("The step").
+ * engine/README.md ("The step").
  */
 #ifndef ECHO_ENGINE_STEP_H
 #define ECHO_ENGINE_STEP_H

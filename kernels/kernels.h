@@ -136,7 +136,7 @@ static inline const char *kern_rope_invalid(const kern_rope *r) {
  * It is HF's fp32 recipe operation by operation (modeling_rope_utils.py,
  * torch on CPU: `2*pi / x` is reciprocal(x) * (float)(2*pi), a double
  * scalar is rounded to fp32 first); llama3 keeps short wavelengths, divides
- * long ones by factor and blends in between (docs/architecture.md). */
+ * long ones by factor and blends in between (model/README.md). */
 static inline float kern_rope_inv_freq(const kern_rope *r, int i, int head_dim) {
     float inv = 1.0f / powf((float)r->theta, (float)(2 * i) / (float)head_dim);
     if (r->type != KERN_ROPE_LLAMA3) return inv;

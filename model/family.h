@@ -3,7 +3,7 @@
  * families echo runs. A family is one file model/arch/<name>.c defining one
  * model_family, plus its row in family.c's table; the forward pass reads
  * only the flags it copies into model_config. docs/architecture.md, "How to
- * add a family".
+ * add a model family".
  */
 #ifndef ECHO_MODEL_FAMILY_H
 #define ECHO_MODEL_FAMILY_H
@@ -14,7 +14,7 @@
 #include "model/model.h"
 
 typedef struct model_family {
-    const char *name;      /* model_config.arch: "qwen3", "llama" */
+    const char *name;      /* model_config.arch: "qwen3", "llama", "qwen2" */
     const char *hf_arch;   /* config.json "architectures" entry */
     const char *hf_type;   /* config.json "model_type" */
     const char *gguf_arch; /* GGUF general.architecture; its keys are "<gguf_arch>.<key>" */

@@ -252,7 +252,7 @@ int srv_sched_start(srv_server *s, char *err, size_t errlen);
 int srv_sched_submit(srv_server *s, srv_req *r);
 void srv_sched_stop(srv_server *s);
 
-/* ---- HTTP (http.c and the route files; docs/architecture.md, "server") ---- */
+/* ---- HTTP (http.c and the route files; server/README.md, "Files, and how to add a route") ---- */
 
 int srv_http_start(srv_server *s, char *err, size_t errlen);
 /* The engine can run no more steps: the first caller's why is kept, and

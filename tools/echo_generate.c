@@ -24,7 +24,7 @@
 static const char *USAGE =
     "usage: echo-generate --model DIR (--prompt-tokens ID,ID,... | --prompt TEXT [--chat]) [options]\n"
     "\n"
-    "Generate tokens from a Hugging Face Qwen3 model folder (config.json + safetensors).\n"
+    "Generate tokens from a model folder (config.json + safetensors) or a GGUF file.\n"
     "\n"
     "  --model DIR            model folder (config.json, generation_config.json, *.safetensors)\n"
     "  --prompt-tokens LIST   prompt as comma-separated token ids (each in [0, vocab_size))\n"
