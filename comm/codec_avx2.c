@@ -884,11 +884,17 @@ AVX2_INLINE void hsub_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t
     }
 }
 
+/* The forms with a fast path here (echo_codec.h's wire-form table); any
+ * other form, a new one included, takes the scalar loops. */
+static int avx2_form(int form) {
+    return form == ECHO_FORM_HSUB || form == ECHO_FORM_OUT2 || form == ECHO_FORM_HOUT2;
+}
+
 AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
                                       uint8_t *codes, uint8_t *recs, size_t *bad) {
     *bad = ECHO_NO_INDEX;
     int hr = res && res_valid, hw = res != NULL;
-    if (n % (size_t)(group > 0 ? group : 1) || (form == ECHO_FORM_HSUB && group < 64))
+    if (!avx2_form(form) || n % (size_t)(group > 0 ? group : 1) || (form == ECHO_FORM_HSUB && group < 64))
         return echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
     size_t np = 0;
     if (form == ECHO_FORM_HSUB) {
@@ -953,7 +959,7 @@ AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t n
 AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group,
                                     float *out, int accumulate) {
     size_t ng = n / (size_t)(group > 0 ? group : 1);
-    if (form == ECHO_FORM_HSUB && group < 64) ng = 0;
+    if ((form == ECHO_FORM_HSUB && group < 64) || !avx2_form(form)) ng = 0;
 #define RD(G)                                                                                                          \
     if (form == ECHO_FORM_HSUB)                                                                                        \
         hsub_dec_impl(codes, recs, ng, G, out, accumulate);                                                            \

@@ -389,9 +389,13 @@ Z_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int r
     return o2_enc_impl(y, res, 0, 1, rot, n, G, codes, recs, bad);
 }
 
+static int z_form(int form) { return form == ECHO_FORM_OUT2 || form == ECHO_FORM_HOUT2; }
+
 Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
                                 uint8_t *codes, uint8_t *recs, size_t *bad) {
-    if (form == ECHO_FORM_HSUB || n % (size_t)(group > 0 ? group : 1))
+    /* out2 and hout2 here; hsub6 and any other form (echo_codec.h's table)
+     * in the AVX2 table, which sends forms it does not know to scalar */
+    if (!z_form(form) || n % (size_t)(group > 0 ? group : 1))
         return echo_cpu_codec_avx2.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
     *bad = ECHO_NO_INDEX;
     size_t np = 0;
@@ -551,7 +555,7 @@ Z_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, 
 
 Z_FN static void z_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group, float *out,
                               int accumulate) {
-    if (form == ECHO_FORM_HSUB) {
+    if (!z_form(form)) {
         echo_cpu_codec_avx2.rec_decode(form, codes, recs, n, group, out, accumulate);
         return;
     }

@@ -498,21 +498,71 @@ ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *re
     return sb;
 }
 
-/* The record forms by number (echo_plan.form), for the loops that serve them all. */
+/* ---- The wire-form table: one row per record form ----
+ * X(id, record bytes of a group of G, encode_group, decode_group). The
+ * host loops (comm/codec.c), the SIMD tables (codec_avx2.c / _avx512.c:
+ * a fast path for the forms they know, scalar for any other) and the CUDA
+ * kernels (echo_cuda.cu) all dispatch through the functions below, so a new
+ * form is its id, its group functions and one row here. ECHO_EXTRA_FORMS,
+ * when defined before this header, adds rows (tests/unit/toy_codec.h). A
+ * form no row knows encodes and decodes as poison (the call then fails on
+ * every rank as not finite): never as another form. ECHO_FORM_INT4 is not a
+ * record form (codec.c runs its own loops); it keeps its 2-byte size here. */
+#define ECHO_REC_FORMS(X)                                                                                              \
+    X(ECHO_FORM_HSUB, echo_hsub_rec_bytes(G), echo_hsub_encode_group, echo_hsub_decode_group)                          \
+    X(ECHO_FORM_OUT2, ECHO_OUT2_REC, echo_out2_encode_group, echo_out2_decode_group)                                   \
+    X(ECHO_FORM_HOUT2, ECHO_OUT2_REC, echo_hout2_encode_group, echo_hout2_decode_group)
+#ifndef ECHO_EXTRA_FORMS
+#define ECHO_EXTRA_FORMS(X)
+#endif
+
 ECHO_HD int echo_rec_bytes(int form, int G) {
-    return form == ECHO_FORM_HSUB ? echo_hsub_rec_bytes(G) : form == ECHO_FORM_INT4 ? 2 : ECHO_OUT2_REC;
+    switch (form) {
+    case ECHO_FORM_INT4: return 2;
+#define ECHO_X(id, rb, enc, dec)                                                                                       \
+    case id: return rb;
+        ECHO_REC_FORMS(ECHO_X)
+        ECHO_EXTRA_FORMS(ECHO_X)
+#undef ECHO_X
+    default: return 0;
+    }
+}
+
+/* 1 when a row knows `form` (ECHO_FORM_INT4 included). */
+ECHO_HD int echo_form_known(int form) {
+    int G = ECHO_MIN_GROUP;
+    return echo_rec_bytes(form, G) > 0;
 }
 
 ECHO_HD uint16_t echo_rec_encode_group(int form, const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
-    return form == ECHO_FORM_OUT2    ? echo_out2_encode_group(y, G, codes, rec, r, n)
-           : form == ECHO_FORM_HOUT2 ? echo_hout2_encode_group(y, G, codes, rec, r, n)
-                                     : echo_hsub_encode_group(y, G, codes, rec, r, n);
+    switch (form) {
+#define ECHO_X(id, rb, enc, dec)                                                                                       \
+    case id: return enc(y, G, codes, rec, r, n);
+        ECHO_REC_FORMS(ECHO_X)
+        ECHO_EXTRA_FORMS(ECHO_X)
+#undef ECHO_X
+    default:
+        for (int i = 0; i < G / 2; i++)
+            codes[i] = 0;
+        for (int i = 0; r && i < n; i++)
+            r[i] = 0.0f;
+        return ECHO_SCALE_POISON;
+    }
 }
 
 ECHO_HD uint16_t echo_rec_decode_group(int form, const uint8_t *codes, const uint8_t *rec, int G, float *v) {
-    return form == ECHO_FORM_OUT2    ? echo_out2_decode_group(codes, rec, G, v)
-           : form == ECHO_FORM_HOUT2 ? echo_hout2_decode_group(codes, rec, G, v)
-                                     : echo_hsub_decode_group(codes, rec, G, v);
+    switch (form) {
+#define ECHO_X(id, rb, enc, dec)                                                                                       \
+    case id: return dec(codes, rec, G, v);
+        ECHO_REC_FORMS(ECHO_X)
+        ECHO_EXTRA_FORMS(ECHO_X)
+#undef ECHO_X
+    default:
+        (void)codes, (void)rec;
+        for (int i = 0; i < G; i++)
+            v[i] = echo_bf16_to_f32(ECHO_SCALE_POISON);
+        return ECHO_SCALE_POISON;
+    }
 }
 
 #endif

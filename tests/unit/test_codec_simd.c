@@ -196,6 +196,33 @@ static int vector_tables(const echo_cpu_codec **out) {
     return k;
 }
 
+/* A form no row of echo_codec.h's wire-form table knows never reaches
+ * another form's encoder: every table (scalar and vector) codes each group
+ * as poison and decodes NaN, so the call fails on every rank. */
+START_TEST(test_unknown_form_is_poison) {
+    const echo_cpu_codec *tabs[3] = {&echo_cpu_codec_scalar};
+    int nt = 1 + vector_tables(tabs + 1);
+    enum { N = 512, G = 128, FORM = 99 };
+    ck_assert(!echo_form_known(FORM));
+    ck_assert(echo_form_known(ECHO_FORM_OUT2) && echo_form_known(ECHO_FORM_HSUB) && echo_form_known(ECHO_FORM_INT4));
+    float y[N], res[N], out[N];
+    uint8_t codes[N / 2], recs[64];
+    for (int i = 0; i < N; i++)
+        y[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    for (int t = 0; t < nt; t++) {
+        size_t bad = 0;
+        memset(recs, 0, sizeof recs);
+        ck_assert_msg(tabs[t]->rec_encode(FORM, y, res, 0, N, G, codes, recs, &bad) == N / G,
+                      "%s: an unknown form was coded as a known one", tabs[t]->name);
+        ck_assert_uint_eq(bad, 0);
+        tabs[t]->rec_decode(FORM, codes, recs, N, G, out, 0);
+        for (int i = 0; i < N; i++)
+            ck_assert_msg(isnan(out[i]), "%s: element %d of an unknown form decoded to %g", tabs[t]->name, i,
+                          (double)out[i]);
+    }
+}
+END_TEST
+
 START_TEST(test_dispatch) {
     const char *cap = getenv("ECHO_CODEC_ISA");
     const char *want = have_avx512() ? "avx512" : have_avx2() ? "avx2" : "scalar";
@@ -724,6 +751,7 @@ int main(void) {
     tcase_add_test(tc, test_rotation_matches_scalar);
     tcase_add_test(tc, test_records_match_scalar);
     tcase_add_test(tc, test_records_at_code_boundaries);
+    tcase_add_test(tc, test_unknown_form_is_poison);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
