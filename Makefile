@@ -324,10 +324,28 @@ test-bench: $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 $(BUILD)/tests/mpi_test_comm: $(BUILD)/obj/tests/mpi/test_comm_mpi.o $(filter $(BUILD)/obj/comm/%,$(LIB_OBJ))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-test-mpi: $(BUILD)/tests/mpi_test_comm $(TOOLS) $(DEMO_MODEL)/config.json $(DEFAULT_GGUF)
+test-mpi: $(BUILD)/tests/mpi_test_comm $(TOOLS) $(DEMO_MODEL)/config.json $(DEFAULT_GGUF) $(BUILD)/tests/toy_test
 	tests/mpi/run.sh $(MPI) $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench
 	ECHO_SMOLLM2_GGUF=$(DEFAULT_GGUF) tests/mpi/engine.sh $(MPI) $(BIN) $(DEMO_MODEL)
+	tests/toy/run.sh $(BUILD)/tests/toy_test
 # ---- end mpi block ----
+
+# ---- the toy codec (tests/toy/): a codec with a wire form of its own, added to
+# comm/ through its tables alone (the three hooks below; no other comm/ edit),
+# run through the local and mpi transports. make test-toy; also in test-mpi. ----
+TOY_DEFS := -DECHO_EXTRA_FORMS_FILE='"tests/toy/toy_codec.h"' -DECHO_EXTRA_CODEC_IDS='ECHO_CODEC_TOY,' \
+  -DECHO_EXTRA_CODEC_ROWS='[ECHO_CODEC_TOY] = {"toy", 0, 4, 6, 0, ECHO_MIN_GROUP, 64, ECHO_FORM_TOY, 0, 1},'
+TOY_SRC  := $(filter comm/%.c,$(LIB_C_SRC)) tests/toy/toy_test.c
+TOY_OBJ  := $(TOY_SRC:%.c=$(BUILD)/toy/%.o)
+$(BUILD)/toy/%.o: %.c tests/toy/toy_codec.h $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(if $(filter $(MPI_FILES) tests/toy/toy_test.c,$<),$(MPI_CFLAGS)) $(TOY_DEFS) -c $< -o $@
+$(BUILD)/tests/toy_test: $(TOY_OBJ) $(if $(filter 1,$(CUDA)),$(BUILD)/obj/comm/echo_cuda.o)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+.PHONY: test-toy
+test-toy: $(BUILD)/tests/toy_test
+	tests/toy/run.sh $<
 
 # make test-paths   one answer per path (tests/paths.sh): the same prompt ids through echo-eval,
 #                   echo-serve's prompt logprobs and echo-generate give the same logits bits on

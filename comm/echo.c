@@ -109,6 +109,9 @@ static const echo_codec_info codecs[ECHO_CODEC_COUNT] = {
     /* G only sets the shard granularity here; 128 as ECHO_DEFAULT_CODEC's */
     [ECHO_CODEC_NONE] = {"none", 0, 32, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 0},
     [ECHO_CODEC_BF16] = {"bf16", 0, 16, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 1},
+#ifdef ECHO_EXTRA_CODEC_ROWS
+    ECHO_EXTRA_CODEC_ROWS
+#endif
 };
 
 const echo_codec_info *echo_codec_get(echo_codec_id id) {

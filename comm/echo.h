@@ -46,6 +46,9 @@ typedef enum echo_codec_id {
     ECHO_CODEC_HOUT2,       /* out2's outliers, then hadamard over the rest of the group */
     ECHO_CODEC_NONE,        /* exact: fp32 on the wire, the transport's own all-reduce */
     ECHO_CODEC_BF16,        /* exact: bf16 on the wire, fp32 sums rounded once (host transports only) */
+#ifdef ECHO_EXTRA_CODEC_IDS
+    ECHO_EXTRA_CODEC_IDS /* a build's own rows (tests/toy/toy_codec.h) */
+#endif
     ECHO_CODEC_COUNT
 } echo_codec_id;
 

@@ -506,12 +506,17 @@ ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *re
  * form is its id, its group functions and one row here. ECHO_EXTRA_FORMS,
  * when defined before this header, adds rows (tests/unit/toy_codec.h). A
  * form no row knows encodes and decodes as poison (the call then fails on
- * every rank as not finite): never as another form. ECHO_FORM_INT4 is not a
- * record form (codec.c runs its own loops); it keeps its 2-byte size here. */
+ * every rank as not finite): never as another form. Every record starts
+ * with its group's bf16 scale, which the loops read as the poison mark.
+ * ECHO_FORM_INT4 is not a record form (codec.c runs its own loops); it
+ * keeps its 2-byte size here. */
 #define ECHO_REC_FORMS(X)                                                                                              \
     X(ECHO_FORM_HSUB, echo_hsub_rec_bytes(G), echo_hsub_encode_group, echo_hsub_decode_group)                          \
     X(ECHO_FORM_OUT2, ECHO_OUT2_REC, echo_out2_encode_group, echo_out2_decode_group)                                   \
     X(ECHO_FORM_HOUT2, ECHO_OUT2_REC, echo_hout2_encode_group, echo_hout2_decode_group)
+#ifdef ECHO_EXTRA_FORMS_FILE
+#include ECHO_EXTRA_FORMS_FILE /* its group functions, and ECHO_EXTRA_FORMS' rows */
+#endif
 #ifndef ECHO_EXTRA_FORMS
 #define ECHO_EXTRA_FORMS(X)
 #endif

@@ -292,6 +292,14 @@ static const kern_backend_info *device_backend(void) {
     return kern_backend_at(0);
 }
 
+/* Ranks as threads, one GPU each, on a transport whose calls can be
+ * deferred and captured (nccl): the all-reduces then only enqueue, each
+ * pass waits once (echo_end_pass), and decode steps may be graphs. */
+static int capturable(const eng_config *c, int gpu_per_rank) {
+    const echo_transport_info *t = echo_transport_find(c->transport);
+    return gpu_per_rank && t && t->capturable;
+}
+
 /* 1 when the named backend runs on the host ("auto" is not resolved: 0). */
 static int host_device(const char *device) {
     const kern_backend_info *b = is_auto(device) ? NULL : kern_backend_find(device);
@@ -348,8 +356,8 @@ static int check_limits(const eng_config *c, const model_config *mc, char *err, 
 }
 
 /* Resolve the transport for tp > 1 and each rank's GPU (engine_create). */
-static int pick_transport(eng_config *c, int *use_nccl, char *err, size_t errlen) {
-    *use_nccl = 0;
+static int pick_transport(eng_config *c, int *gpu_per_rank, char *err, size_t errlen) {
+    *gpu_per_rank = 0;
     if (host_device(c->device)) {
         c->transport = host_transport()->name;
         return 0;
@@ -364,7 +372,7 @@ static int pick_transport(eng_config *c, int *use_nccl, char *err, size_t errlen
                      "every rank on one GPU)", c->tp, t->name, c->tp, gpus, host_transport()->name);
             return -1;
         }
-        *use_nccl = t->capturable;
+        *gpu_per_rank = 1;
     }
     return 0;
 }
@@ -431,7 +439,7 @@ static int procs_agree(const eng *e, int rc, char *err, size_t errlen) {
 
 /* Everything a rank needs before the all-reduce world: config, checks,
  * weights, this process's backends. */
-static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
+static int create_prep(eng *e, int *gpu_per_rank, char *err, size_t errlen) {
     eng_config *c = &e->cfg;
     if (model_config_load(c->model_dir, &e->mc, err, errlen)) return -1;
     fill_defaults(c, &e->mc);
@@ -499,7 +507,7 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
         }
     }
 
-    if (c->tp > 1 && !e->procs && pick_transport(c, use_nccl, err, errlen)) return -1;
+    if (c->tp > 1 && !e->procs && pick_transport(c, gpu_per_rank, err, errlen)) return -1;
     /* Only the exact all-reduce on cpu threads sums every value the same
      * way whatever the message (local.c: rank order, fp32); MPI's and
      * NCCL's pick algorithms by size, the codecs group and shard the
@@ -524,13 +532,13 @@ static int create_prep(eng *e, int *use_nccl, char *err, size_t errlen) {
         r->rank = i;
         if (e->procs && i != e->me) continue; /* another process's rank */
         /* nccl: rank i drives GPU i (procs: its local rank's); local on a device: all share GPU 0 */
-        int dev = e->procs ? e->local_dev : *use_nccl ? i : 0;
+        int dev = e->procs ? e->local_dev : *gpu_per_rank ? i : 0;
         if (kern_backend_create(c->device, per_rank, dev, &r->ops, &r->be, err, errlen)) return -1;
     }
     return 0;
 }
 
-static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
+static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
     const eng_config *c = &e->cfg;
     if (c->tp == 1) return 0;
     echo_config ec = {.min_bytes = c->echo_min_bytes,
@@ -538,7 +546,7 @@ static int create_world(eng *e, int use_nccl, char *err, size_t errlen) {
                       .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,
                       /* nccl: calls only enqueue and each pass waits once (eng_run_step's
                        * echo_end_pass), which also lets decode steps be CUDA graphs */
-                      .deferred = use_nccl};
+                      .deferred = capturable(c, gpu_per_rank)};
     if (echo_preset_config(c->allreduce, c->echo_codec, c->echo_group, &ec)) {
         const echo_codec_info *ci = echo_codec_get(c->echo_codec);
         if ((unsigned)c->allreduce < ECHO_PRESET_COUNT && ci)
@@ -563,7 +571,7 @@ static void rank_host_run(void *be, int ntasks, echo_task_fn fn, void *arg) {
     kern_host_parallel(be, ntasks, fn, arg);
 }
 
-static int create_ranks(eng *e, int use_nccl, char *err, size_t errlen) {
+static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
     const eng_config *c = &e->cfg;
     for (int i = 0; i < c->tp; i++) {
         eng_rank *r = &e->ranks[i];
@@ -584,7 +592,7 @@ static int create_ranks(eng *e, int use_nccl, char *err, size_t errlen) {
         /* at tp > 1 only the nccl transport's deferred calls can be captured;
          * the runner skips steps where graphs cannot apply */
         r->run = (eng_runner){.m = r->m, .ops = r->ops, .be = r->be, .comm = r->comm,
-                              .graphs = c->cuda_graphs && (c->tp == 1 || use_nccl)};
+                              .graphs = c->cuda_graphs && (c->tp == 1 || capturable(c, gpu_per_rank))};
     }
     for (int i = 1; !e->procs && i < c->tp; i++) {
         if (pthread_create(&e->ranks[i].thread, NULL, rank_main, &e->ranks[i]) != 0) {
@@ -613,10 +621,10 @@ static int create(const eng_config *cfg, int procs, eng **out, char *err, size_t
     e->cfg = *cfg;
     e->procs = procs;
     e->me = procs ? echo_proc_rank() : 0;
-    int use_nccl = 0;
-    if (procs_agree(e, create_prep(e, &use_nccl, err, errlen), err, errlen) ||
-        procs_agree(e, create_world(e, use_nccl, err, errlen), err, errlen) ||
-        procs_agree(e, create_ranks(e, use_nccl, err, errlen), err, errlen))
+    int gpu_per_rank = 0;
+    if (procs_agree(e, create_prep(e, &gpu_per_rank, err, errlen), err, errlen) ||
+        procs_agree(e, create_world(e, gpu_per_rank, err, errlen), err, errlen) ||
+        procs_agree(e, create_ranks(e, gpu_per_rank, err, errlen), err, errlen))
         goto fail;
     *out = e;
     return 0;
