@@ -56,7 +56,8 @@ void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) 
                     dst + r * cols);
 }
 
-/* Quantized weights: GGUF blocks are uploaded like any weight;
+/* Quantized weights: GGUF blocks are uploaded like any weight (also as
+ * their KERN_*_A8 dtype, the same bytes);
  * F32/F16/BF16 become an owned Q8_0 copy, row by row; KERN_Q8_0_A8 is
  * packed from Q8_0 blocks or F32/F16/BF16 rows (matmul_q8.c). */
 static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev) {
@@ -67,6 +68,11 @@ static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_
         return kern_fail(be, "upload_quantized: (%lld, %lld) weight: cols not a multiple of %s's %d",
                          (long long)host->rows, (long long)host->cols, kern_dtype_name(to), bl);
     if (to == KERN_Q8_0_A8) return cpu_pack_q8a8(be, host, dev);
+    if (cpu_is_a8(to) && host->dtype == kern_dtype_plain(to)) { /* the blocks as they are */
+        if (cpu_copy_weight(be, host, dev)) return -1;
+        dev->dtype = to;
+        return 0;
+    }
     if (host->dtype == to) return cpu_copy_weight(be, host, dev);
     if (to != KERN_Q8_0 || kern_dtype_block(host->dtype) != 1)
         return kern_fail(be, "upload_quantized: cannot make %s from %s", kern_dtype_name(to),
