@@ -131,11 +131,14 @@ static float row_c(kern_dtype dt, const uint8_t *row, const a8_acts *a, int t) {
     return tree16(acc) + mt;
 }
 
-/* T tokens x one row, into o[t * ldo]. */
-typedef void (*a8_tile_fn)(kern_dtype dt, int T, const uint8_t *row, const a8_acts *a, int t0, float *o, size_t ldo);
+/* T tokens x R rows (ws bytes apart), into o[t * ldo + r]. */
+typedef void (*a8_tile_fn)(kern_dtype dt, int T, int R, const uint8_t *row, size_t ws, const a8_acts *a, int t0,
+                           float *o, size_t ldo);
 
-static void tile_c(kern_dtype dt, int T, const uint8_t *row, const a8_acts *a, int t0, float *o, size_t ldo) {
-    for (int t = 0; t < T; t++) o[(size_t)t * ldo] = row_c(dt, row, a, t0 + t);
+static void tile_c(kern_dtype dt, int T, int R, const uint8_t *row, size_t ws, const a8_acts *a, int t0, float *o,
+                   size_t ldo) {
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) o[(size_t)t * ldo + r] = row_c(dt, row + (size_t)r * ws, a, t0 + t);
 }
 
 /* ---- AVX2 and AVX-512 VNNI: one body (matmul_a8_simd.h), two targets ---- */
@@ -182,10 +185,16 @@ static void a8_task(void *arg, int task) {
     const uint8_t *W = a->w->data;
     for (int t0 = 0; t0 < a->n; t0 += A8_TB) {
         int t1 = t0 + A8_TB < a->n ? t0 + A8_TB : a->n;
+        if (t1 - t0 <= 2) { /* decode: the task's rows side by side */
+            a->tile(a->w->dtype, t1 - t0, r1 - r0, W + (size_t)r0 * a->ws, a->ws, a->a, t0,
+                    a->out + (size_t)t0 * rows + r0, (size_t)rows);
+            continue;
+        }
         for (int r = r0; r < r1; r++)
             for (int t = t0; t < t1; t += a->tt) {
                 int T = t1 - t < a->tt ? t1 - t : a->tt;
-                a->tile(a->w->dtype, T, W + (size_t)r * a->ws, a->a, t, a->out + (size_t)t * rows + r, (size_t)rows);
+                a->tile(a->w->dtype, T, 1, W + (size_t)r * a->ws, a->ws, a->a, t, a->out + (size_t)t * rows + r,
+                        (size_t)rows);
             }
     }
 }

@@ -67,26 +67,31 @@ A8_ATTR INL __m256i A8_SUF(unpack)(const kern_dtype dt, const uint8_t *row, int 
     }
 }
 
-/* Block b for T tokens into their accumulators acc[t] (b's parity). */
-A8_ATTR INL void A8_SUF(block)(const kern_dtype dt, const int T, const uint8_t *row, int b,
+/* Block b of R rows (ws bytes apart) for T tokens into their accumulators
+ * acc[r * T + t] (b's parity) and mins mt[r * T + t]. */
+A8_ATTR INL void A8_SUF(block)(const kern_dtype dt, const int T, const int R, const uint8_t *row, size_t ws, int b,
                                   const int8_t *const *q, const float *const *dx, const float *const *sx, __m256 *acc,
                                   float *mt) {
-    float dw, mn = 0;
-    __m256i s16 = _mm256_setzero_si256(), s32 = s16;
-    __m256i w = A8_SUF(unpack)(dt, row, b, &dw, &mn, &s16, &s32);
     const int sgn = dt == KERN_Q4_0_A8 || dt == KERN_Q6_K_A8, has_min = dt == KERN_Q4_1_A8 || dt == KERN_Q4_K_A8;
-    __m256i aw = sgn ? _mm256_abs_epi8(w) : w;
-    for (int t = 0; t < T; t++) {
-        __m256i qv = _mm256_loadu_si256((const __m256i *)(q[t] + 32 * b));
-        if (sgn) qv = _mm256_sign_epi8(qv, w);
-        __m256i p = dt == KERN_Q6_K_A8 ? A8_DOTS(aw, qv, s16, s32) : A8_DOT(aw, qv);
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[t][b]), _mm256_cvtepi32_ps(p), acc[t]);
-        if (has_min) mt[t] = fmaf(mn, sx[t][b], mt[t]);
+    __m256i qv[4];
+    for (int t = 0; t < T; t++) qv[t] = _mm256_loadu_si256((const __m256i *)(q[t] + 32 * b));
+    for (int r = 0; r < R; r++) {
+        float dw, mn = 0;
+        __m256i s16 = _mm256_setzero_si256(), s32 = s16;
+        __m256i w = A8_SUF(unpack)(dt, row + (size_t)r * ws, b, &dw, &mn, &s16, &s32);
+        __m256i aw = sgn ? _mm256_abs_epi8(w) : w;
+        for (int t = 0; t < T; t++) {
+            __m256i x = sgn ? _mm256_sign_epi8(qv[t], w) : qv[t];
+            __m256i p = dt == KERN_Q6_K_A8 ? A8_DOTS(aw, x, s16, s32) : A8_DOT(aw, x);
+            acc[r * T + t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[t][b]), _mm256_cvtepi32_ps(p), acc[r * T + t]);
+            if (has_min) mt[r * T + t] = fmaf(mn, sx[t][b], mt[r * T + t]);
+        }
     }
 }
 
-A8_ATTR INL void A8_SUF(tile_t)(const kern_dtype dt, const int T, const uint8_t *row, const a8_acts *a, int t0,
-                                   float *o, size_t ldo) {
+/* T tokens x R rows into o[t * ldo + r]. */
+A8_ATTR INL void A8_SUF(tile_t)(const kern_dtype dt, const int T, const int R, const uint8_t *row, size_t ws,
+                                   const a8_acts *a, int t0, float *o, size_t ldo) {
     const int8_t *q[4];
     const float *dx[4], *sx[4];
     __m256 ev[4], od[4];
@@ -95,30 +100,46 @@ A8_ATTR INL void A8_SUF(tile_t)(const kern_dtype dt, const int T, const uint8_t 
         q[t] = a->q + (size_t)(t0 + t) * a->K;
         dx[t] = a->dx + (size_t)(t0 + t) * a->nb;
         sx[t] = a->sx + (size_t)(t0 + t) * a->nb;
-        ev[t] = od[t] = _mm256_setzero_ps();
-        mt[t] = 0;
+    }
+    for (int i = 0; i < R * T; i++) {
+        ev[i] = od[i] = _mm256_setzero_ps();
+        mt[i] = 0;
     }
     const size_t per = kern_dtype_block_bytes(dt); /* bytes per ggml block */
     const int sub = kern_dtype_block(dt) / 32;     /* 32-blocks per ggml block */
     int b = 0, nb = a->nb;
     for (; b + 2 <= nb; b += 2) {
-        if (T <= 2) _mm_prefetch((const char *)row + (size_t)(b / sub) * per + A8_PF, _MM_HINT_T0);
-        A8_SUF(block)(dt, T, row, b, q, dx, sx, ev, mt);
-        A8_SUF(block)(dt, T, row, b + 1, q, dx, sx, od, mt);
+        if (T <= 2)
+            for (int r = 0; r < R; r++)
+                _mm_prefetch((const char *)row + (size_t)r * ws + (size_t)(b / sub) * per + A8_PF, _MM_HINT_T0);
+        A8_SUF(block)(dt, T, R, row, ws, b, q, dx, sx, ev, mt);
+        A8_SUF(block)(dt, T, R, row, ws, b + 1, q, dx, sx, od, mt);
     }
-    if (b < nb) A8_SUF(block)(dt, T, row, b, q, dx, sx, ev, mt);
-    for (int t = 0; t < T; t++) o[(size_t)t * ldo] = A8_SUF(tree)(ev[t], od[t]) + mt[t];
+    if (b < nb) A8_SUF(block)(dt, T, R, row, ws, b, q, dx, sx, ev, mt);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            o[(size_t)t * ldo + r] = A8_SUF(tree)(ev[r * T + t], od[r * T + t]) + mt[r * T + t];
 }
 
-A8_ATTR static void A8_SUF(tile)(kern_dtype dt, int T, const uint8_t *row, const a8_acts *a, int t0, float *o,
-                                  size_t ldo) {
+/* T tokens x R rows: one token 4 rows at a time, two tokens 2, more 1. */
+A8_ATTR static void A8_SUF(tile)(kern_dtype dt, int T, int R, const uint8_t *row, size_t ws, const a8_acts *a, int t0,
+                                  float *o, size_t ldo) {
+#define A8_ROWS(DT, TT, RR)                                                                                    \
+    for (; r + RR <= R; r += RR) A8_SUF(tile_t)(DT, TT, RR, row + (size_t)r * ws, ws, a, t0, o + r, ldo);
 #define A8_CASES(DT)                                                                                           \
     switch (T) {                                                                                              \
-    case 4: A8_SUF(tile_t)(DT, 4, row, a, t0, o, ldo); return;                                                \
-    case 3: A8_SUF(tile_t)(DT, 3, row, a, t0, o, ldo); return;                                                \
-    case 2: A8_SUF(tile_t)(DT, 2, row, a, t0, o, ldo); return;                                                \
-    default: A8_SUF(tile_t)(DT, 1, row, a, t0, o, ldo); return;                                               \
+    case 4: A8_ROWS(DT, 4, 1) return;                                                                         \
+    case 3: A8_ROWS(DT, 3, 1) return;                                                                         \
+    case 2:                                                                                                   \
+        A8_ROWS(DT, 2, 2)                                                                                     \
+        A8_ROWS(DT, 2, 1)                                                                                     \
+        return;                                                                                               \
+    default:                                                                                                  \
+        A8_ROWS(DT, 1, 4)                                                                                     \
+        A8_ROWS(DT, 1, 1)                                                                                     \
+        return;                                                                                               \
     }
+    int r = 0;
     switch (dt) {
     case KERN_Q4_0_A8: A8_CASES(KERN_Q4_0_A8)
     case KERN_Q4_1_A8: A8_CASES(KERN_Q4_1_A8)
@@ -126,4 +147,5 @@ A8_ATTR static void A8_SUF(tile)(kern_dtype dt, int T, const uint8_t *row, const
     default: A8_CASES(KERN_Q6_K_A8)
     }
 #undef A8_CASES
+#undef A8_ROWS
 }
