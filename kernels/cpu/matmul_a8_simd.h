@@ -135,7 +135,7 @@ A8_ATTR static void A8_SUF(tile)(kern_dtype dt, int T, int R, const uint8_t *row
         A8_ROWS(DT, 2, 1)                                                                                     \
         return;                                                                                               \
     default:                                                                                                  \
-        A8_ROWS(DT, 1, 4)                                                                                     \
+        A8_ROWS(DT, 1, 2)                                                                                     \
         A8_ROWS(DT, 1, 1)                                                                                     \
         return;                                                                                               \
     }
