@@ -1,6 +1,6 @@
 /*
- * cpu: matmul with KERN_Q4_0_A8, KERN_Q4_1_A8, KERN_Q4_K_A8 and
- * KERN_Q6_K_A8 weights -- ggml's blocks as stored, times activations
+ * cpu: matmul with KERN_Q4_K_A8 and KERN_Q6_K_A8 weights -- ggml's
+ * K-quant blocks as stored, times activations
  * quantized to 8 bits per 32-block (cpu_a8_quantize: matmul_q8.c's
  * recipe), multiplied in integers as llama.cpp does (docs/bench-forward.md,
  * "8-bit activations").
@@ -8,23 +8,24 @@
  * Recipe, one per type and the same on every path (portable C, AVX2,
  * AVX-512 VNNI), for any thread count and any number of tokens in a call.
  * For one row and one token, over the row's 32-element blocks b in order:
- *   - w_k are the block's integer weights (Q4_0: nibble - 8; Q4_1, Q4_K:
- *     the nibble; Q6_K: the 6-bit value - 32), q_k the activation's int8s,
+ *   - w_k are the block's integer weights (Q4_K: the nibble; Q6_K: the
+ *     6-bit value - 32), q_k the activation's int8s,
  *     dx_b their scale, sx_b = dx_b * (float)(sum of the block's q);
  *   - lane l = 0..7: P_l = s_l * (w_4l q_4l + ... + w_4l+3 q_4l+3), exact in
  *     integers; s_l = 1, except Q6_K: the int8 scale of the 16 elements
  *     lane l lies in;
  *   - D_b = dw_b * dx_b, dw_b the block's scale as fp32 (Q4_K: d * sc_j,
  *     exact); acc[8 (b & 1) + l] = fma(D_b, (float)P_l, acc[8 (b & 1) + l]);
- *   - Q4_1 and Q4_K carry a min per block, mn_b (Q4_1: m; Q4_K:
- *     -(dmin * m_j)): mt = fma(mn_b, sx_b, mt);
+ *   - Q4_K carries a min per 32-block, mn_b = -(dmin * m_j):
+ *     mt = fma(mn_b, sx_b, mt);
  *   - out = tree(acc) + mt, tree matmul.c's: a_i = acc_i + acc_i+8,
  *     b_i = a_i + a_i+4, (b_0 + b_2) + (b_1 + b_3).
  * The lanes are what vpmaddubsw + vpmaddwd (AVX2) and vpdpbusd (VNNI) leave
  * in a 32-bit lane, and even / odd blocks sit in two registers (or the two
  * halves of one), so every path does the same float operations on the
  * same values. Weights are read where they lie (the mmap or the huge-page
- * copy); a column view (ld) is a row-parallel layer's slice.
+ * copy); a column view (ld) is a row-parallel layer's slice. (Q4_0 and
+ * Q4_1 are repacked instead: matmul_a8p.c.)
  */
 #include <immintrin.h>
 #include <math.h>
@@ -39,9 +40,7 @@
 #define A8_PF 1024 /* bytes ahead a one- or two-token tile prefetches its row */
 #endif
 
-int cpu_is_a8(kern_dtype dt) {
-    return dt == KERN_Q4_0_A8 || dt == KERN_Q4_1_A8 || dt == KERN_Q4_K_A8 || dt == KERN_Q6_K_A8;
-}
+int cpu_is_a8(kern_dtype dt) { return dt == KERN_Q4_K_A8 || dt == KERN_Q6_K_A8; }
 
 /* The activations of a call: q (n x K int8), dx and sx (n x nb). */
 typedef struct a8_acts {
@@ -67,25 +66,6 @@ static void blk_c(kern_dtype dt, const uint8_t *row, int b, int *w, int *ls, flo
     *mn = 0;
     for (int l = 0; l < 8; l++) ls[l] = 1;
     switch (dt) {
-    case KERN_Q4_0_A8: {
-        const uint8_t *p = row + (size_t)18 * b;
-        *dw = ldh(p);
-        for (int k = 0; k < 16; k++) {
-            w[k] = (p[2 + k] & 15) - 8;
-            w[k + 16] = (p[2 + k] >> 4) - 8;
-        }
-        return;
-    }
-    case KERN_Q4_1_A8: {
-        const uint8_t *p = row + (size_t)20 * b;
-        *dw = ldh(p);
-        *mn = ldh(p + 2);
-        for (int k = 0; k < 16; k++) {
-            w[k] = p[4 + k] & 15;
-            w[k + 16] = p[4 + k] >> 4;
-        }
-        return;
-    }
     case KERN_Q4_K_A8: {
         const uint8_t *p = row + (size_t)144 * (b / 8);
         int j = b % 8, sc, m;
@@ -114,7 +94,7 @@ static void blk_c(kern_dtype dt, const uint8_t *row, int b, int *w, int *ls, flo
 static float row_c(kern_dtype dt, const uint8_t *row, const a8_acts *a, int t) {
     const int8_t *q = a->q + (size_t)t * a->K;
     const float *dx = a->dx + (size_t)t * a->nb, *sx = a->sx + (size_t)t * a->nb;
-    int has_min = dt == KERN_Q4_1_A8 || dt == KERN_Q4_K_A8;
+    int has_min = dt == KERN_Q4_K_A8;
     float acc[16] = {0}, mt = 0;
     for (int b = 0; b < a->nb; b++) {
         int w[32], ls[8];

@@ -20,28 +20,11 @@ A8_ATTR INL float A8_SUF(tree)(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
 }
 
-/* 16 bytes of nibbles as 32 bytes in element order: low nibbles, then high. */
-A8_ATTR INL __m256i A8_SUF(nib32)(const uint8_t *p) {
-    __m128i x = _mm_loadu_si128((const __m128i *)p), f = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), f), _mm_and_si128(x, f));
-}
-
-/* Block b: its weights as 32 bytes (unsigned for Q4_1 and Q4_K, signed for
- * Q4_0 and Q6_K), scale dw, min mn, Q6_K's lane scales. */
+/* Block b: its weights as 32 bytes (unsigned for Q4_K, signed for Q6_K),
+ * scale dw, min mn, Q6_K's lane scales. */
 A8_ATTR INL __m256i A8_SUF(unpack)(const kern_dtype dt, const uint8_t *row, int b, float *dw, float *mn,
                                      __m256i *s16, __m256i *s32) {
     switch (dt) {
-    case KERN_Q4_0_A8: {
-        const uint8_t *p = row + (size_t)18 * b;
-        *dw = A8_SUF(h16)(p);
-        return _mm256_sub_epi8(A8_SUF(nib32)(p + 2), _mm256_set1_epi8(8));
-    }
-    case KERN_Q4_1_A8: {
-        const uint8_t *p = row + (size_t)20 * b;
-        *dw = A8_SUF(h16)(p);
-        *mn = A8_SUF(h16)(p + 2);
-        return A8_SUF(nib32)(p + 4);
-    }
     case KERN_Q4_K_A8: {
         const uint8_t *p = row + (size_t)144 * (b >> 3);
         int j = b & 7, sc, m;
@@ -72,7 +55,7 @@ A8_ATTR INL __m256i A8_SUF(unpack)(const kern_dtype dt, const uint8_t *row, int 
 A8_ATTR INL void A8_SUF(block)(const kern_dtype dt, const int T, const int R, const uint8_t *row, size_t ws, int b,
                                   const int8_t *const *q, const float *const *dx, const float *const *sx, __m256 *acc,
                                   float *mt) {
-    const int sgn = dt == KERN_Q4_0_A8 || dt == KERN_Q6_K_A8, has_min = dt == KERN_Q4_1_A8 || dt == KERN_Q4_K_A8;
+    const int sgn = dt == KERN_Q6_K_A8, has_min = dt == KERN_Q4_K_A8;
     __m256i qv[4];
     for (int t = 0; t < T; t++) qv[t] = _mm256_loadu_si256((const __m256i *)(q[t] + 32 * b));
     for (int r = 0; r < R; r++) {
@@ -140,12 +123,8 @@ A8_ATTR static void A8_SUF(tile)(kern_dtype dt, int T, int R, const uint8_t *row
         return;                                                                                               \
     }
     int r = 0;
-    switch (dt) {
-    case KERN_Q4_0_A8: A8_CASES(KERN_Q4_0_A8)
-    case KERN_Q4_1_A8: A8_CASES(KERN_Q4_1_A8)
-    case KERN_Q4_K_A8: A8_CASES(KERN_Q4_K_A8)
-    default: A8_CASES(KERN_Q6_K_A8)
-    }
+    if (dt == KERN_Q4_K_A8) A8_CASES(KERN_Q4_K_A8)
+    A8_CASES(KERN_Q6_K_A8)
 #undef A8_CASES
 #undef A8_ROWS
 }

@@ -1110,10 +1110,12 @@ END_TEST
 
 /* ---- KERN_Q4_0_A8 / Q4_1_A8 / Q4_K_A8 / Q6_K_A8: ggml blocks x 8-bit
  * activations ----
- * The recipe of kernels/cpu/matmul_a8.c written out once more from the raw
- * bytes (ggml's block layouts), independently of the kernels: per row and
- * token, lane l of 32-block b gets s_l * (4 products), acc[8 (b & 1) + l] =
- * fma(dw * dx, P, acc), mins summed apart, the 16-lane tree, + mins. */
+ * The recipes written out once more from the raw bytes (ggml's block
+ * layouts), independently of the kernels. Q4_K, Q6_K (matmul_a8.c): per row
+ * and token, lane l of 32-block b gets s_l * (4 products), acc[8 (b & 1) +
+ * l] = fma(dw * dx, P, acc), mins summed apart, the 16-lane tree, + mins.
+ * Q4_0, Q4_1 (matmul_a8p.c): acc = fma(d * dx, block's integer sum, acc)
+ * block by block, mins summed apart, acc + mins. */
 static float a8h(const uint8_t *p) { return kern_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
 /* Element k (0..31) of 32-block b of a row as an integer; its lane scale;
@@ -1176,6 +1178,19 @@ static void ref_a8(kern_dtype dt, const float *x, int n, const uint8_t *raw, int
         }
         for (int r = 0; r < rows; r++) {
             float acc[16] = {0}, mt = 0;
+            if (dt == KERN_Q4_0 || dt == KERN_Q4_1) { /* one lane, block by block */
+                float a1 = 0;
+                for (int b = 0; b < nb; b++) {
+                    int w[32], ls[8], s = 0;
+                    float dw, mn;
+                    a8_ref_block(dt, raw + (size_t)r * row_bytes, b, w, ls, &dw, &mn);
+                    for (int k = 0; k < 32; k++) s += w[k] * q[32 * b + k];
+                    a1 = fmaf(dw * dx[b], (float)s, a1);
+                    if (dt == KERN_Q4_1) mt = fmaf(mn, dx[b] * (float)qs[b], mt);
+                }
+                out[(size_t)t * rows + r] = dt == KERN_Q4_1 ? a1 + mt : a1;
+                continue;
+            }
             for (int b = 0; b < nb; b++) {
                 int w[32], ls[8];
                 float dw, mn;
