@@ -527,7 +527,11 @@ static int create_ranks(eng *e, int use_nccl, char *err, size_t errlen) {
             e->cfg.fuse_weights = strcmp(r->ops->name, "cpu") ? ENG_FUSE_ON : ENG_FUSE_OFF;
         model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size,
                               c->fuse_weights == ENG_FUSE_ON,
-                              c->quantize == ENG_QUANT_Q8_0 ? KERN_Q8_0 : 0, c->act_quant == ENG_ACT_Q8 ? 1 : c->act_quant == ENG_ACT_AUTO ? 2 : c->act_quant == ENG_ACT_Q8_0_ONLY ? 3 : 0};
+                              c->quantize == ENG_QUANT_Q8_0 ? KERN_Q8_0 : 0,
+                              c->act_quant == ENG_ACT_Q8     ? 1
+                              : c->act_quant == ENG_ACT_AUTO ? 2
+                              : c->act_quant == ENG_ACT_Q8_0_ONLY ? 3
+                                                                  : 0};
         char merr[768];
         if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
             snprintf(err, errlen, "%s", merr);

@@ -79,8 +79,8 @@ typedef struct eng_config {
      * Q6_K; --quantize's Q8_0) multiply activations quantized to 8 bits
      * per 32-block, in integers (model_load_opts.act_q8; cpu): llama.cpp's
      * numerics, faster; refused when there is none. ENG_ACT_AUTO: the same
-     * where there are such matrices, nothing otherwise (the programs'
-     * default). ENG_ACT_NONE (0): the bits of the dequantized weights. */
+     * on a GGUF's quantized matrices (not --quantize's), nothing where there
+     * are none (the programs' default). ENG_ACT_NONE (0): the bits of the dequantized weights. */
     int act_quant;
     echo_codec_id echo_codec; /* codec of the int4/echo all-reduce; 0 = comm/ default (ECHO_DEFAULT_CODEC) */
     /* 1: no automatic prefix cache (eng_seq_new_prefix then maps nothing

@@ -191,8 +191,10 @@ static int to_q8(const model *m, int64_t rows, int64_t c0, int64_t nc) {
     return m->quantize == KERN_Q8_0 && can_quantize(m, rows) && c0 % 32 == 0 && nc % 32 == 0;
 }
 
-/* The dtype a Q8_0 matrix is uploaded as: KERN_Q8_0_A8 with act_q8. */
-static kern_dtype q8_dtype(const model *m) { return m->act_q8 ? KERN_Q8_0_A8 : KERN_Q8_0; }
+/* The dtype a matrix quantize makes is uploaded as: KERN_Q8_0_A8 with
+ * act_q8 1 or 3 (auto leaves --quantize's matrices exact: it is for a
+ * GGUF's own blocks). */
+static kern_dtype q8_dtype(const model *m) { return m->act_q8 == 1 || m->act_q8 == 3 ? KERN_Q8_0_A8 : KERN_Q8_0; }
 
 /* upload_quantized, counting the KERN_*_A8 matrices (act_q8 1 needs one). */
 static int upload_q(model *m, const kern_weight *host, kern_dtype to, kern_weight *out) {

@@ -119,8 +119,8 @@ typedef struct model_load_opts {
      * quantize the activations to 8 bits per 32-block and multiply in
      * integers (llama.cpp's numerics; faster, slightly less accurate).
      * Refused on a backend without upload_quantized, or when no matrix is
-     * so. 2: the same where it applies, no error otherwise. 3: as 1, Q8_0
-     * matrices only. 0: the bits of the dequantized weights. */
+     * so. 2: the same on the file's quantized matrices (quantize's stay
+     * exact), no error when there are none. 3: as 1, Q8_0 matrices only. 0: the bits of the dequantized weights. */
     int act_q8;
 } model_load_opts;
 

@@ -54,7 +54,7 @@ static const char *USAGE =
     "  --act-quant auto|none|q8_0  q8_0: the quantized matrices (a GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,\n"
     "                         --quantize's) multiply activations quantized to 8 bits per 32-block, in\n"
     "                         integers, as llama.cpp does (cpu; faster, not the dequantized weights'\n"
-    "                         bits). auto (default): q8_0 where there are such matrices; none: exact\n"
+    "                         bits). auto (default): on a GGUF's quantized matrices; none: exact\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per scale group, 16..256 (default: the codec's)\n"
     "  --echo-codec NAME      codec of echo/echo-nofb: int4, hadamard, hsub6, out2 or hout2; NAME-gG sets G\n"

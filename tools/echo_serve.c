@@ -49,7 +49,7 @@ static const char *USAGE =
     "  --act-quant auto|none|q8_0   q8_0: the quantized matrices (a GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,\n"
     "                               --quantize's) multiply activations quantized to 8 bits per 32-block,\n"
     "                               in integers, as llama.cpp does (cpu; faster, not the dequantized\n"
-    "                               weights' bits). auto (default): q8_0 where there are such matrices;\n"
+    "                               weights' bits). auto (default): on a GGUF's quantized matrices;\n"
     "                               none: the exact path. The start-up plan says which ran\n"
     "  --threads N                  cpu threads in total (default: all online CPUs)\n"
     "  --host ADDR                  numeric address to bind (default 127.0.0.1)\n"

@@ -202,7 +202,7 @@ static const char FW_USAGE[] =
     "  --quantize q8_0     quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; eng_config.quantize)\n"
     "  --act-quant auto|none|q8_0  q8_0: the quantized matrices multiply 8-bit activations in\n"
     "                      integers, as llama.cpp does (cpu; eng_config.act_quant). auto (default):\n"
-    "                      where there are such matrices; none: the exact path\n"
+    "                      on a GGUF's quantized matrices; none: the exact path\n"
     "  --seed S            random token ids (default 0)\n"
     "  --gemm-dim N        the matmul peak: ops->matmul of N x N by N x N, the yardstick of prefill\n"
     "                      TFLOP/s (default 8192 on a GPU, 1024 on cpu; 0 skips it)\n"
