@@ -19,8 +19,9 @@
 #   CONC      "1 4 8 16"   concurrencies (max in-flight requests)
 #   INPUT     256          prompt tokens, about (words x 1.33 of the held-out text)
 #   OUTPUT    128          output tokens per request
-#   PROMPTS   "2 x C, at least 8"  requests per concurrency
+#   PROMPTS   "C, at least 4"  requests per concurrency (each prompt used once)
 #   ECHO_ARGS ""           extra echo-serve flags (e.g. --act-quant none)
+#   LLAMA_ARGS ""          extra llama-server flags (e.g. --poll 0: no spinning, for a loaded machine)
 #   OUT       build/bench-serve    results (one JSON per server and concurrency)
 set -euo pipefail
 
@@ -32,6 +33,7 @@ CONC=${CONC:-"1 4 8 16"}
 INPUT=${INPUT:-256}
 OUTPUT=${OUTPUT:-128}
 ECHO_ARGS=${ECHO_ARGS:-}
+LLAMA_ARGS=${LLAMA_ARGS:-}
 OUT=${OUT:-$ROOT/build/bench-serve}
 BIN=${ECHO_BIN:-$ROOT/bin}
 EPORT=${EPORT:-18431}
@@ -49,13 +51,22 @@ if [ -d "$src" ]; then
 else
     cat "$ROOT"/README.md "$ROOT"/docs/*.md >"$OUT/text.txt"
 fi
-python3 - "$OUT/text.txt" "$INPUT" "$OUTPUT" "$OUT/prompts.jsonl" <<'EOF'
+# Each concurrency gets prompts of its own (consecutive chunks of the text, a
+# warm-up one apart), so neither server's prompt cache sees a prompt twice.
+python3 - "$OUT/text.txt" "$INPUT" "$OUTPUT" "$OUT" $CONC <<'EOF'
 import json, sys
 words = open(sys.argv[1]).read().split()
-n, m = int(int(sys.argv[2]) / 1.33), int(sys.argv[3])
-with open(sys.argv[4], "w") as f:
-    for i in range(0, len(words) - n, n):
-        f.write(json.dumps({"prompt": " ".join(words[i:i + n]), "output_len": m}) + "\n")
+n, m, out = int(int(sys.argv[2]) / 1.33), int(sys.argv[3]), sys.argv[4]
+chunks = [" ".join(words[i:i + n]) for i in range(0, len(words) - n, n)]
+k = 0
+for c in sys.argv[5:]:
+    need = max(4, int(c)) + 1
+    if k + need > len(chunks):
+        k = 0  # the text is too short: reuse from the start (the caches may then hit)
+    with open(f"{out}/prompts-c{c}.jsonl", "w") as f:
+        for p in chunks[k:k + need]:
+            f.write(json.dumps({"prompt": p, "output_len": m}) + "\n")
+    k += need
 EOF
 
 # ---- the servers ----
@@ -66,7 +77,7 @@ trap cleanup EXIT
     --max-model-len 2048 --served-model-name m $ECHO_ARGS >"$OUT/echo-serve.log" 2>&1 &
 pids+=($!)
 "$LLAMA_BIN/llama-server" -m "$MODEL" -t "$THREADS" -tb "$THREADS" --port "$LPORT" -np "$maxc" \
-    -c $((maxc * 2048)) --alias m >"$OUT/llama-server.log" 2>&1 &
+    -c $((maxc * 2048)) --alias m $LLAMA_ARGS >"$OUT/llama-server.log" 2>&1 &
 pids+=($!)
 for port in $EPORT $LPORT; do
     for _ in $(seq 1 240); do
@@ -81,12 +92,12 @@ grep -m1 "plan:" "$OUT/echo-serve.log" || true
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) cpus; $THREADS threads each;" \
     "$(basename "$MODEL"); prompts ~$INPUT tokens, $OUTPUT output tokens"
 for c in $CONC; do
-    n=$((2 * c > 8 ? 2 * c : 8))
+    n=$((c > 4 ? c : 4))
     for s in echo llama; do
         port=$EPORT
         [ $s = echo ] || port=$LPORT
         echo "# concurrency $c, $s: load $(cut -d' ' -f1 /proc/loadavg)" >&2
-        "$BIN/echo-bench" serve --base-url "http://127.0.0.1:$port" --model m --dataset "jsonl:$OUT/prompts.jsonl" \
+        "$BIN/echo-bench" serve --base-url "http://127.0.0.1:$port" --model m --dataset "jsonl:$OUT/prompts-c$c.jsonl" \
             --num-prompts "$n" --max-concurrency "$c" --output-len "$OUTPUT" --ignore-eos --num-warmups 1 \
             --no-progress --label "$s-c$c" --save-result "$OUT/$s-c$c.json" >"$OUT/$s-c$c.txt"
     done
