@@ -583,7 +583,11 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
             e->cfg.fuse_weights = host_device(r->ops->name) ? ENG_FUSE_OFF : ENG_FUSE_ON;
         model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size,
                               c->fuse_weights == ENG_FUSE_ON,
-                              c->quantize == ENG_QUANT_Q8_0 ? KERN_Q8_0 : 0, c->act_quant == ENG_ACT_Q8};
+                              c->quantize == ENG_QUANT_Q8_0 ? KERN_Q8_0 : 0,
+                              c->act_quant == ENG_ACT_Q8     ? 1
+                              : c->act_quant == ENG_ACT_AUTO ? 2
+                              : c->act_quant == ENG_ACT_Q8_0_ONLY ? 3
+                                                                  : 0};
         char merr[768];
         if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
             snprintf(err, errlen, "%s", merr);
@@ -805,6 +809,7 @@ void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out) {
     const eng_rank *r = &e->ranks[rank];
     out->weight_bytes = model_weight_bytes(r->m);
     out->embed_bytes = model_embed_bytes(r->m);
+    out->act_q8_matrices = model_act_q8_matrices(r->m);
     out->kv_bytes = model_kv_bytes(r->m);
     out->slot_bytes = r->comm ? echo_comm_slot_bytes(r->comm) : 0;
 }

@@ -75,10 +75,12 @@ typedef struct eng_config {
      * on backends that keep quantized weights (cpu; model_load_opts.quantize),
      * not with fused weights. ENG_QUANT_NONE (0): stored dtypes. */
     int quantize;
-    /* ENG_ACT_Q8: Q8_0 matrices multiply activations quantized to 8 bits
+    /* ENG_ACT_Q8: the quantized matrices (a GGUF's Q8_0, Q4_0, Q4_1, Q4_K,
+     * Q6_K; --quantize's Q8_0) multiply activations quantized to 8 bits
      * per 32-block, in integers (model_load_opts.act_q8; cpu): llama.cpp's
-     * numerics, faster at decode. ENG_ACT_NONE (0): the bits of the
-     * dequantized weights. */
+     * numerics, faster; refused when there is none. ENG_ACT_AUTO: the same
+     * on a GGUF's quantized matrices (not --quantize's), nothing where there
+     * are none (the programs' default). ENG_ACT_NONE (0): the bits of the dequantized weights. */
     int act_quant;
     echo_codec_id echo_codec; /* codec of the int4/echo all-reduce; 0 = comm/ default (ECHO_DEFAULT_CODEC) */
     /* 1: no automatic prefix cache (eng_seq_new_prefix then maps nothing
@@ -114,6 +116,8 @@ typedef struct eng_config {
 
 #define ENG_ACT_NONE 0
 #define ENG_ACT_Q8 1
+#define ENG_ACT_AUTO 2
+#define ENG_ACT_Q8_0_ONLY 3 /* ENG_ACT_Q8 on Q8_0 matrices alone (the earlier --act-quant q8_0; tests) */
 
 #define ENG_FUSE_AUTO 0
 #define ENG_FUSE_ON 1
@@ -294,6 +298,7 @@ void eng_kv_get_usage(const eng *e, eng_kv_usage *u);
 typedef struct eng_rank_info {
     size_t weight_bytes, kv_bytes, slot_bytes;
     size_t embed_bytes; /* the embedding table's share of weight_bytes (a decode step reads a few rows of it) */
+    int act_q8_matrices; /* matrices multiplied against 8-bit activations (eng_config.act_quant) */
 } eng_rank_info;
 void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out);
 

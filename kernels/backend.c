@@ -36,6 +36,10 @@ const char *kern_dtype_name(kern_dtype dt) {
     case KERN_Q4_K: return "q4_k";
     case KERN_Q6_K: return "q6_k";
     case KERN_Q8_0_A8: return "q8_0_a8";
+    case KERN_Q4_0_A8: return "q4_0_a8";
+    case KERN_Q4_1_A8: return "q4_1_a8";
+    case KERN_Q4_K_A8: return "q4_k_a8";
+    case KERN_Q6_K_A8: return "q6_k_a8";
     }
     return "?";
 }

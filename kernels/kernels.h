@@ -47,7 +47,42 @@ typedef enum kern_dtype {
      * not the bits of the dequantized weight. Made only by upload_quantized
      * (cpu); its memory layout is the backend's own. */
     KERN_Q8_0_A8,
+    /* The GGUF blocks as they are (ggml's layout, aliased or copied like
+     * the plain type), multiplied against 8-bit activations in integers
+     * (kernels/cpu/matmul_a8.c; docs/bench-forward.md, "8-bit
+     * activations"): the plain type's values, not its bits. Made only by
+     * upload_quantized (cpu) from blocks of the plain type. */
+    KERN_Q4_0_A8,
+    KERN_Q4_1_A8,
+    KERN_Q4_K_A8,
+    KERN_Q6_K_A8,
 } kern_dtype;
+
+/* The plain block type an 8-bit-activation dtype holds (itself for the
+ * others; KERN_Q8_0_A8 is Q8_0's values in its own layout). */
+static inline kern_dtype kern_dtype_plain(kern_dtype dt) {
+    switch (dt) {
+    case KERN_Q8_0_A8: return KERN_Q8_0;
+    case KERN_Q4_0_A8: return KERN_Q4_0;
+    case KERN_Q4_1_A8: return KERN_Q4_1;
+    case KERN_Q4_K_A8: return KERN_Q4_K;
+    case KERN_Q6_K_A8: return KERN_Q6_K;
+    default: return dt;
+    }
+}
+
+/* The 8-bit-activation dtype of a plain block type; the type itself when
+ * it has none. */
+static inline kern_dtype kern_dtype_a8(kern_dtype dt) {
+    switch (dt) {
+    case KERN_Q8_0: return KERN_Q8_0_A8;
+    case KERN_Q4_0: return KERN_Q4_0_A8;
+    case KERN_Q4_1: return KERN_Q4_1_A8;
+    case KERN_Q4_K: return KERN_Q4_K_A8;
+    case KERN_Q6_K: return KERN_Q6_K_A8;
+    default: return dt;
+    }
+}
 
 /* A view of an uploaded weight's rows (data + kern_dtype_bytes(dt, r0 *
  * cols)) must start at a multiple of KERN_ROW_GROUP rows: a backend may
@@ -56,21 +91,21 @@ typedef enum kern_dtype {
 
 /* Elements per block (1 for F32/F16/BF16) and bytes per block. */
 static inline int kern_dtype_block(kern_dtype dt) {
+    dt = kern_dtype_plain(dt);
     return dt == KERN_Q4_K || dt == KERN_Q6_K ? 256 : dt >= KERN_Q8_0 ? 32 : 1;
 }
 static inline size_t kern_dtype_block_bytes(kern_dtype dt) {
-    switch (dt) {
+    switch (kern_dtype_plain(dt)) {
     case KERN_F32: return 4;
     case KERN_F16:
     case KERN_BF16: return 2;
-    case KERN_Q8_0:
-    case KERN_Q8_0_A8: return 34;
+    case KERN_Q8_0: return 34;
     case KERN_Q4_0: return 18;
     case KERN_Q4_1: return 20;
     case KERN_Q4_K: return 144;
     case KERN_Q6_K: return 210;
+    default: return 0;
     }
-    return 0;
 }
 /* Bytes of `n` elements (n a multiple of the block). */
 static inline size_t kern_dtype_bytes(kern_dtype dt, int64_t n) {

@@ -114,12 +114,13 @@ typedef struct model_load_opts {
      * decode step streams ~1.06 bytes per weight; ignored with fused
      * weights or on other backends. 0: keep the stored dtypes. */
     int quantize;
-    /* 1: Q8_0 matrices (a GGUF's, or quantize's) are uploaded as
-     * KERN_Q8_0_A8: their matmuls quantize the activations to 8 bits per
-     * 32-block and multiply in integers (llama.cpp's numerics; faster,
-     * slightly less accurate). Refused on a backend without
-     * upload_quantized, or when no matrix is Q8_0. 0: the bits of the
-     * dequantized weights. */
+    /* 1: quantized matrices (a GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, or
+     * quantize's Q8_0) are uploaded as their KERN_*_A8 dtype: their matmuls
+     * quantize the activations to 8 bits per 32-block and multiply in
+     * integers (llama.cpp's numerics; faster, slightly less accurate).
+     * Refused on a backend without upload_quantized, or when no matrix is
+     * so. 2: the same on the file's quantized matrices (quantize's stay
+     * exact), no error when there are none. 3: as 1, Q8_0 matrices only. 0: the bits of the dequantized weights. */
     int act_q8;
 } model_load_opts;
 
@@ -137,6 +138,8 @@ size_t model_weight_bytes(const model *m);
 /* Bytes of the embedding table as held by the backend (part of the above). */
 size_t model_embed_bytes(const model *m);
 size_t model_kv_bytes(const model *m);
+/* Matrices this rank multiplies against 8-bit activations (act_q8). */
+int model_act_q8_matrices(const model *m);
 
 /* Sampling candidates instead of full logits rows (model_batch.topk): the
  * lm_head output stays on the backend and kern_ops.logits_topk reduces each

@@ -6,7 +6,13 @@
 # both see the same machine load; the summary gives medians and the spread.
 # Format q8_0-a8 is the Q8_0 file with echo's --act-quant q8_0 (8-bit
 # activations in integers, what llama.cpp always does for Q8_0); q8_0 is
-# echo's default there (the dequantized weights' bits).
+# echo's exact path there (--act-quant none: the dequantized weights' bits).
+# The smollm2-* formats are the trained SmolLM2-135M-Instruct that `make
+# serve` serves (build/models, scripts/fetch-model.sh): smollm2-q4_1 the file
+# itself with echo's default (--act-quant auto: the integer kernels),
+# smollm2-q4_1-exact the same file on echo's exact path, smollm2-q4_k and
+# smollm2-q6_k that file requantized by llama-quantize (--allow-requantize;
+# for speed only: $QUANTIZE, default $LLAMACPP_DIR/build/bin/llama-quantize).
 # docs/bench-forward.md has the results and what the columns mean.
 #
 #   scripts/bench-vs-llamacpp.sh                    # everything, defaults below
@@ -16,7 +22,10 @@
 #   LLAMACPP_DIR  build/llamacpp   llama.cpp sdist, build and models are cached here
 #   LLAMACPP_VERSION 0.3.36        llama-cpp-python sdist that vendors llama.cpp
 #   ECHO_BENCH    bin/echo-bench
-#   THREADS       "1 2"            FORMATS "bf16 q8_0 q8_0-a8"
+#   THREADS       "1 2"            FORMATS "bf16 q8_0 q8_0-a8" (and smollm2-q4_1, -q4_1-exact, -q4_k, -q6_k)
+#   SMOLLM2       build/models/SmolLM2-135M-Instruct.Q4_1.gguf
+#   LLAMA_BIN     $LLAMACPP_DIR/build/bin   llama-bench (and llama-quantize) already built elsewhere
+#   WORK          $LLAMACPP_DIR   where the runs' scratch files and SmolLM2's K-quant copies go
 #   PREFILL       512              tokens of the prefill run
 #   DECODE        64               decode steps (llama-bench -n), batch 1
 #   REPS          3                repetitions of the whole grid
@@ -39,20 +48,25 @@ PREFILL=${PREFILL:-512}
 DECODE=${DECODE:-64}
 REPS=${REPS:-3}
 LAYERS=${LAYERS:-}
-OUT=${OUT:-$LLAMACPP_DIR/results.jsonl}
+OUT=${OUT:-${WORK:-$LLAMACPP_DIR}/results.jsonl}
 REPACK=${REPACK:-1}
+SMOLLM2=${SMOLLM2:-$ROOT/build/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+QUANTIZE=${QUANTIZE:-${LLAMA_BIN:-$LLAMACPP_DIR/build/bin}/llama-quantize}
 
 mkdir -p "$LLAMACPP_DIR"
-cd "$LLAMACPP_DIR"
+WORK=${WORK:-$LLAMACPP_DIR}
+mkdir -p "$WORK"
 SRC=$LLAMACPP_DIR/llama_cpp_python-$LLAMACPP_VERSION/vendor/llama.cpp
-BENCH=$LLAMACPP_DIR/build/bin/llama-bench
+LLAMA_BIN=${LLAMA_BIN:-$LLAMACPP_DIR/build/bin}
+BENCH=$LLAMA_BIN/llama-bench
 
 # ---- llama.cpp: llama-bench from the llama-cpp-python sdist (cached) ----
 if [ ! -x "$BENCH" ]; then
     if [ ! -d "$SRC" ]; then
         pip download "llama-cpp-python==$LLAMACPP_VERSION" --no-deps --no-binary :all: -d "$LLAMACPP_DIR"
-        tar xzf "llama_cpp_python-$LLAMACPP_VERSION.tar.gz"
+        (cd "$LLAMACPP_DIR" && tar xzf "llama_cpp_python-$LLAMACPP_VERSION.tar.gz")
     fi
+    cd "$LLAMACPP_DIR"
     cmake -S "$SRC" -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF \
         -DBUILD_SHARED_LIBS=OFF >cmake.log
@@ -62,19 +76,54 @@ fi
 # ---- the model: echo's random Qwen3-0.6B (bf16 safetensors), converted ----
 NAME=qwen3-0.6b${LAYERS:+-l$LAYERS}
 MODEL=$LLAMACPP_DIR/models/$NAME
-if [ ! -f "$MODEL/config.json" ]; then
+QWEN_FORMATS=$(printf '%s\n' $FORMATS | grep -v '^smollm2-' || true)
+if [ -n "$QWEN_FORMATS" ] && [ ! -f "$MODEL/config.json" ]; then
     "$ECHO_BENCH" randmodel --shape qwen3-0.6b ${LAYERS:+--layers $LAYERS} --out "$MODEL" --force
 fi
 # the converter wants a tokenizer; the weights are random, any Qwen3 vocabulary will do
-cp -n "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer.json" "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer_config.json" \
+[ -z "$QWEN_FORMATS" ] || cp -n "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer.json" "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer_config.json" \
     "$MODEL/"
-for f in $(printf '%s\n' $FORMATS | sed 's/-a8$//' | sort -u); do
+for f in $(printf '%s\n' $QWEN_FORMATS | sed 's/-a8$//' | sort -u); do
     if [ ! -f "$MODEL-$f.gguf" ]; then
         PYTHONPATH=$SRC/gguf-py python3 "$SRC/convert_hf_to_gguf.py" "$MODEL" --outtype "$f" \
             --outfile "$MODEL-$f.gguf.tmp" >"$MODEL-$f.convert.log" 2>&1
         mv "$MODEL-$f.gguf.tmp" "$MODEL-$f.gguf"
     fi
 done
+
+# ---- SmolLM2: the served file, and K-quant copies of it ----
+cd "$WORK"
+SMOL_OUT=$WORK/models
+for f in $FORMATS; do
+    case $f in
+    smollm2-q4_k | smollm2-q6_k)
+        q=${f#smollm2-}
+        mkdir -p "$SMOL_OUT"
+        if [ ! -f "$SMOL_OUT/smollm2-$q.gguf" ]; then
+            [ -x "$QUANTIZE" ] || { echo "bench-vs-llamacpp: $f needs llama-quantize ($QUANTIZE)" >&2; exit 1; }
+            "$QUANTIZE" --allow-requantize "$SMOLLM2" "$SMOL_OUT/smollm2-$q.gguf.tmp" "$(echo "$q" | tr a-z A-Z)" \
+                >"$SMOL_OUT/smollm2-$q.log" 2>&1
+            mv "$SMOL_OUT/smollm2-$q.gguf.tmp" "$SMOL_OUT/smollm2-$q.gguf"
+        fi
+        ;;
+    esac
+done
+# The file and echo's --act-quant of a format.
+gguf_of() {
+    case $1 in
+    smollm2-q4_1 | smollm2-q4_1-exact) echo "$SMOLLM2" ;;
+    smollm2-*) echo "$SMOL_OUT/$1.gguf" ;;
+    *) echo "$MODEL-${1%-a8}.gguf" ;;
+    esac
+}
+act_of() {
+    case $1 in
+    *-a8) echo q8_0 ;;
+    *-exact) echo none ;;
+    smollm2-*) echo auto ;;
+    *) echo none ;;
+    esac
+}
 
 # ---- the runs ----
 : >"$OUT"
@@ -83,9 +132,8 @@ echo "# $(date -u +%FT%TZ) $(uname -n): $(grep -m1 'model name' /proc/cpuinfo | 
 for rep in $(seq 1 "$REPS"); do
     for t in $THREADS; do
         for f in $FORMATS; do
-            gguf=$MODEL-${f%-a8}.gguf
-            act=none
-            [ "$f" = "${f%-a8}" ] || act=q8_0
+            gguf=$(gguf_of "$f")
+            act=$(act_of "$f")
             echo "# rep $rep: $f, $t thread(s): load $(cut -d' ' -f1 /proc/loadavg)" >&2
             "$ECHO_BENCH" forward --model "$gguf" --threads "$t" --prefill "$PREFILL" --decode-batch 1 \
                 --decode-steps "$DECODE" --decode-prompt 1 --ttft-len 0 --iters 1 --gemm-dim 0 --copy-bytes 512M \
@@ -121,7 +169,7 @@ python3 - "$OUT" "$PREFILL" <<'EOF'
 import json, statistics as st, sys
 rows = [json.loads(x) for x in open(sys.argv[1])]
 pre = sys.argv[2]
-print(f"{'format':7} {'thr':>3} | {'echo pp'+pre:>11} {'llama pp'+pre:>12} {'ratio':>18} | {'echo tg':>8} "
+print(f"{'format':18} {'thr':>3} | {'echo pp'+pre:>11} {'llama pp'+pre:>12} {'ratio':>18} | {'echo tg':>8} "
       f"{'llama tg':>8} {'ratio':>18} | {'roof t/s':>8} {'echo %roof':>10} {'llama %roof':>11} {'echo %fma':>9}")
 for fmt in dict.fromkeys(r["format"] for r in rows):
     for t in sorted({r["threads"] for r in rows if r["format"] == fmt}):
@@ -131,7 +179,7 @@ for fmt in dict.fromkeys(r["format"] for r in rows):
         rd = [r["echo_decode"] / r["llama_decode"] for r in g]
         roof = [r["read_gbps"] * 1e9 / r["bytes_per_step"] for r in g]
         lroof = [100 * r["llama_decode"] / x for r, x in zip(g, roof)]
-        print(f"{fmt:7} {t:>3} | {m('echo_prefill'):11.1f} {m('llama_prefill'):12.1f} "
+        print(f"{fmt:18} {t:>3} | {m('echo_prefill'):11.1f} {m('llama_prefill'):12.1f} "
               f"{st.median(rp):6.2f} [{min(rp):.2f}-{max(rp):.2f}] | {m('echo_decode'):8.2f} {m('llama_decode'):8.2f} "
               f"{st.median(rd):6.2f} [{min(rd):.2f}-{max(rd):.2f}] | {st.median(roof):8.2f} "
               f"{m('echo_roof_pct'):9.1f}% {st.median(lroof):10.1f}% {m('echo_fma_pct'):8.1f}%")

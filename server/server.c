@@ -395,7 +395,8 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
             "tokens "
             "(%.1f MB/rank), %s, max_model_len %d, max_num_seqs %d, %d tokens/step; loaded in %.1fs",
             c->tp, c->device, c->quantize == ENG_QUANT_Q8_0 ? ", matrices quantized to q8_0" : "",
-            c->act_quant == ENG_ACT_Q8 ? ", 8-bit activations on q8_0 matrices" : "", ar,
+            ri.act_q8_matrices ? ", 8-bit activations on the quantized matrices (integer kernels; --act-quant none: exact)"
+                               : "", ar,
             c->tp > 1 ? c->transport : "no", slot_mb, u.total_blocks, u.block_size, kv_mb, pc, c->max_model_len,
             c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
     if (eng_graphs_note(s->eng)) srv_log(s, SRV_LOG_WARNING, "%s", eng_graphs_note(s->eng));

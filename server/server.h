@@ -50,7 +50,7 @@ typedef struct srv_options {
     int echo_group;             /* 0 = the codec's default */
     echo_codec_id echo_codec;   /* of int4/echo; 0 = comm/'s default */
     int quantize;               /* eng_quant: ENG_QUANT_Q8_0 quantizes matrices at load (cpu) */
-    int act_quant;              /* eng_config.act_quant: ENG_ACT_Q8 = 8-bit activations for Q8_0 (cpu) */
+    int act_quant;              /* eng_config.act_quant: ENG_ACT_Q8/AUTO = 8-bit activations (cpu) */
     int threads;                /* cpu threads in total, 0 = all */
     int max_num_seqs;           /* running batch size, default 8 */
     int max_num_batched_tokens; /* tokens per step (chunked prefill budget), default 512 */

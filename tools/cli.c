@@ -90,6 +90,11 @@ const char *cli_choice(const char *prog, const char *s, const char *flag, const 
     cli_usage_error(prog, msg, s);
 }
 
+int cli_act_quant(const char *prog, const char *s) {
+    s = cli_choice(prog, s, "--act-quant", (const char *const[]){"auto", "none", "q8_0", NULL});
+    return !strcmp(s, "q8_0") ? ENG_ACT_Q8 : !strcmp(s, "none") ? ENG_ACT_NONE : ENG_ACT_AUTO;
+}
+
 static void procs_end(void) {
     eng_procs_exit();
     echo_proc_finalize();

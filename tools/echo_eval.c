@@ -57,6 +57,8 @@ static const char *USAGE =
     "  --prefix-cache P     compute each prompt's first P tokens in an earlier pass and the rest\n"
     "                       on their cached KV blocks (the prefix cache's reuse; default 0: one pass)\n"
     "  --threads N          cpu threads in total (default: all)\n"
+    "  --act-quant auto|none|q8_0  8-bit activations on the quantized matrices (cpu; echo-serve's\n"
+    "                       flag, same default auto: a GGUF's quantized matrices take them)\n"
     "  --json               print one JSON object instead of tables\n"
     "  --logprobs-out FILE  also write JSONL, one line per all-reduce and prompt:\n"
     "                       {\"mode\",\"codec\",\"group\",\"prompt\",\"token_logprobs\":[log p of token t+1\n"
@@ -392,7 +394,8 @@ int main(int argc, char **argv) {
         O_JSON,
         O_CODECS,
         O_PREFIX,
-        O_LPOUT
+        O_LPOUT,
+        O_ACTQ
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -412,6 +415,7 @@ int main(int argc, char **argv) {
         {"codecs", required_argument, 0, O_CODECS},
         {"prefix-cache", required_argument, 0, O_PREFIX},
         {"logprobs-out", required_argument, 0, O_LPOUT},
+        {"act-quant", required_argument, 0, O_ACTQ},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -420,7 +424,7 @@ int main(int argc, char **argv) {
     int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, pfx = 0, c;
     long seed = 1, groups[MAX_LIST] = {0}, minbs[MAX_LIST] = {0};
     int n_groups = 1, n_minb = 1;
-    eng_config base = {.max_num_seqs = 1};
+    eng_config base = {.max_num_seqs = 1, .act_quant = ENG_ACT_AUTO};
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -448,6 +452,7 @@ int main(int argc, char **argv) {
         case O_CODECS: codecs_arg = optarg; break;
         case O_PREFIX: pfx = (int)cli_long(PROG, optarg, "--prefix-cache", 0, 1 << 20); break;
         case O_LPOUT: lp_path = optarg; break;
+        case O_ACTQ: base.act_quant = cli_act_quant(PROG, optarg); break;
         case 'h': fputs(USAGE, stdout); return 0;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }

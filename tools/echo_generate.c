@@ -51,9 +51,10 @@ static const char *USAGE =
     "                         captured too). Off by default; no effect on cpu or with\n"
     "                         --transport local at --tp > 1 (a note says so)\n"
     "  --quantize q8_0        quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
-    "  --act-quant none|q8_0  q8_0: Q8_0 matrices (a GGUF's, --quantize's) multiply activations\n"
-    "                         quantized to 8 bits per 32-block, in integers, as llama.cpp does (cpu;\n"
-    "                         faster decode, not the dequantized weights' bits). Default none\n"
+    "  --act-quant auto|none|q8_0  q8_0: the quantized matrices (a GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,\n"
+    "                         --quantize's) multiply activations quantized to 8 bits per 32-block, in\n"
+    "                         integers, as llama.cpp does (cpu; faster, not the dequantized weights'\n"
+    "                         bits). auto (default): on a GGUF's quantized matrices; none: exact\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per scale group, 16..256 (default: the codec's)\n"
     "  --echo-codec NAME      codec of echo/echo-nofb: int4, hadamard, hsub6, out2 or hout2; NAME-gG sets G\n"
@@ -208,7 +209,7 @@ int main(int argc, char **argv) {
     const char *tok_path = NULL;
     int no_thinking = 0;
     eng_gen_params gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}};
-    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .max_num_seqs = 1};
+    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .max_num_seqs = 1, .act_quant = ENG_ACT_AUTO};
     int json = 0, chat = 0, c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -244,8 +245,7 @@ int main(int argc, char **argv) {
             ec.quantize = ENG_QUANT_Q8_0;
             break;
         case O_ACTQ:
-            ec.act_quant = strcmp(cli_choice(PROG, optarg, "--act-quant", (const char *const[]){"none", "q8_0", NULL}),
-                                  "none") ? ENG_ACT_Q8 : ENG_ACT_NONE;
+            ec.act_quant = cli_act_quant(PROG, optarg);
             break;
         case O_ALLRED:
             if (echo_preset_parse(optarg, &ec.allreduce))

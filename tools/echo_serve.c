@@ -46,9 +46,11 @@ static const char *USAGE =
     "  --echo-min-bytes N     all-reduce messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per scale group, 16..256 (default: the codec's, 128 for hout2)\n"
     "  --quantize q8_0              quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
-    "  --act-quant none|q8_0        q8_0: Q8_0 matrices (a GGUF's, --quantize's) multiply activations\n"
-    "                               quantized to 8 bits per 32-block, in integers, as llama.cpp does\n"
-    "                               (cpu; faster decode, not the dequantized weights' bits). Default none\n"
+    "  --act-quant auto|none|q8_0   q8_0: the quantized matrices (a GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,\n"
+    "                               --quantize's) multiply activations quantized to 8 bits per 32-block,\n"
+    "                               in integers, as llama.cpp does (cpu; faster, not the dequantized\n"
+    "                               weights' bits). auto (default): on a GGUF's quantized matrices;\n"
+    "                               none: the exact path. The start-up plan says which ran\n"
     "  --threads N                  cpu threads in total (default: all online CPUs)\n"
     "  --host ADDR                  numeric address to bind (default 127.0.0.1)\n"
     "  --port N                     port (default 8000; 0 = any free port, printed at start)\n"
@@ -179,6 +181,7 @@ int main(int argc, char **argv) {
                      .tp = 1,
                      .allreduce = ECHO_PRESET_ECHO,
                      .drain_s = 5,
+                     .act_quant = ENG_ACT_AUTO,
                      .log_level = SRV_LOG_INFO};
     const char *model = NULL;
     int c;
@@ -203,8 +206,7 @@ int main(int argc, char **argv) {
             o.quantize = ENG_QUANT_Q8_0;
             break;
         case O_ACTQ:
-            o.act_quant = strcmp(cli_choice(PROG, optarg, "--act-quant", (const char *const[]){"none", "q8_0", NULL}),
-                                 "none") ? ENG_ACT_Q8 : ENG_ACT_NONE;
+            o.act_quant = cli_act_quant(PROG, optarg);
             break;
         case O_MINB: o.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
         case O_GROUP: o.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;

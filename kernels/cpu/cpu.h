@@ -132,6 +132,21 @@ int cpu_pack_q8a8(kern_backend *be, const kern_weight *host, kern_weight *dev);
 void cpu_q8a8_row(const kern_weight *w, int64_t r, float *dst);
 int cpu_matmul_q8a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n);
 int cpu_vnni_detect(void);
+/* The 8-bit activations of every KERN_*_A8 matmul (matmul_q8.c's recipe):
+ * n rows of K (a multiple of 32) values into q (n x K), their per-block
+ * scales dx and -128 x the block's sum of q, corr (n x K / 32 each). */
+void cpu_a8_quantize(kern_backend *be, const float *in, int n, int K, int8_t *q, float *dx, int32_t *corr);
+
+/* matmul_a8.c: KERN_Q4_K_A8, KERN_Q6_K_A8: the plain blocks (where they
+ * lie) against 8-bit activations, in integers. */
+int cpu_matmul_a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n);
+int cpu_is_a8(kern_dtype dt);
+/* matmul_a8p.c: KERN_Q4_0_A8, KERN_Q4_1_A8: Q4_0 / Q4_1 repacked in groups
+ * of 8 rows (pack from the plain blocks; row r as fp32; the matmul). */
+int cpu_is_a8p(kern_dtype dt);
+int cpu_pack_a8p(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev);
+void cpu_a8p_row(const kern_weight *w, int64_t r, float *dst);
+int cpu_matmul_a8p(kern_backend *be, float *out, const float *in, const kern_weight *w, int n);
 
 /* The ops, one file per family. */
 int cpu_embedding(kern_backend *be, void *out, const kern_weight *table, const int32_t *ids, int n);

@@ -51,12 +51,18 @@ void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) 
         for (int64_t r = 0; r < nrows; r++) cpu_q8a8_row(w, r0 + r, dst + r * cols);
         return;
     }
+    if (cpu_is_a8p(w->dtype)) {
+        for (int64_t r = 0; r < nrows; r++) cpu_a8p_row(w, r0 + r, dst + r * cols);
+        return;
+    }
     for (int64_t r = 0; r < nrows; r++)
         cpu_dequant(w->dtype, (const char *)w->data + kern_dtype_bytes(w->dtype, (r0 + r) * ld), 0, cols,
                     dst + r * cols);
 }
 
-/* Quantized weights: GGUF blocks are uploaded like any weight;
+/* Quantized weights: GGUF blocks are uploaded like any weight (also as
+ * KERN_Q4_K_A8 / Q6_K_A8, the same bytes; Q4_0_A8 / Q4_1_A8 repacked,
+ * matmul_a8p.c);
  * F32/F16/BF16 become an owned Q8_0 copy, row by row; KERN_Q8_0_A8 is
  * packed from Q8_0 blocks or F32/F16/BF16 rows (matmul_q8.c). */
 static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev) {
@@ -67,6 +73,12 @@ static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_
         return kern_fail(be, "upload_quantized: (%lld, %lld) weight: cols not a multiple of %s's %d",
                          (long long)host->rows, (long long)host->cols, kern_dtype_name(to), bl);
     if (to == KERN_Q8_0_A8) return cpu_pack_q8a8(be, host, dev);
+    if (cpu_is_a8p(to)) return cpu_pack_a8p(be, host, to, dev);
+    if (cpu_is_a8(to) && host->dtype == kern_dtype_plain(to)) { /* the blocks as they are */
+        if (cpu_copy_weight(be, host, dev)) return -1;
+        dev->dtype = to;
+        return 0;
+    }
     if (host->dtype == to) return cpu_copy_weight(be, host, dev);
     if (to != KERN_Q8_0 || kern_dtype_block(host->dtype) != 1)
         return kern_fail(be, "upload_quantized: cannot make %s from %s", kern_dtype_name(to),

@@ -250,6 +250,16 @@ static void quant_task(void *arg, int task) {
     }
 }
 
+void cpu_a8_quantize(kern_backend *be, const float *in, int n, int K, int8_t *q, float *dx, int32_t *corr) {
+    qact a = {q, dx, corr, K, K / 32};
+    quant_args qa = {in, &a, n, cpu_isa(be), 8};
+    int nq = (n + qa.per - 1) / qa.per;
+    if (nq > 1)
+        cpu_parallel_for(be, nq, quant_task, &qa);
+    else if (n > 0)
+        quant_task(&qa, 0);
+}
+
 /* ---- the kernels: T tokens x one group of 16 rows ---- */
 
 typedef struct q8_tile {
@@ -447,12 +457,7 @@ int cpu_matmul_q8a8(kern_backend *be, float *out, const float *in, const kern_we
     char *scratch = cpu_scratch(be, qb + 2 * fb);
     if (!scratch) return kern_fail(be, "matmul: out of memory quantizing %d x %d activations", n, K);
     qact a = {(int8_t *)scratch, (float *)(scratch + qb), (int32_t *)(scratch + qb + fb), K, nb};
-    quant_args qa = {in, &a, n, isa, 8};
-    int nq = (n + qa.per - 1) / qa.per;
-    if (nq > 1)
-        cpu_parallel_for(be, nq, quant_task, &qa);
-    else
-        quant_task(&qa, 0);
+    cpu_a8_quantize(be, in, n, K, a.q, a.dx, a.corr);
     q8_args ma = {w, &a, out, n, 1, tile_c};
     if (isa >= CPU_ISA_AVX512 && ((const cpu_impl *)be->impl)->vnni) {
         ma.tile = tile_vnni;

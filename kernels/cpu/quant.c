@@ -80,6 +80,7 @@ static void deq_block(kern_dtype dt, const uint8_t *b, float *y) {
 
 void cpu_dequant(kern_dtype dt, const void *src, int64_t first, int64_t n, float *dst) {
     const uint8_t *s = src;
+    dt = kern_dtype_plain(dt); /* an 8-bit-activation dtype holds the plain blocks */
     switch (dt) {
     case KERN_F32: memcpy(dst, s + 4 * first, (size_t)n * 4); return;
     case KERN_BF16:

@@ -674,7 +674,7 @@ def servers_section(binary, model, name):
     check("--echo-codec hadamard-g32 --quantize q8_0 --act-quant q8_0: serves, the plan names the codec, echo calls "
           "counted",
           st == 200 and j["usage"]["completion_tokens"] > 0 and "allreduce echo: hadamard-g32, 4.500 bits/value, error feedback on" in S.logtext() and
-          "8-bit activations on q8_0 matrices" in S.logtext() and
+          "8-bit activations on the quantized matrices" in S.logtext() and
           (sample(m, "echo:allreduce_bytes", "echo:allreduce_bytes_total", mode="echo") or 0) > 0, (st, j))
     check("/metrics: allreduce_config_info names preset, codec, group, bits/value and feedback",
           sample(m, "echo:allreduce_config_info", "echo:allreduce_config_info", preset="echo", codec="hadamard",

@@ -1108,6 +1108,202 @@ START_TEST(test_q8a8_upload) {
 }
 END_TEST
 
+/* ---- KERN_Q4_0_A8 / Q4_1_A8 / Q4_K_A8 / Q6_K_A8: ggml blocks x 8-bit
+ * activations ----
+ * The recipes written out once more from the raw bytes (ggml's block
+ * layouts), independently of the kernels. Q4_K, Q6_K (matmul_a8.c): per row
+ * and token, lane l of 32-block b gets s_l * (4 products), acc[8 (b & 1) +
+ * l] = fma(dw * dx, P, acc), mins summed apart, the 16-lane tree, + mins.
+ * Q4_0, Q4_1 (matmul_a8p.c): acc = fma(d * dx, block's integer sum, acc)
+ * block by block, mins summed apart, acc + mins. */
+static float a8h(const uint8_t *p) { return kern_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* Element k (0..31) of 32-block b of a row as an integer; its lane scale;
+ * the block's scale and min. */
+static void a8_ref_block(kern_dtype dt, const uint8_t *row, int b, int *w, int *ls, float *dw, float *mn) {
+    *mn = 0;
+    for (int k = 0; k < 32; k++) ls[k / 4] = 1;
+    if (dt == KERN_Q4_0 || dt == KERN_Q4_1) {
+        int q41 = dt == KERN_Q4_1;
+        const uint8_t *p = row + (size_t)b * (q41 ? 20 : 18), *qs = p + (q41 ? 4 : 2);
+        *dw = a8h(p);
+        if (q41) *mn = a8h(p + 2);
+        for (int k = 0; k < 32; k++) w[k] = (k < 16 ? qs[k] & 15 : qs[k - 16] >> 4) - (q41 ? 0 : 8);
+    } else if (dt == KERN_Q4_K) {
+        const uint8_t *p = row + (size_t)(b / 8) * 144, *s = p + 4;
+        int j = b % 8;
+        int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        *dw = a8h(p) * (float)sc;
+        *mn = -(a8h(p + 2) * (float)m);
+        for (int k = 0; k < 32; k++) w[k] = j % 2 ? p[16 + 32 * (j / 2) + k] >> 4 : p[16 + 32 * (j / 2) + k] & 15;
+    } else { /* Q6_K: element e of the super-block from ql/qh as ggml's dequantize_row_q6_K */
+        const uint8_t *p = row + (size_t)(b / 8) * 210;
+        for (int k = 0; k < 32; k++) {
+            int e = 32 * (b % 8) + k, half = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
+            const uint8_t *ql = p + 64 * half, *qh = p + 128 + 32 * half;
+            int lo = quarter == 0 ? ql[l] & 15 : quarter == 1 ? ql[l + 32] & 15 : quarter == 2 ? ql[l] >> 4 : ql[l + 32] >> 4;
+            w[k] = (lo | ((qh[l] >> (2 * quarter)) & 3) << 4) - 32;
+            ls[k / 4] = (int8_t)p[192 + e / 16];
+        }
+        *dw = a8h(p + 208);
+    }
+}
+
+static void ref_a8(kern_dtype dt, const float *x, int n, const uint8_t *raw, int rows, int cols, size_t row_bytes,
+                   float *out) {
+    int nb = cols / 32;
+    int8_t *q = malloc((size_t)cols);
+    float *dx = malloc((size_t)nb * sizeof *dx);
+    int *qs = malloc((size_t)nb * sizeof *qs);
+    for (int t = 0; t < n; t++) {
+        for (int b = 0; b < nb; b++) { /* test_matmul_q8a8's activation recipe */
+            const float *xb = x + (size_t)t * cols + 32 * b;
+            float amax = 0;
+            int finite = 1;
+            for (int k = 0; k < 32; k++) {
+                finite &= isfinite(xb[k]) != 0;
+                amax = fmaxf(amax, fabsf(xb[k]));
+            }
+            float d = finite ? amax / 127.0f : NAN, id = d > 0 ? 1.0f / d : 0.0f;
+            qs[b] = 0;
+            for (int k = 0; k < 32; k++) {
+                float v = xb[k] * id;
+                v = v < 127.0f ? v : 127.0f;
+                v = v > -127.0f ? v : -127.0f;
+                q[32 * b + k] = (int8_t)lrintf(v);
+                qs[b] += q[32 * b + k];
+            }
+            dx[b] = d;
+        }
+        for (int r = 0; r < rows; r++) {
+            float acc[16] = {0}, mt = 0;
+            if (dt == KERN_Q4_0 || dt == KERN_Q4_1) { /* one lane, block by block */
+                float a1 = 0;
+                for (int b = 0; b < nb; b++) {
+                    int w[32], ls[8], s = 0;
+                    float dw, mn;
+                    a8_ref_block(dt, raw + (size_t)r * row_bytes, b, w, ls, &dw, &mn);
+                    for (int k = 0; k < 32; k++) s += w[k] * q[32 * b + k];
+                    a1 = fmaf(dw * dx[b], (float)s, a1);
+                    if (dt == KERN_Q4_1) mt = fmaf(mn, dx[b] * (float)qs[b], mt);
+                }
+                out[(size_t)t * rows + r] = dt == KERN_Q4_1 ? a1 + mt : a1;
+                continue;
+            }
+            for (int b = 0; b < nb; b++) {
+                int w[32], ls[8];
+                float dw, mn;
+                a8_ref_block(dt, raw + (size_t)r * row_bytes, b, w, ls, &dw, &mn);
+                for (int l = 0; l < 8; l++) {
+                    int s = 0;
+                    for (int i = 0; i < 4; i++) s += w[4 * l + i] * q[32 * b + 4 * l + i];
+                    acc[8 * (b % 2) + l] = fmaf(dw * dx[b], (float)(ls[l] * s), acc[8 * (b % 2) + l]);
+                }
+                if (dt == KERN_Q4_1 || dt == KERN_Q4_K) mt = fmaf(mn, dx[b] * (float)qs[b], mt);
+            }
+            float a[8], c[4];
+            for (int i = 0; i < 8; i++) a[i] = acc[i] + acc[i + 8];
+            for (int i = 0; i < 4; i++) c[i] = a[i] + a[i + 4];
+            out[(size_t)t * rows + r] = ((c[0] + c[2]) + (c[1] + c[3])) + mt;
+        }
+    }
+    free(q);
+    free(dx);
+    free(qs);
+}
+
+/* Each integer kernel (AVX-512 VNNI where the machine has it, AVX2,
+ * portable C) gives the recipe's bits for every token count (so
+ * batch-invariant) and on 1 and 2 threads; the result lies within the
+ * activation rounding's bound of the exact product (the recipe is the
+ * product); a column view (a row-parallel slice) reads its columns;
+ * embedding rows are the plain type's values; NaN reaches the output. */
+START_TEST(test_matmul_a8) {
+    const char *caps[] = {"avx512", "avx2", "scalar"};
+    const int ns[] = {1, 2, 3, 5, 9, 70};
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni"))
+        printf("test_matmul_a8: no AVX-512 VNNI on this machine: its kernels are compiled, not run here\n");
+    for (int c = 0; c < 3; c++)
+        for (int th = 1; th <= 2; th++) {
+            const kern_ops *o2;
+            kern_backend *b2;
+            char err[256];
+            setenv("ECHO_CPU_ISA", caps[c], 1);
+            ck_assert_msg(kern_backend_create("cpu", th, 0, &o2, &b2, err, sizeof err) == 0, "%s", err);
+            unsetenv("ECHO_CPU_ISA");
+            for (int qi = 1; qi < 5; qi++) {
+                kern_dtype dt = qdts[qi], a8 = kern_dtype_a8(dt);
+                int rows = 37, cols = dt == KERN_Q4_K || dt == KERN_Q6_K ? 768 : 288; /* odd numbers of 32-blocks: 9 */
+                if (dt == KERN_Q4_K) cols = 512;
+                wbuf w;
+                make_qweight(&w, qi, rows, cols);
+                kern_weight dev;
+                ck_assert_int_eq(o2->upload_quantized(b2, &w.w, a8, &dev), 0);
+                ck_assert_int_eq(dev.dtype, a8);
+                size_t rb = kern_dtype_bytes(dt, cols);
+                for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
+                    int n = ns[s];
+                    float *x = rand_vec((size_t)n * cols), *o = malloc((size_t)n * rows * 4),
+                          *ref = malloc((size_t)n * rows * 4);
+                    for (int k = 0; k < 32 && n > 1; k++) x[cols + k] = 0; /* an all-zero block */
+                    x[3] = 40.0f;                                          /* one large value */
+                    ck_assert_int_eq(o2->matmul(b2, o, x, &dev, n), 0);
+                    ref_a8(dt, x, n, w.raw, rows, cols, rb, ref);
+                    for (size_t i = 0; i < (size_t)n * rows; i++)
+                        ck_assert_msg(memcmp(o + i, ref + i, 4) == 0, "%s %s %d thr: %dx%d n=%d out %zu: %.9g vs recipe %.9g",
+                                      kern_dtype_name(a8), caps[c], th, rows, cols, n, i, o[i], ref[i]);
+                    for (int i = 0; i < n; i++)
+                        for (int r = 0; r < rows; r++) {
+                            double exact = 0, bound = 0;
+                            for (int b = 0; b < cols / 32; b++) {
+                                double amax = 0, wsum = 0;
+                                for (int k = 32 * b; k < 32 * b + 32; k++) {
+                                    exact += (double)x[(size_t)i * cols + k] * w.ref[(size_t)r * cols + k];
+                                    amax = fmax(amax, fabs(x[(size_t)i * cols + k]));
+                                    wsum += fabs(w.ref[(size_t)r * cols + k]);
+                                }
+                                bound += amax / 254 * wsum;
+                            }
+                            ck_assert_msg(fabs(o[(size_t)i * rows + r] - exact) <= 1.001 * bound + 1e-4,
+                                          "%s n=%d: %g vs %g, bound %g", kern_dtype_name(a8), n, o[(size_t)i * rows + r],
+                                          exact, bound);
+                        }
+                    free(x);
+                    free(o);
+                    free(ref);
+                }
+                /* a column view: the second half of the blocks (ld = the full width) */
+                int kb = kern_dtype_block(dt), half = cols / kb / 2 * kb;
+                kern_weight view = {(const uint8_t *)w.raw + kern_dtype_bytes(dt, half), dt, rows, cols - half, cols}, pv;
+                ck_assert_int_eq(o2->upload_quantized(b2, &view, a8, &pv), 0);
+                float *x = rand_vec((size_t)3 * (cols - half)), ov[3 * 37], rv[3 * 37];
+                ck_assert_int_eq(o2->matmul(b2, ov, x, &pv, 3), 0);
+                ref_a8(dt, x, 3, (const uint8_t *)w.raw + kern_dtype_bytes(dt, half), rows, cols - half, rb, rv);
+                ck_assert_msg(memcmp(ov, rv, sizeof ov) == 0, "%s %s: column view", kern_dtype_name(a8), caps[c]);
+                /* embedding rows: the plain type's values */
+                int32_t ids[2] = {rows - 1, 3};
+                float *emb = malloc((size_t)2 * cols * 4);
+                ck_assert_int_eq(o2->embedding(b2, emb, &dev, ids, 2), 0);
+                for (int i = 0; i < 2; i++)
+                    ck_assert_int_eq(memcmp(emb + (size_t)i * cols, w.ref + (size_t)ids[i] * cols, (size_t)cols * 4), 0);
+                free(emb);
+                /* a non-finite activation reaches every output of its token */
+                x[1] = NAN;
+                ck_assert_int_eq(o2->matmul(b2, ov, x, &pv, 2), 0);
+                for (int r = 0; r < rows; r++) ck_assert_msg(isnan(ov[r]) && !isnan(ov[rows + r]), "%s r=%d", caps[c], r);
+                free(x);
+                o2->free_weight(b2, &pv);
+                o2->free_weight(b2, &dev);
+                free_weight(&w);
+            }
+            kern_backend_destroy(o2, b2);
+        }
+}
+END_TEST
+
+
 /* Weights of 2 MiB and more become dense copies on 2 MiB-aligned blocks
  * (huge pages, kernels/cpu/mem.c), byte for byte, strided views included;
  * smaller ones, and every one with ECHO_CPU_HUGEPAGES=0, alias the host
@@ -1262,6 +1458,7 @@ int main(void) {
     tcase_add_test(tc, test_quantize_q8_0_matches_gguf);
     tcase_add_test(tc, test_matmul_q8a8);
     tcase_add_test(tc, test_q8a8_upload);
+    tcase_add_test(tc, test_matmul_a8);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -200,8 +200,9 @@ static const char FW_USAGE[] =
     "  --copy-bytes N[KMG] buffer of the bandwidth measurement (default 1 GiB: ops->copy on a GPU, a\n"
     "                      streaming read by --threads threads on cpu)\n"
     "  --quantize q8_0     quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; eng_config.quantize)\n"
-    "  --act-quant none|q8_0  q8_0: Q8_0 matrices multiply 8-bit activations in integers, as\n"
-    "                      llama.cpp does (cpu; eng_config.act_quant). Default none\n"
+    "  --act-quant auto|none|q8_0  q8_0: the quantized matrices multiply 8-bit activations in\n"
+    "                      integers, as llama.cpp does (cpu; eng_config.act_quant). auto (default):\n"
+    "                      on a GGUF's quantized matrices; none: the exact path\n"
     "  --seed S            random token ids (default 0)\n"
     "  --gemm-dim N        the matmul peak: ops->matmul of N x N by N x N, the yardstick of prefill\n"
     "                      TFLOP/s (default 8192 on a GPU, 1024 on cpu; 0 skips it)\n"
@@ -349,9 +350,9 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             o->quantize = ENG_QUANT_Q8_0;
             break;
         case O_ACTQ:
-            if (strcmp(a, "q8_0") && strcmp(a, "none"))
-                rc = fw_usage_error("--act-quant: expected none or q8_0, got '%s'", a);
-            o->act_quant = strcmp(a, "q8_0") ? ENG_ACT_NONE : ENG_ACT_Q8;
+            if (strcmp(a, "q8_0") && strcmp(a, "none") && strcmp(a, "auto"))
+                rc = fw_usage_error("--act-quant: expected auto, none or q8_0, got '%s'", a);
+            o->act_quant = !strcmp(a, "q8_0") ? ENG_ACT_Q8 : !strcmp(a, "auto") ? ENG_ACT_AUTO : ENG_ACT_NONE;
             break;
         case 'h':
         case O_HELP:
@@ -632,6 +633,7 @@ out:
 int bench_forward_main(int argc, char **argv) {
     cli_procs_start("echo-bench forward"); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     fw_opts o = {.device = "cpu",
+                 .act_quant = ENG_ACT_AUTO,
                  .tp = 1,
                  .gemm_dim = -1,
                  .iters = 3,
@@ -855,7 +857,8 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "copy_bytes", json_integer((json_int_t)copy_bytes));
         json_object_set_new(root, on_cpu ? "read_gbps" : "copy_gbps", json_real(bps / 1e9));
         json_object_set_new(root, "quantize", json_string(o.quantize ? "q8_0" : "none"));
-        json_object_set_new(root, "act_quant", json_string(o.act_quant ? "q8_0" : "none"));
+        json_object_set_new(root, "act_quant", json_string(ri.act_q8_matrices ? "q8_0" : "none"));
+        json_object_set_new(root, "act_q8_matrices", json_integer(ri.act_q8_matrices));
         if (fma_peak > 0) json_object_set_new(root, "fma_peak_gflops", json_real(fma_peak / 1e9));
         if (gd > 0) {
             json_object_set_new(root, "gemm_dim", json_integer(gd));
@@ -897,8 +900,8 @@ int bench_forward_main(int argc, char **argv) {
             printf("# weights %.3f GB held%s, %.3f GB read per decode step; read bandwidth %.1f GB/s (%zu MiB "
                    "streamed by %ld threads); load %.1f s\n",
                    ri.weight_bytes / 1e9,
-                   o.quantize    ? (o.act_quant ? " (q8_0, 8-bit activations)" : " (q8_0)")
-                   : o.act_quant ? " (8-bit activations)"
+                   o.quantize    ? (ri.act_q8_matrices ? " (q8_0, 8-bit activations)" : " (q8_0)")
+                   : ri.act_q8_matrices ? " (8-bit activations)"
                                  : "",
                    read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
                    o.threads > 0 ? (long)o.threads : sysconf(_SC_NPROCESSORS_ONLN), load_s);
