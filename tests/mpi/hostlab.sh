@@ -8,8 +8,8 @@
 #      (and its switch port) are shaped with tbf;
 #   3. exact outputs equal: echo-generate under mpirun in 2 hosts at 1 Gbit/s
 #      (exact and echo all-reduces) gives the same bits (tokens and logprobs)
-#      as 2 ranks as threads without a lab; the same for the one-shot
-#      all-reduce forced on (ECHO_ONESHOT_BYTES);
+#      as 2 ranks as threads without a lab; the same with the one-shot
+#      all-reduce (ECHO_ONESHOT_BYTES), which leaves exact's bits unchanged;
 #   4. echo-serve under mpirun in the lab answers a few requests
 #      (scripts/ttft-ab.sh --lab hostlab, exact vs echo).
 # Every run is bounded by `timeout`; about a minute on 2 cores.
@@ -80,19 +80,26 @@ assert got == [["0", ns[0], "1"], ["1", ns[1], "1"]], (got, ns)
 PY
 if left "$tmp/ns4"; then bad "placement run left a namespace"; fi
 
-# 3. exact outputs equal between the shaped lab and ranks as threads
+# 3. exact outputs equal between the shaped lab and ranks as threads, with
+#    the two-shot and the one-shot all-reduce (ECHO_ONESHOT_BYTES, both
+#    sides); exact's bits do not change with one-shot, echo's do (so the
+#    variable reached the ranks)
 M=tests/fixtures/models
 for mode in exact echo exact:oneshot echo:oneshot; do
-    env=()
-    [ "${mode#*:}" = oneshot ] && env=(ECHO_ONESHOT_BYTES=1048576)
+    os=0
+    [ "${mode#*:}" = oneshot ] && os=1048576
     args=(--model "$M/gqa4-deep" --prompt-tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7 --max-tokens 8 --temperature 0
           --ignore-eos --top-logprobs 3 --json --tp 2 --allreduce "${mode%:*}" --threads 1)
-    timeout 120 "$bin/echo-generate" "${args[@]}" >"$tmp/threads.json" 2>/dev/null
-    timeout 180 env "${env[@]}" "$lab" --hosts 2 --rate 1gbit -- mpirun -np 2 "$bin/echo-generate" "${args[@]}" \
+    ECHO_ONESHOT_BYTES=$os timeout 120 "$bin/echo-generate" "${args[@]}" >"$tmp/threads-${mode/:/-}.json" 2>/dev/null
+    ECHO_ONESHOT_BYTES=$os timeout 180 "$lab" --hosts 2 --rate 1gbit -- mpirun -np 2 "$bin/echo-generate" "${args[@]}" \
         >"$tmp/lab.json" 2>"$tmp/lab.err"
-    if [ -s "$tmp/threads.json" ] && cmp -s "$tmp/threads.json" "$tmp/lab.json"; then ok
+    if [ -s "$tmp/threads-${mode/:/-}.json" ] && cmp -s "$tmp/threads-${mode/:/-}.json" "$tmp/lab.json"; then ok
     else bad "$mode: 2 hosts at 1 Gbit/s differ from --tp 2 threads: $(tail -3 "$tmp/lab.err")"; fi
 done
+if cmp -s "$tmp/threads-exact.json" "$tmp/threads-exact-oneshot.json"; then ok
+else bad "exact: the one-shot all-reduce changed the output"; fi
+if ! cmp -s "$tmp/threads-echo.json" "$tmp/threads-echo-oneshot.json"; then ok
+else bad "echo: ECHO_ONESHOT_BYTES had no effect"; fi
 
 # 4. the server in the lab: a few requests per all-reduce
 if timeout 300 scripts/ttft-ab.sh --link 1gbit --lab hostlab --model "$demo" --tp 2 --device cpu --modes exact,echo \
