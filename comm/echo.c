@@ -243,8 +243,9 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
     } else {
         w->exact_max = cfg->min_bytes / 2 < cfg->max_count ? cfg->min_bytes / 2 : cfg->max_count;
     }
-    /* the one-shot threshold; bf16 (the smallest element) gives the most
-     * values, and the widest message is fp32 (exact) or coded */
+    /* the one-shot threshold, in bytes of fp32 values whatever the
+     * activations' dtype (so the widest message, fp32 for exact, is the
+     * threshold plus the header) */
     const char *os = getenv("ECHO_ONESHOT_BYTES");
     w->os_bytes = cfg->oneshot_bytes;
     if (os && *os) {
@@ -258,10 +259,13 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
         w->os_bytes = (size_t)v;
     }
     if (w->os_bytes && nranks > 1 && (w->plain || !ci->lossless)) {
-        size_t n = w->os_bytes / 2 < cfg->max_count ? w->os_bytes / 2 : cfg->max_count;
-        size_t a = echo_os_msg_bytes(n, ECHO_BF16, 1, w->cfg.codec, group);
+        /* The widest message the world's one-shot calls can send: exact
+         * (fp32) in a `none` world or under the size policy, else coded
+         * (the mpi transport moves every message at this size) */
+        size_t n = w->os_bytes / 4 < cfg->max_count ? w->os_bytes / 4 : cfg->max_count;
+        size_t a = w->plain || cfg->min_bytes ? echo_os_msg_bytes(n, ECHO_BF16, 1, w->cfg.codec, group) : 0;
         size_t b = w->plain ? 0 : echo_os_msg_bytes(n, ECHO_BF16, 0, w->cfg.codec, group);
-        w->os_msg_max = a > b ? a : b;
+        w->os_msg_max = ((a > b ? a : b) + 63) / 64 * 64;
     } else {
         w->os_bytes = 0; /* bf16 keeps two-shot; one rank moves nothing */
     }
@@ -345,7 +349,7 @@ int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t
     if (w->compute->comm_init(c, err, errlen)) goto fail;
     compute_ready = 1;
     if (w->os_bytes && w->tp->os_exchange && !w->tp->device_memory) {
-        size_t n = w->os_bytes / 2 < w->cfg.max_count ? w->os_bytes / 2 : w->cfg.max_count;
+        size_t n = w->os_bytes / 4 < w->cfg.max_count ? w->os_bytes / 4 : w->cfg.max_count;
         n = (n + ECHO_MAX_GROUP - 1) / ECHO_MAX_GROUP * ECHO_MAX_GROUP; /* whole groups */
         if (!(c->os_y = malloc(n * sizeof(float)))) {
             snprintf(err, errlen, "echo: out of memory for the one-shot scratch (%zu values)", n);
@@ -864,7 +868,7 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
     echo_preset used = exact ? ECHO_PRESET_EXACT : w->path;
     /* the one-shot schedule for small messages (not bf16: its world has no
      * os_bytes), on host transports that have it */
-    int oneshot = bytes <= w->os_bytes && c->os_y && !c->replay && !cfg->deferred;
+    int oneshot = count * sizeof(float) <= w->os_bytes && c->os_y && !c->replay && !cfg->deferred;
     int rc = 0;
     if (w->nranks > 1 && count > 0) {
         echo_plan p;

@@ -43,7 +43,6 @@ typedef struct mpi_world {
     float *xrecv;         /* exact two-shot: the peers' fp32 shards of the own shard (N * shard values) */
     int *counts, *displs; /* N each, scratch for the v-collectives */
     uint8_t *os;          /* one-shot: N messages of the call's size, in rank order (an all-gather) */
-    int os_fused;         /* ECHO_MPI_ONESHOT=fused: no agreement collective before the one-shot's */
     int aborted;          /* echo_abort was called in this process */
     int dead;             /* an MPI call failed: ranks may be out of step */
     char why[256];
@@ -209,26 +208,26 @@ static int mpi_exact(echo_comm *c, const echo_plan *p, const echo_call *call, vo
     return 0;
 }
 
-/* One-shot: the agreement, then one MPI_Allgather of the whole messages.
- * The agreement comes first because the messages' size follows from the
- * count: ranks that disagree on it would make the all-gather erroneous
- * (MPI_ERR_TRUNCATE, a world left unusable). ECHO_MPI_ONESHOT=fused skips
- * it and leaves the check to the messages' headers: one collective per
- * call instead of two, for measurement; a count mismatch then ends the
- * world instead of failing the call. */
+/* One-shot: one MPI_Allgather of fixed-size slots (the world's largest
+ * one-shot message), so that ranks which disagree on the call still make
+ * the same collective; the agreement travels in the messages' headers and
+ * echo.c checks it. No collective before it: one network step per call. */
 static uint8_t *mpi_os_send(echo_comm *c, size_t bytes) {
-    return mw_of(c->w)->os + (size_t)c->rank * bytes;
+    (void)bytes;
+    return mw_of(c->w)->os + (size_t)c->rank * c->w->os_msg_max;
 }
 
 static const uint8_t *mpi_os_recv(echo_comm *c, size_t bytes, int peer) {
-    return mw_of(c->w)->os + (size_t)peer * bytes;
+    (void)bytes;
+    return mw_of(c->w)->os + (size_t)peer * c->w->os_msg_max;
 }
 
 static int mpi_os_exchange(echo_comm *c, size_t bytes, const echo_call *call, char *err, size_t errlen) {
+    (void)bytes, (void)call;
     mpi_world *mw = mw_of(c->w);
     if (mpi_ready(mw, err, errlen)) return -1;
-    if (!mw->os_fused && mpi_agree(c, call, err, errlen)) return -1;
-    MPI_TRY(mw, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->os, (int)bytes, MPI_BYTE, mw->comm));
+    MPI_TRY(mw, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->os, (int)c->w->os_msg_max, MPI_BYTE,
+                              mw->comm));
     return 0;
 }
 
@@ -323,8 +322,6 @@ int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, s
     mw->comm = MPI_COMM_NULL;
     mw->me = me;
     mw->twoshot = impl && !strcmp(impl, "twoshot");
-    const char *osm = getenv("ECHO_MPI_ONESHOT");
-    mw->os_fused = osm && !strcmp(osm, "fused");
     w->tp_world = mw;
     /* From here on echo_world_destroy releases whatever was allocated. */
     size_t N = (size_t)n;
