@@ -319,7 +319,9 @@ test-bench: $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 #                 (the lab parts need root and tc; skipped with a note otherwise); then ranks
 #                 as processes (tests/mpi/engine.sh): HF's greedy tokens at -np 2/3/4,
 #                 processes == threads bit for bit, the server under mpirun, a killed rank,
-#                 and tests/paths.sh under mpirun -np 3 (one answer per path, below)
+#                 and tests/paths.sh under mpirun -np 3 (one answer per path, below); then the
+#                 per-host lab (tests/mpi/hostlab.sh, scripts/hostlab.sh: clean-up, one rank per
+#                 host, outputs in 2 shaped hosts == threads, the server; about a minute, root only)
 .PHONY: test-mpi
 $(BUILD)/tests/mpi_test_comm: $(BUILD)/obj/tests/mpi/test_comm_mpi.o $(filter $(BUILD)/obj/comm/%,$(LIB_OBJ))
 	@mkdir -p $(dir $@)
@@ -328,6 +330,7 @@ test-mpi: $(BUILD)/tests/mpi_test_comm $(TOOLS) $(DEMO_MODEL)/config.json $(DEFA
 	tests/mpi/run.sh $(MPI) $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench
 	ECHO_SMOLLM2_GGUF=$(DEFAULT_GGUF) tests/mpi/engine.sh $(MPI) $(BIN) $(DEMO_MODEL)
 	tests/toy/run.sh $(BUILD)/tests/toy_test
+	tests/mpi/hostlab.sh $(MPI) $(BIN) $(DEMO_MODEL)
 # ---- end mpi block ----
 
 # ---- the toy codec (tests/toy/): a codec with a wire form of its own, added to

@@ -18,6 +18,7 @@
  * travels as a poisoned group and every rank finds it in `finish`, so all
  * ranks fail the same call.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,6 +246,32 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
     } else {
         w->exact_max = cfg->min_bytes / 2 < cfg->max_count ? cfg->min_bytes / 2 : cfg->max_count;
     }
+    /* the one-shot threshold, in bytes of fp32 values whatever the
+     * activations' dtype (so the widest message, fp32 for exact, is the
+     * threshold plus the header) */
+    const char *os = getenv("ECHO_ONESHOT_BYTES");
+    w->os_bytes = cfg->oneshot_bytes;
+    if (os && *os) {
+        char *end;
+        unsigned long long v = strtoull(os, &end, 10);
+        if (*end || v > ((unsigned long long)1 << 30)) {
+            snprintf(err, errlen, "echo: ECHO_ONESHOT_BYTES='%s' is not a byte count up to 1 GiB", os);
+            free(w);
+            return -1;
+        }
+        w->os_bytes = (size_t)v;
+    }
+    if (w->os_bytes && nranks > 1 && (w->plain || !ci->lossless)) {
+        /* The widest message the world's one-shot calls can send: exact
+         * (fp32) in a `none` world or under the size policy, else coded
+         * (the mpi transport moves every message at this size) */
+        size_t n = w->os_bytes / 4 < cfg->max_count ? w->os_bytes / 4 : cfg->max_count;
+        size_t a = w->plain || cfg->min_bytes ? echo_os_msg_bytes(n, ECHO_BF16, 1, w->cfg.codec, group) : 0;
+        size_t b = w->plain ? 0 : echo_os_msg_bytes(n, ECHO_BF16, 0, w->cfg.codec, group);
+        w->os_msg_max = ((a > b ? a : b) + 63) / 64 * 64;
+    } else {
+        w->os_bytes = 0; /* bf16 keeps two-shot; one rank moves nothing */
+    }
     pthread_mutex_init(&w->mu, NULL);
     *out = w;
     return 0;
@@ -324,6 +351,14 @@ int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t
     tp_ready = 1;
     if (w->compute->comm_init(c, err, errlen)) goto fail;
     compute_ready = 1;
+    if (w->os_bytes && w->tp->os_exchange && !w->tp->device_memory) {
+        size_t n = w->os_bytes / 4 < w->cfg.max_count ? w->os_bytes / 4 : w->cfg.max_count;
+        n = (n + ECHO_MAX_GROUP - 1) / ECHO_MAX_GROUP * ECHO_MAX_GROUP; /* whole groups */
+        if (!(c->os_y = malloc(n * sizeof(float)))) {
+            snprintf(err, errlen, "echo: out of memory for the one-shot scratch (%zu values)", n);
+            goto fail;
+        }
+    }
     if (w->cfg.feedback && w->nranks > 1) {
         c->res_bytes = padded * sizeof(float);
         if (w->compute->alloc(c, c->res_bytes, (void **)&c->res, err, errlen)) {
@@ -338,6 +373,7 @@ fail:
         if (c->res) w->compute->free(c, c->res);
         if (compute_ready) w->compute->comm_fini(c);
         if (tp_ready && w->tp->comm_fini) w->tp->comm_fini(c);
+        free(c->os_y);
         free(c->sites);
         free(c);
     }
@@ -353,6 +389,7 @@ void echo_comm_destroy(echo_comm *c) {
     if (c->res) w->compute->free(c, c->res);
     w->compute->comm_fini(c);
     if (w->tp->comm_fini) w->tp->comm_fini(c);
+    free(c->os_y);
     free(c->sites);
     pthread_mutex_lock(&w->mu);
     w->has_comm[c->rank] = 0;
@@ -708,6 +745,101 @@ static int run_exact(echo_comm *c, const echo_plan *p, int site, void *buf, void
     return 0;
 }
 
+/* ---- the one-shot schedule (echo_config.oneshot_bytes) ----
+ * Every rank sends one message, its whole input, to every other rank
+ * (tp->os_exchange): exact, y = x (+ the residual carried in) in fp32; a
+ * 4-bit codec, x coded with the residual (r = x + r - decode over every
+ * value: there is no own shard here). Then every rank sums the N messages
+ * in rank order j = 0..N-1, exact the values, a codec each one decoded
+ * (its own too, so that every rank holds the same bits), and rounds the
+ * sum to the buffer's dtype. Exact's sum is the two-shot owner's sum
+ * (j = 0..N-1, fp32), value for value. The call's agreement and each
+ * rank's first bad input travel in the message header: every rank sees
+ * them all and fails alike. */
+static int run_oneshot(echo_comm *c, const echo_plan *p, int site, void *buf, int exact, char *err, size_t errlen) {
+    echo_world *w = c->w;
+    const echo_transport_ops *t = w->tp;
+    int N = p->nranks, rc = 0;
+    size_t M = p->count, bad_out = ECHO_NO_INDEX;
+    long long bad_in = -1;
+    echo_preset path = exact ? ECHO_PRESET_EXACT : w->path;
+    size_t bytes = echo_os_msg_bytes(M, p->dt, exact, w->cfg.codec, p->group);
+    uint8_t *msg = t->os_send(c, bytes);
+    float *y = c->os_y, *res = c->res;
+    int res_valid = res && c->res_valid;
+    echo_cpu_load(buf, p->dt, M, y, 0);
+    if (exact) {
+        if (res_valid) {
+            if (p->rotate && w->compute->unrotate(c, res, echo_plan_pad(p, M), p->rotate, NULL, err, errlen))
+                return compute_failed(c);
+            echo_cpu_load(res, ECHO_F32, M, y, 1);
+        }
+        memcpy(msg + ECHO_OS_HEADER, y, M * sizeof(float));
+    } else {
+        char e2[160];
+        /* the residual of the first call of a pass reads as zero */
+        if (res && !res_valid) memset(res, 0, echo_plan_pad(p, M) * sizeof(float));
+        if (echo_codec_encode_as(w->cfg.codec, y, res, M, p->group, msg + ECHO_OS_HEADER, e2, sizeof e2)) {
+            bad_in = 0; /* the codec's range (rotated values) if no value is inf/nan */
+            for (size_t i = 0; i < M; i++)
+                if (!(fabsf(y[i]) < 0x1p127f)) {
+                    bad_in = (long long)i;
+                    break;
+                }
+        }
+    }
+    long long h[6] = {site, (long long)M, p->dt, path, bad_in, (long long)bytes};
+    memcpy(msg, h, sizeof h);
+    echo_call call = {site, M, p->dt, path, buf, NULL};
+    if (t->os_exchange(c, bytes, &call, err, errlen)) return -1;
+    for (int j = 0; j < N && !rc; j++) {
+        long long o[6];
+        memcpy(o, t->os_recv(c, bytes, j), sizeof o);
+        if (o[0] != h[0] || o[1] != h[1] || o[2] != h[2] || o[3] != h[3] || o[5] != h[5]) {
+            snprintf(err, errlen,
+                     "echo: ranks disagree: rank %d calls site %d with %zu %s values (%s path, one-shot), rank %d "
+                     "site %lld with %lld %s values (%s path); the pass is aborted",
+                     c->rank, site, M, p->dt == ECHO_F32 ? "f32" : "bf16", echo_preset_name(path), j, o[0], o[1],
+                     o[2] == ECHO_F32 ? "f32" : "bf16", echo_preset_name((echo_preset)o[3]));
+            rc = -1;
+        } else if (o[4] >= 0) {
+            /* as the two-shot's poisoned group: the output holds NaN there */
+            size_t g0 = (size_t)o[4] / (size_t)p->group * (size_t)p->group;
+            for (size_t i = g0; i < M && i < g0 + (size_t)p->group; i++)
+                if (p->dt == ECHO_F32)
+                    ((float *)buf)[i] = NAN;
+                else
+                    ((uint16_t *)buf)[i] = 0x7fc0;
+            c->failed_alike = 1; /* every rank read the same headers */
+            snprintf(err, errlen,
+                     "echo: rank %d: input element %lld is inf/nan or exceeds the codec's range (|x| < 2^127); "
+                     "the pass is aborted",
+                     j, o[4]);
+            rc = -1;
+        }
+    }
+    for (int j = 0; j < N && !rc; j++) {
+        const uint8_t *m = t->os_recv(c, bytes, j) + ECHO_OS_HEADER;
+        if (exact)
+            echo_cpu_load(m, ECHO_F32, M, y, j > 0);
+        else if (echo_codec_decode_as(w->cfg.codec, m, M, p->group, y, j > 0, err, errlen))
+            rc = -1; /* cannot happen: the codec was checked at world creation */
+    }
+    if (!rc) echo_cpu_store(y, M, buf, p->dt, &bad_out);
+    if (t->os_done && t->os_done(c, rc ? NULL : err, rc ? 0 : errlen)) return -1;
+    if (rc) return -1;
+    if (bad_out != ECHO_NO_INDEX) {
+        c->failed_alike = 1; /* every rank holds the same sum */
+        snprintf(err, errlen,
+                 "echo: element %zu of the all-reduce is not finite (an input is inf/nan or the fp32 sum "
+                 "overflowed); the pass is aborted",
+                 bad_out);
+        return -1;
+    }
+    c->res_valid = res != NULL && !exact;
+    return 0;
+}
+
 int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype dt, void *stream, char *err,
                    size_t errlen) {
     double t0 = now_s();
@@ -773,6 +905,9 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
     /* the exact path: a `none` world, or the size policy */
     int exact = w->plain || bytes < cfg->min_bytes || w->nranks == 1 || count == 0;
     echo_preset used = exact ? ECHO_PRESET_EXACT : w->path;
+    /* the one-shot schedule for small messages (not bf16: its world has no
+     * os_bytes), on host transports that have it */
+    int oneshot = count * sizeof(float) <= w->os_bytes && c->os_y && !c->replay && !cfg->deferred;
     int rc = 0;
     if (w->nranks > 1 && count > 0) {
         echo_plan p;
@@ -792,7 +927,9 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
             }
             c->armed = 1;
         }
-        if (exact)
+        if (oneshot)
+            rc = run_oneshot(c, &p, site, buf, exact, err, errlen);
+        else if (exact)
             rc = run_exact(c, &p, site, buf, stream, err, errlen);
         else if (echo_codec_get(cfg->codec)->lossless)
             rc = run_bf16(c, &p, site, buf, err, errlen); /* host only: never deferred nor replayed */
@@ -809,7 +946,11 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
              * ceil(M/N) values for exact. */
             size_t chunk = (count + (size_t)w->nranks - 1) / (size_t)w->nranks;
             size_t per_msg = exact ? chunk * echo_dtype_size(dt) : p.wire;
-            c->stats.wire_bytes[used] += 2 * (uint64_t)(w->nranks - 1) * per_msg;
+            if (oneshot) /* one message of the whole count to each peer */
+                c->stats.wire_bytes[used] += (uint64_t)(w->nranks - 1) *
+                                             (echo_os_msg_bytes(count, dt, exact, cfg->codec, p.group) - ECHO_OS_HEADER);
+            else
+                c->stats.wire_bytes[used] += 2 * (uint64_t)(w->nranks - 1) * per_msg;
         }
     }
     if (!rc) {

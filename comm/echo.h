@@ -72,6 +72,16 @@ typedef struct echo_config {
     int n_sites;         /* residual slots (2 * layers for a transformer) */
     size_t max_count;    /* largest message in elements (tokens * hidden) */
     int deferred;        /* 1 = calls only enqueue; the pass completes in echo_end_pass (nccl transport) */
+    /* One-shot schedule for messages of at most this many bytes as fp32
+     * (count * 4, whatever the dtype; 0 = never;
+     * $ECHO_ONESHOT_BYTES, when set, overrides it): every rank sends its
+     * whole message (fp32 for exact, coded for a 4-bit codec) to every
+     * other rank and sums all of them in rank order, one exchange instead
+     * of two. Host transports (local on host memory, mpi); bf16 keeps the
+     * two-shot schedule. Exact gives the two-shot's bits (the same sum
+     * order); a 4-bit codec codes each rank's whole message once (no
+     * second coding of the sum), with its own residual. */
+    size_t oneshot_bytes;
 } echo_config;
 
 typedef struct echo_world echo_world; /* shared by the ranks of one process */

@@ -148,7 +148,28 @@ typedef struct echo_transport_ops {
     /* echo_world_usable: 0 with the reason when the world can never work again. */
     int (*usable)(const echo_world *w, char *why, size_t len);
     const echo_deferred_ops *deferred; /* optional: see echo_deferred_ops */
+    /* Optional one-shot exchange (echo_config.oneshot_bytes; NULL: never
+     * one-shot): os_send gives where this rank writes its message of
+     * `bytes` (at most w->os_msg_max); os_exchange makes every rank's
+     * message readable through os_recv (the ranks' agreement travels in the
+     * messages, echo.c checks it); os_done (may be NULL) is called by every
+     * rank once it has read them, before the next call. */
+    uint8_t *(*os_send)(echo_comm *c, size_t bytes);
+    int (*os_exchange)(echo_comm *c, size_t bytes, const echo_call *call, char *err, size_t errlen);
+    const uint8_t *(*os_recv)(echo_comm *c, size_t bytes, int peer);
+    int (*os_done)(echo_comm *c, char *err, size_t errlen);
 } echo_transport_ops;
+
+/* A one-shot message: this header (the call, for the agreement check, and
+ * this rank's first bad input element), then fp32 values (exact) or the
+ * codec's wire message of the whole count. */
+#define ECHO_OS_HEADER 64
+static inline size_t echo_os_msg_bytes(size_t count, echo_dtype dt, int exact, echo_codec_id codec, int group) {
+    (void)dt;
+    if (exact) return ECHO_OS_HEADER + count * sizeof(float);
+    size_t ng = (count + (size_t)group - 1) / (size_t)group;
+    return ECHO_OS_HEADER + ng * echo_codec_group_bytes(codec, group);
+}
 
 typedef struct echo_compute_ops {
     const char *name;
@@ -268,6 +289,8 @@ struct echo_world {
     const echo_compute_ops *compute;
     void *tp_world;     /* the transport's shared state */
     uint64_t epoch;     /* bumped by the transport when it re-creates its resources (echo_comm_epoch) */
+    size_t os_bytes;    /* one-shot threshold in bytes of activations (0: off; resolved from cfg and env) */
+    size_t os_msg_max;  /* the largest one-shot message (transport buffer sizing; 0: off) */
     pthread_mutex_t mu; /* guards has_comm: comms may be created from several threads */
     unsigned char has_comm[ECHO_MAX_RANKS];
 };
@@ -289,6 +312,7 @@ struct echo_comm {
     float *scratch; /* host compute: the owner's fp32 sum (L values) */
     echo_workers workers; /* host compute: echo_comm_set_workers (nthreads 0: none) */
     float *rot; /* host compute, staged codecs (echo_plan_staged): x (rotated), then the decoded sum (padded message) */
+    float *os_y;   /* one-shot: this rank's input in fp32, then the sum (w->os_bytes / 2 values) */
 
     /* Pass state. */
     int in_pass;       /* begin_pass was called */

@@ -62,6 +62,8 @@ typedef struct local_world {
     uint8_t *p2;
     float *sum;
     local_post *posts;
+    uint8_t *os;      /* one-shot: N messages, os_stride apart (host memory only) */
+    size_t os_stride;
 } local_world;
 
 static local_world *lw_of(const echo_comm *c) {
@@ -81,6 +83,7 @@ static void local_world_fini(echo_world *w) {
     lw->mem->free(lw->device, lw->p1);
     lw->mem->free(lw->device, lw->p2);
     lw->mem->free(lw->device, lw->sum);
+    free(lw->os);
     free(lw->posts);
     free(lw);
     w->tp_world = NULL;
@@ -241,6 +244,30 @@ static int local_exact(echo_comm *c, const echo_plan *p, const echo_call *call, 
     return 0;
 }
 
+/* One-shot (host memory): rank j writes os[j], every rank reads all of
+ * them between the two barriers; no rank writes its next message before
+ * every rank is past the second. */
+static uint8_t *local_os_send(echo_comm *c, size_t bytes) {
+    (void)bytes;
+    return lw_of(c)->os + (size_t)c->rank * lw_of(c)->os_stride;
+}
+
+static const uint8_t *local_os_recv(echo_comm *c, size_t bytes, int peer) {
+    (void)bytes;
+    return lw_of(c)->os + (size_t)peer * lw_of(c)->os_stride;
+}
+
+static int local_os_exchange(echo_comm *c, size_t bytes, const echo_call *call, char *err, size_t errlen) {
+    (void)bytes, (void)call;
+    if (local_barrier(lw_of(c))) return aborted_msg(err, errlen);
+    return 0;
+}
+
+static int local_os_done(echo_comm *c, char *err, size_t errlen) {
+    if (local_barrier(lw_of(c))) return aborted_msg(err, errlen);
+    return 0;
+}
+
 /* A local world cannot die: an abort is cleared by echo_world_clear_abort. */
 static int local_usable(const echo_world *w, char *why, size_t len) {
     (void)w, (void)why, (void)len;
@@ -256,7 +283,13 @@ static int local_usable(const echo_world *w, char *why, size_t len) {
         .set_abort = local_set_abort, .usable = local_usable,                                                          \
     }
 
-static const echo_transport_ops local_host_ops = LOCAL_OPS("local", 0);
+static const echo_transport_ops local_host_ops = {
+    .name = "local", .device_memory = 0, .comm_init = local_comm_init, .world_fini = local_world_fini,
+    .p1_send = local_p1_send, .p1_exchange = local_p1_exchange, .p1_recv = local_p1_recv,
+    .p2_send = local_p2_send, .p2_exchange = local_p2_exchange, .p2_recv = local_p2_recv, .exact = local_exact,
+    .set_abort = local_set_abort, .usable = local_usable,
+    .os_send = local_os_send, .os_exchange = local_os_exchange, .os_recv = local_os_recv, .os_done = local_os_done,
+};
 static const echo_transport_ops local_device_ops = LOCAL_OPS("local-device", 1);
 
 int echo_local_world_create(int nranks, int device, const echo_local_mem *mem, const echo_compute_ops *compute,
@@ -313,6 +346,13 @@ int echo_local_world_create(int nranks, int device, const echo_local_mem *mem, c
         echo_plan ep;
         echo_plan_init(&ep, w->exact_max, nranks, w->cfg.group_size, ECHO_BF16);
         if (mem->alloc(device, ep.shard * N * sizeof(float), (void **)&lw->sum, err, errlen)) goto fail;
+    }
+    if (!mem->device_memory && w->os_msg_max) {
+        lw->os_stride = (w->os_msg_max + 63) / 64 * 64;
+        if (!(lw->os = alloc64(N * lw->os_stride))) {
+            snprintf(err, errlen, "echo: out of memory for the one-shot buffers (%zu bytes)", N * lw->os_stride);
+            goto fail;
+        }
     }
     *out = w;
     return 0;

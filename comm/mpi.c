@@ -42,6 +42,7 @@ typedef struct mpi_world {
     float *xsum;          /* exact path: this rank's x + residual in fp32, then the sum (N * shard values) */
     float *xrecv;         /* exact two-shot: the peers' fp32 shards of the own shard (N * shard values) */
     int *counts, *displs; /* N each, scratch for the v-collectives */
+    uint8_t *os;          /* one-shot: N messages of the call's size, in rank order (an all-gather) */
     int aborted;          /* echo_abort was called in this process */
     int dead;             /* an MPI call failed: ranks may be out of step */
     char why[256];
@@ -207,6 +208,29 @@ static int mpi_exact(echo_comm *c, const echo_plan *p, const echo_call *call, vo
     return 0;
 }
 
+/* One-shot: one MPI_Allgather of fixed-size slots (the world's largest
+ * one-shot message), so that ranks which disagree on the call still make
+ * the same collective; the agreement travels in the messages' headers and
+ * echo.c checks it. No collective before it: one network step per call. */
+static uint8_t *mpi_os_send(echo_comm *c, size_t bytes) {
+    (void)bytes;
+    return mw_of(c->w)->os + (size_t)c->rank * c->w->os_msg_max;
+}
+
+static const uint8_t *mpi_os_recv(echo_comm *c, size_t bytes, int peer) {
+    (void)bytes;
+    return mw_of(c->w)->os + (size_t)peer * c->w->os_msg_max;
+}
+
+static int mpi_os_exchange(echo_comm *c, size_t bytes, const echo_call *call, char *err, size_t errlen) {
+    (void)bytes, (void)call;
+    mpi_world *mw = mw_of(c->w);
+    if (mpi_ready(mw, err, errlen)) return -1;
+    MPI_TRY(mw, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->os, (int)c->w->os_msg_max, MPI_BYTE,
+                              mw->comm));
+    return 0;
+}
+
 static void mpi_set_abort(echo_world *w, int on) {
     mw_of(w)->aborted = on;
 }
@@ -230,6 +254,7 @@ static void mpi_world_fini(echo_world *w) {
     free(mw->xrecv);
     free(mw->counts);
     free(mw->displs);
+    free(mw->os);
     free(mw);
     w->tp_world = NULL;
 }
@@ -248,6 +273,9 @@ static const echo_transport_ops mpi_ops = {
     .exact = mpi_exact,
     .set_abort = mpi_set_abort,
     .usable = mpi_usable,
+    .os_send = mpi_os_send,
+    .os_exchange = mpi_os_exchange,
+    .os_recv = mpi_os_recv,
 };
 
 static void *alloc64(size_t bytes) {
@@ -302,7 +330,7 @@ int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, s
     echo_plan ep;
     echo_plan_init(&ep, w->exact_max, n, w->cfg.group_size, ECHO_BF16);
     /* MPI counts and displacements are ints */
-    if (N * mw->stride > INT_MAX || ep.shard * N > INT_MAX) {
+    if (N * mw->stride > INT_MAX || ep.shard * N > INT_MAX || N * w->os_msg_max > INT_MAX) {
         snprintf(err, errlen,
                  "echo: max_count %zu is too large for the mpi transport's int counts (at most %d "
                  "bytes of messages per rank)",
@@ -328,6 +356,7 @@ int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, s
             !(mw->p2 = alloc64(N * mw->stride)))
             goto oom;
     }
+    if (n > 1 && w->os_msg_max && !(mw->os = alloc64(N * w->os_msg_max))) goto oom;
     if (n > 1 && w->exact_max > 0) {
         if (!(mw->xsum = alloc64(ep.shard * N * sizeof(float)))) goto oom;
         if (mw->twoshot && !(mw->xrecv = alloc64(ep.shard * N * sizeof(float)))) goto oom;

@@ -7,16 +7,20 @@
 #   scripts/bench-network.sh [--out DIR] [--bench PATH] [--ranks "2 4"]
 #                            [--rates "none 2.5gbit 1gbit"] [--min-bytes 64K]
 #                            [--max-bytes 256M] [--tag NAME] [--report-only]
+#                            [--lab netlab|hostlab]
 #
 # Every run is `scripts/netlab.sh --rate R -- mpirun -np N echo-bench
 # allreduce --transport mpi ... --json` into DIR/ar-nN-R[-TAG].json; the
+# --lab hostlab runs each rank count in scripts/hostlab.sh instead (one
+# namespace and one shaped link per rank; the cost model below is netlab's
+# shared link, so its columns do not apply there). The
 # report (DIR/network-tables.md, DIR/network-*.png) reads the untagged
 # files, and lists tagged ones (repeats) beside them. Needs root (netlab),
 # Open MPI, python3 and gnuplot. About 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build-network bench=bin/echo-bench ranks="2 4" rates="none 2.5gbit 1gbit"
-minb=64K maxb=256M tag= report_only=0
+minb=64K maxb=256M tag= report_only=0 lab=netlab
 while [ $# -gt 0 ]; do
     case "$1" in
     --out) out=$2; shift 2 ;;
@@ -27,9 +31,12 @@ while [ $# -gt 0 ]; do
     --max-bytes) maxb=$2; shift 2 ;;
     --tag) tag=-$2; shift 2 ;;
     --report-only) report_only=1; shift ;;
-    *) sed -n '2,18p' "$0" >&2; exit 2 ;;
+    --lab) lab=$2; shift 2 ;;
+    *) sed -n '2,22p' "$0" >&2; exit 2 ;;
     esac
 done
+case "$lab" in netlab) labcmd=(scripts/netlab.sh) ;; hostlab) labcmd=(scripts/hostlab.sh --hosts) ;;
+    *) echo "bench-network: --lab: expected netlab or hostlab" >&2; exit 2 ;; esac
 mkdir -p "$out"
 if [ $report_only = 0 ]; then
     [ -x "$bench" ] || { echo "bench-network: $bench not found (make $bench)" >&2; exit 2; }
@@ -37,7 +44,9 @@ if [ $report_only = 0 ]; then
         for r in $rates; do
             f=$out/ar-n$n-$r$tag.json
             echo "== $n ranks, link $r -> $f ($(date -u +%H:%M:%S))" >&2
-            scripts/netlab.sh --rate "$r" -- mpirun --oversubscribe -np "$n" "$bench" allreduce --transport mpi \
+            hosts=()
+            [ "$lab" = netlab ] || hosts=("$n")
+            "${labcmd[@]}" "${hosts[@]}" --rate "$r" -- mpirun --oversubscribe -np "$n" "$bench" allreduce --transport mpi \
                 --algo exact,bf16,int4,echo --min-bytes "$minb" --max-bytes "$maxb" --step 4 --json >"$f.tmp"
             mv "$f.tmp" "$f"
         done

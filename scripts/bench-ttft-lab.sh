@@ -7,6 +7,11 @@
 #
 #   scripts/bench-ttft-lab.sh [--quick] [--out DIR] [--model M] [--bin DIR] [--tps "2 4"]
 #                             [--rates "1gbit none"] [--lens "512 2048"] [--iters N]
+#                             [--lab netlab|hostlab] [--modes "exact bf16 echo echo:hadamard-g32"]
+#                             [--extra "ARGS"]
+#     --lab       netlab (default: one shaped loopback for all ranks) or hostlab
+#                 (scripts/hostlab.sh: a namespace and a shaped link per rank)
+#     --extra     more echo-bench forward flags for every run
 #     --model M   default random:qwen3-0.6b,layers=8 (Qwen3-0.6B's shape,
 #                 8 of its 28 layers: hidden 1024, 16 heads, 8 KV heads)
 #     --quick     tp 2, 1 Gbit/s, 512 tokens only (a smoke run, ~1 min)
@@ -18,6 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/ttft-lab model="random:qwen3-0.6b,layers=8" bin=bin quick=0 tps_arg= rates_arg= lens_arg= iters_arg=
+lab=netlab modes_arg= extra=
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift ;;
@@ -28,7 +34,10 @@ while [ $# -gt 0 ]; do
     --rates) rates_arg=$2; shift ;;
     --lens) lens_arg=$2; shift ;;
     --iters) iters_arg=$2; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --lab) lab=$2; shift ;;
+    --modes) modes_arg=$2; shift ;;
+    --extra) extra=$2; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "bench-ttft-lab: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -42,7 +51,8 @@ mkdir -p "$out"
 if [ $quick = 1 ]; then tps="2"; rates="1gbit"; lens="512"; iters=2
 else tps="2 4"; rates="1gbit 2.5gbit none"; lens="512 2048"; iters=3; fi
 tps=${tps_arg:-$tps} rates=${rates_arg:-$rates} lens=${lens_arg:-$lens} iters=${iters_arg:-$iters}
-modes="exact bf16 echo echo:hadamard-g32"
+modes=${modes_arg:-"exact bf16 echo echo:hadamard-g32"}
+case "$lab" in netlab | hostlab) ;; *) echo "bench-ttft-lab: --lab: expected netlab or hostlab" >&2; exit 2 ;; esac
 for tp in $tps; do
   for rate in $rates; do
     for len in $lens; do
@@ -50,25 +60,29 @@ for tp in $tps; do
         echo "bench-ttft-lab: tp $tp, link $rate, $len tokens, $mode" >&2
         codec=()
         [ "${mode#*:}" = "$mode" ] || codec=(--echo-codec "${mode#*:}")
-        line=$(timeout 900 scripts/netlab.sh --rate "$rate" -- mpirun --oversubscribe -np "$tp" \
-          "$bin/echo-bench" forward --model "$model" --tp "$tp" --allreduce "${mode%%:*}" "${codec[@]}" --prefill "$len" \
+        hosts=()
+        [ "$lab" = netlab ] || hosts=(--hosts "$tp")
+        # shellcheck disable=SC2086 # --extra is a list of flags
+        line=$(timeout 900 scripts/$lab.sh "${hosts[@]}" --rate "$rate" -- mpirun --oversubscribe -np "$tp" \
+          "$bin/echo-bench" forward --model "$model" --tp "$tp" --allreduce "${mode%%:*}" "${codec[@]}" $extra --prefill "$len" \
           --ttft-len "$len" --decode-batch 1 --decode-steps 16 --iters "$iters" --gemm-dim 0 \
           --copy-bytes 64M --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))')
         python3 -c 'import json, sys
 j = json.loads(sys.argv[3])
-j["link"], j["len"] = sys.argv[1], int(sys.argv[2])
+j["link"], j["len"], j["lab"] = sys.argv[1], int(sys.argv[2]), sys.argv[4]
 if j.get("allreduce") == "echo":
     j["allreduce"] = "echo:%s-g%d" % (j["echo_codec"], j["echo_group"])
-print(json.dumps(j))' "$rate" "$len" "$line" >>"$out/ttft.jsonl"
+print(json.dumps(j))' "$rate" "$len" "$line" "$lab" >>"$out/ttft.jsonl"
       done
     done
   done
 done
-python3 - "$out/ttft.jsonl" "$model" > "$out/ttft.md" <<'PY'
+python3 - "$out/ttft.jsonl" "$model" "$lab" > "$out/ttft.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 key = lambda r: (r["tp"], r["link"], r["len"])
-print(f"TTFT and batch-1 inter-token latency, {sys.argv[2]}, ranks as processes over the shaped loopback")
+where = {"netlab": "over the shaped loopback", "hostlab": "one per host (scripts/hostlab.sh), a shaped link each"}
+print(f"TTFT and batch-1 inter-token latency, {sys.argv[2]}, ranks as processes {where[sys.argv[3]]}")
 print("(median of the runs; ITL = one batch-1 decode step)\n")
 names = []
 for r in rows:

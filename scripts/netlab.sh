@@ -88,7 +88,7 @@ fi
 
 export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export ECHO_NETLAB_NS=$ns ECHO_NETLAB_RATE=$rate
+export ECHO_NETLAB_NS=$ns ECHO_NETLAB_RATE=$rate ECHO_LAB=netlab
 # In the background so that a signal reaches our trap at once (bash runs
 # traps only between foreground commands), in a process group of its own
 # (set -m) so that the clean-up can end all of it.

@@ -7,6 +7,9 @@
 #
 #   scripts/ttft-ab-lab.sh [--quick] [--out DIR] [--tps "2 4"] [--rates "1gbit"] [--lens "512 2048"]
 #                          [--prompts N] [--modes exact,bf16,echo,echo:hadamard-g32] [--bin DIR]
+#                          [--lab netlab|hostlab]
+#     --lab       netlab (default: one shaped loopback) or hostlab (a namespace
+#                 and a shaped link per rank, scripts/hostlab.sh)
 #     --quick     tp 2, 1 Gbit/s, 128 tokens, 3 prompts (a smoke run, ~1 min)
 #     --prompts   requests per all-reduce and configuration, one at a time (default 8)
 # The model is random:qwen3-0.6b with 8 layers (echo-bench randmodel) and the
@@ -18,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/ttft-ab-lab bin=bin quick=0 tps="2 4" rates="1gbit" lens="512 2048" prompts=8
-modes=exact,bf16,echo,echo:hadamard-g32 outlen=16
+modes=exact,bf16,echo,echo:hadamard-g32 outlen=16 lab=netlab
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift ;;
@@ -29,7 +32,8 @@ while [ $# -gt 0 ]; do
     --lens) lens=$2; shift ;;
     --prompts) prompts=$2; shift ;;
     --modes) modes=$2; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --lab) lab=$2; shift ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ttft-ab-lab: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -53,7 +57,7 @@ for tp in $tps; do
     for len in $lens; do
       d="$out/$tp-$rate-$len"
       echo "ttft-ab-lab: tp $tp, link $rate, $len-token prompts" >&2
-      timeout 1800 scripts/ttft-ab.sh --link "$rate" --model "$model" --tp "$tp" --device cpu --modes "$modes" \
+      timeout 1800 scripts/ttft-ab.sh --link "$rate" --lab "$lab" --model "$model" --tp "$tp" --device cpu --modes "$modes" \
         --bench "$bin/echo-bench" --serve "$bin/echo-serve" --out "$d" --probe-prompts 0 --no-plot \
         --serve-args "--max-model-len $((len + 64))" --num-prompts "$prompts" --input-len "$len" \
         --output-len "$outlen" --ignore-eos --max-concurrency 1 --request-rate inf --num-warmups 1 --no-progress \

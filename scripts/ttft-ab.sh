@@ -15,6 +15,9 @@
 #   --link RATE                run everything (server ranks and client) inside scripts/netlab.sh
 #                              with its loopback shaped to RATE (1gbit, 2.5gbit, none ...); implies
 #                              --mpirun, so every byte between ranks crosses the link; needs root
+#   --lab netlab|hostlab       the lab --link runs in: netlab (default; one shaped loopback shared
+#                              by all ranks) or hostlab (scripts/hostlab.sh: one namespace per rank,
+#                              each with its own shaped link; the client runs in rank 0's)
 #   --background KIND          also measure every mode "busy": cpu-membw (memory-bandwidth hog
 #                              processes) or gpu-nccl (nccl-tests all_reduce_perf looping on the
 #                              same GPUs); none (default) measures quiet only
@@ -38,7 +41,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 model="" tp=2 device=auto modes=exact,echo,int4 background=none bg_jobs=1 out="" serve_args=""
-probe=8 bench="$root/bin/echo-bench" serve="$root/bin/echo-serve" plot=1 mpi=0 link=""
+probe=8 bench="$root/bin/echo-bench" serve="$root/bin/echo-serve" plot=1 mpi=0 link="" lab=netlab
 workload=() all_args=("$@")
 usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "ttft-ab: $1 needs a value" >&2; exit 2; }; }
@@ -58,6 +61,7 @@ while [ $# -gt 0 ]; do
     --no-plot) plot=0; shift ;;
     --mpirun) mpi=1; shift ;;
     --link) need "$@"; link=$2; mpi=1; shift 2 ;;
+    --lab) need "$@"; lab=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     --save-result|--label|--base-url) echo "ttft-ab: $1 is set by the script" >&2; exit 2 ;;
     --) shift; workload+=("$@"); break ;;
@@ -80,7 +84,11 @@ done
 # too: the server's loopback port is only reachable from inside).
 if [ -n "$link" ] && [ -z "${ECHO_NETLAB_RATE:-}" ]; then
   [ "$(id -u)" = 0 ] || { echo "ttft-ab: --link needs root (network namespaces)" >&2; exit 2; }
-  exec "$root/scripts/netlab.sh" --rate "$link" -- "$0" "${all_args[@]}"
+  case "$lab" in
+    netlab) exec "$root/scripts/netlab.sh" --rate "$link" -- "$0" "${all_args[@]}" ;;
+    hostlab) exec "$root/scripts/hostlab.sh" --hosts "$tp" --rate "$link" -- "$0" "${all_args[@]}" ;;
+    *) echo "ttft-ab: --lab: expected netlab or hostlab, got '$lab'" >&2; exit 2 ;;
+  esac
 fi
 if [ $mpi = 1 ]; then
   command -v "${MPIRUN:-mpirun}" >/dev/null || { echo "ttft-ab: --mpirun: ${MPIRUN:-mpirun} not found (make deps)" >&2; exit 1; }

@@ -14,7 +14,9 @@
  *   - replicas are bit-identical across the processes;
  *   - a NaN on one rank fails the call on every rank, alike; a rank that
  *     passes another count or site fails every rank, without a hang, and
- *     the next pass works.
+ *     the next pass works;
+ *   - the same with the one-shot schedule for small messages
+ *     (echo_config.oneshot_bytes), exact bit for bit too.
  * Plain C (MPI and Check's forking do not mix). Exit 0 when every check
  * passed on every rank; rank 0 prints the count.
  */
@@ -31,6 +33,7 @@
 #include "tests/comm_preset.h"
 
 static int g_rank, g_n;
+static size_t g_oneshot; /* echo_config.oneshot_bytes of every world below */
 static long g_checks, g_fail;
 
 #define CHECK(cond, ...)                                                                                               \
@@ -203,6 +206,7 @@ static int all_true(int v) {
  * as two-shot (bit for bit against local when no residual is carried). */
 static void compare(echo_preset mode, size_t min_bytes, int twoshot, echo_codec_id codec) {
     echo_config cfg = test_echo_cfg(mode, 0, min_bytes, 4, MAXC, 0, codec);
+    cfg.oneshot_bytes = g_oneshot;
     results loc = {calloc((size_t)NPASS * NCALL * ECHO_MAX_RANKS, MAXC * 4)};
     results mp = {calloc((size_t)NPASS * NCALL * ECHO_MAX_RANKS, MAXC * 4)};
     char err[256];
@@ -286,6 +290,7 @@ out:
  * pass works. */
 static void poison(echo_preset mode) {
     echo_config cfg = test_echo_cfg(mode, 0, 0, 2, 4096, 0, 0);
+    cfg.oneshot_bytes = g_oneshot;
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256];
@@ -315,6 +320,7 @@ static void poison(echo_preset mode) {
  * fails, nobody hangs, the next pass works. */
 static void disagree(echo_preset mode) {
     echo_config cfg = test_echo_cfg(mode, 0, 0, 4, 4096, 0, 0);
+    cfg.oneshot_bytes = g_oneshot;
     echo_world *w = NULL;
     echo_comm *c = NULL;
     char err[256];
@@ -461,6 +467,18 @@ int main(int argc, char **argv) {
         poison(modes[m]);
         disagree(modes[m]);
     }
+    /* the one-shot schedule under 8 KiB (counts 1, 300, 4*64*N+13 and 777 of
+     * the chain; 5000 and 20000 stay two-shot): mpi == local bit for bit
+     * (exact too: both sum in rank order) */
+    g_oneshot = 8192;
+    const echo_preset os_modes[] = {ECHO_PRESET_NOFB, ECHO_PRESET_ECHO, ECHO_PRESET_EXACT};
+    for (size_t m = 0; m < sizeof os_modes / sizeof *os_modes; m++) {
+        compare(os_modes[m], 0, 1, ECHO_CODEC_INT4);
+        if (os_modes[m] != ECHO_PRESET_EXACT) compare(os_modes[m], 0, 1, ECHO_CODEC_HOUT2);
+        poison(os_modes[m]);
+        disagree(os_modes[m]);
+    }
+    g_oneshot = 0;
     long tot[2] = {g_checks, g_fail}, sum[2] = {0, 0};
     MPI_Reduce(tot, sum, 2, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     if (g_rank == 0) printf("mpi_test_comm: %d ranks: %ld checks, %ld failed\n", g_n, sum[0], sum[1]);

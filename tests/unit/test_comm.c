@@ -1418,6 +1418,199 @@ START_TEST(test_disagreement_then_next_call) {
 }
 END_TEST
 
+/* ================= one-shot schedule (echo_config.oneshot_bytes) =================
+ * Exact one-shot gives the two-shot's bits (the same sum order); a 4-bit
+ * codec one-shot gives every rank the same bits, within one coding of each
+ * input (no second coding of the sum), with the residual carried over a
+ * pass; a NaN on one rank and a rank's other site fail every rank; the
+ * stats count (N-1) whole messages per call; messages over the threshold
+ * keep the two-shot bits. */
+static void os_inputs(int n, size_t m, echo_dtype dt, uint64_t seed, int call, void **buf, float **x) {
+    for (int r = 0; r < n; r++) {
+        x[r] = malloc(m * sizeof(float));
+        buf[r] = malloc(m * 4);
+        gen(x[r], m, seed, (uint64_t)call, (uint64_t)r);
+        for (size_t i = 0; i < m; i++) {
+            if (dt == ECHO_BF16) {
+                ((uint16_t *)buf[r])[i] = to_bf16(x[r][i]);
+                x[r][i] = from_bf16(((uint16_t *)buf[r])[i]);
+            } else {
+                ((float *)buf[r])[i] = x[r][i];
+            }
+        }
+    }
+}
+
+static void os_free(int n, void **buf, float **x) {
+    for (int r = 0; r < n; r++) {
+        free(buf[r]);
+        free(x[r]);
+    }
+}
+
+START_TEST(test_oneshot) {
+    const size_t counts[] = {1, 7, 300, 1037};
+    for (int ni = 0; ni < 3; ni++) {
+        int n = rank_counts[ni];
+        for (int dti = 0; dti < 2; dti++) {
+            echo_dtype dt = dti ? ECHO_BF16 : ECHO_F32;
+            size_t esz = dti ? 2 : 4;
+            /* exact: one-shot == two-shot, bit for bit */
+            harness h2, h1;
+            echo_config cfg = test_echo_cfg(ECHO_PRESET_EXACT, 0, 0, 4, 1037, 0, 0);
+            h_init(&h2, n, cfg);
+            cfg.oneshot_bytes = 1037 * 4;
+            h_init(&h1, n, cfg);
+            for (size_t ci = 0; ci < 4; ci++) {
+                size_t m = counts[ci];
+                void *b2[MAXN], *b1[MAXN];
+                float *x2[MAXN], *x1[MAXN];
+                os_inputs(n, m, dt, 40 + ci, 0, b2, x2);
+                os_inputs(n, m, dt, 40 + ci, 0, b1, x1);
+                step s;
+                call_all(&h2, 1, 0, m, dt, b2, &s);
+                assert_all_ok(&s);
+                call_all(&h1, 1, 0, m, dt, b1, &s);
+                assert_all_ok(&s);
+                for (int r = 0; r < n; r++)
+                    ck_assert_msg(!memcmp(b1[r], b2[r], m * esz), "exact n=%d m=%zu rank %d: one-shot != two-shot", n,
+                                  m, r);
+                echo_stats st;
+                echo_get_stats(h1.c[0], &st);
+                ck_assert_uint_eq(st.calls[ECHO_PRESET_EXACT], ci + 1);
+                os_free(n, b2, x2);
+                os_free(n, b1, x1);
+            }
+            echo_stats st;
+            echo_get_stats(h1.c[0], &st);
+            /* (N-1) fp32 messages of the whole count per call */
+            ck_assert_uint_eq(st.wire_bytes[ECHO_PRESET_EXACT], (uint64_t)(n - 1) * (1 + 7 + 300 + 1037) * 4);
+            h_free(&h2);
+            h_free(&h1);
+            /* echo (hout2 and int4 codecs), a pass of 3 calls (the residual
+             * carried): every rank's output is the reference built here from
+             * the public codec calls (each rank's input plus its residual
+             * coded, the N decodes summed in rank order, rounded to dt), and
+             * in total over the counts no farther from the fp64 sum than the
+             * two-shot schedule on the same inputs (one coding of each input
+             * instead of two) */
+            for (int cv = 0; cv < 2; cv++) {
+                echo_codec_id codec = cv ? ECHO_CODEC_INT4 : ECHO_CODEC_HOUT2;
+                harness h, ht;
+                cfg = test_echo_cfg(ECHO_PRESET_ECHO, 0, 0, 4, 1037, 0, codec);
+                h_init(&ht, n, cfg);
+                cfg.oneshot_bytes = 1037 * 4;
+                h_init(&h, n, cfg);
+                double e1 = 0, e2 = 0;
+                for (size_t ci = 0; ci < 4; ci++) {
+                    size_t m = counts[ci];
+                    float *rres[MAXN], *wire = malloc(m * 2 + 4096), *ysum = malloc(m * 4 + 4096);
+                    for (int r = 0; r < n; r++)
+                        rres[r] = calloc(m + 256, sizeof(float));
+                    for (int k = 0; k < 3; k++) {
+                        void *b[MAXN], *bt[MAXN];
+                        float *x[MAXN], *xt[MAXN];
+                        os_inputs(n, m, dt, 60 + ci, k, b, x);
+                        os_inputs(n, m, dt, 60 + ci, k, bt, xt);
+                        step s;
+                        call_all(&h, k == 0, k, m, dt, b, &s);
+                        assert_all_ok(&s);
+                        call_all(&ht, k == 0, k, m, dt, bt, &s);
+                        assert_all_ok(&s);
+                        char e[160];
+                        for (int r = 0; r < n; r++) {
+                            ck_assert(!echo_codec_encode_as(codec, x[r], rres[r], m, echo_codec_default_group(codec),
+                                                            wire, e, sizeof e));
+                            ck_assert(!echo_codec_decode_as(codec, wire, m, echo_codec_default_group(codec), ysum, r > 0,
+                                                            e, sizeof e));
+                        }
+                        for (int r = 0; r < n; r++)
+                            for (size_t i = 0; i < m; i++) {
+                                int same = dt == ECHO_BF16 ? ((uint16_t *)b[r])[i] == to_bf16(ysum[i])
+                                                           : ((float *)b[r])[i] == ysum[i];
+                                ck_assert_msg(same, "echo/%s n=%d m=%zu call %d rank %d i=%zu: not the reference",
+                                              echo_codec_get(codec)->name, n, m, k, r, i);
+                            }
+                        for (size_t i = 0; i < m; i++) {
+                            double ref = 0;
+                            for (int r = 0; r < n; r++)
+                                ref += x[r][i];
+                            double o = dt == ECHO_BF16 ? from_bf16(((uint16_t *)b[0])[i]) : ((float *)b[0])[i];
+                            double t = dt == ECHO_BF16 ? from_bf16(((uint16_t *)bt[0])[i]) : ((float *)bt[0])[i];
+                            e1 += (o - ref) * (o - ref);
+                            e2 += (t - ref) * (t - ref);
+                        }
+                        os_free(n, b, x);
+                        os_free(n, bt, xt);
+                    }
+                    for (int r = 0; r < n; r++)
+                        free(rres[r]);
+                    free(wire);
+                    free(ysum);
+                }
+                ck_assert_msg(e1 <= e2 && e1 > 0, "echo/%s n=%d: one-shot squared error %g vs two-shot %g",
+                              echo_codec_get(codec)->name, n, e1, e2);
+                h_free(&ht);
+                /* a NaN on the last rank fails every rank alike; the next pass works */
+                void *b[MAXN];
+                float *x[MAXN];
+                os_inputs(n, 300, dt, 7, 0, b, x);
+                if (dt == ECHO_F32)
+                    ((float *)b[n - 1])[5] = NAN;
+                else
+                    ((uint16_t *)b[n - 1])[5] = 0x7fc0;
+                step s;
+                call_all(&h, 1, 0, 300, dt, b, &s);
+                assert_all_fail(&s, "inf/nan");
+                for (int r = 0; r < n; r++)
+                    ck_assert(echo_pass_failed_alike(h.c[r]));
+                os_free(n, b, x);
+                os_inputs(n, 300, dt, 8, 0, b, x);
+                call_all(&h, 1, 0, 300, dt, b, &s);
+                assert_all_ok(&s);
+                /* another site on the last rank: every rank fails */
+                memset(&s, 0, sizeof s);
+                s.h = &h;
+                s.begin = 1;
+                s.dt = dt;
+                for (int r = 0; r < n; r++) {
+                    s.site[r] = r == n - 1 ? 2 : 1;
+                    s.count[r] = 300;
+                    s.buf[r] = b[r];
+                }
+                run_step(&s);
+                assert_all_fail(&s, "disagree");
+                call_all(&h, 1, 0, 300, dt, b, &s);
+                assert_all_ok(&s);
+                os_free(n, b, x);
+                h_free(&h);
+            }
+        }
+    }
+    /* above the threshold: the two-shot's bits */
+    harness ha, hb;
+    echo_config cfg = test_echo_cfg(ECHO_PRESET_ECHO, 0, 0, 4, 4097, 0, 0);
+    h_init(&ha, 3, cfg);
+    cfg.oneshot_bytes = 1000 * 4;
+    h_init(&hb, 3, cfg);
+    void *ba[MAXN], *bb[MAXN];
+    float *xa[MAXN], *xb[MAXN];
+    os_inputs(3, 4097, ECHO_F32, 9, 0, ba, xa);
+    os_inputs(3, 4097, ECHO_F32, 9, 0, bb, xb);
+    step s;
+    call_all(&ha, 1, 0, 4097, ECHO_F32, ba, &s);
+    assert_all_ok(&s);
+    call_all(&hb, 1, 0, 4097, ECHO_F32, bb, &s);
+    assert_all_ok(&s);
+    for (int r = 0; r < 3; r++)
+        ck_assert(!memcmp(ba[r], bb[r], 4097 * 4));
+    os_free(3, ba, xa);
+    os_free(3, bb, xb);
+    h_free(&ha);
+    h_free(&hb);
+}
+END_TEST
+
 /* ================= 6. local transport on device memory ================= */
 
 /* This suite runs on machines without a GPU and in builds without CUDA:
@@ -1771,6 +1964,7 @@ int main(void) {
     tcase_add_test(tc, test_size_policy_and_stats);
     tcase_add_test(tc, test_disagreement_then_next_call);
     tcase_add_test(tc, test_pass_end);
+    tcase_add_test(tc, test_oneshot);
     tcase_add_test(tc, test_local_device_unavailable);
     tcase_add_test(tc, test_local_device_schedule_on_cpu);
     suite_add_tcase(s, tc);
