@@ -888,7 +888,8 @@ AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int 
                                       uint8_t *codes, uint8_t *recs, size_t *bad) {
     *bad = ECHO_NO_INDEX;
     int hr = res && res_valid, hw = res != NULL;
-    if (n % (size_t)(group > 0 ? group : 1) || (form == ECHO_FORM_HSUB && group < 64))
+    /* hout3 (3-bit codes) has no vector loops: the scalar ones, never another form's */
+    if (n % (size_t)(group > 0 ? group : 1) || (form == ECHO_FORM_HSUB && group < 64) || form == ECHO_FORM_HOUT3)
         return echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
     size_t np = 0;
     if (form == ECHO_FORM_HSUB) {
@@ -953,7 +954,7 @@ AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t n
 AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group,
                                     float *out, int accumulate) {
     size_t ng = n / (size_t)(group > 0 ? group : 1);
-    if (form == ECHO_FORM_HSUB && group < 64) ng = 0;
+    if ((form == ECHO_FORM_HSUB && group < 64) || form == ECHO_FORM_HOUT3) ng = 0; /* scalar below */
 #define RD(G)                                                                                                          \
     if (form == ECHO_FORM_HSUB)                                                                                        \
         hsub_dec_impl(codes, recs, ng, G, out, accumulate);                                                            \
@@ -965,7 +966,7 @@ AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_
 #undef RD
     size_t off = ng * (size_t)group;
     if (off < n)
-        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group),
+        echo_cpu_codec_scalar.rec_decode(form, codes + echo_code_bytes(form, off), recs + ng * (size_t)echo_rec_bytes(form, group),
                                          n - off, group, out + off, accumulate);
 }
 

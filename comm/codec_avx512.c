@@ -391,7 +391,7 @@ Z_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int r
 
 Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
                                 uint8_t *codes, uint8_t *recs, size_t *bad) {
-    if (form == ECHO_FORM_HSUB || n % (size_t)(group > 0 ? group : 1))
+    if (form == ECHO_FORM_HSUB || form == ECHO_FORM_HOUT3 || n % (size_t)(group > 0 ? group : 1))
         return echo_cpu_codec_avx2.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
     *bad = ECHO_NO_INDEX;
     size_t np = 0;
@@ -551,7 +551,7 @@ Z_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, 
 
 Z_FN static void z_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group, float *out,
                               int accumulate) {
-    if (form == ECHO_FORM_HSUB) {
+    if (form == ECHO_FORM_HSUB || form == ECHO_FORM_HOUT3) {
         echo_cpu_codec_avx2.rec_decode(form, codes, recs, n, group, out, accumulate);
         return;
     }

@@ -109,6 +109,8 @@ static const echo_codec_info codecs[ECHO_CODEC_COUNT] = {
     /* G only sets the shard granularity here; 128 as ECHO_DEFAULT_CODEC's */
     [ECHO_CODEC_NONE] = {"none", 0, 32, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 0},
     [ECHO_CODEC_BF16] = {"bf16", 0, 16, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 1},
+    /* 3-bit codes: scalar host loops only (comm/echo_codec.h), no device kernels yet */
+    [ECHO_CODEC_HOUT3] = {"hout3", 0, 3, ECHO_OUT2_REC, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_HOUT3, 0, 1},
 };
 
 const echo_codec_info *echo_codec_get(echo_codec_id id) {

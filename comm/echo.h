@@ -46,6 +46,7 @@ typedef enum echo_codec_id {
     ECHO_CODEC_HOUT2,       /* out2's outliers, then hadamard over the rest of the group */
     ECHO_CODEC_NONE,        /* exact: fp32 on the wire, the transport's own all-reduce */
     ECHO_CODEC_BF16,        /* exact: bf16 on the wire, fp32 sums rounded once (host transports only) */
+    ECHO_CODEC_HOUT3,       /* hout2 with 3-bit mid-rise codes: 3.5 bits/value at G 128 (host transports only) */
     ECHO_CODEC_COUNT
 } echo_codec_id;
 
@@ -127,7 +128,7 @@ void echo_preset_describe(echo_preset p, echo_codec_id codec, int group, char *b
  * docs/echo.md §2b has the formats and the measurements that chose
  * ECHO_DEFAULT_CODEC. */
 typedef struct echo_codec_info {
-    const char *name;  /* what users type: "int4", "hadamard", "hsub6", "out2", "hout2", "none", "bf16" */
+    const char *name;  /* what users type: "int4", "hadamard", "hsub6", "out2", "hout2", "none", "bf16", "hout3" */
     int rotate;        /* values per Walsh-Hadamard rotation block (comm/echo_codec.h): 0 none, -1 the group */
     int code_bits;     /* wire bits of one value (its code, or the float itself when lossless) */
     int scale_bytes;   /* wire bytes of one group's scale */

@@ -498,6 +498,115 @@ ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *re
     return sb;
 }
 
+/* ---- the hout3 codec (ECHO_CODEC_HOUT3): hout2 at 3 bits ----
+ * hout2's two outliers and rotation, then 3-bit codes on a mid-rise grid:
+ * the 8 levels m*s, m odd in [-7, 7], s the int4 scale (absmax/7 rounded
+ * up to bf16), so the step is 2s and no level is 0 (8 levels rather than
+ * a symmetric 7: about half the error of absmax/3 steps). Wire code
+ * k = (m + 7)/2, code j at bit 3j of the group's little-endian code bytes
+ * (3G/8 of them, so the code area of a message of n values is 3n/8 bytes,
+ * echo_code_bytes). Same 8-byte record as out2: 3 + 64/G bits per value
+ * (3.5 at G = 128). Host only (the table's host_only): no device kernels. */
+#define ECHO_FORM_HOUT3 4
+
+/* Code bytes of n values (n a multiple of 8) in a message of `form`. */
+ECHO_HD size_t echo_code_bytes(int form, size_t n) {
+    return form == ECHO_FORM_HOUT3 ? n / 8 * 3 : n / 2;
+}
+
+/* The odd m in [-7, 7] nearest y/s (|y/s| < 7.5 as for echo_code), as a float. */
+ECHO_HD float echo_code3(float y, float s) {
+    return echo_add(echo_mul(echo_rint(echo_mul(echo_sub(echo_div(y, s), 1.0f), 0.5f)), 2.0f), 1.0f);
+}
+
+ECHO_HD int echo_get3(const uint8_t *c, int j) {
+    int bit = 3 * j, sh = bit & 7;
+    unsigned w = c[bit >> 3] | (sh > 5 ? (unsigned)c[(bit >> 3) + 1] << 8 : 0u);
+    return (int)((w >> sh) & 7u);
+}
+
+ECHO_HD void echo_hout3_finish(const uint8_t *codes, uint16_t sb, uint16_t o1, uint16_t o2, int i1, int i2, int G,
+                               float *v) {
+    float s = echo_bf16_to_f32(sb);
+    for (int i = 0; i < G; i++)
+        v[i] = echo_mul((float)(2 * echo_get3(codes, i) - 7), s);
+    echo_had_inv(v, G);
+    v[i1 % G] = echo_bf16_to_f32(o1);
+    v[i2 % G] = echo_bf16_to_f32(o2);
+}
+
+ECHO_HD uint16_t echo_hout3_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
+    uint32_t m = 0, a1 = 0, a2;
+    int i1 = 0, i2;
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        m = a > m ? a : m;
+        if (a > a1) {
+            a1 = a;
+            i1 = i;
+        }
+    }
+    i2 = i1 == 0 ? 1 : 0;
+    a2 = echo_abs_bits(y[i2]);
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        if (i != i1 && a > a2) {
+            a2 = a;
+            i2 = i;
+        }
+    }
+    float u[ECHO_MAX_GROUP];
+    for (int i = 0; i < G; i++)
+        u[i] = i == i1 || i == i2 ? 0.0f : y[i];
+    echo_had_fwd(u, G);
+    uint32_t mu = 0;
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(u[i]);
+        mu = a > mu ? a : mu;
+    }
+    uint16_t sb = m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(mu);
+    int poison = echo_scale_is_poison(sb), ok = sb != 0 && !poison;
+    uint16_t o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y[i1]);
+    uint16_t o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y[i2]);
+    rec[0] = (uint8_t)sb, rec[1] = (uint8_t)(sb >> 8);
+    rec[2] = (uint8_t)o1, rec[3] = (uint8_t)(o1 >> 8);
+    rec[4] = (uint8_t)o2, rec[5] = (uint8_t)(o2 >> 8);
+    rec[6] = (uint8_t)i1, rec[7] = (uint8_t)i2;
+    float s = echo_bf16_to_f32(sb);
+    for (int j = 0; j < 3 * G / 8; j++)
+        codes[j] = 0;
+    for (int i = 0; ok && i < G; i++) {
+        unsigned k = (unsigned)((int)echo_code3(u[i], s) + 7) / 2u;
+        int bit = 3 * i, sh = bit & 7;
+        codes[bit >> 3] |= (uint8_t)(k << sh);
+        if (sh > 5) codes[(bit >> 3) + 1] |= (uint8_t)(k >> (8 - sh));
+    }
+    if (!r) return sb;
+    if (poison) {
+        for (int i = 0; i < n; i++)
+            r[i] = 0.0f;
+        return sb;
+    }
+    if (!ok) { /* all zero but for the outliers: every code decodes to 0 */
+        for (int i = 0; i < n; i++)
+            r[i] = i == i1 ? echo_sub(y[i], echo_bf16_to_f32(o1))
+                   : i == i2 ? echo_sub(y[i], echo_bf16_to_f32(o2))
+                             : y[i];
+        return sb;
+    }
+    echo_hout3_finish(codes, sb, o1, o2, i1, i2, G, u);
+    for (int i = 0; i < n; i++)
+        r[i] = echo_sub(y[i], u[i]);
+    return sb;
+}
+
+ECHO_HD uint16_t echo_hout3_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v) {
+    uint16_t sb = (uint16_t)(rec[0] | (rec[1] << 8));
+    echo_hout3_finish(codes, sb, (uint16_t)(rec[2] | (rec[3] << 8)), (uint16_t)(rec[4] | (rec[5] << 8)), rec[6], rec[7],
+                      G, v);
+    return sb;
+}
+
 /* The record forms by number (echo_plan.form), for the loops that serve them all. */
 ECHO_HD int echo_rec_bytes(int form, int G) {
     return form == ECHO_FORM_HSUB ? echo_hsub_rec_bytes(G) : form == ECHO_FORM_INT4 ? 2 : ECHO_OUT2_REC;
@@ -506,12 +615,14 @@ ECHO_HD int echo_rec_bytes(int form, int G) {
 ECHO_HD uint16_t echo_rec_encode_group(int form, const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
     return form == ECHO_FORM_OUT2    ? echo_out2_encode_group(y, G, codes, rec, r, n)
            : form == ECHO_FORM_HOUT2 ? echo_hout2_encode_group(y, G, codes, rec, r, n)
+           : form == ECHO_FORM_HOUT3 ? echo_hout3_encode_group(y, G, codes, rec, r, n)
                                      : echo_hsub_encode_group(y, G, codes, rec, r, n);
 }
 
 ECHO_HD uint16_t echo_rec_decode_group(int form, const uint8_t *codes, const uint8_t *rec, int G, float *v) {
     return form == ECHO_FORM_OUT2    ? echo_out2_decode_group(codes, rec, G, v)
            : form == ECHO_FORM_HOUT2 ? echo_hout2_decode_group(codes, rec, G, v)
+           : form == ECHO_FORM_HOUT3 ? echo_hout3_decode_group(codes, rec, G, v)
                                      : echo_hsub_decode_group(codes, rec, G, v);
 }
 

@@ -886,6 +886,10 @@ static int cuda_comm_setup(echo_comm *c, cuda_state *cs, char *err, size_t errle
     }
     const echo_world *w = c->w;
     const echo_codec_info *ci = echo_codec_get(w->cfg.codec);
+    if (ci->form == ECHO_FORM_HOUT3) { /* echo_comm_create refuses it first (host_only); never code it as 4-bit */
+        snprintf(err, errlen, "echo: codec %s (3-bit codes) has no device kernels: host transports only", ci->name);
+        return -1;
+    }
     if ((ci->rotate || ci->form) && w->nranks > 1 && !ci->lossless)
         ECHO_CUDA_TRY(cudaMalloc((void **)&cs->d_rot, w->max_plan.shard * (size_t)w->nranks * sizeof(float)));
     int sms = 0;
