@@ -773,6 +773,99 @@ START_TEST(test_codec_table) {
 }
 END_TEST
 
+/* hout3 (3-bit codes, 3.5 bits/value at G 128): the wire size the table
+ * promises, every value within one step s of its input (the codes' half
+ * step is s in the rotated basis, and D H / G keeps the per-element bound),
+ * outliers exact to bf16, the residual exactly x - decode(x), and a 3-rank
+ * world whose ranks agree and stay near the fp64 sum. The vector codec
+ * paths must hand this form to the scalar loops: another form's encoder
+ * writes 4-bit codes and fails the bound. */
+START_TEST(test_hout3) {
+    echo_codec_id id;
+    int g;
+    ck_assert(echo_codec_parse("hout3-g64", &id, &g) == 0 && id == ECHO_CODEC_HOUT3 && g == 64);
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_HOUT3, 0), 3.5);
+    ck_assert_uint_eq(echo_codec_group_bytes(ECHO_CODEC_HOUT3, 128), 56);
+    ck_assert_uint_eq(echo_codec_group_bytes(ECHO_CODEC_HOUT3, 16), 14);
+    const int Gs[] = {16, 128, 256};
+    for (int gi = 0; gi < 3; gi++) {
+        int G = Gs[gi];
+        size_t m = 41 * (size_t)G, ng = m / (size_t)G, gb = echo_codec_group_bytes(ECHO_CODEC_HOUT3, G);
+        float *x = malloc(m * sizeof *x), *res = calloc(m, sizeof *res), *dec = malloc(m * sizeof *dec);
+        uint8_t *wire = malloc(ng * gb);
+        char err[256];
+        gen(x, m, 31, (uint64_t)G, 0);
+        x[5] = 40.0f; /* an outlier channel */
+        for (size_t i = 0; i < (size_t)G; i++)
+            x[(size_t)G + i] = 0.0f; /* an all-zero group */
+        ck_assert_msg(echo_codec_encode_as(ECHO_CODEC_HOUT3, x, res, m, G, wire, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(echo_codec_decode_as(ECHO_CODEC_HOUT3, wire, m, G, dec, 0, err, sizeof err) == 0, "%s", err);
+        const uint8_t *recs = wire + ng * (size_t)G * 3 / 8;
+        double se = 0, sx = 0;
+        for (size_t k = 0; k < ng; k++) {
+            const uint8_t *rec = recs + k * ECHO_OUT2_REC;
+            float sc = echo_bf16_to_f32((uint16_t)(rec[0] | (rec[1] << 8)));
+            for (int i = 0; i < G; i++) {
+                size_t j = k * (size_t)G + (size_t)i;
+                float e = x[j] - dec[j];
+                ck_assert_msg(fabsf(e) <= sc * 1.001f + 1e-6f, "G=%d value %zu: error %g > step %g", G, j, (double)e,
+                              (double)sc);
+                ck_assert_msg(res[j] == e, "G=%d value %zu: residual %g is not x - decode %g", G, j, (double)res[j],
+                              (double)e);
+                se += (double)e * e;
+                sx += (double)x[j] * x[j];
+            }
+        }
+        ck_assert_float_eq(dec[5], 40.0f);
+        for (size_t i = 0; i < (size_t)G; i++)
+            ck_assert_float_eq(dec[(size_t)G + i], 0.0f);
+        /* 8 levels over +-absmax: about twice hout2's error, far below int2's */
+        ck_assert_msg(sqrt(se / sx) < 0.3, "G=%d: relative error %g", G, sqrt(se / sx));
+        free(x), free(res), free(dec), free(wire);
+    }
+    /* a world of 3 ranks, with feedback, over two calls */
+    const int n = 3;
+    const size_t m = 3000;
+    harness h;
+    h_init(&h, n, test_echo_cfg(ECHO_PRESET_ECHO, 128, 0, 2, m, 0, ECHO_CODEC_HOUT3));
+    void *buf[MAXN];
+    float *x[MAXN];
+    /* with feedback the first call's error comes back in the second: the
+     * running total then holds only the last call's error */
+    double *tot_out = calloc(m, sizeof(double)), *tot_sum = calloc(m, sizeof(double));
+    for (int site = 0; site < 2; site++) {
+        for (int r = 0; r < n; r++) {
+            x[r] = malloc(m * sizeof(float));
+            gen(x[r], m, 77, (uint64_t)site, (uint64_t)r);
+            buf[r] = malloc(m * sizeof(float));
+            memcpy(buf[r], x[r], m * sizeof(float));
+        }
+        step s;
+        call_all(&h, site == 0, site, m, ECHO_F32, buf, &s);
+        assert_all_ok(&s);
+        double se = 0, sx = 0;
+        for (size_t i = 0; i < m; i++) {
+            double sum = 0;
+            for (int r = 0; r < n; r++)
+                sum += x[r][i];
+            tot_out[i] += ((float *)buf[0])[i];
+            tot_sum[i] += sum;
+            double e = tot_out[i] - tot_sum[i];
+            se += e * e;
+            sx += sum * sum;
+        }
+        ck_assert_msg(sqrt(se / sx) < 0.3, "site %d: relative error %g", site, sqrt(se / sx));
+        for (int r = 0; r < n; r++) {
+            ck_assert_msg(memcmp(buf[0], buf[r], m * sizeof(float)) == 0, "hout3: rank %d differs", r);
+            free(x[r]);
+            free(buf[r]);
+        }
+    }
+    free(tot_out), free(tot_sum);
+    h_free(&h);
+}
+END_TEST
+
 /* ================= 4. depth independence ================= */
 
 /* The worst-case one-call bound b* per element for inputs |x| <= X
@@ -1664,6 +1757,7 @@ int main(void) {
     tcase_add_test(tc, test_one_call_bound);
     tcase_add_test(tc, test_hadamard_one_call_bound);
     tcase_add_test(tc, test_codec_table);
+    tcase_add_test(tc, test_hout3);
     tcase_add_test(tc, test_depth_independence);
     tcase_add_test(tc, test_lifecycle_errors);
     tcase_add_test(tc, test_reset_and_abort);
