@@ -7,7 +7,8 @@
 # strings, one line per language) and chat (the multi-turn conversations of
 # tests/fixtures/tokenizer/qwen3_chat.jsonl rendered through SmolLM2's own
 # chat template by echo-serve's /tokenize). Each preset (echo, echo-nofb,
-# int4, bf16) runs against exact with echo-eval; the check fails when a
+# int4, bf16, and echo / echo-nofb with the 3.5-bit hout3 codec, keys
+# echo-hout3 / echo-nofb-hout3) runs against exact with echo-eval; the check fails when a
 # preset's mean KL to exact on a domain exceeds its bound in
 # tests/accuracy_quick.json (measured, then x2 + 0.01: a jump, not noise), or
 # its next-token accuracy drops more than the bound's points. 300 tokens
@@ -104,6 +105,7 @@ PY
 fail=0
 for d in doc man code l10n chat; do
     if ! "$bin/echo-eval" --model "$gguf" --tp 3 --prompts "$tmp/$d.jsonl" --modes echo,echo-nofb,int4,bf16 \
+        --codecs hout2-g128,hout3-g128 \
         --gen-tokens 1 --threads 2 --json >"$tmp/$d.json" 2>"$tmp/$d.err"; then
         echo "FAIL accuracy-quick: echo-eval on $d: $(tail -3 "$tmp/$d.err")"
         fail=1
@@ -117,7 +119,9 @@ got = {}
 for d in ("doc", "man", "code", "l10n", "chat"):
     j = json.load(open(f"{tmp}/{d}.json"))
     for r in j["modes"]:
-        got[f"{d}/{r['mode']}"] = {"kl_mean": r["kl_mean"], "delta_pt": r["next_token_acc_delta_pt"],
+        # the default codec's rows keep their names; other codecs' carry theirs
+        m = r["mode"] if r["codec"] in ("hout2", "int4", "bf16") else f"{r['mode']}-{r['codec']}"
+        got[f"{d}/{m}"] = {"kl_mean": r["kl_mean"], "delta_pt": r["next_token_acc_delta_pt"],
                                    "tokens": j["tokens_scored"], "allreduce": r["allreduce"]}
 if record:
     print(json.dumps({k: {"kl_mean_max": round(2 * v["kl_mean"] + 0.01, 4),
