@@ -41,6 +41,9 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+command -v groff >/dev/null || { echo "accuracy-domains.sh: needs groff (apt-get install groff-base)" >&2; exit 1; }
+command -v dpkg-deb >/dev/null && command -v apt-get >/dev/null ||
+  { echo "accuracy-domains.sh: needs apt-get and dpkg-deb (Debian)" >&2; exit 1; }
 top=build/accuracy-domains
 mkdir -p "$top/debs" "$top/root" "$top/text"
 # pinned packages: name version sha256 (Debian 12 bookworm)
