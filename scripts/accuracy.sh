@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
         gnuplot -e "dat='build/accuracy-domains/plot.dat'; out='docs/accuracy-domains.png'" scripts/accuracy-domains.gp
       fi
       exit 0 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "accuracy.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
