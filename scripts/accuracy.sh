@@ -17,6 +17,12 @@
 #     --more LIST    also run echo with these codecs on 3 further disjoint
 #                    chunks of the text (50 prompts each), pooled in the
 #                    report (default: hadamard-g32,hsub6-g128,hout2-g128)
+#     --domains      instead: the multi-domain suite (five kinds of text from
+#                    pinned Debian packages, scripts/accuracy-domains.sh): the
+#                    default preset on 40 prompts of 256 tokens per domain, the
+#                    ablation (echo-nofb, int4) on the first 8, then its
+#                    section of docs/accuracy.md and docs/accuracy-domains.png
+#                    (several hours on 2 shared cores)
 # The full run (50 prompts of 128 tokens, 16 greedy tokens, 18 variants, then
 # the further chunks) takes about an hour on 2 shared cores.
 set -euo pipefail
@@ -33,7 +39,16 @@ while [ $# -gt 0 ]; do
     --codecs) codecs=$2; shift ;;
     --gen-tokens) gen=$2; shift ;;
     --more) more=$2; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --domains)
+      scripts/accuracy-domains.sh --prompts 40 --modes echo --tag main
+      scripts/accuracy-domains.sh --prompts 8 --modes echo,echo-nofb,int4 --codecs hout2-g128 --tag ablation
+      python3 scripts/accuracy_domains_report.py docs/accuracy.md build/accuracy-domains/plot.dat \
+        build/accuracy-domains/runs/main build/accuracy-domains/runs/ablation
+      if command -v gnuplot >/dev/null; then
+        gnuplot -e "dat='build/accuracy-domains/plot.dat'; out='docs/accuracy-domains.png'" scripts/accuracy-domains.gp
+      fi
+      exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "accuracy.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift

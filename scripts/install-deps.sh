@@ -5,7 +5,8 @@ set -euo pipefail
 PKGS=(build-essential pkg-config clang libclang-rt-14-dev
       libjansson-dev check libsubunit-dev libpcre2-dev libutf8proc-dev
       libmicrohttpd-dev libsentencepiece-dev libcurl4-openssl-dev curl python3 gnuplot-nox
-      openmpi-bin libopenmpi-dev iproute2 cmake)
+      openmpi-bin libopenmpi-dev iproute2 cmake
+      groff-base)  # groff-base: scripts/accuracy-domains.sh renders man pages
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
