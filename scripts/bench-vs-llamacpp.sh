@@ -56,6 +56,9 @@ QUANTIZE=${QUANTIZE:-${LLAMA_BIN:-$LLAMACPP_DIR/build/bin}/llama-quantize}
 mkdir -p "$LLAMACPP_DIR"
 WORK=${WORK:-$LLAMACPP_DIR}
 mkdir -p "$WORK"
+# the runs cd into LLAMACPP_DIR: relative paths are the caller's
+WORK=$(cd "$WORK" && pwd)
+case $OUT in /*) ;; *) mkdir -p "$(dirname "$OUT")"; OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT") ;; esac
 SRC=$LLAMACPP_DIR/llama_cpp_python-$LLAMACPP_VERSION/vendor/llama.cpp
 LLAMA_BIN=${LLAMA_BIN:-$LLAMACPP_DIR/build/bin}
 BENCH=$LLAMA_BIN/llama-bench
