@@ -176,7 +176,7 @@ FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) -fsanitize=fuzzer
 FUZZ_DEPS_safetensors := $(wildcard weights/*.c)
 FUZZ_DEPS_gguf        := $(wildcard weights/*.c)
 FUZZ_DEPS_tokenizer   := $(filter-out %.cc,$(wildcard tokenizer/*.c))
-FUZZ_DEPS_jinja       := tokenizer/jinja.c
+FUZZ_DEPS_jinja       := $(wildcard tokenizer/jinja*.c)
 # server/ also needs model config parsing, the sampling helpers and mode names;
 # fuzz_server.c stubs the engine API and the SentencePiece wrapper.
 FUZZ_DEPS_server      := $(wildcard server/*.c) $(FUZZ_DEPS_tokenizer) model/config.c model/family.c \

@@ -14,7 +14,8 @@
  * KV blocks, sampling), sends each step's batch to the others (comm/'s
  * control messages), runs its own rank and gathers their vocabulary slices
  * or candidates; the other processes sit in eng_follow(), running the same
- * step on their rank. docs/network.md has the protocol.
+ * step on their rank. The control plane is proc.c; docs/network.md has the
+ * protocol.
  */
 #include <math.h>
 #include <pthread.h>
@@ -23,84 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/blocks.h"
-#include "engine/engine.h"
-#include "engine/step.h"
-#include "kernels/kernels.h"
-#include "weights/weights.h"
-
-typedef struct eng_rank {
-    eng *e;
-    int rank;
-    const kern_ops *ops;
-    kern_backend *be;
-    echo_comm *comm;
-    model *m;
-    eng_runner run; /* runs m's steps (step.c) */
-    pthread_t thread;
-    int started;
-    float *logits; /* (logits_rows, vocab slice) host, grown on demand */
-    int logits_rows;
-    /* eng_step_cands: this rank's candidates, (cand_rows, KERN_TOPK_MAX)
-     * and (cand_rows), grown on demand, and the request that points at them */
-    int32_t *cand_ids;
-    float *cand_vals, *cand_lse;
-    int cand_rows;
-    model_topk topk;
-    int rc;
-    char err[512];
-} eng_rank;
-
-typedef struct eng_seq {
-    int live;
-    int len;     /* tokens in the cache */
-    int nblocks; /* blocks held */
-    int32_t *blocks;
-    /* prefix cache: the first `cacheable` tokens are prompt (their full
-     * blocks are registered once computed); blocks [0, nreg) are done; the
-     * next one registers as the child of (chain, chain_gen); chain_broken:
-     * that parent left the cache, register no more */
-    int cacheable, nreg, chain_broken;
-    int32_t chain;
-    uint32_t chain_gen;
-} eng_seq;
-
-struct eng {
-    eng_config cfg;
-    model_config mc;
-    weights_set *ws;
-    echo_world *world;
-    eng_rank *ranks;
-    int max_blocks_per_seq;
-    /* KV block ids, shared by all ranks (each rank has the same block
-     * geometry for its own KV heads), and the prefix cache over them */
-    eng_blocks pool;
-    int32_t *match; /* (max_blocks_per_seq) eng_seq_new_prefix scratch */
-    long long pc_queries, pc_query_tokens, pc_hit_tokens;
-    eng_seq *seqs;
-    /* step staging */
-    int32_t *tokens, *q_start, *pos0, *table, *logit_rows;
-    int *old_nblocks; /* per item: blocks held before the step (rollback) */
-    int logit_cap;
-    unsigned char *row_full; /* (logit_cap) per logits row: comes back whole */
-    /* rank dispatch */
-    pthread_mutex_t mu;
-    pthread_cond_t go_cv, done_cv;
-    unsigned long generation;
-    int pending, stop;
-    int job; /* what the ranks' threads run at this generation (rank_job) */
-    model_batch batch;
-    long comm_resets; /* eng_comm_resets */
-    /* procs mode: ranks are the processes of the job, this one is `me`
-     * (only ranks[me] has a backend, model and comm); 0 / 0 otherwise */
-    int procs, me;
-    int local_dev; /* procs mode: this process's GPU, its node-local rank */
-    char *gather; /* rank 0: the gathered results of a step */
-    size_t gather_cap;
-    int dead; /* procs mode: a control message failed (a peer died): no more steps */
-    char why[256];
-    int canon; /* steps run as passes fixed by positions (eng_pass_tokens) */
-};
+#include "engine/internal.h"
 
 const model_config *eng_model_config(const eng *e) { return &e->mc; }
 const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
@@ -141,7 +65,7 @@ const char *eng_graphs_note(const eng *e) {
 
 /* Rank r's vocabulary slice, as model_load cuts it (also for ranks that
  * live in other processes). */
-static void vocab_slice(const eng *e, int r, int *v0, int *vn) {
+void eng_priv_vocab_slice(const eng *e, int r, int *v0, int *vn) {
     int V = e->mc.vocab_size, per = (V + e->cfg.tp - 1) / e->cfg.tp;
     *v0 = r * per < V ? r * per : V;
     *vn = *v0 + per <= V ? per : V - *v0;
@@ -223,10 +147,10 @@ static void ranks_rearm(eng *e) {
     }
 }
 
-static int ranks_forward(eng *e, char *err, size_t errlen) {
+int eng_priv_ranks_forward(eng *e, char *err, size_t errlen) {
     int tp = e->cfg.tp;
     ranks_run(e, RANK_FORWARD);
-    if (e->procs) { /* the other processes' status comes with their results (step_gather) */
+    if (e->procs) { /* the other processes' status comes with their results (eng_priv_step_gather) */
         eng_rank *r = &e->ranks[e->me];
         if (r->rc) snprintf(err, errlen, "rank %d: %s", e->me, r->err);
         return r->rc ? -1 : 0;
@@ -375,66 +299,6 @@ static int pick_transport(eng_config *c, int *gpu_per_rank, char *err, size_t er
         *gpu_per_rank = 1;
     }
     return 0;
-}
-
-/* ---- procs mode: the control messages between rank 0 and the others ----
- * Every message starts with a ctl_hdr broadcast from rank 0; OP_CREATE is
- * followed by a wire_cfg, OP_STEP by the batch arrays. After a step every
- * process sends rank 0 its status and results (one gather). */
-enum { OP_CREATE = 1, OP_STEP, OP_DESTROY, OP_EXIT };
-
-typedef struct ctl_hdr {
-    int32_t op;
-    int32_t n, ntok, nrows, max_blocks, k, nfull, states;
-} ctl_hdr;
-
-/* What an eng_config says, as bytes (strings inline). */
-typedef struct wire_cfg {
-    char model_dir[2048], device[32], transport[32];
-    int32_t tp, allreduce, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
-        kv_blocks, cuda_graphs, fuse_weights, quantize, act_quant, echo_codec;
-    uint64_t echo_min_bytes;
-} wire_cfg;
-
-static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) {
-    const char *dev = c->device ? c->device : "", *tr = c->transport ? c->transport : "";
-    if (!c->model_dir || strlen(c->model_dir) >= sizeof w->model_dir || strlen(dev) >= sizeof w->device ||
-        strlen(tr) >= sizeof w->transport) {
-        snprintf(err, errlen, "model path, device or transport name too long for the other processes");
-        return -1;
-    }
-    *w = (wire_cfg){.tp = c->tp, .allreduce = c->allreduce, .echo_group = c->echo_group, .threads = c->threads,
-                    .kv_block_size = c->kv_block_size, .max_model_len = c->max_model_len,
-                    .max_num_seqs = c->max_num_seqs, .max_batch_tokens = c->max_batch_tokens,
-                    .kv_blocks = c->kv_blocks, .cuda_graphs = c->cuda_graphs, .fuse_weights = c->fuse_weights,
-                    .quantize = c->quantize, .act_quant = c->act_quant, .echo_min_bytes = c->echo_min_bytes,
-                    .echo_codec = c->echo_codec};
-    strcpy(w->model_dir, c->model_dir);
-    strcpy(w->device, dev);
-    strcpy(w->transport, tr);
-    return 0;
-}
-
-static void wire_get(wire_cfg *w, eng_config *c) {
-    w->model_dir[sizeof w->model_dir - 1] = w->device[sizeof w->device - 1] = w->transport[sizeof w->transport - 1] = 0;
-    *c = (eng_config){.model_dir = w->model_dir, .device = w->device[0] ? w->device : NULL,
-                      .transport = w->transport[0] ? w->transport : NULL, .tp = w->tp,
-                      .allreduce = (echo_preset)w->allreduce, .echo_group = w->echo_group, .threads = w->threads,
-                      .kv_block_size = w->kv_block_size, .max_model_len = w->max_model_len,
-                      .max_num_seqs = w->max_num_seqs, .max_batch_tokens = w->max_batch_tokens,
-                      .kv_blocks = w->kv_blocks, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
-                      .quantize = w->quantize, .act_quant = w->act_quant, .echo_min_bytes = (size_t)w->echo_min_bytes,
-                      .echo_codec = (echo_codec_id)w->echo_codec};
-}
-
-/* In procs mode every process reaches each of these points: 0 when all
- * got there without error, else -1 everywhere with the first failure's
- * message (so no process goes on into a collective the others skip). */
-static int procs_agree(const eng *e, int rc, char *err, size_t errlen) {
-    if (!e->procs) return rc;
-    char mine[512];
-    snprintf(mine, sizeof mine, "%s", rc ? err : "");
-    return echo_proc_agree(rc == 0, mine, err, errlen);
 }
 
 /* Everything a rank needs before the all-reduce world: config, checks,
@@ -612,7 +476,7 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
  * the others to make theirs: OP_CREATE). Each stage ends with the processes
  * agreeing, so a failure anywhere fails every process before the next
  * collective. */
-static int create(const eng_config *cfg, int procs, eng **out, char *err, size_t errlen) {
+int eng_priv_create(const eng_config *cfg, int procs, eng **out, char *err, size_t errlen) {
     eng *e = calloc(1, sizeof *e);
     *out = NULL;
     if (!e) {
@@ -626,9 +490,9 @@ static int create(const eng_config *cfg, int procs, eng **out, char *err, size_t
     e->procs = procs;
     e->me = procs ? echo_proc_rank() : 0;
     int gpu_per_rank = 0;
-    if (procs_agree(e, create_prep(e, &gpu_per_rank, err, errlen), err, errlen) ||
-        procs_agree(e, create_world(e, gpu_per_rank, err, errlen), err, errlen) ||
-        procs_agree(e, create_ranks(e, gpu_per_rank, err, errlen), err, errlen))
+    if (eng_priv_procs_agree(e, create_prep(e, &gpu_per_rank, err, errlen), err, errlen) ||
+        eng_priv_procs_agree(e, create_world(e, gpu_per_rank, err, errlen), err, errlen) ||
+        eng_priv_procs_agree(e, create_ranks(e, gpu_per_rank, err, errlen), err, errlen))
         goto fail;
     *out = e;
     return 0;
@@ -636,21 +500,6 @@ fail:
     e->procs = 0; /* nothing to tell the others: they fail too */
     eng_destroy(e);
     return -1;
-}
-
-int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
-    *out = NULL;
-    if (echo_proc_count() == 1) return create(cfg, 0, out, err, errlen);
-    if (echo_proc_rank() != 0) {
-        snprintf(err, errlen, "under mpirun only rank 0 creates engines; the other processes run eng_follow()");
-        return -1;
-    }
-    /* rank 0: the others make the same engine */
-    wire_cfg w;
-    ctl_hdr h = {.op = OP_CREATE};
-    if (wire_put(&w, cfg, err, errlen)) return -1;
-    if (echo_proc_bcast(&h, sizeof h, err, errlen) || echo_proc_bcast(&w, sizeof w, err, errlen)) return -1;
-    return create(cfg, 1, out, err, errlen);
 }
 
 void eng_destroy(eng *e) {
@@ -904,12 +753,12 @@ typedef struct step_out {
 /* Per-rank host results grow to the largest step seen: sizing them for
  * max_batch_tokens full rows up front would reserve gigabytes that only an
  * all-logits prefill ever uses. */
-static int step_reserve(eng *e, int nfull, int ncand, char *err, size_t errlen) {
+int eng_priv_step_reserve(eng *e, int nfull, int ncand, char *err, size_t errlen) {
     for (int k = 0; k < e->cfg.tp; k++) {
         eng_rank *r = &e->ranks[k];
         int v0, vn;
         if (e->procs && e->me != 0 && k != e->me) continue; /* rank 0 keeps every rank's results */
-        vocab_slice(e, k, &v0, &vn);
+        eng_priv_vocab_slice(e, k, &v0, &vn);
         if (nfull > r->logits_rows) {
             float *nl = realloc(r->logits, (size_t)nfull * (size_t)(vn > 0 ? vn : 1) * sizeof(float));
             if (!nl) {
@@ -946,7 +795,7 @@ static int merge_cands(eng *e, int row, int k, eng_cands *c) {
     double mx = -INFINITY, sum = 0;
     for (int r = 0; r < tp; r++) {
         int v0;
-        vocab_slice(e, r, &v0, &vn[r]);
+        eng_priv_vocab_slice(e, r, &v0, &vn[r]);
         kk[r] = k < vn[r] ? k : vn[r];
         head[r] = 0;
         if (vn[r] <= 0) continue; /* an empty slice adds nothing */
@@ -979,196 +828,6 @@ static int merge_cands(eng *e, int row, int k, eng_cands *c) {
     }
     c->k = kout;
     return 0;
-}
-
-/* ---- procs mode: a step's batch out, results back ---- */
-
-static void procs_dead(eng *e, const char *err) {
-    e->dead = 1;
-    snprintf(e->why, sizeof e->why, "%s", err);
-}
-
-/* The payload of an OP_STEP after its header, the batch arrays as built in
- * e: rank 0 sends, the others receive into the same places. */
-static int step_payload_move(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
-    int32_t *arrs[] = {e->tokens, e->q_start, e->pos0, e->table, e->logit_rows};
-    size_t lens[] = {(size_t)h->ntok, (size_t)h->n + 1, (size_t)h->n, (size_t)h->n * h->max_blocks,
-                     (size_t)h->nrows};
-    for (int i = 0; i < 5; i++)
-        if (lens[i] && echo_proc_bcast(arrs[i], lens[i] * 4, err, errlen)) return -1;
-    return h->nrows ? echo_proc_bcast(e->row_full, (size_t)h->nrows, err, errlen) : 0;
-}
-
-static int step_send(eng *e, int n, int ntok, int nrows, int k, int nfull, int states, char *err, size_t errlen) {
-    ctl_hdr h = {OP_STEP, n, ntok, nrows, e->max_blocks_per_seq, k, nfull, states};
-    if (echo_proc_bcast(&h, sizeof h, err, errlen) || step_payload_move(e, &h, err, errlen)) {
-        procs_dead(e, err);
-        return -1;
-    }
-    return 0;
-}
-
-/* What each process sends rank 0 after a step: its status, then its
- * vocabulary slice's full rows and candidates, padded to the widest slice. */
-typedef struct step_status {
-    int32_t rc;
-    char err[508];
-} step_status;
-
-static size_t result_bytes(const eng *e, int nrows, int k, int nfull) {
-    size_t per = ((size_t)e->mc.vocab_size + e->cfg.tp - 1) / e->cfg.tp;
-    return sizeof(step_status) + (size_t)nfull * per * 4 + (size_t)nrows * k * 8 + (size_t)nrows * 4;
-}
-
-static void result_pack(const eng *e, char *buf, int nrows, int k, int nfull, int rc, const char *msg) {
-    const eng_rank *r = &e->ranks[e->me];
-    int v0, vn;
-    vocab_slice(e, e->me, &v0, &vn);
-    size_t per = ((size_t)e->mc.vocab_size + e->cfg.tp - 1) / e->cfg.tp, kk = (size_t)(k < vn ? k : vn);
-    step_status st = {rc, ""};
-    if (rc) snprintf(st.err, sizeof st.err, "%s", msg);
-    memcpy(buf, &st, sizeof st);
-    char *p = buf + sizeof st;
-    if (!rc && vn > 0) memcpy(p, r->logits, (size_t)nfull * vn * 4);
-    p += (size_t)nfull * per * 4;
-    if (!rc && k && vn > 0) {
-        memcpy(p, r->cand_ids, (size_t)nrows * kk * 4);
-        memcpy(p + (size_t)nrows * k * 4, r->cand_vals, (size_t)nrows * kk * 4);
-        memcpy(p + (size_t)nrows * k * 8, r->cand_lse, (size_t)nrows * 4);
-    }
-}
-
-/* Rank 0: every process's results into e->ranks[*]; the first failure's
- * message. */
-static int step_gather(eng *e, int nrows, int k, int nfull, int rc, char *err, size_t errlen) {
-    size_t one = result_bytes(e, nrows, k, nfull), all = one * (size_t)e->cfg.tp;
-    char *mine = malloc(one);
-    if (all > e->gather_cap) {
-        char *g = realloc(e->gather, all);
-        if (g) {
-            e->gather = g;
-            e->gather_cap = all;
-        }
-    }
-    if (!mine || all > e->gather_cap) {
-        /* cannot take part: the peers would wait in the gather */
-        echo_proc_abort(1, "rank 0: out of memory for a step's results");
-        free(mine);
-        snprintf(err, errlen, "out of memory for a step's results");
-        return -1;
-    }
-    char lerr[512];
-    snprintf(lerr, sizeof lerr, "%s", rc ? err : "");
-    result_pack(e, mine, nrows, k, nfull, rc, lerr);
-    int grc = echo_proc_gather(mine, one, e->gather, err, errlen);
-    free(mine);
-    if (grc) {
-        procs_dead(e, err);
-        return -1;
-    }
-    size_t per = ((size_t)e->mc.vocab_size + e->cfg.tp - 1) / e->cfg.tp;
-    for (int r = 0; r < e->cfg.tp; r++) {
-        const char *b = e->gather + (size_t)r * one;
-        step_status st;
-        memcpy(&st, b, sizeof st);
-        st.err[sizeof st.err - 1] = 0;
-        if (st.rc) {
-            snprintf(err, errlen, "rank %d: %s", r, st.err);
-            return -1;
-        }
-        if (r == 0) continue;
-        eng_rank *rk = &e->ranks[r];
-        int v0, vn;
-        vocab_slice(e, r, &v0, &vn);
-        if (vn <= 0) continue;
-        size_t kk = (size_t)(k < vn ? k : vn);
-        b += sizeof st;
-        memcpy(rk->logits, b, (size_t)nfull * vn * 4);
-        b += (size_t)nfull * per * 4;
-        if (k) {
-            memcpy(rk->cand_ids, b, (size_t)nrows * kk * 4);
-            memcpy(rk->cand_vals, b + (size_t)nrows * k * 4, (size_t)nrows * kk * 4);
-            memcpy(rk->cand_lse, b + (size_t)nrows * k * 8, (size_t)nrows * 4);
-        }
-    }
-    return 0;
-}
-
-/* A process of rank > 0: one step as rank 0 described it. */
-static int follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
-    const eng_config *c = &e->cfg;
-    if (h->n < 1 || h->n > c->max_num_seqs || h->ntok < 1 || h->ntok > c->max_batch_tokens || h->nrows < 0 ||
-        h->nrows > e->logit_cap || h->max_blocks != e->max_blocks_per_seq || h->k < 0 || h->k > KERN_TOPK_MAX ||
-        h->nfull < 0 || h->nfull > h->nrows) {
-        snprintf(err, errlen, "rank %d: a step that does not fit this engine (rank 0 runs another configuration?)",
-                 e->me);
-        return -1;
-    }
-    if (step_payload_move(e, h, err, errlen)) return -1;
-    eng_rank *r = &e->ranks[e->me];
-    int rc = step_reserve(e, h->nfull, h->k ? h->nrows : 0, err, errlen);
-    if (rc) {
-        echo_proc_abort(1, err); /* rank 0 and the peers would wait for this rank */
-        return -1;
-    }
-    if (h->k) r->topk = (model_topk){h->k, r->cand_ids, r->cand_vals, r->cand_lse, h->nfull ? e->row_full : NULL};
-    e->batch = (model_batch){h->n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
-                             e->logit_rows, h->nrows, NULL, h->k ? &r->topk : NULL};
-    char lerr[512] = "";
-    rc = ranks_forward(e, lerr, sizeof lerr);
-    size_t one = result_bytes(e, h->nrows, h->k, h->nfull);
-    char *mine = malloc(one);
-    if (!mine) {
-        echo_proc_abort(1, "out of memory for a step's results");
-        return -1;
-    }
-    result_pack(e, mine, h->nrows, h->k, h->nfull, rc, lerr);
-    rc = echo_proc_gather(mine, one, NULL, err, errlen);
-    free(mine);
-    return rc;
-}
-
-int eng_follow(char *err, size_t errlen) {
-    eng *e = NULL;
-    wire_cfg w; /* outlives each engine made from it (e->cfg points into it) */
-    for (;;) {
-        ctl_hdr h;
-        if (echo_proc_bcast(&h, sizeof h, err, errlen)) break;
-        if (h.op == OP_CREATE) {
-            eng_config c;
-            if (echo_proc_bcast(&w, sizeof w, err, errlen)) break;
-            eng_destroy(e);
-            e = NULL;
-            wire_get(&w, &c);
-            char cerr[1024];
-            create(&c, 1, &e, cerr, sizeof cerr); /* a failure fails rank 0 alike, which reports it */
-        } else if (h.op == OP_STEP) {
-            if (!e) {
-                snprintf(err, errlen, "rank %d: a step without an engine", echo_proc_rank());
-                break;
-            }
-            if (follow_step(e, &h, err, errlen)) break;
-        } else if (h.op == OP_DESTROY) {
-            eng_destroy(e);
-            e = NULL;
-        } else if (h.op == OP_EXIT) {
-            eng_destroy(e);
-            return 0;
-        } else {
-            snprintf(err, errlen, "rank %d: unknown control message %d", echo_proc_rank(), h.op);
-            break;
-        }
-    }
-    if (e) e->procs = 0; /* rank 0 is gone or confused: do not talk to it */
-    eng_destroy(e);
-    return -1;
-}
-
-void eng_procs_exit(void) {
-    if (echo_proc_count() < 2 || echo_proc_rank() != 0) return;
-    ctl_hdr h = {.op = OP_EXIT};
-    char err[256];
-    echo_proc_bcast(&h, sizeof h, err, sizeof err);
 }
 
 static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char *err, size_t errlen) {
@@ -1219,7 +878,7 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
         snprintf(err, errlen, "step: %d full logits rows asked for and no array for them", nfull);
         return -1;
     }
-    if (step_reserve(e, nfull, out->cands ? nrows : 0, err, errlen)) {
+    if (eng_priv_step_reserve(e, nfull, out->cands ? nrows : 0, err, errlen)) {
         step_rollback(e, it, n);
         return -1;
     }
@@ -1231,19 +890,19 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
     e->batch = (model_batch){n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
                              e->logit_rows, nrows, out->layer_states, out->cands ? &e->ranks[0].topk : NULL};
     /* procs mode: the other processes run the same step on their ranks */
-    if (e->procs && step_send(e, n, tok, nrows, out->cands ? out->k : 0, nfull, out->layer_states != NULL, err,
+    if (e->procs && eng_priv_step_send(e, n, tok, nrows, out->cands ? out->k : 0, nfull, out->layer_states != NULL, err,
                               errlen)) {
         step_rollback(e, it, n);
         return -1;
     }
-    int rc = ranks_forward(e, err, errlen);
-    if (e->procs) rc = step_gather(e, nrows, out->cands ? out->k : 0, nfull, rc, err, errlen);
+    int rc = eng_priv_ranks_forward(e, err, errlen);
+    if (e->procs) rc = eng_priv_step_gather(e, nrows, out->cands ? out->k : 0, nfull, rc, err, errlen);
     /* Gather the vocabulary slices into full rows (packed: with candidates,
      * only the flagged rows came back whole). */
     int V = e->mc.vocab_size;
     for (int k = 0; !rc && k < c->tp; k++) {
         int v0, vn;
-        vocab_slice(e, k, &v0, &vn);
+        eng_priv_vocab_slice(e, k, &v0, &vn);
         for (int r = 0; r < nfull && vn > 0; r++)
             memcpy(out->logits + (size_t)r * V + v0, e->ranks[k].logits + (size_t)r * vn,
                    (size_t)vn * sizeof(float));

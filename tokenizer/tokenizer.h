@@ -169,7 +169,7 @@ typedef struct {
 int tok_chat_apply(const tok_chat_message *msgs, size_t n_msgs, const tok_chat_options *opt,
                    char **out, size_t *out_len, char *err, size_t errlen);
 
-/* ---- Jinja chat templates (tokenizer/jinja.c) ----
+/* ---- Jinja chat templates (tokenizer/jinja*.c) ----
  * Any model's chat_template, rendered as transformers' apply_chat_template
  * renders it with jinja2 (sandboxed, trim_blocks, lstrip_blocks,
  * loopcontrols, raise_exception/strftime_now/namespace, json.dumps tojson).

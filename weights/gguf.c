@@ -548,7 +548,7 @@ int weights_parse_gguf_image(weights_set *ws, const char *fname, const uint8_t *
             goto fail;
         }
 
-    if (weights_priv_commit(ws, fname, tmp, nt, g, err, errlen) != 0) goto fail;
+    if (weights_priv_commit(ws, fname, tmp, nt, g, weights_gguf_free, err, errlen) != 0) goto fail;
     g = NULL;  /* owned by the set */
     ntmp = 0; /* names too */
     rc = 0;

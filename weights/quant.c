@@ -54,8 +54,6 @@ static const struct {
 };
 #define NTRAITS (sizeof TRAITS / sizeof TRAITS[0])
 
-int weights_dtype_is_quantized(weights_dtype dt) { return dt >= WEIGHTS_Q8_0 && dt <= WEIGHTS_Q6_K; }
-
 int64_t weights_dtype_block(weights_dtype dt) {
     for (size_t i = 0; i < NTRAITS; i++)
         if (TRAITS[i].dt == dt) return TRAITS[i].block;
