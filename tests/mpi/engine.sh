@@ -46,7 +46,7 @@ for spec in gqa4-deep:2 gqa4-deep:4 llama-tp3:3 llama-gqa:2 llama3-rope:2 gguf-l
     model=${spec%:*} np=${spec##*:} dir=$M/${model%/model.gguf}
     prompt=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][1]["prompt"])))' "$dir/reference.json")
     if run -np "$np" "$bin/echo-generate" --model "$M/$model" --prompt-tokens "$prompt" --max-tokens 32 \
-        --temperature 0 --ignore-eos --json --tp "$np" --allreduce exact >"$tmp/gen.json" 2>"$tmp/gen.err" &&
+        --temperature 0 --ignore-eos --json --tp "$np" --allreduce exact --act-quant none >"$tmp/gen.json" 2>"$tmp/gen.err" &&
         python3 - "$tmp/gen.json" "$dir/reference.json" <<'PY'; then ok; else bad "$model at -np $np: $(tail -3 "$tmp/gen.err")"; fi
 import json, sys
 got = json.load(open(sys.argv[1]))["tokens"]
