@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/echo_internal.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "server/internal.h"
@@ -115,6 +116,27 @@ int32_t tok_spm_eos_id(const tok_spm *m) {
 }
 int tok_spm_add_dummy_prefix(const tok_spm *m) {
     return (void)m, 0;
+}
+
+/* ---- comm/ codec stubs: comm/echo.c is linked for the preset names; its
+ * one-shot all-reduce needs the codec loops, never reached without a world ---- */
+void echo_cpu_load(const void *x, echo_dtype dt, size_t n, float *out, int accumulate) {
+    (void)x, (void)dt, (void)n, (void)out, (void)accumulate;
+    abort();
+}
+void echo_cpu_store(const float *in, size_t n, void *out, echo_dtype dt, size_t *bad) {
+    (void)in, (void)n, (void)out, (void)dt, (void)bad;
+    abort();
+}
+int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t count, int group, void *wire, char *err,
+                         size_t errlen) {
+    (void)id, (void)x, (void)res, (void)count, (void)group, (void)wire, (void)err, (void)errlen;
+    abort();
+}
+int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int group, float *out, int accumulate,
+                         char *err, size_t errlen) {
+    (void)id, (void)wire, (void)count, (void)group, (void)out, (void)accumulate, (void)err, (void)errlen;
+    abort();
 }
 
 /* ---- engine stubs (no engine in this build; none of them is reached) ---- */
