@@ -1376,6 +1376,8 @@ def limits_section(binary, model, name):
               [(d[:20], round(t, 1)) for d, t in closed])
         for s in slow:
             s.close()
+        # the server sees those closes (and the probes') asynchronously: let them land before counting to 16
+        time.sleep(1.0)
         # --max-connections: 16 idle connections from 4 addresses, then a 17th from a 5th
         idle = [slow_conn(f"127.0.0.{3 + i // 4}") for i in range(16)]
         time.sleep(0.3)
