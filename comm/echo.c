@@ -605,6 +605,18 @@ static int bad_value(echo_comm *c, size_t bad_in, size_t bad_out, char *err, siz
 /* A compute step failed on this rank alone (a device error; the host
  * compute never fails): abort the world as echo_abort does, so that peers
  * waiting in this collective fail instead of waiting for this rank. */
+/* A sum with a non-finite element at `bad` (ECHO_NO_INDEX: none): every rank
+ * holds the same sum, so the failure is alike everywhere. -1 with the message. */
+static int sum_not_finite(echo_comm *c, size_t bad, const char *what, char *err, size_t errlen) {
+    if (bad == ECHO_NO_INDEX) return 0;
+    c->failed_alike = 1;
+    snprintf(err, errlen,
+             "echo: element %zu of the %s is not finite (an input is inf/nan or the fp32 sum overflowed); the pass "
+             "is aborted",
+             bad, what);
+    return -1;
+}
+
 static int compute_failed(echo_comm *c) {
     c->w->tp->set_abort(c->w, 1);
     return -1;
@@ -734,15 +746,7 @@ static int run_exact(echo_comm *c, const echo_plan *p, int site, void *buf, void
         return compute_failed(c);
     if (w->tp->exact(c, p, &call, buf, &bad, stream, err, errlen)) return -1;
     c->res_valid = 0;
-    if (bad != ECHO_NO_INDEX) {
-        c->failed_alike = 1; /* every rank holds the same sum */
-        snprintf(err, errlen,
-                 "echo: element %zu of the exact all-reduce is not finite (an input is inf/nan or the fp32 sum "
-                 "overflowed); the pass is aborted",
-                 bad);
-        return -1;
-    }
-    return 0;
+    return sum_not_finite(c, bad, "exact all-reduce", err, errlen);
 }
 
 /* ---- the one-shot schedule (echo_config.oneshot_bytes) ----
@@ -828,14 +832,7 @@ static int run_oneshot(echo_comm *c, const echo_plan *p, int site, void *buf, in
     if (!rc) echo_cpu_store(y, M, buf, p->dt, &bad_out);
     if (t->os_done && t->os_done(c, rc ? NULL : err, rc ? 0 : errlen)) return -1;
     if (rc) return -1;
-    if (bad_out != ECHO_NO_INDEX) {
-        c->failed_alike = 1; /* every rank holds the same sum */
-        snprintf(err, errlen,
-                 "echo: element %zu of the all-reduce is not finite (an input is inf/nan or the fp32 sum "
-                 "overflowed); the pass is aborted",
-                 bad_out);
-        return -1;
-    }
+    if (sum_not_finite(c, bad_out, "all-reduce", err, errlen)) return -1;
     c->res_valid = res != NULL && !exact;
     return 0;
 }
