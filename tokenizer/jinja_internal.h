@@ -1,8 +1,9 @@
 /*
- * Private to the Jinja interpreter (tokenizer/jinja_lex.c, jinja_parse.c,
- * jinja.c): limits, the render/compile arena, tokens, the AST and the
- * filter/test ids the parser resolves. Small helpers are static inline so
- * the three files share them without exported names.
+ * Private to the Jinja interpreter (tokenizer/jinja*.c): limits, the
+ * render/compile arena, tokens, the AST, the filter/test ids the parser
+ * resolves, runtime values and the render state. Small helpers are static
+ * inline; the functions one file of the interpreter calls in another carry
+ * the jinja_ prefix and are declared at the end.
  */
 #ifndef ECHO_TOKENIZER_JINJA_INTERNAL_H
 #define ECHO_TOKENIZER_JINJA_INTERNAL_H
@@ -305,6 +306,236 @@ static inline int jerr(char *err, size_t errlen, int code, const char *fmt, ...)
     va_end(ap);
     return code;
 }
+
+/* ------------------------------------------------------------------ */
+/* Runtime values                                                       */
+
+enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_NS, V_MACRO, V_METHOD, V_FUNC, V_LOOP };
+
+typedef struct list list;
+typedef struct dict dict;
+struct frame;
+/* A macro (or a call block's body) with the frame it was defined in. */
+struct closure {
+    const struct stmt *m;
+    struct frame *f;
+};
+typedef struct method method;
+typedef struct loopst loopst;
+
+typedef struct {
+    int t;
+    union {
+        int64_t i;
+        double f;
+        struct {
+            const char *p;
+            size_t n;
+        } s;
+        list *l;
+        dict *d;
+        struct closure *m;
+        method *me;
+        loopst *lp;
+        int fn;
+    } u;
+    int mk; /* V_STR: a markupsafe.Markup (from safe/escape): `+` escapes the other side */
+} val;
+
+/* What a list stands for in Python: jinja2's select/map/unique/items
+ * filters return generators (always true, one pass, no len, unprintable),
+ * dict methods return views, range() a range. They behave as lists only
+ * where Python's types agree. */
+enum { LK_PLAIN, LK_GEN, LK_ITEMS, LK_KEYS, LK_VALUES, LK_RANGE };
+struct list {
+    size_t n, cap;
+    val *v;
+    int tuple, kind, consumed;
+    int64_t r0, r1, r2; /* range(start, stop, step) */
+};
+struct dict {
+    size_t n, cap;
+    val *k; /* strings */
+    val *v;
+};
+struct method {
+    val self;
+    int id;
+};
+struct loopst {
+    list *items;
+    size_t i;
+};
+
+enum {
+    M_STRIP, M_LSTRIP, M_RSTRIP, M_SPLIT, M_RSPLIT, M_STARTSWITH, M_ENDSWITH, M_UPPER, M_LOWER,
+    M_REPLACE, M_TITLE, M_CAPITALIZE, M_FIND, M_COUNT, M_SPLITLINES, M_JOIN, M_ISDIGIT, M_ISALPHA,
+    M_ISSPACE, M_FORMAT, M_ITEMS, M_KEYS, M_VALUES, M_GET, M_CYCLE, M_MUTATE, M_N
+};
+/* Render state: one per tok_template_render call. */
+typedef struct frame frame;
+struct frame {
+    frame *parent;
+    dict *vars;
+};
+
+typedef struct {
+    arena a;
+    unsigned long long steps;
+    int depth;
+    frame *root;
+    val body; /* E_BODY while a filter block / block set applies its filters */
+    sbuf *out;
+    int brk;    /* 1 break, 2 continue */
+    int edepth; /* C recursion through eval/exec_body */
+} rs;
+
+#define FAIL(R, ...) afail(&(R)->a, __VA_ARGS__)
+
+static inline void step(rs *R) {
+    if (++R->steps > J_MAX_STEPS) FAIL(R, "template exceeds its step budget (loop too long?)");
+}
+
+static inline val vundef(const char *name, size_t n) {
+    val v = {V_UNDEF, {0}, 0};
+    v.u.s.p = name;
+    v.u.s.n = n;
+    return v;
+}
+static inline val vnone(void) { return (val){V_NONE, {0}, 0}; }
+static inline val vbool(int b) { val v = {V_BOOL, {0}, 0}; v.u.i = !!b; return v; }
+static inline val vint(int64_t i) { val v = {V_INT, {0}, 0}; v.u.i = i; return v; }
+static inline val vfloat(double f) { val v = {V_FLOAT, {0}, 0}; v.u.f = f; return v; }
+static inline val vstr(const char *p, size_t n) {
+    val v = {V_STR, {0}, 0};
+    v.u.s.p = p;
+    v.u.s.n = n;
+    return v;
+}
+static inline val vsb(sbuf *b) { return vstr(b->p ? b->p : "", b->n); }
+
+static inline list *list_new(rs *R, size_t cap) {
+    list *l = azalloc(&R->a, sizeof *l);
+    if (cap) {
+        if (cap > (J_MAX_ALLOC / sizeof(val))) FAIL(R, "list too long");
+        l->v = aalloc(&R->a, cap * sizeof(val));
+        l->cap = cap;
+    }
+    return l;
+}
+static inline void list_push(rs *R, list *l, val v) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 4;
+        if (cap > J_MAX_ALLOC / sizeof(val)) FAIL(R, "list too long");
+        val *nv = aalloc(&R->a, cap * sizeof *nv);
+        if (l->n) memcpy(nv, l->v, l->n * sizeof *nv);
+        l->v = nv;
+        l->cap = cap;
+    }
+    l->v[l->n++] = v;
+}
+static inline val vlist(list *l) { val v = {V_LIST, {0}, 0}; v.u.l = l; return v; }
+
+static inline dict *dict_new(rs *R) { return azalloc(&R->a, sizeof(dict)); }
+static inline int str_eq(val a, const char *s, size_t n) { return a.u.s.n == n && (!n || !memcmp(a.u.s.p, s, n)); }
+static inline val *dict_find(const dict *d, const char *k, size_t n) {
+    for (size_t i = 0; i < d->n; i++)
+        if (str_eq(d->k[i], k, n)) return &d->v[i];
+    return NULL;
+}
+static inline void dict_set(rs *R, dict *d, val k, val v) {
+    val *x = dict_find(d, k.u.s.p, k.u.s.n);
+    if (x) {
+        *x = v;
+        return;
+    }
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 8;
+        if (cap > J_MAX_ALLOC / sizeof(val)) FAIL(R, "dict too large");
+        val *nk = aalloc(&R->a, cap * sizeof *nk), *nv = aalloc(&R->a, cap * sizeof *nv);
+        if (d->n) memcpy(nk, d->k, d->n * sizeof *nk), memcpy(nv, d->v, d->n * sizeof *nv);
+        d->k = nk;
+        d->v = nv;
+        d->cap = cap;
+    }
+    d->k[d->n] = k;
+    d->v[d->n++] = v;
+}
+static inline val vdict(dict *d) { val v = {V_DICT, {0}, 0}; v.u.d = d; return v; }
+
+static inline int is_num(val v) { return v.t == V_INT || v.t == V_BOOL || v.t == V_FLOAT; }
+static inline double num_f(val v) { return v.t == V_FLOAT ? v.u.f : (double)v.u.i; }
+typedef struct {
+    const char *indent; /* NULL: no indent */
+    size_t indn;
+    const char *item_sep, *key_sep;
+    size_t isn, ksn;
+    int sort_keys;
+} jsonopt;
+
+/* Evaluated call arguments. */
+typedef struct {
+    val *pos;
+    size_t npos;
+    const arg *kw; /* keyword arg exprs */
+    val *kwv;
+    size_t nkw;
+} callargs;
+
+/* Case mapping by code point (Python uses full case mapping; the simple
+ * mapping differs only for a few characters such as U+00DF). */
+typedef enum { CASE_UPPER, CASE_LOWER, CASE_TITLE_PY, CASE_CAPITALIZE, CASE_TITLE_JINJA } casemode;
+
+static inline val vstrz(const char *s) { return vstr(s, strlen(s)); }
+
+/* ------------------------------------------------------------------ */
+/* Functions shared across the interpreter's files                      */
+
+/* jinja_value.c */
+const char *jinja_type_name(val v);
+void jinja_undef_fail(rs *R, val v);
+val jinja_undef_hint(rs *R, val obj, const char *what, val key);
+void jinja_fmt_float(rs *R, sbuf *b, double f, int json);
+void jinja_to_str(rs *R, sbuf *b, val v, int depth);
+void jinja_repr(rs *R, sbuf *b, val v, int depth);
+val jinja_str_of(rs *R, val v);
+int jinja_truthy(val v);
+int jinja_val_eq(rs *R, val a, val b, int depth);
+int jinja_val_cmp(rs *R, val a, val b, int depth);
+list *jinja_iter_list(rs *R, val v);
+int64_t jinja_length_of(rs *R, val v);
+
+/* jinja_json.c */
+val jinja_from_json(rs *R, json_t *j, int depth);
+void jinja_to_json(rs *R, sbuf *b, val v, const jsonopt *o, int level);
+
+/* jinja_pystr.c */
+val jinja_map_case(rs *R, val s, casemode m);
+val jinja_strip(rs *R, val s, val chars, int left, int right);
+val jinja_str_replace(rs *R, val s, val old, val new_, int64_t count);
+val jinja_str_split(rs *R, val s, val sep, int64_t maxsplit, int reverse);
+list *jinja_splitlines(rs *R, const char *p, size_t n);
+val jinja_do_round(rs *R, val v, int64_t prec, val method);
+val jinja_to_int_val(rs *R, val v, val dflt, int64_t base);
+val jinja_to_float_val(rs *R, val v, val dflt);
+val jinja_markup_escape(rs *R, val v);
+val jinja_py_percent(rs *R, val fmt, val args);
+val jinja_py_format(rs *R, val fmt, const callargs *c);
+
+/* jinja_filters.c */
+val jinja_apply_filter(rs *R, int fn, val v, const callargs *c, int line);
+int jinja_run_test(rs *R, int fn, val v, const callargs *c);
+val jinja_call_method(rs *R, method *m, const callargs *c);
+
+/* jinja_eval.c */
+val jinja_get_item(rs *R, val obj, val key);
+val jinja_arith(rs *R, int op, val a, val b);
+int jinja_contains(rs *R, val hay, val needle);
+val jinja_param(rs *R, const callargs *c, size_t i, const char *name, val dflt);
+void jinja_check_args(rs *R, const callargs *c, size_t maxpos, const char *const *names, const char *what);
+val jinja_need_str(rs *R, val v, const char *what);
+int64_t jinja_need_int(rs *R, val v, const char *what);
+void jinja_exec_body(rs *R, const stmt *s, frame *f);
 
 /* jinja_lex.c: split a normalized source into p->t (ends with TK_EOF). */
 void jinja_lex(parser *p, const char *src, size_t n);
