@@ -84,6 +84,16 @@ static inline void *aalloc(arena *a, size_t n) {
 
 static inline void *azalloc(arena *a, size_t n) { return memset(aalloc(a, n), 0, n); }
 
+/* Arena arrays grow by doubling from `first` slots: a copy of the n
+ * elements (elem bytes each) in a new block; *cap gets the new size. */
+static inline void *agrow(arena *a, const void *p, size_t n, size_t *cap, size_t elem, size_t first) {
+    size_t c = *cap ? *cap * 2 : first;
+    void *q = aalloc(a, c * elem);
+    if (n) memcpy(q, p, n * elem);
+    *cap = c;
+    return q;
+}
+
 static inline char *adup(arena *a, const char *s, size_t n) {
     char *p = aalloc(a, n + 1);
     if (n) memcpy(p, s, n);
@@ -198,13 +208,7 @@ static inline void perr(parser *p, int line, const char *fmt, ...) {
 }
 
 static inline token *push_tok(parser *p, int type, int line) {
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 256;
-        token *t = aalloc(p->a, cap * sizeof *t);
-        if (p->n) memcpy(t, p->t, p->n * sizeof *t);
-        p->t = t;
-        p->cap = cap;
-    }
+    if (p->n == p->cap) p->t = agrow(p->a, p->t, p->n, &p->cap, sizeof *p->t, 256);
     token *t = &p->t[p->n++];
     memset(t, 0, sizeof *t);
     t->type = type;

@@ -70,13 +70,7 @@ typedef struct {
     size_t n, cap;
 } argvec;
 static void argpush(parser *p, argvec *v, arg a) {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 4;
-        arg *nv = aalloc(p->a, cap * sizeof *nv);
-        if (v->n) memcpy(nv, v->v, v->n * sizeof *nv);
-        v->v = nv;
-        v->cap = cap;
-    }
+    if (v->n == v->cap) v->v = agrow(p->a, v->v, v->n, &v->cap, sizeof *v->v, 4);
     v->v[v->n++] = a;
 }
 
@@ -362,44 +356,48 @@ static expr *bin(parser *p, ekind k, int op, expr *a, expr *b, int line) {
     return e;
 }
 
-static expr *parse_pow(parser *p) {
-    expr *e = parse_unary(p, 1);
-    while (is_op(cur(p), "**")) {
-        int line = nexttok(p)->line;
-        e = bin(p, E_BIN, OP_POW, e, parse_unary(p, 1), line);
-    }
-    return e;
-}
+/* The left-associative binary operators, one row per precedence level,
+ * loosest first; a level's operands are the next level down. `kw`: the
+ * operator is a keyword (and, or), not an operator token. */
+typedef struct {
+    const char *tok;
+    int kw;
+    ekind k;
+    int op;
+} binop;
+typedef struct {
+    binop ops[4];
+} binlevel;
 
-static expr *parse_math2(parser *p) {
-    expr *e = parse_pow(p);
+static const binlevel LOGIC_LEVELS[] = { /* operands: not / comparisons */
+    {{{"or", 1, E_OR, 0}}},
+    {{{"and", 1, E_AND, 0}}},
+};
+static const binlevel ARITH_LEVELS[] = { /* operands: unary expressions */
+    {{{"+", 0, E_BIN, OP_ADD}, {"-", 0, E_BIN, OP_SUB}}},
+    {{{"~", 0, E_CONCAT, 0}}},
+    {{{"*", 0, E_BIN, OP_MUL}, {"/", 0, E_BIN, OP_DIV}, {"//", 0, E_BIN, OP_FDIV}, {"%", 0, E_BIN, OP_MOD}}},
+    {{{"**", 0, E_BIN, OP_POW}}},
+};
+
+static expr *parse_levels(parser *p, const binlevel *lv, size_t n, expr *(*operand)(parser *)) {
+    if (!n) return operand(p);
+    expr *e = parse_levels(p, lv + 1, n - 1, operand);
     for (;;) {
         token *t = cur(p);
-        int op = is_op(t, "*") ? OP_MUL : is_op(t, "/") ? OP_DIV : is_op(t, "//") ? OP_FDIV : is_op(t, "%") ? OP_MOD : -1;
-        if (op < 0) return e;
+        const binop *o = NULL;
+        for (size_t i = 0; i < 4 && lv->ops[i].tok && !o; i++)
+            if (lv->ops[i].kw ? is_name(t, lv->ops[i].tok) : is_op(t, lv->ops[i].tok)) o = &lv->ops[i];
+        if (!o) return e;
         p->pos++;
-        e = bin(p, E_BIN, op, e, parse_pow(p), t->line);
+        e = bin(p, o->k, o->op, e, parse_levels(p, lv + 1, n - 1, operand), t->line);
     }
 }
 
-static expr *parse_concat(parser *p) {
-    expr *e = parse_math2(p);
-    while (is_op(cur(p), "~")) {
-        int line = nexttok(p)->line;
-        e = bin(p, E_CONCAT, 0, e, parse_math2(p), line);
-    }
-    return e;
-}
+static expr *parse_unary_filtered(parser *p) { return parse_unary(p, 1); }
 
 static expr *parse_math1(parser *p) {
-    expr *e = parse_concat(p);
-    for (;;) {
-        token *t = cur(p);
-        int op = is_op(t, "+") ? OP_ADD : is_op(t, "-") ? OP_SUB : -1;
-        if (op < 0) return e;
-        p->pos++;
-        e = bin(p, E_BIN, op, e, parse_concat(p), t->line);
-    }
+    return parse_levels(p, ARITH_LEVELS, sizeof ARITH_LEVELS / sizeof *ARITH_LEVELS, parse_unary_filtered);
 }
 
 static expr *parse_compare(parser *p) {
@@ -445,22 +443,8 @@ static expr *parse_not(parser *p) {
     return parse_compare(p);
 }
 
-static expr *parse_and(parser *p) {
-    expr *e = parse_not(p);
-    while (is_name(cur(p), "and")) {
-        int line = nexttok(p)->line;
-        e = bin(p, E_AND, 0, e, parse_not(p), line);
-    }
-    return e;
-}
-
 static expr *parse_or(parser *p) {
-    expr *e = parse_and(p);
-    while (is_name(cur(p), "or")) {
-        int line = nexttok(p)->line;
-        e = bin(p, E_OR, 0, e, parse_and(p), line);
-    }
-    return e;
+    return parse_levels(p, LOGIC_LEVELS, sizeof LOGIC_LEVELS / sizeof *LOGIC_LEVELS, parse_not);
 }
 
 static expr *parse_expr(parser *p) {

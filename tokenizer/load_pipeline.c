@@ -100,22 +100,35 @@ static pcre2_code *compile_pattern(json_t *pat, const char *what, int *jit, char
     return c;
 }
 
-int tok_parse_normalizer(tok_tokenizer *t, json_t *n, char *err, size_t errlen) {
-    if (!n || json_is_null(n)) return TOK_OK;
-    const char *type = tok_jstr(n, "type");
-    if (!type) return tok_err(err, errlen, TOK_EFORMAT, "normalizer: missing \"type\"");
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(n, "normalizers");
-        if (!json_is_array(arr))
-            return tok_err(err, errlen, TOK_EFORMAT, "normalizer Sequence: missing array");
-        size_t i;
-        json_t *v;
-        json_array_foreach(arr, i, v) {
-            int rc = tok_parse_normalizer(t, v, err, errlen);
-            if (rc) return rc;
-        }
-        return TOK_OK;
+/* One pipeline stage that is not a Sequence, its "type" already read. */
+typedef int (*stage_fn)(tok_tokenizer *t, json_t *s, const char *type, void *ctx, char *err, size_t errlen);
+
+/* A pipeline section as tokenizer.json writes it: null (nothing), one
+ * {"type": ...} stage, or a "Sequence" whose array `key` lists stages.
+ * Calls one() on each stage in order and stops at the first error. A flat
+ * section (the decoder) takes no Sequence inside a Sequence: its items go
+ * to one() as they are, null and "Sequence" included, and one() refuses. */
+static int walk_stages(tok_tokenizer *t, json_t *s, const char *what, const char *key, int flat, stage_fn one,
+                       void *ctx, char *err, size_t errlen) {
+    if (!s || json_is_null(s)) return TOK_OK;
+    const char *type = tok_jstr(s, "type");
+    if (!type) return tok_err(err, errlen, TOK_EFORMAT, "%s: missing \"type\"", what);
+    if (strcmp(type, "Sequence") != 0) return one(t, s, type, ctx, err, errlen);
+    json_t *arr = json_object_get(s, key);
+    if (!json_is_array(arr)) return tok_err(err, errlen, TOK_EFORMAT, "%s Sequence: missing array", what);
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v) {
+        const char *vt = flat ? tok_jstr(v, "type") : NULL;
+        if (flat && !vt) return tok_err(err, errlen, TOK_EFORMAT, "%s: missing \"type\"", what);
+        int rc = flat ? one(t, v, vt, ctx, err, errlen) : walk_stages(t, v, what, key, 0, one, ctx, err, errlen);
+        if (rc) return rc;
     }
+    return TOK_OK;
+}
+
+static int normalizer_one(tok_tokenizer *t, json_t *n, const char *type, void *ctx, char *err, size_t errlen) {
+    (void)ctx;
     if (t->n_norm == MAX_NORM) return tok_err(err, errlen, TOK_EFORMAT, "too many normalizers");
     norm_step *ns = &t->norm[t->n_norm];
     memset(ns, 0, sizeof *ns);
@@ -158,6 +171,10 @@ int tok_parse_normalizer(tok_tokenizer *t, json_t *n, char *err, size_t errlen) 
     }
     t->n_norm++;
     return TOK_OK;
+}
+
+int tok_parse_normalizer(tok_tokenizer *t, json_t *n, char *err, size_t errlen) {
+    return walk_stages(t, n, "normalizer", "normalizers", 0, normalizer_one, NULL, err, errlen);
 }
 
 static pre_step *new_pre(tok_tokenizer *t, int type, char *err, size_t errlen) {
@@ -213,24 +230,11 @@ static int parse_behavior(const char *b, int *beh) {
     return 0;
 }
 
-/* *mode: 0 nothing yet, 1 ByteLevel seen, 2 Metaspace seen. Splitting
- * after ByteLevel would see the byte alphabet, which we do not model. */
-int tok_parse_pretok(tok_tokenizer *t, json_t *p, int *mode, char *err, size_t errlen) {
-    if (!p || json_is_null(p)) return TOK_OK;
-    const char *type = tok_jstr(p, "type");
-    if (!type) return tok_err(err, errlen, TOK_EFORMAT, "pre_tokenizer: missing \"type\"");
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(p, "pretokenizers");
-        if (!json_is_array(arr))
-            return tok_err(err, errlen, TOK_EFORMAT, "pre_tokenizer Sequence: missing array");
-        size_t i;
-        json_t *v;
-        json_array_foreach(arr, i, v) {
-            int rc = tok_parse_pretok(t, v, mode, err, errlen);
-            if (rc) return rc;
-        }
-        return TOK_OK;
-    }
+/* ctx: int *mode, 0 nothing yet, 1 ByteLevel seen, 2 Metaspace seen.
+ * Splitting after ByteLevel would see the byte alphabet, which we do not
+ * model. */
+static int pretok_one(tok_tokenizer *t, json_t *p, const char *type, void *ctx, char *err, size_t errlen) {
+    int *mode = ctx;
     if (*mode)
         return tok_err(err, errlen, TOK_EFORMAT, "pre_tokenizer %s after %s is not supported", type,
                        *mode == 1 ? "ByteLevel" : "Metaspace");
@@ -314,6 +318,10 @@ int tok_parse_pretok(tok_tokenizer *t, json_t *p, int *mode, char *err, size_t e
     return tok_err(err, errlen, TOK_EFORMAT, "unsupported pre_tokenizer type '%s'", type);
 }
 
+int tok_parse_pretok(tok_tokenizer *t, json_t *p, int *mode, char *err, size_t errlen) {
+    return walk_stages(t, p, "pre_tokenizer", "pretokenizers", 0, pretok_one, mode, err, errlen);
+}
+
 static int token_ref_ids(tok_tokenizer *t, json_t *specials, const char *name, int32_t **ids,
                          size_t *n, char *err, size_t errlen) {
     json_t *tok = json_object_get(specials, name);
@@ -340,23 +348,9 @@ int tok_push_id(int32_t **ids, size_t *n, int32_t id) {
     return TOK_OK;
 }
 
-int tok_parse_post(tok_tokenizer *t, json_t *p, char *err, size_t errlen) {
-    if (!p || json_is_null(p)) return TOK_OK;
-    const char *type = tok_jstr(p, "type");
-    if (!type) return tok_err(err, errlen, TOK_EFORMAT, "post_processor: missing \"type\"");
+static int post_one(tok_tokenizer *t, json_t *p, const char *type, void *ctx, char *err, size_t errlen) {
+    (void)ctx;
     if (!strcmp(type, "ByteLevel")) return TOK_OK; /* offsets only */
-    if (!strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *v;
-        json_t *arr = json_object_get(p, "processors");
-        if (!json_is_array(arr))
-            return tok_err(err, errlen, TOK_EFORMAT, "post_processor Sequence: missing array");
-        json_array_foreach(arr, i, v) {
-            int rc = tok_parse_post(t, v, err, errlen);
-            if (rc) return rc;
-        }
-        return TOK_OK;
-    }
     if (!strcmp(type, "TemplateProcessing")) {
         json_t *single = json_object_get(p, "single"), *specials = json_object_get(p, "special_tokens");
         if (!json_is_array(single))
@@ -392,9 +386,12 @@ int tok_parse_post(tok_tokenizer *t, json_t *p, char *err, size_t errlen) {
     return tok_err(err, errlen, TOK_EFORMAT, "unsupported post_processor type '%s'", type);
 }
 
-static int parse_decoder_item(tok_tokenizer *t, json_t *d, dec_info *di, char *err, size_t errlen) {
-    const char *type = tok_jstr(d, "type");
-    if (!type) return tok_err(err, errlen, TOK_EFORMAT, "decoder: missing \"type\"");
+int tok_parse_post(tok_tokenizer *t, json_t *p, char *err, size_t errlen) {
+    return walk_stages(t, p, "post_processor", "processors", 0, post_one, NULL, err, errlen);
+}
+
+static int decoder_one(tok_tokenizer *t, json_t *d, const char *type, void *ctx, char *err, size_t errlen) {
+    dec_info *di = ctx;
     if (!strcmp(type, "Metaspace")) {
         json_t *r = json_object_get(d, "replacement");
         const char *rep = json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81";
@@ -451,20 +448,9 @@ int tok_parse_decoder(tok_tokenizer *t, json_t *dec, dec_info *di, char *err, si
                        "no decoder and no ByteLevel pre_tokenizer (tokens joined by spaces) is not "
                        "supported");
     const char *type = tok_jstr(dec, "type");
-    if (type && !strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(dec, "decoders");
-        if (!json_is_array(arr)) return tok_err(err, errlen, TOK_EFORMAT, "decoder Sequence: missing array");
-        size_t i;
-        json_t *v;
-        json_array_foreach(arr, i, v) {
-            int rc = parse_decoder_item(t, v, di, err, errlen);
-            if (rc) return rc;
-        }
-        return TOK_OK;
-    }
     if (type && !strcmp(type, "ByteLevel"))
         return tok_err(err, errlen, TOK_EFORMAT, "decoder ByteLevel needs the ByteLevel pre_tokenizer");
-    return parse_decoder_item(t, dec, di, err, errlen);
+    return walk_stages(t, dec, "decoder", "decoders", 1, decoder_one, di, err, errlen);
 }
 
 /* Text as the decoder shows it: the replacement character as a space and
