@@ -518,6 +518,40 @@ static void parse_targets(parser *p, stmt *s) {
  * *endtag receives the index of the tag that stopped it. */
 static stmt *parse_body(parser *p, const char *const *ends, int *endtag, int in_loop);
 
+/* The body of a block with one end tag, and the end tag's closing %}. */
+static stmt *parse_until(parser *p, const char *end, int in_loop) {
+    const char *const ends[] = {end, NULL};
+    int tag;
+    stmt *body = parse_body(p, ends, &tag, in_loop);
+    expect_bend(p);
+    return body;
+}
+
+/* A macro's or call block's parameter list after its "(" (none when !open):
+ * names with optional defaults, at most 32. */
+static void parse_params(parser *p, stmt *s, int open, const char *what) {
+    const char *names[32];
+    size_t lens[32], n = 0;
+    expr *defs[32];
+    while (open && !accept_op(p, ")")) {
+        if (n) expect_op(p, ",");
+        if (accept_op(p, ")")) break;
+        token *a = expect_name(p);
+        if (n == 32) perr(p, a->line, "too many %s parameters", what);
+        names[n] = a->s;
+        lens[n] = a->n;
+        defs[n] = accept_op(p, "=") ? parse_expr(p) : NULL;
+        n++;
+    }
+    s->names = aalloc(p->a, (n + 1) * sizeof *s->names);
+    s->nlens = aalloc(p->a, (n + 1) * sizeof *s->nlens);
+    s->defaults = aalloc(p->a, (n + 1) * sizeof *s->defaults);
+    memcpy(s->names, names, n * sizeof *names);
+    memcpy(s->nlens, lens, n * sizeof *lens);
+    memcpy(s->defaults, defs, n * sizeof *defs);
+    s->nnames = n;
+}
+
 static stmt *parse_tag(parser *p, int in_loop, const char *const *ends, int *endtag, int *stop) {
     token *kw = cur(p);
     int line = kw->line;
@@ -608,10 +642,7 @@ static stmt *parse_tag(parser *p, int in_loop, const char *const *ends, int *end
                 s->k = S_SETBLOCK;
                 if (accept_op(p, "|")) s->e = parse_filter_chain(p, mk(p, E_BODY, line));
                 expect_bend(p);
-                static const char *const e1[] = {"endset", NULL};
-                int tag;
-                s->body = parse_body(p, e1, &tag, in_loop);
-                expect_bend(p);
+                s->body = parse_until(p, "endset", in_loop);
             }
         }
     } else if (is_name(kw, "break") || is_name(kw, "continue")) {
@@ -623,84 +654,32 @@ static stmt *parse_tag(parser *p, int in_loop, const char *const *ends, int *end
         s = mks(p, S_MACRO, line);
         s->s = nm->s;
         s->n = nm->n;
-        const char *names[32];
-        size_t lens[32], n = 0;
-        expr *defs[32];
         expect_op(p, "(");
-        while (!accept_op(p, ")")) {
-            if (n) expect_op(p, ",");
-            if (accept_op(p, ")")) break;
-            token *a = expect_name(p);
-            if (n == 32) perr(p, a->line, "too many macro parameters");
-            names[n] = a->s;
-            lens[n] = a->n;
-            defs[n] = accept_op(p, "=") ? parse_expr(p) : NULL;
-            n++;
-        }
+        parse_params(p, s, 1, "macro");
         expect_bend(p);
-        s->names = aalloc(p->a, (n + 1) * sizeof *s->names);
-        s->nlens = aalloc(p->a, (n + 1) * sizeof *s->nlens);
-        s->defaults = aalloc(p->a, (n + 1) * sizeof *s->defaults);
-        memcpy(s->names, names, n * sizeof *names);
-        memcpy(s->nlens, lens, n * sizeof *lens);
-        memcpy(s->defaults, defs, n * sizeof *defs);
-        s->nnames = n;
-        static const char *const e1[] = {"endmacro", NULL};
-        int tag;
         size_t first = p->pos;
-        s->body = parse_body(p, e1, &tag, 0);
+        s->body = parse_until(p, "endmacro", 0);
         for (size_t i = first; i < p->pos; i++) s->uses_caller |= is_name(&p->t[i], "caller");
-        expect_bend(p);
     } else if (is_name(kw, "filter")) {
         s = mks(p, S_FILTER, line);
         s->e = parse_filter_chain(p, mk(p, E_BODY, line));
         expect_bend(p);
-        static const char *const e1[] = {"endfilter", NULL};
-        int tag;
-        s->body = parse_body(p, e1, &tag, in_loop);
-        expect_bend(p);
+        s->body = parse_until(p, "endfilter", in_loop);
     } else if (is_name(kw, "call")) {
         /* {% call [(params)] macro(args) %}body{% endcall %}: body is `caller` */
         s = mks(p, S_CALL, line);
         s->s = "caller";
         s->n = 6;
-        const char *names[32];
-        size_t lens[32], n = 0;
-        expr *defs[32];
-        if (accept_op(p, "(")) {
-            while (!accept_op(p, ")")) {
-                if (n) expect_op(p, ",");
-                if (accept_op(p, ")")) break;
-                token *a = expect_name(p);
-                if (n == 32) perr(p, a->line, "too many caller parameters");
-                names[n] = a->s;
-                lens[n] = a->n;
-                defs[n] = accept_op(p, "=") ? parse_expr(p) : NULL;
-                n++;
-            }
-        }
-        s->names = aalloc(p->a, (n + 1) * sizeof *s->names);
-        s->nlens = aalloc(p->a, (n + 1) * sizeof *s->nlens);
-        s->defaults = aalloc(p->a, (n + 1) * sizeof *s->defaults);
-        memcpy(s->names, names, n * sizeof *names);
-        memcpy(s->nlens, lens, n * sizeof *lens);
-        memcpy(s->defaults, defs, n * sizeof *defs);
-        s->nnames = n;
+        parse_params(p, s, accept_op(p, "("), "caller");
         s->e = parse_expr(p);
         if (s->e->k != E_CALL) perr(p, line, "expected a call after 'call'");
         expect_bend(p);
-        static const char *const e1[] = {"endcall", NULL};
-        int tag;
-        s->body = parse_body(p, e1, &tag, 0);
-        expect_bend(p);
+        s->body = parse_until(p, "endcall", 0);
     } else if (is_name(kw, "generation")) {
         /* transformers' AssistantTracker tag: renders its body unchanged */
         expect_bend(p);
         s = mks(p, S_BLOCK, line);
-        static const char *const e1[] = {"endgeneration", NULL};
-        int tag;
-        s->body = parse_body(p, e1, &tag, in_loop);
-        expect_bend(p);
+        s->body = parse_until(p, "endgeneration", in_loop);
     } else {
         perr(p, line, "unsupported construct '{%% %.*s %%}'", (int)(kw->n > 40 ? 40 : kw->n), kw->s);
     }

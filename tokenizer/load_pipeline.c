@@ -188,6 +188,20 @@ static pre_step *new_pre(tok_tokenizer *t, int type, char *err, size_t errlen) {
     return s;
 }
 
+/* A step that splits on re, which it owns from here on (freed on failure). */
+static pre_step *new_re_step(tok_tokenizer *t, int type, pcre2_code *re, int jit, int behavior, char *err,
+                             size_t errlen) {
+    pre_step *s = new_pre(t, type, err, errlen);
+    if (!s) {
+        pcre2_code_free(re);
+        return NULL;
+    }
+    s->re = re;
+    s->jit = jit;
+    s->behavior = behavior;
+    return s;
+}
+
 static int add_regex_step(tok_tokenizer *t, const char *pat, int behavior, int invert, char *err,
                           size_t errlen) {
     size_t n;
@@ -198,14 +212,8 @@ static int add_regex_step(tok_tokenizer *t, const char *pat, int behavior, int i
     pcre2_code *re = compile_re(pc, n, 0, &jit, sub, sizeof sub, &rc);
     free(pc);
     if (!re) return tok_err(err, errlen, rc, "pre-tokenizer %s", sub);
-    pre_step *s = new_pre(t, PRE_REGEX, err, errlen);
-    if (!s) {
-        pcre2_code_free(re);
-        return TOK_EFORMAT;
-    }
-    s->re = re;
-    s->jit = jit;
-    s->behavior = behavior;
+    pre_step *s = new_re_step(t, PRE_REGEX, re, jit, behavior, err, errlen);
+    if (!s) return TOK_EFORMAT;
     s->invert = invert;
     return TOK_OK;
 }
@@ -257,14 +265,8 @@ static int pretok_one(tok_tokenizer *t, json_t *p, const char *type, void *ctx, 
         pcre2_code *re = compile_pattern(json_object_get(p, "pattern"), "pre-tokenizer Split", &jit, err,
                                          errlen, &rc);
         if (!re) return rc;
-        pre_step *s = new_pre(t, PRE_REGEX, err, errlen);
-        if (!s) {
-            pcre2_code_free(re);
-            return TOK_EFORMAT;
-        }
-        s->re = re;
-        s->jit = jit;
-        s->behavior = beh;
+        pre_step *s = new_re_step(t, PRE_REGEX, re, jit, beh, err, errlen);
+        if (!s) return TOK_EFORMAT;
         s->invert = tok_jbool(p, "invert", 0);
         return TOK_OK;
     }
@@ -300,15 +302,9 @@ static int pretok_one(tok_tokenizer *t, json_t *p, const char *type, void *ctx, 
         int rc, jit;
         pcre2_code *re = compile_re(rep, rl, 1, &jit, err, errlen, &rc);
         if (!re) return rc;
-        pre_step *s = new_pre(t, PRE_METASPACE, err, errlen);
-        if (!s) {
-            pcre2_code_free(re);
-            return TOK_EFORMAT;
-        }
+        pre_step *s = new_re_step(t, PRE_METASPACE, re, jit, SPLIT_MERGED_NEXT, err, errlen);
+        if (!s) return TOK_EFORMAT;
         *mode = 2;
-        s->re = re;
-        s->jit = jit;
-        s->behavior = SPLIT_MERGED_NEXT;
         memcpy(s->rep, rep, rl);
         s->rep_len = rl;
         s->prepend = prepend;
