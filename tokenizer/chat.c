@@ -1,6 +1,6 @@
 /*
  * The built-in chat template: Qwen3's (tokenizer_config.json "chat_template"),
- * for models that ship none, rendered by the Jinja interpreter (jinja.c) like
+ * for models that ship none, rendered by the Jinja interpreter (jinja*.c) like
  * every model's own template. One change to the text: a tool may come as
  * JSON text already (tok_chat_options.tools_json), inserted verbatim, as the
  * template itself does for a tool call's arguments. Tests compare the output

@@ -1,52 +1,40 @@
 /*
- * tokenizer — text <-> token ids, bit-exact with Hugging Face `tokenizers`.
+ * tokenizer — text <-> token ids, bit-exact with Hugging Face `tokenizers`,
+ * and chat templates rendered as transformers' apply_chat_template does.
+ *
+ * At a glance
+ *   load     tok_load_dir, tok_load_json_file, tok_load_json_mem,
+ *            tok_load_sentencepiece, tok_load_bpe_vocab (GGUF arrays); tok_free
+ *   query    tok_kind, tok_vocab_size, tok_token_id, tok_eos_id,
+ *            tok_is_special, tok_token_bytes
+ *   text     tok_encode, tok_decode; tok_stream_* decodes generated ids
+ *   chat     tok_template_compile/render/free (any model's Jinja template);
+ *            tok_chat_apply (the built-in Qwen3 template, for models with none)
  *
  * Contract
- * --------
- * - A tok_tokenizer is loaded from a model folder (tok_load_dir picks
- *   tokenizer.json, else tokenizer.model), from a tokenizer.json file or
- *   buffer, or from a SentencePiece .model file. Once loaded it is
- *   immutable from the caller's point of view: every function that takes a
- *   `const tok_tokenizer *` may be called from many threads at once (the
- *   internal pre-token cache is lock-protected).
- * - tokenizer.json support: model "BPE", either byte-level (a ByteLevel
- *   pre-tokenizer and decoder: GPT-2 / Qwen / Llama-3 / SmolLM family) or
- *   over characters (Metaspace, or Llama-style Prepend+Replace normalizers;
- *   unk, fuse_unk, byte_fallback). Pipeline, as HF runs it: added tokens
- *   matched first on the raw text (leftmost-longest, never split;
- *   lstrip/rstrip/single_word honoured; "normalized" ones by their
- *   normalized content in the normalized text), the normalizers (Sequence,
- *   NFC/NFD/NFKC/NFKD, Lowercase, Replace, Prepend, Strip) on the remaining
- *   segments, the pre-tokenizers (Sequence, Split with every behavior and
- *   invert, ByteLevel with add_prefix_space/use_regex, Digits, Punctuation,
- *   Whitespace, WhitespaceSplit, Metaspace with prepend_scheme/split; PCRE2,
- *   UTF+UCP, JIT), BPE merges by rank (HF's exact priority-queue order),
- *   post-processor for add_special. Decoders: ByteLevel; Metaspace; a
- *   Sequence of Replace(c -> " "), ByteFallback, Fuse, Strip(" ", 1, 0).
- *   Anything else in the file (unknown model type, normalizer, decoder, a
- *   pre-tokenizer after ByteLevel...) is refused at load time with a
- *   message naming it rather than tokenized wrongly.
- * - tok_load_bpe_vocab builds the same tokenizer from plain arrays (a GGUF's
- *   tokenizer.ggml.*), the pipeline chosen by llama.cpp's pre-tokenizer name.
- * - Encode input must be valid UTF-8 (what a Python str can hold): invalid
- *   input is an error (TOK_EINVAL, message names the byte offset); nothing
- *   is silently replaced.
- * - Decode maps ids to bytes (the decoder's rule per token) and converts the
- *   bytes as Rust's String::from_utf8_lossy does: each maximal invalid
- *   subpart becomes one U+FFFD (HF's ByteFallback decoder instead gives one
- *   U+FFFD per byte token of an invalid run: only such id sequences differ).
- *   No space clean-up. Ids that name no token are skipped, as HF does.
- *   Special tokens are kept unless skip_special.
- * - Streaming decode (tok_stream_*) emits only complete characters; the
- *   concatenation of everything it emits (including tok_stream_finish)
- *   equals tok_decode of the same ids.
+ * - Threads: a loaded tok_tokenizer and a compiled tok_template are never
+ *   changed by the functions that take them `const`; call those from many
+ *   threads at once (the internal pre-token cache is lock-protected).
  * - Errors: functions return TOK_OK (0) or a negative TOK_E* code and write
- *   a NUL-terminated message into `err` (may be NULL when errlen is 0).
- *   The library never prints or exits. Output buffers are malloc'ed and
- *   owned by the caller (free()).
- * - Chat: tok_chat_apply renders the built-in chat template, Qwen3's
- *   (ChatML), for models that ship none, through the Jinja interpreter
- *   below, exactly as transformers' apply_chat_template does.
+ *   a NUL-terminated message into `err` (may be NULL when errlen is 0). The
+ *   library never prints or exits. Output buffers are malloc'ed and owned by
+ *   the caller (free()).
+ * - What loads: BPE tokenizer.json files, byte-level (GPT-2 / Qwen /
+ *   Llama-3 / SmolLM) or over characters (Metaspace, Llama-style
+ *   normalizers, unk, fuse_unk, byte_fallback), with HF's pipeline order:
+ *   added tokens on the raw text, normalizers, pre-tokenizers, BPE merges by
+ *   rank, post-processor. tokenizer/README.md lists every supported
+ *   normalizer, pre-tokenizer and decoder; anything else in the file is
+ *   refused at load time with a message naming it, never tokenized wrongly.
+ * - Encode input must be valid UTF-8 (what a Python str can hold): invalid
+ *   input is TOK_EINVAL with the byte offset; nothing is silently replaced.
+ * - Decode maps ids to bytes by the decoder's rule and converts them as
+ *   Rust's String::from_utf8_lossy does (one U+FFFD per maximal invalid
+ *   subpart; HF's ByteFallback decoder gives one per byte token, so only
+ *   such hand-made id sequences differ). No space clean-up; ids that name no
+ *   token are skipped, as HF does; special tokens kept unless skip_special.
+ * - Streaming decode emits only complete characters; everything it emits,
+ *   tok_stream_finish included, concatenates to tok_decode of the same ids.
  */
 #ifndef ECHO_TOKENIZER_H
 #define ECHO_TOKENIZER_H
@@ -145,7 +133,10 @@ int tok_stream_finish(tok_stream *s, const char **text, size_t *len);
 size_t tok_stream_pending(const tok_stream *s);
 void tok_stream_free(tok_stream *s);
 
-/* The built-in (Qwen3) chat template. Strings are UTF-8, NUL-terminated. */
+/* ---- The built-in chat template (tokenizer/chat.c) ----
+ * Qwen3's template, for models that ship none, rendered by the Jinja
+ * interpreter below exactly as transformers renders it. Strings are UTF-8,
+ * NUL-terminated. */
 typedef struct {
     const char *name;
     const char *arguments; /* JSON text, inserted verbatim */

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for tokenizer/jinja.c: the input is a chat template. It
+ * libFuzzer target for tokenizer/jinja*.c: the input is a chat template. It
  * is compiled and, when it compiles, rendered with a fixed context (messages
  * with tool calls, tools, special tokens). Either step may fail, but only
  * with a message: no crash, leak, hang (the interpreter's step, memory and

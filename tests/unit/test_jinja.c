@@ -1,11 +1,11 @@
 /*
- * The Jinja chat-template interpreter (tokenizer/jinja.c) against jinja2:
+ * The Jinja chat-template interpreter (tokenizer/jinja*.c) against jinja2:
  * tests/fixtures/chat_templates/{cases,expr_cases}.jsonl hold what jinja2
  * renders, in transformers' environment (tests/fixtures/jinja_reference.py),
  * for the shipped templates x conversations and for one snippet per
  * feature. Every output must be equal byte for byte; every case where
  * jinja2 raises must fail here too. Also: the Qwen3 template through the
- * interpreter equals transformers and the hand port (tok_chat_apply) on the
+ * interpreter equals transformers and the built-in template (tok_chat_apply) on the
  * tokenizer suite's chat fixture; garbage and hostile templates fail
  * cleanly within the limits; one compiled template renders from threads.
  */
@@ -149,8 +149,9 @@ START_TEST(test_random_exprs) {
 END_TEST
 
 /* The tokenizer suite's chat fixture (transformers apply_chat_template with
- * Qwen3's template) through the interpreter and through the hand port. */
-START_TEST(test_qwen3_vs_hand_port) {
+ * Qwen3's template) through the interpreter from the fixture file and
+ * through tok_chat_apply, which renders tokenizer/chat.c's built-in copy. */
+START_TEST(test_qwen3_vs_builtin) {
     json_t *recs = load_jsonl(TU_FIXTURES "/tokenizer/qwen3_chat.jsonl");
     size_t n = json_array_size(recs), ok = 0, srclen;
     ck_assert_uint_ge(n, 20);
@@ -175,7 +176,7 @@ START_TEST(test_qwen3_vs_hand_port) {
         size_t ol;
         ck_assert_int_eq(tok_template_render(t, cj, strlen(cj), &out, &ol, err, sizeof err), TOK_OK);
 
-        /* the hand port on the same record */
+        /* the built-in template on the same record */
         size_t nm = json_array_size(msgs), nt = json_array_size(tools), nc = 0;
         tok_chat_message *m = calloc(nm ? nm : 1, sizeof *m);
         const char **tj = calloc(nt ? nt : 1, sizeof *tj);
@@ -198,15 +199,15 @@ START_TEST(test_qwen3_vs_hand_port) {
         for (size_t i = 0; i < nt; i++) tj[i] = json_string_value(json_array_get(tools, i));
         tok_chat_options opt = {json_is_true(json_object_get(rec, "add_generation_prompt")),
                                 json_is_true(json_object_get(rec, "enable_thinking")), tj, nt};
-        char *hand;
+        char *builtin;
         size_t hl;
-        ck_assert_int_eq(tok_chat_apply(m, nm, &opt, &hand, &hl, err, sizeof err), TOK_OK);
+        ck_assert_int_eq(tok_chat_apply(m, nm, &opt, &builtin, &hl, err, sizeof err), TOK_OK);
         json_t *want = json_object_get(rec, "text");
         int good = ol == json_string_length(want) && !memcmp(out, json_string_value(want), ol) && hl == ol &&
-                   !memcmp(hand, out, ol);
-        if (!good) fprintf(stderr, "qwen3 #%zu:\n--- interpreter\n%s\n--- hand port\n%s\n--- transformers\n%s\n", r, out, hand, json_string_value(want));
+                   !memcmp(builtin, out, ol);
+        if (!good) fprintf(stderr, "qwen3 #%zu:\n--- interpreter\n%s\n--- built-in\n%s\n--- transformers\n%s\n", r, out, builtin, json_string_value(want));
         ok += good;
-        free(hand);
+        free(builtin);
         free(m);
         free(tj);
         free(calls);
@@ -214,7 +215,7 @@ START_TEST(test_qwen3_vs_hand_port) {
         free(cj);
         json_decref(ctx);
     }
-    fprintf(stderr, "qwen3 interpreter == hand port == transformers: %zu of %zu\n", ok, n);
+    fprintf(stderr, "qwen3 interpreter == built-in == transformers: %zu of %zu\n", ok, n);
     ck_assert_uint_eq(ok, n);
     tok_template_free(t);
     free(src);
@@ -433,7 +434,7 @@ static Suite *jinja_suite(void) {
     tcase_add_test(tc, test_chat_cases);
     tcase_add_test(tc, test_expr_cases);
     tcase_add_test(tc, test_random_exprs);
-    tcase_add_test(tc, test_qwen3_vs_hand_port);
+    tcase_add_test(tc, test_qwen3_vs_builtin);
     suite_add_tcase(s, tc);
     tc = tcase_create("robustness");
     tcase_set_timeout(tc, 120);
