@@ -274,6 +274,23 @@ START_TEST(test_errors_and_limits) {
     char err[256];
     ck_assert_int_eq(tok_template_compile(deep, strlen(deep), &t, err, sizeof err), TOK_EFORMAT);
     free(deep);
+    /* parameter lists hold up to 32 names, in macros and call blocks alike */
+    for (int call = 0; call < 2; call++)
+        for (int np = 32; np <= 33; np++) {
+            char src[512];
+            size_t k = (size_t)snprintf(src, sizeof src, "%s", call ? "{% call(" : "{% macro m(");
+            for (int i = 0; i < np; i++) k += (size_t)snprintf(src + k, sizeof src - k, "%sp%d", i ? "," : "", i);
+            snprintf(src + k, sizeof src - k, "%s", call ? ") m() %}x{% endcall %}" : ") %}x{% endmacro %}");
+            err[0] = 0;
+            int rc = tok_template_compile(src, strlen(src), &t, err, sizeof err);
+            if (np == 32) {
+                ck_assert_msg(rc == TOK_OK, "%d names: %s", np, err);
+                tok_template_free(t);
+            } else {
+                ck_assert_int_eq(rc, TOK_EFORMAT);
+                ck_assert_msg(strstr(err, call ? "too many caller parameters" : "too many macro parameters"), "%s", err);
+            }
+        }
     /* bad arguments and contexts */
     ck_assert_int_eq(tok_template_compile("\xff", 1, &t, err, sizeof err), TOK_EINVAL);
     ck_assert_int_eq(tok_template_compile("{{ x }}", 7, &t, err, sizeof err), TOK_OK);

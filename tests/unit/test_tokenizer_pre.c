@@ -376,6 +376,27 @@ START_TEST(test_refused) {
          "Replace"},
         {"{" V "\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"normalizer\":{\"type\":\"Prepend\"}}", "prepend"},
         {"{" V "\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"}}", "no decoder"},
+        /* a decoder Sequence is flat: its items are decoders, never another Sequence */
+        {"{" V "\"pre_tokenizer\":{\"type\":\"Metaspace\"},\"decoder\":{\"type\":\"Sequence\",\"decoders\":"
+              "[{\"type\":\"Fuse\"},{\"type\":\"Sequence\",\"decoders\":[]}]}}",
+         "unsupported decoder type 'Sequence'"},
+        {"{" V "\"pre_tokenizer\":{\"type\":\"Metaspace\"},\"decoder\":{\"type\":\"Sequence\",\"decoders\":"
+              "[null]}}",
+         "decoder: missing \"type\""},
+        {"{" V "\"pre_tokenizer\":{\"type\":\"Metaspace\"},\"decoder\":{\"type\":\"Sequence\",\"decoders\":"
+              "[{\"type\":\"ByteLevel\"}]}}",
+         "unsupported decoder type 'ByteLevel'"},
+        {"{" V "\"pre_tokenizer\":{\"type\":\"Metaspace\"},\"decoder\":{\"type\":\"Sequence\"}}",
+         "decoder Sequence: missing array"},
+        /* the other sections nest: an error deep inside still names its section */
+        {"{" V "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":{}}}",
+         "pre_tokenizer Sequence: missing array"},
+        {"{" V "\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":"
+              "[{\"type\":\"Sequence\",\"normalizers\":[{\"x\":1}]}]}}",
+         "normalizer: missing \"type\""},
+        {"{" V "\"pre_tokenizer\":{\"type\":\"ByteLevel\"},\"post_processor\":{\"type\":\"Sequence\",\"processors\":"
+              "[{\"type\":\"Sequence\",\"processors\":[{\"type\":\"Nope\"}]}]}}",
+         "unsupported post_processor type 'Nope'"},
     };
 #undef V
     char err[512];
@@ -387,6 +408,36 @@ START_TEST(test_refused) {
         ck_assert_ptr_null(t);
         ck_assert_msg(strstr(err, cases[i].msg) != NULL, "case %zu: '%s' lacks '%s'", i, err, cases[i].msg);
     }
+}
+END_TEST
+
+/* Sequences nest in the normalizer, pre_tokenizer and post_processor
+ * sections (HF deserializes a Sequence item as any normalizer, Sequence
+ * included): a Lowercase two Sequences deep still applies, and a Digits
+ * inside a nested pre_tokenizer Sequence still splits. */
+START_TEST(test_nested_sequences) {
+    static const char json[] =
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"1\":2,\"2\":3,\"12\":4},\"merges\":[\"1 2\"]},"
+        "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Sequence\",\"normalizers\":"
+        "[{\"type\":\"Lowercase\"}]}]},"
+        "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Sequence\",\"pretokenizers\":"
+        "[{\"type\":\"Digits\",\"individual_digits\":true}]},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
+        "\"post_processor\":{\"type\":\"Sequence\",\"processors\":[{\"type\":\"Sequence\",\"processors\":"
+        "[{\"type\":\"ByteLevel\"}]}]},\"decoder\":{\"type\":\"ByteLevel\"}}";
+    tok_tokenizer *t = NULL;
+    char err[256] = "";
+    ck_assert_msg(tok_load_json_mem(json, strlen(json), &t, err, sizeof err) == TOK_OK, "%s", err);
+    int32_t *ids;
+    size_t n;
+    /* "AB12": lowercased to "ab12", digits split apart so the "1 2" merge cannot join them */
+    ck_assert_int_eq(tok_encode(t, "AB12", 4, 1, &ids, &n, err, sizeof err), TOK_OK);
+    ck_assert_uint_eq(n, 4);
+    ck_assert_int_eq(ids[0], 0);
+    ck_assert_int_eq(ids[1], 1);
+    ck_assert_int_eq(ids[2], 2);
+    ck_assert_int_eq(ids[3], 3);
+    free(ids);
+    tok_free(t);
 }
 END_TEST
 
@@ -426,6 +477,7 @@ static Suite *pre_suite(void) {
     tcase_add_test(tc, test_smollm2_arrays);
     tcase_add_test(tc, test_vocab_arrays_small);
     tcase_add_test(tc, test_refused);
+    tcase_add_test(tc, test_nested_sequences);
     suite_add_tcase(s, tc);
     return s;
 }
