@@ -16,10 +16,58 @@
  * tok_template_compile/free), jinja_eval.c (the evaluator), jinja_filters.c
  * (filters, tests, methods), jinja_pystr.c (Python str semantics),
  * jinja_value.c (values), jinja_json.c (context in, tojson out), all over
- * jinja_internal.h; this file is the render entry point.
+ * jinja_internal.h; this file is the public API: compile, render, free.
  */
 #include "tokenizer/jinja_internal.h"
 
+static size_t utf8_valid_prefix(const char *s, size_t len) {
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t c;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &c);
+        if (k <= 0) return i;
+        i += (size_t)k;
+    }
+    return len;
+}
+
+int tok_template_compile(const char *src, size_t len, tok_template **out, char *err, size_t errlen) {
+    if (out) *out = NULL;
+    if ((!src && len) || !out) return jerr(err, errlen, TOK_EINVAL, "tok_template_compile: bad arguments");
+    size_t bad = utf8_valid_prefix(src ? src : "", len);
+    if (bad != len) return jerr(err, errlen, TOK_EINVAL, "template is not valid UTF-8 (byte %zu)", bad);
+    tok_template *t = calloc(1, sizeof *t);
+    if (!t) return jerr(err, errlen, TOK_ENOMEM, "out of memory");
+    jmp_buf jb;
+    t->a.jb = &jb;
+    t->a.err = err;
+    t->a.errlen = errlen;
+    if (setjmp(jb)) {
+        arena_free(&t->a);
+        free(t);
+        return TOK_EFORMAT;
+    }
+    /* jinja2 normalizes newlines to \n and drops one trailing newline */
+    char *s = aalloc(&t->a, len + 1);
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            s[n++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n') i++;
+        } else {
+            s[n++] = src[i];
+        }
+    }
+    if (n && s[n - 1] == '\n') n--;
+    s[n] = 0;
+    parser p = {&t->a, NULL, 0, 0, 0, 0};
+    jinja_lex(&p, s, n);
+    if (!p.n || p.t[p.n - 1].type != TK_EOF) push_tok(&p, TK_EOF, 0);
+    t->body = jinja_parse(&p);
+    t->a.jb = NULL;
+    t->a.err = NULL;
+    *out = t;
+    return TOK_OK;
+}
 
 int tok_template_render(const tok_template *t, const char *context_json, size_t context_len, char **out,
                         size_t *out_len, char *err, size_t errlen) {
@@ -70,4 +118,10 @@ int tok_template_render(const tok_template *t, const char *context_json, size_t 
     arena_free(&R->a);
     free(R);
     return TOK_OK;
+}
+
+void tok_template_free(tok_template *t) {
+    if (!t) return;
+    arena_free(&t->a);
+    free(t);
 }

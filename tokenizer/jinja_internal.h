@@ -301,7 +301,7 @@ static inline int lookup_name(const char *const *tab, int n, const char *s, size
     return -1;
 }
 
-/* Local error formatting (and jinja_parse.c's UTF-8 check) keep the
+/* Local error formatting (and jinja.c's UTF-8 check) keep the
  * interpreter standalone: the fuzz target links only tokenizer/jinja*.c. */
 static inline int jerr(char *err, size_t errlen, int code, const char *fmt, ...) {
     va_list ap;
@@ -543,5 +543,7 @@ void jinja_exec_body(rs *R, const stmt *s, frame *f);
 
 /* jinja_lex.c: split a normalized source into p->t (ends with TK_EOF). */
 void jinja_lex(parser *p, const char *src, size_t n);
+/* jinja_parse.c: the AST of the tokens in p->t. */
+stmt *jinja_parse(parser *p);
 
 #endif
