@@ -508,7 +508,7 @@ static val eval_(rs *R, const expr *e, frame *f) {
     case E_FILTER: {
         val v = eval(R, e->a, f);
         callargs c = eval_args(R, e, f);
-        return jinja_apply_filter(R, e->fn, v, &c, e->line);
+        return jinja_apply_filter(R, e->fn, v, &c);
     }
     case E_TEST: {
         val v = eval(R, e->a, f);

@@ -285,7 +285,6 @@ enum {
     F_ESCAPE, F_E, F_SUM, F_MIN, F_MAX, F_SORT, F_DICTSORT, F_WORDCOUNT, F_CENTER, F_FORMAT,
     F_N
 };
-extern const char *const jinja_filters[F_N]; /* defined in jinja_parse.c */
 
 enum {
     T_DEFINED, T_UNDEFINED, T_NONE_, T_STRING, T_MAPPING, T_ITERABLE, T_SEQUENCE, T_NUMBER, T_INTEGER,
@@ -527,7 +526,9 @@ val jinja_py_percent(rs *R, val fmt, val args);
 val jinja_py_format(rs *R, val fmt, const callargs *c);
 
 /* jinja_filters.c */
-val jinja_apply_filter(rs *R, int fn, val v, const callargs *c, int line);
+/* The id of a filter name (F_*), or -1; its row lives in jinja_filters.c. */
+int jinja_filter_id(const char *s, size_t n);
+val jinja_apply_filter(rs *R, int fn, val v, const callargs *c);
 int jinja_run_test(rs *R, int fn, val v, const callargs *c);
 val jinja_call_method(rs *R, method *m, const callargs *c);
 

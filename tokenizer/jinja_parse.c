@@ -4,13 +4,6 @@
  */
 #include "tokenizer/jinja_internal.h"
 
-const char *const jinja_filters[F_N] = {
-    "trim", "tojson", "length", "count", "upper", "lower", "capitalize", "title", "replace", "join",
-    "first", "last", "default", "d", "string", "int", "float", "list", "items", "selectattr",
-    "rejectattr", "select", "reject", "map", "indent", "safe", "abs", "round", "unique", "reverse",
-    "escape", "e", "sum", "min", "max", "sort", "dictsort", "wordcount", "center", "format",
-};
-
 const char *const jinja_tests[T_N] = {
     "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number", "integer",
     "float", "boolean", "true", "false", "odd", "even", "divisibleby", "eq", "equalto", "==", "ne",
@@ -277,7 +270,7 @@ static expr *parse_filter_chain(parser *p, expr *e) {
                     sb_puts(p->a, &full, ".");
                     sb_put(p->a, &full, x->s, x->n);
                 }
-                int fn = lookup_name(jinja_filters, F_N, full.p, full.n);
+                int fn = jinja_filter_id(full.p, full.n);
                 if (fn < 0) perr(p, nm->line, "unsupported construct: filter '%.*s'", (int)(full.n > 60 ? 60 : full.n), full.p);
                 expr *x = mk(p, E_FILTER, nm->line);
                 x->a = e;
