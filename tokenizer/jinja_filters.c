@@ -148,25 +148,15 @@ static val f_length(rs *R, val v, const callargs *c) {
     return vint(jinja_length_of(R, v));
 }
 
-static val f_upper(rs *R, val v, const callargs *c) {
-    jinja_check_args(R, c, 0, NULL, "upper");
-    return jinja_map_case(R, jinja_str_of(R, v), CASE_UPPER);
+/* upper, lower, capitalize, title: str(value) case-mapped, no arguments. */
+static val case_filter(rs *R, val v, const callargs *c, const char *name, casemode m) {
+    jinja_check_args(R, c, 0, NULL, name);
+    return jinja_map_case(R, jinja_str_of(R, v), m);
 }
-
-static val f_lower(rs *R, val v, const callargs *c) {
-    jinja_check_args(R, c, 0, NULL, "lower");
-    return jinja_map_case(R, jinja_str_of(R, v), CASE_LOWER);
-}
-
-static val f_capitalize(rs *R, val v, const callargs *c) {
-    jinja_check_args(R, c, 0, NULL, "capitalize");
-    return jinja_map_case(R, jinja_str_of(R, v), CASE_CAPITALIZE);
-}
-
-static val f_title(rs *R, val v, const callargs *c) {
-    jinja_check_args(R, c, 0, NULL, "title");
-    return jinja_map_case(R, jinja_str_of(R, v), CASE_TITLE_JINJA);
-}
+static val f_upper(rs *R, val v, const callargs *c) { return case_filter(R, v, c, "upper", CASE_UPPER); }
+static val f_lower(rs *R, val v, const callargs *c) { return case_filter(R, v, c, "lower", CASE_LOWER); }
+static val f_capitalize(rs *R, val v, const callargs *c) { return case_filter(R, v, c, "capitalize", CASE_CAPITALIZE); }
+static val f_title(rs *R, val v, const callargs *c) { return case_filter(R, v, c, "title", CASE_TITLE_JINJA); }
 
 static val f_replace(rs *R, val v, const callargs *c) {
     static const char *const nm[] = {"old", "new", "count", NULL};
