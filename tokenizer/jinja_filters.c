@@ -537,7 +537,7 @@ static const struct {
 
 int jinja_filter_id(const char *s, size_t n) {
     for (int i = 0; i < F_N; i++)
-        if (strlen(FILTERS[i].name) == n && !memcmp(FILTERS[i].name, s, n)) return i;
+        if (FILTERS[i].name && strlen(FILTERS[i].name) == n && !memcmp(FILTERS[i].name, s, n)) return i;
     return -1;
 }
 
