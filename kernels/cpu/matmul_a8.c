@@ -40,7 +40,12 @@
 #define A8_PF 1024 /* bytes ahead a one- or two-token tile prefetches its row */
 #endif
 
-int cpu_is_a8(kern_dtype dt) { return dt == KERN_Q4_K_A8 || dt == KERN_Q6_K_A8; }
+int cpu_is_a8(kern_dtype dt) {
+    return dt == KERN_Q4_K_A8 || dt == KERN_Q6_K_A8 || dt == KERN_Q5_0_A8 || dt == KERN_Q5_1_A8 || dt == KERN_Q5_K_A8;
+}
+
+/* The types with a min per 32-block (summed apart, mt). */
+static int a8_has_min(kern_dtype dt) { return dt == KERN_Q4_K_A8 || dt == KERN_Q5_K_A8 || dt == KERN_Q5_1_A8; }
 
 /* The activations of a call: q (n x K int8), dx and sx (n x nb). */
 typedef struct a8_acts {
@@ -75,6 +80,26 @@ static void blk_c(kern_dtype dt, const uint8_t *row, int b, int *w, int *ls, flo
         for (int k = 0; k < 32; k++) w[k] = (p[16 + 32 * (j / 2) + k] >> (4 * (j & 1))) & 15;
         return;
     }
+    case KERN_Q5_K_A8: {
+        const uint8_t *p = row + (size_t)176 * (b / 8);
+        int j = b % 8, sc, m;
+        cpu_k_scale_min(p + 4, j, &sc, &m);
+        *dw = ldh(p) * (float)sc;
+        *mn = -(ldh(p + 2) * (float)m);
+        for (int k = 0; k < 32; k++)
+            w[k] = ((p[48 + 32 * (j / 2) + k] >> (4 * (j & 1))) & 15) | ((p[16 + k] >> j) & 1) << 4;
+        return;
+    }
+    case KERN_Q5_0_A8:
+    case KERN_Q5_1_A8: {
+        int q51 = dt == KERN_Q5_1_A8;
+        const uint8_t *p = row + (size_t)(q51 ? 24 : 22) * b, *qh = p + (q51 ? 4 : 2), *qs = qh + 4;
+        *dw = ldh(p);
+        if (q51) *mn = ldh(p + 2);
+        for (int k = 0; k < 32; k++)
+            w[k] = (((k < 16 ? qs[k] : qs[k - 16] >> 4) & 15) | ((qh[k / 8] >> (k % 8)) & 1) << 4) - (q51 ? 0 : 16);
+        return;
+    }
     case KERN_Q6_K_A8: {
         const uint8_t *p = row + (size_t)210 * (b / 8);
         int bb = b % 8, h = bb / 4, s = bb % 4;
@@ -94,7 +119,7 @@ static void blk_c(kern_dtype dt, const uint8_t *row, int b, int *w, int *ls, flo
 static float row_c(kern_dtype dt, const uint8_t *row, const a8_acts *a, int t) {
     const int8_t *q = a->q + (size_t)t * a->K;
     const float *dx = a->dx + (size_t)t * a->nb, *sx = a->sx + (size_t)t * a->nb;
-    int has_min = dt == KERN_Q4_K_A8;
+    int has_min = a8_has_min(dt);
     float acc[16] = {0}, mt = 0;
     for (int b = 0; b < a->nb; b++) {
         int w[32], ls[8];
@@ -128,7 +153,7 @@ static void tile_c(kern_dtype dt, int T, int R, const uint8_t *row, size_t ws, c
 #define A8_ATTR __attribute__((target("avx2,fma,f16c")))
 #define A8_SUF(x) x##_avx2
 /* P_l of unsigned a times signed b (pairs of 16-bit products cannot
- * saturate: |a| <= 32 after the sign trick, or <= 15; |b| <= 127) */
+ * saturate: |a| <= 32 after the sign trick, or <= 31; |b| <= 127) */
 #define A8_DOT(a, b) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1))
 #define A8_DOTS(a, b, s16, s32) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), (s16))
 #include "kernels/cpu/matmul_a8_simd.h"
