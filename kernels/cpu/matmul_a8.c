@@ -47,12 +47,7 @@ int cpu_is_a8(kern_dtype dt) {
 /* The types with a min per 32-block (summed apart, mt). */
 static int a8_has_min(kern_dtype dt) { return dt == KERN_Q4_K_A8 || dt == KERN_Q5_K_A8 || dt == KERN_Q5_1_A8; }
 
-/* The activations of a call: q (n x K int8), dx and sx (n x nb). */
-typedef struct a8_acts {
-    const int8_t *q;
-    const float *dx, *sx;
-    int K, nb;
-} a8_acts;
+typedef cpu_a8_acts a8_acts; /* the activations of a call: q, dx, sx */
 
 /* ---- portable C: the reference ---- */
 
@@ -205,29 +200,12 @@ static void a8_task(void *arg, int task) {
 }
 
 int cpu_matmul_a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n) {
+    a8_acts acts;
+    int path = CPU_A8_C, rc = cpu_a8_begin(be, in, w, n, 1, &acts, &path);
+    if (rc) return rc < 0 ? -1 : 0;
+    static const a8_tile_fn tiles[] = {tile_c, tile_avx2, tile_vnni};
     int64_t ld = w->ld ? w->ld : w->cols;
-    if (w->cols % kern_dtype_block(w->dtype) || ld % kern_dtype_block(w->dtype))
-        return kern_fail(be, "matmul: %s weight (%lld, %lld): not whole blocks", kern_dtype_name(w->dtype),
-                         (long long)w->rows, (long long)w->cols);
-    if (n <= 0 || w->rows <= 0) return 0;
-    int K = (int)w->cols, nb = K / 32, isa = cpu_isa(be);
-    size_t qb = ((size_t)n * K + 63) & ~(size_t)63, fb = ((size_t)n * nb * sizeof(float) + 63) & ~(size_t)63;
-    char *scratch = cpu_scratch(be, qb + 3 * fb);
-    if (!scratch) return kern_fail(be, "matmul: out of memory quantizing %d x %d activations", n, K);
-    int8_t *q = (int8_t *)scratch;
-    float *dx = (float *)(scratch + qb), *sx = (float *)(scratch + qb + fb);
-    int32_t *corr = (int32_t *)(scratch + qb + 2 * fb);
-    cpu_a8_quantize(be, in, n, K, q, dx, corr);
-    for (size_t i = 0; i < (size_t)n * nb; i++) sx[i] = dx[i] * (float)(corr[i] / -128);
-    a8_acts acts = {q, dx, sx, K, nb};
-    a8_args a = {w, &acts, out, n, kern_dtype_bytes(w->dtype, ld), tile_c, 1};
-    if (isa >= CPU_ISA_AVX512 && ((const cpu_impl *)be->impl)->vnni) {
-        a.tile = tile_vnni;
-        a.tt = 4;
-    } else if (isa >= CPU_ISA_AVX2) {
-        a.tile = tile_avx2;
-        a.tt = 4;
-    }
+    a8_args a = {w, &acts, out, n, kern_dtype_bytes(w->dtype, ld), tiles[path], path == CPU_A8_C ? 1 : 4};
     cpu_parallel_for(be, (int)((w->rows + A8_RB - 1) / A8_RB), a8_task, &a);
     return 0;
 }
