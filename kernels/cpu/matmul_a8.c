@@ -1,23 +1,25 @@
 /*
- * cpu: matmul with KERN_Q4_K_A8 and KERN_Q6_K_A8 weights -- ggml's
- * K-quant blocks as stored, times activations
- * quantized to 8 bits per 32-block (cpu_a8_quantize: matmul_q8.c's
- * recipe), multiplied in integers as llama.cpp does (docs/bench-forward.md,
- * "8-bit activations").
+ * cpu: matmul with KERN_Q4_K_A8, KERN_Q6_K_A8, KERN_Q5_0_A8, KERN_Q5_1_A8
+ * and KERN_Q5_K_A8 weights -- ggml's blocks as stored, times activations
+ * quantized to 8 bits per 32-block (cpu_a8_begin: matmul_q8.c's recipe),
+ * multiplied in integers as llama.cpp does (docs/bench-forward.md,
+ * "8-bit activations", "Integer kernels for every GGUF type").
  *
  * Recipe, one per type and the same on every path (portable C, AVX2,
  * AVX-512 VNNI), for any thread count and any number of tokens in a call.
  * For one row and one token, over the row's 32-element blocks b in order:
- *   - w_k are the block's integer weights (Q4_K: the nibble; Q6_K: the
- *     6-bit value - 32), q_k the activation's int8s,
- *     dx_b their scale, sx_b = dx_b * (float)(sum of the block's q);
+ *   - w_k are the block's integer weights: Q4_K the nibble (0..15), Q5_K
+ *     and Q5_1 the 5-bit value (0..31), Q5_0 the 5-bit value - 16, Q6_K
+ *     the 6-bit value - 32; q_k the activation's int8s, dx_b their scale,
+ *     sx_b = dx_b * (float)(sum of the block's q);
  *   - lane l = 0..7: P_l = s_l * (w_4l q_4l + ... + w_4l+3 q_4l+3), exact in
  *     integers; s_l = 1, except Q6_K: the int8 scale of the 16 elements
  *     lane l lies in;
- *   - D_b = dw_b * dx_b, dw_b the block's scale as fp32 (Q4_K: d * sc_j,
- *     exact); acc[8 (b & 1) + l] = fma(D_b, (float)P_l, acc[8 (b & 1) + l]);
- *   - Q4_K carries a min per 32-block, mn_b = -(dmin * m_j):
- *     mt = fma(mn_b, sx_b, mt);
+ *   - D_b = dw_b * dx_b, dw_b the block's scale as fp32 (Q4_K, Q5_K:
+ *     d * sc_j, exact; Q5_0, Q5_1, Q6_K: d);
+ *     acc[8 (b & 1) + l] = fma(D_b, (float)P_l, acc[8 (b & 1) + l]);
+ *   - the types with a min per 32-block, mn_b = -(dmin * m_j) (Q4_K, Q5_K)
+ *     or m (Q5_1), sum it apart: mt = fma(mn_b, sx_b, mt);
  *   - out = tree(acc) + mt, tree matmul.c's: a_i = acc_i + acc_i+8,
  *     b_i = a_i + a_i+4, (b_0 + b_2) + (b_1 + b_3).
  * The lanes are what vpmaddubsw + vpmaddwd (AVX2) and vpdpbusd (VNNI) leave
