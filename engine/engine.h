@@ -75,8 +75,8 @@ typedef struct eng_config {
      * on backends that keep quantized weights (cpu; model_load_opts.quantize),
      * not with fused weights. ENG_QUANT_NONE (0): stored dtypes. */
     int quantize;
-    /* ENG_ACT_Q8: the quantized matrices (a GGUF's Q8_0, Q4_0, Q4_1, Q4_K,
-     * Q6_K; --quantize's Q8_0) multiply activations quantized to 8 bits
+    /* ENG_ACT_Q8: the quantized matrices (a GGUF's Q8_0, Q4_0, Q4_1, Q5_0,
+     * Q5_1, Q4_K, Q5_K, Q6_K; --quantize's Q8_0) multiply activations quantized to 8 bits
      * per 32-block, in integers (model_load_opts.act_q8; cpu): llama.cpp's
      * numerics, faster; refused when there is none. ENG_ACT_AUTO: the same
      * on a GGUF's quantized matrices (not --quantize's), nothing where there

@@ -40,6 +40,12 @@ const char *kern_dtype_name(kern_dtype dt) {
     case KERN_Q4_1_A8: return "q4_1_a8";
     case KERN_Q4_K_A8: return "q4_k_a8";
     case KERN_Q6_K_A8: return "q6_k_a8";
+    case KERN_Q5_0: return "q5_0";
+    case KERN_Q5_1: return "q5_1";
+    case KERN_Q5_K: return "q5_k";
+    case KERN_Q5_0_A8: return "q5_0_a8";
+    case KERN_Q5_1_A8: return "q5_1_a8";
+    case KERN_Q5_K_A8: return "q5_k_a8";
     }
     return "?";
 }

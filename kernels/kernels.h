@@ -56,6 +56,14 @@ typedef enum kern_dtype {
     KERN_Q4_1_A8,
     KERN_Q4_K_A8,
     KERN_Q6_K_A8,
+    /* Q5 blocks: only as their _A8 dtype (the cpu's integer kernels,
+     * matmul_a8.c); the exact path gets them widened to fp32 at load. */
+    KERN_Q5_0,    /* 32 x 5 bit, fp16 d: x = d * (q - 16) */
+    KERN_Q5_1,    /* 32 x 5 bit, fp16 d and m: x = d * q + m */
+    KERN_Q5_K,    /* 256 per super-block, 8 sub-blocks with 6-bit scales/mins */
+    KERN_Q5_0_A8,
+    KERN_Q5_1_A8,
+    KERN_Q5_K_A8,
 } kern_dtype;
 
 /* The plain block type an 8-bit-activation dtype holds (itself for the
@@ -67,6 +75,9 @@ static inline kern_dtype kern_dtype_plain(kern_dtype dt) {
     case KERN_Q4_1_A8: return KERN_Q4_1;
     case KERN_Q4_K_A8: return KERN_Q4_K;
     case KERN_Q6_K_A8: return KERN_Q6_K;
+    case KERN_Q5_0_A8: return KERN_Q5_0;
+    case KERN_Q5_1_A8: return KERN_Q5_1;
+    case KERN_Q5_K_A8: return KERN_Q5_K;
     default: return dt;
     }
 }
@@ -80,6 +91,9 @@ static inline kern_dtype kern_dtype_a8(kern_dtype dt) {
     case KERN_Q4_1: return KERN_Q4_1_A8;
     case KERN_Q4_K: return KERN_Q4_K_A8;
     case KERN_Q6_K: return KERN_Q6_K_A8;
+    case KERN_Q5_0: return KERN_Q5_0_A8;
+    case KERN_Q5_1: return KERN_Q5_1_A8;
+    case KERN_Q5_K: return KERN_Q5_K_A8;
     default: return dt;
     }
 }
@@ -92,7 +106,7 @@ static inline kern_dtype kern_dtype_a8(kern_dtype dt) {
 /* Elements per block (1 for F32/F16/BF16) and bytes per block. */
 static inline int kern_dtype_block(kern_dtype dt) {
     dt = kern_dtype_plain(dt);
-    return dt == KERN_Q4_K || dt == KERN_Q6_K ? 256 : dt >= KERN_Q8_0 ? 32 : 1;
+    return dt == KERN_Q4_K || dt == KERN_Q6_K || dt == KERN_Q5_K ? 256 : dt >= KERN_Q8_0 ? 32 : 1;
 }
 static inline size_t kern_dtype_block_bytes(kern_dtype dt) {
     switch (kern_dtype_plain(dt)) {
@@ -104,6 +118,9 @@ static inline size_t kern_dtype_block_bytes(kern_dtype dt) {
     case KERN_Q4_1: return 20;
     case KERN_Q4_K: return 144;
     case KERN_Q6_K: return 210;
+    case KERN_Q5_0: return 22;
+    case KERN_Q5_1: return 24;
+    case KERN_Q5_K: return 176;
     default: return 0;
     }
 }

@@ -148,14 +148,20 @@ static int64_t gguf_qk_row(int64_t r, int64_t hd) {
     return head * hd + 2 * i2 + half;
 }
 
-/* The GGUF block types a backend may keep as they are (kern_ops.upload_quantized). */
-static int keepable_qtype(weights_dtype d, kern_dtype *out) {
+/* The GGUF block types a backend may keep as they are (kern_ops.upload_quantized).
+ * Q5_0, Q5_1 and Q5_K have integer kernels only: kept when every
+ * quantized matrix goes to them (act_q8 1 or 2), else widened to fp32. */
+static int keepable_qtype(const model *m, weights_dtype d, kern_dtype *out) {
+    int a8 = m->act_q8 == 1 || m->act_q8 == 2;
     switch (d) {
     case WEIGHTS_Q8_0: *out = KERN_Q8_0; return 1;
     case WEIGHTS_Q4_0: *out = KERN_Q4_0; return 1;
     case WEIGHTS_Q4_1: *out = KERN_Q4_1; return 1;
     case WEIGHTS_Q4_K: *out = KERN_Q4_K; return 1;
     case WEIGHTS_Q6_K: *out = KERN_Q6_K; return 1;
+    case WEIGHTS_Q5_0: *out = KERN_Q5_0; return a8;
+    case WEIGHTS_Q5_1: *out = KERN_Q5_1; return a8;
+    case WEIGHTS_Q5_K: *out = KERN_Q5_K; return a8;
     default: return 0;
     }
 }
@@ -166,7 +172,8 @@ static int keepable_qtype(weights_dtype d, kern_dtype *out) {
  * become strided views (ld = cols), so no rank copies the full matrix.
  *
  * Quantized GGUF matrices stay quantized when the backend can read them
- * (kern_ops.upload_quantized; Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), the weights
+ * (kern_ops.upload_quantized; Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, and with 8-bit
+ * activations Q5_0, Q5_1, Q5_K), the weights
  * are not fused, and a column slice starts and ends on a block boundary:
  * the blocks are uploaded from the mmap, or, for rows stored permuted (a Llama GGUF's
  * q/k, heads of permute_hd rows: whole rows, so moved as bytes), sit in a
@@ -186,7 +193,7 @@ static int load_slice_perm(model *m, const weights_set *ws, const char *name, in
     if (weights_get(ws, name, ndim, rows ? shape : shape + 1, &t, err, errlen)) return -1;
     kern_weight host = {t->data, KERN_F32, rows ? nr : 1, nc, cols};
     kern_dtype qdt;
-    if (can_quantize(m, rows) && keepable_qtype(t->dtype, &qdt) && c0 % kern_dtype_block(qdt) == 0 &&
+    if (can_quantize(m, rows) && keepable_qtype(m, t->dtype, &qdt) && c0 % kern_dtype_block(qdt) == 0 &&
         nc % kern_dtype_block(qdt) == 0) {
         size_t row_bytes = kern_dtype_bytes(qdt, cols), off = kern_dtype_bytes(qdt, c0);
         size_t slice_bytes = kern_dtype_bytes(qdt, nc);
@@ -439,7 +446,7 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
         }
     }
     if (m->act_q8 != 2 && m->act_q8 && !m->n_act_q8) {
-        snprintf(err, errlen, "8-bit activations (--act-quant q8_0): no Q8_0 matrix (nor Q4_0/Q4_1/Q4_K/Q6_K) to apply "
+        snprintf(err, errlen, "8-bit activations (--act-quant q8_0): no Q8_0 matrix (nor Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K) to apply "
                  "them to on this rank; they come from a GGUF's or --quantize q8_0 (not with fused weights)");
         goto fail;
     }

@@ -114,13 +114,15 @@ typedef struct model_load_opts {
      * decode step streams ~1.06 bytes per weight; ignored with fused
      * weights or on other backends. 0: keep the stored dtypes. */
     int quantize;
-    /* 1: quantized matrices (a GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, or
-     * quantize's Q8_0) are uploaded as their KERN_*_A8 dtype: their matmuls
+    /* 1: quantized matrices (a GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+     * Q5_K, Q6_K, or quantize's Q8_0) are uploaded as their KERN_*_A8 dtype: their matmuls
      * quantize the activations to 8 bits per 32-block and multiply in
      * integers (llama.cpp's numerics; faster, slightly less accurate).
      * Refused on a backend without upload_quantized, or when no matrix is
      * so. 2: the same on the file's quantized matrices (quantize's stay
-     * exact), no error when there are none. 3: as 1, Q8_0 matrices only. 0: the bits of the dequantized weights. */
+     * exact), no error when there are none. 3: as 1, Q8_0 matrices only. 0: the bits of the dequantized weights.
+     * Q5_0/Q5_1/Q5_K stay quantized only with 1 and 2 (no exact kernel:
+     * otherwise widened to fp32 at load). */
     int act_q8;
 } model_load_opts;
 

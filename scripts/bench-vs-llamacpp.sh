@@ -10,9 +10,12 @@
 # The smollm2-* formats are the trained SmolLM2-135M-Instruct that `make
 # serve` serves (build/models, scripts/fetch-model.sh): smollm2-q4_1 the file
 # itself with echo's default (--act-quant auto: the integer kernels),
-# smollm2-q4_1-exact the same file on echo's exact path, smollm2-q4_k and
-# smollm2-q6_k that file requantized by llama-quantize (--allow-requantize;
-# for speed only: $QUANTIZE, default $LLAMACPP_DIR/build/bin/llama-quantize).
+# smollm2-q4_1-exact the same file on echo's exact path; smollm2-q4_k
+# (llama-quantize's Q4_K_M), smollm2-q5_k (Q5_K_M), smollm2-q5_0,
+# smollm2-q5_1 and smollm2-q6_k are copies of that file made by
+# llama-quantize from its F32 dequantization ($QUANTIZE, default
+# $LLAMACPP_DIR/build/bin/llama-quantize; below), each with echo's default;
+# a -exact suffix runs any of them with --act-quant none.
 # docs/bench-forward.md has the results and what the columns mean.
 #
 #   scripts/bench-vs-llamacpp.sh                    # everything, defaults below
@@ -22,10 +25,12 @@
 #   LLAMACPP_DIR  build/llamacpp   llama.cpp sdist, build and models are cached here
 #   LLAMACPP_VERSION 0.3.36        llama-cpp-python sdist that vendors llama.cpp
 #   ECHO_BENCH    bin/echo-bench
-#   THREADS       "1 2"            FORMATS "bf16 q8_0 q8_0-a8" (and smollm2-q4_1, -q4_1-exact, -q4_k, -q6_k)
+#   THREADS       "1 2"            FORMATS "bf16 q8_0 q8_0-a8" (and smollm2-q4_1, -q4_1-exact, -q4_k,
+#                                  -q5_k, -q5_0, -q5_1, -q6_k, each also with -exact)
+#   PYTHON        build/venv-clients/bin/python if there, else python3: has the gguf package
 #   SMOLLM2       build/models/SmolLM2-135M-Instruct.Q4_1.gguf
 #   LLAMA_BIN     $LLAMACPP_DIR/build/bin   llama-bench (and llama-quantize) already built elsewhere
-#   WORK          $LLAMACPP_DIR   where the runs' scratch files and SmolLM2's K-quant copies go
+#   WORK          $LLAMACPP_DIR   where the runs' scratch files and SmolLM2's copies ($WORK/models) go
 #   PREFILL       512              tokens of the prefill run
 #   DECODE        64               decode steps (llama-bench -n), batch 1
 #   REPS          3                repetitions of the whole grid
@@ -40,6 +45,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LLAMACPP_DIR=${LLAMACPP_DIR:-$ROOT/build/llamacpp}
+mkdir -p "$LLAMACPP_DIR"
+LLAMACPP_DIR=$(cd "$LLAMACPP_DIR" && pwd) # the runs cd into $WORK: no relative paths
 LLAMACPP_VERSION=${LLAMACPP_VERSION:-0.3.36}
 ECHO_BENCH=${ECHO_BENCH:-$ROOT/bin/echo-bench}
 THREADS=${THREADS:-"1 2"}
@@ -52,6 +59,10 @@ OUT=${OUT:-${WORK:-$LLAMACPP_DIR}/results.jsonl}
 REPACK=${REPACK:-1}
 SMOLLM2=${SMOLLM2:-$ROOT/build/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 QUANTIZE=${QUANTIZE:-${LLAMA_BIN:-$LLAMACPP_DIR/build/bin}/llama-quantize}
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=python3
+    [ -x "$ROOT/build/venv-clients/bin/python" ] && PYTHON=$ROOT/build/venv-clients/bin/python
+fi
 
 mkdir -p "$LLAMACPP_DIR"
 WORK=${WORK:-$LLAMACPP_DIR}
@@ -94,20 +105,41 @@ for f in $(printf '%s\n' $QWEN_FORMATS | sed 's/-a8$//' | sort -u); do
     fi
 done
 
-# ---- SmolLM2: the served file, and K-quant copies of it ----
+# ---- SmolLM2: the served file, and copies of it in other types ----
+# A copy is made once (cached in $SMOL_OUT): the Q4_1 file dequantized to an
+# F32 GGUF (scripts/gguf-dequantize.py, the gguf package: $PYTHON), then
+# quantized to the type by llama-quantize, so every copy starts from the
+# same values (those the served file holds) rather than from requantized
+# blocks. SmolLM2's 576-wide rows are not whole 256-blocks, so llama-quantize
+# stores those matrices in a fallback type (Q4_K_M: Q5_0, Q5_K_M: Q5_1,
+# Q6_K: Q8_0): each copy's log lists the types it holds.
 cd "$WORK"
 SMOL_OUT=$WORK/models
+smol_type() { # format -> llama-quantize type
+    case $1 in
+    smollm2-q4_k) echo Q4_K_M ;;
+    smollm2-q5_k) echo Q5_K_M ;;
+    *) echo "${1#smollm2-}" | sed 's/-exact$//' | tr a-z A-Z ;;
+    esac
+}
 for f in $FORMATS; do
     case $f in
-    smollm2-q4_k | smollm2-q6_k)
-        q=${f#smollm2-}
+    smollm2-q4_1 | smollm2-q4_1-exact) ;;
+    smollm2-*)
+        q=$(smol_type "$f")
+        dst=$SMOL_OUT/smollm2-$q.gguf
+        [ -f "$dst" ] && continue
         mkdir -p "$SMOL_OUT"
-        if [ ! -f "$SMOL_OUT/smollm2-$q.gguf" ]; then
-            [ -x "$QUANTIZE" ] || { echo "bench-vs-llamacpp: $f needs llama-quantize ($QUANTIZE)" >&2; exit 1; }
-            "$QUANTIZE" --allow-requantize "$SMOLLM2" "$SMOL_OUT/smollm2-$q.gguf.tmp" "$(echo "$q" | tr a-z A-Z)" \
-                >"$SMOL_OUT/smollm2-$q.log" 2>&1
-            mv "$SMOL_OUT/smollm2-$q.gguf.tmp" "$SMOL_OUT/smollm2-$q.gguf"
+        [ -x "$QUANTIZE" ] || { echo "bench-vs-llamacpp: $f needs llama-quantize ($QUANTIZE)" >&2; exit 1; }
+        if [ ! -f "$SMOL_OUT/smollm2-f32.gguf" ]; then
+            echo "# $f: dequantizing $SMOLLM2 to $SMOL_OUT/smollm2-f32.gguf" >&2
+            "$PYTHON" "$ROOT/scripts/gguf-dequantize.py" "$SMOLLM2" "$SMOL_OUT/smollm2-f32.gguf.tmp"
+            mv "$SMOL_OUT/smollm2-f32.gguf.tmp" "$SMOL_OUT/smollm2-f32.gguf"
         fi
+        echo "# $f: llama-quantize $q -> $dst (log: $SMOL_OUT/smollm2-$q.log)" >&2
+        "$QUANTIZE" "$SMOL_OUT/smollm2-f32.gguf" "$dst.tmp" "$q" >"$SMOL_OUT/smollm2-$q.log" 2>&1 ||
+            { tail -5 "$SMOL_OUT/smollm2-$q.log" >&2; exit 1; }
+        mv "$dst.tmp" "$dst"
         ;;
     esac
 done
@@ -115,7 +147,7 @@ done
 gguf_of() {
     case $1 in
     smollm2-q4_1 | smollm2-q4_1-exact) echo "$SMOLLM2" ;;
-    smollm2-*) echo "$SMOL_OUT/$1.gguf" ;;
+    smollm2-*) echo "$SMOL_OUT/smollm2-$(smol_type "$1").gguf" ;;
     *) echo "$MODEL-${1%-a8}.gguf" ;;
     esac
 }

@@ -51,7 +51,7 @@ static const char *USAGE =
     "                         captured too). Off by default; no effect on cpu or with\n"
     "                         --transport local at --tp > 1 (a note says so)\n"
     "  --quantize q8_0        quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
-    "  --act-quant auto|none|q8_0  q8_0: the quantized matrices (a GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,\n"
+    "  --act-quant auto|none|q8_0  q8_0: the quantized matrices (a GGUF's Q8_0/Q4_*/Q5_*/Q6_K,\n"
     "                         --quantize's) multiply activations quantized to 8 bits per 32-block, in\n"
     "                         integers, as llama.cpp does (cpu; faster, not the dequantized weights'\n"
     "                         bits). auto (default): on a GGUF's quantized matrices; none: exact\n"

@@ -46,7 +46,7 @@ static const char *USAGE =
     "  --echo-min-bytes N     all-reduce messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per scale group, 16..256 (default: the codec's, 128 for hout2)\n"
     "  --quantize q8_0              quantize F32/F16/BF16 matrices to Q8_0 at load (cpu; ggml's rounding)\n"
-    "  --act-quant auto|none|q8_0   q8_0: the quantized matrices (a GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,\n"
+    "  --act-quant auto|none|q8_0   q8_0: the quantized matrices (a GGUF's Q8_0/Q4_*/Q5_*/Q6_K,\n"
     "                               --quantize's) multiply activations quantized to 8 bits per 32-block,\n"
     "                               in integers, as llama.cpp does (cpu; faster, not the dequantized\n"
     "                               weights' bits). auto (default): on a GGUF's quantized matrices;\n"

@@ -132,10 +132,29 @@ int cpu_pack_q8a8(kern_backend *be, const kern_weight *host, kern_weight *dev);
 void cpu_q8a8_row(const kern_weight *w, int64_t r, float *dst);
 int cpu_matmul_q8a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n);
 int cpu_vnni_detect(void);
-/* The 8-bit activations of every KERN_*_A8 matmul (matmul_q8.c's recipe):
- * n rows of K (a multiple of 32) values into q (n x K), their per-block
- * scales dx and -128 x the block's sum of q, corr (n x K / 32 each). */
-void cpu_a8_quantize(kern_backend *be, const float *in, int n, int K, int8_t *q, float *dx, int32_t *corr);
+/* The 8-bit activations of a KERN_*_A8 matmul call (matmul_q8.c's
+ * recipe), in the backend's scratch: per token K int8s q, and per 32-block
+ * the scale dx, corr = -128 x the sum of q, qs = that sum and
+ * sx = dx * (float)qs. */
+typedef struct cpu_a8_acts {
+    int8_t *q;     /* [n][K] */
+    float *dx;     /* [n][nb] */
+    int32_t *corr; /* [n][nb] */
+    int32_t *qs;   /* [n][nb] */
+    float *sx;     /* [n][nb] */
+    int K, nb;
+} cpu_a8_acts;
+
+/* The kernel family a KERN_*_A8 matmul runs (cpu_a8_begin). */
+enum { CPU_A8_C = 0, CPU_A8_AVX2 = 1, CPU_A8_VNNI = 2 };
+
+/* The prologue every KERN_*_A8 matmul shares: checks w's shape (whole
+ * blocks; a column view only with `views`), quantizes the n rows of `in`
+ * into *a and sets *path to the family this backend runs (VNNI where the
+ * isa is AVX512 and the machine has it, AVX2, else portable C). 0: go on;
+ * 1: nothing to do (n or w->rows 0); -1: an error (kern_fail). */
+int cpu_a8_begin(kern_backend *be, const float *in, const kern_weight *w, int n, int views, cpu_a8_acts *a,
+                 int *path);
 
 /* matmul_a8.c: KERN_Q4_K_A8, KERN_Q6_K_A8: the plain blocks (where they
  * lie) against 8-bit activations, in integers. */

@@ -61,7 +61,8 @@ void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) 
 }
 
 /* Quantized weights: GGUF blocks are uploaded like any weight (also as
- * KERN_Q4_K_A8 / Q6_K_A8, the same bytes; Q4_0_A8 / Q4_1_A8 repacked,
+ * KERN_Q4_K_A8 / Q6_K_A8 / Q5_0_A8 / Q5_1_A8 / Q5_K_A8, the same bytes;
+ * the Q5 types only so; Q4_0_A8 / Q4_1_A8 repacked,
  * matmul_a8p.c);
  * F32/F16/BF16 become an owned Q8_0 copy, row by row; KERN_Q8_0_A8 is
  * packed from Q8_0 blocks or F32/F16/BF16 rows (matmul_q8.c). */
@@ -79,6 +80,9 @@ static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_
         dev->dtype = to;
         return 0;
     }
+    if (to == KERN_Q5_0 || to == KERN_Q5_1 || to == KERN_Q5_K) /* matmul.c has no exact Q5 path */
+        return kern_fail(be, "upload_quantized: %s only as %s (no exact kernel)", kern_dtype_name(to),
+                         kern_dtype_name(kern_dtype_a8(to)));
     if (host->dtype == to) return cpu_copy_weight(be, host, dev);
     if (to != KERN_Q8_0 || kern_dtype_block(host->dtype) != 1)
         return kern_fail(be, "upload_quantized: cannot make %s from %s", kern_dtype_name(to),

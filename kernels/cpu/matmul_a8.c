@@ -1,23 +1,25 @@
 /*
- * cpu: matmul with KERN_Q4_K_A8 and KERN_Q6_K_A8 weights -- ggml's
- * K-quant blocks as stored, times activations
- * quantized to 8 bits per 32-block (cpu_a8_quantize: matmul_q8.c's
- * recipe), multiplied in integers as llama.cpp does (docs/bench-forward.md,
- * "8-bit activations").
+ * cpu: matmul with KERN_Q4_K_A8, KERN_Q6_K_A8, KERN_Q5_0_A8, KERN_Q5_1_A8
+ * and KERN_Q5_K_A8 weights -- ggml's blocks as stored, times activations
+ * quantized to 8 bits per 32-block (cpu_a8_begin: matmul_q8.c's recipe),
+ * multiplied in integers as llama.cpp does (docs/bench-forward.md,
+ * "8-bit activations", "Integer kernels for every GGUF type").
  *
  * Recipe, one per type and the same on every path (portable C, AVX2,
  * AVX-512 VNNI), for any thread count and any number of tokens in a call.
  * For one row and one token, over the row's 32-element blocks b in order:
- *   - w_k are the block's integer weights (Q4_K: the nibble; Q6_K: the
- *     6-bit value - 32), q_k the activation's int8s,
- *     dx_b their scale, sx_b = dx_b * (float)(sum of the block's q);
+ *   - w_k are the block's integer weights: Q4_K the nibble (0..15), Q5_K
+ *     and Q5_1 the 5-bit value (0..31), Q5_0 the 5-bit value - 16, Q6_K
+ *     the 6-bit value - 32; q_k the activation's int8s, dx_b their scale,
+ *     sx_b = dx_b * (float)(sum of the block's q);
  *   - lane l = 0..7: P_l = s_l * (w_4l q_4l + ... + w_4l+3 q_4l+3), exact in
  *     integers; s_l = 1, except Q6_K: the int8 scale of the 16 elements
  *     lane l lies in;
- *   - D_b = dw_b * dx_b, dw_b the block's scale as fp32 (Q4_K: d * sc_j,
- *     exact); acc[8 (b & 1) + l] = fma(D_b, (float)P_l, acc[8 (b & 1) + l]);
- *   - Q4_K carries a min per 32-block, mn_b = -(dmin * m_j):
- *     mt = fma(mn_b, sx_b, mt);
+ *   - D_b = dw_b * dx_b, dw_b the block's scale as fp32 (Q4_K, Q5_K:
+ *     d * sc_j, exact; Q5_0, Q5_1, Q6_K: d);
+ *     acc[8 (b & 1) + l] = fma(D_b, (float)P_l, acc[8 (b & 1) + l]);
+ *   - the types with a min per 32-block, mn_b = -(dmin * m_j) (Q4_K, Q5_K)
+ *     or m (Q5_1), sum it apart: mt = fma(mn_b, sx_b, mt);
  *   - out = tree(acc) + mt, tree matmul.c's: a_i = acc_i + acc_i+8,
  *     b_i = a_i + a_i+4, (b_0 + b_2) + (b_1 + b_3).
  * The lanes are what vpmaddubsw + vpmaddwd (AVX2) and vpdpbusd (VNNI) leave
@@ -40,14 +42,14 @@
 #define A8_PF 1024 /* bytes ahead a one- or two-token tile prefetches its row */
 #endif
 
-int cpu_is_a8(kern_dtype dt) { return dt == KERN_Q4_K_A8 || dt == KERN_Q6_K_A8; }
+int cpu_is_a8(kern_dtype dt) {
+    return dt == KERN_Q4_K_A8 || dt == KERN_Q6_K_A8 || dt == KERN_Q5_0_A8 || dt == KERN_Q5_1_A8 || dt == KERN_Q5_K_A8;
+}
 
-/* The activations of a call: q (n x K int8), dx and sx (n x nb). */
-typedef struct a8_acts {
-    const int8_t *q;
-    const float *dx, *sx;
-    int K, nb;
-} a8_acts;
+/* The types with a min per 32-block (summed apart, mt). */
+static int a8_has_min(kern_dtype dt) { return dt == KERN_Q4_K_A8 || dt == KERN_Q5_K_A8 || dt == KERN_Q5_1_A8; }
+
+typedef cpu_a8_acts a8_acts; /* the activations of a call: q, dx, sx */
 
 /* ---- portable C: the reference ---- */
 
@@ -75,6 +77,26 @@ static void blk_c(kern_dtype dt, const uint8_t *row, int b, int *w, int *ls, flo
         for (int k = 0; k < 32; k++) w[k] = (p[16 + 32 * (j / 2) + k] >> (4 * (j & 1))) & 15;
         return;
     }
+    case KERN_Q5_K_A8: {
+        const uint8_t *p = row + (size_t)176 * (b / 8);
+        int j = b % 8, sc, m;
+        cpu_k_scale_min(p + 4, j, &sc, &m);
+        *dw = ldh(p) * (float)sc;
+        *mn = -(ldh(p + 2) * (float)m);
+        for (int k = 0; k < 32; k++)
+            w[k] = ((p[48 + 32 * (j / 2) + k] >> (4 * (j & 1))) & 15) | ((p[16 + k] >> j) & 1) << 4;
+        return;
+    }
+    case KERN_Q5_0_A8:
+    case KERN_Q5_1_A8: {
+        int q51 = dt == KERN_Q5_1_A8;
+        const uint8_t *p = row + (size_t)(q51 ? 24 : 22) * b, *qh = p + (q51 ? 4 : 2), *qs = qh + 4;
+        *dw = ldh(p);
+        if (q51) *mn = ldh(p + 2);
+        for (int k = 0; k < 32; k++)
+            w[k] = (((k < 16 ? qs[k] : qs[k - 16] >> 4) & 15) | ((qh[k / 8] >> (k % 8)) & 1) << 4) - (q51 ? 0 : 16);
+        return;
+    }
     case KERN_Q6_K_A8: {
         const uint8_t *p = row + (size_t)210 * (b / 8);
         int bb = b % 8, h = bb / 4, s = bb % 4;
@@ -94,7 +116,7 @@ static void blk_c(kern_dtype dt, const uint8_t *row, int b, int *w, int *ls, flo
 static float row_c(kern_dtype dt, const uint8_t *row, const a8_acts *a, int t) {
     const int8_t *q = a->q + (size_t)t * a->K;
     const float *dx = a->dx + (size_t)t * a->nb, *sx = a->sx + (size_t)t * a->nb;
-    int has_min = dt == KERN_Q4_K_A8;
+    int has_min = a8_has_min(dt);
     float acc[16] = {0}, mt = 0;
     for (int b = 0; b < a->nb; b++) {
         int w[32], ls[8];
@@ -128,7 +150,7 @@ static void tile_c(kern_dtype dt, int T, int R, const uint8_t *row, size_t ws, c
 #define A8_ATTR __attribute__((target("avx2,fma,f16c")))
 #define A8_SUF(x) x##_avx2
 /* P_l of unsigned a times signed b (pairs of 16-bit products cannot
- * saturate: |a| <= 32 after the sign trick, or <= 15; |b| <= 127) */
+ * saturate: |a| <= 32 after the sign trick, or <= 31; |b| <= 127) */
 #define A8_DOT(a, b) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1))
 #define A8_DOTS(a, b, s16, s32) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), (s16))
 #include "kernels/cpu/matmul_a8_simd.h"
@@ -180,29 +202,12 @@ static void a8_task(void *arg, int task) {
 }
 
 int cpu_matmul_a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n) {
+    a8_acts acts;
+    int path = CPU_A8_C, rc = cpu_a8_begin(be, in, w, n, 1, &acts, &path);
+    if (rc) return rc < 0 ? -1 : 0;
+    static const a8_tile_fn tiles[] = {tile_c, tile_avx2, tile_vnni};
     int64_t ld = w->ld ? w->ld : w->cols;
-    if (w->cols % kern_dtype_block(w->dtype) || ld % kern_dtype_block(w->dtype))
-        return kern_fail(be, "matmul: %s weight (%lld, %lld): not whole blocks", kern_dtype_name(w->dtype),
-                         (long long)w->rows, (long long)w->cols);
-    if (n <= 0 || w->rows <= 0) return 0;
-    int K = (int)w->cols, nb = K / 32, isa = cpu_isa(be);
-    size_t qb = ((size_t)n * K + 63) & ~(size_t)63, fb = ((size_t)n * nb * sizeof(float) + 63) & ~(size_t)63;
-    char *scratch = cpu_scratch(be, qb + 3 * fb);
-    if (!scratch) return kern_fail(be, "matmul: out of memory quantizing %d x %d activations", n, K);
-    int8_t *q = (int8_t *)scratch;
-    float *dx = (float *)(scratch + qb), *sx = (float *)(scratch + qb + fb);
-    int32_t *corr = (int32_t *)(scratch + qb + 2 * fb);
-    cpu_a8_quantize(be, in, n, K, q, dx, corr);
-    for (size_t i = 0; i < (size_t)n * nb; i++) sx[i] = dx[i] * (float)(corr[i] / -128);
-    a8_acts acts = {q, dx, sx, K, nb};
-    a8_args a = {w, &acts, out, n, kern_dtype_bytes(w->dtype, ld), tile_c, 1};
-    if (isa >= CPU_ISA_AVX512 && ((const cpu_impl *)be->impl)->vnni) {
-        a.tile = tile_vnni;
-        a.tt = 4;
-    } else if (isa >= CPU_ISA_AVX2) {
-        a.tile = tile_avx2;
-        a.tt = 4;
-    }
+    a8_args a = {w, &acts, out, n, kern_dtype_bytes(w->dtype, ld), tiles[path], path == CPU_A8_C ? 1 : 4};
     cpu_parallel_for(be, (int)((w->rows + A8_RB - 1) / A8_RB), a8_task, &a);
     return 0;
 }

@@ -20,8 +20,19 @@ A8_ATTR INL float A8_SUF(tree)(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
 }
 
-/* Block b: its weights as 32 bytes (unsigned for Q4_K, signed for Q6_K),
- * scale dw, min mn, Q6_K's lane scales. */
+/* The 32 fifth bits of a Q5_0 / Q5_1 block (bit k: element k) as bytes
+ * 16 or 0 (llama.cpp's bytes_from_bits_32). */
+A8_ATTR INL __m256i A8_SUF(bit16)(const uint8_t *qh) {
+    uint32_t x;
+    memcpy(&x, qh, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i v = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf),
+                                _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
+}
+
+/* Block b: its weights as 32 bytes (unsigned for Q4_K, Q5_K, Q5_1, signed
+ * for Q6_K, Q5_0), scale dw, min mn, Q6_K's lane scales. */
 A8_ATTR INL __m256i A8_SUF(unpack)(const kern_dtype dt, const uint8_t *row, int b, float *dw, float *mn,
                                      __m256i *s16, __m256i *s32) {
     switch (dt) {
@@ -33,6 +44,29 @@ A8_ATTR INL __m256i A8_SUF(unpack)(const kern_dtype dt, const uint8_t *row, int 
         *mn = -(A8_SUF(h16)(p + 2) * (float)m);
         __m256i x = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (j >> 1)));
         return _mm256_and_si256(_mm256_srli_epi16(x, 4 * (j & 1)), _mm256_set1_epi8(15));
+    }
+    case KERN_Q5_K_A8: {
+        const uint8_t *p = row + (size_t)176 * (b >> 3);
+        int j = b & 7, sc, m;
+        cpu_k_scale_min(p + 4, j, &sc, &m);
+        *dw = A8_SUF(h16)(p) * (float)sc;
+        *mn = -(A8_SUF(h16)(p + 2) * (float)m);
+        __m256i x = _mm256_loadu_si256((const __m256i *)(p + 48 + 32 * (j >> 1)));
+        __m256i h = _mm256_loadu_si256((const __m256i *)(p + 16));
+        __m256i lo = _mm256_and_si256(_mm256_srli_epi16(x, 4 * (j & 1)), _mm256_set1_epi8(15));
+        __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, j), _mm256_set1_epi8(1)), 4);
+        return _mm256_or_si256(lo, hi);
+    }
+    case KERN_Q5_0_A8:
+    case KERN_Q5_1_A8: {
+        const int q51 = dt == KERN_Q5_1_A8;
+        const uint8_t *p = row + (size_t)(q51 ? 24 : 22) * b, *qh = p + (q51 ? 4 : 2);
+        *dw = A8_SUF(h16)(p);
+        if (q51) *mn = A8_SUF(h16)(p + 2);
+        __m128i x = _mm_loadu_si128((const __m128i *)(qh + 4));
+        __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
+        u = _mm256_or_si256(u, A8_SUF(bit16)(qh));
+        return q51 ? u : _mm256_sub_epi8(u, _mm256_set1_epi8(16));
     }
     default: { /* KERN_Q6_K_A8 */
         const uint8_t *p = row + (size_t)210 * (b >> 3);
@@ -55,7 +89,8 @@ A8_ATTR INL __m256i A8_SUF(unpack)(const kern_dtype dt, const uint8_t *row, int 
 A8_ATTR INL void A8_SUF(block)(const kern_dtype dt, const int T, const int R, const uint8_t *row, size_t ws, int b,
                                   const int8_t *const *q, const float *const *dx, const float *const *sx, __m256 *acc,
                                   float *mt) {
-    const int sgn = dt == KERN_Q6_K_A8, has_min = dt == KERN_Q4_K_A8;
+    const int sgn = dt == KERN_Q6_K_A8 || dt == KERN_Q5_0_A8;
+    const int has_min = dt == KERN_Q4_K_A8 || dt == KERN_Q5_K_A8 || dt == KERN_Q5_1_A8;
     __m256i qv[4];
     for (int t = 0; t < T; t++) qv[t] = _mm256_loadu_si256((const __m256i *)(q[t] + 32 * b));
     for (int r = 0; r < R; r++) {
@@ -123,8 +158,13 @@ A8_ATTR static void A8_SUF(tile)(kern_dtype dt, int T, int R, const uint8_t *row
         return;                                                                                               \
     }
     int r = 0;
-    if (dt == KERN_Q4_K_A8) A8_CASES(KERN_Q4_K_A8)
-    A8_CASES(KERN_Q6_K_A8)
+    switch (dt) {
+    case KERN_Q4_K_A8: A8_CASES(KERN_Q4_K_A8)
+    case KERN_Q5_K_A8: A8_CASES(KERN_Q5_K_A8)
+    case KERN_Q5_0_A8: A8_CASES(KERN_Q5_0_A8)
+    case KERN_Q5_1_A8: A8_CASES(KERN_Q5_1_A8)
+    default: A8_CASES(KERN_Q6_K_A8)
+    }
 #undef A8_CASES
 #undef A8_ROWS
 }

@@ -120,12 +120,7 @@ void cpu_a8p_row(const kern_weight *w, int64_t r, float *dst) {
 
 /* ---- the kernels: T tokens x one group ---- */
 
-typedef struct pk_acts {
-    const int8_t *q;
-    const float *dx, *sx;
-    const int32_t *qs; /* per block: sum of q */
-    int K, nb;
-} pk_acts;
+typedef cpu_a8_acts pk_acts; /* q, dx, sx and qs (per block: sum of q) */
 
 typedef struct pk_tile {
     kern_dtype dt;
@@ -222,32 +217,11 @@ static void pk_mm_task(void *arg, int task) {
 }
 
 int cpu_matmul_a8p(kern_backend *be, float *out, const float *in, const kern_weight *w, int n) {
-    if (w->ld && w->ld != w->cols)
-        return kern_fail(be, "matmul: a %s weight cannot be a column view", kern_dtype_name(w->dtype));
-    if (w->cols % 32)
-        return kern_fail(be, "matmul: %s weight with %lld columns", kern_dtype_name(w->dtype), (long long)w->cols);
-    if (n <= 0 || w->rows <= 0) return 0;
-    int K = (int)w->cols, nb = K / 32, isa = cpu_isa(be);
-    size_t qb = ((size_t)n * K + 63) & ~(size_t)63, fb = ((size_t)n * nb * sizeof(float) + 63) & ~(size_t)63;
-    char *scratch = cpu_scratch(be, qb + 3 * fb);
-    if (!scratch) return kern_fail(be, "matmul: out of memory quantizing %d x %d activations", n, K);
-    int8_t *q = (int8_t *)scratch;
-    float *dx = (float *)(scratch + qb), *sx = (float *)(scratch + qb + fb);
-    int32_t *qs = (int32_t *)(scratch + qb + 2 * fb);
-    cpu_a8_quantize(be, in, n, K, q, dx, qs);
-    for (size_t i = 0; i < (size_t)n * nb; i++) {
-        qs[i] /= -128; /* corr = -128 x the sum */
-        sx[i] = dx[i] * (float)qs[i];
-    }
-    pk_acts acts = {q, dx, sx, qs, K, nb};
-    pk_args2 a = {w, &acts, out, n, 1, tile_c};
-    if (isa >= CPU_ISA_AVX512 && ((const cpu_impl *)be->impl)->vnni) {
-        a.tile = tile_vnni;
-        a.tt = 4;
-    } else if (isa >= CPU_ISA_AVX2) {
-        a.tile = tile_avx2;
-        a.tt = 4;
-    }
+    pk_acts acts;
+    int path = CPU_A8_C, rc = cpu_a8_begin(be, in, w, n, 0, &acts, &path);
+    if (rc) return rc < 0 ? -1 : 0;
+    static void (*const tiles[])(const pk_tile *) = {tile_c, tile_avx2, tile_vnni};
+    pk_args2 a = {w, &acts, out, n, path == CPU_A8_C ? 1 : 4, tiles[path]};
     int ng = (int)((w->rows + PG - 1) / PG);
     cpu_parallel_for(be, (ng + PG_TASK - 1) / PG_TASK, pk_mm_task, &a);
     return 0;

@@ -139,12 +139,7 @@ void cpu_q8a8_row(const kern_weight *w, int64_t r, float *dst) {
 
 /* ---- activations ---- */
 
-typedef struct qact {
-    int8_t *q;     /* [n][K] */
-    float *dx;     /* [n][nb] */
-    int32_t *corr; /* [n][nb]: -128 * sum of the block's q (the +128 of the weights) */
-    int K, nb;
-} qact;
+typedef cpu_a8_acts qact; /* corr: -128 * sum of the block's q (the +128 of the weights) */
 
 static inline float clamp127(float v) {
     v = v < 127.0f ? v : 127.0f;
@@ -250,14 +245,41 @@ static void quant_task(void *arg, int task) {
     }
 }
 
-void cpu_a8_quantize(kern_backend *be, const float *in, int n, int K, int8_t *q, float *dx, int32_t *corr) {
-    qact a = {q, dx, corr, K, K / 32};
-    quant_args qa = {in, &a, n, cpu_isa(be), 8};
+int cpu_a8_begin(kern_backend *be, const float *in, const kern_weight *w, int n, int views, cpu_a8_acts *a,
+                 int *path) {
+    int bl = kern_dtype_block(w->dtype);
+    int64_t ld = w->ld ? w->ld : w->cols;
+    if (!views && ld != w->cols)
+        return kern_fail(be, "matmul: a %s weight cannot be a column view", kern_dtype_name(w->dtype));
+    if (w->cols % bl || ld % bl)
+        return kern_fail(be, "matmul: %s weight (%lld, %lld): not whole blocks", kern_dtype_name(w->dtype),
+                         (long long)w->rows, (long long)w->cols);
+    if (n <= 0 || w->rows <= 0) return 1;
+    int K = (int)w->cols, nb = K / 32, isa = cpu_isa(be);
+    size_t qb = ((size_t)n * K + 63) & ~(size_t)63, fb = ((size_t)n * nb * sizeof(float) + 63) & ~(size_t)63;
+    char *scratch = cpu_scratch(be, qb + 4 * fb);
+    if (!scratch) return kern_fail(be, "matmul: out of memory quantizing %d x %d activations", n, K);
+    *a = (cpu_a8_acts){(int8_t *)scratch,
+                       (float *)(scratch + qb),
+                       (int32_t *)(scratch + qb + fb),
+                       (int32_t *)(scratch + qb + 2 * fb),
+                       (float *)(scratch + qb + 3 * fb),
+                       K,
+                       nb};
+    quant_args qa = {in, a, n, isa, 8};
     int nq = (n + qa.per - 1) / qa.per;
     if (nq > 1)
         cpu_parallel_for(be, nq, quant_task, &qa);
-    else if (n > 0)
+    else
         quant_task(&qa, 0);
+    for (size_t i = 0; i < (size_t)n * nb; i++) {
+        a->qs[i] = a->corr[i] / -128;
+        a->sx[i] = a->dx[i] * (float)a->qs[i];
+    }
+    *path = isa >= CPU_ISA_AVX512 && ((const cpu_impl *)be->impl)->vnni ? CPU_A8_VNNI
+            : isa >= CPU_ISA_AVX2                                      ? CPU_A8_AVX2
+                                                                       : CPU_A8_C;
+    return 0;
 }
 
 /* ---- the kernels: T tokens x one group of 16 rows ---- */
@@ -447,25 +469,11 @@ int cpu_vnni_detect(void) {
 }
 
 int cpu_matmul_q8a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n) {
-    if (w->ld && w->ld != w->cols)
-        return kern_fail(be, "matmul: a %s weight cannot be a column view", kern_dtype_name(w->dtype));
-    if (w->cols % 32)
-        return kern_fail(be, "matmul: %s weight with %lld columns", kern_dtype_name(w->dtype), (long long)w->cols);
-    if (n <= 0 || w->rows <= 0) return 0;
-    int K = (int)w->cols, nb = K / 32, isa = cpu_isa(be);
-    size_t qb = ((size_t)n * K + 63) & ~(size_t)63, fb = (size_t)n * nb * sizeof(float);
-    char *scratch = cpu_scratch(be, qb + 2 * fb);
-    if (!scratch) return kern_fail(be, "matmul: out of memory quantizing %d x %d activations", n, K);
-    qact a = {(int8_t *)scratch, (float *)(scratch + qb), (int32_t *)(scratch + qb + fb), K, nb};
-    cpu_a8_quantize(be, in, n, K, a.q, a.dx, a.corr);
-    q8_args ma = {w, &a, out, n, 1, tile_c};
-    if (isa >= CPU_ISA_AVX512 && ((const cpu_impl *)be->impl)->vnni) {
-        ma.tile = tile_vnni;
-        ma.tt = 8;
-    } else if (isa >= CPU_ISA_AVX2) {
-        ma.tile = tile_256;
-        ma.tt = 4;
-    }
+    qact a;
+    int path = CPU_A8_C, rc = cpu_a8_begin(be, in, w, n, 0, &a, &path);
+    if (rc) return rc < 0 ? -1 : 0;
+    static void (*const tiles[])(const q8_tile *) = {tile_c, tile_256, tile_vnni};
+    q8_args ma = {w, &a, out, n, (const int[]){1, 4, 8}[path], tiles[path]};
     int ng = (int)((w->rows + G - 1) / G);
     cpu_parallel_for(be, (ng + Q8_TASK_GROUPS - 1) / Q8_TASK_GROUPS, q8_task, &ma);
     return 0;

@@ -4,8 +4,8 @@
  *
  * Each value is computed with the float operations, in the order, that
  * ggml's dequantize_row_* uses (and weights/quant.c, tested against the
- * gguf package): Q8_0 and Q4_0 d*q, Q4_1 d*q + m (two roundings), Q4_K
- * (d*sc)*q - dmin*m, Q6_K (d*sc)*q. ISO C mode does not contract a*b + c
+ * gguf package): Q8_0, Q4_0 and Q5_0 d*q, Q4_1 and Q5_1 d*q + m (two
+ * roundings), Q4_K and Q5_K (d*sc)*q - dmin*m, Q6_K (d*sc)*q. ISO C mode does not contract a*b + c
  * into an fma, so a weight dequantized here is the fp32 value the model
  * used to hold for it, bit for bit.
  */
@@ -50,15 +50,29 @@ static void deq_block(kern_dtype dt, const uint8_t *b, float *y) {
         }
         break;
     }
-    case KERN_Q4_K: {
+    case KERN_Q4_K:
+    case KERN_Q5_K: { /* Q5_K: the fifth bit of element l of sub-block j is bit j of qh[l] */
+        int q5 = dt == KERN_Q5_K;
         float d = ldh(b), dmin = ldh(b + 2);
         for (int j = 0; j < 8; j++) {
             int sc, m;
             cpu_k_scale_min(b + 4, j, &sc, &m);
             float d1 = d * (float)sc, m1 = dmin * (float)m;
-            const uint8_t *q = b + 16 + 32 * (j / 2);
+            const uint8_t *q = b + (q5 ? 48 : 16) + 32 * (j / 2);
             int sh = 4 * (j & 1);
-            for (int l = 0; l < 32; l++) y[32 * j + l] = d1 * (float)((q[l] >> sh) & 0x0f) - m1;
+            for (int l = 0; l < 32; l++)
+                y[32 * j + l] = d1 * (float)(((q[l] >> sh) & 0x0f) | (q5 ? ((b[16 + l] >> j) & 1) << 4 : 0)) - m1;
+        }
+        break;
+    }
+    case KERN_Q5_0:
+    case KERN_Q5_1: {
+        int q51 = dt == KERN_Q5_1;
+        float d = ldh(b), m = q51 ? ldh(b + 2) : 0;
+        const uint8_t *qh = b + (q51 ? 4 : 2), *qs = qh + 4;
+        for (int j = 0; j < 32; j++) {
+            int v = ((j < 16 ? qs[j] : qs[j - 16] >> 4) & 0x0f) | ((qh[j / 8] >> (j % 8)) & 1) << 4;
+            y[j] = q51 ? (float)v * d + m : (float)(v - 16) * d;
         }
         break;
     }

@@ -654,8 +654,10 @@ END_TEST
  * Random blocks with sane fp16 scales; their fp32 values come from
  * weights/ (ggml's dequantization, tested there against the gguf package),
  * an implementation independent of kernels/cpu. */
-static const kern_dtype qdts[] = {KERN_Q8_0, KERN_Q4_0, KERN_Q4_1, KERN_Q4_K, KERN_Q6_K};
-static const weights_dtype qwdts[] = {WEIGHTS_Q8_0, WEIGHTS_Q4_0, WEIGHTS_Q4_1, WEIGHTS_Q4_K, WEIGHTS_Q6_K};
+/* The first 5 have exact kernels too; the Q5 types only integer ones. */
+static const kern_dtype qdts[] = {KERN_Q8_0, KERN_Q4_0, KERN_Q4_1, KERN_Q4_K, KERN_Q6_K, KERN_Q5_0, KERN_Q5_1, KERN_Q5_K};
+static const weights_dtype qwdts[] = {WEIGHTS_Q8_0, WEIGHTS_Q4_0, WEIGHTS_Q4_1, WEIGHTS_Q4_K,
+                                      WEIGHTS_Q6_K, WEIGHTS_Q5_0, WEIGHTS_Q5_1, WEIGHTS_Q5_K};
 
 static void put_h(uint8_t *p, float v) {
     uint16_t h = f32_to_f16(v);
@@ -673,12 +675,15 @@ static void make_qweight(wbuf *b, int q, int rows, int cols) {
         uint8_t *blk = raw + i * bb;
         switch (dt) {
         case KERN_Q4_1:
+        case KERN_Q5_1:
             put_h(blk, 0.01f + 0.02f * frand());
             put_h(blk + 2, 0.05f * frand());
             break;
         case KERN_Q8_0:
-        case KERN_Q4_0: put_h(blk, 0.01f + 0.02f * frand()); break;
+        case KERN_Q4_0:
+        case KERN_Q5_0: put_h(blk, 0.01f + 0.02f * frand()); break;
         case KERN_Q4_K:
+        case KERN_Q5_K:
             put_h(blk, 0.002f * (1.5f + frand()));
             put_h(blk + 2, 0.002f * (1.5f + frand()));
             break;
@@ -1108,10 +1113,10 @@ START_TEST(test_q8a8_upload) {
 }
 END_TEST
 
-/* ---- KERN_Q4_0_A8 / Q4_1_A8 / Q4_K_A8 / Q6_K_A8: ggml blocks x 8-bit
- * activations ----
+/* ---- KERN_Q4_0_A8 / Q4_1_A8 / Q4_K_A8 / Q6_K_A8 / Q5_0_A8 / Q5_1_A8 /
+ * Q5_K_A8: ggml blocks x 8-bit activations ----
  * The recipes written out once more from the raw bytes (ggml's block
- * layouts), independently of the kernels. Q4_K, Q6_K (matmul_a8.c): per row
+ * layouts), independently of the kernels. Q4_K, Q6_K, Q5_0, Q5_1, Q5_K (matmul_a8.c): per row
  * and token, lane l of 32-block b gets s_l * (4 products), acc[8 (b & 1) +
  * l] = fma(dw * dx, P, acc), mins summed apart, the 16-lane tree, + mins.
  * Q4_0, Q4_1 (matmul_a8p.c): acc = fma(d * dx, block's integer sum, acc)
@@ -1137,6 +1142,27 @@ static void a8_ref_block(kern_dtype dt, const uint8_t *row, int b, int *w, int *
         *dw = a8h(p) * (float)sc;
         *mn = -(a8h(p + 2) * (float)m);
         for (int k = 0; k < 32; k++) w[k] = j % 2 ? p[16 + 32 * (j / 2) + k] >> 4 : p[16 + 32 * (j / 2) + k] & 15;
+    } else if (dt == KERN_Q5_0 || dt == KERN_Q5_1) { /* ggml's dequantize_row_q5_0 / q5_1 */
+        int q51 = dt == KERN_Q5_1;
+        const uint8_t *p = row + (size_t)b * (q51 ? 24 : 22), *qs = p + (q51 ? 8 : 6);
+        uint32_t qh = (uint32_t)p[q51 ? 4 : 2] | (uint32_t)p[q51 ? 5 : 3] << 8 | (uint32_t)p[q51 ? 6 : 4] << 16 |
+                      (uint32_t)p[q51 ? 7 : 5] << 24;
+        *dw = a8h(p);
+        if (q51) *mn = a8h(p + 2);
+        for (int j = 0; j < 16; j++) {
+            w[j] = ((qs[j] & 0x0f) | (((qh >> j) << 4) & 0x10)) - (q51 ? 0 : 16);
+            w[j + 16] = ((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - (q51 ? 0 : 16);
+        }
+    } else if (dt == KERN_Q5_K) { /* ggml's dequantize_row_q5_K: 64 elements (two sub-blocks) per step */
+        const uint8_t *p = row + (size_t)(b / 8) * 176, *s = p + 4, *qh = p + 16, *ql = p + 48;
+        int j = b % 8, step = j / 2, high = j % 2;
+        int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        *dw = a8h(p) * (float)sc;
+        *mn = -(a8h(p + 2) * (float)m);
+        uint8_t u = (uint8_t)((high ? 2 : 1) << (2 * step));
+        for (int l = 0; l < 32; l++)
+            w[l] = (high ? ql[32 * step + l] >> 4 : ql[32 * step + l] & 0xf) + (qh[l] & u ? 16 : 0);
     } else { /* Q6_K: element e of the super-block from ql/qh as ggml's dequantize_row_q6_K */
         const uint8_t *p = row + (size_t)(b / 8) * 210;
         for (int k = 0; k < 32; k++) {
@@ -1200,7 +1226,8 @@ static void ref_a8(kern_dtype dt, const float *x, int n, const uint8_t *raw, int
                     for (int i = 0; i < 4; i++) s += w[4 * l + i] * q[32 * b + 4 * l + i];
                     acc[8 * (b % 2) + l] = fmaf(dw * dx[b], (float)(ls[l] * s), acc[8 * (b % 2) + l]);
                 }
-                if (dt == KERN_Q4_1 || dt == KERN_Q4_K) mt = fmaf(mn, dx[b] * (float)qs[b], mt);
+                if (dt == KERN_Q4_1 || dt == KERN_Q4_K || dt == KERN_Q5_1 || dt == KERN_Q5_K)
+                    mt = fmaf(mn, dx[b] * (float)qs[b], mt);
             }
             float a[8], c[4];
             for (int i = 0; i < 8; i++) a[i] = acc[i] + acc[i + 8];
@@ -1233,9 +1260,9 @@ START_TEST(test_matmul_a8) {
             setenv("ECHO_CPU_ISA", caps[c], 1);
             ck_assert_msg(kern_backend_create("cpu", th, 0, &o2, &b2, err, sizeof err) == 0, "%s", err);
             unsetenv("ECHO_CPU_ISA");
-            for (int qi = 1; qi < 5; qi++) {
+            for (int qi = 1; qi < 8; qi++) {
                 kern_dtype dt = qdts[qi], a8 = kern_dtype_a8(dt);
-                int rows = 37, cols = dt == KERN_Q4_K || dt == KERN_Q6_K ? 768 : 288; /* odd numbers of 32-blocks: 9 */
+                int rows = 37, cols = kern_dtype_block(dt) == 256 ? 768 : 288; /* odd numbers of 32-blocks: 9 */
                 if (dt == KERN_Q4_K) cols = 512;
                 wbuf w;
                 make_qweight(&w, qi, rows, cols);
@@ -1296,6 +1323,11 @@ START_TEST(test_matmul_a8) {
                 free(x);
                 o2->free_weight(b2, &pv);
                 o2->free_weight(b2, &dev);
+                /* the Q5 types have no exact kernel: kept only as their _A8 dtype */
+                if (qi >= 5) {
+                    ck_assert_int_ne(o2->upload_quantized(b2, &w.w, dt, &dev), 0);
+                    ck_assert_msg(strstr(kern_last_error(b2), "only as"), "%s", kern_last_error(b2));
+                }
                 free_weight(&w);
             }
             kern_backend_destroy(o2, b2);

@@ -896,6 +896,35 @@ END_TEST
 START_TEST(test_act_a8_fixtures) { act_q8_fixtures(ENG_ACT_Q8); }
 END_TEST
 
+/* --act-quant auto puts every quantized matrix of a GGUF on the integer
+ * kernels, the Q5 types included, and none on none. The counts are the
+ * fixtures' 2-D block-quantized tensors, read from the files with the gguf
+ * package (gguf-llama: Q8_0 3, Q4_K 2, Q6_K 2, Q4_1 2, Q4_0, Q5_K, Q5_0,
+ * Q5_1 1 each; gguf-qwen3: the same with Q6_K 3; F16 and BF16 1 each,
+ * not counted). */
+START_TEST(test_act_auto_gguf_types) {
+    const struct {
+        const char *name;
+        int quantized;
+    } cases[] = {{"gguf-llama", 13}, {"gguf-qwen3", 14}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char dir[512], err[1024];
+        snprintf(dir, sizeof dir, "%s/%s/model.gguf", MODELS_DIR, cases[i].name);
+        for (int act = ENG_ACT_NONE; act <= ENG_ACT_AUTO; act += ENG_ACT_AUTO) {
+            eng_config c = {.model_dir = dir, .tp = 1, .threads = 1, .max_model_len = 64, .max_num_seqs = 1,
+                            .act_quant = act};
+            eng *e;
+            ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s: %s", dir, err);
+            eng_rank_info ri;
+            eng_get_rank_info(e, 0, &ri);
+            ck_assert_msg(ri.act_q8_matrices == (act ? cases[i].quantized : 0), "%s act %d: %d matrices", cases[i].name,
+                          act, ri.act_q8_matrices);
+            eng_destroy(e);
+        }
+    }
+}
+END_TEST
+
 /* 8-bit activations where nothing is Q8_0, or on a backend that keeps no
  * Q8_0 weights (cuda has no upload_quantized), are refused with the reason. */
 START_TEST(test_act_q8_refused) {
@@ -1271,6 +1300,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tcc, test_fused_weights_model);
     tcase_add_test(tcc, test_engine_graphs_flag_cpu);
     tcase_add_test(tcc, test_act_q8_refused);
+    tcase_add_test(tcc, test_act_auto_gguf_types);
     tcase_add_test(tcc, test_random_model_quantize);
     suite_add_tcase(s, tcc);
     TCase *cli = tcase_create("cli");
