@@ -304,7 +304,7 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
                               .graphs = c->cuda_graphs && (c->tp == 1 || capturable(c, gpu_per_rank))};
     }
     for (int i = 1; !e->procs && i < c->tp; i++) {
-        if (pthread_create(&e->ranks[i].thread, NULL, rank_main, &e->ranks[i]) != 0) {
+        if (pthread_create(&e->ranks[i].thread, NULL, eng_priv_rank_main, &e->ranks[i]) != 0) {
             snprintf(err, errlen, "cannot start rank thread %d", i);
             return -1;
         }

@@ -109,7 +109,7 @@ int eng_priv_step_reserve(eng *e, int nfull, int ncand, char *err, size_t errlen
 int eng_priv_create(const eng_config *cfg, int procs, eng **out, char *err, size_t errlen);
 
 /* threads.c */
-void *rank_main(void *arg);
+void *eng_priv_rank_main(void *arg);
 int eng_priv_ranks_forward(eng *e, char *err, size_t errlen);
 
 /* proc.c */

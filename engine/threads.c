@@ -1,6 +1,6 @@
 /*
  * engine/: the ranks' threads. Rank 0 runs on the thread that calls
- * eng_step(); ranks 1..tp-1 are persistent threads (rank_main, started by
+ * eng_step(); ranks 1..tp-1 are persistent threads (eng_priv_rank_main, started by
  * create.c) woken once per step to run the step's forward pass or drop
  * their graphs.
  */
@@ -30,7 +30,7 @@ static void rank_job(eng_rank *r, int job, model_batch b) {
     if (r->rc && r->e->procs && r->run.aborted) echo_proc_abort(1, r->err);
 }
 
-void *rank_main(void *arg) {
+void *eng_priv_rank_main(void *arg) {
     eng_rank *r = arg;
     eng *e = r->e;
     unsigned long seen = 0;
