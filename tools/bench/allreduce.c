@@ -18,37 +18,71 @@
 #include "comm/echo.h"
 #include "tools/bench/bench.h"
 
+bench_ar_row bench_ar_row_make(echo_preset mode, int nranks, size_t count, double t, double num, double den,
+                               echo_comm *c, echo_world *w) {
+    echo_stats st;
+    echo_get_stats(c, &st);
+    uint64_t calls = 0, wire = 0;
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+        calls += st.calls[k], wire += st.wire_bytes[k];
+    echo_config got;
+    echo_world_get_config(w, &got);
+    double bytes = (double)count * sizeof(float), N = nranks;
+    return (bench_ar_row){(size_t)bytes,
+                          echo_preset_name(mode),
+                          nranks,
+                          got.group_size,
+                          t * 1e6,
+                          bytes / t / 1e9,
+                          bytes / t / 1e9 * 2.0 * (N - 1) / N,
+                          calls ? 8.0 * (double)wire / calls / (2.0 * (N - 1) / N * (double)count) : 0,
+                          den > 0 ? sqrt(num / den) : sqrt(num),
+                          echo_codec_get(got.codec)->name,
+                          got.feedback};
+}
+
+void bench_ar_print_columns(void) {
+    printf("# %12s %9s %6s %12s %12s %12s %10s %10s\n", "bytes", "algo", "group", "time(us)", "algbw(GB/s)",
+           "busbw(GB/s)", "wire(b/v)", "rel_err");
+}
+
+void bench_ar_print_row(const bench_ar_row *row, int json, int first) {
+    if (json)
+        printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"codec\": \"%s\", \"feedback\": %d, "
+               "\"ranks\": %d, \"group\": %d, \"time_us\": %.3f, "
+               "\"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"wire_bits_per_value\": %.4f, \"rel_err\": %.6g}",
+               first ? "" : ",", row->bytes, row->algo, row->codec, row->feedback, row->ranks, row->group,
+               row->time_us, row->algbw, row->busbw, row->wire_bits, row->rel_err);
+    else
+        printf("  %12zu %9s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row->bytes, row->algo, row->group,
+               row->time_us, row->algbw, row->busbw, row->wire_bits, row->rel_err);
+}
+
 typedef struct ar_run {
-    echo_comm *c[ECHO_MAX_RANKS];
-    float *x[ECHO_MAX_RANKS], *buf[ECHO_MAX_RANKS];
+    bench_ranks k;
+    float *x[ECHO_MAX_RANKS];
     size_t count;
     int nranks, iters, warmup;
     double *dt; /* [iter][rank] */
     pthread_barrier_t bar;
-    int rc[ECHO_MAX_RANKS];
-    char err[ECHO_MAX_RANKS][256];
 } ar_run;
-
-typedef struct ar_arg {
-    ar_run *run;
-    int rank;
-} ar_arg;
 
 /* Every iteration restores the input (untimed), lines the ranks up, and
  * times one pass with one call: the collective's time is the slowest
  * rank's. */
 static void *ar_rank(void *p) {
-    ar_arg *a = p;
+    bench_rank_arg *a = p;
     ar_run *R = a->run;
+    bench_ranks *k = &R->k;
     int r = a->rank;
     for (int it = 0; it < R->warmup + R->iters; it++) {
-        memcpy(R->buf[r], R->x[r], R->count * sizeof(float));
+        memcpy(k->buf[r], R->x[r], R->count * sizeof(float));
         pthread_barrier_wait(&R->bar);
         double t0 = bench_now_s();
-        int rc = echo_begin_pass(R->c[r], ECHO_PASS_EAGER, R->err[r], sizeof R->err[r]);
-        if (!rc) rc = echo_allreduce(R->c[r], 0, R->buf[r], R->count, ECHO_F32, NULL, R->err[r], sizeof R->err[r]);
+        int rc = echo_begin_pass(k->c[r], ECHO_PASS_EAGER, k->err[r], sizeof k->err[r]);
+        if (!rc) rc = echo_allreduce(k->c[r], 0, k->buf[r], R->count, ECHO_F32, NULL, k->err[r], sizeof k->err[r]);
         double t1 = bench_now_s();
-        if (rc) R->rc[r] = rc; /* every rank fails the same call; keep looping so the barrier stays even */
+        if (rc) k->rc[r] = rc; /* every rank fails the same call; keep looping so the barrier stays even */
         if (it >= R->warmup) R->dt[(size_t)(it - R->warmup) * R->nranks + r] = t1 - t0;
     }
     return NULL;
@@ -57,7 +91,6 @@ static void *ar_rank(void *p) {
 static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int group, size_t min_policy, size_t count,
                       float *const *x, const double *ref, int iters, bench_ar_row *row, char *err, size_t errlen) {
     ar_run *R = calloc(1, sizeof *R);
-    echo_world *w = NULL;
     int status = -1;
     if (!R) {
         snprintf(err, errlen, "out of memory");
@@ -70,37 +103,20 @@ static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int gro
     R->dt = calloc((size_t)iters * nranks, sizeof *R->dt);
     echo_config cfg = {.min_bytes = min_policy, .n_sites = 1, .max_count = count};
     echo_preset_config(mode, bench_codec(mode, codec), group, &cfg);
-    echo_world_opts wo = {.nranks = nranks, .device = -1};
-    if (!R->dt || echo_world_create("local", &wo, &cfg, &w, err, errlen)) goto out;
-    for (int r = 0; r < nranks; r++) {
-        if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
-        R->x[r] = x[r];
-        R->buf[r] = malloc(count * sizeof(float));
-        if (!R->buf[r]) {
-            snprintf(err, errlen, "out of memory for %zu values", count);
-            goto out;
-        }
+    if (!R->dt) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
     }
+    if (bench_ranks_open(&R->k, nranks, &cfg, count, err, errlen)) goto out;
+    for (int r = 0; r < nranks; r++)
+        R->x[r] = x[r];
     if (pthread_barrier_init(&R->bar, NULL, (unsigned)nranks)) {
         snprintf(err, errlen, "cannot make a barrier for %d rank threads", nranks);
         goto out;
     }
-    bench_threads ts;
-    ar_arg args[ECHO_MAX_RANKS];
-    for (int r = 0; r < nranks; r++)
-        args[r] = (ar_arg){R, r};
-    int failed = bench_threads_start(&ts, nranks, ar_rank, args, sizeof *args);
-    bench_threads_join(&ts); /* nothing to wait for when failed */
+    int failed = bench_ranks_run(&R->k, ar_rank, R, err, errlen);
     pthread_barrier_destroy(&R->bar);
-    if (failed) {
-        snprintf(err, errlen, "could not start %d rank threads", nranks);
-        goto out;
-    }
-    for (int r = 0; r < nranks; r++)
-        if (R->rc[r]) {
-            snprintf(err, errlen, "rank %d: %s", r, R->err[r]);
-            goto out;
-        }
+    if (failed) goto out;
     double tsum = 0;
     for (int it = 0; it < iters; it++) {
         double m = 0;
@@ -108,38 +124,16 @@ static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int gro
             m = R->dt[(size_t)it * nranks + r] > m ? R->dt[(size_t)it * nranks + r] : m;
         tsum += m;
     }
-    double t = tsum / iters, bytes = (double)count * sizeof(float);
-    echo_stats st;
-    echo_get_stats(R->c[0], &st);
-    uint64_t calls = 0, wire = 0;
-    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
-        calls += st.calls[k], wire += st.wire_bytes[k];
     double num = 0, den = 0;
     for (size_t i = 0; i < count; i++) {
-        double d = (double)R->buf[0][i] - ref[i];
+        double d = (double)R->k.buf[0][i] - ref[i];
         num += d * d;
         den += ref[i] * ref[i];
     }
-    echo_config got;
-    echo_world_get_config(w, &got);
-    *row = (bench_ar_row){(size_t)bytes,
-                    echo_preset_name(mode),
-                    nranks,
-                    got.group_size,
-                    t * 1e6,
-                    bytes / t / 1e9,
-                    bytes / t / 1e9 * 2.0 * (nranks - 1) / nranks,
-                    calls ? 8.0 * (double)wire / calls / (2.0 * (nranks - 1) / nranks * (double)count) : 0,
-                    den > 0 ? sqrt(num / den) : sqrt(num),
-                    echo_codec_get(got.codec)->name,
-                    got.feedback};
+    *row = bench_ar_row_make(mode, nranks, count, tsum / iters, num, den, R->k.c[0], R->k.w);
     status = 0;
 out:
-    for (int r = 0; r < nranks; r++) {
-        echo_comm_destroy(R->c[r]);
-        free(R->buf[r]);
-    }
-    echo_world_destroy(w);
+    bench_ranks_close(&R->k);
     free(R->dt);
     free(R);
     return status;
@@ -277,8 +271,7 @@ int bench_allreduce_main(int argc, char **argv) {
         printf("# echo-bench allreduce: transport local (ranks are threads, host memory: CPU numbers), %d ranks, "
                "fp32, %s inputs, echo-min-bytes %zu\n",
                nranks, dist == BENCH_DIST_GAUSS ? "Gaussian" : "outlier", policy);
-        printf("# %12s %9s %6s %12s %12s %12s %10s %10s\n", "bytes", "algo", "group", "time(us)", "algbw(GB/s)",
-               "busbw(GB/s)", "wire(b/v)", "rel_err");
+        bench_ar_print_columns();
     }
     int first = 1;
     for (size_t bytes = minb; bytes <= maxb; bytes *= (size_t)step) {
@@ -300,15 +293,7 @@ int bench_allreduce_main(int argc, char **argv) {
                 status = 1;
                 goto out;
             }
-            if (json)
-                printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"codec\": \"%s\", \"feedback\": %d, "
-                       "\"ranks\": %d, \"group\": %d, \"time_us\": %.3f, "
-                       "\"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"wire_bits_per_value\": %.4f, \"rel_err\": %.6g}",
-                       first ? "" : ",", row.bytes, row.algo, row.codec, row.feedback, row.ranks, row.group,
-                       row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
-            else
-                printf("  %12zu %9s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row.bytes, row.algo, row.group,
-                       row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
+            bench_ar_print_row(&row, json, first);
             fflush(stdout);
             first = 0;
         }

@@ -76,25 +76,7 @@ static int ar_mpi_one(const bench_ar_mpi_opts *o, int me, int N, echo_preset mod
         e[1] += ref[i - lo] * ref[i - lo];
     }
     MPI_Allreduce(e, tot, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    echo_stats st;
-    echo_get_stats(c, &st);
-    uint64_t calls = 0, wire = 0;
-    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
-        calls += st.calls[k], wire += st.wire_bytes[k];
-    echo_config got;
-    echo_world_get_config(w, &got);
-    double bytes = (double)count * sizeof(float);
-    *row = (bench_ar_row){(size_t)bytes,
-                    echo_preset_name(mode),
-                    N,
-                    got.group_size,
-                    t * 1e6,
-                    bytes / t / 1e9,
-                    bytes / t / 1e9 * 2.0 * (N - 1) / N,
-                    calls ? 8.0 * (double)wire / calls / (2.0 * (N - 1) / N * (double)count) : 0,
-                    tot[1] > 0 ? sqrt(tot[0] / tot[1]) : sqrt(tot[0]),
-                    echo_codec_get(got.codec)->name,
-                    got.feedback};
+    *row = bench_ar_row_make(mode, N, count, t, tot[0], tot[1], c, w);
     echo_comm_destroy(c);
     echo_world_destroy(w);
     return 0;
@@ -126,8 +108,7 @@ int bench_allreduce_mpi(const bench_ar_mpi_opts *o) {
                    "echo-min-bytes %zu, link %s, exact = %s\n",
                    N, o->dist == BENCH_DIST_GAUSS ? "Gaussian" : "outlier", o->policy, rate ? rate : "(not in netlab)",
                    impl && *impl ? impl : "allreduce");
-            printf("# %12s %9s %6s %12s %12s %12s %10s %10s\n", "bytes", "algo", "group", "time(us)", "algbw(GB/s)",
-                   "busbw(GB/s)", "wire(b/v)", "rel_err");
+            bench_ar_print_columns();
         }
         fflush(stdout);
     }
@@ -152,16 +133,7 @@ int bench_allreduce_mpi(const bench_ar_mpi_opts *o) {
                 goto out;
             }
             if (me == 0) {
-                if (o->json)
-                    printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"codec\": \"%s\", \"feedback\": %d, "
-                           "\"ranks\": %d, \"group\": %d, "
-                           "\"time_us\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, "
-                           "\"wire_bits_per_value\": %.4f, \"rel_err\": %.6g}",
-                           first ? "" : ",", row.bytes, row.algo, row.codec, row.feedback, row.ranks, row.group,
-                           row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
-                else
-                    printf("  %12zu %9s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row.bytes, row.algo, row.group,
-                           row.time_us, row.algbw, row.busbw, row.wire_bits, row.rel_err);
+                bench_ar_print_row(&row, o->json, first);
                 fflush(stdout);
             }
             first = 0;

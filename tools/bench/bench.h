@@ -52,7 +52,21 @@ typedef struct bench_ar_opts {
 } bench_ar_opts;
 int bench_allreduce_nccl(const bench_ar_opts *o);
 
-/* ---- util.c: the comm/ benchmarks' helpers ---- */
+/* ---- util.c: what the subcommands share ---- */
+
+/* A subcommand's usage error: "echo-bench CMD: " fmt (one %s, filled with
+ * a) and "Try 'echo-bench CMD --help'." on stderr; returns 2, the exit
+ * status. */
+int bench_usage_error(const char *cmd, const char *fmt, const char *a);
+/* Before a subcommand's getopt_long loop over its own argv (argv[0] its
+ * name): start again at argv[1], with getopt's messages off (the loop
+ * reports through bench_getopt_error; optstring starts with ':'). */
+void bench_getopt_reset(void);
+/* The usage error for what getopt_long returned outside the options:
+ * ':' an option without its value, anything else an unknown option. */
+int bench_getopt_error(const char *cmd, int c, char **argv);
+
+/* The comm/ benchmarks' (allreduce, chain, codec) helpers: */
 
 /* Monotonic seconds. */
 double bench_now_s(void);
@@ -96,6 +110,31 @@ typedef struct bench_threads {
 int bench_threads_start(bench_threads *ts, int n, void *(*fn)(void *), void *args, size_t size);
 void bench_threads_join(bench_threads *ts);
 
+/* Ranks as threads over one local world, the harness of allreduce and
+ * chain: rank r has its comm c[r] and a buffer buf[r] of count floats;
+ * rc/err are what each rank's thread reports. */
+typedef struct bench_ranks {
+    echo_world *w;
+    echo_comm *c[ECHO_MAX_RANKS];
+    float *buf[ECHO_MAX_RANKS];
+    int nranks;
+    int rc[ECHO_MAX_RANKS];
+    char err[ECHO_MAX_RANKS][256];
+} bench_ranks;
+/* What a rank's thread gets: the caller's run and its rank. */
+typedef struct bench_rank_arg {
+    void *run;
+    int rank;
+} bench_rank_arg;
+/* k (zeroed by the caller) as the local world of cfg with nranks comms
+ * and buffers; 0, or -1 with err. bench_ranks_close either way. */
+int bench_ranks_open(bench_ranks *k, int nranks, const echo_config *cfg, size_t count, char *err, size_t errlen);
+/* fn({run, r}) on every rank's thread, started all together, then joined;
+ * 0, or -1 with err: the threads did not start, or the first rank that
+ * failed ("rank R: ..."). */
+int bench_ranks_run(bench_ranks *k, void *(*fn)(void *), void *run, char *err, size_t errlen);
+void bench_ranks_close(bench_ranks *k);
+
 /* ---- allreduce.c and allreduce_mpi.c ---- */
 
 /* One row of the allreduce table. */
@@ -107,6 +146,16 @@ typedef struct bench_ar_row {
     const char *codec; /* what the preset ran (echo_world_get_config) */
     int feedback;
 } bench_ar_row;
+
+/* The row of one size and preset: t seconds a call, the error sums
+ * num = sum (out - ref)^2 and den = sum ref^2, the wire bytes from c's
+ * stats, what the world w ran (its codec, group, feedback). */
+bench_ar_row bench_ar_row_make(echo_preset mode, int nranks, size_t count, double t, double num, double den,
+                               echo_comm *c, echo_world *w);
+/* The table's column line, and one row: a table line, or a JSON object
+ * (",\n" before all but the first). */
+void bench_ar_print_columns(void);
+void bench_ar_print_row(const bench_ar_row *row, int json, int first);
 
 /* --transport mpi: the options allreduce.c parsed; 0 ok, 1 error (also
  * without Open MPI at build time). */

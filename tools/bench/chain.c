@@ -14,39 +14,32 @@
 #include "tools/bench/bench.h"
 
 typedef struct chain_run {
-    echo_comm *c[ECHO_MAX_RANKS];
-    float *buf[ECHO_MAX_RANKS];
+    bench_ranks k;
     int nranks, K;
     size_t count;
     uint64_t seed;
     bench_dist dist;
     double *acc_out, *acc_exact, *abs_err, *ref_norm;
-    int rc[ECHO_MAX_RANKS];
-    char err[ECHO_MAX_RANKS][256];
 } chain_run;
-
-typedef struct chain_arg {
-    chain_run *run;
-    int rank;
-} chain_arg;
 
 /* Call k gets fresh partials; rank 0 accumulates the outputs and the fp64
  * exact sums and records the error of the running sums after each call. */
 static void *chain_rank(void *p) {
-    chain_arg *a = p;
+    bench_rank_arg *a = p;
     chain_run *R = a->run;
+    bench_ranks *rk = &R->k;
     int r = a->rank;
-    R->rc[r] = echo_begin_pass(R->c[r], ECHO_PASS_EAGER, R->err[r], sizeof R->err[r]);
-    for (int k = 0; k < R->K && !R->rc[r]; k++) {
-        bench_fill(R->dist, R->buf[r], R->count, R->seed, (uint64_t)k + 1, (uint64_t)r);
-        R->rc[r] = echo_allreduce(R->c[r], k, R->buf[r], R->count, ECHO_F32, NULL, R->err[r], sizeof R->err[r]);
-        if (R->rc[r] || r) continue;
+    rk->rc[r] = echo_begin_pass(rk->c[r], ECHO_PASS_EAGER, rk->err[r], sizeof rk->err[r]);
+    for (int k = 0; k < R->K && !rk->rc[r]; k++) {
+        bench_fill(R->dist, rk->buf[r], R->count, R->seed, (uint64_t)k + 1, (uint64_t)r);
+        rk->rc[r] = echo_allreduce(rk->c[r], k, rk->buf[r], R->count, ECHO_F32, NULL, rk->err[r], sizeof rk->err[r]);
+        if (rk->rc[r] || r) continue;
         double e = 0, n = 0;
         for (size_t i = 0; i < R->count; i++) {
             double ex = 0;
             for (int j = 0; j < R->nranks; j++)
                 ex += bench_sample(R->dist, R->seed, (uint64_t)k + 1, (uint64_t)j, i);
-            R->acc_out[i] += R->buf[0][i];
+            R->acc_out[i] += rk->buf[0][i];
             R->acc_exact[i] += ex;
             double d = R->acc_out[i] - R->acc_exact[i];
             e += d * d;
@@ -61,7 +54,6 @@ static void *chain_rank(void *p) {
 static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int group, int K, size_t count,
                          uint64_t seed, bench_dist dist, double *abs_err, double *ref_norm, char *err, size_t errlen) {
     chain_run *R = calloc(1, sizeof *R);
-    echo_world *w = NULL;
     int status = -1;
     if (!R) {
         snprintf(err, errlen, "out of memory");
@@ -77,36 +69,12 @@ static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int 
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    echo_world_opts wo = {.nranks = nranks, .device = -1};
-    if (echo_world_create("local", &wo, &cfg, &w, err, errlen)) goto out;
-    for (int r = 0; r < nranks; r++) {
-        if (echo_comm_create(w, r, &R->c[r], err, errlen)) goto out;
-        if (!(R->buf[r] = malloc(count * sizeof(float)))) {
-            snprintf(err, errlen, "out of memory");
-            goto out;
-        }
-    }
-    bench_threads ts;
-    chain_arg args[ECHO_MAX_RANKS];
-    for (int r = 0; r < nranks; r++)
-        args[r] = (chain_arg){R, r};
-    if (bench_threads_start(&ts, nranks, chain_rank, args, sizeof *args)) {
-        snprintf(err, errlen, "could not start %d rank threads", nranks);
+    if (bench_ranks_open(&R->k, nranks, &cfg, count, err, errlen) ||
+        bench_ranks_run(&R->k, chain_rank, R, err, errlen))
         goto out;
-    }
-    bench_threads_join(&ts);
-    for (int r = 0; r < nranks; r++)
-        if (R->rc[r]) {
-            snprintf(err, errlen, "rank %d: %s", r, R->err[r]);
-            goto out;
-        }
     status = 0;
 out:
-    for (int r = 0; r < nranks; r++) {
-        echo_comm_destroy(R->c[r]);
-        free(R->buf[r]);
-    }
-    echo_world_destroy(w);
+    bench_ranks_close(&R->k);
     free(R->acc_out);
     free(R->acc_exact);
     free(R);

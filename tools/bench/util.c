@@ -1,8 +1,10 @@
 /*
- * tools/bench: what echo-bench's comm/ benchmarks (allreduce, chain, codec)
- * share: reproducible inputs, size and number parsing, and threads that
- * start all together or not at all.
+ * tools/bench: what echo-bench's subcommands share: usage errors and the
+ * getopt frame; for the comm/ benchmarks (allreduce, chain, codec)
+ * reproducible inputs, size and number parsing, threads that start all
+ * together or not at all, and the ranks-as-threads harness.
  */
+#include <getopt.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -14,6 +16,22 @@
 #include <time.h>
 
 #include "tools/bench/bench.h"
+
+int bench_usage_error(const char *cmd, const char *fmt, const char *a) {
+    fprintf(stderr, "echo-bench %s: ", cmd);
+    fprintf(stderr, fmt, a);
+    fprintf(stderr, "\nTry 'echo-bench %s --help'.\n", cmd);
+    return 2;
+}
+
+void bench_getopt_reset(void) {
+    optind = 1;
+    opterr = 0;
+}
+
+int bench_getopt_error(const char *cmd, int c, char **argv) {
+    return bench_usage_error(cmd, c == ':' ? "option '%s' needs a value" : "unknown option '%s'", argv[optind - 1]);
+}
 
 double bench_now_s(void) {
     struct timespec ts;
@@ -123,4 +141,46 @@ int bench_threads_start(bench_threads *ts, int n, void *(*fn)(void *), void *arg
     bench_threads_join(ts);
     ts->n = 0;
     return -1;
+}
+
+int bench_ranks_open(bench_ranks *k, int nranks, const echo_config *cfg, size_t count, char *err, size_t errlen) {
+    k->nranks = nranks;
+    echo_world_opts wo = {.nranks = nranks, .device = -1};
+    if (echo_world_create("local", &wo, cfg, &k->w, err, errlen)) return -1;
+    for (int r = 0; r < nranks; r++) {
+        if (echo_comm_create(k->w, r, &k->c[r], err, errlen)) return -1;
+        if (!(k->buf[r] = malloc(count * sizeof(float)))) {
+            snprintf(err, errlen, "out of memory for %zu values", count);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int bench_ranks_run(bench_ranks *k, void *(*fn)(void *), void *run, char *err, size_t errlen) {
+    bench_threads ts;
+    bench_rank_arg args[ECHO_MAX_RANKS];
+    for (int r = 0; r < k->nranks; r++)
+        args[r] = (bench_rank_arg){run, r};
+    if (bench_threads_start(&ts, k->nranks, fn, args, sizeof *args)) {
+        snprintf(err, errlen, "could not start %d rank threads", k->nranks);
+        return -1;
+    }
+    bench_threads_join(&ts);
+    for (int r = 0; r < k->nranks; r++)
+        if (k->rc[r]) {
+            snprintf(err, errlen, "rank %d: %s", r, k->err[r]);
+            return -1;
+        }
+    return 0;
+}
+
+void bench_ranks_close(bench_ranks *k) {
+    for (int r = 0; r < k->nranks; r++) {
+        echo_comm_destroy(k->c[r]);
+        free(k->buf[r]);
+    }
+    echo_world_destroy(k->w);
+    k->w = NULL;
+    k->nranks = 0;
 }
