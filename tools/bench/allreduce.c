@@ -51,11 +51,11 @@ void bench_ar_print_row(const bench_ar_row *row, int json, int first) {
         printf("%s\n {\"bytes\": %zu, \"algo\": \"%s\", \"codec\": \"%s\", \"feedback\": %d, "
                "\"ranks\": %d, \"group\": %d, \"time_us\": %.3f, "
                "\"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"wire_bits_per_value\": %.4f, \"rel_err\": %.6g}",
-               first ? "" : ",", row->bytes, row->algo, row->codec, row->feedback, row->ranks, row->group,
-               row->time_us, row->algbw, row->busbw, row->wire_bits, row->rel_err);
+               first ? "" : ",", row->bytes, row->algo, row->codec, row->feedback, row->ranks, row->group, row->time_us,
+               row->algbw, row->busbw, row->wire_bits, row->rel_err);
     else
-        printf("  %12zu %9s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row->bytes, row->algo, row->group,
-               row->time_us, row->algbw, row->busbw, row->wire_bits, row->rel_err);
+        printf("  %12zu %9s %6d %12.1f %12.3f %12.3f %10.3f %10.3g\n", row->bytes, row->algo, row->group, row->time_us,
+               row->algbw, row->busbw, row->wire_bits, row->rel_err);
 }
 
 typedef struct ar_run {
@@ -227,8 +227,8 @@ int bench_allreduce_main(int argc, char **argv) {
         return 2;
     }
     if (!tr->threads) {
-        bench_ar_mpi_opts o = {group, iters, warmup,       json,   seed,  nmodes, dist,
-                               minb,  maxb,  (size_t)step, policy, modes, codec};
+        bench_ar_mpi_opts o = {tr->name, group, iters, warmup,       json,   seed,  nmodes,
+                               dist,     minb,  maxb,  (size_t)step, policy, modes, codec};
         return bench_allreduce_mpi(&o);
     }
     if (tr->device_memory == 1) {
@@ -239,15 +239,17 @@ int bench_allreduce_main(int argc, char **argv) {
                 return 2;
             }
         if (dist != BENCH_DIST_GAUSS) {
-            fprintf(stderr, "echo-bench: --dist is not supported with --transport %s (inputs are generated on "
-                            "the GPUs, uniform)\n", tr->name);
+            fprintf(stderr,
+                    "echo-bench: --dist is not supported with --transport %s (inputs are generated on "
+                    "the GPUs, uniform)\n",
+                    tr->name);
             return 2;
         }
         if (nranks < 2) {
             fprintf(stderr, "echo-bench: --transport %s needs --ranks >= 2\n", tr->name);
             return 2;
         }
-        bench_ar_opts o = {nranks, group, iters, json, seed, minb, maxb, policy, {0}, nmodes};
+        bench_ar_opts o = {tr->name, nranks, group, iters, json, seed, minb, maxb, policy, {0}, nmodes};
         memcpy(o.modes, modes, sizeof modes);
         return bench_allreduce_nccl(&o);
     }

@@ -16,20 +16,20 @@
 #ifdef ECHO_HAVE_MPI
 #include <mpi.h>
 
-
 /* Every rank times each call after a barrier; an iteration's time is the
  * slowest rank's, and the row's time the median over iterations (ranks are
  * processes on a shared machine: a descheduled rank stalls its peers, and
  * the median keeps one such stall out of the row). rel_err: each rank sums |out - ref|^2 over its 1/N of the
  * indices against an fp64 sum of all ranks' inputs (regenerated here). */
-static int ar_mpi_one(const bench_ar_mpi_opts *o, int me, int N, echo_preset mode, size_t count, const float *x, float *buf,
-                      const double *ref, size_t lo, size_t hi, int it, bench_ar_row *row, char *err, size_t errlen) {
+static int ar_mpi_one(const bench_ar_mpi_opts *o, int me, int N, echo_preset mode, size_t count, const float *x,
+                      float *buf, const double *ref, size_t lo, size_t hi, int it, bench_ar_row *row, char *err,
+                      size_t errlen) {
     echo_config cfg = {.min_bytes = o->policy, .n_sites = 1, .max_count = count};
     echo_preset_config(mode, bench_codec(mode, o->codec), o->group, &cfg);
     echo_world *w = NULL;
     echo_comm *c = NULL;
     echo_world_opts wo = {.procs = 1, .device = -1};
-    int rc = echo_world_create("mpi", &wo, &cfg, &w, err, errlen);
+    int rc = echo_world_create(o->transport, &wo, &cfg, &w, err, errlen);
     if (!rc) rc = echo_comm_create(w, me, &c, err, errlen);
     double *ts = calloc((size_t)it, sizeof *ts);
     if (!ts && !rc) {

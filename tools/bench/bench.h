@@ -45,6 +45,7 @@ int bench_forward_main(int argc, char **argv);
 /* echo-bench allreduce --transport nccl (allreduce_nccl.c): the options
  * allreduce.c parsed. Prints the table (or --json rows); 0 ok, 1 error. */
 typedef struct bench_ar_opts {
+    const char *transport; /* the transport row's name */
     int nranks, group, iters, json, seed;
     size_t min_bytes, max_bytes, policy;
     echo_preset modes[ECHO_PRESET_COUNT];
@@ -160,6 +161,7 @@ void bench_ar_print_row(const bench_ar_row *row, int json, int first);
 /* --transport mpi: the options allreduce.c parsed; 0 ok, 1 error (also
  * without Open MPI at build time). */
 typedef struct bench_ar_mpi_opts {
+    const char *transport; /* the transport row's name */
     int group, iters, warmup, json, seed, nmodes;
     bench_dist dist;
     size_t minb, maxb, step, policy;

@@ -69,8 +69,7 @@ static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int 
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    if (bench_ranks_open(&R->k, nranks, &cfg, count, err, errlen) ||
-        bench_ranks_run(&R->k, chain_rank, R, err, errlen))
+    if (bench_ranks_open(&R->k, nranks, &cfg, count, err, errlen) || bench_ranks_run(&R->k, chain_rank, R, err, errlen))
         goto out;
     status = 0;
 out:

@@ -35,7 +35,8 @@ static double thread_cpu_s(void) {
  * wall time counts. */
 typedef enum { OP_MEMCPY, OP_TRAFFIC, OP_ENCODE, OP_DECODE_ACC, OP_COUNT } codec_op;
 #define ECHO_BENCH_MAX_THREADS 64
-_Static_assert(ECHO_BENCH_MAX_THREADS <= BENCH_THREADS_MAX && ECHO_MAX_RANKS <= BENCH_THREADS_MAX, "thread sets hold every thread");
+_Static_assert(ECHO_BENCH_MAX_THREADS <= BENCH_THREADS_MAX && ECHO_MAX_RANKS <= BENCH_THREADS_MAX,
+               "thread sets hold every thread");
 
 typedef struct codec_team {
     int nthreads, iters, group;

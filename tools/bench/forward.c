@@ -344,9 +344,8 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             o->quantize = ENG_QUANT_Q8_0;
             break;
         case O_ACTQ:
-            if (strcmp(a, "q8_0") && strcmp(a, "none") && strcmp(a, "auto"))
+            if (cli_parse_act_quant(a, &o->act_quant))
                 rc = fw_usage_error("--act-quant: expected auto, none or q8_0, got '%s'", a);
-            o->act_quant = !strcmp(a, "q8_0") ? ENG_ACT_Q8 : !strcmp(a, "auto") ? ENG_ACT_AUTO : ENG_ACT_NONE;
             break;
         case 'h':
         case O_HELP:
