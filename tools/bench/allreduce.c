@@ -166,6 +166,8 @@ int bench_allreduce_main(int argc, char **argv) {
             json = 1;
         else if (!v)
             bad = 1;
+        else if (bench_comm_flag(a, v, &group, &codec, &seed, &dist, &bad))
+            i++;
         else if (!strcmp(a, "--transport"))
             transport = v, i++;
         else if (!strcmp(a, "--ranks"))
@@ -176,20 +178,10 @@ int bench_allreduce_main(int argc, char **argv) {
             bad = !(minb = bench_parse_size(v)), i++;
         else if (!strcmp(a, "--max-bytes"))
             bad = !(maxb = bench_parse_size(v)), i++;
-        else if (!strcmp(a, "--group"))
-            bad = bench_parse_int(v, 0, ECHO_MAX_GROUP, &group), i++;
-        else if (!strcmp(a, "--codec")) {
-            int g = 0;
-            bad = echo_codec_parse(v, &codec, &g), i++;
-            if (g) group = g;
-        } else if (!strcmp(a, "--echo-min-bytes"))
+        else if (!strcmp(a, "--echo-min-bytes"))
             policy = bench_parse_size(v), i++;
         else if (!strcmp(a, "--iters"))
             bad = bench_parse_int(v, 1, 1000000, &iters), i++;
-        else if (!strcmp(a, "--seed"))
-            bad = bench_parse_int(v, 0, 1 << 30, &seed), i++;
-        else if (!strcmp(a, "--dist"))
-            bad = bench_parse_dist(v, &dist), i++;
         else if (!strcmp(a, "--step"))
             bad = bench_parse_int(v, 2, 1024, &step), i++;
         else if (!strcmp(a, "--warmup"))

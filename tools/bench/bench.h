@@ -85,6 +85,12 @@ int bench_parse_dist(const char *s, bench_dist *out);
 size_t bench_parse_size(const char *s);
 /* The whole of s as an int in [lo, hi]: 0, else -1. */
 int bench_parse_int(const char *s, int lo, int hi, int *out);
+/* The flags allreduce, chain and codec share: --group G, --codec
+ * NAME[-gG] (its -gG sets the group too), --seed S and, when dist is not
+ * NULL, --dist gauss|outlier. 1 when a (its value v) is one of them, with
+ * *bad set when the value is malformed; else 0. */
+int bench_comm_flag(const char *a, const char *v, int *group, echo_codec_id *codec, int *seed, bench_dist *dist,
+                    int *bad);
 /* --codec applies to the presets that take a codec (echo, echo-nofb);
  * int4 is the paper's codec whatever --codec says. */
 echo_codec_id bench_codec(echo_preset mode, echo_codec_id codec);

@@ -92,22 +92,14 @@ int bench_chain_main(int argc, char **argv) {
             json = 1;
         else if (!v)
             bad = 1;
+        else if (bench_comm_flag(a, v, &group, &codec, &seed, &dist, &bad))
+            i++;
         else if (!strcmp(a, "--ranks"))
             bad = bench_parse_int(v, 2, ECHO_MAX_RANKS, &nranks), i++;
         else if (!strcmp(a, "--depth"))
             bad = bench_parse_int(v, 1, 100000, &K), i++;
         else if (!strcmp(a, "--count"))
             bad = !(count = bench_parse_size(v)), i++;
-        else if (!strcmp(a, "--group"))
-            bad = bench_parse_int(v, 0, ECHO_MAX_GROUP, &group), i++;
-        else if (!strcmp(a, "--codec")) {
-            int g = 0;
-            bad = echo_codec_parse(v, &codec, &g), i++;
-            if (g) group = g;
-        } else if (!strcmp(a, "--seed"))
-            bad = bench_parse_int(v, 0, 1 << 30, &seed), i++;
-        else if (!strcmp(a, "--dist"))
-            bad = bench_parse_dist(v, &dist), i++;
         else
             bad = 1;
         if (bad) {

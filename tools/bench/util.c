@@ -110,6 +110,23 @@ int bench_parse_int(const char *s, int lo, int hi, int *out) {
     return 0;
 }
 
+int bench_comm_flag(const char *a, const char *v, int *group, echo_codec_id *codec, int *seed, bench_dist *dist,
+                    int *bad) {
+    if (!strcmp(a, "--group"))
+        *bad = bench_parse_int(v, 0, ECHO_MAX_GROUP, group);
+    else if (!strcmp(a, "--codec")) {
+        int g = 0;
+        *bad = echo_codec_parse(v, codec, &g);
+        if (g) *group = g;
+    } else if (!strcmp(a, "--seed"))
+        *bad = bench_parse_int(v, 0, 1 << 30, seed);
+    else if (dist && !strcmp(a, "--dist"))
+        *bad = bench_parse_dist(v, dist);
+    else
+        return 0;
+    return 1;
+}
+
 echo_codec_id bench_codec(echo_preset mode, echo_codec_id codec) {
     echo_codec_id f = echo_preset_codec(mode);
     return f != ECHO_CODEC_DEFAULT && !echo_codec_get(f)->lossless ? ECHO_CODEC_DEFAULT : codec;
