@@ -1,8 +1,8 @@
 /*
  * engine/: the ranks' threads. Rank 0 runs on the thread that calls
- * eng_step(); ranks 1..tp-1 are persistent threads (eng_priv_rank_main, started by
- * create.c) woken once per step to run the step's forward pass or drop
- * their graphs.
+ * eng_step(); ranks 1..tp-1 are persistent threads (eng_priv_rank_main,
+ * started by create.c) woken once per step to run the step's forward pass
+ * or drop their graphs.
  */
 #include <pthread.h>
 #include <stdio.h>
