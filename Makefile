@@ -94,7 +94,7 @@ endif
 ifeq ($(origin MPI),undefined)
   MPI := $(if $(shell pkg-config --exists ompi-c 2>/dev/null && echo y),1,0)
 endif
-MPI_FILES := comm/mpi.c comm/proc.c tools/echo_bench.c tests/mpi/test_comm_mpi.c
+MPI_FILES := comm/mpi.c comm/proc.c tools/bench/allreduce_mpi.c tests/mpi/test_comm_mpi.c
 ifeq ($(MPI),1)
   MPI_CFLAGS := -DECHO_HAVE_MPI=1 $(shell pkg-config --cflags ompi-c 2>/dev/null)
   LDLIBS     += $(shell pkg-config --libs ompi-c 2>/dev/null)

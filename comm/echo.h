@@ -330,7 +330,7 @@ int echo_end_pass(echo_comm *c, void *stream, echo_pass_end *end, char *err, siz
  * echo_world_clear_abort re-arms the world. On nccl that re-creates the
  * communicators, which NCCL frees only once every graph that captured
  * their calls is destroyed: the caller drops those graphs first (the
- * engine: ranks_rearm in engine/engine.c), else the world is declared dead. */
+ * engine: ranks_rearm in engine/threads.c), else the world is declared dead. */
 void echo_abort(echo_comm *c);
 void echo_world_clear_abort(echo_world *w);
 /* 0, with why, when the world can never work again (destroy it); 1

@@ -1,6 +1,6 @@
 /*
  * engine/ private: the pool of KV block ids and the automatic prefix cache
- * over it (engine.c's bookkeeping on rank 0; the block ids it hands out are
+ * over it (seq.c's and the step's bookkeeping on rank 0; the block ids it hands out are
  * what every rank's block table maps, so every rank shares the same blocks).
  *
  * A block is free (on the free stack), held (ref > 0: sequences map it), or

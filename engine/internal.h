@@ -1,7 +1,9 @@
 /*
- * Private to engine/: struct eng and what engine.c (ranks, sequences, the
- * step) and proc.c (the multi-process control plane: eng_create under
- * mpirun, a step's batch out and results back, eng_follow) share.
+ * Private to engine/: struct eng and what its files share: engine.c (the
+ * step), create.c (eng_create's stages, eng_destroy), threads.c (the
+ * ranks' threads), seq.c (sequences) and proc.c (the multi-process control
+ * plane: eng_create under mpirun, a step's batch out and results back,
+ * eng_follow).
  */
 #ifndef ECHO_ENGINE_INTERNAL_H
 #define ECHO_ENGINE_INTERNAL_H
@@ -100,9 +102,14 @@ typedef struct ctl_hdr {
 } ctl_hdr;
 
 /* engine.c */
-int eng_priv_create(const eng_config *cfg, int procs, eng **out, char *err, size_t errlen);
 void eng_priv_vocab_slice(const eng *e, int r, int *v0, int *vn);
 int eng_priv_step_reserve(eng *e, int nfull, int ncand, char *err, size_t errlen);
+
+/* create.c */
+int eng_priv_create(const eng_config *cfg, int procs, eng **out, char *err, size_t errlen);
+
+/* threads.c */
+void *eng_priv_rank_main(void *arg);
 int eng_priv_ranks_forward(eng *e, char *err, size_t errlen);
 
 /* proc.c */

@@ -42,7 +42,7 @@ typedef struct eng_runner {
  * only when the step failed. At tp > 1 a failed step aborts the world
  * (r->aborted = 1) so that no peer waits for this rank in a collective,
  * unless every rank failed alike (echo_end_pass): the caller re-arms it
- * once every rank has returned (engine.c, ranks_rearm). */
+ * once every rank has returned (threads.c, ranks_rearm). */
 int eng_run_step(eng_runner *r, const model_batch *b, float *logits, char *err, size_t errlen);
 
 /* Destroy the backend's graphs (kern_ops.graph_drop_all; decode steps are

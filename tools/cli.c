@@ -90,9 +90,16 @@ const char *cli_choice(const char *prog, const char *s, const char *flag, const 
     cli_usage_error(prog, msg, s);
 }
 
+int cli_parse_act_quant(const char *s, int *out) {
+    if (strcmp(s, "q8_0") && strcmp(s, "none") && strcmp(s, "auto")) return -1;
+    *out = !strcmp(s, "q8_0") ? ENG_ACT_Q8 : !strcmp(s, "none") ? ENG_ACT_NONE : ENG_ACT_AUTO;
+    return 0;
+}
+
 int cli_act_quant(const char *prog, const char *s) {
-    s = cli_choice(prog, s, "--act-quant", (const char *const[]){"auto", "none", "q8_0", NULL});
-    return !strcmp(s, "q8_0") ? ENG_ACT_Q8 : !strcmp(s, "none") ? ENG_ACT_NONE : ENG_ACT_AUTO;
+    int aq = ENG_ACT_AUTO;
+    cli_parse_act_quant(cli_choice(prog, s, "--act-quant", (const char *const[]){"auto", "none", "q8_0", NULL}), &aq);
+    return aq;
 }
 
 static void procs_end(void) {

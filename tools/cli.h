@@ -28,8 +28,11 @@ const char *const *cli_devices(void);
 /* --echo-codec NAME[-gG]: the codec id (an echo_codec_id), and *group = G
  * when one is named (else unchanged); a usage error otherwise. */
 int cli_echo_codec(const char *prog, const char *s, int *group);
-/* --act-quant auto|none|q8_0: ENG_ACT_AUTO, ENG_ACT_NONE or ENG_ACT_Q8. */
+/* --act-quant auto|none|q8_0: ENG_ACT_AUTO, ENG_ACT_NONE or ENG_ACT_Q8;
+ * a usage error otherwise. cli_parse_act_quant: the non-exiting form (0,
+ * or -1 leaving *out). */
 int cli_act_quant(const char *prog, const char *s);
+int cli_parse_act_quant(const char *s, int *out);
 
 /* Ranks as processes: under mpirun with more than one process, the
  * processes of rank > 0 serve rank 0's engines here (eng_follow) and exit;

@@ -159,6 +159,21 @@ check "serve: malformed flags -> exit 2 with a clear message" bash -c "
   usage_case \"unexpected argument\" serve stray &&
   usage_case \"-o FILE.png is required\" plot $tmp/a.json &&
   usage_case \"--metric: expected\" plot --metric foo -o $tmp/x.png $tmp/a.json"
+check "echo-bench: --help lists the subcommand table (exit 0); bad commands and flags exit 2 clearly" bash -c "
+  $(declare -f usage_case); tmp=$tmp; bench=$(printf '%q' "$bench")
+  \$bench --help >$tmp/help.out 2>&1 || exit 1
+  for c in allreduce chain codec serve plot randmodel forward; do
+    grep -q \"^  \$c  *[a-zA-Z]\" $tmp/help.out || { echo \"--help does not list \$c\"; cat $tmp/help.out; exit 1; }
+  done
+  usage_case \"unknown command 'bogus'\" bogus &&
+  usage_case \"usage: echo-bench <command>\" &&
+  usage_case \"forward: option '--tp' needs a value\" forward --tp &&
+  usage_case \"plot: unknown option '--frob'\" plot --frob &&
+  usage_case \"randmodel: option '--out' needs a value\" randmodel --out &&
+  usage_case \"usage: echo-bench chain\" chain --codec nope &&
+  usage_case \"usage: echo-bench codec\" codec --dist outlier &&
+  usage_case \"usage: echo-bench allreduce\" allreduce --group &&
+  usage_case \"unknown transport 'bogus'\" allreduce --transport bogus"
 
 # ---- plots
 png_ok() { python3 -c '

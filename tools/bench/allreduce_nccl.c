@@ -206,7 +206,7 @@ int bench_allreduce_nccl(const bench_ar_opts *o) {
         echo_config cfg = {.min_bytes = o->policy, .n_sites = iters + 1, .max_count = maxc, .deferred = 1};
         echo_preset_config(o->modes[m], ECHO_CODEC_DEFAULT, o->group, &cfg);
         echo_world_opts wo = {.nranks = N, .devices = devs, .device = -1};
-        if (echo_world_create("nccl", &wo, &cfg, &R.w, err, sizeof err)) {
+        if (echo_world_create(o->transport, &wo, &cfg, &R.w, err, sizeof err)) {
             fprintf(stderr, "echo-bench: %s\n", err);
             status = 1;
             break;

@@ -130,12 +130,7 @@ static int fw_finite(const float *x, size_t n) {
     return 1;
 }
 
-static int fw_usage_error(const char *fmt, const char *a) {
-    fprintf(stderr, "echo-bench forward: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\nTry 'echo-bench forward --help'.\n");
-    return 2;
-}
+static int fw_usage_error(const char *fmt, const char *a) { return bench_usage_error("forward", fmt, a); }
 
 /* "512,2048,8192" -> up to FW_MAX_LIST integers in [1, hi]; -1 when malformed. */
 static int fw_parse_list(const char *s, long hi, int *out, int *n) {
@@ -266,8 +261,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
     char **av = argv; /* argv[0] is the subcommand name */
     int ac = argc, c, rc = 0;
     long v;
-    optind = 1;
-    opterr = 0;
+    bench_getopt_reset();
     while (!rc && (c = getopt_long(ac, av, ":h", lo, NULL)) != -1) {
         const char *a = optarg;
         switch (c) {
@@ -350,17 +344,15 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             o->quantize = ENG_QUANT_Q8_0;
             break;
         case O_ACTQ:
-            if (strcmp(a, "q8_0") && strcmp(a, "none") && strcmp(a, "auto"))
+            if (cli_parse_act_quant(a, &o->act_quant))
                 rc = fw_usage_error("--act-quant: expected auto, none or q8_0, got '%s'", a);
-            o->act_quant = !strcmp(a, "q8_0") ? ENG_ACT_Q8 : !strcmp(a, "auto") ? ENG_ACT_AUTO : ENG_ACT_NONE;
             break;
         case 'h':
         case O_HELP:
             fputs(FW_USAGE, stdout);
             rc = -1;
             break;
-        case ':': rc = fw_usage_error("option '%s' needs a value", av[optind - 1]); break;
-        default: rc = fw_usage_error("unknown option '%s'", av[optind - 1]); break;
+        default: rc = bench_getopt_error("forward", c, av); break;
         }
     }
     if (!rc && optind < ac) rc = fw_usage_error("unexpected argument '%s'", av[optind]);

@@ -40,12 +40,7 @@ typedef struct pl_file {
     char label[256];
 } pl_file;
 
-static int pl_usage_error(const char *fmt, const char *a) {
-    fprintf(stderr, "echo-bench plot: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\nTry 'echo-bench plot --help'.\n");
-    return 2;
-}
+static int pl_usage_error(const char *fmt, const char *a) { return bench_usage_error("plot", fmt, a); }
 
 static const char *PL_USAGE =
     "usage: echo-bench plot RESULT.json... -o FILE.png [--metric ttft|tpot|e2e|itl] [--bw algbw|busbw]\n"
@@ -241,8 +236,7 @@ static int pl_parse(int argc, char **argv, pl_opts *o, const char **files, int *
     };
     char **av = argv; /* argv[0] is the subcommand name */
     int ac = argc, c, rc = 0;
-    optind = 1;
-    opterr = 0;
+    bench_getopt_reset();
     while (!rc && (c = getopt_long(ac, av, ":o:h", lo, NULL)) != -1) {
         const char *a = optarg;
         switch (c) {
@@ -269,8 +263,7 @@ static int pl_parse(int argc, char **argv, pl_opts *o, const char **files, int *
             fputs(PL_USAGE, stdout);
             rc = -1;
             break;
-        case ':': rc = pl_usage_error("option '%s' needs a value", av[optind - 1]); break;
-        default: rc = pl_usage_error("unknown option '%s'", av[optind - 1]); break;
+        default: rc = bench_getopt_error("plot", c, av); break;
         }
     }
     for (int i = optind; !rc && i < ac; i++) {

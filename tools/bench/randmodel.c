@@ -161,12 +161,7 @@ static void *rm_fill_main(void *p) {
     return NULL;
 }
 
-static int rm_usage_error(const char *fmt, const char *a) {
-    fprintf(stderr, "echo-bench randmodel: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\nTry 'echo-bench randmodel --help'.\n");
-    return 2;
-}
+static int rm_usage_error(const char *fmt, const char *a) { return bench_usage_error("randmodel", fmt, a); }
 
 static const char RM_USAGE[] =
     "usage: echo-bench randmodel --out DIR [--shape qwen3-8b|qwen3-0.6b|tiny] [--layers N] [--seed S]\n"
@@ -427,8 +422,7 @@ int bench_randmodel_main(int argc, char **argv) {
     int force = 0, rc = 0;
     char **av = argv; /* argv[0] is the subcommand name */
     int ac = argc, c;
-    optind = 1;
-    opterr = 0;
+    bench_getopt_reset();
     while (!rc && (c = getopt_long(ac, av, ":h", lo, NULL)) != -1) {
         const char *a = optarg;
         switch (c) {
@@ -456,8 +450,7 @@ int bench_randmodel_main(int argc, char **argv) {
             fputs(RM_USAGE, stdout);
             rc = -1;
             break;
-        case ':': rc = rm_usage_error("option '%s' needs a value", av[optind - 1]); break;
-        default: rc = rm_usage_error("unknown option '%s'", av[optind - 1]); break;
+        default: rc = bench_getopt_error("randmodel", c, av); break;
         }
     }
     if (!rc && optind < ac) rc = rm_usage_error("unexpected argument '%s'", av[optind]);

@@ -975,12 +975,7 @@ static const char *SV_USAGE =
     "Exit status: 0 when at least one request succeeded, 1 when none did (or on a\n"
     "runtime error), 2 on a usage error.\n";
 
-static int sv_usage_error(const char *fmt, const char *a) {
-    fprintf(stderr, "echo-bench serve: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\nTry 'echo-bench serve --help'.\n");
-    return 2;
-}
+static int sv_usage_error(const char *fmt, const char *a) { return bench_usage_error("serve", fmt, a); }
 
 enum {
     O_BASE = 1000,
@@ -1044,8 +1039,7 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
     char **av = argv; /* argv[0] is the subcommand name */
     int ac = argc, c, rc = 0;
     long v;
-    optind = 1;
-    opterr = 0;
+    bench_getopt_reset();
     while (!rc && (c = getopt_long(ac, av, ":h", lo, NULL)) != -1) {
         const char *a = optarg;
         switch (c) {
@@ -1143,8 +1137,7 @@ static int sv_parse(int argc, char **argv, sv_opts *o) {
             fputs(SV_USAGE, stdout);
             rc = -1;
             break;
-        case ':': rc = sv_usage_error("option '%s' needs a value", av[optind - 1]); break;
-        default: rc = sv_usage_error("unknown option '%s'", av[optind - 1]); break;
+        default: rc = bench_getopt_error("serve", c, av); break;
         }
     }
     if (!rc && optind < ac) rc = sv_usage_error("unexpected argument '%s'", av[optind]);

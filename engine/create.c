@@ -1,0 +1,387 @@
+/*
+ * engine/: making and destroying an engine: the config's defaults and
+ * limits, the transport and backend rows it picks (comm/'s and kernels/'
+ * tables), the KV block pool and step staging, the all-reduce world, each
+ * rank's backend, comm and model, and the ranks' threads.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/internal.h"
+
+/* What the cached KV depends on besides the tokens (blocks.h's key): fixed
+ * for an engine's life, so a cache never outlives it; folded in so the
+ * chain names all of it. */
+static uint64_t config_key(const eng_config *c) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = c->model_dir ? c->model_dir : ""; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    const int v[] = {c->tp,       (int)c->allreduce, c->echo_group,    (int)c->echo_codec,
+                     c->quantize, c->act_quant,      c->kv_block_size, (int)c->echo_min_bytes};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        h = (h ^ (uint32_t)v[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ---- transport and backend rows (comm/echo.h, kernels/kernels.h) ---- */
+
+/* "auto" is no row's name: the engine picks the row (pick_transport,
+ * kern_backend_find). */
+static int is_auto(const char *name) { return !strcmp(name, "auto"); }
+
+/* Where ranks as threads on host memory go (local). */
+static const echo_transport_info *host_transport(void) {
+    for (int i = 0; echo_transport_at(i); i++)
+        if (echo_transport_at(i)->threads && echo_transport_at(i)->device_memory != 1) return echo_transport_at(i);
+    return NULL;
+}
+
+/* The transport of ranks as threads with one device each, or as processes
+ * (procs) on devices (dev) or on host memory: nccl, nccl, mpi. */
+static const echo_transport_info *pick_row(int procs, int dev) {
+    for (int i = 0; echo_transport_at(i); i++) {
+        const echo_transport_info *t = echo_transport_at(i);
+        if ((procs ? t->multi_process : t->threads) && (dev ? t->device_memory == 1 : t->device_memory == 0))
+            return t;
+    }
+    return NULL;
+}
+
+/* The first device backend (cuda). */
+static const kern_backend_info *device_backend(void) {
+    for (int i = 0; kern_backend_at(i); i++)
+        if (!kern_backend_at(i)->host) return kern_backend_at(i);
+    return kern_backend_at(0);
+}
+
+/* Ranks as threads, one GPU each, on a transport whose calls can be
+ * deferred and captured (nccl): the all-reduces then only enqueue, each
+ * pass waits once (echo_end_pass), and decode steps may be graphs. */
+static int capturable(const eng_config *c, int gpu_per_rank) {
+    const echo_transport_info *t = echo_transport_find(c->transport);
+    return gpu_per_rank && t && t->capturable;
+}
+
+/* 1 when the named backend runs on the host ("auto" is not resolved: 0). */
+static int host_device(const char *device) {
+    const kern_backend_info *b = is_auto(device) ? NULL : kern_backend_find(device);
+    return b && b->host;
+}
+
+static void fill_defaults(eng_config *c, const model_config *mc) {
+    if (!c->device) c->device = "cpu";
+    if (!c->transport) c->transport = "auto";
+    if (c->tp <= 0) c->tp = 1;
+    if (c->kv_block_size <= 0) c->kv_block_size = 16;
+    if (c->max_model_len <= 0) c->max_model_len = mc->max_position_embeddings < 4096 ? mc->max_position_embeddings : 4096;
+    if (c->max_num_seqs <= 0) c->max_num_seqs = 8;
+    if (c->max_batch_tokens <= 0) c->max_batch_tokens = c->max_model_len > 512 ? c->max_model_len : 512;
+    if (c->pass_tokens <= 0) c->pass_tokens = ENG_PASS_TOKENS;
+    if (c->pass_tokens > c->max_batch_tokens) c->pass_tokens = c->max_batch_tokens;
+    if (c->kv_blocks <= 0) {
+        long long per = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
+        long long total = per * c->max_num_seqs;
+        c->kv_blocks = total > (1 << 30) ? (1 << 30) : (int)total;
+    }
+}
+
+static int check_limits(const eng_config *c, const model_config *mc, char *err, size_t errlen) {
+    if (c->max_model_len > mc->max_position_embeddings) {
+        snprintf(err, errlen, "max model length %d exceeds the model's max_position_embeddings %d", c->max_model_len,
+                 mc->max_position_embeddings);
+        return -1;
+    }
+    if (c->kv_block_size > 4096 || c->max_num_seqs > 65536 || c->max_batch_tokens > (1 << 24) || c->tp > 64) {
+        snprintf(err, errlen, "engine limits out of range (kv block size <= 4096, max seqs <= 65536, "
+                              "batch tokens <= 16M, tp <= 64)");
+        return -1;
+    }
+    if (c->max_batch_tokens < 1 || c->max_model_len < 1) {
+        snprintf(err, errlen, "max batch tokens and max model length must be >= 1");
+        return -1;
+    }
+    const echo_transport_info *t = echo_transport_find(c->transport);
+    if (!t && !is_auto(c->transport)) {
+        size_t len = (size_t)snprintf(err, errlen, "unknown all-reduce transport \"%s\" (auto", c->transport);
+        for (int i = 0; echo_transport_at(i) && len < errlen; i++)
+            len += (size_t)snprintf(err + len, errlen - len, ", %s", echo_transport_at(i)->name);
+        if (len < errlen) snprintf(err + len, errlen - len, ")");
+        return -1;
+    }
+    const kern_backend_info *b = kern_backend_find(c->device);
+    if (host_device(c->device) && t && t->device_memory == 1) {
+        snprintf(err, errlen, "the %s transport needs --device %s (the %s backend's ranks are threads: use %s)",
+                 t->name, device_backend()->name, b->name, host_transport()->name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Resolve the transport for tp > 1 and each rank's GPU (engine_create). */
+static int pick_transport(eng_config *c, int *gpu_per_rank, char *err, size_t errlen) {
+    *gpu_per_rank = 0;
+    if (host_device(c->device)) {
+        c->transport = host_transport()->name;
+        return 0;
+    }
+    int gpus = kern_gpu_count();
+    const echo_transport_info *dev = pick_row(0, 1);
+    if (is_auto(c->transport)) c->transport = gpus >= c->tp ? dev->name : host_transport()->name;
+    const echo_transport_info *t = echo_transport_find(c->transport);
+    if (t && t->device_memory == 1) {
+        if (gpus < c->tp) {
+            snprintf(err, errlen, "--tp %d with the %s transport needs %d GPUs, %d visible (the %s transport runs "
+                     "every rank on one GPU)", c->tp, t->name, c->tp, gpus, host_transport()->name);
+            return -1;
+        }
+        *gpu_per_rank = 1;
+    }
+    return 0;
+}
+
+/* Everything a rank needs before the all-reduce world: config, checks,
+ * weights, this process's backends. */
+static int create_prep(eng *e, int *gpu_per_rank, char *err, size_t errlen) {
+    eng_config *c = &e->cfg;
+    if (model_config_load(c->model_dir, &e->mc, err, errlen)) return -1;
+    fill_defaults(c, &e->mc);
+    if (check_limits(c, &e->mc, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) return -1;
+    if (e->procs) {
+        int n = echo_proc_count();
+        if (c->tp != n) {
+            snprintf(err, errlen, "--tp %d, but mpirun started %d processes: one tensor-parallel rank per process "
+                     "(mpirun -np %d ...)", c->tp, n, c->tp);
+            return -1;
+        }
+        /* on a GPU: one per process, its node-local rank's (NCCL across
+         * processes); on cpu: host memory over MPI */
+        const kern_backend_info *b = kern_backend_find(c->device);
+        int gpu = b && !b->host;
+        const char *want = pick_row(1, gpu)->name;
+        if (!is_auto(c->transport) && echo_transport_find(c->transport) != echo_transport_find(want)) {
+            snprintf(err, errlen, "under mpirun the ranks are processes: with --device %s the transport is %s "
+                     "(auto), not %s", c->device, want, c->transport);
+            return -1;
+        }
+        c->transport = want;
+        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        e->local_dev = lr ? atoi(lr) : 0;
+        int gpus = gpu ? kern_gpu_count() : 0;
+        if (gpus > 0 && e->local_dev >= gpus) { /* none: the backend says why */
+            snprintf(err, errlen, "process %d is local rank %d on its host, which has %d GPU%s visible: one GPU per "
+                     "process (mpirun -np N with N GPUs per host, or -H host:GPUS)", e->me, e->local_dev, gpus,
+                     gpus == 1 ? "" : "s");
+            return -1;
+        }
+    } else if (echo_transport_find(c->transport) && !echo_transport_find(c->transport)->threads) {
+        snprintf(err, errlen, "--transport mpi: start one process per rank with mpirun -np %d", c->tp);
+        return -1;
+    }
+    if (!model_is_random(c->model_dir) && weights_open(c->model_dir, &e->ws, err, errlen)) return -1;
+
+    e->max_blocks_per_seq = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
+    if (eng_blocks_init(&e->pool, c->kv_blocks, c->kv_block_size, !c->no_prefix_cache, config_key(c))) {
+        snprintf(err, errlen, "out of memory for the KV block pool");
+        return -1;
+    }
+    e->match = malloc((size_t)e->max_blocks_per_seq * sizeof *e->match);
+    e->seqs = calloc((size_t)c->max_num_seqs, sizeof *e->seqs);
+    e->tokens = malloc((size_t)c->max_batch_tokens * sizeof *e->tokens);
+    e->q_start = malloc((size_t)(c->max_num_seqs + 1) * sizeof *e->q_start);
+    e->pos0 = malloc((size_t)c->max_num_seqs * sizeof *e->pos0);
+    /* zeroed: a graph step stages whole rows, unused entries included */
+    e->table = calloc((size_t)c->max_num_seqs * e->max_blocks_per_seq, sizeof *e->table);
+    e->logit_cap = c->max_batch_tokens;
+    e->logit_rows = malloc((size_t)e->logit_cap * sizeof *e->logit_rows);
+    e->old_nblocks = malloc((size_t)c->max_num_seqs * sizeof *e->old_nblocks);
+    e->row_full = malloc((size_t)e->logit_cap);
+    e->ranks = calloc((size_t)c->tp, sizeof *e->ranks);
+    if (!e->match || !e->seqs || !e->tokens || !e->q_start || !e->pos0 || !e->table || !e->logit_rows ||
+        !e->old_nblocks || !e->row_full || !e->ranks) {
+        snprintf(err, errlen, "out of memory for engine bookkeeping");
+        return -1;
+    }
+    for (int i = 0; i < c->max_num_seqs; i++) {
+        e->seqs[i].blocks = malloc((size_t)e->max_blocks_per_seq * sizeof(int32_t));
+        if (!e->seqs[i].blocks) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+
+    if (c->tp > 1 && !e->procs && pick_transport(c, gpu_per_rank, err, errlen)) return -1;
+    /* Only the exact all-reduce on cpu threads sums every value the same
+     * way whatever the message (local.c: rank order, fp32); MPI's and
+     * NCCL's pick algorithms by size, the codecs group and shard the
+     * message (engine.h, "Passes"). */
+    const echo_transport_info *tr = echo_transport_find(c->transport);
+    e->canon = c->tp > 1 && (c->allreduce != ECHO_PRESET_EXACT || !(tr && tr->exact_rank_order) ||
+                             !host_device(c->device));
+    int threads = c->threads;
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+        /* processes on one host share its cores */
+        const char *local = e->procs ? getenv("OMPI_COMM_WORLD_LOCAL_SIZE") : NULL;
+        if (local && atoi(local) > 1) threads = threads / atoi(local) > 0 ? threads / atoi(local) : 1;
+    }
+    int per_rank = e->procs ? threads : threads / c->tp > 0 ? threads / c->tp : 1;
+    /* Backends first: a missing GPU is reported by the backend ("use
+     * --device cpu") rather than by the transport. */
+    for (int i = 0; i < c->tp; i++) {
+        eng_rank *r = &e->ranks[i];
+        r->e = e;
+        r->rank = i;
+        if (e->procs && i != e->me) continue; /* another process's rank */
+        /* nccl: rank i drives GPU i (procs: its local rank's); local on a device: all share GPU 0 */
+        int dev = e->procs ? e->local_dev : *gpu_per_rank ? i : 0;
+        if (kern_backend_create(c->device, per_rank, dev, &r->ops, &r->be, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
+    const eng_config *c = &e->cfg;
+    if (c->tp == 1) return 0;
+    echo_config ec = {.min_bytes = c->echo_min_bytes,
+                      .n_sites = 2 * e->mc.num_layers,
+                      .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,
+                      /* nccl: calls only enqueue and each pass waits once (eng_run_step's
+                       * echo_end_pass), which also lets decode steps be CUDA graphs */
+                      .deferred = capturable(c, gpu_per_rank)};
+    if (echo_preset_config(c->allreduce, c->echo_codec, c->echo_group, &ec)) {
+        const echo_codec_info *ci = echo_codec_get(c->echo_codec);
+        if ((unsigned)c->allreduce < ECHO_PRESET_COUNT && ci)
+            snprintf(err, errlen, "--allreduce %s is the paper's %s codec; for %s without error feedback use "
+                     "--allreduce echo-nofb --echo-codec %s", echo_preset_name(c->allreduce),
+                     echo_codec_get(echo_preset_codec(c->allreduce))->name, ci->name, ci->name);
+        else
+            snprintf(err, errlen, "unknown all-reduce preset %d", (int)c->allreduce);
+        return -1;
+    }
+    /* ranks as threads: rank i on GPU i (a device-only transport), or all
+     * on GPU 0 (local); processes: each its node-local rank's GPU */
+    int devs[ECHO_MAX_RANKS];
+    for (int i = 0; i < c->tp && i < ECHO_MAX_RANKS; i++) devs[i] = i;
+    echo_world_opts o = {.nranks = c->tp, .procs = e->procs, .devices = devs,
+                         .device = e->procs ? e->local_dev : host_device(c->device) ? -1 : 0};
+    return echo_world_create(c->transport, &o, &ec, &e->world, err, errlen);
+}
+
+/* The rank's compute threads code its all-reduce messages (comm/echo.h). */
+static void rank_host_run(void *be, int ntasks, echo_task_fn fn, void *arg) {
+    kern_host_parallel(be, ntasks, fn, arg);
+}
+
+static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
+    const eng_config *c = &e->cfg;
+    for (int i = 0; i < c->tp; i++) {
+        eng_rank *r = &e->ranks[i];
+        if (e->procs && i != e->me) continue;
+        if (e->world && echo_comm_create(e->world, i, &r->comm, err, errlen)) return -1;
+        if (r->comm) echo_comm_set_workers(r->comm, &(echo_workers){kern_host_threads(r->be), rank_host_run, r->be});
+        /* auto: by the backend actually made ("auto" devices resolve there) */
+        if (e->cfg.fuse_weights != ENG_FUSE_ON && e->cfg.fuse_weights != ENG_FUSE_OFF)
+            e->cfg.fuse_weights = host_device(r->ops->name) ? ENG_FUSE_OFF : ENG_FUSE_ON;
+        model_load_opts mo = {r->ops, r->be, e->ws, i, c->tp, r->comm, c->kv_blocks, c->kv_block_size,
+                              c->fuse_weights == ENG_FUSE_ON,
+                              c->quantize == ENG_QUANT_Q8_0 ? KERN_Q8_0 : 0,
+                              c->act_quant == ENG_ACT_Q8     ? 1
+                              : c->act_quant == ENG_ACT_AUTO ? 2
+                              : c->act_quant == ENG_ACT_Q8_0_ONLY ? 3
+                                                                  : 0};
+        char merr[768];
+        if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
+            snprintf(err, errlen, "%s", merr);
+            return -1;
+        }
+        /* at tp > 1 only the nccl transport's deferred calls can be captured;
+         * the runner skips steps where graphs cannot apply */
+        r->run = (eng_runner){.m = r->m, .ops = r->ops, .be = r->be, .comm = r->comm,
+                              .graphs = c->cuda_graphs && (c->tp == 1 || capturable(c, gpu_per_rank))};
+    }
+    for (int i = 1; !e->procs && i < c->tp; i++) {
+        if (pthread_create(&e->ranks[i].thread, NULL, eng_priv_rank_main, &e->ranks[i]) != 0) {
+            snprintf(err, errlen, "cannot start rank thread %d", i);
+            return -1;
+        }
+        e->ranks[i].started = 1;
+    }
+    return 0;
+}
+
+/* The engine of this process; procs: ranks are processes (rank 0 has told
+ * the others to make theirs: OP_CREATE). Each stage ends with the processes
+ * agreeing, so a failure anywhere fails every process before the next
+ * collective. */
+int eng_priv_create(const eng_config *cfg, int procs, eng **out, char *err, size_t errlen) {
+    eng *e = calloc(1, sizeof *e);
+    *out = NULL;
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return procs ? echo_proc_agree(0, err, err, errlen) : -1;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->go_cv, NULL);
+    pthread_cond_init(&e->done_cv, NULL);
+    e->cfg = *cfg;
+    e->procs = procs;
+    e->me = procs ? echo_proc_rank() : 0;
+    int gpu_per_rank = 0;
+    if (eng_priv_procs_agree(e, create_prep(e, &gpu_per_rank, err, errlen), err, errlen) ||
+        eng_priv_procs_agree(e, create_world(e, gpu_per_rank, err, errlen), err, errlen) ||
+        eng_priv_procs_agree(e, create_ranks(e, gpu_per_rank, err, errlen), err, errlen))
+        goto fail;
+    *out = e;
+    return 0;
+fail:
+    e->procs = 0; /* nothing to tell the others: they fail too */
+    eng_destroy(e);
+    return -1;
+}
+
+void eng_destroy(eng *e) {
+    if (!e) return;
+    if (e->procs && e->me == 0) { /* the others destroy theirs (a dead peer is not waited for) */
+        ctl_hdr h = {.op = OP_DESTROY};
+        char err[256];
+        echo_proc_bcast(&h, sizeof h, err, sizeof err);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->go_cv);
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; e->ranks && i < e->cfg.tp; i++) {
+        eng_rank *r = &e->ranks[i];
+        if (r->started) pthread_join(r->thread, NULL);
+        model_free(r->m);
+        echo_comm_destroy(r->comm);
+        if (r->be) kern_backend_destroy(r->ops, r->be);
+        free(r->logits);
+        free(r->cand_ids);
+        free(r->cand_vals);
+        free(r->cand_lse);
+    }
+    echo_world_destroy(e->world);
+    weights_close(e->ws);
+    free(e->gather);
+    for (int i = 0; e->seqs && i < e->cfg.max_num_seqs; i++) free(e->seqs[i].blocks);
+    free(e->seqs);
+    free(e->ranks);
+    eng_blocks_destroy(&e->pool);
+    free(e->match);
+    free(e->tokens);
+    free(e->q_start);
+    free(e->pos0);
+    free(e->table);
+    free(e->logit_rows);
+    free(e->old_nblocks);
+    free(e->row_full);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->go_cv);
+    pthread_cond_destroy(&e->done_cv);
+    free(e);
+}
