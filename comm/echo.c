@@ -24,7 +24,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h"
 
 /* ---- presets: the pairs users name ---- */

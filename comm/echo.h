@@ -141,13 +141,13 @@ void echo_preset_describe(echo_preset p, echo_codec_id codec, int group, char *b
  * ECHO_DEFAULT_CODEC. */
 typedef struct echo_codec_info {
     const char *name;  /* what users type: "int4", "hadamard", "hsub6", "out2", "hout2", "none", "bf16" */
-    int rotate;        /* values per Walsh-Hadamard rotation block (comm/echo_codec.h): 0 none, -1 the group */
+    int rotate;        /* values per Walsh-Hadamard rotation block (comm/codec/echo_codec.h): 0 none, -1 the group */
     int code_bits;     /* wire bits of one value (its code, or the float itself when lossless) */
     int scale_bytes;   /* wire bytes of one group's scale */
     int sub_bits;      /* wire bits of the scale of each 16 values within a group (0: none) */
     int min_group;     /* smallest G the codec takes (G is a power of two up to ECHO_MAX_GROUP) */
     int default_group; /* G when echo_config.group_size is 0 */
-    int form;          /* wire form of a group's scales (comm/echo_codec.h ECHO_FORM_*): 0 one bf16 */
+    int form;          /* wire form of a group's scales (comm/codec/echo_codec.h ECHO_FORM_*): 0 one bf16 */
     int lossless;      /* 1: an exact path (fp32, or bf16 rounding only): no codes, no feedback */
     int host_only;     /* 1: host transports only (local on host memory, mpi) */
 } echo_codec_info;
@@ -197,7 +197,7 @@ int echo_world_create_nccl_procs(int device, const echo_config *cfg, echo_world 
  * No deferred worlds. Fails without Open MPI (MPI=0). */
 int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, size_t errlen);
 
-/* ---- The transport table: every transport is one row (comm/transport.c) ----
+/* ---- The transport table: every transport is one row (comm/transport/transport.c) ----
  * Callers choose a transport by its row, never by comparing names: the
  * engine's and echo-bench's choices, and what the CLIs list, come from it. */
 typedef struct echo_world_opts {

@@ -11,7 +11,7 @@
  *     `nccl` stages through device buffers.
  *   compute (codec.c for host memory, echo_cuda.cu for device memory): the
  *     codec work of each phase. Both run the same steps in the same order on
- *     the same inline arithmetic (comm/echo_codec.h).
+ *     the same inline arithmetic (comm/codec/echo_codec.h).
  *
  * Everything here is per world or per rank; there is no file-scope state.
  */
@@ -39,7 +39,7 @@ typedef struct echo_plan {
     echo_dtype dt;
     /* Set by echo.c from the codec table (the wire size above too):
      * rotate: values per Walsh-Hadamard block (0: none); form: the scales'
-     * wire form (comm/echo_codec.h ECHO_FORM_*: one bf16 per group, or a
+     * wire form (comm/codec/echo_codec.h ECHO_FORM_*: one bf16 per group, or a
      * record per group). */
     int rotate;
     int form;

@@ -94,7 +94,7 @@
 #include <unistd.h>
 
 #include "comm/echo.h"
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h" /* a2 and b call the compute tables directly */
 #include "tests/comm_preset.h"
 

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "comm/echo.h"
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 #ifdef ECHO_HAVE_MPI
 #include <mpi.h>
 #endif

@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "comm/echo.h"
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h" /* the local transport's memory table (section 6) */
 #include "tests/comm_preset.h"
 #include "tests/unit/testutil.h"

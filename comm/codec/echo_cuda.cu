@@ -1,9 +1,9 @@
 /*
- * comm/echo_cuda.cu — the cuda twin of codec.c's host compute: phase 1,
+ * comm/codec/echo_cuda.cu — the cuda twin of codec.c's host compute: phase 1,
  * phase 2 and finish as kernels on device memory, plus the helpers of the
  * exact paths of the nccl transport and of the local transport on device
  * memory. Same steps, same order, same inline arithmetic
- * (comm/echo_codec.h), so a rank on the GPU produces the bits a rank on the
+ * (comm/codec/echo_codec.h), so a rank on the GPU produces the bits a rank on the
  * host would.
  *
  * Mapping of the codec kernels (bandwidth-bound: a few flops per byte):
@@ -51,7 +51,7 @@
 extern "C" {
 #include "comm/echo_internal.h"
 }
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 
 #define ECHO_THREADS 256
 #define ECHO_NO_BAD 0xffffffffffffffffull
@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(ECHO_THREADS)
 
 /* ---- rotating codecs (echo_plan.rotate) ----
  * The int4 kernels above run unchanged on rotated values in fp32; these
- * rotate into and out of the basis with comm/echo_codec.h's echo_had_fwd /
+ * rotate into and out of the basis with comm/codec/echo_codec.h's echo_had_fwd /
  * echo_had_inv, the host's arithmetic. A thread owns one group and
  * rotates it in place in global memory: correct and simple, not yet tuned
  * (a group per warp with shuffles would be the fast form). */
@@ -539,7 +539,7 @@ __global__ void __launch_bounds__(ECHO_THREADS) echo_unrot_kernel(float *r, size
 }
 
 /* ---- record forms (echo_plan.form: hsub6, out2, hout2): a thread codes or
- * decodes one group of G values with comm/echo_codec.h's group functions,
+ * decodes one group of G values with comm/codec/echo_codec.h's group functions,
  * the host's arithmetic; values are the staged fp32 copy (d_rot), whole
  * groups. Simple, not tuned. A shard's wire message: L/2 code bytes, then
  * L/G scale records. */

@@ -1,5 +1,5 @@
 /*
- * comm/transport.c — the transport table (echo.h, "The transport table"):
+ * comm/transport/transport.c — the transport table (echo.h, "The transport table"):
  * one row per transport, behind one echo_world_create. A new transport is
  * its file (the echo_transport_ops of echo_internal.h), its constructor and
  * one row here.

@@ -1,5 +1,5 @@
 /*
- * comm/echo_codec.h — private to comm/: the arithmetic of the Echo group
+ * comm/codec/echo_codec.h — private to comm/: the arithmetic of the Echo group
  * codec, written once for C and CUDA (every function is __host__ __device__
  * under nvcc), so the cpu loops in codec.c and the kernels in echo_cuda.cu
  * compute bit-identical codes, scales, outputs and residuals.
@@ -500,7 +500,7 @@ ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *re
 
 /* ---- The wire-form table: one row per record form ----
  * X(id, record bytes of a group of G, encode_group, decode_group). The
- * host loops (comm/codec.c), the SIMD tables (codec_avx2.c / _avx512.c:
+ * host loops (comm/codec/codec.c), the SIMD tables (codec_avx2.c / _avx512.c:
  * a fast path for the forms they know, scalar for any other) and the CUDA
  * kernels (echo_cuda.cu) all dispatch through the functions below, so a new
  * form is its id, its group functions and one row here. ECHO_EXTRA_FORMS,

@@ -1,10 +1,10 @@
 /*
- * comm/codec_avx2.c — the host codec's loops in AVX2 intrinsics
- * (echo_cpu_codec_avx2, comm/codec_cpu.h), for CPUs that have it;
+ * comm/codec/codec_avx2.c — the host codec's loops in AVX2 intrinsics
+ * (echo_cpu_codec_avx2, comm/codec/codec_cpu.h), for CPUs that have it;
  * echo_cpu_codec_best picks it at run time.
  *
  * Contract: bit-identical to echo_cpu_codec_scalar (codec.c over
- * comm/echo_codec.h) for every input: the same IEEE operations in the same
+ * comm/codec/echo_codec.h) for every input: the same IEEE operations in the same
  * order on 8 lanes. The division y/s stays a division (a reciprocal would
  * change codes), rint is the same two adds of 1.5*2^23 (not vroundps, which
  * gives -0 where the adds give +0), and nothing here is built with FMA, so
@@ -20,14 +20,14 @@
  * unpacking and the per-group reduction largely scalar, which holds encode
  * to a fraction of memory bandwidth (docs/echo.md, section 8).
  */
-#include "comm/codec_cpu.h"
+#include "comm/codec/codec_cpu.h"
 
 #ifdef ECHO_HAVE_CODEC_AVX2
 
 #include <immintrin.h>
 #include <string.h>
 
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 
 #ifndef ECHO_PF
 #define ECHO_PF 1024

@@ -1,6 +1,6 @@
 /*
- * comm/codec_avx512.c — the out2 / hout2 record loops and the int4 encode
- * in AVX-512 intrinsics (echo_cpu_codec_avx512, comm/codec_cpu.h); the
+ * comm/codec/codec_avx512.c — the out2 / hout2 record loops and the int4 encode
+ * in AVX-512 intrinsics (echo_cpu_codec_avx512, comm/codec/codec_cpu.h); the
  * other entries are the AVX2 table's. echo_cpu_codec_best picks it at run
  * time.
  *
@@ -31,14 +31,14 @@
  * bf16 input, bf16-rounded residuals and all-zero or poisoned groups to
  * the AVX2 loop.
  */
-#include "comm/codec_cpu.h"
+#include "comm/codec/codec_cpu.h"
 
 #ifdef ECHO_HAVE_CODEC_AVX512
 
 #include <immintrin.h>
 #include <string.h>
 
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 
 #ifndef ECHO_PF
 #define ECHO_PF 1024
