@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "comm/codec/codec.h"
 #include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h"
 

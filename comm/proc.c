@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/echo.h"
+#include "comm/proc.h"
 
 #ifdef ECHO_HAVE_MPI
 #include <limits.h>

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "comm/codec/codec.h"
 #include "comm/echo.h"
 #include "tools/bench/bench.h"
 

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/codec/codec.h"
 #include "comm/codec/codec_cpu.h"
 #include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h"

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "comm/echo_internal.h"
+#include "comm/transport/transport.h"
 
 typedef struct local_post {
     _Alignas(64) echo_call call;

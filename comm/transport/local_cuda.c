@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "comm/echo_internal.h"
+#include "comm/transport/transport.h"
 
 #ifndef ECHO_HAVE_CUDA
 

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "comm/echo_internal.h"
+#include "comm/transport/transport.h"
 
 #ifdef ECHO_HAVE_MPI
 #include <limits.h>

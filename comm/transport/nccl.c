@@ -39,6 +39,8 @@
 #include <string.h>
 
 #include "comm/echo_internal.h"
+#include "comm/proc.h"
+#include "comm/transport/transport.h"
 
 #ifndef ECHO_HAVE_CUDA
 

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "comm/echo.h"
+#include "comm/transport/transport.h"
 
 static int create_local(const echo_world_opts *o, const echo_config *cfg, echo_world **out, char *err,
                         size_t errlen) {

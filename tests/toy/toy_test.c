@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/codec/codec.h"
 #include "comm/echo.h"
 #include "comm/codec/echo_codec.h"
 #ifdef ECHO_HAVE_MPI

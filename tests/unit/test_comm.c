@@ -24,9 +24,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/codec/codec.h"
 #include "comm/echo.h"
 #include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h" /* the local transport's memory table (section 6) */
+#include "comm/transport/transport.h"
 #include "tests/comm_preset.h"
 #include "tests/unit/testutil.h"
 
