@@ -734,6 +734,14 @@ static void dec_msg(const echo_plan *p, const uint8_t *codes, const uint8_t *sca
         echo_cpu_codec_best()->rec_decode(p->form, codes, scales, n, G, out, accumulate);
 }
 
+void echo_cpu_rec_decode_rest(int form, const uint8_t *codes, const uint8_t *recs, size_t ng, size_t n, int group,
+                              float *out, int accumulate) {
+    size_t off = ng * (size_t)group;
+    if (off < n)
+        scalar_rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group), n - off, group,
+                          out + off, accumulate);
+}
+
 static void scalar_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int G, float *out,
                               int accumulate) {
     size_t rb = (size_t)echo_rec_bytes(form, G);

@@ -969,10 +969,7 @@ AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_
         o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
     ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
 #undef RD
-    size_t off = ng * (size_t)group;
-    if (off < n)
-        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group),
-                                         n - off, group, out + off, accumulate);
+    echo_cpu_rec_decode_rest(form, codes, recs, ng, n, group, out, accumulate);
 }
 
 /* The accumulator is prefetched: the loads of out are what hold a staged
@@ -991,13 +988,9 @@ AVX2_FN void echo_avx2_add(const float *in, size_t n, float *out) {
 const echo_cpu_codec echo_cpu_codec_avx2 = {
     .name = "avx2",
     .encode = echo_avx2_encode,
-    .decode = echo_avx2_decode,
-    .decode_store = echo_avx2_decode_store,
-    .rot_fwd = echo_avx2_rot_fwd,
-    .rot_inv = echo_avx2_rot_inv,
     .rec_encode = avx2_rec_encode,
     .rec_decode = avx2_rec_decode,
-    .add = echo_avx2_add,
+    ECHO_CPU_CODEC_AVX2_SHARED,
 };
 
 #endif

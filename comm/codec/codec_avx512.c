@@ -567,10 +567,7 @@ Z_FN static void z_rec_decode(int form, const uint8_t *codes, const uint8_t *rec
         o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
     ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
 #undef RD
-    size_t off = ng * (size_t)group;
-    if (off < n)
-        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group),
-                                         n - off, group, out + off, accumulate);
+    echo_cpu_rec_decode_rest(form, codes, recs, ng, n, group, out, accumulate);
 }
 
 int echo_cpu_codec_avx512_ok(void) {
@@ -582,13 +579,9 @@ int echo_cpu_codec_avx512_ok(void) {
 const echo_cpu_codec echo_cpu_codec_avx512 = {
     .name = "avx512",
     .encode = z_encode,
-    .decode = echo_avx2_decode,
-    .decode_store = echo_avx2_decode_store,
-    .rot_fwd = echo_avx2_rot_fwd,
-    .rot_inv = echo_avx2_rot_inv,
     .rec_encode = z_rec_encode,
     .rec_decode = z_rec_decode,
-    .add = echo_avx2_add,
+    ECHO_CPU_CODEC_AVX2_SHARED, /* AVX2's decode, rotation and add */
 };
 
 #endif

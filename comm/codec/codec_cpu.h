@@ -63,6 +63,10 @@ typedef struct echo_cpu_codec {
 
 /* The reference: portable C, vectorized by the compiler for the baseline ISA. */
 extern const echo_cpu_codec echo_cpu_codec_scalar;
+/* The scalar rec_decode of what a vector table left: the groups from ng on
+ * of out[0..n), a partial last one included. */
+void echo_cpu_rec_decode_rest(int form, const uint8_t *codes, const uint8_t *recs, size_t ng, size_t n, int group,
+                              float *out, int accumulate);
 
 #if defined(__x86_64__) || defined(__i386__)
 #define ECHO_HAVE_CODEC_AVX2 1
@@ -78,6 +82,10 @@ size_t echo_avx2_decode_store(const uint8_t *codes, const uint16_t *scales, size
 void echo_avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out);
 void echo_avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate);
 void echo_avx2_add(const float *in, size_t n, float *out);
+/* The entries the AVX2 and AVX-512 tables share. */
+#define ECHO_CPU_CODEC_AVX2_SHARED                                                                                     \
+    .decode = echo_avx2_decode, .decode_store = echo_avx2_decode_store, .rot_fwd = echo_avx2_rot_fwd,                  \
+    .rot_inv = echo_avx2_rot_inv, .add = echo_avx2_add
 
 #define ECHO_HAVE_CODEC_AVX512 1
 /* AVX-512 (F, BW, VL, DQ) with FMA and BMI (codec_avx512.c): its own out2
