@@ -52,6 +52,14 @@ int echo_preset_parse(const char *s, echo_preset *out) {
     return -1;
 }
 
+const char *echo_preset_names(char *buf, size_t len, const char *sep) {
+    size_t at = 0;
+    if (len) buf[0] = 0;
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+        echo_join_name(buf, len, &at, sep, presets[k].name);
+    return buf;
+}
+
 const char *echo_preset_name(echo_preset p) {
     return (unsigned)p < ECHO_PRESET_COUNT ? presets[p].name : "unknown";
 }
@@ -127,6 +135,14 @@ static int group_valid(const echo_codec_info *ci, int g) {
 
 static int default_group(const echo_codec_info *ci) {
     return ci->default_group;
+}
+
+const char *echo_codec_names(char *buf, size_t len, const char *sep, int lossy_only) {
+    size_t at = 0;
+    if (len) buf[0] = 0;
+    for (int k = ECHO_CODEC_DEFAULT + 1; k < ECHO_CODEC_COUNT; k++)
+        if (!lossy_only || !codecs[k].lossless) echo_join_name(buf, len, &at, sep, codecs[k].name);
+    return buf;
 }
 
 int echo_codec_default_group(echo_codec_id id) {

@@ -120,6 +120,13 @@ typedef enum echo_preset {
 
 /* Parse "exact" | "int4" | "echo" | "echo-nofb" | "bf16"; -1 if unknown. */
 int echo_preset_parse(const char *s, echo_preset *out);
+/* The names of the rows of the preset, codec (lossy_only: the 4-bit ones)
+ * and transport tables, in table order, joined by sep into buf (cut to len,
+ * always terminated); return buf. What --help and messages list, so a new
+ * row shows up there with no other edit. */
+const char *echo_preset_names(char *buf, size_t len, const char *sep);
+const char *echo_codec_names(char *buf, size_t len, const char *sep, int lossy_only);
+const char *echo_transport_names(char *buf, size_t len, const char *sep);
 const char *echo_preset_name(echo_preset p); /* "unknown" out of range */
 /* The codec preset p fixes (exact: none, int4: int4, bf16: bf16), or
  * ECHO_CODEC_DEFAULT when it takes the caller's (echo, echo-nofb). */
