@@ -2,14 +2,15 @@
  * comm/echo_internal.h — private to comm/: the world and rank structs, the
  * geometry of a call, and the two tables the schedule in echo.c runs on:
  *
- *   transport (local.c on host or device memory, nccl.c): moves bytes.
+ *   transport (transport/: local.c on host or device memory, nccl.c, mpi.c):
+ *     moves bytes.
  *     Phase 1 is an all-to-all of shard wire messages, phase 2 an
  *     all-gather of them, `exact` a plain all-reduce. A transport hands out
  *     the buffers to write before an exchange and to read after it, so
  *     `local` can be zero-copy (the "send" buffer IS the peer's receive
  *     buffer in memory the ranks share: host memory, or one GPU's) while
  *     `nccl` stages through device buffers.
- *   compute (codec.c for host memory, echo_cuda.cu for device memory): the
+ *   compute (codec/: codec.c for host memory, echo_cuda.cu for device memory): the
  *     codec work of each phase. Both run the same steps in the same order on
  *     the same inline arithmetic (comm/codec/echo_codec.h).
  *

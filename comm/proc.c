@@ -1,5 +1,5 @@
 /*
- * comm/proc.c — the process's MPI session (echo.h, "Processes"): starting
+ * comm/proc.c — the process's MPI session (comm/proc.h): starting
  * MPI under mpirun, and the control messages the engine's ranks exchange
  * outside the all-reduce (a step's batch from rank 0, results back to it,
  * agreement on failures). The session is the one piece of process-wide
