@@ -22,19 +22,15 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "comm/echo.h"
 
 #define ECHO_NO_INDEX ((size_t)-1)
 
-/* buf[*at..len) += (sep unless *at == 0) name, cut to fit; buf stays
- * terminated (the echo_*_names lists). */
-static inline void echo_join_name(char *buf, size_t len, size_t *at, const char *sep, const char *name) {
-    if (*at >= len) return;
-    int k = snprintf(buf + *at, len - *at, "%s%s", *at ? sep : "", name);
-    *at = k < 0 ? len : *at + (size_t)k;
-}
+/* The echo_*_names lists (echo.c): row(i) for i = 0, 1, ... until NULL,
+ * skipping rows that return "", joined by sep into buf (cut to len, always
+ * terminated). */
+const char *echo_names_join(char *buf, size_t len, const char *sep, const char *(*row)(int i));
 
 /* The geometry of one call: M = count values split into N shards of L values
  * (L a multiple of G; the last shards may be short or empty). Each shard

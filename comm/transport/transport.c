@@ -49,12 +49,12 @@ const echo_transport_info *echo_transport_find(const char *name) {
     return NULL;
 }
 
+static const char *transport_row(int i) {
+    return i < N_TRANSPORTS ? transports[i].name : NULL;
+}
+
 const char *echo_transport_names(char *buf, size_t len, const char *sep) {
-    size_t at = 0;
-    if (len) buf[0] = 0;
-    for (int i = 0; i < N_TRANSPORTS; i++)
-        echo_join_name(buf, len, &at, sep, transports[i].name);
-    return buf;
+    return echo_names_join(buf, len, sep, transport_row);
 }
 
 int echo_world_create(const char *name, const echo_world_opts *o, const echo_config *cfg, echo_world **out,
