@@ -24,7 +24,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/echo_codec.h"
+#include "comm/codec/codec.h"
+#include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h"
 
 /* ---- presets: the pairs users name ---- */
@@ -49,6 +50,25 @@ int echo_preset_parse(const char *s, echo_preset *out) {
             return 0;
         }
     return -1;
+}
+
+const char *echo_names_join(char *buf, size_t len, const char *sep, const char *(*row)(int i)) {
+    size_t at = 0;
+    if (len) buf[0] = 0;
+    for (int i = 0; row(i) && at < len; i++) {
+        if (!*row(i)) continue;
+        int k = snprintf(buf + at, len - at, "%s%s", at ? sep : "", row(i));
+        at = k < 0 ? len : at + (size_t)k;
+    }
+    return buf;
+}
+
+static const char *preset_row(int k) {
+    return k < ECHO_PRESET_COUNT ? presets[k].name : NULL;
+}
+
+const char *echo_preset_names(char *buf, size_t len, const char *sep) {
+    return echo_names_join(buf, len, sep, preset_row);
 }
 
 const char *echo_preset_name(echo_preset p) {
@@ -126,6 +146,20 @@ static int group_valid(const echo_codec_info *ci, int g) {
 
 static int default_group(const echo_codec_info *ci) {
     return ci->default_group;
+}
+
+static const char *codec_row(int i) {
+    int k = ECHO_CODEC_DEFAULT + 1 + i;
+    return k < ECHO_CODEC_COUNT ? codecs[k].name : NULL;
+}
+
+static const char *lossy_codec_row(int i) {
+    int k = ECHO_CODEC_DEFAULT + 1 + i;
+    return k >= ECHO_CODEC_COUNT ? NULL : codecs[k].lossless ? "" : codecs[k].name;
+}
+
+const char *echo_codec_names(char *buf, size_t len, const char *sep, int lossy_only) {
+    return echo_names_join(buf, len, sep, lossy_only ? lossy_codec_row : codec_row);
 }
 
 int echo_codec_default_group(echo_codec_id id) {

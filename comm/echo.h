@@ -1,8 +1,18 @@
 /*
- * comm/ — Echo: the tensor-parallel all-reduce, with a choice of wire codec
- * (4-bit codecs, bf16, plain fp32) and optional error feedback. Knows
- * nothing about models. docs/echo.md §11 states this contract in detail,
- * transport by transport.
+ * comm/echo.h — the all-reduce of tensor parallelism (Echo): a world of N
+ * ranks, a choice of wire codec (4-bit codecs, bf16, plain fp32) and
+ * optional error feedback. Knows nothing about models. docs/echo.md §11
+ * states this contract in detail, transport by transport.
+ *
+ * Callers: engine/ and model/ (one world per engine; a pass per forward
+ * pass), echo-bench, tests. What a caller uses, in order: a preset or a
+ * codec into echo_config; a row of the transport table into
+ * echo_world_create; echo_comm_create per rank; then per forward pass
+ * echo_begin_pass, echo_allreduce at each site, echo_end_pass.
+ * Beside this header: comm/proc.h (ranks as processes: the MPI control
+ * plane), comm/codec/codec.h (the codecs on host memory, outside a world),
+ * comm/transport/transport.h (each transport's own constructor, for the
+ * table and tests).
  *
  * Contract
  *   - A world is N ranks that reduce together; each rank owns an echo_comm
@@ -110,6 +120,13 @@ typedef enum echo_preset {
 
 /* Parse "exact" | "int4" | "echo" | "echo-nofb" | "bf16"; -1 if unknown. */
 int echo_preset_parse(const char *s, echo_preset *out);
+/* The names of the rows of the preset, codec (lossy_only: the 4-bit ones)
+ * and transport tables, in table order, joined by sep into buf (cut to len,
+ * always terminated); return buf. What --help and messages list, so a new
+ * row shows up there with no other edit. */
+const char *echo_preset_names(char *buf, size_t len, const char *sep);
+const char *echo_codec_names(char *buf, size_t len, const char *sep, int lossy_only);
+const char *echo_transport_names(char *buf, size_t len, const char *sep);
 const char *echo_preset_name(echo_preset p); /* "unknown" out of range */
 /* The codec preset p fixes (exact: none, int4: int4, bf16: bf16), or
  * ECHO_CODEC_DEFAULT when it takes the caller's (echo, echo-nofb). */
@@ -132,22 +149,23 @@ void echo_preset_describe(echo_preset p, echo_codec_id codec, int group, char *b
  *   4-bit codecs (int4 ... hout2): code bits per value, the bytes of the
  *     group's scale, optionally a rotation first (linear and orthogonal, so
  *     the owner sums rotated values and every rank rotates the decoded sum
- *     back once); host codec in codec.c, device kernels in echo_cuda.cu.
+ *     back once); host codec in codec/codec.c, device kernels in
+ *     codec/echo_cuda.cu.
  *   exact codecs (`lossless`): values as floats of code_bits bits; none is
- *     the transport's plain all-reduce (local.c/local_cuda.c, nccl.c,
- *     mpi.c), bf16 the two-shot schedule with bf16 messages (host loops in
+ *     the transport's plain all-reduce (transport/local.c, local_cuda.c,
+ *     nccl.c, mpi.c), bf16 the two-shot schedule with bf16 messages (host loops in
  *     echo.c; `host_only`: a device world is refused at echo_comm_create).
  * docs/echo.md §2b has the formats and the measurements that chose
  * ECHO_DEFAULT_CODEC. */
 typedef struct echo_codec_info {
     const char *name;  /* what users type: "int4", "hadamard", "hsub6", "out2", "hout2", "none", "bf16" */
-    int rotate;        /* values per Walsh-Hadamard rotation block (comm/echo_codec.h): 0 none, -1 the group */
+    int rotate;        /* values per Walsh-Hadamard rotation block (comm/codec/echo_codec.h): 0 none, -1 the group */
     int code_bits;     /* wire bits of one value (its code, or the float itself when lossless) */
     int scale_bytes;   /* wire bytes of one group's scale */
     int sub_bits;      /* wire bits of the scale of each 16 values within a group (0: none) */
     int min_group;     /* smallest G the codec takes (G is a power of two up to ECHO_MAX_GROUP) */
     int default_group; /* G when echo_config.group_size is 0 */
-    int form;          /* wire form of a group's scales (comm/echo_codec.h ECHO_FORM_*): 0 one bf16 */
+    int form;          /* wire form of a group's scales (comm/codec/echo_codec.h ECHO_FORM_*): 0 one bf16 */
     int lossless;      /* 1: an exact path (fp32, or bf16 rounding only): no codes, no feedback */
     int host_only;     /* 1: host transports only (local on host memory, mpi) */
 } echo_codec_info;
@@ -167,37 +185,7 @@ size_t echo_codec_group_bytes(echo_codec_id id, int group);
  * default_group; ECHO_DEFAULT_GROUP for the int4 codec). */
 int echo_codec_default_group(echo_codec_id id);
 
-/* ---- Worlds (docs/echo.md §11 has each transport's details) ---- */
-/* Each fails with a message on a config it cannot run (a host-only codec
- * on device memory fails at echo_comm_create). */
-/* local: nranks threads of this process, buffers in host memory. */
-int echo_world_create_local(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen);
-/* local on GPU `device`, shared by nranks threads (tests): buffers are
- * device pointers, `stream` each rank's cudaStream_t; local's bits. Fails
- * without CUDA or a GPU. */
-int echo_world_create_local_device(int nranks, int device, const echo_config *cfg, echo_world **out, char *err,
-                                   size_t errlen);
-/* nccl: rank r on GPU devices[r], all driven from this process; buffers are
- * device pointers, `stream` the rank's cudaStream_t. 4-bit codecs give
- * local's bits, none is ncclAllReduce. Fails without CUDA. */
-int echo_world_create_nccl(int nranks, const int *devices, const echo_config *cfg, echo_world **out, char *err,
-                           size_t errlen);
-/* nccl transport with one rank per process (under mpirun, after
- * echo_proc_init): nranks = the job's processes, rank = this process's,
- * `device` its GPU. Rank 0 makes the ncclUniqueId, MPI broadcasts it, each
- * process calls ncclCommInitRank, so the ranks may span hosts. Calls are
- * checked with the peers over MPI before anything is enqueued; not deferred
- * (no CUDA graphs at tp > 1 yet); an abort cannot be undone in place
- * (echo_world_clear_abort leaves the world unusable: restart the job).
- * Untested on GPUs so far (docs/network.md, "NCCL across processes"). */
-int echo_world_create_nccl_procs(int device, const echo_config *cfg, echo_world **out, char *err, size_t errlen);
-/* mpi: this process is rank MPI_COMM_WORLD's rank, host memory; collective
- * over MPI_COMM_WORLD, which the program initialised (MPI_THREAD_FUNNELED
- * or better; echo calls from that thread). local's bits but for `none`.
- * No deferred worlds. Fails without Open MPI (MPI=0). */
-int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, size_t errlen);
-
-/* ---- The transport table: every transport is one row (comm/transport.c) ----
+/* ---- The transport table: every transport is one row (comm/transport/transport.c) ----
  * Callers choose a transport by its row, never by comparing names: the
  * engine's and echo-bench's choices, and what the CLIs list, come from it. */
 typedef struct echo_world_opts {
@@ -231,32 +219,6 @@ void echo_world_destroy(echo_world *w);
 void echo_world_get_config(const echo_world *w, echo_config *out);
 int echo_world_nranks(const echo_world *w);
 
-/* ---- Processes (comm/proc.c): ranks as processes under mpirun ----
- * Control messages outside the all-reduce, on their own communicator, in
- * the same order on every process, one thread at a time. Without mpirun:
- * rank 0 of 1, every call a no-op. A failure (a peer died) is -1. */
-int echo_proc_init(int *rank, int *nprocs, char *err, size_t errlen);
-int echo_proc_rank(void);  /* 0 without a session */
-int echo_proc_count(void); /* 1 without a session */
-/* rank 0's `bytes` at buf, to every process */
-int echo_proc_bcast(void *buf, size_t bytes, char *err, size_t errlen);
-/* every process's `bytes` at send into rank 0's recv (nprocs * bytes, rank order) */
-int echo_proc_gather(const void *send, size_t bytes, void *recv, char *err, size_t errlen);
-/* every process's `bytes` at send into every process's recv (nprocs * bytes) */
-int echo_proc_allgather(const void *send, size_t bytes, void *recv, char *err, size_t errlen);
-/* 0 when every process passed ok != 0; else -1 on every process, with
- * "process R: why" of the lowest failed rank */
-int echo_proc_agree(int ok, const char *why, char *err, size_t errlen);
-/* Print why and end every process of the job (MPI_Abort): for a rank that
- * cannot continue while its peers may wait in a collective. Returns only
- * without a session (the caller then exits). */
-void echo_proc_abort(int code, const char *why);
-/* 1 while every peer process on this host (same pid namespace) runs; 0 with
- * "rank R (pid P on HOST) has exited..." once one has ended. No MPI call:
- * safe from any thread, for a health check while a step waits on the dead
- * rank. Peers on other hosts cannot be seen from here (mpirun ends the job). */
-int echo_proc_peers_alive(char *why, size_t len);
-void echo_proc_finalize(void);
 /* The endpoint of `rank` in `w`. Slot memory is allocated here. */
 int echo_comm_create(echo_world *w, int rank, echo_comm **out, char *err, size_t errlen);
 void echo_comm_destroy(echo_comm *c);
@@ -352,28 +314,5 @@ typedef struct echo_site_stats {
 } echo_site_stats;
 
 int echo_get_site_stats(const echo_comm *c, int site, echo_site_stats *out, char *err, size_t errlen);
-
-/* ---- The codecs on host memory (tests, benchmarks, tools; wire forms in
- * docs/echo.md §2) ---- */
-/* Bytes of the int4 codec's wire form of `count` values in groups of `group`. */
-size_t echo_codec_wire_bytes(size_t count, int group);
-/* The int4 codec: wire = code(x (+ *res)); with res, res = that - decode
- * (error feedback). -1 if a value is not finite or |y| >= 2^127. */
-int echo_codec_encode(const float *x, float *res, size_t count, int group, void *wire, char *err, size_t errlen);
-/* out = decode(wire) (accumulate = 0) or out += decode(wire). */
-void echo_codec_decode(const void *wire, size_t count, int group, float *out, int accumulate);
-/* The decoded scale of group g of a wire form (NaN for a poisoned group). */
-float echo_codec_group_scale(const void *wire, size_t count, int group, size_t g);
-/* The same for any 4-bit codec of the table, rotating ones keeping res in
- * the rotated basis. -1 for an unknown or exact codec, a bad group, out of
- * memory, or a value the codec cannot code. */
-int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t count, int group, void *wire, char *err,
-                         size_t errlen);
-int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int group, float *out, int accumulate,
-                         char *err, size_t errlen);
-/* Which host codec loops this process runs: "avx512", "avx2" or "scalar"
- * (the CPU's best, capped by the environment variable ECHO_CODEC_ISA =
- * scalar or avx2; docs/echo.md §8). */
-const char *echo_codec_host_isa(void);
 
 #endif

@@ -2,16 +2,17 @@
  * comm/echo_internal.h — private to comm/: the world and rank structs, the
  * geometry of a call, and the two tables the schedule in echo.c runs on:
  *
- *   transport (local.c on host or device memory, nccl.c): moves bytes.
+ *   transport (transport/: local.c on host or device memory, nccl.c, mpi.c):
+ *     moves bytes.
  *     Phase 1 is an all-to-all of shard wire messages, phase 2 an
  *     all-gather of them, `exact` a plain all-reduce. A transport hands out
  *     the buffers to write before an exchange and to read after it, so
  *     `local` can be zero-copy (the "send" buffer IS the peer's receive
  *     buffer in memory the ranks share: host memory, or one GPU's) while
  *     `nccl` stages through device buffers.
- *   compute (codec.c for host memory, echo_cuda.cu for device memory): the
+ *   compute (codec/: codec.c for host memory, echo_cuda.cu for device memory): the
  *     codec work of each phase. Both run the same steps in the same order on
- *     the same inline arithmetic (comm/echo_codec.h).
+ *     the same inline arithmetic (comm/codec/echo_codec.h).
  *
  * Everything here is per world or per rank; there is no file-scope state.
  */
@@ -26,6 +27,11 @@
 
 #define ECHO_NO_INDEX ((size_t)-1)
 
+/* The echo_*_names lists (echo.c): row(i) for i = 0, 1, ... until NULL,
+ * skipping rows that return "", joined by sep into buf (cut to len, always
+ * terminated). */
+const char *echo_names_join(char *buf, size_t len, const char *sep, const char *(*row)(int i));
+
 /* The geometry of one call: M = count values split into N shards of L values
  * (L a multiple of G; the last shards may be short or empty). Each shard
  * travels as one wire message of `wire` bytes: L/2 code bytes, then L/G bf16
@@ -39,7 +45,7 @@ typedef struct echo_plan {
     echo_dtype dt;
     /* Set by echo.c from the codec table (the wire size above too):
      * rotate: values per Walsh-Hadamard block (0: none); form: the scales'
-     * wire form (comm/echo_codec.h ECHO_FORM_*: one bf16 per group, or a
+     * wire form (comm/codec/echo_codec.h ECHO_FORM_*: one bf16 per group, or a
      * record per group). */
     int rotate;
     int form;

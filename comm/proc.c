@@ -1,5 +1,5 @@
 /*
- * comm/proc.c — the process's MPI session (echo.h, "Processes"): starting
+ * comm/proc.c — the process's MPI session (comm/proc.h): starting
  * MPI under mpirun, and the control messages the engine's ranks exchange
  * outside the all-reduce (a step's batch from rank 0, results back to it,
  * agreement on failures). The session is the one piece of process-wide
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/echo.h"
+#include "comm/proc.h"
 
 #ifdef ECHO_HAVE_MPI
 #include <limits.h>

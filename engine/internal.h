@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "comm/proc.h"
 #include "engine/blocks.h"
 #include "engine/engine.h"
 #include "engine/step.h"

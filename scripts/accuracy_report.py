@@ -113,7 +113,7 @@ def main():
              "differences below about twice it are noise.\n")
     L.append("Codecs (docs/echo.md §2b): `int4` is the paper's (int4 codes in [−7, 7], one bf16 scale per "
              "G values); `hadamard` first rotates each group by H·D (Walsh–Hadamard, fixed random signs, "
-             "`comm/echo_codec.h`), so that an outlier channel is spread over its group instead of "
+             "`comm/codec/echo_codec.h`), so that an outlier channel is spread over its group instead of "
              "setting a scale that flattens the rest of the group to zero; ranks add rotated values "
              "and rotate the sum back once. `hsub6` rotates every 16 values and gives each 16 its own "
              "6-bit scale under the group's bf16 one. `out2` carries the two largest values of each "

@@ -2,6 +2,7 @@
 #include "tools/cli.h"
 
 #include "comm/echo.h"
+#include "comm/proc.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 

@@ -271,18 +271,6 @@ static int parse_kv(cursor *c, size_t i, gguf_kv *kv, const char *fname, char *e
 
 /* ---------------------------------------------------------------- tensors */
 
-typedef struct span {
-    uint64_t begin, end;
-    size_t idx;
-} span;
-
-static int span_cmp(const void *a, const void *b) {
-    const span *x = a, *y = b;
-    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
-    if (x->end != y->end) return x->end < y->end ? -1 : 1;
-    return x->idx < y->idx ? -1 : (x->idx > y->idx);
-}
-
 static int name_cmp(const void *a, const void *b, void *t) {
     const weights_tensor *w = t;
     return strcmp(w[*(const size_t *)a].name, w[*(const size_t *)b].name);
@@ -399,7 +387,7 @@ int weights_parse_gguf_image(weights_set *ws, const char *fname, const uint8_t *
     weights_tensor *tmp = NULL;
     uint64_t *offs = NULL;
     size_t ntmp = 0, *order = NULL;
-    span *spans = NULL;
+    weights_span *spans = NULL;
     cursor c = {buf, len, 0};
     uint64_t magic, version, n_tensors, n_kv;
 
@@ -525,22 +513,11 @@ int weights_parse_gguf_image(weights_set *ws, const char *fname, const uint8_t *
             goto fail;
         }
         t->data = buf + data_start + offs[i];
-        spans[i] = (span){offs[i], offs[i] + t->nbytes, i};
+        spans[i] = (weights_span){offs[i], offs[i] + t->nbytes, i};
         order[i] = i;
     }
     /* Every tensor has nbytes > 0 (dims >= 1), so sorted spans must not interleave. */
-    qsort(spans, nt, sizeof *spans, span_cmp);
-    for (size_t i = 1; i < nt; i++)
-        if (spans[i].begin < spans[i - 1].end) {
-            char q[QUOTE_MAX];
-            weights_priv_err(err, errlen, fname, tmp[spans[i].idx].name,
-                             "data [%llu, %llu) overlaps tensor \"%s\" [%llu, %llu)",
-                             (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end,
-                             qname(q, sizeof q, (const uint8_t *)tmp[spans[i - 1].idx].name,
-                                   strlen(tmp[spans[i - 1].idx].name)),
-                             (unsigned long long)spans[i - 1].begin, (unsigned long long)spans[i - 1].end);
-            goto fail;
-        }
+    if (weights_priv_spans_disjoint(spans, nt, tmp, fname, "data", "overlaps", err, errlen) != 0) goto fail;
     qsort_r(order, nt, sizeof *order, name_cmp, tmp);
     for (size_t i = 1; i < nt; i++)
         if (strcmp(tmp[order[i - 1]].name, tmp[order[i]].name) == 0) {

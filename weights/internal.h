@@ -52,6 +52,18 @@ struct weights_set {
     weights_gguf *gguf; /* GGUF metadata (gguf.c); NULL for safetensors */
     void (*gguf_free)(weights_gguf *); /* set with gguf, so set.c does not call into gguf.c */
 };
+/* A tensor's bytes [begin, end) in its file; idx: its row in the parser's table. */
+typedef struct weights_span {
+    uint64_t begin, end;
+    size_t idx;
+} weights_span;
+/* Sorts spans by (begin, end, idx) and checks that none starts before the
+ * one before it ends: else -1 with "<file>: <tensor>: <what> [b, e) <verb>
+ * tensor "<other>" [b, e)", names from t[idx]. The parsers leave empty
+ * tensors out (they occupy no bytes). */
+int weights_priv_spans_disjoint(weights_span *spans, size_t n, const weights_tensor *t, const char *fname,
+                                const char *what, const char *verb, char *err, size_t errlen);
+
 /* set.c helpers the parsers and open.c share. */
 const char *weights_priv_quote_name(char *out, size_t outlen, const char *s, size_t slen);
 int weights_priv_dtype_from_string(const char *s, weights_dtype *dt);

@@ -180,25 +180,13 @@ void weights_priv_json_err(const char *fname, const char *what, const char *text
                      weights_priv_quote_name(m, sizeof m, je->text, strlen(je->text)));
 }
 
-typedef struct span {
-    uint64_t begin, end;
-    size_t idx;
-} span;
-
-static int span_cmp(const void *a, const void *b) {
-    const span *x = a, *y = b;
-    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
-    if (x->end != y->end) return x->end < y->end ? -1 : 1;
-    return x->idx < y->idx ? -1 : (x->idx > y->idx);
-}
-
 int weights_parse_file_image(weights_set *ws, const char *fname, const uint8_t *buf, size_t len, char *err,
                              size_t errlen) {
     int rc = -1;
     json_t *root = NULL;
     weights_tensor *tmp = NULL;
     size_t ntmp = 0;
-    span *spans = NULL;
+    weights_span *spans = NULL;
     json_error_t je;
 
     if (!fname) fname = "(memory)";
@@ -268,21 +256,9 @@ int weights_parse_file_image(weights_set *ws, const char *fname, const uint8_t *
     for (size_t i = 0; i < ntmp; i++) {
         if (tmp[i].nbytes == 0) continue;
         uint64_t b = (uint64_t)((const uint8_t *)tmp[i].data - data);
-        spans[nspans++] = (span){b, b + tmp[i].nbytes, i};
+        spans[nspans++] = (weights_span){b, b + tmp[i].nbytes, i};
     }
-    qsort(spans, nspans, sizeof *spans, span_cmp);
-    for (size_t i = 1; i < nspans; i++) {
-        if (spans[i].begin < spans[i - 1].end) {
-            char q[NAME_QUOTE_MAX + 8];
-            const char *other = tmp[spans[i - 1].idx].name;
-            weights_priv_err(err, errlen, fname, tmp[spans[i].idx].name,
-                             "data_offsets [%llu, %llu) overlap tensor \"%s\" [%llu, %llu)",
-                    (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end,
-                    weights_priv_quote_name(q, sizeof q, other, strlen(other)), (unsigned long long)spans[i - 1].begin,
-                    (unsigned long long)spans[i - 1].end);
-            goto fail;
-        }
-    }
+    if (weights_priv_spans_disjoint(spans, nspans, tmp, fname, "data_offsets", "overlap", err, errlen) != 0) goto fail;
 
     if (weights_priv_commit(ws, fname, tmp, ntmp, NULL, NULL, err, errlen) != 0) goto fail;
     ntmp = 0; /* names now owned by the set */

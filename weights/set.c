@@ -122,6 +122,29 @@ static uint64_t hash_name(const char *s) {
     return h;
 }
 
+static int span_cmp(const void *a, const void *b) {
+    const weights_span *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return x->idx < y->idx ? -1 : (x->idx > y->idx);
+}
+
+int weights_priv_spans_disjoint(weights_span *spans, size_t n, const weights_tensor *t, const char *fname,
+                                const char *what, const char *verb, char *err, size_t errlen) {
+    qsort(spans, n, sizeof *spans, span_cmp);
+    for (size_t i = 1; i < n; i++) {
+        if (spans[i].begin >= spans[i - 1].end) continue;
+        char q[NAME_QUOTE_MAX + 8];
+        const char *other = t[spans[i - 1].idx].name;
+        weights_priv_err(err, errlen, fname, t[spans[i].idx].name, "%s [%llu, %llu) %s tensor \"%s\" [%llu, %llu)",
+                         what, (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end, verb,
+                         weights_priv_quote_name(q, sizeof q, other, strlen(other)),
+                         (unsigned long long)spans[i - 1].begin, (unsigned long long)spans[i - 1].end);
+        return -1;
+    }
+    return 0;
+}
+
 const weights_tensor *weights_priv_table_find(const weights_set *ws, const char *name) {
     if (!ws->nslots) return NULL;
     size_t mask = ws->nslots - 1;

@@ -8,7 +8,7 @@
 #                     way through tests/emu/cli-smoke.sh. Needs no GPU and no
 #                     CUDA toolkit.
 #
-# The kernel sources (kernels/cuda/*.cu, comm/*.cu) are compiled unmodified
+# The kernel sources (kernels/cuda/*.cu, comm/codec/*.cu) are compiled unmodified
 # as C++17 after tests/emu/translate.py rewrites their `<<<...>>>` launches
 # and `extern __shared__` arrays; every library C source is rebuilt with
 # -DECHO_HAVE_CUDA=1 against tests/emu/include (cuda_runtime.h, cuda_bf16.h,

@@ -1,7 +1,7 @@
 /*
  * tests/emu/nccl_emu.cpp — an in-process NCCL for the CPU emulator: the ranks
  * of a clique (ncclCommInitAll) are threads of this process and "device"
- * memory is host memory (tests/emu's CUDA runtime), so comm/nccl.c runs in CI
+ * memory is host memory (tests/emu's CUDA runtime), so comm/transport/nccl.c runs in CI
  * without a GPU.
  *
  * What it models

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/codec/codec.h"
 #include "comm/echo_internal.h"
 #include "kernels/kernels.h"
 #include "model/model.h"

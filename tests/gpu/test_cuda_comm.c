@@ -93,9 +93,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/codec/codec.h"
 #include "comm/echo.h"
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h" /* a2 and b call the compute tables directly */
+#include "comm/transport/transport.h"
 #include "tests/comm_preset.h"
 
 #define MAXN 4

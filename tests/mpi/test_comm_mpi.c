@@ -30,6 +30,7 @@
 
 #include "comm/echo.h"
 #include "comm/echo_internal.h" /* a device-memory stand-in of the local transport */
+#include "comm/transport/transport.h"
 #include "tests/comm_preset.h"
 
 static int g_rank, g_n;

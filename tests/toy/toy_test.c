@@ -16,8 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/codec/codec.h"
 #include "comm/echo.h"
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 #ifdef ECHO_HAVE_MPI
 #include <mpi.h>
 #endif

@@ -1,5 +1,5 @@
 /*
- * The host codec's vector tables (comm/codec_cpu.h) against the scalar
+ * The host codec's vector tables (comm/codec/codec_cpu.h) against the scalar
  * reference, bit for bit. The scalar table is itself checked against the
  * codec's independent arithmetic in test_comm.c (section 1); here every
  * other table must give exactly its bytes: codes, scales, residuals,
@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/codec_cpu.h"
-#include "comm/echo_codec.h"
+#include "comm/codec/codec_cpu.h"
+#include "comm/codec/echo_codec.h"
 #include "tests/unit/testutil.h"
 
 static uint64_t rng_next(uint64_t *s) {

@@ -24,9 +24,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/codec/codec.h"
 #include "comm/echo.h"
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h" /* the local transport's memory table (section 6) */
+#include "comm/transport/transport.h"
 #include "tests/comm_preset.h"
 #include "tests/unit/testutil.h"
 
@@ -1945,6 +1947,59 @@ START_TEST(test_local_device_schedule_on_cpu) {
 }
 END_TEST
 
+/* The name lists --help and messages print come from the tables: every row,
+ * in row order, with the separator between (not before) names, cut to the
+ * buffer and always terminated; echo_world_create's unknown-name message
+ * lists the same rows. */
+START_TEST(test_table_names) {
+    char buf[512], want[512];
+    size_t at = 0;
+    want[0] = 0;
+    for (int i = 0; echo_transport_at(i); i++)
+        at += (size_t)snprintf(want + at, sizeof want - at, "%s%s", i ? ", " : "", echo_transport_at(i)->name);
+    ck_assert_str_eq(echo_transport_names(buf, sizeof buf, ", "), want);
+    ck_assert_msg(!strncmp(want, "local, nccl, mpi", 16), "%s", want);
+    for (int lossy = 0; lossy < 2; lossy++) {
+        at = 0;
+        want[0] = 0;
+        for (int k = ECHO_CODEC_DEFAULT + 1; k < ECHO_CODEC_COUNT; k++)
+            if (!lossy || !echo_codec_get((echo_codec_id)k)->lossless)
+                at += (size_t)snprintf(want + at, sizeof want - at, "%s%s", at ? "|" : "",
+                                       echo_codec_get((echo_codec_id)k)->name);
+        ck_assert_str_eq(echo_codec_names(buf, sizeof buf, "|", lossy), want);
+    }
+    ck_assert(strstr(buf, "hout2") && !strstr(buf, "none") && !strstr(buf, "bf16"));
+    at = 0;
+    want[0] = 0;
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+        at += (size_t)snprintf(want + at, sizeof want - at, "%s%s", k ? "," : "", echo_preset_name((echo_preset)k));
+    ck_assert_str_eq(echo_preset_names(buf, sizeof buf, ","), want);
+    /* every listed name parses back */
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        echo_preset p;
+        ck_assert_msg(echo_preset_parse(tok, &p) == 0, "%s", tok);
+    }
+    char small[8];
+    memset(small, 'x', sizeof small);
+    ck_assert(echo_transport_names(small, sizeof small, ", ") == small);
+    ck_assert_str_eq(small, "local, ");
+    memset(small, 'x', sizeof small);
+    echo_transport_names(small, 0, ", ");
+    ck_assert_int_eq(small[0], 'x');
+    echo_transport_names(small, 1, ", ");
+    ck_assert_str_eq(small, "");
+
+    echo_config cfg = {.codec = ECHO_CODEC_NONE, .n_sites = 1, .max_count = 64};
+    echo_world_opts o = {.nranks = 2, .device = -1};
+    echo_world *w = (echo_world *)&cfg;
+    char err[256];
+    ck_assert(echo_world_create("bogus", &o, &cfg, &w, err, sizeof err) != 0);
+    ck_assert(w == NULL);
+    snprintf(want, sizeof want, "echo: unknown transport 'bogus' (%s)", echo_transport_names(buf, sizeof buf, ", "));
+    ck_assert_str_eq(err, want);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("comm");
     TCase *tc = tcase_create("echo");
@@ -1957,6 +2012,7 @@ int main(void) {
     tcase_add_test(tc, test_one_call_bound);
     tcase_add_test(tc, test_hadamard_one_call_bound);
     tcase_add_test(tc, test_codec_table);
+    tcase_add_test(tc, test_table_names);
     tcase_add_test(tc, test_depth_independence);
     tcase_add_test(tc, test_lifecycle_errors);
     tcase_add_test(tc, test_reset_and_abort);

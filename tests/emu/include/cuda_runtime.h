@@ -14,7 +14,7 @@
  * after another.
  *
  * The C part (types and runtime calls) is valid C11 so the library's C files
- * (comm/local_cuda.c, comm/nccl.c, tests) compile against it; the device
+ * (comm/transport/local_cuda.c, comm/transport/nccl.c, tests) compile against it; the device
  * side (qualifiers, builtins, launches) is C++ only.
  */
 #ifndef ECHO_EMU_CUDA_RUNTIME_H

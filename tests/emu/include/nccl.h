@@ -1,9 +1,9 @@
 /*
- * tests/emu/include/nccl.h — the slice of NCCL's API that comm/nccl.c and its
+ * tests/emu/include/nccl.h — the slice of NCCL's API that comm/transport/nccl.c and its
  * tests use, for the CPU emulator (tests/emu/nccl_emu.cpp, which says what is
  * and is not modelled). Names, signatures and enum values are those of the
  * real <nccl.h> (2.x), so code built against this header also builds against
- * the real one. C-compatible: comm/nccl.c is C11.
+ * the real one. C-compatible: comm/transport/nccl.c is C11.
  */
 #ifndef EMU_NCCL_H
 #define EMU_NCCL_H

@@ -1,14 +1,14 @@
 /*
- * comm/codec_cpu.h — private to comm/: the host codec's loops as a table
+ * comm/codec/codec_cpu.h — private to comm/: the host codec's loops as a table
  * of implementations, so the fastest one this CPU can run is picked at run
  * time and the tests can run every one against the scalar reference.
  *
  * Every table computes the same bits as `echo_cpu_codec_scalar` (the
- * portable C loops of codec.c over comm/echo_codec.h, which the CUDA kernels
+ * portable C loops of codec.c over comm/codec/echo_codec.h, which the CUDA kernels
  * match): the same IEEE operations in the same order, or others proven to
  * round the same (an FMA whose product is exact, a reciprocal whose result
- * is checked: comm/codec_avx512.c), a rotated NaN's payload aside
- * (comm/codec_avx2.c).
+ * is checked: comm/codec/codec_avx512.c), a rotated NaN's payload aside
+ * (comm/codec/codec_avx2.c).
  * The int4 entry points have the signatures and contracts of
  * echo_cpu_encode, echo_cpu_decode and echo_cpu_decode_store
  * (comm/echo_internal.h), which call the selected table; the rotation and
@@ -27,7 +27,7 @@ typedef struct echo_cpu_codec {
     void (*decode)(const uint8_t *codes, const uint16_t *scales, size_t n, int group, float *out, int accumulate);
     size_t (*decode_store)(const uint8_t *codes, const uint16_t *scales, size_t n, int group, void *out, echo_dtype dt,
                            size_t *bad);
-    /* The rotation of the rotating codecs (comm/echo_codec.h, echo_had_fwd
+    /* The rotation of the rotating codecs (comm/codec/echo_codec.h, echo_had_fwd
      * over blocks of `group`): out[0..np) = H D of x[0..n) zero-padded to np
      * (a multiple of group, >= n). rot_inv: in[0..pad(n)) rotated back in
      * place; when out != NULL also out[0..n) = in rounded to dt, or
@@ -63,6 +63,10 @@ typedef struct echo_cpu_codec {
 
 /* The reference: portable C, vectorized by the compiler for the baseline ISA. */
 extern const echo_cpu_codec echo_cpu_codec_scalar;
+/* The scalar rec_decode of what a vector table left: the groups from ng on
+ * of out[0..n), a partial last one included. */
+void echo_cpu_rec_decode_rest(int form, const uint8_t *codes, const uint8_t *recs, size_t ng, size_t n, int group,
+                              float *out, int accumulate);
 
 #if defined(__x86_64__) || defined(__i386__)
 #define ECHO_HAVE_CODEC_AVX2 1
@@ -78,6 +82,10 @@ size_t echo_avx2_decode_store(const uint8_t *codes, const uint16_t *scales, size
 void echo_avx2_rot_fwd(const void *x, echo_dtype dt, size_t n, size_t np, int group, float *out);
 void echo_avx2_rot_inv(float *in, size_t n, int group, void *out, echo_dtype dt, int accumulate);
 void echo_avx2_add(const float *in, size_t n, float *out);
+/* The entries the AVX2 and AVX-512 tables share. */
+#define ECHO_CPU_CODEC_AVX2_SHARED                                                                                     \
+    .decode = echo_avx2_decode, .decode_store = echo_avx2_decode_store, .rot_fwd = echo_avx2_rot_fwd,                  \
+    .rot_inv = echo_avx2_rot_inv, .add = echo_avx2_add
 
 #define ECHO_HAVE_CODEC_AVX512 1
 /* AVX-512 (F, BW, VL, DQ) with FMA and BMI (codec_avx512.c): its own out2

@@ -1,5 +1,5 @@
 /*
- * comm/transport.c — the transport table (echo.h, "The transport table"):
+ * comm/transport/transport.c — the transport table (echo.h, "The transport table"):
  * one row per transport, behind one echo_world_create. A new transport is
  * its file (the echo_transport_ops of echo_internal.h), its constructor and
  * one row here.
@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "comm/echo.h"
+#include "comm/echo_internal.h"
+#include "comm/transport/transport.h"
 
 static int create_local(const echo_world_opts *o, const echo_config *cfg, echo_world **out, char *err,
                         size_t errlen) {
@@ -48,15 +49,22 @@ const echo_transport_info *echo_transport_find(const char *name) {
     return NULL;
 }
 
+static const char *transport_row(int i) {
+    return i < N_TRANSPORTS ? transports[i].name : NULL;
+}
+
+const char *echo_transport_names(char *buf, size_t len, const char *sep) {
+    return echo_names_join(buf, len, sep, transport_row);
+}
+
 int echo_world_create(const char *name, const echo_world_opts *o, const echo_config *cfg, echo_world **out,
                       char *err, size_t errlen) {
     *out = NULL;
     const echo_transport_info *t = echo_transport_find(name);
     if (!t) {
-        size_t len = (size_t)snprintf(err, errlen, "echo: unknown transport '%s' (", name ? name : "(null)");
-        for (int i = 0; i < N_TRANSPORTS && len < errlen; i++)
-            len += (size_t)snprintf(err + len, errlen - len, "%s%s", transports[i].name,
-                                    i + 1 < N_TRANSPORTS ? ", " : ")");
+        char names[ECHO_MAX_TRANSPORTS * 16];
+        snprintf(err, errlen, "echo: unknown transport '%s' (%s)", name ? name : "(null)",
+                 echo_transport_names(names, sizeof names, ", "));
         return -1;
     }
     return t->create(o, cfg, out, err, errlen);

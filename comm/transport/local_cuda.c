@@ -1,5 +1,5 @@
 /*
- * comm/local_cuda.c — the `local` transport on device memory: the ranks are
+ * comm/transport/local_cuda.c — the `local` transport on device memory: the ranks are
  * threads of this process that share one GPU (for tests of tensor
  * parallelism on a single device). local.c runs the schedule, barriers and
  * agreement checks exactly as on host memory; this file supplies the device
@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "comm/echo_internal.h"
+#include "comm/transport/transport.h"
 
 #ifndef ECHO_HAVE_CUDA
 

@@ -1,9 +1,9 @@
 /*
- * comm/codec.c — the Echo group codec on host memory, and the host compute
+ * comm/codec/codec.c — the Echo group codec on host memory, and the host compute
  * table (phase 1, phase 2, finish) the schedule in echo.c runs for ranks
  * whose buffers are in host memory.
  *
- * Contract: the arithmetic is comm/echo_codec.h's, so the cuda twin
+ * Contract: the arithmetic is comm/codec/echo_codec.h's, so the cuda twin
  * (echo_cuda.cu) produces the same bits. These are the hot loops of the
  * local transport and must vectorize: every group loop is written over a
  * compile-time G (the switch at the bottom of each entry point instantiates
@@ -19,8 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/codec_cpu.h"
-#include "comm/echo_codec.h"
+#include "comm/codec/codec.h"
+#include "comm/codec/codec_cpu.h"
+#include "comm/codec/echo_codec.h"
 #include "comm/echo_internal.h"
 
 #define ECHO_INLINE static inline __attribute__((always_inline))
@@ -494,7 +495,7 @@ static uint16_t *plan_scales(const echo_plan *p, const uint8_t *wire) {
 }
 
 /* ---- rotating codecs (echo_plan.rotate): the int4 loops above run on the
- * rotated values (comm/echo_codec.h, echo_had_fwd), whole groups, padding
+ * rotated values (comm/codec/echo_codec.h, echo_had_fwd), whole groups, padding
  * included; residuals stay in the rotated basis. ---- */
 
 /* The rotation with G a compile-time constant (instantiated through
@@ -731,6 +732,14 @@ static void dec_msg(const echo_plan *p, const uint8_t *codes, const uint8_t *sca
         echo_cpu_decode(codes, (const uint16_t *)scales, n, G, out, accumulate);
     else
         echo_cpu_codec_best()->rec_decode(p->form, codes, scales, n, G, out, accumulate);
+}
+
+void echo_cpu_rec_decode_rest(int form, const uint8_t *codes, const uint8_t *recs, size_t ng, size_t n, int group,
+                              float *out, int accumulate) {
+    size_t off = ng * (size_t)group;
+    if (off < n)
+        scalar_rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group), n - off, group,
+                          out + off, accumulate);
 }
 
 static void scalar_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int G, float *out,

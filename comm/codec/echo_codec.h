@@ -1,5 +1,5 @@
 /*
- * comm/echo_codec.h — private to comm/: the arithmetic of the Echo group
+ * comm/codec/echo_codec.h — private to comm/: the arithmetic of the Echo group
  * codec, written once for C and CUDA (every function is __host__ __device__
  * under nvcc), so the cpu loops in codec.c and the kernels in echo_cuda.cu
  * compute bit-identical codes, scales, outputs and residuals.
@@ -344,15 +344,15 @@ ECHO_HD uint16_t echo_hsub_decode_group(const uint8_t *codes, const uint8_t *rec
 #define ECHO_FORM_OUT2 2 /* codes, then out2 records */
 #define ECHO_OUT2_REC 8
 
-ECHO_HD uint16_t echo_out2_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
-    uint32_t m = 0, a1 = 0, a2 = 0;
-    int i1 = 0, i2 = 1;
+/* The two outliers of out2 and hout2: i1 the first index of the largest
+ * |y|, i2 the first of the largest among the others (G >= 2); returns the
+ * largest |y| as bits (the poison test). */
+ECHO_HD uint32_t echo_top2(const float *y, int G, int *i1_out, int *i2_out) {
+    uint32_t m = 0, a1 = 0, a2;
+    int i1 = 0, i2;
     for (int i = 0; i < G; i++) {
         uint32_t a = echo_abs_bits(y[i]);
         m = a > m ? a : m;
-    }
-    for (int i = 0; i < G; i++) {
-        uint32_t a = echo_abs_bits(y[i]);
         if (a > a1) {
             a1 = a;
             i1 = i;
@@ -367,6 +367,14 @@ ECHO_HD uint16_t echo_out2_encode_group(const float *y, int G, uint8_t *codes, u
             i2 = i;
         }
     }
+    *i1_out = i1;
+    *i2_out = i2;
+    return m;
+}
+
+ECHO_HD uint16_t echo_out2_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
+    int i1, i2;
+    uint32_t m = echo_top2(y, G, &i1, &i2);
     uint32_t m3 = 0;
     for (int i = 0; i < G; i++) {
         uint32_t a = echo_abs_bits(y[i]);
@@ -438,25 +446,8 @@ ECHO_HD void echo_hout2_finish(const uint8_t *codes, uint16_t sb, uint16_t o1, u
 }
 
 ECHO_HD uint16_t echo_hout2_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
-    uint32_t m = 0, a1 = 0, a2;
-    int i1 = 0, i2;
-    for (int i = 0; i < G; i++) {
-        uint32_t a = echo_abs_bits(y[i]);
-        m = a > m ? a : m;
-        if (a > a1) {
-            a1 = a;
-            i1 = i;
-        }
-    }
-    i2 = i1 == 0 ? 1 : 0;
-    a2 = echo_abs_bits(y[i2]);
-    for (int i = 0; i < G; i++) {
-        uint32_t a = echo_abs_bits(y[i]);
-        if (i != i1 && a > a2) {
-            a2 = a;
-            i2 = i;
-        }
-    }
+    int i1, i2;
+    uint32_t m = echo_top2(y, G, &i1, &i2);
     float u[ECHO_MAX_GROUP];
     for (int i = 0; i < G; i++)
         u[i] = i == i1 || i == i2 ? 0.0f : y[i];
@@ -500,7 +491,7 @@ ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *re
 
 /* ---- The wire-form table: one row per record form ----
  * X(id, record bytes of a group of G, encode_group, decode_group). The
- * host loops (comm/codec.c), the SIMD tables (codec_avx2.c / _avx512.c:
+ * host loops (comm/codec/codec.c), the SIMD tables (codec_avx2.c / _avx512.c:
  * a fast path for the forms they know, scalar for any other) and the CUDA
  * kernels (echo_cuda.cu) all dispatch through the functions below, so a new
  * form is its id, its group functions and one row here. ECHO_EXTRA_FORMS,

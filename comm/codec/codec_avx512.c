@@ -1,6 +1,6 @@
 /*
- * comm/codec_avx512.c — the out2 / hout2 record loops and the int4 encode
- * in AVX-512 intrinsics (echo_cpu_codec_avx512, comm/codec_cpu.h); the
+ * comm/codec/codec_avx512.c — the out2 / hout2 record loops and the int4 encode
+ * in AVX-512 intrinsics (echo_cpu_codec_avx512, comm/codec/codec_cpu.h); the
  * other entries are the AVX2 table's. echo_cpu_codec_best picks it at run
  * time.
  *
@@ -31,14 +31,14 @@
  * bf16 input, bf16-rounded residuals and all-zero or poisoned groups to
  * the AVX2 loop.
  */
-#include "comm/codec_cpu.h"
+#include "comm/codec/codec_cpu.h"
 
 #ifdef ECHO_HAVE_CODEC_AVX512
 
 #include <immintrin.h>
 #include <string.h>
 
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 
 #ifndef ECHO_PF
 #define ECHO_PF 1024
@@ -567,10 +567,7 @@ Z_FN static void z_rec_decode(int form, const uint8_t *codes, const uint8_t *rec
         o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
     ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
 #undef RD
-    size_t off = ng * (size_t)group;
-    if (off < n)
-        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group),
-                                         n - off, group, out + off, accumulate);
+    echo_cpu_rec_decode_rest(form, codes, recs, ng, n, group, out, accumulate);
 }
 
 int echo_cpu_codec_avx512_ok(void) {
@@ -582,13 +579,9 @@ int echo_cpu_codec_avx512_ok(void) {
 const echo_cpu_codec echo_cpu_codec_avx512 = {
     .name = "avx512",
     .encode = z_encode,
-    .decode = echo_avx2_decode,
-    .decode_store = echo_avx2_decode_store,
-    .rot_fwd = echo_avx2_rot_fwd,
-    .rot_inv = echo_avx2_rot_inv,
     .rec_encode = z_rec_encode,
     .rec_decode = z_rec_decode,
-    .add = echo_avx2_add,
+    ECHO_CPU_CODEC_AVX2_SHARED, /* AVX2's decode, rotation and add */
 };
 
 #endif

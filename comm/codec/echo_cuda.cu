@@ -1,9 +1,9 @@
 /*
- * comm/echo_cuda.cu — the cuda twin of codec.c's host compute: phase 1,
+ * comm/codec/echo_cuda.cu — the cuda twin of codec.c's host compute: phase 1,
  * phase 2 and finish as kernels on device memory, plus the helpers of the
  * exact paths of the nccl transport and of the local transport on device
  * memory. Same steps, same order, same inline arithmetic
- * (comm/echo_codec.h), so a rank on the GPU produces the bits a rank on the
+ * (comm/codec/echo_codec.h), so a rank on the GPU produces the bits a rank on the
  * host would.
  *
  * Mapping of the codec kernels (bandwidth-bound: a few flops per byte):
@@ -51,7 +51,7 @@
 extern "C" {
 #include "comm/echo_internal.h"
 }
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 
 #define ECHO_THREADS 256
 #define ECHO_NO_BAD 0xffffffffffffffffull
@@ -298,6 +298,24 @@ __device__ static inline void encode_vals(const float *y, uint16_t sb, bool bf16
     }
 }
 
+/* Code the chunk y[0..V) at value i of a message (k = i / V) as phase 1 and
+ * phase 2 both do: the group's scale from the absmax over its P lanes,
+ * the code words into w (alignment wal), the scale by the group's first
+ * lane; r as encode_vals. Every lane of the group calls it together. */
+template <int V>
+__device__ static inline void code_chunk(const float *y, int P, int lg, bool bf16_out, size_t i, size_t k, uint8_t *w,
+                                         int wal, uint16_t *scales, float *r) {
+    uint32_t a = 0;
+#pragma unroll
+    for (int t = 0; t < V; t++)
+        a = umax32(a, echo_abs_bits(y[t]));
+    uint16_t sb = echo_scale_from_absbits(group_max(a, P));
+    uint32_t cw[V / 8];
+    encode_vals<V>(y, sb, bf16_out, cw, r);
+    store_words<V / 8>(w + i / 2, wal, cw);
+    if ((k & (size_t)(P - 1)) == 0) scales[i >> lg] = sb;
+}
+
 /* Values of a chunk that lie in the data: min(n - i, V), 0 past the end. */
 template <int V> __device__ static inline int chunk_len(size_t n, size_t i) {
     return i >= n ? 0 : n - i < (size_t)V ? (int)(n - i) : V;
@@ -335,15 +353,7 @@ __global__ void __launch_bounds__(ECHO_THREADS)
             for (int t = 0; t < V; t++)
                 if (t < m) y[t] = y[t] + r[t];
         }
-        uint32_t a = 0;
-#pragma unroll
-        for (int t = 0; t < V; t++)
-            a = umax32(a, echo_abs_bits(y[t]));
-        uint16_t sb = echo_scale_from_absbits(group_max(a, P));
-        uint32_t cw[V / 8];
-        encode_vals<V>(y, sb, false, cw, r);
-        store_words<V / 8>(w + i / 2, wal, cw);
-        if ((k & (size_t)(P - 1)) == 0) scales[i >> lg] = sb;
+        code_chunk<V>(y, P, lg, false, i, k, w, wal, scales, r);
         if (rs) store_vals<V>(rs + i, rv, m, r);
     }
 }
@@ -403,19 +413,11 @@ __global__ void __launch_bounds__(ECHO_THREADS)
             }
         }
         /* z = S (+ g) inside the shard, the host's zero padding past it */
-        float z[V];
-        uint32_t a = 0;
+        float z[V], r[V];
 #pragma unroll
-        for (int t = 0; t < V; t++) {
+        for (int t = 0; t < V; t++)
             z[t] = t < m ? (gin ? S[t] + gi[t] : S[t]) : 0.0f;
-            a = umax32(a, echo_abs_bits(z[t]));
-        }
-        uint16_t sb = echo_scale_from_absbits(group_max(a, P));
-        uint32_t cw[V / 8];
-        float r[V];
-        encode_vals<V>(z, sb, bf16_out, cw, r);
-        store_words<V / 8>(out + i / 2, oal, cw);
-        if ((k & (size_t)(P - 1)) == 0) scales[i >> lg] = sb;
+        code_chunk<V>(z, P, lg, bf16_out, i, k, out, oal, scales, r);
         if (g) store_vals<V>(g + i, gv, m, r);
     }
 }
@@ -505,7 +507,7 @@ __global__ void __launch_bounds__(ECHO_THREADS)
 
 /* ---- rotating codecs (echo_plan.rotate) ----
  * The int4 kernels above run unchanged on rotated values in fp32; these
- * rotate into and out of the basis with comm/echo_codec.h's echo_had_fwd /
+ * rotate into and out of the basis with comm/codec/echo_codec.h's echo_had_fwd /
  * echo_had_inv, the host's arithmetic. A thread owns one group and
  * rotates it in place in global memory: correct and simple, not yet tuned
  * (a group per warp with shuffles would be the fast form). */
@@ -539,7 +541,7 @@ __global__ void __launch_bounds__(ECHO_THREADS) echo_unrot_kernel(float *r, size
 }
 
 /* ---- record forms (echo_plan.form: hsub6, out2, hout2): a thread codes or
- * decodes one group of G values with comm/echo_codec.h's group functions,
+ * decodes one group of G values with comm/codec/echo_codec.h's group functions,
  * the host's arithmetic; values are the staged fp32 copy (d_rot), whole
  * groups. Simple, not tuned. A shard's wire message: L/2 code bytes, then
  * L/G scale records. */

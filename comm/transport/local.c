@@ -1,5 +1,5 @@
 /*
- * comm/local.c — the `local` transport: the ranks are threads of one
+ * comm/transport/local.c — the `local` transport: the ranks are threads of one
  * process and exchange through buffers owned by the world. The buffers are
  * in host memory (echo_world_create_local, host compute) or on one GPU that
  * every rank shares (echo_world_create_local_device in local_cuda.c, cuda
@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "comm/echo_internal.h"
+#include "comm/transport/transport.h"
 
 typedef struct local_post {
     _Alignas(64) echo_call call;

@@ -1,5 +1,5 @@
 /*
- * comm/nccl.c — the `nccl` transport: one GPU per rank, all driven from
+ * comm/transport/nccl.c — the `nccl` transport: one GPU per rank, all driven from
  * this process (communicators from ncclCommInitAll), buffers and residuals in
  * device memory, codec work by the cuda compute (echo_cuda.cu).
  *
@@ -39,6 +39,8 @@
 #include <string.h>
 
 #include "comm/echo_internal.h"
+#include "comm/proc.h"
+#include "comm/transport/transport.h"
 
 #ifndef ECHO_HAVE_CUDA
 

@@ -1,10 +1,10 @@
 /*
- * comm/codec_avx2.c — the host codec's loops in AVX2 intrinsics
- * (echo_cpu_codec_avx2, comm/codec_cpu.h), for CPUs that have it;
+ * comm/codec/codec_avx2.c — the host codec's loops in AVX2 intrinsics
+ * (echo_cpu_codec_avx2, comm/codec/codec_cpu.h), for CPUs that have it;
  * echo_cpu_codec_best picks it at run time.
  *
  * Contract: bit-identical to echo_cpu_codec_scalar (codec.c over
- * comm/echo_codec.h) for every input: the same IEEE operations in the same
+ * comm/codec/echo_codec.h) for every input: the same IEEE operations in the same
  * order on 8 lanes. The division y/s stays a division (a reciprocal would
  * change codes), rint is the same two adds of 1.5*2^23 (not vroundps, which
  * gives -0 where the adds give +0), and nothing here is built with FMA, so
@@ -20,14 +20,14 @@
  * unpacking and the per-group reduction largely scalar, which holds encode
  * to a fraction of memory bandwidth (docs/echo.md, section 8).
  */
-#include "comm/codec_cpu.h"
+#include "comm/codec/codec_cpu.h"
 
 #ifdef ECHO_HAVE_CODEC_AVX2
 
 #include <immintrin.h>
 #include <string.h>
 
-#include "comm/echo_codec.h"
+#include "comm/codec/echo_codec.h"
 
 #ifndef ECHO_PF
 #define ECHO_PF 1024
@@ -969,10 +969,7 @@ AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_
         o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
     ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
 #undef RD
-    size_t off = ng * (size_t)group;
-    if (off < n)
-        echo_cpu_codec_scalar.rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group),
-                                         n - off, group, out + off, accumulate);
+    echo_cpu_rec_decode_rest(form, codes, recs, ng, n, group, out, accumulate);
 }
 
 /* The accumulator is prefetched: the loads of out are what hold a staged
@@ -991,13 +988,9 @@ AVX2_FN void echo_avx2_add(const float *in, size_t n, float *out) {
 const echo_cpu_codec echo_cpu_codec_avx2 = {
     .name = "avx2",
     .encode = echo_avx2_encode,
-    .decode = echo_avx2_decode,
-    .decode_store = echo_avx2_decode_store,
-    .rot_fwd = echo_avx2_rot_fwd,
-    .rot_inv = echo_avx2_rot_inv,
     .rec_encode = avx2_rec_encode,
     .rec_decode = avx2_rec_decode,
-    .add = echo_avx2_add,
+    ECHO_CPU_CODEC_AVX2_SHARED,
 };
 
 #endif

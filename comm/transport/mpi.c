@@ -1,5 +1,5 @@
 /*
- * comm/mpi.c — the `mpi` transport: one rank per process, host memory, the
+ * comm/transport/mpi.c — the `mpi` transport: one rank per process, host memory, the
  * host compute. The schedule above it (echo.c) is the one `local` runs, so
  * int4, echo and bf16 give local's bits; only the moves differ:
  *
@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "comm/echo_internal.h"
+#include "comm/transport/transport.h"
 
 #ifdef ECHO_HAVE_MPI
 #include <limits.h>
