@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "comm/codec/codec.h"
 #include "comm/echo.h"
 #include "tools/bench/bench.h"
 
