@@ -861,6 +861,71 @@ START_TEST(test_attention_decode_equals_prefill) {
 }
 END_TEST
 
+/* Decode reads keys and values in place: a group's query heads against
+ * each key (cpu_scores_ld), their p·v up to four at a time (cpu_wsum_m),
+ * and with few tasks one query head per task. Every shape of that gives
+ * the portable path's prefill bits: groups of 1, 3, 4, 5 and 9 heads (over
+ * the four of one register pass), head sizes with a tail (72, 40), one
+ * thread (whole groups) and three (a head per task), and two sequences
+ * in one batch with a cache block boundary mid-run. */
+START_TEST(test_attention_decode_shapes) {
+    static const int shapes[][3] = {{9, 3, 64}, {4, 1, 72}, {10, 2, 40}, {9, 1, 16}, {2, 2, 128}};
+    const kern_ops *ref_o, *o1, *o3;
+    kern_backend *ref_b, *b1, *b3;
+    char err[256];
+    scalar_backend(&ref_o, &ref_b);
+    ck_assert_msg(kern_backend_create("cpu", 1, 0, &o1, &b1, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(kern_backend_create("cpu", 3, 0, &o3, &b3, err, sizeof err) == 0, "%s", err);
+    const kern_ops *os[2] = {o1, o3};
+    kern_backend *bs[2] = {b1, b3};
+    for (size_t x = 0; x < sizeof shapes / sizeof *shapes; x++) {
+        enum { BS = 8, NB = 12, NS = 2 };
+        const int hq = shapes[x][0], hkv = shapes[x][1], hd = shapes[x][2], kvd = hkv * hd, qd = hq * hd;
+        /* two sequences: 13 and 29 positions, blocks interleaved in the cache */
+        const int len[NS] = {13, 29};
+        int32_t table[NS][NB / 2] = {{5, 0, 9, 3, 11, 7}, {1, 10, 2, 8, 4, 6}};
+        float *kc = ref_o->alloc(ref_b, (size_t)NB * BS * kvd * 4), *vc = ref_o->alloc(ref_b, (size_t)NB * BS * kvd * 4);
+        for (int sq = 0; sq < NS; sq++) {
+            float *k = rand_vec((size_t)len[sq] * kvd), *v = rand_vec((size_t)len[sq] * kvd);
+            int32_t slots[32];
+            for (int p = 0; p < len[sq]; p++) slots[p] = table[sq][p / BS] * BS + p % BS;
+            ck_assert_int_eq(ref_o->kv_store(ref_b, kc, vc, k, v, slots, len[sq], kvd), 0);
+            free(k);
+            free(v);
+        }
+        float *q = rand_vec((size_t)(len[0] + len[1]) * qd);
+        float *ref = malloc((size_t)(len[0] + len[1]) * qd * 4), *got = malloc((size_t)NS * qd * 4);
+        /* the reference: both prompts whole (packed) on the portable path */
+        int32_t q_start[NS + 1] = {0, len[0], len[0] + len[1]}, pos0[NS] = {0, 0};
+        kern_attn_batch all = {NS, q_start, pos0, &table[0][0], NB / 2, BS};
+        ck_assert_int_eq(ref_o->attention(ref_b, ref, q, kc, vc, &all, hq, hkv, hd, 0.11f), 0);
+        for (int y = 0; y < 2; y++)
+            for (int i = 3; i < 13; i += 4) { /* both sequences decode position i (and 16 + i) */
+                int32_t ds[NS + 1] = {0, 1, 2}, dp[NS] = {i, 16 + i};
+                float qq[2 * 9 * 128];
+                memcpy(qq, q + (size_t)i * qd, (size_t)qd * 4);
+                memcpy(qq + qd, q + (size_t)(len[0] + 16 + i) * qd, (size_t)qd * 4);
+                kern_attn_batch d = {NS, ds, dp, &table[0][0], NB / 2, BS};
+                ck_assert_int_eq(os[y]->attention(bs[y], got, qq, kc, vc, &d, hq, hkv, hd, 0.11f), 0);
+                ck_assert_msg(memcmp(got, ref + (size_t)i * qd, (size_t)qd * 4) == 0,
+                              "hq %d hkv %d hd %d, %d thread(s): seq 0 position %d differs from the prompt's", hq,
+                              hkv, hd, y ? 3 : 1, i);
+                ck_assert_msg(memcmp(got + qd, ref + (size_t)(len[0] + 16 + i) * qd, (size_t)qd * 4) == 0,
+                              "hq %d hkv %d hd %d, %d thread(s): seq 1 position %d differs from the prompt's", hq,
+                              hkv, hd, y ? 3 : 1, 16 + i);
+            }
+        free(q);
+        free(ref);
+        free(got);
+        ref_o->free(ref_b, kc);
+        ref_o->free(ref_b, vc);
+    }
+    kern_backend_destroy(ref_o, ref_b);
+    kern_backend_destroy(o1, b1);
+    kern_backend_destroy(o3, b3);
+}
+END_TEST
+
 START_TEST(test_attention_isa_paths_agree) {
     const int hds[] = {128, 80};
     const kern_ops *o2;
@@ -1455,6 +1520,7 @@ int main(void) {
     tcase_add_test(tc, test_matmul_isa_paths_agree);
     tcase_add_test(tc, test_attention_isa_paths_agree);
     tcase_add_test(tc, test_attention_decode_equals_prefill);
+    tcase_add_test(tc, test_attention_decode_shapes);
     tcase_add_test(tc, test_quantize_q8_0_matches_gguf);
     tcase_add_test(tc, test_matmul_q8a8);
     tcase_add_test(tc, test_q8a8_upload);
