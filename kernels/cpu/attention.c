@@ -2,8 +2,8 @@
  * cpu: causal GQA attention of a batch of sequences over a paged KV cache,
  * and the cache store. One task per (sequence, kv head with its group of
  * query heads, block of queries). Softmax in fp32 after subtracting the
- * row maximum; the normaliser accumulates in double so long contexts keep
- * the small weights.
+ * row maximum (softmax.c); the normaliser accumulates in double so long
+ * contexts keep the small weights.
  * Each query row is computed the same way whatever else is in the batch, so
  * results are batch-invariant (the server's greedy outputs rely on it).
  * q·k and the weighted sum of v use fmas (matmul.c's cpu_dot, cpu_axpy,
@@ -74,9 +74,14 @@ static void att_task(void *arg, int task) {
         a->failed = 1;
         goto out;
     }
-    /* Resolve the block table once per task rather than per query. */
-    for (int p = 0; p < maxlen; p++) {
-        size_t row = (size_t)table[p / b->block_size] * b->block_size + (size_t)(p % b->block_size);
+    /* Resolve the block table once per task rather than per query (block
+     * by block: no division per position). */
+    for (int p = 0, off = 0, blk = 0; p < maxlen; p++) {
+        if (off == b->block_size) {
+            off = 0;
+            blk++;
+        }
+        size_t row = (size_t)table[blk] * b->block_size + (size_t)off++;
         const float *kc = a->kc + row * kvdim + (size_t)kvh * hd, *vc = a->vc + row * kvdim + (size_t)kvh * hd;
         if (!pack) {
             krow[p] = kc;
@@ -112,18 +117,7 @@ static void att_task(void *arg, int task) {
             float *o = a->out + (size_t)i * qdim + (size_t)h * hd;
             float *sr = sh + (size_t)(i - t->q0) * maxlen;
             int len = pos_first + (i - t->q0) + 1;
-            float mx = -INFINITY;
-            for (int p = 0; p < len; p++) {
-                sr[p] *= a->scale;
-                if (sr[p] > mx) mx = sr[p];
-            }
-            double sum = 0;
-            for (int p = 0; p < len; p++) {
-                sr[p] = expf(sr[p] - mx);
-                sum += sr[p];
-            }
-            float inv = (float)(1.0 / sum);
-            for (int p = 0; p < len; p++) sr[p] *= inv;
+            cpu_softmax(a->isa, sr, len, a->scale);
             memset(o, 0, (size_t)hd * sizeof *o);
         }
         if (!pack) continue; /* p·v for the whole group below */

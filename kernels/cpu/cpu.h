@@ -111,6 +111,12 @@ void cpu_wsum4(int isa, float *const *o, const float *const *w, const float *con
 /* out[i * ldo + p] = cpu_dot(q + i * ldq, k + p * hd, hd) for i < nq,
  * p < nk: a block of queries against packed keys, matmul tiles. */
 void cpu_scores(int isa, const float *q, size_t ldq, int nq, const float *k, int nk, int hd, float *out, size_t ldo);
+/* glibc's expf, the same bits on every path (softmax.c). */
+float cpu_expf(float x);
+/* Attention's softmax of a row of scores, in place: s[p] *= scale, then
+ * exp(s[p] - max) with cpu_expf, normalised by their sum in double (added
+ * in order); the same bits on every isa. */
+void cpu_softmax(int isa, float *s, int len, float scale);
 /* cpu_scores with key rows ldk floats apart (keys in place in the cache). */
 void cpu_scores_ld(int isa, const float *q, size_t ldq, int nq, const float *k, size_t ldk, int nk, int hd, float *out,
                    size_t ldo);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"
 #include "tests/unit/testutil.h"
 #include "weights/weights.h"
 
@@ -926,6 +927,46 @@ START_TEST(test_attention_decode_shapes) {
 }
 END_TEST
 
+/* Same bits, NaN or not. */
+static int same_f32(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0; }
+
+/* Attention's softmax: the vector path (expf four lanes at a time in
+ * double) gives the portable path's bits on rows of every length mod 8,
+ * with values far below the max (libm's range: lanes out of it), -inf and
+ * NaN; and cpu_expf gives libm's expf bits (checked over every float when
+ * written; here a spread sample), so attention's bits did not move. */
+START_TEST(test_softmax_paths_agree) {
+#if defined(__GLIBC__) && defined(__x86_64__)
+    for (uint64_t u = 0; u < (1ull << 32); u += 65521) {
+        uint32_t v = (uint32_t)u;
+        float x;
+        memcpy(&x, &v, 4);
+        ck_assert_msg(same_f32(cpu_expf(x), expf(x)), "cpu_expf(%a) = %a, libm %a", x, cpu_expf(x), expf(x));
+    }
+    static const float edge[] = {0.0f, -0.0f, -87.9f, -88.0f, -103.0f, -103.5f, -104.0f, -150.0f, 88.7f, 89.0f, -INFINITY};
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++)
+        ck_assert_msg(same_f32(cpu_expf(edge[i]), expf(edge[i])), "cpu_expf(%a) differs from libm", edge[i]);
+#endif
+    if (cpu_isa_detect() < CPU_ISA_AVX2) return; /* one path only */
+    srand(7);
+    float a[80], b[80];
+    for (int t = 0; t < 3000; t++) {
+        int len = 1 + t % 75;
+        float spread = t % 3 == 0 ? 3.0f : t % 3 == 1 ? 40.0f : 400.0f;
+        for (int p = 0; p < len; p++) {
+            a[p] = spread * ((float)rand() / (float)RAND_MAX - 0.5f);
+            if (t % 50 == 7 && p == len / 2) a[p] = -INFINITY;
+            if (t % 97 == 3 && p == len - 1) a[p] = NAN;
+        }
+        memcpy(b, a, (size_t)len * 4);
+        cpu_softmax(CPU_ISA_AVX2, a, len, 0.125f);
+        cpu_softmax(CPU_ISA_SCALAR, b, len, 0.125f);
+        for (int p = 0; p < len; p++)
+            ck_assert_msg(same_f32(a[p], b[p]), "row %d (len %d): [%d] %a vs portable %a", t, len, p, a[p], b[p]);
+    }
+}
+END_TEST
+
 START_TEST(test_attention_isa_paths_agree) {
     const int hds[] = {128, 80};
     const kern_ops *o2;
@@ -1521,6 +1562,7 @@ int main(void) {
     tcase_add_test(tc, test_attention_isa_paths_agree);
     tcase_add_test(tc, test_attention_decode_equals_prefill);
     tcase_add_test(tc, test_attention_decode_shapes);
+    tcase_add_test(tc, test_softmax_paths_agree);
     tcase_add_test(tc, test_quantize_q8_0_matches_gguf);
     tcase_add_test(tc, test_matmul_q8a8);
     tcase_add_test(tc, test_q8a8_upload);
