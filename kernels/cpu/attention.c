@@ -2,7 +2,7 @@
  * cpu: causal GQA attention of a batch of sequences over a paged KV cache,
  * and the cache store. One task per (sequence, kv head with its group of
  * query heads, block of queries). Softmax in fp32 after subtracting the
- * row maximum (softmax.c); the normaliser accumulates in double so long
+ * row maximum (exp.c); the normaliser accumulates in double so long
  * contexts keep the small weights.
  * Each query row is computed the same way whatever else is in the batch, so
  * results are batch-invariant (the server's greedy outputs rely on it).

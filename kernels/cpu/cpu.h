@@ -111,8 +111,11 @@ void cpu_wsum4(int isa, float *const *o, const float *const *w, const float *con
 /* out[i * ldo + p] = cpu_dot(q + i * ldq, k + p * hd, hd) for i < nq,
  * p < nk: a block of queries against packed keys, matmul tiles. */
 void cpu_scores(int isa, const float *q, size_t ldq, int nq, const float *k, int nk, int hd, float *out, size_t ldo);
-/* glibc's expf, the same bits on every path (softmax.c). */
+/* glibc's expf and exp, the same bits on every path (exp.c). */
 float cpu_expf(float x);
+double cpu_exp(double x);
+/* sum of cpu_exp((double)x[i] - (double)mx) for i < n, added in order. */
+double cpu_exp_sum(int isa, const float *x, int n, float mx);
 /* Attention's softmax of a row of scores, in place: s[p] *= scale, then
  * exp(s[p] - max) with cpu_expf, normalised by their sum in double (added
  * in order); the same bits on every isa. */

@@ -930,12 +930,14 @@ END_TEST
 /* Same bits, NaN or not. */
 static int same_f32(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0; }
 
-/* Attention's softmax: the vector path (expf four lanes at a time in
- * double) gives the portable path's bits on rows of every length mod 8,
- * with values far below the max (libm's range: lanes out of it), -inf and
- * NaN; and cpu_expf gives libm's expf bits (checked over every float when
- * written; here a spread sample), so attention's bits did not move. */
-START_TEST(test_softmax_paths_agree) {
+/* Attention's softmax and the logits' sum of exponentials: the vector
+ * paths (glibc's expf and exp four lanes at a time in double) give the
+ * portable path's bits on rows of every length mod 8, with values far
+ * below the max (libm's range: lanes out of it), -inf and NaN; and
+ * cpu_expf / cpu_exp give libm's bits (expf checked over every float when
+ * written, exp over 2e9 samples; here spread samples), so attention's and
+ * the log-sum-exp's bits did not move. */
+START_TEST(test_exp_paths_agree) {
 #if defined(__GLIBC__) && defined(__x86_64__)
     for (uint64_t u = 0; u < (1ull << 32); u += 65521) {
         uint32_t v = (uint32_t)u;
@@ -946,6 +948,17 @@ START_TEST(test_softmax_paths_agree) {
     static const float edge[] = {0.0f, -0.0f, -87.9f, -88.0f, -103.0f, -103.5f, -104.0f, -150.0f, 88.7f, 89.0f, -INFINITY};
     for (size_t i = 0; i < sizeof edge / sizeof *edge; i++)
         ck_assert_msg(same_f32(cpu_expf(edge[i]), expf(edge[i])), "cpu_expf(%a) differs from libm", edge[i]);
+    /* cpu_exp: a spread of double bit patterns (both signs, all exponents) */
+    for (uint64_t u = 0; u < (1ull << 63); u += (1ull << 41) + 12345) {
+        for (int sg = 0; sg < 2; sg++) {
+            uint64_t v = u | (uint64_t)sg << 63;
+            double x, p, r;
+            memcpy(&x, &v, 8);
+            p = cpu_exp(x);
+            r = exp(x);
+            ck_assert_msg((isnan(p) && isnan(r)) || memcmp(&p, &r, 8) == 0, "cpu_exp(%a) = %a, libm %a", x, p, r);
+        }
+    }
 #endif
     if (cpu_isa_detect() < CPU_ISA_AVX2) return; /* one path only */
     srand(7);
@@ -963,6 +976,13 @@ START_TEST(test_softmax_paths_agree) {
         cpu_softmax(CPU_ISA_SCALAR, b, len, 0.125f);
         for (int p = 0; p < len; p++)
             ck_assert_msg(same_f32(a[p], b[p]), "row %d (len %d): [%d] %a vs portable %a", t, len, p, a[p], b[p]);
+        /* the logits' sum of exponentials, below its max by up to 600
+         * (beyond 512: lanes out of the vector range) */
+        for (int p = 0; p < len; p++) a[p] = 1.5f * spread * ((float)rand() / (float)RAND_MAX - 0.5f);
+        float mx = a[0];
+        for (int p = 1; p < len; p++) mx = a[p] > mx ? a[p] : mx;
+        double ea = cpu_exp_sum(CPU_ISA_AVX2, a, len, mx), eb = cpu_exp_sum(CPU_ISA_SCALAR, a, len, mx);
+        ck_assert_msg(memcmp(&ea, &eb, 8) == 0, "row %d (len %d): exp sum %a vs portable %a", t, len, ea, eb);
     }
 }
 END_TEST
@@ -1562,7 +1582,7 @@ int main(void) {
     tcase_add_test(tc, test_attention_isa_paths_agree);
     tcase_add_test(tc, test_attention_decode_equals_prefill);
     tcase_add_test(tc, test_attention_decode_shapes);
-    tcase_add_test(tc, test_softmax_paths_agree);
+    tcase_add_test(tc, test_exp_paths_agree);
     tcase_add_test(tc, test_quantize_q8_0_matches_gguf);
     tcase_add_test(tc, test_matmul_q8a8);
     tcase_add_test(tc, test_q8a8_upload);
