@@ -23,6 +23,8 @@
 #   ECHO_ARGS ""           extra echo-serve flags (e.g. --act-quant none)
 #   LLAMA_ARGS ""          extra llama-server flags (e.g. --poll 0: no spinning, for a loaded machine)
 #   OUT       build/bench-serve    results (one JSON per server and concurrency)
+#   ECHO_BIN  bin          where echo-serve and echo-bench are (another build's, to compare)
+#   CONC=1 gives a quick one-client check of ITL (about 2 minutes on 2 vCPUs).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

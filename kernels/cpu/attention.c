@@ -2,12 +2,13 @@
  * cpu: causal GQA attention of a batch of sequences over a paged KV cache,
  * and the cache store. One task per (sequence, kv head with its group of
  * query heads, block of queries). Softmax in fp32 after subtracting the
- * row maximum; the normaliser accumulates in double so long contexts keep
- * the small weights.
+ * row maximum (exp.c); the normaliser accumulates in double so long
+ * contexts keep the small weights.
  * Each query row is computed the same way whatever else is in the batch, so
  * results are batch-invariant (the server's greedy outputs rely on it).
- * q·k and the weighted sum of v use fmas (matmul.c's cpu_dot, cpu_axpy):
- * the same bits on every instruction set.
+ * q·k and the weighted sum of v use fmas (matmul.c's cpu_dot, cpu_axpy,
+ * through its tiles and register sums): the same bits on every instruction
+ * set.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "kernels/cpu/cpu.h"
 
 #define ATT_QBLOCK 64
+#define ATT_GMAX 8 /* query heads per cpu_wsum_m call (it takes them four at a time) */
 #define ATT_PACK_MIN 4 /* queries in a task from which it packs its kv head's keys and values */
 
 int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
@@ -32,6 +34,7 @@ int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void
 
 typedef struct att_task_ref {
     int seq, head, q0, q1; /* rows q0..q1-1 of sequence seq, for kv head `head` */
+    int g0, ng;            /* its query heads g0 .. g0+ng-1 of the group */
 } att_task_ref;
 
 typedef struct att_args {
@@ -49,7 +52,7 @@ static void att_task(void *arg, int task) {
     att_args *a = arg;
     const att_task_ref *t = &a->tasks[task];
     const kern_attn_batch *b = a->b;
-    const int kvh = t->head, G = a->hq / a->hkv, h0 = kvh * G;
+    const int kvh = t->head, G = t->ng, h0 = kvh * (a->hq / a->hkv) + t->g0;
     int hd = a->hd, qdim = a->hq * hd, kvdim = a->hkv * hd;
     const int32_t *table = b->block_table + (size_t)t->seq * b->max_blocks;
     int pos_first = b->pos0[t->seq] + (t->q0 - b->q_start[t->seq]);
@@ -71,9 +74,14 @@ static void att_task(void *arg, int task) {
         a->failed = 1;
         goto out;
     }
-    /* Resolve the block table once per task rather than per query. */
-    for (int p = 0; p < maxlen; p++) {
-        size_t row = (size_t)table[p / b->block_size] * b->block_size + (size_t)(p % b->block_size);
+    /* Resolve the block table once per task rather than per query (block
+     * by block: no division per position). */
+    for (int p = 0, off = 0, blk = 0; p < maxlen; p++) {
+        if (off == b->block_size) {
+            off = 0;
+            blk++;
+        }
+        size_t row = (size_t)table[blk] * b->block_size + (size_t)off++;
         const float *kc = a->kc + row * kvdim + (size_t)kvh * hd, *vc = a->vc + row * kvdim + (size_t)kvh * hd;
         if (!pack) {
             krow[p] = kc;
@@ -86,12 +94,17 @@ static void att_task(void *arg, int task) {
         krow[p] = kp;
         vrow[p] = vp;
     }
-    if (!pack) /* cpu_dot: the bits of cpu_scores */
+    /* In place: the group's G query heads (hd apart) against each run of
+     * keys that shares a cache block (kvdim apart), through the matmul
+     * tiles: cpu_dot's bits, each key loaded once for the group. */
+    if (!pack)
         for (int i = t->q0; i < t->q1; i++)
-            for (int p = 0, len = pos_first + (i - t->q0) + 1; p < len; p++)
-                for (int g = 0; g < G; g++)
-                    s[g * sn + (size_t)(i - t->q0) * maxlen + p] =
-                        cpu_dot(a->isa, a->q + (size_t)i * qdim + (size_t)(h0 + g) * hd, krow[p], hd);
+            for (int p = 0, len = pos_first + (i - t->q0) + 1, run; p < len; p += run) {
+                run = b->block_size - p % b->block_size;
+                if (run > len - p) run = len - p;
+                cpu_scores_ld(a->isa, a->q + (size_t)i * qdim + (size_t)h0 * hd, (size_t)hd, G, krow[p], (size_t)kvdim,
+                              run, hd, s + (size_t)(i - t->q0) * maxlen + p, sn);
+            }
     for (int g = 0; g < G; g++) {
         const int h = h0 + g;
         float *sh = pack ? s : s + g * sn;
@@ -104,20 +117,10 @@ static void att_task(void *arg, int task) {
             float *o = a->out + (size_t)i * qdim + (size_t)h * hd;
             float *sr = sh + (size_t)(i - t->q0) * maxlen;
             int len = pos_first + (i - t->q0) + 1;
-            float mx = -INFINITY;
-            for (int p = 0; p < len; p++) {
-                sr[p] *= a->scale;
-                if (sr[p] > mx) mx = sr[p];
-            }
-            double sum = 0;
-            for (int p = 0; p < len; p++) {
-                sr[p] = expf(sr[p] - mx);
-                sum += sr[p];
-            }
-            float inv = (float)(1.0 / sum);
-            for (int p = 0; p < len; p++) sr[p] *= inv;
+            cpu_softmax(a->isa, sr, len, a->scale);
             memset(o, 0, (size_t)hd * sizeof *o);
         }
+        if (!pack) continue; /* p·v for the whole group below */
         /* p·v four queries at a time (each value row read once for the four) */
         int i = t->q0;
         for (; i + 4 <= t->q1; i += 4) {
@@ -134,6 +137,20 @@ static void att_task(void *arg, int task) {
         for (; i < t->q1; i++)
             cpu_wsum(a->isa, a->out + (size_t)i * qdim + (size_t)h * hd, sh + (size_t)(i - t->q0) * maxlen, vrow,
                      pos_first + (i - t->q0) + 1, hd);
+    }
+    /* In place: each query's G heads over the same value rows, each row
+     * read once for up to four heads (cpu_wsum's bits). */
+    for (int i = t->q0; !pack && i < t->q1; i++) {
+        float *o[ATT_GMAX];
+        const float *w[ATT_GMAX];
+        for (int g0 = 0; g0 < G; g0 += ATT_GMAX) {
+            int m = G - g0 < ATT_GMAX ? G - g0 : ATT_GMAX;
+            for (int g = 0; g < m; g++) {
+                o[g] = a->out + (size_t)i * qdim + (size_t)(h0 + g0 + g) * hd;
+                w[g] = s + (size_t)(g0 + g) * sn + (size_t)(i - t->q0) * maxlen;
+            }
+            cpu_wsum_m(a->isa, o, w, vrow, m, pos_first + (i - t->q0) + 1, hd);
+        }
     }
 out:
     free(s);
@@ -157,6 +174,12 @@ int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, co
         ntasks += hkv * ((n + ATT_QBLOCK - 1) / ATT_QBLOCK);
     }
     if (ntasks == 0) return 0;
+    /* Few tasks (decode of a small batch: as many as kv heads) leave
+     * threads idle (3 tasks on 2 threads: 2/3 of them busy); then a query
+     * head is a task, reading its group's keys again (from L2) for a
+     * balanced split. Each head's bits are the same either way. */
+    const int G = hq / hkv, split = ntasks < 2 * cpu_nthreads(be) ? G : 1;
+    ntasks *= split;
     att_task_ref *tasks = malloc((size_t)ntasks * sizeof *tasks);
     if (!tasks) return kern_fail(be, "attention: out of memory");
     int k = 0;
@@ -164,7 +187,8 @@ int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, co
         for (int h = 0; h < hkv; h++) /* a task: one kv head and its group of query heads */
             for (int q0 = b->q_start[s]; q0 < b->q_start[s + 1]; q0 += ATT_QBLOCK) {
                 int q1 = q0 + ATT_QBLOCK < b->q_start[s + 1] ? q0 + ATT_QBLOCK : b->q_start[s + 1];
-                tasks[k++] = (att_task_ref){s, h, q0, q1};
+                for (int g = 0; g < split; g++)
+                    tasks[k++] = (att_task_ref){s, h, q0, q1, g * (G / split), G / split};
             }
     att_args a = {out, q, kc, vc, b, tasks, hq, hkv, hd, scale, cpu_isa(be), 0};
     cpu_parallel_for(be, ntasks, att_task, &a);

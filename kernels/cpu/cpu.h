@@ -111,6 +111,21 @@ void cpu_wsum4(int isa, float *const *o, const float *const *w, const float *con
 /* out[i * ldo + p] = cpu_dot(q + i * ldq, k + p * hd, hd) for i < nq,
  * p < nk: a block of queries against packed keys, matmul tiles. */
 void cpu_scores(int isa, const float *q, size_t ldq, int nq, const float *k, int nk, int hd, float *out, size_t ldo);
+/* glibc's expf and exp, the same bits on every path (exp.c). */
+float cpu_expf(float x);
+double cpu_exp(double x);
+/* sum of cpu_exp((double)x[i] - (double)mx) for i < n, added in order. */
+double cpu_exp_sum(int isa, const float *x, int n, float mx);
+/* Attention's softmax of a row of scores, in place: s[p] *= scale, then
+ * exp(s[p] - max) with cpu_expf, normalised by their sum in double (added
+ * in order); the same bits on every isa. */
+void cpu_softmax(int isa, float *s, int len, float scale);
+/* cpu_scores with key rows ldk floats apart (keys in place in the cache). */
+void cpu_scores_ld(int isa, const float *q, size_t ldq, int nq, const float *k, size_t ldk, int nk, int hd, float *out,
+                   size_t ldo);
+/* cpu_wsum for m outputs o[j] with weights w[j] over the same n value
+ * rows: the same bits, each value row read once for up to four. */
+void cpu_wsum_m(int isa, float *const *o, const float *const *w, const float *const *v, int m, int n, int len);
 
 /* Rows r0 .. r0+nrows-1 of `w` as dense fp32 (nrows, w->cols), honouring
  * ld; every dtype, quantized ones dequantized (quant.c's values). */

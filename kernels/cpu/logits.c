@@ -35,6 +35,7 @@ typedef struct topk_job {
     const float *x;
     int vocab, k, nchunks;
     topk_part *parts; /* (rows, nchunks) */
+    int isa;
 } topk_job;
 
 /* The selection order: larger value first, then smaller column. */
@@ -70,9 +71,9 @@ static void topk_task(void *arg, int task) {
         p->vals[s] = v;
         p->ids[s] = i;
     }
-    double sum = 0;
-    if (!bad)
-        for (int i = c0; i < c1; i++) sum += exp((double)x[i] - (double)mx);
+    /* exp(x - mx) in double, added in column order (cpu_exp_sum: glibc's
+     * exp, four at a time on the vector paths, the same bits) */
+    double sum = bad ? 0 : cpu_exp_sum(j->isa, x + c0, c1 - c0, mx);
     p->n = have;
     p->bad = bad;
     p->mx = mx;
@@ -89,7 +90,7 @@ int cpu_logits_topk(kern_backend *be, const void *logits, int rows, int vocab, i
     if (!logits || !ids || !vals || !lse) return kern_fail(be, "logits_topk: NULL array");
     int nchunks = (vocab + TOPK_CHUNK - 1) / TOPK_CHUNK;
     if ((long long)rows * nchunks > (1 << 30)) return kern_fail(be, "logits_topk: %d rows is too many", rows);
-    topk_job j = {logits, vocab, k, nchunks, malloc((size_t)rows * nchunks * sizeof(topk_part))};
+    topk_job j = {logits, vocab, k, nchunks, malloc((size_t)rows * nchunks * sizeof(topk_part)), cpu_isa(be)};
     int *head = malloc((size_t)nchunks * sizeof *head); /* merge position per chunk */
     if (!j.parts || !head) {
         free(j.parts);

@@ -507,6 +507,99 @@ A512 static void wsum512(float *o, const float *w, const float *const *v, int n,
 }
 
 
+/* M (1..4) queries against nk keys ldk floats apart, one key at a time:
+ * dot256's lanes, tree and tail for every pair, without the matmul tile's
+ * weight prefetch (keys in place are short rows far apart). */
+A256 INL void scoresm256(const int M, const float *q, size_t ldq, const float *k, size_t ldk, int nk, int K,
+                         float *out, size_t ldo) {
+    const int nc = K / 16;
+    for (int p = 0; p < nk; p++, k += ldk) {
+        v16 acc[4];
+        for (int j = 0; j < M; j++) acc[j].lo = acc[j].hi = _mm256_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            __m256 kl = _mm256_loadu_ps(k + 16 * c), kh = _mm256_loadu_ps(k + 16 * c + 8);
+            for (int j = 0; j < M; j++) {
+                acc[j].lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * ldq + 16 * c), kl, acc[j].lo);
+                acc[j].hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * ldq + 16 * c + 8), kh, acc[j].hi);
+            }
+        }
+        for (int j = 0; j < M; j++) {
+            float s = hsum256(acc[j]);
+            for (int e = 16 * nc; e < K; e++) s = fmaf(q[j * ldq + e], k[e], s);
+            out[j * ldo + p] = s;
+        }
+    }
+}
+
+A256 static void scores256(const float *q, size_t ldq, int nq, const float *k, size_t ldk, int nk, int K, float *out,
+                           size_t ldo) {
+    for (int i = 0; i < nq; i += 4) {
+        const float *qi = q + (size_t)i * ldq;
+        float *oi = out + (size_t)i * ldo;
+        switch (nq - i < 4 ? nq - i : 4) {
+        case 4: scoresm256(4, qi, ldq, k, ldk, nk, K, oi, ldo); break;
+        case 3: scoresm256(3, qi, ldq, k, ldk, nk, K, oi, ldo); break;
+        case 2: scoresm256(2, qi, ldq, k, ldk, nk, K, oi, ldo); break;
+        default: scoresm256(1, qi, ldq, k, ldk, nk, K, oi, ldo); break;
+        }
+    }
+}
+
+/* cpu_wsum on AVX2 with the sums in registers: 64 columns (eight
+ * registers) at a time, the rest through axpy256; the same fmas in the
+ * same order as axpy256 over the keys. */
+A256 static void wsum256(float *o, const float *w, const float *const *v, int n, int len) {
+    int c = 0;
+    for (; c + 64 <= len; c += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_loadu_ps(o + c + 8 * j);
+        for (int p = 0; p < n; p++) {
+            __m256 wv = _mm256_set1_ps(w[p]);
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v[p] + c + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + c + 8 * j, a[j]);
+    }
+    if (c < len)
+        for (int p = 0; p < n; p++) axpy256(o + c, w[p], v[p] + c, len - c);
+}
+
+/* M (1..4) outputs over the same n value rows, 16 columns at a time: each
+ * value vector loaded once for the M. */
+A256 INL void wsumm256(const int M, float *const *o, const float *const *w, const float *const *v, int n, int len) {
+    int c = 0;
+    for (; c + 16 <= len; c += 16) {
+        __m256 a[4][2];
+        for (int j = 0; j < M; j++) {
+            a[j][0] = _mm256_loadu_ps(o[j] + c);
+            a[j][1] = _mm256_loadu_ps(o[j] + c + 8);
+        }
+        for (int p = 0; p < n; p++) {
+            __m256 v0 = _mm256_loadu_ps(v[p] + c), v1 = _mm256_loadu_ps(v[p] + c + 8);
+            for (int j = 0; j < M; j++) {
+                __m256 wv = _mm256_set1_ps(w[j][p]);
+                a[j][0] = _mm256_fmadd_ps(wv, v0, a[j][0]);
+                a[j][1] = _mm256_fmadd_ps(wv, v1, a[j][1]);
+            }
+        }
+        for (int j = 0; j < M; j++) {
+            _mm256_storeu_ps(o[j] + c, a[j][0]);
+            _mm256_storeu_ps(o[j] + c + 8, a[j][1]);
+        }
+    }
+    if (c < len)
+        for (int j = 0; j < M; j++)
+            for (int p = 0; p < n; p++) axpy256(o[j] + c, w[j][p], v[p] + c, len - c);
+}
+
+A256 static void wsumg256(int m, float *const *o, const float *const *w, const float *const *v, int n, int len) {
+    switch (m) {
+    case 4: wsumm256(4, o, w, v, n, len); return;
+    case 3: wsumm256(3, o, w, v, n, len); return;
+    case 2: wsumm256(2, o, w, v, n, len); return;
+    default: wsumm256(1, o, w, v, n, len); return;
+    }
+}
+
 /* Four queries' p·v over their first n keys (then each goes on alone):
  * each value row loaded once for the four. */
 A512 static void wsum4_512(float *const *o, const float *const *w, const float *const *v, int n, int len) {
@@ -540,14 +633,33 @@ void cpu_wsum4(int isa, float *const *o, const float *const *w, const float *con
     for (int j = 1; j < 4; j++) m = n[j] < m ? n[j] : m;
     if (isa >= CPU_ISA_AVX512)
         wsum4_512(o, w, v, m, len);
+    else if (isa >= CPU_ISA_AVX2)
+        wsumg256(4, o, w, v, m, len);
     else
         for (int j = 0; j < 4; j++) cpu_wsum(isa, o[j], w[j], v, m, len);
     for (int j = 0; j < 4; j++) cpu_wsum(isa, o[j], w[j] + m, v + m, n[j] - m, len);
 }
 
+void cpu_wsum_m(int isa, float *const *o, const float *const *w, const float *const *v, int m, int n, int len) {
+    for (int j = 0; j < m; j += 4) {
+        int k = m - j < 4 ? m - j : 4;
+        if (isa >= CPU_ISA_AVX512 && k == 4) {
+            wsum4_512(o + j, w + j, v, n, len);
+        } else if (isa >= CPU_ISA_AVX2 && isa < CPU_ISA_AVX512) {
+            wsumg256(k, o + j, w + j, v, n, len);
+        } else {
+            for (int i = j; i < j + k; i++) cpu_wsum(isa, o[i], w[i], v, n, len);
+        }
+    }
+}
+
 void cpu_wsum(int isa, float *o, const float *w, const float *const *v, int n, int len) {
     if (isa >= CPU_ISA_AVX512) {
         wsum512(o, w, v, n, len);
+        return;
+    }
+    if (isa >= CPU_ISA_AVX2) {
+        wsum256(o, w, v, n, len);
         return;
     }
     for (int p = 0; p < n; p++) cpu_axpy(isa, o, w[p], v[p], len);
@@ -724,13 +836,18 @@ int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w
 }
 
 /* Attention's q·kᵀ for a block of queries: out[i * ldo + p] = cpu_dot(q_i,
- * k_p, hd) for i < nq, p < nk (k rows packed hd apart), through the matmul
+ * k_p, hd) for i < nq, p < nk (k rows ldk apart), through the matmul
  * tiles (four queries share each key load): the same bits as cpu_dot. */
-void cpu_scores(int isa, const float *q, size_t ldq, int nq, const float *k, int nk, int hd, float *out, size_t ldo) {
+void cpu_scores_ld(int isa, const float *q, size_t ldq, int nq, const float *k, size_t ldk, int nk, int hd, float *out,
+                   size_t ldo) {
     mm_tile_fn tile = mm_pick(isa, KERN_F32);
     if (!tile) {
         for (int i = 0; i < nq; i++)
-            for (int p = 0; p < nk; p++) out[(size_t)i * ldo + p] = dot_c(q + (size_t)i * ldq, k + (size_t)p * hd, hd);
+            for (int p = 0; p < nk; p++) out[(size_t)i * ldo + p] = dot_c(q + (size_t)i * ldq, k + (size_t)p * ldk, hd);
+        return;
+    }
+    if (isa == CPU_ISA_AVX2 && ldk != (size_t)hd) {
+        scores256(q, ldq, nq, k, ldk, nk, hd, out, ldo);
         return;
     }
     int tt = isa >= CPU_ISA_AVX512 ? 4 : 2, tr = tt;
@@ -738,8 +855,12 @@ void cpu_scores(int isa, const float *q, size_t ldq, int nq, const float *k, int
         int R = nk - p < tr ? nk - p : tr;
         for (int i = 0; i < nq; i += tt) {
             int T = nq - i < tt ? nq - i : tt;
-            tile(T, R, q + (size_t)i * ldq, ldq, (const uint8_t *)(k + (size_t)p * hd), (size_t)hd * sizeof(float), hd,
+            tile(T, R, q + (size_t)i * ldq, ldq, (const uint8_t *)(k + (size_t)p * ldk), ldk * sizeof(float), hd,
                  out + (size_t)i * ldo + p, ldo);
         }
     }
+}
+
+void cpu_scores(int isa, const float *q, size_t ldq, int nq, const float *k, int nk, int hd, float *out, size_t ldo) {
+    cpu_scores_ld(isa, q, ldq, nq, k, (size_t)hd, nk, hd, out, ldo);
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"
 #include "tests/unit/testutil.h"
 #include "weights/weights.h"
 
@@ -866,6 +867,131 @@ START_TEST(test_attention_decode_equals_prefill) {
 }
 END_TEST
 
+/* Decode reads keys and values in place: a group's query heads against
+ * each key (cpu_scores_ld), their p·v up to four at a time (cpu_wsum_m),
+ * and with few tasks one query head per task. Every shape of that gives
+ * the portable path's prefill bits: groups of 1, 3, 4, 5 and 9 heads (over
+ * the four of one register pass), head sizes with a tail (72, 40), one
+ * thread (whole groups) and three (a head per task), and two sequences
+ * in one batch with a cache block boundary mid-run. */
+START_TEST(test_attention_decode_shapes) {
+    static const int shapes[][3] = {{9, 3, 64}, {4, 1, 72}, {10, 2, 40}, {9, 1, 16}, {2, 2, 128}};
+    const kern_ops *ref_o, *o1, *o3;
+    kern_backend *ref_b, *b1, *b3;
+    char err[256];
+    scalar_backend(&ref_o, &ref_b);
+    ck_assert_msg(kern_backend_create("cpu", 1, 0, &o1, &b1, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(kern_backend_create("cpu", 3, 0, &o3, &b3, err, sizeof err) == 0, "%s", err);
+    const kern_ops *os[2] = {o1, o3};
+    kern_backend *bs[2] = {b1, b3};
+    for (size_t x = 0; x < sizeof shapes / sizeof *shapes; x++) {
+        enum { BS = 8, NB = 12, NS = 2 };
+        const int hq = shapes[x][0], hkv = shapes[x][1], hd = shapes[x][2], kvd = hkv * hd, qd = hq * hd;
+        /* two sequences: 13 and 29 positions, blocks interleaved in the cache */
+        const int len[NS] = {13, 29};
+        int32_t table[NS][NB / 2] = {{5, 0, 9, 3, 11, 7}, {1, 10, 2, 8, 4, 6}};
+        float *kc = ref_o->alloc(ref_b, (size_t)NB * BS * kvd * 4), *vc = ref_o->alloc(ref_b, (size_t)NB * BS * kvd * 4);
+        for (int sq = 0; sq < NS; sq++) {
+            float *k = rand_vec((size_t)len[sq] * kvd), *v = rand_vec((size_t)len[sq] * kvd);
+            int32_t slots[32];
+            for (int p = 0; p < len[sq]; p++) slots[p] = table[sq][p / BS] * BS + p % BS;
+            ck_assert_int_eq(ref_o->kv_store(ref_b, kc, vc, k, v, slots, len[sq], kvd), 0);
+            free(k);
+            free(v);
+        }
+        float *q = rand_vec((size_t)(len[0] + len[1]) * qd);
+        float *ref = malloc((size_t)(len[0] + len[1]) * qd * 4), *got = malloc((size_t)NS * qd * 4);
+        /* the reference: both prompts whole (packed) on the portable path */
+        int32_t q_start[NS + 1] = {0, len[0], len[0] + len[1]}, pos0[NS] = {0, 0};
+        kern_attn_batch all = {NS, q_start, pos0, &table[0][0], NB / 2, BS};
+        ck_assert_int_eq(ref_o->attention(ref_b, ref, q, kc, vc, &all, hq, hkv, hd, 0.11f), 0);
+        for (int y = 0; y < 2; y++)
+            for (int i = 3; i < 13; i += 4) { /* both sequences decode position i (and 16 + i) */
+                int32_t ds[NS + 1] = {0, 1, 2}, dp[NS] = {i, 16 + i};
+                float qq[2 * 9 * 128];
+                memcpy(qq, q + (size_t)i * qd, (size_t)qd * 4);
+                memcpy(qq + qd, q + (size_t)(len[0] + 16 + i) * qd, (size_t)qd * 4);
+                kern_attn_batch d = {NS, ds, dp, &table[0][0], NB / 2, BS};
+                ck_assert_int_eq(os[y]->attention(bs[y], got, qq, kc, vc, &d, hq, hkv, hd, 0.11f), 0);
+                ck_assert_msg(memcmp(got, ref + (size_t)i * qd, (size_t)qd * 4) == 0,
+                              "hq %d hkv %d hd %d, %d thread(s): seq 0 position %d differs from the prompt's", hq,
+                              hkv, hd, y ? 3 : 1, i);
+                ck_assert_msg(memcmp(got + qd, ref + (size_t)(len[0] + 16 + i) * qd, (size_t)qd * 4) == 0,
+                              "hq %d hkv %d hd %d, %d thread(s): seq 1 position %d differs from the prompt's", hq,
+                              hkv, hd, y ? 3 : 1, 16 + i);
+            }
+        free(q);
+        free(ref);
+        free(got);
+        ref_o->free(ref_b, kc);
+        ref_o->free(ref_b, vc);
+    }
+    kern_backend_destroy(ref_o, ref_b);
+    kern_backend_destroy(o1, b1);
+    kern_backend_destroy(o3, b3);
+}
+END_TEST
+
+/* Same bits, NaN or not. */
+static int same_f32(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0; }
+
+/* Attention's softmax and the logits' sum of exponentials: the vector
+ * paths (glibc's expf and exp four lanes at a time in double) give the
+ * portable path's bits on rows of every length mod 8, with values far
+ * below the max (libm's range: lanes out of it), -inf and NaN; and
+ * cpu_expf / cpu_exp give libm's bits (expf checked over every float when
+ * written, exp over 2e9 samples; here spread samples), so attention's and
+ * the log-sum-exp's bits did not move. */
+START_TEST(test_exp_paths_agree) {
+#if defined(__GLIBC__) && defined(__x86_64__)
+    for (uint64_t u = 0; u < (1ull << 32); u += 65521) {
+        uint32_t v = (uint32_t)u;
+        float x;
+        memcpy(&x, &v, 4);
+        ck_assert_msg(same_f32(cpu_expf(x), expf(x)), "cpu_expf(%a) = %a, libm %a", x, cpu_expf(x), expf(x));
+    }
+    static const float edge[] = {0.0f, -0.0f, -87.9f, -88.0f, -103.0f, -103.5f, -104.0f, -150.0f, 88.7f, 89.0f, -INFINITY};
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++)
+        ck_assert_msg(same_f32(cpu_expf(edge[i]), expf(edge[i])), "cpu_expf(%a) differs from libm", edge[i]);
+    /* cpu_exp: a spread of double bit patterns (both signs, all exponents) */
+    for (uint64_t u = 0; u < (1ull << 63); u += (1ull << 41) + 12345) {
+        for (int sg = 0; sg < 2; sg++) {
+            uint64_t v = u | (uint64_t)sg << 63;
+            double x, p, r;
+            memcpy(&x, &v, 8);
+            p = cpu_exp(x);
+            r = exp(x);
+            ck_assert_msg((isnan(p) && isnan(r)) || memcmp(&p, &r, 8) == 0, "cpu_exp(%a) = %a, libm %a", x, p, r);
+        }
+    }
+#endif
+    if (cpu_isa_detect() < CPU_ISA_AVX2) return; /* one path only */
+    srand(7);
+    float a[80], b[80];
+    for (int t = 0; t < 3000; t++) {
+        int len = 1 + t % 75;
+        float spread = t % 3 == 0 ? 3.0f : t % 3 == 1 ? 40.0f : 400.0f;
+        for (int p = 0; p < len; p++) {
+            a[p] = spread * ((float)rand() / (float)RAND_MAX - 0.5f);
+            if (t % 50 == 7 && p == len / 2) a[p] = -INFINITY;
+            if (t % 97 == 3 && p == len - 1) a[p] = NAN;
+        }
+        memcpy(b, a, (size_t)len * 4);
+        cpu_softmax(CPU_ISA_AVX2, a, len, 0.125f);
+        cpu_softmax(CPU_ISA_SCALAR, b, len, 0.125f);
+        for (int p = 0; p < len; p++)
+            ck_assert_msg(same_f32(a[p], b[p]), "row %d (len %d): [%d] %a vs portable %a", t, len, p, a[p], b[p]);
+        /* the logits' sum of exponentials, below its max by up to 600
+         * (beyond 512: lanes out of the vector range) */
+        for (int p = 0; p < len; p++) a[p] = 1.5f * spread * ((float)rand() / (float)RAND_MAX - 0.5f);
+        float mx = a[0];
+        for (int p = 1; p < len; p++) mx = a[p] > mx ? a[p] : mx;
+        double ea = cpu_exp_sum(CPU_ISA_AVX2, a, len, mx), eb = cpu_exp_sum(CPU_ISA_SCALAR, a, len, mx);
+        ck_assert_msg(memcmp(&ea, &eb, 8) == 0, "row %d (len %d): exp sum %a vs portable %a", t, len, ea, eb);
+    }
+}
+END_TEST
+
 START_TEST(test_attention_isa_paths_agree) {
     const int hds[] = {128, 80};
     const kern_ops *o2;
@@ -1487,6 +1613,8 @@ int main(void) {
     tcase_add_test(tc, test_matmul_isa_paths_agree);
     tcase_add_test(tc, test_attention_isa_paths_agree);
     tcase_add_test(tc, test_attention_decode_equals_prefill);
+    tcase_add_test(tc, test_attention_decode_shapes);
+    tcase_add_test(tc, test_exp_paths_agree);
     tcase_add_test(tc, test_quantize_q8_0_matches_gguf);
     tcase_add_test(tc, test_matmul_q8a8);
     tcase_add_test(tc, test_q8a8_upload);
