@@ -60,6 +60,9 @@ typedef enum echo_codec_id {
 #define ECHO_MAX_GROUP 256
 #define ECHO_DEFAULT_GROUP 64
 #define ECHO_DEFAULT_CODEC ECHO_CODEC_HOUT2
+/* The echo preset's tail policy (echo_config.tail_sites): the last 2 calls
+ * of a pass in bf16 (docs/accuracy.md, "The last layer in bf16"). */
+#define ECHO_TAIL_SITES 2
 
 /* Two orthogonal settings: the codec, and error feedback (lossy codecs
  * only: an exact codec leaves no error to feed back, and a world asking
@@ -101,7 +104,8 @@ typedef struct echo_comm echo_comm;   /* one rank */
 /* ---- Presets: what users type (--allreduce) ----
  *   exact     = {none, no feedback}
  *   int4      = {int4, the paper's codec, no feedback}
- *   echo      = {the chosen 4-bit codec (ECHO_DEFAULT_CODEC), feedback}
+ *   echo      = {the chosen 4-bit codec (ECHO_DEFAULT_CODEC), feedback, the
+ *               last ECHO_TAIL_SITES calls of a pass in bf16}
  *   echo-nofb = {the chosen 4-bit codec, no feedback}: echo's codec without
  *               error feedback, the ablation
  *   bf16      = {bf16, no feedback}

@@ -422,6 +422,10 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
         s->met.ar_group = c->tp > 1 ? wc.group_size : 0;
         s->met.ar_bits = c->tp > 1 && ci ? echo_config_bits(&wc) : 0; /* averaged over a pass (the tail policy) */
         s->met.ar_feedback = c->tp > 1 && wc.feedback;
+        s->met.ar_tail_calls = c->tp > 1 ? wc.tail_sites : 0;
+        s->met.ar_calls = c->tp > 1 ? wc.n_sites : 0;
+        snprintf(s->met.ar_tail_codec, sizeof s->met.ar_tail_codec, "%s",
+                 s->met.ar_tail_calls ? echo_codec_get(wc.tail_codec)->name : "none");
         s->met.ar_tp = c->tp;
     }
     pthread_mutex_unlock(&s->met.mu);

@@ -246,6 +246,7 @@ static int ar_measure(int nranks, echo_preset mode, echo_codec_id codec, int gro
     R->dt = calloc((size_t)iters * nranks, sizeof *R->dt);
     echo_config cfg = {.min_bytes = min_policy, .n_sites = 1, .max_count = count};
     echo_preset_config(mode, bench_codec(mode, codec), group, &cfg);
+    cfg.tail_sites = 0; /* one call's cost and error: a pass's tail policy is not this bench's */
     echo_world_opts wo = {.nranks = nranks, .device = -1};
     if (!R->dt || echo_world_create("local", &wo, &cfg, &w, err, errlen)) goto out;
     for (int r = 0; r < nranks; r++) {
@@ -341,6 +342,7 @@ static int ar_mpi_one(const ar_mpi_opts *o, int me, int N, echo_preset mode, siz
                       const double *ref, size_t lo, size_t hi, int it, ar_row *row, char *err, size_t errlen) {
     echo_config cfg = {.min_bytes = o->policy, .n_sites = 1, .max_count = count};
     echo_preset_config(mode, bench_codec(mode, o->codec), o->group, &cfg);
+    cfg.tail_sites = 0; /* one call's cost and error: a pass's tail policy is not this bench's */
     echo_world *w = NULL;
     echo_comm *c = NULL;
     echo_world_opts wo = {.procs = 1, .device = -1};
@@ -738,6 +740,7 @@ static int chain_measure(int nranks, echo_preset mode, echo_codec_id codec, int 
     R->acc_exact = calloc(count, sizeof(double));
     echo_config cfg = {.n_sites = K, .max_count = count};
     echo_preset_config(mode, codec, group, &cfg);
+    cfg.tail_sites = 0; /* one call's cost and error: a pass's tail policy is not this bench's */
     if (!R->acc_out || !R->acc_exact) {
         snprintf(err, errlen, "out of memory");
         goto out;
