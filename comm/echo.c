@@ -35,12 +35,16 @@ static const struct preset {
     const char *name;
     echo_codec_id codec;
     int feedback;
+    int tail_sites; /* echo_config.tail_sites */
+    echo_codec_id tail_codec;
 } presets[ECHO_PRESET_COUNT] = {
-    [ECHO_PRESET_EXACT] = {"exact", ECHO_CODEC_NONE, 0},
-    [ECHO_PRESET_NOFB] = {"echo-nofb", ECHO_CODEC_DEFAULT, 0},
-    [ECHO_PRESET_ECHO] = {"echo", ECHO_CODEC_DEFAULT, 1},
-    [ECHO_PRESET_BF16] = {"bf16", ECHO_CODEC_BF16, 0},
-    [ECHO_PRESET_INT4] = {"int4", ECHO_CODEC_INT4, 0},
+    [ECHO_PRESET_EXACT] = {"exact", ECHO_CODEC_NONE, 0, 0, 0},
+    [ECHO_PRESET_NOFB] = {"echo-nofb", ECHO_CODEC_DEFAULT, 0, 0, 0},
+    /* the pass's last 2 calls (a transformer's last layer) in bf16: the
+     * last call's error has no next call to take it back (docs/accuracy.md) */
+    [ECHO_PRESET_ECHO] = {"echo", ECHO_CODEC_DEFAULT, 1, ECHO_TAIL_SITES, ECHO_CODEC_BF16},
+    [ECHO_PRESET_BF16] = {"bf16", ECHO_CODEC_BF16, 0, 0, 0},
+    [ECHO_PRESET_INT4] = {"int4", ECHO_CODEC_INT4, 0, 0, 0},
 };
 
 int echo_preset_parse(const char *s, echo_preset *out) {
@@ -87,6 +91,8 @@ int echo_preset_config(echo_preset p, echo_codec_id codec, int group, echo_confi
     if (fixed != ECHO_CODEC_DEFAULT && !fi->lossless && codec != ECHO_CODEC_DEFAULT && codec != fixed) return -1;
     cfg->codec = fixed == ECHO_CODEC_DEFAULT ? codec : fixed;
     cfg->feedback = presets[p].feedback;
+    cfg->tail_sites = presets[p].tail_sites;
+    cfg->tail_codec = presets[p].tail_codec;
     cfg->group_size = group ? group : echo_codec_default_group(fixed != ECHO_CODEC_DEFAULT && !fi->lossless ? fixed : codec);
     return 0;
 }
@@ -97,13 +103,76 @@ void echo_preset_describe(echo_preset p, echo_codec_id codec, int group, char *b
         snprintf(buf, len, "%s: not a valid preset and codec", echo_preset_name(p));
         return;
     }
-    const echo_codec_info *ci = echo_codec_get(c.codec);
-    if (ci->lossless)
-        snprintf(buf, len, "%s: %s, %d bits/value", presets[p].name, c.codec == ECHO_CODEC_NONE ? "fp32" : ci->name,
+    echo_config_describe(p, &c, buf, len);
+}
+
+void echo_config_describe(echo_preset p, const echo_config *cfg, char *buf, size_t len) {
+    const echo_codec_info *ci = echo_codec_get(cfg->codec);
+    if (!ci) {
+        snprintf(buf, len, "%s: unknown codec", echo_preset_name(p));
+        return;
+    }
+    int g = cfg->group_size ? cfg->group_size : echo_codec_default_group(cfg->codec);
+    if (ci->lossless) {
+        snprintf(buf, len, "%s: %s, %d bits/value", echo_preset_name(p), cfg->codec == ECHO_CODEC_NONE ? "fp32" : ci->name,
                  ci->code_bits);
+        return;
+    }
+    int n = snprintf(buf, len, "%s: %s-g%d, %.3f bits/value, error feedback %s", echo_preset_name(p), ci->name, g,
+                     echo_codec_bits(cfg->codec, g), cfg->feedback ? "on" : "off");
+    int k = cfg->tail_sites;
+    echo_codec_id tc = cfg->tail_codec;
+    if (cfg->n_sites > 0) {
+        char e[8];
+        if (echo_config_tail(cfg, &k, &tc, e, sizeof e)) k = 0;
+    }
+    if (!k || n < 0 || (size_t)n >= len) return;
+    if (cfg->n_sites > 0)
+        snprintf(buf + n, len - (size_t)n, ", the last %d of %d calls of a pass %s: %.3f bits/value over a pass", k,
+                 cfg->n_sites, tc == ECHO_CODEC_NONE ? "exact" : "bf16", echo_config_bits(cfg));
     else
-        snprintf(buf, len, "%s: %s-g%d, %.3f bits/value, error feedback %s", presets[p].name, ci->name,
-                 c.group_size, echo_codec_bits(c.codec, c.group_size), c.feedback ? "on" : "off");
+        snprintf(buf + n, len - (size_t)n, ", the last %d calls of a pass %s", k, tc == ECHO_CODEC_NONE ? "exact" : "bf16");
+}
+
+int echo_config_tail(const echo_config *cfg, int *sites, echo_codec_id *codec, char *err, size_t errlen) {
+    int k = cfg->tail_sites;
+    echo_codec_id tc = cfg->tail_codec;
+    const char *env = getenv("ECHO_TAIL");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        tc = ECHO_CODEC_BF16;
+        if (end == env || v < 0 || v > 1 << 20 || (*end && strcmp(end, ":bf16") && strcmp(end, ":exact"))) {
+            snprintf(err, errlen, "echo: ECHO_TAIL='%s' is not K, K:bf16 or K:exact", env);
+            return -1;
+        }
+        if (!strcmp(end, ":exact")) tc = ECHO_CODEC_NONE;
+        k = (int)v;
+    }
+    if (!(env && *env) && k > cfg->n_sites) k = cfg->n_sites; /* a preset's tail on a shorter pass */
+    if (k < 0 || k > cfg->n_sites) {
+        snprintf(err, errlen, "echo: tail of %d sites is outside [0, n_sites = %d]", k, cfg->n_sites);
+        return -1;
+    }
+    if (k && tc != ECHO_CODEC_NONE && tc != ECHO_CODEC_BF16) {
+        snprintf(err, errlen, "echo: the tail's codec must be exact (none) or bf16");
+        return -1;
+    }
+    *sites = k;
+    *codec = k ? tc : ECHO_CODEC_NONE;
+    return 0;
+}
+
+double echo_config_bits(const echo_config *cfg) {
+    const echo_codec_info *ci = echo_codec_get(cfg->codec);
+    if (!ci) return 0;
+    int g = cfg->group_size ? cfg->group_size : echo_codec_default_group(cfg->codec);
+    double b = ci->lossless ? ci->code_bits : echo_codec_bits(cfg->codec, g);
+    int k;
+    echo_codec_id tc;
+    char e[8];
+    if (!b || ci->lossless || cfg->n_sites < 1 || echo_config_tail(cfg, &k, &tc, e, sizeof e) || !k) return b;
+    return ((double)(cfg->n_sites - k) * b + (double)k * echo_codec_get(tc)->code_bits) / cfg->n_sites;
 }
 
 /* The preset that names a path: a lossless codec's own row, the row that
@@ -256,12 +325,18 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
         snprintf(err, errlen, "echo: max_count %zu is outside [1, 2^40]", cfg->max_count);
         return -1;
     }
+    int tail_sites;
+    echo_codec_id tail_codec;
+    if (echo_config_tail(cfg, &tail_sites, &tail_codec, err, errlen)) return -1;
     echo_world *w = calloc(1, sizeof *w);
     if (!w) {
         snprintf(err, errlen, "echo: out of memory");
         return -1;
     }
     w->cfg = *cfg;
+    /* a lossless world has no error to keep from the logits */
+    w->cfg.tail_sites = ci->lossless ? 0 : tail_sites;
+    w->cfg.tail_codec = w->cfg.tail_sites ? tail_codec : ECHO_CODEC_NONE;
     w->cfg.group_size = group;
     if (w->cfg.codec == ECHO_CODEC_DEFAULT) w->cfg.codec = ECHO_DEFAULT_CODEC;
     w->cfg.feedback = cfg->feedback != 0;
@@ -279,6 +354,14 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
         w->max_plan.wire = 0;
     } else {
         w->exact_max = cfg->min_bytes / 2 < cfg->max_count ? cfg->min_bytes / 2 : cfg->max_count;
+        /* the tail: exact (also bf16's fallback on device memory) at any
+         * count; bf16's shard messages are wider than a 4-bit codec's */
+        if (w->cfg.tail_sites) w->exact_max = cfg->max_count;
+        if (w->cfg.tail_codec == ECHO_CODEC_BF16) {
+            echo_plan bp = w->max_plan;
+            plan_codec(&bp, ECHO_CODEC_BF16);
+            if (bp.wire > w->max_plan.wire) w->max_plan.wire = bp.wire;
+        }
     }
     /* the one-shot threshold, in bytes of fp32 values whatever the
      * activations' dtype (so the widest message, fp32 for exact, is the
@@ -300,7 +383,7 @@ int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char 
          * (fp32) in a `none` world or under the size policy, else coded
          * (the mpi transport moves every message at this size) */
         size_t n = w->os_bytes / 4 < cfg->max_count ? w->os_bytes / 4 : cfg->max_count;
-        size_t a = w->plain || cfg->min_bytes ? echo_os_msg_bytes(n, ECHO_BF16, 1, w->cfg.codec, group) : 0;
+        size_t a = w->plain || cfg->min_bytes || w->cfg.tail_sites ? echo_os_msg_bytes(n, ECHO_BF16, 1, w->cfg.codec, group) : 0;
         size_t b = w->plain ? 0 : echo_os_msg_bytes(n, ECHO_BF16, 0, w->cfg.codec, group);
         w->os_msg_max = ((a > b ? a : b) + 63) / 64 * 64;
     } else {
@@ -325,6 +408,7 @@ void echo_world_destroy(echo_world *w) {
 
 void echo_world_get_config(const echo_world *w, echo_config *out) {
     *out = w->cfg;
+    if (out->tail_codec == ECHO_CODEC_BF16 && w->tp && w->tp->device_memory) out->tail_codec = ECHO_CODEC_NONE;
 }
 
 int echo_world_nranks(const echo_world *w) {
@@ -716,11 +800,27 @@ static void bf16_narrow(const void *x, echo_dtype dt, size_t n, uint16_t *wire) 
             wire[i] = echo_f32_to_bf16(((const float *)x)[i]);
 }
 
-static int run_bf16(echo_comm *c, const echo_plan *p, int site, void *buf, char *err, size_t errlen) {
+/* rotate: the block size of the basis of a residual carried in (the tail
+ * of a 4-bit world), which is added to this rank's input first; the call
+ * leaves none (bf16's rounding is not fed forward). */
+static int run_bf16(echo_comm *c, const echo_plan *p, int rotate, int site, void *buf, char *err, size_t errlen) {
     echo_world *w = c->w;
     const echo_transport_ops *t = w->tp;
     int me = c->rank, N = p->nranks;
     size_t esz = echo_dtype_size(p->dt), bad_out = ECHO_NO_INDEX;
+    if (c->res && c->res_valid) {
+        if (rotate &&
+            w->compute->unrotate(c, c->res, echo_plan_pad(p, p->count), rotate, NULL, err, errlen))
+            return compute_failed(c);
+        if (p->dt == ECHO_F32)
+            echo_cpu_load(c->res, ECHO_F32, p->count, (float *)buf, 1);
+        else
+            for (size_t i = 0; i < p->count; i++) {
+                uint16_t *b = (uint16_t *)buf + i;
+                *b = echo_f32_to_bf16(echo_bf16_to_f32(*b) + c->res[i]);
+            }
+    }
+    c->res_valid = 0;
     for (int j = 0; j < N; j++) {
         size_t n = echo_plan_len(p, j), off = (size_t)j * p->shard;
         if (j != me && n) bf16_narrow((const char *)buf + off * esz, p->dt, n, (uint16_t *)t->p1_send(c, j));
@@ -933,17 +1033,26 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
     c->last_site = site;
     c->pass_count = count;
     size_t bytes = count * echo_dtype_size(dt);
-    /* the exact path: a `none` world, or the size policy */
-    int exact = w->plain || bytes < cfg->min_bytes || w->nranks == 1 || count == 0;
-    echo_preset used = exact ? ECHO_PRESET_EXACT : w->path;
+    /* the tail policy: bf16 on host memory, else exact */
+    int tail = cfg->tail_sites && site >= cfg->n_sites - cfg->tail_sites;
+    int tail_bf16 = tail && cfg->tail_codec == ECHO_CODEC_BF16 && !w->tp->device_memory;
+    /* the exact path: a `none` world, the size policy, or the tail */
+    int exact = w->plain || bytes < cfg->min_bytes || w->nranks == 1 || count == 0 || (tail && !tail_bf16);
+    echo_preset used = exact ? ECHO_PRESET_EXACT : tail_bf16 ? ECHO_PRESET_BF16 : w->path;
     /* the one-shot schedule for small messages (not bf16: its world has no
      * os_bytes), on host transports that have it */
     int oneshot = count * sizeof(float) <= w->os_bytes && c->os_y && !c->replay && !cfg->deferred;
+    if (oneshot && tail_bf16) {
+        tail_bf16 = 0, exact = 1;
+        used = ECHO_PRESET_EXACT;
+    }
     int rc = 0;
     if (w->nranks > 1 && count > 0) {
         echo_plan p;
         echo_plan_init(&p, count, w->nranks, cfg->group_size, dt);
         plan_codec(&p, cfg->codec);
+        int rotate = p.rotate; /* the basis of the residual a tail call takes in */
+        if (tail_bf16 && !exact && !oneshot) plan_codec(&p, ECHO_CODEC_BF16);
         if (exact && count > w->exact_max) {
             /* Cannot happen with min_bytes/2 >= count; kept as a guard. */
             snprintf(err, errlen, "echo: internal: exact path sized for %zu values, got %zu", w->exact_max, count);
@@ -958,12 +1067,14 @@ int echo_allreduce(echo_comm *c, int site, void *buf, size_t count, echo_dtype d
             }
             c->armed = 1;
         }
-        if (oneshot)
-            rc = run_oneshot(c, &p, site, buf, exact, err, errlen);
+        if (oneshot) /* the tail in one shot: exact (the schedule has no bf16 form) */
+            rc = run_oneshot(c, &p, site, buf, exact || tail_bf16, err, errlen);
         else if (exact)
             rc = run_exact(c, &p, site, buf, stream, err, errlen);
+        else if (tail_bf16)
+            rc = run_bf16(c, &p, rotate, site, buf, err, errlen);
         else if (echo_codec_get(cfg->codec)->lossless)
-            rc = run_bf16(c, &p, site, buf, err, errlen); /* host only: never deferred nor replayed */
+            rc = run_bf16(c, &p, 0, site, buf, err, errlen); /* host only: never deferred nor replayed */
         else
             rc = run_quantized(c, &p, site, buf, stream, err, errlen);
     done:

@@ -70,6 +70,9 @@ typedef enum echo_codec_id {
 #define ECHO_MAX_GROUP 256
 #define ECHO_DEFAULT_GROUP 64
 #define ECHO_DEFAULT_CODEC ECHO_CODEC_HOUT2
+/* The echo preset's tail policy (echo_config.tail_sites): the last 2 calls
+ * of a pass in bf16 (docs/accuracy.md, "The last layer in bf16"). */
+#define ECHO_TAIL_SITES 2
 
 /* Two orthogonal settings: the codec, and error feedback (lossy codecs
  * only: an exact codec leaves no error to feed back, and a world asking
@@ -92,6 +95,17 @@ typedef struct echo_config {
      * order); a 4-bit codec codes each rank's whole message once (no
      * second coding of the sum), with its own residual. */
     size_t oneshot_bytes;
+    /* The tail policy (issue 30): the last tail_sites sites of a pass
+     * (site >= n_sites - tail_sites) go through tail_codec, a lossless
+     * codec (ECHO_CODEC_BF16, or ECHO_CODEC_NONE for exact), whatever the
+     * world's codec; a residual carried into such a call is added to this
+     * rank's input, and the call leaves none. Why: the pass's last call has
+     * no next call to take its error back, so it reaches the logits
+     * uncompensated (docs/accuracy.md). 0 = off. bf16 runs on host memory
+     * only: on device memory the tail runs exact. $ECHO_TAIL ("0", "K",
+     * "K:bf16", "K:exact"), when set, overrides both (experiments). */
+    int tail_sites;
+    echo_codec_id tail_codec;
 } echo_config;
 
 typedef struct echo_world echo_world; /* shared by the ranks of one process */
@@ -100,7 +114,8 @@ typedef struct echo_comm echo_comm;   /* one rank */
 /* ---- Presets: what users type (--allreduce) ----
  *   exact     = {none, no feedback}
  *   int4      = {int4, the paper's codec, no feedback}
- *   echo      = {the chosen 4-bit codec (ECHO_DEFAULT_CODEC), feedback}
+ *   echo      = {the chosen 4-bit codec (ECHO_DEFAULT_CODEC), feedback, the
+ *               last ECHO_TAIL_SITES calls of a pass in bf16}
  *   echo-nofb = {the chosen 4-bit codec, no feedback}: echo's codec without
  *               error feedback, the ablation
  *   bf16      = {bf16, no feedback}
@@ -143,6 +158,19 @@ int echo_preset_config(echo_preset p, echo_codec_id codec, int group, echo_confi
  * 4.500 bits/value, error feedback on" (exact: "exact: fp32, 32 bits/value").
  * The fields one by one: echo_preset_config, echo_codec_get, echo_codec_bits. */
 void echo_preset_describe(echo_preset p, echo_codec_id codec, int group, char *buf, size_t len);
+/* Wire bits per value of a world of this config, averaged over the
+ * n_sites calls of a pass (the tail policy's calls at their own bits);
+ * $ECHO_TAIL applies as in a world. 0 for an invalid codec or group. */
+double echo_config_bits(const echo_config *cfg);
+/* echo_preset_describe of a world's configuration (echo_world_get_config),
+ * the tail policy with the bits averaged over a pass when n_sites is set:
+ * "echo: hout2-g128, 4.500 bits/value, error feedback on, the last 2 of 60
+ * calls of a pass bf16: 4.883 bits/value over a pass". */
+void echo_config_describe(echo_preset p, const echo_config *cfg, char *buf, size_t len);
+/* The tail of cfg ($ECHO_TAIL applied) into *sites, *codec: -1 with a
+ * message for a malformed $ECHO_TAIL or a tail outside [0, n_sites] or a
+ * lossy tail codec. */
+int echo_config_tail(const echo_config *cfg, int *sites, echo_codec_id *codec, char *err, size_t errlen);
 
 /* ---- The codec table ----
  * A row says how a group of G values travels and which code runs it:

@@ -98,6 +98,13 @@ void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out) {
     out->slot_bytes = r->comm ? echo_comm_slot_bytes(r->comm) : 0;
 }
 
+int eng_allreduce_config(const eng *e, echo_config *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->world) return -1;
+    echo_world_get_config(e->world, out);
+    return 0;
+}
+
 void eng_comm_stats(const eng *e, echo_stats *out) {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < e->cfg.tp; i++) {

@@ -302,6 +302,11 @@ typedef struct eng_rank_info {
 } eng_rank_info;
 void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out);
 
+/* What the all-reduce runs (the world's configuration, defaults, the tail
+ * policy and $ECHO_TAIL resolved; echo_config_bits, echo_config_describe
+ * say it for logs): -1 with *out zeroed at tp 1. */
+int eng_allreduce_config(const eng *e, echo_config *out);
+
 /* Sum of all ranks' all-reduce statistics. */
 void eng_comm_stats(const eng *e, echo_stats *out);
 

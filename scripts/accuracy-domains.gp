@@ -11,7 +11,7 @@ set xlabel "wire bits per value (domains side by side: prose, reference, code, g
 set ylabel "accuracy change vs exact (points)"
 set key bottom right
 set grid
-set xrange [3.2:4.8]
+set xrange [3.2:5.1]
 set yrange [-14:1]
 x(b, d) = b + (d - 2.5) * 0.035
 set arrow from graph 0, first -0.4 to graph 1, first -0.4 nohead dt 2 lc rgb "red"

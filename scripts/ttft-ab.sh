@@ -9,7 +9,8 @@
 # Options (everything else is passed to `echo-bench serve` as the workload):
 #   --modes exact,echo,int4    all-reduce modes, in order; the first is the baseline of the ratios;
 #                              exact, bf16, int4 (the paper's codec), echo or echo-nofb, echo/echo-nofb optionally :CODEC (echo:hadamard-g32
-#                              serves --allreduce echo --echo-codec hadamard-g32)
+#                              serves --allreduce echo --echo-codec hadamard-g32); a mode ending in +notail
+#                              (echo+notail) runs with ECHO_TAIL=0: echo without its bf16 tail (comm/echo.h)
 #   --mpirun                   ranks as processes: the server runs under `mpirun -np TP`
 #                              ($MPIRUN, default mpirun; as root OMPI_ALLOW_RUN_AS_ROOT is set)
 #   --link RATE                run everything (server ranks and client) inside scripts/netlab.sh
@@ -77,6 +78,7 @@ case "$background" in none|cpu-membw|gpu-nccl) ;;
   *) echo "ttft-ab: --background: expected none, cpu-membw or gpu-nccl, got '$background'" >&2; exit 2 ;; esac
 IFS=, read -r -a mode_list <<<"$modes"
 for m in "${mode_list[@]}"; do
+  m=${m%+notail}
   case "${m%%:*}" in exact|bf16|echo|echo-nofb|int4) ;; *) echo "ttft-ab: --modes: unknown mode '$m'" >&2; exit 2 ;; esac
   case "$m" in exact:*|bf16:*) echo "ttft-ab: --modes: '$m': exact and bf16 take no codec" >&2; exit 2 ;; esac
 done
@@ -115,10 +117,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-start_server() { # mode[:codec] -> sets srv_pid, port
-  local mode=${1%%:*} log="$out/serve-$1.log" launch=() codec=()
-  [ "$mode" = "$1" ] || codec=(--echo-codec "${1#*:}")
+start_server() { # mode[:codec][+notail] -> sets srv_pid, port
+  local spec=${1%+notail} log="$out/serve-$1.log" launch=() codec=() tail=()
+  local mode=${spec%%:*}
+  [ "$mode" = "$spec" ] || codec=(--echo-codec "${spec#*:}")
+  [ "$spec" = "$1" ] || tail=(env ECHO_TAIL=0)
   [ $mpi = 1 ] && launch=("${MPIRUN:-mpirun}" --oversubscribe -np "$tp")
+  [ $mpi = 1 ] && [ ${#tail[@]} -gt 0 ] && launch+=(-x ECHO_TAIL=0)
+  launch=("${tail[@]}" "${launch[@]}")
   # shellcheck disable=SC2086  # serve_args is a flag list on purpose
   "${launch[@]}" "$serve" --model "$model" --tp "$tp" --device "$device" --allreduce "$mode" "${codec[@]}" --port 0 \
     $serve_args >"$log" 2>&1 &

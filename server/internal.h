@@ -143,9 +143,9 @@ typedef struct srv_metrics {
     uint64_t deadline_closed;                  /* connections cut at --request-deadline */
     int block_size, num_blocks;                /* cache_config_info */
     /* allreduce_config_info: what the all-reduce runs (tp 1: preset "none") */
-    char ar_preset[16], ar_codec[16];
-    int ar_group, ar_feedback, ar_tp;
-    double ar_bits;
+    char ar_preset[16], ar_codec[16], ar_tail_codec[16];
+    int ar_group, ar_feedback, ar_tp, ar_tail_calls, ar_calls; /* the tail policy: its calls of ar_calls a pass */
+    double ar_bits; /* averaged over a pass */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t success[SRV_FIN_ERROR + 1]; /* by finish reason */
     int running, waiting;

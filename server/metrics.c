@@ -240,10 +240,13 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
         m->kv.evicted_blocks);
     sb_printf(&b,
               "# HELP echo:allreduce_config_info The all-reduce of the row-parallel layers: preset, codec, values per "
-              "scale group, wire bits per value, error feedback, tensor-parallel ranks\n"
+              "scale group, wire bits per value averaged over a pass, error feedback, tensor-parallel ranks, the "
+              "tail policy (the last tail_calls of a pass's calls sent with tail_codec)\n"
               "# TYPE echo:allreduce_config_info gauge\necho:allreduce_config_info{%s,preset=\"%s\",codec=\"%s\","
-              "group=\"%d\",bits_per_value=\"%.3f\",feedback=\"%s\",tp=\"%d\"} 1.0\n",
-              lbl, m->ar_preset, m->ar_codec, m->ar_group, m->ar_bits, m->ar_feedback ? "on" : "off", m->ar_tp);
+              "group=\"%d\",bits_per_value=\"%.3f\",feedback=\"%s\",tp=\"%d\",tail_calls=\"%d\",calls=\"%d\","
+              "tail_codec=\"%s\"} 1.0\n",
+              lbl, m->ar_preset, m->ar_codec, m->ar_group, m->ar_bits, m->ar_feedback ? "on" : "off", m->ar_tp,
+              m->ar_tail_calls, m->ar_calls, m->ar_tail_codec);
     sb_printf(&b,
               "# HELP echo:prompt_tokens_total Number of prefill tokens processed.\n"
               "# TYPE echo:prompt_tokens_total counter\necho:prompt_tokens_total{%s} %llu\n",

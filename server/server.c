@@ -385,8 +385,9 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     double slot_mb = (double)ri.slot_bytes / 1e6, kv_mb = (double)ri.kv_bytes / 1e6;
     srv_log(s, SRV_LOG_INFO, "rank 0 of %d holds %.1f MB of weights (each rank reads only its slices)", c->tp,
             (double)ri.weight_bytes / 1e6);
-    char ar[160] = "none (tp 1)";
-    if (c->tp > 1) echo_preset_describe(c->allreduce, c->echo_codec, c->echo_group, ar, sizeof ar);
+    char ar[256] = "none (tp 1)";
+    echo_config wc = {0};
+    if (c->tp > 1 && !eng_allreduce_config(s->eng, &wc)) echo_config_describe(c->allreduce, &wc, ar, sizeof ar);
     /* the prefix cache may hold every block no running request needs */
     char pc[96] = "prefix caching off";
     if (u.prefix_cache) snprintf(pc, sizeof pc, "prefix caching on (may hold all %d blocks, LRU)", u.total_blocks);
@@ -415,14 +416,16 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     s->met.num_blocks = s->total_blocks;
     s->met.kv = u;
     {
-        echo_config wc = {0};
-        echo_preset_config(c->allreduce, c->echo_codec, c->echo_group, &wc);
         const echo_codec_info *ci = echo_codec_get(wc.codec);
         snprintf(s->met.ar_preset, sizeof s->met.ar_preset, "%s", c->tp > 1 ? echo_preset_name(c->allreduce) : "none");
         snprintf(s->met.ar_codec, sizeof s->met.ar_codec, "%s", c->tp > 1 && ci ? ci->name : "none");
         s->met.ar_group = c->tp > 1 ? wc.group_size : 0;
-        s->met.ar_bits = c->tp > 1 && ci ? (ci->lossless ? ci->code_bits : echo_codec_bits(wc.codec, wc.group_size)) : 0;
+        s->met.ar_bits = c->tp > 1 && ci ? echo_config_bits(&wc) : 0; /* averaged over a pass (the tail policy) */
         s->met.ar_feedback = c->tp > 1 && wc.feedback;
+        s->met.ar_tail_calls = c->tp > 1 ? wc.tail_sites : 0;
+        s->met.ar_calls = c->tp > 1 ? wc.n_sites : 0;
+        snprintf(s->met.ar_tail_codec, sizeof s->met.ar_tail_codec, "%s",
+                 s->met.ar_tail_calls ? echo_codec_get(wc.tail_codec)->name : "none");
         s->met.ar_tp = c->tp;
     }
     pthread_mutex_unlock(&s->met.mu);

@@ -361,6 +361,7 @@ typedef struct variant {
     double agree_len_sum;
     long full_agree;
     double *layer_num, *layer_den; /* per layer: sum ||h_mode - h_exact||^2, ||h_exact||^2 */
+    echo_config wc;                /* what the all-reduce ran (the engine's world) */
 } variant;
 
 #define MAX_LIST 8
@@ -607,6 +608,7 @@ int main(int argc, char **argv) {
             goto fail;
         }
         if (eng_create(&cm, &em, err, sizeof err)) goto fail;
+        if (eng_allreduce_config(em, &a->wc)) echo_preset_config(a->mode, a->codec, a->group, &a->wc); /* tp 1 */
         int r = run_all(em, ps, np, gen, pfx, &rm, err, sizeof err);
         eng_destroy(em);
         if (r) goto fail;
@@ -675,14 +677,16 @@ int main(int argc, char **argv) {
                                   "next_token_acc", acc, "next_token_acc_delta_pt", 100.0 * (acc - acc_x));
             json_object_set_new(o, "codec", json_string(echo_codec_get(a->codec)->name));
             {
-                echo_config pc = {0};
-                char desc[128];
-                echo_preset_config(a->mode, a->codec, a->group, &pc);
-                echo_preset_describe(a->mode, a->codec, a->group, desc, sizeof desc);
-                json_object_set_new(o, "feedback", json_boolean(pc.feedback));
+                char desc[256];
+                echo_config_describe(a->mode, &a->wc, desc, sizeof desc);
+                json_object_set_new(o, "feedback", json_boolean(a->wc.feedback));
                 json_object_set_new(o, "allreduce", json_string(desc));
+                json_object_set_new(o, "tail_sites", json_integer(a->wc.tail_sites));
+                json_object_set_new(o, "tail_codec",
+                                    json_string(a->wc.tail_sites ? echo_codec_get(a->wc.tail_codec)->name : "none"));
             }
-            json_object_set_new(o, "bits_per_value", json_real(echo_codec_bits(a->codec, a->group)));
+            /* averaged over a pass: the tail policy's calls at their own bits */
+            json_object_set_new(o, "bits_per_value", json_real(echo_config_bits(&a->wc)));
             {
                 /* standard error of the paired accuracy difference (points) */
                 double n = (double)a->lm.scored, d = (double)(a->gained - a->lost);
@@ -713,7 +717,7 @@ int main(int argc, char **argv) {
             double acc = (double)a->lm.hits / (double)a->lm.scored;
             printf("%-9s %-9s %5d %5.3g %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
                    echo_preset_name(a->mode), echo_codec_get(a->codec)->name, a->group,
-                   echo_codec_bits(a->codec, a->group), a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
+                   echo_config_bits(&a->wc), a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
                    100 * (acc - acc_x), a->kl_sum / (double)a->positions, a->kl_max,
                    100.0 * (double)a->top1_agree / (double)a->positions, a->agree_len_sum / np, gen,
                    100.0 * (double)a->full_agree / np);

@@ -366,14 +366,14 @@ int main(int argc, char **argv) {
             /* what the all-reduce ran (tp 1: none) */
             const eng_config *gc = eng_get_config(e);
             echo_config wc = {0};
-            echo_preset_config(gc->allreduce, gc->echo_codec, gc->echo_group, &wc);
+            int on = !eng_allreduce_config(e, &wc);
             const echo_codec_info *ci = echo_codec_get(wc.codec);
-            int on = gc->tp > 1 && ci;
+            on = on && ci;
             json_object_set_new(
                 root, "allreduce",
                 json_pack("{s:s,s:s,s:i,s:f,s:b,s:i}", "preset", on ? echo_preset_name(gc->allreduce) : "none", "codec",
                           on ? ci->name : "none", "group", on ? wc.group_size : 0, "bits_per_value",
-                          on ? (ci->lossless ? (double)ci->code_bits : echo_codec_bits(wc.codec, wc.group_size)) : 32.0,
+                          on ? echo_config_bits(&wc) : 32.0,
                           "feedback", on && wc.feedback, "tp", gc->tp));
         }
         if (out.stream) {

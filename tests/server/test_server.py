@@ -676,10 +676,19 @@ def servers_section(binary, model, name):
           st == 200 and j["usage"]["completion_tokens"] > 0 and "allreduce echo: hadamard-g32, 4.500 bits/value, error feedback on" in S.logtext() and
           "8-bit activations on the quantized matrices" in S.logtext() and
           (sample(m, "echo:allreduce_bytes", "echo:allreduce_bytes_total", mode="echo") or 0) > 0, (st, j))
-    check("/metrics: allreduce_config_info names preset, codec, group, bits/value and feedback",
-          sample(m, "echo:allreduce_config_info", "echo:allreduce_config_info", preset="echo", codec="hadamard",
-                 group="32", bits_per_value="4.500", feedback="on", tp="2") == 1.0,
-          [x for x in m["echo:allreduce_config_info"].samples] if "echo:allreduce_config_info" in m else m.keys())
+    # the echo preset sends the last 2 calls of a pass (2 per layer) in bf16: 4.5 bits on the others
+    ncalls = 2 * json.load(open(os.path.join(model, "config.json")))["num_hidden_layers"] \
+        if os.path.isdir(model) else None
+    arl = [x for x in m["echo:allreduce_config_info"].samples] if "echo:allreduce_config_info" in m else []
+    if ncalls is None and arl:
+        ncalls = int(arl[0].labels.get("calls", "0"))
+    check("/metrics: allreduce_config_info names preset, codec, group, bits/value over a pass, feedback and the tail",
+          ncalls and sample(m, "echo:allreduce_config_info", "echo:allreduce_config_info", preset="echo",
+                            codec="hadamard", group="32",
+                            bits_per_value="%.3f" % (((ncalls - 2) * 4.5 + 2 * 16) / ncalls), feedback="on", tp="2",
+                            tail_calls="2", calls=str(ncalls), tail_codec="bf16") == 1.0
+          and f"the last 2 of {ncalls} calls of a pass bf16" in S.logtext(),
+          arl or m.keys())
     S.stop()
     for flag, val in (("--echo-codec", "int3"), ("--quantize", "q2_k"), ("--act-quant", "q4")):
         p = subprocess.run([binary, "--model", model, flag, val], capture_output=True, text=True)

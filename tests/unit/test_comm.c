@@ -1275,7 +1275,7 @@ START_TEST(test_size_policy_and_stats) {
     echo_preset_describe(ECHO_PRESET_INT4, 0, 0, desc, sizeof desc);
     ck_assert_str_eq(desc, "int4: int4-g64, 4.250 bits/value, error feedback off");
     echo_preset_describe(ECHO_PRESET_ECHO, 0, 0, desc, sizeof desc);
-    ck_assert_str_eq(desc, "echo: hout2-g128, 4.500 bits/value, error feedback on");
+    ck_assert_str_eq(desc, "echo: hout2-g128, 4.500 bits/value, error feedback on, the last 2 calls of a pass bf16");
     echo_preset_describe(ECHO_PRESET_NOFB, ECHO_CODEC_HADAMARD, 32, desc, sizeof desc);
     ck_assert_str_eq(desc, "echo-nofb: hadamard-g32, 4.500 bits/value, error feedback off");
     echo_preset_describe(ECHO_PRESET_EXACT, 0, 0, desc, sizeof desc);
@@ -1289,12 +1289,146 @@ START_TEST(test_size_policy_and_stats) {
     ck_assert(echo_preset_config(ECHO_PRESET_EXACT, ECHO_CODEC_INT4, 0, &pc) == 0);
     ck_assert(pc.codec == ECHO_CODEC_NONE && pc.feedback == 0 && pc.group_size == ECHO_DEFAULT_GROUP);
     ck_assert(echo_preset_config(ECHO_PRESET_BF16, 0, 0, &pc) == 0 && pc.codec == ECHO_CODEC_BF16 && !pc.feedback);
+    ck_assert(!pc.tail_sites); /* only echo has a tail */
+    ck_assert(echo_preset_config(ECHO_PRESET_ECHO, 0, 0, &pc) == 0 && pc.tail_sites == 2 && pc.tail_codec == ECHO_CODEC_BF16);
+    ck_assert(echo_preset_config(ECHO_PRESET_NOFB, 0, 0, &pc) == 0 && !pc.tail_sites);
+    ck_assert(echo_preset_config(ECHO_PRESET_INT4, 0, 0, &pc) == 0 && !pc.tail_sites);
     ck_assert(echo_preset_config(ECHO_PRESET_COUNT, 0, 0, &pc) == -1);
     echo_codec_id pid;
     int pg;
     ck_assert(echo_codec_parse("none", &pid, &pg) == 0 && pid == ECHO_CODEC_NONE);
     ck_assert(echo_codec_parse("bf16", &pid, &pg) == 0 && pid == ECHO_CODEC_BF16 && echo_codec_get(pid)->host_only);
     ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_BF16, 0), 16);
+}
+END_TEST
+
+/* The tail policy (echo_config.tail_sites): the last K sites of a pass go
+ * bf16 (or exact) whatever the world's codec, take the residual carried in
+ * and leave none; a pass's bits/value average over its sites. */
+static void tail_pass(echo_config cfg, int n, size_t m, float **out, echo_stats *st) {
+    harness h;
+    h_init(&h, n, cfg);
+    void *buf[MAXN];
+    step s;
+    for (int site = 0; site < cfg.n_sites; site++) {
+        for (int r = 0; r < n; r++) {
+            buf[r] = out[r] + (size_t)site * m;
+            gen(buf[r], m, 77, (uint64_t)site, (uint64_t)r);
+        }
+        call_all(&h, site == 0, site, m, ECHO_F32, buf, &s);
+        assert_all_ok(&s);
+    }
+    if (st) echo_get_stats(h.c[0], st);
+    h_free(&h);
+}
+
+START_TEST(test_tail_policy) {
+    const int n = 3, S = 4;
+    const size_t m = 3 * 128 * 4 + 40; /* a ragged last group */
+    float *o[4][MAXN]; /* [no tail, bf16 tail, exact tail, bf16 world][rank], S calls each */
+    for (int v = 0; v < 4; v++)
+        for (int r = 0; r < n; r++)
+            o[v][r] = malloc(S * m * sizeof(float));
+    echo_config c0 = test_echo_cfg(ECHO_PRESET_ECHO, 128, 0, S, m, 0, ECHO_CODEC_HOUT2);
+    echo_config cb = c0, ce = c0;
+    cb.tail_sites = 2, cb.tail_codec = ECHO_CODEC_BF16;
+    ce.tail_sites = 2, ce.tail_codec = ECHO_CODEC_NONE;
+    echo_stats s0, sb, se;
+    tail_pass(c0, n, m, o[0], &s0);
+    tail_pass(cb, n, m, o[1], &sb);
+    tail_pass(ce, n, m, o[2], &se);
+    /* calls and wire: 2 coded, 2 bf16 (16 bits/value) or exact */
+    ck_assert_uint_eq(s0.calls[ECHO_PRESET_ECHO], 4);
+    ck_assert_uint_eq(sb.calls[ECHO_PRESET_ECHO], 2);
+    ck_assert_uint_eq(sb.calls[ECHO_PRESET_BF16], 2);
+    ck_assert_uint_eq(se.calls[ECHO_PRESET_ECHO], 2);
+    ck_assert_uint_eq(se.calls[ECHO_PRESET_EXACT], 2);
+    ck_assert_uint_eq(sb.wire_bytes[ECHO_PRESET_BF16], 2 * 2 * (n - 1) * (size_t)(((m + n * 128 - 1) / (n * 128)) * 128) * 2);
+    /* the first two calls are the plain codec's bits */
+    for (int r = 0; r < n; r++) {
+        ck_assert(memcmp(o[0][r], o[1][r], 2 * m * sizeof(float)) == 0);
+        ck_assert(memcmp(o[0][r], o[2][r], 2 * m * sizeof(float)) == 0);
+    }
+    /* the last call takes no residual (call 2 left none): a bf16 world's
+     * bits, an exact world's bits */
+    echo_config w16 = test_echo_cfg(ECHO_PRESET_BF16, 128, 0, 1, m, 0, 0);
+    echo_config wex = test_echo_cfg(ECHO_PRESET_EXACT, 128, 0, 1, m, 0, 0);
+    float *one[MAXN];
+    for (int r = 0; r < n; r++)
+        one[r] = malloc(m * sizeof(float));
+    for (int k = 0; k < 2; k++) {
+        harness h;
+        h_init(&h, n, k ? wex : w16);
+        void *buf[MAXN];
+        step s;
+        for (int r = 0; r < n; r++) {
+            buf[r] = one[r];
+            gen(one[r], m, 77, (uint64_t)(S - 1), (uint64_t)r);
+        }
+        call_all(&h, 1, 0, m, ECHO_F32, buf, &s);
+        assert_all_ok(&s);
+        h_free(&h);
+        for (int r = 0; r < n; r++)
+            ck_assert_msg(memcmp(one[r], o[k ? 2 : 1][r] + (S - 1) * m, m * sizeof(float)) == 0,
+                          "%s tail: last call differs from a %s world's", k ? "exact" : "bf16", k ? "exact" : "bf16");
+    }
+    /* call 2 took call 1's residual: the sum of the outputs over the pass is
+     * the exact sum up to bf16 rounding; without the tail call 3's codec
+     * error stays in it */
+    double E[3] = {0}, E0 = 0;
+    for (size_t i = 0; i < m; i++) {
+        double ex = 0, got[3] = {0};
+        for (int site = 0; site < S; site++) {
+            for (int r = 0; r < n; r++)
+                ex += unif(77, (uint64_t)site, (uint64_t)r, i);
+            for (int v = 0; v < 3; v++)
+                got[v] += o[v][0][(size_t)site * m + i];
+        }
+        for (int v = 0; v < 3; v++)
+            E[v] += (got[v] - ex) * (got[v] - ex);
+        E0 += ex * ex;
+    }
+    ck_assert_msg(sqrt(E[0] / E0) > 0.02, "no tail: rel err %g", sqrt(E[0] / E0));
+    ck_assert_msg(sqrt(E[1] / E0) < 0.005, "bf16 tail: rel err %g", sqrt(E[1] / E0));
+    ck_assert_msg(sqrt(E[2] / E0) < 1e-5, "exact tail: rel err %g", sqrt(E[2] / E0));
+    for (int r = 0; r < n; r++) {
+        free(one[r]);
+        for (int v = 0; v < 4; v++)
+            free(o[v][r]);
+    }
+    /* bits over a pass, and what a log says */
+    echo_config p60 = {0};
+    ck_assert(echo_preset_config(ECHO_PRESET_ECHO, ECHO_CODEC_HOUT2, 128, &p60) == 0);
+    p60.n_sites = 60, p60.tail_sites = 2, p60.tail_codec = ECHO_CODEC_BF16;
+    ck_assert_double_eq_tol(echo_config_bits(&p60), (58 * 4.5 + 2 * 16) / 60.0, 1e-12);
+    char desc[256];
+    echo_config_describe(ECHO_PRESET_ECHO, &p60, desc, sizeof desc);
+    ck_assert_str_eq(desc, "echo: hout2-g128, 4.500 bits/value, error feedback on, the last 2 of 60 calls of a pass "
+                           "bf16: 4.883 bits/value over a pass");
+    p60.tail_codec = ECHO_CODEC_NONE;
+    ck_assert_double_eq_tol(echo_config_bits(&p60), (58 * 4.5 + 2 * 32) / 60.0, 1e-12);
+    p60.tail_sites = 0;
+    ck_assert_double_eq_tol(echo_config_bits(&p60), 4.5, 1e-12);
+    /* $ECHO_TAIL overrides; bad values and bad tails are refused */
+    int k;
+    echo_codec_id tc;
+    char err[160];
+    setenv("ECHO_TAIL", "3:exact", 1);
+    ck_assert(echo_config_tail(&p60, &k, &tc, err, sizeof err) == 0 && k == 3 && tc == ECHO_CODEC_NONE);
+    ck_assert_double_eq_tol(echo_config_bits(&p60), (57 * 4.5 + 3 * 32) / 60.0, 1e-12);
+    setenv("ECHO_TAIL", "4", 1);
+    ck_assert(echo_config_tail(&p60, &k, &tc, err, sizeof err) == 0 && k == 4 && tc == ECHO_CODEC_BF16);
+    setenv("ECHO_TAIL", "2:fp8", 1);
+    ck_assert(echo_config_tail(&p60, &k, &tc, err, sizeof err) == -1 && strstr(err, "ECHO_TAIL"));
+    setenv("ECHO_TAIL", "61", 1);
+    ck_assert(echo_config_tail(&p60, &k, &tc, err, sizeof err) == -1 && strstr(err, "outside"));
+    echo_world *w = NULL;
+    setenv("ECHO_TAIL", "5", 1); /* more than the world's 4 sites */
+    ck_assert(echo_world_create_local(n, &c0, &w, err, sizeof err) == -1 && strstr(err, "outside"));
+    unsetenv("ECHO_TAIL");
+    echo_config bad = c0;
+    bad.tail_sites = 1, bad.tail_codec = ECHO_CODEC_INT4;
+    ck_assert(echo_world_create_local(n, &bad, &w, err, sizeof err) == -1 && strstr(err, "tail"));
 }
 END_TEST
 
@@ -2018,6 +2152,7 @@ int main(void) {
     tcase_add_test(tc, test_reset_and_abort);
     tcase_add_test(tc, test_abort_wakes_peers);
     tcase_add_test(tc, test_size_policy_and_stats);
+    tcase_add_test(tc, test_tail_policy);
     tcase_add_test(tc, test_disagreement_then_next_call);
     tcase_add_test(tc, test_pass_end);
     tcase_add_test(tc, test_oneshot);

@@ -205,6 +205,7 @@ int bench_allreduce_nccl(const bench_ar_opts *o) {
             devs[r] = r;
         echo_config cfg = {.min_bytes = o->policy, .n_sites = iters + 1, .max_count = maxc, .deferred = 1};
         echo_preset_config(o->modes[m], ECHO_CODEC_DEFAULT, o->group, &cfg);
+        cfg.tail_sites = 0; /* per-call cost: a pass's tail policy is not this bench's */
         echo_world_opts wo = {.nranks = N, .devices = devs, .device = -1};
         if (echo_world_create(o->transport, &wo, &cfg, &R.w, err, sizeof err)) {
             fprintf(stderr, "echo-bench: %s\n", err);

@@ -822,15 +822,18 @@ int bench_forward_main(int argc, char **argv) {
             /* what the all-reduce runs: the preset's codec (int4 fixes its own), G, bits, feedback */
             const eng_config *ecfg = eng_get_config(e);
             echo_config pc = {0};
-            echo_preset_config(ecfg->allreduce, ecfg->echo_codec, ecfg->echo_group, &pc);
+            if (eng_allreduce_config(e, &pc)) echo_preset_config(ecfg->allreduce, ecfg->echo_codec, ecfg->echo_group, &pc);
             const echo_codec_info *ci = echo_codec_get(pc.codec);
             json_object_set_new(root, "echo_codec", json_string(ci->name));
             json_object_set_new(root, "echo_group", json_integer(pc.group_size));
             json_object_set_new(root, "echo_feedback", json_boolean(o.tp > 1 && pc.feedback));
             json_object_set_new(root, "bits_per_value",
-                                json_real(o.tp < 2 ? 32.0
-                                          : ci->lossless ? (double)ci->code_bits
-                                                         : echo_codec_bits(pc.codec, pc.group_size)));
+                                json_real(o.tp < 2 ? 32.0 : echo_config_bits(&pc)));
+            if (o.tp > 1) {
+                char desc[256];
+                echo_config_describe(ecfg->allreduce, &pc, desc, sizeof desc);
+                json_object_set_new(root, "allreduce_plan", json_string(desc));
+            }
         }
         json_object_set_new(root, "cuda_graphs", json_boolean(o.cuda_graphs && !eng_graphs_note(e)));
         json_object_set_new(root, "graph_steps", json_integer(eng_graph_steps(e)));
