@@ -25,11 +25,13 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
+#include "engine/overlap.h"
 
 const model_config *eng_model_config(const eng *e) { return &e->mc; }
 const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
 
 int eng_pass_tokens(const eng *e) { return e->canon ? e->cfg.pass_tokens : 0; }
+int eng_overlap_k(const eng *e) { return e->ov_k; }
 
 int eng_prompt_chunk(const eng *e, int pos, int left, int budget) {
     int n = left < budget ? left : budget;
@@ -45,6 +47,8 @@ int eng_usable(const eng *e, char *why, size_t len) {
         if (why && len) snprintf(why, len, "%s", e->why);
         return 0;
     }
+    for (int i = 1; i < e->ov_k; i++)
+        if (!echo_world_usable(e->ov_worlds[i - 1], why, len)) return 0;
     return !e->world || echo_world_usable(e->world, why, len);
 }
 
@@ -143,6 +147,7 @@ static void ranks_rearm(eng *e) {
     ranks_run(e, RANK_DROP_GRAPHS);
     if (echo_world_usable(e->world, NULL, 0)) { /* a dead one cannot be re-armed (eng_usable says so) */
         echo_world_clear_abort(e->world);
+        for (int i = 1; i < e->ov_k; i++) echo_world_clear_abort(e->ov_worlds[i - 1]);
         e->comm_resets++;
     }
 }
@@ -427,7 +432,12 @@ static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
     for (int i = 0; i < c->tp && i < ECHO_MAX_RANKS; i++) devs[i] = i;
     echo_world_opts o = {.nranks = c->tp, .procs = e->procs, .devices = devs,
                          .device = e->procs ? e->local_dev : host_device(c->device) ? -1 : 0};
-    return echo_world_create(c->transport, &o, &ec, &e->world, err, errlen);
+    if (echo_world_create(c->transport, &o, &ec, &e->world, err, errlen)) return -1;
+    /* prefill overlap: one more world per further micro-batch (overlap.h) */
+    e->ov_k = eng_overlap_plan(c->overlap, c->tp, e->procs, o.device < 0);
+    for (int i = 1; i < e->ov_k; i++)
+        if (echo_world_create(c->transport, &o, &ec, &e->ov_worlds[i - 1], err, errlen)) return -1;
+    return 0;
 }
 
 /* The rank's compute threads code its all-reduce messages (comm/echo.h). */
@@ -441,7 +451,8 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
         eng_rank *r = &e->ranks[i];
         if (e->procs && i != e->me) continue;
         if (e->world && echo_comm_create(e->world, i, &r->comm, err, errlen)) return -1;
-        if (r->comm) echo_comm_set_workers(r->comm, &(echo_workers){kern_host_threads(r->be), rank_host_run, r->be});
+        echo_workers wk = {kern_host_threads(r->be), rank_host_run, r->be};
+        if (r->comm) echo_comm_set_workers(r->comm, &wk);
         /* auto: by the backend actually made ("auto" devices resolve there) */
         if (e->cfg.fuse_weights != ENG_FUSE_ON && e->cfg.fuse_weights != ENG_FUSE_OFF)
             e->cfg.fuse_weights = host_device(r->ops->name) ? ENG_FUSE_OFF : ENG_FUSE_ON;
@@ -461,6 +472,18 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
          * the runner skips steps where graphs cannot apply */
         r->run = (eng_runner){.m = r->m, .ops = r->ops, .be = r->be, .comm = r->comm,
                               .graphs = c->cuda_graphs && (c->tp == 1 || capturable(c, gpu_per_rank))};
+        if (e->ov_k > 1) {
+            echo_comm *mb[MODEL_MAX_MB] = {r->comm};
+            for (int k = 1; k < e->ov_k; k++)
+                if (echo_comm_create(e->ov_worlds[k - 1], i, &mb[k], err, errlen)) {
+                    while (--k > 0) echo_comm_destroy(mb[k]);
+                    return -1;
+                }
+            if (eng_overlap_create(mb, e->ov_k, c->overlap_min_rows, &wk, &r->run.ov, err, errlen)) {
+                for (int k = 1; k < e->ov_k; k++) echo_comm_destroy(mb[k]);
+                return -1;
+            }
+        }
     }
     for (int i = 1; !e->procs && i < c->tp; i++) {
         if (pthread_create(&e->ranks[i].thread, NULL, rank_main, &e->ranks[i]) != 0) {
@@ -516,6 +539,7 @@ void eng_destroy(eng *e) {
     for (int i = 0; e->ranks && i < e->cfg.tp; i++) {
         eng_rank *r = &e->ranks[i];
         if (r->started) pthread_join(r->thread, NULL);
+        eng_overlap_destroy(r->run.ov); /* and its comms but r->comm */
         model_free(r->m);
         echo_comm_destroy(r->comm);
         if (r->be) kern_backend_destroy(r->ops, r->be);
@@ -525,6 +549,7 @@ void eng_destroy(eng *e) {
         free(r->cand_lse);
     }
     echo_world_destroy(e->world);
+    for (int i = 0; i < 8; i++) echo_world_destroy(e->ov_worlds[i]);
     weights_close(e->ws);
     free(e->gather);
     for (int i = 0; e->seqs && i < e->cfg.max_num_seqs; i++) free(e->seqs[i].blocks);
@@ -669,6 +694,7 @@ void eng_comm_stats(const eng *e, echo_stats *out) {
         if (!e->ranks[i].comm) continue;
         echo_stats s;
         echo_get_stats(e->ranks[i].comm, &s);
+        eng_overlap_add_stats(e->ranks[i].run.ov, &s);
         for (int k = 0; k < ECHO_PRESET_COUNT; k++) {
             out->calls[k] += s.calls[k];
             out->wire_bytes[k] += s.wire_bytes[k];
