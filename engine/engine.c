@@ -434,7 +434,7 @@ static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
                          .device = e->procs ? e->local_dev : host_device(c->device) ? -1 : 0};
     if (echo_world_create(c->transport, &o, &ec, &e->world, err, errlen)) return -1;
     /* prefill overlap: one more world per further micro-batch (overlap.h) */
-    e->ov_k = eng_overlap_plan(c->overlap, c->tp, e->procs, o.device < 0);
+    e->ov_k = eng_overlap_plan(c->overlap, c->tp, e->procs, host_device(c->device));
     for (int i = 1; i < e->ov_k; i++)
         if (echo_world_create(c->transport, &o, &ec, &e->ov_worlds[i - 1], err, errlen)) return -1;
     return 0;
@@ -681,6 +681,7 @@ void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out) {
     memset(out, 0, sizeof *out);
     if (rank < 0 || rank >= e->cfg.tp) return;
     const eng_rank *r = &e->ranks[rank];
+    if (!r->m) return; /* procs mode: another process's rank */
     out->weight_bytes = model_weight_bytes(r->m);
     out->embed_bytes = model_embed_bytes(r->m);
     out->act_q8_matrices = model_act_q8_matrices(r->m);
