@@ -82,6 +82,11 @@ typedef struct echo_config {
      * order); a 4-bit codec codes each rank's whole message once (no
      * second coding of the sum), with its own residual. */
     size_t oneshot_bytes;
+    /* 1 = a call that waits on its peers yields the cores while it waits
+     * (mpi: nonblocking collectives and a wait that sleeps after a short
+     * spin; the same bytes). For a thread that communicates beside compute
+     * (the engine's prefill overlap). Other transports ignore it. */
+    int lazy_wait;
 } echo_config;
 
 typedef struct echo_world echo_world; /* shared by the ranks of one process */

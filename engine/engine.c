@@ -432,9 +432,11 @@ static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
     for (int i = 0; i < c->tp && i < ECHO_MAX_RANKS; i++) devs[i] = i;
     echo_world_opts o = {.nranks = c->tp, .procs = e->procs, .devices = devs,
                          .device = e->procs ? e->local_dev : host_device(c->device) ? -1 : 0};
-    if (echo_world_create(c->transport, &o, &ec, &e->world, err, errlen)) return -1;
-    /* prefill overlap: one more world per further micro-batch (overlap.h) */
+    /* prefill overlap: one more world per further micro-batch (overlap.h),
+     * whose waits leave the cores to the compute */
     e->ov_k = eng_overlap_plan(c->overlap, c->tp, e->procs, host_device(c->device));
+    ec.lazy_wait = e->ov_k > 1;
+    if (echo_world_create(c->transport, &o, &ec, &e->world, err, errlen)) return -1;
     for (int i = 1; i < e->ov_k; i++)
         if (echo_world_create(c->transport, &o, &ec, &e->ov_worlds[i - 1], err, errlen)) return -1;
     return 0;
