@@ -551,7 +551,7 @@ void eng_destroy(eng *e) {
         free(r->cand_lse);
     }
     echo_world_destroy(e->world);
-    for (int i = 0; i < 8; i++) echo_world_destroy(e->ov_worlds[i]);
+    for (int i = 0; i < MODEL_MAX_MB; i++) echo_world_destroy(e->ov_worlds[i]);
     weights_close(e->ws);
     free(e->gather);
     for (int i = 0; e->seqs && i < e->cfg.max_num_seqs; i++) free(e->seqs[i].blocks);
