@@ -782,9 +782,12 @@ static int run_quantized(echo_comm *c, const echo_plan *p, int site, void *buf, 
 
 /* ---- bf16: the 16-bit exact baseline (host memory) ----
  * The int4 schedule with another wire form: a shard travels as its values
- * rounded to bf16 (nearest even); the owner sums in fp32 in rank order
- * (own shard unrounded, like int4) and rounds the sum to bf16 once, so
- * every rank decodes the same bits. Plain loops on the inline conversions
+ * rounded to bf16 (nearest even); the owner sums in fp32 in rank order,
+ * its own shard rounded to bf16 as well (unlike int4: so an element's sum
+ * does not depend on which rank owns it, that is on the message's length,
+ * and a message cut in rows -- engine/overlap.h's micro-batches -- gives
+ * the whole message's bits), and rounds the sum to bf16 once, so every
+ * rank decodes the same bits. Plain loops on the inline conversions
  * of echo_codec.h, so this file needs no other compute code. */
 
 static int bf16_is_special(uint16_t v) {
@@ -839,7 +842,7 @@ static int run_bf16(echo_comm *c, const echo_plan *p, int rotate, int site, void
                 if (in)
                     v = echo_bf16_to_f32(in[i]);
                 else if (p->dt == ECHO_F32)
-                    v = ((const float *)buf)[off + i];
+                    v = echo_bf16_to_f32(echo_f32_to_bf16(((const float *)buf)[off + i]));
                 else
                     v = echo_bf16_to_f32(((const uint16_t *)buf)[off + i]);
                 sum[i] = j ? sum[i] + v : v;

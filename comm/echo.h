@@ -106,6 +106,11 @@ typedef struct echo_config {
      * "K:bf16", "K:exact"), when set, overrides both (experiments). */
     int tail_sites;
     echo_codec_id tail_codec;
+    /* 1 = a call that waits on its peers yields the cores while it waits
+     * (mpi: nonblocking collectives and a wait that sleeps after a short
+     * spin; the same bytes). For a thread that communicates beside compute
+     * (the engine's prefill overlap). Other transports ignore it. */
+    int lazy_wait;
 } echo_config;
 
 typedef struct echo_world echo_world; /* shared by the ranks of one process */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
+#include "engine/overlap.h"
 
 /* What the cached KV depends on besides the tokens (blocks.h's key): fixed
  * for an engine's life, so a cache never outlives it; folded in so the
@@ -268,7 +269,14 @@ static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
     for (int i = 0; i < c->tp && i < ECHO_MAX_RANKS; i++) devs[i] = i;
     echo_world_opts o = {.nranks = c->tp, .procs = e->procs, .devices = devs,
                          .device = e->procs ? e->local_dev : host_device(c->device) ? -1 : 0};
-    return echo_world_create(c->transport, &o, &ec, &e->world, err, errlen);
+    /* prefill overlap: one more world per further micro-batch (overlap.h),
+     * whose waits leave the cores to the compute */
+    e->ov_k = eng_overlap_plan(c->overlap, c->tp, e->procs, host_device(c->device));
+    ec.lazy_wait = e->ov_k > 1;
+    if (echo_world_create(c->transport, &o, &ec, &e->world, err, errlen)) return -1;
+    for (int i = 1; i < e->ov_k; i++)
+        if (echo_world_create(c->transport, &o, &ec, &e->ov_worlds[i - 1], err, errlen)) return -1;
+    return 0;
 }
 
 /* The rank's compute threads code its all-reduce messages (comm/echo.h). */
@@ -282,7 +290,8 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
         eng_rank *r = &e->ranks[i];
         if (e->procs && i != e->me) continue;
         if (e->world && echo_comm_create(e->world, i, &r->comm, err, errlen)) return -1;
-        if (r->comm) echo_comm_set_workers(r->comm, &(echo_workers){kern_host_threads(r->be), rank_host_run, r->be});
+        echo_workers wk = {kern_host_threads(r->be), rank_host_run, r->be};
+        if (r->comm) echo_comm_set_workers(r->comm, &wk);
         /* auto: by the backend actually made ("auto" devices resolve there) */
         if (e->cfg.fuse_weights != ENG_FUSE_ON && e->cfg.fuse_weights != ENG_FUSE_OFF)
             e->cfg.fuse_weights = host_device(r->ops->name) ? ENG_FUSE_OFF : ENG_FUSE_ON;
@@ -302,6 +311,18 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
          * the runner skips steps where graphs cannot apply */
         r->run = (eng_runner){.m = r->m, .ops = r->ops, .be = r->be, .comm = r->comm,
                               .graphs = c->cuda_graphs && (c->tp == 1 || capturable(c, gpu_per_rank))};
+        if (e->ov_k > 1) {
+            echo_comm *mb[MODEL_MAX_MB] = {r->comm};
+            for (int k = 1; k < e->ov_k; k++)
+                if (echo_comm_create(e->ov_worlds[k - 1], i, &mb[k], err, errlen)) {
+                    while (--k > 0) echo_comm_destroy(mb[k]);
+                    return -1;
+                }
+            if (eng_overlap_create(mb, e->ov_k, c->overlap_min_rows, &wk, &r->run.ov, err, errlen)) {
+                for (int k = 1; k < e->ov_k; k++) echo_comm_destroy(mb[k]);
+                return -1;
+            }
+        }
     }
     for (int i = 1; !e->procs && i < c->tp; i++) {
         if (pthread_create(&e->ranks[i].thread, NULL, eng_priv_rank_main, &e->ranks[i]) != 0) {
@@ -357,6 +378,7 @@ void eng_destroy(eng *e) {
     for (int i = 0; e->ranks && i < e->cfg.tp; i++) {
         eng_rank *r = &e->ranks[i];
         if (r->started) pthread_join(r->thread, NULL);
+        eng_overlap_destroy(r->run.ov); /* and its comms but r->comm */
         model_free(r->m);
         echo_comm_destroy(r->comm);
         if (r->be) kern_backend_destroy(r->ops, r->be);
@@ -366,6 +388,7 @@ void eng_destroy(eng *e) {
         free(r->cand_lse);
     }
     echo_world_destroy(e->world);
+    for (int i = 0; i < MODEL_MAX_MB; i++) echo_world_destroy(e->ov_worlds[i]);
     weights_close(e->ws);
     free(e->gather);
     for (int i = 0; e->seqs && i < e->cfg.max_num_seqs; i++) free(e->seqs[i].blocks);

@@ -26,11 +26,13 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "engine/overlap.h"
 
 const model_config *eng_model_config(const eng *e) { return &e->mc; }
 const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
 
 int eng_pass_tokens(const eng *e) { return e->canon ? e->cfg.pass_tokens : 0; }
+int eng_overlap_k(const eng *e) { return e->ov_k; }
 
 int eng_prompt_chunk(const eng *e, int pos, int left, int budget) {
     int n = left < budget ? left : budget;
@@ -46,6 +48,8 @@ int eng_usable(const eng *e, char *why, size_t len) {
         if (why && len) snprintf(why, len, "%s", e->why);
         return 0;
     }
+    for (int i = 1; i < e->ov_k; i++)
+        if (!echo_world_usable(e->ov_worlds[i - 1], why, len)) return 0;
     return !e->world || echo_world_usable(e->world, why, len);
 }
 
@@ -91,6 +95,7 @@ void eng_get_rank_info(const eng *e, int rank, eng_rank_info *out) {
     memset(out, 0, sizeof *out);
     if (rank < 0 || rank >= e->cfg.tp) return;
     const eng_rank *r = &e->ranks[rank];
+    if (!r->m) return; /* procs mode: another process's rank */
     out->weight_bytes = model_weight_bytes(r->m);
     out->embed_bytes = model_embed_bytes(r->m);
     out->act_q8_matrices = model_act_q8_matrices(r->m);
@@ -111,6 +116,7 @@ void eng_comm_stats(const eng *e, echo_stats *out) {
         if (!e->ranks[i].comm) continue;
         echo_stats s;
         echo_get_stats(e->ranks[i].comm, &s);
+        eng_overlap_add_stats(e->ranks[i].run.ov, &s);
         for (int k = 0; k < ECHO_PRESET_COUNT; k++) {
             out->calls[k] += s.calls[k];
             out->wire_bytes[k] += s.wire_bytes[k];

@@ -90,6 +90,15 @@ typedef struct eng_config {
      * layout of its messages (eng_pass_tokens): 0 = ENG_PASS_TOKENS, at
      * most max_batch_tokens. */
     int pass_tokens;
+    /* Prefill overlap at tp > 1 on host memory (engine/overlap.h): a step
+     * of at least 2 x 64 tokens runs as micro-batches whose all-reduces run
+     * on a communication thread while the next micro-batch computes.
+     * 0 (ENG_OVERLAP_AUTO): 2 micro-batches when ranks are processes
+     * (mpirun: the link is a network), off for ranks as threads; -1: off;
+     * N >= 1: up to N micro-batches (1: off). Exact and bf16 logits are
+     * the serial pass's bits. eng_overlap_k says what an engine runs. */
+    int overlap;
+    int overlap_min_rows; /* tokens per micro-batch at least (0: 64); tests set a few */
 } eng_config;
 
 /* Passes under a layout-dependent all-reduce (every preset at tp > 1 but
@@ -194,6 +203,10 @@ int eng_ranks_alive(const eng *e, char *why, size_t len);
 /* C (eng_config.pass_tokens) when steps run in the passes above, else 0
  * (exact on cpu threads, tp 1: one pass per step, whatever the batch). */
 int eng_pass_tokens(const eng *e);
+/* The most micro-batches a prefill step runs (eng_config.overlap resolved;
+ * 1: overlap off); a step of n tokens runs min(that, n / 64), at least 1
+ * (64: eng_config.overlap_min_rows). */
+int eng_overlap_k(const eng *e);
 /* Tokens of a prompt chunk starting at position `pos` with `left` prompt
  * tokens to go and at most `budget` allowed: min(left, budget), cut back to
  * a multiple of C when it would end short of the prompt (0 when no

@@ -89,6 +89,8 @@ struct eng {
     int dead; /* procs mode: a control message failed (a peer died): no more steps */
     char why[256];
     int canon; /* steps run as passes fixed by positions (eng_pass_tokens) */
+    int ov_k;  /* micro-batches of a prefill (eng_overlap_k); 1: off */
+    echo_world *ov_worlds[MODEL_MAX_MB]; /* ov_k - 1 more worlds: micro-batch i > 0's all-reduces (overlap.h) */
 };
 
 /* ---- procs mode: the control messages between rank 0 and the others ----

@@ -4,6 +4,7 @@
  */
 #include <stdio.h>
 
+#include "engine/overlap.h"
 #include "engine/step.h"
 
 void eng_runner_drop_graphs(eng_runner *r) {
@@ -104,8 +105,11 @@ int eng_run_step(eng_runner *r, const model_batch *b, float *logits, char *err, 
     }
     uint64_t key;
     int graphed = graph_key(r, b, &key);
+    /* a prefill of enough tokens as pipelined micro-batches (overlap.h) */
+    int k = graphed ? 1 : eng_overlap_count(r->ov, b);
     if (model_pass_prepare(r->m, b, err, errlen) == 0) {
-        int rc = run_pass(r, b, graphed ? &key : NULL, err, errlen);
+        int rc = k > 1 ? eng_overlap_pass(r->ov, r, b, k, err, errlen)
+                       : run_pass(r, b, graphed ? &key : NULL, err, errlen);
         if (rc) return -1; /* echo_end_pass aborted the world if it had to */
         if (model_pass_out(r->m, b, logits, err, errlen) == 0) return 0;
     }

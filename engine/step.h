@@ -19,6 +19,8 @@
 
 #include "model/model.h"
 
+struct eng_overlap;
+
 typedef struct eng_runner {
     model *m;
     const kern_ops *ops; /* the model's backend (its model_load_opts) */
@@ -35,6 +37,10 @@ typedef struct eng_runner {
     long graph_steps; /* steps that ran through a graph (captured or replayed) */
     int aborted;      /* the last step failed and aborted the all-reduce world */
     uint64_t moves;   /* times the model's activation buffers moved (part of a graph's key) */
+    /* Prefill overlap (overlap.h): steps of enough tokens run as
+     * micro-batches whose all-reduces hide behind the next one's compute;
+     * NULL: every step is one pass. */
+    struct eng_overlap *ov;
 } eng_runner;
 
 /* Run one step of r->m over b: logits (or candidates) as model_pass_out

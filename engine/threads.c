@@ -82,6 +82,7 @@ static void ranks_rearm(eng *e) {
     ranks_run(e, RANK_DROP_GRAPHS);
     if (echo_world_usable(e->world, NULL, 0)) { /* a dead one cannot be re-armed (eng_usable says so) */
         echo_world_clear_abort(e->world);
+        for (int i = 1; i < e->ov_k; i++) echo_world_clear_abort(e->ov_worlds[i - 1]);
         e->comm_resets++;
     }
 }

@@ -78,6 +78,11 @@ void model_priv_scratch_free(model *m) {
     free(m->sc.host);
     free(m->sc.pos);
     free(m->sc.slots);
+    free(m->sc.mb_arr);
+    m->sc.mb_arr = NULL;
+    m->sc.mb_cap = 0;
+    m->sc.mb_k = 0;
+    m->sc.mb_batch = NULL;
     m->sc.host = NULL;
     m->sc.pos = m->sc.slots = NULL;
     m->sc.cap = 0;
@@ -145,29 +150,6 @@ static void *act_at(const model *m, void *base, size_t elems) {
         }                                                                                            \
     } while (0)
 
-/* The end of a row-parallel block: every rank holds a partial sum of the
- * block output; all-reduce it (site = 2*layer + k) and add it to the
- * residual stream. With one rank there is nothing to reduce. When the next
- * block's norm is given, the add is fused with it (h = norm(x), one launch
- * fewer on a GPU; the cpu twin gives the unfused bits). */
-static int block_out(model *m, int site, int n, const kern_weight *next_norm, char *err, size_t errlen) {
-    const kern_ops *ops = m->ops;
-    kern_backend *be = m->be;
-    size_t count = (size_t)n * m->cfg.hidden_size;
-    if (m->tp > 1) {
-        echo_dtype dt = ops->act_dtype == KERN_F32 ? ECHO_F32 : ECHO_BF16;
-        /* on a device the all-reduce enqueues on the rank's stream, after the matmul that fed it */
-        if (echo_allreduce(m->comm, site, m->sc.o, count, dt, m->ops->stream(m->be), err, errlen)) return -1;
-    }
-    if (next_norm)
-        OP(ops->add_rmsnorm(be, m->sc.x, m->sc.o, m->sc.h, next_norm, n, m->cfg.hidden_size, m->cfg.rms_norm_eps));
-    else
-        OP(ops->add(be, m->sc.x, m->sc.o, count));
-    return 0;
-fail:
-    return -1;
-}
-
 int model_pass_prepare(model *m, const model_batch *b, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     if (b->n_seqs <= 0 || b->q_start[0] != 0) {
@@ -215,37 +197,57 @@ int model_pass_prepare(model *m, const model_batch *b, char *err, size_t errlen)
     return 0;
 }
 
-int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen) {
+static rows_view whole_view(const model *m, const model_batch *b) {
+    return (rows_view){0, b->q_start[b->n_seqs],
+                       {b->n_seqs, b->q_start, b->pos0, b->block_table, b->max_blocks, m->kv_block_size}};
+}
+
+static int mb_view(const model *m, const model_batch *b, int mb, rows_view *v, char *err, size_t errlen) {
+    if (mb < 0 || mb >= m->sc.mb_k || m->sc.mb_batch != b) {
+        snprintf(err, errlen, "forward: micro-batch %d of a pass split into %d (model_pass_split)", mb, m->sc.mb_k);
+        return -1;
+    }
+    *v = m->sc.mb_views[mb];
+    return 0;
+}
+
+/* The ops of site `site` for the rows of v up to the block's partial sum in
+ * rows [t0, t0+n) of sc->o: site 2l the attention block of layer l (the
+ * embedding first when l = 0), site 2l+1 its MLP block. Every buffer is
+ * addressed at row t0, so micro-batches never share rows. */
+static int site_part(model *m, const model_batch *b, const rows_view *rv, int site, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     const kern_ops *ops = m->ops;
     kern_backend *be = m->be;
     const int H = c->hidden_size, hd = c->head_dim, hq = m->hq, hkv = m->hkv, I = m->inter;
     const float scale = 1.0f / sqrtf((float)hd);
     const size_t qd = (size_t)hq * hd, kvd = (size_t)hkv * hd;
-    const int n = b->q_start[b->n_seqs];
+    const int n = rv->n, l = site / 2;
+    const size_t t0 = (size_t)rv->t0;
     /* A step of exactly one token runs the fused weights (when loaded). */
     const int one_row = m->fused && n == 1;
     scratch *sc = &m->sc;
-    const int32_t *pos = sc->pos, *slots = sc->slots;
-    kern_attn_batch ab = {b->n_seqs, b->q_start, b->pos0, b->block_table, b->max_blocks, m->kv_block_size};
-
-    OP(ops->embedding(be, sc->x, &m->embed, b->tokens, n));
-    for (int l = 0; l < c->num_layers; l++) {
-        const layer_w *L = &m->layers[l];
-        /* attention block; h = attn_norm(x) comes from the previous layer's
-         * fused add, except in layer 0 */
-        if (l == 0) OP(ops->rmsnorm(be, sc->h, sc->x, &L->attn_norm, n, H, c->rms_norm_eps));
-        void *q = sc->q, *k = sc->k, *v = sc->v;
+    const int32_t *pos = sc->pos + t0, *slots = sc->slots + t0;
+    const layer_w *L = &m->layers[l];
+    void *x = act_at(m, sc->x, t0 * H), *h = act_at(m, sc->h, t0 * H), *o = act_at(m, sc->o, t0 * H);
+    if (site % 2 == 0) {
+        if (l == 0) {
+            OP(ops->embedding(be, x, &m->embed, b->tokens + t0, n));
+            /* h = attn_norm(x) comes from the previous layer's fused add, except in layer 0 */
+            OP(ops->rmsnorm(be, h, x, &L->attn_norm, n, H, c->rms_norm_eps));
+        }
+        void *q = act_at(m, sc->q, t0 * qd), *k = act_at(m, sc->k, t0 * kvd), *v = act_at(m, sc->v, t0 * kvd);
+        void *att = act_at(m, sc->att, t0 * qd);
         if (one_row) {
             /* one row: h·[wq; wk; wv]ᵀ is q, k, v end to end */
-            OP(ops->matmul(be, sc->qkv, sc->h, &L->wqkv, 1));
+            OP(ops->matmul(be, sc->qkv, h, &L->wqkv, 1));
             q = sc->qkv;
             k = act_at(m, sc->qkv, qd);
             v = act_at(m, sc->qkv, qd + kvd);
         } else {
-            OP(ops->matmul(be, q, sc->h, &L->wq, n));
-            OP(ops->matmul(be, k, sc->h, &L->wk, n));
-            OP(ops->matmul(be, v, sc->h, &L->wv, n));
+            OP(ops->matmul(be, q, h, &L->wq, n));
+            OP(ops->matmul(be, k, h, &L->wk, n));
+            OP(ops->matmul(be, v, h, &L->wv, n));
         }
         if (c->qkv_bias) {
             OP(ops->add_bias(be, q, &L->bq, n, (int)qd));
@@ -258,32 +260,68 @@ int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen) {
             OP(ops->rope(be, q, pos, n, hq, hd, &c->rope));
             OP(ops->rope(be, k, pos, n, hkv, hd, &c->rope));
         }
+        /* causal: these rows read the cache rows of every earlier row,
+         * earlier micro-batches' included (stored at this site before) */
         OP(ops->kv_store(be, m->kc[l], m->vc[l], k, v, slots, n, hkv * hd));
-        OP(ops->attention(be, sc->att, q, m->kc[l], m->vc[l], &ab, hq, hkv, hd, scale));
-        OP(ops->matmul(be, sc->o, sc->att, &L->wo, n));
-        /* + h = mlp_norm(x) */
-        if (block_out(m, 2 * l, n, &L->mlp_norm, err, errlen)) goto fail;
-        /* MLP block */
-        void *gate = sc->gate, *up = sc->up;
+        OP(ops->attention(be, att, q, m->kc[l], m->vc[l], &rv->ab, hq, hkv, hd, scale));
+        OP(ops->matmul(be, o, att, &L->wo, n));
+    } else {
+        void *gate = act_at(m, sc->gate, t0 * I), *up = act_at(m, sc->up, t0 * I);
         if (one_row) {
             /* h·[wg; wu]ᵀ is gate then up */
-            OP(ops->matmul(be, sc->gu, sc->h, &L->wgu, 1));
+            OP(ops->matmul(be, sc->gu, h, &L->wgu, 1));
             gate = sc->gu;
             up = act_at(m, sc->gu, (size_t)I);
         } else {
-            OP(ops->matmul(be, gate, sc->h, &L->wg, n));
-            OP(ops->matmul(be, up, sc->h, &L->wu, n));
+            OP(ops->matmul(be, gate, h, &L->wg, n));
+            OP(ops->matmul(be, up, h, &L->wu, n));
         }
         OP(ops->silu_mul(be, gate, gate, up, (size_t)n * I));
-        OP(ops->matmul(be, sc->o, gate, &L->wd, n));
-        /* + h = the next layer's attn_norm(x); after the last layer only the
-         * logit rows are normed, below, so that add stays plain */
-        if (block_out(m, 2 * l + 1, n, l + 1 < c->num_layers ? &m->layers[l + 1].attn_norm : NULL, err, errlen))
-            goto fail;
-        if (b->layer_states) OP(ops->to_host_f32(be, b->layer_states + (size_t)l * n * H, sc->x, (size_t)n * H));
+        OP(ops->matmul(be, o, gate, &L->wd, n));
     }
-    /* Only the rows whose logits are wanted go through the final norm and
-     * the (vocab-sized, expensive) lm_head. */
+    return 0;
+fail:
+    return -1;
+}
+
+/* The end of a row-parallel block, after its all-reduce: add the reduced
+ * rows to the residual stream. The add is fused with the next block's norm
+ * (h = norm(x), one launch fewer on a GPU; the cpu twin gives the unfused
+ * bits): mlp_norm after site 2l, the next layer's attn_norm after 2l+1;
+ * after the last layer only the logit rows are normed (pass_tail), so that
+ * add stays plain. */
+static int site_join(model *m, const model_batch *b, const rows_view *rv, int site, char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    const kern_ops *ops = m->ops;
+    kern_backend *be = m->be;
+    const int H = c->hidden_size, n = rv->n, l = site / 2;
+    const size_t t0 = (size_t)rv->t0, count = (size_t)n * H;
+    scratch *sc = &m->sc;
+    void *x = act_at(m, sc->x, t0 * H), *h = act_at(m, sc->h, t0 * H), *o = act_at(m, sc->o, t0 * H);
+    const kern_weight *next_norm = site % 2 == 0           ? &m->layers[l].mlp_norm
+                                   : l + 1 < c->num_layers ? &m->layers[l + 1].attn_norm
+                                                           : NULL;
+    if (next_norm)
+        OP(ops->add_rmsnorm(be, x, o, h, next_norm, n, H, c->rms_norm_eps));
+    else
+        OP(ops->add(be, x, o, count));
+    if (site % 2 && b->layer_states) {
+        size_t total = (size_t)b->q_start[b->n_seqs];
+        OP(ops->to_host_f32(be, b->layer_states + (size_t)l * total * H + t0 * H, x, count));
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* Only the rows whose logits are wanted go through the final norm and the
+ * (vocab-sized, expensive) lm_head. */
+static int pass_tail(model *m, const model_batch *b, char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    const kern_ops *ops = m->ops;
+    kern_backend *be = m->be;
+    const int H = c->hidden_size;
+    scratch *sc = &m->sc;
     if (b->n_logit_rows > 0 && m->vocab_n > 0) {
         for (int i = 0; i < b->n_logit_rows; i++)
             OP(ops->copy(be, act_at(m, sc->o, (size_t)i * H), act_at(m, sc->x, (size_t)b->logit_rows[i] * H),
@@ -295,6 +333,93 @@ int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen) {
 fail:
     return -1;
 }
+
+int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen) {
+    rows_view rv = whole_view(m, b);
+    size_t count = (size_t)rv.n * m->cfg.hidden_size;
+    for (int site = 0; site < 2 * m->cfg.num_layers; site++) {
+        if (site_part(m, b, &rv, site, err, errlen)) return -1;
+        /* every rank holds a partial sum of the block output: all-reduce it
+         * (site = 2*layer + k); with one rank there is nothing to reduce */
+        if (m->tp > 1) {
+            echo_dtype dt = m->ops->act_dtype == KERN_F32 ? ECHO_F32 : ECHO_BF16;
+            /* on a device the all-reduce enqueues on the rank's stream, after the matmul that fed it */
+            if (echo_allreduce(m->comm, site, m->sc.o, count, dt, m->ops->stream(m->be), err, errlen)) return -1;
+        }
+        if (site_join(m, b, &rv, site, err, errlen)) return -1;
+    }
+    return pass_tail(m, b, err, errlen);
+}
+
+int model_pass_split(model *m, const model_batch *b, int k, char *err, size_t errlen) {
+    const int n = b->q_start[b->n_seqs];
+    if (k < 1 || k > MODEL_MAX_MB || k > n) {
+        snprintf(err, errlen, "forward: %d micro-batches for %d tokens (1..%d, at most one per token)", k, n,
+                 MODEL_MAX_MB);
+        return -1;
+    }
+    scratch *sc = &m->sc;
+    size_t need = (size_t)k * ((size_t)b->n_seqs * 2 + 1);
+    if (need > sc->mb_cap) {
+        int32_t *a = realloc(sc->mb_arr, need * sizeof *a);
+        if (!a) {
+            snprintf(err, errlen, "out of memory for %d micro-batches", k);
+            return -1;
+        }
+        sc->mb_arr = a;
+        sc->mb_cap = need;
+    }
+    int32_t *arr = sc->mb_arr;
+    for (int i = 0; i < k; i++) {
+        /* near-equal consecutive rows */
+        int t0 = (int)((long long)n * i / k), t1 = (int)((long long)n * (i + 1) / k);
+        int sa = 0, sb = b->n_seqs;
+        while (sa < b->n_seqs - 1 && b->q_start[sa + 1] <= t0) sa++;
+        while (sb > sa + 1 && b->q_start[sb - 1] >= t1) sb--;
+        int ns = sb - sa;
+        int32_t *qs = arr, *p0 = arr + ns + 1;
+        arr += 2 * ns + 1;
+        for (int s = 0; s <= ns; s++) {
+            int q = b->q_start[sa + s];
+            qs[s] = (q < t0 ? t0 : q > t1 ? t1 : q) - t0;
+        }
+        for (int s = 0; s < ns; s++) {
+            int q = b->q_start[sa + s];
+            p0[s] = b->pos0[sa + s] + (q < t0 ? t0 - q : 0);
+        }
+        sc->mb_views[i] = (rows_view){t0, t1 - t0,
+                                      {ns, qs, p0, b->block_table + (size_t)sa * b->max_blocks, b->max_blocks,
+                                       m->kv_block_size}};
+    }
+    sc->mb_k = k;
+    sc->mb_batch = b;
+    return 0;
+}
+
+int model_pass_part(model *m, const model_batch *b, int mb, int site, void **buf, size_t *count, char *err,
+                    size_t errlen) {
+    rows_view rv;
+    if (mb_view(m, b, mb, &rv, err, errlen)) return -1;
+    if (site < 0 || site >= 2 * m->cfg.num_layers) {
+        snprintf(err, errlen, "forward: site %d of %d", site, 2 * m->cfg.num_layers);
+        return -1;
+    }
+    *buf = act_at(m, m->sc.o, (size_t)rv.t0 * m->cfg.hidden_size);
+    *count = (size_t)rv.n * m->cfg.hidden_size;
+    return site_part(m, b, &rv, site, err, errlen);
+}
+
+int model_pass_join(model *m, const model_batch *b, int mb, int site, char *err, size_t errlen) {
+    rows_view rv;
+    if (mb_view(m, b, mb, &rv, err, errlen)) return -1;
+    if (site < 0 || site >= 2 * m->cfg.num_layers) {
+        snprintf(err, errlen, "forward: site %d of %d", site, 2 * m->cfg.num_layers);
+        return -1;
+    }
+    return site_join(m, b, &rv, site, err, errlen);
+}
+
+int model_pass_tail(model *m, const model_batch *b, char *err, size_t errlen) { return pass_tail(m, b, err, errlen); }
 
 int model_pass_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen) {
     const kern_ops *ops = m->ops;

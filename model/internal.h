@@ -30,6 +30,14 @@ typedef struct layer_w {
     kern_weight wgu;       /* (2*inter_local, hidden) */
 } layer_w;
 
+/* The rows a site's ops run over (decoder.c): the whole batch, or one
+ * micro-batch (model_pass_split): rows [t0, t0+n) with the attention batch
+ * of the sequences they belong to (ab). */
+typedef struct rows_view {
+    int t0, n;
+    kern_attn_batch ab;
+} rows_view;
+
 /* Activation scratch for up to `cap` tokens per forward call. */
 typedef struct scratch {
     int cap;
@@ -49,6 +57,13 @@ typedef struct scratch {
     int logits_cap;
     float *host;  /* (cap, hidden) host staging for layer states */
     int32_t *pos, *slots; /* (cap) host: each token's position and KV cache slot (model_pass_prepare) */
+    /* model_pass_split: the micro-batches of mb_batch, their sub-batches'
+     * q_start and pos0 in mb_arr (mb_cap values) */
+    int mb_k;
+    const model_batch *mb_batch;
+    rows_view mb_views[MODEL_MAX_MB];
+    int32_t *mb_arr;
+    size_t mb_cap;
 } scratch;
 
 struct model {

@@ -196,6 +196,29 @@ typedef struct model_batch {
 int model_pass_prepare(model *m, const model_batch *b, char *err, size_t errlen);
 int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen);
 int model_pass_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen);
+/* The same pass as micro-batches (engine/overlap.c pipelines them, so that
+ * one micro-batch's all-reduce runs while the next one computes). After
+ * model_pass_prepare(b), model_pass_split(b, k) cuts b's tokens into k
+ * (1..MODEL_MAX_MB, at most one per token) micro-batches of consecutive
+ * rows, near-equal in size; then for each site s = 0 .. 2*layers-1 (site
+ * 2l: layer l's attention block, embedding first at l = 0; 2l+1: its MLP):
+ *   part(mb, s): enqueues the rows' ops up to the block's partial sum, at
+ *     *buf (*count values, act dtype), which the caller all-reduces;
+ *   join(mb, s): adds the reduced rows back into the residual stream.
+ * Order: part(mb, s) after join(mb, s-1); part(mb, 2l) after part(mb', 2l)
+ * for every mb' < mb (causal attention reads the earlier rows' keys and
+ * values of layer l, which part(mb', 2l) stores). After the last site's
+ * joins, model_pass_tail (final norm, lm_head of the logits rows), then
+ * model_pass_out. Every row's ops are those of model_pass_ops (which is
+ * this with k = 1 and the all-reduce on opts->comm), on kernels whose rows
+ * do not depend on the batch (kernels.h), so the same all-reduce bits give
+ * the same logits bits. */
+#define MODEL_MAX_MB 8
+int model_pass_split(model *m, const model_batch *b, int k, char *err, size_t errlen);
+int model_pass_part(model *m, const model_batch *b, int mb, int site, void **buf, size_t *count, char *err,
+                    size_t errlen);
+int model_pass_join(model *m, const model_batch *b, int mb, int site, char *err, size_t errlen);
+int model_pass_tail(model *m, const model_batch *b, char *err, size_t errlen);
 /* 1 when model_pass_prepare(b) will reallocate activation buffers that
  * exist (every pointer a captured graph holds moves); 0 when b fits them or
  * there are none yet. */

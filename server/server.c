@@ -332,6 +332,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .echo_codec = o->echo_codec,
                      .quantize = o->quantize,
                      .act_quant = o->act_quant,
+                     .overlap = o->overlap,
                      .threads = o->threads,
                      .max_model_len = o->max_model_len,
                      .max_num_seqs = o->max_num_seqs,
@@ -391,14 +392,22 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     /* the prefix cache may hold every block no running request needs */
     char pc[96] = "prefix caching off";
     if (u.prefix_cache) snprintf(pc, sizeof pc, "prefix caching on (may hold all %d blocks, LRU)", u.total_blocks);
+    char ov[96] = "";
+    if (c->tp > 1) {
+        int k = eng_overlap_k(s->eng);
+        if (k > 1)
+            snprintf(ov, sizeof ov, ", prefill overlap %d micro-batches (of >= 64 tokens)", k);
+        else
+            snprintf(ov, sizeof ov, ", prefill overlap off");
+    }
     srv_log(s, SRV_LOG_INFO,
-            "plan: tp %d, device %s%s%s, allreduce %s (%s transport), residual slots %.1f MB/rank, KV %d blocks x %d "
+            "plan: tp %d, device %s%s%s, allreduce %s (%s transport)%s, residual slots %.1f MB/rank, KV %d blocks x %d "
             "tokens "
             "(%.1f MB/rank), %s, max_model_len %d, max_num_seqs %d, %d tokens/step; loaded in %.1fs",
             c->tp, c->device, c->quantize == ENG_QUANT_Q8_0 ? ", matrices quantized to q8_0" : "",
             ri.act_q8_matrices ? ", 8-bit activations on the quantized matrices (integer kernels; --act-quant none: exact)"
                                : "", ar,
-            c->tp > 1 ? c->transport : "no", slot_mb, u.total_blocks, u.block_size, kv_mb, pc, c->max_model_len,
+            c->tp > 1 ? c->transport : "no", ov, slot_mb, u.total_blocks, u.block_size, kv_mb, pc, c->max_model_len,
             c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
     if (eng_graphs_note(s->eng)) srv_log(s, SRV_LOG_WARNING, "%s", eng_graphs_note(s->eng));
     else if (c->cuda_graphs) srv_log(s, SRV_LOG_INFO, "decode steps through CUDA graphs (--cuda-graphs)");

@@ -51,6 +51,7 @@ typedef struct srv_options {
     echo_codec_id echo_codec;   /* of int4/echo; 0 = comm/'s default */
     int quantize;               /* eng_quant: ENG_QUANT_Q8_0 quantizes matrices at load (cpu) */
     int act_quant;              /* eng_config.act_quant: ENG_ACT_Q8/AUTO = 8-bit activations (cpu) */
+    int overlap;                /* eng_config.overlap: 0 auto, -1 off, N micro-batches per prefill */
     int threads;                /* cpu threads in total, 0 = all */
     int max_num_seqs;           /* running batch size, default 8 */
     int max_num_batched_tokens; /* tokens per step (chunked prefill budget), default 512 */

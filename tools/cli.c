@@ -103,6 +103,14 @@ int cli_act_quant(const char *prog, const char *s) {
     return aq;
 }
 
+int cli_overlap(const char *prog, const char *s) {
+    if (!strcmp(s, "auto")) return 0;
+    if (!strcmp(s, "off")) return -1;
+    long n;
+    if (cli_parse_long(s, 1, 8, &n)) cli_usage_error(prog, "--overlap expects auto, off or a count 1..8, got '%s'", s);
+    return (int)n;
+}
+
 static void procs_end(void) {
     eng_procs_exit();
     echo_proc_finalize();

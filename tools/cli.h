@@ -28,6 +28,8 @@ const char *const *cli_devices(void);
 /* --echo-codec NAME[-gG]: the codec id (an echo_codec_id), and *group = G
  * when one is named (else unchanged); a usage error otherwise. */
 int cli_echo_codec(const char *prog, const char *s, int *group);
+/* --overlap auto|off|N: eng_config.overlap (0 auto, -1 off, N in 1..8). */
+int cli_overlap(const char *prog, const char *s);
 /* --act-quant auto|none|q8_0: ENG_ACT_AUTO, ENG_ACT_NONE or ENG_ACT_Q8;
  * a usage error otherwise. cli_parse_act_quant: the non-exiting form (0,
  * or -1 leaving *out). */

@@ -59,6 +59,8 @@ static const char *USAGE =
     "  --threads N          cpu threads in total (default: all)\n"
     "  --act-quant auto|none|q8_0  8-bit activations on the quantized matrices (cpu; echo-serve's\n"
     "                       flag, same default auto: a GGUF's quantized matrices take them)\n"
+    "  --overlap auto|off|N prefill overlap of every run (engine.h eng_config.overlap; prompts of\n"
+    "                       >= 128 tokens as N micro-batches; auto: 2 under mpirun, else off)\n"
     "  --json               print one JSON object instead of tables\n"
     "  --logprobs-out FILE  also write JSONL, one line per all-reduce and prompt:\n"
     "                       {\"mode\",\"codec\",\"group\",\"prompt\",\"token_logprobs\":[log p of token t+1\n"
@@ -396,7 +398,8 @@ int main(int argc, char **argv) {
         O_CODECS,
         O_PREFIX,
         O_LPOUT,
-        O_ACTQ
+        O_ACTQ,
+        O_OVERLAP
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -417,6 +420,7 @@ int main(int argc, char **argv) {
         {"prefix-cache", required_argument, 0, O_PREFIX},
         {"logprobs-out", required_argument, 0, O_LPOUT},
         {"act-quant", required_argument, 0, O_ACTQ},
+        {"overlap", required_argument, 0, O_OVERLAP},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -454,6 +458,7 @@ int main(int argc, char **argv) {
         case O_PREFIX: pfx = (int)cli_long(PROG, optarg, "--prefix-cache", 0, 1 << 20); break;
         case O_LPOUT: lp_path = optarg; break;
         case O_ACTQ: base.act_quant = cli_act_quant(PROG, optarg); break;
+        case O_OVERLAP: base.overlap = cli_overlap(PROG, optarg); break;
         case 'h': fputs(USAGE, stdout); return 0;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }

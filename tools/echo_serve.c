@@ -51,6 +51,10 @@ static const char *USAGE =
     "                               in integers, as llama.cpp does (cpu; faster, not the dequantized\n"
     "                               weights' bits). auto (default): on a GGUF's quantized matrices;\n"
     "                               none: the exact path. The start-up plan says which ran\n"
+    "  --overlap auto|off|N         prefill overlap at --tp > 1 on cpu: a step of >= 128 tokens runs as\n"
+    "                               N micro-batches, one's all-reduce on a communication thread while\n"
+    "                               the next computes (exact/bf16 bits unchanged). auto (default): 2\n"
+    "                               under mpirun, off for ranks as threads. The start-up plan says which\n"
     "  --threads N                  cpu threads in total (default: all online CPUs)\n"
     "  --host ADDR                  numeric address to bind (default 127.0.0.1)\n"
     "  --port N                     port (default 8000; 0 = any free port, printed at start)\n"
@@ -139,7 +143,8 @@ int main(int argc, char **argv) {
         O_PERCLIENT,
         O_CODEC,
         O_QUANT,
-        O_ACTQ
+        O_ACTQ,
+        O_OVERLAP
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -154,6 +159,7 @@ int main(int argc, char **argv) {
         {"echo-codec", required_argument, 0, O_CODEC},
         {"quantize", required_argument, 0, O_QUANT},
         {"act-quant", required_argument, 0, O_ACTQ},
+        {"overlap", required_argument, 0, O_OVERLAP},
         {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},
         {"served-model-name", required_argument, 0, O_NAME},
@@ -208,6 +214,7 @@ int main(int argc, char **argv) {
         case O_ACTQ:
             o.act_quant = cli_act_quant(PROG, optarg);
             break;
+        case O_OVERLAP: o.overlap = cli_overlap(PROG, optarg); break;
         case O_MINB: o.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
         case O_GROUP: o.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
         case O_HOST: o.host = optarg; break;

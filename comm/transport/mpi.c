@@ -32,11 +32,13 @@
 #include <limits.h>
 #include <math.h>
 #include <mpi.h>
+#include <time.h>
 
 typedef struct mpi_world {
     MPI_Comm comm;
     int me;
     int twoshot;          /* exact path: 1 = two-shot fp32, 0 = MPI_Allreduce */
+    int lazy;             /* echo_config.lazy_wait: nonblocking collectives, waits that sleep */
     size_t stride;        /* bytes between phase-1 messages: the widest message, 64-byte rounded */
     uint8_t *send, *recv; /* phase 1: N * stride each */
     uint8_t *p2;          /* phase 2: N messages of the call's wire size */
@@ -72,6 +74,45 @@ static int mpi_fail(mpi_world *mw, int rc, const char *what, char *err, size_t e
         if (mpi_rc_ != MPI_SUCCESS) return mpi_fail((mw), mpi_rc_, #call, err, errlen);                                \
     } while (0)
 
+/* echo_config.lazy_wait: the nonblocking twin of each collective, and a
+ * wait that spins (MPI_Test) for its first LAZY_SPIN_S, then sleeps
+ * LAZY_NAP_NS between tests, so that a thread waiting on its peers (the
+ * engine's communication thread, engine/overlap.h) leaves the cores to the
+ * compute beside it; the TCP transfers go on in the kernel meanwhile.
+ * Decode-size calls complete within the spin, as blocking ones do. */
+#define LAZY_SPIN_S 200e-6
+#define LAZY_NAP_NS 50000L
+
+static double mpi_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int lazy_wait(MPI_Request *rq) {
+    double t0 = mpi_now();
+    for (;;) {
+        int done = 0, rc = MPI_Test(rq, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS || done) return rc;
+        if (mpi_now() - t0 > LAZY_SPIN_S) nanosleep(&(struct timespec){0, LAZY_NAP_NS}, NULL);
+    }
+}
+
+/* A collective: `blocking`, or on a lazy world `nb` (its nonblocking twin,
+ * writing MPI_Request rq_) and lazy_wait; the same bytes either way. */
+#define MPI_COLL(mw, blocking, nb)                                                                                     \
+    do {                                                                                                               \
+        int mpi_rc_;                                                                                                   \
+        if (!(mw)->lazy) {                                                                                             \
+            mpi_rc_ = (blocking);                                                                                      \
+        } else {                                                                                                       \
+            MPI_Request rq_;                                                                                           \
+            mpi_rc_ = (nb);                                                                                            \
+            if (mpi_rc_ == MPI_SUCCESS) mpi_rc_ = lazy_wait(&rq_);                                                     \
+        }                                                                                                              \
+        if (mpi_rc_ != MPI_SUCCESS) return mpi_fail((mw), mpi_rc_, #blocking, err, errlen);                            \
+    } while (0)
+
 /* Fail fast, without communicating, when this process can no longer take
  * part in a collective. */
 static int mpi_ready(mpi_world *mw, char *err, size_t errlen) {
@@ -95,7 +136,8 @@ static int mpi_agree(echo_comm *c, const echo_call *call, char *err, size_t errl
     if (mpi_ready(mw, err, errlen)) return -1;
     long long mine[4] = {call->site, (long long)call->count, call->dt, call->path};
     long long all[4 * ECHO_MAX_RANKS];
-    MPI_TRY(mw, MPI_Allgather(mine, 4, MPI_LONG_LONG, all, 4, MPI_LONG_LONG, mw->comm));
+    MPI_COLL(mw, MPI_Allgather(mine, 4, MPI_LONG_LONG, all, 4, MPI_LONG_LONG, mw->comm),
+             MPI_Iallgather(mine, 4, MPI_LONG_LONG, all, 4, MPI_LONG_LONG, mw->comm, &rq_));
     for (int j = 0; j < N; j++) {
         const long long *o = all + 4 * j;
         if (o[0] != mine[0] || o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3]) {
@@ -146,7 +188,8 @@ static int mpi_p1_exchange(echo_comm *c, const echo_plan *p, const echo_call *ca
         sc[j] = j != me && echo_plan_len(p, j) > 0 ? (int)p->wire : 0;
         rc[j] = j != me && own ? (int)p->wire : 0;
     }
-    MPI_TRY(mw, MPI_Alltoallv(mw->send, sc, sd, MPI_BYTE, mw->recv, rc, rd, MPI_BYTE, mw->comm));
+    MPI_COLL(mw, MPI_Alltoallv(mw->send, sc, sd, MPI_BYTE, mw->recv, rc, rd, MPI_BYTE, mw->comm),
+             MPI_Ialltoallv(mw->send, sc, sd, MPI_BYTE, mw->recv, rc, rd, MPI_BYTE, mw->comm, &rq_));
     return 0;
 }
 
@@ -157,7 +200,8 @@ static uint8_t *mpi_p2_send(echo_comm *c, const echo_plan *p) {
 static int mpi_p2_exchange(echo_comm *c, const echo_plan *p, void *stream, char *err, size_t errlen) {
     (void)stream;
     mpi_world *mw = mw_of(c->w);
-    MPI_TRY(mw, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->p2, (int)p->wire, MPI_BYTE, mw->comm));
+    MPI_COLL(mw, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->p2, (int)p->wire, MPI_BYTE, mw->comm),
+             MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->p2, (int)p->wire, MPI_BYTE, mw->comm, &rq_));
     return 0;
 }
 
@@ -177,7 +221,8 @@ static int mpi_exact(echo_comm *c, const echo_plan *p, const echo_call *call, vo
     echo_cpu_load(buf, p->dt, M, x, 0);
     if (call->res) echo_cpu_load(call->res, ECHO_F32, M, x, 1);
     if (!mw->twoshot) {
-        MPI_TRY(mw, MPI_Allreduce(MPI_IN_PLACE, x, (int)M, MPI_FLOAT, MPI_SUM, mw->comm));
+        MPI_COLL(mw, MPI_Allreduce(MPI_IN_PLACE, x, (int)M, MPI_FLOAT, MPI_SUM, mw->comm),
+                 MPI_Iallreduce(MPI_IN_PLACE, x, (int)M, MPI_FLOAT, MPI_SUM, mw->comm, &rq_));
     } else {
         /* reduce-scatter as an all-to-all of fp32 shards, the owner's sum in
          * rank order j = 0..N-1 (local's order), then an all-gather */
@@ -189,7 +234,8 @@ static int mpi_exact(echo_comm *c, const echo_plan *p, const echo_call *call, vo
             rc[j] = j != me ? (int)n : 0;
             rd[j] = (int)((size_t)j * p->shard);
         }
-        MPI_TRY(mw, MPI_Alltoallv(x, sc, sd, MPI_FLOAT, mw->xrecv, rc, rd, MPI_FLOAT, mw->comm));
+        MPI_COLL(mw, MPI_Alltoallv(x, sc, sd, MPI_FLOAT, mw->xrecv, rc, rd, MPI_FLOAT, mw->comm),
+                 MPI_Ialltoallv(x, sc, sd, MPI_FLOAT, mw->xrecv, rc, rd, MPI_FLOAT, mw->comm, &rq_));
         float *own = x + off;
         for (size_t i = 0; i < n; i++) {
             float s = 0;
@@ -203,7 +249,9 @@ static int mpi_exact(echo_comm *c, const echo_plan *p, const echo_call *call, vo
             mw->counts[j] = (int)echo_plan_len(p, j);
             mw->displs[j] = (int)((size_t)j * p->shard);
         }
-        MPI_TRY(mw, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, mw->counts, mw->displs, MPI_FLOAT, mw->comm));
+        MPI_COLL(mw, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, mw->counts, mw->displs, MPI_FLOAT, mw->comm),
+                 MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, mw->counts, mw->displs, MPI_FLOAT, mw->comm,
+                                 &rq_));
     }
     echo_cpu_store(x, M, buf, p->dt, bad);
     return 0;
@@ -227,8 +275,9 @@ static int mpi_os_exchange(echo_comm *c, size_t bytes, const echo_call *call, ch
     (void)bytes, (void)call;
     mpi_world *mw = mw_of(c->w);
     if (mpi_ready(mw, err, errlen)) return -1;
-    MPI_TRY(mw, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->os, (int)c->w->os_msg_max, MPI_BYTE,
-                              mw->comm));
+    MPI_COLL(mw, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->os, (int)c->w->os_msg_max, MPI_BYTE, mw->comm),
+             MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->os, (int)c->w->os_msg_max, MPI_BYTE, mw->comm,
+                            &rq_));
     return 0;
 }
 
@@ -323,6 +372,7 @@ int echo_world_create_mpi(const echo_config *cfg, echo_world **out, char *err, s
     mw->comm = MPI_COMM_NULL;
     mw->me = me;
     mw->twoshot = impl && !strcmp(impl, "twoshot");
+    mw->lazy = cfg && cfg->lazy_wait;
     w->tp_world = mw;
     /* From here on echo_world_destroy releases whatever was allocated. */
     size_t N = (size_t)n;

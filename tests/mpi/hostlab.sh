@@ -10,6 +10,8 @@
 #      (exact and echo all-reduces) gives the same bits (tokens and logprobs)
 #      as 2 ranks as threads without a lab; the same with the one-shot
 #      all-reduce (ECHO_ONESHOT_BYTES), which leaves exact's bits unchanged;
+#   3b. prefill overlap: exact's bits of a 160-token prompt as 2 micro-batches
+#      in 2 hosts equal the serial pass on threads;
 #   4. echo-serve under mpirun in the lab answers a few requests
 #      (scripts/ttft-ab.sh --lab hostlab, exact vs echo).
 # Every run is bounded by `timeout`; about a minute on 2 cores.
@@ -100,6 +102,23 @@ if cmp -s "$tmp/threads-exact.json" "$tmp/threads-exact-oneshot.json"; then ok
 else bad "exact: the one-shot all-reduce changed the output"; fi
 if ! cmp -s "$tmp/threads-echo.json" "$tmp/threads-echo-oneshot.json"; then ok
 else bad "echo: ECHO_ONESHOT_BYTES had no effect"; fi
+
+# 3b. prefill overlap (engine/overlap.h): a 160-token prompt as 2 micro-batches
+#     in the lab (--overlap 2) gives exact's bits of the serial pass on
+#     threads (--overlap off); echo's bits change (so the overlap ran)
+P=$(python3 -c "print(','.join(str((i * 37 + 11) % 200) for i in range(160)))")
+for mode in exact echo; do
+    args=(--model "$M/gqa4-deep" --prompt-tokens "$P" --max-tokens 4 --temperature 0 --ignore-eos --top-logprobs 3
+          --json --tp 2 --allreduce "$mode" --threads 1)
+    timeout 120 "$bin/echo-generate" "${args[@]}" --overlap off >"$tmp/ov-threads-$mode.json" 2>/dev/null
+    timeout 180 "$lab" --hosts 2 --rate 1gbit -- mpirun -np 2 "$bin/echo-generate" "${args[@]}" --overlap 2 \
+        >"$tmp/ov-lab-$mode.json" 2>"$tmp/ov-lab.err"
+    [ -s "$tmp/ov-threads-$mode.json" ] && [ -s "$tmp/ov-lab-$mode.json" ] || bad "$mode overlap: no output: $(tail -3 "$tmp/ov-lab.err")"
+done
+if cmp -s "$tmp/ov-threads-exact.json" "$tmp/ov-lab-exact.json"; then ok
+else bad "exact: --overlap 2 in 2 hosts differs from the serial pass on threads"; fi
+if [ -s "$tmp/ov-lab-echo.json" ] && ! cmp -s "$tmp/ov-threads-echo.json" "$tmp/ov-lab-echo.json"; then ok
+else bad "echo: --overlap 2 had no effect in the lab"; fi
 
 # 4. the server in the lab: a few requests per all-reduce
 if timeout 300 scripts/ttft-ab.sh --link 1gbit --lab hostlab --model "$demo" --tp 2 --device cpu --modes exact,echo \

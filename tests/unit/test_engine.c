@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/overlap.h"
 #include "tests/unit/testutil.h"
 
 #define MODELS TU_FIXTURES "/models"
@@ -287,6 +288,124 @@ START_TEST(test_passes_fixed_by_position) {
         free(got);
         eng_destroy(e);
     }
+}
+END_TEST
+
+/* Prefill overlap (engine/overlap.h): a step run as pipelined micro-batches
+ * gives the serial step's logits bits for exact and bf16 (every row of two
+ * prompts cut mid-sequence, beside a decode item, then greedy decodes), at
+ * tp 2, 3 and 4 with 2 and 3 micro-batches; the extra micro-batches' calls
+ * are counted (the overlap ran); echo stays as close to exact as without
+ * overlap. */
+static eng *open_overlap(const char *name, int tp, echo_preset mode, int overlap, char *err) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", MODELS, name);
+    eng_config c = {.model_dir = dir, .tp = tp, .allreduce = mode, .threads = tp, .max_model_len = 128,
+                    .max_num_seqs = 4, .kv_block_size = 4, .max_batch_tokens = 64, .pass_tokens = 64,
+                    .overlap = overlap, .overlap_min_rows = 4};
+    eng *e = NULL;
+    return eng_create(&c, &e, err, 1024) ? NULL : e;
+}
+
+/* Prompts A (21 tokens, all rows) and B (13, last row) and C's decode in
+ * one step, then 3 greedy decodes of A; logits (21 + 2 + 3 rows) in out. */
+static void overlap_run(eng *e, float *out) {
+    const int V = eng_model_config(e)->vocab_size;
+    char err[1024];
+    int32_t pa[21], pb[13], dec = 5;
+    make_prompt(pa, 21, V, 11u);
+    make_prompt(pb, 13, V, 12u);
+    int sa, sb, sc;
+    ck_assert(eng_seq_new(e, &sc, err, sizeof err) == 0);
+    eng_item it = {sc, pb, 3, ENG_LOGITS_NONE};
+    ck_assert_msg(eng_step(e, &it, 1, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert(eng_seq_new(e, &sa, err, sizeof err) == 0);
+    ck_assert(eng_seq_new(e, &sb, err, sizeof err) == 0);
+    eng_item three[3] = {{sa, pa, 21, ENG_LOGITS_ALL}, {sc, &dec, 1, ENG_LOGITS_LAST}, {sb, pb, 13, ENG_LOGITS_LAST}};
+    ck_assert_msg(eng_step(e, three, 3, out, err, sizeof err) == 0, "%s", err);
+    eng_sampling greedy = {.temperature = 0, .top_p = 1};
+    int32_t tok = eng_sample(out + (size_t)20 * V, V, &greedy, NULL);
+    for (int t = 0; t < 3; t++) {
+        it = (eng_item){sa, &tok, 1, ENG_LOGITS_LAST};
+        float *row = out + (size_t)(23 + t) * V;
+        ck_assert_msg(eng_step(e, &it, 1, row, err, sizeof err) == 0, "%s", err);
+        tok = eng_sample(row, V, &greedy, NULL);
+    }
+    eng_seq_free(e, sa);
+    eng_seq_free(e, sb);
+    eng_seq_free(e, sc);
+}
+
+START_TEST(test_overlap_bits) {
+    const char *models[] = {"gqa4-deep", "llama-tp3", "qwen2-bias"};
+    const echo_preset modes[] = {ECHO_PRESET_EXACT, ECHO_PRESET_BF16};
+    char err[1024];
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++)
+        for (int tp = 2; tp <= 4; tp++)
+            for (int m = 0; m < 2; m++) {
+                eng *off = open_overlap(models[mi], tp, modes[m], ENG_OVERLAP_OFF, err);
+                if (!off) {
+                    ck_assert_msg(strstr(err, "--tp") != NULL, "%s", err); /* a tp the model cannot split */
+                    continue;
+                }
+                ck_assert_int_eq(eng_overlap_k(off), 1);
+                const model_config *c = eng_model_config(off);
+                const int V = c->vocab_size, rows = 26;
+                float *ref = malloc((size_t)rows * V * sizeof *ref), *got = malloc((size_t)rows * V * sizeof *got);
+                overlap_run(off, ref);
+                for (int k = 2; k <= 3; k++) {
+                    eng *on = open_overlap(models[mi], tp, modes[m], k, err);
+                    ck_assert_msg(on != NULL, "%s", err);
+                    ck_assert_int_eq(eng_overlap_k(on), k);
+                    overlap_run(on, got);
+                    ck_assert_msg(!memcmp(got, ref, (size_t)rows * V * sizeof *ref),
+                                  "%s tp %d %s: %d micro-batches change the logits", models[mi], tp,
+                                  echo_preset_name(modes[m]), k);
+                    /* calls: C's 3-token step and the decodes (one pass each), and
+                     * the 35-token step as k micro-batches; bf16 cuts that step
+                     * into passes (engine.h "Passes"): the decode item alone,
+                     * then A and B, k micro-batches each */
+                    echo_stats st;
+                    eng_comm_stats(on, &st);
+                    uint64_t passes = modes[m] == ECHO_PRESET_BF16 ? 1 + 3 + 1 + 2 * (uint64_t)k : 1 + 3 + (uint64_t)k;
+                    ck_assert_uint_eq(st.calls[modes[m]], passes * 2 * c->num_layers * tp);
+                    eng_destroy(on);
+                }
+                free(ref);
+                free(got);
+                eng_destroy(off);
+            }
+}
+END_TEST
+
+/* Echo with overlap: each micro-batch has its own residual chain, and the
+ * logits stay as close to exact as the serial pass's. */
+START_TEST(test_overlap_echo_accuracy) {
+    char err[1024];
+    eng *ex = open_overlap("gqa4-deep", 2, ECHO_PRESET_EXACT, ENG_OVERLAP_OFF, err);
+    ck_assert_msg(ex != NULL, "%s", err);
+    const int V = eng_model_config(ex)->vocab_size, rows = 26;
+    float *ref = malloc((size_t)rows * V * sizeof *ref), *ser = malloc((size_t)rows * V * sizeof *ser),
+          *ovl = malloc((size_t)rows * V * sizeof *ovl);
+    overlap_run(ex, ref);
+    eng_destroy(ex);
+    eng *e1 = open_overlap("gqa4-deep", 2, ECHO_PRESET_ECHO, ENG_OVERLAP_OFF, err);
+    eng *e2 = open_overlap("gqa4-deep", 2, ECHO_PRESET_ECHO, 2, err);
+    ck_assert_msg(e1 && e2, "%s", err);
+    overlap_run(e1, ser);
+    overlap_run(e2, ovl);
+    /* only the prefill rows: the decodes may follow other greedy tokens */
+    double es = tu_rel_err(ser, ref, (size_t)23 * V), eo = tu_rel_err(ovl, ref, (size_t)23 * V);
+    ck_assert_msg(eo > 0 && es > 0, "echo quantized nothing");
+    ck_assert_msg(eo <= 1.5 * es + 1e-6, "echo with overlap: rel err %.3g vs %.3g serial", eo, es);
+    echo_stats st;
+    eng_comm_stats(e2, &st);
+    ck_assert_uint_gt(st.calls[ECHO_PRESET_ECHO], 0);
+    eng_destroy(e1);
+    eng_destroy(e2);
+    free(ref);
+    free(ser);
+    free(ovl);
 }
 END_TEST
 
@@ -1144,6 +1263,8 @@ int main(void) {
     tcase_add_test(tp, test_echo_eval_deep);
     tcase_add_test(tp, test_passes_fixed_by_position);
     tcase_add_test(tp, test_passes_exact_unchanged);
+    tcase_add_test(tp, test_overlap_bits);
+    tcase_add_test(tp, test_overlap_echo_accuracy);
     suite_add_tcase(s, tp);
     TCase *kv = tcase_create("kv-cache");
     tcase_set_timeout(kv, 120);

@@ -74,6 +74,7 @@ typedef struct fw_opts {
     int cuda_graphs;          /* eng_config.cuda_graphs */
     int quantize;             /* eng_config.quantize */
     int act_quant;            /* eng_config.act_quant */
+    int overlap;              /* eng_config.overlap */
     echo_preset allreduce;    /* eng_config.allreduce (tp > 1) */
     int echo_group;           /* eng_config.echo_group, 0 = default */
     echo_codec_id echo_codec; /* eng_config.echo_codec, 0 = default */
@@ -198,6 +199,8 @@ static const char FW_USAGE[] =
     "  --act-quant auto|none|q8_0  q8_0: the quantized matrices multiply 8-bit activations in\n"
     "                      integers, as llama.cpp does (cpu; eng_config.act_quant). auto (default):\n"
     "                      on a GGUF's quantized matrices; none: the exact path\n"
+    "  --overlap auto|off|N  prefill overlap at --tp > 1 on cpu (eng_config.overlap): prompts of >= 128\n"
+    "                      tokens as N micro-batches; auto (default): 2 under mpirun, else off\n"
     "  --seed S            random token ids (default 0)\n"
     "  --gemm-dim N        the matmul peak: ops->matmul of N x N by N x N, the yardstick of prefill\n"
     "                      TFLOP/s (default 8192 on a GPU, 1024 on cpu; 0 skips it)\n"
@@ -231,7 +234,8 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_ALLRED,
         O_EGROUP,
         O_EMINB,
-        O_ECODEC
+        O_ECODEC,
+        O_OVERLAP
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -255,6 +259,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"echo-group", required_argument, 0, O_EGROUP},
         {"echo-min-bytes", required_argument, 0, O_EMINB},
         {"echo-codec", required_argument, 0, O_ECODEC},
+        {"overlap", required_argument, 0, O_OVERLAP},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -343,6 +348,18 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             if (strcmp(a, "q8_0")) rc = fw_usage_error("--quantize: expected q8_0, got '%s'", a);
             o->quantize = ENG_QUANT_Q8_0;
             break;
+        case O_OVERLAP: {
+            long n = 0;
+            if (!strcmp(a, "auto"))
+                o->overlap = 0;
+            else if (!strcmp(a, "off"))
+                o->overlap = -1;
+            else if (cli_parse_long(a, 1, 8, &n) == 0)
+                o->overlap = (int)n;
+            else
+                rc = fw_usage_error("--overlap: expected auto, off or a count 1..8, got '%s'", a);
+            break;
+        }
         case O_ACTQ:
             if (cli_parse_act_quant(a, &o->act_quant))
                 rc = fw_usage_error("--act-quant: expected auto, none or q8_0, got '%s'", a);
@@ -707,7 +724,8 @@ int bench_forward_main(int argc, char **argv) {
                      .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec),
                      .cuda_graphs = o.cuda_graphs,
                      .quantize = o.quantize,
-                     .act_quant = o.act_quant};
+                     .act_quant = o.act_quant,
+                     .overlap = o.overlap};
     eng *e = NULL;
     float *logits = NULL;
     int32_t *ids = NULL;
@@ -853,6 +871,7 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, on_cpu ? "read_gbps" : "copy_gbps", json_real(bps / 1e9));
         json_object_set_new(root, "quantize", json_string(o.quantize ? "q8_0" : "none"));
         json_object_set_new(root, "act_quant", json_string(ri.act_q8_matrices ? "q8_0" : "none"));
+        json_object_set_new(root, "overlap", json_integer(eng_overlap_k(e)));
         json_object_set_new(root, "act_q8_matrices", json_integer(ri.act_q8_matrices));
         if (fma_peak > 0) json_object_set_new(root, "fma_peak_gflops", json_real(fma_peak / 1e9));
         if (gd > 0) {
