@@ -357,6 +357,13 @@ int echo_pass_failed_alike(const echo_comm *c);
 
 /* Register a transport on a new world (local.c / nccl.c call it). */
 int echo_world_alloc(int nranks, const echo_config *cfg, echo_world **out, char *err, size_t errlen);
+
+/* comm/preset.c, for echo.c: the preset that names a (codec, feedback) path;
+ * whether g is a valid group for codec ci; a call's wire geometry from its
+ * codec's row (wire size, rotation, form). */
+echo_preset echo_priv_preset_of(echo_codec_id codec, int feedback);
+int echo_priv_group_valid(const echo_codec_info *ci, int g);
+void echo_priv_plan_codec(echo_plan *p, echo_codec_id id);
 void echo_world_free(echo_world *w);
 
 /* ---- host codec loops (codec.c), shared by the host compute and the public

@@ -10,7 +10,7 @@ tp 1 and tp 3 and echo-bench codec --json throughput (scripts/accuracy.sh).
 the main run's rows per codec into one estimate with its standard error.
 
 The default preset is read from comm/echo.h (ECHO_DEFAULT_CODEC) and the
-codec table in comm/echo.c (its default G).
+codec table in comm/preset.c (its default G).
 
 Rows of older echo-eval builds (no "codec" key) are the int4 codec."""
 import json
@@ -33,7 +33,7 @@ def norm(j):
     return j
 
 def codec_bits(codec, g):
-    # the codec table's (comm/echo.c): 4-bit codes + one bf16 scale per group
+    # the codec table's (comm/preset.c): 4-bit codes + one bf16 scale per group
     return 4 + 16 / g
 
 
@@ -62,7 +62,7 @@ def default_preset():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     try:
         h = open(os.path.join(root, "comm/echo.h")).read()
-        c = open(os.path.join(root, "comm/echo.c")).read()
+        c = open(os.path.join(root, "comm/preset.c")).read()
         cid = re.search(r"#define ECHO_DEFAULT_CODEC (ECHO_CODEC_\w+)", h).group(1)
         # {name, rotate, code_bits, scale_bytes, sub_bits, min_group, default_group, form}
         m = re.search(r"\[" + cid + r"\] = \{([^}]*)\}", c)

@@ -196,6 +196,15 @@ int eng_prompt_chunk(const eng *e, int pos, int left, int budget) {
     int n = left < budget ? left : budget;
     return n > 0 ? n : 0;
 }
+/* tp 1 with no overlap: no all-reduce to describe */
+int eng_allreduce_config(const eng *e, echo_config *out) {
+    (void)e;
+    memset(out, 0, sizeof *out);
+    return -1;
+}
+int eng_overlap_k(const eng *e) {
+    return (void)e, 1;
+}
 int eng_seq_blocks(const eng *e, int seq) {
     return (void)e, (void)seq, -1;
 }
