@@ -78,6 +78,24 @@ const char *const *cli_devices(void) {
     return names;
 }
 
+static void join_choices(char *buf, size_t len, const char *const *c) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; c[i] && o < len; i++) o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? ", " : "", c[i]);
+}
+
+void cli_help(const char *usage) {
+    char b[512];
+    fputs(usage, stdout);
+    printf("\nChoices (from the tables in comm/ and kernels/):\n");
+    printf("  --allreduce    %s\n", echo_preset_names(b, sizeof b, ", "));
+    printf("  --echo-codec   %s (4-bit codes; NAME-gG sets the group)\n", echo_codec_names(b, sizeof b, ", ", 1));
+    join_choices(b, sizeof b, cli_transports());
+    printf("  --transport    %s\n", b);
+    join_choices(b, sizeof b, cli_devices());
+    printf("  --device       %s\n", b);
+}
+
 const char *cli_choice(const char *prog, const char *s, const char *flag, const char *const *choices) {
     char msg[256];
     size_t len = (size_t)snprintf(msg, sizeof msg, "%s expects ", flag);

@@ -25,6 +25,10 @@ const char *cli_choice(const char *prog, const char *s, const char *flag, const 
  * (kernels/kernels.h). */
 const char *const *cli_transports(void);
 const char *const *cli_devices(void);
+/* --help: usage, then the choices read from the tables (presets and codecs
+ * from comm/'s, transports from its transport table, devices from the
+ * backend table), so a new row shows up in every program's --help. */
+void cli_help(const char *usage);
 /* --echo-codec NAME[-gG]: the codec id (an echo_codec_id), and *group = G
  * when one is named (else unchanged); a usage error otherwise. */
 int cli_echo_codec(const char *prog, const char *s, int *group);

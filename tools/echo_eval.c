@@ -459,7 +459,7 @@ int main(int argc, char **argv) {
         case O_LPOUT: lp_path = optarg; break;
         case O_ACTQ: base.act_quant = cli_act_quant(PROG, optarg); break;
         case O_OVERLAP: base.overlap = cli_overlap(PROG, optarg); break;
-        case 'h': fputs(USAGE, stdout); return 0;
+        case 'h': cli_help(USAGE); return 0;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }

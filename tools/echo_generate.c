@@ -47,7 +47,7 @@ static const char *USAGE =
     "                         echo (the 4-bit codec of --echo-codec with error feedback, default),\n"
     "                         echo-nofb (that codec without feedback), int4 (the paper's int4 codec,\n"
     "                         no feedback), bf16 (16-bit sums), exact (fp32 sum)\n"
-    "  --transport T          all-reduce transport when --tp > 1: auto (default), local, nccl;\n"
+    "  --transport T          all-reduce transport when --tp > 1: auto (default) or a row below;\n"
     "                         cuda: nccl = rank i on GPU i, local = every rank on GPU 0\n"
     "  --cuda-graphs          decode steps through CUDA graphs (cuda; recorded once, then replayed;\n"
     "                         same tokens; at --tp > 1 the nccl transport's all-reduces are\n"
@@ -261,7 +261,7 @@ int main(int argc, char **argv) {
         case O_CHAT: chat = 1; break;
         case O_NOTHINK: no_thinking = 1; break;
         case O_TOKENIZER: tok_path = optarg; break;
-        case 'h': fputs(USAGE, stdout); return 0;
+        case 'h': cli_help(USAGE); return 0;
         case '?':
         default:
             cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);

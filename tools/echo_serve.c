@@ -254,7 +254,7 @@ int main(int argc, char **argv) {
             else
                 cli_usage_error(PROG, "--log-level expects debug, info, warning or error, got '%s'", optarg);
             break;
-        case 'h': fputs(USAGE, stdout); return 0;
+        case 'h': cli_help(USAGE); return 0;
         case '?':
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }

@@ -175,6 +175,12 @@ check "echo-bench: --help lists the subcommand table (exit 0); bad commands and 
   usage_case \"usage: echo-bench allreduce\" allreduce --group &&
   usage_case \"unknown transport 'bogus'\" allreduce --transport bogus"
 
+check "echo-serve --help lists every transport, preset and device from the tables" bash -c "
+  $(printf '%q' "$serve") --help >$tmp/shelp.out 2>&1 || exit 1
+  grep -q '^  --transport  *auto, local, nccl, mpi\$' $tmp/shelp.out || { echo 'no transport list'; tail -6 $tmp/shelp.out; exit 1; }
+  grep -q '^  --allreduce .*exact.*echo-nofb.*echo.*bf16.*int4' $tmp/shelp.out || { echo 'no preset list'; exit 1; }
+  grep -q '^  --device  *auto, cpu' $tmp/shelp.out || { echo 'no device list'; exit 1; }"
+
 # ---- plots
 png_ok() { python3 -c '
 import sys, os

@@ -143,7 +143,7 @@ out:
 static void ar_usage(void) {
     fprintf(
         stderr,
-        "usage: echo-bench allreduce [--transport local|nccl|mpi] [--ranks N] [--algo exact,bf16,int4,echo,echo-nofb]\n"
+        "usage: echo-bench allreduce [--transport T] [--ranks N] [--algo A,B,...]\n"
         "                            [--min-bytes 1K] [--max-bytes 16M] [--step 2] [--group G] [--codec NAME[-gG]]\n"
         "                            [--echo-min-bytes N] [--iters N] [--warmup N] [--seed S]\n"
         "                            [--dist gauss|outlier] [--json]\n"
@@ -152,6 +152,9 @@ static void ar_usage(void) {
         "  mpi:   under mpirun, one rank per process (--ranks is the job's size), fp32; exact =\n"
         "         MPI_Allreduce, or the two-shot schedule with ECHO_MPI_EXACT=twoshot; time =\n"
         "         median over iterations of the slowest rank's\n");
+    char b[128];
+    fprintf(stderr, "  T (transport table): %s\n", echo_transport_names(b, sizeof b, ", "));
+    fprintf(stderr, "  A (presets): %s\n", echo_preset_names(b, sizeof b, ", "));
 }
 
 int bench_allreduce_main(int argc, char **argv) {
@@ -210,7 +213,8 @@ int bench_allreduce_main(int argc, char **argv) {
     snprintf(list, sizeof list, "%s", algos);
     for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (nmodes == ECHO_PRESET_COUNT || echo_preset_parse(tok, &modes[nmodes])) {
-            fprintf(stderr, "echo-bench: unknown algo '%s' (exact, bf16, int4, echo, echo-nofb)\n", tok);
+            char names[128];
+            fprintf(stderr, "echo-bench: unknown algo '%s' (%s)\n", tok, echo_preset_names(names, sizeof names, ", "));
             return 2;
         }
         nmodes++;

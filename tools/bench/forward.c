@@ -281,7 +281,12 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             break;
         case O_ALLRED:
             if (echo_preset_parse(a, &o->allreduce))
-                rc = fw_usage_error("--allreduce: expected exact, bf16, int4, echo or echo-nofb, got '%s'", a);
+            {
+                char msg[256], names[128];
+                snprintf(msg, sizeof msg, "--allreduce: expected one of %s, got '%%s'",
+                         echo_preset_names(names, sizeof names, ", "));
+                rc = fw_usage_error(msg, a);
+            }
             break;
         case O_EGROUP:
             if (cli_parse_long(a, 16, 256, &v)) rc = fw_usage_error("--echo-group: expected 16..256, got '%s'", a);
