@@ -242,6 +242,7 @@ typedef struct {
     uint32_t m;      /* the largest |y| bits */
     uint16_t sb;     /* the scale */
     uint16_t o1, o2; /* the outliers as bf16 */
+    uint32_t mu;     /* the largest |u| bits (hnf3's RMS scaling) */
     float y1, y2;
 } zgrp;
 
@@ -278,22 +279,47 @@ Z_INLINE void enc_top2(const float *x, const float *res, int hr, int G, float *y
 
 /* Phase 2: u = the group without its outliers (rotated for hout2) into ub,
  * the scale and the record. */
-/* hnf3's scale: echo_nf3_rms of u (mu: its largest |u| bits, 0 < mu <
- * 2^127), 8 partial sums in the reference's order (8 lanes, j in order). */
-Z_INLINE uint16_t nf3_rms(const float *u, int G, uint32_t mu) {
-    int e = (int)(mu >> 23);
-    e = e < 1 ? 1 : e;
-    const __m256 p = _mm256_set1_ps(echo_bits_f32((uint32_t)(254 - e) << 23));
-    __m256 acc = _mm256_setzero_ps();
-    for (int j = 0; j < G / 8; j++) {
-        __m256 v = _mm256_mul_ps(_mm256_load_ps(u + 8 * j), p);
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+/* hnf3's scales: echo_nf3_rms of the nb (<= ZB) groups u[b] (mu: their
+ * largest |u| bits), 8 partial sums each in the reference's order (8
+ * lanes, j in order); the groups' chains interleave, so their adds
+ * overlap. A group whose mu is 0 or at 2^127 gets 0 or poison. */
+Z_INLINE void nf3_rms(const float (*u)[ECHO_MAX_GROUP], int nb, int G, const uint32_t *m, const uint32_t *mu,
+                      uint16_t *sb) {
+    __m256 acc[4], p[4];
+    int e[4];
+    for (int b = 0; b < 4; b++) {
+        e[b] = b < nb ? (int)(mu[b] >> 23) : 1;
+        e[b] = e[b] < 1 ? 1 : e[b] > 253 ? 253 : e[b];
+        p[b] = _mm256_set1_ps(echo_bits_f32((uint32_t)(254 - e[b]) << 23));
+        acc[b] = _mm256_setzero_ps();
     }
-    float a[8] __attribute__((aligned(32)));
-    _mm256_store_ps(a, acc);
-    float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-    uint16_t h = echo_f32_to_bf16(echo_sqrt(sum / (float)G) * echo_bits_f32((uint32_t)e << 23));
-    return h ? h : (uint16_t)1u;
+    /* all 4 chains (the groups past nb are finite scratch, unused), so
+     * that the accumulators stay in registers */
+    for (int j = 0; j < G / 8; j++) {
+        UNROLL
+        for (int b = 0; b < 4; b++) {
+            __m256 v = _mm256_mul_ps(_mm256_load_ps(u[b] + 8 * j), p[b]);
+            acc[b] = _mm256_add_ps(acc[b], _mm256_mul_ps(v, v));
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        float a[8] __attribute__((aligned(32)));
+        _mm256_store_ps(a, acc[b]);
+        float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        uint16_t h = echo_f32_to_bf16(echo_sqrt(sum / (float)G) * echo_bits_f32((uint32_t)e[b] << 23));
+        sb[b] = m[b] >= ECHO_LIMIT_BITS || mu[b] >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : !mu[b] ? 0 : h ? h : 1u;
+    }
+}
+
+/* The group's record from its scale sb. */
+Z_INLINE void enc_record(zgrp *st, uint16_t sb, uint8_t *rec) {
+    int poison = echo_scale_is_poison(sb);
+    st->sb = sb;
+    st->o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y1);
+    st->o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y2);
+    uint8_t r8[ECHO_OUT2_REC] = {(uint8_t)sb,     (uint8_t)(sb >> 8),     (uint8_t)st->o1, (uint8_t)(st->o1 >> 8),
+                                 (uint8_t)st->o2, (uint8_t)(st->o2 >> 8), (uint8_t)st->i1, (uint8_t)st->i2};
+    memcpy(rec, r8, sizeof r8);
 }
 
 Z_INLINE void enc_scale(const float *yb, int rot, int nf3, int G, const zhad *d, float *ub, zgrp *st, uint8_t *rec) {
@@ -313,16 +339,9 @@ Z_INLINE void enc_scale(const float *yb, int rot, int nf3, int G, const zhad *d,
         mu = _mm512_max_epi32(mu, _mm512_and_si512(_mm512_castps_si512(u[j]), abs));
     }
     uint32_t mub = (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(bmax16(mu)));
-    uint16_t sb = st->m >= ECHO_LIMIT_BITS || mub >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON
-                  : !nf3 || !mub                                     ? echo_scale_from_absbits(mub)
-                                                                     : nf3_rms(ub, G, mub);
-    int poison = echo_scale_is_poison(sb);
-    st->sb = sb;
-    st->o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y1);
-    st->o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y2);
-    uint8_t r8[ECHO_OUT2_REC] = {(uint8_t)sb,     (uint8_t)(sb >> 8),     (uint8_t)st->o1, (uint8_t)(st->o1 >> 8),
-                                 (uint8_t)st->o2, (uint8_t)(st->o2 >> 8), (uint8_t)st->i1, (uint8_t)st->i2};
-    memcpy(rec, r8, sizeof r8);
+    st->mu = mub;
+    /* hnf3: the scale and record come after the batch's RMS (nf3_rms) */
+    if (!nf3) enc_record(st, st->m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(mub), rec);
 }
 
 /* Phase 3: the codes, and res = y - the decoded group when hw. */
@@ -450,6 +469,7 @@ Z_INLINE size_t o2_enc_impl(const float *x, float *res, int hr, int hw, int rot,
     float yb[ZB][ECHO_MAX_GROUP] __attribute__((aligned(64))), ub[ZB][ECHO_MAX_GROUP] __attribute__((aligned(64)));
     zgrp st[ZB];
     size_t npoison = 0, ng = n / (size_t)G;
+    if (nf3) memset(ub, 0, sizeof ub); /* nf3_rms reads all ZB groups */
     for (size_t g0 = 0; g0 < ng; g0 += ZB) {
         int nb = ng - g0 < ZB ? (int)(ng - g0) : ZB;
         for (int b = 0; b < nb; b++) {
@@ -458,6 +478,15 @@ Z_INLINE size_t o2_enc_impl(const float *x, float *res, int hr, int hw, int rot,
         }
         for (int b = 0; b < nb; b++)
             enc_scale(yb[b], rot, nf3, G, &d, ub[b], &st[b], recs + (g0 + (size_t)b) * ECHO_OUT2_REC);
+        if (nf3) {
+            uint32_t m[ZB], mu[ZB];
+            uint16_t sb[ZB];
+            for (int b = 0; b < nb; b++)
+                m[b] = st[b].m, mu[b] = st[b].mu;
+            nf3_rms((const float (*)[ECHO_MAX_GROUP])ub, nb, G, m, mu, sb);
+            for (int b = 0; b < nb; b++)
+                enc_record(&st[b], sb[b], recs + (g0 + (size_t)b) * ECHO_OUT2_REC);
+        }
         for (int b = 0; b < nb; b++) {
             size_t off = (g0 + (size_t)b) * (size_t)G;
             enc_codes(yb[b], ub[b], hw ? res + off : NULL, hw, rot, nf3, G, &d, &st[b],
