@@ -54,6 +54,7 @@ typedef enum echo_codec_id {
     ECHO_CODEC_HSUB6,       /* rotation per 16 values, each 16 with a 6-bit scale under the group's bf16 one */
     ECHO_CODEC_OUT2,        /* int4 with the 2 largest |values| of each group in bf16 (outlier channels) */
     ECHO_CODEC_HOUT2,       /* out2's outliers, then hadamard over the rest of the group */
+    ECHO_CODEC_HNF3,        /* hout2's outliers and rotation, 3-bit normal-float levels times the group's RMS */
     ECHO_CODEC_NONE,        /* exact: fp32 on the wire, the transport's own all-reduce */
     ECHO_CODEC_BF16,        /* exact: bf16 on the wire, fp32 sums rounded once (host transports only) */
 #ifdef ECHO_EXTRA_CODEC_IDS
@@ -73,6 +74,8 @@ typedef enum echo_codec_id {
 /* The echo preset's tail policy (echo_config.tail_sites): the last 2 calls
  * of a pass in bf16 (docs/accuracy.md, "The last layer in bf16"). */
 #define ECHO_TAIL_SITES 2
+/* echo3's: one call, so that a pass stays within 3.5 bits/value */
+#define ECHO3_TAIL_SITES 1
 
 /* Two orthogonal settings: the codec, and error feedback (lossy codecs
  * only: an exact codec leaves no error to feed back, and a world asking
@@ -124,7 +127,10 @@ typedef struct echo_comm echo_comm;   /* one rank */
  *   echo-nofb = {the chosen 4-bit codec, no feedback}: echo's codec without
  *               error feedback, the ablation
  *   bf16      = {bf16, no feedback}
- * exact, int4 and bf16 fix their codec; echo and echo-nofb take the codec
+ *   echo3     = {hnf3 (3-bit codes, 3.25 bits at G 256), feedback, the last
+ *               ECHO3_TAIL_SITES call of a pass in bf16: 3.46 bits/value
+ *               over SmolLM2's 60 calls}
+ * exact, int4, bf16 and echo3 fix their codec; echo and echo-nofb take the codec
  * the caller names (0: ECHO_DEFAULT_CODEC). A preset also names the path a
  * call took in echo_stats (the size policy's fallback is `exact`; a world
  * of the int4 codec without feedback counts as int4, any other 4-bit codec
@@ -135,10 +141,11 @@ typedef enum echo_preset {
     ECHO_PRESET_ECHO,
     ECHO_PRESET_BF16,
     ECHO_PRESET_INT4, /* the paper's int4 codec, no feedback */
+    ECHO_PRESET_ECHO3, /* "echo3": hnf3-g256, feedback, the pass's last call in bf16 (<= 3.5 bits) */
     ECHO_PRESET_COUNT /* rows of the preset table */
 } echo_preset;
 
-/* Parse "exact" | "int4" | "echo" | "echo-nofb" | "bf16"; -1 if unknown. */
+/* Parse "exact" | "int4" | "echo" | "echo-nofb" | "bf16" | "echo3"; -1 if unknown. */
 int echo_preset_parse(const char *s, echo_preset *out);
 /* The names of the rows of the preset, codec (lossy_only: the 4-bit ones)
  * and transport tables, in table order, joined by sep into buf (cut to len,
@@ -191,7 +198,7 @@ int echo_config_tail(const echo_config *cfg, int *sites, echo_codec_id *codec, c
  * docs/echo.md §2b has the formats and the measurements that chose
  * ECHO_DEFAULT_CODEC. */
 typedef struct echo_codec_info {
-    const char *name;  /* what users type: "int4", "hadamard", "hsub6", "out2", "hout2", "none", "bf16" */
+    const char *name;  /* what users type: "int4", "hadamard", "hsub6", "out2", "hout2", "hnf3", "none", "bf16" */
     int rotate;        /* values per Walsh-Hadamard rotation block (comm/codec/echo_codec.h): 0 none, -1 the group */
     int code_bits;     /* wire bits of one value (its code, or the float itself when lossless) */
     int scale_bytes;   /* wire bytes of one group's scale */

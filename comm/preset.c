@@ -1,6 +1,6 @@
 /*
  * comm/preset.c — the two tables users name things from: the presets
- * (exact, echo, echo-nofb, bf16, int4: codec x feedback x tail) and the
+ * (exact, echo, echo-nofb, bf16, int4, echo3: codec x feedback x tail) and the
  * codec table (wire form, bits, groups), with their parsers, name lists and
  * the one-line descriptions the start-up plan, /metrics and JSON print.
  * echo.c runs the all-reduce over what these rows say.
@@ -30,6 +30,9 @@ static const struct preset {
     [ECHO_PRESET_ECHO] = {"echo", ECHO_CODEC_DEFAULT, 1, ECHO_TAIL_SITES, ECHO_CODEC_BF16},
     [ECHO_PRESET_BF16] = {"bf16", ECHO_CODEC_BF16, 0, 0, 0},
     [ECHO_PRESET_INT4] = {"int4", ECHO_CODEC_INT4, 0, 0, 0},
+    /* 3.25 bits at G 256, its last call in bf16: 3.46 bits/value over a pass
+     * of 60 calls (two tail calls would be 3.68; docs/accuracy.md) */
+    [ECHO_PRESET_ECHO3] = {"echo3", ECHO_CODEC_HNF3, 1, ECHO3_TAIL_SITES, ECHO_CODEC_BF16},
 };
 
 int echo_preset_parse(const char *s, echo_preset *out) {
@@ -181,6 +184,8 @@ static const echo_codec_info codecs[ECHO_CODEC_COUNT] = {
     [ECHO_CODEC_HSUB6] = {"hsub6", ECHO_SUB, 4, 2, 6, 64, 128, ECHO_FORM_HSUB},
     [ECHO_CODEC_OUT2] = {"out2", 0, 4, ECHO_OUT2_REC, 0, 64, 128, ECHO_FORM_OUT2},
     [ECHO_CODEC_HOUT2] = {"hout2", 0, 4, ECHO_OUT2_REC, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_HOUT2},
+    /* 3-bit codes, hout2's record; host loops only (no CUDA kernel yet) */
+    [ECHO_CODEC_HNF3] = {"hnf3", 0, 3, ECHO_OUT2_REC, 0, 64, 256, ECHO_FORM_HNF3, 0, 1},
     /* G only sets the shard granularity here; 128 as ECHO_DEFAULT_CODEC's */
     [ECHO_CODEC_NONE] = {"none", 0, 32, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 0},
     [ECHO_CODEC_BF16] = {"bf16", 0, 16, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 1},

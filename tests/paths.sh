@@ -3,7 +3,7 @@
 #
 # The same prompt token ids, at tp 3, through every program that runs a
 # prompt through the engine, must give the same logits bits, for every
-# preset (exact, int4, echo, echo-nofb, bf16):
+# preset (exact, int4, echo, echo-nofb, bf16, echo3):
 #   - echo-eval --prompts (eng_step_states, each prompt one item) with
 #     --logprobs-out: the log-probability of every prompt token, and the
 #     top 5 after the last one;
@@ -23,7 +23,7 @@ set -u
 np=
 if [ "${1:-}" = --np ]; then np=$2; shift 2; fi
 bin=$1 gguf=$2
-presets=${ECHO_PATHS_PRESETS:-exact int4 echo echo-nofb bf16}
+presets=${ECHO_PATHS_PRESETS:-exact int4 echo echo-nofb bf16 echo3}
 tp=3
 if [ ! -f "$gguf" ]; then
     echo "paths: skipped: $gguf not found (make default-model)"

@@ -89,7 +89,7 @@ void cli_help(const char *usage) {
     fputs(usage, stdout);
     printf("\nChoices (from the tables in comm/ and kernels/):\n");
     printf("  --allreduce    %s\n", echo_preset_names(b, sizeof b, ", "));
-    printf("  --echo-codec   %s (4-bit codes; NAME-gG sets the group)\n", echo_codec_names(b, sizeof b, ", ", 1));
+    printf("  --echo-codec   %s (lossy codes: hnf3 3-bit, the others 4-bit; NAME-gG sets the group)\n", echo_codec_names(b, sizeof b, ", ", 1));
     join_choices(b, sizeof b, cli_transports());
     printf("  --transport    %s\n", b);
     join_choices(b, sizeof b, cli_devices());

@@ -46,8 +46,9 @@ static const char *USAGE =
     "  --max-prompts K      --text: at most K prompts (default 50)\n"
     "  --seed S             seed of random prompts (default 1)\n"
     "  --gen-tokens G       greedy continuation length compared (default 32)\n"
-    "  --modes LIST         comma-separated subset of echo,echo-nofb,int4,bf16 (default echo,echo-nofb):\n"
-    "                       echo-nofb is echo's codec without error feedback; int4 the paper's codec\n"
+    "  --modes LIST         comma-separated subset of echo,echo-nofb,int4,bf16,echo3 (default echo,echo-nofb):\n"
+    "                       echo-nofb is echo's codec without error feedback; int4 the paper's codec;\n"
+    "                       echo3 hnf3-g256 with feedback and the last call in bf16 (3.46 bits/value)\n"
     "                       (at the groups of --codecs' int4 entries, else G 64)\n"
     "  --echo-min-bytes LIST  size policies of the quantized modes, e.g. 0,65536 (default 0)\n"
     "  --echo-group LIST    values per scale group, e.g. 32,64,128 (default: comm/ default)\n"
@@ -482,8 +483,12 @@ int main(int argc, char **argv) {
             echo_preset m = ECHO_PRESET_EXACT;
             int bad = echo_preset_parse(t, &m) || m == ECHO_PRESET_EXACT;
             for (int i = 0; i < n_modes; i++) bad |= modes[i] == m;
-            if (bad)
-                cli_usage_error(PROG, "--modes expects a subset of echo,echo-nofb,int4,bf16, got '%s'", modes_arg);
+            if (bad) {
+                char names[256], msg[512];
+                snprintf(msg, sizeof msg, "--modes expects a subset of %s (exact aside), got '%s'",
+                         echo_preset_names(names, sizeof names, ","), modes_arg);
+                cli_usage_error(PROG, "%s", msg);
+            }
             modes[n_modes++] = m;
         }
     }

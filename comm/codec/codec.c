@@ -427,8 +427,8 @@ int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t co
     p.rotate = ci->rotate < 0 ? group : ci->rotate;
     p.form = ci->form;
     size_t ng = (count + (size_t)group - 1) / (size_t)group, np = ng * (size_t)group;
-    uint8_t *codes = wire, *scales = codes + np / 2;
-    size_t rb = gb - (size_t)group / 2;
+    uint8_t *codes = wire, *scales = codes + echo_form_code_bytes(ci->form, np);
+    size_t rb = gb - echo_form_code_bytes(ci->form, (size_t)group);
     float u[ECHO_ROT_CHUNK];
     size_t off = 0, b;
     if (!p.rotate) { /* out2, hout2: whole groups straight from x, only the ragged end staged */
@@ -443,7 +443,8 @@ int echo_codec_encode_as(echo_codec_id id, const float *x, float *res, size_t co
         size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK;
         size_t in = count - off < m ? count - off : m;
         stage_fwd(&p, x + off, ECHO_F32, in, m, u);
-        if (enc_msg(&p, u, ECHO_F32, res ? res + off : NULL, res != NULL, ECHO_RESID_F32, m, codes + off / 2,
+        if (enc_msg(&p, u, ECHO_F32, res ? res + off : NULL, res != NULL, ECHO_RESID_F32, m,
+                    codes + echo_form_code_bytes(p.form, off),
                     scales + off / (size_t)group * rb, &b)) {
             snprintf(err, errlen,
                      "codec: rotated value %g at element %zu is not finite or exceeds the codec's range (|x| < "
@@ -472,8 +473,8 @@ int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int g
     p.rotate = ci->rotate < 0 ? group : ci->rotate;
     p.form = ci->form;
     size_t ng = (count + (size_t)group - 1) / (size_t)group, np = ng * (size_t)group;
-    const uint8_t *codes = wire, *scales = codes + np / 2;
-    size_t rb = gb - (size_t)group / 2;
+    const uint8_t *codes = wire, *scales = codes + echo_form_code_bytes(ci->form, np);
+    size_t rb = gb - echo_form_code_bytes(ci->form, (size_t)group);
     if (!p.rotate) { /* out2, hout2: no staging (a ragged last group decodes its first values) */
         dec_msg(&p, codes, scales, count, out, accumulate, NULL);
         return 0;
@@ -481,7 +482,7 @@ int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int g
     float u[ECHO_ROT_CHUNK];
     for (size_t off = 0; off < np; off += ECHO_ROT_CHUNK) {
         size_t m = np - off < ECHO_ROT_CHUNK ? np - off : ECHO_ROT_CHUNK;
-        dec_msg(&p, codes + off / 2, scales + off / (size_t)group * rb, m, u, 0, NULL);
+        dec_msg(&p, codes + echo_form_code_bytes(p.form, off), scales + off / (size_t)group * rb, m, u, 0, NULL);
         stage_inv(&p, u, count - off < m ? count - off : m, out + off, ECHO_F32, accumulate);
     }
     return 0;
@@ -489,9 +490,9 @@ int echo_codec_decode_as(echo_codec_id id, const void *wire, size_t count, int g
 
 /* ---- host compute table ---- */
 
-/* The scales of a shard's wire message follow its L/2 code bytes. */
+/* The scales of a shard's wire message follow its code bytes (L/2; 3L/8 for hnf3). */
 static uint16_t *plan_scales(const echo_plan *p, const uint8_t *wire) {
-    return (uint16_t *)(wire + p->shard / 2);
+    return (uint16_t *)(wire + echo_form_code_bytes(p->form, p->shard));
 }
 
 /* ---- rotating codecs (echo_plan.rotate): the int4 loops above run on the
@@ -706,7 +707,8 @@ static size_t scalar_rec_encode(int form, const float *y, float *res, int res_va
             v = t;
         }
         uint16_t sb =
-            echo_rec_encode_group(form, v, G, codes + off / 2, recs + off / (size_t)G * rb, res ? res + off : NULL, G);
+            echo_rec_encode_group(form, v, G, codes + echo_form_code_bytes(form, off), recs + off / (size_t)G * rb,
+                                  res ? res + off : NULL, G);
         if (echo_scale_is_poison(sb) && !npoison++) *bad = off;
     }
     return npoison;
@@ -738,7 +740,7 @@ void echo_cpu_rec_decode_rest(int form, const uint8_t *codes, const uint8_t *rec
                               float *out, int accumulate) {
     size_t off = ng * (size_t)group;
     if (off < n)
-        scalar_rec_decode(form, codes + off / 2, recs + ng * (size_t)echo_rec_bytes(form, group), n - off, group,
+        scalar_rec_decode(form, codes + echo_form_code_bytes(form, off), recs + ng * (size_t)echo_rec_bytes(form, group), n - off, group,
                           out + off, accumulate);
 }
 
@@ -747,7 +749,7 @@ static void scalar_rec_decode(int form, const uint8_t *codes, const uint8_t *rec
     size_t rb = (size_t)echo_rec_bytes(form, G);
     float v[ECHO_MAX_GROUP];
     for (size_t off = 0; off < n; off += (size_t)G) {
-        echo_rec_decode_group(form, codes + off / 2, recs + off / (size_t)G * rb, G, v);
+        echo_rec_decode_group(form, codes + echo_form_code_bytes(form, off), recs + off / (size_t)G * rb, G, v);
         size_t m = n - off < (size_t)G ? n - off : (size_t)G;
         if (accumulate)
             for (size_t i = 0; i < m; i++)
@@ -823,8 +825,8 @@ static size_t job_run(host_job *j) {
 }
 
 /* A span's codes and scales (or records) within a wire message. */
-static uint8_t *span_codes(const host_span *sp, const uint8_t *msg) {
-    return (uint8_t *)msg + sp->off / 2;
+static uint8_t *span_codes(const echo_plan *p, const host_span *sp, const uint8_t *msg) {
+    return (uint8_t *)msg + echo_form_code_bytes(p->form, sp->off);
 }
 static uint8_t *span_scales(const echo_plan *p, const host_span *sp, const uint8_t *msg) {
     return (uint8_t *)plan_scales(p, msg) + sp->off / (size_t)p->group * (size_t)echo_rec_bytes(p->form, p->group);
@@ -850,7 +852,7 @@ static void phase1_span(host_job *j, host_span *sp) {
     }
     if (sp->s == c->rank) return;
     if (enc_msg(p, x, xdt, j->res ? j->res + at : NULL, j->res_valid, ECHO_RESID_F32, sp->len,
-                span_codes(sp, j->send[sp->s]), span_scales(p, sp, j->send[sp->s]), &b))
+                span_codes(p, sp, j->send[sp->s]), span_scales(p, sp, j->send[sp->s]), &b))
         sp->bad = at + b;
 }
 
@@ -887,10 +889,10 @@ static void phase2_span(host_job *j, host_span *sp) {
         if (r == c->rank)
             echo_cpu_load(x, xdt, sp->len, sum, r > 0);
         else
-            dec_msg(p, span_codes(sp, j->msgs[r]), span_scales(p, sp, j->msgs[r]), sp->len, sum, r > 0, NULL);
+            dec_msg(p, span_codes(p, sp, j->msgs[r]), span_scales(p, sp, j->msgs[r]), sp->len, sum, r > 0, NULL);
     }
     /* a poisoned group travels in-band and is reported by finish */
-    enc_msg(p, sum, ECHO_F32, j->res ? j->res + sp->off : NULL, j->res_valid, rmode, sp->len, span_codes(sp, j->out),
+    enc_msg(p, sum, ECHO_F32, j->res ? j->res + sp->off : NULL, j->res_valid, rmode, sp->len, span_codes(p, sp, j->out),
             span_scales(p, sp, j->out), &b);
 }
 
@@ -916,11 +918,11 @@ static void finish_span(host_job *j, host_span *sp) {
     if (echo_plan_staged(p) && !p->rotate && p->dt == ECHO_F32) {
         /* out2 / hout2 into an fp32 buffer: no staged copy (a ragged last
          * group decodes its first values) */
-        dec_msg(p, span_codes(sp, msg), span_scales(p, sp, msg), in < sp->len ? in : sp->len, out, 0, &b);
+        dec_msg(p, span_codes(p, sp, msg), span_scales(p, sp, msg), in < sp->len ? in : sp->len, out, 0, &b);
     } else if (echo_plan_staged(p)) {
-        dec_msg(p, span_codes(sp, msg), span_scales(p, sp, msg), sp->len, j->c->rot + at, 0, &b);
+        dec_msg(p, span_codes(p, sp, msg), span_scales(p, sp, msg), sp->len, j->c->rot + at, 0, &b);
         stage_inv(p, j->c->rot + at, in < sp->len ? in : sp->len, out, p->dt, 0);
-    } else if (!echo_cpu_decode_store(span_codes(sp, msg), (const uint16_t *)span_scales(p, sp, msg), sp->len, p->group,
+    } else if (!echo_cpu_decode_store(span_codes(p, sp, msg), (const uint16_t *)span_scales(p, sp, msg), sp->len, p->group,
                                       out, p->dt, &b))
         b = ECHO_NO_INDEX;
     if (b != ECHO_NO_INDEX) sp->bad = at + b;

@@ -627,14 +627,60 @@ AVX2_INLINE float add_acc1(float o, float v) {
     return _mm_cvtss_f32(_mm256_castps256_ps128(add_acc(_mm256_set1_ps(o), _mm256_set1_ps(v))));
 }
 
-/* One full out2 (rot = 0) or hout2 (rot = 1) group: echo_out2_encode_group
- * / echo_hout2_encode_group on y = x (+ res when hr); res = the residual
- * when hw. out2 is hout2 without the rotation, bit for bit: its outliers'
+/* hnf3's 8 codes of v (u / s) as int32 lanes: sign (4) | the number of
+ * thresholds at or below |v| (echo_nf3_code). */
+AVX2_INLINE __m256i nf3_code8(__m256 t) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 a = _mm256_andnot_ps(sign, t);
+    __m256i c = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(t, _mm256_setzero_ps(), _CMP_LT_OQ)),
+                                 _mm256_set1_epi32(4));
+    /* each true compare is -1: subtracting counts it */
+    c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(ECHO_NF3_T1), _CMP_GE_OQ)));
+    c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(ECHO_NF3_T2), _CMP_GE_OQ)));
+    return _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(ECHO_NF3_T3), _CMP_GE_OQ)));
+}
+
+/* The levels of 8 codes, times s (echo_nf3_level(c) * s). */
+AVX2_INLINE __m256 nf3_value8(__m256i c, __m256 s) {
+    const __m256 lv = _mm256_setr_ps(echo_nf3_level(0), echo_nf3_level(1), echo_nf3_level(2), echo_nf3_level(3),
+                                     echo_nf3_level(4), echo_nf3_level(5), echo_nf3_level(6), echo_nf3_level(7));
+    return _mm256_mul_ps(_mm256_permutevar8x32_ps(lv, c), s);
+}
+
+/* The 8 codes of the 24-bit word at c (echo_nf3_get of 8 values). */
+AVX2_INLINE __m256i nf3_unpack8(const uint8_t *c) {
+    uint32_t w = (uint32_t)c[0] | ((uint32_t)c[1] << 8) | ((uint32_t)c[2] << 16);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)),
+                            _mm256_set1_epi32(7));
+}
+
+/* echo_nf3_rms of the group in u (mu: its largest |u| bits, 0 < mu < 2^127):
+ * lane l of the vector sum is the scalar's partial sum l, in the same order. */
+AVX2_INLINE uint16_t nf3_rms(const float *u, int G, uint32_t mu) {
+    int e = (int)(mu >> 23);
+    e = e < 1 ? 1 : e;
+    const __m256 p = _mm256_set1_ps(echo_bits_f32((uint32_t)(254 - e) << 23));
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = 0; j < G / 8; j++) {
+        __m256 v = _mm256_mul_ps(_mm256_load_ps(u + 8 * j), p);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+    }
+    float a[8] __attribute__((aligned(32)));
+    _mm256_store_ps(a, acc);
+    float b0 = a[0] + a[4], b1 = a[1] + a[5], b2 = a[2] + a[6], b3 = a[3] + a[7];
+    float sum = (b0 + b2) + (b1 + b3);
+    uint16_t h = echo_f32_to_bf16(echo_sqrt(sum / (float)G) * echo_bits_f32((uint32_t)e << 23));
+    return h ? h : (uint16_t)1u;
+}
+
+/* One full out2 (rot = 0), hout2 (rot = 1) or hnf3 (rot = 1, nf3 = 1) group:
+ * echo_out2_encode_group / echo_hout2_encode_group / echo_hnf3_encode_group
+ * on y = x (+ res when hr); res = the residual when hw. out2 is hout2 without the rotation, bit for bit: its outliers'
  * codes are those of a zeroed value, its third largest |y| is the largest
  * once they are zeroed, and y - (+0) is y for the residual of a zero group.
  * The outliers' residuals are patched in afterwards with scalar stores. */
-AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, int rot, int G, const had_vecs *d,
-                                  uint8_t *codes, uint8_t *rec) {
+AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, int rot, int nf3, int G,
+                                  const had_vecs *d, uint8_t *codes, uint8_t *rec) {
     float yb[ECHO_MAX_GROUP] __attribute__((aligned(32))), ub[ECHO_MAX_GROUP] __attribute__((aligned(32)));
     int32_t ab[ECHO_MAX_GROUP] __attribute__((aligned(32)));
     const __m256i abs = _mm256_set1_epi32(0x7fffffff);
@@ -682,7 +728,10 @@ AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, in
             mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_load_si256((const __m256i *)(yb + 8 * j)), abs));
     }
     const float *u = rot ? ub : yb;
-    uint16_t sb = m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(hmax8(mx));
+    uint32_t mu = hmax8(mx);
+    uint16_t sb = m >= ECHO_LIMIT_BITS || mu >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON
+                  : !nf3 || !mu                                 ? echo_scale_from_absbits(mu)
+                                                                : nf3_rms(u, G, mu);
     int poison = echo_scale_is_poison(sb), ok = sb != 0 && !poison;
     uint16_t o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y1);
     uint16_t o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y2);
@@ -696,13 +745,30 @@ AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, in
             _mm256_storeu_ps(res + 8 * j, _mm256_setzero_ps());
     }
     if (!ok) {
-        memset(codes, 0, (size_t)G / 2);
+        memset(codes, 0, nf3 ? (size_t)G / 8 * 3 : (size_t)G / 2);
         if (!hw || poison) return sb;
         /* a zero scale: the decoded group is 0 but for the outliers (q*s =
          * +0, rotated back to +-0) */
         UNROLL
         for (int j = 0; j < G / 8; j++)
             _mm256_store_ps(ub + 8 * j, _mm256_setzero_ps());
+    } else if (nf3) {
+        /* codes, 8 to a 24-bit word, and the decoded levels into ub */
+        const __m256 s = _mm256_set1_ps(echo_bf16_to_f32(sb));
+        const __m256i sh = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+        int32_t w[ECHO_MAX_GROUP] __attribute__((aligned(32)));
+        UNROLL
+        for (int j = 0; j < G / 8; j++) {
+            __m256i c = nf3_code8(_mm256_div_ps(_mm256_load_ps(u + 8 * j), s));
+            _mm256_store_si256((__m256i *)(w + 8 * j), _mm256_sllv_epi32(c, sh));
+            if (hw) _mm256_store_ps(ub + 8 * j, nf3_value8(c, s));
+        }
+        for (int j = 0; j < G / 8; j++) {
+            const int32_t *t = w + 8 * j;
+            uint32_t v = (uint32_t)(t[0] | t[1] | t[2] | t[3] | t[4] | t[5] | t[6] | t[7]);
+            codes[3 * j] = (uint8_t)v, codes[3 * j + 1] = (uint8_t)(v >> 8), codes[3 * j + 2] = (uint8_t)(v >> 16);
+        }
+        if (!hw) return sb;
     } else {
         /* codes, and the dequantized q*s into ub (the decoder's values before its inverse rotation) */
         const __m256 s = _mm256_set1_ps(echo_bf16_to_f32(sb));
@@ -738,25 +804,25 @@ AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, in
     return sb;
 }
 
-AVX2_INLINE size_t o2_enc_impl(const float *y, float *res, int hr, int hw, int rot, size_t n, int G, uint8_t *codes,
-                               uint8_t *recs, size_t *bad) {
+AVX2_INLINE size_t o2_enc_impl(const float *y, float *res, int hr, int hw, int rot, int nf3, size_t n, int G,
+                               uint8_t *codes, uint8_t *recs, size_t *bad) {
     had_vecs d;
     if (rot) had_vecs_init(&d, G);
     size_t npoison = 0;
     for (size_t off = 0; off + (size_t)G <= n; off += (size_t)G) {
-        uint16_t sb = o2_enc_group(y + off, hw ? res + off : NULL, hr, hw, rot, G, &d, codes + off / 2,
-                                   recs + off / (size_t)G * ECHO_OUT2_REC);
+        uint16_t sb = o2_enc_group(y + off, hw ? res + off : NULL, hr, hw, rot, nf3, G, &d,
+                                   codes + (nf3 ? off / 8 * 3 : off / 2), recs + off / (size_t)G * ECHO_OUT2_REC);
         if (echo_scale_is_poison(sb) && !npoison++) *bad = off;
     }
     return npoison;
 }
 
-/* out2 / hout2 with the residual's use known at compile time. */
-AVX2_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int rot, size_t n, int G, uint8_t *codes,
-                                   uint8_t *recs, size_t *bad) {
-    if (!res) return o2_enc_impl(y, res, 0, 0, rot, n, G, codes, recs, bad);
-    if (res_valid) return o2_enc_impl(y, res, 1, 1, rot, n, G, codes, recs, bad);
-    return o2_enc_impl(y, res, 0, 1, rot, n, G, codes, recs, bad);
+/* out2 / hout2 / hnf3 with the residual's use known at compile time. */
+AVX2_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int rot, int nf3, size_t n, int G,
+                                   uint8_t *codes, uint8_t *recs, size_t *bad) {
+    if (!res) return o2_enc_impl(y, res, 0, 0, rot, nf3, n, G, codes, recs, bad);
+    if (res_valid) return o2_enc_impl(y, res, 1, 1, rot, nf3, n, G, codes, recs, bad);
+    return o2_enc_impl(y, res, 0, 1, rot, nf3, n, G, codes, recs, bad);
 }
 
 /* ---- hsub6: a scale per 16 values under the group's bf16 one (G = 64,
@@ -887,14 +953,14 @@ AVX2_INLINE void hsub_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t
 /* The forms with a fast path here (echo_codec.h's wire-form table); any
  * other form, a new one included, takes the scalar loops. */
 static int avx2_form(int form) {
-    return form == ECHO_FORM_HSUB || form == ECHO_FORM_OUT2 || form == ECHO_FORM_HOUT2;
+    return form == ECHO_FORM_HSUB || form == ECHO_FORM_OUT2 || form == ECHO_FORM_HOUT2 || form == ECHO_FORM_HNF3;
 }
 
 AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
                                       uint8_t *codes, uint8_t *recs, size_t *bad) {
     *bad = ECHO_NO_INDEX;
     int hr = res && res_valid, hw = res != NULL;
-    if (!avx2_form(form) || n % (size_t)(group > 0 ? group : 1) || (form == ECHO_FORM_HSUB && group < 64))
+    if (!avx2_form(form) || n % (size_t)(group > 0 ? group : 1) || ((form == ECHO_FORM_HSUB || form == ECHO_FORM_HNF3) && group < 64))
         return echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
     size_t np = 0;
     if (form == ECHO_FORM_HSUB) {
@@ -905,8 +971,9 @@ AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int 
         return np;
     }
 #define RE(G)                                                                                                          \
-    np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
-                                 : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
+    np = form == ECHO_FORM_HNF3    ? o2_enc_variants(y, res, res_valid, 1, 1, n, G, codes, recs, bad)                  \
+         : form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, 0, n, G, codes, recs, bad)                  \
+                                   : o2_enc_variants(y, res, res_valid, 0, 0, n, G, codes, recs, bad)
     ECHO_CPU_FOR_EACH_G(group, RE,
                     np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
@@ -916,28 +983,34 @@ AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int 
 /* Full out2 / hout2 groups decoded (echo_out2_decode_group,
  * echo_hout2_decode_group), into out or added to it. The outliers are
  * patched in afterwards, i1 then i2 (untrusted bytes: they may coincide). */
-AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, int rot, float *out,
-                             int accumulate) {
+AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, int rot, int nf3,
+                             float *out, int accumulate) {
     had_vecs d;
     if (rot) had_vecs_init(&d, G);
     float b[ECHO_MAX_GROUP] __attribute__((aligned(32)));
     for (size_t g = 0; g < ng; g++) {
-        const uint8_t *rec = recs + g * ECHO_OUT2_REC, *c = codes + g * (size_t)G / 2;
+        const uint8_t *rec = recs + g * ECHO_OUT2_REC, *c = codes + g * (size_t)G / (nf3 ? 8 : 2) * (nf3 ? 3 : 1);
         const __m256 s = _mm256_set1_ps(echo_bf16_to_f32((uint16_t)(rec[0] | (rec[1] << 8))));
         int i1 = rec[6] % G, i2 = rec[7] % G;
         float *o = out + g * (size_t)G;
         for (int j = 0; ECHO_PF > 0 && j < G / 8; j += 2)
             _mm_prefetch((const char *)(o + 8 * j + ECHO_PF), _MM_HINT_T0);
         float a1 = o[i1], a2 = o[i2];
-        UNROLL
-        for (int j = 0; j < G / 8; j += 4) {
-            __m256i q[4];
-            unpack32(c + (size_t)j * 4, G == 16, q);
-            _mm256_store_ps(b + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(q[0]), s));
-            _mm256_store_ps(b + 8 * j + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(q[1]), s));
-            if (G == 16) continue;
-            _mm256_store_ps(b + 8 * j + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(q[2]), s));
-            _mm256_store_ps(b + 8 * j + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(q[3]), s));
+        if (nf3) {
+            UNROLL
+            for (int j = 0; j < G / 8; j++)
+                _mm256_store_ps(b + 8 * j, nf3_value8(nf3_unpack8(c + 3 * j), s));
+        } else {
+            UNROLL
+            for (int j = 0; j < G / 8; j += 4) {
+                __m256i q[4];
+                unpack32(c + (size_t)j * 4, G == 16, q);
+                _mm256_store_ps(b + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(q[0]), s));
+                _mm256_store_ps(b + 8 * j + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(q[1]), s));
+                if (G == 16) continue;
+                _mm256_store_ps(b + 8 * j + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(q[2]), s));
+                _mm256_store_ps(b + 8 * j + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(q[3]), s));
+            }
         }
         if (rot) had_inv_buf(b, b, &d, G);
         if (accumulate) {
@@ -959,14 +1032,16 @@ AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t n
 AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group,
                                     float *out, int accumulate) {
     size_t ng = n / (size_t)(group > 0 ? group : 1);
-    if ((form == ECHO_FORM_HSUB && group < 64) || !avx2_form(form)) ng = 0;
+    if (((form == ECHO_FORM_HSUB || form == ECHO_FORM_HNF3) && group < 64) || !avx2_form(form)) ng = 0;
 #define RD(G)                                                                                                          \
     if (form == ECHO_FORM_HSUB)                                                                                        \
         hsub_dec_impl(codes, recs, ng, G, out, accumulate);                                                            \
+    else if (form == ECHO_FORM_HNF3)                                                                                   \
+        o2_dec_impl(codes, recs, ng, G, 1, 1, out, accumulate);                                                        \
     else if (form == ECHO_FORM_HOUT2)                                                                                  \
-        o2_dec_impl(codes, recs, ng, G, 1, out, accumulate);                                                           \
+        o2_dec_impl(codes, recs, ng, G, 1, 0, out, accumulate);                                                        \
     else                                                                                                               \
-        o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
+        o2_dec_impl(codes, recs, ng, G, 0, 0, out, accumulate)
     ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
 #undef RD
     echo_cpu_rec_decode_rest(form, codes, recs, ng, n, group, out, accumulate);

@@ -174,10 +174,12 @@ Z_INLINE float add_acc1(float o, float v) {
 }
 
 /* The decoded group D H (q s) / G for the integer-valued codes q[0..V)
- * and bf16 scale sb, in q; or, when yb != NULL, yb minus it (the residual). */
-Z_INLINE void inv_rot(__m512 *q, int V, uint16_t sb, const zhad *d, int G, const float *yb) {
+ * and bf16 scale sb, in q; or, when yb != NULL, yb minus it (the residual).
+ * nf3: q holds hnf3's levels (not integers), so the reference's order:
+ * q s, H, D / G. */
+Z_INLINE void inv_rot(__m512 *q, int V, uint16_t sb, const zhad *d, int G, const float *yb, int nf3) {
     float s = echo_bf16_to_f32(sb);
-    if (__builtin_expect((uint16_t)(sb - 1u) < SAFE_SB(G) - 1u, 1)) {
+    if (__builtin_expect(!nf3 && (uint16_t)(sb - 1u) < SAFE_SB(G) - 1u, 1)) {
         /* 0 < s < 2^125 / G: exact up to the last product, which is exact too
          * (file comment), so y - it is one FNMADD */
         const __m512 sg = _mm512_set1_ps(s * (1.0f / (float)G));
@@ -240,6 +242,7 @@ typedef struct {
     uint32_t m;      /* the largest |y| bits */
     uint16_t sb;     /* the scale */
     uint16_t o1, o2; /* the outliers as bf16 */
+    uint32_t mu;     /* the largest |u| bits (hnf3's RMS scaling) */
     float y1, y2;
 } zgrp;
 
@@ -276,7 +279,50 @@ Z_INLINE void enc_top2(const float *x, const float *res, int hr, int G, float *y
 
 /* Phase 2: u = the group without its outliers (rotated for hout2) into ub,
  * the scale and the record. */
-Z_INLINE void enc_scale(const float *yb, int rot, int G, const zhad *d, float *ub, zgrp *st, uint8_t *rec) {
+/* hnf3's scales: echo_nf3_rms of the nb (<= ZB) groups u[b] (mu: their
+ * largest |u| bits), 8 partial sums each in the reference's order (8
+ * lanes, j in order); the groups' chains interleave, so their adds
+ * overlap. A group whose mu is 0 or at 2^127 gets 0 or poison. */
+Z_INLINE void nf3_rms(const float (*u)[ECHO_MAX_GROUP], int nb, int G, const uint32_t *m, const uint32_t *mu,
+                      uint16_t *sb) {
+    __m256 acc[4], p[4];
+    int e[4];
+    for (int b = 0; b < 4; b++) {
+        e[b] = b < nb ? (int)(mu[b] >> 23) : 1;
+        e[b] = e[b] < 1 ? 1 : e[b] > 253 ? 253 : e[b];
+        p[b] = _mm256_set1_ps(echo_bits_f32((uint32_t)(254 - e[b]) << 23));
+        acc[b] = _mm256_setzero_ps();
+    }
+    /* all 4 chains (the groups past nb are finite scratch, unused), so
+     * that the accumulators stay in registers */
+    for (int j = 0; j < G / 8; j++) {
+        UNROLL
+        for (int b = 0; b < 4; b++) {
+            __m256 v = _mm256_mul_ps(_mm256_load_ps(u[b] + 8 * j), p[b]);
+            acc[b] = _mm256_add_ps(acc[b], _mm256_mul_ps(v, v));
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        float a[8] __attribute__((aligned(32)));
+        _mm256_store_ps(a, acc[b]);
+        float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        uint16_t h = echo_f32_to_bf16(echo_sqrt(sum / (float)G) * echo_bits_f32((uint32_t)e[b] << 23));
+        sb[b] = m[b] >= ECHO_LIMIT_BITS || mu[b] >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : !mu[b] ? 0 : h ? h : 1u;
+    }
+}
+
+/* The group's record from its scale sb. */
+Z_INLINE void enc_record(zgrp *st, uint16_t sb, uint8_t *rec) {
+    int poison = echo_scale_is_poison(sb);
+    st->sb = sb;
+    st->o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y1);
+    st->o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y2);
+    uint8_t r8[ECHO_OUT2_REC] = {(uint8_t)sb,     (uint8_t)(sb >> 8),     (uint8_t)st->o1, (uint8_t)(st->o1 >> 8),
+                                 (uint8_t)st->o2, (uint8_t)(st->o2 >> 8), (uint8_t)st->i1, (uint8_t)st->i2};
+    memcpy(rec, r8, sizeof r8);
+}
+
+Z_INLINE void enc_scale(const float *yb, int rot, int nf3, int G, const zhad *d, float *ub, zgrp *st, uint8_t *rec) {
     const int V = G / 16;
     const __m512i abs = _mm512_set1_epi32(0x7fffffff);
     __m512 u[ZMAXV];
@@ -293,24 +339,30 @@ Z_INLINE void enc_scale(const float *yb, int rot, int G, const zhad *d, float *u
         mu = _mm512_max_epi32(mu, _mm512_and_si512(_mm512_castps_si512(u[j]), abs));
     }
     uint32_t mub = (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(bmax16(mu)));
-    uint16_t sb = st->m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(mub);
-    int poison = echo_scale_is_poison(sb);
-    st->sb = sb;
-    st->o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y1);
-    st->o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(st->y2);
-    uint8_t r8[ECHO_OUT2_REC] = {(uint8_t)sb,     (uint8_t)(sb >> 8),     (uint8_t)st->o1, (uint8_t)(st->o1 >> 8),
-                                 (uint8_t)st->o2, (uint8_t)(st->o2 >> 8), (uint8_t)st->i1, (uint8_t)st->i2};
-    memcpy(rec, r8, sizeof r8);
+    st->mu = mub;
+    /* hnf3: the scale and record come after the batch's RMS (nf3_rms) */
+    if (!nf3) enc_record(st, st->m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(mub), rec);
 }
 
 /* Phase 3: the codes, and res = y - the decoded group when hw. */
-Z_INLINE void enc_codes(const float *yb, const float *ub, float *res, int hw, int rot, int G, const zhad *d,
+/* hnf3's codes of u / s (16 lanes), as int32: sign (4) | the number of
+ * thresholds at or below |u / s| (echo_nf3_code). */
+Z_INLINE __m512i nf3_code16(__m512 t) {
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512 a = _mm512_abs_ps(t);
+    __m512i c = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_set1_epi32(4));
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(ECHO_NF3_T1), _CMP_GE_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(ECHO_NF3_T2), _CMP_GE_OQ), c, one);
+    return _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(ECHO_NF3_T3), _CMP_GE_OQ), c, one);
+}
+
+Z_INLINE void enc_codes(const float *yb, const float *ub, float *res, int hw, int rot, int nf3, int G, const zhad *d,
                         const zgrp *st, uint8_t *codes) {
     const int V = G / 16;
     uint16_t sb = st->sb;
     int poison = echo_scale_is_poison(sb);
     if (__builtin_expect(sb == 0 || poison, 0)) {
-        memset(codes, 0, (size_t)G / 2);
+        memset(codes, 0, nf3 ? (size_t)G / 8 * 3 : (size_t)G / 2);
         if (!hw) return;
         /* poisoned: residual 0; zero scale: the decoded group is +-0 (D)
          * but for the outliers, +0 for out2 */
@@ -320,6 +372,59 @@ Z_INLINE void enc_codes(const float *yb, const float *ub, float *res, int hw, in
             _mm512_storeu_ps(res + 16 * j, poison ? _mm512_setzero_ps() : rot ? _mm512_sub_ps(y, d->neg[j]) : y);
         }
         if (poison) return;
+    } else if (nf3) {
+        /* u / s divided (a threshold may sit between u * fl(1/s) and
+         * fl(u / s)); 8 codes of 3 bits per 3 bytes: each code a byte,
+         * then pext of their low 3 bits */
+        const __m512 sv = _mm512_set1_ps(echo_bf16_to_f32(sb));
+        const __m512 lv = _mm512_setr_ps(echo_nf3_level(0), echo_nf3_level(1), echo_nf3_level(2), echo_nf3_level(3),
+                                         echo_nf3_level(4), echo_nf3_level(5), echo_nf3_level(6), echo_nf3_level(7),
+                                         0, 0, 0, 0, 0, 0, 0, 0);
+        __m512 q[ZMAXV], t[ZMAXV];
+        /* u * fl(1/s) is within |u/s| 2^-22 of fl(u / s): the same side of
+         * every threshold (and the same sign) unless some lane lies within
+         * 2^-19 of one (|u/s| <= 1.75 + 2^-19 there) or below 2^-100; then,
+         * and for a subnormal s (1/s = inf), the group divides */
+        const float s = echo_bf16_to_f32(sb);
+        int div = !(s >= 0x1p-126f);
+        if (!div) {
+            const __m512 r = _mm512_set1_ps(1.0f / s), eps = _mm512_set1_ps(0x1p-19f);
+            __mmask16 near = 0;
+            UNROLL
+            for (int j = 0; j < V; j++) {
+                t[j] = _mm512_mul_ps(_mm512_load_ps(ub + 16 * j), r);
+                __m512 a = _mm512_abs_ps(t[j]);
+                __m512 dm = _mm512_min_ps(_mm512_abs_ps(_mm512_sub_ps(a, _mm512_set1_ps(ECHO_NF3_T1))),
+                                          _mm512_abs_ps(_mm512_sub_ps(a, _mm512_set1_ps(ECHO_NF3_T2))));
+                dm = _mm512_min_ps(dm, _mm512_abs_ps(_mm512_sub_ps(a, _mm512_set1_ps(ECHO_NF3_T3))));
+                near |= _mm512_cmp_ps_mask(dm, eps, _CMP_LE_OQ);
+                /* tiny quotients: one may round to -0 where the other keeps its sign */
+                near |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p-100f), _CMP_LT_OQ);
+            }
+            div = near != 0;
+        }
+        UNROLL
+        for (int j = 0; div && j < V; j++)
+            t[j] = _mm512_div_ps(_mm512_load_ps(ub + 16 * j), sv);
+        UNROLL
+        for (int j = 0; j < V; j++) {
+            __m512i c = nf3_code16(t[j]);
+            uint8_t b[16];
+            _mm_storeu_si128((__m128i *)b, _mm512_cvtepi32_epi8(c));
+            for (int h = 0; h < 2; h++) {
+                uint64_t w8;
+                memcpy(&w8, b + 8 * h, 8);
+                uint32_t w = (uint32_t)_pext_u64(w8, 0x0707070707070707ull);
+                uint8_t *t = codes + 6 * j + 3 * h;
+                t[0] = (uint8_t)w, t[1] = (uint8_t)(w >> 8), t[2] = (uint8_t)(w >> 16);
+            }
+            q[j] = _mm512_permutexvar_ps(c, lv);
+        }
+        if (!hw) return;
+        inv_rot(q, V, sb, d, G, yb, 1);
+        UNROLL
+        for (int j = 0; j < V; j++)
+            _mm512_storeu_ps(res + 16 * j, q[j]);
     } else {
         const float s = echo_bf16_to_f32(sb);
         const __m512 c = _mm512_set1_ps(12582912.0f);
@@ -335,7 +440,7 @@ Z_INLINE void enc_codes(const float *yb, const float *ub, float *res, int hw, in
         }
         if (!hw) return;
         if (rot)
-            inv_rot(q, V, sb, d, G, yb);
+            inv_rot(q, V, sb, d, G, yb, 0);
         else {
             const __m512 sv = _mm512_set1_ps(s);
             UNROLL
@@ -357,13 +462,14 @@ Z_INLINE void enc_codes(const float *yb, const float *ub, float *res, int hw, in
  * groups' chains are independent, so running a phase over ZB groups lets
  * the CPU overlap them. The staged y and u stay in L1. */
 #define ZB 4
-Z_INLINE size_t o2_enc_impl(const float *x, float *res, int hr, int hw, int rot, size_t n, int G, uint8_t *codes,
-                            uint8_t *recs, size_t *bad) {
+Z_INLINE size_t o2_enc_impl(const float *x, float *res, int hr, int hw, int rot, int nf3, size_t n, int G,
+                            uint8_t *codes, uint8_t *recs, size_t *bad) {
     zhad d;
     if (rot) zhad_init(&d, G);
     float yb[ZB][ECHO_MAX_GROUP] __attribute__((aligned(64))), ub[ZB][ECHO_MAX_GROUP] __attribute__((aligned(64)));
     zgrp st[ZB];
     size_t npoison = 0, ng = n / (size_t)G;
+    if (nf3) memset(ub, 0, sizeof ub); /* nf3_rms reads all ZB groups */
     for (size_t g0 = 0; g0 < ng; g0 += ZB) {
         int nb = ng - g0 < ZB ? (int)(ng - g0) : ZB;
         for (int b = 0; b < nb; b++) {
@@ -371,10 +477,20 @@ Z_INLINE size_t o2_enc_impl(const float *x, float *res, int hr, int hw, int rot,
             enc_top2(x + off, hr ? res + off : NULL, hr, G, yb[b], &st[b]);
         }
         for (int b = 0; b < nb; b++)
-            enc_scale(yb[b], rot, G, &d, ub[b], &st[b], recs + (g0 + (size_t)b) * ECHO_OUT2_REC);
+            enc_scale(yb[b], rot, nf3, G, &d, ub[b], &st[b], recs + (g0 + (size_t)b) * ECHO_OUT2_REC);
+        if (nf3) {
+            uint32_t m[ZB], mu[ZB];
+            uint16_t sb[ZB];
+            for (int b = 0; b < nb; b++)
+                m[b] = st[b].m, mu[b] = st[b].mu;
+            nf3_rms((const float (*)[ECHO_MAX_GROUP])ub, nb, G, m, mu, sb);
+            for (int b = 0; b < nb; b++)
+                enc_record(&st[b], sb[b], recs + (g0 + (size_t)b) * ECHO_OUT2_REC);
+        }
         for (int b = 0; b < nb; b++) {
             size_t off = (g0 + (size_t)b) * (size_t)G;
-            enc_codes(yb[b], ub[b], hw ? res + off : NULL, hw, rot, G, &d, &st[b], codes + off / 2);
+            enc_codes(yb[b], ub[b], hw ? res + off : NULL, hw, rot, nf3, G, &d, &st[b],
+                      codes + (nf3 ? off / 8 * 3 : off / 2));
             if (echo_scale_is_poison(st[b].sb) && !npoison++) *bad = off;
         }
     }
@@ -382,26 +498,28 @@ Z_INLINE size_t o2_enc_impl(const float *x, float *res, int hr, int hw, int rot,
 }
 
 /* The residual's use known at compile time. */
-Z_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int rot, size_t n, int G, uint8_t *codes,
-                                uint8_t *recs, size_t *bad) {
-    if (!res) return o2_enc_impl(y, res, 0, 0, rot, n, G, codes, recs, bad);
-    if (res_valid) return o2_enc_impl(y, res, 1, 1, rot, n, G, codes, recs, bad);
-    return o2_enc_impl(y, res, 0, 1, rot, n, G, codes, recs, bad);
+Z_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int rot, int nf3, size_t n, int G,
+                                uint8_t *codes, uint8_t *recs, size_t *bad) {
+    if (!res) return o2_enc_impl(y, res, 0, 0, rot, nf3, n, G, codes, recs, bad);
+    if (res_valid) return o2_enc_impl(y, res, 1, 1, rot, nf3, n, G, codes, recs, bad);
+    return o2_enc_impl(y, res, 0, 1, rot, nf3, n, G, codes, recs, bad);
 }
 
+/* out2 and hout2 both ways; hnf3 (G >= 64) encodes here and decodes in the AVX2 table */
 static int z_form(int form) { return form == ECHO_FORM_OUT2 || form == ECHO_FORM_HOUT2; }
 
 Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
                                 uint8_t *codes, uint8_t *recs, size_t *bad) {
     /* out2 and hout2 here; hsub6 and any other form (echo_codec.h's table)
      * in the AVX2 table, which sends forms it does not know to scalar */
-    if (!z_form(form) || n % (size_t)(group > 0 ? group : 1))
+    if (!(z_form(form) || (form == ECHO_FORM_HNF3 && group >= 64)) || n % (size_t)(group > 0 ? group : 1))
         return echo_cpu_codec_avx2.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
     *bad = ECHO_NO_INDEX;
     size_t np = 0;
 #define RE(G)                                                                                                          \
-    np = form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, n, G, codes, recs, bad)                       \
-                                 : o2_enc_variants(y, res, res_valid, 0, n, G, codes, recs, bad)
+    np = form == ECHO_FORM_HNF3    ? o2_enc_variants(y, res, res_valid, 1, 1, n, G, codes, recs, bad)                  \
+         : form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, 0, n, G, codes, recs, bad)                  \
+                                   : o2_enc_variants(y, res, res_valid, 0, 0, n, G, codes, recs, bad)
     ECHO_CPU_FOR_EACH_G(group, RE,
                         np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
 #undef RE
@@ -536,7 +654,7 @@ Z_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, 
         __m512 v[ZMAXV];
         unpack(codes + g * (size_t)G / 2, V, v);
         if (rot)
-            inv_rot(v, V, sb, &d, G, NULL);
+            inv_rot(v, V, sb, &d, G, NULL, 0);
         else {
             const __m512 sv = _mm512_set1_ps(echo_bf16_to_f32(sb));
             UNROLL

@@ -193,6 +193,15 @@ ECHO_HD float echo_mul(float a, float b) {
 #endif
 }
 
+/* IEEE square root (correctly rounded on both sides). */
+ECHO_HD float echo_sqrt(float a) {
+#ifdef __CUDA_ARCH__
+    return __fsqrt_rn(a);
+#else
+    return __builtin_sqrtf(a);
+#endif
+}
+
 /* v = H v in place (G a power of two). */
 ECHO_HD void echo_fwht(float *v, int G) {
     for (int h = 1; h < G; h *= 2)
@@ -433,19 +442,99 @@ ECHO_HD uint16_t echo_out2_decode_group(const uint8_t *codes, const uint8_t *rec
  * the inverse rotation's fp32 rounding too. Same 8-byte record as out2. */
 #define ECHO_FORM_HOUT2 3
 
-ECHO_HD void echo_hout2_finish(const uint8_t *codes, uint16_t sb, uint16_t o1, uint16_t o2, int i1, int i2, int G,
-                               float *v) {
+/* ---- the hnf3 codec (ECHO_CODEC_HNF3): 3-bit normal-float codes ----
+ * hout2's outliers and rotation (the two largest |y| in bf16 with their
+ * indices; H D over the rest of the group), then each rotated value u gets
+ * one of 8 levels: the MSE-optimal (Lloyd-Max) quantizer of a unit Gaussian,
+ * +-0.2451, +-0.7560, +-1.3440, +-2.1520, times the group's RMS s (rotated
+ * values are near-Gaussian; the error is about 0.035 s^2 per value where
+ * int4-style absmax levels at 3 bits would leave about 0.063 s^2). A code
+ * c is 3 bits: sign (4) | level index (0..3), the index the number of
+ * decision thresholds (0.5006, 1.0500, 1.7480: midpoints of the levels) at
+ * or below |u / s|; 8 codes per 3 bytes, code j of the 8 at bits 3j of the
+ * 24-bit little-endian word. Codes take 3G/8 bytes, before the records.
+ * Record: s (bf16, round to nearest; the poison scale as hout2's), o1, o2,
+ * i1, i2 as hout2's: 8 bytes, so 3 + 64/G bits per value (3.25 at 256).
+ * s is an RMS, so the sum of squares is taken in a fixed order every
+ * implementation repeats (echo_nf3_rms), on u scaled by a power of two
+ * that brings its largest |u| into [1, 2) (no overflow, exact). */
+#define ECHO_FORM_HNF3 4
+#define ECHO_NF3_T1 0.5006f
+#define ECHO_NF3_T2 1.0500f
+#define ECHO_NF3_T3 1.7480f
+
+/* The level of code c (0..7) in units of s. */
+ECHO_HD float echo_nf3_level(int c) {
+    float m = (c & 3) == 0 ? 0.2451f : (c & 3) == 1 ? 0.7560f : (c & 3) == 2 ? 1.3440f : 2.1520f;
+    return c & 4 ? -m : m;
+}
+
+/* The code of t = u / s. */
+ECHO_HD int echo_nf3_code(float t) {
+    float a = t < 0.0f ? -t : t;
+    return (t < 0.0f ? 4 : 0) | ((a >= ECHO_NF3_T1) + (a >= ECHO_NF3_T2) + (a >= ECHO_NF3_T3));
+}
+
+/* Code bytes of n values (n a multiple of 8) in wire form `form`. */
+ECHO_HD size_t echo_form_code_bytes(int form, size_t n) {
+    return form == ECHO_FORM_HNF3 ? n / 8 * 3 : n / 2;
+}
+
+ECHO_HD void echo_nf3_put(uint8_t *codes, int i, int c) {
+    uint8_t *t = codes + 3 * (i / 8);
+    int b = 3 * (i % 8);
+    uint32_t w = (uint32_t)t[0] | ((uint32_t)t[1] << 8) | ((uint32_t)t[2] << 16);
+    w = (w & ~(7u << b)) | ((uint32_t)c << b);
+    t[0] = (uint8_t)w, t[1] = (uint8_t)(w >> 8), t[2] = (uint8_t)(w >> 16);
+}
+
+ECHO_HD int echo_nf3_get(const uint8_t *codes, int i) {
+    const uint8_t *t = codes + 3 * (i / 8);
+    uint32_t w = (uint32_t)t[0] | ((uint32_t)t[1] << 8) | ((uint32_t)t[2] << 16);
+    return (int)((w >> (3 * (i % 8))) & 7u);
+}
+
+/* The bf16 RMS of u[0..G) (G a multiple of 8), mu its largest |u| as bits
+ * (< 2^127, > 0): 8 partial sums of squares, lane l over u[8j + l] in
+ * order of j, then summed (0+4, 2+6, 1+5, 3+7 as a tree); sqrt(sum / G)
+ * scaled back; never 0. */
+ECHO_HD uint16_t echo_nf3_rms(const float *u, int G, uint32_t mu) {
+    int e = (int)(mu >> 23);
+    e = e < 1 ? 1 : e;
+    float p = echo_bits_f32((uint32_t)(254 - e) << 23), back = echo_bits_f32((uint32_t)e << 23);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < G; j += 8)
+        for (int l = 0; l < 8; l++) {
+            float v = echo_mul(u[j + l], p);
+            acc[l] = echo_add(acc[l], echo_mul(v, v));
+        }
+    for (int l = 0; l < 4; l++)
+        acc[l] = echo_add(acc[l], acc[l + 4]);
+    for (int l = 0; l < 2; l++)
+        acc[l] = echo_add(acc[l], acc[l + 2]);
+    float sum = echo_add(acc[0], acc[1]);
+    uint16_t h = echo_f32_to_bf16(echo_mul(echo_sqrt(echo_div(sum, (float)G)), back));
+    return h ? h : (uint16_t)1u;
+}
+
+/* hout2 (nf3 = 0) and hnf3 (nf3 = 1): v = the decoded group, rotated back,
+ * the outliers patched in. */
+ECHO_HD void echo_hrot_finish(const uint8_t *codes, uint16_t sb, uint16_t o1, uint16_t o2, int i1, int i2, int G,
+                              float *v, int nf3) {
     float s = echo_bf16_to_f32(sb);
     for (int i = 0; i < G; i += 2) {
-        v[i] = echo_mul((float)echo_nib_lo(codes[i / 2]), s);
-        v[i + 1] = echo_mul((float)echo_nib_hi(codes[i / 2]), s);
+        int c0 = nf3 ? echo_nf3_get(codes, i) : echo_nib_lo(codes[i / 2]);
+        int c1 = nf3 ? echo_nf3_get(codes, i + 1) : echo_nib_hi(codes[i / 2]);
+        v[i] = echo_mul(nf3 ? echo_nf3_level(c0) : (float)c0, s);
+        v[i + 1] = echo_mul(nf3 ? echo_nf3_level(c1) : (float)c1, s);
     }
     echo_had_inv(v, G);
     v[i1 % G] = echo_bf16_to_f32(o1);
     v[i2 % G] = echo_bf16_to_f32(o2);
 }
 
-ECHO_HD uint16_t echo_hout2_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
+ECHO_HD uint16_t echo_hrot_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n,
+                                        int nf3) {
     int i1, i2;
     uint32_t m = echo_top2(y, G, &i1, &i2);
     float u[ECHO_MAX_GROUP];
@@ -457,7 +546,9 @@ ECHO_HD uint16_t echo_hout2_encode_group(const float *y, int G, uint8_t *codes, 
         uint32_t a = echo_abs_bits(u[i]);
         mu = a > mu ? a : mu;
     }
-    uint16_t sb = m >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON : echo_scale_from_absbits(mu);
+    uint16_t sb = m >= ECHO_LIMIT_BITS || mu >= ECHO_LIMIT_BITS ? ECHO_SCALE_POISON
+                  : !nf3 || !mu                                 ? echo_scale_from_absbits(mu)
+                                                                : echo_nf3_rms(u, G, mu);
     int poison = echo_scale_is_poison(sb), ok = sb != 0 && !poison;
     uint16_t o1 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y[i1]);
     uint16_t o2 = poison ? ECHO_SCALE_POISON : echo_f32_to_bf16(y[i2]);
@@ -466,9 +557,17 @@ ECHO_HD uint16_t echo_hout2_encode_group(const float *y, int G, uint8_t *codes, 
     rec[4] = (uint8_t)o2, rec[5] = (uint8_t)(o2 >> 8);
     rec[6] = (uint8_t)i1, rec[7] = (uint8_t)i2;
     float s = echo_bf16_to_f32(sb);
+    /* a zero or poisoned scale: codes 0 (decoded as 0 * 0 or NaN; hnf3's
+     * level 0.2451 * 0 = 0 too) */
     for (int i = 0; i < G; i += 2) {
-        float q0 = ok ? echo_code(u[i], s) : 0.0f, q1 = ok ? echo_code(u[i + 1], s) : 0.0f;
-        codes[i / 2] = echo_pack2((int)q0, (int)q1);
+        float t0 = ok ? echo_div(u[i], s) : 0.0f, t1 = ok ? echo_div(u[i + 1], s) : 0.0f;
+        if (!nf3) {
+            codes[i / 2] = echo_pack2((int)echo_rint(t0), (int)echo_rint(t1));
+            continue;
+        }
+        if (i % 8 == 0) codes[3 * (i / 8)] = codes[3 * (i / 8) + 1] = codes[3 * (i / 8) + 2] = 0;
+        echo_nf3_put(codes, i, ok ? echo_nf3_code(t0) : 0);
+        echo_nf3_put(codes, i + 1, ok ? echo_nf3_code(t1) : 0);
     }
     if (!r) return sb;
     if (poison) {
@@ -476,17 +575,33 @@ ECHO_HD uint16_t echo_hout2_encode_group(const float *y, int G, uint8_t *codes, 
             r[i] = 0.0f;
         return sb;
     }
-    echo_hout2_finish(codes, sb, o1, o2, i1, i2, G, u);
+    echo_hrot_finish(codes, sb, o1, o2, i1, i2, G, u, nf3);
     for (int i = 0; i < n; i++)
         r[i] = echo_sub(y[i], u[i]);
     return sb;
 }
 
-ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v) {
+ECHO_HD uint16_t echo_hrot_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v, int nf3) {
     uint16_t sb = (uint16_t)(rec[0] | (rec[1] << 8));
-    echo_hout2_finish(codes, sb, (uint16_t)(rec[2] | (rec[3] << 8)), (uint16_t)(rec[4] | (rec[5] << 8)), rec[6], rec[7],
-                      G, v);
+    echo_hrot_finish(codes, sb, (uint16_t)(rec[2] | (rec[3] << 8)), (uint16_t)(rec[4] | (rec[5] << 8)), rec[6], rec[7],
+                     G, v, nf3);
     return sb;
+}
+
+ECHO_HD uint16_t echo_hout2_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
+    return echo_hrot_encode_group(y, G, codes, rec, r, n, 0);
+}
+
+ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v) {
+    return echo_hrot_decode_group(codes, rec, G, v, 0);
+}
+
+ECHO_HD uint16_t echo_hnf3_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
+    return echo_hrot_encode_group(y, G, codes, rec, r, n, 1);
+}
+
+ECHO_HD uint16_t echo_hnf3_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v) {
+    return echo_hrot_decode_group(codes, rec, G, v, 1);
 }
 
 /* ---- The wire-form table: one row per record form ----
@@ -504,7 +619,8 @@ ECHO_HD uint16_t echo_hout2_decode_group(const uint8_t *codes, const uint8_t *re
 #define ECHO_REC_FORMS(X)                                                                                              \
     X(ECHO_FORM_HSUB, echo_hsub_rec_bytes(G), echo_hsub_encode_group, echo_hsub_decode_group)                          \
     X(ECHO_FORM_OUT2, ECHO_OUT2_REC, echo_out2_encode_group, echo_out2_decode_group)                                   \
-    X(ECHO_FORM_HOUT2, ECHO_OUT2_REC, echo_hout2_encode_group, echo_hout2_decode_group)
+    X(ECHO_FORM_HOUT2, ECHO_OUT2_REC, echo_hout2_encode_group, echo_hout2_decode_group)                                \
+    X(ECHO_FORM_HNF3, ECHO_OUT2_REC, echo_hnf3_encode_group, echo_hnf3_decode_group)
 #ifdef ECHO_EXTRA_FORMS_FILE
 #include ECHO_EXTRA_FORMS_FILE /* its group functions, and ECHO_EXTRA_FORMS' rows */
 #endif

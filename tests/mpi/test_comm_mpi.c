@@ -464,6 +464,7 @@ int main(int argc, char **argv) {
             compare(modes[m], 2048, 0, ECHO_CODEC_HSUB6);
             compare(modes[m], 0, 0, ECHO_CODEC_OUT2);
             compare(modes[m], 2048, 0, ECHO_CODEC_HOUT2);
+            compare(modes[m], 2048, 0, ECHO_CODEC_HNF3);
         }
         poison(modes[m]);
         disagree(modes[m]);
@@ -476,6 +477,7 @@ int main(int argc, char **argv) {
     for (size_t m = 0; m < sizeof os_modes / sizeof *os_modes; m++) {
         compare(os_modes[m], 0, 1, ECHO_CODEC_INT4);
         if (os_modes[m] != ECHO_PRESET_EXACT) compare(os_modes[m], 0, 1, ECHO_CODEC_HOUT2);
+        if (os_modes[m] != ECHO_PRESET_EXACT) compare(os_modes[m], 0, 1, ECHO_CODEC_HNF3);
         poison(os_modes[m]);
         disagree(os_modes[m]);
     }

@@ -508,7 +508,10 @@ END_TEST
 static const struct {
     int form, min_group;
     const char *name;
-} rec_forms[] = {{ECHO_FORM_OUT2, 64, "out2"}, {ECHO_FORM_HOUT2, 16, "hout2"}, {ECHO_FORM_HSUB, 64, "hsub6"}};
+} rec_forms[] = {{ECHO_FORM_OUT2, 64, "out2"},
+                 {ECHO_FORM_HOUT2, 16, "hout2"},
+                 {ECHO_FORM_HSUB, 64, "hsub6"},
+                 {ECHO_FORM_HNF3, 64, "hnf3"}};
 
 /* Decode one wire message (n values, maybe a partial last group) with both
  * tables, into and onto out. */
@@ -520,7 +523,7 @@ static void cmp_rec_decode(const echo_cpu_codec *t, int form, const uint8_t *cod
         float *o0 = dup_f32(acc, n), *o1 = dup_f32(acc, n);
         echo_cpu_codec_scalar.rec_decode(form, codes, recs, n, G, o0, a);
         t->rec_decode(form, codes, recs, n, G, o1, a);
-        cmp_f32(o0, o1, n, form == ECHO_FORM_HOUT2, what, "value");
+        cmp_f32(o0, o1, n, form == ECHO_FORM_HOUT2 || form == ECHO_FORM_HNF3, what, "value");
         free(o0);
         free(o1);
     }
@@ -542,7 +545,8 @@ START_TEST(test_records_match_scalar) {
                 size_t rb = (size_t)echo_rec_bytes(form, G);
                 for (size_t ni = 0; ni < sizeof ngs / sizeof *ngs; ni++)
                     for (size_t ki = 0; ki < sizeof kind_masks / sizeof *kind_masks; ki++) {
-                        size_t ng = ngs[ni], n = ng * (size_t)G, cb = n / 2;
+                        /* cb: the form's code bytes (3n/8 for hnf3); the buffers hold n/2 for gen_wire */
+                        size_t ng = ngs[ni], n = ng * (size_t)G, cb = echo_form_code_bytes(form, n);
                         uint64_t seed = 4241u * (uint64_t)G + 17u * ni + ki + 100003u * fi;
                         float *y = malloc(n * 4), *res = malloc(n * 4), *acc = malloc(n * 4);
                         gen(y, n, G, seed, kind_masks[ki]);
@@ -555,7 +559,7 @@ START_TEST(test_records_match_scalar) {
                         for (size_t i = 0; ki == 4 && i < n; i++)
                             y[i] = ldexpf(y[i], -(int)(i / ECHO_SUB % 4));
                         char what[160];
-                        uint8_t *c0 = alloc_fill(cb, 0x5a), *c1 = alloc_fill(cb, 0x5a);
+                        uint8_t *c0 = alloc_fill(n / 2, 0x5a), *c1 = alloc_fill(n / 2, 0x5a);
                         uint8_t *e0 = alloc_fill(ng * rb, 0x5a), *e1 = alloc_fill(ng * rb, 0x5a);
                         for (int rm = 0; rm < 3; rm++) { /* residual: none, written only, carried in and written */
                             snprintf(what, sizeof what, "%s %s G=%d n=%zu kinds=%#x res=%d", tabs[ti]->name,

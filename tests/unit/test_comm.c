@@ -2134,6 +2134,152 @@ START_TEST(test_table_names) {
 }
 END_TEST
 
+
+/* ---- hnf3 and echo3 (issue 30: a preset at <= 3.5 bits/value) ----
+ * The spec, written here independently of comm/codec/echo_codec.h: after
+ * the two outliers leave (bf16 + index) and the rest is rotated (H D,
+ * had_rotate64), each rotated value u travels as the 3-bit code c (bits 3j
+ * of each 24-bit little-endian word of 8) of the level L[c] * s nearest to
+ * u, L the 8-level Lloyd-Max quantizer of a unit Gaussian and s the bf16
+ * RMS of the group's rotated values. */
+static const double nf3_levels[8] = {0.2451, 0.7560, 1.3440, 2.1520, -0.2451, -0.7560, -1.3440, -2.1520};
+
+/* A standard normal from the test's own generator (Box-Muller). */
+static double gauss(uint64_t seed, uint64_t i) {
+    double a = (unif(seed, 1, 0, i) + 1.0) / 2.0, b = (unif(seed, 2, 0, i) + 1.0) / 2.0;
+    return sqrt(-2.0 * log(a > 1e-12 ? a : 1e-12)) * cos(6.283185307179586 * b);
+}
+
+START_TEST(test_hnf3_codec) {
+    /* the table and the preset users name */
+    echo_codec_id id;
+    int g;
+    ck_assert(echo_codec_parse("hnf3-g256", &id, &g) == 0 && id == ECHO_CODEC_HNF3 && g == 256);
+    ck_assert(echo_codec_parse("hnf3-g32", &id, &g) == -1); /* G >= 64 */
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_HNF3, 256), 3.25);
+    ck_assert_double_eq(echo_codec_bits(ECHO_CODEC_HNF3, 128), 3.5);
+    ck_assert(echo_codec_get(ECHO_CODEC_HNF3)->host_only);
+    echo_preset p;
+    ck_assert(echo_preset_parse("echo3", &p) == 0 && p == ECHO_PRESET_ECHO3);
+    echo_config pc = {.n_sites = 60};
+    ck_assert(echo_preset_config(ECHO_PRESET_ECHO3, 0, 0, &pc) == 0);
+    ck_assert(pc.codec == ECHO_CODEC_HNF3 && pc.feedback && pc.group_size == 256 && pc.tail_sites == 1 &&
+              pc.tail_codec == ECHO_CODEC_BF16);
+    ck_assert(echo_preset_config(ECHO_PRESET_ECHO3, ECHO_CODEC_HOUT2, 0, &pc) == -1);
+    unsetenv("ECHO_TAIL");
+    /* SmolLM2's pass: 59 calls at 3 + 64/256 bits, one at 16 */
+    ck_assert(fabs(echo_config_bits(&pc) - (59 * 3.25 + 16) / 60) < 1e-12);
+    ck_assert(echo_config_bits(&pc) <= 3.5);
+
+    /* the wire against the spec, and the error on Gaussian and outlier inputs */
+    const int gs[] = {64, 128, 256};
+    for (int gi = 0; gi < 3; gi++)
+        for (int kind = 0; kind < 2; kind++) {
+            int G = gs[gi];
+            size_t ng = 64, m = ng * (size_t)G, gb = echo_codec_group_bytes(ECHO_CODEC_HNF3, G);
+            ck_assert_uint_eq(gb, (size_t)G * 3 / 8 + 8);
+            float *x = malloc(m * 4), *y = malloc(m * 4);
+            double *xd = malloc(m * sizeof(double)), u[256], e2 = 0, x2 = 0;
+            uint8_t *wire = malloc(ng * gb);
+            for (size_t i = 0; i < m; i++) {
+                x[i] = (float)gauss(7 + (uint64_t)G, i);
+                if (kind && i % 61 == 3) x[i] *= 40.0f; /* outlier channels */
+                xd[i] = x[i];
+            }
+            char err[256];
+            ck_assert_msg(!echo_codec_encode_as(ECHO_CODEC_HNF3, x, NULL, m, G, wire, err, sizeof err), "%s", err);
+            ck_assert(!echo_codec_decode_as(ECHO_CODEC_HNF3, wire, m, G, y, 0, err, sizeof err));
+            const uint8_t *codes = wire, *recs = wire + m / 8 * 3;
+            for (size_t k = 0; k < ng; k++) {
+                const uint8_t *rec = recs + k * 8;
+                int i1 = rec[6], i2 = rec[7];
+                double s = from_bf16((uint16_t)(rec[0] | rec[1] << 8));
+                /* the outliers: the two largest |x| */
+                double a3 = 0;
+                for (int i = 0; i < G; i++)
+                    if (i != i1 && i != i2) a3 = fmax(a3, fabs(xd[k * G + i]));
+                ck_assert(i1 != i2 && fabs(xd[k * G + i1]) >= a3 && fabs(xd[k * G + i2]) >= a3);
+                double xo[256];
+                for (int i = 0; i < G; i++)
+                    xo[i] = i == i1 || i == i2 ? 0.0 : xd[k * G + i];
+                had_rotate64(xo, (size_t)G, 0, G, G, u);
+                double ss = 0;
+                for (int i = 0; i < G; i++)
+                    ss += u[i] * u[i];
+                ck_assert_msg(fabs(s - sqrt(ss / G)) <= 0x1p-8 * s, "G=%d group %zu: scale %g vs rms %g", G, k, s,
+                              sqrt(ss / G));
+                double v[256];
+                for (int i = 0; i < G; i++) {
+                    const uint8_t *t = codes + k * (size_t)G * 3 / 8 + 3 * (i / 8);
+                    uint32_t w = (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16;
+                    int c = (int)(w >> (3 * (i % 8)) & 7);
+                    double dc = fabs(u[i] / s - nf3_levels[c]);
+                    for (int c2 = 0; c2 < 8; c2++)
+                        ck_assert_msg(dc <= fabs(u[i] / s - nf3_levels[c2]) + 1e-4,
+                                      "G=%d group %zu value %d: code %d, level %d is nearer", G, k, i, c, c2);
+                    v[i] = nf3_levels[c] * s;
+                }
+                /* the decoder: D H v / G, the outliers' bf16 values patched in */
+                for (int j = 0; j < G; j++) {
+                    double d = 0;
+                    for (int i = 0; i < G; i++)
+                        d += __builtin_popcount((unsigned)(i & j)) & 1 ? -v[i] : v[i];
+                    d = (echo_had_neg(j) ? -d : d) / G;
+                    if (j == i1) d = from_bf16((uint16_t)(rec[2] | rec[3] << 8));
+                    if (j == i2) d = from_bf16((uint16_t)(rec[4] | rec[5] << 8));
+                    ck_assert_msg(fabs(y[k * G + j] - d) <= 1e-5 * (s + fabs(d)), "G=%d group %zu value %d: decoded %g, spec %g",
+                                  G, k, j, y[k * G + j], d);
+                }
+            }
+            for (size_t i = 0; i < m; i++) {
+                e2 += (y[i] - xd[i]) * (y[i] - xd[i]);
+                x2 += xd[i] * xd[i];
+            }
+            /* Lloyd-Max at 3 bits: relative MSE 0.0345 on a Gaussian (rel. RMS 0.186); rotation
+             * and the removed outliers take a little off. An absmax-scaled 7-level code
+             * would give about 0.25, a wrong level more than 0.19. */
+            double rel = sqrt(e2 / x2);
+            ck_assert_msg(kind ? rel < 0.12 : rel > 0.16 && rel < 0.185, "G=%d kind %d: relative error %g", G, kind,
+                          rel);
+            free(x);
+            free(y);
+            free(xd);
+            free(wire);
+        }
+
+    /* echo3 through the local transport: ranks agree, the tail's call is
+     * bf16, feedback keeps the sum of a pass's outputs close */
+    const int n = 3, S = 4;
+    const size_t m = 3 * 256 * 4 + 40; /* a ragged last group */
+    echo_config c3 = {.n_sites = S, .max_count = m};
+    ck_assert(echo_preset_config(ECHO_PRESET_ECHO3, 0, 0, &c3) == 0);
+    float *o[MAXN];
+    for (int r = 0; r < n; r++)
+        o[r] = malloc(S * m * sizeof(float));
+    echo_stats st;
+    tail_pass(c3, n, m, o, &st);
+    ck_assert_uint_eq(st.calls[ECHO_PRESET_ECHO3], 3);
+    ck_assert_uint_eq(st.calls[ECHO_PRESET_BF16], 1);
+    for (int r = 1; r < n; r++)
+        ck_assert(memcmp(o[0], o[r], S * m * sizeof(float)) == 0);
+    double e2 = 0, x2 = 0;
+    for (size_t i = 0; i < m; i++) {
+        double sum = 0, ex = 0;
+        for (int site = 0; site < S; site++) {
+            sum += o[0][(size_t)site * m + i];
+            for (int r = 0; r < n; r++)
+                ex += unif(77, (uint64_t)site, (uint64_t)r, i);
+        }
+        e2 += (sum - ex) * (sum - ex);
+        x2 += ex * ex;
+    }
+    /* the last call takes back the error left before it: bf16 rounding only */
+    ck_assert_msg(sqrt(e2 / x2) < 0x1p-6, "echo3 pass error %g", sqrt(e2 / x2));
+    for (int r = 0; r < n; r++)
+        free(o[r]);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("comm");
     TCase *tc = tcase_create("echo");
@@ -2153,6 +2299,7 @@ int main(void) {
     tcase_add_test(tc, test_abort_wakes_peers);
     tcase_add_test(tc, test_size_policy_and_stats);
     tcase_add_test(tc, test_tail_policy);
+    tcase_add_test(tc, test_hnf3_codec);
     tcase_add_test(tc, test_disagreement_then_next_call);
     tcase_add_test(tc, test_pass_end);
     tcase_add_test(tc, test_oneshot);
