@@ -7,7 +7,7 @@
 # strings, one line per language) and chat (the multi-turn conversations of
 # tests/fixtures/tokenizer/qwen3_chat.jsonl rendered through SmolLM2's own
 # chat template by echo-serve's /tokenize). Each preset (echo, echo-nofb,
-# int4, bf16) runs against exact with echo-eval; the check fails when a
+# int4, bf16, echo3) runs against exact with echo-eval; the check fails when a
 # preset's mean KL to exact on a domain exceeds its bound in
 # tests/accuracy_quick.json (measured, then x2 + 0.01: a jump, not noise), or
 # its next-token accuracy drops more than the bound's points. 300 tokens
@@ -103,7 +103,7 @@ PY
 
 fail=0
 for d in doc man code l10n chat; do
-    if ! "$bin/echo-eval" --model "$gguf" --tp 3 --prompts "$tmp/$d.jsonl" --modes echo,echo-nofb,int4,bf16 \
+    if ! "$bin/echo-eval" --model "$gguf" --tp 3 --prompts "$tmp/$d.jsonl" --modes echo,echo3,echo-nofb,int4,bf16 \
         --gen-tokens 1 --threads 2 --json >"$tmp/$d.json" 2>"$tmp/$d.err"; then
         echo "FAIL accuracy-quick: echo-eval on $d: $(tail -3 "$tmp/$d.err")"
         fail=1
