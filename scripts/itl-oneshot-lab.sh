@@ -11,10 +11,14 @@ model=${1:-random:qwen3-0.6b}
 for rep in 1 2 3; do
   for mode in exact echo; do
     for os in off 8192; do
-      line=$(flock /work/cpu.lock timeout 400 scripts/hostlab.sh --hosts 4 --rate 1gbit -- \
-        mpirun -np 4 bin/echo-bench forward --model "$model" --tp 4 --allreduce $mode --prefill 16 \
-        --ttft-len 16 --decode-batch 1 --decode-steps 16 --iters 1 --gemm-dim 0 --copy-bytes 1M --threads 1 \
-        --oneshot $os --json 2>/dev/null | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))')
+      line=
+      for _try in 1 2; do  # one retry: Open MPI's start-up in the lab fails now and then
+        [ -n "$line" ] && break
+        line=$(flock /work/cpu.lock timeout 400 scripts/hostlab.sh --hosts 4 --rate 1gbit -- \
+          mpirun -np 4 bin/echo-bench forward --model "$model" --tp 4 --allreduce $mode --prefill 16 \
+          --ttft-len 16 --decode-batch 1 --decode-steps 16 --iters 1 --gemm-dim 0 --copy-bytes 1M --threads 1 \
+          --oneshot $os --json 2>/dev/null | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' 2>/dev/null)
+      done
       echo "{\"rep\": $rep, \"os\": \"$os\", \"mode\": \"$mode\", \"load\": \"$(cut -d' ' -f1 /proc/loadavg)\", \"r\": ${line:-null}}" >> build/itl.jsonl
     done
   done
