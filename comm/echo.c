@@ -156,6 +156,7 @@ void echo_world_destroy(echo_world *w) {
 
 void echo_world_get_config(const echo_world *w, echo_config *out) {
     *out = w->cfg;
+    out->oneshot_bytes = w->os_bytes; /* resolved: $ECHO_ONESHOT_BYTES, 0 for bf16 and one rank */
     if (out->tail_codec == ECHO_CODEC_BF16 && w->tp && w->tp->device_memory) out->tail_codec = ECHO_CODEC_NONE;
 }
 

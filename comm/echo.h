@@ -256,7 +256,7 @@ int echo_world_create(const char *name, const echo_world_opts *o, const echo_con
 void echo_world_destroy(echo_world *w);
 
 /* The world's configuration with defaults resolved (group_size != 0). */
-void echo_world_get_config(const echo_world *w, echo_config *out);
+void echo_world_get_config(const echo_world *w, echo_config *out); /* oneshot_bytes: what the world runs */
 int echo_world_nranks(const echo_world *w);
 
 /* The endpoint of `rank` in `w`. Slot memory is allocated here. */

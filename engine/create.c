@@ -273,6 +273,7 @@ static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
      * whose waits leave the cores to the compute */
     e->ov_k = eng_overlap_plan(c->overlap, c->tp, e->procs, host_device(c->device));
     ec.lazy_wait = e->ov_k > 1;
+    ec.oneshot_bytes = eng_oneshot_plan(c->oneshot, c->tp, e->procs, host_device(c->device));
     if (echo_world_create(c->transport, &o, &ec, &e->world, err, errlen)) return -1;
     for (int i = 1; i < e->ov_k; i++)
         if (echo_world_create(c->transport, &o, &ec, &e->ov_worlds[i - 1], err, errlen)) return -1;

@@ -34,6 +34,17 @@ const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
 int eng_pass_tokens(const eng *e) { return e->canon ? e->cfg.pass_tokens : 0; }
 int eng_overlap_k(const eng *e) { return e->ov_k; }
 
+size_t eng_oneshot_plan(long oneshot, int tp, int procs, int host_memory) {
+    if (tp < 2 || !host_memory || oneshot == ENG_ONESHOT_OFF || oneshot < 0) return 0;
+    if (oneshot == ENG_ONESHOT_AUTO) return procs ? ENG_ONESHOT_AUTO_BYTES : 0;
+    return (size_t)oneshot;
+}
+
+size_t eng_oneshot_bytes(const eng *e) {
+    echo_config wc;
+    return eng_allreduce_config(e, &wc) ? 0 : wc.oneshot_bytes;
+}
+
 int eng_prompt_chunk(const eng *e, int pos, int left, int budget) {
     int n = left < budget ? left : budget;
     if (n <= 0 || !e->canon || n == left) return n > 0 ? n : 0;

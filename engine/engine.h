@@ -99,7 +99,22 @@ typedef struct eng_config {
      * the serial pass's bits. eng_overlap_k says what an engine runs. */
     int overlap;
     int overlap_min_rows; /* tokens per micro-batch at least (0: 64); tests set a few */
+    /* The one-shot all-reduce (echo_config.oneshot_bytes) of calls of at
+     * most this many bytes of fp32: one network step per call instead of
+     * the two-shot's two or three. 0 (ENG_ONESHOT_AUTO): ENG_ONESHOT_AUTO_BYTES
+     * when ranks are processes on host memory (mpirun: each call is a
+     * network round trip; a batch-1 decode's calls are a few KB), off for
+     * ranks as threads and on device memory; -1 (ENG_ONESHOT_OFF): off;
+     * N > 0: N bytes. Exact's bits do not change (the same rank-order sum);
+     * a 4-bit codec's do (each rank codes its whole message, no second
+     * coding of the sum). $ECHO_ONESHOT_BYTES, when set, overrides it.
+     * eng_oneshot_bytes says what an engine runs. */
+    long oneshot;
 } eng_config;
+
+#define ENG_ONESHOT_AUTO 0
+#define ENG_ONESHOT_OFF (-1)
+#define ENG_ONESHOT_AUTO_BYTES 8192 /* hidden 2048 in fp32: every batch-1 decode call up to that width */
 
 /* Passes under a layout-dependent all-reduce (every preset at tp > 1 but
  * exact on cpu threads). A lossy or bf16 all-reduce's result for a value
@@ -207,6 +222,14 @@ int eng_pass_tokens(const eng *e);
  * 1: overlap off); a step of n tokens runs min(that, n / 64), at least 1
  * (64: eng_config.overlap_min_rows). */
 int eng_overlap_k(const eng *e);
+
+/* eng_config.oneshot resolved: the threshold in bytes (0: off) for ranks
+ * as processes or threads, on host memory or not. */
+size_t eng_oneshot_plan(long oneshot, int tp, int procs, int host_memory);
+/* What an engine's all-reduce runs one-shot: calls of at most this many
+ * bytes of fp32 (0: none; the environment override and the preset
+ * included: bf16 keeps two-shot). */
+size_t eng_oneshot_bytes(const eng *e);
 /* Tokens of a prompt chunk starting at position `pos` with `left` prompt
  * tokens to go and at most `budget` allowed: min(left, budget), cut back to
  * a multiple of C when it would end short of the prompt (0 when no

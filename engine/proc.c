@@ -17,6 +17,7 @@ typedef struct wire_cfg {
     int32_t tp, allreduce, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
         kv_blocks, cuda_graphs, fuse_weights, quantize, act_quant, echo_codec, overlap, overlap_min_rows;
     uint64_t echo_min_bytes;
+    int64_t oneshot;
 } wire_cfg;
 
 static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) {
@@ -32,7 +33,7 @@ static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) 
                     .kv_blocks = c->kv_blocks, .cuda_graphs = c->cuda_graphs, .fuse_weights = c->fuse_weights,
                     .quantize = c->quantize, .act_quant = c->act_quant, .echo_min_bytes = c->echo_min_bytes,
                     .echo_codec = c->echo_codec, .overlap = c->overlap,
-                    .overlap_min_rows = c->overlap_min_rows};
+                    .overlap_min_rows = c->overlap_min_rows, .oneshot = c->oneshot};
     strcpy(w->model_dir, c->model_dir);
     strcpy(w->device, dev);
     strcpy(w->transport, tr);
@@ -49,7 +50,7 @@ static void wire_get(wire_cfg *w, eng_config *c) {
                       .kv_blocks = w->kv_blocks, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
                       .quantize = w->quantize, .act_quant = w->act_quant, .echo_min_bytes = (size_t)w->echo_min_bytes,
                       .echo_codec = (echo_codec_id)w->echo_codec, .overlap = w->overlap,
-                      .overlap_min_rows = w->overlap_min_rows};
+                      .overlap_min_rows = w->overlap_min_rows, .oneshot = (long)w->oneshot};
 }
 
 /* In procs mode every process reaches each of these points: 0 when all

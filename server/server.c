@@ -333,6 +333,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .quantize = o->quantize,
                      .act_quant = o->act_quant,
                      .overlap = o->overlap,
+                     .oneshot = o->oneshot,
                      .threads = o->threads,
                      .max_model_len = o->max_model_len,
                      .max_num_seqs = o->max_num_seqs,
@@ -392,13 +393,19 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     /* the prefix cache may hold every block no running request needs */
     char pc[96] = "prefix caching off";
     if (u.prefix_cache) snprintf(pc, sizeof pc, "prefix caching on (may hold all %d blocks, LRU)", u.total_blocks);
-    char ov[96] = "";
+    char ov[160] = "";
     if (c->tp > 1) {
         int k = eng_overlap_k(s->eng);
         if (k > 1)
             snprintf(ov, sizeof ov, ", prefill overlap %d micro-batches (of >= 64 tokens)", k);
         else
             snprintf(ov, sizeof ov, ", prefill overlap off");
+        size_t os = eng_oneshot_bytes(s->eng);
+        size_t len = strlen(ov);
+        if (os)
+            snprintf(ov + len, sizeof ov - len, ", one-shot all-reduce for calls <= %zu B", os);
+        else
+            snprintf(ov + len, sizeof ov - len, ", one-shot all-reduce off");
     }
     srv_log(s, SRV_LOG_INFO,
             "plan: tp %d, device %s%s%s, allreduce %s (%s transport)%s, residual slots %.1f MB/rank, KV %d blocks x %d "

@@ -52,6 +52,7 @@ typedef struct srv_options {
     int quantize;               /* eng_quant: ENG_QUANT_Q8_0 quantizes matrices at load (cpu) */
     int act_quant;              /* eng_config.act_quant: ENG_ACT_Q8/AUTO = 8-bit activations (cpu) */
     int overlap;                /* eng_config.overlap: 0 auto, -1 off, N micro-batches per prefill */
+    long oneshot;               /* eng_config.oneshot: 0 auto, -1 off, N bytes */
     int threads;                /* cpu threads in total, 0 = all */
     int max_num_seqs;           /* running batch size, default 8 */
     int max_num_batched_tokens; /* tokens per step (chunked prefill budget), default 512 */

@@ -129,6 +129,15 @@ int cli_overlap(const char *prog, const char *s) {
     return (int)n;
 }
 
+long cli_oneshot(const char *prog, const char *s) {
+    if (!strcmp(s, "auto")) return ENG_ONESHOT_AUTO;
+    if (!strcmp(s, "off")) return ENG_ONESHOT_OFF;
+    long n;
+    if (cli_parse_long(s, 1, 1L << 30, &n))
+        cli_usage_error(prog, "--oneshot expects auto, off or a byte count 1..1073741824, got '%s'", s);
+    return n;
+}
+
 static void procs_end(void) {
     eng_procs_exit();
     echo_proc_finalize();

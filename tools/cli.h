@@ -34,6 +34,8 @@ void cli_help(const char *usage);
 int cli_echo_codec(const char *prog, const char *s, int *group);
 /* --overlap auto|off|N: eng_config.overlap (0 auto, -1 off, N in 1..8). */
 int cli_overlap(const char *prog, const char *s);
+/* --oneshot auto|off|BYTES: eng_config.oneshot (0 auto, -1 off, BYTES in 1..1 GiB). */
+long cli_oneshot(const char *prog, const char *s);
 /* --act-quant auto|none|q8_0: ENG_ACT_AUTO, ENG_ACT_NONE or ENG_ACT_Q8;
  * a usage error otherwise. cli_parse_act_quant: the non-exiting form (0,
  * or -1 leaving *out). */

@@ -42,6 +42,9 @@ static const char *USAGE =
     "  --overlap auto|off|N   prefill overlap at --tp > 1 on cpu: a prompt of >= 128 tokens runs as N\n"
     "                         micro-batches, one's all-reduce behind the next one's compute (exact and\n"
     "                         bf16 bits unchanged). auto (default): 2 under mpirun, off for threads\n"
+    "  --oneshot auto|off|BYTES one-shot all-reduce (one network step) for calls of <= BYTES of fp32\n"
+    "                         at --tp > 1 on cpu (exact bits unchanged). auto (default): 8192 under\n"
+    "                         mpirun, off for threads\n"
     "  --tp N                 tensor-parallel ranks (threads on the cpu backend; default 1)\n"
     "  --allreduce MODE       all-reduce of the row-parallel layers when --tp > 1:\n"
     "                         echo (the 4-bit codec of --echo-codec with error feedback, default),\n"
@@ -179,7 +182,7 @@ static double now_s(void) {
 int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -198,6 +201,7 @@ int main(int argc, char **argv) {
         {"quantize", required_argument, 0, O_QUANT},
         {"act-quant", required_argument, 0, O_ACTQ},
         {"overlap", required_argument, 0, O_OVERLAP},
+        {"oneshot", required_argument, 0, O_ONESHOT},
         {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},
         {"no-thinking", no_argument, 0, O_NOTHINK},
@@ -250,6 +254,7 @@ int main(int argc, char **argv) {
             ec.quantize = ENG_QUANT_Q8_0;
             break;
         case O_OVERLAP: ec.overlap = cli_overlap(PROG, optarg); break;
+        case O_ONESHOT: ec.oneshot = cli_oneshot(PROG, optarg); break;
         case O_ACTQ:
             ec.act_quant = cli_act_quant(PROG, optarg);
             break;

@@ -56,6 +56,10 @@ static const char *USAGE =
     "                               N micro-batches, one's all-reduce on a communication thread while\n"
     "                               the next computes (exact/bf16 bits unchanged). auto (default): 2\n"
     "                               under mpirun, off for ranks as threads. The start-up plan says which\n"
+    "  --oneshot auto|off|BYTES     one-shot all-reduce (every rank's message to every rank, one network\n"
+    "                               step) for calls of <= BYTES of fp32 at --tp > 1 on cpu (exact bits\n"
+    "                               unchanged). auto (default): 8192 under mpirun, off for ranks as\n"
+    "                               threads. The start-up plan says which\n"
     "  --threads N                  cpu threads in total (default: all online CPUs)\n"
     "  --host ADDR                  numeric address to bind (default 127.0.0.1)\n"
     "  --port N                     port (default 8000; 0 = any free port, printed at start)\n"
@@ -145,7 +149,8 @@ int main(int argc, char **argv) {
         O_CODEC,
         O_QUANT,
         O_ACTQ,
-        O_OVERLAP
+        O_OVERLAP,
+        O_ONESHOT
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -161,6 +166,7 @@ int main(int argc, char **argv) {
         {"quantize", required_argument, 0, O_QUANT},
         {"act-quant", required_argument, 0, O_ACTQ},
         {"overlap", required_argument, 0, O_OVERLAP},
+        {"oneshot", required_argument, 0, O_ONESHOT},
         {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},
         {"served-model-name", required_argument, 0, O_NAME},
@@ -216,6 +222,7 @@ int main(int argc, char **argv) {
             o.act_quant = cli_act_quant(PROG, optarg);
             break;
         case O_OVERLAP: o.overlap = cli_overlap(PROG, optarg); break;
+        case O_ONESHOT: o.oneshot = cli_oneshot(PROG, optarg); break;
         case O_MINB: o.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
         case O_GROUP: o.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
         case O_HOST: o.host = optarg; break;

@@ -13,6 +13,8 @@
  *   exact       MPI_Allreduce of fp32 (x + residual), or with
  *               $ECHO_MPI_EXACT=twoshot an all-to-all of fp32 shards, an
  *               owner sum in rank order and an all-gather of the sums
+ *   one-shot    each rank's whole message to every peer: N-1 MPI_Isend and
+ *               N-1 MPI_Irecv, one MPI_Waitall (one network step)
  *
  * Collectives are blocking: MPI cannot interrupt them, so echo_abort is
  * local to the process (see echo.h) and a failed MPI call leaves the world
@@ -39,6 +41,7 @@ typedef struct mpi_world {
     int me;
     int twoshot;          /* exact path: 1 = two-shot fp32, 0 = MPI_Allreduce */
     int lazy;             /* echo_config.lazy_wait: nonblocking collectives, waits that sleep */
+    int lazy_now;         /* this call waits lazily: lazy and a message of at least LAZY_MIN_BYTES */
     size_t stride;        /* bytes between phase-1 messages: the widest message, 64-byte rounded */
     uint8_t *send, *recv; /* phase 1: N * stride each */
     uint8_t *p2;          /* phase 2: N messages of the call's wire size */
@@ -79,9 +82,15 @@ static int mpi_fail(mpi_world *mw, int rc, const char *what, char *err, size_t e
  * LAZY_NAP_NS between tests, so that a thread waiting on its peers (the
  * engine's communication thread, engine/overlap.h) leaves the cores to the
  * compute beside it; the TCP transfers go on in the kernel meanwhile.
- * Decode-size calls complete within the spin, as blocking ones do. */
+ * Only for calls of at least LAZY_MIN_BYTES (fp32): Open MPI's nonblocking
+ * collectives (libnbc) advance one round per MPI_Test and each nap adds
+ * ~100 us, so on a decode-size call (a few KB, 2 x layers per token) the
+ * lazy wait was the slower one: SmolLM2 at tp 3, 3 hosts at 1 Gbit/s,
+ * 11 tok/s lazy vs 25 blocking (docs/network.md). A prefill's calls are
+ * >= 64 tokens x hidden x 4 bytes, far above. */
 #define LAZY_SPIN_S 200e-6
 #define LAZY_NAP_NS 50000L
+#define LAZY_MIN_BYTES 65536
 
 static double mpi_now(void) {
     struct timespec ts;
@@ -98,12 +107,12 @@ static int lazy_wait(MPI_Request *rq) {
     }
 }
 
-/* A collective: `blocking`, or on a lazy world `nb` (its nonblocking twin,
+/* A collective: `blocking`, or on a lazy call `nb` (its nonblocking twin,
  * writing MPI_Request rq_) and lazy_wait; the same bytes either way. */
 #define MPI_COLL(mw, blocking, nb)                                                                                     \
     do {                                                                                                               \
         int mpi_rc_;                                                                                                   \
-        if (!(mw)->lazy) {                                                                                             \
+        if (!(mw)->lazy_now) {                                                                                         \
             mpi_rc_ = (blocking);                                                                                      \
         } else {                                                                                                       \
             MPI_Request rq_;                                                                                           \
@@ -134,6 +143,9 @@ static int mpi_agree(echo_comm *c, const echo_call *call, char *err, size_t errl
     mpi_world *mw = mw_of(c->w);
     int N = c->w->nranks;
     if (mpi_ready(mw, err, errlen)) return -1;
+    /* every rank of a call decides alike (the agreement itself is small:
+     * blocking unless the call is large, as the call's collectives) */
+    mw->lazy_now = mw->lazy && call->count * sizeof(float) >= LAZY_MIN_BYTES;
     long long mine[4] = {call->site, (long long)call->count, call->dt, call->path};
     long long all[4 * ECHO_MAX_RANKS];
     MPI_COLL(mw, MPI_Allgather(mine, 4, MPI_LONG_LONG, all, 4, MPI_LONG_LONG, mw->comm),
@@ -257,10 +269,21 @@ static int mpi_exact(echo_comm *c, const echo_plan *p, const echo_call *call, vo
     return 0;
 }
 
-/* One-shot: one MPI_Allgather of fixed-size slots (the world's largest
- * one-shot message), so that ranks which disagree on the call still make
- * the same collective; the agreement travels in the messages' headers and
- * echo.c checks it. No collective before it: one network step per call. */
+/* One-shot: each rank's message straight to every peer (N-1 MPI_Isend and
+ * N-1 MPI_Irecv into fixed-size slots of the world's largest one-shot
+ * message), then one MPI_Waitall: one network step per call, where an
+ * MPI_Allgather at 3 or 4 ranks takes two (Bruck, recursive doubling) and
+ * its slots moved whole. Measured, SmolLM2 Q4_1 at tp 3, 3 hosts at
+ * 1 Gbit/s, echo decode: see docs/network.md. The agreement travels in the
+ * headers and echo.c checks it, so ranks that disagree on a call's site or
+ * count (both one-shot) fail alike; a rank whose call is two-shot while a
+ * peer's is one-shot is a count disagreement across the threshold, which
+ * this exchange cannot see (the peers would wait on each other). The wait
+ * is MPI_Waitall, never lazy: these calls are small (the threshold) and
+ * complete in a spin; Open MPI yields between polls when the node is
+ * oversubscribed (or with mpi_yield_when_idle, as scripts/hostlab.sh sets). */
+#define OS_TAG 0x6f73 /* the one-shot's messages: the only point-to-point traffic on the world's communicator */
+
 static uint8_t *mpi_os_send(echo_comm *c, size_t bytes) {
     (void)bytes;
     return mw_of(c->w)->os + (size_t)c->rank * c->w->os_msg_max;
@@ -272,12 +295,18 @@ static const uint8_t *mpi_os_recv(echo_comm *c, size_t bytes, int peer) {
 }
 
 static int mpi_os_exchange(echo_comm *c, size_t bytes, const echo_call *call, char *err, size_t errlen) {
-    (void)bytes, (void)call;
+    (void)call;
     mpi_world *mw = mw_of(c->w);
     if (mpi_ready(mw, err, errlen)) return -1;
-    MPI_COLL(mw, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->os, (int)c->w->os_msg_max, MPI_BYTE, mw->comm),
-             MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mw->os, (int)c->w->os_msg_max, MPI_BYTE, mw->comm,
-                            &rq_));
+    int N = c->w->nranks, me = c->rank, k = 0;
+    size_t slot = c->w->os_msg_max;
+    MPI_Request rq[2 * ECHO_MAX_RANKS];
+    for (int j = 0; j < N; j++)
+        if (j != me) MPI_TRY(mw, MPI_Irecv(mw->os + (size_t)j * slot, (int)slot, MPI_BYTE, j, OS_TAG, mw->comm, &rq[k++]));
+    for (int j = 0; j < N; j++)
+        if (j != me)
+            MPI_TRY(mw, MPI_Isend(mw->os + (size_t)me * slot, (int)bytes, MPI_BYTE, j, OS_TAG, mw->comm, &rq[k++]));
+    MPI_TRY(mw, MPI_Waitall(k, rq, MPI_STATUSES_IGNORE));
     return 0;
 }
 

@@ -205,6 +205,9 @@ int eng_allreduce_config(const eng *e, echo_config *out) {
 int eng_overlap_k(const eng *e) {
     return (void)e, 1;
 }
+size_t eng_oneshot_bytes(const eng *e) {
+    return (void)e, 0;
+}
 int eng_seq_blocks(const eng *e, int seq) {
     return (void)e, (void)seq, -1;
 }

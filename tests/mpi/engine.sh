@@ -4,7 +4,10 @@
 #      gives HF transformers' 32 greedy tokens (the fixtures' reference.json)
 #      on Qwen3, Llama and GGUF fixtures;
 #   2. int4 and echo under mpirun -np 2 give the same bits (tokens and
-#      logprobs) as two ranks as threads (the mpi transport equals local);
+#      logprobs) as two ranks as threads (the mpi transport equals local),
+#      two-shot (--oneshot off) and echo one-shot (--oneshot 8192 both);
+#      exact under mpirun -np 3 and 4 with the default one-shot (auto: on
+#      for processes) gives the bits of ranks as threads (auto: off);
 #   3. a rank count that differs from --tp is refused, on every rank, with
 #      one message;
 #   4. echo-serve under mpirun -np 2 answers completions, chat and a guided_regex one, and stops
@@ -57,15 +60,31 @@ done
 
 # 2. quantized modes: processes == threads, bit for bit (echo-a8: also Q8_0 weights times
 #    8-bit activations, --act-quant q8_0)
-for mode in int4 echo echo-a8; do
-    extra=()
-    [ "$mode" = echo-a8 ] && extra=(--quantize q8_0 --act-quant q8_0)
+#    (auto's one-shot is on for processes only: both sides name it)
+for mode in int4 echo echo-a8 echo:8192; do
+    extra=(--oneshot off)
+    [ "$mode" = echo-a8 ] && extra=(--oneshot off --quantize q8_0 --act-quant q8_0)
+    [ "$mode" = echo:8192 ] && extra=(--oneshot 8192)
+    m=${mode%-a8}
     args=(--model "$M/gqa4-deep" --prompt-tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7 --max-tokens 12 --temperature 0
-          --ignore-eos --top-logprobs 3 --json --tp 2 --allreduce "${mode%-a8}" --threads 1 "${extra[@]}")
+          --ignore-eos --top-logprobs 3 --json --tp 2 --allreduce "${m%:*}" --threads 1 "${extra[@]}")
     "$bin/echo-generate" "${args[@]}" >"$tmp/threads.json" 2>/dev/null
     run -np 2 "$bin/echo-generate" "${args[@]}" >"$tmp/procs.json" 2>"$tmp/procs.err"
     if [ -s "$tmp/threads.json" ] && cmp -s "$tmp/threads.json" "$tmp/procs.json"; then ok
     else bad "$mode: mpirun -np 2 differs from --tp 2 threads: $(tail -2 "$tmp/procs.err")"; fi
+    [ "$mode" = echo ] && cp "$tmp/threads.json" "$tmp/echo-twoshot.json"
+done
+if ! cmp -s "$tmp/echo-twoshot.json" "$tmp/threads.json"; then ok
+else bad "echo: --oneshot 8192 had no effect"; fi
+# exact, the defaults: one-shot under mpirun, two-shot on threads; the same bits
+for spec in llama-tp3:3 gqa4-deep:4; do
+    np=${spec##*:}
+    args=(--model "$M/${spec%:*}" --prompt-tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7 --max-tokens 12 --temperature 0
+          --ignore-eos --top-logprobs 3 --json --tp "$np" --allreduce exact --threads 1)
+    "$bin/echo-generate" "${args[@]}" >"$tmp/threads.json" 2>/dev/null
+    run -np "$np" "$bin/echo-generate" "${args[@]}" >"$tmp/procs.json" 2>"$tmp/procs.err"
+    if [ -s "$tmp/threads.json" ] && cmp -s "$tmp/threads.json" "$tmp/procs.json"; then ok
+    else bad "exact: mpirun -np $np (one-shot by default) differs from --tp $np threads: $(tail -2 "$tmp/procs.err")"; fi
 done
 
 # 3. a rank count that does not match --tp

@@ -380,6 +380,19 @@ END_TEST
 
 /* Echo with overlap: each micro-batch has its own residual chain, and the
  * logits stay as close to exact as the serial pass's. */
+/* --oneshot's policy (eng_config.oneshot): auto is on for processes on
+ * host memory only; off and tp 1 never; a count is taken as given. */
+START_TEST(test_oneshot_plan) {
+    ck_assert_uint_eq(eng_oneshot_plan(ENG_ONESHOT_AUTO, 3, 1, 1), ENG_ONESHOT_AUTO_BYTES);
+    ck_assert_uint_eq(eng_oneshot_plan(ENG_ONESHOT_AUTO, 3, 0, 1), 0);
+    ck_assert_uint_eq(eng_oneshot_plan(ENG_ONESHOT_AUTO, 3, 1, 0), 0);
+    ck_assert_uint_eq(eng_oneshot_plan(ENG_ONESHOT_AUTO, 1, 1, 1), 0);
+    ck_assert_uint_eq(eng_oneshot_plan(ENG_ONESHOT_OFF, 4, 1, 1), 0);
+    ck_assert_uint_eq(eng_oneshot_plan(4096, 2, 0, 1), 4096);
+    ck_assert_uint_eq(eng_oneshot_plan(4096, 2, 1, 0), 0);
+}
+END_TEST
+
 START_TEST(test_overlap_echo_accuracy) {
     char err[1024];
     eng *ex = open_overlap("gqa4-deep", 2, ECHO_PRESET_EXACT, ENG_OVERLAP_OFF, err);
@@ -1264,6 +1277,7 @@ int main(void) {
     tcase_add_test(tp, test_passes_fixed_by_position);
     tcase_add_test(tp, test_passes_exact_unchanged);
     tcase_add_test(tp, test_overlap_bits);
+    tcase_add_test(tp, test_oneshot_plan);
     tcase_add_test(tp, test_overlap_echo_accuracy);
     suite_add_tcase(s, tp);
     TCase *kv = tcase_create("kv-cache");

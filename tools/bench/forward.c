@@ -75,6 +75,7 @@ typedef struct fw_opts {
     int quantize;             /* eng_config.quantize */
     int act_quant;            /* eng_config.act_quant */
     int overlap;              /* eng_config.overlap */
+    long oneshot;             /* eng_config.oneshot */
     echo_preset allreduce;    /* eng_config.allreduce (tp > 1) */
     int echo_group;           /* eng_config.echo_group, 0 = default */
     echo_codec_id echo_codec; /* eng_config.echo_codec, 0 = default */
@@ -201,6 +202,8 @@ static const char FW_USAGE[] =
     "                      on a GGUF's quantized matrices; none: the exact path\n"
     "  --overlap auto|off|N  prefill overlap at --tp > 1 on cpu (eng_config.overlap): prompts of >= 128\n"
     "                      tokens as N micro-batches; auto (default): 2 under mpirun, else off\n"
+    "  --oneshot auto|off|BYTES  one-shot all-reduce for calls of <= BYTES of fp32 at --tp > 1 on cpu\n"
+    "                      (eng_config.oneshot); auto (default): 8192 under mpirun, else off\n"
     "  --seed S            random token ids (default 0)\n"
     "  --gemm-dim N        the matmul peak: ops->matmul of N x N by N x N, the yardstick of prefill\n"
     "                      TFLOP/s (default 8192 on a GPU, 1024 on cpu; 0 skips it)\n"
@@ -235,7 +238,8 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_EGROUP,
         O_EMINB,
         O_ECODEC,
-        O_OVERLAP
+        O_OVERLAP,
+        O_ONESHOT
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -260,6 +264,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"echo-min-bytes", required_argument, 0, O_EMINB},
         {"echo-codec", required_argument, 0, O_ECODEC},
         {"overlap", required_argument, 0, O_OVERLAP},
+        {"oneshot", required_argument, 0, O_ONESHOT},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -363,6 +368,18 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
                 o->overlap = (int)n;
             else
                 rc = fw_usage_error("--overlap: expected auto, off or a count 1..8, got '%s'", a);
+            break;
+        }
+        case O_ONESHOT: {
+            long n = 0;
+            if (!strcmp(a, "auto"))
+                o->oneshot = ENG_ONESHOT_AUTO;
+            else if (!strcmp(a, "off"))
+                o->oneshot = ENG_ONESHOT_OFF;
+            else if (cli_parse_long(a, 1, 1L << 30, &n) == 0)
+                o->oneshot = n;
+            else
+                rc = fw_usage_error("--oneshot: expected auto, off or a byte count 1..1073741824, got '%s'", a);
             break;
         }
         case O_ACTQ:
@@ -730,7 +747,8 @@ int bench_forward_main(int argc, char **argv) {
                      .cuda_graphs = o.cuda_graphs,
                      .quantize = o.quantize,
                      .act_quant = o.act_quant,
-                     .overlap = o.overlap};
+                     .overlap = o.overlap,
+                     .oneshot = o.oneshot};
     eng *e = NULL;
     float *logits = NULL;
     int32_t *ids = NULL;
@@ -877,6 +895,7 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "quantize", json_string(o.quantize ? "q8_0" : "none"));
         json_object_set_new(root, "act_quant", json_string(ri.act_q8_matrices ? "q8_0" : "none"));
         json_object_set_new(root, "overlap", json_integer(eng_overlap_k(e)));
+        json_object_set_new(root, "oneshot_bytes", json_integer((json_int_t)eng_oneshot_bytes(e)));
         json_object_set_new(root, "act_q8_matrices", json_integer(ri.act_q8_matrices));
         if (fma_peak > 0) json_object_set_new(root, "fma_peak_gflops", json_real(fma_peak / 1e9));
         if (gd > 0) {
