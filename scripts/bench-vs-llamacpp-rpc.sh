@@ -86,7 +86,7 @@ for g in groups:
     for n in names:
         rs = m[n]
         ov = rs[0].get("overlap")
-        bf = [k for k in names if k.startswith("echo bf16") and (ov is None or k.endswith("overlap " + ov))]
+        bf = [k for k in names if k.startswith("echo bf16") and ov is not None and k.endswith("overlap " + ov)]
         bfr = f"{ttft[bf[0]] / ttft[n]:.2f}x" if bf else ""
         bpt = [r["bytes_per_token"] for r in rs if r.get("bytes_per_token") is not None]
         loads = sorted(float(r["load"]) for r in rs)
