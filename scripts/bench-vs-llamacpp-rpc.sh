@@ -3,45 +3,126 @@
 # lab (scripts/hostlab.sh): the same GGUF file, N hosts, one rank (echo) or
 # one ggml-rpc-server -t 1 (llama.cpp; the client, llama-bench, in host 0
 # with its own CPU device) per host, each host's link shaped to RATE.
-# Per cell: prompt TTFT (ms), batch-1 decode tok/s, and the bytes all hosts
-# sent during the run (tx of every host's lab0, prefill and decode together).
+# Per cell: prompt TTFT (ms, median of --iters prompts after a warm-up),
+# batch-1 decode tok/s, and bytes on the wire per token.
 #
 #   scripts/bench-vs-llamacpp-rpc.sh --model GGUF --tp N [--rates "1gbit 10gbit none"]
-#       [--prompt 512] [--decode 32] [--reps 1] [--echo-modes "exact bf16 echo"]
-#       [--sm "layer tensor"] [--echo-args "ARGS"] [--out FILE]
+#       [--prompts "512"] [--decode 16] [--reps 1] [--iters 3]
+#       [--echo-modes "exact bf16 echo"] [--overlap "off auto"] [--sm "layer tensor"]
+#       [--echo-args "ARGS"] [--out FILE]
+#   scripts/bench-vs-llamacpp-rpc.sh --summary FILE [--plot PNG]   (table, plot)
 #
-# echo: echo-bench forward --prefill P --ttft-len P --decode-batch 1
-# --decode-steps D --iters 1, 1 thread per rank. llama.cpp: llama-bench -p P
-# -n D -r 1 -t 1 --rpc host1,... -sm MODE (layer: pipeline, tensor: its tensor
-# parallelism), from $LLAMACPP_BIN (default build/llamacpp/build/bin). Cells
-# run one after the other per repetition, so all see the same machine load.
-# Results: one JSON line per run in FILE (default build/vs-llamacpp-rpc.jsonl)
-# and a table on stdout. Needs root, Open MPI and the llama.cpp build.
+# echo: echo-bench forward --prefill 16 --ttft-len P --decode-batch 1
+# --decode-steps D --iters I --overlap O, 1 thread per rank, --act-quant
+# default (auto: integer kernels on a quantized GGUF). llama.cpp:
+# llama-bench -p P -n D -r I -t 1 --rpc host1,... -sm MODE (layer: pipeline,
+# tensor: its tensor parallelism), from $LLAMACPP_BIN (default
+# build/llamacpp/build/bin); its TTFT is the median of its I prompt samples.
+# Each cell is one lab under `flock /work/cpu.lock`; cells run one after
+# the other per repetition (--reps), so all see the same machine load.
+# Bytes per token: the bytes every host's lab0 sent during the run over the
+# tokens the run pushed through the model (warm-ups, prompts and decode
+# steps together); for llama.cpp less the bytes of uploading the weights to
+# its servers, measured once per (file, tp, -sm) by a load-only run
+# (`llama-bench -p 0 -n 1 -r 1`, unshaped; cached in FILE.load.json).
+# Results: one JSON line per run appended to FILE (default
+# build/vs-llamacpp-rpc.jsonl), then the summary: per (file, prompt, tp,
+# link) the median over runs of each setup's TTFT, decode tok/s and KB per
+# token, and ratios: best llama.cpp mode's TTFT / this TTFT, and bf16's
+# (same overlap) / this. --plot draws TTFT per setup (scripts/vs-llamacpp-rpc.gp).
+# Needs root, Open MPI, gnuplot (--plot) and the llama.cpp build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-model= tp=2 rates="1gbit 10gbit none" prompt=512 decode=32 reps=1 emodes="exact bf16 echo" sms="layer tensor"
-eargs= out=build/vs-llamacpp-rpc.jsonl
+model= tp=2 rates="1gbit 10gbit none" prompts=512 decode=16 reps=1 iters=3 emodes="exact bf16 echo"
+overlaps="off auto" sms="layer tensor" eargs= out=build/vs-llamacpp-rpc.jsonl summary= plot=
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift ;;
     --tp) tp=$2; shift ;;
     --rates) rates=$2; shift ;;
-    --prompt) prompt=$2; shift ;;
+    --prompt|--prompts) prompts=$2; shift ;;
     --decode) decode=$2; shift ;;
     --reps) reps=$2; shift ;;
+    --iters) iters=$2; shift ;;
     --echo-modes) emodes=$2; shift ;;
+    --overlap) overlaps=$2; shift ;;
     --sm) sms=$2; shift ;;
     --echo-args) eargs=$2; shift ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --summary) summary=$2; shift ;;
+    --plot) plot=$2; shift ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-vs-llamacpp-rpc: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
 done
+
+# The summary: medians per setup and the ratios (also after the runs).
+summarize() {  # JSONL [PNG]
+  python3 - "$1" "${2:-}" <<'PY'
+import json, os, statistics as st, subprocess, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def setup(r):
+    return r["who"] + (" overlap " + r["overlap"] if r.get("overlap") else "")
+groups = []
+for r in rows:
+    g = (r["model"], r["prompt"], r["tp"], r["rate"])
+    if g not in groups: groups.append(g)
+med = lambda xs: st.median(xs) if xs else float("nan")
+plotrows, cols = [], []
+for g in groups:
+    gr = [r for r in rows if (r["model"], r["prompt"], r["tp"], r["rate"]) == g]
+    names = []
+    for r in gr:
+        if setup(r) not in names: names.append(setup(r))
+    m = {n: [r for r in gr if setup(r) == n] for n in names}
+    ttft = {n: med([r["ttft_ms"] for r in m[n]]) for n in names}
+    llama = [ttft[n] for n in names if n.startswith("llama.cpp")]
+    best = min(llama) if llama else None
+    print(f"\n{g[0]}, tp {g[2]}, link {g[3]}, {g[1]}-token prompt (median over runs; each run's TTFT "
+          f"is the median of its prompts)\n")
+    print("| setup | runs | TTFT ms | best llama.cpp / this | bf16 / this | decode tok/s | KB per token | load (1 min) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in names:
+        rs = m[n]
+        ov = rs[0].get("overlap")
+        bf = [k for k in names if k.startswith("echo bf16") and ov is not None and k.endswith("overlap " + ov)]
+        bfr = f"{ttft[bf[0]] / ttft[n]:.2f}x" if bf else ""
+        bpt = [r["bytes_per_token"] for r in rs if r.get("bytes_per_token") is not None]
+        loads = sorted(float(r["load"]) for r in rs)
+        print(f"| {n} | {len(rs)} | {ttft[n]:.0f} | {f'{best / ttft[n]:.2f}x' if best else ''} | {bfr} | "
+              f"{med([r['decode_tok_s'] for r in rs]):.1f} | {f'{med(bpt) / 1e3:.1f}' if bpt else '?'} | "
+              f"{loads[0]:.1f}-{loads[-1]:.1f} |")
+        if n not in cols: cols.append(n)
+    plotrows.append((f"{os.path.basename(g[0]).replace('.gguf', '').replace('_', '-')} tp{g[2]} {g[3]} {g[1]}", ttft))
+if sys.argv[2]:
+    dat = sys.argv[2] + ".dat"
+    with open(dat, "w") as f:
+        f.write("setup\t" + "\t".join('"' + c + '"' for c in cols) + "\n")
+        for label, t in plotrows:
+            f.write('"' + label + '"\t' + "\t".join(f"{t[c] / 1e3:.3f}" if c in t else "?" for c in cols) + "\n")
+    subprocess.run(["gnuplot", "-e", f"dat='{dat}'; out='{sys.argv[2]}'; n={len(cols)}",
+                    "scripts/vs-llamacpp-rpc.gp"], check=True)
+    print(f"\nplot: {sys.argv[2]} (data {dat})")
+PY
+}
+if [ -n "$summary" ]; then
+  [ -f "$summary" ] || { echo "bench-vs-llamacpp-rpc: --summary: no file '$summary'" >&2; exit 2; }
+  summarize "$summary" "$plot"
+  exit 0
+fi
+
 lbin=${LLAMACPP_BIN:-build/llamacpp/build/bin}
-[ -f "$model" ] || { echo "bench-vs-llamacpp-rpc: --model: no GGUF file '$model'" >&2; exit 2; }
+# without llama.cpp cells (--sm "") echo's model may be a folder or random:SHAPE
+[ -f "$model" ] || { [ -z "${sms// }" ] && { [ -d "$model" ] || [[ "$model" == random:* ]]; }; } ||
+  { echo "bench-vs-llamacpp-rpc: --model: no GGUF file '$model'" >&2; exit 2; }
 [[ "$tp" =~ ^[2-9]$ ]] || { echo "bench-vs-llamacpp-rpc: --tp: 2..9" >&2; exit 2; }
-for b in "$lbin/llama-bench" "$lbin/ggml-rpc-server" bin/echo-bench; do
+[[ "$reps" =~ ^[1-9][0-9]*$ && "$iters" =~ ^[1-9][0-9]*$ && "$decode" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "bench-vs-llamacpp-rpc: --reps, --iters, --decode: counts >= 1" >&2; exit 2; }
+for o in $overlaps; do
+  [[ "$o" =~ ^(off|auto|[1-8])$ ]] || { echo "bench-vs-llamacpp-rpc: --overlap: off, auto or 1..8, got '$o'" >&2; exit 2; }
+done
+for b in ${sms:+"$lbin/llama-bench" "$lbin/ggml-rpc-server"} bin/echo-bench; do
   [ -x "$b" ] || { echo "bench-vs-llamacpp-rpc: $b not built" >&2; exit 2; }
 done
 mkdir -p "$(dirname "$out")"
@@ -84,51 +165,81 @@ exit $rc
 EOF
 chmod +x build/.rpc-cell.sh
 rpcs=$(for ((i = 1; i < tp; i++)); do printf '10.77.0.%d:50052,' $((i + 1)); done); rpcs=${rpcs%,}
+loadf=$out.load.json
+[ -f "$loadf" ] || echo '{}' >"$loadf"
+
+# cell RATE CMD...: one lab of tp hosts at RATE under the lock, at most 10
+# minutes; prints the command's output and the TX line; one retry (an
+# mpirun start in the lab fails now and then).
+cell() {
+  local rate=$1 try res; shift
+  for try in 1 2; do
+    echo "== $(date -u +%FT%TZ) tp $tp rate $rate try $try: $*" >>"$out.err"
+    if res=$(flock /work/cpu.lock timeout 600 env LBIN="$lbin" scripts/hostlab.sh --hosts "$tp" --rate "$rate" -- \
+      build/.rpc-cell.sh "$@" 2>>"$out.err"); then printf '%s\n' "$res"; return 0; fi
+    echo "  failed (try $try; stderr in $out.err)" >&2
+  done
+  return 1
+}
+
+# The bytes llama.cpp sends to load the model on its servers (per file, tp, -sm).
+upload_bytes() {  # sm
+  local key="$model|$tp|$1" res
+  res=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' "$loadf" "$key")
+  if [ -z "$res" ]; then
+    echo "bench-vs-llamacpp-rpc: llama.cpp -sm $1: bytes of the model upload (load-only run)" >&2
+    res=$(cell none llama "$lbin/llama-bench" -m "$model" -rpc "$rpcs" -sm "$1" -p 0 -n 1 -r 1 -t 1 -o json |
+      sed -n 's/^TX //p') || return 1
+    python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d[sys.argv[2]] = int(sys.argv[3])
+json.dump(d, open(sys.argv[1], "w"), indent=1)' "$loadf" "$key" "$res"
+  fi
+  echo "$res"
+}
+
 for rep in $(seq "$reps"); do
-  for rate in $rates; do
-    for m in $emodes; do
-      echo "bench-vs-llamacpp-rpc: rep $rep, $rate, echo $m" >&2
-      # shellcheck disable=SC2086 # --echo-args is a list of flags
-      res=$(flock /work/cpu.lock timeout 900 scripts/hostlab.sh --hosts "$tp" --rate "$rate" -- build/.rpc-cell.sh echo \
-        mpirun -np "$tp" bin/echo-bench forward --model "$model" --tp "$tp" --allreduce "$m" $eargs --prefill "$prompt" \
-        --ttft-len "$prompt" --decode-batch 1 --decode-steps "$decode" --iters 1 --gemm-dim 0 --copy-bytes 1M \
-        --threads 1 --json 2>/dev/null) || { echo "  failed" >&2; continue; }
-      python3 -c 'import json, sys
+  for prompt in $prompts; do
+    for rate in $rates; do
+      for m in $emodes; do
+        for ov in $overlaps; do
+          echo "bench-vs-llamacpp-rpc: rep $rep, $rate, P $prompt, echo $m, overlap $ov (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+          # shellcheck disable=SC2086 # --echo-args is a list of flags
+          res=$(cell "$rate" echo mpirun -np "$tp" bin/echo-bench forward --model "$model" --tp "$tp" --allreduce "$m" \
+            --overlap "$ov" $eargs --prefill 16 --ttft-len "$prompt" --decode-batch 1 --decode-steps "$decode" \
+            --iters "$iters" --gemm-dim 0 --copy-bytes 1M --threads 1 --json) || continue
+          python3 -c 'import json, sys
 txt = sys.stdin.read(); tx = int(txt.rsplit("TX ", 1)[1]); j = json.loads(txt.rsplit("TX ", 1)[0])
+model, m, ov, rate, tp, rep, P, D, I = sys.argv[1:]; P, D, I = int(P), int(D), int(I)
 d = [x for x in j["decode"] if x["batch"] == 1][0]
-print(json.dumps({"who": "echo " + sys.argv[1], "rate": sys.argv[2], "tp": int(sys.argv[3]), "rep": int(sys.argv[4]),
-  "ttft_ms": j["ttft"]["ms"], "decode_tok_s": d["tokens_per_s"], "tx_bytes": tx, "load": open("/proc/loadavg").read().split()[0]}))' \
-        "$m" "$rate" "$tp" "$rep" <<<"$res" >>"$out"
-      tail -1 "$out" >&2
-    done
-    for sm in $sms; do
-      echo "bench-vs-llamacpp-rpc: rep $rep, $rate, llama.cpp -sm $sm" >&2
-      res=$(flock /work/cpu.lock timeout 900 env LBIN="$lbin" scripts/hostlab.sh --hosts "$tp" --rate "$rate" -- \
-        build/.rpc-cell.sh llama "$lbin/llama-bench" -m "$model" -rpc "$rpcs" -sm "$sm" -p "$prompt" -n "$decode" \
-        -r 1 -t 1 -o json 2>/dev/null) || { echo "  failed" >&2; continue; }
-      python3 -c 'import json, sys
+# prefill phase (16 tokens, warm-up + I), decode phase (16-token prompt, 1 warm-up step, D steps), TTFT (warm-up + I)
+tokens = (1 + I) * 16 + 16 + 1 + D + (1 + I) * P
+print(json.dumps({"model": model, "who": "echo " + m, "overlap": ov, "rate": rate, "tp": int(tp), "rep": int(rep),
+  "prompt": P, "decode": D, "iters": I, "ttft_ms": j["ttft"]["ms"], "decode_tok_s": d["tokens_per_s"], "tx_bytes": tx,
+  "tokens": tokens, "bytes_per_token": tx / tokens, "allreduce": j.get("allreduce"),
+  "load": open("/proc/loadavg").read().split()[0]}))' \
+            "$model" "$m" "$ov" "$rate" "$tp" "$rep" "$prompt" "$decode" "$iters" <<<"$res" >>"$out" &&
+            tail -1 "$out" >&2 || echo "  no result parsed" >&2
+        done
+      done
+      for sm in $sms; do
+        up=$(upload_bytes "$sm") || up=
+        echo "bench-vs-llamacpp-rpc: rep $rep, $rate, P $prompt, llama.cpp -sm $sm (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+        res=$(cell "$rate" llama "$lbin/llama-bench" -m "$model" -rpc "$rpcs" -sm "$sm" -p "$prompt" -n "$decode" \
+          -r "$iters" -t 1 -o json) || continue
+        python3 -c 'import json, statistics as st, sys
 txt = sys.stdin.read(); tx = int(txt.rsplit("TX ", 1)[1]); rows = json.loads(txt.rsplit("TX ", 1)[0])
+model, sm, rate, tp, rep, P, D, I, up = sys.argv[1:]; P, D, I = int(P), int(D), int(I)
 pp = [r for r in rows if r.get("n_prompt", 0) > 0][0]; tg = [r for r in rows if r.get("n_gen", 0) > 0][0]
-print(json.dumps({"who": "llama.cpp -sm " + sys.argv[1], "rate": sys.argv[2], "tp": int(sys.argv[3]), "rep": int(sys.argv[4]),
-  "ttft_ms": pp["avg_ns"] / 1e6, "decode_tok_s": tg["avg_ts"], "tx_bytes": tx, "load": open("/proc/loadavg").read().split()[0]}))' \
-        "$sm" "$rate" "$tp" "$rep" <<<"$res" >>"$out"
-      tail -1 "$out" >&2
+runs = [x / 1e6 for x in pp.get("samples_ns", [pp["avg_ns"]])]
+tokens = (1 + I) * P + 1 + I * D  # prompt warm-up + I prompts; 1 warm-up token + I * D decode tokens
+bpt = (tx - int(up)) / tokens if up else None
+print(json.dumps({"model": model, "who": "llama.cpp -sm " + sm, "overlap": None, "rate": rate, "tp": int(tp),
+  "rep": int(rep), "prompt": P, "decode": D, "iters": I, "ttft_ms": st.median(runs), "ttft_runs_ms": runs,
+  "decode_tok_s": st.median(tg.get("samples_ts", [tg["avg_ts"]])), "tx_bytes": tx, "upload_bytes": int(up) if up else None,
+  "tokens": tokens, "bytes_per_token": bpt, "load": open("/proc/loadavg").read().split()[0]}))' \
+          "$model" "$sm" "$rate" "$tp" "$rep" "$prompt" "$decode" "$iters" "$up" <<<"$res" >>"$out" &&
+          tail -1 "$out" >&2 || echo "  no result parsed" >&2
+      done
     done
   done
 done
-python3 - "$out" "$model" "$tp" "$prompt" "$decode" <<'PY'
-import json, statistics as st, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-rows = [r for r in rows if r["tp"] == int(sys.argv[3])]
-print(f"\n{sys.argv[2]}, tp {sys.argv[3]}, {sys.argv[4]}-token prompt, {sys.argv[5]} decode steps (median of runs)\n")
-print("| link | who | runs | TTFT ms | decode tok/s | MB sent by all hosts per run |")
-print("|---|---|---|---|---|---|")
-seen = []
-for r in rows:
-    k = (r["rate"], r["who"])
-    if k not in seen: seen.append(k)
-for k in seen:
-    g = [r for r in rows if (r["rate"], r["who"]) == k]
-    print(f"| {k[0]} | {k[1]} | {len(g)} | {st.median(r['ttft_ms'] for r in g):.0f} | "
-          f"{st.median(r['decode_tok_s'] for r in g):.1f} | {st.median(r['tx_bytes'] for r in g) / 1e6:.1f} |")
-PY
+summarize "$out" "$plot"
