@@ -126,7 +126,7 @@ def main():
             dup = tag != "main" and ("main", mode, codec, g, tail) in rows
             if mode != "exact" and not dup:
                 di = DOMAINS.index(d) if d in DOMAINS else len(DOMAINS)
-                plot.append((meta[k]["bits"], c["d"], c["se"], di, int(mode == "echo"), f"{mode}/{codec}", tag))
+                plot.append((meta[k]["bits"], c["d"], c["se"], di, int(mode in ("echo", "echo3")), f"{mode}/{codec}", tag))
                 verdict[(tag, mode, codec, g, tail, d)] = c
     L.append("")
     # the done-when, from the rows
@@ -144,11 +144,14 @@ def main():
                  f"(≤ 0.4 pt lost, SE ≤ 0.15, ≥ 50,000 tokens); worst domain {worst} "
                  f"{rows[k][worst]['d']:+.2f} ± {rows[k][worst]['se']:.2f} pt — "
                  f"{'**holds**' if ok_d else '**does not hold**'} (≤ 0.6 pt on every domain).")
+    # every row with feedback at <= 3.5 bits/value (over a pass, the tail counted)
     for k in rows:
-        if k[1] == "echo" and k[2] == "hout3":
+        if k[1] in ("echo", "echo3") and meta[k]["bits"] <= 3.5 + 1e-9:
             doms = [d for d in DOMAINS if d in rows[k]]
             p = pooled([rows[k][d] for d in doms])
-            v.append(f"- 3.5-bit preset (`echo` hout3-g{k[3]}, feedback), run {k[0]}: pooled over {p['n']} tokens "
+            tl = f", the last {k[4]} calls bf16" if k[4] else ""
+            v.append(f"- ≤ 3.5-bit preset (`{k[1]}` {k[2]}-g{k[3]}, feedback{tl}, {meta[k]['bits']:.3f} bits/value), "
+                     f"run {k[0]}: pooled over {p['n']} tokens "
                      f"{p['d']:+.2f} ± {p['se']:.2f} pt — "
                      f"{'**holds**' if p['d'] >= -1.0 else '**does not hold**'} (≤ 1.0 pt lost).")
     L += v + ["", "![Δ vs bits/value per domain](accuracy-domains.png)", "", END]
