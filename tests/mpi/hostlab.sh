@@ -53,8 +53,10 @@ else bad "hostlab success: rc $rc, ns '$(cat "$tmp/ns1" 2>/dev/null)', agent '$a
 timeout 60 "$lab" -- sh -c 'echo "$ECHO_HOSTLAB_NS" > '"$tmp"'/ns2; exit 3'
 rc=$?
 if [ $rc = 3 ] && [ -s "$tmp/ns2" ] && ! left "$tmp/ns2"; then ok; else bad "hostlab failing command: rc $rc (want 3)"; fi
+# env --default-signal: a run that inherited SIGINT ignored still tests the trap
+# (bash cannot trap a signal ignored on entry)
 set -m
-"$lab" --hosts 2 --rate 2.5gbit -- sh -c 'echo "$ECHO_HOSTLAB_NS" > '"$tmp"'/ns3; sleep 60' &
+env --default-signal=INT "$lab" --hosts 2 --rate 2.5gbit -- sh -c 'echo "$ECHO_HOSTLAB_NS" > '"$tmp"'/ns3; sleep 60' &
 pid=$!
 set +m
 for _ in $(seq 50); do [ -s "$tmp/ns3" ] && break; sleep 0.1; done
