@@ -106,6 +106,11 @@ static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b,
         if (!c || json_object_set_new(c, "content", json_string(b->msgs[i].content)) ||
             json_object_set_new(c, "role", json_string(b->msgs[i].role)) || json_array_append_new(ms, c))
             goto oom;
+        /* templates read reasoning_content (Qwen3's, DeepSeek's): the vLLM name maps to it */
+        json_object_del(c, "reasoning");
+        if (b->msgs[i].reasoning_content &&
+            json_object_set_new(c, "reasoning_content", json_string(b->msgs[i].reasoning_content)))
+            goto oom;
         if (tools && !native && hermes_rewrite(c, b, i)) goto oom;
     }
     if (tools && !native) {
@@ -198,8 +203,8 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
     }
     size_t ci = 0;
     json_array_foreach(msgs, i, m) {
-        static const char *const known[] = {"role", "content", "reasoning_content", "tool_calls", "tool_call_id",
-                                            "name", NULL};
+        static const char *const known[] = {"role", "content", "reasoning_content", "reasoning", "tool_calls",
+                                            "tool_call_id", "name", NULL};
         if (!json_is_object(m)) {
             srv_fail(e, 400, "messages", "each message must be an object");
             goto out;
@@ -220,14 +225,19 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
         }
         b.msgs[i].role = r;
         if (!(b.msgs[i].content = content_text(srv_field(m, "content"), &b, "messages", e))) goto out;
-        json_t *rc_ = srv_field(m, "reasoning_content");
-        if (rc_) {
-            if (!json_is_string(rc_)) {
-                srv_fail(e, 400, "messages", "message %zu: 'reasoning_content' must be a string", i);
-                goto out;
-            }
-            b.msgs[i].reasoning_content = json_string_value(rc_);
+        /* the thinking of an assistant turn: reasoning_content (llama.cpp,
+         * DeepSeek) or reasoning (vLLM), either name; both must agree */
+        json_t *rc_ = srv_field(m, "reasoning_content"), *rr = srv_field(m, "reasoning");
+        if ((rc_ && !json_is_string(rc_)) || (rr && !json_is_string(rr))) {
+            srv_fail(e, 400, "messages", "message %zu: '%s' must be a string", i,
+                     rc_ && !json_is_string(rc_) ? "reasoning_content" : "reasoning");
+            goto out;
         }
+        if (rc_ && rr && !json_equal(rc_, rr)) {
+            srv_fail(e, 400, "messages", "message %zu: 'reasoning_content' and 'reasoning' differ (send one)", i);
+            goto out;
+        }
+        if (rc_ || rr) b.msgs[i].reasoning_content = json_string_value(rc_ ? rc_ : rr);
         json_t *tc = srv_field(m, "tool_calls");
         if (tc) {
             if (!json_is_array(tc)) {

@@ -38,6 +38,46 @@
 typedef enum srv_finish { SRV_FIN_NONE = 0, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR } srv_finish;
 const char *srv_finish_name(srv_finish f);
 
+/* ---- reasoning.c: a thinking model's <think> block split from its answer ----
+ *
+ * The server-internal API (also for the Responses handler):
+ *   srv_reasoner z;
+ *   srv_reasoner_init(&z, s->reason, state, stop_tag);   state: srv_reason_start_state()
+ *   srv_reasoner_feed(&z, text, n, &reason, &content);   any pieces, in order
+ *   srv_reasoner_flush(&z, &reason, &content);           at the end of the text
+ * reason / content (srv_text, may be NULL: discarded) receive the block's
+ * text (markers removed) and the answer's; z.opened says whether the output
+ * had a block at all (no reasoning field when not). The split of a text
+ * does not depend on how it was cut into pieces. stop_tag: the tool-call
+ * format's begin marker when the request has tools (it ends the block and
+ * stays in the answer), else NULL. */
+typedef struct srv_reason_format {
+    const char *name;        /* --reasoning-parser value */
+    const char *start, *end; /* the block's markers */
+    int open;                /* the template opens the block in the prompt: the output starts inside it */
+} srv_reason_format;
+typedef enum srv_rz_state { SRV_RZ_START = 0, SRV_RZ_THINK, SRV_RZ_CONTENT } srv_rz_state;
+typedef struct srv_reasoner {
+    const srv_reason_format *f; /* NULL: everything is answer */
+    const char *stop;
+    srv_rz_state state;
+    int lead;    /* a block open from the prompt: a repeated start marker is dropped */
+    int opened;  /* a block was seen */
+    int marks;   /* markers consumed so far */
+    char pend[48]; /* bytes that may begin a marker */
+    size_t np;
+} srv_reasoner;
+typedef struct srv_text {
+    char *p; /* NUL-terminated, len bytes; NULL when empty */
+    size_t len, cap;
+} srv_text;
+int srv_text_put(srv_text *t, const char *p, size_t n); /* -1 out of memory; t NULL: discard */
+void srv_text_free(srv_text *t);
+const srv_reason_format *srv_reason_format_named(const char *name);
+void srv_reasoner_init(srv_reasoner *z, const srv_reason_format *f, srv_rz_state state, const char *stop_tag);
+int srv_reasoner_feed(srv_reasoner *z, const char *p, size_t n, srv_text *reason, srv_text *content);
+int srv_reasoner_flush(srv_reasoner *z, srv_text *reason, srv_text *content);
+
 /* One generated token as the client sees it. */
 typedef struct srv_tokrec {
     int32_t token;
@@ -87,6 +127,12 @@ typedef struct srv_req {
     int n_stop_ids;
     double t_arrive;
     gram_grammar *gram; /* the request template's constraint (structured.c); runs get a matcher each */
+    int rz_on;        /* reasoning parsed: the scheduler tracks the block (reasoning.c) */
+    srv_rz_state rz_state0; /* where the output starts (srv_reason_start_state) */
+    const char *rz_stop;    /* the tool-call marker that ends the block, NULL */
+    int think_budget;       /* thinking tokens before the block is closed, -1 none */
+    int32_t *forced;        /* debug_force_output: the first n_forced output tokens are these */
+    int n_forced;
 
     /* ---- shared: guarded by mu (cancelled is atomic) ---- */
     pthread_mutex_t mu;
@@ -120,6 +166,9 @@ typedef struct srv_req {
     size_t gen_len, gen_cap, sent;
     int gram_failed;  /* ended because the grammar allowed no sampled token */
     gram_matcher *gm; /* constrained decoding: the grammar's state (made by the HTTP thread, then the scheduler's) */
+    srv_reasoner rz;  /* the output's block, token by token (reasoning.c) */
+    int rz_forcing;   /* end-marker tokens emitted at the thinking budget */
+    atomic_int n_think; /* thinking tokens (usage's reasoning_tokens); final once done */
 } srv_req;
 
 /* Prometheus histogram with fixed buckets. */
@@ -230,6 +279,12 @@ struct srv_server {
     pthread_t reaper;
     int reaper_started;
     atomic_int reaper_stop;
+    /* reasoning (reasoning.c, srv_reason_setup at load): NULL: none */
+    const srv_reason_format *reason;
+    int32_t think_end_ids[16]; /* the end marker's tokens, forced at the thinking budget */
+    int n_think_end;
+    int32_t think_start_id; /* the start marker when it is one token, else -1 */
+    const struct srv_tool_format *tool_fmt; /* --tool-call-parser, NULL: chosen from the template */
     /* structured outputs (structured.c): the grammar vocabulary, built on first use */
     pthread_mutex_t gram_mu;
     gram_vocab *gvocab;
@@ -377,13 +432,10 @@ int srv_schema_check(json_t *schema, const char *param, srv_verr *e);
 int srv_compile_constraint(srv_server *s, gram_kind kind, const char *src, size_t len, const char *param,
                            gram_grammar **out, srv_verr *e);
 
-/* tools.c: tool calling. A family's tool-call syntax is one row. */
-typedef struct srv_tool_format {
-    const char *family;
-    const char *detect;     /* the chat template containing this selects the row */
-    const char *begin, *end; /* around each call's JSON */
-    const char *name_key, *args_key;
-} srv_tool_format;
+/* tools.c: tool calling. A format is one row of TOOL_FORMATS: how the
+ * template selects it, its parser (text -> OpenAI tool_calls), the grammar
+ * for tool_choice "required" / a named function, and the stream's hold-back
+ * rule (how much text may go out as content while calls may follow). */
 typedef enum srv_tool_choice { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_TOOL_NAMED } srv_tool_choice;
 typedef struct srv_tools {
     json_t *tools; /* the request's tools (a reference), NULL when none */
@@ -391,24 +443,66 @@ typedef struct srv_tools {
     int named;     /* SRV_TOOL_NAMED: 1 + index into tools */
     int parallel;  /* parallel_tool_calls (default 1) */
 } srv_tools;
+typedef struct srv_tool_format {
+    const char *name;        /* --tool-call-parser value */
+    const char *family;
+    const char *detect;      /* the chat template containing this selects the row */
+    const char *begin;       /* what starts the calls (held back in streams; ends a reasoning block) */
+    const char *end;         /* hermes: after each call's JSON */
+    const char *name_key, *args_key;
+    /* The calls in text (tools: the request's, for typing values; may be NULL)
+     * as an array of {"name", "arguments" (a JSON text)} with the text around
+     * them appended to *rest; NULL when there is none. */
+    json_t *(*parse)(const struct srv_tool_format *f, const json_t *tools, const char *text, size_t len,
+                     srv_text *rest);
+    /* tool_choice required / named: an xgrammar structural tag (JSON). */
+    json_t *(*grammar)(const struct srv_tool_format *f, const srv_tools *t, srv_verr *e);
+    /* Bytes of text (all of it so far) that may be streamed as content. */
+    size_t (*hold)(const struct srv_tool_format *f, const char *text, size_t len);
+} srv_tool_format;
 /* tools, tool_choice, parallel_tool_calls validated into t (free with srv_tools_free). */
 int srv_parse_tools(json_t *root, srv_tools *t, srv_verr *e);
 void srv_tools_free(srv_tools *t);
-/* The row for the served model's chat template (the first row by default). */
+/* The row for the served model: --tool-call-parser, else the chat
+ * template's (hermes by default). */
 const srv_tool_format *srv_tool_format_for(const srv_server *s);
+const srv_tool_format *srv_tool_format_named(const char *name); /* NULL: no such row */
 /* tool_choice "required" or a named function as a grammar into *out; other
  * choices leave *out as it is. */
 int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv_verr *e);
 /* The calls in generated text as OpenAI tool_calls (ids "call_<id_base><n>"),
  * with the text around them in *content (malloc'ed); NULL when there is no
- * call (or out of memory). */
+ * call (or out of memory). srv_tool_calls_parse_typed types values by the
+ * tools' schemas (qwen3_coder's XML parameters are text). */
 json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t len, const char *id_base,
                              char **content, size_t *content_len);
+json_t *srv_tool_calls_parse_typed(const srv_tool_format *f, const json_t *tools, const char *text, size_t len,
+                                   const char *id_base, char **content, size_t *content_len);
 /* Hermes-style "# Tools" system text for templates without tool support (malloc'ed). */
 char *srv_tools_system_block(const json_t *tools);
 
 /* chat.c: root's "messages" through the chat template, tokenized. */
 int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, srv_verr *e);
+
+/* reasoning.c: the parser at load (--reasoning-parser; auto: the template's). */
+int srv_reason_setup(srv_server *s, char *err, size_t errlen);
+/* Where a chat request's output starts: -1 no reasoning (no parser, thinking
+ * disabled, or a prompt that closed the block), else an srv_rz_state. */
+int srv_reason_start_state(const srv_server *s, const int32_t *prompt, int n_prompt, int enable_thinking);
+/* The scheduler's side, per sampled token (sched.c):
+ * srv_think_gate: 1 when the request's grammar masks the next token (not in the block);
+ * srv_think_mask: adds what the mask must also allow (the start marker before a block);
+ * srv_think_accept: the grammar's verdict on the sampled token (1 outside its scope);
+ * srv_think_override: 2 the budget's end marker replaced the token, 1 debug_force_output did, 0 none;
+ * srv_think_track: after the token's text is in r->gen: the block's state and count. */
+int srv_think_gate(const srv_req *r);
+void srv_think_mask(const srv_server *s, const srv_req *r, uint32_t *mask);
+int srv_think_accept(const srv_server *s, srv_req *r, int32_t tok);
+int srv_think_override(const srv_server *s, srv_req *r, srv_tokrec *rec);
+void srv_think_track(srv_req *r, size_t gen_before, int32_t tok, int forced_close);
+/* JSON for a reasoning text under --reasoning-field: sets reasoning_content,
+ * reasoning, or both on obj (val taken). */
+int srv_reason_set(const srv_server *s, json_t *obj, json_t *val);
 
 /* openai.c: one HTTP generation request: n_prompts prompts x per runs each
  * (per = best_of >= n), all sharing one notifier group. Run (i, j) is
@@ -426,6 +520,8 @@ typedef struct srv_gen {
     int tool_parse;  /* chat with tools (tool_choice not none): answers are parsed for tool calls */
     int tool_parallel; /* parallel_tool_calls: else only the first call is returned */
     const srv_tool_format *tool_fmt;
+    json_t *tools;   /* the request's tools (a reference; typing qwen3_coder's values), NULL */
+    int reason;      /* some run parses reasoning: usage carries reasoning_tokens */
 } srv_gen;
 /* Body -> validated, tokenized runs ready for the scheduler (g). On failure
  * *e says why and nothing is left allocated. */
@@ -462,6 +558,13 @@ json_t *srv_chat_logprobs(srv_server *s, const srv_tokrec *t, int n);
 const char *srv_finish_reason(srv_finish f); /* OpenAI's finish_reason */
 /* A finished chat run's tool calls (g->tool_parse), NULL when none. */
 json_t *srv_req_tool_calls(const srv_gen *g, const srv_req *r, int index, char **content, size_t *clen);
+/* A finished chat run's text split into thinking and answer (reasoning.c's
+ * srv_reasoner; all answer when the run parses no reasoning); opened: the
+ * output had a block. -1 out of memory. */
+int srv_req_split(const srv_gen *g, const srv_req *r, srv_text *reason, srv_text *content, int *opened);
+/* The tool calls in a run's answer text (text, len), as srv_req_tool_calls. */
+json_t *srv_calls_in(const srv_gen *g, const srv_req *r, int index, const char *text, size_t len, char **content,
+                     size_t *clen);
 json_t *srv_stop_reason(const srv_req *r);
 
 /* sse.c: answer a submitted g as a server-sent-event stream; takes g. */

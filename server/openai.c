@@ -31,7 +31,7 @@ static const char *const CHAT_FIELDS[] = {
     "frequency_penalty", "logit_bias",   "min_p",             "chat_template_kwargs", "add_generation_prompt",
     "tools",          "tool_choice",     "parallel_tool_calls", "response_format", "prompt_logprobs",
     "structured_outputs", "guided_json", "guided_regex",      "guided_choice",     "guided_grammar",
-    "guided_decoding_backend",
+    "guided_decoding_backend", "thinking_budget", "debug_force_output",
     NULL};
 /* clang-format on */
 
@@ -44,6 +44,7 @@ void srv_gen_free(srv_gen *g) {
             free(g->prompt_text[i]);
     free(g->prompt_text);
     if (g->grp) srv_group_unref(g->grp);
+    json_decref(g->tools);
     srv_fast_ids_free(&g->fi);
     memset(g, 0, sizeof *g);
 }
@@ -188,6 +189,19 @@ static srv_req *req_clone(srv_server *s, const srv_req *t, const int32_t *prompt
     r->frequency = t->frequency;
     r->min_p = t->min_p;
     r->grp = grp;
+    r->rz_on = t->rz_on;
+    r->rz_state0 = t->rz_state0;
+    r->rz_stop = t->rz_stop;
+    r->think_budget = t->think_budget;
+    srv_reasoner_init(&r->rz, t->rz_on ? s->reason : NULL, t->rz_state0, t->rz_stop);
+    if (t->n_forced && (r->forced = malloc((size_t)t->n_forced * sizeof *r->forced))) {
+        memcpy(r->forced, t->forced, (size_t)t->n_forced * sizeof *r->forced);
+        r->n_forced = t->n_forced;
+    }
+    if (t->n_forced && !r->forced) {
+        srv_req_unref(r);
+        return srv_fail(e, 500, NULL, "out of memory"), NULL;
+    }
     if (t->gram && gram_matcher_new(t->gram, &r->gm, NULL, 0) != GRAM_OK) {
         srv_req_unref(r);
         return srv_fail(e, 500, NULL, "out of memory for a grammar matcher"), NULL;
@@ -279,6 +293,45 @@ static int check_neutral(json_t *o, srv_verr *e) {
     if ((v = srv_field(o, "guided_decoding_backend")) && !json_is_string(v))
         return srv_fail(e, 400, "guided_decoding_backend", "'guided_decoding_backend' must be a string");
     if ((v = srv_field(o, "user")) && !json_is_string(v)) return srv_fail(e, 400, "user", "'user' must be a string");
+    return 0;
+}
+
+/* Reasoning of a chat request (server/reasoning.c): where its output
+ * starts, the thinking budget (thinking_budget, else --reasoning-budget),
+ * and the tool-call marker that ends a block (fmt: tools are on). Also the
+ * testing field debug_force_output (--debug-request-fields). */
+static int parse_reasoning(srv_server *s, json_t *root, const int32_t *prompt, int n_prompt,
+                           const srv_tool_format *fmt, srv_req *t, srv_verr *e) {
+    int thinking = 1;
+    json_t *kw = srv_field(root, "chat_template_kwargs");
+    json_t *et = json_is_object(kw) ? srv_field(kw, "enable_thinking") : NULL;
+    if (json_is_boolean(et)) thinking = json_is_true(et);
+    int st = srv_reason_start_state(s, prompt, n_prompt, thinking);
+    t->rz_on = st >= 0;
+    t->rz_state0 = st >= 0 ? (srv_rz_state)st : SRV_RZ_CONTENT;
+    t->rz_stop = fmt ? fmt->begin : NULL;
+    t->think_budget = s->opt.has_reasoning_budget ? s->opt.reasoning_budget : -1;
+    long long v;
+    int got = srv_get_int(root, "thinking_budget", 0, INT32_MAX, &v, e);
+    if (got < 0) return -1;
+    if (got) {
+        if (!s->reason)
+            return srv_fail(e, 400, "thinking_budget",
+                            "'thinking_budget' needs a reasoning parser: this server runs --reasoning-parser none "
+                            "(or its chat template has no <think> block)");
+        t->think_budget = (int)v;
+    }
+    json_t *fo = srv_field(root, "debug_force_output");
+    if (fo) {
+        if (!s->opt.debug_request_fields)
+            return srv_fail(e, 400, "debug_force_output",
+                            "'debug_force_output' is a testing field: start the server with --debug-request-fields");
+        if (!json_is_string(fo))
+            return srv_fail(e, 400, "debug_force_output", "'debug_force_output' must be a string");
+        if (srv_encode_text(s, json_string_value(fo), json_string_length(fo), 0, "debug_force_output", &t->forced,
+                            &t->n_forced, e))
+            return -1;
+    }
     return 0;
 }
 
@@ -429,6 +482,12 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
         g->tool_parse = tl.choice != SRV_TOOL_NONE;
         g->tool_parallel = tl.parallel;
         g->tool_fmt = srv_tool_format_for(s);
+        if (tl.tools) g->tools = json_incref(tl.tools);
+        if (parse_reasoning(s, root, pl.ids[0], pl.n[0], tl.choice != SRV_TOOL_NONE ? g->tool_fmt : NULL, t, e)) {
+            srv_tools_free(&tl);
+            goto out;
+        }
+        g->reason = t->rz_on;
         if (t->gram && (tl.choice == SRV_TOOL_REQUIRED || tl.choice == SRV_TOOL_NAMED)) {
             srv_fail(e, 400, "tool_choice", "'tool_choice' %s and a structured-output constraint cannot be combined",
                      tl.choice == SRV_TOOL_NAMED ? "naming a function" : "\"required\"");

@@ -30,16 +30,22 @@ json_t *srv_usage(long long p, long long c, long long cached) {
  * cached tokens summed over every run (each looked the cache up), so the
  * sum over responses equals /metrics' prefix-cache hits. */
 json_t *srv_usage_all(const srv_gen *g) {
-    long long p = 0, c = 0, k = 0;
+    long long p = 0, c = 0, k = 0, th = 0;
     for (int i = 0; i < g->n_rs; i++) {
         srv_req *r = g->rs[i];
         if (i % g->per == 0) p += r->n_prompt;
         pthread_mutex_lock(&r->mu);
         c += r->n_toks;
         k += atomic_load(&r->n_reused);
+        th += atomic_load(&r->n_think);
         pthread_mutex_unlock(&r->mu);
     }
-    return srv_usage(p, c, k);
+    json_t *u = srv_usage(p, c, k);
+    /* OpenAI's completion_tokens_details.reasoning_tokens: the tokens inside
+     * the thinking blocks (markers excluded), when reasoning is parsed */
+    if (u && g->reason)
+        json_object_set_new(u, "completion_tokens_details", json_pack("{s:I}", "reasoning_tokens", (json_int_t)th));
+    return u;
 }
 
 json_t *srv_tok_str(srv_server *s, int32_t id) {
@@ -198,16 +204,39 @@ static json_t *echo_text(const char *pt, const char *text, size_t tl) {
     return j;
 }
 
-json_t *srv_req_tool_calls(const srv_gen *g, const srv_req *r, int index, char **content, size_t *clen) {
-    if (r->finish == SRV_FIN_ABORT || r->finish == SRV_FIN_ERROR || !r->text) return NULL;
+int srv_req_split(const srv_gen *g, const srv_req *r, srv_text *reason, srv_text *content, int *opened) {
+    srv_reasoner z;
+    srv_reasoner_init(&z, r->rz_on ? r->rz.f : NULL, r->rz_state0, r->rz_stop);
+    (void)g;
+    int rc = srv_reasoner_feed(&z, r->text ? r->text : "", r->text_len, reason, content);
+    rc |= srv_reasoner_flush(&z, reason, content);
+    *opened = z.opened;
+    return rc;
+}
+
+json_t *srv_calls_in(const srv_gen *g, const srv_req *r, int index, const char *text, size_t len, char **content,
+                     size_t *clen) {
+    if (r->finish == SRV_FIN_ABORT || r->finish == SRV_FIN_ERROR || !text) return NULL;
     /* ids unique per response: the request id's hex, the choice, the call */
     const char *hex = strchr(r->id, '-');
     char base[48];
     snprintf(base, sizeof base, "%.24s%02x", hex ? hex + 1 : r->id, (unsigned)index & 0xffu);
-    json_t *calls = srv_tool_calls_parse(g->tool_fmt, r->text, r->text_len, base, content, clen);
+    json_t *calls = srv_tool_calls_parse_typed(g->tool_fmt, g->tools, text, len, base, content, clen);
     /* parallel_tool_calls false: one call, as OpenAI returns (auto is not constrained) */
     while (calls && !g->tool_parallel && json_array_size(calls) > 1)
         json_array_remove(calls, json_array_size(calls) - 1);
+    return calls;
+}
+
+json_t *srv_req_tool_calls(const srv_gen *g, const srv_req *r, int index, char **content, size_t *clen) {
+    if (r->finish == SRV_FIN_ABORT || r->finish == SRV_FIN_ERROR || !r->text) return NULL;
+    srv_text rz = {0}, ct = {0};
+    int opened = 0;
+    json_t *calls = NULL;
+    if (!srv_req_split(g, r, &rz, &ct, &opened))
+        calls = srv_calls_in(g, r, index, ct.p ? ct.p : "", ct.len, content, clen);
+    srv_text_free(&rz);
+    srv_text_free(&ct);
     return calls;
 }
 
@@ -232,14 +261,26 @@ static json_t *choice_json(srv_server *s, const srv_gen *g, const srv_req *r, in
         }
         char *content = NULL;
         size_t clen = 0;
-        json_t *calls = g->tool_parse ? srv_req_tool_calls(g, r, index, &content, &clen) : NULL;
-        json_t *text = calls ? (clen ? json_stringn(content, clen) : json_null())
-                             : json_stringn(r->text ? r->text : "", r->text_len);
+        srv_text rz = {0}, ct = {0};
+        int opened = 0;
+        if (srv_req_split(g, r, &rz, &ct, &opened)) {
+            srv_text_free(&rz);
+            srv_text_free(&ct);
+            json_decref(lp);
+            return NULL; /* out of memory: the builder's failure is logged by the sender */
+        }
+        json_t *calls = g->tool_parse ? srv_calls_in(g, r, index, ct.p ? ct.p : "", ct.len, &content, &clen) : NULL;
+        json_t *text = calls ? (clen ? json_stringn(content, clen) : json_null()) : json_stringn(ct.p ? ct.p : "", ct.len);
         free(content);
         choice = json_pack("{s:i,s:{s:s,s:o,s:o},s:o,s:s,s:o}", "index", index, "message", "role", "assistant",
                            "content", text ? text : json_string(""), "tool_calls", calls ? calls : json_array(),
                            "logprobs", lp, "finish_reason", calls ? "tool_calls" : srv_finish_reason(r->finish),
                            "stop_reason", srv_stop_reason(r));
+        /* the thinking, when the output had a block (no field otherwise) */
+        if (choice && opened)
+            srv_reason_set(s, json_object_get(choice, "message"), json_stringn(rz.p ? rz.p : "", rz.len));
+        srv_text_free(&rz);
+        srv_text_free(&ct);
     }
     if (choice && g->vllm_plp) json_object_set_new(choice, "prompt_logprobs", vllm_prompt_logprobs(s, r, g->vllm_k));
     return choice;

@@ -77,6 +77,8 @@ srv_req *srv_req_new(void) {
     r->plp_k = -1;
     r->stop_str = -1;
     r->stop_tok = -1;
+    r->think_budget = -1;
+    atomic_init(&r->n_think, 0);
     atomic_init(&r->cancelled, 0);
     atomic_init(&r->n_reused, 0);
     return r;
@@ -99,6 +101,7 @@ void srv_req_unref(srv_req *r) {
     free(r->prompt_lp);
     free(r->bias_ids);
     free(r->bias_vals);
+    free(r->forced);
     tok_stream_free(r->ds);
     gram_matcher_free(r->gm);
     gram_grammar_free(r->gram);
@@ -372,6 +375,7 @@ static void apply_grammar(srv_server *s, srv_req *r, float *row) {
     double t0 = srv_now();
     char err[256];
     int rc = gram_matcher_fill(r->gm, s->sch.gmask, err, sizeof err);
+    if (rc > 0) srv_think_mask(s, r, s->sch.gmask);
     if (rc > 0) gram_mask_apply(row, (size_t)s->mc.vocab_size, s->sch.gmask);
     if (rc < 0) srv_log(s, SRV_LOG_ERROR, "grammar mask: %s", err); /* the token is checked after sampling */
     double dt = srv_now() - t0;
@@ -386,7 +390,7 @@ static void sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec) {
     int need_lp = r->want_logprobs || r->want_cum;
     if (need_lp) eng_log_softmax(row, V, s->sch.lp); /* raw model distribution, as vLLM */
     apply_processors(s, r, row);
-    if (r->gm) apply_grammar(s, r, row);
+    if (r->gm && srv_think_gate(r)) apply_grammar(s, r, row); /* the answer's grammar, not the thinking's */
     rec->token = eng_sample(row, V, &r->sp, &r->rng);
     if (need_lp) rec->logprob = (float)s->sch.lp[rec->token];
     if (r->want_logprobs) {
@@ -684,7 +688,8 @@ static void *sched_main(void *arg) {
             else
                 sample_cands(s, r, &q->cands[row], &rec);
             if (!last) row++;
-            if (r->gm && !gram_matcher_accept(r->gm, rec.token)) {
+            int forced = srv_think_override(s, r, &rec); /* the thinking budget's end marker */
+            if (r->gm && !srv_think_accept(s, r, rec.token)) {
                 /* Every token was masked (min_tokens or ignore_eos held off the only
                  * allowed stop, or the grammar engine failed): never emit a token the
                  * grammar refuses. A complete text ends as if EOS was sampled. */
@@ -697,7 +702,9 @@ static void *sched_main(void *arg) {
                 rec.token = s->mc.eos_ids[0];
                 r->ignore_eos = 0;
             }
+            size_t gen0 = r->gen_len;
             fins[q->item_req[k]] = req_on_token(s, r, &rec, t);
+            srv_think_track(r, gen0, rec.token, forced == 2);
         }
         for (int i = q->n_running - 1; i >= 0; i--)
             if (fins[i] != SRV_FIN_NONE)

@@ -317,6 +317,18 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     } else {
         srv_log(s, SRV_LOG_WARNING, "the model has no chat template: /v1/chat/completions uses Qwen3's");
     }
+    if (s->opt.tool_call_parser && strcmp(s->opt.tool_call_parser, "auto")) {
+        if (!(s->tool_fmt = srv_tool_format_named(s->opt.tool_call_parser))) {
+            snprintf(err, errlen, "--tool-call-parser expects auto, hermes, qwen3_coder or mistral, got '%s'",
+                     s->opt.tool_call_parser);
+            return -1;
+        }
+    }
+    if (srv_reason_setup(s, err, errlen)) return -1;
+    srv_log(s, SRV_LOG_INFO, "reasoning parser: %s%s; tool-call format: %s%s",
+            s->reason ? s->reason->name : "none",
+            s->opt.reasoning_parser && strcmp(s->opt.reasoning_parser, "auto") ? "" : " (auto, from the chat template)",
+            srv_tool_format_for(s)->name, s->tool_fmt ? "" : " (auto, from the chat template)");
     if ((long long)tok_vocab_size(s->tok) > s->mc.vocab_size)
         srv_log(s, SRV_LOG_WARNING,
                 "the tokenizer's vocabulary (%zu ids) does not fit the model's (%d): prompts that tokenize to "

@@ -70,6 +70,12 @@ typedef struct srv_options {
     srv_log_level log_level;
     int cuda_graphs; /* 1: decode steps through CUDA graphs (eng_config.cuda_graphs), default 0 */
     int no_prefix_caching; /* 1: no automatic prefix cache (eng_config.no_prefix_cache); default 0: on */
+    const char *reasoning_parser; /* auto (NULL), none, qwen3, deepseek_r1 (server/reasoning.c) */
+    int reasoning_field;          /* 0 reasoning_content (default), 1 reasoning, 2 both */
+    int has_reasoning_budget;     /* 1: reasoning_budget thinking tokens per request unless it sets thinking_budget */
+    int reasoning_budget;
+    const char *tool_call_parser; /* auto (NULL), hermes, qwen3_coder, mistral (server/tools.c) */
+    int debug_request_fields;     /* testing: accept debug_force_output */
 } srv_options;
 
 typedef struct srv_server srv_server;

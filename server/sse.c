@@ -15,8 +15,11 @@
 
 typedef struct run_cur {
     int tok_cur, started, fin_sent;
-    size_t text_cur;
+    size_t text_cur; /* of the run's text; with tools, of ct (the answer so far) */
+    size_t raw_cur;  /* with tools: of the run's text */
     srv_offsets off; /* logprobs.text_offset across the run's chunks */
+    srv_reasoner rz; /* thinking split from the answer (reasoning.c), as the text comes */
+    srv_text ct;     /* with tools: the answer so far */
 } run_cur;
 
 typedef struct stream_ctx {
@@ -74,8 +77,9 @@ static void sc_emit(stream_ctx *sc, json_t *choice, const srv_req *r, int n_toks
     sc_event(sc, c);
 }
 
-/* One content chunk of run k: text (may be empty), logprobs of toks[0..nt). */
-static void sc_content(stream_ctx *sc, int k, const char *text, size_t tl, const srv_tokrec *toks, int nt,
+/* One content chunk of run k: text (may be empty), logprobs of toks[0..nt);
+ * rz: the text is thinking (delta.reasoning_content / .reasoning). */
+static void sc_content(stream_ctx *sc, int k, int rz, const char *text, size_t tl, const srv_tokrec *toks, int nt,
                        int with_prompt, int n_toks, const char *fin, const srv_req *fin_r) {
     srv_server *s = sc->s;
     const srv_req *r = sc->g.rs[k];
@@ -88,8 +92,14 @@ static void sc_content(stream_ctx *sc, int k, const char *text, size_t tl, const
     json_t *txt = json_stringn(text ? text : "", tl);
     json_t *choice;
     if (r->chat) {
-        json_t *delta = fin && !tl ? json_object() : json_pack("{s:o}", "content", txt ? txt : json_string(""));
-        if (fin && !tl) json_decref(txt);
+        json_t *delta;
+        if (rz) {
+            delta = json_object();
+            if (delta) srv_reason_set(s, delta, txt);
+        } else {
+            delta = fin && !tl ? json_object() : json_pack("{s:o}", "content", txt ? txt : json_string(""));
+            if (fin && !tl) json_decref(txt);
+        }
         choice = json_pack("{s:i,s:o,s:o,s:o}", "index", r->index, "delta", delta, "logprobs", lp, "finish_reason",
                            fin ? json_string(fin) : json_null());
     } else {
@@ -104,19 +114,6 @@ static void sc_content(stream_ctx *sc, int k, const char *text, size_t tl, const
     sc_event(sc, c);
 }
 
-/* How much of text may be streamed as content while tool calls are parsed:
- * up to the first call's begin marker, and short of a tail that could be
- * the start of one. */
-static size_t tool_safe(const srv_tool_format *f, const char *text, size_t len) {
-    if (len == 0) return 0; /* text may be NULL then */
-    size_t bl = strcspn(f->begin, "\n");
-    const char *b = memmem(text, len, f->begin, bl);
-    if (b) return (size_t)(b - text);
-    for (size_t k = bl - 1; k > 0; k--)
-        if (k <= len && !memcmp(text + len - k, f->begin, k)) return len - k;
-    return len;
-}
-
 /* A chat run with tools: content up to a possible call as it comes; at the
  * end the calls as delta.tool_calls chunks (one per call, whole) and
  * finish_reason "tool_calls", or the held-back text when there was none.
@@ -124,28 +121,45 @@ static size_t tool_safe(const srv_tool_format *f, const char *text, size_t len) 
 static void sc_tool_pass(stream_ctx *sc, int k) {
     srv_req *r = sc->g.rs[k];
     run_cur *cu = &sc->cur[k];
+    const srv_tool_format *f = sc->g.tool_fmt;
     pthread_mutex_lock(&r->mu);
     int done = r->done, n_toks = r->n_toks;
-    size_t len = r->text_len;
-    char *text = len ? malloc(len) : NULL;
-    if (text) memcpy(text, r->text, len);
+    size_t nl = r->text_len - cu->raw_cur;
+    char *fresh = nl ? malloc(nl) : NULL;
+    if (fresh) memcpy(fresh, r->text + cu->raw_cur, nl);
     srv_finish fin = r->finish;
     pthread_mutex_unlock(&r->mu);
-    if (len && !text) return; /* out of memory: next pass */
-    size_t safe = done ? len : tool_safe(sc->g.tool_fmt, text, len);
+    if (nl && !fresh) return; /* out of memory: next pass */
+    /* thinking goes out as it comes; the answer is held back from the first
+     * possible call (the format's rule) */
+    srv_text rp = {0};
+    size_t ct0 = cu->ct.len;
+    int bad = srv_reasoner_feed(&cu->rz, fresh, nl, &rp, &cu->ct);
+    if (!bad && done) bad = srv_reasoner_flush(&cu->rz, &rp, &cu->ct);
+    free(fresh);
+    if (bad) { /* out of memory: retry the same bytes on the next pass */
+        srv_text_free(&rp);
+        cu->ct.len = ct0;
+        return;
+    }
+    cu->raw_cur += nl;
+    if (rp.len) sc_content(sc, k, 1, rp.p, rp.len, NULL, 0, 0, n_toks, NULL, NULL);
+    srv_text_free(&rp);
+    const char *text = cu->ct.p;
+    size_t len = cu->ct.len;
+    size_t safe = done ? len : f->hold(f, text, len);
     json_t *calls = NULL;
     if (done && fin != SRV_FIN_ERROR) {
         char *content = NULL;
         size_t clen;
-        calls = srv_req_tool_calls(&sc->g, r, r->index, &content, &clen);
+        calls = srv_calls_in(&sc->g, r, r->index, text ? text : "", len, &content, &clen);
         free(content);
-        if (calls) safe = tool_safe(sc->g.tool_fmt, text, len);
+        if (calls) safe = f->hold(f, text, len);
     }
     if (safe > cu->text_cur) {
-        sc_content(sc, k, text + cu->text_cur, safe - cu->text_cur, NULL, 0, 0, n_toks, NULL, NULL);
+        sc_content(sc, k, 0, text + cu->text_cur, safe - cu->text_cur, NULL, 0, 0, n_toks, NULL, NULL);
         cu->text_cur = safe;
     }
-    free(text);
     if (!done) return;
     if (fin == SRV_FIN_ERROR) {
         sc_event(sc, srv_error_json(500, r->errmsg[0] ? r->errmsg : "generation failed", NULL));
@@ -167,7 +181,7 @@ static void sc_tool_pass(stream_ctx *sc, int k) {
             if (c2 && sc->g.continuous_usage) json_object_set_new(c2, "usage", srv_usage(r->n_prompt, n_toks, atomic_load(&r->n_reused)));
             sc_event(sc, c2);
         } else {
-            sc_content(sc, k, NULL, 0, NULL, 0, 0, n_toks, srv_finish_reason(fin), r);
+            sc_content(sc, k, 0, NULL, 0, NULL, 0, 0, n_toks, srv_finish_reason(fin), r);
         }
     }
     json_decref(calls);
@@ -199,7 +213,7 @@ static void sc_pass(stream_ctx *sc) {
                 if (!ready) continue; /* the prompt's logprobs come with its text */
                 const char *pt = g->prompt_text[k / g->per];
                 srv_offsets_start(sc->s, &cu->off, g->echo_lp ? 0 : srv_utf8_chars(pt, strlen(pt)));
-                sc_content(sc, k, pt, strlen(pt), NULL, 0, g->echo_lp && plp, 0, NULL, NULL);
+                sc_content(sc, k, 0, pt, strlen(pt), NULL, 0, g->echo_lp && plp, 0, NULL, NULL);
             }
             cu->started = 1;
             if (g->tool_parse) {
@@ -221,16 +235,30 @@ static void sc_pass(stream_ctx *sc) {
             free(text);
             continue; /* out of memory: try again on the next pass */
         }
+        /* thinking first, then the answer; the pass's logprobs ride on its first chunk */
+        srv_text rp = {0}, cp = {0};
+        int bad = srv_reasoner_feed(&cu->rz, text, tl, &rp, &cp);
+        if (!bad && done) bad = srv_reasoner_flush(&cu->rz, &rp, &cp);
+        free(text);
+        if (bad) { /* out of memory: the same bytes on the next pass */
+            srv_text_free(&rp);
+            srv_text_free(&cp);
+            free(toks);
+            continue;
+        }
         cu->tok_cur += nt;
         cu->text_cur += tl;
-        if (tl > 0 || (nt > 0 && r->want_logprobs)) sc_content(sc, k, text, tl, toks, nt, 0, n_toks, NULL, NULL);
+        if (rp.len) sc_content(sc, k, 1, rp.p, rp.len, toks, nt, 0, n_toks, NULL, NULL);
+        if (cp.len || (!rp.len && nt > 0 && r->want_logprobs))
+            sc_content(sc, k, 0, cp.p, cp.len, rp.len ? NULL : toks, rp.len ? 0 : nt, 0, n_toks, NULL, NULL);
+        srv_text_free(&rp);
+        srv_text_free(&cp);
         free(toks);
-        free(text);
         if (done) {
             if (fin == SRV_FIN_ERROR)
                 sc_event(sc, srv_error_json(500, r->errmsg[0] ? r->errmsg : "generation failed", NULL));
             else
-                sc_content(sc, k, NULL, 0, NULL, 0, 0, n_toks, srv_finish_reason(fin), r);
+                sc_content(sc, k, 0, NULL, 0, NULL, 0, 0, n_toks, srv_finish_reason(fin), r);
             cu->fin_sent = 1;
             sc->n_fin++;
         }
@@ -294,8 +322,10 @@ static void stream_free(void *cls) {
     stream_ctx *sc = cls;
     srv_cancel_all(&sc->g);
     srv_log_done(sc->s, &sc->g, "stream");
-    for (int k = 0; k < sc->g.n_rs; k++)
+    for (int k = 0; k < sc->g.n_rs; k++) {
         srv_offsets_free(&sc->cur[k].off);
+        srv_text_free(&sc->cur[k].ct);
+    }
     srv_gen_free(&sc->g);
     free(sc->cur);
     free(sc->out);
@@ -316,6 +346,10 @@ enum MHD_Result srv_sse_respond(srv_server *s, struct MHD_Connection *c, srv_gen
     sc->g = *g;
     memset(g, 0, sizeof *g); /* the stream owns it now */
     sc->cur = cur;
+    for (int k = 0; k < sc->g.n_rs; k++) {
+        const srv_req *r = sc->g.rs[k];
+        srv_reasoner_init(&cur[k].rz, r->rz_on ? s->reason : NULL, r->rz_state0, r->rz_stop);
+    }
     sc->last_write = srv_now();
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sc, stream_free);

@@ -16,18 +16,45 @@
 
 #include "server/internal.h"
 
+static json_t *hermes_parse(const srv_tool_format *f, const json_t *tools, const char *text, size_t len,
+                            srv_text *rest);
+static json_t *hermes_grammar(const srv_tool_format *f, const srv_tools *t, srv_verr *e);
+static json_t *coder_parse(const srv_tool_format *f, const json_t *tools, const char *text, size_t len,
+                           srv_text *rest);
+static json_t *coder_grammar(const srv_tool_format *f, const srv_tools *t, srv_verr *e);
+static json_t *mistral_parse(const srv_tool_format *f, const json_t *tools, const char *text, size_t len,
+                             srv_text *rest);
+static json_t *mistral_grammar(const srv_tool_format *f, const srv_tools *t, srv_verr *e);
+static size_t hold_begin(const srv_tool_format *f, const char *text, size_t len);
+
+/* Detection goes down the table: the first row whose string the template
+ * contains (Qwen3-Coder's templates also contain "<tool_call>", so its row
+ * comes before hermes). */
 /* clang-format off */
 static const srv_tool_format TOOL_FORMATS[] = {
-    /* family                          template contains  begin            end              name    arguments */
-    {"hermes (Qwen2.5, Qwen3, Hermes)", "<tool_call>",     "<tool_call>\n", "\n</tool_call>", "name", "arguments"},
+    /* name          family                              template contains  begin            end             name    arguments */
+    {"qwen3_coder", "Qwen3-Coder XML",                  "<function=",      "<tool_call>",   "</tool_call>", "name", "parameters",
+     coder_parse, coder_grammar, hold_begin},
+    {"mistral",     "Mistral [TOOL_CALLS] array",       "[TOOL_CALLS]",    "[TOOL_CALLS]",  "",             "name", "arguments",
+     mistral_parse, mistral_grammar, hold_begin},
+    {"hermes",      "hermes (Qwen2.5, Qwen3, Hermes)",  "<tool_call>",     "<tool_call>",   "</tool_call>", "name", "arguments",
+     hermes_parse, hermes_grammar, hold_begin},
 };
 /* clang-format on */
+#define HERMES_ROW (&TOOL_FORMATS[2]) /* the default, and the fallback for templates without tools */
+
+const srv_tool_format *srv_tool_format_named(const char *name) {
+    for (size_t i = 0; i < sizeof TOOL_FORMATS / sizeof *TOOL_FORMATS; i++)
+        if (!strcmp(TOOL_FORMATS[i].name, name)) return &TOOL_FORMATS[i];
+    return NULL;
+}
 
 const srv_tool_format *srv_tool_format_for(const srv_server *s) {
+    if (s->tool_fmt) return s->tool_fmt;
     const char *src = s->chat.source;
     for (size_t i = 0; src && i < sizeof TOOL_FORMATS / sizeof *TOOL_FORMATS; i++)
         if (strstr(src, TOOL_FORMATS[i].detect)) return &TOOL_FORMATS[i];
-    return &TOOL_FORMATS[0];
+    return HERMES_ROW;
 }
 
 void srv_tools_free(srv_tools *t) {
@@ -116,51 +143,112 @@ int srv_parse_tools(json_t *root, srv_tools *t, srv_verr *e) {
     return 0;
 }
 
-/* "required" / a named function: the output is one (or, with parallel
- * tool calls, one or more) calls in the family's syntax, each a function's
- * name and arguments valid under its parameters schema; as an xgrammar
- * structural tag (tags_with_separator, at_least_one). */
-int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv_verr *e) {
-    if (t->choice != SRV_TOOL_REQUIRED && t->choice != SRV_TOOL_NAMED) return 0; /* *out untouched */
-    *out = NULL;
-    const srv_tool_format *f = srv_tool_format_for(s);
+/* The tags of the calls tool_choice allows: begin(name) + content + end. */
+typedef int (*tag_fn)(json_t *fn, const char *name, json_t *params, json_t **tag);
+
+static json_t *tags_for(const srv_tools *t, tag_fn mk, srv_verr *e) {
     json_t *tags = json_array();
     size_t i;
     json_t *x;
-    int rc = -1;
-    char *src = NULL;
+    if (!tags) goto oom;
     json_array_foreach(t->tools, i, x) {
         if (t->choice == SRV_TOOL_NAMED && (int)i + 1 != t->named) continue;
         json_t *fn = json_object_get(x, "function");
         const char *name = json_string_value(json_object_get(fn, "name"));
         json_t *params = json_object_get(fn, "parameters");
-        if (params && srv_schema_check(params, "tools", e)) goto out;
-        char begin[256];
-        /* the name is [A-Za-z0-9_.-]: no JSON escaping needed */
-        snprintf(begin, sizeof begin, "%s{\"%s\": \"%s\", \"%s\": ", f->begin, f->name_key, name, f->args_key);
-        char end[64];
-        snprintf(end, sizeof end, "}%s", f->end);
-        json_t *sch = params ? json_incref(params) : json_pack("{s:s}", "type", "object");
-        /* at most one whitespace character where JSON allows some: a small
-         * model must not pad the arguments with newlines until max_tokens */
-        json_t *tag = json_pack("{s:s,s:s,s:{s:s,s:o,s:i},s:s}", "type", "tag", "begin", begin, "content", "type",
-                                "json_schema", "json_schema", sch, "max_whitespace_cnt", 1, "end", end);
-        if (!tag || json_array_append_new(tags, tag)) goto oom;
+        if (params && srv_schema_check(params, "tools", e)) {
+            json_decref(tags);
+            return NULL;
+        }
+        json_t *tag = NULL;
+        if (mk(fn, name, params, &tag) || json_array_append_new(tags, tag)) goto oom;
     }
-    json_t *st =
-        json_pack("{s:s,s:{s:s,s:o,s:s,s:b,s:b}}", "type", "structural_tag", "format", "type", "tags_with_separator",
-                  "tags", tags, "separator", "\n", "at_least_one", 1, "stop_after_first", !t->parallel);
-    tags = NULL;
-    if (!st) goto oom;
-    src = json_dumps(st, JSON_COMPACT);
-    json_decref(st);
-    if (!src) goto oom;
-    rc = srv_compile_constraint(s, GRAM_STRUCTURAL, src, strlen(src), "tool_choice", out, e);
-    goto out;
+    return tags;
 oom:
-    srv_fail(e, 500, "tools", "out of memory");
-out:
     json_decref(tags);
+    srv_fail(e, 500, "tools", "out of memory");
+    return NULL;
+}
+
+/* JSON arguments under the function's schema, at most one whitespace
+ * character where JSON allows some: a small model must not pad the
+ * arguments with newlines until max_tokens. */
+static json_t *json_args(json_t *params, const char *style) {
+    json_t *sch = params ? json_incref(params) : json_pack("{s:s}", "type", "object");
+    return json_pack("{s:s,s:o,s:i,s:s}", "type", "json_schema", "json_schema", sch, "max_whitespace_cnt", 1, "style",
+                     style);
+}
+
+/* the name is [A-Za-z0-9_.-]: no escaping needed in JSON or XML */
+static int hermes_tag(json_t *fn, const char *name, json_t *params, json_t **tag) {
+    (void)fn;
+    char begin[256];
+    snprintf(begin, sizeof begin, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", name);
+    *tag = json_pack("{s:s,s:s,s:o,s:s}", "type", "tag", "begin", begin, "content", json_args(params, "json"), "end",
+                     "}\n</tool_call>");
+    return *tag ? 0 : -1;
+}
+
+static json_t *hermes_grammar(const srv_tool_format *f, const srv_tools *t, srv_verr *e) {
+    (void)f;
+    json_t *tags = tags_for(t, hermes_tag, e);
+    if (!tags) return NULL;
+    return json_pack("{s:s,s:{s:s,s:o,s:s,s:b,s:b}}", "type", "structural_tag", "format", "type",
+                     "tags_with_separator", "tags", tags, "separator", "\n", "at_least_one", 1, "stop_after_first",
+                     !t->parallel);
+}
+
+/* Qwen3-Coder: <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n</tool_call>,
+ * the parameters as xgrammar's "qwen_xml" rendering of the schema. */
+static int coder_tag(json_t *fn, const char *name, json_t *params, json_t **tag) {
+    (void)fn;
+    char begin[256];
+    snprintf(begin, sizeof begin, "<tool_call>\n<function=%s>\n", name);
+    *tag = json_pack("{s:s,s:s,s:o,s:s}", "type", "tag", "begin", begin, "content", json_args(params, "qwen_xml"),
+                     "end", "\n</function>\n</tool_call>");
+    return *tag ? 0 : -1;
+}
+
+static json_t *coder_grammar(const srv_tool_format *f, const srv_tools *t, srv_verr *e) {
+    (void)f;
+    json_t *tags = tags_for(t, coder_tag, e);
+    if (!tags) return NULL;
+    return json_pack("{s:s,s:{s:s,s:o,s:s,s:b,s:b}}", "type", "structural_tag", "format", "type",
+                     "tags_with_separator", "tags", tags, "separator", "\n", "at_least_one", 1, "stop_after_first",
+                     !t->parallel);
+}
+
+/* Mistral: [TOOL_CALLS][{"name": N, "arguments": {...}}, ...]: one marker,
+ * then one JSON array of every call. */
+static int mistral_tag(json_t *fn, const char *name, json_t *params, json_t **tag) {
+    (void)fn;
+    char begin[256];
+    snprintf(begin, sizeof begin, "{\"name\": \"%s\", \"arguments\": ", name);
+    *tag = json_pack("{s:s,s:s,s:o,s:s}", "type", "tag", "begin", begin, "content", json_args(params, "json"), "end",
+                     "}");
+    return *tag ? 0 : -1;
+}
+
+static json_t *mistral_grammar(const srv_tool_format *f, const srv_tools *t, srv_verr *e) {
+    (void)f;
+    json_t *tags = tags_for(t, mistral_tag, e);
+    if (!tags) return NULL;
+    return json_pack("{s:s,s:{s:s,s:[{s:s,s:s},{s:s,s:o,s:s,s:b,s:b},{s:s,s:s}]}}", "type", "structural_tag", "format",
+                     "type", "sequence", "elements", "type", "const_string", "value", "[TOOL_CALLS][", "type",
+                     "tags_with_separator", "tags", tags, "separator", ", ", "at_least_one", 1, "stop_after_first",
+                     !t->parallel, "type", "const_string", "value", "]");
+}
+
+int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv_verr *e) {
+    if (t->choice != SRV_TOOL_REQUIRED && t->choice != SRV_TOOL_NAMED) return 0; /* *out untouched */
+    *out = NULL;
+    const srv_tool_format *f = srv_tool_format_for(s);
+    json_t *st = f->grammar(f, t, e);
+    if (!st) return e->status ? -1 : srv_fail(e, 500, "tools", "out of memory");
+    char *src = json_dumps(st, JSON_COMPACT);
+    json_decref(st);
+    if (!src) return srv_fail(e, 500, "tools", "out of memory");
+    int rc = srv_compile_constraint(s, GRAM_STRUCTURAL, src, strlen(src), "tool_choice", out, e);
     free(src);
     return rc;
 }
@@ -172,23 +260,42 @@ static const char *ws(const char *p, const char *end) {
     return p;
 }
 
-json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t len, const char *id_base,
-                             char **content, size_t *content_len) {
+static int starts(const char *p, const char *end, const char *lit) {
+    size_t L = strlen(lit);
+    return (size_t)(end - p) >= L && !memcmp(p, lit, L);
+}
+
+/* Up to the first begin marker, and short of a tail that could be the
+ * start of one (every row's rule: calls are whole at the end). */
+static size_t hold_begin(const srv_tool_format *f, const char *text, size_t len) {
+    if (len == 0) return 0; /* text may be NULL then */
+    size_t bl = strlen(f->begin);
+    const char *b = memmem(text, len, f->begin, bl);
+    if (b) return (size_t)(b - text);
+    for (size_t k = bl - 1; k > 0; k--)
+        if (k <= len && !memcmp(text + len - k, f->begin, k)) return len - k;
+    return len;
+}
+
+static json_t *call_new(const char *name, size_t nl, json_t *args) {
+    char *a = json_dumps(args, JSON_COMPACT);
+    json_t *c = a ? json_pack("{s:s%,s:s}", "name", name, nl, "arguments", a) : NULL;
+    free(a);
+    return c;
+}
+
+/* Hermes: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, one per marker. */
+static json_t *hermes_parse(const srv_tool_format *f, const json_t *tools, const char *text, size_t len,
+                            srv_text *rest) {
+    (void)tools;
     json_t *calls = json_array();
-    char *rest = malloc(len + 1);
-    size_t rl = 0;
-    if (!calls || !rest) goto fail;
+    if (!calls) return NULL;
     const char *p = text, *end = text + len;
-    /* the begin marker without its trailing newline, as models vary there */
-    size_t bl = strcspn(f->begin, "\n"), el;
-    const char *ebody = f->end;
-    while (*ebody == '\n')
-        ebody++;
-    el = strlen(ebody);
+    size_t bl = strlen(f->begin), el = strlen(f->end);
     while (p < end) {
         const char *b = memmem(p, (size_t)(end - p), f->begin, bl);
         if (!b) break;
-        const char *js = b + bl, *e = memmem(js, (size_t)(end - js), ebody, el);
+        const char *js = b + bl, *e = memmem(js, (size_t)(end - js), f->end, el);
         const char *jend = e ? e : end;
         json_error_t je;
         js = ws(js, jend);
@@ -199,41 +306,213 @@ json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t 
             json_decref(obj);
             break; /* not a call: the rest is content */
         }
-        memcpy(rest + rl, p, (size_t)(b - p));
-        rl += (size_t)(b - p);
-        char *args = ar ? json_dumps(ar, JSON_COMPACT) : strdup("{}");
-        char id[96];
-        snprintf(id, sizeof id, "call_%s%02zx", id_base, json_array_size(calls));
-        json_t *call = args ? json_pack("{s:s,s:s,s:{s:O,s:s}}", "id", id, "type", "function", "function", "name", nm,
-                                        "arguments", args)
-                            : NULL;
-        free(args);
+        json_t *empty = json_object();
+        json_t *call = call_new(json_string_value(nm), json_string_length(nm), ar ? ar : empty);
+        json_decref(empty);
         json_decref(obj);
-        if (!call || json_array_append_new(calls, call)) goto fail;
+        if (!call || json_array_append_new(calls, call) || srv_text_put(rest, p, (size_t)(b - p))) goto fail;
         p = e ? e + el : end;
     }
-    memcpy(rest + rl, p, (size_t)(end - p));
-    rl += (size_t)(end - p);
-    if (json_array_size(calls) == 0) {
-        json_decref(calls);
-        free(rest);
-        return NULL;
-    }
-    /* content around the calls, trimmed of the whitespace between them */
-    size_t a = 0;
-    while (a < rl && isspace((unsigned char)rest[a]))
-        a++;
-    while (rl > a && isspace((unsigned char)rest[rl - 1]))
-        rl--;
-    memmove(rest, rest + a, rl - a);
-    rest[rl - a] = 0;
-    *content = rest;
-    *content_len = rl - a;
+    if (srv_text_put(rest, p, (size_t)(end - p))) goto fail;
     return calls;
 fail:
     json_decref(calls);
-    free(rest);
     return NULL;
+}
+
+/* The schema of parameter key of function name in tools, NULL. */
+static json_t *param_schema(const json_t *tools, const char *name, size_t nl, const char *key, size_t kl) {
+    size_t i;
+    json_t *x;
+    json_array_foreach((json_t *)tools, i, x) {
+        json_t *fn = json_object_get(x, "function");
+        json_t *nm = json_object_get(fn, "name");
+        if (!json_is_string(nm) || json_string_length(nm) != nl || memcmp(json_string_value(nm), name, nl)) continue;
+        json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
+        return json_is_object(props) ? json_object_getn(props, key, kl) : NULL;
+    }
+    return NULL;
+}
+
+static int type_has(json_t *sch, const char *t) {
+    json_t *ty = json_object_get(sch, "type");
+    if (json_is_string(ty)) return !strcmp(json_string_value(ty), t);
+    size_t i;
+    json_t *x;
+    json_array_foreach(ty, i, x) if (json_is_string(x) && !strcmp(json_string_value(x), t)) return 1;
+    return 0;
+}
+
+/* A Qwen3-Coder parameter's text as the JSON value its schema types it:
+ * strings stay text; numbers, booleans, null, objects and arrays are read
+ * as JSON when they parse as one of the allowed types; anything else (and a
+ * parameter the schema does not name) stays a string. */
+static json_t *typed_value(json_t *sch, const char *v, size_t vl) {
+    if (sch && !type_has(sch, "string")) {
+        json_error_t je;
+        json_t *j = json_loadb(v, vl, JSON_DECODE_ANY, &je);
+        int ok = j && ((json_is_integer(j) && (type_has(sch, "integer") || type_has(sch, "number"))) ||
+                       (json_is_real(j) && type_has(sch, "number")) ||
+                       (json_is_boolean(j) && type_has(sch, "boolean")) || (json_is_null(j) && type_has(sch, "null")) ||
+                       (json_is_object(j) && type_has(sch, "object")) || (json_is_array(j) && type_has(sch, "array")) ||
+                       (!json_object_get(sch, "type") && !json_is_string(j)));
+        if (ok) return j;
+        json_decref(j);
+    }
+    return json_stringn(v, vl);
+}
+
+static json_t *coder_parse(const srv_tool_format *f, const json_t *tools, const char *text, size_t len,
+                           srv_text *rest) {
+    (void)f;
+    json_t *calls = json_array();
+    if (!calls) return NULL;
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *b = memmem(p, (size_t)(end - p), "<tool_call>", 11);
+        if (!b) break;
+        const char *q = ws(b + 11, end);
+        if (!starts(q, end, "<function=")) break;
+        const char *nm = q + 10, *ne = memchr(nm, '>', (size_t)(end - nm));
+        if (!ne || ne == nm || ne - nm > 64) break;
+        json_t *args = json_object();
+        q = ne + 1;
+        int ok = 0;
+        for (;;) {
+            q = ws(q, end);
+            if (starts(q, end, "</function>")) {
+                q += 11;
+                ok = 1;
+                break;
+            }
+            if (!starts(q, end, "<parameter=")) break;
+            const char *k = q + 11, *ke = memchr(k, '>', (size_t)(end - k));
+            if (!ke || ke == k) break;
+            const char *v = ke + 1, *ve = memmem(v, (size_t)(end - v), "</parameter>", 12);
+            if (!ve) break;
+            const char *v1 = ve;
+            /* the value sits on lines of its own: one newline each side is layout */
+            if (v < v1 && *v == '\n') v++;
+            if (v1 > v && v1[-1] == '\n') v1--;
+            json_t *val = typed_value(tools ? param_schema(tools, nm, (size_t)(ne - nm), k, (size_t)(ke - k)) : NULL,
+                                      v, (size_t)(v1 - v));
+            if (!val || json_object_setn_new(args, k, (size_t)(ke - k), val)) break;
+            q = ve + 12;
+        }
+        if (ok) {
+            q = ws(q, end);
+            if (starts(q, end, "</tool_call>")) q += 12;
+            else if (q < end) ok = 0; /* something else after the function: not a call */
+        }
+        json_t *call = ok ? call_new(nm, (size_t)(ne - nm), args) : NULL;
+        json_decref(args);
+        if (!ok) break;
+        if (!call || json_array_append_new(calls, call) || srv_text_put(rest, p, (size_t)(b - p))) goto fail;
+        p = q;
+    }
+    if (srv_text_put(rest, p, (size_t)(end - p))) goto fail;
+    return calls;
+fail:
+    json_decref(calls);
+    return NULL;
+}
+
+static json_t *mistral_parse(const srv_tool_format *f, const json_t *tools, const char *text, size_t len,
+                             srv_text *rest) {
+    (void)tools;
+    json_t *calls = json_array();
+    if (!calls) return NULL;
+    const char *p = text, *end = text + len;
+    size_t bl = strlen(f->begin);
+    while (p < end) {
+        const char *b = memmem(p, (size_t)(end - p), f->begin, bl);
+        if (!b) break;
+        const char *js = ws(b + bl, end);
+        json_error_t je;
+        json_t *arr = json_loadb(js, (size_t)(end - js), JSON_DISABLE_EOF_CHECK, &je);
+        if (json_is_object(arr)) { /* a single call without the array */
+            json_t *a = json_array();
+            json_array_append_new(a, arr);
+            arr = a;
+        }
+        size_t n = json_array_size(arr), i;
+        json_t *x;
+        int ok = json_is_array(arr) && n > 0;
+        json_array_foreach(arr, i, x) {
+            json_t *nm = json_object_get(x, f->name_key), *ar = json_object_get(x, f->args_key);
+            if (!json_is_string(nm) || (ar && !json_is_object(ar))) ok = 0;
+        }
+        if (!ok) {
+            json_decref(arr);
+            break;
+        }
+        if (srv_text_put(rest, p, (size_t)(b - p))) goto fail_arr;
+        json_array_foreach(arr, i, x) {
+            json_t *nm = json_object_get(x, f->name_key), *ar = json_object_get(x, f->args_key);
+            json_t *empty = json_object();
+            json_t *call = call_new(json_string_value(nm), json_string_length(nm), ar ? ar : empty);
+            json_decref(empty);
+            if (!call || json_array_append_new(calls, call)) goto fail_arr;
+        }
+        json_decref(arr);
+        p = js + je.position;
+        continue;
+    fail_arr:
+        json_decref(arr);
+        goto fail;
+    }
+    if (srv_text_put(rest, p, (size_t)(end - p))) goto fail;
+    return calls;
+fail:
+    json_decref(calls);
+    return NULL;
+}
+
+json_t *srv_tool_calls_parse_typed(const srv_tool_format *f, const json_t *tools, const char *text, size_t len,
+                                   const char *id_base, char **content, size_t *content_len) {
+    srv_text rest = {0};
+    json_t *raw = len ? f->parse(f, tools, text, len, &rest) : NULL;
+    json_t *calls = NULL;
+    if (!raw || json_array_size(raw) == 0) goto out;
+    if (!(calls = json_array())) goto out;
+    size_t i;
+    json_t *x;
+    json_array_foreach(raw, i, x) {
+        char id[96];
+        snprintf(id, sizeof id, "call_%s%02zx", id_base, i);
+        json_t *call = json_pack("{s:s,s:s,s:{s:O,s:O}}", "id", id, "type", "function", "function", "name",
+                                 json_object_get(x, "name"), "arguments", json_object_get(x, "arguments"));
+        if (!call || json_array_append_new(calls, call)) {
+            json_decref(calls);
+            calls = NULL;
+            goto out;
+        }
+    }
+    /* content around the calls, trimmed of the whitespace between them */
+    size_t a = 0, rl = rest.len;
+    while (a < rl && isspace((unsigned char)rest.p[a]))
+        a++;
+    while (rl > a && isspace((unsigned char)rest.p[rl - 1]))
+        rl--;
+    char *c = malloc(rl - a + 1);
+    if (!c) {
+        json_decref(calls);
+        calls = NULL;
+        goto out;
+    }
+    if (rl > a) memcpy(c, rest.p + a, rl - a);
+    c[rl - a] = 0;
+    *content = c;
+    *content_len = rl - a;
+out:
+    json_decref(raw);
+    srv_text_free(&rest);
+    return calls;
+}
+
+json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t len, const char *id_base,
+                             char **content, size_t *content_len) {
+    return srv_tool_calls_parse_typed(f, NULL, text, len, id_base, content, content_len);
 }
 
 /* The tool definitions as a Hermes-style system block, for chat templates

@@ -84,7 +84,20 @@ static const char *USAGE =
     "  --api-key KEY                require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize\n"
     "                               (also read from $ECHO_API_KEY)\n"
     "  --log-level debug|info|warning|error   (default info)\n"
+    "  --reasoning-parser auto|none|qwen3|deepseek_r1   split a thinking model's <think> block from its\n"
+    "                               answer into the reasoning field (default auto: qwen3 when the chat\n"
+    "                               template writes <think>, deepseek_r1 when its generation prompt\n"
+    "                               opens the block, else none; none: the raw text in content)\n"
+    "  --reasoning-field reasoning_content|reasoning|both   name of the thinking in chat answers and\n"
+    "                               stream deltas (default reasoning_content: llama.cpp, DeepSeek, the\n"
+    "                               Vercel AI SDK, OpenCode; reasoning: vLLM's name)\n"
+    "  --reasoning-budget N         close the thinking block after N thinking tokens (the end marker is\n"
+    "                               emitted); a request's thinking_budget overrides it (default: none)\n"
+    "  --tool-call-parser auto|hermes|qwen3_coder|mistral   tool-call syntax (default auto: from the\n"
+    "                               chat template, hermes when it names none)\n"
     "  --debug-load-delay S         testing: wait S seconds before loading (503 state)\n"
+    "  --debug-request-fields       testing: accept the request field debug_force_output (the output's\n"
+    "                               first tokens are that text's; default off: a 400)\n"
     "  -h, --help                   this help\n"
     "\n"
     "Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 runtime error, 2 usage error.\n";
@@ -150,7 +163,12 @@ int main(int argc, char **argv) {
         O_QUANT,
         O_ACTQ,
         O_OVERLAP,
-        O_ONESHOT
+        O_ONESHOT,
+        O_RZ_PARSER,
+        O_RZ_FIELD,
+        O_RZ_BUDGET,
+        O_TOOL_PARSER,
+        O_DEBUG_FIELDS
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -185,6 +203,11 @@ int main(int argc, char **argv) {
         {"log-level", required_argument, 0, O_LOG},
         {"threads", required_argument, 0, O_THREADS},
         {"debug-load-delay", required_argument, 0, O_LDELAY},
+        {"reasoning-parser", required_argument, 0, O_RZ_PARSER},
+        {"reasoning-field", required_argument, 0, O_RZ_FIELD},
+        {"reasoning-budget", required_argument, 0, O_RZ_BUDGET},
+        {"tool-call-parser", required_argument, 0, O_TOOL_PARSER},
+        {"debug-request-fields", no_argument, 0, O_DEBUG_FIELDS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -249,6 +272,25 @@ int main(int argc, char **argv) {
             o.api_key = optarg;
             break;
         case O_LDELAY: o.load_delay_s = cli_double(PROG, optarg, "--debug-load-delay", 0, 3600); break;
+        case O_RZ_PARSER:
+            o.reasoning_parser = cli_choice(PROG, optarg, "--reasoning-parser",
+                                            (const char *const[]){"auto", "none", "qwen3", "deepseek_r1", NULL});
+            break;
+        case O_RZ_FIELD: {
+            static const char *const fields[] = {"reasoning_content", "reasoning", "both", NULL};
+            const char *f = cli_choice(PROG, optarg, "--reasoning-field", fields);
+            o.reasoning_field = !strcmp(f, "reasoning_content") ? 0 : !strcmp(f, "reasoning") ? 1 : 2;
+            break;
+        }
+        case O_RZ_BUDGET:
+            o.reasoning_budget = (int)cli_long(PROG, optarg, "--reasoning-budget", 0, INT_MAX);
+            o.has_reasoning_budget = 1;
+            break;
+        case O_TOOL_PARSER:
+            o.tool_call_parser = cli_choice(PROG, optarg, "--tool-call-parser",
+                                            (const char *const[]){"auto", "hermes", "qwen3_coder", "mistral", NULL});
+            break;
+        case O_DEBUG_FIELDS: o.debug_request_fields = 1; break;
         case O_THREADS: o.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
         case O_LOG:
             if (!strcmp(optarg, "debug"))
