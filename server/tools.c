@@ -391,9 +391,12 @@ static json_t *coder_parse(const srv_tool_format *f, const json_t *tools, const 
             const char *v = ke + 1, *ve = memmem(v, (size_t)(end - v), "</parameter>", 12);
             if (!ve) break;
             const char *v1 = ve;
-            /* the value sits on lines of its own: one newline each side is layout */
-            if (v < v1 && *v == '\n') v++;
-            if (v1 > v && v1[-1] == '\n') v1--;
+            /* the value sits on lines of its own, and the grammar allows a
+             * whitespace character around it: layout, not value */
+            while (v < v1 && isspace((unsigned char)*v))
+                v++;
+            while (v1 > v && isspace((unsigned char)v1[-1]))
+                v1--;
             json_t *val = typed_value(tools ? param_schema(tools, nm, (size_t)(ne - nm), k, (size_t)(ke - k)) : NULL,
                                       v, (size_t)(v1 - v));
             if (!val || json_object_setn_new(args, k, (size_t)(ke - k), val)) break;

@@ -164,6 +164,8 @@ static const tc_case TC[] = {
      "[[\"get_weather\", {\"city\": \"42\", \"opts\": {\"metric\": true}, \"flag\": true, \"extra\": \"7\"}], [\"noop\", {}]]", ""},
     {"qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nmulti\nline\n</parameter>\n</function>\n</tool_call> after",
      "[[\"get_weather\", {\"city\": \"multi\\nline\"}]]", "after"},
+    {"qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n Rome \n</parameter>\n<parameter=days> 2 </parameter>\n</function>\n</tool_call>",
+     "[[\"get_weather\", {\"city\": \"Rome\", \"days\": 2}]]", ""},
     {"qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis", NULL, NULL},
     {"mistral", "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 1}}, {\"name\": \"noop\", \"arguments\": {}}]",
      "[[\"get_weather\", {\"city\": \"Paris\", \"days\": 1}], [\"noop\", {}]]", ""},
