@@ -6,7 +6,8 @@
 # later runs reuse ($ECHO_CLIENTS_VENV, default <build>/venv-clients next to
 # the binary's bin/; created here when missing, with pinned versions).
 #   usage: tests/server/run.sh [--asan] ECHO_SERVE_BINARY MODEL_DIR
-# With $ECHO_SMOLLM2_GGUF (the trained model) also tests/server/test_structured.py.
+# With $ECHO_SMOLLM2_GGUF (the trained model) also tests/server/test_structured.py; with the
+# clients' venv also tests/server/test_reasoning.py (reasoning output, tool-call formats).
 # Prints "N passed, M failed" as its last line; exit status 0 only when M = 0.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -64,6 +65,11 @@ if ! "$venv/bin/python" -c 'import lm_eval, guidellm, tenacity' 2>/dev/null; the
     exit 1
   fi
 fi
+echo "== reasoning output and tool-call formats ($venv: HF tokenizers as the reference)"
+"$venv/bin/python" "$here/test_reasoning.py" --bin "$bin" --model "$model" | tee "$log"
+read -r pr _ fr _ < <(tail -1 "$log") || { pr=0; fr=1; }
+case "$pr$fr" in *[!0-9]*|'') pr=0; fr=1 ;; esac
+p1=$((p1 + pr)); f1=$((f1 + fr))
 echo "== third-party clients ($venv)"
 "$venv/bin/python" "$here/test_clients.py" --bin "$bin" --model "$model" --venv-bin "$venv/bin" | tee "$log"
 read -r p2 _ f2 _ < <(tail -1 "$log") || { p2=0; f2=1; }

@@ -1669,6 +1669,21 @@ def props_bodies(rng, name, adv):
         ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(), {"role": "tool", "content": A(),
                                                                           "tool_call_id": A()}])),
         ("/v1/chat/completions", lambda: dict(base_h(), chat_template_kwargs={A(): A()})),
+        # issue 43's fields: reasoning in history (either name), the thinking budget, the testing
+        # field (refused: the main server runs without --debug-request-fields)
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(), {"role": "assistant", "content": "x",
+                                                                          "reasoning": A()}, msg()])),
+        ("/v1/chat/completions", lambda: dict(base_h(), messages=[msg(), {"role": "assistant", "content": A(),
+                                              "reasoning": A(), "reasoning_content": A()}, msg()])),
+        ("/v1/chat/completions", lambda: dict(base_h(), thinking_budget=A())),
+        ("/v1/chat/completions", lambda: dict(base_h(), thinking_budget=rng.choice(
+            [-1, 0, 1, 2 ** 31, 2 ** 63, -2 ** 63, 1e308, 0.5, True, None, [], {}]))),
+        ("/v1/chat/completions", lambda: dict(base_h(), chat_template_kwargs={"enable_thinking": A()},
+                                              thinking_budget=rng.choice([0, 3]))),
+        ("/v1/chat/completions", lambda: dict(base_h(), debug_force_output=A())),
+        ("/v1/chat/completions", lambda: dict(base_h(), thinking_budget=0,
+                                              tools=[{"type": "function", "function": {"name": "f"}}],
+                                              tool_choice=rng.choice(["auto", "required", A()]))),
         ("/v1/chat/completions", lambda: dict(base_h(), stop=A(), user=A())),
         ("/v1/chat/completions", lambda: dict(base_h(), tool_choice=A())),
         ("/v1/chat/completions", lambda: dict(base_h(), response_format={"type": A()})),
