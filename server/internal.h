@@ -168,6 +168,7 @@ typedef struct srv_req {
     gram_matcher *gm; /* constrained decoding: the grammar's state (made by the HTTP thread, then the scheduler's) */
     srv_reasoner rz;  /* the output's block, token by token (reasoning.c) */
     int rz_forcing;   /* end-marker tokens emitted at the thinking budget */
+    int gm_taken;     /* the grammar already took this step's (forced) token */
     atomic_int n_think; /* thinking tokens (usage's reasoning_tokens); final once done */
 } srv_req;
 

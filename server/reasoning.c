@@ -252,6 +252,10 @@ void srv_think_mask(const srv_server *s, const srv_req *r, uint32_t *mask) {
 }
 
 int srv_think_accept(const srv_server *s, srv_req *r, int32_t tok) {
+    if (r->gm_taken) {
+        r->gm_taken = 0;
+        return 1;
+    }
     if (!srv_think_gate(r)) return 1;
     if (r->rz_on && r->rz.state == SRV_RZ_START && tok == s->think_start_id) return 1;
     return gram_matcher_accept(r->gm, tok);
@@ -271,6 +275,16 @@ int srv_think_override(const srv_server *s, srv_req *r, srv_tokrec *rec) {
         why = 2;
     }
     if (!why) return 0;
+    if (why == 1 && r->gm && srv_think_gate(r) && !(r->rz_on && r->rz.state == SRV_RZ_START &&
+                                                    tok == s->think_start_id)) {
+        /* a given output the request's grammar refuses ends there: the
+         * sampled (masked) token stands, and no 500 follows */
+        if (!gram_matcher_accept(r->gm, tok)) {
+            r->n_forced = 0;
+            return 0;
+        }
+        r->gm_taken = 1; /* srv_think_accept must not feed it twice */
+    }
     /* a forced token has no sampled logprob: 0, no alternatives */
     memset(rec, 0, sizeof *rec);
     rec->token = tok;

@@ -162,6 +162,13 @@ def reasoning_section(binary, model, tk):
               st == 200 and "reasoning_content" not in m and 3 <= len(m.get("content", "")) <= 8 and
               m["content"].isalpha(), m)
 
+        st, j = chat(R, max_tokens=12, guided_regex="[a-z]{3,8}", debug_force_output="ab9",
+                     chat_template_kwargs={"enable_thinking": False})
+        m = j["choices"][0]["message"] if st == 200 else {}
+        check("a forced output the grammar refuses ends where it is refused (200, the grammar holds)",
+              st == 200 and m.get("content", "").startswith("ab") and m["content"].isalpha() and
+              3 <= len(m["content"]) <= 8, j)
+
         # enable_thinking: false -> the template closes the block, no reasoning at all
         kw = {"chat_template_kwargs": {"enable_thinking": False}}
         st, j = chat(R, max_tokens=n_raw, debug_force_output="Four.", **kw)
