@@ -20,7 +20,9 @@ The last line printed is "N passed, M failed".
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_server import FAILED, PASSED, Server, check, cj, curl, section, sse_events  # noqa: E402
@@ -235,6 +237,36 @@ def reasoning_section(binary, model, tk):
     finally:
         F.stop()
         B.stop()
+    # deepseek_r1: the template opens the block in the prompt, only </think> shows in the output.
+    # A copy of the demo model whose template appends "<think>\n" to the generation prompt: auto
+    # must pick deepseek_r1 from it.
+    tmp = tempfile.mkdtemp(prefix="echo-r1-")
+    for f in os.listdir(model):
+        if f != "tokenizer_config.json":
+            os.symlink(os.path.abspath(os.path.join(model, f)), os.path.join(tmp, f))
+    with open(os.path.join(model, "tokenizer_config.json")) as f:
+        cfg = json.load(f)
+    gen = "{{- '<|im_start|>assistant\\n' }}"
+    assert gen in cfg["chat_template"], "the Qwen3 template's generation prompt moved"
+    cfg["chat_template"] = cfg["chat_template"].replace(gen, "{{- '<|im_start|>assistant\\n<think>\\n' }}", 1)
+    with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f)
+    D = Server(binary, tmp, *COMMON, name="rz-r1")
+    try:
+        check("auto picks deepseek_r1 for a template that opens <think> in the prompt",
+              "reasoning parser: deepseek_r1 (auto" in D.logtext(), D.logtext()[-600:])
+        text = "Adding.\n</think>\n\n4"
+        st, j = chat(D, max_tokens=tk.n(text), debug_force_output=text)
+        m = j["choices"][0]["message"] if st == 200 else {}
+        check("deepseek_r1: the output starts inside the block; reasoning up to </think>, then the answer",
+              m.get("reasoning_content") == "Adding.\n" and m.get("content") == "\n\n4", j)
+        st, j = chat(D, max_tokens=20, thinking_budget=3)
+        check("deepseek_r1: thinking_budget 3 on the model's own thinking from the first token",
+              st == 200 and j["usage"]["completion_tokens_details"]["reasoning_tokens"] == 3 and
+              isinstance(j["choices"][0]["message"].get("reasoning_content"), str), j)
+    finally:
+        D.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     S = Server(binary, model, *[a for a in COMMON if a != "--debug-request-fields"], name="rz-nodebug")
     try:
         st, j = chat(S, max_tokens=2, debug_force_output="x")
