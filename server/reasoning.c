@@ -183,10 +183,23 @@ int srv_reason_start_state(const srv_server *s, const int32_t *prompt, int n_pro
     return st;
 }
 
+static int reason_pick(srv_server *s, const char *want, char *err, size_t errlen);
+
 int srv_reason_setup(srv_server *s, char *err, size_t errlen) {
     const char *want = s->opt.reasoning_parser ? s->opt.reasoning_parser : "auto";
     s->reason = NULL;
     s->think_start_id = -1;
+    int rc = reason_pick(s, want, err, errlen);
+    if (!rc && !s->reason && s->opt.has_reasoning_budget) {
+        snprintf(err, errlen,
+                 "--reasoning-budget %d needs a reasoning parser, and this server has none (--reasoning-parser %s%s)",
+                 s->opt.reasoning_budget, want, strcmp(want, "auto") ? "" : ": the chat template has no <think> block");
+        return -1;
+    }
+    return rc;
+}
+
+static int reason_pick(srv_server *s, const char *want, char *err, size_t errlen) {
     if (!strcmp(want, "none")) return 0;
     const char *src = s->chat.source;
     if (!strcmp(want, "auto")) {

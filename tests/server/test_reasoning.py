@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -267,6 +268,11 @@ def reasoning_section(binary, model, tk):
     finally:
         D.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+    p = subprocess.run([binary, "--model", model, "--port", "0", "--device", "cpu", "--reasoning-parser", "none",
+                        "--reasoning-budget", "4"], capture_output=True, timeout=120)
+    err = p.stderr.decode(errors="replace")
+    check("--reasoning-budget without a reasoning parser: exit 1 naming the flag",
+          p.returncode == 1 and "--reasoning-budget 4 needs a reasoning parser" in err, (p.returncode, err[-400:]))
     S = Server(binary, model, *[a for a in COMMON if a != "--debug-request-fields"], name="rz-nodebug")
     try:
         st, j = chat(S, max_tokens=2, debug_force_output="x")
