@@ -270,7 +270,8 @@ static json_t *choice_json(srv_server *s, const srv_gen *g, const srv_req *r, in
             return NULL; /* out of memory: the builder's failure is logged by the sender */
         }
         json_t *calls = g->tool_parse ? srv_calls_in(g, r, index, ct.p ? ct.p : "", ct.len, &content, &clen) : NULL;
-        json_t *text = calls ? (clen ? json_stringn(content, clen) : json_null()) : json_stringn(ct.p ? ct.p : "", ct.len);
+        json_t *text = calls  ? (clen ? json_stringn(content, clen) : json_null())
+                       : json_stringn(ct.p ? ct.p : "", ct.len);
         free(content);
         choice = json_pack("{s:i,s:{s:s,s:o,s:o},s:o,s:s,s:o}", "index", index, "message", "role", "assistant",
                            "content", text ? text : json_string(""), "tool_calls", calls ? calls : json_array(),
