@@ -134,12 +134,14 @@ static void sc_tool_pass(stream_ctx *sc, int k) {
      * possible call (the format's rule) */
     srv_text rp = {0};
     size_t ct0 = cu->ct.len;
+    srv_reasoner z0 = cu->rz;
     int bad = srv_reasoner_feed(&cu->rz, fresh, nl, &rp, &cu->ct);
     if (!bad && done) bad = srv_reasoner_flush(&cu->rz, &rp, &cu->ct);
     free(fresh);
-    if (bad) { /* out of memory: retry the same bytes on the next pass */
+    if (bad) { /* out of memory: the same bytes again on the next pass */
         srv_text_free(&rp);
         cu->ct.len = ct0;
+        cu->rz = z0;
         return;
     }
     cu->raw_cur += nl;
@@ -237,10 +239,12 @@ static void sc_pass(stream_ctx *sc) {
         }
         /* thinking first, then the answer; the pass's logprobs ride on its first chunk */
         srv_text rp = {0}, cp = {0};
+        srv_reasoner z0 = cu->rz;
         int bad = srv_reasoner_feed(&cu->rz, text, tl, &rp, &cp);
         if (!bad && done) bad = srv_reasoner_flush(&cu->rz, &rp, &cp);
         free(text);
         if (bad) { /* out of memory: the same bytes on the next pass */
+            cu->rz = z0;
             srv_text_free(&rp);
             srv_text_free(&cp);
             free(toks);
