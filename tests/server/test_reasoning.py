@@ -20,6 +20,7 @@ The last line printed is "N passed, M failed".
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,15 @@ class Tok:
 
     def decode(self, ids):
         return self.t.decode(ids, skip_special_tokens=False)
+
+
+def stop(S):
+    """SIGTERM: exit 0, and no sanitizer report in its log (an ASan build run by hand)."""
+    rc, log = S.stop()
+    bad = [l for l in log.splitlines()
+           if re.search(r"ERROR: (AddressSanitizer|LeakSanitizer)|Sanitizer has encountered|runtime error:", l)]
+    name = os.path.basename(S.log.name)[len("echo-serve-"):].rsplit("-", 1)[0]
+    check(f"server {name}: SIGTERM -> exit 0, no sanitizer report", rc == 0 and not bad, (rc, bad[:5]))
 
 
 def chat(S, **kw):
@@ -211,8 +221,8 @@ def reasoning_section(binary, model, tk):
         check("thinking_budget on a --reasoning-parser none server -> 400", st == 400 and
               j["error"]["param"] == "thinking_budget", j)
     finally:
-        R.stop()
-        N.stop()
+        stop(R)
+        stop(N)
 
     # field names, and the server-wide budget
     F = Server(binary, model, *COMMON, "--reasoning-field", "reasoning", "--reasoning-budget", "2", name="rz-field")
@@ -236,8 +246,8 @@ def reasoning_section(binary, model, tk):
         m = j["choices"][0]["message"] if st == 200 else {}
         check("--reasoning-field both: both keys, equal", m.get("reasoning") == THINK == m.get("reasoning_content"), m)
     finally:
-        F.stop()
-        B.stop()
+        stop(F)
+        stop(B)
     # deepseek_r1: the template opens the block in the prompt, only </think> shows in the output.
     # A copy of the demo model whose template appends "<think>\n" to the generation prompt: auto
     # must pick deepseek_r1 from it.
@@ -266,7 +276,7 @@ def reasoning_section(binary, model, tk):
               st == 200 and j["usage"]["completion_tokens_details"]["reasoning_tokens"] == 3 and
               isinstance(j["choices"][0]["message"].get("reasoning_content"), str), j)
     finally:
-        D.stop()
+        stop(D)
         shutil.rmtree(tmp, ignore_errors=True)
     p = subprocess.run([binary, "--model", model, "--port", "0", "--device", "cpu", "--reasoning-parser", "none",
                         "--reasoning-budget", "4"], capture_output=True, timeout=120)
@@ -279,7 +289,7 @@ def reasoning_section(binary, model, tk):
         check("debug_force_output without --debug-request-fields -> 400 naming it",
               st == 400 and j["error"]["param"] == "debug_force_output", j)
     finally:
-        S.stop()
+        stop(S)
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -379,7 +389,7 @@ def tools_section(binary, model, tk):
                 pass
             check(f"{fmt} constrained after 3 thinking tokens: the grammar starts after </think>", ok, j)
         finally:
-            S.stop()
+            stop(S)
 
 
 def main():
