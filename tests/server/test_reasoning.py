@@ -251,17 +251,13 @@ def reasoning_section(binary, model, tk):
     # deepseek_r1: the template opens the block in the prompt, only </think> shows in the output.
     # A copy of the demo model whose template appends "<think>\n" to the generation prompt: auto
     # must pick deepseek_r1 from it.
-    tmp = tempfile.mkdtemp(prefix="echo-r1-")
-    for f in os.listdir(model):
-        if f != "tokenizer_config.json":
-            os.symlink(os.path.abspath(os.path.join(model, f)), os.path.join(tmp, f))
-    with open(os.path.join(model, "tokenizer_config.json")) as f:
-        cfg = json.load(f)
     gen = "{{- '<|im_start|>assistant\\n' }}"
-    assert gen in cfg["chat_template"], "the Qwen3 template's generation prompt moved"
-    cfg["chat_template"] = cfg["chat_template"].replace(gen, "{{- '<|im_start|>assistant\\n<think>\\n' }}", 1)
-    with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
-        json.dump(cfg, f)
+
+    def r1(t):
+        assert gen in t, "the Qwen3 template's generation prompt moved"
+        return t.replace(gen, "{{- '<|im_start|>assistant\\n<think>\\n' }}", 1)
+
+    tmp = model_with_template(model, r1)
     D = Server(binary, tmp, *COMMON, name="rz-r1")
     try:
         check("auto picks deepseek_r1 for a template that opens <think> in the prompt",
@@ -319,7 +315,31 @@ def calls_of(tcs):
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in tcs]
 
 
+def model_with_template(model, edit):
+    """A copy of the model folder (symlinks) whose chat template is edit(template)."""
+    tmp = tempfile.mkdtemp(prefix="echo-tpl-")
+    for f in os.listdir(model):
+        if f != "tokenizer_config.json":
+            os.symlink(os.path.abspath(os.path.join(model, f)), os.path.join(tmp, f))
+    with open(os.path.join(model, "tokenizer_config.json")) as f:
+        cfg = json.load(f)
+    cfg["chat_template"] = edit(cfg["chat_template"])
+    with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f)
+    return tmp
+
+
 def tools_section(binary, model, tk):
+    # auto: the row whose string the template contains (a Jinja comment is enough), hermes by default
+    for fmt, mark in (("qwen3_coder", "<function=NAME>"), ("mistral", "[TOOL_CALLS]"), ("hermes", None)):
+        tmp = model_with_template(model, lambda t: t + ("{# " + mark + " #}" if mark else ""))
+        S = Server(binary, tmp, *COMMON, name=f"tools-auto-{fmt}")
+        try:
+            check(f"--tool-call-parser auto picks {fmt} from the template",
+                  f"tool-call format: {fmt} (auto" in S.logtext(), S.logtext()[-500:])
+        finally:
+            stop(S)
+            shutil.rmtree(tmp, ignore_errors=True)
     for fmt, text in FORMATS:
         S = Server(binary, model, *COMMON, "--tool-call-parser", fmt, name=f"tools-{fmt}")
         try:
