@@ -31,12 +31,27 @@ int set_err(char *err, size_t errlen, int code, const char *fmt, ...) {
     return code;
 }
 
-// xgrammar's messages can carry a long backtrace-like tail; keep the first line.
+// xgrammar's messages can carry a long backtrace-like tail; keep the first
+// line, without the "[16:45:02] /build/path/file.cc:5082: " prefix of its
+// logger (a timestamp and the build machine's paths mean nothing to a client).
 std::string first_line(const char *what) {
     std::string s = what ? what : "";
     size_t nl = s.find('\n');
     if (nl != std::string::npos) s.resize(nl);
-    return s;
+    size_t at = 0;
+    if (s.size() > 2 && s[0] == '[') {
+        size_t rb = s.find("] ");
+        if (rb != std::string::npos && rb < 32) at = rb + 2;
+    }
+    // "file.cc:123: " (a path without spaces, a line number, then ": ")
+    size_t sp = s.find(' ', at);
+    if (sp != std::string::npos && sp > at + 1 && s[sp - 1] == ':') {
+        size_t c2 = sp - 1, c1 = s.rfind(':', c2 - 1);
+        bool num = c1 != std::string::npos && c1 >= at && c2 > c1 + 1;
+        for (size_t i = c1 + 1; num && i < c2; i++) num = s[i] >= '0' && s[i] <= '9';
+        if (num && s.find('.', at) < c1) at = sp + 1;
+    }
+    return s.substr(at);
 }
 
 // EBNF string literal of arbitrary UTF-8 text (GRAM_CHOICE).
@@ -85,8 +100,12 @@ struct gram_vocab {
     xgrammar::GrammarCompiler compiler;
     size_t vocab_size;
     gram_vocab(xgrammar::TokenizerInfo i, size_t vs)
-        : info(i), compiler(info, /*max_threads=*/4, /*cache_enabled=*/true,
-                            /*max_memory_bytes=*/256ll << 20),
+        // One thread per compile: the server runs compiles on threads of its
+        // own (server/compile.c), as many at once as it allows; xgrammar's
+        // pool would multiply that behind its back. The cache's cap is
+        // xgrammar's estimate of the compiled grammars' bytes.
+        : info(i), compiler(info, /*max_threads=*/1, /*cache_enabled=*/true,
+                            /*max_memory_bytes=*/GRAM_CACHE_BYTES),
           vocab_size(vs) {}
 };
 

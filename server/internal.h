@@ -61,6 +61,13 @@ srv_group *srv_group_new(void);
 void srv_group_notify(srv_group *g);
 void srv_group_unref(srv_group *g);
 
+/* compile.c: grammar compiles on their own threads, bounded and abandonable. */
+typedef struct srv_cpool srv_cpool;
+srv_cpool *srv_cpool_new(int k);
+int srv_cpool_free(srv_cpool *p); /* 0, or the compiles still running (then it is left allocated) */
+int srv_cpool_running(srv_cpool *p);
+#define SRV_COMPILE_STACK ((size_t)64 << 20) /* xgrammar recurses per schema level and $ref */
+
 typedef struct srv_req {
     /* ---- set by the HTTP thread before enqueue, then read-only ---- */
     int chat; /* 0 completions, 1 chat */
@@ -232,6 +239,7 @@ struct srv_server {
     atomic_int reaper_stop;
     /* structured outputs (structured.c): the grammar vocabulary, built on first use */
     pthread_mutex_t gram_mu;
+    srv_cpool *cpool; /* compile.c: the threads grammars compile on */
     gram_vocab *gvocab;
     int gvocab_failed;
     char gvocab_err[256];
@@ -371,11 +379,18 @@ int srv_encode_text(srv_server *s, const char *text, size_t len, int add_special
 /* structured.c: the request's one structured-output constraint
  * (response_format json_object / json_schema, structured_outputs.*,
  * guided_*), validated and compiled; *out NULL when there is none. */
-int srv_parse_constraint(srv_server *s, json_t *root, gram_grammar **out, srv_verr *e);
+/* client_fd (> 0) is polled while the grammar waits and compiles: a client
+ * gone is a 499 that nobody reads, and nothing more is done for it. */
+int srv_parse_constraint(srv_server *s, json_t *root, int client_fd, gram_grammar **out, srv_verr *e);
 /* 400 naming the JSON-schema keywords the grammar engine would not enforce. */
 int srv_schema_check(json_t *schema, const char *param, srv_verr *e);
-int srv_compile_constraint(srv_server *s, gram_kind kind, const char *src, size_t len, const char *param,
-                           gram_grammar **out, srv_verr *e);
+int srv_compile_constraint(srv_server *s, int client_fd, gram_kind kind, const char *src, size_t len,
+                           const char *param, gram_grammar **out, srv_verr *e);
+/* compile.c: compile on a compile thread and wait (see its top comment). */
+int srv_compile_wait(srv_server *s, gram_vocab *v, int client_fd, gram_kind kind, const char *src, size_t len,
+                     const char *param, gram_grammar **out, double *sec, srv_verr *e);
+/* generate.c: the client closed its end of fd (pipelined bytes do not count). */
+int srv_client_gone(int fd);
 
 /* tools.c: tool calling. A family's tool-call syntax is one row. */
 typedef struct srv_tool_format {
@@ -398,7 +413,7 @@ void srv_tools_free(srv_tools *t);
 const srv_tool_format *srv_tool_format_for(const srv_server *s);
 /* tool_choice "required" or a named function as a grammar into *out; other
  * choices leave *out as it is. */
-int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv_verr *e);
+int srv_tools_grammar(srv_server *s, const srv_tools *t, int client_fd, gram_grammar **out, srv_verr *e);
 /* The calls in generated text as OpenAI tool_calls (ids "call_<id_base><n>"),
  * with the text around them in *content (malloc'ed); NULL when there is no
  * call (or out of memory). */
@@ -426,6 +441,7 @@ typedef struct srv_gen {
     int tool_parse;  /* chat with tools (tool_choice not none): answers are parsed for tool calls */
     int tool_parallel; /* parallel_tool_calls: else only the first call is returned */
     const srv_tool_format *tool_fmt;
+    int client_fd; /* set by the handler: polled while a grammar compiles; 0 = none */
 } srv_gen;
 /* Body -> validated, tokenized runs ready for the scheduler (g). On failure
  * *e says why and nothing is left allocated. */

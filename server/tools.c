@@ -120,7 +120,7 @@ int srv_parse_tools(json_t *root, srv_tools *t, srv_verr *e) {
  * tool calls, one or more) calls in the family's syntax, each a function's
  * name and arguments valid under its parameters schema; as an xgrammar
  * structural tag (tags_with_separator, at_least_one). */
-int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv_verr *e) {
+int srv_tools_grammar(srv_server *s, const srv_tools *t, int client_fd, gram_grammar **out, srv_verr *e) {
     if (t->choice != SRV_TOOL_REQUIRED && t->choice != SRV_TOOL_NAMED) return 0; /* *out untouched */
     *out = NULL;
     const srv_tool_format *f = srv_tool_format_for(s);
@@ -155,7 +155,7 @@ int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv
     src = json_dumps(st, JSON_COMPACT);
     json_decref(st);
     if (!src) goto oom;
-    rc = srv_compile_constraint(s, GRAM_STRUCTURAL, src, strlen(src), "tool_choice", out, e);
+    rc = srv_compile_constraint(s, client_fd, GRAM_STRUCTURAL, src, strlen(src), "tool_choice", out, e);
     goto out;
 oom:
     srv_fail(e, 500, "tools", "out of memory");
