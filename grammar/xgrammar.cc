@@ -99,6 +99,11 @@ struct gram_vocab {
     xgrammar::TokenizerInfo info;
     xgrammar::GrammarCompiler compiler;
     size_t vocab_size;
+    // Bit i set unless token i holds a byte below 0x20. xgrammar 0.2.9 lets a
+    // JSON string hold raw control characters (a string with minLength, a
+    // pattern such as "\t"), which makes the text invalid JSON; JSON here has
+    // no free whitespace, so a JSON grammar never needs such a token.
+    std::vector<uint32_t> no_ctl;
     gram_vocab(xgrammar::TokenizerInfo i, size_t vs)
         // One thread per compile: the server runs compiles on threads of its
         // own (server/compile.c), as many at once as it allows; xgrammar's
@@ -111,11 +116,13 @@ struct gram_vocab {
 
 struct gram_grammar {
     xgrammar::CompiledGrammar cg;
+    const uint32_t *no_ctl; // JSON kinds: the vocab's mask of tokens without control bytes
 };
 
 struct gram_matcher {
     xgrammar::GrammarMatcher m;
     size_t vocab_size;
+    const uint32_t *no_ctl;
 };
 
 extern "C" {
@@ -138,7 +145,15 @@ int gram_vocab_new(const char *const *tokens, const size_t *lens, size_t n_token
         // RAW: the strings are already the decoded bytes (the caller's
         // tokenizer did the byte-level / SentencePiece decoding).
         xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, (int)vocab_size, stops, false);
-        *out = new gram_vocab(info, vocab_size);
+        gram_vocab *gv = new gram_vocab(info, vocab_size);
+        gv->no_ctl.assign(gram_mask_words(vocab_size), 0xffffffffu);
+        for (size_t i = 0; i < n_tokens; i++)
+            for (size_t k = 0; k < lens[i]; k++)
+                if ((unsigned char)tokens[i][k] < 0x20) {
+                    gv->no_ctl[i / 32] &= ~(1u << (i % 32));
+                    break;
+                }
+        *out = gv;
         return GRAM_OK;
     } catch (const std::bad_alloc &) {
         return set_err(err, errlen, GRAM_ENOMEM, "out of memory building the grammar vocabulary");
@@ -200,7 +215,8 @@ int gram_compile(gram_vocab *v, gram_kind kind, const char *src, size_t len, gra
             break;
         default: return set_err(err, errlen, GRAM_EINVAL, "unknown grammar kind %d", (int)kind);
         }
-        *out = new gram_grammar{*cg};
+        bool json = kind == GRAM_JSON || kind == GRAM_JSON_SCHEMA;
+        *out = new gram_grammar{*cg, json ? v->no_ctl.data() : nullptr};
         if (seconds) *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return GRAM_OK;
     } catch (const std::bad_alloc &) {
@@ -220,7 +236,7 @@ int gram_matcher_new(const gram_grammar *g, gram_matcher **out, char *err, size_
     *out = nullptr;
     try {
         size_t vs = (size_t)g->cg.GetTokenizerInfo().GetVocabSize();
-        *out = new gram_matcher{xgrammar::GrammarMatcher(g->cg), vs};
+        *out = new gram_matcher{xgrammar::GrammarMatcher(g->cg), vs, g->no_ctl};
         return GRAM_OK;
     } catch (const std::bad_alloc &) {
         return set_err(err, errlen, GRAM_ENOMEM, "out of memory for a grammar matcher");
@@ -252,7 +268,13 @@ int gram_matcher_fill(gram_matcher *m, uint32_t *mask, char *err, size_t errlen)
     t.dtype = xgrammar::GetBitmaskDLType();
     t.shape = &words;
     try {
-        return m->m.FillNextTokenBitmask(&t) ? 1 : 0;
+        int some = m->m.FillNextTokenBitmask(&t) ? 1 : 0;
+        if (m->no_ctl) {
+            for (int64_t w = 0; w < words; w++)
+                mask[w] &= m->no_ctl[w];
+            some = 1;
+        }
+        return some;
     } catch (const std::bad_alloc &) {
         return set_err(err, errlen, GRAM_ENOMEM, "out of memory filling a token mask");
     } catch (const std::exception &e) {

@@ -415,7 +415,7 @@ const srv_tool_format *srv_tool_format_for(const srv_server *s);
  * choices leave *out as it is. */
 int srv_tools_grammar(srv_server *s, const srv_tools *t, int client_fd, gram_grammar **out, srv_verr *e);
 /* The calls in generated text as OpenAI tool_calls (ids "call_<id_base><n>"),
- * with the text around them in *content (malloc'ed); NULL when there is no
+ * with the text before the first call in *content (malloc'ed); NULL when there is no
  * call (or out of memory). */
 json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t len, const char *id_base,
                              char **content, size_t *content_len);
@@ -454,6 +454,7 @@ void srv_log_done(srv_server *s, const srv_gen *g, const char *how); /* one INFO
 
 /* render.c: response JSON shared by whole answers and stream chunks. */
 json_t *srv_full_response(srv_server *s, srv_gen *g);
+const char *srv_tool_finish_reason(const srv_req *r, int have_calls);
 json_t *srv_timings_json(const srv_req *r);
 json_t *srv_usage(long long prompt, long long completion, long long cached);
 json_t *srv_usage_all(const srv_gen *g);

@@ -198,6 +198,12 @@ static json_t *echo_text(const char *pt, const char *text, size_t tl) {
     return j;
 }
 
+/* "tool_calls" when calls were parsed, unless the run hit max_tokens: then
+ * "length", whatever was parsed (a call may have been cut). */
+const char *srv_tool_finish_reason(const srv_req *r, int have_calls) {
+    return have_calls && r->finish != SRV_FIN_LENGTH ? "tool_calls" : srv_finish_reason(r->finish);
+}
+
 json_t *srv_req_tool_calls(const srv_gen *g, const srv_req *r, int index, char **content, size_t *clen) {
     if (r->finish == SRV_FIN_ABORT || r->finish == SRV_FIN_ERROR || !r->text) return NULL;
     /* ids unique per response: the request id's hex, the choice, the call */
@@ -238,7 +244,7 @@ static json_t *choice_json(srv_server *s, const srv_gen *g, const srv_req *r, in
         free(content);
         choice = json_pack("{s:i,s:{s:s,s:o,s:o},s:o,s:s,s:o}", "index", index, "message", "role", "assistant",
                            "content", text ? text : json_string(""), "tool_calls", calls ? calls : json_array(),
-                           "logprobs", lp, "finish_reason", calls ? "tool_calls" : srv_finish_reason(r->finish),
+                           "logprobs", lp, "finish_reason", srv_tool_finish_reason(r, calls != NULL),
                            "stop_reason", srv_stop_reason(r));
     }
     if (choice && g->vllm_plp) json_object_set_new(choice, "prompt_logprobs", vllm_prompt_logprobs(s, r, g->vllm_k));

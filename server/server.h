@@ -84,7 +84,8 @@ typedef struct srv_server srv_server;
 #define SRV_SCHEMA_MAX_REFS 256LL   /* $ref resolutions */
 #define SRV_SCHEMA_MAX_PROPS 256LL  /* properties of all objects reached */
 #define SRV_SCHEMA_MAX_ENUM 1024LL  /* enum values */
-#define SRV_SCHEMA_MAX_LITERAL 65536LL /* bytes of const, enum, pattern and property-name text */
+#define SRV_SCHEMA_MAX_LITERAL 65536LL /* bytes of const, enum and pattern text */
+#define SRV_SCHEMA_MAX_KEYS 16384LL   /* bytes of property names (optional ones cost xgrammar most) */
 #define SRV_CHOICE_MAX 1024LL       /* guided_choice / structured_outputs.choice entries */
 #define SRV_CHOICE_MAX_BYTES 65536LL /* their bytes in all */
 #define SRV_GRAMMAR_MAX_BYTES 65536LL /* a regex or EBNF grammar */

@@ -161,7 +161,7 @@ static void sc_tool_pass(stream_ctx *sc, int k) {
         }
         if (calls) {
             json_t *ch = json_pack("{s:i,s:{},s:n,s:s,s:o}", "index", r->index, "delta", "logprobs", "finish_reason",
-                                   "tool_calls", "stop_reason", srv_stop_reason(r));
+                                   srv_tool_finish_reason(r, 1), "stop_reason", srv_stop_reason(r));
             json_t *c2 = chunk_base(sc, json_pack("[o]", ch));
             if (c2) json_object_set_new(c2, "timings", srv_timings_json(r));
             if (c2 && sc->g.continuous_usage) json_object_set_new(c2, "usage", srv_usage(r->n_prompt, n_toks, atomic_load(&r->n_reused)));

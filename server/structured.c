@@ -114,7 +114,7 @@ typedef struct walker {
     bad_list bad;    /* not enforced */
     char budget[200]; /* the first budget exceeded, with its location */
     int nodes, refs, props, enums;
-    size_t lit;
+    size_t lit, keys;
     json_t *stack[SRV_SCHEMA_MAX_DEPTH + 2]; /* $ref targets being walked: a cycle is recursion */
     int n_stack;
 } walker;
@@ -209,13 +209,33 @@ static void walk_sub(walker *w, json_t *sch, const char *path, const char *k, co
     walk(w, sch, sub, depth + 1);
 }
 
+/* A pattern that names a control character: JSON text may hold one only
+ * escaped, and xgrammar matches patterns against the raw characters (the
+ * grammar layer masks raw control bytes out of JSON, so such a string
+ * could never be completed). */
+static int pattern_names_control(const char *p) {
+    for (; *p; p++) {
+        if ((unsigned char)*p < 0x20) return 1;
+        if (*p != '\\' || !p[1]) continue;
+        char c = *++p;
+        if (strchr("tnrfv0c", c)) return 1;
+        if (c == 'x' && p[1] && p[2] && (p[1] == '0' || p[1] == '1')) return 1;
+        if (c == 'u' && !strncmp(p + 1, "00", 2) && (p[3] == '0' || p[3] == '1')) return 1;
+    }
+    return 0;
+}
+
 static void check_string(walker *w, json_t *sch, const char *path) {
     json_t *mn = json_object_get(sch, "minLength"), *mx = json_object_get(sch, "maxLength");
     json_t *pat = json_object_get(sch, "pattern"), *fmt = json_object_get(sch, "format");
     if ((mn || mx) && pat) bad_add(&w->bad, "'pattern' together with minLength/maxLength", path);
     if ((mn || mx) && fmt) bad_add(&w->bad, "'format' together with minLength/maxLength", path);
     if (pat && fmt) bad_add(&w->bad, "'pattern' together with 'format'", path);
-    if (json_is_string(pat)) w->lit += json_string_length(pat);
+    if (json_is_string(pat)) {
+        w->lit += json_string_length(pat);
+        if (pattern_names_control(json_string_value(pat)))
+            bad_add(&w->bad, "'pattern' that names a control character (JSON escapes them)", path);
+    }
 }
 
 static void check_object(walker *w, json_t *sch, const char *path) {
@@ -227,7 +247,7 @@ static void check_object(walker *w, json_t *sch, const char *path) {
         w->props += (int)json_object_size(props);
         const char *pk;
         json_t *pv;
-        json_object_foreach(props, pk, pv) w->lit += strlen(pk);
+        json_object_foreach(props, pk, pv) w->keys += strlen(pk);
     }
     if (json_is_array(req)) {
         json_array_foreach(req, i, x) {
@@ -352,8 +372,9 @@ static void walk(walker *w, json_t *sch, const char *path, int depth) {
     if (w->enums > SRV_SCHEMA_MAX_ENUM)
         return over(w, path, "more than %lld enum values in all", SRV_SCHEMA_MAX_ENUM);
     if (w->lit > SRV_SCHEMA_MAX_LITERAL)
-        return over(w, path, "more than %lld bytes of const, enum, pattern and property-name text",
-                    SRV_SCHEMA_MAX_LITERAL);
+        return over(w, path, "more than %lld bytes of const, enum and pattern text", SRV_SCHEMA_MAX_LITERAL);
+    if (w->keys > SRV_SCHEMA_MAX_KEYS)
+        return over(w, path, "more than %lld bytes of property names", SRV_SCHEMA_MAX_KEYS);
     /* the sub-schemas; $defs only through the $refs that reach them */
     json_object_foreach(sch, k, v) {
         if (w->budget[0]) return;

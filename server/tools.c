@@ -185,6 +185,7 @@ json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t 
     while (*ebody == '\n')
         ebody++;
     el = strlen(ebody);
+    const char *first = NULL; /* the first call's begin marker */
     while (p < end) {
         const char *b = memmem(p, (size_t)(end - p), f->begin, bl);
         if (!b) break;
@@ -199,8 +200,7 @@ json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t 
             json_decref(obj);
             break; /* not a call: the rest is content */
         }
-        memcpy(rest + rl, p, (size_t)(b - p));
-        rl += (size_t)(b - p);
+        if (!first) first = b;
         char *args = ar ? json_dumps(ar, JSON_COMPACT) : strdup("{}");
         char id[96];
         snprintf(id, sizeof id, "call_%s%02zx", id_base, json_array_size(calls));
@@ -212,23 +212,19 @@ json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t 
         if (!call || json_array_append_new(calls, call)) goto fail;
         p = e ? e + el : end;
     }
-    memcpy(rest + rl, p, (size_t)(end - p));
-    rl += (size_t)(end - p);
     if (json_array_size(calls) == 0) {
         json_decref(calls);
         free(rest);
         return NULL;
     }
-    /* content around the calls, trimmed of the whitespace between them */
-    size_t a = 0;
-    while (a < rl && isspace((unsigned char)rest[a]))
-        a++;
-    while (rl > a && isspace((unsigned char)rest[rl - 1]))
-        rl--;
-    memmove(rest, rest + a, rl - a);
-    rest[rl - a] = 0;
+    /* Content is the text before the first call, as it is (a stream has
+     * sent exactly that by then); what follows the calls, a call cut at
+     * max_tokens included, is not content, streamed or not. */
+    rl = (size_t)(first - text);
+    memcpy(rest, text, rl);
+    rest[rl] = 0;
     *content = rest;
-    *content_len = rl - a;
+    *content_len = rl;
     return calls;
 fail:
     json_decref(calls);
