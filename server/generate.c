@@ -113,6 +113,12 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
             gone = 1;
             srv_cancel_all(&g);
         }
+        /* A rank of an mpirun job died: the step in flight may never return
+         * (and mpirun ends the job soon), so answer now, naming it. */
+        if (!gone && !srv_usable(s)) {
+            srv_cancel_all(&g);
+            break;
+        }
     }
     srv_log_done(s, &g, chat ? "chat" : "completion");
     enum MHD_Result mr;
@@ -125,6 +131,8 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
         }
     if (gone)
         mr = MHD_NO; /* nobody to answer */
+    else if (atomic_load(&s->unusable) && (worst != SRV_FIN_NONE || !all_done(&g)))
+        mr = srv_send_error(s, c, 503, s->unusable_why, NULL);
     else if (worst == SRV_FIN_ERROR)
         mr = srv_send_error(s, c, 500, msg && msg[0] ? msg : "generation failed", NULL);
     else if (worst == SRV_FIN_ABORT)
