@@ -59,7 +59,7 @@ typedef enum gram_kind {
 } gram_kind;
 
 /* Compiled grammars kept per vocabulary, by xgrammar's own size estimate. */
-#define GRAM_CACHE_BYTES (64ll << 20)
+#define GRAM_CACHE_BYTES (24ll << 20)
 
 typedef struct gram_vocab gram_vocab;
 typedef struct gram_grammar gram_grammar;
