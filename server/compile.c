@@ -109,6 +109,12 @@ static void deadline_in(struct timespec *ts, long ms) {
     }
 }
 
+static void count_drop(srv_server *s, int i) {
+    pthread_mutex_lock(&s->met.mu);
+    s->met.gram_dropped[i]++;
+    pthread_mutex_unlock(&s->met.mu);
+}
+
 /* Why a waiting request stops waiting, or NULL. */
 static const char *wait_over(srv_server *s, int client_fd, double until, int *status) {
     if (client_fd > 0 && srv_client_gone(client_fd)) {
@@ -133,7 +139,10 @@ int srv_compile_wait(srv_server *s, gram_vocab *v, int client_fd, gram_kind kind
     double t0 = srv_now(), until = t0 + s->opt.grammar_timeout_s;
     int status = 0;
     const char *why = wait_over(s, client_fd, until, &status);
-    if (why && *why) return srv_fail(e, status, param, "%s", why);
+    if (why && *why) {
+        if (status == 499) count_drop(s, 0);
+        return srv_fail(e, status, param, "%s", why);
+    }
     cjob *j = calloc(1, sizeof *j);
     if (!j || !(j->src = malloc(len + 1))) {
         free(j);
@@ -155,6 +164,7 @@ int srv_compile_wait(srv_server *s, gram_vocab *v, int client_fd, gram_kind kind
         if (!why || *why) {
             pthread_mutex_unlock(&p->mu);
             job_free(j);
+            if (!why || status == 499) count_drop(s, why ? 0 : 2);
             if (!why)
                 return srv_fail(e, 503, param,
                                 "grammar compiles are busy: no slot of --grammar-compiles %d freed within "
@@ -187,6 +197,7 @@ int srv_compile_wait(srv_server *s, gram_vocab *v, int client_fd, gram_kind kind
         if (!why || *why) {
             j->abandoned = 1; /* the thread frees it */
             pthread_mutex_unlock(&p->mu);
+            count_drop(s, 1);
             if (!why)
                 return srv_fail(e, 503, param,
                                 "the grammar did not compile within --grammar-compile-timeout %g s (abandoned)",

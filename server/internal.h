@@ -144,6 +144,7 @@ typedef struct srv_metrics {
     srv_hist req_prompt, req_gen, iter_tokens; /* token counts (vLLM's families) */
     srv_hist grammar_compile, grammar_mask;    /* seconds: per constraint compiled, per masked token */
     uint64_t constrained;                      /* requests (runs) decoded under a grammar */
+    uint64_t gram_dropped[3]; /* compile.c: client gone before its compile began, abandoned mid-compile, no slot in time */
     double *tok_bounds;                        /* 1, 2, 5, 10, 20, 50, ... up to max_model_len */
     uint64_t preemptions;                      /* always 0: KV is reserved at admission */
     uint64_t conn_rejected[2];                 /* [0] --max-connections, [1] per-client cap */

@@ -28,6 +28,8 @@ import json
 import os
 import re
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -458,6 +460,31 @@ def issue47_section(S):
           whole[0] == "length" and whole[2], whole)
     check("issue 47: streamed and whole answers carry the same finish_reason, content and calls",
           (fin, content, calls) == whole and ev[-1] == "[DONE]", ((fin, content, calls), whole))
+    # a client gone while its grammar waits for a compile slot is dropped before compiling: fill both
+    # slots (--grammar-compiles 2) with slow distinct compiles, then send one more and hang up
+    import socket
+    slow = lambda t: {"prompt": "x", "max_tokens": 1, "guided_json": {"type": "object", "properties": {
+        f"p{i:03d}{t}" + "k" * 55: {"type": "integer"} for i in range(256)}}}
+    dropped = lambda: sample(parse_metrics(S.url), "echo:grammar_compiles_dropped",
+                             "echo:grammar_compiles_dropped_total", why="client_gone_before_compile")
+    cc0 = dropped()
+    ths = [threading.Thread(target=pj, args=(S.url + comp, slow(f"s{k}"))) for k in range(2)]
+    for th in ths:
+        th.start()
+    time.sleep(0.3)
+    body = json.dumps(slow("gone")).encode()
+    sk = socket.create_connection(("127.0.0.1", S.port))
+    sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(0.2)
+    sk.close()
+    for th in ths:
+        th.join()
+    time.sleep(1.0)
+    cc1 = dropped()
+    check("issue 47: a client gone while its grammar waits for a slot is dropped before compiling "
+          "(echo:grammar_compiles_dropped_total{why=client_gone_before_compile} + 1)", cc0 is not None and
+          cc1 == cc0 + 1, (cc0, cc1))
     hist = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}]
     for stream in (False, True):
