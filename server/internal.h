@@ -385,6 +385,9 @@ int srv_encode_text(srv_server *s, const char *text, size_t len, int add_special
 int srv_parse_constraint(srv_server *s, json_t *root, int client_fd, gram_grammar **out, srv_verr *e);
 /* 400 naming the JSON-schema keywords the grammar engine would not enforce. */
 int srv_schema_check(json_t *schema, const char *param, srv_verr *e);
+/* Several schemas compiled into one grammar (tools): the budgets hold for
+ * them together; locations read "[i]#/...". */
+int srv_schemas_check(json_t *const *schemas, size_t n, const char *param, srv_verr *e);
 int srv_compile_constraint(srv_server *s, int client_fd, gram_kind kind, const char *src, size_t len,
                            const char *param, gram_grammar **out, srv_verr *e);
 /* compile.c: compile on a compile thread and wait (see its top comment). */

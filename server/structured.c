@@ -117,6 +117,7 @@ typedef struct walker {
     size_t lit, keys;
     json_t *stack[SRV_SCHEMA_MAX_DEPTH + 2]; /* $ref targets being walked: a cycle is recursion */
     int n_stack;
+    char prefix[24]; /* "[i]" when several schemas share the walk */
 } walker;
 
 static void over(walker *w, const char *path, const char *fmt, long long lim) {
@@ -420,7 +421,7 @@ static void walk(walker *w, json_t *sch, const char *path, int depth) {
             if (w->n_stack >= SRV_SCHEMA_MAX_DEPTH + 1)
                 return over(w, path, "nesting deeper than %lld (counted through $refs)", (long long)SRV_SCHEMA_MAX_DEPTH);
             char sub[512];
-            snprintf(sub, sizeof sub, "%.300s", ref);
+            snprintf(sub, sizeof sub, "%s%.300s", w->prefix, ref);
             w->stack[w->n_stack++] = t;
             walk(w, t, sub, depth + 1);
             w->n_stack--;
@@ -429,10 +430,20 @@ static void walk(walker *w, json_t *sch, const char *path, int depth) {
 }
 
 int srv_schema_check(json_t *schema, const char *param, srv_verr *e) {
+    return srv_schemas_check(&schema, 1, param, e);
+}
+
+int srv_schemas_check(json_t *const *schemas, size_t n, const char *param, srv_verr *e) {
     walker *w = calloc(1, sizeof *w);
     if (!w) return srv_fail(e, 500, param, "out of memory");
-    w->root = schema;
-    walk(w, schema, "#", 0);
+    for (size_t i = 0; i < n && !w->budget[0]; i++) {
+        char at[32] = "#";
+        if (n > 1) snprintf(w->prefix, sizeof w->prefix, "[%zu]", i);
+        snprintf(at, sizeof at, "%s#", w->prefix);
+        w->root = schemas[i];
+        w->n_stack = 0;
+        walk(w, schemas[i], at, 0);
+    }
     int rc = 0;
     if (w->budget[0])
         rc = srv_fail(e, 400, param,

@@ -129,12 +129,20 @@ int srv_tools_grammar(srv_server *s, const srv_tools *t, int client_fd, gram_gra
     json_t *x;
     int rc = -1;
     char *src = NULL;
+    /* every schema of the grammar under one budget: 128 tools must not
+     * cost 128 times the worst compile */
+    json_t *all[128];
+    size_t n_all = 0;
+    json_array_foreach(t->tools, i, x) {
+        json_t *params = json_object_get(json_object_get(x, "function"), "parameters");
+        if ((t->choice != SRV_TOOL_NAMED || (int)i + 1 == t->named) && params && n_all < 128) all[n_all++] = params;
+    }
+    if (srv_schemas_check(all, n_all, "tools", e)) goto out;
     json_array_foreach(t->tools, i, x) {
         if (t->choice == SRV_TOOL_NAMED && (int)i + 1 != t->named) continue;
         json_t *fn = json_object_get(x, "function");
         const char *name = json_string_value(json_object_get(fn, "name"));
         json_t *params = json_object_get(fn, "parameters");
-        if (params && srv_schema_check(params, "tools", e)) goto out;
         char begin[256];
         /* the name is [A-Za-z0-9_.-]: no JSON escaping needed */
         snprintf(begin, sizeof begin, "%s{\"%s\": \"%s\", \"%s\": ", f->begin, f->name_key, name, f->args_key);

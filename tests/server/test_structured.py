@@ -394,6 +394,16 @@ def issue47_section(S):
               ["guided_choice", "budget"], path=comp)
     err_check(S.url, "4096 long choices", {"prompt": "x", "max_tokens": 1,
               "guided_choice": [f"{i}" + "b" * 200 for i in range(4096)]}, ["guided_choice", "budget"], path=comp)
+    def big(k):  # a $ref fan-out of 255 resolutions: under the budget of 256 alone, not twice
+        d = {f"f{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/f{i + 1}"},
+                                                        "b": {"$ref": f"#/$defs/f{i + 1}"}}} for i in range(7)}
+        d["f7"] = {"type": "integer"}
+        return {"type": "function", "function": {"name": f"f{k}", "parameters": {"$defs": d, "$ref": "#/$defs/f0"}}}
+    st, j = pj(S.url + "/v1/chat/completions", {"messages": m, "tools": [big(0)], "tool_choice": "required",
+                                                "max_tokens": 1})
+    check("issue 47: one tool with 255 $ref resolutions: 200", st == 200, j)
+    err_check(S.url, "issue 47: two such tools in one grammar share the budget",
+              {"messages": m, "tools": [big(0), big(1)], "tool_choice": "required"}, ["tools", "budget", "[1]#"])
     st, j = chat(S.url, m, max_tokens=2)
     check("issue 47: the server is still up after the hostile schemas", st == 200, j)
     defs = {"s": {"type": "string"}}
