@@ -58,6 +58,9 @@ typedef enum gram_kind {
     GRAM_STRUCTURAL = 5,  /* src: xgrammar structural-tag JSON (tool-call formats) */
 } gram_kind;
 
+/* Compiled grammars kept per vocabulary, by xgrammar's own size estimate. */
+#define GRAM_CACHE_BYTES (24ll << 20)
+
 typedef struct gram_vocab gram_vocab;
 typedef struct gram_grammar gram_grammar;
 typedef struct gram_matcher gram_matcher;

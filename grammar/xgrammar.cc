@@ -31,12 +31,27 @@ int set_err(char *err, size_t errlen, int code, const char *fmt, ...) {
     return code;
 }
 
-// xgrammar's messages can carry a long backtrace-like tail; keep the first line.
+// xgrammar's messages can carry a long backtrace-like tail; keep the first
+// line, without the "[16:45:02] /build/path/file.cc:5082: " prefix of its
+// logger (a timestamp and the build machine's paths mean nothing to a client).
 std::string first_line(const char *what) {
     std::string s = what ? what : "";
     size_t nl = s.find('\n');
     if (nl != std::string::npos) s.resize(nl);
-    return s;
+    size_t at = 0;
+    if (s.size() > 2 && s[0] == '[') {
+        size_t rb = s.find("] ");
+        if (rb != std::string::npos && rb < 32) at = rb + 2;
+    }
+    // "file.cc:123: " (a path without spaces, a line number, then ": ")
+    size_t sp = s.find(' ', at);
+    if (sp != std::string::npos && sp > at + 1 && s[sp - 1] == ':') {
+        size_t c2 = sp - 1, c1 = s.rfind(':', c2 - 1);
+        bool num = c1 != std::string::npos && c1 >= at && c2 > c1 + 1;
+        for (size_t i = c1 + 1; num && i < c2; i++) num = s[i] >= '0' && s[i] <= '9';
+        if (num && s.find('.', at) < c1) at = sp + 1;
+    }
+    return s.substr(at);
 }
 
 // EBNF string literal of arbitrary UTF-8 text (GRAM_CHOICE).
@@ -84,19 +99,30 @@ struct gram_vocab {
     xgrammar::TokenizerInfo info;
     xgrammar::GrammarCompiler compiler;
     size_t vocab_size;
+    // Bit i set unless token i holds a byte below 0x20. xgrammar 0.2.9 lets a
+    // JSON string hold raw control characters (a string with minLength, a
+    // pattern such as "\t"), which makes the text invalid JSON; JSON here has
+    // no free whitespace, so a JSON grammar never needs such a token.
+    std::vector<uint32_t> no_ctl;
     gram_vocab(xgrammar::TokenizerInfo i, size_t vs)
-        : info(i), compiler(info, /*max_threads=*/4, /*cache_enabled=*/true,
-                            /*max_memory_bytes=*/256ll << 20),
+        // One thread per compile: the server runs compiles on threads of its
+        // own (server/compile.c), as many at once as it allows; xgrammar's
+        // pool would multiply that behind its back. The cache's cap is
+        // xgrammar's estimate of the compiled grammars' bytes.
+        : info(i), compiler(info, /*max_threads=*/1, /*cache_enabled=*/true,
+                            /*max_memory_bytes=*/GRAM_CACHE_BYTES),
           vocab_size(vs) {}
 };
 
 struct gram_grammar {
     xgrammar::CompiledGrammar cg;
+    const uint32_t *no_ctl; // JSON kinds: the vocab's mask of tokens without control bytes
 };
 
 struct gram_matcher {
     xgrammar::GrammarMatcher m;
     size_t vocab_size;
+    const uint32_t *no_ctl;
 };
 
 extern "C" {
@@ -119,7 +145,15 @@ int gram_vocab_new(const char *const *tokens, const size_t *lens, size_t n_token
         // RAW: the strings are already the decoded bytes (the caller's
         // tokenizer did the byte-level / SentencePiece decoding).
         xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, (int)vocab_size, stops, false);
-        *out = new gram_vocab(info, vocab_size);
+        gram_vocab *gv = new gram_vocab(info, vocab_size);
+        gv->no_ctl.assign(gram_mask_words(vocab_size), 0xffffffffu);
+        for (size_t i = 0; i < n_tokens; i++)
+            for (size_t k = 0; k < lens[i]; k++)
+                if ((unsigned char)tokens[i][k] < 0x20) {
+                    gv->no_ctl[i / 32] &= ~(1u << (i % 32));
+                    break;
+                }
+        *out = gv;
         return GRAM_OK;
     } catch (const std::bad_alloc &) {
         return set_err(err, errlen, GRAM_ENOMEM, "out of memory building the grammar vocabulary");
@@ -181,7 +215,8 @@ int gram_compile(gram_vocab *v, gram_kind kind, const char *src, size_t len, gra
             break;
         default: return set_err(err, errlen, GRAM_EINVAL, "unknown grammar kind %d", (int)kind);
         }
-        *out = new gram_grammar{*cg};
+        bool json = kind == GRAM_JSON || kind == GRAM_JSON_SCHEMA;
+        *out = new gram_grammar{*cg, json ? v->no_ctl.data() : nullptr};
         if (seconds) *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return GRAM_OK;
     } catch (const std::bad_alloc &) {
@@ -201,7 +236,7 @@ int gram_matcher_new(const gram_grammar *g, gram_matcher **out, char *err, size_
     *out = nullptr;
     try {
         size_t vs = (size_t)g->cg.GetTokenizerInfo().GetVocabSize();
-        *out = new gram_matcher{xgrammar::GrammarMatcher(g->cg), vs};
+        *out = new gram_matcher{xgrammar::GrammarMatcher(g->cg), vs, g->no_ctl};
         return GRAM_OK;
     } catch (const std::bad_alloc &) {
         return set_err(err, errlen, GRAM_ENOMEM, "out of memory for a grammar matcher");
@@ -233,7 +268,13 @@ int gram_matcher_fill(gram_matcher *m, uint32_t *mask, char *err, size_t errlen)
     t.dtype = xgrammar::GetBitmaskDLType();
     t.shape = &words;
     try {
-        return m->m.FillNextTokenBitmask(&t) ? 1 : 0;
+        int some = m->m.FillNextTokenBitmask(&t) ? 1 : 0;
+        if (m->no_ctl) {
+            for (int64_t w = 0; w < words; w++)
+                mask[w] &= m->no_ctl[w];
+            some = 1;
+        }
+        return some;
     } catch (const std::bad_alloc &) {
         return set_err(err, errlen, GRAM_ENOMEM, "out of memory filling a token mask");
     } catch (const std::exception &e) {

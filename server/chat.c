@@ -15,6 +15,27 @@ typedef struct chat_buf {
     size_t n_owned;
 } chat_buf;
 
+/* A tool message answers a call: its tool_call_id must be the id of a call
+ * of an earlier assistant message (OpenAI answers 400 otherwise). */
+static int tool_call_id_check(json_t *msgs, size_t i, json_t *m, srv_verr *e) {
+    json_t *id = srv_field(m, "tool_call_id");
+    if (!json_is_string(id))
+        return srv_fail(e, 400, "messages", "message %zu: a 'tool' message needs a 'tool_call_id' string", i);
+    for (size_t j = 0; j < i; j++) {
+        json_t *a = json_array_get(msgs, j), *tc = json_is_object(a) ? srv_field(a, "tool_calls") : NULL;
+        json_t *ro = json_is_object(a) ? json_object_get(a, "role") : NULL;
+        if (!json_is_string(ro) || strcmp(json_string_value(ro), "assistant") || !json_is_array(tc)) continue;
+        size_t k;
+        json_t *c;
+        json_array_foreach(tc, k, c) {
+            json_t *cid = json_is_object(c) ? json_object_get(c, "id") : NULL;
+            if (json_is_string(cid) && json_equal(cid, id)) return 0;
+        }
+    }
+    return srv_fail(e, 400, "messages", "message %zu: 'tool_call_id' \"%.64s\" names no call of an earlier assistant message", i,
+                    json_string_value(id));
+}
+
 static void chat_buf_free(chat_buf *b) {
     for (size_t i = 0; i < b->n_owned; i++)
         free(b->owned[i]);
@@ -223,6 +244,7 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
             srv_fail(e, 400, "messages", "message %zu: 'name' must be a string", i);
             goto out;
         }
+        if (!strcmp(r, "tool") && tool_call_id_check(msgs, i, m, e)) goto out;
         b.msgs[i].role = r;
         if (!(b.msgs[i].content = content_text(srv_field(m, "content"), &b, "messages", e))) goto out;
         /* the thinking of an assistant turn: reasoning_content (llama.cpp,

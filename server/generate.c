@@ -48,7 +48,7 @@ void srv_cancel_all(srv_gen *g) {
 
 /* The client closed its end (or the socket failed) while it waits for a
  * non-streaming answer. Pipelined bytes do not count as gone. */
-static int client_gone(int fd) {
+int srv_client_gone(int fd) {
     if (fd < 0) return 0;
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return 0;
@@ -75,7 +75,13 @@ static int all_done(srv_gen *g) {
 static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, srv_request *rq, int chat) {
     srv_verr e = {0};
     srv_gen g = {0};
-    if (srv_gen_prepare(s, rq, chat, &g, &e)) return srv_send_verr(s, c, &e);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1, gone = 0;
+    g.client_fd = fd;
+    if (srv_gen_prepare(s, rq, chat, &g, &e)) {
+        if (e.status == 499) return MHD_NO; /* nobody to answer */
+        return srv_send_verr(s, c, &e);
+    }
     srv_log_unknown(s, &e, g.rs[0]->id, chat ? "chat" : "completion");
     if (srv_sched_submit_many(s, g.rs, g.n_rs) != 0) {
         srv_gen_free(&g);
@@ -87,8 +93,6 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     if (g.stream) return srv_sse_respond(s, c, &g);
     /* Wait for every run; a client that hangs up meanwhile has them
      * cancelled (their KV freed at the next step), as a stream's would be. */
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    int fd = ci ? ci->connect_fd : -1, gone = 0;
     for (;;) {
         pthread_mutex_lock(&g.grp->mu);
         unsigned long long v = g.grp->version;
@@ -105,9 +109,15 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
         while (g.grp->version == v)
             if (pthread_cond_timedwait(&g.grp->cv, &g.grp->mu, &ts) != 0) break;
         pthread_mutex_unlock(&g.grp->mu);
-        if (!gone && client_gone(fd)) {
+        if (!gone && srv_client_gone(fd)) {
             gone = 1;
             srv_cancel_all(&g);
+        }
+        /* A rank of an mpirun job died: the step in flight may never return
+         * (and mpirun ends the job soon), so answer now, naming it. */
+        if (!gone && !srv_usable(s)) {
+            srv_cancel_all(&g);
+            break;
         }
     }
     srv_log_done(s, &g, chat ? "chat" : "completion");
@@ -121,6 +131,8 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
         }
     if (gone)
         mr = MHD_NO; /* nobody to answer */
+    else if (atomic_load(&s->unusable) && (worst != SRV_FIN_NONE || !all_done(&g)))
+        mr = srv_send_error(s, c, 503, s->unusable_why, NULL);
     else if (worst == SRV_FIN_ERROR)
         mr = srv_send_error(s, c, 500, msg && msg[0] ? msg : "generation failed", NULL);
     else if (worst == SRV_FIN_ABORT)

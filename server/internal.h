@@ -101,6 +101,13 @@ srv_group *srv_group_new(void);
 void srv_group_notify(srv_group *g);
 void srv_group_unref(srv_group *g);
 
+/* compile.c: grammar compiles on their own threads, bounded and abandonable. */
+typedef struct srv_cpool srv_cpool;
+srv_cpool *srv_cpool_new(int k);
+int srv_cpool_free(srv_cpool *p); /* 0, or the compiles still running (then it is left allocated) */
+int srv_cpool_running(srv_cpool *p);
+#define SRV_COMPILE_STACK ((size_t)64 << 20) /* xgrammar recurses per schema level and $ref */
+
 typedef struct srv_req {
     /* ---- set by the HTTP thread before enqueue, then read-only ---- */
     int chat; /* 0 completions, 1 chat */
@@ -187,6 +194,7 @@ typedef struct srv_metrics {
     srv_hist req_prompt, req_gen, iter_tokens; /* token counts (vLLM's families) */
     srv_hist grammar_compile, grammar_mask;    /* seconds: per constraint compiled, per masked token */
     uint64_t constrained;                      /* requests (runs) decoded under a grammar */
+    uint64_t gram_dropped[3]; /* compile.c: client gone before its compile began, abandoned mid-compile, no slot in time */
     double *tok_bounds;                        /* 1, 2, 5, 10, 20, 50, ... up to max_model_len */
     uint64_t preemptions;                      /* always 0: KV is reserved at admission */
     uint64_t conn_rejected[2];                 /* [0] --max-connections, [1] per-client cap */
@@ -288,6 +296,7 @@ struct srv_server {
     const struct srv_tool_format *tool_fmt; /* --tool-call-parser, NULL: chosen from the template */
     /* structured outputs (structured.c): the grammar vocabulary, built on first use */
     pthread_mutex_t gram_mu;
+    srv_cpool *cpool; /* compile.c: the threads grammars compile on */
     gram_vocab *gvocab;
     int gvocab_failed;
     char gvocab_err[256];
@@ -427,11 +436,21 @@ int srv_encode_text(srv_server *s, const char *text, size_t len, int add_special
 /* structured.c: the request's one structured-output constraint
  * (response_format json_object / json_schema, structured_outputs.*,
  * guided_*), validated and compiled; *out NULL when there is none. */
-int srv_parse_constraint(srv_server *s, json_t *root, gram_grammar **out, srv_verr *e);
+/* client_fd (> 0) is polled while the grammar waits and compiles: a client
+ * gone is a 499 that nobody reads, and nothing more is done for it. */
+int srv_parse_constraint(srv_server *s, json_t *root, int client_fd, gram_grammar **out, srv_verr *e);
 /* 400 naming the JSON-schema keywords the grammar engine would not enforce. */
 int srv_schema_check(json_t *schema, const char *param, srv_verr *e);
-int srv_compile_constraint(srv_server *s, gram_kind kind, const char *src, size_t len, const char *param,
-                           gram_grammar **out, srv_verr *e);
+/* Several schemas compiled into one grammar (tools): the budgets hold for
+ * them together; locations read "[i]#/...". */
+int srv_schemas_check(json_t *const *schemas, size_t n, const char *param, srv_verr *e);
+int srv_compile_constraint(srv_server *s, int client_fd, gram_kind kind, const char *src, size_t len,
+                           const char *param, gram_grammar **out, srv_verr *e);
+/* compile.c: compile on a compile thread and wait (see its top comment). */
+int srv_compile_wait(srv_server *s, gram_vocab *v, int client_fd, gram_kind kind, const char *src, size_t len,
+                     const char *param, gram_grammar **out, double *sec, srv_verr *e);
+/* generate.c: the client closed its end of fd (pipelined bytes do not count). */
+int srv_client_gone(int fd);
 
 /* tools.c: tool calling. A format is one row of TOOL_FORMATS: how the
  * template selects it, its parser (text -> OpenAI tool_calls), the grammar
@@ -452,8 +471,8 @@ typedef struct srv_tool_format {
     const char *end;         /* hermes: after each call's JSON */
     const char *name_key, *args_key;
     /* The calls in text (tools: the request's, for typing values; may be NULL)
-     * as an array of {"name", "arguments" (a JSON text)} with the text around
-     * them appended to *rest; NULL when there is none. */
+     * as an array of {"name", "arguments" (a JSON text)}, with the text
+     * before the first call appended to *rest; NULL when there is none. */
     json_t *(*parse)(const struct srv_tool_format *f, const json_t *tools, const char *text, size_t len,
                      srv_text *rest);
     /* tool_choice required / named: an xgrammar structural tag (JSON). */
@@ -470,9 +489,9 @@ const srv_tool_format *srv_tool_format_for(const srv_server *s);
 const srv_tool_format *srv_tool_format_named(const char *name); /* NULL: no such row */
 /* tool_choice "required" or a named function as a grammar into *out; other
  * choices leave *out as it is. */
-int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv_verr *e);
+int srv_tools_grammar(srv_server *s, const srv_tools *t, int client_fd, gram_grammar **out, srv_verr *e);
 /* The calls in generated text as OpenAI tool_calls (ids "call_<id_base><n>"),
- * with the text around them in *content (malloc'ed); NULL when there is no
+ * with the text before the first call in *content (malloc'ed); NULL when there is no
  * call (or out of memory). srv_tool_calls_parse_typed types values by the
  * tools' schemas (qwen3_coder's XML parameters are text). */
 json_t *srv_tool_calls_parse(const srv_tool_format *f, const char *text, size_t len, const char *id_base,
@@ -523,6 +542,7 @@ typedef struct srv_gen {
     const srv_tool_format *tool_fmt;
     json_t *tools;   /* the request's tools (a reference; typing qwen3_coder's values), NULL */
     int reason;      /* some run parses reasoning: usage carries reasoning_tokens */
+    int client_fd; /* set by the handler: polled while a grammar compiles; 0 = none */
 } srv_gen;
 /* Body -> validated, tokenized runs ready for the scheduler (g). On failure
  * *e says why and nothing is left allocated. */
@@ -535,6 +555,7 @@ void srv_log_done(srv_server *s, const srv_gen *g, const char *how); /* one INFO
 
 /* render.c: response JSON shared by whole answers and stream chunks. */
 json_t *srv_full_response(srv_server *s, srv_gen *g);
+const char *srv_tool_finish_reason(const srv_req *r, int have_calls);
 json_t *srv_timings_json(const srv_req *r);
 json_t *srv_usage(long long prompt, long long completion, long long cached);
 json_t *srv_usage_all(const srv_gen *g);

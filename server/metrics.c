@@ -209,6 +209,12 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
               "# HELP echo:constrained_requests_total Requests decoded under a grammar (structured outputs, tools).\n"
               "# TYPE echo:constrained_requests_total counter\necho:constrained_requests_total{%s} %llu\n",
               lbl, (unsigned long long)m->constrained);
+    static const char *const why[3] = {"client_gone_before_compile", "abandoned", "no_slot"};
+    sb_printf(&b, "# HELP echo:grammar_compiles_dropped_total Grammar compiles not done or not waited for, by why.\n"
+                  "# TYPE echo:grammar_compiles_dropped_total counter\n");
+    for (int i = 0; i < 3; i++)
+        sb_printf(&b, "echo:grammar_compiles_dropped_total{%s,why=\"%s\"} %llu\n", lbl, why[i],
+                  (unsigned long long)m->gram_dropped[i]);
     sb_printf(&b,
               "# HELP echo:num_preemptions_total Cumulative number of preemption from the engine.\n"
               "# TYPE echo:num_preemptions_total counter\necho:num_preemptions_total{%s} %llu\n",

@@ -475,7 +475,7 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
     if (srv_get_int(root, "min_tokens", 0, mt_min, &v, e) < 0) goto out;
     if (srv_field(root, "min_tokens")) t->min_tokens = (int)v;
     if (parse_stop(s, root, t, e)) goto out;
-    if (srv_parse_constraint(s, root, &t->gram, e)) goto out;
+    if (srv_parse_constraint(s, root, g->client_fd, &t->gram, e)) goto out;
     if (chat) {
         srv_tools tl;
         if (srv_parse_tools(root, &tl, e)) goto out;
@@ -494,7 +494,7 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
             srv_tools_free(&tl);
             goto out;
         }
-        int trc = srv_tools_grammar(s, &tl, &t->gram, e);
+        int trc = srv_tools_grammar(s, &tl, g->client_fd, &t->gram, e);
         srv_tools_free(&tl);
         if (trc) goto out;
     }

@@ -204,6 +204,12 @@ static json_t *echo_text(const char *pt, const char *text, size_t tl) {
     return j;
 }
 
+/* "tool_calls" when calls were parsed, unless the run hit max_tokens: then
+ * "length", whatever was parsed (a call may have been cut). */
+const char *srv_tool_finish_reason(const srv_req *r, int have_calls) {
+    return have_calls && r->finish != SRV_FIN_LENGTH ? "tool_calls" : srv_finish_reason(r->finish);
+}
+
 int srv_req_split(const srv_gen *g, const srv_req *r, srv_text *reason, srv_text *content, int *opened) {
     srv_reasoner z;
     srv_reasoner_init(&z, r->rz_on ? r->rz.f : NULL, r->rz_state0, r->rz_stop);
@@ -275,7 +281,7 @@ static json_t *choice_json(srv_server *s, const srv_gen *g, const srv_req *r, in
         free(content);
         choice = json_pack("{s:i,s:{s:s,s:o,s:o},s:o,s:s,s:o}", "index", index, "message", "role", "assistant",
                            "content", text ? text : json_string(""), "tool_calls", calls ? calls : json_array(),
-                           "logprobs", lp, "finish_reason", calls ? "tool_calls" : srv_finish_reason(r->finish),
+                           "logprobs", lp, "finish_reason", srv_tool_finish_reason(r, calls != NULL),
                            "stop_reason", srv_stop_reason(r));
         /* the thinking, when the output had a block (no field otherwise) */
         if (choice && opened)

@@ -205,6 +205,8 @@ int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errle
     if (s->opt.max_conn_per_client <= 0) s->opt.max_conn_per_client = s->opt.max_connections > 1 ? s->opt.max_connections / 2 : 1;
     if (s->opt.max_body_bytes == 0) s->opt.max_body_bytes = 8u << 20;
     if (s->opt.drain_s < 0) s->opt.drain_s = 0;
+    if (s->opt.grammar_compiles <= 0) s->opt.grammar_compiles = 2;
+    if (s->opt.grammar_timeout_s <= 0) s->opt.grammar_timeout_s = 10;
     s->model_dir = strdup(opt->model_dir);
     if (opt->served_model_name) {
         s->name = strdup(opt->served_model_name);
@@ -229,7 +231,8 @@ int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errle
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_mutex_init(&s->gram_mu, NULL);
     atomic_init(&s->reaper_stop, 0);
-    if (!s->model_dir || !s->name || srv_metrics_init(&s->met)) {
+    s->cpool = srv_cpool_new(s->opt.grammar_compiles);
+    if (!s->model_dir || !s->name || !s->cpool || srv_metrics_init(&s->met)) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -491,7 +494,13 @@ void srv_destroy(srv_server *s) {
     free(q->cnt);
     free(q->gmask);
     free(q->piece);
-    gram_vocab_free(s->gvocab);
+    /* Compiles abandoned at shutdown may still run (xgrammar cannot be
+     * interrupted): their vocabulary and pool stay for the process's exit. */
+    int live = srv_cpool_free(s->cpool);
+    if (live)
+        srv_log(s, SRV_LOG_WARNING, "%d abandoned grammar compile(s) still running at exit", live);
+    else
+        gram_vocab_free(s->gvocab);
     pthread_mutex_destroy(&s->gram_mu);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
@@ -500,6 +509,10 @@ void srv_destroy(srv_server *s) {
     free(s->model_dir);
     free(s->name);
     free(s);
+}
+
+int srv_grammar_compiles_running(srv_server *s) {
+    return s ? srv_cpool_running(s->cpool) : 0;
 }
 
 void srv_set_unusable(srv_server *s, const char *why) {

@@ -76,9 +76,25 @@ typedef struct srv_options {
     int reasoning_budget;
     const char *tool_call_parser; /* auto (NULL), hermes, qwen3_coder, mistral (server/tools.c) */
     int debug_request_fields;     /* testing: accept debug_force_output */
+    int grammar_compiles;     /* grammar compiles at once (server/compile.c), default 2 */
+    double grammar_timeout_s; /* a request's grammar must compile within this, default 10 */
 } srv_options;
 
 typedef struct srv_server srv_server;
+
+/* Compile budgets of a JSON schema, checked by a walk that follows $refs
+ * before anything compiles (server/structured.c); a schema over one is a
+ * 400 naming it. Their measured worst-case costs: docs/structured-outputs.md. */
+#define SRV_SCHEMA_MAX_DEPTH 32     /* nesting, counted through $refs */
+#define SRV_SCHEMA_MAX_NODES 2000LL /* schema objects reached, each $ref target counted again */
+#define SRV_SCHEMA_MAX_REFS 256LL   /* $ref resolutions */
+#define SRV_SCHEMA_MAX_PROPS 256LL  /* properties of all objects reached */
+#define SRV_SCHEMA_MAX_ENUM 1024LL  /* enum values */
+#define SRV_SCHEMA_MAX_LITERAL 65536LL /* bytes of const, enum and pattern text */
+#define SRV_SCHEMA_MAX_KEYS 16384LL   /* bytes of property names (optional ones cost xgrammar most) */
+#define SRV_CHOICE_MAX 1024LL       /* guided_choice / structured_outputs.choice entries */
+#define SRV_CHOICE_MAX_BYTES 65536LL /* their bytes in all */
+#define SRV_GRAMMAR_MAX_BYTES 65536LL /* a regex or EBNF grammar */
 
 /* Resolve a model name to a folder holding config.json: NAME as a path,
  * $ECHO_MODEL_DIR/NAME, ./models/NAME, then the Hugging Face hub cache
@@ -100,6 +116,10 @@ int srv_load(srv_server *s, char *err, size_t errlen);
 void srv_shutdown(srv_server *s);
 /* Stop HTTP and free everything (calls srv_shutdown when needed). */
 void srv_destroy(srv_server *s);
+/* Grammar compiles still running (abandoned ones included): a process that
+ * exits with some should leave by _exit, as xgrammar's threads cannot be
+ * stopped and its static objects must not be destroyed under them. */
+int srv_grammar_compiles_running(srv_server *s);
 
 /* Leveled log line on stderr, filtered by the server's level. */
 void srv_log(const srv_server *s, srv_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

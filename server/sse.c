@@ -32,6 +32,7 @@ typedef struct stream_ctx {
     size_t out_len, out_off, out_cap;
     int ended;
     double last_write;
+    double last_alive; /* when the ranks were last checked (srv_usable) */
 } stream_ctx;
 
 static void sc_put(stream_ctx *sc, const char *p, size_t n) {
@@ -177,7 +178,7 @@ static void sc_tool_pass(stream_ctx *sc, int k) {
         }
         if (calls) {
             json_t *ch = json_pack("{s:i,s:{},s:n,s:s,s:o}", "index", r->index, "delta", "logprobs", "finish_reason",
-                                   "tool_calls", "stop_reason", srv_stop_reason(r));
+                                   srv_tool_finish_reason(r, 1), "stop_reason", srv_stop_reason(r));
             json_t *c2 = chunk_base(sc, json_pack("[o]", ch));
             if (c2) json_object_set_new(c2, "timings", srv_timings_json(r));
             if (c2 && sc->g.continuous_usage) json_object_set_new(c2, "usage", srv_usage(r->n_prompt, n_toks, atomic_load(&r->n_reused)));
@@ -297,6 +298,18 @@ static void sc_fill(stream_ctx *sc) {
         if (pthread_cond_timedwait(&grp->cv, &grp->mu, &ts) != 0) break;
     pthread_mutex_unlock(&grp->mu);
     sc_pass(sc);
+    if (!sc->ended && srv_now() - sc->last_alive > 0.1) {
+        /* A rank of an mpirun job died: the runs may never finish (and
+         * mpirun ends the job soon): the error now, then [DONE]. */
+        sc->last_alive = srv_now();
+        if (!srv_usable(sc->s)) {
+            srv_cancel_all(&sc->g);
+            sc_event(sc, srv_error_json(503, sc->s->unusable_why, NULL));
+            sc_put(sc, "data: [DONE]\n\n", 14);
+            sc->ended = 1;
+            return;
+        }
+    }
     if (sc->out_len == 0 && !sc->ended && srv_now() - sc->last_write > 2.0) {
         /* SSE comment: keeps a queued stream's connection alive and lets a
          * departed client be noticed while it waits. */

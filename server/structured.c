@@ -10,6 +10,7 @@
  * xgrammar ignores the others silently (uniqueItems, not, if/then/else...),
  * and a schema that is not enforced must not look as if it were.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,14 +23,23 @@ static const char *const SCHEMA_KEYWORDS[] = {
     "type", "properties", "required", "additionalProperties", "unevaluatedProperties", "items", "prefixItems",
     "unevaluatedItems", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
     "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern", "minLength",
-    "maxLength", "format", "propertyNames", "patternProperties", "minProperties", "maxProperties",
-    /* annotations */
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly",
-    "discriminator", NULL};
+    "maxLength", "format", "propertyNames", "patternProperties", "minProperties", "maxProperties", NULL};
+static const char *const SCHEMA_ANNOTATIONS[] = {
+    "title",    "description", "default",   "examples", "$schema", "$id", "$comment", "deprecated",
+    "readOnly", "writeOnly",   "discriminator", "$defs", "definitions", NULL};
 static const char *const SCHEMA_FORMATS[] = {
     "email",    "date", "time", "date-time",     "duration",     "ipv4",         "ipv6",
     "hostname", "uuid", "uri",  "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
     NULL};
+/* Keywords that restrict only values of one type: vacuous for the others,
+ * so xgrammar's type-specific parser may drop them, but never where the
+ * schema names no type (xgrammar then generates any JSON). */
+static const char *const SCHEMA_TYPED[] = {
+    "required", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "pattern", "minLength", "maxLength", "format", "propertyNames", "patternProperties", "minProperties",
+    "maxProperties", NULL};
+static const char *const SCHEMA_COUNTS[] = {"minItems",   "maxItems",      "minLength",
+                                            "maxLength",  "minProperties", "maxProperties", NULL};
 
 static int in_list(const char *const *l, const char *k) {
     for (; *l; l++)
@@ -59,69 +69,390 @@ static int type_is(json_t *sch, const char *t) {
     return 0;
 }
 
-/* Walk a schema, noting what xgrammar would not enforce. path is a JSON
- * pointer-like location for the message. */
-static void schema_walk(json_t *sch, const char *path, int depth, bad_list *b) {
-    if (json_is_boolean(sch)) return;
-    if (!json_is_object(sch)) {
-        bad_add(b, "a schema that is not an object or boolean", path);
-        return;
+/* Does JSON value v have JSON-schema type t? */
+static int value_has_type(json_t *v, const char *t) {
+    if (!strcmp(t, "string")) return json_is_string(v);
+    if (!strcmp(t, "boolean")) return json_is_boolean(v);
+    if (!strcmp(t, "null")) return json_is_null(v);
+    if (!strcmp(t, "array")) return json_is_array(v);
+    if (!strcmp(t, "object")) return json_is_object(v);
+    if (!strcmp(t, "number")) return json_is_number(v);
+    if (!strcmp(t, "integer")) {
+        if (json_is_integer(v)) return 1;
+        double d = json_is_real(v) ? json_real_value(v) : 0.5;
+        return isfinite(d) && d == floor(d);
     }
-    if (depth > 32) {
-        bad_add(b, "nesting deeper than 32", path);
-        return;
+    return 0;
+}
+
+/* v fits the schema's "type" (or it names none). */
+static int value_fits_type(json_t *sch, json_t *v) {
+    json_t *ty = json_object_get(sch, "type");
+    if (json_is_string(ty)) return value_has_type(v, json_string_value(ty));
+    if (json_is_array(ty)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(ty, i, x) if (json_is_string(x) && value_has_type(v, json_string_value(x))) return 1;
+        return 0;
     }
+    return 1;
+}
+
+/*
+ * The walk that runs before any compile. It follows local $refs (resolving
+ * them as xgrammar does, from the document root) and charges every schema
+ * node it reaches to the compile budget, so a chain or fan-out of $refs
+ * costs what it will cost xgrammar; and it notes every keyword xgrammar
+ * would take without enforcing it. xgrammar interprets a schema object by
+ * ONE branch, the first of $ref, const, enum, anyOf, oneOf, allOf, type,
+ * object keywords, array keywords, else "any JSON" (json_schema_converter.cc
+ * SchemaParser::Parse): a restricting keyword beside the branch that wins
+ * is dropped silently, so it is refused here.
+ */
+typedef struct walker {
+    json_t *root;
+    bad_list bad;    /* not enforced */
+    char budget[200]; /* the first budget exceeded, with its location */
+    int nodes, refs, props, enums;
+    size_t lit, keys;
+    json_t *stack[SRV_SCHEMA_MAX_DEPTH + 2]; /* $ref targets being walked: a cycle is recursion */
+    int n_stack;
+    char prefix[24]; /* "[i]" when several schemas share the walk */
+} walker;
+
+static void over(walker *w, const char *path, const char *fmt, long long lim) {
+    if (w->budget[0]) return;
+    char what[120];
+    snprintf(what, sizeof what, fmt, lim);
+    snprintf(w->budget, sizeof w->budget, "%s at %.60s", what, path);
+}
+
+/* "#/a/b~1c/0" from the root (JSON pointer, ~0 ~1 and %XX decoded). */
+static json_t *resolve_ref(json_t *root, const char *ref) {
+    if (strcmp(ref, "#") == 0) return root;
+    if (strncmp(ref, "#/", 2) != 0) return NULL;
+    json_t *cur = root;
+    const char *p = ref + 2;
+    char tok[256];
+    for (;;) {
+        size_t n = 0;
+        while (*p && *p != '/') {
+            char c = *p++;
+            if (c == '~' && (*p == '0' || *p == '1')) {
+                c = *p++ == '0' ? '~' : '/';
+            } else if (c == '%' && p[0] && p[1]) {
+                char hx[3] = {p[0], p[1], 0};
+                char *end;
+                long x = strtol(hx, &end, 16);
+                if (*end == 0) {
+                    c = (char)x;
+                    p += 2;
+                }
+            }
+            if (n + 1 >= sizeof tok) return NULL;
+            tok[n++] = c;
+        }
+        tok[n] = 0;
+        if (json_is_object(cur)) {
+            cur = json_object_get(cur, tok);
+        } else if (json_is_array(cur)) {
+            char *end;
+            long i = strtol(tok, &end, 10);
+            cur = n && *end == 0 && i >= 0 ? json_array_get(cur, (size_t)i) : NULL;
+        } else {
+            cur = NULL;
+        }
+        if (!cur) return NULL;
+        if (!*p) return cur;
+        p++;
+    }
+}
+
+/* oneOf runs as anyOf in xgrammar unless its branches are disjoint; the
+ * proof here is simple: each branch names one type, no two the same (and
+ * not both integer and number), or each is a const. */
+static int oneof_disjoint(json_t *arr) {
+    size_t n = json_array_size(arr), i, j;
+    if (n <= 1) return 1;
+    for (i = 0; i < n; i++) {
+        json_t *a = json_array_get(arr, i);
+        if (!json_is_object(a)) return 0;
+        json_t *ta = json_object_get(a, "type"), *ca = json_object_get(a, "const");
+        if (!json_is_string(ta) && !ca) return 0;
+        if (json_object_get(a, "$ref") || json_object_get(a, "anyOf") || json_object_get(a, "oneOf") ||
+            json_object_get(a, "allOf") || json_object_get(a, "enum"))
+            return 0;
+        for (j = 0; j < i; j++) {
+            json_t *b = json_array_get(arr, j);
+            json_t *tb = json_object_get(b, "type"), *cb = json_object_get(b, "const");
+            if (ca && cb) {
+                if (json_equal(ca, cb)) return 0;
+                continue;
+            }
+            if (!json_is_string(ta) || !json_is_string(tb)) return 0;
+            const char *x = json_string_value(ta), *y = json_string_value(tb);
+            if (!strcmp(x, y)) return 0;
+            if ((!strcmp(x, "integer") || !strcmp(x, "number")) && (!strcmp(y, "integer") || !strcmp(y, "number")))
+                return 0;
+        }
+    }
+    return 1;
+}
+
+static void walk(walker *w, json_t *sch, const char *path, int depth);
+
+static void walk_sub(walker *w, json_t *sch, const char *path, const char *k, const char *k2, int depth) {
     char sub[512];
+    if (k2)
+        snprintf(sub, sizeof sub, "%.300s/%s/%.60s", path, k, k2);
+    else
+        snprintf(sub, sizeof sub, "%.300s/%s", path, k);
+    walk(w, sch, sub, depth + 1);
+}
+
+/* A pattern that names a control character: JSON text may hold one only
+ * escaped, and xgrammar matches patterns against the raw characters (the
+ * grammar layer masks raw control bytes out of JSON, so such a string
+ * could never be completed). */
+static int pattern_names_control(const char *p) {
+    for (; *p; p++) {
+        if ((unsigned char)*p < 0x20) return 1;
+        if (*p != '\\' || !p[1]) continue;
+        char c = *++p;
+        if (strchr("tnrfv0c", c)) return 1;
+        if (c == 'x' && p[1] && p[2] && (p[1] == '0' || p[1] == '1')) return 1;
+        if (c == 'u' && !strncmp(p + 1, "00", 2) && (p[3] == '0' || p[3] == '1')) return 1;
+    }
+    return 0;
+}
+
+static void check_string(walker *w, json_t *sch, const char *path) {
+    json_t *mn = json_object_get(sch, "minLength"), *mx = json_object_get(sch, "maxLength");
+    json_t *pat = json_object_get(sch, "pattern"), *fmt = json_object_get(sch, "format");
+    if ((mn || mx) && pat) bad_add(&w->bad, "'pattern' together with minLength/maxLength", path);
+    if ((mn || mx) && fmt) bad_add(&w->bad, "'format' together with minLength/maxLength", path);
+    if (pat && fmt) bad_add(&w->bad, "'pattern' together with 'format'", path);
+    if (json_is_string(pat)) {
+        w->lit += json_string_length(pat);
+        if (pattern_names_control(json_string_value(pat)))
+            bad_add(&w->bad, "'pattern' that names a control character (JSON escapes them)", path);
+    }
+}
+
+static void check_object(walker *w, json_t *sch, const char *path) {
+    json_t *props = json_object_get(sch, "properties"), *req = json_object_get(sch, "required");
+    size_t i;
+    json_t *x;
+    char what[160];
+    if (json_is_object(props)) {
+        w->props += (int)json_object_size(props);
+        const char *pk;
+        json_t *pv;
+        json_object_foreach(props, pk, pv) w->keys += strlen(pk);
+    }
+    if (json_is_array(req)) {
+        json_array_foreach(req, i, x) {
+            if (!json_is_string(x)) {
+                bad_add(&w->bad, "'required' with a non-string entry", path);
+                continue;
+            }
+            json_t *ps = json_is_object(props) ? json_object_get(props, json_string_value(x)) : NULL;
+            if (!ps) {
+                snprintf(what, sizeof what, "'required' key \"%.60s\" absent from 'properties'",
+                         json_string_value(x));
+                bad_add(&w->bad, what, path);
+            } else if (json_is_false(ps)) {
+                snprintf(what, sizeof what, "'required' key \"%.60s\" that 'properties' forbids", json_string_value(x));
+                bad_add(&w->bad, what, path);
+            }
+        }
+    } else if (req) {
+        bad_add(&w->bad, "'required' that is not an array", path);
+    }
+}
+
+static void walk(walker *w, json_t *sch, const char *path, int depth) {
+    if (w->budget[0]) return;
+    if (++w->nodes > SRV_SCHEMA_MAX_NODES)
+        return over(w, path, "more than %lld schema nodes (counted after $ref resolution)", SRV_SCHEMA_MAX_NODES);
+    if (depth > SRV_SCHEMA_MAX_DEPTH)
+        return over(w, path, "nesting deeper than %lld (counted through $refs)", (long long)SRV_SCHEMA_MAX_DEPTH);
+    if (json_is_boolean(sch)) return;
+    if (!json_is_object(sch)) return bad_add(&w->bad, "a schema that is not an object or boolean", path);
+    char what[200];
     const char *k;
     json_t *v;
+    /* keywords: known, well-formed */
     json_object_foreach(sch, k, v) {
-        if (!in_list(SCHEMA_KEYWORDS, k)) {
-            snprintf(sub, sizeof sub, "'%.60s'", k);
-            bad_add(b, sub, path);
+        if (!in_list(SCHEMA_KEYWORDS, k) && !in_list(SCHEMA_ANNOTATIONS, k)) {
+            snprintf(what, sizeof what, "'%.60s'", k);
+            bad_add(&w->bad, what, path);
             continue;
         }
-        if (!strcmp(k, "format") && json_is_string(v) && !in_list(SCHEMA_FORMATS, json_string_value(v))) {
-            snprintf(sub, sizeof sub, "'format': \"%.40s\"", json_string_value(v));
-            bad_add(b, sub, path);
+        if (!strcmp(k, "$id") && depth > 0) bad_add(&w->bad, "'$id' below the root ($refs resolve from the root)", path);
+        if (!strcmp(k, "format") && (!json_is_string(v) || !in_list(SCHEMA_FORMATS, json_string_value(v)))) {
+            snprintf(what, sizeof what, "'format': \"%.40s\"", json_is_string(v) ? json_string_value(v) : "?");
+            bad_add(&w->bad, what, path);
         }
-        if (!strcmp(k, "multipleOf") && !type_is(sch, "integer")) bad_add(b, "'multipleOf' on a non-integer", path);
-        if (!strcmp(k, "allOf") && json_array_size(v) > 1) bad_add(b, "'allOf' with more than one schema", path);
-        /* the sub-schemas */
-        if (!strcmp(k, "properties") || !strcmp(k, "patternProperties") || !strcmp(k, "$defs") ||
-            !strcmp(k, "definitions")) {
+        if (in_list(SCHEMA_COUNTS, k) && (!json_is_integer(v) || json_integer_value(v) < 0)) {
+            snprintf(what, sizeof what, "'%s' that is not a non-negative integer", k);
+            bad_add(&w->bad, what, path);
+        }
+        if ((!strcmp(k, "minimum") || !strcmp(k, "maximum") || !strcmp(k, "exclusiveMinimum") ||
+             !strcmp(k, "exclusiveMaximum")) &&
+            !json_is_number(v)) {
+            snprintf(what, sizeof what, "'%s' that is not a number", k);
+            bad_add(&w->bad, what, path);
+        }
+        if (!strcmp(k, "multipleOf")) {
+            double m = json_is_number(v) ? json_number_value(v) : 0;
+            if (!type_is(sch, "integer") || type_is(sch, "number"))
+                bad_add(&w->bad, "'multipleOf' on a non-integer", path);
+            else if (!json_is_integer(v) || m < 1 || m > 1024)
+                bad_add(&w->bad, "'multipleOf' that is not an integer in 1..1024", path);
+        }
+        if (!strcmp(k, "allOf") && json_array_size(v) > 1) bad_add(&w->bad, "'allOf' with more than one schema", path);
+        if (!strcmp(k, "oneOf") && json_is_array(v) && !oneof_disjoint(v))
+            bad_add(&w->bad, "'oneOf' whose branches may overlap (xgrammar runs it as anyOf)", path);
+        if (!strcmp(k, "enum")) {
+            w->enums += (int)json_array_size(v);
+            char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            w->lit += t ? strlen(t) : 0;
+            free(t);
+        }
+        if (!strcmp(k, "const")) {
+            char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            w->lit += t ? strlen(t) : 0;
+            free(t);
+        }
+    }
+    /* the branch xgrammar takes, and what it leaves unenforced beside it */
+    static const char *const BRANCHES[] = {"$ref", "const", "enum", "anyOf", "oneOf", "allOf", NULL};
+    const char *branch = NULL;
+    for (int i = 0; BRANCHES[i] && !branch; i++)
+        if (json_object_get(sch, BRANCHES[i])) branch = BRANCHES[i];
+    json_t *ty = json_object_get(sch, "type");
+    if (branch) {
+        int is_value = !strcmp(branch, "const") || !strcmp(branch, "enum");
+        json_object_foreach(sch, k, v) {
+            if (!strcmp(k, branch) || in_list(SCHEMA_ANNOTATIONS, k)) continue;
+            if (is_value && !strcmp(k, "type")) continue; /* checked against the values below */
+            if (!in_list(SCHEMA_KEYWORDS, k)) continue;   /* already noted */
+            snprintf(what, sizeof what, "'%.40s' beside '%s' (xgrammar would ignore it)", k, branch);
+            bad_add(&w->bad, what, path);
+        }
+        if (!strcmp(branch, "const") && !value_fits_type(sch, json_object_get(sch, "const")))
+            bad_add(&w->bad, "'const' that contradicts 'type'", path);
+        if (!strcmp(branch, "enum")) {
+            size_t i;
+            json_t *x;
+            json_t *en = json_object_get(sch, "enum");
+            json_array_foreach(en, i, x) if (!value_fits_type(sch, x)) {
+                bad_add(&w->bad, "'enum' value that contradicts 'type'", path);
+                break;
+            }
+        }
+    } else if (ty) {
+        if (type_is(sch, "string")) check_string(w, sch, path);
+        if (type_is(sch, "object")) check_object(w, sch, path);
+        if (!json_is_string(ty) && !json_is_array(ty)) bad_add(&w->bad, "'type' that is not a string or array", path);
+    } else if (json_object_get(sch, "properties") || json_object_get(sch, "additionalProperties") ||
+               json_object_get(sch, "unevaluatedProperties")) {
+        check_object(w, sch, path); /* generated as an object: other types' keywords are vacuous */
+    } else if (json_object_get(sch, "items") || json_object_get(sch, "prefixItems") ||
+               json_object_get(sch, "unevaluatedItems")) {
+        /* generated as an array */
+    } else {
+        json_object_foreach(sch, k, v) if (in_list(SCHEMA_TYPED, k)) {
+            snprintf(what, sizeof what, "'%.40s' without 'type' (xgrammar would generate any JSON)", k);
+            bad_add(&w->bad, what, path);
+        }
+    }
+    if (w->props > SRV_SCHEMA_MAX_PROPS)
+        return over(w, path, "more than %lld properties in all (counted after $ref resolution)", SRV_SCHEMA_MAX_PROPS);
+    if (w->enums > SRV_SCHEMA_MAX_ENUM)
+        return over(w, path, "more than %lld enum values in all", SRV_SCHEMA_MAX_ENUM);
+    if (w->lit > SRV_SCHEMA_MAX_LITERAL)
+        return over(w, path, "more than %lld bytes of const, enum and pattern text", SRV_SCHEMA_MAX_LITERAL);
+    if (w->keys > SRV_SCHEMA_MAX_KEYS)
+        return over(w, path, "more than %lld bytes of property names", SRV_SCHEMA_MAX_KEYS);
+    /* the sub-schemas; $defs only through the $refs that reach them */
+    json_object_foreach(sch, k, v) {
+        if (w->budget[0]) return;
+        if (!strcmp(k, "properties") || !strcmp(k, "patternProperties")) {
             if (!json_is_object(v)) continue;
             const char *pk;
             json_t *pv;
-            json_object_foreach(v, pk, pv) {
-                snprintf(sub, sizeof sub, "%.300s/%s/%.60s", path, k, pk);
-                schema_walk(pv, sub, depth + 1, b);
-            }
+            json_object_foreach(v, pk, pv) walk_sub(w, pv, path, k, pk, depth);
         } else if (!strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "allOf") || !strcmp(k, "prefixItems") ||
                    (!strcmp(k, "items") && json_is_array(v))) {
             size_t i;
             json_t *x;
+            char ix[24];
             json_array_foreach(v, i, x) {
-                snprintf(sub, sizeof sub, "%.300s/%s/%zu", path, k, i);
-                schema_walk(x, sub, depth + 1, b);
+                snprintf(ix, sizeof ix, "%zu", i);
+                walk_sub(w, x, path, k, ix, depth);
             }
         } else if (!strcmp(k, "items") || !strcmp(k, "additionalProperties") || !strcmp(k, "unevaluatedProperties") ||
                    !strcmp(k, "unevaluatedItems") || !strcmp(k, "propertyNames")) {
-            snprintf(sub, sizeof sub, "%.300s/%s", path, k);
-            schema_walk(v, sub, depth + 1, b);
+            walk_sub(w, v, path, k, NULL, depth);
+        } else if (!strcmp(k, "$ref")) {
+            if (!json_is_string(v)) {
+                bad_add(&w->bad, "'$ref' that is not a string", path);
+                continue;
+            }
+            const char *ref = json_string_value(v);
+            if (ref[0] != '#') {
+                snprintf(what, sizeof what, "remote '$ref' \"%.60s\" (only local \"#/...\" references)", ref);
+                bad_add(&w->bad, what, path);
+                continue;
+            }
+            json_t *t = resolve_ref(w->root, ref);
+            if (!t) {
+                snprintf(what, sizeof what, "'$ref' \"%.60s\" that names no schema in this document", ref);
+                bad_add(&w->bad, what, path);
+                continue;
+            }
+            if (++w->refs > SRV_SCHEMA_MAX_REFS)
+                return over(w, path, "more than %lld $ref resolutions", SRV_SCHEMA_MAX_REFS);
+            int cyc = 0;
+            for (int i = 0; i < w->n_stack; i++) cyc |= w->stack[i] == t;
+            if (cyc) continue; /* recursion: xgrammar makes it one rule */
+            if (w->n_stack >= SRV_SCHEMA_MAX_DEPTH + 1)
+                return over(w, path, "nesting deeper than %lld (counted through $refs)", (long long)SRV_SCHEMA_MAX_DEPTH);
+            char sub[512];
+            snprintf(sub, sizeof sub, "%s%.300s", w->prefix, ref);
+            w->stack[w->n_stack++] = t;
+            walk(w, t, sub, depth + 1);
+            w->n_stack--;
         }
     }
-    json_t *mn = json_object_get(sch, "minLength"), *mx = json_object_get(sch, "maxLength");
-    if ((mn || mx) && json_object_get(sch, "pattern")) bad_add(b, "'pattern' together with minLength/maxLength", path);
-    if ((mn || mx) && json_is_string(json_object_get(sch, "format")))
-        bad_add(b, "'format' together with minLength/maxLength", path);
 }
 
 int srv_schema_check(json_t *schema, const char *param, srv_verr *e) {
-    bad_list b = {{0}, 0};
-    schema_walk(schema, "#", 0, &b);
-    if (!b.n) return 0;
-    return srv_fail(e, 400, param, "unsupported JSON schema feature%s: %s%s", b.n > 1 ? "s" : "", b.text,
-                    b.n > 6 ? "; ..." : "");
+    return srv_schemas_check(&schema, 1, param, e);
+}
+
+int srv_schemas_check(json_t *const *schemas, size_t n, const char *param, srv_verr *e) {
+    walker *w = calloc(1, sizeof *w);
+    if (!w) return srv_fail(e, 500, param, "out of memory");
+    for (size_t i = 0; i < n && !w->budget[0]; i++) {
+        char at[32] = "#";
+        if (n > 1) snprintf(w->prefix, sizeof w->prefix, "[%zu]", i);
+        snprintf(at, sizeof at, "%s#", w->prefix);
+        w->root = schemas[i];
+        w->n_stack = 0;
+        walk(w, schemas[i], at, 0);
+    }
+    int rc = 0;
+    if (w->budget[0])
+        rc = srv_fail(e, 400, param,
+                      "JSON schema over the compile budget: %s (limits in docs/structured-outputs.md)", w->budget);
+    else if (w->bad.n)
+        rc = srv_fail(e, 400, param, "unsupported JSON schema feature%s: %s%s", w->bad.n > 1 ? "s" : "", w->bad.text,
+                      w->bad.n > 6 ? "; ..." : "");
+    free(w);
+    return rc;
 }
 
 /* The grammar vocabulary from the model's tokenizer, built on first use
@@ -157,15 +488,12 @@ static gram_vocab *server_vocab(srv_server *s, srv_verr *e) {
     return v;
 }
 
-int srv_compile_constraint(srv_server *s, gram_kind kind, const char *src, size_t len, const char *param,
-                           gram_grammar **out, srv_verr *e) {
+int srv_compile_constraint(srv_server *s, int client_fd, gram_kind kind, const char *src, size_t len,
+                           const char *param, gram_grammar **out, srv_verr *e) {
     gram_vocab *v = server_vocab(s, e);
     if (!v) return -1;
-    char err[400];
     double sec = 0;
-    int rc = gram_compile(v, kind, src, len, out, &sec, err, sizeof err);
-    if (rc == GRAM_EINVAL) return srv_fail(e, 400, param, "%s", err);
-    if (rc) return srv_fail(e, 500, param, "%s", err);
+    if (srv_compile_wait(s, v, client_fd, kind, src, len, param, out, &sec, e)) return -1;
     pthread_mutex_lock(&s->met.mu);
     srv_hist_observe(&s->met.grammar_compile, sec);
     pthread_mutex_unlock(&s->met.mu);
@@ -199,7 +527,7 @@ static int schema_source(json_t *sch, const char *param, char **src, srv_verr *e
     return rc;
 }
 
-int srv_parse_constraint(srv_server *s, json_t *root, gram_grammar **out, srv_verr *e) {
+int srv_parse_constraint(srv_server *s, json_t *root, int client_fd, gram_grammar **out, srv_verr *e) {
     *out = NULL;
     found f[8];
     int nf = 0;
@@ -246,6 +574,10 @@ int srv_parse_constraint(srv_server *s, json_t *root, gram_grammar **out, srv_ve
         if ((v = srv_field(so, "grammar"))) f[nf++] = (found){"structured_outputs.grammar", GRAM_EBNF, v};
         if ((v = srv_field(so, "json_object")) && json_is_true(v))
             f[nf++] = (found){"structured_outputs.json_object", GRAM_JSON, NULL};
+        if (nf == 0) /* else the request would run unconstrained while asking for structure */
+            return srv_fail(e, 400, "structured_outputs",
+                            "'structured_outputs' names no constraint: give one of json, regex, choice, grammar "
+                            "or json_object: true");
     }
     if ((v = srv_field(root, "guided_json"))) f[nf++] = (found){"guided_json", GRAM_JSON_SCHEMA, v};
     if ((v = srv_field(root, "guided_regex"))) f[nf++] = (found){"guided_regex", GRAM_REGEX, v};
@@ -269,23 +601,34 @@ int srv_parse_constraint(srv_server *s, json_t *root, gram_grammar **out, srv_ve
         if (schema_source(c->val, c->field, &src, e)) return -1;
         break;
     case GRAM_CHOICE: {
-        if (!json_is_array(c->val) || json_array_size(c->val) == 0 || json_array_size(c->val) > 4096)
+        if (!json_is_array(c->val) || json_array_size(c->val) == 0)
             return srv_fail(e, 400, c->field, "'%s' must be a non-empty array of strings", c->field);
-        size_t i;
+        if (json_array_size(c->val) > SRV_CHOICE_MAX)
+            return srv_fail(e, 400, c->field, "'%s' has %zu choices: over the compile budget of %lld", c->field,
+                            json_array_size(c->val), SRV_CHOICE_MAX);
+        size_t i, bytes = 0;
         json_t *x;
-        json_array_foreach(c->val, i, x) if (!json_is_string(x) || json_string_length(x) == 0) return srv_fail(
-            e, 400, c->field, "'%s' must be a non-empty array of non-empty strings", c->field);
+        json_array_foreach(c->val, i, x) {
+            if (!json_is_string(x) || json_string_length(x) == 0)
+                return srv_fail(e, 400, c->field, "'%s' must be a non-empty array of non-empty strings", c->field);
+            bytes += json_string_length(x);
+        }
+        if (bytes > SRV_CHOICE_MAX_BYTES)
+            return srv_fail(e, 400, c->field, "'%s' holds %zu bytes of choices: over the compile budget of %lld",
+                            c->field, bytes, SRV_CHOICE_MAX_BYTES);
         if (!(src = json_dumps(c->val, JSON_COMPACT))) return srv_fail(e, 500, c->field, "out of memory");
         break;
     }
     default:
         if (!json_is_string(c->val) || json_string_length(c->val) == 0)
             return srv_fail(e, 400, c->field, "'%s' must be a non-empty string", c->field);
-        if (json_string_length(c->val) > 1 << 20) return srv_fail(e, 400, c->field, "'%s' is too long", c->field);
+        if (json_string_length(c->val) > SRV_GRAMMAR_MAX_BYTES)
+            return srv_fail(e, 400, c->field, "'%s' is %zu bytes: over the compile budget of %lld", c->field,
+                            json_string_length(c->val), SRV_GRAMMAR_MAX_BYTES);
         if (!(src = strdup(json_string_value(c->val)))) return srv_fail(e, 500, c->field, "out of memory");
         break;
     }
-    rc = srv_compile_constraint(s, c->kind, src, src ? strlen(src) : 0, c->field, out, e);
+    rc = srv_compile_constraint(s, client_fd, c->kind, src, src ? strlen(src) : 0, c->field, out, e);
     free(src);
     return rc;
 }

@@ -156,10 +156,7 @@ static json_t *tags_for(const srv_tools *t, tag_fn mk, srv_verr *e) {
         json_t *fn = json_object_get(x, "function");
         const char *name = json_string_value(json_object_get(fn, "name"));
         json_t *params = json_object_get(fn, "parameters");
-        if (params && srv_schema_check(params, "tools", e)) {
-            json_decref(tags);
-            return NULL;
-        }
+        (void)e; /* the schemas were checked together (srv_tools_grammar) */
         json_t *tag = NULL;
         if (mk(fn, name, params, &tag) || json_array_append_new(tags, tag)) goto oom;
     }
@@ -239,16 +236,26 @@ static json_t *mistral_grammar(const srv_tool_format *f, const srv_tools *t, srv
                      !t->parallel, "type", "const_string", "value", "]");
 }
 
-int srv_tools_grammar(srv_server *s, const srv_tools *t, gram_grammar **out, srv_verr *e) {
+int srv_tools_grammar(srv_server *s, const srv_tools *t, int client_fd, gram_grammar **out, srv_verr *e) {
     if (t->choice != SRV_TOOL_REQUIRED && t->choice != SRV_TOOL_NAMED) return 0; /* *out untouched */
     *out = NULL;
     const srv_tool_format *f = srv_tool_format_for(s);
+    /* every schema of the grammar under one budget: 128 tools must not
+     * cost 128 times the worst compile */
+    json_t *all[128];
+    size_t n_all = 0, i;
+    json_t *x;
+    json_array_foreach(t->tools, i, x) {
+        json_t *params = json_object_get(json_object_get(x, "function"), "parameters");
+        if ((t->choice != SRV_TOOL_NAMED || (int)i + 1 == t->named) && params && n_all < 128) all[n_all++] = params;
+    }
+    if (srv_schemas_check(all, n_all, "tools", e)) return -1;
     json_t *st = f->grammar(f, t, e);
     if (!st) return e->status ? -1 : srv_fail(e, 500, "tools", "out of memory");
     char *src = json_dumps(st, JSON_COMPACT);
     json_decref(st);
     if (!src) return srv_fail(e, 500, "tools", "out of memory");
-    int rc = srv_compile_constraint(s, GRAM_STRUCTURAL, src, strlen(src), "tool_choice", out, e);
+    int rc = srv_compile_constraint(s, client_fd, GRAM_STRUCTURAL, src, strlen(src), "tool_choice", out, e);
     free(src);
     return rc;
 }
@@ -310,10 +317,12 @@ static json_t *hermes_parse(const srv_tool_format *f, const json_t *tools, const
         json_t *call = call_new(json_string_value(nm), json_string_length(nm), ar ? ar : empty);
         json_decref(empty);
         json_decref(obj);
-        if (!call || json_array_append_new(calls, call) || srv_text_put(rest, p, (size_t)(b - p))) goto fail;
+        if (!call || json_array_append_new(calls, call) ||
+            (json_array_size(calls) == 1 && srv_text_put(rest, p, (size_t)(b - p))))
+            goto fail;
         p = e ? e + el : end;
     }
-    if (srv_text_put(rest, p, (size_t)(end - p))) goto fail;
+    if (json_array_size(calls) == 0 && srv_text_put(rest, p, (size_t)(end - p))) goto fail;
     return calls;
 fail:
     json_decref(calls);
@@ -410,10 +419,12 @@ static json_t *coder_parse(const srv_tool_format *f, const json_t *tools, const 
         json_t *call = ok ? call_new(nm, (size_t)(ne - nm), args) : NULL;
         json_decref(args);
         if (!ok) break;
-        if (!call || json_array_append_new(calls, call) || srv_text_put(rest, p, (size_t)(b - p))) goto fail;
+        if (!call || json_array_append_new(calls, call) ||
+            (json_array_size(calls) == 1 && srv_text_put(rest, p, (size_t)(b - p))))
+            goto fail;
         p = q;
     }
-    if (srv_text_put(rest, p, (size_t)(end - p))) goto fail;
+    if (json_array_size(calls) == 0 && srv_text_put(rest, p, (size_t)(end - p))) goto fail;
     return calls;
 fail:
     json_decref(calls);
@@ -449,7 +460,7 @@ static json_t *mistral_parse(const srv_tool_format *f, const json_t *tools, cons
             json_decref(arr);
             break;
         }
-        if (srv_text_put(rest, p, (size_t)(b - p))) goto fail_arr;
+        if (json_array_size(calls) == 0 && srv_text_put(rest, p, (size_t)(b - p))) goto fail_arr;
         json_array_foreach(arr, i, x) {
             json_t *nm = json_object_get(x, f->name_key), *ar = json_object_get(x, f->args_key);
             json_t *empty = json_object();
@@ -464,7 +475,7 @@ static json_t *mistral_parse(const srv_tool_format *f, const json_t *tools, cons
         json_decref(arr);
         goto fail;
     }
-    if (srv_text_put(rest, p, (size_t)(end - p))) goto fail;
+    if (json_array_size(calls) == 0 && srv_text_put(rest, p, (size_t)(end - p))) goto fail;
     return calls;
 fail:
     json_decref(calls);
@@ -491,22 +502,20 @@ json_t *srv_tool_calls_parse_typed(const srv_tool_format *f, const json_t *tools
             goto out;
         }
     }
-    /* content around the calls, trimmed of the whitespace between them */
-    size_t a = 0, rl = rest.len;
-    while (a < rl && isspace((unsigned char)rest.p[a]))
-        a++;
-    while (rl > a && isspace((unsigned char)rest.p[rl - 1]))
-        rl--;
-    char *c = malloc(rl - a + 1);
+    /* Content is the text before the first call, as it is (a stream has
+     * sent exactly that by then: each row's hold-back rule stops at the
+     * first begin marker); what follows the calls, a call cut at
+     * max_tokens included, is not content, streamed or not. */
+    char *c = malloc(rest.len + 1);
     if (!c) {
         json_decref(calls);
         calls = NULL;
         goto out;
     }
-    if (rl > a) memcpy(c, rest.p + a, rl - a);
-    c[rl - a] = 0;
+    if (rest.len) memcpy(c, rest.p, rest.len);
+    c[rest.len] = 0;
     *content = c;
-    *content_len = rl - a;
+    *content_len = rest.len;
 out:
     json_decref(raw);
     srv_text_free(&rest);

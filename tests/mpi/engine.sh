@@ -163,8 +163,12 @@ if start_server; then
         curl -s -m 60 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
             -d '{"model":"demo","prompt":"Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello","max_tokens":2}' >/dev/null
     done
-    curl -s -m 120 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"model":"demo","prompt":"Hello","max_tokens":400,"ignore_eos":true}' >/dev/null 2>&1 &
+    # in flight when the rank dies: a whole answer and a stream (issue 47: both must hear why)
+    curl -s -m 120 -w ' %{http_code}' "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"demo","prompt":"Hello","max_tokens":400,"ignore_eos":true}' >"$tmp/inflight.json" 2>&1 &
+    curl -s -N -m 120 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"demo","prompt":"Hello","max_tokens":400,"ignore_eos":true,"stream":true}' \
+        >"$tmp/inflight.sse" 2>&1 &
     sleep 1
     victim=
     for p in $(pgrep -f "echo-serve --model $demo --tp 2 --port $port"); do
@@ -186,6 +190,16 @@ if start_server; then
         else bad "killed rank 1: job still up after ${dt}s or no message: $(tail -5 "$tmp/srv.log")"; fi
         if grep -q "rank 1 (pid $victim on .*) has exited.* 503 *$" "$tmp/health.log"; then ok
         else bad "killed rank 1: rank 0's /health never said why: $(sort -u "$tmp/health.log" | head -3)"; fi
+        sleep 0.5 # the curls write what they got
+        if grep -q '"code":503.* 503$' "$tmp/inflight.json" && grep -q "rank 1 (pid $victim" "$tmp/inflight.json"; then ok
+        else bad "killed rank 1: the whole answer in flight was not a 503 naming rank 1: $(tail -c 300 "$tmp/inflight.json")"; fi
+        if python3 - "$tmp/inflight.sse" "$victim" <<'PY'; then ok; else bad "killed rank 1: the stream in flight did not end with an error naming rank 1 then [DONE]: $(tail -c 300 "$tmp/inflight.sse")"; fi
+import json, sys
+ev = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert ev and ev[-1] == "[DONE]", ev[-3:]
+err = json.loads(ev[-2]).get("error", {})
+assert err.get("code") == 503 and f"rank 1 (pid {sys.argv[2]}" in err.get("message", ""), ev[-2]
+PY
     else
         bad "killed rank: no rank-1 process found"
     fi

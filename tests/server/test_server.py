@@ -1637,6 +1637,121 @@ def to_json(x):
     return json.dumps(x).encode()
 
 
+def adv_text(x):
+    """An adversarial string as text (schemas are built and dumped as Python JSON)."""
+    return x.decode("utf-8", "replace") if isinstance(x, bytes) else x[1] if isinstance(x, tuple) else str(x)
+
+
+def gen_schema(rng, adv, depth=0):
+    """A random JSON schema for the structured-output property: well-formed and malformed, the
+    keywords xgrammar enforces and those it does not, $ref chains, cycles, fan-outs and remote
+    refs, siblings beside $ref/anyOf/const, contradictions, odd counts and adversarial text."""
+    A = lambda: adv_text(rng.choice(adv))
+    S = lambda: gen_schema(rng, adv, depth + 1) if depth < 4 else {"type": rng.choice(["integer", "string"])}
+    r = rng.random()
+    if r < 0.05:
+        return rng.choice([True, False, None, 3, "x", [], {}])
+    if r < 0.12:  # a $ref chain (sometimes far past the nesting budget), a cycle, a fan-out
+        n = rng.choice([2, 5, 40, 300, 1500])
+        d = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
+        d[f"d{n}"] = rng.choice([{"type": "integer"}, {"$ref": "#/$defs/d0"}, S()])
+        if rng.random() < 0.3:
+            d = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"},
+                                                            "b": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)}
+            d[f"d{n}"] = {"type": "integer"}
+        return {"$defs": d, "$ref": "#/$defs/d0"}
+    if r < 0.16:
+        return {"$ref": rng.choice(["http://example.com/s.json", "#/nope", "#/$defs/" + A(), "s.json#/a", A(), "#"]),
+                "$defs": {"x": S()}}
+    t = rng.choice(["object", "object", "array", "string", "integer", "number", "boolean", "null", None, ["string", "null"]])
+    sch = {} if t is None else {"type": t}
+    if t == "object":
+        k = rng.choice([0, 1, 3, 8, 300])
+        props = ({f"p{i}": {"type": "integer"} for i in range(k)} if k == 300 else  # past the properties budget
+                 {(A()[:40] if rng.random() < 0.3 else f"p{i}"): S() for i in range(k)})
+        sch["properties"] = props
+        if rng.random() < 0.5:
+            keys = list(props)
+            sch["required"] = rng.sample(keys, min(len(keys), rng.randint(0, 2))) + ([A()] if rng.random() < 0.2 else [])
+        if rng.random() < 0.3:
+            sch["additionalProperties"] = rng.choice([False, True, S()])
+    elif t == "array":
+        sch["items"] = S()
+        if rng.random() < 0.3:
+            sch["minItems"] = rng.choice([-1, 0, 1, 2, 1.5, "2"])
+        if rng.random() < 0.3:
+            sch["maxItems"] = rng.choice([0, 1, 3])
+        if rng.random() < 0.2:
+            sch["prefixItems"] = [S()]
+    elif t == "string":
+        if rng.random() < 0.3:
+            sch["pattern"] = rng.choice(["^[a-z]{1,5}$", "^\\t$", "(", "^\\d+$", A()[:60]])
+        if rng.random() < 0.3:
+            sch["format"] = rng.choice(["email", "date", "uuid", "phone", A()[:20]])
+        if rng.random() < 0.3:
+            sch[rng.choice(["minLength", "maxLength"])] = rng.choice([-1, 0, 3, 10, 2**40])
+    elif t in ("integer", "number"):
+        for kw in ("minimum", "maximum", "exclusiveMinimum", "multipleOf"):
+            if rng.random() < 0.25:
+                sch[kw] = rng.choice([-5, 0, 3, 2.5, 1e300, "3"])
+    if rng.random() < 0.15:
+        sch["enum"] = [rng.choice([A(), 1, None, True, [1], {"a": 1}]) for _ in range(rng.randint(0, 4))]
+    if rng.random() < 0.1:
+        sch["const"] = rng.choice([A(), 3, None, {"a": [1]}])
+    if rng.random() < 0.12:
+        sch[rng.choice(["anyOf", "oneOf", "allOf"])] = [S() for _ in range(rng.randint(0, 3))]
+    if rng.random() < 0.08:  # beside a $ref: siblings xgrammar would ignore
+        sch["$defs"] = {"s": S()}
+        sch["$ref"] = "#/$defs/s"
+    if rng.random() < 0.08:
+        sch[rng.choice(["not", "if", "uniqueItems", "contains", "dependentRequired", "$anchor", A()[:30]])] = S()
+    return sch
+
+
+def gen_constraint(rng, adv):
+    """One structured-output field of a request: a schema, choices, a regex, a grammar, or several."""
+    A = lambda: adv_text(rng.choice(adv))
+    r = rng.random()
+    if r < 0.45:
+        field = rng.choice(["guided_json", "structured_outputs", "response_format"])
+        sch = gen_schema(rng, adv)
+        if field == "structured_outputs":
+            return {field: rng.choice([{"json": sch}, {}, {"json": sch, "regex": "a"}, {"json_object": rng.choice([True, 1])}])}
+        if field == "response_format":
+            return {field: {"type": "json_schema", "json_schema": {"name": "x", "schema": sch}}}
+        return {field: rng.choice([sch, json.dumps(sch), json.dumps(sch)[:-1]])}  # a schema, its text, cut text
+    if r < 0.65:
+        n = rng.choice([0, 1, 3, 20, 2000])
+        ch = [rng.choice([A(), "yes", "", 3, None]) for _ in range(min(n, 20))] if n < 2000 else [f"c{i}" for i in range(n)]
+        return {rng.choice(["guided_choice", "structured_outputs"]): ch} if rng.random() < 0.8 else {"structured_outputs": {"choice": ch}}
+    if r < 0.82:
+        rx = rng.choice(["[a-z]+", "(a|b)*c", "(", "a{1000000}", "\\d{3}-\\d{4}", A()[:200], "(" * 200 + ")" * 200])
+        return rng.choice([{"guided_regex": rx}, {"structured_outputs": {"regex": rx}}])
+    g = rng.choice(['root ::= "a" | "b"', "root ::= missing", 'root ::= "x" root | "y"', A()[:200],
+                    "root ::= " + " | ".join(f'"{i}"' for i in range(rng.choice([2, 500])))])
+    return rng.choice([{"guided_grammar": g}, {"structured_outputs": {"grammar": g}}])
+
+
+def gen_tools(rng, adv):
+    """tools / tool_choice / tool messages, well-formed and not."""
+    A = lambda: adv_text(rng.choice(adv))
+    tools = [{"type": "function", "function": {"name": rng.choice(["f", "get_weather", A()[:70]]),
+                                               "parameters": gen_schema(rng, adv) if rng.random() < 0.8 else A()}}
+             for _ in range(rng.randint(0, 3))]
+    body = {"tools": tools, "tool_choice": rng.choice(["auto", "required", "none", {"type": "function", "function": {
+        "name": "f"}}, A()])}
+    if rng.random() < 0.4:
+        cid = rng.choice(["call_1", A()])
+        body["messages"] = [{"role": "user", "content": "hi"},
+                            {"role": "assistant", "content": None, "tool_calls": [
+                                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                            rng.choice([{"role": "tool", "content": "r"}, {"role": "tool", "tool_call_id": cid,
+                                                                           "content": "r"}])]
+    if rng.random() < 0.3:
+        body["parallel_tool_calls"] = rng.choice([True, False])
+    return body
+
+
 def props_bodies(rng, name, adv):
     """(path, body) pairs: one adversarial string in one string field (or key) of a valid request."""
     msg = lambda **kw: dict({"role": "user", "content": "hi"}, **kw)
@@ -1696,6 +1811,12 @@ def props_bodies(rng, name, adv):
         ("/detokenize", lambda: {"model": A(), "tokens": [1, 2]}),
         ("/detokenize", lambda: {"tokens": A()}),
         ("/detokenize", lambda: {"tokens": [1], A(): 1}),
+        # issue 47: structured outputs and tools (schemas, choices, regexes, grammars, tool calls)
+        ("/v1/completions", lambda: dict(base_c(), **gen_constraint(rng, adv))),
+        ("/v1/completions", lambda: dict(base_c(), **gen_constraint(rng, adv), stream=True)),
+        ("/v1/chat/completions", lambda: dict(base_h(), **gen_constraint(rng, adv))),
+        ("/v1/chat/completions", lambda: dict(base_h(), **gen_tools(rng, adv))),
+        ("/v1/chat/completions", lambda: dict(base_h(), max_tokens=8, stream=rng.random() < 0.5, **gen_tools(rng, adv))),
     ]
     path, mk = rng.choice(makers)
     return path, to_json(mk())
@@ -1764,6 +1885,10 @@ def props_section(S, name, n=None, seed=None):
         elif st >= 400:
             if not is_error_shape(strict_json(resp), st):
                 why = f"{st} not JSON in the error shape"
+        elif hd.get("content-type", "").startswith("text/event-stream"):  # every event JSON, then [DONE]
+            ev = [ln[6:] for ln in resp.split(b"\n") if ln.startswith(b"data: ")]
+            if not ev or ev[-1] != b"[DONE]" or any(strict_json(e) is None for e in ev[:-1]):
+                why = f"{st} stream: an event not JSON, or no [DONE]"
         elif tgt.split(b"?")[0] in json_get or meth == b"POST" or tgt.startswith(b"/v1/models/"):
             if strict_json(resp) is None:
                 why = f"{st} body not valid JSON"
