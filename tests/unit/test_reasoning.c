@@ -148,29 +148,29 @@ typedef struct tc_case {
     const char *fmt;
     const char *text;
     const char *calls;   /* JSON: [[name, arguments object], ...], or NULL: no call */
-    const char *content; /* the text around them (trimmed) */
+    const char *content; /* the text before the first call, as it is (what a stream sent) */
 } tc_case;
 
 /* clang-format off */
 static const tc_case TC[] = {
     {"hermes", "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>",
-     "[[\"get_weather\", {\"city\": \"Paris\", \"days\": 3}]]", "Sure."},
+     "[[\"get_weather\", {\"city\": \"Paris\", \"days\": 3}]]", "Sure.\n"},
     {"hermes", "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": [1]}}\n</tool_call>",
      "[[\"a\", {}], [\"b\", {\"x\": [1]}]]", ""},
     {"hermes", "no call <tool_call>\n{\"nam\": 1}\n</tool_call>", NULL, NULL},
     {"qwen3_coder", "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
-     "[[\"get_weather\", {\"city\": \"New York\", \"days\": 3}]]", "Let me check."},
+     "[[\"get_weather\", {\"city\": \"New York\", \"days\": 3}]]", "Let me check.\n"},
     {"qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=opts>\n{\"metric\": true}\n</parameter>\n<parameter=flag>\ntrue\n</parameter>\n<parameter=extra>\n7\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=noop>\n</function>\n</tool_call>",
      "[[\"get_weather\", {\"city\": \"42\", \"opts\": {\"metric\": true}, \"flag\": true, \"extra\": \"7\"}], [\"noop\", {}]]", ""},
     {"qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nmulti\nline\n</parameter>\n</function>\n</tool_call> after",
-     "[[\"get_weather\", {\"city\": \"multi\\nline\"}]]", "after"},
+     "[[\"get_weather\", {\"city\": \"multi\\nline\"}]]", ""},
     {"qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n Rome \n</parameter>\n<parameter=days> 2 </parameter>\n</function>\n</tool_call>",
      "[[\"get_weather\", {\"city\": \"Rome\", \"days\": 2}]]", ""},
     {"qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis", NULL, NULL},
     {"mistral", "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 1}}, {\"name\": \"noop\", \"arguments\": {}}]",
      "[[\"get_weather\", {\"city\": \"Paris\", \"days\": 1}], [\"noop\", {}]]", ""},
     {"mistral", "Checking. [TOOL_CALLS] {\"name\": \"noop\", \"arguments\": {}} done",
-     "[[\"noop\", {}]]", "Checking.  done"},
+     "[[\"noop\", {}]]", "Checking. "},
     {"mistral", "[TOOL_CALLS][{\"name\": 5}]", NULL, NULL},
 };
 /* clang-format on */
