@@ -21,7 +21,8 @@ static uint64_t config_key(const eng_config *c) {
     for (const char *p = c->model_dir ? c->model_dir : ""; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ull;
     const int v[] = {c->tp,       (int)c->allreduce, c->echo_group,    (int)c->echo_codec,
-                     c->quantize, c->act_quant,      c->kv_block_size, (int)c->echo_min_bytes};
+                     c->quantize, c->act_quant,      c->kv_block_size, (int)c->echo_min_bytes,
+                     (int)c->kv_dtype};
     for (size_t i = 0; i < sizeof v / sizeof *v; i++)
         h = (h ^ (uint32_t)v[i]) * 1099511628211ull;
     return h;
@@ -302,7 +303,8 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
                               c->act_quant == ENG_ACT_Q8     ? 1
                               : c->act_quant == ENG_ACT_AUTO ? 2
                               : c->act_quant == ENG_ACT_Q8_0_ONLY ? 3
-                                                                  : 0};
+                                                                  : 0,
+                              c->kv_dtype};
         char merr[768];
         if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
             snprintf(err, errlen, "%s", merr);

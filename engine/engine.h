@@ -50,6 +50,9 @@ typedef struct eng_config {
     int max_num_seqs;     /* concurrent sequences, default 8 */
     int max_batch_tokens; /* tokens per step, default max(max_model_len, 512) */
     int kv_blocks;        /* 0 = enough for max_num_seqs full sequences */
+    /* What the KV cache stores (kernels.h): KERN_KV_NATIVE (0) = the
+     * backend's act dtype (fp32 on cpu); the programs' auto is bf16. */
+    kern_kv_dtype kv_dtype;
     /* All-reduce transport when tp > 1: "auto" (default), "local",
      * "nccl" or "mpi" (ranks as processes under mpirun, which auto picks
      * there; see eng_follow). cpu: local (threads over host memory) only. cuda: nccl puts

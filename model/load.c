@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kv.h"
 #include "model/internal.h"
 
 /* The tensors of a decoder, by their names in each checkpoint format
@@ -452,7 +453,14 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     }
     m->kv_blocks = o->kv_blocks;
     m->kv_block_size = o->kv_block_size;
-    size_t kv_layer = (size_t)o->kv_blocks * o->kv_block_size * m->hkv * hd * kern_dtype_size(m->ops->act_dtype);
+    m->kv_dtype = kern_kv_resolve(m->ops, o->kv_dtype);
+    const char *why = kern_kv_invalid(m->kv_dtype, (int)hd);
+    if (why) {
+        snprintf(err, errlen, "--kv-cache-dtype %s: %s (this model's head_dim is %d)", kern_kv_dtype_name(m->kv_dtype),
+                 why, (int)hd);
+        goto fail;
+    }
+    size_t kv_layer = (size_t)o->kv_blocks * o->kv_block_size * kern_kv_row_bytes(m->kv_dtype, m->hkv, (int)hd);
     for (int l = 0; l < c->num_layers; l++) {
         m->kc[l] = m->ops->alloc(m->be, kv_layer);
         m->vc[l] = m->ops->alloc(m->be, kv_layer);

@@ -15,13 +15,16 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/kv.h"
 
 #define ATT_QBLOCK 64
 #define ATT_GMAX 8 /* query heads per cpu_wsum_m call (it takes them four at a time) */
 #define ATT_PACK_MIN 4 /* queries in a task from which it packs its kv head's keys and values */
 
 int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
-                 int kvdim) {
+                 int hkv, int hd, kern_kv_dtype dt) {
+    if (dt != KERN_KV_F32) return kern_fail(be, "kv_store: KV cache dtype %s not implemented on cpu", kern_kv_dtype_name(dt));
+    int kvdim = hkv * hd;
     float *K = kc, *V = vc;
     const float *ks = k, *vs = v;
     for (int i = 0; i < n; i++) {
@@ -160,7 +163,8 @@ out:
 }
 
 int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
-                  int hq, int hkv, int hd, float scale) {
+                  int hq, int hkv, int hd, float scale, kern_kv_dtype dt) {
+    if (dt != KERN_KV_F32) return kern_fail(be, "attention: KV cache dtype %s not implemented on cpu", kern_kv_dtype_name(dt));
     if (hkv <= 0 || hq % hkv)
         return kern_fail(be, "attention: %d query heads not a multiple of %d kv heads", hq, hkv);
     if (b->block_size <= 0 || b->max_blocks <= 0) return kern_fail(be, "attention: bad paging geometry");
