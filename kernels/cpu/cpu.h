@@ -190,6 +190,11 @@ int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w
 int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, const kern_rope *rope);
 int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
                  int hkv, int hd, kern_kv_dtype dt);
+/* kvcache.c: n cache rows of one kv head (src rows ld bytes apart) of
+ * type dt widened to fp32 rows ldd floats apart: kern_kv_load_ref's values
+ * on every isa. */
+void cpu_kv_load_rows(int isa, kern_kv_dtype dt, const uint8_t *src, size_t ld, int n, int hd, float *dst,
+                      size_t ldd);
 int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
                   int hq, int hkv, int hd, float scale, kern_kv_dtype dt);
 int cpu_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
