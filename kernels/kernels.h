@@ -417,6 +417,15 @@ typedef struct kern_ops {
      * free_weight. Errors: a type the backend cannot produce or read,
      * cols not a multiple of the block. */
     int (*upload_quantized)(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev);
+
+    /* ---- KV cache memory (optional: NULL means alloc / free) ----
+     * Zero-initialised memory for a KV cache whose pages cost nothing
+     * until first written, so a process's memory follows the blocks in use
+     * (cpu: an anonymous mapping on 4 KiB pages, never memset; huge pages
+     * would make each layer's first block cost 2 MiB). Release with
+     * free_kv (the same size). */
+    void *(*alloc_kv)(kern_backend *be, size_t bytes);
+    void (*free_kv)(kern_backend *be, void *p, size_t bytes);
 } kern_ops;
 
 #define KERN_TOPK_MAX 64

@@ -462,8 +462,8 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     }
     size_t kv_layer = (size_t)o->kv_blocks * o->kv_block_size * kern_kv_row_bytes(m->kv_dtype, m->hkv, (int)hd);
     for (int l = 0; l < c->num_layers; l++) {
-        m->kc[l] = m->ops->alloc(m->be, kv_layer);
-        m->vc[l] = m->ops->alloc(m->be, kv_layer);
+        m->kc[l] = m->ops->alloc_kv ? m->ops->alloc_kv(m->be, kv_layer) : m->ops->alloc(m->be, kv_layer);
+        m->vc[l] = m->ops->alloc_kv ? m->ops->alloc_kv(m->be, kv_layer) : m->ops->alloc(m->be, kv_layer);
         if (!m->kc[l] || !m->vc[l]) {
             snprintf(err, errlen, "out of memory for the KV cache (%d blocks of %d tokens: %zu bytes per layer)",
                      o->kv_blocks, o->kv_block_size, 2 * kv_layer);
@@ -482,8 +482,12 @@ void model_free(model *m) {
     if (m->ops) {
         model_priv_scratch_free(m);
         for (int l = 0; m->kc && l < m->cfg.num_layers; l++) {
-            if (m->kc[l]) m->ops->free(m->be, m->kc[l]);
-            if (m->vc[l]) m->ops->free(m->be, m->vc[l]);
+            size_t kv_layer = (size_t)m->kv_blocks * m->kv_block_size *
+                              kern_kv_row_bytes(m->kv_dtype, m->hkv, m->cfg.head_dim);
+            void *kv[2] = {m->kc[l], m->vc[l]};
+            for (int j = 0; j < 2; j++)
+                if (kv[j] && m->ops->free_kv) m->ops->free_kv(m->be, kv[j], kv_layer);
+                else if (kv[j]) m->ops->free(m->be, kv[j]);
         }
         /* free_weight is a no-op for views the backend aliases (cpu). */
         if (m->layers) {

@@ -84,6 +84,9 @@ int cpu_copy_weight(kern_backend *be, const kern_weight *host, kern_weight *dev)
 
 /* Track / release (if tracked) a backend-owned allocation. pool.c. */
 int cpu_owned_add(kern_backend *be, void *p);
+/* mem.c: kern_ops.alloc_kv / free_kv. */
+void *cpu_alloc_kv(kern_backend *be, size_t bytes);
+void cpu_free_kv(kern_backend *be, void *p, size_t bytes);
 void cpu_owned_release(kern_backend *be, const void *p);
 
 void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
