@@ -98,19 +98,21 @@ static void on_signal(int sig) {
     g_stop = 1;
 }
 
+/* Greedy examples (temperature 0): a small model sampled at the API's
+ * default temperature 1 answers a new user's first question with noise. */
 static void print_examples(const char *host, int port, const char *name, const char *key) {
     char auth[512] = "";
     if (key) snprintf(auth, sizeof auth, " -H 'Authorization: Bearer %s'", key);
     const char *h = strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 ? "127.0.0.1" : host;
     printf("\necho-serve is ready on http://%s:%d (model \"%s\")\n\n", h, port, name);
     printf("  curl http://%s:%d/v1/chat/completions%s -H 'Content-Type: application/json' \\\n"
-           "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
-           "\"max_tokens\": 32}'\n\n",
+           "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of "
+           "France?\"}], \"max_tokens\": 32, \"temperature\": 0}'\n\n",
            h, port, auth, name);
     printf("  python3 -c 'from openai import OpenAI\n"
            "c = OpenAI(base_url=\"http://%s:%d/v1\", api_key=\"%s\")\n"
-           "for ch in c.chat.completions.create(model=\"%s\", stream=True, max_tokens=32,\n"
-           "        messages=[{\"role\": \"user\", \"content\": \"Hello!\"}]):\n"
+           "for ch in c.chat.completions.create(model=\"%s\", stream=True, max_tokens=32, temperature=0,\n"
+           "        messages=[{\"role\": \"user\", \"content\": \"Name three primary colors.\"}]):\n"
            "    print(ch.choices[0].delta.content or \"\", end=\"\", flush=True)\n"
            "print()'\n\n",
            h, port, key ? key : "none", name);
