@@ -124,7 +124,11 @@ int eng_priv_kv_memory(eng_config *c, char *err, size_t errlen) {
     return 0;
 }
 
-static void fill_defaults(eng_config *c, const model_config *mc) {
+/* Returns 1 when the budget (kv_cache_memory) sized the pool: an explicit
+ * kv_blocks wins over it (a server then warns when it holds fewer than
+ * max_model_len tokens). */
+static int fill_defaults(eng_config *c, const model_config *mc) {
+    int from_budget = 0;
     if (!c->device) c->device = "cpu";
     if (!c->transport) c->transport = "auto";
     if (c->tp <= 0) c->tp = 1;
@@ -140,13 +144,17 @@ static void fill_defaults(eng_config *c, const model_config *mc) {
         long long total = per * c->max_num_seqs;
         if (c->kv_cache_memory > 0) { /* the budget is a ceiling: what fits, if fewer */
             size_t fit = c->kv_cache_memory / eng_kv_block_bytes(c, mc);
-            if ((unsigned long long)fit < (unsigned long long)total) total = (long long)fit;
+            if ((unsigned long long)fit < (unsigned long long)total) {
+                total = (long long)fit;
+                from_budget = 1;
+            }
         }
         c->kv_blocks = total > (1 << 30) ? (1 << 30) : (int)total;
     }
+    return from_budget;
 }
 
-static int check_limits(const eng_config *c, const model_config *mc, char *err, size_t errlen) {
+static int check_limits(const eng_config *c, const model_config *mc, int from_budget, char *err, size_t errlen) {
     if (c->max_model_len > mc->max_position_embeddings) {
         snprintf(err, errlen, "max model length %d exceeds the model's max_position_embeddings %d", c->max_model_len,
                  mc->max_position_embeddings);
@@ -157,7 +165,7 @@ static int check_limits(const eng_config *c, const model_config *mc, char *err, 
                               "batch tokens <= 16M, tp <= 64)");
         return -1;
     }
-    if (c->kv_cache_memory > 0 && (long long)c->kv_blocks * c->kv_block_size < c->max_model_len) {
+    if (from_budget && (long long)c->kv_blocks * c->kv_block_size < c->max_model_len) {
         size_t bb = eng_kv_block_bytes(c, mc), tok = bb / (size_t)c->kv_block_size;
         long long need = ((long long)c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
         snprintf(err, errlen,
@@ -216,8 +224,8 @@ static int pick_transport(eng_config *c, int *gpu_per_rank, char *err, size_t er
 static int create_prep(eng *e, int *gpu_per_rank, char *err, size_t errlen) {
     eng_config *c = &e->cfg;
     if (model_config_load(c->model_dir, &e->mc, err, errlen)) return -1;
-    fill_defaults(c, &e->mc);
-    if (check_limits(c, &e->mc, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) return -1;
+    int from_budget = fill_defaults(c, &e->mc);
+    if (check_limits(c, &e->mc, from_budget, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) return -1;
     if (e->procs) {
         int n = echo_proc_count();
         if (c->tp != n) {
