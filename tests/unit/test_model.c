@@ -443,7 +443,7 @@ START_TEST(test_cli_json_matches_reference) {
             o += (size_t)snprintf(ids + o, sizeof ids - o, "%s%d", i ? "," : "", p->prompt[i]);
         snprintf(cmd, sizeof cmd,
                  "%s/echo-generate --model %s --prompt-tokens %s --max-tokens 32 --temperature 0 "
-                 "--top-logprobs 5 --ignore-eos --json --threads 2 --act-quant none",
+                 "--top-logprobs 5 --ignore-eos --json --threads 2 --act-quant none --kv-cache-dtype fp32",
                  bin_dir(), names[mi], ids);
         int st;
         char *out = tu_run(cmd, &st);
