@@ -470,6 +470,12 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
             goto fail;
         }
     }
+    /* an empty store: the backend refuses a cache type it does not
+     * implement now, at start-up, rather than at the first step */
+    if (c->num_layers > 0 && m->ops->kv_store(m->be, m->kc[0], m->vc[0], NULL, NULL, NULL, 0, m->hkv, (int)hd, m->kv_dtype)) {
+        snprintf(err, errlen, "--kv-cache-dtype %s: %s", kern_kv_dtype_name(m->kv_dtype), kern_last_error(m->be));
+        goto fail;
+    }
     *out = m;
     return 0;
 fail:
