@@ -419,7 +419,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
             ri.act_q8_matrices ? ", 8-bit activations on the quantized matrices (integer kernels; --act-quant none: exact)"
                                : "", ar,
             c->tp > 1 ? c->transport : "no", ov, slot_mb, u.total_blocks, u.block_size, kern_kv_dtype_name(c->kv_dtype),
-            u.block_bytes / (size_t)u.block_size, kv_mb, pc, c->max_model_len,
+            u.block_size ? u.block_bytes / (size_t)u.block_size : 0, kv_mb, pc, c->max_model_len,
             c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
     if (c->kv_mem_available)
         srv_log(s, SRV_LOG_INFO,
