@@ -132,6 +132,7 @@ int32_t eng_blocks_take(eng_blocks *p) {
         return -1;
     }
     p->ref[b] = 1;
+    if (b + 1 > p->touched) p->touched = b + 1;
     return b;
 }
 

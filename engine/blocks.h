@@ -37,6 +37,10 @@ typedef struct eng_blocks {
     int32_t lru_head, lru_tail; /* head: evicted first */
     int n_cached, n_evictable;
     long long evicted;
+    /* 1 + the highest id ever taken: with the pop order below and freed
+     * ids pushed back on top, exactly the blocks ever handed out (whose
+     * cache pages have been written) */
+    int touched;
 } eng_blocks;
 
 /* 0, or -1 when out of memory. Pop order 0, 1, 2, ... */

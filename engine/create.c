@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
+#include "kernels/kv.h"
 #include "engine/overlap.h"
 
 /* What the cached KV depends on besides the tokens (blocks.h's key): fixed
@@ -21,7 +22,8 @@ static uint64_t config_key(const eng_config *c) {
     for (const char *p = c->model_dir ? c->model_dir : ""; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ull;
     const int v[] = {c->tp,       (int)c->allreduce, c->echo_group,    (int)c->echo_codec,
-                     c->quantize, c->act_quant,      c->kv_block_size, (int)c->echo_min_bytes};
+                     c->quantize, c->act_quant,      c->kv_block_size, (int)c->echo_min_bytes,
+                     (int)c->kv_dtype, (int)(c->kv_cache_memory >> 20)};
     for (size_t i = 0; i < sizeof v / sizeof *v; i++)
         h = (h ^ (uint32_t)v[i]) * 1099511628211ull;
     return h;
@@ -72,7 +74,61 @@ static int host_device(const char *device) {
     return b && b->host;
 }
 
-static void fill_defaults(eng_config *c, const model_config *mc) {
+/* The KV heads one rank holds: its share, or one replicated head when tp
+ * exceeds them (model_check_tp). */
+static int rank_kv_heads(const eng_config *c, const model_config *mc) {
+    int tp = c->tp > 0 ? c->tp : 1;
+    return mc->num_kv_heads % tp == 0 ? mc->num_kv_heads / tp : 1;
+}
+
+/* What KERN_KV_NATIVE means on c's device (kern_kv_resolve, before any
+ * backend exists): fp32 on a host backend, bf16 on a GPU. */
+static kern_kv_dtype kv_dtype_of(const eng_config *c) {
+    if (c->kv_dtype != KERN_KV_NATIVE) return c->kv_dtype;
+    const kern_backend_info *b = kern_backend_find(c->device ? c->device : "cpu");
+    return !b || b->host ? KERN_KV_F32 : KERN_KV_BF16;
+}
+
+size_t eng_kv_block_bytes(const eng_config *c, const model_config *mc) {
+    int bs = c->kv_block_size > 0 ? c->kv_block_size : 16;
+    return 2 * (size_t)mc->num_layers * (size_t)bs * kern_kv_row_bytes(kv_dtype_of(c), rank_kv_heads(c, mc), mc->head_dim);
+}
+
+/* MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read. */
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb * 1024;
+}
+
+int eng_priv_kv_memory(eng_config *c, char *err, size_t errlen) {
+    if (c->kv_cache_memory != ENG_KV_MEMORY_AUTO) return 0;
+    const kern_backend_info *b = kern_backend_find(c->device ? c->device : "cpu");
+    if (b && !b->host) { /* a GPU's budget is its memory, not the host's: none yet */
+        c->kv_cache_memory = 0;
+        return 0;
+    }
+    size_t avail = mem_available();
+    if (!avail) {
+        snprintf(err, errlen, "--kv-cache-memory auto: cannot read MemAvailable from /proc/meminfo; give a size in "
+                              "bytes");
+        return -1;
+    }
+    c->kv_mem_available = avail;
+    c->kv_cache_memory = avail / 100 * ENG_KV_AUTO_PERCENT / (size_t)(c->tp > 0 ? c->tp : 1);
+    return 0;
+}
+
+/* Returns 1 when the budget (kv_cache_memory) sized the pool: an explicit
+ * kv_blocks wins over it (a server then warns when it holds fewer than
+ * max_model_len tokens). */
+static int fill_defaults(eng_config *c, const model_config *mc) {
+    int from_budget = 0;
     if (!c->device) c->device = "cpu";
     if (!c->transport) c->transport = "auto";
     if (c->tp <= 0) c->tp = 1;
@@ -82,14 +138,23 @@ static void fill_defaults(eng_config *c, const model_config *mc) {
     if (c->max_batch_tokens <= 0) c->max_batch_tokens = c->max_model_len > 512 ? c->max_model_len : 512;
     if (c->pass_tokens <= 0) c->pass_tokens = ENG_PASS_TOKENS;
     if (c->pass_tokens > c->max_batch_tokens) c->pass_tokens = c->max_batch_tokens;
+    c->kv_dtype = kv_dtype_of(c);
     if (c->kv_blocks <= 0) {
         long long per = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
         long long total = per * c->max_num_seqs;
+        if (c->kv_cache_memory > 0) { /* the budget is a ceiling: what fits, if fewer */
+            size_t fit = c->kv_cache_memory / eng_kv_block_bytes(c, mc);
+            if ((unsigned long long)fit < (unsigned long long)total) {
+                total = (long long)fit;
+                from_budget = 1;
+            }
+        }
         c->kv_blocks = total > (1 << 30) ? (1 << 30) : (int)total;
     }
+    return from_budget;
 }
 
-static int check_limits(const eng_config *c, const model_config *mc, char *err, size_t errlen) {
+static int check_limits(const eng_config *c, const model_config *mc, int from_budget, char *err, size_t errlen) {
     if (c->max_model_len > mc->max_position_embeddings) {
         snprintf(err, errlen, "max model length %d exceeds the model's max_position_embeddings %d", c->max_model_len,
                  mc->max_position_embeddings);
@@ -98,6 +163,17 @@ static int check_limits(const eng_config *c, const model_config *mc, char *err, 
     if (c->kv_block_size > 4096 || c->max_num_seqs > 65536 || c->max_batch_tokens > (1 << 24) || c->tp > 64) {
         snprintf(err, errlen, "engine limits out of range (kv block size <= 4096, max seqs <= 65536, "
                               "batch tokens <= 16M, tp <= 64)");
+        return -1;
+    }
+    if (from_budget && (long long)c->kv_blocks * c->kv_block_size < c->max_model_len) {
+        size_t bb = eng_kv_block_bytes(c, mc), tok = bb / (size_t)c->kv_block_size;
+        long long need = ((long long)c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
+        snprintf(err, errlen,
+                 "--max-model-len %d does not fit the KV pool: --kv-cache-memory %zu bytes per rank holds %lld "
+                 "tokens (%zu bytes per token per rank, %s): lower --max-model-len to %lld or raise "
+                 "--kv-cache-memory to %lld bytes (or a narrower --kv-cache-dtype)",
+                 c->max_model_len, c->kv_cache_memory, (long long)c->kv_blocks * c->kv_block_size, tok,
+                 kern_kv_dtype_name(c->kv_dtype), (long long)c->kv_blocks * c->kv_block_size, need * (long long)bb);
         return -1;
     }
     if (c->max_batch_tokens < 1 || c->max_model_len < 1) {
@@ -148,8 +224,8 @@ static int pick_transport(eng_config *c, int *gpu_per_rank, char *err, size_t er
 static int create_prep(eng *e, int *gpu_per_rank, char *err, size_t errlen) {
     eng_config *c = &e->cfg;
     if (model_config_load(c->model_dir, &e->mc, err, errlen)) return -1;
-    fill_defaults(c, &e->mc);
-    if (check_limits(c, &e->mc, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) return -1;
+    int from_budget = fill_defaults(c, &e->mc);
+    if (check_limits(c, &e->mc, from_budget, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) return -1;
     if (e->procs) {
         int n = echo_proc_count();
         if (c->tp != n) {
@@ -302,7 +378,8 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
                               c->act_quant == ENG_ACT_Q8     ? 1
                               : c->act_quant == ENG_ACT_AUTO ? 2
                               : c->act_quant == ENG_ACT_Q8_0_ONLY ? 3
-                                                                  : 0};
+                                                                  : 0,
+                              c->kv_dtype};
         char merr[768];
         if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
             snprintf(err, errlen, "%s", merr);

@@ -50,6 +50,19 @@ typedef struct eng_config {
     int max_num_seqs;     /* concurrent sequences, default 8 */
     int max_batch_tokens; /* tokens per step, default max(max_model_len, 512) */
     int kv_blocks;        /* 0 = enough for max_num_seqs full sequences */
+    /* What the KV cache stores (kernels.h): KERN_KV_NATIVE (0) = the
+     * backend's act dtype (fp32 on cpu); the programs' auto is bf16. */
+    kern_kv_dtype kv_dtype;
+    /* The KV pool's memory per rank, in bytes: kv_blocks (when 0) becomes
+     * the fewer of what fits in it and max_num_seqs full sequences, and a
+     * max_model_len that does not fit is a start-up error. 0: no budget
+     * (max_num_seqs full sequences). ENG_KV_MEMORY_AUTO: on a host backend
+     * ENG_KV_AUTO_PERCENT % of MemAvailable when eng_create runs, split over
+     * the tp ranks (threads share the host; mpirun processes are counted as
+     * if on one host too); on a GPU backend no budget yet. eng_get_config
+     * reports the bytes, and in kv_mem_available the MemAvailable read. */
+    size_t kv_cache_memory;
+    size_t kv_mem_available;
     /* All-reduce transport when tp > 1: "auto" (default), "local",
      * "nccl" or "mpi" (ranks as processes under mpirun, which auto picks
      * there; see eng_follow). cpu: local (threads over host memory) only. cuda: nccl puts
@@ -148,6 +161,13 @@ typedef struct eng_config {
 #define ENG_FUSE_OFF (-1)
 
 typedef struct eng eng;
+
+#define ENG_KV_MEMORY_AUTO ((size_t)-1)
+#define ENG_KV_AUTO_PERCENT 50
+/* Bytes of KV one block of a rank holds (all layers, keys and values) for
+ * this config (kv_dtype resolved by device: fp32 on a host backend, bf16
+ * on a GPU) and model: the unit of kv_cache_memory. */
+size_t eng_kv_block_bytes(const eng_config *c, const model_config *mc);
 
 int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen);
 
@@ -323,6 +343,9 @@ typedef struct eng_kv_usage {
     int prefix_cache;     /* 1: the prefix cache is on */
     int cached_blocks;    /* in the prefix cache, held or not */
     int evictable_blocks; /* cached, held by no sequence (part of free_blocks) */
+    int used_blocks;      /* holding data: held by a sequence or cached */
+    int touched_blocks;   /* ever handed out (their pages were written: memory the process holds) */
+    size_t block_bytes;   /* KV bytes of one block on one rank (eng_kv_block_bytes) */
     /* since creation: eng_seq_new_prefix calls that looked the cache up,
      * their prompt tokens, the tokens they mapped, blocks evicted */
     long long prefix_queries, prefix_query_tokens, prefix_hit_tokens, evicted_blocks;

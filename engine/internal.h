@@ -110,6 +110,9 @@ int eng_priv_step_reserve(eng *e, int nfull, int ncand, char *err, size_t errlen
 
 /* create.c */
 int eng_priv_create(const eng_config *cfg, int procs, eng **out, char *err, size_t errlen);
+/* create.c: --kv-cache-memory auto (ENG_KV_MEMORY_AUTO) made bytes, from
+ * this host's MemAvailable (eng_config.kv_cache_memory); 0 or -1. */
+int eng_priv_kv_memory(eng_config *c, char *err, size_t errlen);
 
 /* threads.c */
 void *eng_priv_rank_main(void *arg);

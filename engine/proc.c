@@ -15,8 +15,8 @@
 typedef struct wire_cfg {
     char model_dir[2048], device[32], transport[32];
     int32_t tp, allreduce, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
-        kv_blocks, cuda_graphs, fuse_weights, quantize, act_quant, echo_codec, overlap, overlap_min_rows;
-    uint64_t echo_min_bytes;
+        kv_blocks, kv_dtype, cuda_graphs, fuse_weights, quantize, act_quant, echo_codec, overlap, overlap_min_rows;
+    uint64_t echo_min_bytes, kv_cache_memory, kv_mem_available;
     int64_t oneshot;
 } wire_cfg;
 
@@ -30,8 +30,9 @@ static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) 
     *w = (wire_cfg){.tp = c->tp, .allreduce = c->allreduce, .echo_group = c->echo_group, .threads = c->threads,
                     .kv_block_size = c->kv_block_size, .max_model_len = c->max_model_len,
                     .max_num_seqs = c->max_num_seqs, .max_batch_tokens = c->max_batch_tokens,
-                    .kv_blocks = c->kv_blocks, .cuda_graphs = c->cuda_graphs, .fuse_weights = c->fuse_weights,
+                    .kv_blocks = c->kv_blocks, .kv_dtype = (int32_t)c->kv_dtype, .cuda_graphs = c->cuda_graphs, .fuse_weights = c->fuse_weights,
                     .quantize = c->quantize, .act_quant = c->act_quant, .echo_min_bytes = c->echo_min_bytes,
+                    .kv_cache_memory = c->kv_cache_memory, .kv_mem_available = c->kv_mem_available,
                     .echo_codec = c->echo_codec, .overlap = c->overlap,
                     .overlap_min_rows = c->overlap_min_rows, .oneshot = c->oneshot};
     strcpy(w->model_dir, c->model_dir);
@@ -47,8 +48,9 @@ static void wire_get(wire_cfg *w, eng_config *c) {
                       .allreduce = (echo_preset)w->allreduce, .echo_group = w->echo_group, .threads = w->threads,
                       .kv_block_size = w->kv_block_size, .max_model_len = w->max_model_len,
                       .max_num_seqs = w->max_num_seqs, .max_batch_tokens = w->max_batch_tokens,
-                      .kv_blocks = w->kv_blocks, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
+                      .kv_blocks = w->kv_blocks, .kv_dtype = (kern_kv_dtype)w->kv_dtype, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
                       .quantize = w->quantize, .act_quant = w->act_quant, .echo_min_bytes = (size_t)w->echo_min_bytes,
+                      .kv_cache_memory = (size_t)w->kv_cache_memory, .kv_mem_available = (size_t)w->kv_mem_available,
                       .echo_codec = (echo_codec_id)w->echo_codec, .overlap = w->overlap,
                       .overlap_min_rows = w->overlap_min_rows, .oneshot = (long)w->oneshot};
 }
@@ -63,8 +65,12 @@ int eng_priv_procs_agree(const eng *e, int rc, char *err, size_t errlen) {
     return echo_proc_agree(rc == 0, mine, err, errlen);
 }
 
-int eng_create(const eng_config *cfg, eng **out, char *err, size_t errlen) {
+int eng_create(const eng_config *cfg0, eng **out, char *err, size_t errlen) {
     *out = NULL;
+    /* --kv-cache-memory auto is read once, here (rank 0): every process
+     * sizes its pool from the same bytes */
+    eng_config cc = *cfg0, *cfg = &cc;
+    if (eng_priv_kv_memory(&cc, err, errlen)) return -1;
     if (echo_proc_count() == 1) return eng_priv_create(cfg, 0, out, err, errlen);
     if (echo_proc_rank() != 0) {
         snprintf(err, errlen, "under mpirun only rank 0 creates engines; the other processes run eng_follow()");

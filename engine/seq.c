@@ -98,4 +98,7 @@ void eng_kv_get_usage(const eng *e, eng_kv_usage *u) {
     u->prefix_query_tokens = e->pc_query_tokens;
     u->prefix_hit_tokens = e->pc_hit_tokens;
     u->evicted_blocks = e->pool.evicted;
+    u->used_blocks = e->pool.n - e->pool.n_free;
+    u->touched_blocks = e->pool.touched;
+    u->block_bytes = eng_kv_block_bytes(&e->cfg, &e->mc);
 }

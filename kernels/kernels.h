@@ -141,8 +141,50 @@ typedef struct kern_weight {
     int64_t ld;
 } kern_weight;
 
+/* What a KV cache stores (kern_ops.kv_store, attention; --kv-cache-dtype).
+ * A cache is n_blocks * block_size ROWS of kern_kv_row_bytes(dt, hkv, hd)
+ * bytes (kernels/kv.h); row r starts at byte r * row_bytes, and kv head h
+ * of it at byte h * kern_kv_head_bytes(dt, hd). One kv head's hd values:
+ *   F32   hd fp32 (4 bytes each): the activations as they are (cpu).
+ *   BF16  hd bf16 (2 bytes, little-endian), round to nearest even
+ *         (kern_f32_to_bf16); cuda's native cache, bits as today.
+ *   F16   hd IEEE fp16 (2 bytes, little-endian), round to nearest even,
+ *         subnormals kept, overflow to inf (kern_f32_to_f16).
+ *   Q8_0  hd int8 quants q[0..hd), then hd/32 fp16 scales d[b]
+ *         (little-endian) at byte hd + 2b: value j = d[j/32] * q[j]; a
+ *         block's d and q as ggml's quantize_row_q8_0_ref rounds them
+ *         (kern_kv_quantize_q8_0). 34 bytes per 32 values, like
+ *         block_q8_0, with a head's quants contiguous (vector loads).
+ *         KEYS ONLY are rotated first: kv_store multiplies each head's
+ *         fp32 key (after RoPE: exactly the k it is given, widened to
+ *         fp32) by the orthonormal Walsh-Hadamard matrix of size hd
+ *         (kern_kv_rotate: fp32 butterflies of stride 1, 2, .., hd/2, then
+ *         x 1/sqrt(hd)), then quantizes. attention rotates each query
+ *         head the same way (kern_kv_rotate on the fp32 widening of q,
+ *         inside the op, never written back) and dots it with the stored
+ *         (rotated) keys: H orthonormal and symmetric, so the scores are
+ *         q·k up to rounding, while the rotation spreads a key's outlier
+ *         channels over the head and the 8-bit blocks lose less. Values
+ *         are not rotated. Needs hd a power of two >= 32.
+ * Every backend's kv_store writes exactly kern_kv_store_ref's bytes, and
+ * its attention reads exactly kern_kv_load_ref's values: attention over a
+ * cache of type dt is, by definition, the F32 attention with k_p, v_p =
+ * kern_kv_load_ref of the stored rows (and q rotated for Q8_0). cpu
+ * computes exactly that (bit for bit the F32 kernel on those values);
+ * cuda to its usual rounding. KERN_KV_NATIVE (0) is the backend's
+ * act_dtype (cpu F32, cuda BF16): a model/engine setting only; the ops
+ * take a resolved type (kern_kv_resolve). A backend refuses a type it does
+ * not implement with an error naming it (kern_last_error). */
+typedef enum kern_kv_dtype {
+    KERN_KV_NATIVE = 0,
+    KERN_KV_F32,
+    KERN_KV_BF16,
+    KERN_KV_F16,
+    KERN_KV_Q8_0,
+} kern_kv_dtype;
+
 /* The sequences of one batched attention call over a paged KV cache.
- * The cache is (n_blocks * block_size, hkv*hd) rows; the key/value of
+ * The cache is (n_blocks * block_size) rows (kern_kv_dtype); the key/value of
  * position p of sequence s is cache row
  *     block_table[s * max_blocks + p / block_size] * block_size + p % block_size.
  * Rows q_start[s] .. q_start[s+1]-1 of q/out belong to sequence s and sit at
@@ -237,15 +279,20 @@ typedef struct kern_ops {
      * i, head_dim) (fp32, as HF computes it), (x[i], x[i+d/2]) ->
      * (x[i]cos f - x[i+d/2]sin f, x[i+d/2]cos f + x[i]sin f). */
     int (*rope)(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, const kern_rope *rope);
-    /* Write rows i < n of k, v (n, kvdim) to cache rows slots[i] of kc, vc
-     * (host array of slots). */
+    /* Write rows i < n of k, v (n, hkv*hd activations) to cache rows
+     * slots[i] of kc, vc (host array of slots), each kv head stored as
+     * kern_kv_store_ref(dt, key, ...) writes it (kern_kv_dtype). Errors: a
+     * negative slot, a type the backend does not implement or that cannot
+     * hold hd (kern_kv_invalid), KERN_KV_NATIVE. */
     int (*kv_store)(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
-                    int kvdim);
+                    int hkv, int hd, kern_kv_dtype dt);
     /* Causal GQA attention of a batch of sequences against the paged cache
-     * (see kern_attn_batch). q, out: (q_start[n_seqs], hq*hd). Query head h
-     * reads KV head h / (hq/hkv). out = softmax(q·kᵀ·scale)·v per head. */
+     * of type dt (see kern_attn_batch, kern_kv_dtype). q, out:
+     * (q_start[n_seqs], hq*hd). Query head h reads KV head h / (hq/hkv).
+     * out = softmax(q·kᵀ·scale)·v per head, k and v as kern_kv_load_ref
+     * reads them (Q8_0: q rotated, see kern_kv_dtype). */
     int (*attention)(kern_backend *be, void *out, const void *q, const void *kc, const void *vc,
-                     const kern_attn_batch *b, int hq, int hkv, int hd, float scale);
+                     const kern_attn_batch *b, int hq, int hkv, int hd, float scale, kern_kv_dtype dt);
     /* out = silu(gate) * up elementwise, silu(x) = x / (1 + e^-x). In place OK. */
     int (*silu_mul)(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
     /* x += y elementwise. */
@@ -370,6 +417,15 @@ typedef struct kern_ops {
      * free_weight. Errors: a type the backend cannot produce or read,
      * cols not a multiple of the block. */
     int (*upload_quantized)(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev);
+
+    /* ---- KV cache memory (optional: NULL means alloc / free) ----
+     * Zero-initialised memory for a KV cache whose pages cost nothing
+     * until first written, so a process's memory follows the blocks in use
+     * (cpu: an anonymous mapping on 4 KiB pages, never memset; huge pages
+     * would make each layer's first block cost 2 MiB). Release with
+     * free_kv (the same size). */
+    void *(*alloc_kv)(kern_backend *be, size_t bytes);
+    void (*free_kv)(kern_backend *be, void *p, size_t bytes);
 } kern_ops;
 
 #define KERN_TOPK_MAX 64
@@ -416,6 +472,12 @@ void kern_host_parallel(kern_backend *be, int ntasks, kern_task_fn fn, void *arg
 const char *kern_last_error(const kern_backend *be);
 
 size_t kern_dtype_size(kern_dtype dt);
+/* What KERN_KV_NATIVE means on these ops: F32 on an fp32 backend (cpu),
+ * BF16 on a bf16 one (cuda). Any other dt is returned as it is. */
+static inline kern_kv_dtype kern_kv_resolve(const kern_ops *ops, kern_kv_dtype dt) {
+    if (dt != KERN_KV_NATIVE) return dt;
+    return ops->act_dtype == KERN_BF16 ? KERN_KV_BF16 : KERN_KV_F32;
+}
 const char *kern_dtype_name(kern_dtype dt);
 
 /* Scalar conversions shared by both backends' host code. */

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kv.h"
 #include "model/internal.h"
 
 const model_config *model_get_config(const model *m) { return &m->cfg; }
@@ -36,8 +37,8 @@ size_t model_weight_bytes(const model *m) { return m->weight_bytes; }
 size_t model_embed_bytes(const model *m) { return m->embed_bytes; }
 int model_act_q8_matrices(const model *m) { return m->n_act_q8; }
 size_t model_kv_bytes(const model *m) {
-    return 2 * (size_t)m->cfg.num_layers * m->kv_blocks * m->kv_block_size * m->hkv * m->cfg.head_dim *
-           kern_dtype_size(m->ops->act_dtype);
+    return 2 * (size_t)m->cfg.num_layers * m->kv_blocks * m->kv_block_size *
+           kern_kv_row_bytes(m->kv_dtype, m->hkv, m->cfg.head_dim);
 }
 void model_vocab_slice(const model *m, int *first, int *count) {
     *first = m->vocab0;
@@ -262,8 +263,8 @@ static int site_part(model *m, const model_batch *b, const rows_view *rv, int si
         }
         /* causal: these rows read the cache rows of every earlier row,
          * earlier micro-batches' included (stored at this site before) */
-        OP(ops->kv_store(be, m->kc[l], m->vc[l], k, v, slots, n, hkv * hd));
-        OP(ops->attention(be, att, q, m->kc[l], m->vc[l], &rv->ab, hq, hkv, hd, scale));
+        OP(ops->kv_store(be, m->kc[l], m->vc[l], k, v, slots, n, hkv, hd, m->kv_dtype));
+        OP(ops->attention(be, att, q, m->kc[l], m->vc[l], &rv->ab, hq, hkv, hd, scale, m->kv_dtype));
         OP(ops->matmul(be, o, att, &L->wo, n));
     } else {
         void *gate = act_at(m, sc->gate, t0 * I), *up = act_at(m, sc->up, t0 * I);

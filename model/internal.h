@@ -88,7 +88,8 @@ struct model {
     int n_act_q8;       /* ... how many were */
     uint64_t seed;      /* ... from this seed */
     int kv_blocks, kv_block_size;
-    void **kc, **vc; /* [num_layers] each (kv_blocks*kv_block_size, hkv*hd) */
+    kern_kv_dtype kv_dtype; /* resolved (never KERN_KV_NATIVE) */
+    void **kc, **vc; /* [num_layers] each kv_blocks*kv_block_size rows of kern_kv_row_bytes(kv_dtype, hkv, hd) */
     scratch sc;
     const model_family *fam;
     int gguf;             /* weights are a GGUF: its tensor names */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kv.h"
 #include "model/internal.h"
 
 /* The tensors of a decoder, by their names in each checkpoint format
@@ -452,15 +453,28 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     }
     m->kv_blocks = o->kv_blocks;
     m->kv_block_size = o->kv_block_size;
-    size_t kv_layer = (size_t)o->kv_blocks * o->kv_block_size * m->hkv * hd * kern_dtype_size(m->ops->act_dtype);
+    m->kv_dtype = kern_kv_resolve(m->ops, o->kv_dtype);
+    const char *why = kern_kv_invalid(m->kv_dtype, (int)hd);
+    if (why) {
+        snprintf(err, errlen, "--kv-cache-dtype %s: %s (this model's head_dim is %d)", kern_kv_dtype_name(m->kv_dtype),
+                 why, (int)hd);
+        goto fail;
+    }
+    size_t kv_layer = (size_t)o->kv_blocks * o->kv_block_size * kern_kv_row_bytes(m->kv_dtype, m->hkv, (int)hd);
     for (int l = 0; l < c->num_layers; l++) {
-        m->kc[l] = m->ops->alloc(m->be, kv_layer);
-        m->vc[l] = m->ops->alloc(m->be, kv_layer);
+        m->kc[l] = m->ops->alloc_kv ? m->ops->alloc_kv(m->be, kv_layer) : m->ops->alloc(m->be, kv_layer);
+        m->vc[l] = m->ops->alloc_kv ? m->ops->alloc_kv(m->be, kv_layer) : m->ops->alloc(m->be, kv_layer);
         if (!m->kc[l] || !m->vc[l]) {
             snprintf(err, errlen, "out of memory for the KV cache (%d blocks of %d tokens: %zu bytes per layer)",
                      o->kv_blocks, o->kv_block_size, 2 * kv_layer);
             goto fail;
         }
+    }
+    /* an empty store: the backend refuses a cache type it does not
+     * implement now, at start-up, rather than at the first step */
+    if (c->num_layers > 0 && m->ops->kv_store(m->be, m->kc[0], m->vc[0], NULL, NULL, NULL, 0, m->hkv, (int)hd, m->kv_dtype)) {
+        snprintf(err, errlen, "--kv-cache-dtype %s: %s", kern_kv_dtype_name(m->kv_dtype), kern_last_error(m->be));
+        goto fail;
     }
     *out = m;
     return 0;
@@ -474,8 +488,12 @@ void model_free(model *m) {
     if (m->ops) {
         model_priv_scratch_free(m);
         for (int l = 0; m->kc && l < m->cfg.num_layers; l++) {
-            if (m->kc[l]) m->ops->free(m->be, m->kc[l]);
-            if (m->vc[l]) m->ops->free(m->be, m->vc[l]);
+            size_t kv_layer = (size_t)m->kv_blocks * m->kv_block_size *
+                              kern_kv_row_bytes(m->kv_dtype, m->hkv, m->cfg.head_dim);
+            void *kv[2] = {m->kc[l], m->vc[l]};
+            for (int j = 0; j < 2; j++)
+                if (kv[j] && m->ops->free_kv) m->ops->free_kv(m->be, kv[j], kv_layer);
+                else if (kv[j]) m->ops->free(m->be, kv[j]);
         }
         /* free_weight is a no-op for views the backend aliases (cpu). */
         if (m->layers) {

@@ -124,6 +124,9 @@ typedef struct model_load_opts {
      * Q5_0/Q5_1/Q5_K stay quantized only with 1 and 2 (no exact kernel:
      * otherwise widened to fp32 at load). */
     int act_q8;
+    /* What the KV cache stores (kernels.h, kern_kv_dtype): KERN_KV_NATIVE
+     * (0) is the backend's act dtype (fp32 on cpu: the oracle path). */
+    kern_kv_dtype kv_dtype;
 } model_load_opts;
 
 /* Load rank `rank`'s shard of the model in `dir` (config.json, weights in

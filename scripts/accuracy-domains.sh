@@ -16,16 +16,25 @@
 #
 #   scripts/accuracy-domains.sh [--prompts K] [--modes LIST] [--codecs LIST]
 #                               [--tag NAME] [--domains LIST] [--threads N]
-#                               [--prepare-only]
+#                               [--prepare-only] [--tp N] [--kv-cache-dtype T]
+#                               [--ref-kv-cache-dtype T] [--act-quant auto|none|q8_0]
 #     --prompts K    prompts per domain (default 40: 10,200 scored tokens)
 #     --modes LIST   echo-eval --modes (default echo)
 #     --codecs LIST  echo-eval --codecs (default: the default preset's)
 #     --tag NAME     runs go to build/accuracy-domains/runs/NAME/DOMAIN.json
 #                    (default main)
+#     --tp N         tensor-parallel ranks (default 3; 1: no all-reduce, so only
+#                    --modes exact with a --ref-kv-cache-dtype)
+#     --kv-cache-dtype T, --ref-kv-cache-dtype T
+#                    echo-eval's KV cache types (docs/kv-cache.md): the runs'
+#                    and the exact reference's (default fp32 for both, the
+#                    cache the published tables were measured with)
+#     --act-quant A  echo-eval --act-quant (default auto: 8-bit activations on the
+#                    GGUF's quantized matrices; none: the exact path)
 # Then scripts/accuracy_domains_report.py pools the runs into docs/accuracy.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-prompts=40 modes=echo codecs= tag=main threads=$(nproc) prepare=0
+prompts=40 modes=echo codecs= tag=main threads=$(nproc) prepare=0 tp=3 kvdt=fp32 refkv= actq=auto
 domains=prose,reference,code,german,chat
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,7 +45,11 @@ while [ $# -gt 0 ]; do
     --domains) domains=$2; shift ;;
     --threads) threads=$2; shift ;;
     --prepare-only) prepare=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --tp) tp=$2; shift ;;
+    --kv-cache-dtype) kvdt=$2; shift ;;
+    --ref-kv-cache-dtype) refkv=$2; shift ;;
+    --act-quant) actq=$2; shift ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "accuracy-domains.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -124,7 +137,8 @@ with open(out, "w") as f:
         f.write(json.dumps(ids[256 * i:256 * (i + 1)]) + "\n")
 PY
   echo "accuracy-domains.sh: $d: $prompts prompts, exact + $modes ${codecs:+($codecs)}" >&2
-  "$bin/echo-eval" --model "$model" --tp 3 --prompts "$top/runs/$tag/$d.jsonl" --modes "$modes" \
-    ${codecs:+--codecs "$codecs"} --gen-tokens 1 --threads "$threads" --json >"$top/runs/$tag/$d.json"
+  "$bin/echo-eval" --model "$model" --tp "$tp" --prompts "$top/runs/$tag/$d.jsonl" --modes "$modes" \
+    ${codecs:+--codecs "$codecs"} --kv-cache-dtype "$kvdt" --ref-kv-cache-dtype "${refkv:-$kvdt}" --act-quant "$actq" \
+    --gen-tokens 1 --threads "$threads" --json >"$top/runs/$tag/$d.json"
 done
 echo "accuracy-domains.sh: runs in $top/runs/$tag" >&2

@@ -200,6 +200,7 @@ typedef struct srv_metrics {
     uint64_t conn_rejected[2];                 /* [0] --max-connections, [1] per-client cap */
     uint64_t deadline_closed;                  /* connections cut at --request-deadline */
     int block_size, num_blocks;                /* cache_config_info */
+    const char *kv_dtype;                      /* cache_config_info's cache_dtype (kern_kv_dtype_name) */
     /* allreduce_config_info: what the all-reduce runs (tp 1: preset "none") */
     char ar_preset[16], ar_codec[16], ar_tail_codec[16];
     int ar_group, ar_feedback, ar_tp, ar_tail_calls, ar_calls; /* the tail policy: its calls of ar_calls a pass */

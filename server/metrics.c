@@ -222,8 +222,17 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
     sb_printf(&b,
               "# HELP echo:cache_config_info Information of the LLMEngine CacheConfig\n"
               "# TYPE echo:cache_config_info gauge\necho:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\","
-              "cache_dtype=\"auto\",enable_prefix_caching=\"%s\"} 1.0\n",
-              m->block_size, m->num_blocks, m->kv.prefix_cache ? "True" : "False");
+              "cache_dtype=\"%s\",bytes_per_token_per_rank=\"%zu\",enable_prefix_caching=\"%s\"} 1.0\n",
+              m->block_size, m->num_blocks, m->kv_dtype ? m->kv_dtype : "?",
+              m->block_size ? m->kv.block_bytes / (size_t)m->block_size : 0, m->kv.prefix_cache ? "True" : "False");
+    sb_printf(&b,
+              "# HELP echo:kv_bytes_in_use KV bytes per rank holding data (blocks held by requests or cached).\n"
+              "# TYPE echo:kv_bytes_in_use gauge\necho:kv_bytes_in_use{%s} %zu\n"
+              "# HELP echo:kv_bytes_touched KV bytes per rank ever written (blocks handed out at least once): the "
+              "cache's share of the resident memory.\n"
+              "# TYPE echo:kv_bytes_touched gauge\necho:kv_bytes_touched{%s} %zu\n",
+              lbl, (size_t)m->kv.used_blocks * m->kv.block_bytes, lbl,
+              (size_t)m->kv.touched_blocks * m->kv.block_bytes);
     sb_printf(
         &b,
         "# HELP echo:prefix_cache_queries_total Prefix cache queries, in prompt tokens looked up.\n"

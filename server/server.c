@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kernels/kernels.h"
+#include "kernels/kv.h"
 #include "server/internal.h"
 
 void srv_log(const srv_server *s, srv_log_level lvl, const char *fmt, ...) {
@@ -354,6 +355,8 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .max_num_seqs = o->max_num_seqs,
                      .max_batch_tokens = o->max_num_batched_tokens,
                      .kv_blocks = o->kv_blocks,
+                     .kv_dtype = o->kv_dtype,
+                     .kv_cache_memory = o->kv_cache_memory,
                      .cuda_graphs = o->cuda_graphs,
                      .no_prefix_cache = o->no_prefix_caching};
     if (kern_backend_find(o->device)) ec.device = kern_backend_find(o->device)->name; /* "auto" resolved */
@@ -424,13 +427,27 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     }
     srv_log(s, SRV_LOG_INFO,
             "plan: tp %d, device %s%s%s, allreduce %s (%s transport)%s, residual slots %.1f MB/rank, KV %d blocks x %d "
-            "tokens "
-            "(%.1f MB/rank), %s, max_model_len %d, max_num_seqs %d, %d tokens/step; loaded in %.1fs",
+            "tokens %s "
+            "(%zu B/token/rank, %.1f MB/rank, touched as used), %s, max_model_len %d, max_num_seqs %d, %d tokens/step; "
+            "loaded in %.1fs",
             c->tp, c->device, c->quantize == ENG_QUANT_Q8_0 ? ", matrices quantized to q8_0" : "",
             ri.act_q8_matrices ? ", 8-bit activations on the quantized matrices (integer kernels; --act-quant none: exact)"
                                : "", ar,
-            c->tp > 1 ? c->transport : "no", ov, slot_mb, u.total_blocks, u.block_size, kv_mb, pc, c->max_model_len,
+            c->tp > 1 ? c->transport : "no", ov, slot_mb, u.total_blocks, u.block_size, kern_kv_dtype_name(c->kv_dtype),
+            u.block_size ? u.block_bytes / (size_t)u.block_size : 0, kv_mb, pc, c->max_model_len,
             c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
+    if (c->kv_mem_available)
+        srv_log(s, SRV_LOG_INFO,
+                "KV budget (--kv-cache-memory auto): %d%% of MemAvailable %.1f MB / %d rank(s) = %.1f MB per rank; the "
+                "pool is %s (%d blocks)",
+                ENG_KV_AUTO_PERCENT, (double)c->kv_mem_available / 1e6, c->tp, (double)c->kv_cache_memory / 1e6,
+                (size_t)u.total_blocks * u.block_bytes >= c->kv_cache_memory - u.block_bytes
+                    ? "what fits in it"
+                    : "max_num_seqs full sequences (fewer than fit)",
+                u.total_blocks);
+    else if (c->kv_cache_memory)
+        srv_log(s, SRV_LOG_INFO, "KV budget (--kv-cache-memory): %.1f MB per rank, %d blocks", (double)c->kv_cache_memory / 1e6,
+                u.total_blocks);
     if (eng_graphs_note(s->eng)) srv_log(s, SRV_LOG_WARNING, "%s", eng_graphs_note(s->eng));
     else if (c->cuda_graphs) srv_log(s, SRV_LOG_INFO, "decode steps through CUDA graphs (--cuda-graphs)");
     srv_log(s, SRV_LOG_INFO, "defaults from generation_config.json: temperature %g, top_p %g, top_k %d",
@@ -445,6 +462,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     pthread_mutex_lock(&s->met.mu);
     s->met.block_size = s->block_size;
     s->met.num_blocks = s->total_blocks;
+    s->met.kv_dtype = kern_kv_dtype_name(c->kv_dtype);
     s->met.kv = u;
     {
         const echo_codec_info *ci = echo_codec_get(wc.codec);

@@ -121,6 +121,56 @@ int cli_act_quant(const char *prog, const char *s) {
     return aq;
 }
 
+int cli_parse_kv_dtype(const char *s, kern_kv_dtype *out) {
+    static const struct {
+        const char *name;
+        kern_kv_dtype dt;
+    } t[] = {{"auto", KERN_KV_BF16}, {"fp32", KERN_KV_F32}, {"bf16", KERN_KV_BF16}, {"fp16", KERN_KV_F16},
+             {"q8_0", KERN_KV_Q8_0}};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (!strcmp(s, t[i].name)) {
+            *out = t[i].dt;
+            return 0;
+        }
+    return -1;
+}
+
+kern_kv_dtype cli_kv_dtype(const char *prog, const char *s) {
+    kern_kv_dtype dt = KERN_KV_BF16;
+    cli_parse_kv_dtype(
+        cli_choice(prog, s, "--kv-cache-dtype", (const char *const[]){"auto", "fp32", "bf16", "fp16", "q8_0", NULL}),
+        &dt);
+    return dt;
+}
+
+int cli_parse_kv_memory(const char *s, size_t *out) {
+    if (!strcmp(s, "auto")) {
+        *out = ENG_KV_MEMORY_AUTO;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || errno || *s == '-') return -1;
+    unsigned long long mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1ull << 10;
+    else if (*end == 'm' || *end == 'M') mul = 1ull << 20;
+    else if (*end == 'g' || *end == 'G') mul = 1ull << 30;
+    else if (*end) return -1;
+    if (mul > 1 && end[1]) return -1;
+    if (v == 0 || v > (1ull << 50) / mul) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+size_t cli_kv_memory(const char *prog, const char *s) {
+    size_t v;
+    if (cli_parse_kv_memory(s, &v))
+        cli_usage_error(prog, "--kv-cache-memory expects auto or a positive number of bytes (k, m, g: powers of 1024), "
+                              "got '%s'", s);
+    return v;
+}
+
 int cli_overlap(const char *prog, const char *s) {
     if (!strcmp(s, "auto")) return 0;
     if (!strcmp(s, "off")) return -1;

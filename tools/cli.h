@@ -6,6 +6,10 @@
 #ifndef ECHO_TOOLS_CLI_H
 #define ECHO_TOOLS_CLI_H
 
+#include <stddef.h>
+
+#include "kernels/kernels.h"
+
 /* fmt has one %s, filled with arg. */
 _Noreturn void cli_usage_error(const char *prog, const char *fmt, const char *arg);
 /* The whole of s as an integer / number in [lo, hi], or a usage error that
@@ -41,6 +45,25 @@ long cli_oneshot(const char *prog, const char *s);
  * or -1 leaving *out). */
 int cli_act_quant(const char *prog, const char *s);
 int cli_parse_act_quant(const char *s, int *out);
+/* --kv-cache-dtype auto|fp32|bf16|fp16|q8_0: the type (auto: bf16); a
+ * usage error otherwise. cli_parse_kv_dtype: the non-exiting form. */
+kern_kv_dtype cli_kv_dtype(const char *prog, const char *s);
+int cli_parse_kv_dtype(const char *s, kern_kv_dtype *out);
+/* --kv-cache-memory BYTES|auto: bytes (a number with an optional k, m or g
+ * suffix, powers of 1024), or ENG_KV_MEMORY_AUTO; a usage error otherwise.
+ * cli_parse_kv_memory: the non-exiting form. */
+size_t cli_kv_memory(const char *prog, const char *s);
+int cli_parse_kv_memory(const char *s, size_t *out);
+/* The --help lines of both flags (each program's usage includes them). */
+#define CLI_KV_HELP                                                                                                   \
+    "  --kv-cache-dtype auto|fp32|bf16|fp16|q8_0  what the KV cache stores (default auto: bf16; fp32:\n"              \
+    "                               the exact path the oracle tests use; q8_0: 8-bit blocks, keys\n"                  \
+    "                               Walsh-Hadamard rotated; cpu; cuda takes bf16 only so far).\n"                     \
+    "                               docs/kv-cache.md\n"                                                              \
+    "  --kv-cache-memory BYTES|auto KV pool per rank (k/m/g suffixes): the pool is what fits, at most\n"          \
+    "                               max-num-seqs full sequences; auto (default): 50% of MemAvailable at\n"       \
+    "                               start split over the tp ranks (cpu; on a GPU no budget yet)\n"
+
 
 /* Ranks as processes: under mpirun with more than one process, the
  * processes of rank > 0 serve rank 0's engines here (eng_follow) and exit;

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "kernels/kv.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/cli.h"
 
@@ -60,6 +61,9 @@ static const char *USAGE =
     "  --threads N          cpu threads in total (default: all)\n"
     "  --act-quant auto|none|q8_0  8-bit activations on the quantized matrices (cpu; echo-serve's\n"
     "                       flag, same default auto: a GGUF's quantized matrices take them)\n"
+    "  --kv-cache-dtype auto|fp32|bf16|fp16|q8_0  the KV cache of every run (default auto: bf16)\n"
+    "  --ref-kv-cache-dtype T  the exact reference's KV cache instead (default: --kv-cache-dtype);\n"
+    "                       then 'exact' may be a mode (at --tp 1 too): the KV type's own cost\n"
     "  --overlap auto|off|N prefill overlap of every run (engine.h eng_config.overlap; prompts of\n"
     "                       >= 128 tokens as N micro-batches; auto: 2 under mpirun, else off)\n"
     "  --json               print one JSON object instead of tables\n"
@@ -400,7 +404,9 @@ int main(int argc, char **argv) {
         O_PREFIX,
         O_LPOUT,
         O_ACTQ,
-        O_OVERLAP
+        O_OVERLAP,
+        O_KVDT,
+        O_REFKV
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -422,6 +428,8 @@ int main(int argc, char **argv) {
         {"logprobs-out", required_argument, 0, O_LPOUT},
         {"act-quant", required_argument, 0, O_ACTQ},
         {"overlap", required_argument, 0, O_OVERLAP},
+        {"kv-cache-dtype", required_argument, 0, O_KVDT},
+        {"ref-kv-cache-dtype", required_argument, 0, O_REFKV},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -430,7 +438,8 @@ int main(int argc, char **argv) {
     int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, pfx = 0, c;
     long seed = 1, groups[MAX_LIST] = {0}, minbs[MAX_LIST] = {0};
     int n_groups = 1, n_minb = 1;
-    eng_config base = {.max_num_seqs = 1, .act_quant = ENG_ACT_AUTO};
+    eng_config base = {.max_num_seqs = 1, .act_quant = ENG_ACT_AUTO, .kv_dtype = KERN_KV_BF16};
+    kern_kv_dtype ref_kv = KERN_KV_NATIVE; /* NATIVE: as --kv-cache-dtype */
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -460,6 +469,8 @@ int main(int argc, char **argv) {
         case O_LPOUT: lp_path = optarg; break;
         case O_ACTQ: base.act_quant = cli_act_quant(PROG, optarg); break;
         case O_OVERLAP: base.overlap = cli_overlap(PROG, optarg); break;
+        case O_KVDT: base.kv_dtype = cli_kv_dtype(PROG, optarg); break;
+        case O_REFKV: ref_kv = cli_kv_dtype(PROG, optarg); break;
         case 'h': cli_help(USAGE); return 0;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -469,8 +480,12 @@ int main(int argc, char **argv) {
     if (!tp) cli_usage_error(PROG, "%s", "--tp N is required");
     if ((prompts_path != NULL) + (text_path != NULL) + (n_random != 0) != 1)
         cli_usage_error(PROG, "%s", "give exactly one of --text FILE, --prompts FILE and --random-prompts K");
-    if (tp == 1 && modes_arg)
-        cli_usage_error(PROG, "%s", "--modes needs --tp >= 2: with one rank there is no all-reduce");
+    if (ref_kv == KERN_KV_NATIVE) ref_kv = base.kv_dtype;
+    /* "exact" as a variant: the reference's all-reduce on the other KV type */
+    const int kv_differs = ref_kv != base.kv_dtype;
+    if (tp == 1 && modes_arg && (!kv_differs || strcmp(modes_arg, "exact")))
+        cli_usage_error(PROG, "%s", "--modes needs --tp >= 2: with one rank there is no all-reduce (only 'exact', "
+                                    "with a --ref-kv-cache-dtype other than --kv-cache-dtype)");
     if (!modes_arg) modes_arg = tp > 1 ? "echo,echo-nofb" : "";
 
     /* the quantized presets, each compared with exact once */
@@ -481,11 +496,12 @@ int main(int argc, char **argv) {
         snprintf(buf, sizeof buf, "%s", modes_arg);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             echo_preset m = ECHO_PRESET_EXACT;
-            int bad = echo_preset_parse(t, &m) || m == ECHO_PRESET_EXACT;
+            int bad = echo_preset_parse(t, &m) || (m == ECHO_PRESET_EXACT && !kv_differs);
             for (int i = 0; i < n_modes; i++) bad |= modes[i] == m;
             if (bad) {
                 char names[256], msg[512];
-                snprintf(msg, sizeof msg, "--modes expects a subset of %s (exact aside), got '%s'",
+                snprintf(msg, sizeof msg, "--modes expects a subset of %s (exact only with a --ref-kv-cache-dtype "
+                         "other than --kv-cache-dtype), got '%s'",
                          echo_preset_names(names, sizeof names, ","), modes_arg);
                 cli_usage_error(PROG, "%s", msg);
             }
@@ -589,6 +605,7 @@ int main(int argc, char **argv) {
     }
     eng_config cx = base;
     cx.allreduce = ECHO_PRESET_EXACT;
+    cx.kv_dtype = ref_kv;
     if (eng_create(&cx, &ex, err, sizeof err) || run_all(ex, ps, np, gen, pfx, &rx, err, sizeof err)) goto fail;
     eng_destroy(ex);
     ex = NULL;
@@ -675,6 +692,8 @@ int main(int argc, char **argv) {
                                  "tokens_scored", (int)lmx.scored, "gen_tokens", gen, "layers", (int)L, "exact", "ppl",
                                  ppl_x, "next_token_acc", acc_x);
         json_object_set_new(root, "prefix_cache", json_integer(pfx));
+        json_object_set_new(root, "kv_cache_dtype", json_string(kern_kv_dtype_name(base.kv_dtype)));
+        json_object_set_new(root, "ref_kv_cache_dtype", json_string(kern_kv_dtype_name(ref_kv)));
         json_t *jm = json_array();
         for (int k = 0; k < nv; k++) {
             variant *a = &vs[k];
@@ -717,8 +736,10 @@ int main(int argc, char **argv) {
         free(s);
         json_decref(root);
     } else {
-        printf("echo-eval: %s, tp %d, %d prompts (%d..%d tokens), %d greedy tokens, %d layers\n\n", model_dir, tp, np,
-               ps[0].n, maxlen, gen, (int)L);
+        printf("echo-eval: %s, tp %d, %d prompts (%d..%d tokens), %d greedy tokens, %d layers; KV cache %s "
+               "(reference: exact all-reduce, KV %s)\n\n",
+               model_dir, tp, np, ps[0].n, maxlen, gen, (int)L, kern_kv_dtype_name(base.kv_dtype),
+               kern_kv_dtype_name(ref_kv));
         printf("%-9s %-9s %5s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "codec", "G", "bits", "min_B",
                "ppl", "acc", "d acc", "KL mean", "KL max", "top-1=", "greedy agree len", "full agree");
         printf("%-9s %-9s %5s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", "32", "-", ppl_x, 100 * acc_x, "-");

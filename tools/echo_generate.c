@@ -62,6 +62,7 @@ static const char *USAGE =
     "                         --quantize's) multiply activations quantized to 8 bits per 32-block, in\n"
     "                         integers, as llama.cpp does (cpu; faster, not the dequantized weights'\n"
     "                         bits). auto (default): on a GGUF's quantized matrices; none: exact\n"
+    CLI_KV_HELP
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per scale group, 16..256 (default: the codec's)\n"
     "  --echo-codec NAME      codec of echo/echo-nofb: int4, hadamard, hsub6, out2 or hout2; NAME-gG sets G\n"
@@ -182,7 +183,7 @@ static double now_s(void) {
 int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT, O_KVDT, O_KVMEM };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -202,6 +203,8 @@ int main(int argc, char **argv) {
         {"act-quant", required_argument, 0, O_ACTQ},
         {"overlap", required_argument, 0, O_OVERLAP},
         {"oneshot", required_argument, 0, O_ONESHOT},
+        {"kv-cache-dtype", required_argument, 0, O_KVDT},
+        {"kv-cache-memory", required_argument, 0, O_KVMEM},
         {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},
         {"no-thinking", no_argument, 0, O_NOTHINK},
@@ -218,7 +221,8 @@ int main(int argc, char **argv) {
     const char *tok_path = NULL;
     int no_thinking = 0;
     eng_gen_params gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}};
-    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .max_num_seqs = 1, .act_quant = ENG_ACT_AUTO};
+    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .max_num_seqs = 1, .act_quant = ENG_ACT_AUTO,
+                     .kv_dtype = KERN_KV_BF16, .kv_cache_memory = ENG_KV_MEMORY_AUTO};
     int json = 0, chat = 0, c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -255,6 +259,8 @@ int main(int argc, char **argv) {
             break;
         case O_OVERLAP: ec.overlap = cli_overlap(PROG, optarg); break;
         case O_ONESHOT: ec.oneshot = cli_oneshot(PROG, optarg); break;
+        case O_KVDT: ec.kv_dtype = cli_kv_dtype(PROG, optarg); break;
+        case O_KVMEM: ec.kv_cache_memory = cli_kv_memory(PROG, optarg); break;
         case O_ACTQ:
             ec.act_quant = cli_act_quant(PROG, optarg);
             break;

@@ -67,7 +67,9 @@ static const char *USAGE =
     "  --max-num-seqs N             requests decoded together (default 8)\n"
     "  --max-num-batched-tokens N   tokens per step, the chunked-prefill budget (default 512)\n"
     "  --max-model-len N            longest prompt + completion (default min(model, 4096))\n"
-    "  --num-kv-blocks N            KV blocks of 16 tokens (default: max-num-seqs full sequences)\n"
+    "  --num-kv-blocks N            KV blocks of 16 tokens (default: what --kv-cache-memory holds, at\n"
+    "                               most max-num-seqs full sequences)\n"
+    CLI_KV_HELP
     "  --no-prefix-caching          recompute every prompt from its first token (default: full KV\n"
     "                               blocks of earlier prompts are kept while memory allows and a\n"
     "                               prompt sharing their prefix reuses them; usage reports\n"
@@ -121,19 +123,21 @@ static void on_signal(int sig) {
     g_stop = 1;
 }
 
+/* Greedy examples (temperature 0): a small model sampled at the API's
+ * default temperature 1 answers a new user's first question with noise. */
 static void print_examples(const char *host, int port, const char *name, const char *key) {
     char auth[512] = "";
     if (key) snprintf(auth, sizeof auth, " -H 'Authorization: Bearer %s'", key);
     const char *h = strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 ? "127.0.0.1" : host;
     printf("\necho-serve is ready on http://%s:%d (model \"%s\")\n\n", h, port, name);
     printf("  curl http://%s:%d/v1/chat/completions%s -H 'Content-Type: application/json' \\\n"
-           "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
-           "\"max_tokens\": 32}'\n\n",
+           "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of "
+           "France?\"}], \"max_tokens\": 32, \"temperature\": 0}'\n\n",
            h, port, auth, name);
     printf("  python3 -c 'from openai import OpenAI\n"
            "c = OpenAI(base_url=\"http://%s:%d/v1\", api_key=\"%s\")\n"
-           "for ch in c.chat.completions.create(model=\"%s\", stream=True, max_tokens=32,\n"
-           "        messages=[{\"role\": \"user\", \"content\": \"Hello!\"}]):\n"
+           "for ch in c.chat.completions.create(model=\"%s\", stream=True, max_tokens=32, temperature=0,\n"
+           "        messages=[{\"role\": \"user\", \"content\": \"Name three primary colors.\"}]):\n"
            "    print(ch.choices[0].delta.content or \"\", end=\"\", flush=True)\n"
            "print()'\n\n",
            h, port, key ? key : "none", name);
@@ -182,7 +186,9 @@ int main(int argc, char **argv) {
         O_RZ_FIELD,
         O_RZ_BUDGET,
         O_TOOL_PARSER,
-        O_DEBUG_FIELDS
+        O_DEBUG_FIELDS,
+        O_KVDT,
+        O_KVMEM
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -206,6 +212,8 @@ int main(int argc, char **argv) {
         {"max-num-batched-tokens", required_argument, 0, O_BTOK},
         {"max-model-len", required_argument, 0, O_MLEN},
         {"num-kv-blocks", required_argument, 0, O_KVB},
+        {"kv-cache-dtype", required_argument, 0, O_KVDT},
+        {"kv-cache-memory", required_argument, 0, O_KVMEM},
         {"max-queue", required_argument, 0, O_QUEUE},
         {"max-connections", required_argument, 0, O_CONNS},
         {"timeout", required_argument, 0, O_TIMEOUT},
@@ -236,6 +244,8 @@ int main(int argc, char **argv) {
                      .grammar_compiles = 2,
                      .grammar_timeout_s = 10,
                      .act_quant = ENG_ACT_AUTO,
+                     .kv_dtype = KERN_KV_BF16,
+                     .kv_cache_memory = ENG_KV_MEMORY_AUTO,
                      .log_level = SRV_LOG_INFO};
     const char *model = NULL;
     int c;
@@ -276,6 +286,8 @@ int main(int argc, char **argv) {
         case O_BTOK: o.max_num_batched_tokens = (int)cli_long(PROG, optarg, "--max-num-batched-tokens", 1, 1 << 20); break;
         case O_MLEN: o.max_model_len = (int)cli_long(PROG, optarg, "--max-model-len", 1, 1 << 24); break;
         case O_KVB: o.kv_blocks = (int)cli_long(PROG, optarg, "--num-kv-blocks", 1, 1 << 30); break;
+        case O_KVDT: o.kv_dtype = cli_kv_dtype(PROG, optarg); break;
+        case O_KVMEM: o.kv_cache_memory = cli_kv_memory(PROG, optarg); break;
         case O_QUEUE: o.max_waiting = (int)cli_long(PROG, optarg, "--max-queue", 1, 1 << 20); break;
         case O_CONNS: o.max_connections = (int)cli_long(PROG, optarg, "--max-connections", 1, 65536); break;
         case O_TIMEOUT: o.timeout_s = (int)cli_long(PROG, optarg, "--timeout", 1, 86400); break;

@@ -84,6 +84,9 @@ int cpu_copy_weight(kern_backend *be, const kern_weight *host, kern_weight *dev)
 
 /* Track / release (if tracked) a backend-owned allocation. pool.c. */
 int cpu_owned_add(kern_backend *be, void *p);
+/* mem.c: kern_ops.alloc_kv / free_kv. */
+void *cpu_alloc_kv(kern_backend *be, size_t bytes);
+void cpu_free_kv(kern_backend *be, void *p, size_t bytes);
 void cpu_owned_release(kern_backend *be, const void *p);
 
 void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
@@ -189,9 +192,14 @@ int cpu_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight *
 int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
 int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, const kern_rope *rope);
 int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
-                 int kvdim);
+                 int hkv, int hd, kern_kv_dtype dt);
+/* kvcache.c: n cache rows of one kv head (src rows ld bytes apart) of
+ * type dt widened to fp32 rows ldd floats apart: kern_kv_load_ref's values
+ * on every isa. */
+void cpu_kv_load_rows(int isa, kern_kv_dtype dt, const uint8_t *src, size_t ld, int n, int hd, float *dst,
+                      size_t ldd);
 int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
-                  int hq, int hkv, int hd, float scale);
+                  int hq, int hkv, int hd, float scale, kern_kv_dtype dt);
 int cpu_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
 int cpu_add(kern_backend *be, void *x, const void *y, size_t count);
 int cpu_add_bias(kern_backend *be, void *x, const kern_weight *b, int rows, int dim);

@@ -130,6 +130,8 @@ static const kern_ops cpu_ops = {
     .random_weight = cpu_random_weight,
     .fuse_rows = cpu_fuse_rows,
     .upload_quantized = cpu_upload_quantized,
+    .alloc_kv = cpu_alloc_kv,
+    .free_kv = cpu_free_kv,
 };
 
 int kern_cpu_ops_init(kern_backend *be) {

@@ -86,3 +86,23 @@ int cpu_copy_weight(kern_backend *be, const kern_weight *host, kern_weight *dev)
     *dev = (kern_weight){buf, host->dtype, host->rows, host->cols, 0};
     return 0;
 }
+
+/* The KV cache: an anonymous private mapping is zero and costs no memory
+ * until a page is written, so the cache's share of the process follows
+ * the blocks the engine has used (engine/blocks.c hands out low block ids
+ * first and reuses freed ones first). 4 KiB pages on purpose: with
+ * transparent huge pages ("always") the first block of each layer's
+ * buffer would fault in 2 MiB. */
+void *cpu_alloc_kv(kern_backend *be, size_t bytes) {
+    (void)be;
+    if (!bytes) bytes = 1;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    (void)madvise(p, bytes, MADV_NOHUGEPAGE); /* a hint; without THP nothing to turn off */
+    return p;
+}
+
+void cpu_free_kv(kern_backend *be, void *p, size_t bytes) {
+    (void)be;
+    if (p) munmap(p, bytes ? bytes : 1);
+}

@@ -323,9 +323,9 @@ int cuda_rmsnorm(kern_backend *be, void *out, const void *in, const kern_weight 
 int cuda_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w, int n);
 int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, int head_dim, const kern_rope *rope);
 int cuda_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
-                  int kvdim);
+                  int hkv, int hd, kern_kv_dtype dt);
 int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
-                   int hq, int hkv, int hd, float scale);
+                   int hq, int hkv, int hd, float scale, kern_kv_dtype dt);
 int cuda_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count);
 int cuda_add(kern_backend *be, void *x, const void *y, size_t count);
 int cuda_add_bias(kern_backend *be, void *x, const kern_weight *b, int rows, int dim);

@@ -69,9 +69,19 @@ __global__ void __launch_bounds__(KV_STORE_THREADS)
         dst[c] = src[c];
 }
 
+/* The cache types this backend implements so far: bf16 only (kernels.h,
+ * kern_kv_dtype; the others are another change's). */
+static int cuda_kv_supported(kern_backend *be, const char *op, kern_kv_dtype dt) {
+    if (dt == KERN_KV_BF16) return 0;
+    return kern_fail(be, "%s: KV cache dtype %s is not implemented on cuda yet (use --kv-cache-dtype bf16)", op,
+                     dt == KERN_KV_F32 ? "fp32" : dt == KERN_KV_F16 ? "fp16" : dt == KERN_KV_Q8_0 ? "q8_0" : "native");
+}
+
 int cuda_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
-                  int kvdim) {
-    if (n < 0 || kvdim < 0) return kern_fail(be, "kv_store: bad shape n=%d kvdim=%d", n, kvdim);
+                  int hkv, int hd, kern_kv_dtype dt) {
+    if (cuda_kv_supported(be, "kv_store", dt)) return -1;
+    int kvdim = hkv * hd;
+    if (n < 0 || hkv < 0 || hd < 0) return kern_fail(be, "kv_store: bad shape n=%d kvdim=%d", n, kvdim);
     for (int i = 0; i < n; i++)
         if (slots[i] < 0) return kern_fail(be, "kv_store: negative cache slot %d", slots[i]);
     if (n == 0 || kvdim == 0) return 0;
@@ -795,7 +805,8 @@ static int att_fast(kern_backend *be, void *out, const void *q, const void *kc, 
 /* ---- the op ---- */
 
 int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
-                   int hq, int hkv, int hd, float scale) {
+                   int hq, int hkv, int hd, float scale, kern_kv_dtype dt) {
+    if (cuda_kv_supported(be, "attention", dt)) return -1;
     if (hkv <= 0 || hq % hkv) return kern_fail(be, "attention: %d query heads not a multiple of %d kv heads", hq, hkv);
     if (b->block_size <= 0 || b->max_blocks <= 0) return kern_fail(be, "attention: bad paging geometry");
     if (hd <= 0 || hd > ATT_MAX_HD) return kern_fail(be, "attention: head_dim %d out of range [1, %d]", hd, ATT_MAX_HD);

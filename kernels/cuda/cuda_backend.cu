@@ -341,6 +341,8 @@ static const kern_ops cuda_ops = {
     cuda_graph_launch,  /* graph_launch */
     cuda_graph_drop_all, /* graph_drop_all */
     NULL,               /* upload_quantized: bf16/f16/f32 weights only */
+    NULL,               /* alloc_kv: alloc */
+    NULL,               /* free_kv: free */
 };
 
 static int cuda_init(kern_backend *be) {

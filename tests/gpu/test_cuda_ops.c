@@ -446,10 +446,10 @@ static float *run_attention(bk *b, void *arg, size_t *nout) {
         !(q = act_from_host(b, qh, nq, qd, nq + 1)))
         goto fail;
     if (!(out = b->ops->alloc(b->be, ((size_t)nq + 1) * qd * es(b)))) goto fail;
-    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, hk, hv, hslots, nh, kvd));
-    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, nk, nv, nslots, nq, kvd));
+    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, hk, hv, hslots, nh, c->hkv, c->hd, kern_kv_resolve(b->ops, KERN_KV_NATIVE)));
+    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, nk, nv, nslots, nq, c->hkv, c->hd, kern_kv_resolve(b->ops, KERN_KV_NATIVE)));
     kern_attn_batch ab = {S, q_start, c->pos0, c->table, c->max_blocks, c->bs};
-    BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, c->hq, c->hkv, c->hd, 1.0f / sqrtf((float)c->hd)));
+    BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, c->hq, c->hkv, c->hd, 1.0f / sqrtf((float)c->hd), kern_kv_resolve(b->ops, KERN_KV_NATIVE)));
     *nout = (size_t)nq * qd;
     h = to_host(b, out, *nout);
 fail:
@@ -1061,11 +1061,11 @@ static void test_attention(void) {
         } else {
             int32_t q_start[2] = {0, 3}, pos0[1] = {6}, table[2] = {0, 1}, slots[2] = {1, -1};
             kern_attn_batch ab = {1, q_start, pos0, table, 2, 4}; /* positions 6..8 of 2 blocks of 4 */
-            int rc = b->ops->attention(b->be, buf, buf, kc, kc, &ab, 6, 4, 16, 0.25f);
+            int rc = b->ops->attention(b->be, buf, buf, kc, kc, &ab, 6, 4, 16, 0.25f, kern_kv_resolve(b->ops, KERN_KV_NATIVE));
             ok_heads &= rc == -1 && strstr(kern_last_error(b->be), "not a multiple") != NULL;
-            rc = b->ops->attention(b->be, buf, buf, kc, kc, &ab, 4, 2, 16, 0.25f);
+            rc = b->ops->attention(b->be, buf, buf, kc, kc, &ab, 4, 2, 16, 0.25f, kern_kv_resolve(b->ops, KERN_KV_NATIVE));
             ok_beyond &= rc == -1 && strstr(kern_last_error(b->be), "beyond its 2 blocks") != NULL;
-            rc = b->ops->kv_store(b->be, kc, kc, buf, buf, slots, 2, 32);
+            rc = b->ops->kv_store(b->be, kc, kc, buf, buf, slots, 2, 2, 16, kern_kv_resolve(b->ops, KERN_KV_NATIVE));
             ok_slot &= rc == -1 && strstr(kern_last_error(b->be), "negative cache slot -1") != NULL;
         }
         release(b, buf);
@@ -1111,11 +1111,11 @@ static double att_time(bk *b, int n_seqs, int n, int pos0, int hq, int hkv, int 
     kern_attn_batch ab = {n_seqs, q_start, p0, table, nb, bs};
     const float scale = 1.0f / sqrtf((float)hd);
     /* warm-up (first-call setup), then reps calls back to back; to_host_f32 synchronises */
-    BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, hq, hkv, hd, scale));
+    BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, hq, hkv, hd, scale, kern_kv_resolve(b->ops, KERN_KV_NATIVE)));
     BK_TRY(b, b->ops->to_host_f32(b->be, &one, out, 1));
     double t0 = now_s();
     for (int r = 0; r < reps; r++)
-        BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, hq, hkv, hd, scale));
+        BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, hq, hkv, hd, scale, kern_kv_resolve(b->ops, KERN_KV_NATIVE)));
     BK_TRY(b, b->ops->to_host_f32(b->be, &one, out, 1));
     t = (now_s() - t0) / reps;
 fail:

@@ -55,8 +55,11 @@ def section(name, fn, *args):
 class Server:
     def __init__(self, binary, model, *extra, name="srv", wait_ready=True):
         self.log = tempfile.NamedTemporaryFile(prefix=f"echo-serve-{name}-", suffix=".log", delete=False)
+        # fp32 KV unless a test names another: the sections below compare against transformers' fp32 logits
+        # and against each other bit for bit (the oracle path); kv_section runs the default (bf16)
+        kv = [] if "--kv-cache-dtype" in extra else ["--kv-cache-dtype", "fp32"]
         args = [binary, "--model", model, "--port", "0", "--device", "cpu", "--threads", "1",
-                "--log-level", "info", *extra]
+                "--log-level", "info", *kv, *extra]
         self.args = args
         self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
         self.port = None
@@ -1916,17 +1919,86 @@ def props_section(S, name, n=None, seed=None):
 
 # ---------------------------------------------------------------- main
 
+def kv_section(binary, model, name):
+    """KV cache types and the memory budget (docs/kv-cache.md): the default cache is bf16 and says so (plan
+    line, /metrics), a prompt served again from the prefix cache gives the same logprobs, a budget of two
+    sequences admits eight concurrent requests one after another with none lost or cut, a --max-model-len the
+    budget cannot hold and a q8_0 cache on head_dim 16 are start-up errors naming the flags."""
+    # the demo model: 2 layers, 1 kv head of 16 -> bf16 2*2*1*16*2 = 128 bytes per token
+    per_tok = 2 * 2 * 1 * 16 * 2
+    budget = 2 * 256 * per_tok  # two full 256-token sequences: 32 blocks of 16
+    S = Server(binary, model, "--served-model-name", name, "--max-model-len", "256", "--max-num-seqs", "8",
+               "--kv-cache-dtype", "auto", "--kv-cache-memory", str(budget), "--max-num-batched-tokens", "64",
+               name="kv")
+    try:
+        log = S.logtext()
+        check("kv: plan names bf16 and 128 B/token/rank, budget pool of 32 blocks",
+              re.search(r"KV 32 blocks x 16 tokens bf16 \(128 B/token/rank", log) is not None, log[-1500:])
+        m = parse_metrics(S.url)
+        info = [x for x in m["echo:cache_config_info"].samples if x.name == "echo:cache_config_info"]
+        check("kv: /metrics cache_config_info cache_dtype=bf16", info and info[0].labels.get("cache_dtype") == "bf16",
+              info)
+        check("kv: /metrics echo:kv_bytes_in_use starts at 0", sample(m, "echo:kv_bytes_in_use",
+                                                                     "echo:kv_bytes_in_use") == 0)
+        body = {"prompt": "The quick brown fox jumps over the lazy dog. " * 6, "max_tokens": 4, "temperature": 0,
+                "logprobs": 2}
+        st1, a = cj(S.url + "/v1/completions", body)
+        st2, b = cj(S.url + "/v1/completions", body)
+        check("kv: bf16 prompt again from the prefix cache: same tokens and logprobs, cached_tokens > 0",
+              st1 == st2 == 200 and a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"] and
+              b["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, (a, b))
+        m = parse_metrics(S.url)
+        used = sample(m, "echo:kv_bytes_in_use", "echo:kv_bytes_in_use")
+        touched = sample(m, "echo:kv_bytes_touched", "echo:kv_bytes_touched")
+        check("kv: kv_bytes_in_use counts the cached blocks (whole 16-token blocks of 128 B/token)",
+              used and used % (16 * per_tok) == 0 and touched >= used, (used, touched))
+        # eight requests of ~100 prompt + 100 generated tokens (13 blocks each) against 32 blocks
+        import concurrent.futures as cf
+
+        def one(i):
+            return cj(S.url + "/v1/completions", {"prompt": f"Request {i}: " + "count the words again " * 20,
+                                                  "max_tokens": 100, "temperature": 0, "ignore_eos": True},
+                      timeout=300)
+        with cf.ThreadPoolExecutor(8) as ex:
+            res = list(ex.map(one, range(8)))
+        check("kv: 8 concurrent requests under a 2-sequence budget all finish whole (200, 100 tokens, length)",
+              all(st == 200 and j["usage"]["completion_tokens"] == 100 and j["choices"][0]["finish_reason"] == "length"
+                  for st, j in res), [(st, j if st != 200 else j["usage"]) for st, j in res][:3])
+    finally:
+        rc, log = S.stop()
+    check("kv server: SIGTERM -> exit 0", rc == 0, log[-1500:])
+
+    def start_error(*extra):
+        p = subprocess.run([binary, "--model", model, "--port", "0", "--device", "cpu", "--threads", "1", *extra],
+                           capture_output=True, timeout=120)
+        return p.returncode, p.stderr.decode(errors="replace")
+    rc, err = start_error("--max-model-len", "256", "--kv-cache-memory", str(100 * per_tok))
+    check("kv: --max-model-len over the budget is a start-up error naming both numbers",
+          rc != 0 and "--max-model-len 256" in err and "--kv-cache-memory 12800" in err and "holds 96 tokens" in err,
+          (rc, err[-800:]))
+    rc, err = start_error("--kv-cache-dtype", "q8_0")
+    check("kv: q8_0 on head_dim 16 is a start-up error naming the flag",
+          rc != 0 and "--kv-cache-dtype q8_0" in err and "head_dim is 16" in err, (rc, err[-800:]))
+    rc, err = start_error("--kv-cache-memory", "lots")
+    check("kv: a bad --kv-cache-memory is a usage error (2)", rc == 2 and "--kv-cache-memory" in err, (rc, err))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--mode", choices=["full", "asan"], default="full")
-    ap.add_argument("--only", choices=["props"], help="run only issue 35's repros and property test (any binary)")
+    ap.add_argument("--only", choices=["props", "kv"],
+                    help="props: only issue 35's repros and property test (any binary); kv: only the KV cache section")
     a = ap.parse_args()
     name = "echo-demo"
     t0 = time.time()
     common = ["--served-model-name", name, "--max-model-len", "256", "--max-num-seqs", "8",
               "--max-num-batched-tokens", "64", "--timeout", "3", "--drain-seconds", "3"]
+    if a.only == "kv":
+        section("kv cache", kv_section, a.bin, a.model, name)
+        print(f"{len(PASSED)} passed, {len(FAILED)} failed")
+        sys.exit(1 if FAILED else 0)
     S = Server(a.bin, a.model, *common, name="main")
     try:
         if a.only == "props":
@@ -1955,6 +2027,7 @@ def main():
     if a.only != "props":
         section("limits", limits_section, a.bin, a.model, name)
         section("prefix cache", prefix_cache_section, a.bin, a.model, name, a.mode)
+        section("kv cache", kv_section, a.bin, a.model, name)
     bad = [l for l in log.splitlines()
            if re.search(r"ERROR: (AddressSanitizer|LeakSanitizer)|Sanitizer has encountered|runtime error:", l)]
     check("main server: no sanitizer reports (leaks included) at shutdown", not bad, "\n".join(bad[:10]) +

@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/overlap.h"
+#include "kernels/kv.h"
 #include "tests/unit/testutil.h"
 
 #define MODELS TU_FIXTURES "/models"
@@ -1109,6 +1110,155 @@ START_TEST(test_prefix_cache_exact) {
 }
 END_TEST
 
+/* ---- KV cache types and the memory budget (kernels.h kern_kv_dtype) ---- */
+
+static eng *open_kv(const char *name, int tp, kern_kv_dtype dt, int off, size_t budget, int max_len, char *err) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", MODELS, name);
+    eng_config c = {.model_dir = dir,
+                    .tp = tp,
+                    .allreduce = ECHO_PRESET_EXACT,
+                    .threads = 2,
+                    .max_model_len = max_len,
+                    .max_num_seqs = 4,
+                    .kv_block_size = 4,
+                    .kv_dtype = dt,
+                    .kv_cache_memory = budget,
+                    .no_prefix_cache = off};
+    eng *e = NULL;
+    if (eng_create(&c, &e, err, 1024)) return NULL;
+    return e;
+}
+
+/* Every cache type: with the exact all-reduce, prompts served on cached
+ * blocks give the bits of an engine without the cache (the stored rows are
+ * a deterministic function of the token's k/v), at tp 1 and 2 (ranks as
+ * threads); fp32 named explicitly is the native (oracle) path; and the
+ * narrow types stay near fp32's logits. wide-head has head_dim 32 (q8_0's
+ * smallest), gguf-qwen3 a GGUF's. */
+START_TEST(test_kv_types_prefix_cache_exact) {
+    static const char *models[] = {"wide-head", "gguf-qwen3/model.gguf"};
+    static const kern_kv_dtype dts[] = {KERN_KV_F32, KERN_KV_BF16, KERN_KV_F16, KERN_KV_Q8_0};
+    char err[1024];
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
+        float *base = NULL, *tp1 = NULL;
+        for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
+            for (int tp = 1; tp <= 2; tp++) {
+                eng *on = open_kv(models[mi], tp, dts[d], 0, 0, 128, err);
+                ck_assert_msg(on != NULL, "%s %d tp %d: %s", models[mi], (int)dts[d], tp, err);
+                if (kern_kv_invalid(dts[d], eng_model_config(on)->head_dim)) {
+                    eng_destroy(on);
+                    continue;
+                }
+                eng *off = open_kv(models[mi], tp, dts[d], 1, 0, 128, err);
+                ck_assert_msg(off != NULL, "%s", err);
+                ck_assert_int_eq(eng_get_config(on)->kv_dtype, dts[d]);
+                const int V = eng_model_config(on)->vocab_size;
+                int32_t p[40];
+                make_prompt(p, 40, V, 41u + (unsigned)mi);
+                int r0, r1, r2;
+                float *a0 = pc_run(on, p, 23, -1, 3, &r0, 0, NULL); /* fills the cache */
+                float *a = pc_run(on, p, 31, -1, 3, &r1, 0, NULL);  /* 20 tokens from it */
+                float *b = pc_run(off, p, 31, -1, 3, &r2, 0, NULL);
+                ck_assert_int_eq(r1, 20);
+                ck_assert_int_eq(r2, 0);
+                ck_assert_msg(!memcmp(a, b + (size_t)20 * V, (size_t)(11 + 3) * V * sizeof *a),
+                              "%s %s tp %d: logits on cached blocks differ from a whole pass", models[mi],
+                              kern_kv_dtype_name(dts[d]), tp);
+                size_t nb = (size_t)(31 + 3) * V;
+                if (tp == 1) {
+                    free(tp1);
+                    tp1 = b;
+                    b = NULL;
+                }
+                if (dts[d] == KERN_KV_F32 && tp == 1) { /* fp32 named == the native cache, bit for bit */
+                    eng *nat = open_kv(models[mi], 1, KERN_KV_NATIVE, 1, 0, 128, err);
+                    ck_assert_msg(nat != NULL, "%s", err);
+                    int rn;
+                    float *n = pc_run(nat, p, 31, -1, 3, &rn, 0, NULL);
+                    ck_assert(!memcmp(n, tp1, nb * sizeof *n));
+                    base = n;
+                    eng_destroy(nat);
+                } else if (tp == 1) { /* close to fp32: the narrow type's rounding only */
+                    double worst = 0;
+                    for (size_t i = 0; i < nb; i++) worst = fmax(worst, fabs((double)tp1[i] - base[i]));
+                    fprintf(stderr, "kv %s %s: max |logit - fp32 logit| %g\n", models[mi], kern_kv_dtype_name(dts[d]), worst);
+                    ck_assert_msg(worst < (dts[d] == KERN_KV_Q8_0 ? 1.0 : 0.3), "%s %s: logits %g from fp32's",
+                                  models[mi], kern_kv_dtype_name(dts[d]), worst);
+                }
+                free(a0);
+                free(a);
+                free(b);
+                eng_destroy(on);
+                eng_destroy(off);
+            }
+        free(base);
+        free(tp1);
+    }
+}
+END_TEST
+
+/* The budget sizes the pool: N blocks' bytes (from the config, by hand:
+ * 2 x layers x block x kv heads x head_dim x 2 bytes of bf16) give N
+ * blocks, a large one stops at max_num_seqs full sequences, and one that
+ * cannot hold max_model_len is a start-up error naming both numbers. */
+START_TEST(test_kv_budget) {
+    char err[1024];
+    /* wide-head: 3 layers, 2 kv heads of 32 */
+    const size_t tok = 2 * 3 * 2 * 32 * 2, blk = 4 * tok;
+    eng *e = open_kv("wide-head", 1, KERN_KV_BF16, 0, 40 * blk + blk / 2, 128, err);
+    ck_assert_msg(e != NULL, "%s", err);
+    eng_kv_usage u;
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.total_blocks, 40);
+    ck_assert_uint_eq(u.block_bytes, blk);
+    eng_destroy(e);
+    e = open_kv("wide-head", 1, KERN_KV_BF16, 0, (size_t)1 << 30, 128, err);
+    ck_assert_msg(e != NULL, "%s", err);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.total_blocks, 4 * 128 / 4);
+    eng_destroy(e);
+    /* q8_0: 2 x 3 x 2 x 34 bytes per token; 31 blocks hold 124 < 128 tokens */
+    const size_t qblk = 4 * (2 * 3 * 2 * 34);
+    e = open_kv("wide-head", 1, KERN_KV_Q8_0, 0, 31 * qblk, 128, err);
+    ck_assert(e == NULL);
+    ck_assert_msg(strstr(err, "--max-model-len 128") && strstr(err, "holds 124 tokens") &&
+                      strstr(err, "--kv-cache-memory") && strstr(err, "408 bytes per token"),
+                  "%s", err);
+    /* 32 blocks hold exactly 128 */
+    e = open_kv("wide-head", 1, KERN_KV_Q8_0, 0, 32 * qblk, 128, err);
+    ck_assert_msg(e != NULL, "%s", err);
+    eng_kv_get_usage(e, &u);
+    ck_assert_int_eq(u.total_blocks, 32);
+    eng_destroy(e);
+    /* a head_dim q8_0 cannot take: the start-up error names the flag */
+    e = open_kv("tied", 1, KERN_KV_Q8_0, 0, 0, 64, err);
+    ck_assert(e == NULL);
+    ck_assert_msg(strstr(err, "--kv-cache-dtype q8_0") && strstr(err, "head_dim is 16"), "%s", err);
+}
+END_TEST
+
+/* Blocks are touched in order: the pool reports the blocks ever handed out
+ * and those holding data, and reuses a freed block before a fresh one. */
+START_TEST(test_kv_touched_blocks) {
+    char err[1024];
+    eng *e = open_kv("wide-head", 1, KERN_KV_BF16, 1, 0, 64, err);
+    ck_assert_msg(e != NULL, "%s", err);
+    const int V = eng_model_config(e)->vocab_size;
+    int32_t p[16];
+    make_prompt(p, 16, V, 3u);
+    for (int round = 0; round < 3; round++) {
+        int r;
+        free(pc_run(e, p, 16, -1, 0, &r, 0, NULL)); /* 4 blocks, freed again */
+        eng_kv_usage u;
+        eng_kv_get_usage(e, &u);
+        ck_assert_int_eq(u.touched_blocks, 4);
+        ck_assert_int_eq(u.used_blocks, 0);
+    }
+    eng_destroy(e);
+}
+END_TEST
+
 /* The same prefix twice in one step: neither finds the other (nothing is
  * registered before a step computed it), both compute it, the second copy
  * stays out of the cache, and the next request maps the first. A request
@@ -1305,6 +1455,9 @@ int main(void) {
     tcase_add_test(pc, test_prefix_cache_same_step);
     tcase_add_test(pc, test_prefix_cache_eviction);
     tcase_add_test(pc, test_prefix_cache_echo);
+    tcase_add_test(pc, test_kv_types_prefix_cache_exact);
+    tcase_add_test(pc, test_kv_budget);
+    tcase_add_test(pc, test_kv_touched_blocks);
     suite_add_tcase(s, pc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

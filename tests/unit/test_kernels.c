@@ -434,12 +434,12 @@ START_TEST(test_attention_paged_gqa) {
         vlog[s] = rand_vec((size_t)len * kvd);
         int32_t slots[32];
         for (int p = 0; p < len; p++) slots[p] = table[s][p / BS] * BS + p % BS;
-        ck_assert_int_eq(ops->kv_store(be, kc, vc, klog[s], vlog[s], slots, len, kvd), 0);
+        ck_assert_int_eq(ops->kv_store(be, kc, vc, klog[s], vlog[s], slots, len, HKV, HD, KERN_KV_F32), 0);
     }
     int32_t q_start[3] = {0, nq[0], nq[0] + nq[1]};
     kern_attn_batch b = {2, q_start, pos0, &table[0][0], 3, BS};
     float *q = rand_vec((size_t)q_start[2] * qd), *out = ops->alloc(be, (size_t)q_start[2] * qd * sizeof(float));
-    ck_assert_int_eq(ops->attention(be, out, q, kc, vc, &b, HQ, HKV, HD, scale), 0);
+    ck_assert_int_eq(ops->attention(be, out, q, kc, vc, &b, HQ, HKV, HD, scale, KERN_KV_F32), 0);
     double sc[32];
     for (int s = 0; s < 2; s++)
         for (int i = 0; i < nq[s]; i++)
@@ -460,13 +460,13 @@ START_TEST(test_attention_paged_gqa) {
                 }
             }
     /* bad geometry is refused with a message */
-    ck_assert_int_ne(ops->attention(be, out, q, kc, vc, &b, 6, 4, HD, scale), 0);
+    ck_assert_int_ne(ops->attention(be, out, q, kc, vc, &b, 6, 4, HD, scale, KERN_KV_F32), 0);
     int32_t far[2] = {40, 0};
     kern_attn_batch bad = {2, q_start, far, &table[0][0], 3, BS};
-    ck_assert_int_ne(ops->attention(be, out, q, kc, vc, &bad, HQ, HKV, HD, scale), 0);
+    ck_assert_int_ne(ops->attention(be, out, q, kc, vc, &bad, HQ, HKV, HD, scale, KERN_KV_F32), 0);
     ck_assert_ptr_nonnull(strstr(kern_last_error(be), "beyond"));
     int32_t neg = -1;
-    ck_assert_int_ne(ops->kv_store(be, kc, vc, klog[0], vlog[0], &neg, 1, kvd), 0);
+    ck_assert_int_ne(ops->kv_store(be, kc, vc, klog[0], vlog[0], &neg, 1, HKV, HD, KERN_KV_F32), 0);
     for (int s = 0; s < 2; s++) {
         free(klog[s]);
         free(vlog[s]);
@@ -845,17 +845,17 @@ START_TEST(test_attention_decode_equals_prefill) {
     float *k = rand_vec((size_t)len * kvd), *v = rand_vec((size_t)len * kvd), *q = rand_vec((size_t)nq * qd);
     int32_t slots[32], table[NB] = {6, 1, 7, 0, 2, 3, 4, 5};
     for (int p = 0; p < len; p++) slots[p] = table[p / BS] * BS + p % BS;
-    ck_assert_int_eq(ops->kv_store(be, kc, vc, k, v, slots, len, kvd), 0);
+    ck_assert_int_eq(ops->kv_store(be, kc, vc, k, v, slots, len, HKV, HD, KERN_KV_F32), 0);
     float *all = malloc((size_t)nq * qd * 4), *one = malloc((size_t)3 * qd * 4);
     for (int x = 0; x < 2; x++) {
         int32_t q_start[2] = {0, nq};
         kern_attn_batch b = {1, q_start, &pos0, table, NB, BS};
-        ck_assert_int_eq(os[x]->attention(bs[x], all, q, kc, vc, &b, HQ, HKV, HD, 0.125f), 0);
+        ck_assert_int_eq(os[x]->attention(bs[x], all, q, kc, vc, &b, HQ, HKV, HD, 0.125f, KERN_KV_F32), 0);
         for (int i = 0; i < nq; i++)
             for (int m = 1; m <= 3 && i + m <= nq; m += 2) { /* 1 or 3 queries from row i */
                 int32_t qs[2] = {0, m}, p0 = pos0 + i;
                 kern_attn_batch d = {1, qs, &p0, table, NB, BS};
-                ck_assert_int_eq(os[x]->attention(bs[x], one, q + (size_t)i * qd, kc, vc, &d, HQ, HKV, HD, 0.125f), 0);
+                ck_assert_int_eq(os[x]->attention(bs[x], one, q + (size_t)i * qd, kc, vc, &d, HQ, HKV, HD, 0.125f, KERN_KV_F32), 0);
                 ck_assert_msg(memcmp(one, all + (size_t)i * qd, (size_t)m * qd * 4) == 0,
                               "path %d: %d queries from row %d differ from the prompt's", x, m, i);
             }
@@ -895,7 +895,7 @@ START_TEST(test_attention_decode_shapes) {
             float *k = rand_vec((size_t)len[sq] * kvd), *v = rand_vec((size_t)len[sq] * kvd);
             int32_t slots[32];
             for (int p = 0; p < len[sq]; p++) slots[p] = table[sq][p / BS] * BS + p % BS;
-            ck_assert_int_eq(ref_o->kv_store(ref_b, kc, vc, k, v, slots, len[sq], kvd), 0);
+            ck_assert_int_eq(ref_o->kv_store(ref_b, kc, vc, k, v, slots, len[sq], hkv, hd, KERN_KV_F32), 0);
             free(k);
             free(v);
         }
@@ -904,7 +904,7 @@ START_TEST(test_attention_decode_shapes) {
         /* the reference: both prompts whole (packed) on the portable path */
         int32_t q_start[NS + 1] = {0, len[0], len[0] + len[1]}, pos0[NS] = {0, 0};
         kern_attn_batch all = {NS, q_start, pos0, &table[0][0], NB / 2, BS};
-        ck_assert_int_eq(ref_o->attention(ref_b, ref, q, kc, vc, &all, hq, hkv, hd, 0.11f), 0);
+        ck_assert_int_eq(ref_o->attention(ref_b, ref, q, kc, vc, &all, hq, hkv, hd, 0.11f, KERN_KV_F32), 0);
         for (int y = 0; y < 2; y++)
             for (int i = 3; i < 13; i += 4) { /* both sequences decode position i (and 16 + i) */
                 int32_t ds[NS + 1] = {0, 1, 2}, dp[NS] = {i, 16 + i};
@@ -912,7 +912,7 @@ START_TEST(test_attention_decode_shapes) {
                 memcpy(qq, q + (size_t)i * qd, (size_t)qd * 4);
                 memcpy(qq + qd, q + (size_t)(len[0] + 16 + i) * qd, (size_t)qd * 4);
                 kern_attn_batch d = {NS, ds, dp, &table[0][0], NB / 2, BS};
-                ck_assert_int_eq(os[y]->attention(bs[y], got, qq, kc, vc, &d, hq, hkv, hd, 0.11f), 0);
+                ck_assert_int_eq(os[y]->attention(bs[y], got, qq, kc, vc, &d, hq, hkv, hd, 0.11f, KERN_KV_F32), 0);
                 ck_assert_msg(memcmp(got, ref + (size_t)i * qd, (size_t)qd * 4) == 0,
                               "hq %d hkv %d hd %d, %d thread(s): seq 0 position %d differs from the prompt's", hq,
                               hkv, hd, y ? 3 : 1, i);
@@ -1004,11 +1004,11 @@ START_TEST(test_attention_isa_paths_agree) {
         float *k = rand_vec((size_t)len * kvd), *v = rand_vec((size_t)len * kvd), *q = rand_vec((size_t)nq * qd);
         int32_t slots[16], table[NB] = {5, 1, 7, 0, 2, 3, 4, 6}, q_start[2] = {0, nq};
         for (int p = 0; p < len; p++) slots[p] = table[p / BS] * BS + p % BS;
-        ck_assert_int_eq(ops->kv_store(be, kc, vc, k, v, slots, len, kvd), 0);
+        ck_assert_int_eq(ops->kv_store(be, kc, vc, k, v, slots, len, HKV, hd, KERN_KV_F32), 0);
         kern_attn_batch b = {1, q_start, &pos0, table, NB, BS};
         float *a = malloc((size_t)nq * qd * 4), *c = malloc((size_t)nq * qd * 4);
-        ck_assert_int_eq(ops->attention(be, a, q, kc, vc, &b, HQ, HKV, hd, 0.088f), 0);
-        ck_assert_int_eq(o2->attention(b2, c, q, kc, vc, &b, HQ, HKV, hd, 0.088f), 0);
+        ck_assert_int_eq(ops->attention(be, a, q, kc, vc, &b, HQ, HKV, hd, 0.088f, KERN_KV_F32), 0);
+        ck_assert_int_eq(o2->attention(b2, c, q, kc, vc, &b, HQ, HKV, hd, 0.088f, KERN_KV_F32), 0);
         ck_assert_msg(memcmp(a, c, (size_t)nq * qd * 4) == 0, "hd %d: vector and portable attention differ", hd);
         free(a);
         free(c);

@@ -443,7 +443,7 @@ START_TEST(test_cli_json_matches_reference) {
             o += (size_t)snprintf(ids + o, sizeof ids - o, "%s%d", i ? "," : "", p->prompt[i]);
         snprintf(cmd, sizeof cmd,
                  "%s/echo-generate --model %s --prompt-tokens %s --max-tokens 32 --temperature 0 "
-                 "--top-logprobs 5 --ignore-eos --json --threads 2 --act-quant none",
+                 "--top-logprobs 5 --ignore-eos --json --threads 2 --act-quant none --kv-cache-dtype fp32",
                  bin_dir(), names[mi], ids);
         int st;
         char *out = tu_run(cmd, &st);
@@ -939,7 +939,7 @@ START_TEST(test_act_q8_refused) {
     ck_assert_msg(kern_backend_create("cpu", 1, 0, &cpu, &be, err, sizeof err) == 0, "%s", err);
     kern_ops noq = *cpu;
     noq.upload_quantized = NULL;
-    model_load_opts o = {&noq, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 1};
+    model_load_opts o = {&noq, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 1, KERN_KV_NATIVE};
     model *m = NULL;
     ck_assert_int_ne(model_load("random:tiny,layers=2", &o, &m, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "does not keep Q8_0 weights"), "%s", err);
@@ -1019,7 +1019,7 @@ START_TEST(test_fused_weights_model) {
     const char *spec = "random:tiny,layers=2,seed=12";
     model *m[2] = {NULL, NULL};
     for (int f = 0; f < 2; f++) {
-        model_load_opts o = {cpu, be, NULL, 0, 1, NULL, 16, 4, f, 0, 0};
+        model_load_opts o = {cpu, be, NULL, 0, 1, NULL, 16, 4, f, 0, 0, KERN_KV_NATIVE};
         ck_assert_msg(model_load(spec, &o, &m[f], err, sizeof err) == 0, "%s", err);
     }
     ck_assert_uint_eq(model_weight_bytes(m[0]), model_weight_bytes(m[1]));
@@ -1104,7 +1104,7 @@ START_TEST(test_model_graph_routing) {
     fake.graph_drop_all = fake_graph_drop_all;
     const char *spec = "random:tiny,layers=2,seed=4";
     model *mg = NULL, *me = NULL;
-    model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0};
+    model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0, KERN_KV_NATIVE}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0, KERN_KV_NATIVE};
     ck_assert_msg(model_load(spec, &og, &mg, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(model_load(spec, &oe, &me, err, sizeof err) == 0, "%s", err);
     eng_runner rg = {.m = mg, .ops = &fake, .be = be, .graphs = 1}, re = {.m = me, .ops = cpu, .be = be};

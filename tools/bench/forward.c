@@ -62,6 +62,7 @@
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "kernels/kv.h"
 #include "model/model.h"
 #include "tools/bench/bench.h"
 #include "tools/cli.h"
@@ -74,6 +75,7 @@ typedef struct fw_opts {
     int cuda_graphs;          /* eng_config.cuda_graphs */
     int quantize;             /* eng_config.quantize */
     int act_quant;            /* eng_config.act_quant */
+    kern_kv_dtype kv_dtype;   /* eng_config.kv_dtype */
     int overlap;              /* eng_config.overlap */
     long oneshot;             /* eng_config.oneshot */
     echo_preset allreduce;    /* eng_config.allreduce (tp > 1) */
@@ -200,6 +202,7 @@ static const char FW_USAGE[] =
     "  --act-quant auto|none|q8_0  q8_0: the quantized matrices multiply 8-bit activations in\n"
     "                      integers, as llama.cpp does (cpu; eng_config.act_quant). auto (default):\n"
     "                      on a GGUF's quantized matrices; none: the exact path\n"
+    "  --kv-cache-dtype auto|fp32|bf16|fp16|q8_0  what the KV cache stores (default auto: bf16)\n"
     "  --overlap auto|off|N  prefill overlap at --tp > 1 on cpu (eng_config.overlap): prompts of >= 128\n"
     "                      tokens as N micro-batches; auto (default): 2 under mpirun, else off\n"
     "  --oneshot auto|off|BYTES  one-shot all-reduce for calls of <= BYTES of fp32 at --tp > 1 on cpu\n"
@@ -234,6 +237,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_GRAPHS,
         O_QUANT,
         O_ACTQ,
+        O_KVDT,
         O_ALLRED,
         O_EGROUP,
         O_EMINB,
@@ -259,6 +263,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"cuda-graphs", no_argument, 0, O_GRAPHS},
         {"quantize", required_argument, 0, O_QUANT},
         {"act-quant", required_argument, 0, O_ACTQ},
+        {"kv-cache-dtype", required_argument, 0, O_KVDT},
         {"allreduce", required_argument, 0, O_ALLRED},
         {"echo-group", required_argument, 0, O_EGROUP},
         {"echo-min-bytes", required_argument, 0, O_EMINB},
@@ -385,6 +390,10 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         case O_ACTQ:
             if (cli_parse_act_quant(a, &o->act_quant))
                 rc = fw_usage_error("--act-quant: expected auto, none or q8_0, got '%s'", a);
+            break;
+        case O_KVDT:
+            if (cli_parse_kv_dtype(a, &o->kv_dtype))
+                rc = fw_usage_error("--kv-cache-dtype: expected auto, fp32, bf16, fp16 or q8_0, got '%s'", a);
             break;
         case 'h':
         case O_HELP:
@@ -665,6 +674,7 @@ int bench_forward_main(int argc, char **argv) {
     cli_procs_start("echo-bench forward"); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     fw_opts o = {.device = "cpu",
                  .act_quant = ENG_ACT_AUTO,
+                 .kv_dtype = KERN_KV_BF16,
                  .tp = 1,
                  .gemm_dim = -1,
                  .iters = 3,
@@ -747,6 +757,7 @@ int bench_forward_main(int argc, char **argv) {
                      .cuda_graphs = o.cuda_graphs,
                      .quantize = o.quantize,
                      .act_quant = o.act_quant,
+                     .kv_dtype = o.kv_dtype,
                      .overlap = o.overlap,
                      .oneshot = o.oneshot};
     eng *e = NULL;
@@ -779,7 +790,8 @@ int bench_forward_main(int argc, char **argv) {
     eng_rank_info ri;
     eng_get_rank_info(e, 0, &ri);
     double read_bytes = (double)ri.weight_bytes - (mc.tie_word_embeddings ? 0.0 : (double)ri.embed_bytes);
-    double kv_tok = (double)L * 2 * (mc.num_kv_heads % o.tp ? 1 : mc.num_kv_heads / o.tp) * mc.head_dim * act_size;
+    /* the cache's bytes per token on this rank, as its type stores them */
+    double kv_tok = (double)eng_kv_block_bytes(eng_get_config(e), &mc) / bs;
     double qd = (double)mc.num_heads * mc.head_dim, kvd = (double)mc.num_kv_heads * mc.head_dim;
     double p_layers = (double)L * (H * (qd + 2 * kvd) + qd * H + 3.0 * H * mc.intermediate_size);
 
@@ -890,6 +902,7 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "weight_bytes", json_integer((json_int_t)ri.weight_bytes));
         json_object_set_new(root, "weight_bytes_read_per_step", json_real(read_bytes));
         json_object_set_new(root, "kv_bytes_per_token", json_real(kv_tok));
+        json_object_set_new(root, "kv_cache_dtype", json_string(kern_kv_dtype_name(eng_get_config(e)->kv_dtype)));
         json_object_set_new(root, "copy_bytes", json_integer((json_int_t)copy_bytes));
         json_object_set_new(root, on_cpu ? "read_gbps" : "copy_gbps", json_real(bps / 1e9));
         json_object_set_new(root, "quantize", json_string(o.quantize ? "q8_0" : "none"));
@@ -934,6 +947,7 @@ int bench_forward_main(int argc, char **argv) {
         const int graphs_on = o.cuda_graphs && !eng_graphs_note(e);
         printf("# echo-bench forward: %s on %s, tp %d, %s activations; %d layers, hidden %d, vocab %d%s\n", o.model,
                o.device, o.tp, act, L, H, V, graphs_on ? "; decode through CUDA graphs" : "");
+        printf("# KV cache %s, %.0f bytes per token per rank\n", kern_kv_dtype_name(eng_get_config(e)->kv_dtype), kv_tok);
         if (on_cpu)
             printf("# weights %.3f GB held%s, %.3f GB read per decode step; read bandwidth %.1f GB/s (%zu MiB "
                    "streamed by %ld threads); load %.1f s\n",
