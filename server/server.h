@@ -34,6 +34,7 @@
 #include <stddef.h>
 
 #include "comm/echo.h"
+#include "engine/engine.h"
 
 typedef enum srv_log_level { SRV_LOG_DEBUG = 0, SRV_LOG_INFO, SRV_LOG_WARNING, SRV_LOG_ERROR } srv_log_level;
 
@@ -70,6 +71,7 @@ typedef struct srv_options {
     srv_log_level log_level;
     int cuda_graphs; /* 1: decode steps through CUDA graphs (eng_config.cuda_graphs), default 0 */
     int no_prefix_caching; /* 1: no automatic prefix cache (eng_config.no_prefix_cache); default 0: on */
+    eng_spec_params spec;  /* speculative decoding (server/spec.c): draft_max 0 (default) = off */
 } srv_options;
 
 typedef struct srv_server srv_server;
