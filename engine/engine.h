@@ -406,6 +406,13 @@ typedef struct eng_spec_params {
  * (one ending before position n - 1) and up to kmax tokens that followed
  * it, into out. Returns the draft's length (0: no match). */
 int eng_spec_ngram(const int32_t *toks, int n, const eng_spec_params *p, int kmax, int32_t *out);
+/* The next draft's length at most after a draft of n tokens of which
+ * `accepted` were taken, under a cap of k now (start: draft_max): doubled
+ * after a draft taken whole, else what was accepted plus one, within
+ * 1..draft_max. A rejected draft token costs a row of compute; on text that
+ * does not repeat its context this keeps drafts at one token
+ * (docs/speculative.md, "Cost"). */
+int eng_spec_next_k(int k, int n, int accepted, int draft_max);
 /* The speculative rejection rule for a deterministic draft token x on one
  * row: greedy (temperature 0 or top_k 1) returns the argmax (x accepted iff
  * it is the argmax; no draw); otherwise, with p the distribution eng_sample

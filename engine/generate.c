@@ -93,7 +93,7 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
      * accepted draft token gives one more, and the KV of the rejected
      * draft tokens is dropped. Without a draft a step is the plain decode. */
     memcpy(ctx, prompt, (size_t)n_prompt * sizeof *ctx);
-    int n_ctx = n_prompt, nrows = 1, nd = 0, produced = 0;
+    int n_ctx = n_prompt, nrows = 1, nd = 0, produced = 0, kcap = p->spec.draft_max;
     for (;;) {
         int j = 0, stop = 0, acc = 0;
         for (; j < nrows && !stop; j++) {
@@ -138,6 +138,7 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
             }
         }
         if (p->spec_stats) p->spec_stats[2] += acc;
+        kcap = eng_spec_next_k(kcap, nd, acc, p->spec.draft_max);
         if (stop) break;
         /* j rows were used: the fed token and j - 1 accepted draft tokens
          * stay in the cache, the rest of the draft goes */
@@ -147,6 +148,7 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
         }
         int room = p->max_tokens - produced - 1; /* the step's last row gives one more token */
         if (room > ec->max_batch_tokens - 1) room = ec->max_batch_tokens - 1;
+        if (room > kcap) room = kcap;
         nd = p->spec.draft_max > 0 ? eng_spec_ngram(ctx, n_ctx, &p->spec, room, draft) : 0;
         if (p->spec_stats) {
             p->spec_stats[0]++;

@@ -24,3 +24,9 @@ int eng_spec_ngram(const int32_t *toks, int n, const eng_spec_params *p, int kma
     }
     return 0;
 }
+
+int eng_spec_next_k(int k, int n, int accepted, int draft_max) {
+    if (n <= 0) return k;
+    k = accepted == n ? 2 * k : accepted + 1;
+    return k < 1 ? 1 : k > draft_max ? draft_max : k;
+}

@@ -33,13 +33,7 @@ int srv_spec_draft(srv_server *s, srv_req *r, int budget) {
 }
 
 void srv_spec_done(srv_server *s, srv_req *r, int n, int accepted) {
-    const int kmax = s->opt.spec.draft_max;
-    /* Draft length: what was just accepted plus one, doubled after a
-     * draft taken whole. A rejected draft token costs a row of compute; on
-     * text that does not repeat its context this keeps drafts at one
-     * token (docs/speculative.md, "Cost"). */
-    int k = accepted == n ? 2 * r->spec_k : accepted + 1;
-    r->spec_k = k < 1 ? 1 : k > kmax ? kmax : k;
+    r->spec_k = eng_spec_next_k(r->spec_k, n, accepted, s->opt.spec.draft_max);
     r->spec_steps++; /* read by the HTTP side once the request is done */
     r->spec_drafted += n;
     r->spec_accepted += accepted;

@@ -59,6 +59,13 @@ START_TEST(test_ngram_drafts) {
     const int32_t d[] = {5, 5, 5, 5};
     ck_assert_int_eq(eng_spec_ngram(d, 4, &p, 8, out), 1);
     ck_assert_int_eq(out[0], 5);
+    /* the draft length policy: doubled after a draft taken whole, else accepted + 1, in 1..draft_max */
+    ck_assert_int_eq(eng_spec_next_k(4, 4, 4, 8), 8);
+    ck_assert_int_eq(eng_spec_next_k(8, 8, 8, 8), 8);
+    ck_assert_int_eq(eng_spec_next_k(1, 1, 1, 8), 2);
+    ck_assert_int_eq(eng_spec_next_k(8, 5, 2, 8), 3);
+    ck_assert_int_eq(eng_spec_next_k(8, 3, 0, 8), 1);
+    ck_assert_int_eq(eng_spec_next_k(3, 0, 0, 8), 3); /* no draft: unchanged */
 }
 END_TEST
 
