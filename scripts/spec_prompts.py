@@ -11,6 +11,9 @@ Kinds:
   schema   a JSON schema answer (response_format json_schema)               -- structured
   tool     a tool call (tools + tool_choice)                                 -- structured
 usage: scripts/spec_prompts.py [--kinds code,quote,prose,schema,tool] [--n N per kind] [--seed S]
+                               [--bench OUTPUT_LEN]
+--bench: echo-bench serve's jsonl instead ({"prompt": the messages' text, "output_len": M}; for
+--endpoint /v1/chat/completions, which sends it as one user message).
 """
 import argparse
 import json
@@ -116,6 +119,7 @@ def main():
     ap.add_argument("--kinds", default="code,quote,prose,schema,tool")
     ap.add_argument("--n", type=int, default=10, help="prompts per kind")
     ap.add_argument("--seed", type=int, default=45)
+    ap.add_argument("--bench", type=int, default=0, metavar="OUTPUT_LEN")
     a = ap.parse_args()
     makers = {"code": code_prompt, "quote": quote_prompt, "prose": prose_prompt, "schema": schema_prompt,
               "tool": tool_prompt}
@@ -129,6 +133,8 @@ def main():
             if kind == "tool":
                 o["tools"] = [TOOL]
                 o["tool_choice"] = rng.choice(["required", {"type": "function", "function": {"name": "get_weather"}}])
+            if a.bench:
+                o = {"prompt": "\n\n".join(m["content"] for m in o["messages"]), "output_len": a.bench}
             print(json.dumps(o))
             k += 1
 
