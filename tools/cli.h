@@ -58,8 +58,9 @@ typedef struct cli_spec {
 #define CLI_SPEC_HELP                                                                                              \
     "  --speculative none|ngram speculative decoding: ngram drafts up to --spec-draft-max tokens per step\n"     \
     "                         by prompt lookup (the latest earlier occurrence of the last n tokens in\n"        \
-    "                         prompt + output) and verifies them in the decode step; the same greedy\n"         \
-    "                         tokens, the same sampling distribution (docs/speculative.md). Default none\n"     \
+    "                         prompt + output) and verifies them in the decode step; the sampling\n"           \
+    "                         distribution is unchanged, greedy tokens too where rows do not depend on the\n"  \
+    "                         batch (exact on threads; docs/speculative.md). Default none\n"                    \
     "  --spec-ngram-min N     smallest n-gram matched, 1..16 (default 2)\n"                                     \
     "  --spec-ngram-max N     largest n-gram matched (tried first), 1..16 (default 4)\n"                        \
     "  --spec-draft-max N     draft tokens per step at most, 1..64 (default 8)\n"
