@@ -463,7 +463,10 @@ typedef enum eng_finish { ENG_FINISH_LENGTH = 0, ENG_FINISH_EOS, ENG_FINISH_STOP
 
 /* Prefill the prompt (in chunks of at most max_batch_tokens, cut by
  * eng_prompt_chunk), then decode until max_tokens, an EOS id
- * (unless ignore_eos), a stop id, or the callback says stop. */
+ * (unless ignore_eos), a stop id, or the callback says stop. With
+ * p->spec.draft_max > 0 each decode step verifies a prompt-lookup draft
+ * (ENG_LOGITS_VERIFY; drafts fit max_tokens and max_batch_tokens - 1) and
+ * the callback sees every accepted token in order. */
 int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_params *p, eng_token_cb cb, void *user,
                  eng_finish *finish, char *err, size_t errlen);
 

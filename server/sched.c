@@ -13,7 +13,9 @@
  * with exact on threads the engine computes each row the same whatever else
  * is in the batch, so greedy output does not depend on concurrency; under
  * another all-reduce a prompt's rows still do not (engine.h, "Passes"),
- * decode rows do.
+ * decode rows do. With --speculative ngram a decode carries a draft and
+ * its rows are taken in order until the first rejection (server/spec.c,
+ * take_draft).
  */
 #include <math.h>
 #include <stdio.h>
