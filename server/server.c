@@ -294,7 +294,9 @@ static double dir_safetensors_mb(const char *dir) {
 
 int srv_load(srv_server *s, char *err, size_t errlen) {
     const srv_options *o = &s->opt;
-    if (model_config_load(s->model_dir, &s->mc, err, errlen)) return -1;
+    if (model_config_load(s->model_dir, &s->mc, err, errlen) ||
+        model_config_rope_override(&s->mc, o->rope_scaling, err, errlen))
+        return -1;
     load_gen_defaults(s, s->model_dir, &s->gd);
     int trc = eng_tokenizer_load(s->model_dir, &s->tok, &s->chat, err, errlen);
     if (trc) {
@@ -340,7 +342,8 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .max_batch_tokens = o->max_num_batched_tokens,
                      .kv_blocks = o->kv_blocks,
                      .cuda_graphs = o->cuda_graphs,
-                     .no_prefix_cache = o->no_prefix_caching};
+                     .no_prefix_cache = o->no_prefix_caching,
+                     .rope_scaling = o->rope_scaling};
     if (kern_backend_find(o->device)) ec.device = kern_backend_find(o->device)->name; /* "auto" resolved */
     if (ec.max_batch_tokens < ec.max_num_seqs) {
         snprintf(err, errlen,

@@ -57,6 +57,7 @@ typedef struct srv_options {
     int max_num_seqs;           /* running batch size, default 8 */
     int max_num_batched_tokens; /* tokens per step (chunked prefill budget), default 512 */
     int max_model_len;          /* default min(model context, 4096) */
+    const char *rope_scaling;   /* --rope-scaling (model_config_rope_override); NULL: the config's */
     int kv_blocks;              /* 0 = enough for max_num_seqs full sequences */
     int max_waiting;            /* waiting-queue bound (503 beyond), default 256 */
     int max_connections;        /* simultaneous HTTP connections, default 256 */
