@@ -229,7 +229,8 @@ int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errle
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_mutex_init(&s->gram_mu, NULL);
     atomic_init(&s->reaper_stop, 0);
-    if (!s->model_dir || !s->name || srv_metrics_init(&s->met)) {
+    s->resp_store = srv_resp_store_new(SRV_RESP_STORE_MAX, SRV_RESP_STORE_BYTES);
+    if (!s->model_dir || !s->name || !s->resp_store || srv_metrics_init(&s->met)) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -483,6 +484,7 @@ void srv_destroy(srv_server *s) {
     free(q->gmask);
     free(q->piece);
     gram_vocab_free(s->gvocab);
+    srv_resp_store_free(s->resp_store);
     pthread_mutex_destroy(&s->gram_mu);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
