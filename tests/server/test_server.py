@@ -1776,6 +1776,10 @@ def props_section(S, name, n=None, seed=None):
         elif st >= 400:
             if not is_error_shape(strict_json(resp), st):
                 why = f"{st} not JSON in the error shape"
+        elif "text/event-stream" in str(hd.get("content-type", "")):  # a stream: every data line is JSON
+            datas = [ln[6:] for ln in resp.split(b"\n") if ln.startswith(b"data: ") and ln != b"data: [DONE]"]
+            if not datas or any(strict_json(d) is None for d in datas):
+                why = f"{st} stream data not valid JSON"
         elif tgt.split(b"?")[0] in json_get or meth == b"POST" or tgt.startswith(b"/v1/models/"):
             if strict_json(resp) is None:
                 why = f"{st} body not valid JSON"
