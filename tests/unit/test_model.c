@@ -418,6 +418,71 @@ START_TEST(test_yarn_reference_tp2) {
 }
 END_TEST
 
+/* --rope-scaling reaches every rank's model (eng_config.rope_scaling ->
+ * model_load): the qwen3-yarn fixture's weights in a folder whose
+ * config.json has no scaling, run with "yarn:4:32", give transformers'
+ * YaRN logits at tp 1 and 2; "none" on the fixture itself takes the
+ * scaling away (the logits move far from the reference). */
+static double yarn_worst(const char *dir, const char *spec, int tp, const ref_model *r) {
+    char err[1024];
+    eng_config c = {.model_dir = dir, .tp = tp, .allreduce = ECHO_PRESET_EXACT, .threads = 2, .max_model_len = 64,
+                    .max_num_seqs = 4, .rope_scaling = spec};
+    eng *e;
+    ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s: %s", dir, err);
+    ck_assert_int_eq(eng_model_config(e)->rope.type, strcmp(spec, "none") ? KERN_ROPE_YARN : KERN_ROPE_DEFAULT);
+    double worst = 0;
+    for (int i = 0; i < r->n_prompts; i++) {
+        const ref_prompt *p = &r->p[i];
+        float *all = full_forward(e, p, r->vocab);
+        double er = tu_rel_err(all + (size_t)p->first_pos * r->vocab, p->logits, (size_t)p->rows * r->vocab);
+        worst = er > worst ? er : worst;
+        free(all);
+    }
+    eng_destroy(e);
+    return worst;
+}
+
+START_TEST(test_rope_scaling_override) {
+    char src[512], tmp[] = "/tmp/echo-yarn-XXXXXX", path[1024], target[1024];
+    snprintf(src, sizeof src, "%s/qwen3-yarn", MODELS_DIR);
+    ck_assert_ptr_nonnull(mkdtemp(tmp));
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    ck_assert_ptr_nonnull(cfg);
+    json_object_del(cfg, "rope_scaling");
+    json_object_set_new(cfg, "rope_parameters", json_pack("{s:s,s:f}", "rope_type", "default", "rope_theta", 10000.0));
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    ck_assert_int_eq(json_dump_file(cfg, path, 0), 0);
+    json_decref(cfg);
+    static const char *const links[] = {"model.safetensors", "generation_config.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(target, sizeof target, "%s/%s", src, links[i]);
+        char *abs = realpath(target, NULL);
+        snprintf(path, sizeof path, "%s/%s", tmp, links[i]);
+        ck_assert_int_eq(symlink(abs, path), 0);
+        free(abs);
+    }
+    ref_model r;
+    ref_load(src, &r);
+    double plain = yarn_worst(src, "none", 1, &r);
+    ck_assert_msg(plain > 1e-2, "without its scaling the fixture is only %.3g away", plain);
+    for (int tp = 1; tp <= 2; tp++) {
+        double er = yarn_worst(tmp, "yarn:4:32", tp, &r);
+        printf("--rope-scaling yarn:4:32 on a config without scaling, tp %d: worst relative logits error %.2e "
+               "(none: %.2e)\n", tp, er, plain);
+        ck_assert_msg(er <= 1e-4, "tp %d: relative logits error %.3g > 1e-4", tp, er);
+    }
+    ref_free(&r);
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, links[i]);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    unlink(path);
+    rmdir(tmp);
+}
+END_TEST
+
 START_TEST(test_config_errors) {
     model_config c;
     char err[512];
@@ -1372,6 +1437,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_fixtures_present);
     tcase_add_test(tc, test_logits_match_reference);
     tcase_add_test(tc, test_yarn_reference_tp2);
+    tcase_add_test(tc, test_rope_scaling_override);
     tcase_add_test(tc, test_greedy_matches_reference);
     tcase_add_test(tc, test_decode_equals_full_recompute);
     tcase_add_test(tc, test_stops_at_eos);
