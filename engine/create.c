@@ -223,7 +223,9 @@ static int pick_transport(eng_config *c, int *gpu_per_rank, char *err, size_t er
  * weights, this process's backends. */
 static int create_prep(eng *e, int *gpu_per_rank, char *err, size_t errlen) {
     eng_config *c = &e->cfg;
-    if (model_config_load(c->model_dir, &e->mc, err, errlen)) return -1;
+    if (model_config_load(c->model_dir, &e->mc, err, errlen) ||
+        model_config_rope_override(&e->mc, c->rope_scaling, err, errlen))
+        return -1;
     int from_budget = fill_defaults(c, &e->mc);
     if (check_limits(c, &e->mc, from_budget, err, errlen) || model_check_tp(&e->mc, c->tp, err, errlen)) return -1;
     if (e->procs) {
@@ -379,7 +381,7 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
                               : c->act_quant == ENG_ACT_AUTO ? 2
                               : c->act_quant == ENG_ACT_Q8_0_ONLY ? 3
                                                                   : 0,
-                              c->kv_dtype};
+                              c->kv_dtype, c->rope_scaling};
         char merr[768];
         if (model_load(c->model_dir, &mo, &r->m, merr, sizeof merr)) {
             snprintf(err, errlen, "%s", merr);

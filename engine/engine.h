@@ -123,6 +123,9 @@ typedef struct eng_config {
      * coding of the sum). $ECHO_ONESHOT_BYTES, when set, overrides it.
      * eng_oneshot_bytes says what an engine runs. */
     long oneshot;
+    /* --rope-scaling (model_config_rope_override): replaces the config's
+     * rope scaling, e.g. "yarn:4" for Qwen3 past 32K; NULL: the config's. */
+    const char *rope_scaling;
 } eng_config;
 
 #define ENG_ONESHOT_AUTO 0

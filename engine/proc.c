@@ -13,7 +13,7 @@
 
 /* What an eng_config says, as bytes (strings inline). */
 typedef struct wire_cfg {
-    char model_dir[2048], device[32], transport[32];
+    char model_dir[2048], device[32], transport[32], rope_scaling[512];
     int32_t tp, allreduce, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
         kv_blocks, kv_dtype, cuda_graphs, fuse_weights, quantize, act_quant, echo_codec, overlap, overlap_min_rows;
     uint64_t echo_min_bytes, kv_cache_memory, kv_mem_available;
@@ -22,9 +22,10 @@ typedef struct wire_cfg {
 
 static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) {
     const char *dev = c->device ? c->device : "", *tr = c->transport ? c->transport : "";
+    const char *rs = c->rope_scaling ? c->rope_scaling : "";
     if (!c->model_dir || strlen(c->model_dir) >= sizeof w->model_dir || strlen(dev) >= sizeof w->device ||
-        strlen(tr) >= sizeof w->transport) {
-        snprintf(err, errlen, "model path, device or transport name too long for the other processes");
+        strlen(tr) >= sizeof w->transport || strlen(rs) >= sizeof w->rope_scaling) {
+        snprintf(err, errlen, "model path, device, transport name or --rope-scaling too long for the other processes");
         return -1;
     }
     *w = (wire_cfg){.tp = c->tp, .allreduce = c->allreduce, .echo_group = c->echo_group, .threads = c->threads,
@@ -38,11 +39,13 @@ static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) 
     strcpy(w->model_dir, c->model_dir);
     strcpy(w->device, dev);
     strcpy(w->transport, tr);
+    strcpy(w->rope_scaling, rs);
     return 0;
 }
 
 static void wire_get(wire_cfg *w, eng_config *c) {
     w->model_dir[sizeof w->model_dir - 1] = w->device[sizeof w->device - 1] = w->transport[sizeof w->transport - 1] = 0;
+    w->rope_scaling[sizeof w->rope_scaling - 1] = 0;
     *c = (eng_config){.model_dir = w->model_dir, .device = w->device[0] ? w->device : NULL,
                       .transport = w->transport[0] ? w->transport : NULL, .tp = w->tp,
                       .allreduce = (echo_preset)w->allreduce, .echo_group = w->echo_group, .threads = w->threads,
@@ -52,7 +55,8 @@ static void wire_get(wire_cfg *w, eng_config *c) {
                       .quantize = w->quantize, .act_quant = w->act_quant, .echo_min_bytes = (size_t)w->echo_min_bytes,
                       .kv_cache_memory = (size_t)w->kv_cache_memory, .kv_mem_available = (size_t)w->kv_mem_available,
                       .echo_codec = (echo_codec_id)w->echo_codec, .overlap = w->overlap,
-                      .overlap_min_rows = w->overlap_min_rows, .oneshot = (long)w->oneshot};
+                      .overlap_min_rows = w->overlap_min_rows, .oneshot = (long)w->oneshot,
+                      .rope_scaling = w->rope_scaling[0] ? w->rope_scaling : NULL};
 }
 
 /* In procs mode every process reaches each of these points: 0 when all

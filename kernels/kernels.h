@@ -205,19 +205,33 @@ typedef struct kern_attn_batch {
 typedef enum kern_rope_type {
     KERN_ROPE_DEFAULT = 0, /* inv_freq[i] = theta^(-2i/head_dim) */
     KERN_ROPE_LLAMA3,      /* Llama 3.1: long wavelengths slowed by `factor` */
+    KERN_ROPE_YARN,        /* YaRN (Qwen3 past 32K): a ramp between interpolated and kept frequencies */
 } kern_rope_type;
 
 typedef struct kern_rope {
     double theta;
     kern_rope_type type;
-    /* KERN_ROPE_LLAMA3 only */
+    /* KERN_ROPE_LLAMA3 and KERN_ROPE_YARN: factor, original_max_position_embeddings */
     double factor, low_freq_factor, high_freq_factor, original_max_position_embeddings;
+    /* KERN_ROPE_YARN only: the ramp's rotation bounds, whether its ends are
+     * rounded outwards ("truncate", HF's default 1), and the factor cos and
+     * sin are multiplied by (HF's attention_scaling; the config resolves
+     * attention_factor / mscale / mscale_all_dim into it) */
+    double beta_fast, beta_slow, attention_factor;
+    int truncate;
 } kern_rope;
 
 /* NULL when the ops can use r, else why not. */
 static inline const char *kern_rope_invalid(const kern_rope *r) {
     if (!(r->theta > 0)) return "theta must be positive";
     if (r->type == KERN_ROPE_DEFAULT) return NULL;
+    if (r->type == KERN_ROPE_YARN) {
+        if (!(r->factor >= 1) || !(r->original_max_position_embeddings >= 1) || !(r->beta_fast > 0) ||
+            !(r->beta_slow > 0) || !(r->attention_factor > 0) || !(r->attention_factor < 1e6))
+            return "yarn needs factor >= 1, an original context >= 1, positive beta_fast and beta_slow and a "
+                   "positive attention factor";
+        return NULL;
+    }
     if (r->type != KERN_ROPE_LLAMA3) return "unknown rope type";
     if (!(r->factor >= 1) || !(r->low_freq_factor > 0) || !(r->high_freq_factor > r->low_freq_factor) ||
         !(r->original_max_position_embeddings >= 1))
@@ -233,6 +247,28 @@ static inline const char *kern_rope_invalid(const kern_rope *r) {
  * long ones by factor and blends in between (model/README.md). */
 static inline float kern_rope_inv_freq(const kern_rope *r, int i, int head_dim) {
     float inv = 1.0f / powf((float)r->theta, (float)(2 * i) / (float)head_dim);
+    if (r->type == KERN_ROPE_YARN) {
+        /* _compute_yarn_parameters: the correction range [low, high] in
+         * dimensions (double, as Python computes it), a linear ramp over it
+         * in fp32, inv_freq / factor below it, inv_freq above it */
+        const double two_pi = 6.283185307179586;
+        double lb = 2 * log(r->theta), old = r->original_max_position_embeddings;
+        double low = head_dim * log(old / (r->beta_fast * two_pi)) / lb;
+        double high = head_dim * log(old / (r->beta_slow * two_pi)) / lb;
+        if (r->truncate) {
+            low = floor(low);
+            high = ceil(high);
+        }
+        if (low < 0) low = 0;
+        if (high > head_dim - 1) high = head_dim - 1;
+        if (low == high) high += 0.001;
+        float pos_freq = powf((float)r->theta, (float)(2 * i) / (float)head_dim);
+        float extra = 1.0f / pos_freq, inter = 1.0f / ((float)r->factor * pos_freq);
+        float ramp = ((float)i - (float)low) / (float)(high - low);
+        ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+        float keep = 1.0f - ramp; /* HF's inv_freq_extrapolation_factor */
+        return inter * (1.0f - keep) + extra * keep;
+    }
     if (r->type != KERN_ROPE_LLAMA3) return inv;
     float factor = (float)r->factor, low = (float)r->low_freq_factor;
     double old = r->original_max_position_embeddings;
@@ -242,6 +278,12 @@ static inline float kern_rope_inv_freq(const kern_rope *r, int i, int head_dim) 
     float smooth = ((1.0f / wavelen) * (float)old - low) / (float)(r->high_freq_factor - r->low_freq_factor);
     float a = (1.0f - smooth) * inv / factor, b = smooth * inv;
     return a + b;
+}
+
+/* What cos and sin are multiplied by before the rotation (HF's
+ * attention_scaling, fp32): 1 except for YaRN. */
+static inline float kern_rope_scale(const kern_rope *r) {
+    return r->type == KERN_ROPE_YARN ? (float)r->attention_factor : 1.0f;
 }
 
 typedef struct kern_backend kern_backend; /* per-rank state: threads or stream + handles */

@@ -9,6 +9,7 @@
  */
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,13 +116,69 @@ static const model_family *cfg_family(json_t *root, char *err, size_t errlen) {
     return f;
 }
 
+/* YaRN's keys (HF's _compute_yarn_parameters, transformers 5.x): factor
+ * (absent: max_position_embeddings / original), original_max_position_
+ * embeddings (absent: max_position_embeddings; a top-level one wins, as
+ * HF's standardize_rope_params has it), beta_fast / beta_slow (absent or 0:
+ * 32 / 1), truncate (default true), and the cos/sin factor: attention_factor,
+ * else mscale / mscale_all_dim's ratio when both are non-zero, else
+ * 0.1 ln(factor) + 1 (1 for factor <= 1), in double as Python computes it.
+ * The context becomes original x factor when that is longer (vLLM's rule:
+ * Qwen3's 32,768 x 4 = 131,072). */
+static double yarn_mscale(double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
+static int rope_yarn(json_t *root, json_t *src, const char *what, int *max_pos, kern_rope *r, char *err,
+                     size_t errlen) {
+    static const char *const keys[] = {"factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                                       "attention_factor"};
+    double v[6];
+    int has[6];
+    for (int i = 0; i < 6; i++) {
+        json_t *x = json_object_get(src, keys[i]);
+        has[i] = x && !json_is_null(x);
+        if (has[i] && (!json_is_number(x) || !isfinite(json_number_value(x)))) {
+            snprintf(err, errlen, "config.json: %s.%s must be a number for rope type yarn", what, keys[i]);
+            return -1;
+        }
+        v[i] = has[i] ? json_number_value(x) : 0;
+    }
+    int old;
+    json_t *top = json_object_get(root, "original_max_position_embeddings");
+    if (cfg_int(top && !json_is_null(top) ? root : src, "original_max_position_embeddings", 0, *max_pos, 1,
+                INT_MAX / 2, &old, err, errlen))
+        return -1;
+    json_t *tr = json_object_get(src, "truncate");
+    if (tr && !json_is_null(tr) && !json_is_boolean(tr)) {
+        snprintf(err, errlen, "config.json: %s.truncate must be a boolean", what);
+        return -1;
+    }
+    r->type = KERN_ROPE_YARN;
+    r->original_max_position_embeddings = old;
+    r->factor = has[0] ? v[0] : (double)*max_pos / old;
+    r->beta_fast = v[1] != 0 ? v[1] : 32;
+    r->beta_slow = v[2] != 0 ? v[2] : 1;
+    r->truncate = !tr || json_is_null(tr) || json_is_true(tr);
+    if (has[5])
+        r->attention_factor = v[5];
+    else if (v[3] != 0 && v[4] != 0)
+        r->attention_factor = yarn_mscale(r->factor, v[3]) / yarn_mscale(r->factor, v[4]);
+    else
+        r->attention_factor = yarn_mscale(r->factor, 1);
+    double ctx = (double)old * r->factor;
+    if (r->factor >= 1 && ctx > *max_pos && ctx < INT_MAX / 2) *max_pos = (int)ctx;
+    return 0;
+}
+
 /* RoPE. transformers 4.x writes rope_theta at the top level and a scaled
  * variant as "rope_scaling"; 5.x writes "rope_parameters" (rope_type,
  * rope_theta, the variant's keys) and, as there, a rope_scaling object
- * wins and a missing rope_theta falls back to the top level. Only the
- * default and Llama 3.1's "llama3" are implemented; any other type is
- * refused by name rather than run as plain RoPE. */
-static int cfg_rope(json_t *root, model_config *cfg, char *err, size_t errlen) {
+ * wins and a missing rope_theta falls back to the top level. The default,
+ * Llama 3.1's "llama3" and "yarn" are implemented; any other type is
+ * refused by name rather than run as plain RoPE. *max_pos: the context,
+ * which yarn may lengthen. */
+static int rope_parse(json_t *root, int *max_pos, kern_rope *r, char *err, size_t errlen) {
     json_t *scaling = json_object_get(root, "rope_scaling");
     json_t *params = json_object_get(root, "rope_parameters");
     json_t *src = json_is_object(scaling) ? scaling : json_is_object(params) ? params : NULL;
@@ -129,7 +186,6 @@ static int cfg_rope(json_t *root, model_config *cfg, char *err, size_t errlen) {
     json_t *t = src ? json_object_get(src, "rope_type") : NULL;
     if (src && !t) t = json_object_get(src, "type");
     const char *type = !t || json_is_null(t) ? "default" : json_is_string(t) ? json_string_value(t) : "?";
-    kern_rope *r = &cfg->rope;
     memset(r, 0, sizeof *r);
     if (!strcmp(type, "llama3")) {
         static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor"};
@@ -143,14 +199,15 @@ static int cfg_rope(json_t *root, model_config *cfg, char *err, size_t errlen) {
             *vals[i] = json_number_value(v);
         }
         int old;
-        if (cfg_int(src, "original_max_position_embeddings", 0, cfg->max_position_embeddings, 1, INT_MAX / 2, &old, err,
-                    errlen))
+        if (cfg_int(src, "original_max_position_embeddings", 0, *max_pos, 1, INT_MAX / 2, &old, err, errlen))
             return -1;
         r->type = KERN_ROPE_LLAMA3;
         r->original_max_position_embeddings = old;
+    } else if (!strcmp(type, "yarn")) {
+        if (rope_yarn(root, src, what, max_pos, r, err, errlen)) return -1;
     } else if (strcmp(type, "default") != 0) {
-        snprintf(err, errlen, "config.json: %s of type '%s' is not supported (echo runs default and llama3)", what,
-                 type);
+        snprintf(err, errlen, "config.json: %s of type '%s' is not supported (echo runs default, llama3 and yarn)",
+                 what, type);
         return -1;
     }
     double theta_top;
@@ -168,6 +225,53 @@ static int cfg_rope(json_t *root, model_config *cfg, char *err, size_t errlen) {
         return -1;
     }
     return 0;
+}
+
+int model_config_rope_override(model_config *cfg, const char *spec, char *err, size_t errlen) {
+    if (!spec || !*spec) return 0;
+    json_t *scaling = NULL;
+    double factor;
+    int orig = 0, n = 0;
+    if (!strcmp(spec, "none") || !strcmp(spec, "default")) {
+        scaling = json_null();
+    } else if (spec[0] == '{') {
+        json_error_t jerr;
+        scaling = json_loads(spec, 0, &jerr);
+        if (!json_is_object(scaling)) {
+            json_decref(scaling);
+            snprintf(err, errlen, "--rope-scaling: not a JSON object (%s)", jerr.text);
+            return -1;
+        }
+    } else if ((sscanf(spec, "yarn:%lf%n", &factor, &n) == 1 && !spec[n]) ||
+               (sscanf(spec, "yarn:%lf:%d%n", &factor, &orig, &n) == 2 && !spec[n])) {
+        if (!orig) orig = cfg->max_position_embeddings;
+        scaling = json_pack("{s:s,s:f,s:i}", "rope_type", "yarn", "factor", factor, "original_max_position_embeddings",
+                            orig);
+    } else {
+        snprintf(err, errlen, "--rope-scaling '%.64s': expected none, yarn:FACTOR[:ORIGINAL_CONTEXT] or a JSON "
+                 "rope_scaling object", spec);
+        return -1;
+    }
+    /* the config's theta and context, the flag's scaling, read as config.json's */
+    json_t *root = json_pack("{s:f,s:i,s:o}", "rope_theta", cfg->rope.theta, "max_position_embeddings",
+                             cfg->max_position_embeddings, "rope_scaling", scaling);
+    int max_pos = cfg->max_position_embeddings;
+    kern_rope r;
+    char e2[400];
+    int rc = root ? rope_parse(root, &max_pos, &r, e2, sizeof e2) : -1;
+    json_decref(root);
+    if (rc) {
+        snprintf(err, errlen, "--rope-scaling: %s", root ? e2 + (strncmp(e2, "config.json: ", 13) ? 0 : 13)
+                                                          : "out of memory");
+        return -1;
+    }
+    cfg->rope = r;
+    cfg->max_position_embeddings = max_pos;
+    return 0;
+}
+
+static int cfg_rope(json_t *root, model_config *cfg, char *err, size_t errlen) {
+    return rope_parse(root, &cfg->max_position_embeddings, &cfg->rope, err, errlen);
 }
 
 int model_config_parse(const char *config_json, const char *generation_json, model_config *cfg, char *err,
@@ -396,6 +500,49 @@ static int gguf_add_eos(const weights_set *ws, const char *key, model_config *cf
     return 0;
 }
 
+/* A GGUF's YaRN, as llama.cpp's converter writes it: rope.scaling.factor,
+ * .original_context_length (default: context_length), and when present
+ * .yarn_beta_fast / .yarn_beta_slow, and .attn_factor, which llama.cpp
+ * multiplies into YaRN's 0.1 ln(factor) + 1. DeepSeek's
+ * .yarn_log_multiplier is refused by name. */
+static int gguf_yarn(const weights_set *ws, const char *arch, model_config *cfg, char *err, size_t errlen) {
+    char k[160];
+    double v;
+    kern_rope *r = &cfg->rope;
+    snprintf(k, sizeof k, "%s.rope.scaling.yarn_log_multiplier", arch);
+    if (!weights_meta_float(ws, k, &v) && v != 0) {
+        snprintf(err, errlen, "GGUF: \"%s\" (DeepSeek's YaRN) is not supported", k);
+        return -1;
+    }
+    snprintf(k, sizeof k, "%s.rope.scaling.factor", arch);
+    if (weights_meta_float(ws, k, &r->factor)) {
+        snprintf(err, errlen, "GGUF: yarn rope scaling without \"%s\"", k);
+        return -1;
+    }
+    int old;
+    if (gguf_int(ws, arch, "rope.scaling.original_context_length", 0, cfg->max_position_embeddings, 1, INT_MAX / 2,
+                 &old, err, errlen))
+        return -1;
+    r->type = KERN_ROPE_YARN;
+    r->original_max_position_embeddings = old;
+    r->truncate = 1;
+    snprintf(k, sizeof k, "%s.rope.scaling.yarn_beta_fast", arch);
+    if (weights_meta_float(ws, k, &r->beta_fast) || r->beta_fast == 0) r->beta_fast = 32;
+    snprintf(k, sizeof k, "%s.rope.scaling.yarn_beta_slow", arch);
+    if (weights_meta_float(ws, k, &r->beta_slow) || r->beta_slow == 0) r->beta_slow = 1;
+    snprintf(k, sizeof k, "%s.rope.scaling.attn_factor", arch);
+    if (weights_meta_float(ws, k, &v)) v = 1;
+    r->attention_factor = v * yarn_mscale(r->factor, 1);
+    const char *why = kern_rope_invalid(r);
+    if (why) {
+        snprintf(err, errlen, "GGUF: rope scaling: %s", why);
+        return -1;
+    }
+    double ctx = (double)old * r->factor;
+    if (ctx > cfg->max_position_embeddings && ctx < INT_MAX / 2) cfg->max_position_embeddings = (int)ctx;
+    return 0;
+}
+
 int model_config_from_gguf(const weights_set *ws, model_config *cfg, char *err, size_t errlen) {
     const char *s;
     size_t n;
@@ -456,8 +603,12 @@ int model_config_from_gguf(const weights_set *ws, model_config *cfg, char *err, 
     }
     snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
     if (!weights_meta_str(ws, k, &s, &n) && !(n == 4 && !memcmp(s, "none", 4))) {
-        snprintf(err, errlen, "GGUF: rope scaling '%.*s' is not supported", (int)(n < 32 ? n : 32), s);
-        return -1;
+        if (!(n == 4 && !memcmp(s, "yarn", 4))) {
+            snprintf(err, errlen, "GGUF: rope scaling '%.*s' is not supported (echo runs none and yarn)",
+                     (int)(n < 32 ? n : 32), s);
+            return -1;
+        }
+        if (gguf_yarn(ws, arch, cfg, err, errlen)) return -1;
     }
     if (weights_find(ws, "rope_freqs.weight")) {
         snprintf(err, errlen, "GGUF: rope frequency factors (rope_freqs.weight, Llama 3.1 scaling) are not supported");

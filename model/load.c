@@ -339,6 +339,7 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     if (m->random ? model_random_parse(dir, &m->cfg, &m->seed, err, errlen)
                   : model_config_load(dir, &m->cfg, err, errlen))
         goto fail;
+    if (model_config_rope_override(&m->cfg, o->rope_scaling, err, errlen)) goto fail;
     if (!m->random && !o->ws) {
         snprintf(err, errlen, "%s: no opened checkpoint", dir);
         goto fail;

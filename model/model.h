@@ -52,7 +52,7 @@ typedef struct model_config {
     int num_kv_heads;
     int head_dim;
     float rms_norm_eps;
-    kern_rope rope; /* theta, and Llama 3.1's scaling when the config asks for it */
+    kern_rope rope; /* theta, and Llama 3.1's or YaRN's scaling when the config asks for it */
     int tie_word_embeddings;
     int max_position_embeddings;
     int n_eos;
@@ -73,6 +73,13 @@ int model_path_is_gguf(const char *path);
 /* Same, from a config.json text (generation config optional, may be NULL). */
 int model_config_parse(const char *config_json, const char *generation_json, model_config *cfg, char *err,
                        size_t errlen);
+
+/* --rope-scaling: replace cfg's rope scaling (its theta kept) by spec:
+ * "none", "yarn:FACTOR[:ORIGINAL_CONTEXT]" (original context default: the
+ * config's max_position_embeddings) or a JSON object read as config.json's
+ * rope_scaling. Lengthens max_position_embeddings as a config's yarn does.
+ * NULL or "" changes nothing. */
+int model_config_rope_override(model_config *cfg, const char *spec, char *err, size_t errlen);
 
 /* A model with no files: "random:SHAPE[,layers=N][,seed=S]", SHAPE one of
  * qwen3-8b, qwen3-0.6b (the published Qwen3 configs), tiny and tiny-hd128
@@ -127,6 +134,7 @@ typedef struct model_load_opts {
     /* What the KV cache stores (kernels.h, kern_kv_dtype): KERN_KV_NATIVE
      * (0) is the backend's act dtype (fp32 on cpu: the oracle path). */
     kern_kv_dtype kv_dtype;
+    const char *rope_scaling; /* model_config_rope_override's spec, NULL: the config's */
 } model_load_opts;
 
 /* Load rank `rank`'s shard of the model in `dir` (config.json, weights in

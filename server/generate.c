@@ -71,28 +71,12 @@ static int all_done(srv_gen *g) {
     }
     return done;
 }
-/* Submit the runs, then stream them or wait for them all and answer. */
-static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, srv_request *rq, int chat) {
-    srv_verr e = {0};
-    srv_gen g = {0};
+/* Wait for every run; a client that hangs up meanwhile has them
+ * cancelled (their KV freed at the next step), as a stream's would be. */
+int srv_gen_wait(srv_server *s, struct MHD_Connection *c, srv_gen *gp) {
+    srv_gen g = *gp; /* (a shallow view: the loop below reads it as before) */
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1, gone = 0;
-    g.client_fd = fd;
-    if (srv_gen_prepare(s, rq, chat, &g, &e)) {
-        if (e.status == 499) return MHD_NO; /* nobody to answer */
-        return srv_send_verr(s, c, &e);
-    }
-    srv_log_unknown(s, &e, g.rs[0]->id, chat ? "chat" : "completion");
-    if (srv_sched_submit_many(s, g.rs, g.n_rs) != 0) {
-        srv_gen_free(&g);
-        return srv_send_error(s, c, 503,
-                              atomic_load(&s->accepting) ? "server overloaded: the waiting queue is full, retry later"
-                                                         : "server is shutting down",
-                              NULL);
-    }
-    if (g.stream) return srv_sse_respond(s, c, &g);
-    /* Wait for every run; a client that hangs up meanwhile has them
-     * cancelled (their KV freed at the next step), as a stream's would be. */
     for (;;) {
         pthread_mutex_lock(&g.grp->mu);
         unsigned long long v = g.grp->version;
@@ -120,6 +104,29 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
             break;
         }
     }
+    return gone;
+}
+
+/* Submit the runs, then stream them or wait for them all and answer. */
+static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, srv_request *rq, int chat) {
+    srv_verr e = {0};
+    srv_gen g = {0};
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    g.client_fd = ci ? ci->connect_fd : -1;
+    if (srv_gen_prepare(s, rq, chat, &g, &e)) {
+        if (e.status == 499) return MHD_NO; /* nobody to answer */
+        return srv_send_verr(s, c, &e);
+    }
+    srv_log_unknown(s, &e, g.rs[0]->id, chat ? "chat" : "completion");
+    if (srv_sched_submit_many(s, g.rs, g.n_rs) != 0) {
+        srv_gen_free(&g);
+        return srv_send_error(s, c, 503,
+                              atomic_load(&s->accepting) ? "server overloaded: the waiting queue is full, retry later"
+                                                         : "server is shutting down",
+                              NULL);
+    }
+    if (g.stream) return srv_sse_respond(s, c, &g);
+    int gone = srv_gen_wait(s, c, &g);
     srv_log_done(s, &g, chat ? "chat" : "completion");
     enum MHD_Result mr;
     srv_finish worst = SRV_FIN_NONE;

@@ -320,6 +320,7 @@ struct srv_server {
     int n_think_end;
     int32_t think_start_id; /* the start marker when it is one token, else -1 */
     const struct srv_tool_format *tool_fmt; /* --tool-call-parser, NULL: chosen from the template */
+    struct srv_resp_store *resp_store; /* /v1/responses' stored responses (responses.c) */
     /* structured outputs (structured.c): the grammar vocabulary, built on first use */
     pthread_mutex_t gram_mu;
     srv_cpool *cpool; /* compile.c: the threads grammars compile on */
@@ -574,9 +575,15 @@ typedef struct srv_gen {
  * *e says why and nothing is left allocated. */
 int srv_gen_prepare(srv_server *s, srv_request *rq, int chat, srv_gen *g, srv_verr *e);
 void srv_gen_free(srv_gen *g);
+/* The same from a parsed chat/completions body (root kept by the caller):
+ * how /v1/responses reuses this path. */
+int srv_gen_prepare_json(srv_server *s, json_t *root, int chat, srv_gen *g, srv_verr *e);
 
 /* generate.c: the generation routes' handlers and their run bookkeeping. */
 void srv_cancel_all(srv_gen *g);                                     /* runs not done yet */
+/* Wait for every submitted run of g; 1 when the client hung up meanwhile
+ * (the runs then are cancelled). */
+int srv_gen_wait(srv_server *s, struct MHD_Connection *c, srv_gen *g);
 void srv_log_done(srv_server *s, const srv_gen *g, const char *how); /* one INFO line */
 
 /* render.c: response JSON shared by whole answers and stream chunks. */
@@ -615,6 +622,13 @@ json_t *srv_calls_in(const srv_gen *g, const srv_req *r, int index, const char *
                      size_t *clen);
 json_t *srv_stop_reason(const srv_req *r);
 
+/* responses.c: the stored responses of previous_response_id, bounded by
+ * count and bytes, least recently used dropped first. */
+#define SRV_RESP_STORE_MAX 1024
+#define SRV_RESP_STORE_BYTES (64u << 20)
+struct srv_resp_store *srv_resp_store_new(int max_count, size_t max_bytes);
+void srv_resp_store_free(struct srv_resp_store *st);
+
 /* sse.c: answer a submitted g as a server-sent-event stream; takes g. */
 enum MHD_Result srv_sse_respond(srv_server *s, struct MHD_Connection *c, srv_gen *g);
 
@@ -625,6 +639,8 @@ enum MHD_Result srv_handle_completions(srv_server *s, struct MHD_Connection *c, 
 enum MHD_Result srv_handle_chat(srv_server *s, struct MHD_Connection *c, srv_request *rq);
 enum MHD_Result srv_handle_tokenize(srv_server *s, struct MHD_Connection *c, srv_request *rq);
 enum MHD_Result srv_handle_detokenize(srv_server *s, struct MHD_Connection *c, srv_request *rq);
+enum MHD_Result srv_handle_responses(srv_server *s, struct MHD_Connection *c, srv_request *rq); /* responses.c */
+int srv_check_responses(srv_server *s, srv_request *rq, srv_verr *e);
 int srv_check_completions(srv_server *s, srv_request *rq, srv_verr *e);
 int srv_check_chat(srv_server *s, srv_request *rq, srv_verr *e);
 int srv_check_tokenize(srv_server *s, srv_request *rq, srv_verr *e);

@@ -552,6 +552,12 @@ out:
     return rc;
 }
 
+int srv_gen_prepare_json(srv_server *s, json_t *root, int chat, srv_gen *g, srv_verr *e) {
+    int rc = parse_generate(s, root, chat, g, e);
+    if (rc) srv_gen_free(g);
+    return rc;
+}
+
 int srv_gen_prepare(srv_server *s, srv_request *rq, int chat, srv_gen *g, srv_verr *e) {
     if (!chat) srv_fast_ids_take(rq->body, rq->len, "prompt", 1, s->mc.vocab_size, &g->fi);
     json_t *root = srv_parse_body(rq, e);

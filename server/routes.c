@@ -36,6 +36,7 @@ static const struct srv_route ROUTES[] = {
     /* method path                   auth  needs          handler                 body stage */
     {POST, "/v1/completions",        KEY,  NEEDS_ENGINE,  srv_handle_completions, srv_check_completions},
     {POST, "/v1/chat/completions",   KEY,  NEEDS_ENGINE,  srv_handle_chat,        srv_check_chat},
+    {POST, "/v1/responses",          KEY,  NEEDS_ENGINE,  srv_handle_responses,   srv_check_responses},
     {GET,  "/v1/models",             KEY,  NEEDS_NOTHING, handle_models,          NULL},
     {GET,  "/v1/models/{id}",        KEY,  NEEDS_NOTHING, handle_model_one,       NULL},
     {GET,  "/version",               KEY,  NEEDS_NOTHING, handle_version,         NULL},

@@ -233,7 +233,8 @@ int srv_create(const srv_options *opt, srv_server **out, char *err, size_t errle
     pthread_mutex_init(&s->gram_mu, NULL);
     atomic_init(&s->reaper_stop, 0);
     s->cpool = srv_cpool_new(s->opt.grammar_compiles);
-    if (!s->model_dir || !s->name || !s->cpool || srv_metrics_init(&s->met)) {
+    s->resp_store = srv_resp_store_new(SRV_RESP_STORE_MAX, SRV_RESP_STORE_BYTES);
+    if (!s->model_dir || !s->name || !s->cpool || !s->resp_store || srv_metrics_init(&s->met)) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -298,7 +299,9 @@ static double dir_safetensors_mb(const char *dir) {
 
 int srv_load(srv_server *s, char *err, size_t errlen) {
     const srv_options *o = &s->opt;
-    if (model_config_load(s->model_dir, &s->mc, err, errlen)) return -1;
+    if (model_config_load(s->model_dir, &s->mc, err, errlen) ||
+        model_config_rope_override(&s->mc, o->rope_scaling, err, errlen))
+        return -1;
     load_gen_defaults(s, s->model_dir, &s->gd);
     int trc = eng_tokenizer_load(s->model_dir, &s->tok, &s->chat, err, errlen);
     if (trc) {
@@ -358,7 +361,8 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .kv_dtype = o->kv_dtype,
                      .kv_cache_memory = o->kv_cache_memory,
                      .cuda_graphs = o->cuda_graphs,
-                     .no_prefix_cache = o->no_prefix_caching};
+                     .no_prefix_cache = o->no_prefix_caching,
+                     .rope_scaling = o->rope_scaling};
     if (kern_backend_find(o->device)) ec.device = kern_backend_find(o->device)->name; /* "auto" resolved */
     if (ec.max_batch_tokens < ec.max_num_seqs) {
         snprintf(err, errlen,
@@ -526,6 +530,7 @@ void srv_destroy(srv_server *s) {
         srv_log(s, SRV_LOG_WARNING, "%d abandoned grammar compile(s) still running at exit", live);
     else
         gram_vocab_free(s->gvocab);
+    srv_resp_store_free(s->resp_store);
     pthread_mutex_destroy(&s->gram_mu);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);

@@ -58,6 +58,7 @@ typedef struct srv_options {
     int max_num_seqs;           /* running batch size, default 8 */
     int max_num_batched_tokens; /* tokens per step (chunked prefill budget), default 512 */
     int max_model_len;          /* default min(model context, 4096) */
+    const char *rope_scaling;   /* --rope-scaling (model_config_rope_override); NULL: the config's */
     int kv_blocks;              /* 0 = enough for max_num_seqs full sequences */
     kern_kv_dtype kv_dtype;     /* eng_config.kv_dtype (echo-serve: bf16 unless --kv-cache-dtype) */
     size_t kv_cache_memory;     /* eng_config.kv_cache_memory (echo-serve: ENG_KV_MEMORY_AUTO) */

@@ -5,6 +5,7 @@
 #include "comm/proc.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "model/model.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -245,4 +246,21 @@ int cli_echo_codec(const char *prog, const char *s, int *group) {
                         s);
     if (g) *group = g;
     return (int)id;
+}
+
+const char *cli_rope_scaling(const char *prog, const char *s) {
+    /* checked on a stand-in config: a config's own theta cannot make a
+     * well-formed spec invalid */
+    model_config mc = {.max_position_embeddings = 32768, .rope = {.theta = 10000.0}};
+    char err[512], msg[1100];
+    if (model_config_rope_override(&mc, s, err, sizeof err)) {
+        size_t o = 0;
+        for (const char *p = err; *p && o + 3 < 1000; p++) { /* err is text, not a format */
+            if (*p == '%') msg[o++] = '%';
+            msg[o++] = *p;
+        }
+        snprintf(msg + o, sizeof msg - o, " (got '%%s')");
+        cli_usage_error(prog, msg, s);
+    }
+    return s;
 }

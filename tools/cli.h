@@ -89,6 +89,10 @@ typedef struct cli_spec {
 int cli_spec_flag(const char *prog, const char *flag, const char *arg, cli_spec *sp);
 void cli_spec_finish(const char *prog, cli_spec *sp);
 
+/* --rope-scaling SPEC (model_config_rope_override): s, or a usage error
+ * naming the flag when its syntax or values are refused. */
+const char *cli_rope_scaling(const char *prog, const char *s);
+
 /* Ranks as processes: under mpirun with more than one process, the
  * processes of rank > 0 serve rank 0's engines here (eng_follow) and exit;
  * rank 0 returns and runs the program, and its peers are released when it

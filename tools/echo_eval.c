@@ -66,6 +66,10 @@ static const char *USAGE =
     "                       then 'exact' may be a mode (at --tp 1 too): the KV type's own cost\n"
     "  --overlap auto|off|N prefill overlap of every run (engine.h eng_config.overlap; prompts of\n"
     "                       >= 128 tokens as N micro-batches; auto: 2 under mpirun, else off)\n"
+    "  --rope-scaling SPEC  replace the config's rope scaling: none, yarn:FACTOR[:ORIG_CONTEXT]\n"
+    "                       (e.g. yarn:4: Qwen3 to 131,072 tokens; ORIG_CONTEXT default: the\n"
+    "                       config's max_position_embeddings) or a JSON rope_scaling object.\n"
+    "                       Default: the config's own (Qwen: turn YaRN on only for long inputs)\n"
     "  --json               print one JSON object instead of tables\n"
     "  --logprobs-out FILE  also write JSONL, one line per all-reduce and prompt:\n"
     "                       {\"mode\",\"codec\",\"group\",\"prompt\",\"token_logprobs\":[log p of token t+1\n"
@@ -406,7 +410,8 @@ int main(int argc, char **argv) {
         O_ACTQ,
         O_OVERLAP,
         O_KVDT,
-        O_REFKV
+        O_REFKV,
+        O_ROPE
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -430,6 +435,7 @@ int main(int argc, char **argv) {
         {"overlap", required_argument, 0, O_OVERLAP},
         {"kv-cache-dtype", required_argument, 0, O_KVDT},
         {"ref-kv-cache-dtype", required_argument, 0, O_REFKV},
+        {"rope-scaling", required_argument, 0, O_ROPE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -471,6 +477,7 @@ int main(int argc, char **argv) {
         case O_OVERLAP: base.overlap = cli_overlap(PROG, optarg); break;
         case O_KVDT: base.kv_dtype = cli_kv_dtype(PROG, optarg); break;
         case O_REFKV: ref_kv = cli_kv_dtype(PROG, optarg); break;
+        case O_ROPE: base.rope_scaling = cli_rope_scaling(PROG, optarg); break;
         case 'h': cli_help(USAGE); return 0;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -571,7 +578,9 @@ int main(int argc, char **argv) {
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    if (model_config_load(model_dir, &mc, err, sizeof err)) goto fail;
+    if (model_config_load(model_dir, &mc, err, sizeof err) ||
+        model_config_rope_override(&mc, base.rope_scaling, err, sizeof err))
+        goto fail;
     if (text_path) {
         if (load_text(text_path, model_dir, plen, max_prompts, &ps, &np, err, sizeof err)) goto fail;
     } else if (prompts_path) {

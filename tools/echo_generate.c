@@ -63,6 +63,10 @@ static const char *USAGE =
     "                         integers, as llama.cpp does (cpu; faster, not the dequantized weights'\n"
     "                         bits). auto (default): on a GGUF's quantized matrices; none: exact\n"
     CLI_KV_HELP
+    "  --rope-scaling SPEC    replace the config's rope scaling: none, yarn:FACTOR[:ORIG_CONTEXT]\n"
+    "                         (e.g. yarn:4: Qwen3 to 131,072 tokens; ORIG_CONTEXT default: the\n"
+    "                         config's max_position_embeddings) or a JSON rope_scaling object.\n"
+    "                         Default: the config's own (Qwen: turn YaRN on only for long inputs)\n"
     "  --echo-min-bytes N     messages below N bytes take the exact path (default 0)\n"
     "  --echo-group G         values per scale group, 16..256 (default: the codec's)\n"
     "  --echo-codec NAME      codec of echo/echo-nofb: int4, hadamard, hsub6, out2 or hout2; NAME-gG sets G\n"
@@ -190,7 +194,7 @@ static int load_tokenizer(const char *path, int optional, tok_tokenizer **tok, e
 int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT, O_KVDT, O_KVMEM, O_SPEC, O_SPEC_MIN, O_SPEC_MAX, O_SPEC_DRAFT };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT, O_KVDT, O_KVMEM, O_SPEC, O_SPEC_MIN, O_SPEC_MAX, O_SPEC_DRAFT, O_ROPE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -212,6 +216,7 @@ int main(int argc, char **argv) {
         {"oneshot", required_argument, 0, O_ONESHOT},
         {"kv-cache-dtype", required_argument, 0, O_KVDT},
         {"kv-cache-memory", required_argument, 0, O_KVMEM},
+        {"rope-scaling", required_argument, 0, O_ROPE},
         {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},
         {"no-thinking", no_argument, 0, O_NOTHINK},
@@ -273,6 +278,7 @@ int main(int argc, char **argv) {
         case O_ONESHOT: ec.oneshot = cli_oneshot(PROG, optarg); break;
         case O_KVDT: ec.kv_dtype = cli_kv_dtype(PROG, optarg); break;
         case O_KVMEM: ec.kv_cache_memory = cli_kv_memory(PROG, optarg); break;
+        case O_ROPE: ec.rope_scaling = cli_rope_scaling(PROG, optarg); break;
         case O_ACTQ:
             ec.act_quant = cli_act_quant(PROG, optarg);
             break;
@@ -320,7 +326,9 @@ int main(int argc, char **argv) {
     gen_out out = {0, 0, json_array(), json_array(), json, 0, NULL, NULL, 0};
     double t0 = now_s();
     model_config cfg0;
-    if (model_config_load(model_dir, &cfg0, err, sizeof err)) goto fail;
+    if (model_config_load(model_dir, &cfg0, err, sizeof err) ||
+        model_config_rope_override(&cfg0, ec.rope_scaling, err, sizeof err))
+        goto fail;
     if (!tok_path && model_is_random(model_dir)) {
         /* a random model has no folder to find a tokenizer in */
         if (prompt_text) {

@@ -67,6 +67,11 @@ static const char *USAGE =
     "  --max-num-seqs N             requests decoded together (default 8)\n"
     "  --max-num-batched-tokens N   tokens per step, the chunked-prefill budget (default 512)\n"
     "  --max-model-len N            longest prompt + completion (default min(model, 4096))\n"
+    "  --rope-scaling SPEC          replace the config's rope scaling: none, yarn:FACTOR[:ORIG_CONTEXT]\n"
+    "                               (e.g. yarn:4: Qwen3 to 131,072 tokens; ORIG_CONTEXT default: the\n"
+    "                               config's max_position_embeddings) or a JSON rope_scaling object.\n"
+    "                               Default: the config's own (Qwen: turn YaRN on only for long inputs)\n"
+    "  --num-kv-blocks N            KV blocks of 16 tokens (default: max-num-seqs full sequences)\n"
     "  --num-kv-blocks N            KV blocks of 16 tokens (default: what --kv-cache-memory holds, at\n"
     "                               most max-num-seqs full sequences)\n"
     CLI_KV_HELP
@@ -161,6 +166,7 @@ int main(int argc, char **argv) {
         O_SEQS,
         O_BTOK,
         O_MLEN,
+        O_ROPE,
         O_KVB,
         O_QUEUE,
         O_CONNS,
@@ -221,6 +227,7 @@ int main(int argc, char **argv) {
         {"max-num-seqs", required_argument, 0, O_SEQS},
         {"max-num-batched-tokens", required_argument, 0, O_BTOK},
         {"max-model-len", required_argument, 0, O_MLEN},
+        {"rope-scaling", required_argument, 0, O_ROPE},
         {"num-kv-blocks", required_argument, 0, O_KVB},
         {"kv-cache-dtype", required_argument, 0, O_KVDT},
         {"kv-cache-memory", required_argument, 0, O_KVMEM},
@@ -301,6 +308,7 @@ int main(int argc, char **argv) {
         case O_SEQS: o.max_num_seqs = (int)cli_long(PROG, optarg, "--max-num-seqs", 1, 4096); break;
         case O_BTOK: o.max_num_batched_tokens = (int)cli_long(PROG, optarg, "--max-num-batched-tokens", 1, 1 << 20); break;
         case O_MLEN: o.max_model_len = (int)cli_long(PROG, optarg, "--max-model-len", 1, 1 << 24); break;
+        case O_ROPE: o.rope_scaling = cli_rope_scaling(PROG, optarg); break;
         case O_KVB: o.kv_blocks = (int)cli_long(PROG, optarg, "--num-kv-blocks", 1, 1 << 30); break;
         case O_KVDT: o.kv_dtype = cli_kv_dtype(PROG, optarg); break;
         case O_KVMEM: o.kv_cache_memory = cli_kv_memory(PROG, optarg); break;

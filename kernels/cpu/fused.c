@@ -96,12 +96,12 @@ int cpu_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw, 
     cpu_load_rows(kwf, kw, 0, 1);
     for (int i = 0; i < half; i++)
         inv_freq[i] = kern_rope_inv_freq(rope, i, hd);
-    float *qs = q, *ks = k;
+    float *qs = q, *ks = k, scale = kern_rope_scale(rope);
     for (int t = 0; t < n; t++) {
         for (int i = 0; i < half; i++) {
             float ang = (float)pos[t] * inv_freq[i];
-            cs[i] = cosf(ang);
-            cs[half + i] = sinf(ang);
+            cs[i] = cosf(ang) * scale;
+            cs[half + i] = sinf(ang) * scale;
         }
         for (int h = 0; h < hq; h++) norm_rotate_head(qs + ((size_t)t * hq + h) * hd, qwf, cs, hd, eps);
         for (int h = 0; h < hkv; h++) norm_rotate_head(ks + ((size_t)t * hkv + h) * hd, kwf, cs, hd, eps);

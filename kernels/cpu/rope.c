@@ -2,7 +2,8 @@
  * cpu: NEOX rotate-half RoPE. The frequencies are kern_rope_inv_freq()
  * (HF's fp32 recipe), the angle fp32(pos) * inv_freq rounded to fp32, then
  * cos/sin, so that our rotation matches the reference to the last ulp of
- * the angle, not just mathematically.
+ * the angle, not just mathematically. YaRN's attention factor scales
+ * cos and sin (fp32) as HF's rotary embedding does.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -20,12 +21,12 @@ int cpu_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, in
     float *cs = inv_freq + half;
     for (int i = 0; i < half; i++)
         inv_freq[i] = kern_rope_inv_freq(rope, i, head_dim);
-    float *xs = x;
+    float *xs = x, scale = kern_rope_scale(rope);
     for (int t = 0; t < n; t++) {
         for (int i = 0; i < half; i++) {
             float ang = (float)pos[t] * inv_freq[i];
-            cs[i] = cosf(ang);
-            cs[half + i] = sinf(ang);
+            cs[i] = cosf(ang) * scale;
+            cs[half + i] = sinf(ang) * scale;
         }
         for (int h = 0; h < heads; h++) {
             float *v = xs + ((size_t)t * heads + h) * head_dim;

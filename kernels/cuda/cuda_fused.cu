@@ -143,15 +143,15 @@ int cuda_add_rmsnorm(kern_backend *be, void *x, const void *y, void *out, const 
  * every read of the first pass before any write of the second. */
 __global__ void __launch_bounds__(32 * QKNR_WARPS)
     cuda_qk_norm_rope_kernel(bf16 *q, bf16 *k, const bf16 *qw, const bf16 *kw, const int32_t *pos,
-                             const float *inv_freq, int hq, int hkv, int hd, float eps) {
+                             const float *inv_freq, int hq, int hkv, int hd, float eps, float scale) {
     extern __shared__ float cs[]; /* cos at [0, half), sin at [half, hd) */
     const int t = blockIdx.x, half = hd / 2;
     const float p = (float)pos[t];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float s, c;
         sincosf(p * inv_freq[i], &s, &c);
-        cs[i] = c;
-        cs[half + i] = s;
+        cs[i] = c * scale; /* kern_rope_scale: YaRN's attention factor, else 1 */
+        cs[half + i] = s * scale;
     }
     __syncthreads();
     const int lane = threadIdx.x & 31, h = blockIdx.y * QKNR_WARPS + (threadIdx.x >> 5);
@@ -205,7 +205,8 @@ int cuda_qk_norm_rope(kern_backend *be, void *q, void *k, const kern_weight *qw,
     if (cuda_replaying(be)) return 0;
     dim3 grid((unsigned)n, (unsigned)((hq + hkv + QKNR_WARPS - 1) / QKNR_WARPS));
     cuda_qk_norm_rope_kernel<<<grid, 32 * QKNR_WARPS, (size_t)hd * sizeof(float), cuda_get(be)->stream>>>(
-        (bf16 *)q, (bf16 *)k, (const bf16 *)qw->data, (const bf16 *)kw->data, dpos, table, hq, hkv, hd, eps);
+        (bf16 *)q, (bf16 *)k, (const bf16 *)qw->data, (const bf16 *)kw->data, dpos, table, hq, hkv, hd, eps,
+        kern_rope_scale(rope));
     CUDA_LAUNCH_TRY(be, "cuda_qk_norm_rope_kernel");
     return 0;
 }

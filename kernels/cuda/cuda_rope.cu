@@ -7,6 +7,7 @@
  *   inv_freq[i] = kern_rope_inv_freq(rope, i, head_dim)   (kernels.h)
  *   f = (float)pos * inv_freq[i]                     (fp32, as HF computes it)
  *   (x[i], x[i+d/2]) -> (x[i] cos f - x[i+d/2] sin f, x[i+d/2] cos f + x[i] sin f)
+ * with cos f and sin f first multiplied by kern_rope_scale(rope) (YaRN).
  * inv_freq is computed on the host by the function the cpu twin calls (so
  * it is bit-identical) and cached on the device per (rope, head_dim);
  * the angle product and the rotation run in fp32 on the device with the
@@ -25,12 +26,14 @@
 #define ROPE_MAX_THREADS (ROPE_MAX_HEAD_DIM / 2)
 
 __global__ void __launch_bounds__(ROPE_MAX_THREADS)
-    cuda_rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, int heads, int head_dim) {
+    cuda_rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, int heads, int head_dim, float scale) {
     int t = blockIdx.x, i = threadIdx.x, half = head_dim / 2;
     if (i >= half) return;
     float ang = (float)pos[t] * inv_freq[i];
     float s, c;
     sincosf(ang, &s, &c);
+    s *= scale; /* kern_rope_scale: YaRN's attention factor, else 1 */
+    c *= scale;
     int h0 = blockIdx.y * ROPE_HEADS_PER_BLOCK;
     int h1 = h0 + ROPE_HEADS_PER_BLOCK < heads ? h0 + ROPE_HEADS_PER_BLOCK : heads;
     for (int h = h0; h < h1; h++) {
@@ -44,7 +47,9 @@ __global__ void __launch_bounds__(ROPE_MAX_THREADS)
 static int rope_same(const kern_rope *a, const kern_rope *b) {
     return a->theta == b->theta && a->type == b->type && a->factor == b->factor &&
            a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
-           a->original_max_position_embeddings == b->original_max_position_embeddings;
+           a->original_max_position_embeddings == b->original_max_position_embeddings &&
+           a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow && a->truncate == b->truncate &&
+           a->attention_factor == b->attention_factor; /* a graph holds the scale as a launch argument */
 }
 
 /* The device inv_freq table for (rope, head_dim), rebuilt when either
@@ -95,7 +100,8 @@ int cuda_rope(kern_backend *be, void *x, const int32_t *pos, int n, int heads, i
     if (cuda_replaying(be)) return 0;
     dim3 grid((unsigned)n, (unsigned)((heads + ROPE_HEADS_PER_BLOCK - 1) / ROPE_HEADS_PER_BLOCK));
     int threads = ((head_dim / 2 + 31) / 32) * 32;
-    cuda_rope_kernel<<<grid, threads, 0, cuda_get(be)->stream>>>((bf16 *)x, dpos, table, heads, head_dim);
+    cuda_rope_kernel<<<grid, threads, 0, cuda_get(be)->stream>>>((bf16 *)x, dpos, table, heads, head_dim,
+                                                                  kern_rope_scale(rope));
     CUDA_LAUNCH_TRY(be, "cuda_rope_kernel");
     return 0;
 }

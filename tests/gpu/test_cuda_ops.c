@@ -731,6 +731,16 @@ static void test_matmul(void) {
     }
 #define ROPE_L31 ROPE_L3(5e5, 8192)
 #define ROPE_L3_FIX ROPE_L3(1e4, 32)
+/* YaRN: Qwen3's (factor 4 over 32,768; attention factor 0.1 ln 4 + 1) and
+ * the qwen3-yarn fixture's (original context 32, so the ramp is inside
+ * head_dim 32's frequencies) */
+#define ROPE_YARN(th, old)                                                                                             \
+    {                                                                                                                  \
+        .theta = (th), .type = KERN_ROPE_YARN, .factor = 4, .original_max_position_embeddings = (old),                 \
+        .beta_fast = 32, .beta_slow = 1, .attention_factor = 1.1386294361119891, .truncate = 1                         \
+    }
+#define ROPE_YARN_Q3 ROPE_YARN(1e6, 32768)
+#define ROPE_YARN_FIX ROPE_YARN(1e4, 32)
 /* plain RoPE for the checks that are not about frequencies */
 static const kern_rope ROPE_1E4 = {.theta = 1e4};
 
@@ -742,7 +752,8 @@ static void test_rope(void) {
         {1, 0, 32, 128, {.theta = 1e6}},    {37, 0, 32, 128, {.theta = 1e6}},   {1, 1000, 8, 128, {.theta = 1e6}},
         {37, 1000, 8, 128, {.theta = 1e6}}, {5, 30000, 4, 128, {.theta = 1e6}}, {37, 5, 4, 16, {.theta = 1e4}},
         {1, 40, 2, 16, {.theta = 1e4}},     {3, 7, 3, 80, {.theta = 1e4}},      {37, 0, 8, 128, ROPE_L31},
-        {5, 30000, 4, 128, ROPE_L31},       {37, 20, 4, 16, ROPE_L3_FIX},
+        {5, 30000, 4, 128, ROPE_L31},       {37, 20, 4, 16, ROPE_L3_FIX},       {5, 100000, 4, 128, ROPE_YARN_Q3},
+        {37, 20, 4, 32, ROPE_YARN_FIX},
     };
     char shape[128];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -753,7 +764,8 @@ static void test_rope(void) {
             pos[t] = cases[i].pos0 + t;
         rope_case c = {x, pos, n, cases[i].heads, cases[i].hd, cases[i].rope};
         snprintf(shape, sizeof shape, "n=%d pos0=%d heads=%d hd=%d theta=%g%s", n, cases[i].pos0, cases[i].heads,
-                 cases[i].hd, cases[i].rope.theta, cases[i].rope.type == KERN_ROPE_LLAMA3 ? " llama3" : "");
+                 cases[i].hd, cases[i].rope.theta,
+                 cases[i].rope.type == KERN_ROPE_LLAMA3 ? " llama3" : cases[i].rope.type == KERN_ROPE_YARN ? " yarn" : "");
         if (!emu_skip("rope", shape, (double)n * dim, EMU_MAX_ELEMS)) compare("rope", shape, run_rope, &c, TOL);
         free(x);
         free(pos);
@@ -1397,6 +1409,8 @@ static void test_qk_norm_rope(void) {
         {2, 3, 5, 1, 2, {.theta = 1e4}, KERN_BF16}, /* MHA; hd 2 */
         {6, -1, 32, 8, 128, ROPE_L31, KERN_BF16},
         {37, 20, 4, 2, 16, ROPE_L3_FIX, KERN_BF16}, /* llama3 */
+        {6, -1, 32, 8, 128, ROPE_YARN_Q3, KERN_BF16}, /* Qwen3-8B with YaRN */
+        {37, 20, 4, 2, 32, ROPE_YARN_FIX, KERN_BF16},
     };
     char shape[128];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -1412,7 +1426,8 @@ static void test_qk_norm_rope(void) {
         off += cases[i].pos0 >= 0 ? snprintf(shape + off, sizeof shape - (size_t)off, "pos0=%d", cases[i].pos0)
                                   : snprintf(shape + off, sizeof shape - (size_t)off, "pos scattered");
         snprintf(shape + off, sizeof shape - (size_t)off, " hq=%d hkv=%d hd=%d %s%s", hq, hkv, hd,
-                 kern_dtype_name(cases[i].wdt), cases[i].rope.type == KERN_ROPE_LLAMA3 ? " llama3" : "");
+                 kern_dtype_name(cases[i].wdt),
+                 cases[i].rope.type == KERN_ROPE_LLAMA3 ? " llama3" : cases[i].rope.type == KERN_ROPE_YARN ? " yarn" : "");
         if (emu_skip("qk_norm_rope", shape, (double)n * (hq + hkv) * hd, EMU_MAX_ELEMS)) { /* and the unfused check */
             free(q);
             free(k);

@@ -1761,6 +1761,7 @@ def props_bodies(rng, name, adv):
     A = lambda: rng.choice(adv)
     base_c = lambda: {"model": name, "prompt": "hi", "max_tokens": 1, "temperature": 0}
     base_h = lambda: {"model": name, "messages": [msg()], "max_tokens": 1, "temperature": 0}
+    base_r = lambda: {"model": name, "input": "hi", "max_output_tokens": 1, "temperature": 0}
     makers = [
         ("/v1/completions", lambda: dict(base_c(), model=A())),
         ("/v1/completions", lambda: dict(base_c(), prompt=A())),
@@ -1807,6 +1808,32 @@ def props_bodies(rng, name, adv):
         ("/v1/chat/completions", lambda: dict(base_h(), response_format={"type": A()})),
         ("/v1/chat/completions", lambda: {**base_h(), A(): A()}),
         ("/v1/chat/completions", lambda: dict(base_h(), messages=[{**msg(), A(): 1}])),
+        # /v1/responses (issue 43): every string field of its input items, tools and formats
+        ("/v1/responses", lambda: dict(base_r(), model=A())),
+        ("/v1/responses", lambda: dict(base_r(), input=A())),
+        ("/v1/responses", lambda: dict(base_r(), instructions=A())),
+        ("/v1/responses", lambda: dict(base_r(), input=[{"role": A(), "content": "hi"}])),
+        ("/v1/responses", lambda: dict(base_r(), input=[{"type": A(), "role": "user", "content": "hi"}])),
+        ("/v1/responses", lambda: dict(base_r(), input=[{"role": "user", "content": [{"type": A(), "text": A()}]}])),
+        ("/v1/responses", lambda: dict(base_r(), input=[{"role": "user", "content": "hi"},
+                                                        {"type": "reasoning", "summary": [], "content": [
+                                                            {"type": "reasoning_text", "text": A()}]},
+                                                        {"type": "function_call", "call_id": A(), "name": A(),
+                                                         "arguments": A()},
+                                                        {"type": "function_call_output", "call_id": A(),
+                                                         "output": A()}])),
+        ("/v1/responses", lambda: dict(base_r(), tools=[{"type": A(), "name": A()}])),
+        ("/v1/responses", lambda: dict(base_r(), tools=[{"type": "function", "name": A(), "parameters": {}}],
+                                       tool_choice=A())),
+        ("/v1/responses", lambda: dict(base_r(), tools=[{"type": "function", "name": "f", "parameters": {}}],
+                                       tool_choice={"type": "function", "name": A()})),
+        ("/v1/responses", lambda: dict(base_r(), text={"format": {"type": A()}})),
+        ("/v1/responses", lambda: dict(base_r(), text={"format": {"type": "json_schema", "name": A(),
+                                                                  "schema": {"type": "object"}}})),
+        ("/v1/responses", lambda: dict(base_r(), previous_response_id=A())),
+        ("/v1/responses", lambda: dict(base_r(), reasoning={"effort": A()}, metadata={A(): A()})),
+        ("/v1/responses", lambda: {**base_r(), A(): A()}),
+        ("/v1/responses", lambda: dict(base_r(), stream=True, input=A())),
         ("/tokenize", lambda: {"model": A(), "prompt": "hi"}),
         ("/tokenize", lambda: {"model": name, "prompt": A()}),
         ("/tokenize", lambda: {"model": name, "messages": [msg(content=A())]}),

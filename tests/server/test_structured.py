@@ -19,6 +19,10 @@ tests/server/run.sh when the GGUF is there (make test-server fetches it):
   issue47    hostile schemas -> 400 before compiling (the server stays up), every shape xgrammar
              would not enforce refused naming keyword and location, no raw control characters in
              JSON, tool calls cut at max_tokens -> length, stream == whole answer, tool_call_id
+  responses  /v1/responses through the openai client: create, stream (event sequence, raw SSE), a
+             function-call round trip (named / required tool_choice; previous_response_id or input
+             items), text.format json_schema / json_object, previous_response_id and store, Codex's
+             tool types (200, one warning line), empty probes and bad fields (400 naming the field)
   tp3        constrained answers at --tp 3 validate (SmolLM2 has 9 heads)
 The last line printed is "N passed, M failed".
 """
@@ -34,7 +38,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_server import PASSED, FAILED, Server, check, cj, parse_metrics, sample, section  # noqa: E402
+from test_server import PASSED, FAILED, Server, check, cj, curl, parse_metrics, sample, section  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -544,6 +548,183 @@ def tp3_section(binary, model, url1):
         S3.stop()
 
 
+# ---------------------------------------------------------------- /v1/responses (issue 43)
+
+R_WEATHER = {"type": "function", "name": "get_weather", "description": WEATHER["function"]["description"],
+             "parameters": WEATHER["function"]["parameters"], "strict": True}
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,12}$"},
+                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def responses_section(S):
+    """OpenAI's Responses API through the unmodified openai client: create, stream, a function-call round
+    trip (named and required tool_choice), text.format json_schema, previous_response_id and its store,
+    Codex's tool types, the raw event stream, empty probes."""
+    import jsonschema
+    import openai
+    client = openai.OpenAI(base_url=S.url + "/v1", api_key="x")
+    kw = dict(model="smollm2", input="Write one sentence about the sea.", temperature=0, max_output_tokens=24)
+    r = client.responses.create(**kw)
+    # the chat path gives the same greedy text for the same conversation (independent of the Responses mapping)
+    st, cc = chat(S.url, [{"role": "user", "content": kw["input"]}], temperature=0, max_tokens=24)
+    check("responses: create -> a message with output_text equal to chat's greedy answer; id resp_, usage",
+          r.id.startswith("resp_") and r.object == "response" and r.output and r.output[0].type == "message" and
+          r.output_text and st == 200 and r.output_text == cc["choices"][0]["message"]["content"] and
+          r.usage.output_tokens == cc["usage"]["completion_tokens"] and
+          r.usage.input_tokens == cc["usage"]["prompt_tokens"] and
+          r.status == ("incomplete" if cc["choices"][0]["finish_reason"] == "length" else "completed"),
+          (r.model_dump(), cc))
+    types, deltas = [], []
+    with client.responses.stream(**kw) as stream:
+        for ev in stream:
+            types.append(ev.type)
+            if ev.type == "response.output_text.delta":
+                deltas.append(ev.delta)
+        fin = stream.get_final_response()
+    need = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+            "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+            "response.output_item.done", "response.completed"]
+    order = [t for t in types if t in need]
+    check("responses: stream -> the Responses event sequence; deltas add up to the final text = create's",
+          order[:4] == need[:4] and order[-4:] == need[-4:] and "".join(deltas) == fin.output_text == r.output_text,
+          (types, "".join(deltas), fin.output_text, r.output_text))
+    # the raw stream: "event:" lines naming each data's type, sequence_number 0, 1, 2, ...
+    stc, body = curl(S.url + "/v1/responses", data=dict(kw, stream=True))
+    evs, names = [], []
+    for block in body.split("\n\n"):
+        lines = block.split("\n")
+        ev = [x[7:] for x in lines if x.startswith("event: ")]
+        da = [json.loads(x[6:]) for x in lines if x.startswith("data: ")]
+        if da:
+            evs.append(da[0])
+            names.append(ev[0] if ev else None)
+    check("responses: raw stream: event names = data types, sequence_number counts from 0, ends with completed",
+          stc == 200 and evs and all(n == e["type"] for n, e in zip(names, evs)) and
+          [e["sequence_number"] for e in evs] == list(range(len(evs))) and evs[-1]["type"] == "response.completed"
+          and evs[-1]["response"]["usage"]["output_tokens"] == r.usage.output_tokens, body[:800])
+    # a function call round trip, the call forced by a named tool_choice
+    q = "What is the weather in Paris?"
+    r1 = client.responses.create(model="smollm2", input=q, tools=[R_WEATHER], temperature=0, max_output_tokens=120,
+                                 tool_choice={"type": "function", "name": "get_weather"}, parallel_tool_calls=False)
+    calls = [o for o in r1.output if o.type == "function_call"]
+    ok = len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
+    valid = False
+    if ok:
+        try:
+            jsonschema.validate(json.loads(calls[0].arguments), R_WEATHER["parameters"])
+            valid = True
+        except (ValueError, jsonschema.ValidationError) as e:
+            valid = repr(e)
+    check("responses: named tool_choice -> one function_call item whose arguments validate", ok and valid is True,
+          (r1.model_dump(), valid))
+    if ok:
+        out = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "MARKER-77 degrees"}
+        r2 = client.responses.create(model="smollm2", previous_response_id=r1.id, input=[out], tools=[R_WEATHER],
+                                     temperature=0, max_output_tokens=20)
+        # the same conversation spelled out as input items, without the store
+        items = [{"role": "user", "content": q}, {"type": "function_call", "call_id": calls[0].call_id,
+                                                  "name": "get_weather", "arguments": calls[0].arguments}, out]
+        r3 = client.responses.create(model="smollm2", input=items, tools=[R_WEATHER], temperature=0,
+                                     max_output_tokens=20)
+        hist = [{"role": "user", "content": q}, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": calls[0].call_id, "type": "function", "function": {"name": "get_weather",
+                                                                       "arguments": calls[0].arguments}}]},
+            {"role": "tool", "tool_call_id": calls[0].call_id, "content": out["output"]}]
+        st, tk = cj(S.url + "/tokenize", {"messages": hist, "tools": [
+            {"type": "function", "function": dict(WEATHER["function"], strict=True)}]})
+        check("responses: round trip: the tool result sent back (previous_response_id, or as input items) is "
+              "answered; the prompt is the chat history's token for token",
+              r2.status in ("completed", "incomplete") and r2.output and r3.output_text == r2.output_text and
+              st == 200 and r2.usage.input_tokens == r3.usage.input_tokens == tk["count"],
+              (r2.model_dump(), r3.model_dump(), tk.get("count")))
+    # required, streamed: the call's arguments arrive as function_call_arguments events
+    types, args = [], ""
+    with client.responses.stream(model="smollm2", input=q, tools=[R_WEATHER], tool_choice="required",
+                                 temperature=0, max_output_tokens=120, parallel_tool_calls=False) as stream:
+        for ev in stream:
+            types.append(ev.type)
+            if ev.type == "response.function_call_arguments.delta":
+                args += ev.delta
+        fin = stream.get_final_response()
+    fcs = [o for o in fin.output if o.type == "function_call"]
+    check("responses: stream, tool_choice required -> function_call_arguments.delta/done and one call",
+          "response.function_call_arguments.done" in types and len(fcs) == 1 and fcs[0].arguments == args and
+          json.loads(args).get("city") in ("Paris", "Berlin", "Rome"), (types, fin.model_dump()))
+    # text.format json_schema -> structured output
+    r = client.responses.create(model="smollm2", input="Describe a person as JSON.", temperature=0,
+                                max_output_tokens=80,
+                                text={"format": {"type": "json_schema", "name": "person", "schema": PERSON,
+                                                 "strict": True}})
+    try:
+        jsonschema.validate(json.loads(r.output_text), PERSON)
+        valid = True
+    except (ValueError, jsonschema.ValidationError) as e:
+        valid = repr(e)
+    check("responses: text.format json_schema -> output_text validates", valid is True, (r.output_text, valid))
+    r = client.responses.create(model="smollm2", input="Give a JSON object.", temperature=0, max_output_tokens=40,
+                                text={"format": {"type": "json_object"}})
+    check("responses: text.format json_object -> a JSON object (or cut short)",
+          r.output_text.startswith("{"), r.output_text)
+    # previous_response_id: the earlier turns are in the prompt (counted against /tokenize of the chat history)
+    a = client.responses.create(model="smollm2", input="My name is Zed.", instructions="Be brief.",
+                                temperature=0, max_output_tokens=12)
+    b = client.responses.create(model="smollm2", input="What is my name?", previous_response_id=a.id,
+                                instructions="Be terse.", temperature=0, max_output_tokens=12)
+    hist = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "My name is Zed."},
+            {"role": "assistant", "content": a.output_text}, {"role": "user", "content": "What is my name?"}]
+    st, tk = cj(S.url + "/tokenize", {"messages": hist})
+    check("responses: previous_response_id -> the stored turns (not the old instructions) precede the input",
+          st == 200 and b.usage.input_tokens == tk["count"] and b.previous_response_id == a.id,
+          (b.usage, tk, a.output_text))
+    try:
+        client.responses.create(model="smollm2", input="x", previous_response_id="resp_does_not_exist")
+        nf = "accepted"
+    except openai.NotFoundError as e:
+        nf = str(e)
+    check("responses: an unknown previous_response_id -> 404 naming it", "resp_does_not_exist" in nf, nf)
+    c = client.responses.create(model="smollm2", input="hi", store=False, max_output_tokens=2)
+    try:
+        client.responses.create(model="smollm2", input="x", previous_response_id=c.id, max_output_tokens=2)
+        nf = "accepted"
+    except openai.NotFoundError as e:
+        nf = str(e)
+    check("responses: store false -> not kept (404 later)", c.id in nf, nf)
+    # Codex's request: built-in tool types beside a function, reasoning items in the input -> 200
+    codex = {"model": "smollm2", "instructions": "You are a coding agent.", "max_output_tokens": 8,
+             "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "ctx"}]},
+                       {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ls"}]},
+                       {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}],
+                        "content": None, "encrypted_content": None},
+                       {"type": "local_shell_call", "call_id": "c1", "status": "completed",
+                        "action": {"type": "exec", "command": ["ls"]}}],
+             "tools": [{"type": "web_search"}, {"type": "local_shell"},
+                       {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+                       {"type": "namespace", "name": "mcp", "tools": []}, R_WEATHER],
+             "tool_choice": "auto", "parallel_tool_calls": False, "reasoning": {"effort": "medium"},
+             "store": False, "stream": True, "include": ["reasoning.encrypted_content"],
+             "prompt_cache_key": "abc"}
+    st, body = curl(S.url + "/v1/responses", data=codex)
+    check("responses: a Codex request (web_search, local_shell, custom, namespace tools) -> 200 stream, completed",
+          st == 200 and "response.completed" in body, (st, body[:400]))
+    check("responses: the dropped tool types are named in one warning line",
+          re.search(r"dropped \(not supported\):.*web_search.*local_shell.*custom.*namespace", S.logtext()) is not None,
+          S.logtext()[-800:])
+    # empty probes and bad fields: answered 4xx in the error shape, never 5xx
+    for name, data, word in (("{}", {}, "input"), ("input []", {"input": []}, "input"),
+                             ("input 3", {"input": 3}, "input"), ("bad item", {"input": [{"role": "robot"}]}, "role"),
+                             ("image part", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+                              "input"),
+                             ("text.format", {"input": "x", "text": {"format": {"type": "xml"}}}, "text.format"),
+                             ("max_output_tokens", {"input": "x", "max_output_tokens": 0}, "max_output_tokens")):
+        st, j = cj(S.url + "/v1/responses", data)
+        msg = j.get("error", {}).get("message", "") if isinstance(j, dict) else ""
+        check(f"responses: {name} -> 400 naming {word}", st == 400 and word in msg + str(j["error"].get("param")),
+              (st, j))
+    st, body = curl(S.url + "/v1/responses", "-X", "POST")
+    check("responses: an empty POST -> 400 JSON error", st == 400 and '"error"' in body, (st, body))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -557,6 +738,7 @@ def main():
         for name, fn, args in (("errors", errors_section, (S,)), ("schema100", schema100_section, (S,)),
                                ("kinds", kinds_section, (S,)), ("mixed", mixed_section, (S,)),
                                ("parse", parse_section, (S,)), ("tools", tools_section, (S,)),
+                               ("responses", responses_section, (S,)),
                                ("metrics", metrics_section, (S,)), ("issue47", issue47_section, (S,)), ("tp3", tp3_section, (a.bin, a.model, S.url))):
             if not only or name in only:
                 section(f"structured: {name}", fn, *args)

@@ -19,7 +19,7 @@
 static const char *ALL_MODELS[] = {"tied",      "untied-sharded", "wide-head",
                                    "gqa4-deep", "realvocab",      "llama-gqa",
                                    "llama-tp3", "gguf-llama/model.gguf", "gguf-qwen3/model.gguf",
-                                   "qwen2-bias", "llama3-rope"};
+                                   "qwen2-bias", "llama3-rope", "qwen3-yarn", "llama-yarn"};
 
 static eng *open_eng(const char *name, int tp, echo_preset mode, int max_seqs, int kv_blocks, char *err) {
     char dir[512];

@@ -151,9 +151,9 @@ static float *full_forward(eng *e, const ref_prompt *p, int vocab) {
 START_TEST(test_fixtures_present) {
     char names[MAX_MODELS][256];
     int n = list_models(names);
-    /* make_reference.py writes six Qwen3, three Llama and a Qwen2 model,
+    /* make_reference.py writes seven Qwen3, four Llama and a Qwen2 model,
      * make_gguf_models.py two GGUF ones; fewer means fixtures are missing. */
-    ck_assert_int_ge(n, 12);
+    ck_assert_int_ge(n, 14);
     int gguf = 0;
     for (int i = 0; i < n; i++) gguf += strstr(names[i], ".gguf") != NULL;
     ck_assert_int_eq(gguf, 2);
@@ -328,6 +328,161 @@ START_TEST(test_config_rope_llama3) {
 }
 END_TEST
 
+/* YaRN as Qwen's model card writes it ("type": "yarn" in rope_scaling) and
+ * as transformers 5 does (rope_parameters), with HF's defaults (beta_fast
+ * 32, beta_slow 1, truncate, attention factor 0.1 ln(factor) + 1, which
+ * for factor 4 is 1.1386294361119891) and the context lengthened to
+ * original x factor (vLLM's rule); the optional keys; --rope-scaling. */
+START_TEST(test_config_rope_yarn) {
+    model_config c;
+    char err[512];
+    const char *forms[] = {
+        ",\"max_position_embeddings\":40960,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4.0,"
+        "\"original_max_position_embeddings\":32768}",
+        ",\"max_position_embeddings\":40960,\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4,"
+        "\"original_max_position_embeddings\":32768,\"rope_theta\":1000000}",
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof *forms; i++) {
+        ck_assert_msg(parse_with(forms[i], NULL, &c, err) == 0, "form %zu: %s", i, err);
+        ck_assert_int_eq(c.rope.type, KERN_ROPE_YARN);
+        ck_assert(c.rope.theta == 1e6 && c.rope.factor == 4.0 && c.rope.original_max_position_embeddings == 32768.0);
+        ck_assert(c.rope.beta_fast == 32 && c.rope.beta_slow == 1 && c.rope.truncate == 1);
+        ck_assert_msg(fabs(c.rope.attention_factor - 1.1386294361119891) < 1e-15, "%.17g", c.rope.attention_factor);
+        ck_assert_int_eq(c.max_position_embeddings, 131072);
+    }
+    /* mscale / mscale_all_dim: (0.1*1*ln 8 + 1) / (0.1*0.5*ln 8 + 1) = 1.2079441541679836 / 1.1039720770839918 */
+    ck_assert_msg(parse_with(",\"max_position_embeddings\":128,\"rope_scaling\":{\"rope_type\":\"yarn\","
+                             "\"factor\":8,\"original_max_position_embeddings\":16,\"beta_fast\":16,\"beta_slow\":2,"
+                             "\"mscale\":1,\"mscale_all_dim\":0.5,\"truncate\":false}",
+                             NULL, &c, err) == 0,
+                  "%s", err);
+    ck_assert(c.rope.beta_fast == 16 && c.rope.beta_slow == 2 && c.rope.truncate == 0);
+    ck_assert_msg(fabs(c.rope.attention_factor - 1.2079441541679836 / 1.1039720770839918) < 1e-15, "%.17g",
+                  c.rope.attention_factor);
+    /* an explicit attention_factor wins; no factor: max_position_embeddings / original */
+    ck_assert(parse_with(",\"max_position_embeddings\":1000,\"rope_scaling\":{\"rope_type\":\"yarn\","
+                         "\"original_max_position_embeddings\":250,\"attention_factor\":0.75}",
+                         NULL, &c, err) == 0);
+    ck_assert(c.rope.factor == 4.0 && c.rope.attention_factor == 0.75);
+    /* --rope-scaling on a config without scaling (Qwen3-8B's: 40960 positions, theta 1e6) */
+    ck_assert(parse_with(",\"max_position_embeddings\":40960", NULL, &c, err) == 0);
+    ck_assert_int_eq(c.rope.type, KERN_ROPE_DEFAULT);
+    ck_assert_msg(model_config_rope_override(&c, "yarn:4:32768", err, sizeof err) == 0, "%s", err);
+    ck_assert(c.rope.type == KERN_ROPE_YARN && c.rope.factor == 4 && c.rope.theta == 1e6);
+    ck_assert(c.rope.original_max_position_embeddings == 32768 && c.max_position_embeddings == 131072);
+    ck_assert(parse_with(",\"max_position_embeddings\":40960", NULL, &c, err) == 0);
+    ck_assert(model_config_rope_override(&c, "{\"rope_type\":\"yarn\",\"factor\":2,\"beta_fast\":8}", err,
+                                         sizeof err) == 0);
+    ck_assert(c.rope.factor == 2 && c.rope.beta_fast == 8 && c.rope.original_max_position_embeddings == 40960);
+    ck_assert_int_eq(c.max_position_embeddings, 81920);
+    ck_assert(model_config_rope_override(&c, "none", err, sizeof err) == 0 && c.rope.type == KERN_ROPE_DEFAULT);
+    ck_assert(model_config_rope_override(&c, NULL, err, sizeof err) == 0);
+    static const char *const bad[][2] = {{"yarn", "expected none, yarn:FACTOR"},
+                                         {"yarn:4x", "expected none"},
+                                         {"yarn:0.5", "yarn needs factor >= 1"},
+                                         {"{\"rope_type\":\"dynamic\"}", "'dynamic' is not supported"},
+                                         {"{oops", "not a JSON object"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ck_assert_msg(model_config_rope_override(&c, bad[i][0], err, sizeof err) != 0, "%s accepted", bad[i][0]);
+        ck_assert_msg(strstr(err, "--rope-scaling") && strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
+}
+END_TEST
+
+/* The YaRN fixtures (transformers' own YaRN, positions past the original
+ * context) at tp 2: each rank rotates its heads with the same
+ * frequencies and attention factor. tp 1 is test_logits_match_reference. */
+START_TEST(test_yarn_reference_tp2) {
+    static const char *const names[] = {"qwen3-yarn", "llama-yarn"};
+    for (size_t mi = 0; mi < 2; mi++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", MODELS_DIR, names[mi]);
+        ref_model r;
+        ref_load(dir, &r);
+        eng *e = open_engine(dir, 2, ECHO_PRESET_EXACT, 64);
+        ck_assert_int_eq(eng_model_config(e)->rope.type, KERN_ROPE_YARN);
+        double worst = 0;
+        for (int i = 0; i < r.n_prompts; i++) {
+            const ref_prompt *p = &r.p[i];
+            ck_assert_int_gt(p->n_prompt + p->n_greedy, (int)eng_model_config(e)->rope.original_max_position_embeddings);
+            float *all = full_forward(e, p, r.vocab);
+            double er = tu_rel_err(all + (size_t)p->first_pos * r.vocab, p->logits, (size_t)p->rows * r.vocab);
+            ck_assert_msg(er <= 1e-4, "%s tp 2 prompt %d: relative logits error %.3g > 1e-4", names[mi], i, er);
+            worst = er > worst ? er : worst;
+            free(all);
+        }
+        printf("oracle tp 2: %-24s worst relative logits error %.2e over %d prompts\n", names[mi], worst, r.n_prompts);
+        eng_destroy(e);
+        ref_free(&r);
+    }
+}
+END_TEST
+
+/* --rope-scaling reaches every rank's model (eng_config.rope_scaling ->
+ * model_load): the qwen3-yarn fixture's weights in a folder whose
+ * config.json has no scaling, run with "yarn:4:32", give transformers'
+ * YaRN logits at tp 1 and 2; "none" on the fixture itself takes the
+ * scaling away (the logits move far from the reference). */
+static double yarn_worst(const char *dir, const char *spec, int tp, const ref_model *r) {
+    char err[1024];
+    eng_config c = {.model_dir = dir, .tp = tp, .allreduce = ECHO_PRESET_EXACT, .threads = 2, .max_model_len = 64,
+                    .max_num_seqs = 4, .rope_scaling = spec};
+    eng *e;
+    ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s: %s", dir, err);
+    ck_assert_int_eq(eng_model_config(e)->rope.type, strcmp(spec, "none") ? KERN_ROPE_YARN : KERN_ROPE_DEFAULT);
+    double worst = 0;
+    for (int i = 0; i < r->n_prompts; i++) {
+        const ref_prompt *p = &r->p[i];
+        float *all = full_forward(e, p, r->vocab);
+        double er = tu_rel_err(all + (size_t)p->first_pos * r->vocab, p->logits, (size_t)p->rows * r->vocab);
+        worst = er > worst ? er : worst;
+        free(all);
+    }
+    eng_destroy(e);
+    return worst;
+}
+
+START_TEST(test_rope_scaling_override) {
+    char src[512], tmp[] = "/tmp/echo-yarn-XXXXXX", path[1024], target[1024];
+    snprintf(src, sizeof src, "%s/qwen3-yarn", MODELS_DIR);
+    ck_assert_ptr_nonnull(mkdtemp(tmp));
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    ck_assert_ptr_nonnull(cfg);
+    json_object_del(cfg, "rope_scaling");
+    json_object_set_new(cfg, "rope_parameters", json_pack("{s:s,s:f}", "rope_type", "default", "rope_theta", 10000.0));
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    ck_assert_int_eq(json_dump_file(cfg, path, 0), 0);
+    json_decref(cfg);
+    static const char *const links[] = {"model.safetensors", "generation_config.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(target, sizeof target, "%s/%s", src, links[i]);
+        char *abs = realpath(target, NULL);
+        snprintf(path, sizeof path, "%s/%s", tmp, links[i]);
+        ck_assert_int_eq(symlink(abs, path), 0);
+        free(abs);
+    }
+    ref_model r;
+    ref_load(src, &r);
+    double plain = yarn_worst(src, "none", 1, &r);
+    ck_assert_msg(plain > 1e-2, "without its scaling the fixture is only %.3g away", plain);
+    for (int tp = 1; tp <= 2; tp++) {
+        double er = yarn_worst(tmp, "yarn:4:32", tp, &r);
+        printf("--rope-scaling yarn:4:32 on a config without scaling, tp %d: worst relative logits error %.2e "
+               "(none: %.2e)\n", tp, er, plain);
+        ck_assert_msg(er <= 1e-4, "tp %d: relative logits error %.3g > 1e-4", tp, er);
+    }
+    ref_free(&r);
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, links[i]);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    unlink(path);
+    rmdir(tmp);
+}
+END_TEST
+
 START_TEST(test_config_errors) {
     model_config c;
     char err[512];
@@ -350,7 +505,10 @@ START_TEST(test_config_errors) {
     } bad[] = {
         {",\"attention_bias\":true", "attention_bias"},
         {",\"use_sliding_window\":true", "sliding_window"},
-        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}", "yarn"},
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":0.5}", "yarn needs factor >= 1"},
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":\"4\"}", "rope_scaling.factor must be a number"},
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4,\"truncate\":1}", "truncate must be a boolean"},
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4,\"attention_factor\":-1}", "positive attention"},
         /* rope: llama3 with bad parameters, other types by name */
         {",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"high_freq_factor\":4}", "low_freq_factor"},
         {",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":4,\"high_freq_factor\":4}",
@@ -360,7 +518,7 @@ START_TEST(test_config_errors) {
          "rope_parameters: llama3 needs factor >= 1"},
         {",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":2}", "'dynamic'"},
         {",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}", "'linear'"},
-        {",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4}", "rope_parameters of type 'yarn'"},
+        {",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4,\"beta_fast\":-2}", "rope_parameters: yarn needs"},
         {",\"rope_parameters\":{\"rope_type\":\"longrope\"}", "'longrope'"},
         {",\"hidden_act\":\"gelu\"", "gelu"},
         {",\"num_key_value_heads\":3", "multiple"},
@@ -939,7 +1097,7 @@ START_TEST(test_act_q8_refused) {
     ck_assert_msg(kern_backend_create("cpu", 1, 0, &cpu, &be, err, sizeof err) == 0, "%s", err);
     kern_ops noq = *cpu;
     noq.upload_quantized = NULL;
-    model_load_opts o = {&noq, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 1, KERN_KV_NATIVE};
+    model_load_opts o = {&noq, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 1, KERN_KV_NATIVE, NULL};
     model *m = NULL;
     ck_assert_int_ne(model_load("random:tiny,layers=2", &o, &m, err, sizeof err), 0);
     ck_assert_msg(strstr(err, "does not keep Q8_0 weights"), "%s", err);
@@ -1019,7 +1177,7 @@ START_TEST(test_fused_weights_model) {
     const char *spec = "random:tiny,layers=2,seed=12";
     model *m[2] = {NULL, NULL};
     for (int f = 0; f < 2; f++) {
-        model_load_opts o = {cpu, be, NULL, 0, 1, NULL, 16, 4, f, 0, 0, KERN_KV_NATIVE};
+        model_load_opts o = {cpu, be, NULL, 0, 1, NULL, 16, 4, f, 0, 0, KERN_KV_NATIVE, NULL};
         ck_assert_msg(model_load(spec, &o, &m[f], err, sizeof err) == 0, "%s", err);
     }
     ck_assert_uint_eq(model_weight_bytes(m[0]), model_weight_bytes(m[1]));
@@ -1104,7 +1262,7 @@ START_TEST(test_model_graph_routing) {
     fake.graph_drop_all = fake_graph_drop_all;
     const char *spec = "random:tiny,layers=2,seed=4";
     model *mg = NULL, *me = NULL;
-    model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0, KERN_KV_NATIVE}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0, KERN_KV_NATIVE};
+    model_load_opts og = {&fake, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0, KERN_KV_NATIVE, NULL}, oe = {cpu, be, NULL, 0, 1, NULL, 16, 4, 0, 0, 0, KERN_KV_NATIVE, NULL};
     ck_assert_msg(model_load(spec, &og, &mg, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(model_load(spec, &oe, &me, err, sizeof err) == 0, "%s", err);
     eng_runner rg = {.m = mg, .ops = &fake, .be = be, .graphs = 1}, re = {.m = me, .ops = cpu, .be = be};
@@ -1278,6 +1436,8 @@ static Suite *model_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_fixtures_present);
     tcase_add_test(tc, test_logits_match_reference);
+    tcase_add_test(tc, test_yarn_reference_tp2);
+    tcase_add_test(tc, test_rope_scaling_override);
     tcase_add_test(tc, test_greedy_matches_reference);
     tcase_add_test(tc, test_decode_equals_full_recompute);
     tcase_add_test(tc, test_stops_at_eos);
@@ -1288,6 +1448,7 @@ static Suite *model_suite(void) {
     TCase *tcc = tcase_create("config");
     tcase_add_test(tcc, test_config_fields);
     tcase_add_test(tcc, test_config_rope_llama3);
+    tcase_add_test(tcc, test_config_rope_yarn);
     tcase_add_test(tcc, test_config_errors);
     tcase_add_test(tcc, test_shape_mismatch_names_tensor);
     tcase_add_test(tcc, test_log_softmax_and_top_k);
