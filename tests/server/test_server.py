@@ -1918,7 +1918,7 @@ def props_section(S, name, n=None, seed=None):
                 why = f"{st} not JSON in the error shape"
         elif hd.get("content-type", "").startswith("text/event-stream"):  # every event JSON, then [DONE]
             ev = [ln[6:] for ln in resp.split(b"\n") if ln.startswith(b"data: ")]
-            if path == b"/v1/responses":  # the Responses stream has no [DONE]: it ends with its final event
+            if tgt.split(b"?")[0] == b"/v1/responses":  # the Responses stream has no [DONE]: it ends with its final event
                 last = strict_json(ev[-1]) if ev else None
                 if (not ev or any(strict_json(e) is None for e in ev) or not isinstance(last, dict) or
                         last.get("type") not in ("response.completed", "response.incomplete", "response.failed",
