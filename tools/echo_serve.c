@@ -94,7 +94,7 @@ static const char *USAGE =
     "                               values, 64 KiB of const/enum/pattern text; 1024 choices of\n"
     "                               64 KiB in all;\n"
     "                               a regex or grammar of 64 KiB. Worst accepted compile measured\n"
-    "                               on SmolLM2 (2-core VM): 0.98 s, +30 MB (docs/structured-outputs.md)\n"
+    "                               on SmolLM2 (2-core VM): 2.0 s, +32 MB (docs/structured-outputs.md)\n"
     "  --log-level debug|info|warning|error   (default info)\n"
     "  --debug-load-delay S         testing: wait S seconds before loading (503 state)\n"
     "  -h, --help                   this help\n"
