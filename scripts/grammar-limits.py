@@ -39,7 +39,7 @@ def rss_of(pid):
 
 def compile_cases(only):
     rss = rss_of
-    for name, extra in CASES.items():
+    for name, extra in W.items():
         if only and not any(o in name for o in only): continue
         p = subprocess.Popen([f"{ROOT}/bin/echo-serve", "--model", f"{ROOT}/build/models/SmolLM2-135M-Instruct.Q4_1.gguf", "--port", str(PORT), "--threads", "1", "--grammar-compile-timeout", "600", "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(100):

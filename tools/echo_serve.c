@@ -103,7 +103,7 @@ static const char *USAGE =
     "                               values, 64 KiB of const/enum/pattern text; 1024 choices of\n"
     "                               64 KiB in all;\n"
     "                               a regex or grammar of 64 KiB. Worst accepted compile measured\n"
-    "                               on SmolLM2 (2-core VM): 0.98 s, +30 MB (docs/structured-outputs.md)\n"
+    "                               on SmolLM2 (2-core VM): 2.0 s, +32 MB (docs/structured-outputs.md)\n"
     "  --log-level debug|info|warning|error   (default info)\n"
     "  --reasoning-parser auto|none|qwen3|deepseek_r1   split a thinking model's <think> block from its\n"
     "                               answer into the reasoning field (default auto: qwen3 when the chat\n"

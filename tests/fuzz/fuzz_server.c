@@ -274,6 +274,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     s->opt.timeout_s = 30;
     s->opt.max_body_bytes = 8u << 20;
     s->opt.log_level = SRV_LOG_ERROR;
+    s->opt.grammar_compiles = 1;
+    s->opt.grammar_timeout_s = 10;
+    s->cpool = srv_cpool_new(1); /* constraints compile (the stub) on a compile thread, as in the server */
     s->model_dir = strdup(MODEL_DIR);
     s->name = strdup("realvocab");
     atomic_init(&s->ready, 0);
@@ -284,7 +287,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     pthread_mutex_init(&s->sch.mu, NULL);
     pthread_mutex_init(&s->gram_mu, NULL);
     pthread_cond_init(&s->sch.cv, NULL);
-    if (!s->model_dir || !s->name || srv_metrics_init(&s->met)) die("setup", "out of memory");
+    if (!s->model_dir || !s->name || !s->cpool || srv_metrics_init(&s->met)) die("setup", "out of memory");
     g_verbose = getenv("FUZZ_SERVER_VERBOSE") != NULL;
     g_srv = s;
     atexit(teardown);

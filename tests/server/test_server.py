@@ -1756,7 +1756,7 @@ def gen_tools(rng, adv):
     return body
 
 
-def props_bodies(rng, name, adv):
+def props_bodies(rng, name, adv, structured=False):
     """(path, body) pairs: one adversarial string in one string field (or key) of a valid request."""
     msg = lambda **kw: dict({"role": "user", "content": "hi"}, **kw)
     A = lambda: rng.choice(adv)
@@ -1842,18 +1842,28 @@ def props_bodies(rng, name, adv):
         ("/detokenize", lambda: {"model": A(), "tokens": [1, 2]}),
         ("/detokenize", lambda: {"tokens": A()}),
         ("/detokenize", lambda: {"tokens": [1], A(): 1}),
-        # issue 47: structured outputs and tools (schemas, choices, regexes, grammars, tool calls)
-        ("/v1/completions", lambda: dict(base_c(), **gen_constraint(rng, adv))),
-        ("/v1/completions", lambda: dict(base_c(), **gen_constraint(rng, adv), stream=True)),
-        ("/v1/chat/completions", lambda: dict(base_h(), **gen_constraint(rng, adv))),
-        ("/v1/chat/completions", lambda: dict(base_h(), **gen_tools(rng, adv))),
-        ("/v1/chat/completions", lambda: dict(base_h(), max_tokens=8, stream=rng.random() < 0.5, **gen_tools(rng, adv))),
     ]
+    if structured:  # issue 47: structured outputs and tools (schemas, choices, regexes, grammars, tool calls)
+        makers = [
+            ("/v1/completions", lambda: dict(base_c(), **gen_constraint(rng, adv))),
+            ("/v1/completions", lambda: dict(base_c(), **gen_constraint(rng, adv), stream=True)),
+            ("/v1/chat/completions", lambda: dict(base_h(), **gen_constraint(rng, adv))),
+            ("/v1/chat/completions", lambda: dict(base_h(), **gen_tools(rng, adv))),
+            ("/v1/chat/completions", lambda: dict(base_h(), max_tokens=8, stream=rng.random() < 0.5,
+                                                  **gen_tools(rng, adv))),
+        ]
     path, mk = rng.choice(makers)
     return path, to_json(mk())
 
 
-def props_section(S, name, n=None, seed=None):
+def props47_section(S, name):
+    """Issue 47's property: the same checks over random structured-output constraints (schemas with
+    $ref chains up to 1 500 links, fan-outs, cycles, remote refs, siblings, contradictions; choices,
+    regexes, grammars) and tools / tool messages. Seeded ($ECHO_PROPS_SEED), 400 requests, 150 s."""
+    props_section(S, name, n=int(os.environ.get("ECHO_PROPS47_N", 400)), structured=True)
+
+
+def props_section(S, name, n=None, seed=None, structured=False):
     """Issue 35's property: random and adversarial strings in every string field, path and header of
     every route; the server never answers 5xx to them, every refusal is JSON in the error shape (strict
     UTF-8), every JSON answer parses, and /health stays 200. Seeded ($ECHO_PROPS_SEED), bounded in count
@@ -1870,8 +1880,8 @@ def props_section(S, name, n=None, seed=None):
     def make():
         kind = rng.random()
         hdrs = [b"Content-Type: application/json"]
-        if kind < 0.55:  # a string field of a request body
-            path, body = props_bodies(rng, name, adv)
+        if kind < 0.55 or structured:  # a string field of a request body
+            path, body = props_bodies(rng, name, adv, structured)
             return b"POST", path.encode(), hdrs, body
         if kind < 0.75:  # a path id, percent-encoded or raw (no space, CR, LF: the request line must stay one)
             a = rng.choice(adv_bytes)
@@ -1901,7 +1911,7 @@ def props_section(S, name, n=None, seed=None):
     lock = threading.Lock()
 
     def run(i):
-        if time.time() - t0 > 90:
+        if time.time() - t0 > (150 if structured else 90):
             return None
         meth, tgt, hdrs, body = cases[i]
         try:
@@ -1946,7 +1956,8 @@ def props_section(S, name, n=None, seed=None):
     print(f"  (seed {seed}: {ran} of {n} requests in {time.time() - t0:.1f}s; statuses {sorted(statuses.items(), key=str)})")
     for b in bad[:8]:
         print("   ", b)
-    check(f"issue 35 property: {ran} adversarial requests (seed {seed}) over every route: no 5xx, every "
+    check(f"issue {47 if structured else 35} property: {ran} adversarial requests (seed {seed}) over "
+          f"{'structured outputs and tools' if structured else 'every route'}: no 5xx, every "
           f"refusal JSON in the error shape, JSON answers parse; /health 200", not bad and hs == 200 and ran >= n // 2,
           f"{len(bad)} bad, e.g. {bad[:3]}")
 
@@ -2037,6 +2048,7 @@ def main():
     try:
         if a.only == "props":
             section("issue 35 property test", props_section, S, name)
+            section("issue 47 property test", props47_section, S, name)
             section("issue 35 repros", regress35_section, S, name)
         elif a.mode == "full":
             section("curl", curl_section, S, name)
@@ -2046,6 +2058,7 @@ def main():
             section("metrics", metrics_section, S)
             section("abuse", abuse_section, S)
             section("issue 35 property test", props_section, S, name)
+            section("issue 47 property test", props47_section, S, name)
             section("issue 35 repros", regress35_section, S, name)
         else:
             section("curl (smoke)", lambda: check("asan: completion", cj(S.url + "/v1/completions", {
@@ -2054,6 +2067,7 @@ def main():
             section("concurrency (8)", concurrency_section, S, 8)
             section("abuse", abuse_section, S)
             section("issue 35 property test", props_section, S, name)
+            section("issue 47 property test", props47_section, S, name)
             section("issue 35 repros", regress35_section, S, name)
     finally:
         rc, log = S.stop()
