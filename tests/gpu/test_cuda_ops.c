@@ -1160,7 +1160,7 @@ static void test_kv_store_types(void) {
                 x[kv][(size_t)kvd * (n - 1) + j] = bf16r(frand(1e-6f));     /* last row: fp16 subnormals */
             }
             if (n > 2) {
-                x[kv][kvd + 1] = 70000.0f; /* row 1: beyond fp16's range, an outlier channel */
+                x[kv][kvd + 1] = bf16r(70000.0f); /* row 1: beyond fp16's range, an outlier channel */
                 x[kv][kvd + 2] = -0.0f;
                 x[kv][2 * kvd + hd - 1] = -300.0f;
             }
