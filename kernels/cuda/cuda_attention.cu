@@ -72,7 +72,16 @@ template <int KT> __host__ __device__ constexpr int att_head_bytes(int hd) {
     return KT == KERN_KV_F32 ? 4 * hd : KT == KERN_KV_Q8_0 ? hd + hd / KERN_KV_Q8_BLOCK * 2 : 2 * hd;
 }
 
-/* IEEE binary16 bits to fp32 (exact). */
+/* IEEE binary16 bits to fp32 (exact), by the conversion instruction. */
+__device__ __forceinline__ float att_h2f_cvt(unsigned short b) {
+    __half_raw r;
+    r.x = b;
+    return __half2float(__half(r));
+}
+
+/* The same in integer and fp32 operations (normal and subnormal halves
+ * rebased by 2^112, exactly): with cvt, ptxas spills the decode kernel at
+ * sm_80. */
 __device__ __forceinline__ float att_h2f(unsigned short b) {
     const unsigned h = b;
     /* the exponent rebased by 2^112: exact for normal and subnormal halves */
@@ -421,10 +430,12 @@ template <int HD> struct att_kv<KERN_KV_F16, HD> {
         f[6] = att_h2f((unsigned short)(r.u.w & 0xffffu));
         f[7] = att_h2f((unsigned short)(r.u.w >> 16));
     }
+    static __device__ __forceinline__ unsigned cvt2(unsigned w) {
+        return att_pack2(att_h2f_cvt((unsigned short)(w & 0xffffu)), att_h2f_cvt((unsigned short)(w >> 16)));
+    }
+    /* by cvt: att_h2f's registers spill the prefill kernel */
     static __device__ __forceinline__ uint4 bf16x8(const raw &r) {
-        float f[8];
-        unpack(r, f);
-        return make_uint4(att_pack2(f[0], f[1]), att_pack2(f[2], f[3]), att_pack2(f[4], f[5]), att_pack2(f[6], f[7]));
+        return make_uint4(cvt2(r.u.x), cvt2(r.u.y), cvt2(r.u.z), cvt2(r.u.w));
     }
 };
 
@@ -1249,8 +1260,12 @@ int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, c
     const int dpl = (hd + 31) / 32;
     const float rs = dt == KERN_KV_Q8_0 ? kern_kv_rotate_scale(hd) : 1.0f;
     switch (dt) {
-    case KERN_KV_F32: att_simple<KERN_KV_F32>(grid, st, dpl, o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs); break;
-    case KERN_KV_F16: att_simple<KERN_KV_F16>(grid, st, dpl, o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs); break;
+    case KERN_KV_F32:
+        att_simple<KERN_KV_F32>(grid, st, dpl, o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
+        break;
+    case KERN_KV_F16:
+        att_simple<KERN_KV_F16>(grid, st, dpl, o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
+        break;
     case KERN_KV_Q8_0:
         att_simple<KERN_KV_Q8_0>(grid, st, dpl, o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
         break;
