@@ -28,7 +28,11 @@
  * row with their own positions and no synchronisation between must each
  * read their own (the staging ring reuses a buffer only after its copy ran),
  * and so must a graph launched back to back with new positions (its arena
- * is rewritten only after the previous launch's upload ran).
+ * is rewritten only after the previous launch's upload ran). Every KV cache
+ * type (kern_kv_dtype: fp32, bf16, fp16, q8_0 with its rotated keys):
+ * kv_store byte for byte against kern_kv_store_ref (kernels/kv.h), on both
+ * backends, and attention over each type against the cpu op on the same
+ * type, on every cuda attention path.
  *
  * Usage: gpu_test_cuda_ops [--device-index N] [--self-check] [--bench] [--emu]
  * --self-check runs the cpu backend in place of cuda (a harness check that
