@@ -4,11 +4,20 @@
  * kernels/kernels.h). The full contract and the design (dispatch, key
  * splits, staged tables, the kernels) are in docs/cuda-attention.md.
  *
+ *   The cache holds any kern_kv_dtype (F32, BF16, F16, Q8_0; layouts in
+ *   kernels.h, scalar reference in kernels/kv.h); BF16 is the native one.
  *   kv_store: rows i < n of k, v (n, kvdim) bf16 to rows slots[i] of kc,
- *     vc, exactly; slots is a host array, each checked >= 0 before launch.
+ *     vc, each kv head exactly as kern_kv_store_ref writes its fp32
+ *     widening (BF16: the bits as they are; Q8_0 keys rotated by the
+ *     Walsh-Hadamard butterflies of kern_kv_rotate, same order and scale);
+ *     slots is a host array, each checked >= 0 before launch.
  *   attention: q, out (q_start[n_seqs], hq*hd) bf16; kc, vc (n_blocks *
- *     block_size, hkv*hd) bf16, addressed through block_table. Per (row,
- *     head): out = softmax(q·kᵀ·scale)·v over positions 0..p (causal, by
+ *     block_size rows of kern_kv_row_bytes) addressed through block_table,
+ *     read in their stored type (no widened copy): every kernel converts
+ *     the K/V it loads in registers (the prefill kernel then rounds them to
+ *     bf16 in its shared-memory tile, the tensor cores' input). Q8_0: each
+ *     query head is rotated in the kernel like the keys. Per (row, head):
+ *     out = softmax(q·kᵀ·scale)·v over positions 0..p (causal, by
  *     absolute position); query head h reads KV head h / (hq/hkv). fp32
  *     scores, softmax and sum (the tensor-core path rounds P to bf16), out
  *     rounded to bf16. Host-validated like the cpu twin (same messages),
@@ -29,10 +38,12 @@
  */
 #include <limits.h>
 #include <math.h>
+#include <cuda_fp16.h>
 #include <mma.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda.h"
+#include "kernels/kv.h"
 
 #define ATT_WARPS 4
 #define ATT_MAX_HD 256
@@ -54,10 +65,106 @@
 
 namespace wmma = nvcuda::wmma;
 
+/* ---- the cache types (kern_kv_dtype, kernels/kv.h) ---- */
+
+/* Bytes of one kv head of a cache of type KT (kern_kv_head_bytes). */
+template <int KT> __host__ __device__ constexpr int att_head_bytes(int hd) {
+    return KT == KERN_KV_F32 ? 4 * hd : KT == KERN_KV_Q8_0 ? hd + hd / KERN_KV_Q8_BLOCK * 2 : 2 * hd;
+}
+
+/* IEEE binary16 bits to fp32 (exact), by the conversion instruction. */
+__device__ __forceinline__ float att_h2f_cvt(unsigned short b) {
+    __half_raw r;
+    r.x = b;
+    return __half2float(__half(r));
+}
+
+/* The same in integer and fp32 operations (normal and subnormal halves
+ * rebased by 2^112, exactly): with cvt, ptxas spills the decode kernel at
+ * sm_80. */
+__device__ __forceinline__ float att_h2f(unsigned short b) {
+    const unsigned h = b;
+    /* the exponent rebased by 2^112: exact for normal and subnormal halves */
+    float f = __uint_as_float((h & 0x7fffu) << 13) * 0x1p112f;
+    if ((h & 0x7c00u) == 0x7c00u) f = __uint_as_float(0x7f800000u | (h & 0x3ffu) << 13); /* inf, NaN */
+    return __uint_as_float(__float_as_uint(f) | (h & 0x8000u) << 16);
+}
+
+/* The orthonormal Walsh-Hadamard rotation of one head, kern_kv_rotate's
+ * fp32 operations in its order (butterflies of stride 1, 2, .., hd/2, then
+ * x s), on a head spread over lanes. Each butterfly (a, b) -> (a + b,
+ * a - b) is the same two roundings whichever lane computes it, so the
+ * result is kern_kv_rotate's to the bit.
+ * Contiguous: the W lanes of an aligned group hold E values each, lane
+ * `sub` the values sub*E .. sub*E+E-1 (strides < E inside the lane, then
+ * across lanes). The whole warp must call it. */
+template <int E, int W> __device__ __forceinline__ void att_rotate(float *x, int sub, float s) {
+#pragma unroll
+    for (int len = 1; len < E; len *= 2)
+#pragma unroll
+        for (int i = 0; i < E; i += 2 * len)
+#pragma unroll
+            for (int j = i; j < i + len; j++) {
+                const float a = x[j], b = x[j + len];
+                x[j] = a + b;
+                x[j + len] = a - b;
+            }
+#pragma unroll
+    for (int lo = 1; lo < W; lo *= 2) {
+        const bool upper = (sub & lo) != 0; /* this lane holds b of the pair */
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const float o = __shfl_xor_sync(0xffffffffu, x[e], lo);
+            x[e] = upper ? o - x[e] : x[e] + o;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        x[e] *= s;
+}
+
+/* Strided: lane l of the warp holds values l + 32j, j < DPL (hd = 32 DPL):
+ * strides < 32 across lanes first, then inside the lane. */
+template <int DPL> __device__ __forceinline__ void att_rotate_strided(float *x, int lane, float s) {
+#pragma unroll
+    for (int lo = 1; lo < 32; lo *= 2) {
+        const bool upper = (lane & lo) != 0;
+#pragma unroll
+        for (int j = 0; j < DPL; j++) {
+            const float o = __shfl_xor_sync(0xffffffffu, x[j], lo);
+            x[j] = upper ? o - x[j] : x[j] + o;
+        }
+    }
+#pragma unroll
+    for (int len = 1; len < DPL; len *= 2)
+#pragma unroll
+        for (int i = 0; i < DPL; i += 2 * len)
+#pragma unroll
+            for (int j = i; j < i + len; j++) {
+                const float a = x[j], b = x[j + len];
+                x[j] = a + b;
+                x[j + len] = a - b;
+            }
+#pragma unroll
+    for (int j = 0; j < DPL; j++)
+        x[j] *= s;
+}
+
+/* Value c of the kv head at hp, as kern_kv_load_ref reads it (hd: the
+ * head's dimension, for the Q8_0 scales). Element-aligned hp. */
+template <int KT> __device__ __forceinline__ float att_load1(const unsigned char *hp, int hd, int c) {
+    if constexpr (KT == KERN_KV_BF16) return __bfloat162float(((const bf16 *)hp)[c]);
+    if constexpr (KT == KERN_KV_F16) return att_h2f(((const unsigned short *)hp)[c]);
+    if constexpr (KT == KERN_KV_F32) return ((const float *)hp)[c];
+    const unsigned short d = ((const unsigned short *)(hp + hd))[c / KERN_KV_Q8_BLOCK];
+    return att_h2f(d) * (float)(signed char)hp[c];
+}
+
 /* ---- kv_store ---- */
 
 /* blockIdx.x = row i, blockIdx.y = 0 (keys) or 1 (values); `words` units of
- * T per row (T = uint4 when rows are 16-byte aligned, else bf16). */
+ * T per row (T = uint4 when rows are 16-byte aligned, else bf16): the BF16
+ * cache, a copy. */
 #define KV_STORE_THREADS 128
 
 template <typename T>
@@ -69,46 +176,122 @@ __global__ void __launch_bounds__(KV_STORE_THREADS)
         dst[c] = src[c];
 }
 
-/* The cache types this backend implements so far: bf16 only (kernels.h,
- * kern_kv_dtype; the others are another change's). */
-static int cuda_kv_supported(kern_backend *be, const char *op, kern_kv_dtype dt) {
-    if (dt == KERN_KV_BF16) return 0;
-    return kern_fail(be, "%s: KV cache dtype %s is not implemented on cuda yet (use --kv-cache-dtype bf16)", op,
-                     dt == KERN_KV_F32 ? "fp32" : dt == KERN_KV_F16 ? "fp16" : dt == KERN_KV_Q8_0 ? "q8_0" : "native");
+/* F32 and F16 caches: rows of kvdim values, each widened to fp32 (exact)
+ * and stored as kern_kv_store_ref does. Grid as above. */
+template <int KT>
+__global__ void __launch_bounds__(KV_STORE_THREADS)
+    cuda_kv_store_wide_kernel(unsigned char *kc, unsigned char *vc, const bf16 *k, const bf16 *v,
+                              const int32_t *slots, int kvdim) {
+    const bf16 *src = (blockIdx.y ? v : k) + (size_t)blockIdx.x * kvdim;
+    unsigned char *dst = (blockIdx.y ? vc : kc) + (size_t)slots[blockIdx.x] * att_head_bytes<KT>(kvdim);
+    for (int c = threadIdx.x; c < kvdim; c += blockDim.x) {
+        const float x = __bfloat162float(src[c]);
+        if constexpr (KT == KERN_KV_F32)
+            ((float *)dst)[c] = x;
+        else
+            ((unsigned short *)dst)[c] = kern_f32_to_f16(x);
+    }
+}
+
+/* Q8_0 caches: one warp per kv head (hd = 32 DPL), lane l holding values
+ * l + 32j, so block j of the head is the warp's j-th value: keys rotated
+ * (att_rotate_strided, kern_kv_rotate's bits), then each block quantized
+ * as kern_kv_quantize_q8_0 (its amax a max over lanes: exact, any order).
+ * Grid as above; the block's warps take heads warp, warp + 4, ... */
+template <int DPL>
+__global__ void __launch_bounds__(KV_STORE_THREADS)
+    cuda_kv_store_q8_kernel(unsigned char *kc, unsigned char *vc, const bf16 *k, const bf16 *v, const int32_t *slots,
+                            int hkv, float rscale) {
+    constexpr int HD = 32 * DPL, HB = att_head_bytes<KERN_KV_Q8_0>(HD);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, key = blockIdx.y == 0;
+    const bf16 *src = (key ? k : v) + (size_t)blockIdx.x * hkv * HD;
+    unsigned char *dst = (key ? kc : vc) + (size_t)slots[blockIdx.x] * hkv * HB;
+    for (int h = warp; h < hkv; h += KV_STORE_THREADS / 32) { /* warp-uniform */
+        float x[DPL];
+#pragma unroll
+        for (int j = 0; j < DPL; j++)
+            x[j] = __bfloat162float(src[(size_t)h * HD + lane + 32 * j]);
+        if (key) att_rotate_strided<DPL>(x, lane, rscale);
+        unsigned char *hp = dst + (size_t)h * HB;
+#pragma unroll
+        for (int j = 0; j < DPL; j++) {
+            float amax = fmaxf(0.0f, fabsf(x[j])); /* a NaN drops out here, as in the reference */
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            hp[32 * j + lane] = (unsigned char)(signed char)roundf(x[j] * id);
+            if (lane == 0) {
+                const uint16_t hb = kern_f32_to_f16(d);
+                hp[HD + 2 * j] = (unsigned char)(hb & 0xff);
+                hp[HD + 2 * j + 1] = (unsigned char)(hb >> 8);
+            }
+        }
+    }
+}
+
+/* NULL when this backend can hold kv heads of hd values in a cache of
+ * type dt, else why not. */
+static const char *cuda_kv_invalid(kern_kv_dtype dt, int hd) {
+    if (dt == KERN_KV_NATIVE) return "KV cache dtype native is not resolved (kern_kv_resolve)";
+    return kern_kv_invalid(dt, hd);
 }
 
 int cuda_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void *v, const int32_t *slots, int n,
                   int hkv, int hd, kern_kv_dtype dt) {
-    if (cuda_kv_supported(be, "kv_store", dt)) return -1;
     int kvdim = hkv * hd;
     if (n < 0 || hkv < 0 || hd < 0) return kern_fail(be, "kv_store: bad shape n=%d kvdim=%d", n, kvdim);
     for (int i = 0; i < n; i++)
         if (slots[i] < 0) return kern_fail(be, "kv_store: negative cache slot %d", slots[i]);
     if (n == 0 || kvdim == 0) return 0;
+    const char *why = cuda_kv_invalid(dt, hd);
+    if (why) return kern_fail(be, "kv_store: KV cache dtype %s, head_dim %d: %s", kern_kv_dtype_name(dt), hd, why);
+    if (((uintptr_t)kc | (uintptr_t)vc) % (dt == KERN_KV_F32 ? 4 : 2))
+        return kern_fail(be, "kv_store: %s cache not aligned to its values", kern_kv_dtype_name(dt));
     if (cuda_enter(be)) return -1;
     const int32_t *dslots = NULL;
     if (cuda_stage_i32(be, slots, (size_t)n, &dslots)) return -1;
     if (cuda_replaying(be)) return 0;
     cudaStream_t st = cuda_get(be)->stream;
     dim3 grid((unsigned)n, 2);
-    size_t bytes = (size_t)kvdim * sizeof(bf16);
-    uintptr_t al = (uintptr_t)kc | (uintptr_t)vc | (uintptr_t)k | (uintptr_t)v;
-    if (bytes % 16 == 0 && al % 16 == 0)
-        cuda_kv_store_kernel<uint4><<<grid, KV_STORE_THREADS, 0, st>>>((uint4 *)kc, (uint4 *)vc, (const uint4 *)k,
-                                                                       (const uint4 *)v, dslots, bytes / 16);
-    else
-        cuda_kv_store_kernel<bf16><<<grid, KV_STORE_THREADS, 0, st>>>((bf16 *)kc, (bf16 *)vc, (const bf16 *)k,
-                                                                      (const bf16 *)v, dslots, (size_t)kvdim);
+    unsigned char *kb = (unsigned char *)kc, *vb = (unsigned char *)vc;
+    const bf16 *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    if (dt == KERN_KV_F32) {
+        cuda_kv_store_wide_kernel<KERN_KV_F32><<<grid, KV_STORE_THREADS, 0, st>>>(kb, vb, kk, vv, dslots, kvdim);
+    } else if (dt == KERN_KV_F16) {
+        cuda_kv_store_wide_kernel<KERN_KV_F16><<<grid, KV_STORE_THREADS, 0, st>>>(kb, vb, kk, vv, dslots, kvdim);
+    } else if (dt == KERN_KV_Q8_0) {
+        const float rs = kern_kv_rotate_scale(hd);
+        switch (hd / KERN_KV_Q8_BLOCK) { /* a power of two, 1 .. 16 (kern_kv_invalid) */
+        case 1: cuda_kv_store_q8_kernel<1><<<grid, KV_STORE_THREADS, 0, st>>>(kb, vb, kk, vv, dslots, hkv, rs); break;
+        case 2: cuda_kv_store_q8_kernel<2><<<grid, KV_STORE_THREADS, 0, st>>>(kb, vb, kk, vv, dslots, hkv, rs); break;
+        case 4: cuda_kv_store_q8_kernel<4><<<grid, KV_STORE_THREADS, 0, st>>>(kb, vb, kk, vv, dslots, hkv, rs); break;
+        case 8: cuda_kv_store_q8_kernel<8><<<grid, KV_STORE_THREADS, 0, st>>>(kb, vb, kk, vv, dslots, hkv, rs); break;
+        default:
+            cuda_kv_store_q8_kernel<16><<<grid, KV_STORE_THREADS, 0, st>>>(kb, vb, kk, vv, dslots, hkv, rs);
+            break;
+        }
+    } else {
+        size_t bytes = (size_t)kvdim * sizeof(bf16);
+        uintptr_t al = (uintptr_t)kc | (uintptr_t)vc | (uintptr_t)k | (uintptr_t)v;
+        if (bytes % 16 == 0 && al % 16 == 0)
+            cuda_kv_store_kernel<uint4><<<grid, KV_STORE_THREADS, 0, st>>>((uint4 *)kc, (uint4 *)vc, (const uint4 *)k,
+                                                                           (const uint4 *)v, dslots, bytes / 16);
+        else
+            cuda_kv_store_kernel<bf16><<<grid, KV_STORE_THREADS, 0, st>>>((bf16 *)kc, (bf16 *)vc, kk, vv, dslots,
+                                                                          (size_t)kvdim);
+    }
     CUDA_LAUNCH_TRY(be, "cuda_kv_store_kernel");
     return 0;
 }
 
 /* ---- attention: the simple kernel ---- */
 
-template <int DPL> /* dims per lane: ceil(hd / 32) <= DPL */
+template <int KT, int DPL> /* cache type; dims per lane: ceil(hd / 32) <= DPL (Q8_0: hd = 32 DPL) */
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-    cuda_attention_kernel(bf16 *out, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *info,
-                          const int32_t *tables, int block_size, int hq, int hkv, int hd, float scale) {
+    cuda_attention_kernel(bf16 *out, const bf16 *q, const unsigned char *kc, const unsigned char *vc,
+                          const int32_t *info, const int32_t *tables, int block_size, int hq, int hkv, int hd,
+                          float scale, float rscale) {
     __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
     __shared__ float sm_acc[ATT_WARPS][DPL * 32];
     const int r = blockIdx.x, h = blockIdx.y;
@@ -116,7 +299,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int32_t *bt = tables + info[3 * (size_t)r + 2];
     const int kvh = h / (hq / hkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t qdim = (size_t)hq * hd, kvdim = (size_t)hkv * hd;
+    const size_t qdim = (size_t)hq * hd, hb = (size_t)att_head_bytes<KT>(hd), rb = (size_t)hkv * hb;
     const bf16 *qp = q + (size_t)row * qdim + (size_t)h * hd;
 
     float qr[DPL], acc[DPL];
@@ -126,17 +309,18 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         qr[j] = c < hd ? __bfloat162float(qp[c]) : 0.0f;
         acc[j] = 0.0f;
     }
+    if constexpr (KT == KERN_KV_Q8_0) att_rotate_strided<DPL>(qr, lane, rscale); /* as the keys were */
     float m = -INFINITY, l = 0.0f;
     const int len = pos + 1;
     for (int t = warp; t < len; t += ATT_WARPS) {
         const size_t crow = (size_t)bt[t / block_size] * block_size + (size_t)(t % block_size);
-        const bf16 *kp = kc + crow * kvdim + (size_t)kvh * hd;
-        const bf16 *vp = vc + crow * kvdim + (size_t)kvh * hd;
+        const unsigned char *kp = kc + crow * rb + (size_t)kvh * hb;
+        const unsigned char *vp = vc + crow * rb + (size_t)kvh * hb;
         float d = 0.0f;
 #pragma unroll
         for (int j = 0; j < DPL; j++) {
             int c = lane + 32 * j;
-            if (c < hd) d += qr[j] * __bfloat162float(kp[c]);
+            if (c < hd) d += qr[j] * att_load1<KT>(kp, hd, c);
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1)
@@ -149,7 +333,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int j = 0; j < DPL; j++) {
             int c = lane + 32 * j;
-            float v = c < hd ? __bfloat162float(vp[c]) : 0.0f;
+            float v = c < hd ? att_load1<KT>(vp, hd, c) : 0.0f;
             acc[j] = acc[j] * corr + p * v;
         }
         m = mn;
@@ -207,6 +391,111 @@ __device__ __forceinline__ unsigned att_pack2(float a, float b) {
     return (unsigned)__bfloat16_as_ushort(v.x) | (unsigned)__bfloat16_as_ushort(v.y) << 16;
 }
 
+/* 8 consecutive values c .. c+7 (c a multiple of 8) of a kv head of a
+ * cache of type KT, head_dim HD: `raw` what one lane loads (the loads of a
+ * tile are issued back to back, converted after), `load` from the head's
+ * first byte hp (16-byte aligned for F32/F16/BF16 heads, 4-byte for Q8_0
+ * at HD 64, 8-byte at 128: the fast paths' caches), `unpack` to the fp32
+ * values kern_kv_load_ref gives, `bf16x8` those rounded to bf16 (the
+ * prefill tile; BF16: the bits as loaded). A zero raw reads as zeros. */
+template <int KT, int HD> struct att_kv;
+
+template <int HD> struct att_kv<KERN_KV_BF16, HD> {
+    struct raw {
+        uint4 u;
+    };
+    static __device__ __forceinline__ raw zero() { return {make_uint4(0u, 0u, 0u, 0u)}; }
+    static __device__ __forceinline__ raw load(const unsigned char *hp, int c) {
+        return {*(const uint4 *)(hp + 2 * c)};
+    }
+    static __device__ __forceinline__ void unpack(const raw &r, float *f) { att_unpack8(r.u, f); }
+    static __device__ __forceinline__ uint4 bf16x8(const raw &r) { return r.u; }
+};
+
+template <int HD> struct att_kv<KERN_KV_F16, HD> {
+    struct raw {
+        uint4 u;
+    };
+    static __device__ __forceinline__ raw zero() { return {make_uint4(0u, 0u, 0u, 0u)}; }
+    static __device__ __forceinline__ raw load(const unsigned char *hp, int c) {
+        return {*(const uint4 *)(hp + 2 * c)};
+    }
+    static __device__ __forceinline__ void unpack(const raw &r, float *f) {
+        f[0] = att_h2f((unsigned short)(r.u.x & 0xffffu));
+        f[1] = att_h2f((unsigned short)(r.u.x >> 16));
+        f[2] = att_h2f((unsigned short)(r.u.y & 0xffffu));
+        f[3] = att_h2f((unsigned short)(r.u.y >> 16));
+        f[4] = att_h2f((unsigned short)(r.u.z & 0xffffu));
+        f[5] = att_h2f((unsigned short)(r.u.z >> 16));
+        f[6] = att_h2f((unsigned short)(r.u.w & 0xffffu));
+        f[7] = att_h2f((unsigned short)(r.u.w >> 16));
+    }
+    static __device__ __forceinline__ unsigned cvt2(unsigned w) {
+        return att_pack2(att_h2f_cvt((unsigned short)(w & 0xffffu)), att_h2f_cvt((unsigned short)(w >> 16)));
+    }
+    /* by cvt: att_h2f's registers spill the prefill kernel */
+    static __device__ __forceinline__ uint4 bf16x8(const raw &r) {
+        return make_uint4(cvt2(r.u.x), cvt2(r.u.y), cvt2(r.u.z), cvt2(r.u.w));
+    }
+};
+
+template <int HD> struct att_kv<KERN_KV_F32, HD> {
+    struct raw {
+        uint4 a, b; /* the fp32 bits */
+    };
+    static __device__ __forceinline__ raw zero() { return {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)}; }
+    static __device__ __forceinline__ raw load(const unsigned char *hp, int c) {
+        const uint4 *p = (const uint4 *)(hp + 4 * c);
+        return {p[0], p[1]};
+    }
+    static __device__ __forceinline__ void unpack(const raw &r, float *f) {
+        f[0] = __uint_as_float(r.a.x);
+        f[1] = __uint_as_float(r.a.y);
+        f[2] = __uint_as_float(r.a.z);
+        f[3] = __uint_as_float(r.a.w);
+        f[4] = __uint_as_float(r.b.x);
+        f[5] = __uint_as_float(r.b.y);
+        f[6] = __uint_as_float(r.b.z);
+        f[7] = __uint_as_float(r.b.w);
+    }
+    static __device__ __forceinline__ uint4 bf16x8(const raw &r) {
+        float f[8];
+        unpack(r, f);
+        return make_uint4(att_pack2(f[0], f[1]), att_pack2(f[2], f[3]), att_pack2(f[4], f[5]), att_pack2(f[6], f[7]));
+    }
+};
+
+template <int HD> struct att_kv<KERN_KV_Q8_0, HD> {
+    struct raw {
+        unsigned q0, q1; /* quants c .. c+3, c+4 .. c+7 */
+        unsigned short d; /* their block's fp16 scale */
+    };
+    static __device__ __forceinline__ raw zero() { return {0u, 0u, (unsigned short)0}; }
+    static __device__ __forceinline__ raw load(const unsigned char *hp, int c) {
+        const unsigned short d = ((const unsigned short *)(hp + HD))[c / KERN_KV_Q8_BLOCK];
+        if constexpr (HD % 128 == 0) { /* 8-byte aligned heads */
+            const uint2 q = *(const uint2 *)(hp + c);
+            return {q.x, q.y, d};
+        } else {
+            const unsigned *p = (const unsigned *)(hp + c);
+            return {p[0], p[1], d};
+        }
+    }
+    static __device__ __forceinline__ void unpack(const raw &r, float *f) {
+        const float d = att_h2f(r.d);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[i] = d * (float)(signed char)(r.q0 >> (8 * i));
+            f[4 + i] = d * (float)(signed char)(r.q1 >> (8 * i));
+        }
+    }
+    static __device__ __forceinline__ uint4 bf16x8(const raw &r) {
+        float f[8];
+        unpack(r, f);
+        return make_uint4(att_pack2(f[0], f[1]), att_pack2(f[2], f[3]), att_pack2(f[4], f[5]), att_pack2(f[6], f[7]));
+    }
+};
+
 /* ---- prefill kernel ---- */
 
 /* Dynamic shared memory of att_prefill_kernel<HD>, byte offsets. Every row
@@ -242,12 +531,14 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> att_frag_c;
 /* One block per (tile of up to ATT_PF_ROWS rows of one sequence, query
  * head): tiles[4*blockIdx.x ..] = (first row, rows, position of the first
  * row, table offset), blockIdx.y = head. Design: docs/cuda-attention.md. */
-template <int HD>
+template <int KT, int HD>
 __global__ void __launch_bounds__(ATT_PF_WARPS * 32)
-    att_prefill_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
-                       const bf16 *__restrict__ vc, const int32_t *__restrict__ tiles,
-                       const int32_t *__restrict__ tables, int block_size, int hq, int hkv, float scale_log2) {
+    att_prefill_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const unsigned char *__restrict__ kc,
+                       const unsigned char *__restrict__ vc, const int32_t *__restrict__ tiles,
+                       const int32_t *__restrict__ tables, int block_size, int hq, int hkv, float scale_log2,
+                       float rscale) {
     typedef att_pf_smem<HD> L;
+    typedef att_kv<KT, HD> KV;
     constexpr int THREADS = ATT_PF_WARPS * 32;
     constexpr int CH = HD / 8;                      /* 16-byte chunks per row */
     constexpr int KS = HD / 16;                     /* k steps of Q·Kᵀ = column tiles of O */
@@ -265,7 +556,8 @@ __global__ void __launch_bounds__(ATT_PF_WARPS * 32)
     const int row0 = tl[0], nrows = tl[1], p0 = tl[2];
     const int32_t *bt = tables + tl[3];
     const int h = blockIdx.y, kvh = h / (hq / hkv);
-    const size_t qdim = (size_t)hq * HD, kvdim = (size_t)hkv * HD;
+    constexpr size_t HB = (size_t)att_head_bytes<KT>(HD);
+    const size_t qdim = (size_t)hq * HD, rb = (size_t)hkv * HB;
     const int p_last = p0 + nrows - 1; /* the last key any row of the tile sees */
 
     /* this warp's strips */
@@ -278,6 +570,24 @@ __global__ void __launch_bounds__(ATT_PF_WARPS * 32)
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r < nrows) v = *(const uint4 *)(q + (size_t)(row0 + r) * qdim + (size_t)h * HD + c);
         *(uint4 *)(sK + r * L::LDK + c) = v;
+    }
+    if constexpr (KT == KERN_KV_Q8_0) {
+        /* rotate each query head as the stored keys are (fp32, kern_kv_rotate's
+         * bits), then round to bf16 for the tensor cores: each warp its 16
+         * rows, a lane HD/32 values of a row */
+        __syncthreads();
+        constexpr int E = HD / 32;
+        for (int r = warp * 16; r < warp * 16 + 16; r++) {
+            bf16 *rp = sK + r * L::LDK + lane * E;
+            float x[E];
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                x[e] = __bfloat162float(rp[e]);
+            att_rotate<E, 32>(x, lane, rscale);
+#pragma unroll
+            for (int e = 0; e < E; e += 2)
+                *(unsigned *)(rp + e) = att_pack2(x[e], x[e + 1]);
+        }
     }
     /* the accumulator row map: entry (r, c) = r, loaded as a fragment */
     for (int e = lane; e < 256; e += 32)
@@ -315,30 +625,69 @@ __global__ void __launch_bounds__(ATT_PF_WARPS * 32)
         const int k0 = kt * ATT_PF_KEYS;
         /* K and V tiles: all cache offsets first, then the loads of a tile
          * back to back so they are in flight together */
-        size_t src[PER];
+        if constexpr (KT == KERN_KV_BF16) { /* the bf16 rows go as they are */
+            size_t src[PER];
 #pragma unroll
-        for (int j = 0; j < PER; j++) {
-            const int i = tid + j * THREADS, t = k0 + i / CH;
-            src[j] = t <= p_last ? ((size_t)bt[t / block_size] * block_size + (size_t)(t % block_size)) * kvdim +
-                                       (size_t)kvh * HD + (size_t)(i % CH) * 8
-                                 : ~(size_t)0;
-        }
-        uint4 buf[PER];
+            for (int j = 0; j < PER; j++) {
+                const int i = tid + j * THREADS, t = k0 + i / CH;
+                src[j] = t <= p_last ? ((size_t)bt[t / block_size] * block_size + (size_t)(t % block_size)) * rb +
+                                           (size_t)kvh * HB + (size_t)(i % CH) * 16
+                                     : ~(size_t)0;
+            }
+            uint4 buf[PER];
 #pragma unroll
-        for (int j = 0; j < PER; j++)
-            buf[j] = src[j] != ~(size_t)0 ? *(const uint4 *)(kc + src[j]) : make_uint4(0u, 0u, 0u, 0u);
+            for (int j = 0; j < PER; j++)
+                buf[j] = src[j] != ~(size_t)0 ? *(const uint4 *)(kc + src[j]) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-        for (int j = 0; j < PER; j++) {
-            const int i = tid + j * THREADS;
-            *(uint4 *)(sK + (i / CH) * L::LDK + (i % CH) * 8) = buf[j];
-        }
+            for (int j = 0; j < PER; j++) {
+                const int i = tid + j * THREADS;
+                *(uint4 *)(sK + (i / CH) * L::LDK + (i % CH) * 8) = buf[j];
+            }
 #pragma unroll
-        for (int j = 0; j < PER; j++)
-            buf[j] = src[j] != ~(size_t)0 ? *(const uint4 *)(vc + src[j]) : make_uint4(0u, 0u, 0u, 0u);
+            for (int j = 0; j < PER; j++)
+                buf[j] = src[j] != ~(size_t)0 ? *(const uint4 *)(vc + src[j]) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-        for (int j = 0; j < PER; j++) {
-            const int i = tid + j * THREADS;
-            *(uint4 *)(sV + (i / CH) * L::LDK + (i % CH) * 8) = buf[j];
+            for (int j = 0; j < PER; j++) {
+                const int i = tid + j * THREADS;
+                *(uint4 *)(sV + (i / CH) * L::LDK + (i % CH) * 8) = buf[j];
+            }
+        } else {
+            /* the other types are converted to bf16 on their way to shared
+             * memory: the tile is the only widened copy. F32's 32-byte
+             * chunks go in 4 passes (in 2, ptxas spills at HD 128). */
+            size_t src[PER];
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                const int i = tid + j * THREADS, t = k0 + i / CH;
+                src[j] = t <= p_last ? ((size_t)bt[t / block_size] * block_size + (size_t)(t % block_size)) * rb +
+                                           (size_t)kvh * HB
+                                     : ~(size_t)0;
+            }
+            constexpr int PASS = sizeof(typename KV::raw) > 16 ? 4 : 1, PP = PER / PASS;
+            static_assert(PER % PASS == 0, "whole passes");
+#pragma unroll
+            for (int kv = 0; kv < 2; kv++) {
+                const unsigned char *cache = kv ? vc : kc;
+                bf16 *tile = kv ? sV : sK;
+#pragma unroll
+                for (int ps = 0; ps < PASS; ps++) {
+                    typename KV::raw buf[PP];
+#pragma unroll
+                    for (int j = 0; j < PP; j++) {
+                        const int jj = ps * PP + j;
+                        buf[j] = src[jj] != ~(size_t)0 ? KV::load(cache + src[jj], ((tid + jj * THREADS) % CH) * 8)
+                                                       : KV::zero();
+                    }
+#pragma unroll
+                    for (int j = 0; j < PP; j++) {
+                        const int i = tid + (ps * PP + j) * THREADS;
+                        *(uint4 *)(tile + (i / CH) * L::LDK + (i % CH) * 8) = KV::bf16x8(buf[j]);
+                    }
+                    /* keeps the next pass's loads after these stores: in
+                     * flight together they would need the registers of both */
+                    if constexpr (PASS > 1) __syncwarp();
+                }
+            }
         }
         __syncthreads();
 
@@ -445,15 +794,19 @@ __global__ void __launch_bounds__(ATT_PF_WARPS * 32)
  * (row, first key, end key, table offset, partial slot or -1), blockIdx.y =
  * head group (heads GT*y .. GT*y+GT-1, one KV head since GT divides
  * hq/hkv). Design: docs/cuda-attention.md. */
-template <int HD, int GT>
+template <int KT, int HD, int GT>
 __global__ void __launch_bounds__(ATT_DEC_THREADS)
     att_decode_kernel(bf16 *__restrict__ out, float *__restrict__ part_acc, float2 *__restrict__ part_ml,
-                      const bf16 *__restrict__ q, const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
-                      const int32_t *__restrict__ items, const int32_t *__restrict__ tables, int block_size, int hq,
-                      int hkv, float scale_log2) {
+                      const bf16 *__restrict__ q, const unsigned char *__restrict__ kc,
+                      const unsigned char *__restrict__ vc, const int32_t *__restrict__ items,
+                      const int32_t *__restrict__ tables, int block_size, int hq, int hkv, float scale_log2,
+                      float rscale) {
+    typedef att_kv<KT, HD> KV;
     constexpr int LPK = HD / 8;               /* lanes per key: 8 dimensions each */
     constexpr int KG = ATT_DEC_THREADS / LPK; /* key groups per block */
-    constexpr int U = ATT_DEC_UNROLL;
+    /* keys in flight per lane group: ATT_DEC_UNROLL of 16 bytes per lane,
+     * half as many of F32's 32 */
+    constexpr int U = sizeof(typename KV::raw) > 16 ? ATT_DEC_UNROLL / 2 : ATT_DEC_UNROLL;
     static_assert(LPK <= 32 && 32 % LPK == 0, "a key group lies inside one warp");
     __shared__ float sm_m[KG * GT], sm_l[KG * GT], sm_w[KG * GT], sm_L[GT];
     __shared__ __align__(16) float sm_acc[KG * GT * HD];
@@ -470,13 +823,15 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
         if (pslot >= 0 && tid < GT) part_ml[(size_t)pslot * hq + h0 + tid] = make_float2(-INFINITY, 0.0f);
         return;
     }
-    const size_t qdim = (size_t)hq * HD, kvdim = (size_t)hkv * HD;
-    const size_t koff = (size_t)kvh * HD + (size_t)sub * 8;
+    constexpr size_t HB = (size_t)att_head_bytes<KT>(HD);
+    const size_t qdim = (size_t)hq * HD, rb = (size_t)hkv * HB;
+    const size_t koff = (size_t)kvh * HB;
 
     float qf[GT][8], acc[GT][8], m[GT], l[GT];
 #pragma unroll
     for (int gh = 0; gh < GT; gh++) {
         att_unpack8(*(const uint4 *)(q + (size_t)row * qdim + (size_t)(h0 + gh) * HD + sub * 8), qf[gh]);
+        if constexpr (KT == KERN_KV_Q8_0) att_rotate<8, LPK>(qf[gh], sub, rscale); /* as the keys were */
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             qf[gh][e] *= scale_log2;
@@ -489,25 +844,25 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS)
     /* the trip count is the same for every thread (shuffles need the whole
      * warp); keys past the end are masked */
     for (int base = kb; base < ke; base += KG * U) {
-        uint4 kr[U], vr[U];
+        typename KV::raw kr[U], vr[U];
         bool ok[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int t = base + g + KG * u;
             ok[u] = t < ke;
-            kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+            kr[u] = vr[u] = KV::zero();
             if (ok[u]) {
-                const size_t off = ((size_t)bt[t / block_size] * block_size + (size_t)(t % block_size)) * kvdim + koff;
-                kr[u] = *(const uint4 *)(kc + off);
-                vr[u] = *(const uint4 *)(vc + off);
+                const size_t off = ((size_t)bt[t / block_size] * block_size + (size_t)(t % block_size)) * rb + koff;
+                kr[u] = KV::load(kc + off, sub * 8);
+                vr[u] = KV::load(vc + off, sub * 8);
             }
         }
         float s[U][GT], vf[U][8];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             float kf[8];
-            att_unpack8(kr[u], kf);
-            att_unpack8(vr[u], vf[u]);
+            KV::unpack(kr[u], kf);
+            KV::unpack(vr[u], vf[u]);
 #pragma unroll
             for (int gh = 0; gh < GT; gh++) {
                 float d = 0.0f;
@@ -659,30 +1014,33 @@ static int att_part_reserve(kern_backend *be, size_t bytes, float **p) {
 
 /* Allow the prefill kernel more than the default 48 KB of dynamic shared
  * memory (once per backend; `bit` names the instance). */
-template <int HD> static int att_prefill_smem(kern_backend *be, unsigned bit) {
+template <int KT, int HD> static int att_prefill_smem(kern_backend *be, unsigned bit) {
     cuda_impl *impl = cuda_get(be);
     constexpr size_t bytes = att_pf_smem<HD>::BYTES;
     if constexpr (bytes > 48 * 1024) {
         if (!(impl->att_smem_set & bit)) {
-            CUDA_TRY(be, cudaFuncSetAttribute(att_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)bytes));
+            CUDA_TRY(be, cudaFuncSetAttribute(att_prefill_kernel<KT, HD>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
             impl->att_smem_set |= bit;
         }
     }
     return 0;
 }
 
-template <int HD>
-static int att_launch(kern_backend *be, bf16 *out, const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *dtab,
-                      const int32_t *dtiles, int ntiles, const int32_t *ditems, int nitems, const int32_t *dcomb,
-                      int ncomb, float *part, int nparts, int bs, int hq, int hkv, int gt, float scale_log2) {
+template <int KT, int HD>
+static int att_launch(kern_backend *be, bf16 *out, const bf16 *q, const unsigned char *kc, const unsigned char *vc,
+                      const int32_t *dtab, const int32_t *dtiles, int ntiles, const int32_t *ditems, int nitems,
+                      const int32_t *dcomb, int ncomb, float *part, int nparts, int bs, int hq, int hkv, int gt,
+                      float scale_log2) {
     if (cuda_replaying(be)) return 0;
     cudaStream_t st = cuda_get(be)->stream;
+    const float rs = kern_kv_rotate_scale(HD); /* Q8_0's query rotation */
     if (ntiles > 0) {
-        if (att_prefill_smem<HD>(be, HD == 64 ? 1u : 2u)) return -1;
+        /* a bit per (type, head_dim) instance */
+        if (att_prefill_smem<KT, HD>(be, 1u << (2 * (KT - KERN_KV_F32) + (HD == 64 ? 0 : 1)))) return -1;
         dim3 grid((unsigned)ntiles, (unsigned)hq);
-        att_prefill_kernel<HD><<<grid, ATT_PF_WARPS * 32, att_pf_smem<HD>::BYTES, st>>>(out, q, kc, vc, dtiles, dtab,
-                                                                                        bs, hq, hkv, scale_log2);
+        att_prefill_kernel<KT, HD><<<grid, ATT_PF_WARPS * 32, att_pf_smem<HD>::BYTES, st>>>(
+            out, q, kc, vc, dtiles, dtab, bs, hq, hkv, scale_log2, rs);
         CUDA_LAUNCH_TRY(be, "att_prefill_kernel");
     }
     float *pacc = part;
@@ -691,17 +1049,17 @@ static int att_launch(kern_backend *be, bf16 *out, const bf16 *q, const bf16 *kc
         dim3 grid((unsigned)nitems, (unsigned)(hq / gt));
         const unsigned th = ATT_DEC_THREADS;
         if (gt == 8)
-            att_decode_kernel<HD, 8>
-                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2);
+            att_decode_kernel<KT, HD, 8>
+                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2, rs);
         else if (gt == 4)
-            att_decode_kernel<HD, 4>
-                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2);
+            att_decode_kernel<KT, HD, 4>
+                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2, rs);
         else if (gt == 2)
-            att_decode_kernel<HD, 2>
-                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2);
+            att_decode_kernel<KT, HD, 2>
+                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2, rs);
         else
-            att_decode_kernel<HD, 1>
-                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2);
+            att_decode_kernel<KT, HD, 1>
+                <<<grid, th, 0, st>>>(out, pacc, pml, q, kc, vc, ditems, dtab, bs, hq, hkv, scale_log2, rs);
         CUDA_LAUNCH_TRY(be, "att_decode_kernel");
     }
     if (ncomb > 0) {
@@ -715,7 +1073,7 @@ static int att_launch(kern_backend *be, bf16 *out, const bf16 *q, const bf16 *kc
 /* hd 64 or 128, 16-byte aligned operands, batch validated, nq > 0, the
  * device entered; nt = the block-table entries the batch uses. */
 static int att_fast(kern_backend *be, void *out, const void *q, const void *kc, const void *vc,
-                    const kern_attn_batch *b, int hq, int hkv, int hd, float scale, int64_t nt) {
+                    const kern_attn_batch *b, int hq, int hkv, int hd, float scale, int64_t nt, kern_kv_dtype dt) {
     cuda_impl *impl = cuda_get(be);
     const int bs = b->block_size, G = hq / hkv;
     /* query heads per decode block: the most of 8, 4, 2, 1 that divides the
@@ -793,24 +1151,50 @@ static int att_fast(kern_backend *be, void *out, const void *q, const void *kc, 
     const int32_t *dtiles = dtab + nt, *ditems = dtiles + 4 * ntiles, *dcomb = ditems + 5 * nitems;
 
     bf16 *o = (bf16 *)out;
-    const bf16 *qq = (const bf16 *)q, *k = (const bf16 *)kc, *v = (const bf16 *)vc;
+    const bf16 *qq = (const bf16 *)q;
+    const unsigned char *k = (const unsigned char *)kc, *v = (const unsigned char *)vc;
     const float sl = scale * ATT_LOG2E;
-    if (hd == 64)
-        return att_launch<64>(be, o, qq, k, v, dtab, dtiles, (int)ntiles, ditems, (int)nitems, dcomb, (int)ncomb, part,
-                              (int)nparts, bs, hq, hkv, gt, sl);
-    return att_launch<128>(be, o, qq, k, v, dtab, dtiles, (int)ntiles, ditems, (int)nitems, dcomb, (int)ncomb, part,
-                           (int)nparts, bs, hq, hkv, gt, sl);
+#define ATT_LAUNCH(KT, HD)                                                                                             \
+    att_launch<KT, HD>(be, o, qq, k, v, dtab, dtiles, (int)ntiles, ditems, (int)nitems, dcomb, (int)ncomb, part,       \
+                       (int)nparts, bs, hq, hkv, gt, sl)
+    switch (dt) {
+    case KERN_KV_F32: return hd == 64 ? ATT_LAUNCH(KERN_KV_F32, 64) : ATT_LAUNCH(KERN_KV_F32, 128);
+    case KERN_KV_F16: return hd == 64 ? ATT_LAUNCH(KERN_KV_F16, 64) : ATT_LAUNCH(KERN_KV_F16, 128);
+    case KERN_KV_Q8_0: return hd == 64 ? ATT_LAUNCH(KERN_KV_Q8_0, 64) : ATT_LAUNCH(KERN_KV_Q8_0, 128);
+    default: return hd == 64 ? ATT_LAUNCH(KERN_KV_BF16, 64) : ATT_LAUNCH(KERN_KV_BF16, 128);
+    }
+#undef ATT_LAUNCH
+}
+
+/* The simple kernel for dims per lane dpl (Q8_0: hd a power of two, so
+ * dpl = hd / 32 exactly, its rotation's layout). */
+template <int KT>
+static void att_simple(dim3 grid, cudaStream_t st, int dpl, bf16 *o, const bf16 *q, const unsigned char *k,
+                       const unsigned char *v, const int32_t *dinfo, const int32_t *dtab, int bs, int hq, int hkv,
+                       int hd, float scale, float rs) {
+    const int threads = ATT_WARPS * 32;
+    if (dpl <= 1)
+        cuda_attention_kernel<KT, 1><<<grid, threads, 0, st>>>(o, q, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
+    else if (dpl <= 2)
+        cuda_attention_kernel<KT, 2><<<grid, threads, 0, st>>>(o, q, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
+    else if (dpl <= 4)
+        cuda_attention_kernel<KT, 4><<<grid, threads, 0, st>>>(o, q, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
+    else
+        cuda_attention_kernel<KT, 8><<<grid, threads, 0, st>>>(o, q, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
 }
 
 /* ---- the op ---- */
 
 int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
                    int hq, int hkv, int hd, float scale, kern_kv_dtype dt) {
-    if (cuda_kv_supported(be, "attention", dt)) return -1;
     if (hkv <= 0 || hq % hkv) return kern_fail(be, "attention: %d query heads not a multiple of %d kv heads", hq, hkv);
     if (b->block_size <= 0 || b->max_blocks <= 0) return kern_fail(be, "attention: bad paging geometry");
     if (hd <= 0 || hd > ATT_MAX_HD) return kern_fail(be, "attention: head_dim %d out of range [1, %d]", hd, ATT_MAX_HD);
     if (hq > 65535) return kern_fail(be, "attention: %d query heads (at most 65535)", hq);
+    const char *why = cuda_kv_invalid(dt, hd);
+    if (why) return kern_fail(be, "attention: KV cache dtype %s, head_dim %d: %s", kern_kv_dtype_name(dt), hd, why);
+    if (((uintptr_t)kc | (uintptr_t)vc) % (dt == KERN_KV_F32 ? 4 : 2))
+        return kern_fail(be, "attention: %s cache not aligned to its values", kern_kv_dtype_name(dt));
     const int bs = b->block_size;
     /* validate like the cpu twin, and count rows and used table entries */
     int64_t nq = 0, nt = 0;
@@ -834,7 +1218,7 @@ int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, c
         return kern_fail(be, "attention: batch of %lld rows too large", (long long)nq);
     if (cuda_enter(be)) return -1;
     const uintptr_t al = (uintptr_t)out | (uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc;
-    if ((hd == 64 || hd == 128) && al % 16 == 0) return att_fast(be, out, q, kc, vc, b, hq, hkv, hd, scale, nt);
+    if ((hd == 64 || hd == 128) && al % 16 == 0) return att_fast(be, out, q, kc, vc, b, hq, hkv, hd, scale, nt, dt);
 
     /* the simple path: its batch tables, built straight in the pinned
      * staging buffer; whole tables in graph mode (sizes fixed by the shape) */
@@ -870,18 +1254,23 @@ int cuda_attention(kern_backend *be, void *out, const void *q, const void *kc, c
 
     cudaStream_t st = cuda_get(be)->stream;
     dim3 grid((unsigned)nq, (unsigned)hq);
-    const int threads = ATT_WARPS * 32;
     bf16 *o = (bf16 *)out;
-    const bf16 *qq = (const bf16 *)q, *k = (const bf16 *)kc, *v = (const bf16 *)vc;
-    int dpl = (hd + 31) / 32;
-    if (dpl <= 1)
-        cuda_attention_kernel<1><<<grid, threads, 0, st>>>(o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale);
-    else if (dpl <= 2)
-        cuda_attention_kernel<2><<<grid, threads, 0, st>>>(o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale);
-    else if (dpl <= 4)
-        cuda_attention_kernel<4><<<grid, threads, 0, st>>>(o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale);
-    else
-        cuda_attention_kernel<8><<<grid, threads, 0, st>>>(o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale);
+    const bf16 *qq = (const bf16 *)q;
+    const unsigned char *k = (const unsigned char *)kc, *v = (const unsigned char *)vc;
+    const int dpl = (hd + 31) / 32;
+    const float rs = dt == KERN_KV_Q8_0 ? kern_kv_rotate_scale(hd) : 1.0f;
+    switch (dt) {
+    case KERN_KV_F32:
+        att_simple<KERN_KV_F32>(grid, st, dpl, o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
+        break;
+    case KERN_KV_F16:
+        att_simple<KERN_KV_F16>(grid, st, dpl, o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
+        break;
+    case KERN_KV_Q8_0:
+        att_simple<KERN_KV_Q8_0>(grid, st, dpl, o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs);
+        break;
+    default: att_simple<KERN_KV_BF16>(grid, st, dpl, o, qq, k, v, dinfo, dtab, bs, hq, hkv, hd, scale, rs); break;
+    }
     CUDA_LAUNCH_TRY(be, "cuda_attention_kernel");
     return 0;
 }

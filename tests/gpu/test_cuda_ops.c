@@ -28,7 +28,11 @@
  * row with their own positions and no synchronisation between must each
  * read their own (the staging ring reuses a buffer only after its copy ran),
  * and so must a graph launched back to back with new positions (its arena
- * is rewritten only after the previous launch's upload ran).
+ * is rewritten only after the previous launch's upload ran). Every KV cache
+ * type (kern_kv_dtype: fp32, bf16, fp16, q8_0 with its rotated keys):
+ * kv_store byte for byte against kern_kv_store_ref (kernels/kv.h), on both
+ * backends, and attention over each type against the cpu op on the same
+ * type, on every cuda attention path.
  *
  * Usage: gpu_test_cuda_ops [--device-index N] [--self-check] [--bench] [--emu]
  * --self-check runs the cpu backend in place of cuda (a harness check that
@@ -56,6 +60,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
+#include "kernels/kv.h"
 
 #define TOL 2e-2
 
@@ -387,7 +392,48 @@ typedef struct att_case {
     const float *q, *k, *v;
     const float *junk_k, *junk_v; /* (n_blocks*bs, hkv*hd): what the cache held before */
     unsigned mask;
+    kern_kv_dtype dt; /* the cache's type; KERN_KV_NATIVE: each backend's own (junk_k/v then fill it) */
 } att_case;
+
+/* A cache buffer of `bytes` (rounded up to 4) holding garbage: floats in
+ * [-8, 8) from a generator of its own (the other cases' streams stay as
+ * they are), whose bytes read as any cache type's. */
+static void *junk_cache(bk *b, size_t bytes, uint64_t seed) {
+    size_t n = (bytes + 3) / 4 * 4 / es(b);
+    float *h = malloc(n * sizeof *h + 4);
+    if (!h) return NULL;
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        h[i] = 16.0f * (float)(x >> 40) / 16777216.0f - 8.0f;
+    }
+    void *d = act_from_host(b, h, 1, (int)n, 1);
+    free(h);
+    return d;
+}
+
+/* The `bytes` (a multiple of 4) of a backend buffer as they are: through
+ * to_host_f32, whose widening of bf16 (cuda) or copy of fp32 (cpu) keeps
+ * every bit. */
+static int raw_to_host(bk *b, const void *dev, size_t bytes, uint8_t *out) {
+    size_t n = bytes / es(b);
+    float *h = to_host(b, dev, n);
+    if (!h) return -1;
+    if (es(b) == 4) {
+        memcpy(out, h, bytes);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &h[i], 4);
+            out[2 * i] = (uint8_t)(u >> 16);
+            out[2 * i + 1] = (uint8_t)(u >> 24);
+        }
+    }
+    free(h);
+    return 0;
+}
 
 /* Like model/qwen3.c: the history reaches the cache through one kv_store,
  * the batch's new rows through another, then one attention call. */
@@ -438,18 +484,24 @@ static float *run_attention(bk *b, void *arg, size_t *nout) {
         q_start[S] = in;
     }
     int cache_rows = c->n_blocks * c->bs;
-    if (!(kc = act_from_host(b, c->junk_k, cache_rows, kvd, cache_rows)) ||
-        !(vc = act_from_host(b, c->junk_v, cache_rows, kvd, cache_rows)))
-        goto fail;
+    const kern_kv_dtype dt = kern_kv_resolve(b->ops, c->dt);
+    if (c->dt == KERN_KV_NATIVE) {
+        if (!(kc = act_from_host(b, c->junk_k, cache_rows, kvd, cache_rows)) ||
+            !(vc = act_from_host(b, c->junk_v, cache_rows, kvd, cache_rows)))
+            goto fail;
+    } else {
+        size_t bytes = (size_t)cache_rows * kern_kv_row_bytes(dt, c->hkv, c->hd);
+        if (!(kc = junk_cache(b, bytes, 1)) || !(vc = junk_cache(b, bytes, 2))) goto fail;
+    }
     if (!(hk = act_from_host(b, hkh, nh, kvd, nh + 1)) || !(hv = act_from_host(b, hvh, nh, kvd, nh + 1)) ||
         !(nk = act_from_host(b, nkh, nq, kvd, nq + 1)) || !(nv = act_from_host(b, nvh, nq, kvd, nq + 1)) ||
         !(q = act_from_host(b, qh, nq, qd, nq + 1)))
         goto fail;
     if (!(out = b->ops->alloc(b->be, ((size_t)nq + 1) * qd * es(b)))) goto fail;
-    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, hk, hv, hslots, nh, c->hkv, c->hd, kern_kv_resolve(b->ops, KERN_KV_NATIVE)));
-    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, nk, nv, nslots, nq, c->hkv, c->hd, kern_kv_resolve(b->ops, KERN_KV_NATIVE)));
+    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, hk, hv, hslots, nh, c->hkv, c->hd, dt));
+    BK_TRY(b, b->ops->kv_store(b->be, kc, vc, nk, nv, nslots, nq, c->hkv, c->hd, dt));
     kern_attn_batch ab = {S, q_start, c->pos0, c->table, c->max_blocks, c->bs};
-    BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, c->hq, c->hkv, c->hd, 1.0f / sqrtf((float)c->hd), kern_kv_resolve(b->ops, KERN_KV_NATIVE)));
+    BK_TRY(b, b->ops->attention(b->be, out, q, kc, vc, &ab, c->hq, c->hkv, c->hd, 1.0f / sqrtf((float)c->hd), dt));
     *nout = (size_t)nq * qd;
     h = to_host(b, out, *nout);
 fail:
@@ -938,7 +990,87 @@ static void att_build(const att_spec *t, att_case *c, int32_t **n, int32_t **pos
     *v = rand_f32((size_t)rows_kv * kvd + 1, 1.0f);
     *jk = rand_f32((size_t)n_blocks * t->bs * kvd, 8.0f);
     *jv = rand_f32((size_t)n_blocks * t->bs * kvd, 8.0f);
-    *c = (att_case){t->hq, t->hkv, t->hd, t->bs, n_blocks, S, max_blocks, *n, *pos0, *table, *q, *k, *v, *jk, *jv, ~0u};
+    *c = (att_case){t->hq, t->hkv, t->hd, t->bs, n_blocks, S, max_blocks, *n, *pos0, *table, *q, *k, *v, *jk, *jv, ~0u,
+                    KERN_KV_NATIVE};
+}
+
+/* One spec (number i of its list, for the messages) over a cache of type
+ * dt (KERN_KV_NATIVE: each backend's own): cuda against the cpu op, then
+ * the spec's batch-invariance and paging checks on cuda. */
+static void att_check(const att_spec *t, size_t i, kern_kv_dtype dt) {
+    char shape[160];
+    char tag[16] = "";
+    if (dt != KERN_KV_NATIVE) snprintf(tag, sizeof tag, "%s ", kern_kv_dtype_name(dt));
+    att_case c;
+    int32_t *n, *pos0, *table;
+    float *q, *k, *v, *jk, *jv;
+    int off = dt == KERN_KV_NATIVE ? 0 : snprintf(shape, sizeof shape, "%s ", kern_kv_dtype_name(dt));
+    off += snprintf(shape + off, sizeof shape - (size_t)off, "hq=%d hkv=%d hd=%d bs=%d (n,pos0)=", t->hq, t->hkv, t->hd,
+                    t->bs);
+    for (int s = 0; s < t->n_seqs && off < (int)sizeof shape; s++)
+        off += snprintf(shape + off, sizeof shape - (size_t)off, "%s%d,%d", s ? " " : "", t->n[s], t->pos0[s]);
+    double work = 0; /* heads x the keys each row sees */
+    for (int s = 0; s < t->n_seqs; s++)
+        work += (double)t->hq * t->n[s] * (t->pos0[s] + t->n[s]);
+    if (emu_skip("attention", shape, work, EMU_MAX_ATT)) return; /* and its batch/paging checks */
+    att_build(t, &c, &n, &pos0, &table, &q, &k, &v, &jk, &jv);
+    c.dt = dt;
+    compare("attention", shape, run_attention, &c, TOL);
+    /* batch invariance: each sequence alone gives the bits it gets in the batch */
+    if (t->n_seqs > 1 && (t->checks & ATT_INV)) {
+        size_t nfull = 0, row0 = 0, qd = (size_t)t->hq * t->hd;
+        float *full = run_attention(&g_gpu, &c, &nfull);
+        int ok = full != NULL;
+        for (int s = 0; ok && s < t->n_seqs; s++) {
+            if (t->n[s] > 0) {
+                att_case one = c;
+                one.mask = 1u << s;
+                size_t n1 = 0;
+                float *r = run_attention(&g_gpu, &one, &n1);
+                ok = r && n1 == (size_t)t->n[s] * qd && memcmp(r, full + row0 * qd, n1 * sizeof *r) == 0;
+                free(r);
+            }
+            row0 += (size_t)t->n[s];
+        }
+        free(full);
+        snprintf(shape, sizeof shape, "%scase %zu: each sequence alone == in the batch", tag, i);
+        report_bool("attention", shape, ok, "results depend on the batch");
+    }
+    /* the paging is only addressing: one block per sequence gives the same bits (a block of the
+     * table's whole capacity, since the decode split is cut from the capacity) */
+    if (t->checks & ATT_PAGED) {
+        att_case flat = c;
+        int S = t->n_seqs, maxlen = c.max_blocks * c.bs;
+        int32_t *ftab = malloc((size_t)S * sizeof *ftab);
+        float *fk = rand_f32((size_t)S * maxlen * t->hkv * t->hd, 8.0f);
+        float *fv = rand_f32((size_t)S * maxlen * t->hkv * t->hd, 8.0f);
+        for (int s = 0; s < S; s++)
+            ftab[s] = S - 1 - s;
+        flat.bs = maxlen;
+        flat.n_blocks = S;
+        flat.max_blocks = 1;
+        flat.table = ftab;
+        flat.junk_k = fk;
+        flat.junk_v = fv;
+        size_t n1 = 0, n2 = 0;
+        float *paged = run_attention(&g_gpu, &c, &n1), *contig = run_attention(&g_gpu, &flat, &n2);
+        int ok = paged && contig && n1 == n2 && memcmp(paged, contig, n1 * sizeof *paged) == 0;
+        snprintf(shape, sizeof shape, "%scase %zu: paged == one block per sequence", tag, i);
+        report_bool("attention", shape, ok, "the result depends on the block layout");
+        free(paged);
+        free(contig);
+        free(ftab);
+        free(fk);
+        free(fv);
+    }
+    free(n);
+    free(pos0);
+    free(table);
+    free(q);
+    free(k);
+    free(v);
+    free(jk);
+    free(jv);
 }
 
 static void test_attention(void) {
@@ -990,77 +1122,8 @@ static void test_attention(void) {
         {8, 2, 64, 32, 3, {1, 1, 3}, {3, 700, 64}, 0, {{0}}, 0, ATT_BOTH, 300},
         {4, 1, 128, 16, 3, {1, 17, 0}, {300, 3, 5}, 0, {{0}}, 0, ATT_BOTH, 0},
     };
-    char shape[160];
-    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
-        const att_spec *t = &specs[i];
-        att_case c;
-        int32_t *n, *pos0, *table;
-        float *q, *k, *v, *jk, *jv;
-        int off = snprintf(shape, sizeof shape, "hq=%d hkv=%d hd=%d bs=%d (n,pos0)=", t->hq, t->hkv, t->hd, t->bs);
-        for (int s = 0; s < t->n_seqs && off < (int)sizeof shape; s++)
-            off += snprintf(shape + off, sizeof shape - (size_t)off, "%s%d,%d", s ? " " : "", t->n[s], t->pos0[s]);
-        double work = 0; /* heads x the keys each row sees */
-        for (int s = 0; s < t->n_seqs; s++)
-            work += (double)t->hq * t->n[s] * (t->pos0[s] + t->n[s]);
-        if (emu_skip("attention", shape, work, EMU_MAX_ATT)) continue; /* and its batch/paging checks */
-        att_build(t, &c, &n, &pos0, &table, &q, &k, &v, &jk, &jv);
-        compare("attention", shape, run_attention, &c, TOL);
-        /* batch invariance: each sequence alone gives the bits it gets in the batch */
-        if (t->n_seqs > 1 && (t->checks & ATT_INV)) {
-            size_t nfull = 0, row0 = 0, qd = (size_t)t->hq * t->hd;
-            float *full = run_attention(&g_gpu, &c, &nfull);
-            int ok = full != NULL;
-            for (int s = 0; ok && s < t->n_seqs; s++) {
-                if (t->n[s] > 0) {
-                    att_case one = c;
-                    one.mask = 1u << s;
-                    size_t n1 = 0;
-                    float *r = run_attention(&g_gpu, &one, &n1);
-                    ok = r && n1 == (size_t)t->n[s] * qd && memcmp(r, full + row0 * qd, n1 * sizeof *r) == 0;
-                    free(r);
-                }
-                row0 += (size_t)t->n[s];
-            }
-            free(full);
-            snprintf(shape, sizeof shape, "case %zu: each sequence alone == in the batch", i);
-            report_bool("attention", shape, ok, "results depend on the batch");
-        }
-        /* the paging is only addressing: one block per sequence gives the same bits (a block of the
-         * table's whole capacity, since the decode split is cut from the capacity) */
-        if (t->checks & ATT_PAGED) {
-            att_case flat = c;
-            int S = t->n_seqs, maxlen = c.max_blocks * c.bs;
-            int32_t *ftab = malloc((size_t)S * sizeof *ftab);
-            float *fk = rand_f32((size_t)S * maxlen * t->hkv * t->hd, 8.0f);
-            float *fv = rand_f32((size_t)S * maxlen * t->hkv * t->hd, 8.0f);
-            for (int s = 0; s < S; s++)
-                ftab[s] = S - 1 - s;
-            flat.bs = maxlen;
-            flat.n_blocks = S;
-            flat.max_blocks = 1;
-            flat.table = ftab;
-            flat.junk_k = fk;
-            flat.junk_v = fv;
-            size_t n1 = 0, n2 = 0;
-            float *paged = run_attention(&g_gpu, &c, &n1), *contig = run_attention(&g_gpu, &flat, &n2);
-            int ok = paged && contig && n1 == n2 && memcmp(paged, contig, n1 * sizeof *paged) == 0;
-            snprintf(shape, sizeof shape, "case %zu: paged == one block per sequence", i);
-            report_bool("attention", shape, ok, "the result depends on the block layout");
-            free(paged);
-            free(contig);
-            free(ftab);
-            free(fk);
-            free(fv);
-        }
-        free(n);
-        free(pos0);
-        free(table);
-        free(q);
-        free(k);
-        free(v);
-        free(jk);
-        free(jv);
-    }
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++)
+        att_check(&specs[i], i, KERN_KV_NATIVE);
 
     /* bad batches fail with the cpu twin's messages, on both */
     bk *bs[2] = {&g_cpu, &g_gpu};
@@ -1086,6 +1149,140 @@ static void test_attention(void) {
     report_bool("attention", "hq 6, hkv 4 -> error", ok_heads, "no error or wrong message");
     report_bool("attention", "position 8 of 2 blocks of 4 -> error", ok_beyond, "no error or wrong message");
     report_bool("kv_store", "slot -1 -> error", ok_slot, "no error or wrong message");
+}
+
+/* ---- the KV cache types (kern_kv_dtype, kernels/kv.h) ---- */
+
+/* kv_store of every type writes kern_kv_store_ref's bytes, on both
+ * backends: n rows of k, v to scattered slots of a garbage cache, every
+ * other byte of the cache untouched. The rows hold bf16 values (what cuda
+ * stores: the reference widens them exactly) with the awkward ones: fp16
+ * overflow and subnormals, an all-zero head (q8_0 scale 0), a one-channel
+ * outlier (what the q8_0 key rotation spreads), negative zero. */
+static void test_kv_store_types(void) {
+    static const struct {
+        int n, hkv, hd;
+    } shapes[] = {{5, 2, 64}, {3, 3, 128}, {4, 1, 32}, {2, 2, 256}, {2, 1, 512}, {3, 2, 80}, {2, 3, 16}};
+    static const kern_kv_dtype types[] = {KERN_KV_F32, KERN_KV_BF16, KERN_KV_F16, KERN_KV_Q8_0};
+    bk *bks[2] = {&g_cpu, &g_gpu};
+    char shape[96];
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int n = shapes[si].n, hkv = shapes[si].hkv, hd = shapes[si].hd, kvd = hkv * hd, rows = 3 * n + 2;
+        float *x[2];
+        for (int kv = 0; kv < 2; kv++) {
+            x[kv] = rand_f32((size_t)n * kvd, 3.0f);
+            for (int j = 0; j < hd; j++) {
+                x[kv][j] = 0.0f;                                           /* row 0, head 0: all zero */
+                x[kv][(size_t)kvd * (n - 1) + j] = bf16r(frand(1e-6f));     /* last row: fp16 subnormals */
+            }
+            if (n > 2) {
+                x[kv][kvd + 1] = bf16r(70000.0f); /* row 1: beyond fp16's range, an outlier channel */
+                x[kv][kvd + 2] = -0.0f;
+                x[kv][2 * kvd + hd - 1] = -300.0f;
+            }
+        }
+        int32_t *slots = malloc((size_t)n * sizeof *slots);
+        if (!slots) exit(1);
+        for (int i = 0; i < n; i++)
+            slots[i] = (3 * i + 2 * (int)si + 1) % rows; /* distinct, out of order */
+        for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+            const kern_kv_dtype dt = types[ti];
+            if (kern_kv_invalid(dt, hd)) continue;
+            const size_t rb = kern_kv_row_bytes(dt, hkv, hd), hb = kern_kv_head_bytes(dt, hd);
+            const size_t bytes = ((size_t)rows * rb + 3) / 4 * 4;
+            for (int bi = 0; bi < 2; bi++) {
+                bk *b = bks[bi];
+                void *kc = NULL, *vc = NULL, *k = NULL, *v = NULL;
+                uint8_t *before = malloc(2 * bytes), *after = malloc(2 * bytes), *want = malloc(2 * bytes);
+                int ok = before && after && want;
+                ok = ok && (kc = junk_cache(b, bytes, 3 + si)) && (vc = junk_cache(b, bytes, 4 + si)) &&
+                     (k = act_from_host(b, x[0], n, kvd, n)) && (v = act_from_host(b, x[1], n, kvd, n));
+                ok = ok && !raw_to_host(b, kc, bytes, before) && !raw_to_host(b, vc, bytes, before + bytes);
+                if (ok && b->ops->kv_store(b->be, kc, vc, k, v, slots, n, hkv, hd, dt) != 0) {
+                    fprintf(stderr, "[%s] kv_store %s failed: %s\n", b->ops->name, kern_kv_dtype_name(dt),
+                            kern_last_error(b->be));
+                    ok = 0;
+                }
+                ok = ok && !raw_to_host(b, kc, bytes, after) && !raw_to_host(b, vc, bytes, after + bytes);
+                size_t bad = 0, first = 0;
+                if (ok) {
+                    memcpy(want, before, 2 * bytes);
+                    for (int kv = 0; kv < 2; kv++)
+                        for (int i = 0; i < n; i++)
+                            for (int h = 0; h < hkv; h++)
+                                kern_kv_store_ref(dt, kv == 0, x[kv] + (size_t)i * kvd + (size_t)h * hd, hd,
+                                                  want + (size_t)kv * bytes + (size_t)slots[i] * rb + (size_t)h * hb);
+                    for (size_t j = 0; j < 2 * bytes; j++)
+                        if (after[j] != want[j] && !bad++) first = j;
+                }
+                snprintf(shape, sizeof shape, "[%s] %s n=%d hkv=%d hd=%d", b->ops->name, kern_kv_dtype_name(dt), n,
+                         hkv, hd);
+                char why[96];
+                snprintf(why, sizeof why, "%zu bytes differ from kern_kv_store_ref, first at %zu", bad, first);
+                report_bool("kv_store", shape, ok && !bad, ok ? why : "run failed");
+                release(b, kc);
+                release(b, vc);
+                release(b, k);
+                release(b, v);
+                free(before);
+                free(after);
+                free(want);
+            }
+        }
+        free(slots);
+        free(x[0]);
+        free(x[1]);
+    }
+}
+
+/* Attention over each cache type: cuda against the cpu op on the same type
+ * (which is, bit for bit, the fp32 attention over kern_kv_load_ref's values
+ * and, for q8_0, the rotated queries: tests/unit/test_kvcache.c), within
+ * the bf16 tolerance, on every cuda path: the tiled prefill (hd 64, 128),
+ * split-K decode with the combine (GQA groups of 1, 2 and 4 heads per
+ * block, empty splits), mixed batches, the simple kernel (hd 32, 80, 256,
+ * block size 4), GQA, explicit interleaved tables; the batch-invariance and
+ * paging checks on the fast paths. Emu-sized throughout. */
+static void test_attention_types(void) {
+    const att_spec specs[] = {
+        {4, 2, 128, 16, 3, {5, 4, 1}, {30, 20, 0}, 7, {{3, 0, 5}, {1, 4}, {6}}, 1, 0, 0}, /* explicit tables */
+        {4, 2, 128, 16, 2, {20, 16}, {5, 40}, 0, {{0}}, 0, ATT_BOTH, 0},                   /* prefill hd 128 */
+        {2, 2, 64, 16, 1, {70}, {10}, 0, {{0}}, 0, ATT_PAGED, 0},                          /* prefill hd 64 */
+        {4, 1, 128, 16, 3, {1, 1, 2}, {600, 5, 900}, 0, {{0}}, 0, ATT_BOTH, 0},            /* split-K, 4 heads */
+        {8, 2, 64, 32, 3, {1, 1, 3}, {3, 700, 64}, 0, {{0}}, 0, ATT_INV, 300},             /* empty splits */
+        {4, 2, 128, 16, 2, {1, 1}, {40, 300}, 0, {{0}}, 0, 0, 0},                          /* 2 heads per block */
+        {2, 2, 64, 16, 2, {1, 1}, {100, 30}, 0, {{0}}, 0, 0, 0},                           /* MHA decode */
+        {4, 1, 128, 16, 3, {1, 17, 0}, {300, 3, 5}, 0, {{0}}, 0, ATT_BOTH, 0},             /* mixed */
+        {4, 1, 256, 16, 2, {3, 1}, {10, 40}, 0, {{0}}, 0, 0, 0},                           /* simple, hd 256 */
+        {4, 2, 32, 4, 2, {5, 1}, {7, 20}, 0, {{0}}, 0, 0, 0},                              /* simple, hd 32 */
+        {4, 2, 80, 16, 2, {2, 3}, {5, 0}, 0, {{0}}, 0, 0, 0},                              /* simple, hd 80 */
+    };
+    static const kern_kv_dtype types[] = {KERN_KV_F32, KERN_KV_BF16, KERN_KV_F16, KERN_KV_Q8_0};
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t i = 0; i < sizeof specs / sizeof *specs; i++)
+            if (!kern_kv_invalid(types[ti], specs[i].hd)) att_check(&specs[i], i, types[ti]);
+
+    /* a type that cannot hold the heads, and an unresolved type, fail with a message on both */
+    bk *bks[2] = {&g_cpu, &g_gpu};
+    int ok_q8 = 1, ok_att = 1;
+    for (int i = 0; i < 2; i++) {
+        bk *b = bks[i];
+        void *buf = b->ops->alloc(b->be, 4096 * es(b)), *kc = b->ops->alloc(b->be, 4096 * es(b));
+        if (!buf || !kc) {
+            ok_q8 = ok_att = 0;
+        } else {
+            int32_t q_start[2] = {0, 1}, pos0[1] = {0}, table[1] = {0}, slots[1] = {0};
+            kern_attn_batch ab = {1, q_start, pos0, table, 1, 4};
+            int rc = b->ops->kv_store(b->be, kc, kc, buf, buf, slots, 1, 1, 48, KERN_KV_Q8_0);
+            ok_q8 &= rc == -1 && strstr(kern_last_error(b->be), "power of two") != NULL;
+            rc = b->ops->attention(b->be, buf, buf, kc, kc, &ab, 2, 1, 48, 0.25f, KERN_KV_Q8_0);
+            ok_att &= rc == -1 && strstr(kern_last_error(b->be), "power of two") != NULL;
+        }
+        release(b, buf);
+        release(b, kc);
+    }
+    report_bool("kv_store", "q8_0 head_dim 48 -> error", ok_q8, "no error or wrong message");
+    report_bool("attention", "q8_0 head_dim 48 -> error", ok_att, "no error or wrong message");
 }
 
 /* ---- attention timing (--bench: printed, not asserted) ---- */
@@ -1743,6 +1940,8 @@ int main(int argc, char **argv) {
     test_stage_ring();
     test_graph_restage();
     test_attention();
+    test_kv_store_types();
+    test_attention_types();
     test_elementwise();
     test_add_bias();
     test_copy();
