@@ -59,7 +59,7 @@ int cli_parse_kv_memory(const char *s, size_t *out);
 #define CLI_KV_HELP                                                                                                   \
     "  --kv-cache-dtype auto|fp32|bf16|fp16|q8_0  what the KV cache stores (default auto: bf16; fp32:\n"              \
     "                               the exact path the oracle tests use; q8_0: 8-bit blocks, keys\n"                  \
-    "                               Walsh-Hadamard rotated; cpu; cuda takes bf16 only so far).\n"                     \
+    "                               Walsh-Hadamard rotated; cpu and cuda).\n"                                        \
     "                               docs/kv-cache.md\n"                                                              \
     "  --kv-cache-memory BYTES|auto KV pool per rank (k/m/g suffixes): the pool is what fits, at most\n"          \
     "                               max-num-seqs full sequences; auto (default): 50% of MemAvailable at\n"       \
