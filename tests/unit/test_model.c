@@ -389,6 +389,34 @@ START_TEST(test_config_rope_yarn) {
 }
 END_TEST
 
+/* YaRN in GGUF metadata as gguf-py's writers put it (make_gguf_fixtures.py
+ * --yarn-only): factor 4 over 32,768, beta 16 / 2, attn_factor 0.5, which
+ * llama.cpp multiplies into 0.1 ln 4 + 1; the context becomes 131,072. No
+ * factor, or another scaling type: refused by name. */
+START_TEST(test_config_gguf_yarn) {
+    char path[512], err[512];
+    weights_set *ws;
+    model_config c;
+    snprintf(path, sizeof path, "%s/gguf/yarn-ok.gguf", TU_FIXTURES);
+    ck_assert_msg(weights_open(path, &ws, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(model_config_from_gguf(ws, &c, err, sizeof err) == 0, "%s", err);
+    weights_close(ws);
+    ck_assert_int_eq(c.rope.type, KERN_ROPE_YARN);
+    ck_assert(c.rope.theta == 1e6 && c.rope.factor == 4 && c.rope.original_max_position_embeddings == 32768);
+    ck_assert(c.rope.beta_fast == 16 && c.rope.beta_slow == 2 && c.rope.truncate == 1);
+    ck_assert_msg(fabs(c.rope.attention_factor - 0.5 * 1.1386294361119891) < 1e-15, "%.17g", c.rope.attention_factor);
+    ck_assert_int_eq(c.max_position_embeddings, 131072);
+    static const char *const bad[][2] = {{"yarn-nofactor", "rope.scaling.factor"}, {"yarn-longrope", "'longrope'"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/gguf/%s.gguf", TU_FIXTURES, bad[i][0]);
+        ck_assert_msg(weights_open(path, &ws, err, sizeof err) == 0, "%s", err);
+        ck_assert(model_config_from_gguf(ws, &c, err, sizeof err) != 0);
+        weights_close(ws);
+        ck_assert_msg(strstr(err, bad[i][1]) != NULL, "%s: %s", bad[i][0], err);
+    }
+}
+END_TEST
+
 /* The YaRN fixtures (transformers' own YaRN, positions past the original
  * context) at tp 2: each rank rotates its heads with the same
  * frequencies and attention factor. tp 1 is test_logits_match_reference. */
@@ -1449,6 +1477,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tcc, test_config_fields);
     tcase_add_test(tcc, test_config_rope_llama3);
     tcase_add_test(tcc, test_config_rope_yarn);
+    tcase_add_test(tcc, test_config_gguf_yarn);
     tcase_add_test(tcc, test_config_errors);
     tcase_add_test(tcc, test_shape_mismatch_names_tensor);
     tcase_add_test(tcc, test_log_softmax_and_top_k);
