@@ -120,19 +120,16 @@ static json_t *store_get(struct srv_resp_store *st, const char *id, size_t len) 
     return out;
 }
 
-/* ==== REASONING SEAM (issue 43, point 1) ====================================
- * Where the answer's text is split into reasoning and content. A minimal
- * stand-in until the reasoning parser exists: a leading <think>...</think>
- * block (after white space) is reasoning, the rest (white space after the
- * block dropped) is content. `final` 0: text is a prefix of the answer, so
- * a tail that may still become "<think>" or "</think>" is held back
- * (neither side includes it yet); every later call's parts extend the
- * earlier ones. To be replaced by the reasoning splitter (the parser chosen
- * from the template, <tool_call> ending reasoning, budgets, token counts). */
+/* The answer's text split into reasoning and content by the server's
+ * reasoning parser (reasoning.c's srv_reasoner, as chat completions split
+ * it: the format chosen from the template, a tool-call marker ending the
+ * block). `final` 0: text is a prefix of the answer; a tail that may still
+ * become a marker is held back, so every later call's parts extend the
+ * earlier ones (the splitter's result does not depend on how the text was
+ * cut). Free with resp_split_free. */
 typedef struct resp_split {
     int has_reasoning, reasoning_closed;
-    size_t r_off, r_len; /* reasoning text */
-    size_t c_off, c_len; /* content text */
+    srv_text r, c; /* reasoning text, content text (markers removed) */
 } resp_split;
 
 static size_t partial_tail(const char *t, size_t n, const char *marker) {
@@ -142,38 +139,23 @@ static size_t partial_tail(const char *t, size_t n, const char *marker) {
     return 0;
 }
 
-static void resp_split_reasoning(const char *t, size_t n, int final, resp_split *v) {
+static void resp_split_reasoning(const srv_req *r, const char *t, size_t n, int final, resp_split *v) {
     memset(v, 0, sizeof *v);
-    size_t i = 0;
-    while (i < n && isspace((unsigned char)t[i]))
-        i++;
-    size_t rest = n - i;
-    if (rest >= 7 && !memcmp(t + i, "<think>", 7)) {
-        v->has_reasoning = 1;
-        v->r_off = i + 7;
-        const char *end = memmem(t + v->r_off, n - v->r_off, "</think>", 8);
-        if (end) {
-            v->reasoning_closed = 1;
-            v->r_len = (size_t)(end - (t + v->r_off));
-            size_t c = v->r_off + v->r_len + 8;
-            while (c < n && isspace((unsigned char)t[c]))
-                c++;
-            v->c_off = c;
-            v->c_len = n - c; /* white space before the answer waits for the answer */
-        } else {
-            v->r_len = n - v->r_off - (final ? 0 : partial_tail(t + v->r_off, n - v->r_off, "</think>"));
-            v->c_off = n;
-        }
-        return;
-    }
-    if (!final && rest < 7 && !memcmp(t + i, "<think>", rest)) { /* may still open a block */
-        v->c_off = n;
-        return;
-    }
-    v->c_off = 0;
-    v->c_len = n;
+    srv_reasoner z;
+    srv_reasoner_init(&z, r->rz_on ? r->rz.f : NULL, r->rz_state0, r->rz_stop);
+    srv_reasoner_feed(&z, t, n, &v->r, &v->c);
+    if (final) srv_reasoner_flush(&z, &v->r, &v->c);
+    v->has_reasoning = z.opened;
+    v->reasoning_closed = z.opened && z.state == SRV_RZ_CONTENT;
 }
-/* ==== end of the reasoning seam ============================================= */
+
+#define RZ_P(v) ((v).r.p ? (v).r.p : "")
+#define CT_P(v) ((v).c.p ? (v).c.p : "")
+
+static void resp_split_free(resp_split *v) {
+    srv_text_free(&v->r);
+    srv_text_free(&v->c);
+}
 
 /* ---- request: Responses body -> chat body ---- */
 
@@ -185,11 +167,13 @@ static const char *const RESP_FIELDS[] = {
     "max_tool_calls", "stream_options",
     /* vLLM's extras, passed to the chat path as they are */
     "top_k", "seed", "stop", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    /* testing only: the chat path refuses it without --debug-request-fields */
+    "debug_force_output",
     NULL};
 /* clang-format on */
 static const char *const PASS_THROUGH[] = {"temperature", "top_p",   "top_k",          "seed",
                                            "stop",        "min_p",   "repetition_penalty", "presence_penalty",
-                                           "frequency_penalty", NULL};
+                                           "frequency_penalty", "debug_force_output", NULL};
 
 typedef struct resp_req {
     json_t *chat;    /* the chat body */
@@ -566,7 +550,7 @@ typedef struct resp_out {
 static json_t *usage_json(const srv_req *r) {
     return json_pack("{s:i,s:{s:i},s:i,s:{s:i},s:i}", "input_tokens", r->n_prompt, "input_tokens_details",
                      "cached_tokens", atomic_load(&r->n_reused), "output_tokens", r->n_toks, "output_tokens_details",
-                     "reasoning_tokens", 0, "total_tokens", r->n_prompt + r->n_toks);
+                     "reasoning_tokens", atomic_load(&r->n_think), "total_tokens", r->n_prompt + r->n_toks);
 }
 
 /* The response object; output: its items (taken), NULL while in progress. */
@@ -638,7 +622,7 @@ static json_t *parse_calls(resp_out *o, const char *text, size_t len, char **res
     *rest = NULL;
     *rlen = 0;
     if (!o->g.tool_parse || !len) return NULL;
-    json_t *calls = srv_tool_calls_parse(o->g.tool_fmt, text, len, o->hex, rest, rlen);
+    json_t *calls = srv_tool_calls_parse_typed(o->g.tool_fmt, o->g.tools, text, len, o->hex, rest, rlen);
     while (calls && !o->g.tool_parallel && json_array_size(calls) > 1)
         json_array_remove(calls, json_array_size(calls) - 1);
     return calls;
@@ -649,15 +633,15 @@ static json_t *full_answer(resp_out *o) {
     srv_req *r = o->g.rs[0];
     const char *text = r->text ? r->text : "";
     resp_split v;
-    resp_split_reasoning(text, r->text_len, 1, &v);
+    resp_split_reasoning(r, text, r->text_len, 1, &v);
     json_t *output = json_array();
     if (!output) return NULL;
-    if (v.has_reasoning) json_array_append_new(output, reasoning_item(o, text + v.r_off, v.r_len, "completed"));
+    if (v.has_reasoning) json_array_append_new(output, reasoning_item(o, RZ_P(v), v.r.len, "completed"));
     char *rest = NULL;
     size_t rlen = 0;
-    json_t *calls = parse_calls(o, text + v.c_off, v.c_len, &rest, &rlen);
-    const char *ct = calls ? rest : text + v.c_off;
-    size_t cl = calls ? rlen : v.c_len;
+    json_t *calls = parse_calls(o, CT_P(v), v.c.len, &rest, &rlen);
+    const char *ct = calls ? rest : CT_P(v);
+    size_t cl = calls ? rlen : v.c.len;
     while (calls && cl && isspace((unsigned char)ct[cl - 1]))
         cl--;
     if (cl || (!calls && !v.has_reasoning))
@@ -665,8 +649,9 @@ static json_t *full_answer(resp_out *o) {
     size_t k;
     json_t *c;
     json_array_foreach(calls, k, c) json_array_append_new(output, call_item(o, c, k, 1));
-    store_answer(o, text + v.r_off, v.has_reasoning ? v.r_len : 0, ct, cl, calls);
+    store_answer(o, RZ_P(v), v.has_reasoning ? v.r.len : 0, ct, cl, calls);
     free(rest);
+    resp_split_free(&v);
     json_decref(calls);
     return response_json(o, r->finish == SRV_FIN_LENGTH ? "incomplete" : "completed", output);
 }
@@ -754,7 +739,7 @@ static void so_pass(resp_out *o) {
         return;
     }
     resp_split v;
-    resp_split_reasoning(text, len, done, &v);
+    resp_split_reasoning(r, text, len, done, &v);
     char rid[64], mid[64];
     snprintf(rid, sizeof rid, "rs_%s", o->hex);
     snprintf(mid, sizeof mid, "msg_%s", o->hex);
@@ -764,39 +749,39 @@ static void so_pass(resp_out *o) {
         so_event(o, "response.output_item.added",
                  json_pack("{s:i,s:o}", "output_index", o->r_item, "item", reasoning_item(o, "", 0, "in_progress")));
     }
-    if (v.has_reasoning && v.r_len > o->r_sent) {
+    if (v.has_reasoning && v.r.len > o->r_sent) {
         so_event(o, "response.reasoning_text.delta",
                  json_pack("{s:s,s:i,s:i,s:s%}", "item_id", rid, "output_index", o->r_item, "content_index", 0,
-                           "delta", text + v.r_off + o->r_sent, v.r_len - o->r_sent));
-        o->r_sent = v.r_len;
+                           "delta", RZ_P(v) + o->r_sent, v.r.len - o->r_sent));
+        o->r_sent = v.r.len;
     }
-    if (v.has_reasoning && (v.reasoning_closed || done)) so_close_reasoning(o, text + v.r_off, v.r_len);
+    if (v.has_reasoning && (v.reasoning_closed || done)) so_close_reasoning(o, RZ_P(v), v.r.len);
     /* content: up to a possible tool call while running */
-    size_t safe = v.c_len;
-    if (o->g.tool_parse && v.c_len) {
-        const char *c = text + v.c_off, *b = o->g.tool_fmt->begin;
+    size_t safe = v.c.len;
+    if (o->g.tool_parse && v.c.len) {
+        const char *c = CT_P(v), *b = o->g.tool_fmt->begin;
         size_t bl = strcspn(b, "\n");
-        const char *at = memmem(c, v.c_len, b, bl);
+        const char *at = memmem(c, v.c.len, b, bl);
         if (at) safe = (size_t)(at - c);
-        else if (!done) safe = v.c_len - partial_tail(c, v.c_len, b);
+        else if (!done) safe = v.c.len - partial_tail(c, v.c.len, b);
     }
     json_t *calls = NULL;
     char *rest = NULL;
     size_t rlen = 0;
-    if (done) calls = parse_calls(o, text + v.c_off, v.c_len, &rest, &rlen);
-    if (done && !calls) safe = v.c_len;
+    if (done) calls = parse_calls(o, CT_P(v), v.c.len, &rest, &rlen);
+    if (done && !calls) safe = v.c.len;
     if (calls) /* the text before the first call, not its white space */
-        while (safe > o->c_sent && isspace((unsigned char)text[v.c_off + safe - 1]))
+        while (safe > o->c_sent && isspace((unsigned char)CT_P(v)[safe - 1]))
             safe--;
     if (safe > o->c_sent) {
         so_open_message(o);
         so_event(o, "response.output_text.delta",
                  json_pack("{s:s,s:i,s:i,s:s%,s:[]}", "item_id", mid, "output_index", o->m_item, "content_index", 0,
-                           "delta", text + v.c_off + o->c_sent, safe - o->c_sent, "logprobs"));
+                           "delta", CT_P(v) + o->c_sent, safe - o->c_sent, "logprobs"));
         o->c_sent = safe;
     }
     if (done) {
-        const char *ct = text + v.c_off;
+        const char *ct = CT_P(v);
         if (o->m_item < 0 && !calls && !v.has_reasoning) so_open_message(o); /* an empty answer is a message */
         if (o->m_item >= 0 && !o->m_done) {
             json_t *part = text_part(ct, o->c_sent);
@@ -827,7 +812,7 @@ static void so_pass(resp_out *o) {
             so_event(o, "response.output_item.done", json_pack("{s:i,s:O}", "output_index", idx, "item", item));
             json_array_append_new(o->items, item);
         }
-        store_answer(o, text + v.r_off, v.has_reasoning ? v.r_len : 0, ct, o->c_sent, calls);
+        store_answer(o, RZ_P(v), v.has_reasoning ? v.r.len : 0, ct, o->c_sent, calls);
         const char *status = fin == SRV_FIN_LENGTH ? "incomplete" : "completed";
         json_t *resp = response_json(o, status, json_deep_copy(o->items));
         /* response.completed also when the answer is incomplete (its status
@@ -837,6 +822,7 @@ static void so_pass(resp_out *o) {
     }
     json_decref(calls);
     free(rest);
+    resp_split_free(&v);
     free(text);
 }
 

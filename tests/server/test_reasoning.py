@@ -212,6 +212,27 @@ def reasoning_section(binary, model, tk):
         check("history: reasoning and reasoning_content that differ -> 400 naming messages",
               st == 400 and j["error"]["param"] == "messages", j)
 
+        # /v1/responses: the same splitter gives a reasoning item before the message
+        body = {"model": NAME, "input": MSG[0]["content"], "max_output_tokens": n_raw, "temperature": 0,
+                "debug_force_output": RAW}
+        st, j = cj(R.url + "/v1/responses", body, timeout=300)
+        out = j.get("output", []) if st == 200 else []
+        kinds = [it.get("type") for it in out]
+        rtext = "".join(c.get("text", "") for it in out if it.get("type") == "reasoning" for c in it.get("content", []))
+        mtext = "".join(c.get("text", "") for it in out if it.get("type") == "message" for c in it.get("content", []))
+        check("responses: a reasoning item with the thinking, then a message with the answer",
+              kinds == ["reasoning", "message"] and rtext == THINK and mtext == ANSWER, j)
+        check("responses: usage.output_tokens_details.reasoning_tokens == the thinking's tokens",
+              st == 200 and j["usage"]["output_tokens_details"]["reasoning_tokens"] == tk.n(THINK), j.get("usage"))
+        st, text = curl(R.url + "/v1/responses", data=dict(body, stream=True), timeout=300)
+        evs = [e for e in sse_events(text) if isinstance(e, dict)] if st == 200 else []
+        types = [e.get("type") for e in evs]
+        rd = "".join(e.get("delta", "") for e in evs if e.get("type") == "response.reasoning_text.delta")
+        od = "".join(e.get("delta", "") for e in evs if e.get("type") == "response.output_text.delta")
+        last_r = max((i for i, t in enumerate(types) if t == "response.reasoning_text.delta"), default=-1)
+        first_o = min((i for i, t in enumerate(types) if t == "response.output_text.delta"), default=-1)
+        check("responses stream: reasoning_text deltas (the thinking) before output_text deltas (the answer)",
+              rd == THINK and od == ANSWER and 0 <= last_r < first_o and types[-1] == "response.completed", types)
         # errors
         for bad in (-1, "3", 1.5, 2 ** 40):
             st, j = chat(R, max_tokens=2, thinking_budget=bad)
