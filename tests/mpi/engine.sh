@@ -51,7 +51,7 @@ for spec in gqa4-deep:2 gqa4-deep:4 llama-tp3:3 llama-gqa:2 llama3-rope:2 gguf-l
     model=${spec%:*} np=${spec##*:} dir=$M/${model%/model.gguf}
     prompt=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][1]["prompt"])))' "$dir/reference.json")
     if run -np "$np" "$bin/echo-generate" --model "$M/$model" --prompt-tokens "$prompt" --max-tokens 32 \
-        --temperature 0 --ignore-eos --json --tp "$np" --allreduce exact --act-quant none >"$tmp/gen.json" 2>"$tmp/gen.err" &&
+        --temperature 0 --ignore-eos --json --tp "$np" --allreduce exact --act-quant none --kv-cache-dtype fp32 >"$tmp/gen.json" 2>"$tmp/gen.err" &&
         python3 - "$tmp/gen.json" "$dir/reference.json" <<'PY'; then ok; else bad "$model at -np $np: $(tail -3 "$tmp/gen.err")"; fi
 import json, sys
 got = json.load(open(sys.argv[1]))["tokens"]
@@ -159,17 +159,18 @@ else
 fi
 
 # 5. rank 1 killed while a request runs (after requests that filled and hit the prefix cache):
-#    the job ends, mpirun names the rank
-if start_server; then
+#    the job ends, mpirun names the rank (a long context, so the requests in flight
+#    cannot finish before the kill however fast the demo model decodes)
+if start_server --max-model-len 4096; then
     for _ in 1 2; do
         curl -s -m 60 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
             -d '{"model":"demo","prompt":"Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello Hello","max_tokens":2}' >/dev/null
     done
     # in flight when the rank dies: a whole answer and a stream (issue 47: both must hear why)
     curl -s -m 120 -w ' %{http_code}' "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"model":"demo","prompt":"Hello","max_tokens":400,"ignore_eos":true}' >"$tmp/inflight.json" 2>&1 &
+        -d '{"model":"demo","prompt":"Hello","max_tokens":4000,"ignore_eos":true}' >"$tmp/inflight.json" 2>&1 &
     curl -s -N -m 120 "localhost:$port/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"model":"demo","prompt":"Hello","max_tokens":400,"ignore_eos":true,"stream":true}' \
+        -d '{"model":"demo","prompt":"Hello","max_tokens":4000,"ignore_eos":true,"stream":true}' \
         >"$tmp/inflight.sse" 2>&1 &
     sleep 1
     victim=
