@@ -541,8 +541,8 @@ typedef struct resp_out {
     json_t *items; /* finished output items, in output_index order */
     unsigned long long seq;
     /* stream */
-    char *out;
-    size_t out_len, out_off, out_cap;
+    srv_text out; /* bytes not yet read by MHD, from out_off */
+    size_t out_off;
     int ended;
     double last_write;
 } resp_out;
@@ -658,18 +658,9 @@ static json_t *full_answer(resp_out *o) {
 
 /* ---- stream ---- */
 
+/* Out of memory: the bytes are dropped (the stream's next event says less). */
 static void so_put(resp_out *o, const char *p, size_t n) {
-    if (o->out_len + n > o->out_cap) {
-        size_t nc = o->out_cap ? o->out_cap : 4096;
-        while (nc < o->out_len + n)
-            nc *= 2;
-        char *np = realloc(o->out, nc);
-        if (!np) return;
-        o->out = np;
-        o->out_cap = nc;
-    }
-    memcpy(o->out + o->out_len, p, n);
-    o->out_len += n;
+    (void)srv_text_put(&o->out, p, n);
 }
 
 /* "event: TYPE\ndata: {type, sequence_number, ...j}\n\n"; takes j. */
@@ -830,22 +821,22 @@ static void resp_out_free(resp_out *o) {
     srv_gen_free(&o->g);
     resp_req_free(&o->q);
     json_decref(o->items);
-    free(o->out);
+    srv_text_free(&o->out);
     free(o);
 }
 
 static ssize_t so_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     resp_out *o = cls;
-    if (o->out_off == o->out_len) {
-        o->out_off = o->out_len = 0;
+    if (o->out_off == o->out.len) {
+        o->out_off = o->out.len = 0;
         if (o->ended) return MHD_CONTENT_READER_END_OF_STREAM;
         srv_group *grp = o->g.grp;
         pthread_mutex_lock(&grp->mu);
         unsigned long long v = grp->version;
         pthread_mutex_unlock(&grp->mu);
         so_pass(o);
-        if (!o->out_len && !o->ended) {
+        if (!o->out.len && !o->ended) {
             pthread_mutex_lock(&grp->mu);
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -855,12 +846,12 @@ static ssize_t so_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&grp->mu);
             so_pass(o);
         }
-        if (!o->out_len && !o->ended && srv_now() - o->last_write > 2.0) so_put(o, ": keep-alive\n\n", 14);
-        if (!o->out_len) return o->ended ? MHD_CONTENT_READER_END_OF_STREAM : 0;
+        if (!o->out.len && !o->ended && srv_now() - o->last_write > 2.0) so_put(o, ": keep-alive\n\n", 14);
+        if (!o->out.len) return o->ended ? MHD_CONTENT_READER_END_OF_STREAM : 0;
     }
-    size_t n = o->out_len - o->out_off;
+    size_t n = o->out.len - o->out_off;
     if (n > max) n = max;
-    memcpy(buf, o->out + o->out_off, n);
+    memcpy(buf, o->out.p + o->out_off, n);
     o->out_off += n;
     o->last_write = srv_now();
     return (ssize_t)n;

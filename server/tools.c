@@ -186,13 +186,18 @@ static int hermes_tag(json_t *fn, const char *name, json_t *params, json_t **tag
     return *tag ? 0 : -1;
 }
 
-static json_t *hermes_grammar(const srv_tool_format *f, const srv_tools *t, srv_verr *e) {
-    (void)f;
-    json_t *tags = tags_for(t, hermes_tag, e);
+/* One call per tag, newline-separated (hermes and qwen3_coder alike). */
+static json_t *tagged_grammar(const srv_tools *t, tag_fn mk, srv_verr *e) {
+    json_t *tags = tags_for(t, mk, e);
     if (!tags) return NULL;
     return json_pack("{s:s,s:{s:s,s:o,s:s,s:b,s:b}}", "type", "structural_tag", "format", "type",
                      "tags_with_separator", "tags", tags, "separator", "\n", "at_least_one", 1, "stop_after_first",
                      !t->parallel);
+}
+
+static json_t *hermes_grammar(const srv_tool_format *f, const srv_tools *t, srv_verr *e) {
+    (void)f;
+    return tagged_grammar(t, hermes_tag, e);
 }
 
 /* Qwen3-Coder: <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n</tool_call>,
@@ -208,11 +213,7 @@ static int coder_tag(json_t *fn, const char *name, json_t *params, json_t **tag)
 
 static json_t *coder_grammar(const srv_tool_format *f, const srv_tools *t, srv_verr *e) {
     (void)f;
-    json_t *tags = tags_for(t, coder_tag, e);
-    if (!tags) return NULL;
-    return json_pack("{s:s,s:{s:s,s:o,s:s,s:b,s:b}}", "type", "structural_tag", "format", "type",
-                     "tags_with_separator", "tags", tags, "separator", "\n", "at_least_one", 1, "stop_after_first",
-                     !t->parallel);
+    return tagged_grammar(t, coder_tag, e);
 }
 
 /* Mistral: [TOOL_CALLS][{"name": N, "arguments": {...}}, ...]: one marker,
