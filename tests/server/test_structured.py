@@ -475,14 +475,15 @@ def issue47_section(S):
     check("issue 47: streamed and whole answers carry the same finish_reason, content and calls",
           (fin, content, calls) == whole and ev[-1] == "[DONE]", ((fin, content, calls), whole))
     # a client gone while its grammar waits for a compile slot is dropped before compiling: fill both
-    # slots (--grammar-compiles 2) with slow distinct compiles, then send one more and hang up
+    # slots (--grammar-compiles 2) with slow distinct compiles, three rounds of them so the slots stay
+    # busy however fast this machine compiles, then send one more and hang up
     import socket
     slow = lambda t: {"prompt": "x", "max_tokens": 1, "guided_json": {"type": "object", "properties": {
         f"p{i:03d}{t}" + "k" * 55: {"type": "integer"} for i in range(256)}}}
     dropped = lambda: sample(parse_metrics(S.url), "echo:grammar_compiles_dropped",
                              "echo:grammar_compiles_dropped_total", why="client_gone_before_compile")
     cc0 = dropped()
-    ths = [threading.Thread(target=pj, args=(S.url + comp, slow(f"s{k}"))) for k in range(2)]
+    ths = [threading.Thread(target=pj, args=(S.url + comp, slow(f"s{k}"))) for k in range(6)]
     for th in ths:
         th.start()
     time.sleep(0.3)
