@@ -43,7 +43,8 @@
 #endif
 
 int cpu_is_a8(kern_dtype dt) {
-    return dt == KERN_Q4_K_A8 || dt == KERN_Q6_K_A8 || dt == KERN_Q5_0_A8 || dt == KERN_Q5_1_A8 || dt == KERN_Q5_K_A8;
+    return !cpu_is_a8p(dt) && (dt == KERN_Q4_K_A8 || dt == KERN_Q6_K_A8 || dt == KERN_Q5_0_A8 || dt == KERN_Q5_1_A8 ||
+                               dt == KERN_Q5_K_A8);
 }
 
 /* The types with a min per 32-block (summed apart, mt). */

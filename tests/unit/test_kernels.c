@@ -1302,6 +1302,10 @@ static void a8_ref_block(kern_dtype dt, const uint8_t *row, int b, int *w, int *
     }
 }
 
+/* The types repacked at load (matmul_a8p.c): one accumulator per row. */
+static int a8_repacked(kern_dtype dt) { return dt == KERN_Q4_0 || dt == KERN_Q4_1 || dt == KERN_Q4_K || dt == KERN_Q6_K; }
+static int a8_has_min(kern_dtype dt) { return dt == KERN_Q4_1 || dt == KERN_Q4_K || dt == KERN_Q5_1 || dt == KERN_Q5_K; }
+
 static void ref_a8(kern_dtype dt, const float *x, int n, const uint8_t *raw, int rows, int cols, size_t row_bytes,
                    float *out) {
     int nb = cols / 32;
@@ -1329,20 +1333,20 @@ static void ref_a8(kern_dtype dt, const float *x, int n, const uint8_t *raw, int
             dx[b] = d;
         }
         for (int r = 0; r < rows; r++) {
-            float acc[16] = {0}, mt = 0;
-            if (dt == KERN_Q4_0 || dt == KERN_Q4_1) { /* one lane, block by block */
-                float a1 = 0;
+            if (a8_repacked(dt)) { /* one lane, block by block */
+                float a1 = 0, mt = 0;
                 for (int b = 0; b < nb; b++) {
                     int w[32], ls[8], s = 0;
                     float dw, mn;
                     a8_ref_block(dt, raw + (size_t)r * row_bytes, b, w, ls, &dw, &mn);
-                    for (int k = 0; k < 32; k++) s += w[k] * q[32 * b + k];
+                    for (int k = 0; k < 32; k++) s += ls[k / 4] * w[k] * q[32 * b + k];
                     a1 = fmaf(dw * dx[b], (float)s, a1);
-                    if (dt == KERN_Q4_1) mt = fmaf(mn, dx[b] * (float)qs[b], mt);
+                    if (a8_has_min(dt)) mt = fmaf(mn, dx[b] * (float)qs[b], mt);
                 }
-                out[(size_t)t * rows + r] = dt == KERN_Q4_1 ? a1 + mt : a1;
+                out[(size_t)t * rows + r] = a8_has_min(dt) ? a1 + mt : a1;
                 continue;
             }
+            float acc[16] = {0}, mt = 0;
             for (int b = 0; b < nb; b++) {
                 int w[32], ls[8];
                 float dw, mn;
@@ -1352,8 +1356,7 @@ static void ref_a8(kern_dtype dt, const float *x, int n, const uint8_t *raw, int
                     for (int i = 0; i < 4; i++) s += w[4 * l + i] * q[32 * b + 4 * l + i];
                     acc[8 * (b % 2) + l] = fmaf(dw * dx[b], (float)(ls[l] * s), acc[8 * (b % 2) + l]);
                 }
-                if (dt == KERN_Q4_1 || dt == KERN_Q4_K || dt == KERN_Q5_1 || dt == KERN_Q5_K)
-                    mt = fmaf(mn, dx[b] * (float)qs[b], mt);
+                if (a8_has_min(dt)) mt = fmaf(mn, dx[b] * (float)qs[b], mt);
             }
             float a[8], c[4];
             for (int i = 0; i < 8; i++) a[i] = acc[i] + acc[i + 8];
