@@ -174,12 +174,10 @@ enum { CPU_A8_C = 0, CPU_A8_AVX2 = 1, CPU_A8_VNNI = 2 };
 int cpu_a8_begin(kern_backend *be, const float *in, const kern_weight *w, int n, int views, cpu_a8_acts *a,
                  int *path);
 
-/* matmul_a8.c: KERN_Q4_K_A8, KERN_Q6_K_A8: the plain blocks (where they
- * lie) against 8-bit activations, in integers. */
-int cpu_matmul_a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n);
-int cpu_is_a8(kern_dtype dt);
-/* matmul_a8p.c: KERN_Q4_0_A8, KERN_Q4_1_A8: Q4_0 / Q4_1 repacked in groups
- * of 8 rows (pack from the plain blocks; row r as fp32; the matmul). */
+/* matmul_a8p.c: KERN_Q4_0_A8, Q4_1_A8, Q5_0_A8, Q5_1_A8, Q4_K_A8, Q5_K_A8,
+ * Q6_K_A8: the ggml blocks repacked in groups of 8 rows, against 8-bit
+ * activations in integers (pack from the plain blocks; row r as fp32; the
+ * matmul). */
 int cpu_is_a8p(kern_dtype dt);
 int cpu_pack_a8p(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev);
 void cpu_a8p_row(const kern_weight *w, int64_t r, float *dst);

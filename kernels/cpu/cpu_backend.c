@@ -60,10 +60,9 @@ void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) 
                     dst + r * cols);
 }
 
-/* Quantized weights: GGUF blocks are uploaded like any weight (also as
- * KERN_Q4_K_A8 / Q6_K_A8 / Q5_0_A8 / Q5_1_A8 / Q5_K_A8, the same bytes;
- * the Q5 types only so; Q4_0_A8 / Q4_1_A8 repacked,
- * matmul_a8p.c);
+/* Quantized weights: GGUF blocks are uploaded like any weight, or as
+ * their _A8 dtype repacked in 8-row groups (matmul_a8p.c; the Q5 types
+ * only so);
  * F32/F16/BF16 become an owned Q8_0 copy, row by row; KERN_Q8_0_A8 is
  * packed from Q8_0 blocks or F32/F16/BF16 rows (matmul_q8.c). */
 static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_dtype to, kern_weight *dev) {
@@ -75,11 +74,6 @@ static int cpu_upload_quantized(kern_backend *be, const kern_weight *host, kern_
                          (long long)host->rows, (long long)host->cols, kern_dtype_name(to), bl);
     if (to == KERN_Q8_0_A8) return cpu_pack_q8a8(be, host, dev);
     if (cpu_is_a8p(to)) return cpu_pack_a8p(be, host, to, dev);
-    if (cpu_is_a8(to) && host->dtype == kern_dtype_plain(to)) { /* the blocks as they are */
-        if (cpu_copy_weight(be, host, dev)) return -1;
-        dev->dtype = to;
-        return 0;
-    }
     if (to == KERN_Q5_0 || to == KERN_Q5_1 || to == KERN_Q5_K) /* matmul.c has no exact Q5 path */
         return kern_fail(be, "upload_quantized: %s only as %s (no exact kernel)", kern_dtype_name(to),
                          kern_dtype_name(kern_dtype_a8(to)));

@@ -801,7 +801,6 @@ static void mm_task(void *arg, int task) {
 int cpu_matmul(kern_backend *be, void *out, const void *in, const kern_weight *w, int n) {
     if (out == in) return kern_fail(be, "matmul: out must not alias in");
     if (w->dtype == KERN_Q8_0_A8) return cpu_matmul_q8a8(be, out, in, w, n);
-    if (cpu_is_a8(w->dtype)) return cpu_matmul_a8(be, out, in, w, n);
     if (cpu_is_a8p(w->dtype)) return cpu_matmul_a8p(be, out, in, w, n);
     int bl = kern_dtype_block(w->dtype);
     size_t bb = kern_dtype_block_bytes(w->dtype);

@@ -66,6 +66,9 @@ typedef struct pk_type {
 #define PK_TYPES(X)                                                                                            \
     X(KERN_Q4_0_A8, 1, 0, 8, PK_D, 16)                                                                        \
     X(KERN_Q4_1_A8, 1, 0, 0, PK_DM, 32)                                                                       \
+    X(KERN_Q5_0_A8, 1, 1, 16, PK_D, 16)                                                                       \
+    X(KERN_Q5_1_A8, 1, 1, 0, PK_DM, 32)                                                                       \
+    X(KERN_Q5_K_A8, 8, 1, 0, PK_K, 128)                                                                       \
     X(KERN_Q4_K_A8, 8, 0, 0, PK_K, 128)                                                                       \
     X(KERN_Q6_K_A8, 8, 2, 32, PK_K6, 144)
 
@@ -124,6 +127,24 @@ static void src_blk(kern_dtype dt, const uint8_t *row, int b, pk_blk *o) {
         o->m = h16(p + 2);
         cpu_k_scale_min(p + 4, j, &o->sc, &o->mn);
         for (int k = 0; k < 32; k++) o->u[k] = (p[16 + 32 * (j / 2) + k] >> (4 * (j & 1))) & 15;
+        return;
+    }
+    case KERN_Q5_K_A8: { /* the fifth bit of element l of sub-block j: bit j of qh[l] */
+        const uint8_t *p = row + (size_t)176 * (b / 8);
+        int j = b % 8;
+        o->d = h16(p);
+        o->m = h16(p + 2);
+        cpu_k_scale_min(p + 4, j, &o->sc, &o->mn);
+        for (int k = 0; k < 32; k++) o->u[k] = ((p[48 + 32 * (j / 2) + k] >> (4 * (j & 1))) & 15) | ((p[16 + k] >> j) & 1) << 4;
+        return;
+    }
+    case KERN_Q5_0_A8:
+    case KERN_Q5_1_A8: { /* the fifth bit of element k: bit k of the 32-bit qh */
+        int q51 = dt == KERN_Q5_1_A8;
+        const uint8_t *p = row + (size_t)(q51 ? 24 : 22) * b, *qh = p + (q51 ? 4 : 2), *qs = qh + 4;
+        o->d = h16(p);
+        if (q51) o->m = h16(p + 2);
+        for (int k = 0; k < 32; k++) o->u[k] = ((k < 16 ? qs[k] : qs[k - 16] >> 4) & 15) | ((qh[k / 8] >> (k % 8)) & 1) << 4;
         return;
     }
     case KERN_Q6_K_A8: {

@@ -1241,12 +1241,11 @@ END_TEST
 
 /* ---- KERN_Q4_0_A8 / Q4_1_A8 / Q4_K_A8 / Q6_K_A8 / Q5_0_A8 / Q5_1_A8 /
  * Q5_K_A8: ggml blocks x 8-bit activations ----
- * The recipes written out once more from the raw bytes (ggml's block
- * layouts), independently of the kernels. Q4_K, Q6_K, Q5_0, Q5_1, Q5_K (matmul_a8.c): per row
- * and token, lane l of 32-block b gets s_l * (4 products), acc[8 (b & 1) +
- * l] = fma(dw * dx, P, acc), mins summed apart, the 16-lane tree, + mins.
- * Q4_0, Q4_1 (matmul_a8p.c): acc = fma(d * dx, block's integer sum, acc)
- * block by block, mins summed apart, acc + mins. */
+ * The recipe written out once more from the raw bytes (ggml's block
+ * layouts), independently of the kernels (matmul_a8p.c's repacked
+ * layouts): per row and token, block by block, acc = fma(dw * dx, the
+ * block's integer sum of ls * w * q, acc) (ls: Q6_K's int8 scale per 16
+ * elements, else 1), mins summed apart, acc + mins. */
 static float a8h(const uint8_t *p) { return kern_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
 /* Element k (0..31) of 32-block b of a row as an integer; its lane scale;
@@ -1302,8 +1301,6 @@ static void a8_ref_block(kern_dtype dt, const uint8_t *row, int b, int *w, int *
     }
 }
 
-/* The types repacked at load (matmul_a8p.c): one accumulator per row. */
-static int a8_repacked(kern_dtype dt) { return dt == KERN_Q4_0 || dt == KERN_Q4_1 || dt == KERN_Q4_K || dt == KERN_Q6_K; }
 static int a8_has_min(kern_dtype dt) { return dt == KERN_Q4_1 || dt == KERN_Q4_K || dt == KERN_Q5_1 || dt == KERN_Q5_K; }
 
 static void ref_a8(kern_dtype dt, const float *x, int n, const uint8_t *raw, int rows, int cols, size_t row_bytes,
@@ -1333,35 +1330,16 @@ static void ref_a8(kern_dtype dt, const float *x, int n, const uint8_t *raw, int
             dx[b] = d;
         }
         for (int r = 0; r < rows; r++) {
-            if (a8_repacked(dt)) { /* one lane, block by block */
-                float a1 = 0, mt = 0;
-                for (int b = 0; b < nb; b++) {
-                    int w[32], ls[8], s = 0;
-                    float dw, mn;
-                    a8_ref_block(dt, raw + (size_t)r * row_bytes, b, w, ls, &dw, &mn);
-                    for (int k = 0; k < 32; k++) s += ls[k / 4] * w[k] * q[32 * b + k];
-                    a1 = fmaf(dw * dx[b], (float)s, a1);
-                    if (a8_has_min(dt)) mt = fmaf(mn, dx[b] * (float)qs[b], mt);
-                }
-                out[(size_t)t * rows + r] = a8_has_min(dt) ? a1 + mt : a1;
-                continue;
-            }
-            float acc[16] = {0}, mt = 0;
+            float acc = 0, mt = 0; /* block by block */
             for (int b = 0; b < nb; b++) {
-                int w[32], ls[8];
+                int w[32], ls[8], s = 0;
                 float dw, mn;
                 a8_ref_block(dt, raw + (size_t)r * row_bytes, b, w, ls, &dw, &mn);
-                for (int l = 0; l < 8; l++) {
-                    int s = 0;
-                    for (int i = 0; i < 4; i++) s += w[4 * l + i] * q[32 * b + 4 * l + i];
-                    acc[8 * (b % 2) + l] = fmaf(dw * dx[b], (float)(ls[l] * s), acc[8 * (b % 2) + l]);
-                }
+                for (int k = 0; k < 32; k++) s += ls[k / 4] * w[k] * q[32 * b + k];
+                acc = fmaf(dw * dx[b], (float)s, acc);
                 if (a8_has_min(dt)) mt = fmaf(mn, dx[b] * (float)qs[b], mt);
             }
-            float a[8], c[4];
-            for (int i = 0; i < 8; i++) a[i] = acc[i] + acc[i + 8];
-            for (int i = 0; i < 4; i++) c[i] = a[i] + a[i + 4];
-            out[(size_t)t * rows + r] = ((c[0] + c[2]) + (c[1] + c[3])) + mt;
+            out[(size_t)t * rows + r] = a8_has_min(dt) ? acc + mt : acc;
         }
     }
     free(q);
@@ -1438,6 +1416,14 @@ START_TEST(test_matmul_a8) {
                 ck_assert_int_eq(o2->matmul(b2, ov, x, &pv, 3), 0);
                 ref_a8(dt, x, 3, (const uint8_t *)w.raw + kern_dtype_bytes(dt, half), rows, cols - half, rb, rv);
                 ck_assert_msg(memcmp(ov, rv, sizeof ov) == 0, "%s %s: column view", kern_dtype_name(a8), caps[c]);
+                /* a row view at 16 rows (a tied head's slice at tp > 1) sits where the plain type's would */
+                kern_weight rview = {(const uint8_t *)dev.data + kern_dtype_bytes(a8, 16 * (int64_t)cols), a8, rows - 16,
+                                     cols, 0};
+                float *xr = rand_vec((size_t)2 * cols), orv[2 * 21], rrv[2 * 21];
+                ck_assert_int_eq(o2->matmul(b2, orv, xr, &rview, 2), 0);
+                ref_a8(dt, xr, 2, (const uint8_t *)w.raw + 16 * rb, rows - 16, cols, rb, rrv);
+                ck_assert_msg(memcmp(orv, rrv, sizeof orv) == 0, "%s %s: row view", kern_dtype_name(a8), caps[c]);
+                free(xr);
                 /* embedding rows: the plain type's values */
                 int32_t ids[2] = {rows - 1, 3};
                 float *emb = malloc((size_t)2 * cols * 4);
