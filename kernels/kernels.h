@@ -47,17 +47,18 @@ typedef enum kern_dtype {
      * not the bits of the dequantized weight. Made only by upload_quantized
      * (cpu); its memory layout is the backend's own. */
     KERN_Q8_0_A8,
-    /* The GGUF blocks as they are (ggml's layout, aliased or copied like
-     * the plain type), multiplied against 8-bit activations in integers
-     * (kernels/cpu/matmul_a8.c; docs/bench-forward.md, "8-bit
-     * activations"): the plain type's values, not its bits. Made only by
-     * upload_quantized (cpu) from blocks of the plain type. */
+    /* The GGUF blocks' values, multiplied against 8-bit activations in
+     * integers (kernels/cpu/matmul_a8p.c; docs/bench-forward.md, "8-bit
+     * activations", "Repacked layouts"): the plain type's values, not its
+     * bits. Made only by upload_quantized (cpu) from blocks of the plain
+     * type; the memory layout is the backend's own, 8 plain rows' bytes
+     * per 8 rows. */
     KERN_Q4_0_A8,
     KERN_Q4_1_A8,
     KERN_Q4_K_A8,
     KERN_Q6_K_A8,
     /* Q5 blocks: only as their _A8 dtype (the cpu's integer kernels,
-     * matmul_a8.c); the exact path gets them widened to fp32 at load. */
+     * matmul_a8p.c); the exact path gets them widened to fp32 at load. */
     KERN_Q5_0,    /* 32 x 5 bit, fp16 d: x = d * (q - 16) */
     KERN_Q5_1,    /* 32 x 5 bit, fp16 d and m: x = d * q + m */
     KERN_Q5_K,    /* 256 per super-block, 8 sub-blocks with 6-bit scales/mins */

@@ -11,8 +11,9 @@
 # serve` serves (build/models, scripts/fetch-model.sh): smollm2-q4_1 the file
 # itself with echo's default (--act-quant auto: the integer kernels),
 # smollm2-q4_1-exact the same file on echo's exact path; smollm2-q4_k
-# (llama-quantize's Q4_K_M), smollm2-q5_k (Q5_K_M), smollm2-q5_0,
-# smollm2-q5_1 and smollm2-q6_k are copies of that file made by
+# (or -q4_k_m: llama-quantize's Q4_K_M), smollm2-q5_k (or -q5_k_m: Q5_K_M),
+# smollm2-q5_0, smollm2-q5_1, smollm2-q6_k and smollm2-q8_0 are copies of
+# that file made by
 # llama-quantize from its F32 dequantization ($QUANTIZE, default
 # $LLAMACPP_DIR/build/bin/llama-quantize; below), each with echo's default;
 # a -exact suffix runs any of them with --act-quant none.
@@ -26,7 +27,11 @@
 #   LLAMACPP_VERSION 0.3.36        llama-cpp-python sdist that vendors llama.cpp
 #   ECHO_BENCH    bin/echo-bench
 #   THREADS       "1 2"            FORMATS "bf16 q8_0 q8_0-a8" (and smollm2-q4_1, -q4_1-exact, -q4_k,
-#                                  -q5_k, -q5_0, -q5_1, -q6_k, each also with -exact)
+#                                  -q5_k, -q5_0, -q5_1, -q6_k, -q8_0, each also with -exact; the
+#                                  Qwen3 shape's q4_k_m, q5_k_m, q6_k: llama-quantize from its bf16
+#                                  file, echo's default, -exact for --act-quant none)
+#   The issue-48 matrix: FORMATS="smollm2-q4_k_m smollm2-q5_k_m smollm2-q6_k smollm2-q8_0
+#                                  q4_k_m q5_k_m q6_k q8_0-a8"
 #   PYTHON        build/venv-clients/bin/python if there, else python3: has the gguf package
 #   SMOLLM2       build/models/SmolLM2-135M-Instruct.Q4_1.gguf
 #   LLAMA_BIN     $LLAMACPP_DIR/build/bin   llama-bench (and llama-quantize) already built elsewhere
@@ -97,12 +102,23 @@ fi
 # the converter wants a tokenizer; the weights are random, any Qwen3 vocabulary will do
 [ -z "$QWEN_FORMATS" ] || cp -n "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer.json" "$ROOT/tests/fixtures/tokenizer/qwen3/tokenizer_config.json" \
     "$MODEL/"
-for f in $(printf '%s\n' $QWEN_FORMATS | sed 's/-a8$//' | sort -u); do
-    if [ ! -f "$MODEL-$f.gguf" ]; then
-        PYTHONPATH=$SRC/gguf-py python3 "$SRC/convert_hf_to_gguf.py" "$MODEL" --outtype "$f" \
-            --outfile "$MODEL-$f.gguf.tmp" >"$MODEL-$f.convert.log" 2>&1
+qwen_convert() { # bf16 / q8_0: the converter's own output types
+    [ -f "$MODEL-$1.gguf" ] && return
+    PYTHONPATH=$SRC/gguf-py python3 "$SRC/convert_hf_to_gguf.py" "$MODEL" --outtype "$1" \
+        --outfile "$MODEL-$1.gguf.tmp" >"$MODEL-$1.convert.log" 2>&1
+    mv "$MODEL-$1.gguf.tmp" "$MODEL-$1.gguf"
+}
+for f in $(printf '%s\n' $QWEN_FORMATS | sed 's/-a8$//; s/-exact$//' | sort -u); do
+    case $f in
+    bf16 | q8_0) qwen_convert "$f" ;;
+    *) # the K-quants (q4_k_m, q5_k_m, q6_k, ...): llama-quantize from the bf16 file
+        [ -f "$MODEL-$f.gguf" ] && continue
+        qwen_convert bf16
+        "$QUANTIZE" "$MODEL-bf16.gguf" "$MODEL-$f.gguf.tmp" "$(echo "$f" | tr a-z A-Z)" >"$MODEL-$f.log" 2>&1 ||
+            { tail -5 "$MODEL-$f.log" >&2; exit 1; }
         mv "$MODEL-$f.gguf.tmp" "$MODEL-$f.gguf"
-    fi
+        ;;
+    esac
 done
 
 # ---- SmolLM2: the served file, and copies of it in other types ----
@@ -117,8 +133,8 @@ cd "$WORK"
 SMOL_OUT=$WORK/models
 smol_type() { # format -> llama-quantize type
     case $1 in
-    smollm2-q4_k) echo Q4_K_M ;;
-    smollm2-q5_k) echo Q5_K_M ;;
+    smollm2-q4_k | smollm2-q4_k_m | smollm2-q4_k-exact | smollm2-q4_k_m-exact) echo Q4_K_M ;;
+    smollm2-q5_k | smollm2-q5_k_m | smollm2-q5_k-exact | smollm2-q5_k_m-exact) echo Q5_K_M ;;
     *) echo "${1#smollm2-}" | sed 's/-exact$//' | tr a-z A-Z ;;
     esac
 }
@@ -148,14 +164,14 @@ gguf_of() {
     case $1 in
     smollm2-q4_1 | smollm2-q4_1-exact) echo "$SMOLLM2" ;;
     smollm2-*) echo "$SMOL_OUT/smollm2-$(smol_type "$1").gguf" ;;
-    *) echo "$MODEL-${1%-a8}.gguf" ;;
+    *) f=${1%-a8}; echo "$MODEL-${f%-exact}.gguf" ;;
     esac
 }
 act_of() {
     case $1 in
     *-a8) echo q8_0 ;;
     *-exact) echo none ;;
-    smollm2-*) echo auto ;;
+    smollm2-* | q[456]_k*) echo auto ;;
     *) echo none ;;
     esac
 }

@@ -987,7 +987,7 @@ static eng *open_engine_q8(const char *dir, int tp, int act, char *err, size_t e
 #define ACT_Q8_TOL 0.12
 /* act: ENG_ACT_Q8_0_ONLY (the Q8_0 matrices alone, bounded also by 2.5 x
  * the weight-only Q8_0 engine's error) or ENG_ACT_Q8 (also a GGUF's
- * Q4_0/Q4_1/Q4_K/Q6_K matrices: the integer kernels, matmul_a8.c; bounded
+ * Q4_0/Q4_1/Q4_K/Q6_K matrices: the integer kernels, matmul_a8p.c; bounded
  * by ACT_Q8_TOL, the weight-only error being far smaller there). */
 static void act_q8_fixtures(int act) {
     char names[MAX_MODELS][256], err[1024];
