@@ -41,7 +41,7 @@ def main():
         text = "\n\n".join(m["content"] for m in p["messages"])
         res = {}
         for mode in ("none", "ngram"):
-            r = subprocess.run(base + ["--prompt", text, "--speculative", mode], capture_output=True, text=True)
+            r = subprocess.run(base + ["--timing", "--prompt", text, "--speculative", mode], capture_output=True, text=True)
             if r.returncode:
                 sys.exit(f"echo-generate failed ({mode}, prompt {p['id']}):\n{r.stderr[-2000:]}")
             res[mode] = json.loads(r.stdout)

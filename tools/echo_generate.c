@@ -81,8 +81,9 @@ static const char *USAGE =
     "                         (default: the model folder); when one is found, the text of the\n"
     "                         generated tokens is printed (and \"text\" added to --json)\n"
     CLI_SPEC_HELP
-    "                         (--json adds \"speculative\": steps, drafted, accepted, and\n"
-    "                         \"timing\": prefill_s, decode_s, decode_tok_s after the first token)\n"
+    "                         (--json adds \"speculative\": steps, drafted, accepted)\n"
+    "  --timing               --json adds \"timing\": prefill_s, decode_s, decode_tok_s after the\n"
+    "                         first token (off by default so that two runs' JSON compare equal)\n"
     "  -h, --help             this help\n"
     "\n"
     "Exit status: 0 success, 1 runtime error (bad model, out of memory), 2 usage error.\n";
@@ -193,7 +194,7 @@ static int load_tokenizer(const char *path, int optional, tok_tokenizer **tok, e
 
 int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
-    enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
+    enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_TIMING, O_DEVICE,
            O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT, O_KVDT, O_KVMEM, O_SPEC, O_SPEC_MIN, O_SPEC_MAX, O_SPEC_DRAFT, O_ROPE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -204,6 +205,7 @@ int main(int argc, char **argv) {
         {"top-logprobs", required_argument, 0, O_TOPLP},
         {"ignore-eos", no_argument, 0, O_IGNEOS},
         {"json", no_argument, 0, O_JSON},
+        {"timing", no_argument, 0, O_TIMING},
         {"device", required_argument, 0, O_DEVICE},
         {"threads", required_argument, 0, O_THREADS},
         {"tp", required_argument, 0, O_TP},
@@ -239,7 +241,7 @@ int main(int argc, char **argv) {
     eng_gen_params gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}};
     eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .max_num_seqs = 1, .act_quant = ENG_ACT_AUTO,
                      .kv_dtype = KERN_KV_BF16, .kv_cache_memory = ENG_KV_MEMORY_AUTO};
-    int json = 0, chat = 0, c, li = 0;
+    int json = 0, timing = 0, chat = 0, c, li = 0;
     cli_spec spec = CLI_SPEC_INIT;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, &li)) != -1) {
@@ -263,6 +265,7 @@ int main(int argc, char **argv) {
         case O_TOPLP: gp.top_logprobs = (int)cli_long(PROG, optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
         case O_IGNEOS: gp.ignore_eos = 1; break;
         case O_JSON: json = 1; break;
+        case O_TIMING: timing = 1; break;
         case O_DEVICE:
             ec.device = cli_choice(PROG, optarg, "--device", cli_devices());
             break;
@@ -422,9 +425,10 @@ int main(int argc, char **argv) {
                           "feedback", on && wc.feedback, "tp", gc->tp));
         }
         double dec = out.t_last - out.t_first;
-        json_object_set_new(root, "timing",
-                            json_pack("{s:f,s:f,s:f}", "prefill_s", out.count ? out.t_first - t1 : t2 - t1, "decode_s",
-                                      dec, "decode_tok_s", dec > 0 ? (out.count - 1) / dec : 0.0));
+        if (timing)
+            json_object_set_new(root, "timing",
+                                json_pack("{s:f,s:f,s:f}", "prefill_s", out.count ? out.t_first - t1 : t2 - t1,
+                                          "decode_s", dec, "decode_tok_s", dec > 0 ? (out.count - 1) / dec : 0.0));
         json_object_set_new(root, "speculative",
                             json_pack("{s:s,s:i,s:I,s:I,s:I}", "method", spec.on ? "ngram" : "none", "draft_max",
                                       gp.spec.draft_max, "steps", (json_int_t)spec_stats[0], "drafted",
