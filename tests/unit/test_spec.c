@@ -330,6 +330,75 @@ START_TEST(test_generate_spec_equal) {
 }
 END_TEST
 
+static unsigned long long comm_calls(const eng *e) {
+    echo_stats st;
+    eng_comm_stats(e, &st);
+    unsigned long long n = 0;
+    for (int k = 0; k < ECHO_PRESET_COUNT; k++) n += st.calls[k];
+    return n;
+}
+
+/* Under a layout-dependent all-reduce (passes cut at multiples of C = 8) a
+ * verified draft runs whole in the decode pass: a 5-token VERIFY item
+ * across position 8 costs the all-reduce calls of one pass, where the same
+ * tokens as a prompt chunk (ALL) are cut into two; with another sequence's
+ * decode in the step it is still one pass. Every preset runs drafts with
+ * eng_generate. */
+START_TEST(test_verify_one_pass) {
+    const echo_preset modes[] = {ECHO_PRESET_ECHO, ECHO_PRESET_INT4, ECHO_PRESET_BF16, ECHO_PRESET_NOFB};
+    char err[1024];
+    for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/gqa4-deep", MODELS);
+        eng_config c = {.model_dir = dir, .tp = 2, .allreduce = modes[mi], .threads = 2, .max_model_len = 128,
+                        .max_num_seqs = 4, .kv_block_size = 4, .max_batch_tokens = 32, .pass_tokens = 8};
+        eng *e = NULL;
+        ck_assert_msg(eng_create(&c, &e, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(eng_pass_tokens(e), 8);
+        const int V = eng_model_config(e)->vocab_size;
+        int32_t p[11];
+        for (int i = 0; i < 11; i++) p[i] = (int32_t)((i * 5 + 2) % V);
+        float *rows = malloc((size_t)8 * V * sizeof *rows);
+        int a, b;
+        ck_assert(eng_seq_new(e, &a, err, sizeof err) == 0);
+        ck_assert(eng_seq_new(e, &b, err, sizeof err) == 0);
+        eng_item it[2] = {{a, p, 6, ENG_LOGITS_LAST}, {b, p, 6, ENG_LOGITS_LAST}};
+        ck_assert_msg(eng_step(e, it, 2, rows, err, sizeof err) == 0, "%s", err);
+        unsigned long long c0 = comm_calls(e);
+        it[0] = (eng_item){a, p + 6, 5, ENG_LOGITS_ALL}; /* positions 6..10: two prompt passes */
+        ck_assert_msg(eng_step(e, it, 1, rows, err, sizeof err) == 0, "%s", err);
+        unsigned long long c1 = comm_calls(e), per_pass = (c1 - c0) / 2;
+        ck_assert_int_eq(c1 - c0, 2 * per_pass);
+        ck_assert_int_gt(per_pass, 0);
+        it[0] = (eng_item){b, p + 6, 5, ENG_LOGITS_VERIFY};
+        ck_assert_msg(eng_step(e, it, 1, rows, err, sizeof err) == 0, "%s", err);
+        unsigned long long c2 = comm_calls(e);
+        ck_assert_msg(c2 - c1 == per_pass, "preset %zu: a verify item took %llu calls, one pass is %llu", mi,
+                      c2 - c1, per_pass);
+        /* a decode and a verified draft together: still one pass */
+        ck_assert_int_eq(eng_seq_truncate(e, b, 7), 0);
+        int32_t one = p[7];
+        it[0] = (eng_item){a, &one, 1, ENG_LOGITS_LAST};
+        it[1] = (eng_item){b, p + 7, 4, ENG_LOGITS_VERIFY};
+        ck_assert_msg(eng_step(e, it, 2, rows, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(comm_calls(e) - c2, per_pass);
+        eng_seq_free(e, a);
+        eng_seq_free(e, b);
+        /* eng_generate with drafts under this preset: runs to max_tokens */
+        int32_t q[30];
+        for (int i = 0; i < 30; i++) q[i] = p[i % 10];
+        eng_gen_params gp = {.max_tokens = 24, .sampling = {.temperature = 0, .top_p = 1}, .ignore_eos = 1,
+                             .spec = {2, 4, 8}};
+        gen_rec g;
+        eng_finish fin;
+        gen(e, q, 30, &gp, &g, &fin);
+        ck_assert_int_eq(g.n, 24);
+        free(rows);
+        eng_destroy(e);
+    }
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("spec");
     TCase *t = tcase_create("spec");
@@ -338,6 +407,7 @@ int main(void) {
     tcase_add_test(t, test_draft_rule_distribution);
     tcase_add_test(t, test_verify_rollback);
     tcase_add_test(t, test_generate_spec_equal);
+    tcase_add_test(t, test_verify_one_pass);
     suite_add_tcase(s, t);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
