@@ -234,8 +234,9 @@ void srv_hist_observe(srv_hist *h, double v); /* caller holds m->mu */
  * over prompt + output, at most what max_tokens, the context and r's
  * adaptive length leave. Written to r->spec_draft and, behind the last
  * token, to r->all (so the step's item is r->all + n_cached, 1 + n
- * tokens). Returns n (0: a plain decode). */
-int srv_spec_draft(srv_server *s, srv_req *r, int budget);
+ * tokens). None while more than --spec-max-batch requests decode in the
+ * step (n_decoding). Returns n (0: a plain decode). */
+int srv_spec_draft(srv_server *s, srv_req *r, int budget, int n_decoding);
 /* After verifying r's draft of n tokens, `accepted` taken: metrics, the
  * request's counters, the next draft's length. */
 void srv_spec_done(srv_server *s, srv_req *r, int n, int accepted);

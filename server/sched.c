@@ -656,6 +656,7 @@ static void *sched_main(void *arg) {
          * decodes have a pass of their own that pass has the whole budget. */
         int n_dec = 0, dec_budget = ec->max_batch_tokens;
         for (int i = 0; i < q->n_running; i++) n_dec += q->running[i]->n_all - q->running[i]->n_cached == 1;
+        const int n_decoding = n_dec;
         for (int pass = 0; pass < 2; pass++) {
             for (int i = 0; i < q->n_running && budget > 0; i++) {
                 srv_req *r = q->running[i];
@@ -672,7 +673,7 @@ static void *sched_main(void *arg) {
                 eng_logits lg = all ? ENG_LOGITS_ALL : chunk == left ? ENG_LOGITS_LAST : ENG_LOGITS_NONE;
                 if (pass == 0 && !all) {
                     int *b = canon ? &dec_budget : &budget;
-                    int nd = srv_spec_draft(s, r, *b - --n_dec);
+                    int nd = srv_spec_draft(s, r, *b - --n_dec, n_decoding);
                     if (canon) *b -= 1 + nd;
                     chunk += nd;
                     if (nd) lg = ENG_LOGITS_VERIFY;

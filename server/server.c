@@ -455,8 +455,10 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     if (eng_graphs_note(s->eng)) srv_log(s, SRV_LOG_WARNING, "%s", eng_graphs_note(s->eng));
     else if (c->cuda_graphs) srv_log(s, SRV_LOG_INFO, "decode steps through CUDA graphs (--cuda-graphs)");
     if (s->opt.spec.draft_max > 0)
-        srv_log(s, SRV_LOG_INFO, "speculative decoding: ngram drafts of %d..%d-grams, up to %d tokens per step",
-                s->opt.spec.ngram_min, s->opt.spec.ngram_max, s->opt.spec.draft_max);
+        srv_log(s, SRV_LOG_INFO,
+                "speculative decoding: ngram drafts of %d..%d-grams, up to %d tokens per step, while at most %d "
+                "requests decode (--spec-max-batch; 0: always)",
+                s->opt.spec.ngram_min, s->opt.spec.ngram_max, s->opt.spec.draft_max, s->opt.spec_max_batch);
     pthread_mutex_lock(&s->met.mu);
     s->met.spec_on = s->opt.spec.draft_max > 0;
     s->met.spec_draft_max = s->opt.spec.draft_max;

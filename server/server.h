@@ -83,6 +83,7 @@ typedef struct srv_options {
     int grammar_compiles;     /* grammar compiles at once (server/compile.c), default 2 */
     double grammar_timeout_s; /* a request's grammar must compile within this, default 10 */
     eng_spec_params spec;  /* speculative decoding (server/spec.c): draft_max 0 (default) = off */
+    int spec_max_batch;    /* drafts only while at most this many requests decode (0: any number) */
 } srv_options;
 
 typedef struct srv_server srv_server;

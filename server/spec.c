@@ -12,10 +12,13 @@
 
 #include "server/internal.h"
 
-int srv_spec_draft(srv_server *s, srv_req *r, int budget) {
+int srv_spec_draft(srv_server *s, srv_req *r, int budget, int n_decoding) {
     const eng_spec_params *p = &s->opt.spec;
     r->spec_n = 0;
     if (p->draft_max <= 0) return 0;
+    /* a wide batch already shares the weight stream: a draft's rows would be
+     * extra compute there, not saved passes */
+    if (s->opt.spec_max_batch > 0 && n_decoding > s->opt.spec_max_batch) return 0;
     if (r->spec_k <= 0) r->spec_k = p->draft_max;
     int n_out = r->n_all - r->n_prompt;
     int k = r->spec_k;

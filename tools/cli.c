@@ -196,6 +196,8 @@ int cli_spec_flag(const char *prog, const char *flag, const char *arg, cli_spec 
         sp->p.ngram_min = (int)cli_long(prog, arg, "--spec-ngram-min", 1, 16);
     } else if (!strcmp(flag, "spec-ngram-max")) {
         sp->p.ngram_max = (int)cli_long(prog, arg, "--spec-ngram-max", 1, 16);
+    } else if (!strcmp(flag, "spec-max-batch")) {
+        sp->max_batch = (int)cli_long(prog, arg, "--spec-max-batch", 0, 1 << 20);
     } else if (!strcmp(flag, "spec-draft-max")) {
         sp->p.draft_max = (int)cli_long(prog, arg, "--spec-draft-max", 1, ENG_SPEC_DRAFT_LIMIT);
     } else {

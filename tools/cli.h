@@ -75,8 +75,12 @@ int cli_parse_kv_memory(const char *s, size_t *out);
 typedef struct cli_spec {
     int on; /* --speculative ngram */
     eng_spec_params p;
+    int max_batch; /* --spec-max-batch (echo-serve) */
 } cli_spec;
-#define CLI_SPEC_INIT {0, {ENG_SPEC_NGRAM_MIN, ENG_SPEC_NGRAM_MAX, ENG_SPEC_DRAFT_MAX}}
+/* Drafts pay while a step's rows do not already share the weights: measured
+ * gains at 1 and 4 clients, a loss at 16 (docs/speculative.md). */
+#define CLI_SPEC_MAX_BATCH 4
+#define CLI_SPEC_INIT {0, {ENG_SPEC_NGRAM_MIN, ENG_SPEC_NGRAM_MAX, ENG_SPEC_DRAFT_MAX}, CLI_SPEC_MAX_BATCH}
 #define CLI_SPEC_HELP                                                                                              \
     "  --speculative none|ngram speculative decoding: ngram drafts up to --spec-draft-max tokens per step\n"     \
     "                         by prompt lookup (the latest earlier occurrence of the last n tokens in\n"        \
@@ -86,6 +90,9 @@ typedef struct cli_spec {
     "  --spec-ngram-min N     smallest n-gram matched, 1..16 (default 2)\n"                                     \
     "  --spec-ngram-max N     largest n-gram matched (tried first), 1..16 (default 4)\n"                        \
     "  --spec-draft-max N     draft tokens per step at most, 1..64 (default 8)\n"
+#define CLI_SPEC_SERVE_HELP                                                                                        \
+    "  --spec-max-batch N     draft only while at most N requests decode in a step; above it every\n"          \
+    "                         decode is plain (its rows already share the weights), 0 = always (default 4)\n"
 int cli_spec_flag(const char *prog, const char *flag, const char *arg, cli_spec *sp);
 void cli_spec_finish(const char *prog, cli_spec *sp);
 

@@ -80,6 +80,7 @@ static const char *USAGE =
     "                               prompt sharing their prefix reuses them; usage reports\n"
     "                               prompt_tokens_details.cached_tokens)\n"
     CLI_SPEC_HELP
+    CLI_SPEC_SERVE_HELP
     "                         (/metrics: echo:spec_decode_*; timings.speculative per response)\n"
     "  --max-queue N                waiting requests before 503 (default 256)\n"
     "  --max-connections N          simultaneous HTTP connections (default 256)\n"
@@ -200,7 +201,8 @@ int main(int argc, char **argv) {
         O_SPEC,
         O_SPEC_MIN,
         O_SPEC_MAX,
-        O_SPEC_DRAFT
+        O_SPEC_DRAFT,
+        O_SPEC_BATCH
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -214,6 +216,7 @@ int main(int argc, char **argv) {
         {"spec-ngram-min", required_argument, 0, O_SPEC_MIN},
         {"spec-ngram-max", required_argument, 0, O_SPEC_MAX},
         {"spec-draft-max", required_argument, 0, O_SPEC_DRAFT},
+        {"spec-max-batch", required_argument, 0, O_SPEC_BATCH},
         {"echo-min-bytes", required_argument, 0, O_MINB},
         {"echo-group", required_argument, 0, O_GROUP},
         {"echo-codec", required_argument, 0, O_CODEC},
@@ -282,6 +285,7 @@ int main(int argc, char **argv) {
         case O_SPEC:
         case O_SPEC_MIN:
         case O_SPEC_MAX:
+        case O_SPEC_BATCH:
         case O_SPEC_DRAFT: cli_spec_flag(PROG, opts[li].name, optarg, &spec); break;
         case O_ALLRED:
             if (echo_preset_parse(optarg, &o.allreduce))
@@ -370,6 +374,7 @@ int main(int argc, char **argv) {
     if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
     cli_spec_finish(PROG, &spec);
     o.spec = spec.p;
+    o.spec_max_batch = spec.max_batch;
     if (!model) cli_usage_error(PROG, "%s", "--model NAME|DIR is required");
     if (!o.api_key && getenv("ECHO_API_KEY") && *getenv("ECHO_API_KEY")) o.api_key = getenv("ECHO_API_KEY");
 

@@ -11,6 +11,8 @@ same flags otherwise, the exact all-reduce when --tp > 1.
             without speculation; seeded sampling gives the same text twice
   metrics   echo:spec_decode_* counters (accepted <= drafted, > 0), the config line, and
             timings.speculative per response (absent without speculation)
+  gate      a third server with --spec-max-batch 1: two choices decoding side by side get no
+            draft, one request alone does, and its answer is the plain server's
 --launch "mpirun -np 3 ..." runs both servers under it (ranks as processes).
 The last line printed is "N passed, M failed".
 """
@@ -199,6 +201,28 @@ def metrics_section(A, B, ps, state):
           "speculative" not in j2["timings"], (j["timings"], j2["timings"]))
 
 
+def gate_section(A, B, ps, state):
+    """--spec-max-batch 1: two choices of one request decode side by side and get no draft; one alone
+    drafts. The answers equal the plain server's either way."""
+    C = Srv(state["launch"], state["bin"], state["model"], state["extra"] + ["--speculative", "ngram",
+                                                                             "--spec-max-batch", "1"], "gate")
+    try:
+        drafts = lambda: sample(parse_metrics(C.url), "echo:spec_decode_num_drafts", "echo:spec_decode_num_drafts_total")
+        p = next(q for q in ps if q["kind"] == "quote")
+        d0 = drafts()
+        st, j = ask(C.url, p, n=2, max_tokens=24, ignore_eos=True)
+        d1 = drafts()
+        check("gate: n=2 under --spec-max-batch 1 -> no draft", st == 200 and d0 == 0 and d1 == 0, (st, d0, d1))
+        st1, j1 = ask(C.url, p, max_tokens=24, ignore_eos=True)
+        d2 = drafts()
+        check("gate: one request alone under --spec-max-batch 1 drafts", st1 == 200 and d2 and d2 > 0, (st1, d2))
+        sa, ja = ask(A.url, p, max_tokens=24, ignore_eos=True)
+        check("gate: its answer equals the plain server's", shape(st1, j1) == shape(sa, ja))
+        check("gate: the start-up log names --spec-max-batch", "at most 1 requests decode" in C.text())
+    finally:
+        C.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -206,7 +230,7 @@ def main():
     ap.add_argument("--n", type=int, default=10, help="prompts per kind (5 kinds)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--launch", default="", help="e.g. 'mpirun -np 3 --oversubscribe'")
-    ap.add_argument("--sections", default="equal,rollback,metrics")
+    ap.add_argument("--sections", default="equal,rollback,metrics,gate")
     a = ap.parse_args()
     launch = shlex.split(a.launch)
     extra = ["--tp", str(a.tp), "--allreduce", "exact"] if a.tp > 1 else []
@@ -215,8 +239,9 @@ def main():
     try:
         A = Srv(launch, a.bin, a.model, extra, "off")
         B = Srv(launch, a.bin, a.model, extra + ["--speculative", "ngram"], "on")
-        state = {}
-        for name, fn in (("equal", equal_section), ("rollback", rollback_section), ("metrics", metrics_section)):
+        state = {"launch": launch, "bin": a.bin, "model": a.model, "extra": extra}
+        for name, fn in (("equal", equal_section), ("rollback", rollback_section), ("metrics", metrics_section),
+                         ("gate", gate_section)):
             if name in a.sections.split(","):
                 section(f"{name} (tp {a.tp}{', ' + a.launch if a.launch else ''})", fn, A, B, ps, state)
     finally:
