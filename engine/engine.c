@@ -136,6 +136,9 @@ void eng_comm_stats(const eng *e, echo_stats *out) {
     }
 }
 
+/* Every row back: ALL, or a verified draft (VERIFY). */
+static int rows_all(eng_logits lg) { return lg == ENG_LOGITS_ALL || lg == ENG_LOGITS_VERIFY; }
+
 /* Validate the batch and count the KV blocks it needs; nothing changes. */
 static int step_check(eng *e, const eng_item *it, int n, long tok_limit, int *need_blocks, int *ntok, int *nrows,
                       char *err, size_t errlen) {
@@ -177,7 +180,7 @@ static int step_check(eng *e, const eng_item *it, int n, long tok_limit, int *ne
             snprintf(err, errlen, "step: more than %d tokens in one batch", c->max_batch_tokens);
             return -1;
         }
-        rows += it[i].logits == ENG_LOGITS_ALL ? it[i].n_tokens : it[i].logits == ENG_LOGITS_LAST ? 1 : 0;
+        rows += rows_all(it[i].logits) ? it[i].n_tokens : it[i].logits == ENG_LOGITS_LAST ? 1 : 0;
         int want = (e->seqs[s].len + it[i].n_tokens + c->kv_block_size - 1) / c->kv_block_size;
         need += want - e->seqs[s].nblocks;
     }
@@ -322,7 +325,7 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
         memcpy(e->table + (size_t)i * e->max_blocks_per_seq, s->blocks, (size_t)s->nblocks * sizeof(int32_t));
         e->pos0[i] = s->len;
         int r0 = row;
-        if (it[i].logits == ENG_LOGITS_ALL)
+        if (rows_all(it[i].logits))
             for (int k = 0; k < it[i].n_tokens; k++) e->logit_rows[row++] = tok + k;
         else if (it[i].logits == ENG_LOGITS_LAST)
             e->logit_rows[row++] = tok + it[i].n_tokens - 1;
@@ -420,7 +423,7 @@ static int step_pass(eng *e, const eng_item *it, const step_seg *sg, int ns, con
     for (int j = 0; j < ns; j++) {
         const eng_item *o = &it[sg[j].item];
         int end = sg[j].off + sg[j].len == o->n_tokens;
-        eng_logits lg = o->logits == ENG_LOGITS_ALL ? ENG_LOGITS_ALL
+        eng_logits lg = rows_all(o->logits) ? ENG_LOGITS_ALL
                         : o->logits == ENG_LOGITS_LAST && end ? ENG_LOGITS_LAST
                                                                : ENG_LOGITS_NONE;
         sub[j] = (eng_item){o->seq, o->tokens + sg[j].off, sg[j].len, lg};
@@ -488,8 +491,9 @@ static int step_canon(eng *e, const eng_item *it, int n, const step_out *out, ch
     int nseg = 0, ndec = 0;
     for (int i = 0; i < n; i++) {
         int p = e->seqs[it[i].seq].len;
-        nseg += (p + it[i].n_tokens - 1) / C - p / C + 1;
-        ndec += it[i].n_tokens == 1 && p % C;
+        int dec = (it[i].n_tokens == 1 && p % C) || it[i].logits == ENG_LOGITS_VERIFY;
+        nseg += dec ? 1 : (p + it[i].n_tokens - 1) / C - p / C + 1;
+        ndec += dec;
     }
     if (nseg == n && (ndec == n || n == 1)) return step_run(e, it, n, out, err, errlen); /* one pass */
     step_seg *sg = malloc((size_t)nseg * sizeof *sg);
@@ -514,15 +518,17 @@ static int step_canon(eng *e, const eng_item *it, int n, const step_out *out, ch
         rbase[i] = r;
         fbase[i] = f;
         tbase[i] = t;
-        int nr = it[i].logits == ENG_LOGITS_ALL ? it[i].n_tokens : it[i].logits == ENG_LOGITS_LAST;
+        int nr = rows_all(it[i].logits) ? it[i].n_tokens : it[i].logits == ENG_LOGITS_LAST;
         r += nr;
         f += !out->cands || (out->full && out->full[i]) ? nr : 0;
         t += it[i].n_tokens;
-        if (it[i].n_tokens == 1 && s->len % C) sg[nd++] = (step_seg){i, 0, 1}; /* decodes first */
+        /* decodes first, a verified draft with its decode token (whole:
+         * its rows are decode rows, whose bits depend on the batch anyway) */
+        if ((it[i].n_tokens == 1 && s->len % C) || it[i].logits == ENG_LOGITS_VERIFY) sg[nd++] = (step_seg){i, 0, it[i].n_tokens};
     }
     ns = nd;
     for (int i = 0; !rc && i < n; i++) {
-        if (it[i].n_tokens == 1 && old_len[i] % C) continue;
+        if ((it[i].n_tokens == 1 && old_len[i] % C) || it[i].logits == ENG_LOGITS_VERIFY) continue;
         for (int off = 0; off < it[i].n_tokens;) {
             int p = old_len[i] + off, len = (p / C + 1) * C - p;
             if (len > it[i].n_tokens - off) len = it[i].n_tokens - off;

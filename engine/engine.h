@@ -264,6 +264,12 @@ int eng_seq_new(eng *e, int *seq, char *err, size_t errlen); /* ENG_ENOSPACE if 
 void eng_seq_free(eng *e, int seq);                           /* releases its KV blocks */
 int eng_seq_len(const eng *e, int seq);                       /* tokens in the cache */
 int eng_seq_blocks(const eng *e, int seq);                    /* KV blocks it holds (shared ones included) */
+/* Forget the tokens of `seq` from position `len` on (a rejected draft):
+ * its length becomes len and the blocks past ceil(len / block) return to
+ * the pool; what they held is never read. len must lie between the end of
+ * the sequence's registered prompt blocks and its length (-1 otherwise,
+ * nothing changes): a cached block is never given up this way. */
+int eng_seq_truncate(eng *e, int seq, int len);
 
 /* ---- automatic prefix cache ----
  * Rank 0's bookkeeping: the block ids it maps are those every rank's block
@@ -297,7 +303,12 @@ int eng_seq_new_prefix(eng *e, const int32_t *prompt, int n, int max_reuse, int 
  * (mapping them takes them out of the free count). */
 int eng_prefix_peek(const eng *e, const int32_t *prompt, int n, int max_reuse, int *evictable);
 
-typedef enum eng_logits { ENG_LOGITS_NONE = 0, ENG_LOGITS_LAST, ENG_LOGITS_ALL } eng_logits;
+/* ENG_LOGITS_VERIFY: speculative verification (docs/speculative.md): the
+ * item is one decode token with a draft behind it, and every row comes
+ * back (as ALL). It is a decode: when passes are cut by position
+ * (eng_pass_tokens) it runs whole in the decode pass, like a one-token
+ * decode. The caller then drops the rejected tail with eng_seq_truncate. */
+typedef enum eng_logits { ENG_LOGITS_NONE = 0, ENG_LOGITS_LAST, ENG_LOGITS_ALL, ENG_LOGITS_VERIFY } eng_logits;
 
 typedef struct eng_item {
     int seq;
@@ -405,6 +416,41 @@ int32_t eng_sample_cands(const eng_cands *c, int vocab, const eng_sampling *p, e
  * (val - lse), or NAN when id is not a candidate. */
 double eng_cands_logprob(const eng_cands *c, int32_t id);
 
+/* ---- speculative decoding (docs/speculative.md) ---- */
+
+/* Prompt-lookup drafting: n-gram sizes ngram_min..ngram_max (largest
+ * first), up to draft_max tokens per step; draft_max 0 = off. */
+typedef struct eng_spec_params {
+    int ngram_min, ngram_max, draft_max;
+} eng_spec_params;
+#define ENG_SPEC_NGRAM_MIN 2
+#define ENG_SPEC_NGRAM_MAX 4
+#define ENG_SPEC_DRAFT_MAX 8
+#define ENG_SPEC_DRAFT_LIMIT 64 /* --spec-draft-max at most */
+/* A draft for the sequence toks[0..n): for n-gram sizes g from ngram_max
+ * down to ngram_min, the latest earlier occurrence of its last g tokens
+ * (one ending before position n - 1) and up to kmax tokens that followed
+ * it, into out. Returns the draft's length (0: no match). */
+int eng_spec_ngram(const int32_t *toks, int n, const eng_spec_params *p, int kmax, int32_t *out);
+/* The next draft's length at most after a draft of n tokens of which
+ * `accepted` were taken, under a cap of k now (start: draft_max): doubled
+ * after a draft taken whole, else what was accepted plus one, within
+ * 1..draft_max. A rejected draft token costs a row of compute; on text that
+ * does not repeat its context this keeps drafts at one token
+ * (docs/speculative.md, "Cost"). */
+int eng_spec_next_k(int k, int n, int accepted, int draft_max);
+/* The speculative rejection rule for a deterministic draft token x on one
+ * row: greedy (temperature 0 or top_k 1) returns the argmax (x accepted iff
+ * it is the argmax; no draw); otherwise, with p the distribution eng_sample
+ * draws from (temperature, top-k, top-p), x is accepted with probability
+ * p(x) (one uniform draw), else the token is drawn from p with x removed,
+ * renormalised (a second draw). The token returned is distributed as p
+ * whatever x is, so speculation leaves the output distribution unchanged;
+ * x was accepted iff the result equals x. */
+int32_t eng_sample_draft(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng, int32_t x);
+/* The same over a row's candidates (as eng_sample_cands). */
+int32_t eng_sample_cands_draft(const eng_cands *c, int vocab, const eng_sampling *p, eng_rng *rng, int32_t x);
+
 /* log_softmax of `logits` (n values) into `out` (double precision). */
 void eng_log_softmax(const float *logits, int n, double *out);
 /* Indices of the k largest values, descending, ties by ascending index. */
@@ -419,6 +465,11 @@ typedef struct eng_gen_params {
     int ignore_eos;
     const int32_t *stop_ids; /* extra stop tokens */
     int n_stop_ids;
+    /* speculative decoding: drafts of up to spec.draft_max tokens
+     * (0: off), verified in the decode step; the same greedy tokens */
+    eng_spec_params spec;
+    /* optional, filled in: decode steps, draft tokens proposed and accepted */
+    long long *spec_stats; /* [3]: steps, drafted, accepted */
 } eng_gen_params;
 
 /* Per generated token: the token, its natural-log probability under the
@@ -438,7 +489,10 @@ typedef enum eng_finish { ENG_FINISH_LENGTH = 0, ENG_FINISH_EOS, ENG_FINISH_STOP
 
 /* Prefill the prompt (in chunks of at most max_batch_tokens, cut by
  * eng_prompt_chunk), then decode until max_tokens, an EOS id
- * (unless ignore_eos), a stop id, or the callback says stop. */
+ * (unless ignore_eos), a stop id, or the callback says stop. With
+ * p->spec.draft_max > 0 each decode step verifies a prompt-lookup draft
+ * (ENG_LOGITS_VERIFY; drafts fit max_tokens and max_batch_tokens - 1) and
+ * the callback sees every accepted token in order. */
 int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_params *p, eng_token_cb cb, void *user,
                  eng_finish *finish, char *err, size_t errlen);
 

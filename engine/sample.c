@@ -82,8 +82,11 @@ static int top_k_logits(const float *logits, int vocab, int k, cand *c) {
  * (the whole row), and top_p sorts it first. Logits become unnormalised
  * probabilities exp((l - mx) / T); top_p keeps the smallest prefix whose
  * mass reaches top_p (always >= 1 token); one uniform draw picks by walking
- * the cumulative sum in c's order. */
-static int32_t sample_from(cand *c, int n, int desc, double mx, const eng_sampling *p, eng_rng *rng) {
+ * the cumulative sum in c's order. With a draft token x >= 0 (the
+ * speculative rule, eng_sample_draft): a first draw accepts x with its
+ * probability; a rejection zeroes x and the usual draw picks among the
+ * rest. */
+static int32_t sample_from(cand *c, int n, int desc, double mx, const eng_sampling *p, eng_rng *rng, int32_t x) {
     for (int i = 0; i < n; i++) c[i].p = exp((c[i].p - mx) / p->temperature);
     if (p->top_p > 0 && p->top_p < 1) {
         if (!desc) qsort(c, (size_t)n, sizeof *c, cand_desc);
@@ -98,8 +101,19 @@ static int32_t sample_from(cand *c, int n, int desc, double mx, const eng_sampli
     }
     double sum = 0;
     for (int i = 0; i < n; i++) sum += c[i].p;
+    if (x >= 0) {
+        int at = -1;
+        for (int i = 0; i < n && at < 0; i++)
+            if (c[i].id == x) at = i;
+        if (at >= 0) {
+            if (rng_uniform(rng) * sum < c[at].p) return x;
+            sum -= c[at].p;
+            c[at].p = 0;
+            if (!(sum > 0)) return x; /* x held all the mass (rounding): nothing else can be drawn */
+        }
+    }
     double u = rng_uniform(rng) * sum, acc = 0;
-    int32_t pick = c[n - 1].id;
+    int32_t pick = -1;
     for (int i = 0; i < n; i++) {
         acc += c[i].p;
         if (u < acc) {
@@ -107,10 +121,15 @@ static int32_t sample_from(cand *c, int n, int desc, double mx, const eng_sampli
             break;
         }
     }
+    /* u at the very top (rounding): the last token, or after a rejection
+     * the last one still in play */
+    if (pick < 0 && x < 0) pick = c[n - 1].id;
+    for (int i = n - 1; pick < 0 && i >= 0; i--)
+        if (c[i].id != x) pick = c[i].id;
     return pick;
 }
 
-int32_t eng_sample(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng) {
+static int32_t sample_row(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng, int32_t x) {
     int32_t best = 0;
     for (int i = 1; i < vocab; i++)
         if (logits[i] > logits[best]) best = i;
@@ -128,9 +147,17 @@ int32_t eng_sample(const float *logits, int vocab, const eng_sampling *p, eng_rn
             c[i].p = logits[i];
         }
     }
-    int32_t pick = sample_from(c, n, limited, logits[best], p, rng);
+    int32_t pick = sample_from(c, n, limited, logits[best], p, rng, x);
     free(c);
     return pick;
+}
+
+int32_t eng_sample(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng) {
+    return sample_row(logits, vocab, p, rng, -1);
+}
+
+int32_t eng_sample_draft(const float *logits, int vocab, const eng_sampling *p, eng_rng *rng, int32_t x) {
+    return sample_row(logits, vocab, p, rng, x);
 }
 
 int eng_cands_needed(const eng_sampling *p, int top_logprobs, int vocab) {
@@ -151,7 +178,7 @@ static int cand_id_asc(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-int32_t eng_sample_cands(const eng_cands *cd, int vocab, const eng_sampling *p, eng_rng *rng) {
+static int32_t sample_cands(const eng_cands *cd, int vocab, const eng_sampling *p, eng_rng *rng, int32_t x) {
     if (cd->k <= 0) return 0;
     /* ids[0] is the largest logit, lowest id on a tie: eng_sample's argmax */
     if (!(p->temperature > 0) || p->top_k == 1) return cd->ids[0];
@@ -166,7 +193,15 @@ int32_t eng_sample_cands(const eng_cands *cd, int vocab, const eng_sampling *p, 
      * here the candidates are the whole row (eng_cands_needed), so put them
      * in that order for the same cumulative sums. */
     if (!limited) qsort(c, (size_t)n, sizeof *c, cand_id_asc);
-    return sample_from(c, n, limited, cd->vals[0], p, rng);
+    return sample_from(c, n, limited, cd->vals[0], p, rng, x);
+}
+
+int32_t eng_sample_cands(const eng_cands *cd, int vocab, const eng_sampling *p, eng_rng *rng) {
+    return sample_cands(cd, vocab, p, rng, -1);
+}
+
+int32_t eng_sample_cands_draft(const eng_cands *cd, int vocab, const eng_sampling *p, eng_rng *rng, int32_t x) {
+    return sample_cands(cd, vocab, p, rng, x);
 }
 
 double eng_cands_logprob(const eng_cands *c, int32_t id) {

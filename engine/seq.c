@@ -38,6 +38,18 @@ int eng_seq_len(const eng *e, int seq) {
     return e->seqs[seq].len;
 }
 
+int eng_seq_truncate(eng *e, int seq, int len) {
+    if (seq < 0 || seq >= e->cfg.max_num_seqs || !e->seqs[seq].live) return -1;
+    eng_seq *s = &e->seqs[seq];
+    const int bs = e->cfg.kv_block_size;
+    if (len > s->len || len < s->nreg * bs) return -1;
+    int keep = (len + bs - 1) / bs;
+    if (s->nblocks > keep) eng_blocks_release(&e->pool, s->blocks + keep, s->nblocks - keep);
+    if (s->nblocks > keep) s->nblocks = keep;
+    s->len = len;
+    return 0;
+}
+
 int eng_seq_blocks(const eng *e, int seq) {
     if (seq < 0 || seq >= e->cfg.max_num_seqs || !e->seqs[seq].live) return -1;
     return e->seqs[seq].nblocks;

@@ -172,6 +172,11 @@ typedef struct srv_req {
     char *gen; /* all generated text (before stop cut) */
     size_t gen_len, gen_cap, sent;
     int gram_failed;  /* ended because the grammar allowed no sampled token */
+    /* speculative decoding (spec.c): this step's draft, the next draft's
+     * length at most (adapted to what was accepted) */
+    int32_t spec_draft[ENG_SPEC_DRAFT_LIMIT];
+    int spec_n, spec_k; /* spec_k > 0: decoded with speculation on */
+    long long spec_steps, spec_drafted, spec_accepted; /* steps with a draft, draft tokens, accepted (read once done) */
     gram_matcher *gm; /* constrained decoding: the grammar's state (made by the HTTP thread, then the scheduler's) */
     srv_reasoner rz;  /* the output's block, token by token (reasoning.c) */
     int rz_forcing;   /* end-marker tokens emitted at the thinking budget */
@@ -206,6 +211,11 @@ typedef struct srv_metrics {
     int ar_group, ar_feedback, ar_tp, ar_tail_calls, ar_calls; /* the tail policy: its calls of ar_calls a pass */
     double ar_bits; /* averaged over a pass */
     uint64_t prompt_tokens, generation_tokens;
+    /* speculative decoding: steps that verified a draft, draft tokens,
+     * accepted ones; accepted tokens per draft step (spec.c) */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    srv_hist spec_accepted;
+    int spec_on, spec_draft_max; /* spec_config_info */
     uint64_t success[SRV_FIN_ERROR + 1]; /* by finish reason */
     int running, waiting;
     double kv_usage;
@@ -219,6 +229,22 @@ int srv_metrics_init(srv_metrics *m);
 int srv_metrics_set_len(srv_metrics *m, int max_model_len);
 void srv_metrics_free(srv_metrics *m);
 void srv_hist_observe(srv_hist *h, double v); /* caller holds m->mu */
+/* ---- speculative decoding (spec.c, docs/speculative.md) ---- */
+/* Draft for decoding request r within `budget` step tokens: prompt lookup
+ * over prompt + output, at most what max_tokens, the context and r's
+ * adaptive length leave. Written to r->spec_draft and, behind the last
+ * token, to r->all (so the step's item is r->all + n_cached, 1 + n
+ * tokens). None while more than --spec-max-batch requests decode in the
+ * step (n_decoding). Returns n (0: a plain decode). */
+int srv_spec_draft(srv_server *s, srv_req *r, int budget, int n_decoding);
+/* After verifying r's draft of n tokens, `accepted` taken: metrics, the
+ * request's counters, the next draft's length. */
+void srv_spec_done(srv_server *s, srv_req *r, int n, int accepted);
+/* The /metrics lines of speculative decoding (caller holds m->mu). */
+/* timings' "speculative" object of a finished request, NULL when it
+ * decoded without speculation. */
+json_t *srv_spec_timings(const srv_req *r);
+
 /* Prometheus text exposition; malloc'ed. */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len);
 

@@ -23,6 +23,7 @@ static const double GCOMP_B[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 static const double GMASK_B[] = {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1};
 
 /* vLLM's iteration-token buckets. */
+static const double SPEC_B[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64}; /* accepted tokens per draft */
 static const double ITER_B[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 
 static int hist_init(srv_hist *h, const double *b, int n) {
@@ -41,6 +42,7 @@ int srv_metrics_init(srv_metrics *m) {
         hist_init(&m->queue, REQ_B, n_req) || hist_init(&m->prefill, REQ_B, n_req) ||
         hist_init(&m->decode, REQ_B, n_req) || hist_init(&m->inference, REQ_B, n_req) ||
         hist_init(&m->iter_tokens, ITER_B, (int)(sizeof ITER_B / sizeof *ITER_B)) ||
+        hist_init(&m->spec_accepted, SPEC_B, (int)(sizeof SPEC_B / sizeof *SPEC_B)) ||
         hist_init(&m->grammar_compile, GCOMP_B, (int)(sizeof GCOMP_B / sizeof *GCOMP_B)) ||
         hist_init(&m->grammar_mask, GMASK_B, (int)(sizeof GMASK_B / sizeof *GMASK_B)))
         return -1;
@@ -91,6 +93,7 @@ void srv_metrics_free(srv_metrics *m) {
     free(m->decode.counts);
     free(m->inference.counts);
     free(m->iter_tokens.counts);
+    free(m->spec_accepted.counts);
     free(m->grammar_compile.counts);
     free(m->grammar_mask.counts);
     free(m->req_prompt.counts);
@@ -200,6 +203,27 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
     put_hist(&b, "request_prompt_tokens", "Number of prefill tokens processed.", &m->req_prompt, lbl);
     put_hist(&b, "request_generation_tokens", "Number of generation tokens processed.", &m->req_gen, lbl);
     put_hist(&b, "iteration_tokens_total", "Histogram of number of tokens per engine_step.", &m->iter_tokens, lbl);
+    put_hist(&b, "spec_decode_accepted_tokens_per_step",
+             "Speculative decoding: draft tokens accepted per step that verified a draft (--speculative).",
+             &m->spec_accepted, lbl);
+    sb_printf(&b,
+              "# HELP echo:spec_decode_config_info Speculative decoding: method (none, ngram) and draft tokens per step "
+              "at most.\n"
+              "# TYPE echo:spec_decode_config_info gauge\n"
+              "echo:spec_decode_config_info{%s,method=\"%s\",draft_max=\"%d\"} 1.0\n"
+              "# HELP echo:spec_decode_num_drafts_total Steps that verified a draft.\n"
+              "# TYPE echo:spec_decode_num_drafts_total counter\necho:spec_decode_num_drafts_total{%s} %llu\n"
+              "# HELP echo:spec_decode_num_draft_tokens_total Draft tokens proposed.\n"
+              "# TYPE echo:spec_decode_num_draft_tokens_total counter\n"
+              "echo:spec_decode_num_draft_tokens_total{%s} %llu\n"
+              "# HELP echo:spec_decode_num_accepted_tokens_total Draft tokens accepted.\n"
+              "# TYPE echo:spec_decode_num_accepted_tokens_total counter\n"
+              "echo:spec_decode_num_accepted_tokens_total{%s} %llu\n"
+              "# HELP echo:spec_decode_acceptance_rate Accepted over proposed draft tokens since start (0 before any).\n"
+              "# TYPE echo:spec_decode_acceptance_rate gauge\necho:spec_decode_acceptance_rate{%s} %.6g\n",
+              lbl, m->spec_on ? "ngram" : "none", m->spec_draft_max, lbl, (unsigned long long)m->spec_drafts, lbl,
+              (unsigned long long)m->spec_draft_tokens, lbl, (unsigned long long)m->spec_accepted_tokens, lbl,
+              m->spec_draft_tokens ? (double)m->spec_accepted_tokens / (double)m->spec_draft_tokens : 0.0);
     put_hist(&b, "grammar_compile_seconds",
              "Time to compile a structured-output constraint against the vocabulary (cache hits included).",
              &m->grammar_compile, lbl);

@@ -14,9 +14,12 @@ json_t *srv_timings_json(const srv_req *r) {
     double q = r->t_sched > 0 ? r->t_sched - r->t_arrive : 0;
     double pf = n ? r->t_first - r->t_sched : 0, ttft = n ? r->t_first - r->t_arrive : 0;
     double dec = n ? r->t_last - r->t_first : 0;
-    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:f}", "queue_ms", 1e3 * q, "prefill_ms", 1e3 * pf, "ttft_ms", 1e3 * ttft,
-                     "decode_ms", 1e3 * dec, "per_token_ms", n > 1 ? 1e3 * dec / (n - 1) : 0.0, "e2e_ms",
-                     1e3 * ((r->t_done > 0 ? r->t_done : srv_now()) - r->t_arrive));
+    json_t *t = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f}", "queue_ms", 1e3 * q, "prefill_ms", 1e3 * pf, "ttft_ms",
+                          1e3 * ttft, "decode_ms", 1e3 * dec, "per_token_ms", n > 1 ? 1e3 * dec / (n - 1) : 0.0,
+                          "e2e_ms", 1e3 * ((r->t_done > 0 ? r->t_done : srv_now()) - r->t_arrive));
+    json_t *sp = srv_spec_timings(r);
+    if (t && sp) json_object_set_new(t, "speculative", sp);
+    return t;
 }
 
 /* cached: prompt tokens whose KV came from the prefix cache (OpenAI's

@@ -13,7 +13,9 @@
  * with exact on threads the engine computes each row the same whatever else
  * is in the batch, so greedy output does not depend on concurrency; under
  * another all-reduce a prompt's rows still do not (engine.h, "Passes"),
- * decode rows do.
+ * decode rows do. With --speculative ngram a decode carries a draft and
+ * its rows are taken in order until the first rejection (server/spec.c,
+ * take_draft).
  */
 #include <math.h>
 #include <stdio.h>
@@ -384,14 +386,16 @@ static void apply_grammar(srv_server *s, srv_req *r, float *row) {
     pthread_mutex_unlock(&s->met.mu);
 }
 
-static void sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec) {
+/* x >= 0: a draft token under verification, accepted or not by
+ * eng_sample_draft's rule on the processed row (server/spec.c). */
+static void sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec, int32_t x) {
     int V = s->mc.vocab_size;
     memset(rec, 0, sizeof *rec);
     int need_lp = r->want_logprobs || r->want_cum;
     if (need_lp) eng_log_softmax(row, V, s->sch.lp); /* raw model distribution, as vLLM */
     apply_processors(s, r, row);
     if (r->gm && srv_think_gate(r)) apply_grammar(s, r, row); /* the answer's grammar, not the thinking's */
-    rec->token = eng_sample(row, V, &r->sp, &r->rng);
+    rec->token = x >= 0 ? eng_sample_draft(row, V, &r->sp, &r->rng, x) : eng_sample(row, V, &r->sp, &r->rng);
     if (need_lp) rec->logprob = (float)s->sch.lp[rec->token];
     if (r->want_logprobs) {
         if (r->top_logprobs > 0) {
@@ -417,9 +421,10 @@ static int req_cands(const srv_server *s, const srv_req *r) {
 
 /* sample_row's twin on candidates: the same token (eng_sample_cands) and
  * logprobs (val - lse over the raw row) without the vocabulary-sized row. */
-static void sample_cands(srv_server *s, srv_req *r, const eng_cands *c, srv_tokrec *rec) {
+static void sample_cands(srv_server *s, srv_req *r, const eng_cands *c, srv_tokrec *rec, int32_t x) {
     memset(rec, 0, sizeof *rec);
-    rec->token = eng_sample_cands(c, s->mc.vocab_size, &r->sp, &r->rng);
+    rec->token = x >= 0 ? eng_sample_cands_draft(c, s->mc.vocab_size, &r->sp, &r->rng, x)
+                        : eng_sample_cands(c, s->mc.vocab_size, &r->sp, &r->rng);
     if (r->want_logprobs || r->want_cum) rec->logprob = (float)eng_cands_logprob(c, rec->token);
     if (r->want_logprobs) {
         int k = r->top_logprobs < c->k ? r->top_logprobs : c->k;
@@ -567,6 +572,58 @@ static int admit(srv_server *s) {
     return 0;
 }
 
+/* A sampled token through the thinking budget and the grammar, then
+ * req_on_token (reasoning.c tracks the thinking block). */
+static srv_finish take_token(srv_server *s, srv_req *r, srv_tokrec *rec, double t) {
+    int forced = srv_think_override(s, r, rec); /* the thinking budget's end marker */
+    if (r->gm && !srv_think_accept(s, r, rec->token)) {
+        /* Every token was masked (min_tokens or ignore_eos held off the only
+         * allowed stop, or the grammar engine failed): never emit a token the
+         * grammar refuses. A complete text ends as if EOS was sampled. */
+        if (!gram_matcher_complete(r->gm) || s->mc.n_eos == 0) {
+            r->gram_failed = 1;
+            return SRV_FIN_ERROR;
+        }
+        memset(rec, 0, sizeof *rec);
+        rec->token = s->mc.eos_ids[0];
+        r->ignore_eos = 0;
+    }
+    size_t gen0 = r->gen_len;
+    srv_finish fin = req_on_token(s, r, rec, t);
+    srv_think_track(r, gen0, rec->token, forced == 2);
+    return fin;
+}
+
+/* A verified draft (ENG_LOGITS_VERIFY, server/spec.c): row j samples output
+ * token j with the draft's token j as x, through the same processors,
+ * grammar and stop checks as a plain decode, until a rejection, a finish or
+ * the row after the draft; then the rejected tail's KV goes. `row0` /
+ * `frow0`: the item's first candidates row / full row (full: its rows came
+ * back whole). */
+static srv_finish take_draft(srv_server *s, srv_req *r, const eng_item *it, int full, int row0, int frow0, double t) {
+    srv_sched *q = &s->sch;
+    const int nd = it->n_tokens - 1;
+    int acc = 0;
+    srv_finish fin = SRV_FIN_NONE;
+    for (int j = 0; j <= nd && fin == SRV_FIN_NONE; j++) {
+        int32_t x = j < nd ? r->spec_draft[j] : -1;
+        srv_tokrec rec;
+        if (full)
+            sample_row(s, r, q->logits + (size_t)(frow0 + j) * s->mc.vocab_size, &rec, x);
+        else
+            sample_cands(s, r, &q->cands[row0 + j], &rec, x);
+        fin = take_token(s, r, &rec, t);
+        if (x < 0 || rec.token != x) break;
+        acc++;
+    }
+    srv_spec_done(s, r, nd, acc);
+    if (fin == SRV_FIN_NONE) {
+        r->n_cached = r->n_all - 1; /* the fed token and the accepted draft */
+        if (eng_seq_truncate(s->eng, r->seq, r->n_cached)) fin = SRV_FIN_ERROR;
+    }
+    return fin;
+}
+
 static void *sched_main(void *arg) {
     srv_server *s = arg;
     srv_sched *q = &s->sch;
@@ -594,6 +651,12 @@ static void *sched_main(void *arg) {
          * prompt budget whole (a prompt never waits for a full C). */
         const int canon = eng_pass_tokens(s->eng) > 0;
         int n = 0, budget = ec->max_batch_tokens, plp_rows = srv_plp_rows(s), any_all = 0, step_tokens = 0;
+        /* Drafts (server/spec.c) ride with the decodes and share the step's
+         * tokens: one stays for every decode not batched yet; where the
+         * decodes have a pass of their own that pass has the whole budget. */
+        int n_dec = 0, dec_budget = ec->max_batch_tokens;
+        for (int i = 0; i < q->n_running; i++) n_dec += q->running[i]->n_all - q->running[i]->n_cached == 1;
+        const int n_decoding = n_dec;
         for (int pass = 0; pass < 2; pass++) {
             for (int i = 0; i < q->n_running && budget > 0; i++) {
                 srv_req *r = q->running[i];
@@ -608,6 +671,13 @@ static void *sched_main(void *arg) {
                     any_all = 1;
                 }
                 eng_logits lg = all ? ENG_LOGITS_ALL : chunk == left ? ENG_LOGITS_LAST : ENG_LOGITS_NONE;
+                if (pass == 0 && !all) {
+                    int *b = canon ? &dec_budget : &budget;
+                    int nd = srv_spec_draft(s, r, *b - --n_dec, n_decoding);
+                    if (canon) *b -= 1 + nd;
+                    chunk += nd;
+                    if (nd) lg = ENG_LOGITS_VERIFY;
+                }
                 q->items[n] = (eng_item){r->seq, r->all + r->n_cached, chunk, lg};
                 q->item_req[n++] = i;
                 if (!(canon && pass == 0)) budget -= chunk;
@@ -619,7 +689,10 @@ static void *sched_main(void *arg) {
          * A step with prompt-logprob rows takes full rows for all. */
         int kmax = 0;
         for (int k = 0; k < n; k++) {
-            int kr = !any_all && q->items[k].logits == ENG_LOGITS_LAST ? req_cands(s, q->running[q->item_req[k]]) : -1;
+            eng_logits lg = q->items[k].logits;
+            int kr = !any_all && (lg == ENG_LOGITS_LAST || lg == ENG_LOGITS_VERIFY)
+                         ? req_cands(s, q->running[q->item_req[k]])
+                         : -1;
             q->full[k] = kr == 0;
             if (kr > kmax) kmax = kr;
         }
@@ -654,6 +727,13 @@ static void *sched_main(void *arg) {
             int p0 = r->n_cached;
             r->n_cached += it->n_tokens;
             float *last = NULL; /* the row that samples the next token */
+            if (it->logits == ENG_LOGITS_VERIFY) {
+                int full = !kmax || q->full[k];
+                fins[q->item_req[k]] = take_draft(s, r, it, full, row, frow, t);
+                row += it->n_tokens;
+                frow += full ? it->n_tokens : 0;
+                continue;
+            }
             if (it->logits == ENG_LOGITS_ALL) {
                 for (int j = 0; j < it->n_tokens; j++) {
                     float *rw = q->logits + (size_t)(frow + j) * V;
@@ -682,29 +762,13 @@ static void *sched_main(void *arg) {
             }
             srv_tokrec rec;
             if (last)
-                sample_row(s, r, last, &rec);
+                sample_row(s, r, last, &rec, -1);
             else if (!kmax || q->full[k])
-                sample_row(s, r, q->logits + (size_t)frow++ * V, &rec);
+                sample_row(s, r, q->logits + (size_t)frow++ * V, &rec, -1);
             else
-                sample_cands(s, r, &q->cands[row], &rec);
+                sample_cands(s, r, &q->cands[row], &rec, -1);
             if (!last) row++;
-            int forced = srv_think_override(s, r, &rec); /* the thinking budget's end marker */
-            if (r->gm && !srv_think_accept(s, r, rec.token)) {
-                /* Every token was masked (min_tokens or ignore_eos held off the only
-                 * allowed stop, or the grammar engine failed): never emit a token the
-                 * grammar refuses. A complete text ends as if EOS was sampled. */
-                if (!gram_matcher_complete(r->gm) || s->mc.n_eos == 0) {
-                    fins[q->item_req[k]] = SRV_FIN_ERROR;
-                    r->gram_failed = 1;
-                    continue;
-                }
-                memset(&rec, 0, sizeof rec);
-                rec.token = s->mc.eos_ids[0];
-                r->ignore_eos = 0;
-            }
-            size_t gen0 = r->gen_len;
-            fins[q->item_req[k]] = req_on_token(s, r, &rec, t);
-            srv_think_track(r, gen0, rec.token, forced == 2);
+            fins[q->item_req[k]] = take_token(s, r, &rec, t);
         }
         for (int i = q->n_running - 1; i >= 0; i--)
             if (fins[i] != SRV_FIN_NONE)
@@ -725,8 +789,10 @@ int srv_sched_start(srv_server *s, char *err, size_t errlen) {
     q->items = calloc((size_t)ec->max_num_seqs, sizeof *q->items);
     q->item_req = calloc((size_t)ec->max_num_seqs, sizeof *q->item_req);
     q->fins = calloc((size_t)ec->max_num_seqs, sizeof *q->fins);
-    q->logits = malloc(((size_t)ec->max_num_seqs + (size_t)srv_plp_rows(s)) * V * sizeof *q->logits);
-    q->cands = malloc((size_t)ec->max_num_seqs * sizeof *q->cands);
+    /* a decode's rows: 1, or 1 + a draft (server/spec.c) */
+    size_t rows = (size_t)ec->max_num_seqs * (1 + (size_t)(s->opt.spec.draft_max > 0 ? s->opt.spec.draft_max : 0));
+    q->logits = malloc((rows + (size_t)srv_plp_rows(s)) * V * sizeof *q->logits);
+    q->cands = malloc(rows * sizeof *q->cands);
     q->full = calloc((size_t)ec->max_num_seqs, sizeof *q->full);
     q->lp = malloc(V * sizeof *q->lp);
     q->mark = calloc(V, sizeof *q->mark);

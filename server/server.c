@@ -454,6 +454,15 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                 u.total_blocks);
     if (eng_graphs_note(s->eng)) srv_log(s, SRV_LOG_WARNING, "%s", eng_graphs_note(s->eng));
     else if (c->cuda_graphs) srv_log(s, SRV_LOG_INFO, "decode steps through CUDA graphs (--cuda-graphs)");
+    if (s->opt.spec.draft_max > 0)
+        srv_log(s, SRV_LOG_INFO,
+                "speculative decoding: ngram drafts of %d..%d-grams, up to %d tokens per step, while at most %d "
+                "requests decode (--spec-max-batch; 0: always)",
+                s->opt.spec.ngram_min, s->opt.spec.ngram_max, s->opt.spec.draft_max, s->opt.spec_max_batch);
+    pthread_mutex_lock(&s->met.mu);
+    s->met.spec_on = s->opt.spec.draft_max > 0;
+    s->met.spec_draft_max = s->opt.spec.draft_max;
+    pthread_mutex_unlock(&s->met.mu);
     srv_log(s, SRV_LOG_INFO, "defaults from generation_config.json: temperature %g, top_p %g, top_k %d",
             (double)s->gd.temperature, (double)s->gd.top_p, s->gd.top_k);
     if (s->total_blocks < (s->max_model_len + s->block_size - 1) / s->block_size)

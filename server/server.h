@@ -34,6 +34,7 @@
 #include <stddef.h>
 
 #include "comm/echo.h"
+#include "engine/engine.h"
 
 typedef enum srv_log_level { SRV_LOG_DEBUG = 0, SRV_LOG_INFO, SRV_LOG_WARNING, SRV_LOG_ERROR } srv_log_level;
 
@@ -81,6 +82,8 @@ typedef struct srv_options {
     int debug_request_fields;     /* testing: accept debug_force_output */
     int grammar_compiles;     /* grammar compiles at once (server/compile.c), default 2 */
     double grammar_timeout_s; /* a request's grammar must compile within this, default 10 */
+    eng_spec_params spec;  /* speculative decoding (server/spec.c): draft_max 0 (default) = off */
+    int spec_max_batch;    /* drafts only while at most this many requests decode (0: any number) */
 } srv_options;
 
 typedef struct srv_server srv_server;

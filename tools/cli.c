@@ -189,6 +189,32 @@ long cli_oneshot(const char *prog, const char *s) {
     return n;
 }
 
+int cli_spec_flag(const char *prog, const char *flag, const char *arg, cli_spec *sp) {
+    if (!strcmp(flag, "speculative")) {
+        sp->on = !strcmp(cli_choice(prog, arg, "--speculative", (const char *const[]){"none", "ngram", NULL}), "ngram");
+    } else if (!strcmp(flag, "spec-ngram-min")) {
+        sp->p.ngram_min = (int)cli_long(prog, arg, "--spec-ngram-min", 1, 16);
+    } else if (!strcmp(flag, "spec-ngram-max")) {
+        sp->p.ngram_max = (int)cli_long(prog, arg, "--spec-ngram-max", 1, 16);
+    } else if (!strcmp(flag, "spec-max-batch")) {
+        sp->max_batch = (int)cli_long(prog, arg, "--spec-max-batch", 0, 1 << 20);
+    } else if (!strcmp(flag, "spec-draft-max")) {
+        sp->p.draft_max = (int)cli_long(prog, arg, "--spec-draft-max", 1, ENG_SPEC_DRAFT_LIMIT);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+void cli_spec_finish(const char *prog, cli_spec *sp) {
+    if (sp->p.ngram_min > sp->p.ngram_max) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "%d > --spec-ngram-max %d", sp->p.ngram_min, sp->p.ngram_max);
+        cli_usage_error(prog, "--spec-ngram-min %s (the smallest n-gram must not exceed the largest)", msg);
+    }
+    if (!sp->on) sp->p.draft_max = 0;
+}
+
 static void procs_end(void) {
     eng_procs_exit();
     echo_proc_finalize();

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "engine/engine.h"
 #include "kernels/kernels.h"
 
 /* fmt has one %s, filled with arg. */
@@ -64,6 +65,36 @@ int cli_parse_kv_memory(const char *s, size_t *out);
     "                               max-num-seqs full sequences; auto (default): 50% of MemAvailable at\n"       \
     "                               start split over the tp ranks (cpu; on a GPU no budget yet)\n"
 
+
+/* Speculative decoding flags, shared by echo-generate and echo-serve:
+ * cli_spec_flag handles --speculative none|ngram, --spec-ngram-min N,
+ * --spec-ngram-max N and --spec-draft-max N (returns 1 when `flag`, without
+ * its dashes, was one of them; a usage error for a bad value);
+ * cli_spec_finish checks the combination (min <= max) and turns draft_max
+ * off for none. Defaults: CLI_SPEC_INIT (none, 2..4, 8). */
+typedef struct cli_spec {
+    int on; /* --speculative ngram */
+    eng_spec_params p;
+    int max_batch; /* --spec-max-batch (echo-serve) */
+} cli_spec;
+/* Drafts pay while a step's rows do not already share the weights: measured
+ * gains at 1 and 4 clients, a loss at 16 (docs/speculative.md). */
+#define CLI_SPEC_MAX_BATCH 4
+#define CLI_SPEC_INIT {0, {ENG_SPEC_NGRAM_MIN, ENG_SPEC_NGRAM_MAX, ENG_SPEC_DRAFT_MAX}, CLI_SPEC_MAX_BATCH}
+#define CLI_SPEC_HELP                                                                                              \
+    "  --speculative none|ngram speculative decoding: ngram drafts up to --spec-draft-max tokens per step\n"     \
+    "                         by prompt lookup (the latest earlier occurrence of the last n tokens in\n"        \
+    "                         prompt + output) and verifies them in the decode step; the sampling\n"           \
+    "                         distribution is unchanged, greedy tokens too where rows do not depend on the\n"  \
+    "                         batch (exact on threads; docs/speculative.md). Default none\n"                    \
+    "  --spec-ngram-min N     smallest n-gram matched, 1..16 (default 2)\n"                                     \
+    "  --spec-ngram-max N     largest n-gram matched (tried first), 1..16 (default 4)\n"                        \
+    "  --spec-draft-max N     draft tokens per step at most, 1..64 (default 8)\n"
+#define CLI_SPEC_SERVE_HELP                                                                                        \
+    "  --spec-max-batch N     draft only while at most N requests decode in a step; above it every\n"          \
+    "                         decode is plain (its rows already share the weights), 0 = always (default 4)\n"
+int cli_spec_flag(const char *prog, const char *flag, const char *arg, cli_spec *sp);
+void cli_spec_finish(const char *prog, cli_spec *sp);
 
 /* --rope-scaling SPEC (model_config_rope_override): s, or a usage error
  * naming the flag when its syntax or values are refused. */

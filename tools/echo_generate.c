@@ -80,6 +80,10 @@ static const char *USAGE =
     "  --tokenizer PATH       tokenizer folder or tokenizer.json / tokenizer.model file\n"
     "                         (default: the model folder); when one is found, the text of the\n"
     "                         generated tokens is printed (and \"text\" added to --json)\n"
+    CLI_SPEC_HELP
+    "                         (--json adds \"speculative\": steps, drafted, accepted)\n"
+    "  --timing               --json adds \"timing\": prefill_s, decode_s, decode_tok_s after the\n"
+    "                         first token (off by default so that two runs' JSON compare equal)\n"
     "  -h, --help             this help\n"
     "\n"
     "Exit status: 0 success, 1 runtime error (bad model, out of memory), 2 usage error.\n";
@@ -110,6 +114,7 @@ static int32_t *parse_ids(const char *s, int *n) {
 }
 
 typedef struct gen_out {
+    double t_first, t_last; /* when the first and the latest token came */
     json_t *tokens, *steps;
     int json;
     int count;
@@ -117,6 +122,12 @@ typedef struct gen_out {
     char *text;         /* decoded text so far (--json) */
     size_t text_len;
 } gen_out;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* Append streamed text: printed at once in text mode, collected for --json. */
 static void emit_text(gen_out *o, const char *t, size_t n) {
@@ -137,6 +148,8 @@ static void emit_text(gen_out *o, const char *t, size_t n) {
 static int on_step(void *user, const eng_step_out *st) {
     gen_out *o = user;
     o->count++;
+    o->t_last = now_s();
+    if (o->count == 1) o->t_first = o->t_last;
     if (o->stream) {
         const char *t;
         size_t n;
@@ -178,16 +191,11 @@ static int load_tokenizer(const char *path, int optional, tok_tokenizer **tok, e
     return rc == TOK_OK ? 0 : -1;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
-    enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT, O_KVDT, O_KVMEM, O_ROPE };
+    enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_TIMING, O_DEVICE,
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT, O_KVDT, O_KVMEM, O_SPEC, O_SPEC_MIN, O_SPEC_MAX, O_SPEC_DRAFT, O_ROPE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -197,6 +205,7 @@ int main(int argc, char **argv) {
         {"top-logprobs", required_argument, 0, O_TOPLP},
         {"ignore-eos", no_argument, 0, O_IGNEOS},
         {"json", no_argument, 0, O_JSON},
+        {"timing", no_argument, 0, O_TIMING},
         {"device", required_argument, 0, O_DEVICE},
         {"threads", required_argument, 0, O_THREADS},
         {"tp", required_argument, 0, O_TP},
@@ -219,6 +228,10 @@ int main(int argc, char **argv) {
         {"echo-codec", required_argument, 0, O_CODEC},
         {"top-k", required_argument, 0, O_TOPK},
         {"top-p", required_argument, 0, O_TOPP},
+        {"speculative", required_argument, 0, O_SPEC},
+        {"spec-ngram-min", required_argument, 0, O_SPEC_MIN},
+        {"spec-ngram-max", required_argument, 0, O_SPEC_MAX},
+        {"spec-draft-max", required_argument, 0, O_SPEC_DRAFT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -228,9 +241,10 @@ int main(int argc, char **argv) {
     eng_gen_params gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}};
     eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .max_num_seqs = 1, .act_quant = ENG_ACT_AUTO,
                      .kv_dtype = KERN_KV_BF16, .kv_cache_memory = ENG_KV_MEMORY_AUTO};
-    int json = 0, chat = 0, c;
+    int json = 0, timing = 0, chat = 0, c, li = 0;
+    cli_spec spec = CLI_SPEC_INIT;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", opts, &li)) != -1) {
         switch (c) {
         case O_MODEL: model_dir = optarg; break;
         case O_PTOK: ptok = optarg; break;
@@ -251,6 +265,7 @@ int main(int argc, char **argv) {
         case O_TOPLP: gp.top_logprobs = (int)cli_long(PROG, optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
         case O_IGNEOS: gp.ignore_eos = 1; break;
         case O_JSON: json = 1; break;
+        case O_TIMING: timing = 1; break;
         case O_DEVICE:
             ec.device = cli_choice(PROG, optarg, "--device", cli_devices());
             break;
@@ -275,6 +290,10 @@ int main(int argc, char **argv) {
                 cli_usage_error(PROG, "--allreduce expects exact, int4, echo, echo-nofb or bf16, got '%s'", optarg);
             allreduce = optarg;
             break;
+        case O_SPEC:
+        case O_SPEC_MIN:
+        case O_SPEC_MAX:
+        case O_SPEC_DRAFT: cli_spec_flag(PROG, opts[li].name, optarg, &spec); break;
         case O_PROMPT: prompt_text = optarg; break;
         case O_CHAT: chat = 1; break;
         case O_NOTHINK: no_thinking = 1; break;
@@ -286,6 +305,10 @@ int main(int argc, char **argv) {
         }
     }
     if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
+    cli_spec_finish(PROG, &spec);
+    gp.spec = spec.p;
+    long long spec_stats[3] = {0, 0, 0};
+    gp.spec_stats = spec_stats;
     if (!model_dir) cli_usage_error(PROG, "%s", "--model DIR is required");
     if (!ptok == !prompt_text) cli_usage_error(PROG, "%s", "give exactly one of --prompt-tokens and --prompt");
     if (chat && !prompt_text) cli_usage_error(PROG, "%s", "--chat wraps --prompt TEXT; it needs --prompt");
@@ -303,7 +326,7 @@ int main(int argc, char **argv) {
     char *chat_text = NULL;
     eng_chat_template chat_tpl = {0};
     int rc = 1;
-    gen_out out = {json_array(), json_array(), json, 0, NULL, NULL, 0};
+    gen_out out = {0, 0, json_array(), json_array(), json, 0, NULL, NULL, 0};
     double t0 = now_s();
     model_config cfg0;
     if (model_config_load(model_dir, &cfg0, err, sizeof err) ||
@@ -369,7 +392,7 @@ int main(int argc, char **argv) {
     ec.device = kern_backend_find(ec.device)->name; /* "auto" resolved */
     ec.model_dir = model_dir;
     ec.max_model_len = (int)need;
-    ec.max_batch_tokens = n_prompt;
+    ec.max_batch_tokens = n_prompt > 1 + gp.spec.draft_max ? n_prompt : 1 + gp.spec.draft_max; /* a verify step */
     if (eng_create(&ec, &e, err, sizeof err)) goto fail;
     if (eng_graphs_note(e)) fprintf(stderr, "echo-generate: note: %s\n", eng_graphs_note(e));
     for (int r = 0; !json && r < ec.tp; r++) {
@@ -401,6 +424,15 @@ int main(int argc, char **argv) {
                           on ? echo_config_bits(&wc) : 32.0,
                           "feedback", on && wc.feedback, "tp", gc->tp));
         }
+        double dec = out.t_last - out.t_first;
+        if (timing)
+            json_object_set_new(root, "timing",
+                                json_pack("{s:f,s:f,s:f}", "prefill_s", out.count ? out.t_first - t1 : t2 - t1,
+                                          "decode_s", dec, "decode_tok_s", dec > 0 ? (out.count - 1) / dec : 0.0));
+        json_object_set_new(root, "speculative",
+                            json_pack("{s:s,s:i,s:I,s:I,s:I}", "method", spec.on ? "ngram" : "none", "draft_max",
+                                      gp.spec.draft_max, "steps", (json_int_t)spec_stats[0], "drafted",
+                                      (json_int_t)spec_stats[1], "accepted", (json_int_t)spec_stats[2]));
         if (out.stream) {
             const char *t;
             size_t n;
@@ -429,6 +461,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "echo-generate: %d prompt + %d generated tokens, load %.2fs, generate %.2fs (%s)\n", n_prompt,
                 out.count, t1 - t0, t2 - t1,
                 fin == ENG_FINISH_EOS ? "stopped at EOS" : "reached --max-tokens");
+        if (out.count > 1)
+            fprintf(stderr, "echo-generate: decode %.2f tok/s after the first token\n",
+                    (out.count - 1) / (out.t_last - out.t_first));
+        if (spec.on)
+            fprintf(stderr,
+                    "echo-generate: speculative ngram: %lld decode steps, %lld draft tokens, %lld accepted (%.1f%%)\n",
+                    spec_stats[0], spec_stats[1], spec_stats[2],
+                    spec_stats[1] ? 100.0 * (double)spec_stats[2] / (double)spec_stats[1] : 0.0);
         if (ec.tp > 1) {
             echo_stats st;
             eng_comm_stats(e, &st);

@@ -79,6 +79,9 @@ static const char *USAGE =
     "                               blocks of earlier prompts are kept while memory allows and a\n"
     "                               prompt sharing their prefix reuses them; usage reports\n"
     "                               prompt_tokens_details.cached_tokens)\n"
+    CLI_SPEC_HELP
+    CLI_SPEC_SERVE_HELP
+    "                         (/metrics: echo:spec_decode_*; timings.speculative per response)\n"
     "  --max-queue N                waiting requests before 503 (default 256)\n"
     "  --max-connections N          simultaneous HTTP connections (default 256)\n"
     "  --timeout S                  close idle connections after S seconds (default 30)\n"
@@ -194,7 +197,12 @@ int main(int argc, char **argv) {
         O_TOOL_PARSER,
         O_DEBUG_FIELDS,
         O_KVDT,
-        O_KVMEM
+        O_KVMEM,
+        O_SPEC,
+        O_SPEC_MIN,
+        O_SPEC_MAX,
+        O_SPEC_DRAFT,
+        O_SPEC_BATCH
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -204,6 +212,11 @@ int main(int argc, char **argv) {
         {"transport", required_argument, 0, O_TRANSPORT},
         {"cuda-graphs", no_argument, 0, O_GRAPHS},
         {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
+        {"speculative", required_argument, 0, O_SPEC},
+        {"spec-ngram-min", required_argument, 0, O_SPEC_MIN},
+        {"spec-ngram-max", required_argument, 0, O_SPEC_MAX},
+        {"spec-draft-max", required_argument, 0, O_SPEC_DRAFT},
+        {"spec-max-batch", required_argument, 0, O_SPEC_BATCH},
         {"echo-min-bytes", required_argument, 0, O_MINB},
         {"echo-group", required_argument, 0, O_GROUP},
         {"echo-codec", required_argument, 0, O_CODEC},
@@ -257,7 +270,9 @@ int main(int argc, char **argv) {
     const char *model = NULL;
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    cli_spec spec = CLI_SPEC_INIT;
+    int li = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, &li)) != -1) {
         switch (c) {
         case O_MODEL: model = optarg; break;
         case O_TP: o.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
@@ -267,6 +282,11 @@ int main(int argc, char **argv) {
         case O_TRANSPORT: o.transport = cli_choice(PROG, optarg, "--transport", cli_transports()); break;
         case O_GRAPHS: o.cuda_graphs = 1; break;
         case O_NO_PREFIX: o.no_prefix_caching = 1; break;
+        case O_SPEC:
+        case O_SPEC_MIN:
+        case O_SPEC_MAX:
+        case O_SPEC_BATCH:
+        case O_SPEC_DRAFT: cli_spec_flag(PROG, opts[li].name, optarg, &spec); break;
         case O_ALLRED:
             if (echo_preset_parse(optarg, &o.allreduce))
                 cli_usage_error(PROG, "--allreduce expects echo, echo-nofb, exact, int4 or bf16, got '%s'", optarg);
@@ -352,6 +372,9 @@ int main(int argc, char **argv) {
         }
     }
     if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
+    cli_spec_finish(PROG, &spec);
+    o.spec = spec.p;
+    o.spec_max_batch = spec.max_batch;
     if (!model) cli_usage_error(PROG, "%s", "--model NAME|DIR is required");
     if (!o.api_key && getenv("ECHO_API_KEY") && *getenv("ECHO_API_KEY")) o.api_key = getenv("ECHO_API_KEY");
 

@@ -176,6 +176,10 @@ int eng_step_cands(eng *e, const eng_item *items, int n_items, int k, eng_cands 
 void eng_seq_free(eng *e, int seq) {
     (void)e, (void)seq;
 }
+int eng_seq_truncate(eng *e, int seq, int len) {
+    (void)e, (void)seq, (void)len;
+    return -1;
+}
 int eng_seq_new_prefix(eng *e, const int32_t *prompt, int n, int max_reuse, int *seq, int *reused, char *err,
                        size_t errlen) {
     (void)e, (void)prompt, (void)n, (void)max_reuse, *seq = -1, *reused = 0;

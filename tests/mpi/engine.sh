@@ -21,7 +21,9 @@
 #      exact vs echo, and no namespace left (root only);
 #   7. one answer per path under mpirun -np 3 (tests/paths.sh): echo-eval,
 #      echo-serve's prompt logprobs and echo-generate give the same logits
-#      bits on SmolLM2 ($ECHO_SMOLLM2_GGUF) for every preset.
+#      bits on SmolLM2 ($ECHO_SMOLLM2_GGUF) for every preset;
+#   8. speculative decoding under mpirun -np 3 (tests/server/test_spec.py):
+#      greedy answers with --speculative ngram equal those without.
 # Every mpirun is bounded by `timeout`.
 set -u
 have=$1 bin=$2 demo=$3
@@ -231,6 +233,16 @@ if [ -n "${ECHO_SMOLLM2_GGUF:-}" ]; then
     if tests/paths.sh --np 3 "$bin" "$ECHO_SMOLLM2_GGUF"; then ok; else bad "tests/paths.sh --np 3 (above)"; fi
 else
     echo "test-mpi engine: the path check is skipped (ECHO_SMOLLM2_GGUF not set)"
+fi
+
+# 8. speculative decoding under mpirun -np 3, exact: the greedy answers of 50 prompts equal
+#    those without (docs/speculative.md)
+if [ -n "${ECHO_SMOLLM2_GGUF:-}" ]; then
+    if timeout 1200 python3 tests/server/test_spec.py --bin "$bin/echo-serve" --model "$ECHO_SMOLLM2_GGUF" --tp 3 \
+        --launch "mpirun --oversubscribe -np 3" --sections equal >"$tmp/spec.log" 2>&1; then ok
+    else bad "test_spec.py under mpirun -np 3: $(grep -E 'FAIL|differs' "$tmp/spec.log" | head -5)"; fi
+else
+    echo "test-mpi engine: the speculative check is skipped (ECHO_SMOLLM2_GGUF not set)"
 fi
 
 echo "test-mpi engine: $checks checks passed, $([ $fail = 0 ] && echo 0 || echo some) failed"

@@ -52,6 +52,15 @@ fi
 case "$p1$f1" in *[!0-9]*|'') p1=0; f1=1 ;; esac
 p1=$((p1 + ps)); f1=$((f1 + fs))
 
+# Speculative decoding on the trained model: --speculative ngram against none, 50 prompts
+# (docs/speculative.md; tp 3 and mpirun runs: tests/server/test_spec.py --help).
+if [ -n "$gguf" ] && [ -f "$gguf" ]; then
+  python3 "$here/test_spec.py" --bin "$bin" --model "$gguf" | tee "$log"
+  read -r ps _ fs _ < <(tail -1 "$log") || { ps=0; fs=1; }
+  case "$ps$fs" in *[!0-9]*|'') ps=0; fs=1 ;; esac
+  p1=$((p1 + ps)); f1=$((f1 + fs))
+fi
+
 # Third-party clients. The venv sees the system's packages (torch and
 # transformers, when installed, are not downloaded again).
 venv=${ECHO_CLIENTS_VENV:-$(cd "$(dirname "$bin")/.." && pwd)/venv-clients}
