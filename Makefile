@@ -330,8 +330,11 @@ test-bench: $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 $(BUILD)/tests/mpi_test_comm: $(BUILD)/obj/tests/mpi/test_comm_mpi.o $(filter $(BUILD)/obj/comm/%,$(LIB_OBJ))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-test-mpi: $(BUILD)/tests/mpi_test_comm $(TOOLS) $(DEMO_MODEL)/config.json $(DEFAULT_GGUF) $(BUILD)/tests/toy_test
-	tests/mpi/run.sh $(MPI) $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench
+$(BUILD)/tests/mpi_test_engine_cfg: $(BUILD)/obj/tests/mpi/test_engine_cfg.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+test-mpi: $(BUILD)/tests/mpi_test_comm $(BUILD)/tests/mpi_test_engine_cfg $(TOOLS) $(DEMO_MODEL)/config.json $(DEFAULT_GGUF) $(BUILD)/tests/toy_test
+	tests/mpi/run.sh $(MPI) $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench $(BUILD)/tests/mpi_test_engine_cfg
 	ECHO_SMOLLM2_GGUF=$(DEFAULT_GGUF) tests/mpi/engine.sh $(MPI) $(BIN) $(DEMO_MODEL)
 	tests/toy/run.sh $(BUILD)/tests/toy_test
 	tests/mpi/hostlab.sh $(MPI) $(BIN) $(DEMO_MODEL)

@@ -36,6 +36,9 @@
 #define ENG_ENOSPACE (-2) /* not enough free KV blocks (or sequence slots) */
 #define ENG_MAX_TOP_LOGPROBS 64
 
+/* A field added here goes into engine/config.c's list too (ENG_CONFIG_FIELDS:
+ * how it reaches the processes of rank > 0 under mpirun);
+ * tests/mpi/test_engine_cfg.c fails until it is there. */
 typedef struct eng_config {
     const char *model_dir;
     const char *device; /* "cpu" (default) or "cuda" */
