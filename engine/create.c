@@ -392,14 +392,7 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
             }
         }
     }
-    for (int i = 1; !e->procs && i < c->tp; i++) {
-        if (pthread_create(&e->ranks[i].thread, NULL, eng_priv_rank_main, &e->ranks[i]) != 0) {
-            snprintf(err, errlen, "cannot start rank thread %d", i);
-            return -1;
-        }
-        e->ranks[i].started = 1;
-    }
-    return 0;
+    return e->rk->create ? e->rk->create(e, err, errlen) : 0;
 }
 
 /* In procs mode every process reaches each of these points: 0 when all
@@ -429,6 +422,7 @@ int eng_priv_create(const eng_config *cfg, int procs, eng **out, char *err, size
     e->cfg = *cfg;
     e->procs = procs;
     e->me = procs ? echo_proc_rank() : 0;
+    e->rk = procs ? &eng_priv_ranks_procs : &eng_priv_ranks_threads;
     int gpu_per_rank = 0;
     if (procs_agree(e, create_prep(e, &gpu_per_rank, err, errlen), err, errlen) ||
         procs_agree(e, create_world(e, gpu_per_rank, err, errlen), err, errlen) ||
@@ -461,18 +455,9 @@ int eng_create(const eng_config *cfg0, eng **out, char *err, size_t errlen) {
 
 void eng_destroy(eng *e) {
     if (!e) return;
-    if (e->procs && e->me == 0) { /* the others destroy theirs (a dead peer is not waited for) */
-        ctl_hdr h = {.op = OP_DESTROY};
-        char err[256];
-        echo_proc_bcast(&h, sizeof h, err, sizeof err);
-    }
-    pthread_mutex_lock(&e->mu);
-    e->stop = 1;
-    pthread_cond_broadcast(&e->go_cv);
-    pthread_mutex_unlock(&e->mu);
+    e->rk->destroy(e); /* the ranks stop before their models go */
     for (int i = 0; e->ranks && i < e->cfg.tp; i++) {
         eng_rank *r = &e->ranks[i];
-        if (r->started) pthread_join(r->thread, NULL);
         eng_overlap_destroy(r->run.ov); /* and its comms but r->comm */
         model_free(r->m);
         echo_comm_destroy(r->comm);

@@ -1,9 +1,10 @@
 /*
- * engine/ under mpirun ("procs" mode, engine.c's header): the control
- * messages rank 0 broadcasts (OP_STEP with the batch, OP_EXIT; OP_CREATE and
- * OP_DESTROY go out from create.c), the gather of every process's results
- * after a step, and eng_follow, the loop of the processes of rank > 0.
- * docs/network.md has the protocol.
+ * engine/: ranks as processes under mpirun ("procs" mode, engine.c's
+ * header), one row of the ranks table (internal.h; threads.c has ranks as
+ * threads): the step messages rank 0 broadcasts (OP_STEP with the batch,
+ * OP_DESTROY), the gather of every process's results after a step, and a
+ * step as a process of rank > 0 runs it (follow.c's loop). OP_CREATE goes
+ * out from eng_create. docs/network.md has the protocol.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,8 +30,8 @@ static int step_payload_move(eng *e, const ctl_hdr *h, char *err, size_t errlen)
     return h->nrows ? echo_proc_bcast(e->row_full, (size_t)h->nrows, err, errlen) : 0;
 }
 
-int eng_priv_step_send(eng *e, int n, int ntok, int nrows, int k, int nfull, int states, char *err, size_t errlen) {
-    ctl_hdr h = {OP_STEP, n, ntok, nrows, e->max_blocks_per_seq, k, nfull, states};
+static int procs_start_step(eng *e, const eng_step_shape *s, char *err, size_t errlen) {
+    ctl_hdr h = {OP_STEP, s->n, s->ntok, s->nrows, e->max_blocks_per_seq, s->k, s->nfull, s->states};
     if (echo_proc_bcast(&h, sizeof h, err, errlen) || step_payload_move(e, &h, err, errlen)) {
         procs_dead(e, err);
         return -1;
@@ -70,7 +71,7 @@ static void result_pack(const eng *e, char *buf, int nrows, int k, int nfull, in
 
 /* Rank 0: every process's results into e->ranks[*]; the first failure's
  * message. */
-int eng_priv_step_gather(eng *e, int nrows, int k, int nfull, int rc, char *err, size_t errlen) {
+static int step_gather(eng *e, int nrows, int k, int nfull, int rc, char *err, size_t errlen) {
     size_t one = result_bytes(e, nrows, k, nfull), all = one * (size_t)e->cfg.tp;
     char *mine = malloc(one);
     if (all > e->gather_cap) {
@@ -125,7 +126,7 @@ int eng_priv_step_gather(eng *e, int nrows, int k, int nfull, int rc, char *err,
 }
 
 /* A process of rank > 0: one step as rank 0 described it. */
-static int follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
+int eng_priv_follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
     const eng_config *c = &e->cfg;
     if (h->n < 1 || h->n > c->max_num_seqs || h->ntok < 1 || h->ntok > c->max_batch_tokens || h->nrows < 0 ||
         h->nrows > e->logit_cap || h->max_blocks != e->max_blocks_per_seq || h->k < 0 || h->k > KERN_TOPK_MAX ||
@@ -145,7 +146,7 @@ static int follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
     e->batch = (model_batch){h->n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
                              e->logit_rows, h->nrows, NULL, h->k ? &r->topk : NULL};
     char lerr[512] = "";
-    rc = eng_priv_ranks_forward(e, lerr, sizeof lerr);
+    rc = eng_priv_rank_forward(e, lerr, sizeof lerr);
     size_t one = result_bytes(e, h->nrows, h->k, h->nfull);
     char *mine = malloc(one);
     if (!mine) {
@@ -158,51 +159,22 @@ static int follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
     return rc;
 }
 
-int eng_follow(char *err, size_t errlen) {
-    eng *e = NULL;
-    char *strs = NULL; /* the config's strings: outlive the engine made from it (e->cfg points into them) */
-    for (;;) {
-        ctl_hdr h;
-        if (echo_proc_bcast(&h, sizeof h, err, errlen)) break;
-        if (h.op == OP_CREATE) {
-            eng_config c;
-            char *next = NULL;
-            int rc = eng_priv_cfg_bcast(&c, &next, err, errlen);
-            if (rc < 0) break;
-            if (rc > 0) continue; /* rank 0 makes none */
-            eng_destroy(e);
-            e = NULL;
-            free(strs);
-            strs = next;
-            char cerr[1024];
-            eng_priv_create(&c, 1, &e, cerr, sizeof cerr); /* a failure fails rank 0 alike, which reports it */
-        } else if (h.op == OP_STEP) {
-            if (!e) {
-                snprintf(err, errlen, "rank %d: a step without an engine", echo_proc_rank());
-                break;
-            }
-            if (follow_step(e, &h, err, errlen)) break;
-        } else if (h.op == OP_DESTROY) {
-            eng_destroy(e);
-            e = NULL;
-        } else if (h.op == OP_EXIT) {
-            eng_destroy(e);
-            free(strs);
-            return 0;
-        } else {
-            snprintf(err, errlen, "rank %d: unknown control message %d", echo_proc_rank(), h.op);
-            break;
-        }
-    }
-    if (e) e->procs = 0; /* rank 0 is gone or confused: do not talk to it */
-    eng_destroy(e);
-    free(strs);
-    return -1;
+/* ---- the procs row: rank 0's side ---- */
+
+/* This process's rank runs the step, then every process's results come in. */
+static int procs_finish_step(eng *e, const eng_step_shape *s, char *err, size_t errlen) {
+    int rc = eng_priv_rank_forward(e, err, errlen);
+    return step_gather(e, s->nrows, s->k, s->nfull, rc, err, errlen);
 }
 
-void eng_procs_exit(void) {
-    if (echo_proc_count() < 2 || echo_proc_rank() != 0) return;
-    ctl_hdr h = {.op = OP_EXIT};
+/* The others destroy theirs (a dead peer is not waited for). Not after a
+ * failed create (e->procs cleared: they failed too) nor on a follower. */
+static void procs_destroy(eng *e) {
+    if (!e->procs || e->me != 0) return;
+    ctl_hdr h = {.op = OP_DESTROY};
     char err[256];
     echo_proc_bcast(&h, sizeof h, err, sizeof err);
 }
+
+/* No create: the others made theirs when eng_create sent OP_CREATE. */
+const eng_ranks_ops eng_priv_ranks_procs = {"procs", NULL, procs_start_step, procs_finish_step, procs_destroy};
