@@ -5,8 +5,9 @@
  *   - An engine owns `tp` ranks. Each rank has its own backend instance, its
  *     shard of the weights (model/), its paged KV cache for its KV heads, and
  *     its comm/ endpoint; ranks synchronise only through comm/ (every
- *     row-parallel all-reduce, site = 2*layer + {0 attention, 1 MLP}). On the
- *     cpu backend ranks are threads; tp = 1 runs on the caller's thread.
+ *     row-parallel all-reduce, site = 2*layer + {0 attention, 1 MLP}). Ranks
+ *     are threads of this process (tp = 1 runs on the caller's thread), or
+ *     under mpirun one process each (eng_follow).
  *   - Sequences hold token positions in fixed-size KV blocks (block tables).
  *     eng_step() runs one forward pass over a batch whose items each append a
  *     prompt chunk or one decode token to a sequence, and returns logits for
@@ -22,7 +23,10 @@
  *     step leaves every sequence as it was.
  *   - Sampling (eng_sample) is host-side and reproducible per request seed.
  *   - One thread drives an engine at a time (the scheduler). Library code:
- *     returns status with a message in the caller's buffer; never exits.
+ *     returns status with a message in the caller's buffer and does not
+ *     exit, but for one case: under mpirun a rank that fails on its own
+ *     mid-step ends the job (echo_proc_abort, eng_follow below), since its
+ *     peers wait in a collective nothing can interrupt.
  */
 #ifndef ECHO_ENGINE_H
 #define ECHO_ENGINE_H

@@ -1,7 +1,7 @@
 /*
  * cpu: KERN_Q4_0_A8 and KERN_Q4_1_A8 -- Q4_0 / Q4_1 weights repacked in
  * groups of 8 rows, times activations quantized to 8 bits per 32-block
- * (cpu_a8_quantize), in integers. The served SmolLM2 file is Q4_1: this is
+ * (cpu_a8_begin), in integers. The served SmolLM2 file is Q4_1: this is
  * its decode path, so it gets llama.cpp's repacking trick (one vpmaddubsw
  * covers 8 rows x 4 weights; no horizontal sums).
  *
