@@ -318,7 +318,8 @@ test-bench: $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 # ---- end echo-bench serve block ----
 
 # ---- the mpi transport and the network lab (comm/transport/mpi.c, scripts/netlab.sh, docs/network.md) ----
-# make test-mpi   the mpi transport against local bit for bit under mpirun -np 2, 3, 4, and
+# make test-mpi   the mpi transport against local bit for bit under mpirun -np 2, 3, 4, an
+#                 engine config with every field set reaching every rank > 0 (-np 2, 3), and
 #                 the lab script's namespace clean-up plus a shaped 2-rank echo-bench smoke
 #                 (the lab parts need root and tc; skipped with a note otherwise); then ranks
 #                 as processes (tests/mpi/engine.sh): HF's greedy tokens at -np 2/3/4,
