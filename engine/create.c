@@ -1,9 +1,10 @@
 /*
  * engine/: making and destroying an engine (eng_create: here, or on every
- * process under mpirun, with eng_follow in proc.c): the config's defaults and
- * limits, the transport and backend rows it picks (comm/'s and kernels/'
- * tables), the KV block pool and step staging, the all-reduce world, each
- * rank's backend, comm and model, and the ranks' threads.
+ * process under mpirun, the others in eng_follow, follow.c): the config's
+ * defaults and limits, the transport and backend rows it picks (comm/'s and
+ * kernels/' tables), the KV block pool and step staging, the all-reduce
+ * world, each rank's backend, comm and model, and the row of the ranks
+ * table that runs them (threads or processes, internal.h).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -438,6 +439,10 @@ fail:
 
 int eng_create(const eng_config *cfg0, eng **out, char *err, size_t errlen) {
     *out = NULL;
+    if (!cfg0->model_dir) {
+        snprintf(err, errlen, "no model path (eng_config.model_dir)");
+        return -1;
+    }
     /* --kv-cache-memory auto is read once, here (rank 0): every process
      * sizes its pool from the same bytes */
     eng_config cc = *cfg0, *cfg = &cc;
