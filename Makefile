@@ -318,7 +318,8 @@ test-bench: $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 # ---- end echo-bench serve block ----
 
 # ---- the mpi transport and the network lab (comm/transport/mpi.c, scripts/netlab.sh, docs/network.md) ----
-# make test-mpi   the mpi transport against local bit for bit under mpirun -np 2, 3, 4, and
+# make test-mpi   the mpi transport against local bit for bit under mpirun -np 2, 3, 4, an
+#                 engine config with every field set reaching every rank > 0 (-np 2, 3), and
 #                 the lab script's namespace clean-up plus a shaped 2-rank echo-bench smoke
 #                 (the lab parts need root and tc; skipped with a note otherwise); then ranks
 #                 as processes (tests/mpi/engine.sh): HF's greedy tokens at -np 2/3/4,
@@ -330,8 +331,11 @@ test-bench: $(BIN)/echo-bench $(BIN)/echo-serve $(DEMO_MODEL)/config.json
 $(BUILD)/tests/mpi_test_comm: $(BUILD)/obj/tests/mpi/test_comm_mpi.o $(filter $(BUILD)/obj/comm/%,$(LIB_OBJ))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-test-mpi: $(BUILD)/tests/mpi_test_comm $(TOOLS) $(DEMO_MODEL)/config.json $(DEFAULT_GGUF) $(BUILD)/tests/toy_test
-	tests/mpi/run.sh $(MPI) $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench
+$(BUILD)/tests/mpi_test_engine_cfg: $(BUILD)/obj/tests/mpi/test_engine_cfg.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+test-mpi: $(BUILD)/tests/mpi_test_comm $(BUILD)/tests/mpi_test_engine_cfg $(TOOLS) $(DEMO_MODEL)/config.json $(DEFAULT_GGUF) $(BUILD)/tests/toy_test
+	tests/mpi/run.sh $(MPI) $(BUILD)/tests/mpi_test_comm $(BIN)/echo-bench $(BUILD)/tests/mpi_test_engine_cfg
 	ECHO_SMOLLM2_GGUF=$(DEFAULT_GGUF) tests/mpi/engine.sh $(MPI) $(BIN) $(DEMO_MODEL)
 	tests/toy/run.sh $(BUILD)/tests/toy_test
 	tests/mpi/hostlab.sh $(MPI) $(BIN) $(DEMO_MODEL)

@@ -1,8 +1,10 @@
 /*
- * engine/: making and destroying an engine: the config's defaults and
- * limits, the transport and backend rows it picks (comm/'s and kernels/'
- * tables), the KV block pool and step staging, the all-reduce world, each
- * rank's backend, comm and model, and the ranks' threads.
+ * engine/: making and destroying an engine (eng_create: here, or on every
+ * process under mpirun, the others in eng_follow, follow.c): the config's
+ * defaults and limits, the transport and backend rows it picks (comm/'s and
+ * kernels/' tables), the KV block pool and step staging, the all-reduce
+ * world, each rank's backend, comm and model, and the row of the ranks
+ * table that runs them (threads or processes, internal.h).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -13,21 +15,6 @@
 #include "engine/internal.h"
 #include "kernels/kv.h"
 #include "engine/overlap.h"
-
-/* What the cached KV depends on besides the tokens (blocks.h's key): fixed
- * for an engine's life, so a cache never outlives it; folded in so the
- * chain names all of it. */
-static uint64_t config_key(const eng_config *c) {
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = c->model_dir ? c->model_dir : ""; *p; p++)
-        h = (h ^ (unsigned char)*p) * 1099511628211ull;
-    const int v[] = {c->tp,       (int)c->allreduce, c->echo_group,    (int)c->echo_codec,
-                     c->quantize, c->act_quant,      c->kv_block_size, (int)c->echo_min_bytes,
-                     (int)c->kv_dtype, (int)(c->kv_cache_memory >> 20)};
-    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
-        h = (h ^ (uint32_t)v[i]) * 1099511628211ull;
-    return h;
-}
 
 /* ---- transport and backend rows (comm/echo.h, kernels/kernels.h) ---- */
 
@@ -106,7 +93,9 @@ static size_t mem_available(void) {
     return (size_t)kb * 1024;
 }
 
-int eng_priv_kv_memory(eng_config *c, char *err, size_t errlen) {
+/* --kv-cache-memory auto (ENG_KV_MEMORY_AUTO) made bytes, from this host's
+ * MemAvailable (eng_config.kv_cache_memory); 0 or -1. */
+static int kv_memory(eng_config *c, char *err, size_t errlen) {
     if (c->kv_cache_memory != ENG_KV_MEMORY_AUTO) return 0;
     const kern_backend_info *b = kern_backend_find(c->device ? c->device : "cpu");
     if (b && !b->host) { /* a GPU's budget is its memory, not the host's: none yet */
@@ -262,7 +251,7 @@ static int create_prep(eng *e, int *gpu_per_rank, char *err, size_t errlen) {
     if (!model_is_random(c->model_dir) && weights_open(c->model_dir, &e->ws, err, errlen)) return -1;
 
     e->max_blocks_per_seq = (c->max_model_len + c->kv_block_size - 1) / c->kv_block_size;
-    if (eng_blocks_init(&e->pool, c->kv_blocks, c->kv_block_size, !c->no_prefix_cache, config_key(c))) {
+    if (eng_blocks_init(&e->pool, c->kv_blocks, c->kv_block_size, !c->no_prefix_cache, eng_priv_config_key(c))) {
         snprintf(err, errlen, "out of memory for the KV block pool");
         return -1;
     }
@@ -404,14 +393,17 @@ static int create_ranks(eng *e, int gpu_per_rank, char *err, size_t errlen) {
             }
         }
     }
-    for (int i = 1; !e->procs && i < c->tp; i++) {
-        if (pthread_create(&e->ranks[i].thread, NULL, eng_priv_rank_main, &e->ranks[i]) != 0) {
-            snprintf(err, errlen, "cannot start rank thread %d", i);
-            return -1;
-        }
-        e->ranks[i].started = 1;
-    }
-    return 0;
+    return e->rk->create ? e->rk->create(e, err, errlen) : 0;
+}
+
+/* In procs mode every process reaches each of these points: 0 when all
+ * got there without error, else -1 everywhere with the first failure's
+ * message (so no process goes on into a collective the others skip). */
+static int procs_agree(const eng *e, int rc, char *err, size_t errlen) {
+    if (!e->procs) return rc;
+    char mine[512];
+    snprintf(mine, sizeof mine, "%s", rc ? err : "");
+    return echo_proc_agree(rc == 0, mine, err, errlen);
 }
 
 /* The engine of this process; procs: ranks are processes (rank 0 has told
@@ -431,10 +423,11 @@ int eng_priv_create(const eng_config *cfg, int procs, eng **out, char *err, size
     e->cfg = *cfg;
     e->procs = procs;
     e->me = procs ? echo_proc_rank() : 0;
+    e->rk = procs ? &eng_priv_ranks_procs : &eng_priv_ranks_threads;
     int gpu_per_rank = 0;
-    if (eng_priv_procs_agree(e, create_prep(e, &gpu_per_rank, err, errlen), err, errlen) ||
-        eng_priv_procs_agree(e, create_world(e, gpu_per_rank, err, errlen), err, errlen) ||
-        eng_priv_procs_agree(e, create_ranks(e, gpu_per_rank, err, errlen), err, errlen))
+    if (procs_agree(e, create_prep(e, &gpu_per_rank, err, errlen), err, errlen) ||
+        procs_agree(e, create_world(e, gpu_per_rank, err, errlen), err, errlen) ||
+        procs_agree(e, create_ranks(e, gpu_per_rank, err, errlen), err, errlen))
         goto fail;
     *out = e;
     return 0;
@@ -444,20 +437,32 @@ fail:
     return -1;
 }
 
+int eng_create(const eng_config *cfg0, eng **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!cfg0->model_dir) {
+        snprintf(err, errlen, "no model path (eng_config.model_dir)");
+        return -1;
+    }
+    /* --kv-cache-memory auto is read once, here (rank 0): every process
+     * sizes its pool from the same bytes */
+    eng_config cc = *cfg0, *cfg = &cc;
+    if (kv_memory(&cc, err, errlen)) return -1;
+    if (echo_proc_count() == 1) return eng_priv_create(cfg, 0, out, err, errlen);
+    if (echo_proc_rank() != 0) {
+        snprintf(err, errlen, "under mpirun only rank 0 creates engines; the other processes run eng_follow()");
+        return -1;
+    }
+    /* rank 0: the others make the same engine (eng_follow) */
+    ctl_hdr h = {.op = OP_CREATE};
+    if (echo_proc_bcast(&h, sizeof h, err, errlen) || eng_priv_cfg_bcast(&cc, NULL, err, errlen)) return -1;
+    return eng_priv_create(cfg, 1, out, err, errlen);
+}
+
 void eng_destroy(eng *e) {
     if (!e) return;
-    if (e->procs && e->me == 0) { /* the others destroy theirs (a dead peer is not waited for) */
-        ctl_hdr h = {.op = OP_DESTROY};
-        char err[256];
-        echo_proc_bcast(&h, sizeof h, err, sizeof err);
-    }
-    pthread_mutex_lock(&e->mu);
-    e->stop = 1;
-    pthread_cond_broadcast(&e->go_cv);
-    pthread_mutex_unlock(&e->mu);
+    e->rk->destroy(e); /* the ranks stop before their models go */
     for (int i = 0; e->ranks && i < e->cfg.tp; i++) {
         eng_rank *r = &e->ranks[i];
-        if (r->started) pthread_join(r->thread, NULL);
         eng_overlap_destroy(r->run.ov); /* and its comms but r->comm */
         model_free(r->m);
         echo_comm_destroy(r->comm);

@@ -17,8 +17,8 @@
  * KV blocks, sampling), sends each step's batch to the others (comm/'s
  * control messages), runs its own rank and gathers their vocabulary slices
  * or candidates; the other processes sit in eng_follow(), running the same
- * step on their rank. The control plane is proc.c; docs/network.md has the
- * protocol.
+ * step on their rank. Both ways are rows of the ranks table (internal.h:
+ * threads.c, proc.c); docs/network.md has the processes' protocol.
  */
 #include <math.h>
 #include <stdio.h>
@@ -351,14 +351,13 @@ static int step_run(eng *e, const eng_item *it, int n, const step_out *out, char
     /* rank 0's request; the other ranks swap in their own (rank_main) */
     e->batch = (model_batch){n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
                              e->logit_rows, nrows, out->layer_states, out->cands ? &e->ranks[0].topk : NULL};
-    /* procs mode: the other processes run the same step on their ranks */
-    if (e->procs && eng_priv_step_send(e, n, tok, nrows, out->cands ? out->k : 0, nfull, out->layer_states != NULL, err,
-                              errlen)) {
+    /* every rank runs the same step: threads, or the other processes (e->rk) */
+    eng_step_shape sh = {n, tok, nrows, out->cands ? out->k : 0, nfull, out->layer_states != NULL};
+    if (e->rk->start_step(e, &sh, err, errlen)) {
         step_rollback(e, it, n);
         return -1;
     }
-    int rc = eng_priv_ranks_forward(e, err, errlen);
-    if (e->procs) rc = eng_priv_step_gather(e, nrows, out->cands ? out->k : 0, nfull, rc, err, errlen);
+    int rc = e->rk->finish_step(e, &sh, err, errlen);
     /* Gather the vocabulary slices into full rows (packed: with candidates,
      * only the flagged rows came back whole). */
     int V = e->mc.vocab_size;

@@ -5,8 +5,9 @@
  *   - An engine owns `tp` ranks. Each rank has its own backend instance, its
  *     shard of the weights (model/), its paged KV cache for its KV heads, and
  *     its comm/ endpoint; ranks synchronise only through comm/ (every
- *     row-parallel all-reduce, site = 2*layer + {0 attention, 1 MLP}). On the
- *     cpu backend ranks are threads; tp = 1 runs on the caller's thread.
+ *     row-parallel all-reduce, site = 2*layer + {0 attention, 1 MLP}). Ranks
+ *     are threads of this process (tp = 1 runs on the caller's thread), or
+ *     under mpirun one process each (eng_follow).
  *   - Sequences hold token positions in fixed-size KV blocks (block tables).
  *     eng_step() runs one forward pass over a batch whose items each append a
  *     prompt chunk or one decode token to a sequence, and returns logits for
@@ -22,7 +23,10 @@
  *     step leaves every sequence as it was.
  *   - Sampling (eng_sample) is host-side and reproducible per request seed.
  *   - One thread drives an engine at a time (the scheduler). Library code:
- *     returns status with a message in the caller's buffer; never exits.
+ *     returns status with a message in the caller's buffer and does not
+ *     exit, but for one case: under mpirun a rank that fails on its own
+ *     mid-step ends the job (echo_proc_abort, eng_follow below), since its
+ *     peers wait in a collective nothing can interrupt.
  */
 #ifndef ECHO_ENGINE_H
 #define ECHO_ENGINE_H
@@ -36,6 +40,9 @@
 #define ENG_ENOSPACE (-2) /* not enough free KV blocks (or sequence slots) */
 #define ENG_MAX_TOP_LOGPROBS 64
 
+/* A field added here goes into engine/config.c's list too (ENG_CONFIG_FIELDS:
+ * how it reaches the processes of rank > 0 under mpirun);
+ * tests/mpi/test_engine_cfg.c fails until it is there. */
 typedef struct eng_config {
     const char *model_dir;
     const char *device; /* "cpu" (default) or "cuda" */
@@ -191,19 +198,29 @@ void eng_procs_exit(void);
  * non-NULL it also receives the model's Jinja chat template
  * (tokenizer_config.json "chat_template", or the GGUF's
  * tokenizer.chat_template; NULL when the model has none) and the BOS/EOS
- * token texts templates refer to ("" when unknown); free with
- * eng_chat_template_free. Returns 0, ENG_TOK_MISSING when a folder has no
- * tokenizer files, or -1 with a message. */
+ * token texts templates refer to ("" when unknown), and the template
+ * compiled once for every eng_chat_render (a template the interpreter
+ * cannot compile is no load error: compiled stays NULL and compile_err says
+ * why, which each render reports); free with eng_chat_template_free.
+ * Returns 0, ENG_TOK_MISSING when a folder has no tokenizer files, or -1
+ * with a message. */
 #define ENG_TOK_MISSING (-2)
 typedef struct tok_tokenizer tok_tokenizer;
+typedef struct tok_template tok_template;
 typedef struct eng_chat_template {
     char *source;
     char *bos_token, *eos_token;
+    tok_template *compiled; /* source's; NULL: not compiled (compile_err) or no source */
+    char *compile_err;      /* why source does not compile; NULL when it does */
 } eng_chat_template;
 int eng_tokenizer_load(const char *model_path, tok_tokenizer **tok, eng_chat_template *chat, char *err,
                        size_t errlen);
 void eng_chat_template_free(eng_chat_template *chat);
-/* Render chat->source with `context_json`, a JSON object of the template's
+/* The built-in template (Qwen3's, tok_chat_builtin_source), compiled, for
+ * models that ship none; no BOS/EOS texts (""). 0, or -1 with a message. */
+int eng_chat_template_builtin(eng_chat_template *chat, char *err, size_t errlen);
+/* Render chat's template (compiled at load; a hand-made chat with only a
+ * source is compiled per call) with `context_json`, a JSON object of the template's
  * variables (messages, add_generation_prompt, chat_template_kwargs...):
  * bos_token / eos_token are added when absent, as transformers does.
  * *out is malloc'ed. -1 with a message: no template, a construct the

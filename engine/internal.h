@@ -1,9 +1,9 @@
 /*
  * Private to engine/: struct eng and what its files share: engine.c (the
- * step), create.c (eng_create's stages, eng_destroy), threads.c (the
- * ranks' threads), seq.c (sequences) and proc.c (the multi-process control
- * plane: eng_create under mpirun, a step's batch out and results back,
- * eng_follow).
+ * step), create.c (eng_create and its stages, eng_destroy), config.c
+ * (eng_config's field list: its wire form and key), the ranks table's rows
+ * threads.c (ranks as threads) and proc.c (ranks as processes: a step's
+ * batch out and results back), follow.c (eng_follow), seq.c (sequences).
  */
 #ifndef ECHO_ENGINE_INTERNAL_H
 #define ECHO_ENGINE_INTERNAL_H
@@ -17,6 +17,8 @@
 #include "engine/step.h"
 #include "kernels/kernels.h"
 #include "weights/weights.h"
+
+typedef struct eng_ranks_ops eng_ranks_ops;
 
 typedef struct eng_rank {
     eng *e;
@@ -56,6 +58,7 @@ typedef struct eng_seq {
 
 struct eng {
     eng_config cfg;
+    const eng_ranks_ops *rk; /* how the ranks run: threads or processes */
     model_config mc;
     weights_set *ws;
     echo_world *world;
@@ -95,7 +98,7 @@ struct eng {
 
 /* ---- procs mode: the control messages between rank 0 and the others ----
  * Every message starts with a ctl_hdr broadcast from rank 0; OP_CREATE is
- * followed by a wire_cfg, OP_STEP by the batch arrays. After a step every
+ * followed by the config (eng_priv_cfg_bcast), OP_STEP by the batch arrays. After a step every
  * process sends rank 0 its status and results (one gather). */
 enum { OP_CREATE = 1, OP_STEP, OP_DESTROY, OP_EXIT };
 
@@ -104,23 +107,47 @@ typedef struct ctl_hdr {
     int32_t n, ntok, nrows, max_blocks, k, nfull, states;
 } ctl_hdr;
 
+/* ---- how the ranks run: one row per way, as comm/ has transports ----
+ * eng_step stages a step's batch (e->batch and the arrays it points at),
+ * then start_step sends it to the ranks other than this process's, and
+ * finish_step runs this process's rank and brings the others' results into
+ * e->ranks[*] (-1 with the first failure's message). create starts them
+ * once every rank of this process has its model (optional); destroy stops
+ * them, before the models go. */
+typedef struct eng_step_shape {
+    int n, ntok, nrows, k, nfull, states; /* items, tokens, logits rows, candidates each, full rows, layer states */
+} eng_step_shape;
+struct eng_ranks_ops {
+    const char *name;
+    int (*create)(eng *e, char *err, size_t errlen);
+    int (*start_step)(eng *e, const eng_step_shape *s, char *err, size_t errlen);
+    int (*finish_step)(eng *e, const eng_step_shape *s, char *err, size_t errlen);
+    void (*destroy)(eng *e);
+};
+extern const eng_ranks_ops eng_priv_ranks_threads; /* threads.c */
+extern const eng_ranks_ops eng_priv_ranks_procs;   /* proc.c */
+
 /* engine.c */
 void eng_priv_vocab_slice(const eng *e, int r, int *v0, int *vn);
 int eng_priv_step_reserve(eng *e, int nfull, int ncand, char *err, size_t errlen);
 
 /* create.c */
 int eng_priv_create(const eng_config *cfg, int procs, eng **out, char *err, size_t errlen);
-/* create.c: --kv-cache-memory auto (ENG_KV_MEMORY_AUTO) made bytes, from
- * this host's MemAvailable (eng_config.kv_cache_memory); 0 or -1. */
-int eng_priv_kv_memory(eng_config *c, char *err, size_t errlen);
 
-/* threads.c */
-void *eng_priv_rank_main(void *arg);
-int eng_priv_ranks_forward(eng *e, char *err, size_t errlen);
+/* config.c: rank 0's *c to every process (collective). Rank 0: 0 or -1
+ * (the others then hear that no engine comes). The others: 0 with every
+ * field of *c from rank 0, its strings in *keep (free it after the engine
+ * made from c); 1 when rank 0 could not send one; -1 when the message
+ * failed (a config this rank cannot take ends the job: rank 0 waits). */
+int eng_priv_cfg_bcast(eng_config *c, char **keep, char *err, size_t errlen);
+/* What the cached KV depends on besides the tokens (blocks.h's key). */
+uint64_t eng_priv_config_key(const eng_config *c);
 
-/* proc.c */
-int eng_priv_procs_agree(const eng *e, int rc, char *err, size_t errlen);
-int eng_priv_step_send(eng *e, int n, int ntok, int nrows, int k, int nfull, int states, char *err, size_t errlen);
-int eng_priv_step_gather(eng *e, int nrows, int k, int nfull, int rc, char *err, size_t errlen);
+/* threads.c: this process's rank runs e->batch ("rank R: why" on failure;
+ * a rank that fails on its own under mpirun ends the job) */
+int eng_priv_rank_forward(eng *e, char *err, size_t errlen);
+
+/* proc.c: a process of rank > 0 runs the step rank 0 described in h */
+int eng_priv_follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen);
 
 #endif

@@ -1,92 +1,16 @@
 /*
- * engine/ under mpirun ("procs" mode, engine.c's header): the control
- * messages rank 0 broadcasts (OP_CREATE with the config, OP_STEP with the
- * batch, OP_DESTROY, OP_EXIT), the gather of every process's results after a
- * step, and eng_follow, the loop of the processes of rank > 0.
- * docs/network.md has the protocol.
+ * engine/: ranks as processes under mpirun ("procs" mode, engine.c's
+ * header), one row of the ranks table (internal.h; threads.c has ranks as
+ * threads): the step messages rank 0 broadcasts (OP_STEP with the batch,
+ * OP_DESTROY), the gather of every process's results after a step, and a
+ * step as a process of rank > 0 runs it (follow.c's loop). OP_CREATE goes
+ * out from eng_create. docs/network.md has the protocol.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/internal.h"
-
-/* What an eng_config says, as bytes (strings inline). */
-typedef struct wire_cfg {
-    char model_dir[2048], device[32], transport[32], rope_scaling[512];
-    int32_t tp, allreduce, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
-        kv_blocks, kv_dtype, cuda_graphs, fuse_weights, quantize, act_quant, echo_codec, overlap, overlap_min_rows;
-    uint64_t echo_min_bytes, kv_cache_memory, kv_mem_available;
-    int64_t oneshot;
-} wire_cfg;
-
-static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) {
-    const char *dev = c->device ? c->device : "", *tr = c->transport ? c->transport : "";
-    const char *rs = c->rope_scaling ? c->rope_scaling : "";
-    if (!c->model_dir || strlen(c->model_dir) >= sizeof w->model_dir || strlen(dev) >= sizeof w->device ||
-        strlen(tr) >= sizeof w->transport || strlen(rs) >= sizeof w->rope_scaling) {
-        snprintf(err, errlen, "model path, device, transport name or --rope-scaling too long for the other processes");
-        return -1;
-    }
-    *w = (wire_cfg){.tp = c->tp, .allreduce = c->allreduce, .echo_group = c->echo_group, .threads = c->threads,
-                    .kv_block_size = c->kv_block_size, .max_model_len = c->max_model_len,
-                    .max_num_seqs = c->max_num_seqs, .max_batch_tokens = c->max_batch_tokens,
-                    .kv_blocks = c->kv_blocks, .kv_dtype = (int32_t)c->kv_dtype, .cuda_graphs = c->cuda_graphs, .fuse_weights = c->fuse_weights,
-                    .quantize = c->quantize, .act_quant = c->act_quant, .echo_min_bytes = c->echo_min_bytes,
-                    .kv_cache_memory = c->kv_cache_memory, .kv_mem_available = c->kv_mem_available,
-                    .echo_codec = c->echo_codec, .overlap = c->overlap,
-                    .overlap_min_rows = c->overlap_min_rows, .oneshot = c->oneshot};
-    strcpy(w->model_dir, c->model_dir);
-    strcpy(w->device, dev);
-    strcpy(w->transport, tr);
-    strcpy(w->rope_scaling, rs);
-    return 0;
-}
-
-static void wire_get(wire_cfg *w, eng_config *c) {
-    w->model_dir[sizeof w->model_dir - 1] = w->device[sizeof w->device - 1] = w->transport[sizeof w->transport - 1] = 0;
-    w->rope_scaling[sizeof w->rope_scaling - 1] = 0;
-    *c = (eng_config){.model_dir = w->model_dir, .device = w->device[0] ? w->device : NULL,
-                      .transport = w->transport[0] ? w->transport : NULL, .tp = w->tp,
-                      .allreduce = (echo_preset)w->allreduce, .echo_group = w->echo_group, .threads = w->threads,
-                      .kv_block_size = w->kv_block_size, .max_model_len = w->max_model_len,
-                      .max_num_seqs = w->max_num_seqs, .max_batch_tokens = w->max_batch_tokens,
-                      .kv_blocks = w->kv_blocks, .kv_dtype = (kern_kv_dtype)w->kv_dtype, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
-                      .quantize = w->quantize, .act_quant = w->act_quant, .echo_min_bytes = (size_t)w->echo_min_bytes,
-                      .kv_cache_memory = (size_t)w->kv_cache_memory, .kv_mem_available = (size_t)w->kv_mem_available,
-                      .echo_codec = (echo_codec_id)w->echo_codec, .overlap = w->overlap,
-                      .overlap_min_rows = w->overlap_min_rows, .oneshot = (long)w->oneshot,
-                      .rope_scaling = w->rope_scaling[0] ? w->rope_scaling : NULL};
-}
-
-/* In procs mode every process reaches each of these points: 0 when all
- * got there without error, else -1 everywhere with the first failure's
- * message (so no process goes on into a collective the others skip). */
-int eng_priv_procs_agree(const eng *e, int rc, char *err, size_t errlen) {
-    if (!e->procs) return rc;
-    char mine[512];
-    snprintf(mine, sizeof mine, "%s", rc ? err : "");
-    return echo_proc_agree(rc == 0, mine, err, errlen);
-}
-
-int eng_create(const eng_config *cfg0, eng **out, char *err, size_t errlen) {
-    *out = NULL;
-    /* --kv-cache-memory auto is read once, here (rank 0): every process
-     * sizes its pool from the same bytes */
-    eng_config cc = *cfg0, *cfg = &cc;
-    if (eng_priv_kv_memory(&cc, err, errlen)) return -1;
-    if (echo_proc_count() == 1) return eng_priv_create(cfg, 0, out, err, errlen);
-    if (echo_proc_rank() != 0) {
-        snprintf(err, errlen, "under mpirun only rank 0 creates engines; the other processes run eng_follow()");
-        return -1;
-    }
-    /* rank 0: the others make the same engine */
-    wire_cfg w;
-    ctl_hdr h = {.op = OP_CREATE};
-    if (wire_put(&w, cfg, err, errlen)) return -1;
-    if (echo_proc_bcast(&h, sizeof h, err, errlen) || echo_proc_bcast(&w, sizeof w, err, errlen)) return -1;
-    return eng_priv_create(cfg, 1, out, err, errlen);
-}
 
 /* ---- procs mode: a step's batch out, results back ---- */
 
@@ -106,8 +30,8 @@ static int step_payload_move(eng *e, const ctl_hdr *h, char *err, size_t errlen)
     return h->nrows ? echo_proc_bcast(e->row_full, (size_t)h->nrows, err, errlen) : 0;
 }
 
-int eng_priv_step_send(eng *e, int n, int ntok, int nrows, int k, int nfull, int states, char *err, size_t errlen) {
-    ctl_hdr h = {OP_STEP, n, ntok, nrows, e->max_blocks_per_seq, k, nfull, states};
+static int procs_start_step(eng *e, const eng_step_shape *s, char *err, size_t errlen) {
+    ctl_hdr h = {OP_STEP, s->n, s->ntok, s->nrows, e->max_blocks_per_seq, s->k, s->nfull, s->states};
     if (echo_proc_bcast(&h, sizeof h, err, errlen) || step_payload_move(e, &h, err, errlen)) {
         procs_dead(e, err);
         return -1;
@@ -147,7 +71,7 @@ static void result_pack(const eng *e, char *buf, int nrows, int k, int nfull, in
 
 /* Rank 0: every process's results into e->ranks[*]; the first failure's
  * message. */
-int eng_priv_step_gather(eng *e, int nrows, int k, int nfull, int rc, char *err, size_t errlen) {
+static int step_gather(eng *e, int nrows, int k, int nfull, int rc, char *err, size_t errlen) {
     size_t one = result_bytes(e, nrows, k, nfull), all = one * (size_t)e->cfg.tp;
     char *mine = malloc(one);
     if (all > e->gather_cap) {
@@ -202,7 +126,7 @@ int eng_priv_step_gather(eng *e, int nrows, int k, int nfull, int rc, char *err,
 }
 
 /* A process of rank > 0: one step as rank 0 described it. */
-static int follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
+int eng_priv_follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
     const eng_config *c = &e->cfg;
     if (h->n < 1 || h->n > c->max_num_seqs || h->ntok < 1 || h->ntok > c->max_batch_tokens || h->nrows < 0 ||
         h->nrows > e->logit_cap || h->max_blocks != e->max_blocks_per_seq || h->k < 0 || h->k > KERN_TOPK_MAX ||
@@ -222,7 +146,7 @@ static int follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
     e->batch = (model_batch){h->n, e->tokens, e->q_start, e->pos0, e->table, e->max_blocks_per_seq,
                              e->logit_rows, h->nrows, NULL, h->k ? &r->topk : NULL};
     char lerr[512] = "";
-    rc = eng_priv_ranks_forward(e, lerr, sizeof lerr);
+    rc = eng_priv_rank_forward(e, lerr, sizeof lerr);
     size_t one = result_bytes(e, h->nrows, h->k, h->nfull);
     char *mine = malloc(one);
     if (!mine) {
@@ -235,45 +159,22 @@ static int follow_step(eng *e, const ctl_hdr *h, char *err, size_t errlen) {
     return rc;
 }
 
-int eng_follow(char *err, size_t errlen) {
-    eng *e = NULL;
-    wire_cfg w; /* outlives each engine made from it (e->cfg points into it) */
-    for (;;) {
-        ctl_hdr h;
-        if (echo_proc_bcast(&h, sizeof h, err, errlen)) break;
-        if (h.op == OP_CREATE) {
-            eng_config c;
-            if (echo_proc_bcast(&w, sizeof w, err, errlen)) break;
-            eng_destroy(e);
-            e = NULL;
-            wire_get(&w, &c);
-            char cerr[1024];
-            eng_priv_create(&c, 1, &e, cerr, sizeof cerr); /* a failure fails rank 0 alike, which reports it */
-        } else if (h.op == OP_STEP) {
-            if (!e) {
-                snprintf(err, errlen, "rank %d: a step without an engine", echo_proc_rank());
-                break;
-            }
-            if (follow_step(e, &h, err, errlen)) break;
-        } else if (h.op == OP_DESTROY) {
-            eng_destroy(e);
-            e = NULL;
-        } else if (h.op == OP_EXIT) {
-            eng_destroy(e);
-            return 0;
-        } else {
-            snprintf(err, errlen, "rank %d: unknown control message %d", echo_proc_rank(), h.op);
-            break;
-        }
-    }
-    if (e) e->procs = 0; /* rank 0 is gone or confused: do not talk to it */
-    eng_destroy(e);
-    return -1;
+/* ---- the procs row: rank 0's side ---- */
+
+/* This process's rank runs the step, then every process's results come in. */
+static int procs_finish_step(eng *e, const eng_step_shape *s, char *err, size_t errlen) {
+    int rc = eng_priv_rank_forward(e, err, errlen);
+    return step_gather(e, s->nrows, s->k, s->nfull, rc, err, errlen);
 }
 
-void eng_procs_exit(void) {
-    if (echo_proc_count() < 2 || echo_proc_rank() != 0) return;
-    ctl_hdr h = {.op = OP_EXIT};
+/* The others destroy theirs (a dead peer is not waited for). Not after a
+ * failed create (e->procs cleared: they failed too) nor on a follower. */
+static void procs_destroy(eng *e) {
+    if (!e->procs || e->me != 0) return;
+    ctl_hdr h = {.op = OP_DESTROY};
     char err[256];
     echo_proc_bcast(&h, sizeof h, err, sizeof err);
 }
+
+/* No create: the others made theirs when eng_create sent OP_CREATE. */
+const eng_ranks_ops eng_priv_ranks_procs = {"procs", NULL, procs_start_step, procs_finish_step, procs_destroy};

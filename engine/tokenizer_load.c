@@ -49,6 +49,8 @@ static int dir_chat_template(const char *dir, eng_chat_template *chat) {
 
 void eng_chat_template_free(eng_chat_template *chat) {
     if (!chat) return;
+    tok_template_free(chat->compiled);
+    free(chat->compile_err);
     free(chat->source);
     free(chat->bos_token);
     free(chat->eos_token);
@@ -182,27 +184,59 @@ out:
     return rc;
 }
 
-int eng_tokenizer_load(const char *model_path, tok_tokenizer **tok, eng_chat_template *chat, char *err,
-                       size_t errlen) {
-    *tok = NULL;
-    if (chat) memset(chat, 0, sizeof *chat);
-    if (model_path_is_gguf(model_path)) return gguf_tokenizer(model_path, tok, chat, err, errlen);
-    int rc = tok_load_dir(model_path, tok, err, errlen);
-    if (rc != TOK_OK) return rc == TOK_EIO ? ENG_TOK_MISSING : -1;
-    if (chat && dir_chat_template(model_path, chat)) {
+/* The source compiled once, here, for every render (a server renders one
+ * per chat request); what the compiler says when it cannot, kept for them. */
+static int chat_compile(eng_chat_template *chat) {
+    if (!chat->source) return 0;
+    char cerr[1024] = "";
+    if (tok_template_compile(chat->source, strlen(chat->source), &chat->compiled, cerr, sizeof cerr) == TOK_OK)
+        return 0;
+    chat->compiled = NULL;
+    return (chat->compile_err = strdup(cerr)) ? 0 : -1;
+}
+
+int eng_chat_template_builtin(eng_chat_template *chat, char *err, size_t errlen) {
+    memset(chat, 0, sizeof *chat);
+    if (!(chat->source = strdup(tok_chat_builtin_source())) || !(chat->bos_token = strdup("")) ||
+        !(chat->eos_token = strdup("")) || chat_compile(chat)) {
         eng_chat_template_free(chat);
-        tok_free(*tok);
-        *tok = NULL;
         snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (!chat->compiled) { /* the built-in one always compiles (tests/unit/test_jinja.c) */
+        snprintf(err, errlen, "the built-in chat template: %s", chat->compile_err);
+        eng_chat_template_free(chat);
         return -1;
     }
     return 0;
 }
 
+int eng_tokenizer_load(const char *model_path, tok_tokenizer **tok, eng_chat_template *chat, char *err,
+                       size_t errlen) {
+    *tok = NULL;
+    if (chat) memset(chat, 0, sizeof *chat);
+    int rc;
+    if (model_path_is_gguf(model_path)) {
+        if ((rc = gguf_tokenizer(model_path, tok, chat, err, errlen))) return rc;
+    } else {
+        rc = tok_load_dir(model_path, tok, err, errlen);
+        if (rc != TOK_OK) return rc == TOK_EIO ? ENG_TOK_MISSING : -1;
+        if (chat && dir_chat_template(model_path, chat)) goto oom;
+    }
+    if (chat && chat_compile(chat)) goto oom;
+    return 0;
+oom:
+    eng_chat_template_free(chat);
+    tok_free(*tok);
+    *tok = NULL;
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
 int eng_chat_render(const eng_chat_template *chat, const char *context_json, char **out, size_t *out_len,
                     char *err, size_t errlen) {
     json_error_t je;
-    tok_template *t = NULL;
+    tok_template *own = NULL; /* a chat made by hand: compiled for this call */
     char *ctx_text = NULL;
     int rc = -1;
     *out = NULL;
@@ -225,11 +259,17 @@ int eng_chat_render(const eng_chat_template *chat, const char *context_json, cha
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    if (tok_template_compile(chat->source, strlen(chat->source), &t, err, errlen) != TOK_OK) goto out;
+    const tok_template *t = chat->compiled;
+    if (!t && chat->compile_err) {
+        snprintf(err, errlen, "%s", chat->compile_err);
+        goto out;
+    }
+    if (!t && tok_template_compile(chat->source, strlen(chat->source), &own, err, errlen) != TOK_OK) goto out;
+    if (!t) t = own;
     if (tok_template_render(t, ctx_text, strlen(ctx_text), out, out_len, err, errlen) != TOK_OK) goto out;
     rc = 0;
 out:
-    tok_template_free(t);
+    tok_template_free(own);
     free(ctx_text);
     json_decref(ctx);
     return rc;

@@ -1,7 +1,7 @@
 /*
  * model/family.h — private to model/: what differs between the decoder
  * families echo runs. A family is one file model/arch/<name>.c defining one
- * model_family, plus its row in family.c's table; the forward pass reads
+ * model_family, plus its extern below and its row in family.c's table; the forward pass reads
  * only the flags it copies into model_config. docs/architecture.md, "How to
  * add a model family".
  */

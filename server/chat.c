@@ -1,7 +1,8 @@
 /*
  * server/: chat messages -> prompt ids. The messages are validated (roles,
  * text-only content parts, tool calls), rendered through the model's Jinja
- * template (or Qwen3's built-in one), and tokenized.
+ * template (or Qwen3's built-in one, the default source) from one builder of
+ * the template's variables, and tokenized.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -76,9 +77,6 @@ static const char *content_text(json_t *c, chat_buf *b, const char *param, srv_v
     return out;
 }
 
-/* The model's own Jinja template over the request's messages (content
- * parts joined into text, as validated in b), chat_template_kwargs merged
- * into the variables, as apply_chat_template is called by vLLM. */
 /* A template without tool support sees tools the Hermes way (the first row
  * of server/tools.c's formats): a "# Tools" system block, assistant calls
  * as <tool_call> text, tool results as user <tool_response> turns. */
@@ -112,15 +110,39 @@ static int hermes_rewrite(json_t *c, const chat_buf *b, size_t i) {
     return rc ? -1 : 0;
 }
 
-static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b, json_t *kw, int add_gen, json_t *tools,
-                                 char **text, size_t *tl, srv_verr *e) {
+/* Built-in: its tools as JSON text, inserted verbatim (tokenizer/chat.c). */
+static int tools_as_text(json_t *ctx, json_t *tools) {
+    json_t *arr = json_array();
+    if (!arr || json_object_set_new(ctx, "tools", arr)) return -1;
+    size_t k;
+    json_t *x;
+    json_array_foreach(tools, k, x) {
+        char *t = json_dumps(x, JSON_COMPACT);
+        int bad = !t || json_array_append_new(arr, json_string(t));
+        free(t);
+        if (bad) return -1;
+    }
+    return 0;
+}
+
+/* The one builder of a chat's template variables, rendered through the
+ * model's Jinja template or, for a model without one, the built-in (Qwen3's:
+ * the default source, s->chat_builtin): the request's messages (content
+ * parts joined into text, roles and reasoning as validated in b), the tools,
+ * add_generation_prompt; a model's template also gets every
+ * chat_template_kwargs key (as vLLM passes them), the built-in one
+ * enable_thinking alone and the tools as JSON text. */
+static int render_template(srv_server *s, json_t *msgs, const chat_buf *b, json_t *kw, int enable_thinking, int add_gen,
+                           json_t *tools, char **text, size_t *tl, srv_verr *e) {
+    const eng_chat_template *tp = s->chat.source ? &s->chat : &s->chat_builtin;
+    int builtin = tp == &s->chat_builtin;
     json_t *ctx = json_object(), *ms = json_array();
     size_t i;
     json_t *m;
     int rc = -1;
     char *ctx_text = NULL, terr[512];
     /* Does the template render tools itself? (Qwen3's, Llama 3.1's, Hermes' do.) */
-    int native = tools && strstr(s->chat.source, "tools") != NULL;
+    int native = tools && strstr(tp->source, "tools") != NULL;
     if (!ctx || !ms) goto oom;
     json_array_foreach(msgs, i, m) {
         json_t *c = json_deep_copy(m);
@@ -156,11 +178,13 @@ static int render_model_template(srv_server *s, json_t *msgs, const chat_buf *b,
     }
     if (json_object_set_new(ctx, "messages", ms)) goto oom;
     ms = NULL;
-    if (native && json_object_set(ctx, "tools", tools)) goto oom;
-    if (kw && json_object_update(ctx, kw)) goto oom;
+    if (native && (builtin ? tools_as_text(ctx, tools) : json_object_set(ctx, "tools", tools))) goto oom;
+    if (builtin ? json_object_set_new(ctx, "enable_thinking", json_boolean(enable_thinking))
+                : kw && json_object_update(ctx, kw))
+        goto oom;
     if (json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_gen))) goto oom;
     if (!(ctx_text = json_dumps(ctx, JSON_COMPACT))) goto oom;
-    if (eng_chat_render(&s->chat, ctx_text, text, tl, terr, sizeof terr)) {
+    if (eng_chat_render(tp, ctx_text, text, tl, terr, sizeof terr)) {
         srv_fail(e, 400, "messages", "chat template: %s", terr);
         goto out;
     }
@@ -183,7 +207,8 @@ static int developer_known(const srv_server *s) {
     return s->chat.source && strstr(s->chat.source, "developer") != NULL;
 }
 
-int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, srv_verr *e) {
+int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, srv_tools *tools_out,
+                    srv_verr *e) {
     json_t *msgs = srv_field(root, "messages");
     if (!msgs) return srv_fail(e, 400, "messages", "'messages' is required");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
@@ -216,7 +241,7 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
     }
     chat_buf b = {calloc(nm, sizeof *b.msgs), calloc(ncalls ? ncalls : 1, sizeof *b.calls), NULL, 0};
     int rc = -1;
-    char *text = NULL, **tool_txt = NULL;
+    char *text = NULL;
     srv_tools tools = {0};
     if (!b.msgs || !b.calls) {
         srv_fail(e, 500, NULL, "out of memory");
@@ -288,39 +313,14 @@ int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int
         }
     }
     size_t tl;
-    char terr[512];
     /* tool_choice "none" leaves the tools out of the prompt */
     if (srv_parse_tools(root, &tools, e)) goto out;
     json_t *tl_json = tools.choice != SRV_TOOL_NONE ? tools.tools : NULL;
-    if (s->chat.source) {
-        if (render_model_template(s, msgs, &b, kw, add_gen, tl_json, &text, &tl, e)) goto out;
-    } else {
-        size_t nt = tl_json ? json_array_size(tl_json) : 0;
-        if (nt && !(tool_txt = calloc(nt, sizeof *tool_txt))) {
-            srv_fail(e, 500, NULL, "out of memory");
-            goto out;
-        }
-        for (size_t k = 0; k < nt; k++)
-            if (!(tool_txt[k] = json_dumps(json_array_get(tl_json, k), JSON_COMPACT))) {
-                srv_fail(e, 500, NULL, "out of memory");
-                goto out;
-            }
-        tok_chat_options co = {.add_generation_prompt = add_gen,
-                               .enable_thinking = enable_thinking,
-                               .tools_json = (const char *const *)tool_txt,
-                               .n_tools = nt};
-        if (tok_chat_apply(b.msgs, nm, &co, &text, &tl, terr, sizeof terr) != TOK_OK) {
-            srv_fail(e, 400, "messages", "chat template: %s", terr);
-            goto out;
-        }
-    }
+    if (render_template(s, msgs, &b, kw, enable_thinking, add_gen, tl_json, &text, &tl, e)) goto out;
     rc = srv_encode_text(s, text, tl, 0, "messages", ids, n, e);
 out:
-    if (tool_txt && tools.tools)
-        for (size_t k = 0; k < json_array_size(tools.tools); k++)
-            free(tool_txt[k]);
-    free(tool_txt);
-    srv_tools_free(&tools);
+    if (tools_out) *tools_out = tools;
+    else srv_tools_free(&tools);
     free(text);
     chat_buf_free(&b);
     return rc;

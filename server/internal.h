@@ -296,7 +296,8 @@ struct srv_server {
     char unusable_why[512];
     int shut_down;
     tok_tokenizer *tok;
-    eng_chat_template chat; /* the model's Jinja chat template (source NULL: Qwen3's built in) */
+    eng_chat_template chat; /* the model's Jinja chat template (source NULL: none) */
+    eng_chat_template chat_builtin; /* Qwen3's, for a model without one (chat.source NULL) */
     eng *eng;
     model_config mc;
     int max_model_len, block_size, total_blocks;
@@ -529,8 +530,11 @@ json_t *srv_tool_calls_parse_typed(const srv_tool_format *f, const json_t *tools
 /* Hermes-style "# Tools" system text for templates without tool support (malloc'ed). */
 char *srv_tools_system_block(const json_t *tools);
 
-/* chat.c: root's "messages" through the chat template, tokenized. */
-int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, srv_verr *e);
+/* chat.c: root's "messages" through the chat template, tokenized. Its
+ * tools and tool_choice are parsed here (the prompt holds the tools), into
+ * *tools when not NULL (the caller frees them, also on failure). */
+int srv_render_chat(srv_server *s, json_t *root, int add_gen, int32_t **ids, int *n, srv_tools *tools,
+                    srv_verr *e);
 
 /* reasoning.c: the parser at load (--reasoning-parser; auto: the template's). */
 int srv_reason_setup(srv_server *s, char *err, size_t errlen);

@@ -370,6 +370,7 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
     /* the template of every run */
     srv_req *t = srv_req_new();
     prompt_list pl = {0};
+    srv_tools tl = {0}; /* chat: tools and tool_choice, parsed with the messages */
     int rc = -1, *mts = NULL, mt_min = INT32_MAX;
     if (!t) return srv_fail(e, 500, NULL, "out of memory");
     t->chat = chat;
@@ -393,7 +394,7 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
         pl.count = 1;
         int add_gen = 1;
         if (srv_get_bool(root, "add_generation_prompt", &add_gen, e) < 0) goto out;
-        if (srv_render_chat(s, root, add_gen, &pl.ids[0], &pl.n[0], e)) goto out;
+        if (srv_render_chat(s, root, add_gen, &pl.ids[0], &pl.n[0], &tl, e)) goto out;
         if (pl.n[0] == 0) {
             srv_fail(e, 400, "messages", "the rendered chat is empty");
             goto out;
@@ -477,26 +478,19 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
     if (parse_stop(s, root, t, e)) goto out;
     if (srv_parse_constraint(s, root, g->client_fd, &t->gram, e)) goto out;
     if (chat) {
-        srv_tools tl;
-        if (srv_parse_tools(root, &tl, e)) goto out;
         g->tool_parse = tl.choice != SRV_TOOL_NONE;
         g->tool_parallel = tl.parallel;
         g->tool_fmt = srv_tool_format_for(s);
         if (tl.tools) g->tools = json_incref(tl.tools);
-        if (parse_reasoning(s, root, pl.ids[0], pl.n[0], tl.choice != SRV_TOOL_NONE ? g->tool_fmt : NULL, t, e)) {
-            srv_tools_free(&tl);
+        if (parse_reasoning(s, root, pl.ids[0], pl.n[0], tl.choice != SRV_TOOL_NONE ? g->tool_fmt : NULL, t, e))
             goto out;
-        }
         g->reason = t->rz_on;
         if (t->gram && (tl.choice == SRV_TOOL_REQUIRED || tl.choice == SRV_TOOL_NAMED)) {
             srv_fail(e, 400, "tool_choice", "'tool_choice' %s and a structured-output constraint cannot be combined",
                      tl.choice == SRV_TOOL_NAMED ? "naming a function" : "\"required\"");
-            srv_tools_free(&tl);
             goto out;
         }
-        int trc = srv_tools_grammar(s, &tl, g->client_fd, &t->gram, e);
-        srv_tools_free(&tl);
-        if (trc) goto out;
+        if (srv_tools_grammar(s, &tl, g->client_fd, &t->gram, e)) goto out;
     }
     if (t->gram) {
         pthread_mutex_lock(&s->met.mu);
@@ -546,6 +540,7 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
     }
     rc = 0;
 out:
+    srv_tools_free(&tl);
     free(mts);
     prompts_free(&pl);
     srv_req_unref(t);

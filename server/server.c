@@ -313,15 +313,15 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     }
     if (s->chat.source) {
         /* a template the interpreter cannot run is refused now, not at the first chat request */
-        tok_template *t;
-        char terr[512];
-        if (tok_template_compile(s->chat.source, strlen(s->chat.source), &t, terr, sizeof terr) != TOK_OK) {
+        if (!s->chat.compiled) {
+            char terr[512];
+            snprintf(terr, sizeof terr, "%s", s->chat.compile_err);
             snprintf(err, errlen, "%s: chat template: %s", s->model_dir, terr);
             return -1;
         }
-        tok_template_free(t);
         srv_log(s, SRV_LOG_INFO, "chat template: the model's own (%zu bytes of Jinja)", strlen(s->chat.source));
     } else {
+        if (eng_chat_template_builtin(&s->chat_builtin, err, errlen)) return -1;
         srv_log(s, SRV_LOG_WARNING, "the model has no chat template: /v1/chat/completions uses Qwen3's");
     }
     if (s->opt.tool_call_parser && strcmp(s->opt.tool_call_parser, "auto")) {
@@ -511,6 +511,7 @@ void srv_destroy(srv_server *s) {
     eng_destroy(s->eng);
     tok_free(s->tok);
     eng_chat_template_free(&s->chat);
+    eng_chat_template_free(&s->chat_builtin);
     srv_sched *q = &s->sch;
     free(q->running);
     free(q->items);

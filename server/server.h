@@ -50,7 +50,7 @@ typedef struct srv_options {
     size_t echo_min_bytes;      /* size policy of the quantized all-reduce, default 0 */
     int echo_group;             /* 0 = the codec's default */
     echo_codec_id echo_codec;   /* of int4/echo; 0 = comm/'s default */
-    int quantize;               /* eng_quant: ENG_QUANT_Q8_0 quantizes matrices at load (cpu) */
+    int quantize;               /* eng_config.quantize: ENG_QUANT_Q8_0 quantizes at load (cpu) */
     int act_quant;              /* eng_config.act_quant: ENG_ACT_Q8/AUTO = 8-bit activations (cpu) */
     int overlap;                /* eng_config.overlap: 0 auto, -1 off, N micro-batches per prefill */
     long oneshot;               /* eng_config.oneshot: 0 auto, -1 off, N bytes */

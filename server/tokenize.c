@@ -41,7 +41,7 @@ static int tokenize_body(srv_server *s, srv_request *rq, json_t **out, srv_verr 
         if (srv_encode_text(s, json_string_value(p), json_string_length(p), add_special, "prompt", &ids, &n, e))
             goto fail;
     } else if (srv_field(root, "messages")) {
-        if (srv_render_chat(s, root, add_gen, &ids, &n, e)) goto fail;
+        if (srv_render_chat(s, root, add_gen, &ids, &n, NULL, e)) goto fail;
     } else {
         srv_fail(e, 400, "prompt", "'prompt' (or 'messages') is required");
         goto fail;

@@ -104,6 +104,8 @@ static const char qwen3_template[] =
     "    {%- endif %}\n"
     "{%- endif %}";
 
+const char *tok_chat_builtin_source(void) { return qwen3_template; }
+
 /* The template's context: {"messages": [...], "tools": [...],
  * "add_generation_prompt": b, "enable_thinking": b}. NULL when out of memory. */
 static json_t *chat_context(const tok_chat_message *msgs, size_t n, const tok_chat_options *opt) {

@@ -159,6 +159,9 @@ typedef struct {
 
 int tok_chat_apply(const tok_chat_message *msgs, size_t n_msgs, const tok_chat_options *opt,
                    char **out, size_t *out_len, char *err, size_t errlen);
+/* The built-in template's Jinja source (what tok_chat_apply renders), for
+ * callers that build the context themselves; its tools may be JSON text. */
+const char *tok_chat_builtin_source(void);
 
 /* ---- Jinja chat templates (tokenizer/jinja*.c) ----
  * Any model's chat_template, rendered as transformers' apply_chat_template

@@ -789,7 +789,7 @@ AVX2_INLINE uint16_t o2_enc_group(const float *x, float *res, int hr, int hw, in
         }
         if (!hw) return sb;
     }
-    /* the residual: y minus the decoded group (echo_hout2_finish; res is
+    /* the residual: y minus the decoded group (echo_hrot_finish; res is
      * pass A's scratch) */
     if (rot) {
         const pass_ops none = {0}, post = {.inv = d->inv, .ysub = yb};

@@ -609,8 +609,9 @@ ECHO_HD uint16_t echo_hnf3_decode_group(const uint8_t *codes, const uint8_t *rec
  * host loops (comm/codec/codec.c), the SIMD tables (codec_avx2.c / _avx512.c:
  * a fast path for the forms they know, scalar for any other) and the CUDA
  * kernels (echo_cuda.cu) all dispatch through the functions below, so a new
- * form is its id, its group functions and one row here. ECHO_EXTRA_FORMS,
- * when defined before this header, adds rows (tests/unit/toy_codec.h). A
+ * form is its id, its group functions and one row here. A build's
+ * ECHO_EXTRA_FORMS_FILE, which defines ECHO_EXTRA_FORMS, adds rows
+ * (tests/toy/toy_codec.h). A
  * form no row knows encodes and decodes as poison (the call then fails on
  * every rank as not finite): never as another form. Every record starts
  * with its group's bf16 scale, which the loops read as the poison mark.

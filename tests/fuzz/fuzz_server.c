@@ -295,6 +295,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if (model_config_load(MODEL_DIR, &s->mc, err, sizeof err)) die(MODEL_DIR, err);
     s->gd = (srv_gen_defaults){.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .top_k = 0};
     if (tok_load_dir(TOKENIZER_DIR, &s->tok, err, sizeof err) != TOK_OK) die(TOKENIZER_DIR, err);
+    /* no chat template in the folder: the built-in one, compiled as srv_load() does */
+    if (eng_chat_template_builtin(&s->chat_builtin, err, sizeof err)) die("built-in chat template", err);
     /* the reasoning parser Qwen3's built-in template gets, and the testing field on */
     s->opt.debug_request_fields = 1;
     if (srv_reason_setup(s, err, sizeof err)) die("reasoning parser", err);

@@ -435,7 +435,7 @@ static int raw_to_host(bk *b, const void *dev, size_t bytes, uint8_t *out) {
     return 0;
 }
 
-/* Like model/qwen3.c: the history reaches the cache through one kv_store,
+/* Like model/decoder.c's attention: the history reaches the cache through one kv_store,
  * the batch's new rows through another, then one attention call. */
 static float *run_attention(bk *b, void *arg, size_t *nout) {
     att_case *c = arg;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# tests/mpi/run.sh MPI TEST_BIN ECHO_BENCH — make test-mpi:
+# tests/mpi/run.sh MPI TEST_BIN ECHO_BENCH CFG_TEST — make test-mpi:
 #   1. the mpi transport against local (tests/mpi/test_comm_mpi.c) under
-#      mpirun -np 2, 3 and 4, each bounded by `timeout`;
+#      mpirun -np 2, 3 and 4, each bounded by `timeout`; an engine config
+#      with every field set reaches every rank > 0 (tests/mpi/test_engine_cfg.c)
+#      under mpirun -np 2 and 3;
 #   2. scripts/netlab.sh leaves no namespace behind after a command that
 #      succeeds, one that fails, and a SIGINT, and passes the status on;
 #   3. a shaped smoke run: echo-bench allreduce --transport mpi, 2 ranks at
@@ -9,7 +11,7 @@
 #      exact time at least what the link allows (so the shaping holds).
 # Parts 2-3 need root, ip and tc, and are skipped with a note otherwise.
 set -u
-have=$1 test=$2 bench=$3
+have=$1 test=$2 bench=$3 cfgtest=$4
 if [ "$have" != 1 ]; then
     echo "test-mpi: skipped: this build has no Open MPI (MPI=0; make deps installs it)"
     exit 0
@@ -22,6 +24,9 @@ bad() { echo "FAIL: $*"; fail=1; }
 
 for n in 2 3 4; do
     if timeout 180 mpirun --oversubscribe -np "$n" "$test"; then ok; else bad "mpirun -np $n $test"; fi
+done
+for n in 2 3; do
+    if timeout 60 mpirun --oversubscribe --bind-to none -np "$n" "$cfgtest"; then ok; else bad "mpirun -np $n $cfgtest"; fi
 done
 
 lab=scripts/netlab.sh

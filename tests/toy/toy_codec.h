@@ -4,7 +4,7 @@
  * compiles comm/'s C files with
  *   -DECHO_EXTRA_FORMS_FILE='"tests/toy/toy_codec.h"'   (echo_codec.h: the form row)
  *   -DECHO_EXTRA_CODEC_IDS='ECHO_CODEC_TOY,'            (echo.h: the enum value)
- *   -DECHO_EXTRA_CODEC_ROWS=...                         (echo.c: the codec row)
+ *   -DECHO_EXTRA_CODEC_ROWS=...                         (preset.c: the codec row)
  * and nothing else of comm/ changes. The form: int4 codes under an fp32
  * scale, scale = max|y| / 7; host memory only (scalar
  * loops: the SIMD tables send a form they do not know to scalar).

@@ -3,7 +3,8 @@
  * (encode, decode, streaming decode), the Qwen3 chat template against
  * transformers' output, malformed tokenizer.json files, invalid UTF-8,
  * SentencePiece against Python sentencepiece, folder auto-detection,
- * concurrent encode, and the echo-tokenize CLI. The reference files are
+ * concurrent encode, the echo-tokenize CLI, and a model's chat template
+ * compiled once at load (eng_tokenizer_load) or kept with why it did not. The reference files are
  * produced by tests/fixtures/make_tokenizer_reference.py; no Python here.
  */
 #include <check.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "engine/engine.h"
 #include "tests/unit/testutil.h"
 #include "tokenizer/tokenizer.h"
 
@@ -387,6 +389,75 @@ START_TEST(test_chat_then_encode) {
 }
 END_TEST
 
+/* What transformers renders for this context with Qwen3's template
+ * (test_chat_then_encode's string). */
+#define CHAT_CTX                                                                                                    \
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"You are helpful.\"},{\"role\":\"user\",\"content\":\"Hi\"}]," \
+    "\"add_generation_prompt\":true,\"enable_thinking\":false}"
+#define CHAT_OUT                                                                                                    \
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"     \
+    "<think>\n\n</think>\n\n"
+
+static void render_twice(const eng_chat_template *chat) {
+    char *out = NULL, err[512];
+    size_t ol;
+    for (int i = 0; i < 2; i++) { /* the one compiled template, rendered again */
+        ck_assert_msg(eng_chat_render(chat, CHAT_CTX, &out, &ol, err, sizeof err) == 0, "%s", err);
+        ck_assert_str_eq(out, CHAT_OUT);
+        free(out);
+    }
+}
+
+START_TEST(test_chat_template_compiled_once) {
+    char err[512];
+    tok_tokenizer *tok = NULL;
+    eng_chat_template chat;
+    /* the fixture folder's own template (Qwen3's) */
+    ck_assert_msg(eng_tokenizer_load(QWEN_DIR, &tok, &chat, err, sizeof err) == 0, "%s", err);
+    ck_assert_ptr_nonnull(chat.source);
+    ck_assert_ptr_nonnull(chat.compiled);
+    ck_assert_ptr_null(chat.compile_err);
+    render_twice(&chat);
+    eng_chat_template_free(&chat);
+    tok_free(tok);
+    /* the built-in one, the default source */
+    ck_assert_msg(eng_chat_template_builtin(&chat, err, sizeof err) == 0, "%s", err);
+    ck_assert_ptr_nonnull(chat.compiled);
+    render_twice(&chat);
+    eng_chat_template_free(&chat);
+    /* a template the interpreter cannot compile: no load error, every render says why */
+    char *dir = tu_mkdtemp(), path[512], src[600];
+    size_t n;
+    char *tj = tu_read_file(QWEN_DIR "/tokenizer.json", &n);
+    ck_assert_ptr_nonnull(tj);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(tu_write_file(path, tj, n), 0);
+    free(tj);
+    const char *cfg = "{\"eos_token\": \"<|im_end|>\", \"chat_template\": \"{% frobnicate %}\"}";
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    ck_assert_int_eq(tu_write_file(path, cfg, strlen(cfg)), 0);
+    ck_assert_msg(eng_tokenizer_load(dir, &tok, &chat, err, sizeof err) == 0, "%s", err);
+    ck_assert_ptr_null(chat.compiled);
+    ck_assert_ptr_nonnull(chat.compile_err);
+    ck_assert_msg(strstr(chat.compile_err, "frobnicate") != NULL, "%s", chat.compile_err);
+    char *out = NULL;
+    size_t ol;
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(eng_chat_render(&chat, CHAT_CTX, &out, &ol, err, sizeof err), -1);
+        ck_assert_str_eq(err, chat.compile_err);
+    }
+    /* the same words as compiling it here */
+    tok_template *t = NULL;
+    snprintf(src, sizeof src, "%s", chat.source);
+    ck_assert_int_ne(tok_template_compile(src, strlen(src), &t, err, sizeof err), TOK_OK);
+    ck_assert_str_eq(err, chat.compile_err);
+    eng_chat_template_free(&chat);
+    tok_free(tok);
+    tu_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* ---------- malformed files ---------- */
 
 static int load_str(const char *json, char *err, size_t errlen) {
@@ -570,6 +641,7 @@ static Suite *tokenizer_suite(void) {
     tc = tcase_create("chat");
     tcase_add_test(tc, test_chat_template);
     tcase_add_test(tc, test_chat_then_encode);
+    tcase_add_test(tc, test_chat_template_compiled_once);
     suite_add_tcase(s, tc);
     tc = tcase_create("files");
     tcase_set_timeout(tc, 60);
