@@ -13,7 +13,8 @@ same flags otherwise, the exact all-reduce when --tp > 1.
             timings.speculative per response (absent without speculation)
   gate      a third server with --spec-max-batch 1: two choices decoding side by side get no
             draft, one request alone does, and its answer is the plain server's
---launch "mpirun -np 3 ..." runs both servers under it (ranks as processes).
+--launch "mpirun -np 3 ..." runs both servers under it (ranks as processes), every all-reduce
+one-shot (rank-order sums: rows that do not depend on the batch, as on threads).
 The last line printed is "N passed, M failed".
 """
 import argparse
@@ -234,6 +235,11 @@ def main():
     a = ap.parse_args()
     launch = shlex.split(a.launch)
     extra = ["--tp", str(a.tp), "--allreduce", "exact"] if a.tp > 1 else []
+    if a.tp > 1 and launch:
+        # Under mpirun exact's two-shot is MPI_Allreduce, whose summation order follows the message
+        # size, so a decode row's bits would depend on the batch (and on the drafts beside it). Every
+        # call one-shot sums the ranks in rank order whatever the batch: the rows of threads.
+        extra += ["--oneshot", "1073741824"]
     ps = prompts(a.n)
     A = B = None
     try:
