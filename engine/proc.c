@@ -14,7 +14,7 @@
 /* What an eng_config says, as bytes (strings inline). */
 typedef struct wire_cfg {
     char model_dir[2048], device[32], transport[32], rope_scaling[512];
-    int32_t tp, allreduce, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
+    int32_t tp, allreduce, allreduce_auto, echo_group, threads, kv_block_size, max_model_len, max_num_seqs, max_batch_tokens,
         kv_blocks, kv_dtype, cuda_graphs, fuse_weights, quantize, act_quant, echo_codec, overlap, overlap_min_rows;
     uint64_t echo_min_bytes, kv_cache_memory, kv_mem_available;
     int64_t oneshot;
@@ -28,7 +28,7 @@ static int wire_put(wire_cfg *w, const eng_config *c, char *err, size_t errlen) 
         snprintf(err, errlen, "model path, device, transport name or --rope-scaling too long for the other processes");
         return -1;
     }
-    *w = (wire_cfg){.tp = c->tp, .allreduce = c->allreduce, .echo_group = c->echo_group, .threads = c->threads,
+    *w = (wire_cfg){.tp = c->tp, .allreduce = c->allreduce, .allreduce_auto = c->allreduce_auto, .echo_group = c->echo_group, .threads = c->threads,
                     .kv_block_size = c->kv_block_size, .max_model_len = c->max_model_len,
                     .max_num_seqs = c->max_num_seqs, .max_batch_tokens = c->max_batch_tokens,
                     .kv_blocks = c->kv_blocks, .kv_dtype = (int32_t)c->kv_dtype, .cuda_graphs = c->cuda_graphs, .fuse_weights = c->fuse_weights,
@@ -48,7 +48,7 @@ static void wire_get(wire_cfg *w, eng_config *c) {
     w->rope_scaling[sizeof w->rope_scaling - 1] = 0;
     *c = (eng_config){.model_dir = w->model_dir, .device = w->device[0] ? w->device : NULL,
                       .transport = w->transport[0] ? w->transport : NULL, .tp = w->tp,
-                      .allreduce = (echo_preset)w->allreduce, .echo_group = w->echo_group, .threads = w->threads,
+                      .allreduce = (echo_preset)w->allreduce, .allreduce_auto = w->allreduce_auto, .echo_group = w->echo_group, .threads = w->threads,
                       .kv_block_size = w->kv_block_size, .max_model_len = w->max_model_len,
                       .max_num_seqs = w->max_num_seqs, .max_batch_tokens = w->max_batch_tokens,
                       .kv_blocks = w->kv_blocks, .kv_dtype = (kern_kv_dtype)w->kv_dtype, .cuda_graphs = w->cuda_graphs, .fuse_weights = w->fuse_weights,
