@@ -224,6 +224,7 @@ test: deps
 	$(MAKE) test-paths
 	$(MAKE) test-accuracy-quick
 	$(MAKE) test-mpi
+	$(MAKE) test-lab-smoke
 	$(MAKE) fuzz-regress
 	$(MAKE) test-server
 	$(MAKE) test-bench
@@ -339,6 +340,13 @@ test-mpi: $(BUILD)/tests/mpi_test_comm $(BUILD)/tests/mpi_test_engine_cfg $(TOOL
 	ECHO_SMOLLM2_GGUF=$(DEFAULT_GGUF) tests/mpi/engine.sh $(MPI) $(BIN) $(DEMO_MODEL)
 	tests/toy/run.sh $(BUILD)/tests/toy_test
 	tests/mpi/hostlab.sh $(MPI) $(BIN) $(DEMO_MODEL)
+# make test-lab-smoke   the compute-matched lab (scripts/hostlab.sh --host-cores) and
+#                 --allreduce auto in it: 4 hosts standing for 8-core machines on 1 Gbit/s,
+#                 auto measures about the shaped rate and picks echo; no namespace left
+#                 (tests/mpi/labsmoke.sh; root only, about 20 s)
+.PHONY: test-lab-smoke
+test-lab-smoke: $(TOOLS)
+	tests/mpi/labsmoke.sh $(MPI) $(BIN)
 # ---- end mpi block ----
 
 # ---- the toy codec (tests/toy/): a codec with a wire form of its own, added to

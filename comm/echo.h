@@ -355,4 +355,71 @@ typedef struct echo_site_stats {
 
 int echo_get_site_stats(const echo_comm *c, int site, echo_site_stats *out, char *err, size_t errlen);
 
+
+/* ---- --allreduce auto (comm/auto.c) ----
+ * What decides the all-reduce is measured once, at start-up (the link per
+ * call-size class, the codecs' speed), and a pure function of those figures
+ * picks per class the fastest of exact, bf16, echo (and echo3 when
+ * allowed) whose accuracy is no worse than echo's, one-shot vs two-shot for
+ * small calls, and the prefill overlap's micro-batch count. docs/network.md
+ * ("--allreduce auto") has the model and its limits. */
+typedef enum echo_auto_class {
+    ECHO_AUTO_SMALL = 0, /* calls of at most ECHO_AUTO_SMALL_BYTES of fp32: decode steps, latency-bound */
+    ECHO_AUTO_LARGE,     /* larger calls: prompt chunks, bandwidth-bound */
+    ECHO_AUTO_CLASSES
+} echo_auto_class;
+#define ECHO_AUTO_SMALL_BYTES 65536
+/* The candidates, in order of accuracy (a lossier one must be faster). */
+#define ECHO_AUTO_CANDIDATES 4
+extern const echo_preset echo_auto_candidates[ECHO_AUTO_CANDIDATES]; /* exact, bf16, echo, echo3 */
+
+typedef struct echo_auto_link {
+    double latency_s;   /* seconds per network step (the fit's intercept) */
+    double bytes_per_s; /* bytes one rank sends per second (the fit's slope) */
+} echo_auto_link;
+typedef struct echo_auto_figures {
+    int nranks;
+    int shared_memory; /* ranks are threads of one process (the link is memory) */
+    int threads;       /* compute threads per rank (the codec's workers) */
+    echo_auto_link link[ECHO_AUTO_CLASSES];
+    /* fp32 bytes of the class's typical call (the one the choice is made
+     * for: one decode token's hidden state; a pass's prompt chunk) */
+    double call_bytes[ECHO_AUTO_CLASSES];
+    /* values per second one thread codes with the codec of echo_auto_candidates[i]:
+     * encode and decode (0 for exact, which sums in place) */
+    double encode_vps[ECHO_AUTO_CANDIDATES], decode_vps[ECHO_AUTO_CANDIDATES];
+    /* compute seconds between two calls of a large call's pass (0: unknown):
+     * what the prefill overlap can hide the all-reduce behind */
+    double compute_s;
+} echo_auto_figures;
+typedef struct echo_auto_choice {
+    echo_preset preset[ECHO_AUTO_CLASSES];
+    int oneshot[ECHO_AUTO_CLASSES]; /* 1: the one-shot schedule (small calls only) */
+    int overlap_k;                  /* prefill micro-batches (1: overlap off) */
+    /* the model's seconds per call of each candidate, two-shot (NAN: not run) */
+    double est_s[ECHO_AUTO_CLASSES][ECHO_AUTO_CANDIDATES];
+} echo_auto_choice;
+/* The choice for these figures (pure: the same figures, the same choice on
+ * every rank). allow_echo3: echo3 is a candidate (--allreduce auto:echo3).
+ * A world runs one codec: the small class runs the large class's preset or
+ * exact (echo_config.min_bytes). -1 with a message for figures that make
+ * no sense (nranks < 2, a link without bandwidth). */
+int echo_auto_pick(const echo_auto_figures *f, int allow_echo3, echo_auto_choice *out, char *err, size_t errlen);
+/* One line for logs, /metrics and JSON: the choice and the figures. */
+void echo_auto_describe(const echo_auto_figures *f, const echo_auto_choice *c, char *buf, size_t len);
+/* Measure f->encode_vps / decode_vps on this thread (a few ms per codec). */
+int echo_auto_measure_codecs(echo_auto_figures *f, char *err, size_t errlen);
+/* Shared memory (ranks as threads): the link is a copy through memory;
+ * measures the copy bandwidth here, latency a fixed few microseconds. */
+void echo_auto_measure_memory(echo_auto_figures *f);
+/* The link of a world of the exact preset (min_bytes 0, no one-shot),
+ * collective: every rank of the world calls it with its comm, in step (ranks
+ * as processes; threads: from their own threads). Times calls of two sizes
+ * per class (at most max_count values) and fits latency and bandwidth into
+ * f->link; each rank's own timings (rank 0's decide: the caller broadcasts). */
+int echo_auto_measure_link(echo_comm *c, size_t max_count, echo_auto_figures *f, char *err, size_t errlen);
+/* "auto" / "auto:echo3" (*auto_mode 1 / 2, *p untouched) or a preset name
+ * (*auto_mode 0): what --allreduce takes. -1 if neither. */
+int echo_allreduce_parse(const char *s, echo_preset *p, int *auto_mode);
+
 #endif

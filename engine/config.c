@@ -23,6 +23,7 @@
     X(device, 0)                                                                                                   \
     X(tp, 1)                                                                                                       \
     X(allreduce, 1)                                                                                                \
+    X(allreduce_auto, 1)                                                                                           \
     X(echo_min_bytes, 1)                                                                                           \
     X(echo_group, 1)                                                                                               \
     X(threads, 0)                                                                                                  \

@@ -311,9 +311,67 @@ static int create_prep(eng *e, int *gpu_per_rank, char *err, size_t errlen) {
     return 0;
 }
 
+/* --allreduce auto (eng_config.allreduce_auto): the figures (rank 0's,
+ * sent to every process, so every rank picks the same), the choice, and the
+ * config resolved to it: the preset, exact below the small class's bound
+ * when the small calls run exact, one-shot and overlap unless given. */
+static int auto_choose(eng *e, const echo_world_opts *o, echo_config *ec, char *err, size_t errlen) {
+    eng_config *c = &e->cfg;
+    echo_auto_figures *f = &e->auto_fig;
+    eng_rank *r = &e->ranks[e->procs ? e->me : 0];
+    *f = (echo_auto_figures){.nranks = c->tp, .threads = kern_host_threads(r->be)};
+    int chunk = c->pass_tokens < c->max_batch_tokens ? c->pass_tokens : c->max_batch_tokens;
+    f->call_bytes[ECHO_AUTO_SMALL] = 4.0 * e->mc.hidden_size;
+    f->call_bytes[ECHO_AUTO_LARGE] = 4.0 * e->mc.hidden_size * chunk;
+    int rc = 0;
+    if (!e->procs) {
+        echo_auto_measure_memory(f);
+    } else {
+        /* a world of exact for the probe calls, every process in it */
+        echo_config pc = {.n_sites = 1, .max_count = ec->max_count < (1u << 18) ? ec->max_count : (1u << 18),
+                          .lazy_wait = 1};
+        echo_preset_config(ECHO_PRESET_EXACT, 0, 0, &pc);
+        echo_world *pw = NULL;
+        echo_comm *pcm = NULL;
+        rc = echo_world_create(c->transport, o, &pc, &pw, err, errlen);
+        if (!rc) rc = echo_comm_create(pw, e->me, &pcm, err, errlen);
+        if (!rc) rc = echo_auto_measure_link(pcm, pc.max_count, f, err, errlen);
+        echo_comm_destroy(pcm);
+        echo_world_destroy(pw);
+    }
+    if (!rc && e->me == 0) rc = echo_auto_measure_codecs(f, err, errlen);
+    f->threads = kern_host_threads(r->be);
+    if (e->procs && eng_priv_procs_agree(e, rc, err, errlen)) return -1;
+    if (rc) return -1;
+    if (e->procs && echo_proc_bcast(f, sizeof *f, err, errlen)) return -1;
+    if (echo_auto_pick(f, c->allreduce_auto == ENG_ALLREDUCE_AUTO_ECHO3, &e->auto_choice, err, errlen)) return -1;
+    const echo_auto_choice *ch = &e->auto_choice;
+    if (e->procs) { /* the same figures give the same choice; checked, since a rank that differed would hang */
+        int32_t mine[4] = {ch->preset[0], ch->preset[1], ch->oneshot[0], ch->overlap_k}, all[4 * ECHO_MAX_RANKS];
+        if (echo_proc_allgather(mine, sizeof mine, all, err, errlen)) return -1;
+        for (int i = 1; i < c->tp; i++)
+            if (memcmp(all, all + 4 * i, sizeof mine)) {
+                snprintf(err, errlen, "--allreduce auto: rank %d chose differently from rank 0", i);
+                return -1;
+            }
+    }
+    c->allreduce = ch->preset[ECHO_AUTO_LARGE];
+    if (ch->preset[ECHO_AUTO_SMALL] == ECHO_PRESET_EXACT && c->allreduce != ECHO_PRESET_EXACT &&
+        c->echo_min_bytes <= ECHO_AUTO_SMALL_BYTES)
+        c->echo_min_bytes = ECHO_AUTO_SMALL_BYTES + 1;
+    if (c->oneshot == ENG_ONESHOT_AUTO) c->oneshot = ch->oneshot[ECHO_AUTO_SMALL] ? ECHO_AUTO_SMALL_BYTES : ENG_ONESHOT_OFF;
+    if (c->overlap == ENG_OVERLAP_AUTO) c->overlap = ch->overlap_k > 1 ? ch->overlap_k : ENG_OVERLAP_OFF;
+    e->auto_ran = 1;
+    return 0;
+}
+
 static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
-    const eng_config *c = &e->cfg;
+    eng_config *c = &e->cfg;
     if (c->tp == 1) return 0;
+    if (c->allreduce_auto && !host_device(c->device)) {
+        c->allreduce = ECHO_PRESET_ECHO; /* no measurement on device memory yet (bf16 is host-only) */
+        c->allreduce_auto = ENG_ALLREDUCE_FIXED;
+    }
     echo_config ec = {.min_bytes = c->echo_min_bytes,
                       .n_sites = 2 * e->mc.num_layers,
                       .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,
@@ -336,6 +394,17 @@ static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
     for (int i = 0; i < c->tp && i < ECHO_MAX_RANKS; i++) devs[i] = i;
     echo_world_opts o = {.nranks = c->tp, .procs = e->procs, .devices = devs,
                          .device = e->procs ? e->local_dev : host_device(c->device) ? -1 : 0};
+    if (c->allreduce_auto) {
+        if (auto_choose(e, &o, &ec, err, errlen)) return -1;
+        ec.min_bytes = c->echo_min_bytes;
+        if (echo_preset_config(c->allreduce, c->echo_codec, c->echo_group, &ec)) {
+            snprintf(err, errlen, "--allreduce auto chose %s, which does not take --echo-codec %s",
+                     echo_preset_name(c->allreduce), echo_codec_get(c->echo_codec)->name);
+            return -1;
+        }
+        const echo_transport_info *tr = echo_transport_find(c->transport);
+        e->canon = c->allreduce != ECHO_PRESET_EXACT || !(tr && tr->exact_rank_order);
+    }
     /* prefill overlap: one more world per further micro-batch (overlap.h),
      * whose waits leave the cores to the compute */
     e->ov_k = eng_overlap_plan(c->overlap, c->tp, e->procs, host_device(c->device));

@@ -33,6 +33,12 @@ const eng_config *eng_get_config(const eng *e) { return &e->cfg; }
 
 int eng_pass_tokens(const eng *e) { return e->canon ? e->cfg.pass_tokens : 0; }
 int eng_overlap_k(const eng *e) { return e->ov_k; }
+int eng_allreduce_auto(const eng *e, echo_auto_figures *f, echo_auto_choice *c) {
+    if (!e->auto_ran) return 0;
+    if (f) *f = e->auto_fig;
+    if (c) *c = e->auto_choice;
+    return 1;
+}
 
 size_t eng_oneshot_plan(long oneshot, int tp, int procs, int host_memory) {
     if (tp < 2 || !host_memory || oneshot == ENG_ONESHOT_OFF || oneshot < 0) return 0;

@@ -49,6 +49,15 @@ typedef struct eng_config {
     int tp;             /* tensor-parallel ranks, default 1 */
     /* comm/ preset (echo_preset_config): exact, int4, echo, bf16 */
     echo_preset allreduce;
+    /* ENG_ALLREDUCE_AUTO / _AUTO_ECHO3 (--allreduce auto, auto:echo3, the
+     * programs' default): at tp > 1 on host memory the engine measures the
+     * link and the codecs at start-up and picks the preset (into
+     * `allreduce`), the size below which calls run exact, one-shot or not,
+     * and the overlap's micro-batches (comm/'s echo_auto_pick; an explicit
+     * oneshot / overlap wins); on device memory it runs `echo`.
+     * eng_allreduce_auto reports it. 0 (what a zero-initialised config
+     * gets): `allreduce` as given. */
+    int allreduce_auto;
     size_t echo_min_bytes;
     int echo_group;       /* 0 = comm/ default */
     int threads;          /* total cpu threads, split across ranks; 0 = all */
@@ -134,6 +143,10 @@ typedef struct eng_config {
      * rope scaling, e.g. "yarn:4" for Qwen3 past 32K; NULL: the config's. */
     const char *rope_scaling;
 } eng_config;
+
+#define ENG_ALLREDUCE_FIXED 0
+#define ENG_ALLREDUCE_AUTO 1
+#define ENG_ALLREDUCE_AUTO_ECHO3 2 /* echo3 a candidate too */
 
 #define ENG_ONESHOT_AUTO 0
 #define ENG_ONESHOT_OFF (-1)
@@ -233,6 +246,10 @@ void eng_destroy(eng *e);
 const model_config *eng_model_config(const eng *e);
 /* The effective configuration (defaults filled in). */
 const eng_config *eng_get_config(const eng *e);
+/* 1 with the figures and the choice when the engine chose its all-reduce
+ * (eng_config.allreduce_auto at tp > 1 on host memory: `allreduce` then
+ * holds the preset it chose), else 0. */
+int eng_allreduce_auto(const eng *e, echo_auto_figures *f, echo_auto_choice *c);
 /* NULL when cfg.cuda_graphs is off or takes effect; else a sentence saying
  * why it has no effect (device not cuda, local transport at tp > 1), for
  * tools to print. */

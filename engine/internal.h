@@ -93,6 +93,9 @@ struct eng {
     char why[256];
     int canon; /* steps run as passes fixed by positions (eng_pass_tokens) */
     int ov_k;  /* micro-batches of a prefill (eng_overlap_k); 1: off */
+    int auto_ran; /* the all-reduce was chosen by measurement (eng_allreduce_auto) */
+    echo_auto_figures auto_fig;
+    echo_auto_choice auto_choice;
     echo_world *ov_worlds[MODEL_MAX_MB]; /* ov_k - 1 more worlds: micro-batch i > 0's all-reduces (overlap.h) */
 };
 

@@ -7,17 +7,20 @@
 # (mode, off), (mode, on), so both see the same machine.
 #
 #   scripts/bench-overlap-lab.sh [--out DIR] [--model M] [--bin DIR] [--tps "2 4"]
-#                                [--rate 1gbit] [--len 512] [--iters 3]
+#                                [--rate 1gbit] [--host-cores C] [--len 512] [--iters 3]
 #                                [--modes "exact bf16 echo"] [--on 2] [--extra "ARGS"]
 #     --model M   default random:qwen3-0.6b (Qwen3-0.6B's shape, all 28 layers)
 #     --on N      the overlapped runs' --overlap (default 2)
+#     --host-cores C  hosts standing for C-core machines on --rate
+#                 (scripts/hostlab.sh --host-cores: each link shaped to
+#                 rate x cores per lab host / C)
 # Needs root (network namespaces) and Open MPI. Writes DIR/overlap.jsonl (one
 # echo-bench forward JSON per run, with "overlap_flag") and DIR/overlap.md
 # (the table); docs/network.md quotes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/overlap-lab model="random:qwen3-0.6b" bin=bin tps="2 4" rate=1gbit len=512 iters=3
-modes="exact bf16 echo" on=2 extra=
+modes="exact bf16 echo" on=2 extra= hca=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift ;;
@@ -25,12 +28,13 @@ while [ $# -gt 0 ]; do
     --bin) bin=$2; shift ;;
     --tps) tps=$2; shift ;;
     --rate) rate=$2; shift ;;
+    --host-cores) hca=(--host-cores "$2"); shift ;;
     --len) len=$2; shift ;;
     --iters) iters=$2; shift ;;
     --modes) modes=$2; shift ;;
     --on) on=$2; shift ;;
     --extra) extra=$2; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "bench-overlap-lab: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -44,7 +48,7 @@ mkdir -p "$out"
 for tp in $tps; do
   # one lab per tp; the loop runs in host 0
   # shellcheck disable=SC2016 # expanded inside the lab
-  timeout 3600 scripts/hostlab.sh --hosts "$tp" --rate "$rate" -- bash -c '
+  timeout 3600 scripts/hostlab.sh --hosts "$tp" --rate "$rate" "${hca[@]}" -- bash -c '
     set -euo pipefail
     tp=$1 model=$2 bin=$3 len=$4 iters=$5 modes=$6 on=$7 extra=$8 jsonl=$9
     for mode in $modes; do

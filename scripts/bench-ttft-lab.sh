@@ -8,10 +8,12 @@
 #   scripts/bench-ttft-lab.sh [--quick] [--out DIR] [--model M] [--bin DIR] [--tps "2 4"]
 #                             [--rates "1gbit none"] [--lens "512 2048"] [--iters N]
 #                             [--lab netlab|hostlab] [--modes "exact bf16 echo echo:hadamard-g32"]
-#                             [--extra "ARGS"]
+#                             [--extra "ARGS"] [--host-cores C]
 #     --lab       netlab (default: one shaped loopback for all ranks) or hostlab
 #                 (scripts/hostlab.sh: a namespace and a shaped link per rank)
 #     --extra     more echo-bench forward flags for every run
+#     --host-cores C  (hostlab) hosts standing for C-core machines on each
+#                 rate: scripts/hostlab.sh --host-cores; rows carry host_cores
 #     --model M   default random:qwen3-0.6b,layers=8 (Qwen3-0.6B's shape,
 #                 8 of its 28 layers: hidden 1024, 16 heads, 8 KV heads)
 #     --quick     tp 2, 1 Gbit/s, 512 tokens only (a smoke run, ~1 min)
@@ -23,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/ttft-lab model="random:qwen3-0.6b,layers=8" bin=bin quick=0 tps_arg= rates_arg= lens_arg= iters_arg=
-lab=netlab modes_arg= extra=
+lab=netlab modes_arg= extra= hc=
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift ;;
@@ -37,7 +39,8 @@ while [ $# -gt 0 ]; do
     --lab) lab=$2; shift ;;
     --modes) modes_arg=$2; shift ;;
     --extra) extra=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --host-cores) hc=$2; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "bench-ttft-lab: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -53,6 +56,7 @@ else tps="2 4"; rates="1gbit 2.5gbit none"; lens="512 2048"; iters=3; fi
 tps=${tps_arg:-$tps} rates=${rates_arg:-$rates} lens=${lens_arg:-$lens} iters=${iters_arg:-$iters}
 modes=${modes_arg:-"exact bf16 echo echo:hadamard-g32"}
 case "$lab" in netlab | hostlab) ;; *) echo "bench-ttft-lab: --lab: expected netlab or hostlab" >&2; exit 2 ;; esac
+[ -z "$hc" ] || [ "$lab" = hostlab ] || { echo "bench-ttft-lab: --host-cores needs --lab hostlab" >&2; exit 2; }
 for tp in $tps; do
   for rate in $rates; do
     for len in $lens; do
@@ -62,6 +66,7 @@ for tp in $tps; do
         [ "${mode#*:}" = "$mode" ] || codec=(--echo-codec "${mode#*:}")
         hosts=()
         [ "$lab" = netlab ] || hosts=(--hosts "$tp")
+        [ -z "$hc" ] || hosts+=(--host-cores "$hc")
         # shellcheck disable=SC2086 # --extra is a list of flags
         line=$(timeout 900 scripts/$lab.sh "${hosts[@]}" --rate "$rate" -- mpirun --oversubscribe -np "$tp" \
           "$bin/echo-bench" forward --model "$model" --tp "$tp" --allreduce "${mode%%:*}" "${codec[@]}" $extra --prefill "$len" \
@@ -70,9 +75,10 @@ for tp in $tps; do
         python3 -c 'import json, sys
 j = json.loads(sys.argv[3])
 j["link"], j["len"], j["lab"] = sys.argv[1], int(sys.argv[2]), sys.argv[4]
+j["host_cores"] = float(sys.argv[5]) if sys.argv[5] else None
 if j.get("allreduce") == "echo":
     j["allreduce"] = "echo:%s-g%d" % (j["echo_codec"], j["echo_group"])
-print(json.dumps(j))' "$rate" "$len" "$line" "$lab" >>"$out/ttft.jsonl"
+print(json.dumps(j))' "$rate" "$len" "$line" "$lab" "$hc" >>"$out/ttft.jsonl"
       done
     done
   done

@@ -7,7 +7,7 @@
 # batch-1 decode tok/s, and bytes on the wire per token.
 #
 #   scripts/bench-vs-llamacpp-rpc.sh --model GGUF --tp N [--rates "1gbit 10gbit none"]
-#       [--prompts "512"] [--decode 16] [--reps 1] [--iters 3]
+#       [--host-cores "4 8 16"] [--prompts "512"] [--decode 16] [--reps 1] [--iters 3]
 #       [--echo-modes "exact bf16 echo"] [--overlap "off auto"] [--sm "layer tensor"]
 #       [--echo-args "ARGS"] [--out FILE]
 #   scripts/bench-vs-llamacpp-rpc.sh --summary FILE [--plot PNG]   (table, plot)
@@ -25,6 +25,9 @@
 # steps together); for llama.cpp less the bytes of uploading the weights to
 # its servers, measured once per (file, tp, -sm) by a load-only run
 # (`llama-bench -p 0 -n 1 -r 1`, unshaped; cached in FILE.load.json).
+# --host-cores "C...": compute-matched cells (scripts/hostlab.sh --host-cores
+# C): the N hosts stand for hosts of C cores on each RATE, their links
+# shaped to RATE x (this machine's cores / N) / C; rows carry host_cores.
 # Results: one JSON line per run appended to FILE (default
 # build/vs-llamacpp-rpc.jsonl), then the summary: per (file, prompt, tp,
 # link) the median over runs of each setup's TTFT, decode tok/s and KB per
@@ -34,12 +37,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model= tp=2 rates="1gbit 10gbit none" prompts=512 decode=16 reps=1 iters=3 emodes="exact bf16 echo"
-overlaps="off auto" sms="layer tensor" eargs= out=build/vs-llamacpp-rpc.jsonl summary= plot=
+overlaps="off auto" sms="layer tensor" eargs= out=build/vs-llamacpp-rpc.jsonl summary= plot= hcores=
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift ;;
     --tp) tp=$2; shift ;;
     --rates) rates=$2; shift ;;
+    --host-cores) hcores=$2; shift ;;
     --prompt|--prompts) prompts=$2; shift ;;
     --decode) decode=$2; shift ;;
     --reps) reps=$2; shift ;;
@@ -51,7 +55,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --summary) summary=$2; shift ;;
     --plot) plot=$2; shift ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-vs-llamacpp-rpc: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -66,12 +70,12 @@ def setup(r):
     return r["who"] + (" overlap " + r["overlap"] if r.get("overlap") else "")
 groups = []
 for r in rows:
-    g = (r["model"], r["prompt"], r["tp"], r["rate"])
+    g = (r["model"], r["prompt"], r["tp"], r["rate"], r.get("host_cores"))
     if g not in groups: groups.append(g)
 med = lambda xs: st.median(xs) if xs else float("nan")
 plotrows, cols = [], []
 for g in groups:
-    gr = [r for r in rows if (r["model"], r["prompt"], r["tp"], r["rate"]) == g]
+    gr = [r for r in rows if (r["model"], r["prompt"], r["tp"], r["rate"], r.get("host_cores")) == g]
     names = []
     for r in gr:
         if setup(r) not in names: names.append(setup(r))
@@ -79,7 +83,8 @@ for g in groups:
     ttft = {n: med([r["ttft_ms"] for r in m[n]]) for n in names}
     llama = [ttft[n] for n in names if n.startswith("llama.cpp")]
     best = min(llama) if llama else None
-    print(f"\n{g[0]}, tp {g[2]}, link {g[3]}, {g[1]}-token prompt (median over runs; each run's TTFT "
+    hc = f" (hosts standing for {g[4]}-core machines: each link shaped to {g[3]} x cores per lab host / {g[4]})" if g[4] else ""
+    print(f"\n{g[0]}, tp {g[2]}, link {g[3]}{hc}, {g[1]}-token prompt (median over runs; each run's TTFT "
           f"is the median of its prompts)\n")
     print("| setup | runs | TTFT ms | best llama.cpp / this | bf16 / this | decode tok/s | KB per token | load (1 min) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -94,7 +99,8 @@ for g in groups:
               f"{med([r['decode_tok_s'] for r in rs]):.1f} | {f'{med(bpt) / 1e3:.1f}' if bpt else '?'} | "
               f"{loads[0]:.1f}-{loads[-1]:.1f} |")
         if n not in cols: cols.append(n)
-    plotrows.append((f"{os.path.basename(g[0]).replace('.gguf', '').replace('_', '-')} tp{g[2]} {g[3]} {g[1]}", ttft))
+    plotrows.append((f"{os.path.basename(g[0]).replace('.gguf', '').replace('_', '-')} tp{g[2]} {g[3]}"
+                     f"{' ' + str(g[4]) + 'c' if g[4] else ''} {g[1]}", ttft))
 if sys.argv[2]:
     dat = sys.argv[2] + ".dat"
     with open(dat, "w") as f:
@@ -116,6 +122,9 @@ lbin=${LLAMACPP_BIN:-build/llamacpp/build/bin}
 # without llama.cpp cells (--sm "") echo's model may be a folder or random:SHAPE
 [ -f "$model" ] || { [ -z "${sms// }" ] && { [ -d "$model" ] || [[ "$model" == random:* ]]; }; } ||
   { echo "bench-vs-llamacpp-rpc: --model: no GGUF file '$model'" >&2; exit 2; }
+for c in $hcores; do
+  [[ "$c" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "bench-vs-llamacpp-rpc: --host-cores: core counts, got '$c'" >&2; exit 2; }
+done
 [[ "$tp" =~ ^[2-9]$ ]] || { echo "bench-vs-llamacpp-rpc: --tp: 2..9" >&2; exit 2; }
 [[ "$reps" =~ ^[1-9][0-9]*$ && "$iters" =~ ^[1-9][0-9]*$ && "$decode" =~ ^[1-9][0-9]*$ ]] ||
   { echo "bench-vs-llamacpp-rpc: --reps, --iters, --decode: counts >= 1" >&2; exit 2; }
@@ -168,14 +177,18 @@ rpcs=$(for ((i = 1; i < tp; i++)); do printf '10.77.0.%d:50052,' $((i + 1)); don
 loadf=$out.load.json
 [ -f "$loadf" ] || echo '{}' >"$loadf"
 
-# cell RATE CMD...: one lab of tp hosts at RATE under the lock, at most 10
+# cell RATE HOST_CORES CMD...: one lab of tp hosts at RATE (standing for
+# hosts of HOST_CORES cores; "_": none) under the lock, at most 10
 # minutes; prints the command's output and the TX line; one retry (an
 # mpirun start in the lab fails now and then).
 cell() {
-  local rate=$1 try res; shift
+  local rate=$1 hc=$2 try res; shift 2
+  local hca=()
+  [ "$hc" = _ ] || hca=(--host-cores "$hc")
   for try in 1 2; do
-    echo "== $(date -u +%FT%TZ) tp $tp rate $rate try $try: $*" >>"$out.err"
-    if res=$(flock /work/cpu.lock timeout 600 env LBIN="$lbin" scripts/hostlab.sh --hosts "$tp" --rate "$rate" -- \
+    echo "== $(date -u +%FT%TZ) tp $tp rate $rate host cores $hc try $try: $*" >>"$out.err"
+    if res=$(flock /work/cpu.lock timeout 600 env LBIN="$lbin" scripts/hostlab.sh --hosts "$tp" --rate "$rate" \
+      "${hca[@]}" -- \
       build/.rpc-cell.sh "$@" 2>>"$out.err"); then printf '%s\n' "$res"; return 0; fi
     echo "  failed (try $try; stderr in $out.err)" >&2
   done
@@ -188,7 +201,7 @@ upload_bytes() {  # sm
   res=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' "$loadf" "$key")
   if [ -z "$res" ]; then
     echo "bench-vs-llamacpp-rpc: llama.cpp -sm $1: bytes of the model upload (load-only run)" >&2
-    res=$(cell none llama "$lbin/llama-bench" -m "$model" -rpc "$rpcs" -sm "$1" -p 0 -n 1 -r 1 -t 1 -o json |
+    res=$(cell none _ llama "$lbin/llama-bench" -m "$model" -rpc "$rpcs" -sm "$1" -p 0 -n 1 -r 1 -t 1 -o json |
       sed -n 's/^TX //p') || return 1
     python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d[sys.argv[2]] = int(sys.argv[3])
 json.dump(d, open(sys.argv[1], "w"), indent=1)' "$loadf" "$key" "$res"
@@ -199,35 +212,37 @@ json.dump(d, open(sys.argv[1], "w"), indent=1)' "$loadf" "$key" "$res"
 for rep in $(seq "$reps"); do
   for prompt in $prompts; do
     for rate in $rates; do
+     for hc in ${hcores:-_}; do
       for m in $emodes; do
         for ov in $overlaps; do
-          echo "bench-vs-llamacpp-rpc: rep $rep, $rate, P $prompt, echo $m, overlap $ov (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+          echo "bench-vs-llamacpp-rpc: rep $rep, $rate, host cores $hc, P $prompt, echo $m, overlap $ov (load $(cut -d' ' -f1 /proc/loadavg))" >&2
           # shellcheck disable=SC2086 # --echo-args is a list of flags
-          res=$(cell "$rate" echo mpirun -np "$tp" bin/echo-bench forward --model "$model" --tp "$tp" --allreduce "$m" \
+          res=$(cell "$rate" "$hc" echo mpirun -np "$tp" bin/echo-bench forward --model "$model" --tp "$tp" --allreduce "$m" \
             --overlap "$ov" $eargs --prefill 16 --ttft-len "$prompt" --decode-batch 1 --decode-steps "$decode" \
             --iters "$iters" --gemm-dim 0 --copy-bytes 1M --threads 1 --json) || continue
           python3 -c 'import json, sys
 txt = sys.stdin.read(); tx = int(txt.rsplit("TX ", 1)[1]); j = json.loads(txt.rsplit("TX ", 1)[0])
-model, m, ov, rate, tp, rep, P, D, I = sys.argv[1:]; P, D, I = int(P), int(D), int(I)
+model, m, ov, rate, tp, rep, P, D, I, hc = sys.argv[1:]; P, D, I = int(P), int(D), int(I)
 d = [x for x in j["decode"] if x["batch"] == 1][0]
 # prefill phase (16 tokens, warm-up + I), decode phase (16-token prompt, 1 warm-up step, D steps), TTFT (warm-up + I)
 tokens = (1 + I) * 16 + 16 + 1 + D + (1 + I) * P
 print(json.dumps({"model": model, "who": "echo " + m, "overlap": ov, "rate": rate, "tp": int(tp), "rep": int(rep),
   "prompt": P, "decode": D, "iters": I, "ttft_ms": j["ttft"]["ms"], "decode_tok_s": d["tokens_per_s"], "tx_bytes": tx,
   "tokens": tokens, "bytes_per_token": tx / tokens, "allreduce": j.get("allreduce"),
+  "allreduce_auto": j.get("allreduce_auto"), "host_cores": None if hc == "_" else float(hc),
   "load": open("/proc/loadavg").read().split()[0]}))' \
-            "$model" "$m" "$ov" "$rate" "$tp" "$rep" "$prompt" "$decode" "$iters" <<<"$res" >>"$out" &&
+            "$model" "$m" "$ov" "$rate" "$tp" "$rep" "$prompt" "$decode" "$iters" "$hc" <<<"$res" >>"$out" &&
             tail -1 "$out" >&2 || echo "  no result parsed" >&2
         done
       done
       for sm in $sms; do
         up=$(upload_bytes "$sm") || up=
-        echo "bench-vs-llamacpp-rpc: rep $rep, $rate, P $prompt, llama.cpp -sm $sm (load $(cut -d' ' -f1 /proc/loadavg))" >&2
-        res=$(cell "$rate" llama "$lbin/llama-bench" -m "$model" -rpc "$rpcs" -sm "$sm" -p "$prompt" -n "$decode" \
+        echo "bench-vs-llamacpp-rpc: rep $rep, $rate, host cores $hc, P $prompt, llama.cpp -sm $sm (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+        res=$(cell "$rate" "$hc" llama "$lbin/llama-bench" -m "$model" -rpc "$rpcs" -sm "$sm" -p "$prompt" -n "$decode" \
           -r "$iters" -t 1 -o json) || continue
         python3 -c 'import json, statistics as st, sys
 txt = sys.stdin.read(); tx = int(txt.rsplit("TX ", 1)[1]); rows = json.loads(txt.rsplit("TX ", 1)[0])
-model, sm, rate, tp, rep, P, D, I, up = sys.argv[1:]; P, D, I = int(P), int(D), int(I)
+model, sm, rate, tp, rep, P, D, I, up, hc = sys.argv[1:]; P, D, I = int(P), int(D), int(I)
 pp = [r for r in rows if r.get("n_prompt", 0) > 0][0]; tg = [r for r in rows if r.get("n_gen", 0) > 0][0]
 runs = [x / 1e6 for x in pp.get("samples_ns", [pp["avg_ns"]])]
 tokens = (1 + I) * P + 1 + I * D  # prompt warm-up + I prompts; 1 warm-up token + I * D decode tokens
@@ -235,10 +250,12 @@ bpt = (tx - int(up)) / tokens if up else None
 print(json.dumps({"model": model, "who": "llama.cpp -sm " + sm, "overlap": None, "rate": rate, "tp": int(tp),
   "rep": int(rep), "prompt": P, "decode": D, "iters": I, "ttft_ms": st.median(runs), "ttft_runs_ms": runs,
   "decode_tok_s": st.median(tg.get("samples_ts", [tg["avg_ts"]])), "tx_bytes": tx, "upload_bytes": int(up) if up else None,
-  "tokens": tokens, "bytes_per_token": bpt, "load": open("/proc/loadavg").read().split()[0]}))' \
-          "$model" "$sm" "$rate" "$tp" "$rep" "$prompt" "$decode" "$iters" "$up" <<<"$res" >>"$out" &&
+  "tokens": tokens, "bytes_per_token": bpt, "host_cores": None if hc == "_" else float(hc),
+  "load": open("/proc/loadavg").read().split()[0]}))' \
+          "$model" "$sm" "$rate" "$tp" "$rep" "$prompt" "$decode" "$iters" "$up" "$hc" <<<"$res" >>"$out" &&
           tail -1 "$out" >&2 || echo "  no result parsed" >&2
       done
+     done
     done
   done
 done

@@ -5,8 +5,17 @@
 # host, so that ranks under mpirun talk like hosts with their own NICs
 # (docs/network.md). scripts/netlab.sh instead shapes one shared loopback.
 #
-#   scripts/hostlab.sh [--hosts N] [--rate 1gbit|2.5gbit|10gbit|none|TC_RATE] [--] COMMAND...
+#   scripts/hostlab.sh [--hosts N] [--rate 1gbit|2.5gbit|10gbit|none|TC_RATE]
+#                      [--host-cores C] [--] COMMAND...
 #
+# - --host-cores C: a compute-matched lab. The N hosts share this machine's
+#   cores (M, `nproc`, $HOSTLAB_MACHINE_CORES overrides), so each computes
+#   like a machine of M/N cores; to stand for hosts of C cores on a link of
+#   R, every link is shaped to R x (M/N) / C, which keeps the ratio of wire
+#   time to compute time that such hosts have (docs/network.md, "A
+#   compute-matched lab"). C = M/N leaves R as it is. It prints what it
+#   emulates and the shaped rate; ECHO_HOSTLAB_HOST_CORES and
+#   ECHO_HOSTLAB_LINK_RATE (the rate asked for) are exported beside the rest.
 # - Namespaces echo-hl<PID>-sw (the bridge) and echo-hl<PID>-h0..h<N-1>;
 #   host i has interface `lab0` at 10.77.0.<i+1>/24 (MTU $HOSTLAB_MTU, 9000
 #   by default), its switch port shaped too, so the rate holds each way:
@@ -28,19 +37,21 @@
 set -u
 
 usage() {
-    echo "usage: scripts/hostlab.sh [--hosts N] [--rate 1gbit|2.5gbit|10gbit|none|TC_RATE] [--] COMMAND..." >&2
+    echo "usage: scripts/hostlab.sh [--hosts N] [--rate 1gbit|2.5gbit|10gbit|none|TC_RATE] [--host-cores C] [--] COMMAND..." >&2
     exit 2
 }
 
-hosts=2 rate=none
+hosts=2 rate=none host_cores=
 while [ $# -gt 0 ]; do
     case "$1" in
     --rate) [ $# -ge 2 ] || usage; rate=$2; shift 2 ;;
     --rate=*) rate=${1#--rate=}; shift ;;
     --hosts) [ $# -ge 2 ] || usage; hosts=$2; shift 2 ;;
     --hosts=*) hosts=${1#--hosts=}; shift ;;
+    --host-cores) [ $# -ge 2 ] || usage; host_cores=$2; shift 2 ;;
+    --host-cores=*) host_cores=${1#--host-cores=}; shift ;;
     --) shift; break ;;
-    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) usage ;;
     *) break ;;
     esac
@@ -54,6 +65,28 @@ case "$hosts" in
 [1-9] | [1-9][0-9]) ;;
 *) echo "hostlab: --hosts '$hosts' is not a count from 1 to 99" >&2; exit 2 ;;
 esac
+# --host-cores: the rate each link gets (before anything is made, so a bad
+# value costs nothing)
+link_rate=$rate
+if [ -n "$host_cores" ]; then
+    if ! awk -v c="$host_cores" 'BEGIN{ exit !(c ~ /^[0-9]+(\.[0-9]+)?$/ && c + 0 > 0 && c + 0 <= 4096) }'; then
+        echo "hostlab: --host-cores '$host_cores' is not a core count in (0, 4096]" >&2; exit 2
+    fi
+    mcores=${HOSTLAB_MACHINE_CORES:-$(nproc)}
+    # the shaped rate in kbit/s (tc takes integers); `none` stays none: an
+    # unshaped link has no rate to scale
+    share=$(awk -v m="$mcores" -v n="$hosts" 'BEGIN{ printf "%g", m / n }')
+    if [ "$rate" = none ]; then
+        echo "hostlab: $hosts hosts on $mcores cores ($share core(s) each) standing for hosts of $host_cores cores, link unshaped (--rate none)" >&2
+    else
+        kbit=$(awk -v r="$rate" -v m="$mcores" -v n="$hosts" -v c="$host_cores" 'BEGIN{ n0 = r + 0; u = tolower(r);
+            sub(/^[0-9.]+/, "", u); k = u == "gbit" ? 1e6 : u == "mbit" ? 1e3 : u == "kbit" ? 1 : 1e-3;
+            v = n0 * k * (m / n) / c; printf "%d", v < 8 ? 8 : v + 0.5 }')
+        # the lab's own share: today's lab, the very rate asked for
+        [ "$(awk -v m="$mcores" -v n="$hosts" -v c="$host_cores" 'BEGIN{ print (m / n == c) }')" = 1 ] || rate=${kbit}kbit
+        echo "hostlab: $hosts hosts on $mcores cores ($share core(s) each) standing for hosts of $host_cores cores on $link_rate: each link shaped to $(awk -v k="$kbit" 'BEGIN{ printf "%.4g", k / 1e3 }') Mbit/s (tc rate $rate)" >&2
+    fi
+fi
 if [ "$(id -u)" != 0 ]; then echo "hostlab: needs root (ip netns, tc)" >&2; exit 2; fi
 for t in ip tc; do
     command -v "$t" >/dev/null || { echo "hostlab: '$t' not found (apt-get install iproute2)" >&2; exit 2; }
@@ -144,6 +177,7 @@ export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lab0 OMPI_MCA_oob_tcp_i
 export OMPI_MCA_hwloc_base_binding_policy=none OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export ECHO_HOSTLAB_HOSTS=$(IFS=,; echo "${addrs[*]}") ECHO_HOSTLAB_NS="${nss[*]}" ECHO_HOSTLAB_RATE=$rate
+export ECHO_HOSTLAB_HOST_CORES=$host_cores ECHO_HOSTLAB_LINK_RATE=$link_rate
 # what the lab scripts and echo-bench read to know they already run in a lab
 export ECHO_LAB=hostlab ECHO_NETLAB_RATE=$rate
 # In the background so that a signal reaches our trap at once, in a process

@@ -208,6 +208,10 @@ typedef struct srv_metrics {
     const char *kv_dtype;                      /* cache_config_info's cache_dtype (kern_kv_dtype_name) */
     /* allreduce_config_info: what the all-reduce runs (tp 1: preset "none") */
     char ar_preset[16], ar_codec[16], ar_tail_codec[16];
+    /* --allreduce auto: what it chose and the figures (ar_auto 0: not auto) */
+    int ar_auto, ar_auto_oneshot, ar_auto_overlap, ar_auto_shared;
+    char ar_auto_small[16], ar_auto_large[16];
+    double ar_auto_lat_s[2], ar_auto_bps[2], ar_auto_enc[4], ar_auto_dec[4];
     int ar_group, ar_feedback, ar_tp, ar_tail_calls, ar_calls; /* the tail policy: its calls of ar_calls a pass */
     double ar_bits; /* averaged over a pass */
     uint64_t prompt_tokens, generation_tokens;

@@ -286,6 +286,19 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
               "tail_codec=\"%s\"} 1.0\n",
               lbl, m->ar_preset, m->ar_codec, m->ar_group, m->ar_bits, m->ar_feedback ? "on" : "off", m->ar_tp,
               m->ar_tail_calls, m->ar_calls, m->ar_tail_codec);
+    if (m->ar_auto)
+        sb_printf(&b,
+                  "# HELP echo:allreduce_auto_info What --allreduce auto chose at start-up (per call-size class) and "
+                  "the figures it measured: link latency (s) and bytes/s per class, codec values/s per thread\n"
+                  "# TYPE echo:allreduce_auto_info gauge\necho:allreduce_auto_info{%s,small_calls=\"%s\","
+                  "small_oneshot=\"%d\",large_calls=\"%s\",overlap=\"%d\",shared_memory=\"%d\","
+                  "small_latency_s=\"%.3g\",small_bytes_per_s=\"%.4g\",large_latency_s=\"%.3g\","
+                  "large_bytes_per_s=\"%.4g\",bf16_encode_vps=\"%.4g\",bf16_decode_vps=\"%.4g\","
+                  "echo_encode_vps=\"%.4g\",echo_decode_vps=\"%.4g\",echo3_encode_vps=\"%.4g\","
+                  "echo3_decode_vps=\"%.4g\"} 1.0\n",
+                  lbl, m->ar_auto_small, m->ar_auto_oneshot, m->ar_auto_large, m->ar_auto_overlap, m->ar_auto_shared,
+                  m->ar_auto_lat_s[0], m->ar_auto_bps[0], m->ar_auto_lat_s[1], m->ar_auto_bps[1], m->ar_auto_enc[1],
+                  m->ar_auto_dec[1], m->ar_auto_enc[2], m->ar_auto_dec[2], m->ar_auto_enc[3], m->ar_auto_dec[3]);
     sb_printf(&b,
               "# HELP echo:prompt_tokens_total Number of prefill tokens processed.\n"
               "# TYPE echo:prompt_tokens_total counter\necho:prompt_tokens_total{%s} %llu\n",

@@ -345,6 +345,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .device = o->device,
                      .tp = o->tp,
                      .allreduce = o->allreduce,
+                     .allreduce_auto = o->allreduce_auto,
                      .transport = o->transport,
                      .echo_min_bytes = o->echo_min_bytes,
                      .echo_group = o->echo_group,
@@ -412,6 +413,19 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     char ar[256] = "none (tp 1)";
     echo_config wc = {0};
     if (c->tp > 1 && !eng_allreduce_config(s->eng, &wc)) echo_config_describe(c->allreduce, &wc, ar, sizeof ar);
+    char autod[1024] = "";
+    {
+        echo_auto_figures af;
+        echo_auto_choice ac;
+        if (eng_allreduce_auto(s->eng, &af, &ac)) {
+            echo_auto_describe(&af, &ac, autod, sizeof autod);
+            size_t n = strlen(ar);
+            if (n + 8 < sizeof ar) {
+                memmove(ar + 7, ar, n + 1);
+                memcpy(ar, "(auto) ", 7);
+            }
+        }
+    }
     /* the prefix cache may hold every block no running request needs */
     char pc[96] = "prefix caching off";
     if (u.prefix_cache) snprintf(pc, sizeof pc, "prefix caching on (may hold all %d blocks, LRU)", u.total_blocks);
@@ -440,6 +454,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
             c->tp > 1 ? c->transport : "no", ov, slot_mb, u.total_blocks, u.block_size, kern_kv_dtype_name(c->kv_dtype),
             u.block_size ? u.block_bytes / (size_t)u.block_size : 0, kv_mb, pc, c->max_model_len,
             c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
+    if (autod[0]) srv_log(s, SRV_LOG_INFO, "allreduce %s", autod);
     if (c->kv_mem_available)
         srv_log(s, SRV_LOG_INFO,
                 "KV budget (--kv-cache-memory auto): %d%% of MemAvailable %.1f MB / %d rank(s) = %.1f MB per rank; the "
@@ -484,6 +499,18 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
         s->met.ar_group = c->tp > 1 ? wc.group_size : 0;
         s->met.ar_bits = c->tp > 1 && ci ? echo_config_bits(&wc) : 0; /* averaged over a pass (the tail policy) */
         s->met.ar_feedback = c->tp > 1 && wc.feedback;
+        echo_auto_figures af;
+        echo_auto_choice ac;
+        s->met.ar_auto = eng_allreduce_auto(s->eng, &af, &ac);
+        if (s->met.ar_auto) {
+            snprintf(s->met.ar_auto_small, sizeof s->met.ar_auto_small, "%s", echo_preset_name(ac.preset[ECHO_AUTO_SMALL]));
+            snprintf(s->met.ar_auto_large, sizeof s->met.ar_auto_large, "%s", echo_preset_name(ac.preset[ECHO_AUTO_LARGE]));
+            s->met.ar_auto_oneshot = ac.oneshot[ECHO_AUTO_SMALL];
+            s->met.ar_auto_overlap = ac.overlap_k;
+            s->met.ar_auto_shared = af.shared_memory;
+            for (int k = 0; k < 2; k++) s->met.ar_auto_lat_s[k] = af.link[k].latency_s, s->met.ar_auto_bps[k] = af.link[k].bytes_per_s;
+            for (int i = 0; i < 4; i++) s->met.ar_auto_enc[i] = af.encode_vps[i], s->met.ar_auto_dec[i] = af.decode_vps[i];
+        }
         s->met.ar_tail_calls = c->tp > 1 ? wc.tail_sites : 0;
         s->met.ar_calls = c->tp > 1 ? wc.n_sites : 0;
         snprintf(s->met.ar_tail_codec, sizeof s->met.ar_tail_codec, "%s",

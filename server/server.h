@@ -46,6 +46,7 @@ typedef struct srv_options {
     const char *device;            /* "auto" (default), "cpu", "cuda" */
     int tp;                        /* tensor-parallel ranks, default 1 */
     echo_preset allreduce;
+    int allreduce_auto;         /* eng_config.allreduce_auto: ENG_ALLREDUCE_AUTO (echo-serve's default) */
     const char *transport;      /* all-reduce transport when tp > 1: "auto" (default), "local", "nccl" */
     size_t echo_min_bytes;      /* size policy of the quantized all-reduce, default 0 */
     int echo_group;             /* 0 = the codec's default */

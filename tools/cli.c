@@ -8,6 +8,8 @@
 #include "model/model.h"
 
 #include <errno.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,11 +87,48 @@ static void join_choices(char *buf, size_t len, const char *const *c) {
     for (int i = 0; c[i] && o < len; i++) o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? ", " : "", c[i]);
 }
 
+int cli_allreduce(const char *prog, const char *s, echo_preset *p) {
+    int am = 0;
+    if (echo_allreduce_parse(s, p, &am)) {
+        char names[256], msg[400];
+        snprintf(msg, sizeof msg, "--allreduce expects auto, auto:echo3, %s, got '%%s'",
+                 echo_preset_names(names, sizeof names, ", "));
+        cli_usage_error(prog, msg, s);
+    }
+    return am;
+}
+
+json_t *cli_allreduce_auto_json(const eng *e) {
+    echo_auto_figures f;
+    echo_auto_choice c;
+    if (!eng_allreduce_auto(e, &f, &c)) return NULL;
+    char d[1024];
+    echo_auto_describe(&f, &c, d, sizeof d);
+    json_t *est = json_object();
+    for (int i = 0; i < ECHO_AUTO_CANDIDATES; i++)
+        if (!isnan(c.est_s[ECHO_AUTO_LARGE][i]))
+            json_object_set_new(est, echo_preset_name(echo_auto_candidates[i]), json_real(c.est_s[ECHO_AUTO_LARGE][i] * 1e3));
+    json_t *codec = json_object();
+    for (int i = 1; i < ECHO_AUTO_CANDIDATES; i++)
+        json_object_set_new(codec, echo_preset_name(echo_auto_candidates[i]),
+                            json_pack("{s:f,s:f}", "encode_mvalues_s", f.encode_vps[i] / 1e6, "decode_mvalues_s",
+                                      f.decode_vps[i] / 1e6));
+    return json_pack("{s:s,s:s,s:b,s:s,s:i,s:i,s:b,s:i,s:{s:f,s:f},s:{s:f,s:f},s:o,s:o,s:s}", "small_calls",
+                     echo_preset_name(c.preset[ECHO_AUTO_SMALL]), "large_calls",
+                     echo_preset_name(c.preset[ECHO_AUTO_LARGE]), "small_oneshot", c.oneshot[ECHO_AUTO_SMALL],
+                     "small_calls_le", "fp32 bytes", "small_bytes", ECHO_AUTO_SMALL_BYTES, "overlap", c.overlap_k,
+                     "shared_memory", f.shared_memory, "threads", f.threads, "link_small", "latency_us",
+                     f.link[ECHO_AUTO_SMALL].latency_s * 1e6, "mbytes_s", f.link[ECHO_AUTO_SMALL].bytes_per_s / 1e6,
+                     "link_large", "latency_us", f.link[ECHO_AUTO_LARGE].latency_s * 1e6, "mbytes_s",
+                     f.link[ECHO_AUTO_LARGE].bytes_per_s / 1e6, "codec_per_thread", codec, "est_large_call_ms", est,
+                     "plan", d);
+}
+
 void cli_help(const char *usage) {
     char b[512];
     fputs(usage, stdout);
     printf("\nChoices (from the tables in comm/ and kernels/):\n");
-    printf("  --allreduce    %s\n", echo_preset_names(b, sizeof b, ", "));
+    printf("  --allreduce    auto, auto:echo3, %s\n", echo_preset_names(b, sizeof b, ", "));
     printf("  --echo-codec   %s (lossy codes: hnf3 3-bit, the others 4-bit; NAME-gG sets the group)\n", echo_codec_names(b, sizeof b, ", ", 1));
     join_choices(b, sizeof b, cli_transports());
     printf("  --transport    %s\n", b);

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "comm/echo.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 
@@ -37,6 +38,14 @@ void cli_help(const char *usage);
 /* --echo-codec NAME[-gG]: the codec id (an echo_codec_id), and *group = G
  * when one is named (else unchanged); a usage error otherwise. */
 int cli_echo_codec(const char *prog, const char *s, int *group);
+/* --allreduce: "auto", "auto:echo3" (returns ENG_ALLREDUCE_AUTO / _AUTO_ECHO3,
+ * *p untouched) or a preset (returns ENG_ALLREDUCE_FIXED); else a usage error. */
+int cli_allreduce(const char *prog, const char *s, echo_preset *p);
+/* The all-reduce an engine chose (--allreduce auto) as a JSON object:
+ * the choice and the measured figures; NULL when it chose nothing. */
+struct json_t;
+struct eng;
+struct json_t *cli_allreduce_auto_json(const struct eng *e);
 /* --overlap auto|off|N: eng_config.overlap (0 auto, -1 off, N in 1..8). */
 int cli_overlap(const char *prog, const char *s);
 /* --oneshot auto|off|BYTES: eng_config.oneshot (0 auto, -1 off, BYTES in 1..1 GiB). */

@@ -46,8 +46,10 @@ static const char *USAGE =
     "                         at --tp > 1 on cpu (exact bits unchanged). auto (default): 8192 under\n"
     "                         mpirun, off for threads\n"
     "  --tp N                 tensor-parallel ranks (threads on the cpu backend; default 1)\n"
-    "  --allreduce MODE       all-reduce of the row-parallel layers when --tp > 1:\n"
-    "                         echo (the 4-bit codec of --echo-codec with error feedback, default),\n"
+    "  --allreduce MODE       all-reduce of the row-parallel layers when --tp > 1: auto (default:\n"
+    "                         measured at start-up, the fastest of exact, bf16 and echo per call size;\n"
+    "                         auto:echo3 lets it pick echo3), or one forced:\n"
+    "                         echo (the 4-bit codec of --echo-codec with error feedback),\n"
     "                         echo-nofb (that codec without feedback), int4 (the paper's int4 codec,\n"
     "                         no feedback), bf16 (16-bit sums), exact (fp32 sum), echo3 (hnf3-g256,\n"
     "                         3-bit codes with feedback, the last call bf16: 3.46 bits/value; host only)\n"
@@ -239,7 +241,7 @@ int main(int argc, char **argv) {
     const char *tok_path = NULL;
     int no_thinking = 0;
     eng_gen_params gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}};
-    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .max_num_seqs = 1, .act_quant = ENG_ACT_AUTO,
+    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .allreduce_auto = ENG_ALLREDUCE_AUTO, .max_num_seqs = 1, .act_quant = ENG_ACT_AUTO,
                      .kv_dtype = KERN_KV_BF16, .kv_cache_memory = ENG_KV_MEMORY_AUTO};
     int json = 0, timing = 0, chat = 0, c, li = 0;
     cli_spec spec = CLI_SPEC_INIT;
@@ -286,8 +288,7 @@ int main(int argc, char **argv) {
             ec.act_quant = cli_act_quant(PROG, optarg);
             break;
         case O_ALLRED:
-            if (echo_preset_parse(optarg, &ec.allreduce))
-                cli_usage_error(PROG, "--allreduce expects exact, int4, echo, echo-nofb or bf16, got '%s'", optarg);
+            ec.allreduce_auto = cli_allreduce(PROG, optarg, &ec.allreduce);
             allreduce = optarg;
             break;
         case O_SPEC:
@@ -423,6 +424,8 @@ int main(int argc, char **argv) {
                           on ? ci->name : "none", "group", on ? wc.group_size : 0, "bits_per_value",
                           on ? echo_config_bits(&wc) : 32.0,
                           "feedback", on && wc.feedback, "tp", gc->tp));
+            json_t *au = cli_allreduce_auto_json(e);
+            if (au) json_object_set_new(root, "allreduce_auto", au);
         }
         double dec = out.t_last - out.t_first;
         if (timing)

@@ -29,8 +29,10 @@ static const char *USAGE =
     "                               (qwen3-8b -> models--Qwen--Qwen3-8B/snapshots/<rev>)\n"
     "  --tp N                       tensor-parallel ranks (default 1)\n"
     "  --device auto|cuda|cpu       backend (default auto: cuda when built and usable, else cpu)\n"
-    "  --allreduce echo|echo-nofb|int4|bf16|exact  all-reduce of the row-parallel layers when --tp > 1\n"
-    "                               (default echo: --echo-codec's 4.5-bit codes with error feedback;\n"
+    "  --allreduce auto|auto:echo3|echo|echo-nofb|int4|bf16|exact|echo3  all-reduce of the row-parallel\n"
+    "                               layers when --tp > 1 (default auto: measured at start-up, the fastest\n"
+    "                               of exact, bf16 and echo (auto:echo3: and echo3) per call size, the\n"
+    "                               plan line says which; echo: --echo-codec's 4.5-bit codes with error feedback;\n"
     "                               echo-nofb: the same codec without feedback; int4: the paper's int4\n"
     "                               codec, G 64, no feedback; bf16: 16-bit sums; exact: fp32;\n"
     "                               echo3: hnf3-g256 3-bit codes with feedback, 3.46 bits/value, host only)\n"
@@ -260,6 +262,7 @@ int main(int argc, char **argv) {
                      .device = "auto",
                      .tp = 1,
                      .allreduce = ECHO_PRESET_ECHO,
+                     .allreduce_auto = ENG_ALLREDUCE_AUTO,
                      .drain_s = 5,
                      .grammar_compiles = 2,
                      .grammar_timeout_s = 10,
@@ -288,8 +291,7 @@ int main(int argc, char **argv) {
         case O_SPEC_BATCH:
         case O_SPEC_DRAFT: cli_spec_flag(PROG, opts[li].name, optarg, &spec); break;
         case O_ALLRED:
-            if (echo_preset_parse(optarg, &o.allreduce))
-                cli_usage_error(PROG, "--allreduce expects echo, echo-nofb, exact, int4 or bf16, got '%s'", optarg);
+            o.allreduce_auto = cli_allreduce(PROG, optarg, &o.allreduce);
             break;
         case O_CODEC: o.echo_codec = (echo_codec_id)cli_echo_codec(PROG, optarg, &o.echo_group); break;
         case O_QUANT:

@@ -24,6 +24,8 @@
 #      bits on SmolLM2 ($ECHO_SMOLLM2_GGUF) for every preset;
 #   8. speculative decoding under mpirun -np 3 (tests/server/test_spec.py):
 #      greedy answers with --speculative ngram equal those without.
+#   9. --allreduce auto: the same choice on every rank under mpirun -np 3,
+#      the chosen preset's bits; as threads exact, exact's bits.
 # Every mpirun is bounded by `timeout`.
 set -u
 have=$1 bin=$2 demo=$3
@@ -244,6 +246,40 @@ if [ -n "${ECHO_SMOLLM2_GGUF:-}" ]; then
 else
     echo "test-mpi engine: the speculative check is skipped (ECHO_SMOLLM2_GGUF not set)"
 fi
+
+# 9. --allreduce auto (comm/auto.c, the default): under mpirun -np 3 every
+#    rank makes the same choice (the engine checks it at start-up: a rank
+#    that differs fails the start) and the output equals the chosen preset's
+#    forced with the same one-shot, size policy and overlap; as threads (one
+#    machine) it picks exact, whose bits equal --allreduce exact's.
+args=(--model "$M/llama-tp3" --prompt-tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7 --max-tokens 8 --temperature 0
+      --ignore-eos --top-logprobs 3 --json --tp 3 --threads 1)
+if run -np 3 "$bin/echo-generate" "${args[@]}" --allreduce auto >"$tmp/auto.json" 2>"$tmp/auto.err" &&
+    forced=$(python3 - "$tmp/auto.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["allreduce_auto"]
+f = ["--allreduce", a["large_calls"], "--oneshot", str(a["small_bytes"]) if a["small_oneshot"] else "off",
+     "--overlap", str(a["overlap"]) if a["overlap"] > 1 else "off"]
+if a["small_calls"] == "exact" and a["large_calls"] != "exact":
+    f += ["--echo-min-bytes", str(a["small_bytes"] + 1)]
+print(" ".join(f))
+PY
+    ) && run -np 3 "$bin/echo-generate" "${args[@]}" $forced >"$tmp/forced.json" 2>"$tmp/forced.err" &&
+    python3 - "$tmp/auto.json" "$tmp/forced.json" <<'PY'; then ok; else bad "auto under -np 3 ($forced): $(tail -3 "$tmp/auto.err" "$tmp/forced.err")"; fi
+import json, sys
+a, f = (json.load(open(p)) for p in sys.argv[1:])
+a.pop("allreduce_auto")
+assert a == f, (a, f)
+PY
+"$bin/echo-generate" "${args[@]}" --allreduce auto >"$tmp/auto-t.json" 2>/dev/null
+"$bin/echo-generate" "${args[@]}" --allreduce exact >"$tmp/exact-t.json" 2>/dev/null
+if python3 - "$tmp/auto-t.json" "$tmp/exact-t.json" <<'PY'; then ok; else bad "auto as threads is not exact's bits"; fi
+import json, sys
+a, e = (json.load(open(p)) for p in sys.argv[1:])
+au = a.pop("allreduce_auto")
+assert au["shared_memory"] and au["large_calls"] == "exact" and au["small_calls"] == "exact", au
+assert a == e, (a, e)
+PY
 
 echo "test-mpi engine: $checks checks passed, $([ $fail = 0 ] && echo 0 || echo some) failed"
 exit $fail

@@ -5,7 +5,8 @@
 #      a command that succeeds, one that fails (its status comes back), and a
 #      SIGINT (130); bad --rate / --hosts are refused before anything is made;
 #   2. placement: mpirun -np 2 puts rank i in host i's namespace, whose lab0
-#      (and its switch port) are shaped with tbf;
+#      (and its switch port) are shaped with tbf; --host-cores shapes to the
+#      compute-matched rate, and to today's lab at the lab's own share;
 #   3. exact outputs equal: echo-generate under mpirun in 2 hosts at 1 Gbit/s
 #      (exact and echo all-reduces) gives the same bits (tokens and logprobs)
 #      as 2 ranks as threads without a lab; the same with the one-shot
@@ -83,6 +84,24 @@ ns = open(sys.argv[2]).read().split()
 assert got == [["0", ns[0], "1"], ["1", ns[1], "1"]], (got, ns)
 PY
 if left "$tmp/ns4"; then bad "placement run left a namespace"; fi
+
+# 2b. --host-cores: 4 hosts on a machine of 2 cores (HOSTLAB_MACHINE_CORES,
+#     so the figures do not depend on this machine) standing for 8-core hosts
+#     on 1 Gbit/s are shaped to 1e9 x 0.5 / 8 = 62.5 Mbit/s; standing for
+#     hosts of the lab's own share (0.5 core) the lab is today's (tc shows
+#     the same qdisc as without --host-cores); a bad count is refused
+qd() { # ARGS... -> host 0's tc qdisc line, rate and burst only
+    HOSTLAB_MACHINE_CORES=2 timeout 60 "$lab" --hosts 4 "$@" -- tc qdisc show dev lab0 2>/dev/null |
+        grep -o 'rate [^ ]* burst [^ ]*'
+}
+plain=$(qd --rate 1gbit) own=$(qd --rate 1gbit --host-cores 0.5) eight=$(qd --rate 1gbit --host-cores 8)
+said=$(HOSTLAB_MACHINE_CORES=2 timeout 60 "$lab" --hosts 4 --rate 1gbit --host-cores 8 -- true 2>&1)
+if [ -n "$plain" ] && [ "$own" = "$plain" ] && [ "${eight%% burst*}" = "rate 62500Kbit" ] &&
+    [[ "$said" == *"standing for hosts of 8 cores on 1gbit"*"62.5 Mbit/s"* ]]; then ok
+else bad "hostlab --host-cores: plain '$plain', own share '$own', 8 cores '$eight', said '$said'"; fi
+before=$(ip netns list | wc -l)
+if ! "$lab" --host-cores 0 -- true 2>/dev/null && ! "$lab" --host-cores x8 -- true 2>/dev/null &&
+    [ "$(ip netns list | wc -l)" = "$before" ]; then ok; else bad "hostlab --host-cores: a bad count was taken"; fi
 
 # 3. exact outputs equal between the shaped lab and ranks as threads, with
 #    the two-shot and the one-shot all-reduce (ECHO_ONESHOT_BYTES, both

@@ -27,6 +27,7 @@
     S(device, "cuda")                                                                                                  \
     N(tp, 5)                                                                                                           \
     N(allreduce, ECHO_PRESET_ECHO3)                                                                                    \
+    N(allreduce_auto, 2)                                                                                               \
     N(echo_min_bytes, (size_t)0x123456789abull)                                                                        \
     N(echo_group, 7)                                                                                                   \
     N(threads, 11)                                                                                                     \

@@ -2280,6 +2280,116 @@ START_TEST(test_hnf3_codec) {
 }
 END_TEST
 
+/* ---- --allreduce auto: the policy on fixed figures (comm/auto.c) ----
+ * Codec speeds per thread rounded from echo_auto_measure_codecs on this
+ * machine (AVX-512; bf16, echo = hout2-g128, echo3 = hnf3-g256), halved for
+ * a lab host (4 hosts share 2 cores). The expected picks are worked by hand
+ * from the cost model in comm/auto.c's header (two-shot, N = 4, a 512-token
+ * chunk of hidden 1024 = 2 MiB, n = 524288 values), e.g. 1 Gbit/s:
+ * exact 2*0.1 ms + 3.15 MB / 120 MB/s = 26.4 ms; bf16 13.3 + codec 0.8 =
+ * 14.2 ms; echo 3.7 + codec 1.1 = 5.0 ms -> echo. */
+static echo_auto_figures auto_cell(int nranks, double bw, double lat, int lab, int threads) {
+    echo_auto_figures f = {.nranks = nranks, .threads = threads, .call_bytes = {4096, 512.0 * 1024 * 4}};
+    double h = lab ? 0.5 : 1;
+    const double enc[4] = {0, 2000e6, 1600e6, 1000e6}, dec[4] = {0, 10000e6, 5000e6, 2500e6};
+    for (int i = 0; i < 4; i++) f.encode_vps[i] = enc[i] * h, f.decode_vps[i] = dec[i] * h;
+    for (int k = 0; k < ECHO_AUTO_CLASSES; k++) f.link[k] = (echo_auto_link){lat, bw};
+    return f;
+}
+
+static int lossless(echo_preset p) { return p == ECHO_PRESET_EXACT || p == ECHO_PRESET_BF16; }
+
+START_TEST(test_auto_policy_cells) {
+    char err[256];
+    echo_auto_choice c;
+    /* threads on one machine (SmolLM2 tp 3: hidden 576): memory at 10 GB/s,
+     * 5 us a step; exact 0.17 ms, bf16 0.29, echo 0.36 -> lossless, no overlap */
+    echo_auto_figures f = auto_cell(3, 10e9, 5e-6, 0, 1);
+    f.shared_memory = 1;
+    f.call_bytes[ECHO_AUTO_SMALL] = 576 * 4, f.call_bytes[ECHO_AUTO_LARGE] = 512.0 * 576 * 4;
+    ck_assert(echo_auto_pick(&f, 1, &c, err, sizeof err) == 0);
+    ck_assert(lossless(c.preset[ECHO_AUTO_LARGE]) && lossless(c.preset[ECHO_AUTO_SMALL]));
+    ck_assert_int_eq(c.overlap_k, 1);
+    /* per-host lab, unshaped (veth, ~3 GB/s, 30 us): exact 1.1 ms, bf16 1.4,
+     * echo 1.34 -> exact */
+    f = auto_cell(4, 3e9, 30e-6, 1, 1);
+    ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == 0);
+    ck_assert_int_eq(c.preset[ECHO_AUTO_LARGE], ECHO_PRESET_EXACT);
+    ck_assert_int_eq(c.preset[ECHO_AUTO_SMALL], ECHO_PRESET_EXACT);
+    ck_assert_int_eq(c.overlap_k, 2); /* a network, compute unknown */
+    /* 10 Gbit/s lab (1.19 GB/s, 50 us): exact 2.74, bf16 2.24, echo 1.42 -> echo */
+    f = auto_cell(4, 1.19e9, 50e-6, 1, 1);
+    ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == 0);
+    ck_assert_int_eq(c.preset[ECHO_AUTO_LARGE], ECHO_PRESET_ECHO);
+    /* 1 Gbit/s (120 MB/s, 100 us): echo; a decode call (4 KB): exact
+     * two-shot 0.25 ms, one-shot 0.20; echo one-shot 0.12 -> one-shot */
+    f = auto_cell(4, 120e6, 100e-6, 1, 1);
+    ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == 0);
+    ck_assert_int_eq(c.preset[ECHO_AUTO_LARGE], ECHO_PRESET_ECHO);
+    ck_assert_int_eq(c.oneshot[ECHO_AUTO_SMALL], 1);
+    ck_assert(c.est_s[ECHO_AUTO_LARGE][0] > 0.025 && c.est_s[ECHO_AUTO_LARGE][0] < 0.028);
+    /* compute-matched: 1 Gbit/s x 0.5 / C for hosts of C = 4, 8, 16 cores:
+     * echo; echo3 when allowed (3.25 bits against 4.5, the wire dominating) */
+    for (int cores = 4; cores <= 16; cores *= 2) {
+        f = auto_cell(4, 125e6 * 0.5 / cores, 100e-6, 1, 1);
+        ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == 0);
+        ck_assert_int_eq(c.preset[ECHO_AUTO_LARGE], ECHO_PRESET_ECHO);
+        ck_assert(isnan(c.est_s[ECHO_AUTO_LARGE][3]));
+        ck_assert(echo_auto_pick(&f, 1, &c, err, sizeof err) == 0);
+        ck_assert_int_eq(c.preset[ECHO_AUTO_LARGE], ECHO_PRESET_ECHO3);
+    }
+    /* the small class runs the large class's codec or exact, never a third */
+    for (int i = 0; i < 50; i++) {
+        f = auto_cell(2 + i % 5, 1e6 * (1 + i * 97 % 5000), 1e-6 * (i * 37 % 300), i & 1, 1 + i % 3);
+        ck_assert(echo_auto_pick(&f, i & 2, &c, err, sizeof err) == 0);
+        ck_assert(c.preset[ECHO_AUTO_SMALL] == ECHO_PRESET_EXACT || c.preset[ECHO_AUTO_SMALL] == c.preset[ECHO_AUTO_LARGE]);
+        ck_assert(!(c.oneshot[ECHO_AUTO_SMALL] && c.preset[ECHO_AUTO_SMALL] == ECHO_PRESET_BF16));
+    }
+}
+END_TEST
+
+START_TEST(test_auto_policy_overlap_and_errors) {
+    char err[256];
+    echo_auto_choice c;
+    /* 1 Gbit/s, echo's large call ~5 ms: compute of the same size -> overlap
+     * (T(1) = 10 ms, T(2) = 5 + 2.5 + 0.2); compute far below the call ->
+     * off (T(2) - T(1) = 0.2 ms of latency against 0.005 ms saved) */
+    echo_auto_figures f = auto_cell(4, 120e6, 100e-6, 1, 1);
+    f.compute_s = 5e-3;
+    ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == 0);
+    ck_assert(c.overlap_k >= 2);
+    f.compute_s = 1e-5;
+    ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == 0);
+    ck_assert_int_eq(c.overlap_k, 1);
+    /* figures that make no sense are refused, with a message */
+    f = auto_cell(1, 1e9, 1e-5, 0, 1);
+    ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == -1 && strstr(err, "ranks"));
+    f = auto_cell(4, 0, 1e-5, 0, 1);
+    ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == -1 && strstr(err, "link"));
+    f = auto_cell(4, NAN, 1e-5, 0, 1);
+    ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == -1);
+    /* what --allreduce takes */
+    echo_preset p = ECHO_PRESET_BF16;
+    int am = -1;
+    ck_assert(echo_allreduce_parse("auto", &p, &am) == 0 && am == 1 && p == ECHO_PRESET_BF16);
+    ck_assert(echo_allreduce_parse("auto:echo3", &p, &am) == 0 && am == 2);
+    ck_assert(echo_allreduce_parse("echo3", &p, &am) == 0 && am == 0 && p == ECHO_PRESET_ECHO3);
+    ck_assert(echo_allreduce_parse("auto:int4", &p, &am) == -1);
+    ck_assert(echo_allreduce_parse("autox", &p, &am) == -1);
+    /* the measurements give figures the policy takes */
+    f = (echo_auto_figures){.nranks = 2, .threads = 1, .call_bytes = {4096, 1 << 20}};
+    ck_assert(echo_auto_measure_codecs(&f, err, sizeof err) == 0);
+    for (int i = 1; i < ECHO_AUTO_CANDIDATES; i++) ck_assert(f.encode_vps[i] > 1e6 && f.decode_vps[i] > 1e6);
+    ck_assert(f.encode_vps[0] == 0);
+    echo_auto_measure_memory(&f);
+    ck_assert(f.shared_memory && f.link[ECHO_AUTO_LARGE].bytes_per_s > 1e8);
+    ck_assert(echo_auto_pick(&f, 0, &c, err, sizeof err) == 0);
+    char d[1024];
+    echo_auto_describe(&f, &c, d, sizeof d);
+    ck_assert(strstr(d, "auto: calls <= 64 KB") && strstr(d, "shared memory"));
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("comm");
     TCase *tc = tcase_create("echo");
@@ -2305,6 +2415,8 @@ int main(void) {
     tcase_add_test(tc, test_oneshot);
     tcase_add_test(tc, test_local_device_unavailable);
     tcase_add_test(tc, test_local_device_schedule_on_cpu);
+    tcase_add_test(tc, test_auto_policy_cells);
+    tcase_add_test(tc, test_auto_policy_overlap_and_errors);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

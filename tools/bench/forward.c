@@ -79,6 +79,7 @@ typedef struct fw_opts {
     int overlap;              /* eng_config.overlap */
     long oneshot;             /* eng_config.oneshot */
     echo_preset allreduce;    /* eng_config.allreduce (tp > 1) */
+    int allreduce_auto;       /* eng_config.allreduce_auto (--allreduce auto, auto:echo3) */
     int echo_group;           /* eng_config.echo_group, 0 = default */
     echo_codec_id echo_codec; /* eng_config.echo_codec, 0 = default */
     long echo_min_bytes;      /* eng_config.echo_min_bytes */
@@ -184,8 +185,9 @@ static const char FW_USAGE[] =
     "                      (random:qwen3-8b[,layers=N][,seed=S]; also qwen3-0.6b, tiny, tiny-hd128)\n"
     "  --device D          cpu (default), cuda, or auto (cuda when a GPU is visible)\n"
     "  --tp N              tensor-parallel ranks (default 1; under mpirun -np N one per process)\n"
-    "  --allreduce MODE    exact (default), bf16, int4 (the paper's codec), echo or echo-nofb: the\n"
-    "                      all-reduce at tp > 1\n"
+    "  --allreduce MODE    exact (default), bf16, int4 (the paper's codec), echo, echo-nofb, echo3, or\n"
+    "                      auto / auto:echo3 (measured at start-up: the JSON's allreduce_auto says\n"
+    "                      what it chose and why): the all-reduce at tp > 1\n"
     "  --echo-group G      values per scale group of int4/echo (default: the codec's)\n"
     "  --echo-codec NAME   codec of int4/echo from the codec table, NAME-gG sets G too (default: comm/'s)\n"
     "  --echo-min-bytes N  messages below N bytes take the exact path (default 0)\n"
@@ -290,10 +292,10 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             o->tp = (int)v;
             break;
         case O_ALLRED:
-            if (echo_preset_parse(a, &o->allreduce))
+            if (echo_allreduce_parse(a, &o->allreduce, &o->allreduce_auto))
             {
                 char msg[256], names[128];
-                snprintf(msg, sizeof msg, "--allreduce: expected one of %s, got '%%s'",
+                snprintf(msg, sizeof msg, "--allreduce: expected auto, auto:echo3 or one of %s, got '%%s'",
                          echo_preset_names(names, sizeof names, ", "));
                 rc = fw_usage_error(msg, a);
             }
@@ -742,6 +744,7 @@ int bench_forward_main(int argc, char **argv) {
                      .device = o.device,
                      .tp = o.tp,
                      .allreduce = o.allreduce,
+                     .allreduce_auto = o.allreduce_auto,
                      .echo_group = o.echo_group,
                      .echo_codec = o.echo_codec,
                      .echo_min_bytes = (size_t)o.echo_min_bytes,
@@ -870,7 +873,10 @@ int bench_forward_main(int argc, char **argv) {
         json_object_set_new(root, "model", json_string(o.model));
         json_object_set_new(root, "device", json_string(o.device));
         json_object_set_new(root, "tp", json_integer(o.tp));
-        json_object_set_new(root, "allreduce", json_string(o.tp > 1 ? echo_preset_name(o.allreduce) : "none"));
+        json_object_set_new(root, "allreduce",
+                            json_string(o.tp > 1 ? echo_preset_name(eng_get_config(e)->allreduce) : "none"));
+        json_t *au = cli_allreduce_auto_json(e);
+        if (au) json_object_set_new(root, "allreduce_auto", au);
         {
             /* what the all-reduce runs: the preset's codec (int4 fixes its own), G, bits, feedback */
             const eng_config *ecfg = eng_get_config(e);
