@@ -312,7 +312,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                  "tokenizer.json + tokenizer_config.json, e.g. tests/fixtures/tokenizer/qwen3)", s->model_dir);
         return -1;
     }
-    if (!model_is_random(s->model_dir)) load_gen_defaults(s, s->model_dir, &s->gd);
+    load_gen_defaults(s, s->model_dir, &s->gd); /* a random: model has none: the neutral defaults */
     const char *tdir = o->tokenizer ? o->tokenizer : s->model_dir;
     int trc = eng_tokenizer_load(tdir, &s->tok, &s->chat, err, errlen);
     if (trc) {

@@ -132,6 +132,17 @@ INL uint16_t q8_scale_bits(const uint8_t *r, int hd, int c) {
     return (uint16_t)(r[hd + (c >> 1) * 2] | r[hd + (c >> 1) * 2 + 1] << 8);
 }
 
+/* Prefetch the bytes of chunks c0 .. c0+nc-1 of a stored row (and a q8_0
+ * row's scales): rows in place are a head's share of cache rows kvdim
+ * apart, a stride the hardware prefetcher follows too late to keep a
+ * decode's loads from waiting on memory. */
+INL void kv_prefetch(const int dt, const uint8_t *r, int hd, int c0, int nc) {
+    const int w = dt == KERN_KV_F32 ? 64 : dt == KERN_KV_Q8_0 ? 16 : 32; /* bytes per chunk */
+    for (int o = w * c0; o < w * (c0 + nc); o += 64) _mm_prefetch((const char *)r + o, _MM_HINT_T0);
+    if (dt == KERN_KV_Q8_0) _mm_prefetch((const char *)r + hd + (c0 >> 1) * 2, _MM_HINT_T0);
+}
+#define KV_PF_AHEAD 16 /* rows */
+
 /* values 16c .. 16c+15 of a stored row, widened */
 A512 INL __m512 wide512(const int dt, const uint8_t *r, int hd, int c) {
     switch (dt) {
@@ -185,7 +196,8 @@ A512 INL void scores512_dt(const int dt, const float *q, size_t ldq, int nq, con
                            float *out, size_t ldo) {
     const int nc = hd / 16;
     int p = 0;
-    for (; p + 16 <= nk; p += 16)
+    for (; p + 16 <= nk; p += 16) {
+        for (int r = 0; r < 16 && p + KV_PF_AHEAD + r < nk; r++) kv_prefetch(dt, k[p + KV_PF_AHEAD + r], hd, 0, nc);
         for (int i = 0; i < nq; i++) {
             const float *qi = q + (size_t)i * ldq;
             __m512 acc[16];
@@ -196,6 +208,7 @@ A512 INL void scores512_dt(const int dt, const float *q, size_t ldq, int nq, con
             }
             _mm512_storeu_ps(out + (size_t)i * ldo + p, hsum512x16(acc));
         }
+    }
     for (; p < nk; p++)
         for (int i = 0; i < nq; i++) {
             const float *qi = q + (size_t)i * ldq;
@@ -214,6 +227,7 @@ A512 INL void wsum512_dt(const int dt, const int M, const int NC, float *const *
         for (int c = 0; c < NC; c++) a[j][c] = _mm512_loadu_ps(o[j] + 16 * (c0 + c));
     for (int p = 0; p < n; p++) {
         __m512 x[4];
+        if (p + KV_PF_AHEAD < n) kv_prefetch(dt, v[p + KV_PF_AHEAD], hd, c0, NC);
         for (int c = 0; c < NC; c++) x[c] = wide512(dt, v[p], hd, c0 + c);
         for (int j = 0; j < M; j++) {
             __m512 wv = _mm512_set1_ps(w[j][p]);
@@ -315,7 +329,8 @@ A256 INL void scores256_dt(const int dt, const float *q, size_t ldq, int nq, con
                            float *out, size_t ldo) {
     const int nc = hd / 16;
     int p = 0;
-    for (; p + 4 <= nk; p += 4)
+    for (; p + 4 <= nk; p += 4) {
+        for (int r = 0; r < 4 && p + KV_PF_AHEAD + r < nk; r++) kv_prefetch(dt, k[p + KV_PF_AHEAD + r], hd, 0, nc);
         for (int i = 0; i < nq; i++) {
             const float *qi = q + (size_t)i * ldq;
             __m256 lo[4], hi[4];
@@ -331,6 +346,7 @@ A256 INL void scores256_dt(const int dt, const float *q, size_t ldq, int nq, con
             }
             _mm_storeu_ps(out + (size_t)i * ldo + p, hsum256x4(lo, hi));
         }
+    }
     for (; p < nk; p++)
         for (int i = 0; i < nq; i++) {
             const float *qi = q + (size_t)i * ldq;
@@ -353,6 +369,7 @@ A256 INL void wsum256_dt(const int dt, const int M, const int NC, float *const *
         for (int c = 0; c < 2 * NC; c++) a[j][c] = _mm256_loadu_ps(o[j] + 16 * c0 + 8 * c);
     for (int p = 0; p < n; p++) {
         __m256 x[4];
+        if (p + KV_PF_AHEAD < n) kv_prefetch(dt, v[p + KV_PF_AHEAD], hd, c0, NC);
         for (int c = 0; c < NC; c++) wide256(dt, v[p], hd, c0 + c, &x[2 * c], &x[2 * c + 1]);
         for (int j = 0; j < M; j++) {
             __m256 wv = _mm256_set1_ps(w[j][p]);
