@@ -35,6 +35,8 @@
     X(kv_dtype, 1)                                                                                                 \
     X(kv_cache_memory, 1)                                                                                          \
     X(kv_mem_available, 0)                                                                                         \
+    X(gpu_memory_utilization, 0)                                                                                   \
+    X(kv_gpu, 0)                                                                                                   \
     X(transport, 0)                                                                                                \
     X(cuda_graphs, 0)                                                                                              \
     X(fuse_weights, 0)                                                                                             \

@@ -93,15 +93,47 @@ static size_t mem_available(void) {
     return (size_t)kb * 1024;
 }
 
+size_t eng_gpu_kv_budget(double util, size_t total, size_t free_bytes, size_t weights, size_t activations,
+                         int ranks_per_gpu) {
+    if (!(util > 0 && util <= 1) || ranks_per_gpu < 1 || free_bytes > total) return 0;
+    double left = util * (double)total - (double)(total - free_bytes) -
+                  (double)ranks_per_gpu * ((double)weights + (double)activations);
+    return left > 0 ? (size_t)(left / ranks_per_gpu) : 0;
+}
+
+size_t eng_gpu_weight_bytes(const eng_config *c, const model_config *mc) {
+    const size_t tp = (size_t)(c->tp > 0 ? c->tp : 1), H = (size_t)mc->hidden_size, V = (size_t)mc->vocab_size;
+    const size_t hd = (size_t)mc->head_dim, qd = (size_t)mc->num_heads * hd / tp;
+    const size_t kvd = (size_t)rank_kv_heads(c, mc) * hd, inter = (size_t)mc->intermediate_size / tp;
+    size_t layer = 2 * qd * H + 2 * kvd * H + 3 * inter * H + 2 * H + 2 * hd; /* q, o, k, v, mlp, norms */
+    size_t vals = V * H + H + (mc->tie_word_embeddings ? 0 : (V + tp - 1) / tp * H) + (size_t)mc->num_layers * layer;
+    return 2 * vals; /* bf16: the cuda backend's weights */
+}
+
+size_t eng_gpu_activation_bytes(const eng_config *c, const model_config *mc) {
+    const size_t tp = (size_t)(c->tp > 0 ? c->tp : 1), H = (size_t)mc->hidden_size, V = (size_t)mc->vocab_size;
+    const size_t hd = (size_t)mc->head_dim, qd = (size_t)mc->num_heads * hd / tp;
+    const size_t kvd = (size_t)rank_kv_heads(c, mc) * hd, inter = (size_t)mc->intermediate_size / tp;
+    size_t len = c->max_model_len > 0                     ? (size_t)c->max_model_len
+                 : mc->max_position_embeddings < 4096 ? (size_t)mc->max_position_embeddings
+                                                          : 4096;
+    size_t T = c->max_batch_tokens > 0 ? (size_t)c->max_batch_tokens : len > 512 ? len : 512;
+    size_t seqs = (size_t)(c->max_num_seqs > 0 ? c->max_num_seqs : 8);
+    /* per token: the residual stream and its normed copy, the attention and
+     * mlp outputs, q k v, the attention's output, gate and up (fp32); the
+     * logits of every sequence, whole on rank 0; 64 MiB of workspace */
+    size_t per_tok = 4 * H + qd + 2 * kvd + qd + 2 * inter;
+    return 4 * (T * per_tok + seqs * V + seqs * ((V + tp - 1) / tp)) + ((size_t)64 << 20);
+}
+
+static int gpu_kv_memory(eng_config *c, const kern_backend_info *b, char *err, size_t errlen);
+
 /* --kv-cache-memory auto (ENG_KV_MEMORY_AUTO) made bytes, from this host's
  * MemAvailable (eng_config.kv_cache_memory); 0 or -1. */
 static int kv_memory(eng_config *c, char *err, size_t errlen) {
     if (c->kv_cache_memory != ENG_KV_MEMORY_AUTO) return 0;
     const kern_backend_info *b = kern_backend_find(c->device ? c->device : "cpu");
-    if (b && !b->host) { /* a GPU's budget is its memory, not the host's: none yet */
-        c->kv_cache_memory = 0;
-        return 0;
-    }
+    if (b && !b->host) return gpu_kv_memory(c, b, err, errlen);
     size_t avail = mem_available();
     if (!avail) {
         snprintf(err, errlen, "--kv-cache-memory auto: cannot read MemAvailable from /proc/meminfo; give a size in "
@@ -561,4 +593,53 @@ void eng_destroy(eng *e) {
     pthread_cond_destroy(&e->go_cv);
     pthread_cond_destroy(&e->done_cv);
     free(e);
+}
+
+/* --kv-cache-memory auto on a GPU backend: eng_gpu_kv_budget on each GPU
+ * the ranks use (the smallest budget), from cudaMemGetInfo at start and
+ * the config's weights and activations. */
+static int gpu_kv_memory(eng_config *c, const kern_backend_info *b, char *err, size_t errlen) {
+    double util = c->gpu_memory_utilization > 0 ? c->gpu_memory_utilization : ENG_GPU_UTIL_DEFAULT;
+    if (!(util > 0 && util <= 1)) {
+        snprintf(err, errlen, "--gpu-memory-utilization %g: expected a fraction in (0, 1]", util);
+        return -1;
+    }
+    model_config mc;
+    if (model_config_load(c->model_dir, &mc, err, errlen)) return -1;
+    int tp = c->tp > 0 ? c->tp : 1, gpus = b->device_count(), per_gpu = 1;
+    if (tp > 1 && echo_proc_count() == 1) { /* ranks as threads: one GPU each, or all on GPU 0 (pick_transport) */
+        const echo_transport_info *t = !c->transport || is_auto(c->transport) ? (gpus >= tp ? pick_row(0, 1) : host_transport())
+                                                              : echo_transport_find(c->transport);
+        per_gpu = t && t->device_memory == 1 ? 1 : tp;
+    }
+    int ndev = per_gpu == 1 && echo_proc_count() == 1 ? tp : 1;
+    if (!b->mem_info || gpus < ndev) {
+        snprintf(err, errlen, "--kv-cache-memory auto: cannot read the memory of %d %s device(s) (%d visible); give "
+                 "--kv-cache-memory BYTES", ndev, b->name, gpus);
+        return -1;
+    }
+    size_t w = eng_gpu_weight_bytes(c, &mc), act = eng_gpu_activation_bytes(c, &mc), best = 0;
+    for (int d = 0; d < ndev; d++) {
+        size_t fr, tot;
+        if (b->mem_info(d, &fr, &tot, err, errlen)) return -1;
+        size_t bud = eng_gpu_kv_budget(util, tot, fr, w, act, per_gpu);
+        if (d == 0 || bud < best) {
+            best = bud;
+            c->kv_gpu.total = tot;
+            c->kv_gpu.free = fr;
+        }
+    }
+    c->kv_gpu.weights = w;
+    c->kv_gpu.activations = act;
+    c->kv_gpu.ranks_per_gpu = per_gpu;
+    if (!best) {
+        snprintf(err, errlen, "--gpu-memory-utilization %.2f of %.1f GB leaves no memory for the KV cache: %.1f GB "
+                 "already in use, %d rank(s) x (%.1f GB of weights + %.1f GB of activations); raise "
+                 "--gpu-memory-utilization, lower --max-num-batched-tokens or use more GPUs (--tp)",
+                 util, (double)c->kv_gpu.total / 1e9, (double)(c->kv_gpu.total - c->kv_gpu.free) / 1e9, per_gpu,
+                 (double)w / 1e9, (double)act / 1e9);
+        return -1;
+    }
+    c->kv_cache_memory = best;
+    return 0;
 }

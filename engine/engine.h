@@ -75,10 +75,21 @@ typedef struct eng_config {
      * (max_num_seqs full sequences). ENG_KV_MEMORY_AUTO: on a host backend
      * ENG_KV_AUTO_PERCENT % of MemAvailable when eng_create runs, split over
      * the tp ranks (threads share the host; mpirun processes are counted as
-     * if on one host too); on a GPU backend no budget yet. eng_get_config
-     * reports the bytes, and in kv_mem_available the MemAvailable read. */
+     * if on one host too); on a GPU backend eng_gpu_kv_budget of
+     * gpu_memory_utilization. eng_get_config reports the bytes, and in
+     * kv_mem_available the MemAvailable read (host) or in kv_gpu the
+     * figures the GPU budget came from. */
     size_t kv_cache_memory;
     size_t kv_mem_available;
+    /* The fraction of each GPU's memory echo may use (vLLM's
+     * --gpu-memory-utilization), for kv_cache_memory auto on a GPU backend:
+     * 0 = ENG_GPU_UTIL_DEFAULT. */
+    double gpu_memory_utilization;
+    struct {
+        size_t total, free;          /* cudaMemGetInfo at start (the smallest GPU used) */
+        size_t weights, activations; /* per rank, estimated from the config */
+        int ranks_per_gpu;
+    } kv_gpu;
     /* All-reduce transport when tp > 1: "auto" (default), "local",
      * "nccl" or "mpi" (ranks as processes under mpirun, which auto picks
      * there; see eng_follow). cpu: local (threads over host memory) only. cuda: nccl puts
@@ -187,6 +198,19 @@ typedef struct eng eng;
 
 #define ENG_KV_MEMORY_AUTO ((size_t)-1)
 #define ENG_KV_AUTO_PERCENT 50
+#define ENG_GPU_UTIL_DEFAULT 0.9
+/* --gpu-memory-utilization's KV budget per rank, in bytes: of util x total
+ * (one GPU's memory), what is left after the memory already in use when
+ * echo starts (total - free: other processes, the CUDA context) and, for
+ * each of the ranks_per_gpu ranks on it, its weights and activations,
+ * shared by those ranks. 0 when nothing is left (or util is out of (0, 1]). */
+size_t eng_gpu_kv_budget(double util, size_t total, size_t free_bytes, size_t weights, size_t activations,
+                         int ranks_per_gpu);
+/* What one rank holds on a GPU for model mc under c (bf16 weights: its
+ * share of every matrix, the embedding whole) and an estimate of its
+ * activations and workspace at max_batch_tokens (fp32, conservative). */
+size_t eng_gpu_weight_bytes(const eng_config *c, const model_config *mc);
+size_t eng_gpu_activation_bytes(const eng_config *c, const model_config *mc);
 /* Bytes of KV one block of a rank holds (all layers, keys and values) for
  * this config (kv_dtype resolved by device: fp32 on a host backend, bf16
  * on a GPU) and model: the unit of kv_cache_memory. */

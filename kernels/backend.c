@@ -80,6 +80,12 @@ int kern_cuda_create(int device_index, kern_backend **be, char *err, size_t errl
     return -1;
 }
 int kern_cuda_device_count(void) { return 0; }
+int kern_cuda_mem_info(int device_index, size_t *free_bytes, size_t *total_bytes, char *err, size_t errlen) {
+    (void)device_index;
+    *free_bytes = *total_bytes = 0;
+    snprintf(err, errlen, "this build has no cuda backend (built with CUDA=0)");
+    return -1;
+}
 void kern_cuda_destroy(kern_backend *be) { (void)be; }
 #endif
 
@@ -99,8 +105,8 @@ static int cuda_device_count(void) {
 
 /* The host backend first: it is what auto falls back to. */
 static const kern_backend_info backends[] = {
-    {"cpu", 1, cpu_create, kern_cpu_destroy, cpu_device_count},
-    {"cuda", 0, cuda_create, kern_cuda_destroy, cuda_device_count},
+    {"cpu", 1, cpu_create, kern_cpu_destroy, cpu_device_count, NULL},
+    {"cuda", 0, cuda_create, kern_cuda_destroy, cuda_device_count, kern_cuda_mem_info},
 };
 #define N_BACKENDS ((int)(sizeof backends / sizeof *backends))
 

@@ -29,6 +29,7 @@ int kern_cpu_create(int nthreads, kern_backend **be, char *err, size_t errlen);
 void kern_cpu_destroy(kern_backend *be);
 int kern_cuda_create(int device_index, kern_backend **be, char *err, size_t errlen);
 int kern_cuda_device_count(void);
+int kern_cuda_mem_info(int device_index, size_t *free_bytes, size_t *total_bytes, char *err, size_t errlen);
 void kern_cuda_destroy(kern_backend *be);
 
 #endif

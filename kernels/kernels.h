@@ -482,6 +482,9 @@ typedef struct kern_backend_info {
     int (*create)(int nthreads, int device_index, kern_backend **be, char *err, size_t errlen);
     void (*destroy)(kern_backend *be);
     int (*device_count)(void); /* devices it can use now (0: none, or not built in) */
+    /* A device's free and total memory in bytes (cuda: cudaMemGetInfo on
+     * device_index); NULL on a host backend. 0, or -1 with err set. */
+    int (*mem_info)(int device_index, size_t *free_bytes, size_t *total_bytes, char *err, size_t errlen);
 } kern_backend_info;
 /* Row i (at most KERN_MAX_BACKENDS rows), NULL past the last. */
 #define KERN_MAX_BACKENDS 8

@@ -96,6 +96,11 @@ static int hf_snapshot(const char *repo_dir, char *dir, size_t dirlen) {
 int srv_resolve_model(const char *name, char *dir, size_t dirlen, char *err, size_t errlen) {
     char p[4096];
     snprintf(err, errlen, "model '%s' not found; looked for a GGUF file or a folder with config.json at:", name);
+    if (model_is_random(name)) { /* no files: the shape's name is checked here, the weights made at load */
+        model_config mc;
+        if (model_random_parse(name, &mc, NULL, err, errlen)) return -1;
+        return snprintf(dir, dirlen, "%s", name) < (int)dirlen ? 0 : -1;
+    }
     if (is_model_dir(name)) return snprintf(dir, dirlen, "%s", name) < (int)dirlen ? 0 : -1;
     add_looked(err, errlen, name);
     const char *env = getenv("ECHO_MODEL_DIR");
@@ -302,12 +307,19 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     if (model_config_load(s->model_dir, &s->mc, err, errlen) ||
         model_config_rope_override(&s->mc, o->rope_scaling, err, errlen))
         return -1;
-    load_gen_defaults(s, s->model_dir, &s->gd);
-    int trc = eng_tokenizer_load(s->model_dir, &s->tok, &s->chat, err, errlen);
+    if (model_is_random(s->model_dir) && !o->tokenizer) {
+        snprintf(err, errlen, "%s has no files to find a tokenizer in: pass --tokenizer DIR (a folder with "
+                 "tokenizer.json + tokenizer_config.json, e.g. tests/fixtures/tokenizer/qwen3)", s->model_dir);
+        return -1;
+    }
+    load_gen_defaults(s, s->model_dir, &s->gd); /* a random: model has none: the neutral defaults */
+    const char *tdir = o->tokenizer ? o->tokenizer : s->model_dir;
+    int trc = eng_tokenizer_load(tdir, &s->tok, &s->chat, err, errlen);
     if (trc) {
         if (trc == ENG_TOK_MISSING) {
             size_t l = strlen(err);
-            snprintf(err + l, errlen - l, " (the model folder needs tokenizer.json + tokenizer_config.json)");
+            snprintf(err + l, errlen - l, " (%s needs tokenizer.json + tokenizer_config.json)",
+                     o->tokenizer ? "the --tokenizer folder" : "the model folder");
         }
         return -1;
     }
@@ -361,6 +373,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                      .kv_blocks = o->kv_blocks,
                      .kv_dtype = o->kv_dtype,
                      .kv_cache_memory = o->kv_cache_memory,
+                     .gpu_memory_utilization = o->gpu_memory_utilization,
                      .cuda_graphs = o->cuda_graphs,
                      .no_prefix_cache = o->no_prefix_caching,
                      .rope_scaling = o->rope_scaling};
@@ -382,8 +395,12 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     pthread_cond_init(&tk.cv, NULL);
     pthread_t th;
     int have_ticker = pthread_create(&th, NULL, ticker_main, &tk) == 0;
-    srv_log(s, SRV_LOG_INFO, "loading %s (%.0f MB of %s) on %s, tp %d", s->model_dir, tk.weight_mb,
-            model_path_is_gguf(s->model_dir) ? "GGUF" : "safetensors", ec.device, ec.tp);
+    if (model_is_random(s->model_dir))
+        srv_log(s, SRV_LOG_INFO, "loading %s (random weights generated in memory: logits are noise) on %s, tp %d",
+                s->model_dir, ec.device, ec.tp);
+    else
+        srv_log(s, SRV_LOG_INFO, "loading %s (%.0f MB of %s) on %s, tp %d", s->model_dir, tk.weight_mb,
+                model_path_is_gguf(s->model_dir) ? "GGUF" : "safetensors", ec.device, ec.tp);
     int rc = eng_create(&ec, &s->eng, err, errlen);
     const kern_backend_info *host = kern_backend_at(0); /* the host backend, auto's fallback (kernels/kernels.h) */
     if (rc && strcmp(o->device, "auto") == 0 && kern_backend_find(ec.device) && !kern_backend_find(ec.device)->host) {
@@ -464,6 +481,15 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                     ? "what fits in it"
                     : "max_num_seqs full sequences (fewer than fit)",
                 u.total_blocks);
+    else if (c->kv_gpu.total)
+        srv_log(s, SRV_LOG_INFO,
+                "KV budget (--kv-cache-memory auto): --gpu-memory-utilization %.2f of %.1f GB, less %.1f GB in use at "
+                "start and %d rank(s) x (%.2f GB of weights + %.2f GB of activations, estimated) = %.1f MB per rank "
+                "(%d blocks)",
+                c->gpu_memory_utilization > 0 ? c->gpu_memory_utilization : ENG_GPU_UTIL_DEFAULT,
+                (double)c->kv_gpu.total / 1e9, (double)(c->kv_gpu.total - c->kv_gpu.free) / 1e9,
+                c->kv_gpu.ranks_per_gpu, (double)c->kv_gpu.weights / 1e9, (double)c->kv_gpu.activations / 1e9,
+                (double)c->kv_cache_memory / 1e6, u.total_blocks);
     else if (c->kv_cache_memory)
         srv_log(s, SRV_LOG_INFO, "KV budget (--kv-cache-memory): %.1f MB per rank, %d blocks", (double)c->kv_cache_memory / 1e6,
                 u.total_blocks);

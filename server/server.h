@@ -41,6 +41,7 @@ typedef enum srv_log_level { SRV_LOG_DEBUG = 0, SRV_LOG_INFO, SRV_LOG_WARNING, S
 typedef struct srv_options {
     const char *model_dir;         /* resolved model folder (srv_resolve_model) */
     const char *served_model_name; /* id in /v1/models and responses; NULL = folder's basename */
+    const char *tokenizer;         /* folder of the tokenizer files; NULL = model_dir (a random: model needs one) */
     const char *host;              /* numeric IPv4/IPv6 address to bind, default 127.0.0.1 */
     int port;                      /* default 8000; 0 = any free port (see srv_port) */
     const char *device;            /* "auto" (default), "cpu", "cuda" */
@@ -63,6 +64,7 @@ typedef struct srv_options {
     int kv_blocks;              /* 0 = enough for max_num_seqs full sequences */
     kern_kv_dtype kv_dtype;     /* eng_config.kv_dtype (echo-serve: bf16 unless --kv-cache-dtype) */
     size_t kv_cache_memory;     /* eng_config.kv_cache_memory (echo-serve: ENG_KV_MEMORY_AUTO) */
+    double gpu_memory_utilization; /* eng_config.gpu_memory_utilization, 0 = 0.9 */
     int max_waiting;            /* waiting-queue bound (503 beyond), default 256 */
     int max_connections;        /* simultaneous HTTP connections, default 256 */
     int timeout_s;              /* idle connection timeout, default 30 */

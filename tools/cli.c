@@ -211,6 +211,15 @@ size_t cli_kv_memory(const char *prog, const char *s) {
     return v;
 }
 
+double cli_gpu_util(const char *prog, const char *s) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !(v > 0 && v <= 1))
+        cli_usage_error(prog, "--gpu-memory-utilization expects a fraction in (0, 1], got '%s'", s);
+    return v;
+}
+
 int cli_overlap(const char *prog, const char *s) {
     if (!strcmp(s, "auto")) return 0;
     if (!strcmp(s, "off")) return -1;

@@ -63,6 +63,8 @@ int cli_parse_kv_dtype(const char *s, kern_kv_dtype *out);
  * suffix, powers of 1024), or ENG_KV_MEMORY_AUTO; a usage error otherwise.
  * cli_parse_kv_memory: the non-exiting form. */
 size_t cli_kv_memory(const char *prog, const char *s);
+/* --gpu-memory-utilization F: a fraction in (0, 1], or a usage error. */
+double cli_gpu_util(const char *prog, const char *s);
 int cli_parse_kv_memory(const char *s, size_t *out);
 /* The --help lines of both flags (each program's usage includes them). */
 #define CLI_KV_HELP                                                                                                   \
@@ -72,7 +74,11 @@ int cli_parse_kv_memory(const char *s, size_t *out);
     "                               docs/kv-cache.md\n"                                                              \
     "  --kv-cache-memory BYTES|auto KV pool per rank (k/m/g suffixes): the pool is what fits, at most\n"          \
     "                               max-num-seqs full sequences; auto (default): 50% of MemAvailable at\n"       \
-    "                               start split over the tp ranks (cpu; on a GPU no budget yet)\n"
+    "                               start split over the tp ranks (cpu); on a GPU what\n"                          \
+    "                               --gpu-memory-utilization leaves\n"                                            \
+    "  --gpu-memory-utilization F   fraction of each GPU's memory echo may use (default 0.9, as vLLM):\n"       \
+    "                               with --kv-cache-memory auto the KV pool gets F x total memory less\n"       \
+    "                               what is in use at start, the weights and the activations\n"
 
 
 /* Speculative decoding flags, shared by echo-generate and echo-serve:

@@ -197,7 +197,7 @@ static int load_tokenizer(const char *path, int optional, tok_tokenizer **tok, e
 int main(int argc, char **argv) {
     cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
     enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_TIMING, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT, O_KVDT, O_KVMEM, O_SPEC, O_SPEC_MIN, O_SPEC_MAX, O_SPEC_DRAFT, O_ROPE };
+           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT, O_KVDT, O_KVMEM, O_SPEC, O_SPEC_MIN, O_SPEC_MAX, O_SPEC_DRAFT, O_GPUUTIL, O_ROPE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
         {"prompt-tokens", required_argument, 0, O_PTOK},
@@ -220,6 +220,7 @@ int main(int argc, char **argv) {
         {"oneshot", required_argument, 0, O_ONESHOT},
         {"kv-cache-dtype", required_argument, 0, O_KVDT},
         {"kv-cache-memory", required_argument, 0, O_KVMEM},
+        {"gpu-memory-utilization", required_argument, 0, O_GPUUTIL},
         {"rope-scaling", required_argument, 0, O_ROPE},
         {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},
@@ -283,6 +284,7 @@ int main(int argc, char **argv) {
         case O_ONESHOT: ec.oneshot = cli_oneshot(PROG, optarg); break;
         case O_KVDT: ec.kv_dtype = cli_kv_dtype(PROG, optarg); break;
         case O_KVMEM: ec.kv_cache_memory = cli_kv_memory(PROG, optarg); break;
+        case O_GPUUTIL: ec.gpu_memory_utilization = cli_gpu_util(PROG, optarg); break;
         case O_ROPE: ec.rope_scaling = cli_rope_scaling(PROG, optarg); break;
         case O_ACTQ:
             ec.act_quant = cli_act_quant(PROG, optarg);

@@ -26,7 +26,12 @@ static const char *USAGE =
     "\n"
     "  --model NAME|DIR             model folder, or a name looked up in $ECHO_MODEL_DIR/NAME,\n"
     "                               ./models/NAME and the Hugging Face cache\n"
-    "                               (qwen3-8b -> models--Qwen--Qwen3-8B/snapshots/<rev>)\n"
+    "                               (qwen3-8b -> models--Qwen--Qwen3-8B/snapshots/<rev>), or a random\n"
+    "                               model of a published shape, no files (speed and memory tests only):\n"
+    "                               random:qwen3-8b[,layers=N][,seed=S] (also qwen3-0.6b); needs\n"
+    "                               --tokenizer\n"
+    "  --tokenizer DIR              tokenizer.json + tokenizer_config.json from DIR instead of the model\n"
+    "                               folder (e.g. tests/fixtures/tokenizer/qwen3, Qwen3's own)\n"
     "  --tp N                       tensor-parallel ranks (default 1)\n"
     "  --device auto|cuda|cpu       backend (default auto: cuda when built and usable, else cpu)\n"
     "  --allreduce auto|auto:echo3|echo|echo-nofb|int4|bf16|exact|echo3  all-reduce of the row-parallel\n"
@@ -73,7 +78,6 @@ static const char *USAGE =
     "                               (e.g. yarn:4: Qwen3 to 131,072 tokens; ORIG_CONTEXT default: the\n"
     "                               config's max_position_embeddings) or a JSON rope_scaling object.\n"
     "                               Default: the config's own (Qwen: turn YaRN on only for long inputs)\n"
-    "  --num-kv-blocks N            KV blocks of 16 tokens (default: max-num-seqs full sequences)\n"
     "  --num-kv-blocks N            KV blocks of 16 tokens (default: what --kv-cache-memory holds, at\n"
     "                               most max-num-seqs full sequences)\n"
     CLI_KV_HELP
@@ -170,6 +174,7 @@ int main(int argc, char **argv) {
         O_BTOK,
         O_MLEN,
         O_ROPE,
+        O_TOKENIZER,
         O_KVB,
         O_QUEUE,
         O_CONNS,
@@ -204,7 +209,8 @@ int main(int argc, char **argv) {
         O_SPEC_MIN,
         O_SPEC_MAX,
         O_SPEC_DRAFT,
-        O_SPEC_BATCH
+        O_SPEC_BATCH,
+        O_GPUUTIL
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -233,9 +239,11 @@ int main(int argc, char **argv) {
         {"max-num-batched-tokens", required_argument, 0, O_BTOK},
         {"max-model-len", required_argument, 0, O_MLEN},
         {"rope-scaling", required_argument, 0, O_ROPE},
+        {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"num-kv-blocks", required_argument, 0, O_KVB},
         {"kv-cache-dtype", required_argument, 0, O_KVDT},
         {"kv-cache-memory", required_argument, 0, O_KVMEM},
+        {"gpu-memory-utilization", required_argument, 0, O_GPUUTIL},
         {"max-queue", required_argument, 0, O_QUEUE},
         {"max-connections", required_argument, 0, O_CONNS},
         {"timeout", required_argument, 0, O_TIMEOUT},
@@ -315,9 +323,14 @@ int main(int argc, char **argv) {
         case O_BTOK: o.max_num_batched_tokens = (int)cli_long(PROG, optarg, "--max-num-batched-tokens", 1, 1 << 20); break;
         case O_MLEN: o.max_model_len = (int)cli_long(PROG, optarg, "--max-model-len", 1, 1 << 24); break;
         case O_ROPE: o.rope_scaling = cli_rope_scaling(PROG, optarg); break;
+        case O_TOKENIZER:
+            if (!*optarg) cli_usage_error(PROG, "%s", "--tokenizer must not be empty");
+            o.tokenizer = optarg;
+            break;
         case O_KVB: o.kv_blocks = (int)cli_long(PROG, optarg, "--num-kv-blocks", 1, 1 << 30); break;
         case O_KVDT: o.kv_dtype = cli_kv_dtype(PROG, optarg); break;
         case O_KVMEM: o.kv_cache_memory = cli_kv_memory(PROG, optarg); break;
+        case O_GPUUTIL: o.gpu_memory_utilization = cli_gpu_util(PROG, optarg); break;
         case O_QUEUE: o.max_waiting = (int)cli_long(PROG, optarg, "--max-queue", 1, 1 << 20); break;
         case O_CONNS: o.max_connections = (int)cli_long(PROG, optarg, "--max-connections", 1, 65536); break;
         case O_TIMEOUT: o.timeout_s = (int)cli_long(PROG, optarg, "--timeout", 1, 86400); break;

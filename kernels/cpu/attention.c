@@ -114,8 +114,8 @@ static void att_task(void *arg, int task) {
      * every query of the task reads them all. Fewer than ATT_PACK_MIN
      * queries (decode) read them in place: packing would read and write
      * every key and value once more than the queries read them. A 16- or
-     * 8-bit cache is widened while packing, or (in place) one block's rows
-     * at a time into a tile: fp32 kernels on kern_kv_load_ref's values. */
+     * 8-bit cache is widened while packing; in place, every type is read
+     * as stored by kvcache.c's decode kernels. */
     const int pack = nqb >= ATT_PACK_MIN;
     /* the block's scores (maxlen apart) for one head at a time when
      * packed, for the whole group in place (each key read once for it) */
@@ -124,11 +124,8 @@ static void att_task(void *arg, int task) {
     const float **krow = malloc((size_t)maxlen * sizeof *krow), **vrow = malloc((size_t)maxlen * sizeof *vrow);
     const uint8_t **kb = malloc((size_t)maxlen * sizeof *kb), **vb = malloc((size_t)maxlen * sizeof *vb);
     float *kv = pack ? malloc(2 * (size_t)maxlen * hd * sizeof *kv) : NULL;
-    /* in place, narrow: one block's keys or values; q8_0: rotated queries */
-    float *tile = !pack && !wide ? malloc((size_t)bs * hd * sizeof *tile) : NULL;
-    const float **vt = !pack && !wide ? malloc((size_t)bs * sizeof *vt) : NULL;
     float *qr = rot ? malloc((size_t)(pack ? nqb : G) * hd * sizeof *qr) : NULL;
-    if (!s || !krow || !vrow || !kb || !vb || (pack && !kv) || (!pack && !wide && (!tile || !vt)) || (rot && !qr)) {
+    if (!s || !krow || !vrow || !kb || !vb || (pack && !kv) || (rot && !qr)) {
         a->failed = 1;
         goto out;
     }
@@ -164,10 +161,10 @@ static void att_task(void *arg, int task) {
                 vrow[p + r] = vp + (size_t)r * hd;
             }
         }
-    /* In place: the group's G query heads (hd apart) against each run of
-     * keys that shares a cache block (kvdim apart, or a tile hd apart),
-     * through the matmul tiles: cpu_dot's bits, each key loaded once for
-     * the group. */
+    /* In place: the group's G query heads (hd apart) against every key of
+     * the sequence, read as stored through the row pointers (kvcache.c:
+     * cpu_dot's bits on kern_kv_load_ref's values, each key widened in
+     * registers). */
     if (!pack)
         for (int i = t->q0; i < t->q1; i++) {
             const float *qi = a->q + (size_t)i * qdim + (size_t)h0 * hd;
@@ -175,17 +172,8 @@ static void att_task(void *arg, int task) {
                 att_rotate(qr, qi, (size_t)hd, G, hd);
                 qi = qr;
             }
-            for (int p = 0, len = pos_first + (i - t->q0) + 1, run; p < len; p += run) {
-                run = bs - p % bs;
-                if (run > len - p) run = len - p;
-                float *so = s + (size_t)(i - t->q0) * maxlen + p;
-                if (wide) {
-                    cpu_scores_ld(a->isa, qi, (size_t)hd, G, krow[p], a->row_bytes / sizeof(float), run, hd, so, sn);
-                } else {
-                    cpu_kv_load_rows(a->isa, a->dt, kb[p], a->row_bytes, run, hd, tile, (size_t)hd);
-                    cpu_scores_ld(a->isa, qi, (size_t)hd, G, tile, (size_t)hd, run, hd, so, sn);
-                }
-            }
+            cpu_kv_scores(a->isa, a->dt, qi, (size_t)hd, G, kb, pos_first + (i - t->q0) + 1, hd,
+                          s + (size_t)(i - t->q0) * maxlen, sn);
         }
     for (int g = 0; g < G; g++) {
         const int h = h0 + g;
@@ -227,32 +215,19 @@ static void att_task(void *arg, int task) {
             cpu_wsum(a->isa, a->out + (size_t)i * qdim + (size_t)h * hd, sh + (size_t)(i - t->q0) * maxlen, vrow,
                      pos_first + (i - t->q0) + 1, hd);
     }
-    /* In place: each query's G heads over the same value rows, each row
-     * read once for up to four heads (cpu_wsum's bits). A narrow cache
-     * goes a block's rows at a time through the tile: the sums are fmas
-     * in position order, kept in `o` between runs, so the bits are those
-     * of one call over all the rows. */
+    /* In place: each query's G heads over the same value rows, read as
+     * stored (cpu_wsum's bits on kern_kv_load_ref's values), each row
+     * widened once for up to four heads. */
     for (int i = t->q0; !pack && i < t->q1; i++) {
         float *o[ATT_GMAX];
         const float *w[ATT_GMAX];
-        const int len = pos_first + (i - t->q0) + 1;
-        for (int p = 0, run; p < len; p += run) {
-            run = wide ? len : bs - p % bs;
-            if (run > len - p) run = len - p;
-            const float *const *vr = vrow + p;
-            if (!wide) {
-                cpu_kv_load_rows(a->isa, a->dt, vb[p], a->row_bytes, run, hd, tile, (size_t)hd);
-                for (int r = 0; r < run; r++) vt[r] = tile + (size_t)r * hd;
-                vr = vt;
+        for (int g0 = 0; g0 < G; g0 += ATT_GMAX) {
+            int m = G - g0 < ATT_GMAX ? G - g0 : ATT_GMAX;
+            for (int g = 0; g < m; g++) {
+                o[g] = a->out + (size_t)i * qdim + (size_t)(h0 + g0 + g) * hd;
+                w[g] = s + (size_t)(g0 + g) * sn + (size_t)(i - t->q0) * maxlen;
             }
-            for (int g0 = 0; g0 < G; g0 += ATT_GMAX) {
-                int m = G - g0 < ATT_GMAX ? G - g0 : ATT_GMAX;
-                for (int g = 0; g < m; g++) {
-                    o[g] = a->out + (size_t)i * qdim + (size_t)(h0 + g0 + g) * hd;
-                    w[g] = s + (size_t)(g0 + g) * sn + (size_t)(i - t->q0) * maxlen + p;
-                }
-                cpu_wsum_m(a->isa, o, w, vr, m, run, hd);
-            }
+            cpu_kv_wsum(a->isa, a->dt, o, w, m, vb, pos_first + (i - t->q0) + 1, hd);
         }
     }
 out:
@@ -262,8 +237,6 @@ out:
     free(kb);
     free(vb);
     free(kv);
-    free(tile);
-    free(vt);
     free(qr);
 }
 

@@ -196,6 +196,15 @@ int cpu_kv_store(kern_backend *be, void *kc, void *vc, const void *k, const void
  * on every isa. */
 void cpu_kv_load_rows(int isa, kern_kv_dtype dt, const uint8_t *src, size_t ld, int n, int hd, float *dst,
                       size_t ldd);
+/* kvcache.c, decode attention over rows read as stored (k[p], v[p]: one
+ * kv head of a cache row of type dt, any type): out[i * ldo + p] =
+ * cpu_dot(q_i, kern_kv_load_ref(k[p]), hd) for i < nq, p < nk; and o[j] gets
+ * cpu_axpy(o[j], w[j][p], kern_kv_load_ref(v[p])) for p = 0..n-1 in order,
+ * j < m. The same bits on every isa, without a widened copy. */
+void cpu_kv_scores(int isa, kern_kv_dtype dt, const float *q, size_t ldq, int nq, const uint8_t *const *k, int nk,
+                   int hd, float *out, size_t ldo);
+void cpu_kv_wsum(int isa, kern_kv_dtype dt, float *const *o, const float *const *w, int m, const uint8_t *const *v,
+                 int n, int hd);
 int cpu_attention(kern_backend *be, void *out, const void *q, const void *kc, const void *vc, const kern_attn_batch *b,
                   int hq, int hkv, int hd, float scale, kern_kv_dtype dt);
 int cpu_silu_mul(kern_backend *be, void *out, const void *gate, const void *up, size_t count);

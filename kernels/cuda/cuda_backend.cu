@@ -382,6 +382,28 @@ extern "C" int kern_cuda_device_count(void) {
     return count;
 }
 
+/* Free and total memory of one device, for the KV budget
+ * (--gpu-memory-utilization): selects the device on the calling thread, as
+ * kern_cuda_create does before its first allocation. */
+extern "C" int kern_cuda_mem_info(int device_index, size_t *free_bytes, size_t *total_bytes, char *err,
+                                  size_t errlen) {
+    *free_bytes = *total_bytes = 0;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || device_index < 0 || device_index >= count) {
+        snprintf(err, errlen, "cuda device %d: %s", device_index,
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no such device");
+        cudaGetLastError();
+        return -1;
+    }
+    if ((e = cudaSetDevice(device_index)) != cudaSuccess || (e = cudaMemGetInfo(free_bytes, total_bytes)) != cudaSuccess) {
+        snprintf(err, errlen, "cuda device %d: cudaMemGetInfo: %s", device_index, cudaGetErrorString(e));
+        cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
 extern "C" int kern_cuda_create(int device_index, kern_backend **out, char *err, size_t errlen) {
     *out = NULL;
     int count = 0;

@@ -39,6 +39,12 @@
     N(kv_dtype, KERN_KV_Q8_0)                                                                                          \
     N(kv_cache_memory, (size_t)0xfedcba9876ull)                                                                        \
     N(kv_mem_available, (size_t)0x10000000031ull)                                                                      \
+    N(gpu_memory_utilization, 0.375)                                                                                   \
+    N(kv_gpu.total, (size_t)0x5000000041ull)                                                                           \
+    N(kv_gpu.free, (size_t)0x4000000043ull)                                                                            \
+    N(kv_gpu.weights, (size_t)0x300000047ull)                                                                          \
+    N(kv_gpu.activations, (size_t)0x20000053ull)                                                                       \
+    N(kv_gpu.ranks_per_gpu, 59)                                                                                        \
     S(transport, "")                                                                                                   \
     N(cuda_graphs, 1)                                                                                                  \
     N(fuse_weights, ENG_FUSE_OFF)                                                                                      \

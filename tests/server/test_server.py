@@ -2027,6 +2027,36 @@ def kv_section(binary, model, name):
           rc != 0 and "--kv-cache-dtype q8_0" in err and "head_dim is 16" in err, (rc, err[-800:]))
     rc, err = start_error("--kv-cache-memory", "lots")
     check("kv: a bad --kv-cache-memory is a usage error (2)", rc == 2 and "--kv-cache-memory" in err, (rc, err))
+    rc, err = start_error("--gpu-memory-utilization", "1.5")
+    check("kv: --gpu-memory-utilization outside (0, 1] is a usage error (2)",
+          rc == 2 and "--gpu-memory-utilization" in err, (rc, err))
+
+    # a random model of a published shape (no files; issue 44's qwen3-8b at tp 4 is docs/kv-cache.md's
+    # command): it needs --tokenizer, names an unknown shape, and serves with Qwen3's tokenizer
+    tokdir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "tokenizer", "qwen3")
+    spec = "random:qwen3-0.6b,layers=1"
+
+    def random_error(*extra):
+        p = subprocess.run([binary, "--port", "0", "--device", "cpu", "--threads", "1", *extra],
+                           capture_output=True, timeout=120)
+        return p.returncode, p.stderr.decode(errors="replace")
+    rc, err = random_error("--model", spec)
+    check("kv: a random: model without --tokenizer is a start-up error naming the flag",
+          rc != 0 and "--tokenizer" in err, (rc, err[-800:]))
+    rc, err = random_error("--model", "random:nope", "--tokenizer", tokdir)
+    check("kv: an unknown random: shape is an error listing the known ones",
+          rc != 0 and "unknown shape" in err and "qwen3-8b" in err, (rc, err[-800:]))
+    S = Server(binary, spec, "--tokenizer", tokdir, "--tp", "2", "--max-model-len", "128", "--kv-cache-dtype", "auto",
+               name="kv-random")
+    try:
+        log = S.logtext()
+        st, j = cj(S.url + "/v1/completions", {"model": spec, "prompt": "Hello", "max_tokens": 3, "temperature": 0})
+        check("kv: random:qwen3-0.6b,layers=1 at tp 2 loads (random weights), plans a bf16 pool, serves 3 tokens",
+              "random weights generated in memory" in log and re.search(r"KV \d+ blocks x 16 tokens bf16", log)
+              and st == 200 and j["usage"]["completion_tokens"] == 3, (st, j, log[-1500:]))
+    finally:
+        rc, log = S.stop()
+    check("kv random server: SIGTERM -> exit 0", rc == 0, log[-1500:])
 
 
 def main():

@@ -1238,6 +1238,42 @@ START_TEST(test_kv_budget) {
 }
 END_TEST
 
+/* --gpu-memory-utilization's arithmetic on fixed inputs, worked by hand
+ * (no GPU needed): util x total, less what is in use at start, less each
+ * rank's weights and activations, shared by the ranks on the GPU; the
+ * weight estimate of Qwen3-8B's shape at tp 4 counted from its published
+ * config by hand. */
+START_TEST(test_gpu_kv_budget) {
+    const size_t G = (size_t)1 << 30;
+    /* 80 GiB, 0.9: 72 GiB; 1 GiB in use; 16 GiB weights + 2 GiB act: 53 GiB */
+    ck_assert_uint_eq(eng_gpu_kv_budget(0.9, 80 * G, 79 * G, 16 * G, 2 * G, 1), 53 * G);
+    /* the same GPU shared by 4 ranks of 4 + 1 GiB: 72 - 1 - 20 = 51, / 4 */
+    ck_assert_uint_eq(eng_gpu_kv_budget(0.9, 80 * G, 79 * G, 4 * G, 1 * G, 4), 51 * G / 4);
+    /* 0.5 of 10 GiB with 5 GiB used by others: nothing left */
+    ck_assert_uint_eq(eng_gpu_kv_budget(0.5, 10 * G, 5 * G, 1, 1, 1), 0);
+    /* out of (0, 1], free above total, no ranks: 0 */
+    ck_assert_uint_eq(eng_gpu_kv_budget(0.0, 10 * G, 10 * G, 0, 0, 1), 0);
+    ck_assert_uint_eq(eng_gpu_kv_budget(1.5, 10 * G, 10 * G, 0, 0, 1), 0);
+    ck_assert_uint_eq(eng_gpu_kv_budget(0.9, 10 * G, 11 * G, 0, 0, 1), 0);
+    ck_assert_uint_eq(eng_gpu_kv_budget(0.9, 10 * G, 10 * G, 0, 0, 0), 0);
+    /* util 1.0 of an idle GPU, no weights: all of it */
+    ck_assert_uint_eq(eng_gpu_kv_budget(1.0, 10 * G, 10 * G, 0, 0, 1), 10 * G);
+    /* Qwen3-8B (V 151936, H 4096, I 12288, 36 layers, 32 q / 8 kv heads of
+     * 128, untied) at tp 4, per rank, bf16: embedding V*H whole, head V/4*H,
+     * per layer q and o 2*1024*H, k and v 2*256*H, mlp 3*3072*H, norms 2*H +
+     * 2*128, the final norm H */
+    model_config mc = {.vocab_size = 151936, .hidden_size = 4096, .intermediate_size = 12288, .num_layers = 36,
+                       .num_heads = 32, .num_kv_heads = 8, .head_dim = 128, .max_position_embeddings = 40960};
+    eng_config c = {.tp = 4};
+    const size_t H = 4096, layer = 2 * 1024 * H + 2 * 256 * H + 3 * 3072 * H + 2 * H + 256;
+    const size_t want = 2 * (151936 * H + H + 151936 / 4 * H + 36 * layer);
+    ck_assert_uint_eq(eng_gpu_weight_bytes(&c, &mc), want);
+    /* activations grow with the tokens per step */
+    eng_config c2 = {.tp = 4, .max_batch_tokens = 8192};
+    ck_assert(eng_gpu_activation_bytes(&c2, &mc) > eng_gpu_activation_bytes(&c, &mc));
+}
+END_TEST
+
 /* Blocks are touched in order: the pool reports the blocks ever handed out
  * and those holding data, and reuses a freed block before a fresh one. */
 START_TEST(test_kv_touched_blocks) {
@@ -1457,6 +1493,7 @@ int main(void) {
     tcase_add_test(pc, test_prefix_cache_echo);
     tcase_add_test(pc, test_kv_types_prefix_cache_exact);
     tcase_add_test(pc, test_kv_budget);
+    tcase_add_test(pc, test_gpu_kv_budget);
     tcase_add_test(pc, test_kv_touched_blocks);
     suite_add_tcase(s, pc);
     SRunner *sr = srunner_create(s);

@@ -243,6 +243,118 @@ START_TEST(test_kv_attention_matches_f32) {
 }
 END_TEST
 
+/* An independent scalar decode attention on kern_kv_load_ref's values:
+ * q·k with 16 fma lanes and hsum16's tree (then the hd % 16 tail), the
+ * softmax of kernels.h (scale, max, glibc expf of s - max, the sum in
+ * double in order, one fp32 reciprocal), and each output column an fma
+ * chain over the positions in order. */
+static float ref_dot(const float *a, const float *b, int n) {
+    float acc[16] = {0}, x[8], y[4];
+    int k = 0;
+    for (; k + 16 <= n; k += 16)
+        for (int l = 0; l < 16; l++) acc[l] = fmaf(a[k + l], b[k + l], acc[l]);
+    for (int i = 0; i < 8; i++) x[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++) y[i] = x[i] + x[i + 4];
+    float s = (y[0] + y[2]) + (y[1] + y[3]);
+    for (; k < n; k++) s = fmaf(a[k], b[k], s);
+    return s;
+}
+
+static void ref_decode(float *out, const float *q, const float *kf, const float *vf, const int32_t *table, int bs,
+                       int len, int hq, int hkv, int hd, float scale) {
+    float *w = malloc((size_t)len * sizeof *w);
+    for (int h = 0; h < hq; h++) {
+        const int kvh = h / (hq / hkv);
+        const float *qh = q + (size_t)h * hd;
+        float mx = -INFINITY;
+        for (int p = 0; p < len; p++) {
+            size_t row = (size_t)table[p / bs] * bs + (size_t)(p % bs);
+            w[p] = ref_dot(qh, kf + (row * hkv + kvh) * hd, hd) * scale;
+            if (w[p] > mx) mx = w[p];
+        }
+        double sum = 0;
+        for (int p = 0; p < len; p++) {
+            w[p] = expf(w[p] - mx);
+            sum += w[p];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int p = 0; p < len; p++) w[p] *= inv;
+        for (int c = 0; c < hd; c++) {
+            float o = 0;
+            for (int p = 0; p < len; p++) {
+                size_t row = (size_t)table[p / bs] * bs + (size_t)(p % bs);
+                o = fmaf(w[p], vf[(row * hkv + kvh) * hd + c], o);
+            }
+            out[(size_t)h * hd + c] = o;
+        }
+    }
+    free(w);
+}
+
+/* Decode over a longer context (several 16-position groups and a tail, a
+ * scattered block table) of every type on every isa against the scalar
+ * re-implementation above, bit for bit; q8_0 with its queries rotated. */
+START_TEST(test_kv_decode_matches_scalar) {
+    static const int shapes[][3] = {{9, 3, 64}, {4, 2, 128}, {2, 1, 40}};
+    enum { BS = 16, NB = 12 };
+    int32_t table[NB];
+    for (int i = 0; i < NB; i++) table[i] = (i * 5 + 3) % NB;
+    static const int lens[] = {1, 15, 16, 17, 150, NB * BS};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        const int hq = shapes[sh][0], hkv = shapes[sh][1], hd = shapes[sh][2], kvd = hkv * hd, qd = hq * hd;
+        const int rows = NB * BS;
+        float *k = rand_vec((size_t)rows * kvd), *v = rand_vec((size_t)rows * kvd), *q = rand_vec((size_t)qd);
+        for (int r = 0; r < rows; r++) k[(size_t)r * kvd + 5] *= 12.0f;
+        int32_t *slots = malloc((size_t)rows * sizeof *slots);
+        for (int r = 0; r < rows; r++) slots[r] = r;
+        for (size_t d = 0; d < sizeof dts / sizeof *dts; d++) {
+            const kern_kv_dtype dt = dts[d];
+            if (kern_kv_invalid(dt, hd)) continue;
+            size_t rb = kern_kv_row_bytes(dt, hkv, hd), hb = kern_kv_head_bytes(dt, hd);
+            float *kf = malloc((size_t)rows * kvd * 4), *vf = malloc((size_t)rows * kvd * 4), *qr = malloc((size_t)qd * 4);
+            float *want = malloc((size_t)qd * 4), *got = malloc((size_t)qd * 4);
+            memcpy(qr, q, (size_t)qd * 4);
+            if (dt == KERN_KV_Q8_0)
+                for (int h = 0; h < hq; h++) kern_kv_rotate(qr + (size_t)h * hd, hd);
+            for (size_t x = 0; x < sizeof isas / sizeof *isas; x++) {
+                const kern_ops *o;
+                kern_backend *b;
+                backend(isas[x], &o, &b, 2);
+                uint8_t *kc = o->alloc(b, (size_t)rows * rb), *vc = o->alloc(b, (size_t)rows * rb);
+                ck_assert_int_eq(o->kv_store(b, kc, vc, k, v, slots, rows, hkv, hd, dt), 0);
+                for (int r = 0; r < rows; r++)
+                    for (int h = 0; h < hkv; h++) {
+                        kern_kv_load_ref(dt, kc + r * rb + h * hb, hd, kf + (size_t)r * kvd + (size_t)h * hd);
+                        kern_kv_load_ref(dt, vc + r * rb + h * hb, hd, vf + (size_t)r * kvd + (size_t)h * hd);
+                    }
+                for (size_t l = 0; l < sizeof lens / sizeof *lens; l++) {
+                    int32_t qs[2] = {0, 1}, p0 = lens[l] - 1;
+                    kern_attn_batch one = {1, qs, &p0, table, NB, BS};
+                    ck_assert_int_eq(o->attention(b, got, q, kc, vc, &one, hq, hkv, hd, 0.125f, dt), 0);
+                    ref_decode(want, qr, kf, vf, table, BS, lens[l], hq, hkv, hd, 0.125f);
+                    for (int i = 0; i < qd; i++)
+                        ck_assert_msg(!memcmp(&got[i], &want[i], 4), "%s hd %d isa %s len %d: out[%d] %a vs scalar %a",
+                                      kern_kv_dtype_name(dt), hd, isas[x] ? isas[x] : "best", lens[l], i, got[i],
+                                      want[i]);
+                }
+                o->free(b, kc);
+                o->free(b, vc);
+                kern_backend_destroy(o, b);
+            }
+            free(kf);
+            free(vf);
+            free(qr);
+            free(want);
+            free(got);
+        }
+        free(slots);
+        free(k);
+        free(v);
+        free(q);
+    }
+}
+END_TEST
+
 /* A type that cannot hold the heads, or no type at all, is an error. */
 START_TEST(test_kv_errors) {
     const kern_ops *o;
@@ -271,6 +383,7 @@ int main(void) {
     tcase_add_test(tc, test_kv_rotation);
     tcase_add_test(tc, test_kv_store_matches_ref);
     tcase_add_test(tc, test_kv_attention_matches_f32);
+    tcase_add_test(tc, test_kv_decode_matches_scalar);
     tcase_add_test(tc, test_kv_errors);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

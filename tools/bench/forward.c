@@ -76,6 +76,7 @@ typedef struct fw_opts {
     int quantize;             /* eng_config.quantize */
     int act_quant;            /* eng_config.act_quant */
     kern_kv_dtype kv_dtype;   /* eng_config.kv_dtype */
+    const char *rope_scaling; /* eng_config.rope_scaling */
     int overlap;              /* eng_config.overlap */
     long oneshot;             /* eng_config.oneshot */
     echo_preset allreduce;    /* eng_config.allreduce (tp > 1) */
@@ -205,6 +206,9 @@ static const char FW_USAGE[] =
     "                      integers, as llama.cpp does (cpu; eng_config.act_quant). auto (default):\n"
     "                      on a GGUF's quantized matrices; none: the exact path\n"
     "  --kv-cache-dtype auto|fp32|bf16|fp16|q8_0  what the KV cache stores (default auto: bf16)\n"
+    "  --rope-scaling SPEC none, yarn:FACTOR[:ORIGINAL] or a JSON rope_scaling object (as echo-serve):\n"
+    "                      the positions past max_position_embeddings a long --decode-prompt needs\n"
+    "                      (e.g. SmolLM2 at 16k: yarn:4)\n"
     "  --overlap auto|off|N  prefill overlap at --tp > 1 on cpu (eng_config.overlap): prompts of >= 128\n"
     "                      tokens as N micro-batches; auto (default): 2 under mpirun, else off\n"
     "  --oneshot auto|off|BYTES  one-shot all-reduce for calls of <= BYTES of fp32 at --tp > 1 on cpu\n"
@@ -245,7 +249,8 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         O_EMINB,
         O_ECODEC,
         O_OVERLAP,
-        O_ONESHOT
+        O_ONESHOT,
+        O_ROPE
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL},
@@ -272,6 +277,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
         {"echo-codec", required_argument, 0, O_ECODEC},
         {"overlap", required_argument, 0, O_OVERLAP},
         {"oneshot", required_argument, 0, O_ONESHOT},
+        {"rope-scaling", required_argument, 0, O_ROPE},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -397,6 +403,7 @@ static int fw_parse(int argc, char **argv, fw_opts *o) {
             if (cli_parse_kv_dtype(a, &o->kv_dtype))
                 rc = fw_usage_error("--kv-cache-dtype: expected auto, fp32, bf16, fp16 or q8_0, got '%s'", a);
             break;
+        case O_ROPE: o->rope_scaling = a; break;
         case 'h':
         case O_HELP:
             fputs(FW_USAGE, stdout);
@@ -693,7 +700,8 @@ int bench_forward_main(int argc, char **argv) {
 
     char err[1024];
     model_config mc;
-    if (model_config_load(o.model, &mc, err, sizeof err)) {
+    if (model_config_load(o.model, &mc, err, sizeof err) ||
+        model_config_rope_override(&mc, o.rope_scaling, err, sizeof err)) {
         fprintf(stderr, "echo-bench forward: %s\n", err);
         return 1;
     }
@@ -761,6 +769,7 @@ int bench_forward_main(int argc, char **argv) {
                      .quantize = o.quantize,
                      .act_quant = o.act_quant,
                      .kv_dtype = o.kv_dtype,
+                     .rope_scaling = o.rope_scaling,
                      .overlap = o.overlap,
                      .oneshot = o.oneshot};
     eng *e = NULL;
