@@ -343,6 +343,8 @@ static int create_prep(eng *e, int *gpu_per_rank, char *err, size_t errlen) {
     return 0;
 }
 
+static int procs_agree(const eng *e, int rc, char *err, size_t errlen);
+
 /* --allreduce auto (eng_config.allreduce_auto): the figures (rank 0's,
  * sent to every process, so every rank picks the same), the choice, and the
  * config resolved to it: the preset, exact below the small class's bound
@@ -373,7 +375,7 @@ static int auto_choose(eng *e, const echo_world_opts *o, echo_config *ec, char *
     }
     if (!rc && e->me == 0) rc = echo_auto_measure_codecs(f, err, errlen);
     f->threads = kern_host_threads(r->be);
-    if (e->procs && eng_priv_procs_agree(e, rc, err, errlen)) return -1;
+    if (e->procs && procs_agree(e, rc, err, errlen)) return -1;
     if (rc) return -1;
     if (e->procs && echo_proc_bcast(f, sizeof *f, err, errlen)) return -1;
     if (echo_auto_pick(f, c->allreduce_auto == ENG_ALLREDUCE_AUTO_ECHO3, &e->auto_choice, err, errlen)) return -1;
