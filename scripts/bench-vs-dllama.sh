@@ -62,6 +62,7 @@ systems="dllama echo llama.cpp" emodes=echo overlaps=auto sms="layer tensor" dar
 out=build/vs-dllama.jsonl summary= prepare_only=0
 die() { echo "bench-vs-dllama: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
+  case "$1" in --prepare-only|-h|--help) ;; --*) [ $# -ge 2 ] || die "$1 needs a value (try --help)" ;; esac
   case "$1" in
     --layers) layers=$2; shift ;;
     --prompt|--prompts) prompt=$2; shift ;;
