@@ -42,10 +42,9 @@
 # weights it sends its workers), over the tokens it pushed through (P-2+D);
 # for echo and llama.cpp as bench-vs-llamacpp-rpc.sh does it (same
 # counters). A cell distributed-llama cannot run is a row with its error.
-# Each distributed-llama run is one lab under `flock $LAB_LOCK` (default
-# /work/lab.lock) and `flock /work/cpu.lock`; each bench-vs-llamacpp-rpc.sh
-# call under the first (it takes the second per cell); each (hosts, rate,
-# rep) runs distributed-llama, then echo and llama.cpp.
+# Each (hosts, rate, rep) holds `flock $LAB_LOCK` (default /work/lab.lock:
+# one lab at a time) while it runs distributed-llama, then echo and
+# llama.cpp; every lab in it also holds `flock /work/cpu.lock`.
 #
 # --rates: the tc rate of every host's link (62mbit: 1 Gbit/s for 8-core
 # hosts when 4 lab hosts share 2 cores). --host-cores C (issue 42, point 1)
@@ -285,6 +284,7 @@ logs=build/dllama/logs && mkdir -p "$logs"
 # the labs' namespace names and addresses are fixed: one lab at a time
 # across everything that makes labs here ($LAB_LOCK), then the CPU lock
 lablock=${LAB_LOCK:-/work/lab.lock}
+exec {labfd}>>"$lablock"
 text() { local i; printf 'the'; for ((i = 1; i < $1; i++)); do printf ' the'; done; }  # N tokens
 
 # dllama_run H RATE P STEPS: one lab under the CPU lock; the cell's output.
@@ -292,7 +292,7 @@ dllama_run() {
   local h=$1 rate=$2 p=$3 steps=$4
   echo "== $(date -u +%FT%TZ) dllama $h hosts rate $rate prompt $p steps $steps" >>"$out.err"
   # shellcheck disable=SC2086 # --dllama-args is a list of flags
-  flock "$lablock" flock /work/cpu.lock timeout 1200 scripts/hostlab.sh --hosts "$h" --rate "$rate" -- \
+  flock /work/cpu.lock timeout 1200 scripts/hostlab.sh --hosts "$h" --rate "$rate" -- \
     build/.dllama-cell.sh "$root/$dbin" "$root/$dmodel" "$root/$dtok" "$(text "$p")" "$steps" "$root/$logs" $dargs 2>>"$out.err"
 }
 # The bytes distributed-llama sends to load the model on its workers (+ 1 token).
@@ -361,14 +361,18 @@ PY
 for rep in $(seq "$reps"); do
   for h in $hosts; do
     for rate in $rates; do
+      # one hold of the lab lock for the whole cell: its systems side by side
+      echo "bench-vs-dllama: rep $rep, $h hosts, $rate: waiting for $lablock" >&2
+      flock "$labfd"
       [[ " $systems " == *" dllama "* ]] && { dllama_cell "$h" "$rate" "$rep" || echo "  no result parsed" >&2; }
       e=$([[ " $systems " == *" echo "* ]] && echo "$emodes" || true)
       s=$([[ " $systems " == *" llama.cpp "* ]] && echo "$sms" || true)
-      [ -n "${e// }${s// }" ] || continue
+      [ -n "${e// }${s// }" ] || { flock -u "$labfd"; continue; }
       # echo and llama.cpp: the existing side by side, same file, same counters
-      LLAMACPP_BIN=$lbin flock "$lablock" scripts/bench-vs-llamacpp-rpc.sh --model "$gguf" --tp "$h" --rates "$rate" \
+      LLAMACPP_BIN=$lbin scripts/bench-vs-llamacpp-rpc.sh --model "$gguf" --tp "$h" --rates "$rate" \
         --prompts "$prompt" --decode "$decode" --iters "$iters" --echo-modes "$e" --overlap "$overlaps" \
         --sm "$s" --out "$out" >/dev/null || echo "  bench-vs-llamacpp-rpc.sh failed (see $out.err)" >&2
+      flock -u "$labfd"
     done
   done
 done
