@@ -47,8 +47,8 @@
 # llama.cpp; every lab in it also holds `flock /work/cpu.lock`.
 #
 # --rates: the tc rate of every host's link (62mbit: 1 Gbit/s for 8-core
-# hosts when 4 lab hosts share 2 cores). --host-cores C (issue 42, point 1)
-# is a hook: it needs scripts/hostlab.sh --host-cores, not in this tree yet.
+# hosts when 4 lab hosts share 2 cores). --host-cores C: each rate is what
+# C-core hosts have (scripts/hostlab.sh --host-cores; passed to every lab).
 # Needs root, Open MPI, bin/echo-bench, the llama.cpp build (build/llamacpp;
 # ggml-rpc-server is built into build/llamacpp-rpc if $LLAMACPP_BIN has none).
 set -euo pipefail
@@ -151,13 +151,12 @@ done
 for s in $systems; do
   case "$s" in dllama|echo|llama.cpp) ;; *) die "--systems: dllama, echo, llama.cpp; got '$s'" ;; esac
 done
+hc=()
 if [ -n "$host_cores" ]; then
-  # Hook for issue 42, point 1: once scripts/hostlab.sh takes --host-cores C
-  # (and so shapes each link to RATE x the lab's cores per host / C), pass it
-  # to every lab below (the dllama cell and bench-vs-llamacpp-rpc.sh).
-  scripts/hostlab.sh --help 2>&1 | grep -q -- --host-cores ||
-    die "--host-cores needs scripts/hostlab.sh --host-cores (issue 42, point 1), not in this tree; give the shaped rate with --rates (e.g. 62mbit: 1 Gbit/s for 8-core hosts, 4 lab hosts on 2 cores)"
-  die "--host-cores: scripts/hostlab.sh has it now; wire it through here (the hook in this script)"
+  # compute-matched cells (scripts/hostlab.sh --host-cores C): every link
+  # shaped to RATE x (this machine's cores / hosts) / C, for every system
+  [[ "$host_cores" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--host-cores: one core count, got '$host_cores'"
+  hc=(--host-cores "$host_cores")
 fi
 
 # ---- distributed-llama: the pinned commit out of the mirror, built ----
@@ -292,7 +291,7 @@ dllama_run() {
   local h=$1 rate=$2 p=$3 steps=$4
   echo "== $(date -u +%FT%TZ) dllama $h hosts rate $rate prompt $p steps $steps" >>"$out.err"
   # shellcheck disable=SC2086 # --dllama-args is a list of flags
-  flock /work/cpu.lock timeout 1200 scripts/hostlab.sh --hosts "$h" --rate "$rate" -- \
+  flock /work/cpu.lock timeout 1200 scripts/hostlab.sh --hosts "$h" --rate "$rate" "${hc[@]}" -- \
     build/.dllama-cell.sh "$root/$dbin" "$root/$dmodel" "$root/$dtok" "$(text "$p")" "$steps" "$root/$logs" $dargs 2>>"$out.err"
 }
 # The bytes distributed-llama sends to load the model on its workers (+ 1 token).
@@ -371,7 +370,7 @@ for rep in $(seq "$reps"); do
       # echo and llama.cpp: the existing side by side, same file, same counters
       LLAMACPP_BIN=$lbin scripts/bench-vs-llamacpp-rpc.sh --model "$gguf" --tp "$h" --rates "$rate" \
         --prompts "$prompt" --decode "$decode" --iters "$iters" --echo-modes "$e" --overlap "$overlaps" \
-        --sm "$s" --out "$out" >/dev/null || echo "  bench-vs-llamacpp-rpc.sh failed (see $out.err)" >&2
+        --sm "$s" "${hc[@]}" --out "$out" >/dev/null || echo "  bench-vs-llamacpp-rpc.sh failed (see $out.err)" >&2
       flock -u "$labfd"
     done
   done
