@@ -181,7 +181,7 @@ FUZZ_DEPS_jinja       := $(wildcard tokenizer/jinja*.c)
 # fuzz_server.c stubs the engine API and the SentencePiece wrapper.
 FUZZ_DEPS_server      := $(wildcard server/*.c) $(FUZZ_DEPS_tokenizer) model/config.c model/family.c \
                          $(wildcard model/arch/*.c) $(wildcard weights/*.c) engine/sample.c engine/spec.c \
-                         engine/tokenizer_load.c comm/echo.c comm/preset.c
+                         engine/tokenizer_load.c comm/echo.c comm/preset.c comm/auto.c
 .SECONDEXPANSION:
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_DEPS_$$*)
 	@mkdir -p $(dir $@)

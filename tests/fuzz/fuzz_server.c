@@ -209,6 +209,11 @@ int eng_allreduce_config(const eng *e, echo_config *out) {
 int eng_overlap_k(const eng *e) {
     return (void)e, 1;
 }
+/* a fixed preset, never --allreduce auto (tp 1) */
+int eng_allreduce_auto(const eng *e, echo_auto_figures *f, echo_auto_choice *c) {
+    (void)e, (void)f, (void)c;
+    return 0;
+}
 size_t eng_oneshot_bytes(const eng *e) {
     return (void)e, 0;
 }
