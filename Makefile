@@ -224,7 +224,6 @@ test: deps
 	$(MAKE) test-paths
 	$(MAKE) test-accuracy-quick
 	$(MAKE) test-mpi
-	$(MAKE) test-lab-smoke
 	$(MAKE) fuzz-regress
 	$(MAKE) test-server
 	$(MAKE) test-bench
@@ -343,7 +342,8 @@ test-mpi: $(BUILD)/tests/mpi_test_comm $(BUILD)/tests/mpi_test_engine_cfg $(TOOL
 # make test-lab-smoke   the compute-matched lab (scripts/hostlab.sh --host-cores) and
 #                 --allreduce auto in it: 4 hosts standing for 8-core machines on 1 Gbit/s,
 #                 auto measures about the shaped rate and picks echo; no namespace left
-#                 (tests/mpi/labsmoke.sh; root only, about 20 s)
+#                 (tests/mpi/labsmoke.sh; root only, about 20 s). Not in `make test` yet:
+#                 on a loaded 2-core host the link probe's fit can miss the rate (docs/network.md)
 .PHONY: test-lab-smoke
 test-lab-smoke: $(TOOLS)
 	tests/mpi/labsmoke.sh $(MPI) $(BIN)

@@ -258,8 +258,11 @@ int echo_auto_measure_link(echo_comm *c, size_t max_count, echo_auto_figures *f,
         }
         /* bytes one rank sends two-shot: 2 (N-1)/N of the message */
         double b1 = 2 * (N - 1) / N * 4 * (double)n1, b2 = 2 * (N - 1) / N * 4 * (double)n2;
-        double bw = t2 > t1 ? (b2 - b1) / (t2 - t1) : 1e12;
-        double lat = (t1 - b1 / bw) / 2;
+        /* noise (a loaded host, probes capped small by the world's size) can
+         * leave t2 <= t1: then the larger probe's rate with no latency, a
+         * finite lower bound, rather than an infinitely fast link */
+        double bw = t2 > t1 ? (b2 - b1) / (t2 - t1) : b2 / t2;
+        double lat = t2 > t1 ? (t1 - b1 / bw) / 2 : 0;
         f->link[k].bytes_per_s = bw;
         f->link[k].latency_s = lat > 0 ? lat : 0;
     }
