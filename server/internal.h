@@ -640,6 +640,10 @@ void srv_resp_store_free(struct srv_resp_store *st);
 
 /* sse.c: answer a submitted g as a server-sent-event stream; takes g. */
 enum MHD_Result srv_sse_respond(srv_server *s, struct MHD_Connection *c, srv_gen *g);
+/* Queue a 200 event stream read by `reader` from cls (freed by fr, also
+ * when the response cannot be made); the idle timeout is lifted. */
+enum MHD_Result srv_sse_queue(srv_server *s, struct MHD_Connection *c, MHD_ContentReaderCallback reader, void *cls,
+                              MHD_ContentReaderFreeCallback fr);
 
 /* The POST routes' handlers (generate.c, tokenize.c) and their body
  * stages: parse, validate, tokenize and build the answer, without engine or

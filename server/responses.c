@@ -901,18 +901,7 @@ enum MHD_Result srv_handle_responses(srv_server *s, struct MHD_Connection *c, sr
         o->last_write = srv_now();
         so_event(o, "response.created", json_pack("{s:o}", "response", response_json(o, "in_progress", NULL)));
         so_event(o, "response.in_progress", json_pack("{s:o}", "response", response_json(o, "in_progress", NULL)));
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, so_reader, o, so_free);
-        if (!resp) {
-            so_free(o);
-            return MHD_NO;
-        }
-        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-        MHD_add_response_header(resp, "Cache-Control", "no-cache");
-        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 600u);
-        enum MHD_Result mr = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
-        srv_count_status(s, 200);
-        return mr;
+        return srv_sse_queue(s, c, so_reader, o, so_free);
     }
     int gone = srv_gen_wait(s, c, &o->g);
     srv_log_done(s, &o->g, "responses");

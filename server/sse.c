@@ -368,10 +368,14 @@ enum MHD_Result srv_sse_respond(srv_server *s, struct MHD_Connection *c, srv_gen
         srv_reasoner_init(&cur[k].rz, r->rz_on ? s->reason : NULL, r->rz_state0, r->rz_stop);
     }
     sc->last_write = srv_now();
-    struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sc, stream_free);
+    return srv_sse_queue(s, c, stream_reader, sc, stream_free);
+}
+
+enum MHD_Result srv_sse_queue(srv_server *s, struct MHD_Connection *c, MHD_ContentReaderCallback reader, void *cls,
+                              MHD_ContentReaderFreeCallback fr) {
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, cls, fr);
     if (!resp) {
-        stream_free(sc);
+        fr(cls);
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
