@@ -208,6 +208,11 @@ check-suites: $(TESTS) $(TOOLS) $(DEFAULT_GGUF) test-pydeps
 	@fail=0; for t in $(TESTS); do echo "== $$t"; ECHO_BIN=$(BIN) ECHO_GGUF_MODEL=$(DEFAULT_GGUF) \
 	  ECHO_SMOLLM2_GGUF=$(DEFAULT_GGUF) $(SUITE_ENV) $$t || fail=1; done; exit $$fail
 
+# The codebase's shape (issue 46): no same-folder call circles, no function
+# over 150 lines, engine.h at most 15 functions (scripts/check-structure.py).
+check-structure: all
+	python3 scripts/check-structure.py
+
 fuzz-regress: $(FUZZERS)
 	@fail=0; for f in $(FUZZERS); do n=$${f##*/fuzz_}; echo "== $$f over tests/fuzz/corpus/$$n"; \
 	  if $$f -runs=0 tests/fuzz/corpus/$$n/* >$(BUILD)/fuzz/$$n.log 2>&1; then \
