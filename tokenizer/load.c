@@ -13,16 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-const char *tok_jstr(json_t *o, const char *key) {
-    json_t *v = json_object_get(o, key);
-    return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-int tok_jbool(json_t *o, const char *key, int dflt) {
-    json_t *v = json_object_get(o, key);
-    return json_is_boolean(v) ? json_is_true(v) : dflt;
-}
-
 static size_t pow2_at_least(size_t n) {
     size_t c = 16;
     while (c < n) c <<= 1;
