@@ -313,14 +313,8 @@ static int fuse_group(model *m, const char *layer, kern_weight *const *parts, in
     return 0;
 }
 
-int model_load(const char *dir, const model_load_opts *o, model **out, char *err, size_t errlen) {
-    model *m = calloc(1, sizeof *m);
-    char name[256];
-    *out = NULL;
-    if (!m) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+/* The options, the configuration and the checks that need no weights. */
+static int load_setup(model *m, const char *dir, const model_load_opts *o, char *err, size_t errlen) {
     m->ops = o->ops;
     m->be = o->be;
     m->comm = o->comm;
@@ -334,41 +328,43 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     if (m->act_q8 && !m->ops->upload_quantized) {
         snprintf(err, errlen, "8-bit activations (--act-quant q8_0): the %s backend does not keep Q8_0 weights (cpu does)",
                  m->ops->name);
-        goto fail;
+        return -1;
     }
     if (m->random ? model_random_parse(dir, &m->cfg, &m->seed, err, errlen)
                   : model_config_load(dir, &m->cfg, err, errlen))
-        goto fail;
-    if (model_config_rope_override(&m->cfg, o->rope_scaling, err, errlen)) goto fail;
+        return -1;
+    if (model_config_rope_override(&m->cfg, o->rope_scaling, err, errlen)) return -1;
     if (!m->random && !o->ws) {
         snprintf(err, errlen, "%s: no opened checkpoint", dir);
-        goto fail;
+        return -1;
     }
-    const model_config *c = &m->cfg;
-    if (model_check_tp(c, o->tp, err, errlen)) goto fail;
+    if (model_check_tp(&m->cfg, o->tp, err, errlen)) return -1;
     if (o->rank < 0 || o->rank >= o->tp || (o->tp > 1 && !o->comm)) {
         snprintf(err, errlen, "rank %d of %d: bad rank or missing all-reduce endpoint", o->rank, o->tp);
-        goto fail;
+        return -1;
     }
     if (o->kv_blocks <= 0 || o->kv_block_size <= 0) {
         snprintf(err, errlen, "KV cache needs at least one block (got %d blocks of %d)", o->kv_blocks, o->kv_block_size);
-        goto fail;
+        return -1;
     }
-    const weights_set *ws = o->ws;
-    int tp = o->tp, r = o->rank;
-    int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size, hd = c->head_dim;
-    int64_t qd = (int64_t)c->num_heads * hd, kvd = (int64_t)c->num_kv_heads * hd;
+    return 0;
+}
+
+/* This rank's share: heads, MLP columns, vocabulary rows, and the first
+ * KV head it holds (*kv0); the per-layer arrays and the family. */
+static int load_shard(model *m, const char *dir, int *kv0, char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    int tp = m->tp, r = m->rank;
     m->hq = c->num_heads / tp;
     m->inter = c->intermediate_size / tp;
     /* KV heads: split when tp divides them, else each rank holds the one
      * head its query heads read (replicated across tp / num_kv_heads ranks). */
-    int kv0;
     if (c->num_kv_heads % tp == 0) {
         m->hkv = c->num_kv_heads / tp;
-        kv0 = r * m->hkv;
+        *kv0 = r * m->hkv;
     } else {
         m->hkv = 1;
-        kv0 = r * c->num_kv_heads / tp;
+        *kv0 = r * c->num_kv_heads / tp;
     }
     int per = (c->vocab_size + tp - 1) / tp;
     per = (per + KERN_ROW_GROUP - 1) / KERN_ROW_GROUP * KERN_ROW_GROUP; /* a tied head is a row view of the embedding */
@@ -379,32 +375,48 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     m->vc = calloc((size_t)c->num_layers, sizeof *m->vc);
     if (!m->layers || !m->kc || !m->vc) {
         snprintf(err, errlen, "out of memory");
-        goto fail;
+        return -1;
     }
     m->fam = model_family_find(c->arch);
     if (!m->fam) {
         snprintf(err, errlen, "%s: no model family '%s'", dir, c->arch ? c->arch : "(none)");
-        goto fail;
+        return -1;
     }
-    m->gguf = ws && weights_is_gguf(ws);
+    return 0;
+}
+
+/* The embedding, the final norm and the head (a view of the embedding
+ * when tied). */
+static int load_ends(model *m, const weights_set *ws, char *err, size_t errlen) {
+    int64_t H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    char name[256];
     tensor_name(m, T_EMBED, 0, name, sizeof name);
-    if (load_full(m, ws, name, V, H, &m->embed, err, errlen)) goto fail;
+    if (load_full(m, ws, name, V, H, &m->embed, err, errlen)) return -1;
     m->embed_bytes = m->weight_bytes;
     tensor_name(m, T_NORM, 0, name, sizeof name);
-    if (load_full(m, ws, name, 0, H, &m->norm, err, errlen)) goto fail;
-    if (c->tie_word_embeddings) {
+    if (load_full(m, ws, name, 0, H, &m->norm, err, errlen)) return -1;
+    if (m->cfg.tie_word_embeddings) {
         /* A tied head is a view of the embedding rows this rank holds (the
          * same tensor, loaded the same way): one copy on any backend. */
         const kern_weight *e = &m->embed;
         size_t off = kern_dtype_bytes(e->dtype, m->vocab0 * (e->ld ? e->ld : H));
         m->head_is_view = 1;
         if (m->vocab_n > 0) m->lm_head = (kern_weight){(const char *)e->data + off, e->dtype, m->vocab_n, H, e->ld};
-    } else {
-        tensor_name(m, T_HEAD, 0, name, sizeof name);
-        if (m->vocab_n > 0 && load_slice(m, ws, name, V, H, m->vocab0, m->vocab_n, 0, H, &m->lm_head, err, errlen))
-            goto fail;
+        return 0;
     }
-    int64_t q0 = (int64_t)r * m->hq * hd, k0 = (int64_t)kv0 * hd, i0 = (int64_t)r * m->inter;
+    tensor_name(m, T_HEAD, 0, name, sizeof name);
+    if (m->vocab_n > 0 && load_slice(m, ws, name, V, H, m->vocab0, m->vocab_n, 0, H, &m->lm_head, err, errlen))
+        return -1;
+    return 0;
+}
+
+/* Every layer's slices of this rank, fused per group with --fuse-weights. */
+static int load_layers(model *m, const weights_set *ws, int kv0, char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    char name[256];
+    int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    int64_t qd = (int64_t)c->num_heads * hd, kvd = (int64_t)c->num_kv_heads * hd;
+    int64_t q0 = (int64_t)m->rank * m->hq * hd, k0 = (int64_t)kv0 * hd, i0 = (int64_t)m->rank * m->inter;
     int64_t qn = (int64_t)m->hq * hd, kn = (int64_t)m->hkv * hd, in = m->inter;
     /* A Llama GGUF stores q/k rows with the rotary halves interleaved. */
     int64_t perm = m->gguf && m->fam->gguf_permute_qk ? hd : 0;
@@ -438,20 +450,24 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
             tensor_name(m, spec[i].kind, l, name, sizeof name);
             if (load_slice_perm(m, ws, name, spec[i].rows, spec[i].cols, spec[i].r0, spec[i].nr, spec[i].c0,
                                 spec[i].nc, spec[i].perm, spec[i].w, err, errlen))
-                goto fail;
+                return -1;
         }
         if (m->fused) {
             snprintf(name, sizeof name, "model.layers.%d", l);
             if (fuse_group(m, name, (kern_weight *[]){&L->wq, &L->wk, &L->wv}, 3, &L->wqkv, err, errlen) ||
                 fuse_group(m, name, (kern_weight *[]){&L->wg, &L->wu}, 2, &L->wgu, err, errlen))
-                goto fail;
+                return -1;
         }
     }
-    if (m->act_q8 != 2 && m->act_q8 && !m->n_act_q8) {
-        snprintf(err, errlen, "8-bit activations (--act-quant q8_0): no Q8_0 matrix (nor Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K) to apply "
-                 "them to on this rank; they come from a GGUF's or --quantize q8_0 (not with fused weights)");
-        goto fail;
-    }
+    return 0;
+}
+
+/* The KV cache of every layer, in the resolved cache type, and an empty
+ * store: the backend refuses a cache type it does not implement now, at
+ * start-up, rather than at the first step. */
+static int load_kv(model *m, const model_load_opts *o, char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    int64_t hd = c->head_dim;
     m->kv_blocks = o->kv_blocks;
     m->kv_block_size = o->kv_block_size;
     m->kv_dtype = kern_kv_resolve(m->ops, o->kv_dtype);
@@ -459,7 +475,7 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     if (why) {
         snprintf(err, errlen, "--kv-cache-dtype %s: %s (this model's head_dim is %d)", kern_kv_dtype_name(m->kv_dtype),
                  why, (int)hd);
-        goto fail;
+        return -1;
     }
     size_t kv_layer = (size_t)o->kv_blocks * o->kv_block_size * kern_kv_row_bytes(m->kv_dtype, m->hkv, (int)hd);
     for (int l = 0; l < c->num_layers; l++) {
@@ -468,15 +484,33 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
         if (!m->kc[l] || !m->vc[l]) {
             snprintf(err, errlen, "out of memory for the KV cache (%d blocks of %d tokens: %zu bytes per layer)",
                      o->kv_blocks, o->kv_block_size, 2 * kv_layer);
-            goto fail;
+            return -1;
         }
     }
-    /* an empty store: the backend refuses a cache type it does not
-     * implement now, at start-up, rather than at the first step */
     if (c->num_layers > 0 && m->ops->kv_store(m->be, m->kc[0], m->vc[0], NULL, NULL, NULL, 0, m->hkv, (int)hd, m->kv_dtype)) {
         snprintf(err, errlen, "--kv-cache-dtype %s: %s", kern_kv_dtype_name(m->kv_dtype), kern_last_error(m->be));
+        return -1;
+    }
+    return 0;
+}
+
+int model_load(const char *dir, const model_load_opts *o, model **out, char *err, size_t errlen) {
+    model *m = calloc(1, sizeof *m);
+    *out = NULL;
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int kv0 = 0;
+    if (load_setup(m, dir, o, err, errlen) || load_shard(m, dir, &kv0, err, errlen)) goto fail;
+    m->gguf = o->ws && weights_is_gguf(o->ws);
+    if (load_ends(m, o->ws, err, errlen) || load_layers(m, o->ws, kv0, err, errlen)) goto fail;
+    if (m->act_q8 != 2 && m->act_q8 && !m->n_act_q8) {
+        snprintf(err, errlen, "8-bit activations (--act-quant q8_0): no Q8_0 matrix (nor Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K) to apply "
+                 "them to on this rank; they come from a GGUF's or --quantize q8_0 (not with fused weights)");
         goto fail;
     }
+    if (load_kv(m, o, err, errlen)) goto fail;
     *out = m;
     return 0;
 fail:

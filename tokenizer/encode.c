@@ -9,18 +9,6 @@
 #include <string.h>
 #include <utf8proc.h>
 
-int tok_idvec_push(idvec *v, int32_t id) {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 256;
-        int32_t *p = realloc(v->ids, cap * sizeof *p);
-        if (!p) return TOK_ENOMEM;
-        v->ids = p;
-        v->cap = cap;
-    }
-    v->ids[v->n++] = id;
-    return TOK_OK;
-}
-
 static int is_word_char(uint32_t cp) {
     /* Rust's char::is_alphanumeric or '_' (HF's \w for single_word). */
     if (cp == '_') return 1;

@@ -265,7 +265,7 @@ size_t tok_key_decode(const struct tok_tokenizer *t, const char *s, size_t len, 
 
 /* A BPE tokenizer from a parsed tokenizer.json (root is not kept). */
 int tok_load_json_root(struct json_t *root, struct tok_tokenizer **out, char *err, size_t errlen);
-/* o[key] when it is a string / boolean, else NULL / dflt. */
+/* o[key] when it is a string / boolean, else NULL / dflt. buf.c. */
 const char *tok_jstr(struct json_t *o, const char *key);
 int tok_jbool(struct json_t *o, const char *key, int dflt);
 
@@ -296,6 +296,7 @@ typedef struct {
     int32_t *ids;
     size_t n, cap;
 } idvec;
+/* Append id (buf.c). */
 int tok_idvec_push(idvec *v, int32_t id);
 
 /* Per-call scratch (encode is re-entrant: nothing here is shared). */

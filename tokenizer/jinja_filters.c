@@ -535,6 +535,14 @@ static const struct {
     [F_FORMAT] = {"format", f_format, 0},
 };
 
+/* The tests' names, by T_* id (the parser resolves names to ids). */
+const char *const jinja_tests[T_N] = {
+    "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number", "integer",
+    "float", "boolean", "true", "false", "odd", "even", "divisibleby", "eq", "equalto", "==", "ne",
+    "!=", "lt", "<", "lessthan", "gt", ">", "greaterthan", "le", "<=", "ge", ">=", "in",
+    "sameas", "callable", "lower", "upper",
+};
+
 int jinja_filter_id(const char *s, size_t n) {
     for (int i = 0; i < F_N; i++)
         if (FILTERS[i].name && strlen(FILTERS[i].name) == n && !memcmp(FILTERS[i].name, s, n)) return i;

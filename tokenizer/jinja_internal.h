@@ -292,7 +292,7 @@ enum {
     T_NE2, T_LT, T_LT2, T_LESSTHAN, T_GT, T_GT2, T_GREATERTHAN, T_LE, T_LE2, T_GE, T_GE2, T_IN,
     T_SAMEAS, T_CALLABLE, T_LOWER, T_UPPER, T_N
 };
-extern const char *const jinja_tests[T_N]; /* defined in jinja_parse.c */
+extern const char *const jinja_tests[T_N]; /* defined in jinja_filters.c */
 
 static inline int lookup_name(const char *const *tab, int n, const char *s, size_t len) {
     for (int i = 0; i < n; i++)

@@ -4,13 +4,6 @@
  */
 #include "tokenizer/jinja_internal.h"
 
-const char *const jinja_tests[T_N] = {
-    "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number", "integer",
-    "float", "boolean", "true", "false", "odd", "even", "divisibleby", "eq", "equalto", "==", "ne",
-    "!=", "lt", "<", "lessthan", "gt", ">", "greaterthan", "le", "<=", "ge", ">=", "in",
-    "sameas", "callable", "lower", "upper",
-};
-
 /* ------------------------------------------------------------------ */
 /* Parser                                                               */
 

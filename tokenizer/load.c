@@ -13,16 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-const char *tok_jstr(json_t *o, const char *key) {
-    json_t *v = json_object_get(o, key);
-    return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-int tok_jbool(json_t *o, const char *key, int dflt) {
-    json_t *v = json_object_get(o, key);
-    return json_is_boolean(v) ? json_is_true(v) : dflt;
-}
-
 static size_t pow2_at_least(size_t n) {
     size_t c = 16;
     while (c < n) c <<= 1;
@@ -134,18 +124,19 @@ static int parse_merge(json_t *m, const char **a, size_t *alen, const char **b, 
     return -1;
 }
 
-static int load_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
-    uint32_t b2u[256];
+/* The key decoding tables and a growable scratch the loading steps share. */
+typedef struct {
     int16_t u2b[0x144];
-    tok_byte_level_tables(b2u, u2b);
-    char *tmp = NULL;
-    int rc = TOK_OK;
+    char *tmp;
+    size_t cap;
+} load_ctx;
 
-    if (!json_is_object(root))
-        return tok_err(err, errlen, TOK_EFORMAT, "tokenizer.json: top level is not an object");
-    json_t *model = json_object_get(root, "model");
-    if (!json_is_object(model))
-        return tok_err(err, errlen, TOK_EFORMAT, "tokenizer.json: missing \"model\" object");
+static int load_oom(char *err, size_t errlen) {
+    return tok_err(err, errlen, TOK_ENOMEM, "out of memory loading tokenizer");
+}
+
+/* The model object's type and the BPE options we support (or refuse). */
+static int check_model(tok_tokenizer *t, json_t *model, char *err, size_t errlen) {
     const char *mtype = tok_jstr(model, "type");
     if (mtype && strcmp(mtype, "BPE") != 0)
         return tok_err(err, errlen, TOK_EFORMAT,
@@ -171,27 +162,31 @@ static int load_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
 
     t->byte_fallback = tok_jbool(model, "byte_fallback", 0);
     t->fuse_unk = tok_jbool(model, "fuse_unk", 0);
+    return TOK_OK;
+}
 
-    /* Pipeline parts first: they are small and make most errors cheap. */
-    int mode = 0;
+/* Normalizer, pre-tokenizer, decoder and post-processor. */
+static int load_pipeline(tok_tokenizer *t, json_t *root, dec_info *di, char *err, size_t errlen) {
+    int rc, mode = 0;
     if ((rc = tok_parse_normalizer(t, json_object_get(root, "normalizer"), err, errlen))) return rc;
     if ((rc = tok_parse_pretok(t, json_object_get(root, "pre_tokenizer"), &mode, err, errlen)))
         return rc;
     t->char_level = mode != 1;
-    dec_info di;
-    if ((rc = tok_parse_decoder(t, json_object_get(root, "decoder"), &di, err, errlen))) return rc;
-    if ((rc = tok_parse_post(t, json_object_get(root, "post_processor"), err, errlen))) return rc;
+    if ((rc = tok_parse_decoder(t, json_object_get(root, "decoder"), di, err, errlen))) return rc;
+    return tok_parse_post(t, json_object_get(root, "post_processor"), err, errlen);
+}
 
-    /* Size the id space. */
+/* The id space: every vocab and added-token id checked, then allocated. */
+static int size_ids(tok_tokenizer *t, json_t *vocab, json_t *added, char *err, size_t errlen) {
     size_t max_id = 0, nv = 0;
     const char *key;
+    json_t *v;
     json_object_foreach(vocab, key, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX - 1)
             return tok_err(err, errlen, TOK_EFORMAT, "vocab: bad id for token '%.40s'", key);
         if ((size_t)json_integer_value(v) > max_id) max_id = (size_t)json_integer_value(v);
         nv++;
     }
-    json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_array(added) && !json_is_null(added))
         return tok_err(err, errlen, TOK_EFORMAT, "added_tokens is not an array");
     size_t i;
@@ -205,41 +200,40 @@ static int load_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
     if (nv == 0) return tok_err(err, errlen, TOK_EFORMAT, "BPE model: empty vocab");
     if ((size_t)max_id >= 16u * 1024 * 1024)
         return tok_err(err, errlen, TOK_EFORMAT, "vocab: id %zu too large", max_id);
-    if ((rc = ids_alloc(t, max_id + 1))) goto oom;
-
-    /* Vocab: raw bytes per id and the bytes -> id hash. */
+    if (ids_alloc(t, max_id + 1)) return load_oom(err, errlen);
+    /* The bytes -> id hash, sized for the vocab. */
     t->vocab_mask = pow2_at_least(nv * 2) - 1;
     t->vocab_slots = malloc((t->vocab_mask + 1) * sizeof *t->vocab_slots);
-    tmp = malloc(4096);
-    if (!t->vocab_slots || !tmp) goto oom;
+    if (!t->vocab_slots) return load_oom(err, errlen);
     memset(t->vocab_slots, 0xff, (t->vocab_mask + 1) * sizeof *t->vocab_slots);
-    size_t tmpcap = 4096;
+    return TOK_OK;
+}
+
+/* Vocab: raw bytes per id and the bytes -> id hash; the byte and unk ids. */
+static int load_vocab(tok_tokenizer *t, json_t *model, load_ctx *c, char *err, size_t errlen) {
+    json_t *vocab = json_object_get(model, "vocab"), *v;
+    const char *key;
     json_object_foreach(vocab, key, v) {
         size_t klen = strlen(key);
-        if (tok_utf8_valid_prefix(key, klen) != klen) {
-            rc = tok_err(err, errlen, TOK_EFORMAT, "vocab: token is not valid UTF-8");
-            goto done;
-        }
-        if (grow(&tmp, &tmpcap, klen)) goto oom;
-        size_t n = tok_key_decode(t, key, klen, u2b, tmp);
+        if (tok_utf8_valid_prefix(key, klen) != klen)
+            return tok_err(err, errlen, TOK_EFORMAT, "vocab: token is not valid UTF-8");
+        if (grow(&c->tmp, &c->cap, klen)) return load_oom(err, errlen);
+        size_t n = tok_key_decode(t, key, klen, c->u2b, c->tmp);
         int32_t id = (int32_t)json_integer_value(v);
-        if (t->id_len[id] != NO_TOKEN) {
-            rc = tok_err(err, errlen, TOK_EFORMAT, "vocab: id %d used twice", (int)id);
-            goto done;
-        }
-        if (blob_add(t, tmp, n, &t->id_off[id])) goto oom;
+        if (t->id_len[id] != NO_TOKEN) return tok_err(err, errlen, TOK_EFORMAT, "vocab: id %d used twice", (int)id);
+        if (blob_add(t, c->tmp, n, &t->id_off[id])) return load_oom(err, errlen);
         t->id_len[id] = (uint32_t)n;
-        size_t h = tok_hash_bytes(tmp, n) & t->vocab_mask;
+        size_t h = tok_hash_bytes(c->tmp, n) & t->vocab_mask;
         while (t->vocab_slots[h] >= 0) {
             int32_t o = t->vocab_slots[h];
-            if (t->id_len[o] == n && !memcmp(t->blob + t->id_off[o], tmp, n)) break;
+            if (t->id_len[o] == n && !memcmp(t->blob + t->id_off[o], c->tmp, n)) break;
             h = (h + 1) & t->vocab_mask;
         }
         if (t->vocab_slots[h] < 0) t->vocab_slots[h] = id;
     }
     for (int b = 0; b < 256; b++) {
-        char c = (char)b;
-        t->byte_id[b] = tok_vocab_find(t, &c, 1);
+        char ch = (char)b;
+        t->byte_id[b] = tok_vocab_find(t, &ch, 1);
     }
     t->unk_id = -1;
     const char *unk = tok_jstr(model, "unk_token");
@@ -247,31 +241,30 @@ static int load_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
         json_t *u = json_object_get(vocab, unk);
         if (json_is_integer(u)) t->unk_id = (int32_t)json_integer_value(u);
     }
+    return TOK_OK;
+}
 
-    /* Merges. */
-    size_t nm = json_array_size(merges);
+/* Merges: pairs of vocab strings to (id, id) -> (rank, new id). */
+static int load_merges(tok_tokenizer *t, json_t *merges, load_ctx *c, char *err, size_t errlen) {
+    size_t nm = json_array_size(merges), i;
     t->merge_mask = pow2_at_least(nm * 2 + 2) - 1;
     t->merges = calloc(t->merge_mask + 1, sizeof *t->merges);
-    if (!t->merges) goto oom;
+    if (!t->merges) return load_oom(err, errlen);
     json_t *m;
     json_array_foreach(merges, i, m) {
         const char *a, *b;
         size_t al, bl;
-        if (parse_merge(m, &a, &al, &b, &bl)) {
-            rc = tok_err(err, errlen, TOK_EFORMAT, "merges[%zu]: expected [\"a\",\"b\"] or \"a b\"", i);
-            goto done;
-        }
-        if (grow(&tmp, &tmpcap, al + bl)) goto oom;
+        if (parse_merge(m, &a, &al, &b, &bl))
+            return tok_err(err, errlen, TOK_EFORMAT, "merges[%zu]: expected [\"a\",\"b\"] or \"a b\"", i);
+        if (grow(&c->tmp, &c->cap, al + bl)) return load_oom(err, errlen);
         /* Strings -> ids through the vocab (HF does the same lookups). */
-        size_t n1 = tok_key_decode(t, a, al, u2b, tmp);
-        int32_t ia = tok_vocab_find(t, tmp, n1);
-        size_t n2 = tok_key_decode(t, b, bl, u2b, tmp + n1);
-        int32_t ib = tok_vocab_find(t, tmp + n1, n2);
-        int32_t in = tok_vocab_find(t, tmp, n1 + n2);
-        if (ia < 0 || ib < 0 || in < 0) {
-            rc = tok_err(err, errlen, TOK_EFORMAT, "merges[%zu]: token not in vocab", i);
-            goto done;
-        }
+        size_t n1 = tok_key_decode(t, a, al, c->u2b, c->tmp);
+        int32_t ia = tok_vocab_find(t, c->tmp, n1);
+        size_t n2 = tok_key_decode(t, b, bl, c->u2b, c->tmp + n1);
+        int32_t ib = tok_vocab_find(t, c->tmp + n1, n2);
+        int32_t in = tok_vocab_find(t, c->tmp, n1 + n2);
+        if (ia < 0 || ib < 0 || in < 0)
+            return tok_err(err, errlen, TOK_EFORMAT, "merges[%zu]: token not in vocab", i);
         uint64_t k = ((uint64_t)(uint32_t)(ia + 1) << 32) | (uint32_t)ib;
         size_t h = tok_mix64(k) & t->merge_mask;
         while (t->merges[h].key && t->merges[h].key != k) h = (h + 1) & t->merge_mask;
@@ -280,23 +273,25 @@ static int load_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
         t->merges[h].rank = (uint32_t)i;
         t->merges[h].new_id = in;
     }
+    return TOK_OK;
+}
 
-    /* Added tokens: they override the model vocab for decode. */
-    size_t na = json_array_size(added);
+/* Added tokens: they override the model vocab for decode. */
+static int load_added(tok_tokenizer *t, json_t *added, load_ctx *c, char *err, size_t errlen) {
+    size_t na = json_array_size(added), i;
     if (na) {
         t->added = calloc(na, sizeof *t->added);
-        if (!t->added) goto oom;
+        if (!t->added) return load_oom(err, errlen);
     }
+    json_t *v;
     json_array_foreach(added, i, v) {
         added_tok *a = &t->added[t->n_added];
         const char *content = tok_jstr(v, "content");
         size_t clen = json_string_length(json_object_get(v, "content"));
-        if (clen == 0 || tok_utf8_valid_prefix(content, clen) != clen) {
-            rc = tok_err(err, errlen, TOK_EFORMAT, "added_tokens[%zu]: empty or invalid content", i);
-            goto done;
-        }
+        if (clen == 0 || tok_utf8_valid_prefix(content, clen) != clen)
+            return tok_err(err, errlen, TOK_EFORMAT, "added_tokens[%zu]: empty or invalid content", i);
         a->s = malloc(clen);
-        if (!a->s) goto oom;
+        if (!a->s) return load_oom(err, errlen);
         memcpy(a->s, content, clen);
         a->len = clen;
         a->m = a->s;
@@ -309,58 +304,82 @@ static int load_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
         a->rstrip = tok_jbool(v, "rstrip", 0);
         a->single_word = tok_jbool(v, "single_word", 0);
         t->n_added++;
-        if (grow(&tmp, &tmpcap, clen)) goto oom;
-        size_t n = tok_key_decode(t, content, clen, u2b, tmp);
-        if (blob_add(t, tmp, n, &t->id_off[a->id])) goto oom;
+        if (grow(&c->tmp, &c->cap, clen)) return load_oom(err, errlen);
+        size_t n = tok_key_decode(t, content, clen, c->u2b, c->tmp);
+        if (blob_add(t, c->tmp, n, &t->id_off[a->id])) return load_oom(err, errlen);
         t->id_len[a->id] = (uint32_t)n;
         t->id_flags[a->id] = FLAG_ADDED | (a->special ? FLAG_SPECIAL : 0);
         if (a->normalized) t->has_normalized_added = 1;
     }
-    if ((rc = tok_normalize_added(t))) goto oom;
+    if (tok_normalize_added(t)) return load_oom(err, errlen);
     /* HF then also decodes such a token as its normalized content. */
     for (i = 0; i < t->n_added; i++) {
         added_tok *a = &t->added[i];
         if (a->m == a->s) continue;
-        if (grow(&tmp, &tmpcap, a->mlen)) goto oom;
-        size_t n = tok_key_decode(t, a->m, a->mlen, u2b, tmp);
-        if (blob_add(t, tmp, n, &t->id_off[a->id])) goto oom;
+        if (grow(&c->tmp, &c->cap, a->mlen)) return load_oom(err, errlen);
+        size_t n = tok_key_decode(t, a->m, a->mlen, c->u2b, c->tmp);
+        if (blob_add(t, c->tmp, n, &t->id_off[a->id])) return load_oom(err, errlen);
         t->id_len[a->id] = (uint32_t)n;
     }
     for (i = 0; i < t->n_added; i++)
         if (t->added[i].mlen) t->added_first[(unsigned char)t->added[i].m[0]] |= t->added[i].normalized ? 2 : 1;
-    if (t->char_level) {
-        for (int b = 0; b < 256; b++) {
-            char name[8];
-            snprintf(name, sizeof name, "<0x%02X>", b);
-            t->fallback_id[b] = tok_vocab_find(t, name, 6);
-        }
-        /* Decode surfaces differ from the vocab strings: keep both. */
-        t->surf_off = malloc(t->n_ids * sizeof *t->surf_off);
-        t->surf_len = malloc(t->n_ids * sizeof *t->surf_len);
-        if (!t->surf_off || !t->surf_len) goto oom;
-        tok_buf sb = {0};
-        for (size_t id = 0; id < t->n_ids; id++) {
-            t->surf_len[id] = NO_TOKEN;
-            if (t->id_len[id] == NO_TOKEN) continue;
-            /* The blob may move in blob_add: copy the key out first. */
-            if (tok_buf_reserve(&sb, 0) || tok_decoder_surface(&di, t->blob + t->id_off[id], t->id_len[id], &sb) ||
-                blob_add(t, sb.p, sb.len, &t->surf_off[id])) {
-                free(sb.p);
-                goto oom;
-            }
-            t->surf_len[id] = (uint32_t)sb.len;
-        }
-        free(sb.p);
+    return TOK_OK;
+}
+
+/* Character-level BPE: the <0xXX> fallback ids, and the decode surfaces
+ * (they differ from the vocab strings: keep both). */
+static int load_surfaces(tok_tokenizer *t, const dec_info *di) {
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        t->fallback_id[b] = tok_vocab_find(t, name, 6);
     }
+    t->surf_off = malloc(t->n_ids * sizeof *t->surf_off);
+    t->surf_len = malloc(t->n_ids * sizeof *t->surf_len);
+    if (!t->surf_off || !t->surf_len) return TOK_ENOMEM;
+    tok_buf sb = {0};
+    for (size_t id = 0; id < t->n_ids; id++) {
+        t->surf_len[id] = NO_TOKEN;
+        if (t->id_len[id] == NO_TOKEN) continue;
+        /* The blob may move in blob_add: copy the key out first. */
+        if (tok_buf_reserve(&sb, 0) || tok_decoder_surface(di, t->blob + t->id_off[id], t->id_len[id], &sb) ||
+            blob_add(t, sb.p, sb.len, &t->surf_off[id])) {
+            free(sb.p);
+            return TOK_ENOMEM;
+        }
+        t->surf_len[id] = (uint32_t)sb.len;
+    }
+    free(sb.p);
+    return TOK_OK;
+}
+
+static int load_root(tok_tokenizer *t, json_t *root, char *err, size_t errlen) {
+    if (!json_is_object(root))
+        return tok_err(err, errlen, TOK_EFORMAT, "tokenizer.json: top level is not an object");
+    json_t *model = json_object_get(root, "model");
+    if (!json_is_object(model))
+        return tok_err(err, errlen, TOK_EFORMAT, "tokenizer.json: missing \"model\" object");
+    int rc;
+    if ((rc = check_model(t, model, err, errlen))) return rc;
+    /* Pipeline parts first: they are small and make most errors cheap. */
+    dec_info di;
+    if ((rc = load_pipeline(t, root, &di, err, errlen))) return rc;
+    json_t *added = json_object_get(root, "added_tokens");
+    if ((rc = size_ids(t, json_object_get(model, "vocab"), added, err, errlen))) return rc;
+
+    load_ctx c = {.tmp = malloc(4096), .cap = 4096};
+    uint32_t b2u[256];
+    tok_byte_level_tables(b2u, c.u2b);
+    if (!c.tmp) return load_oom(err, errlen);
+    if (!(rc = load_vocab(t, model, &c, err, errlen)) &&
+        !(rc = load_merges(t, json_object_get(model, "merges"), &c, err, errlen)) &&
+        !(rc = load_added(t, added, &c, err, errlen)) && t->char_level && load_surfaces(t, &di))
+        rc = load_oom(err, errlen);
+    free(c.tmp);
+    if (rc) return rc;
     t->eos_id = -1;
-    if ((rc = cache_init(t))) goto oom;
-    rc = TOK_OK;
-    goto done;
-oom:
-    rc = tok_err(err, errlen, TOK_ENOMEM, "out of memory loading tokenizer");
-done:
-    free(tmp);
-    return rc;
+    if (cache_init(t)) return load_oom(err, errlen);
+    return TOK_OK;
 }
 
 static int new_tok(tok_tokenizer **out, char *err, size_t errlen) {

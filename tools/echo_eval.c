@@ -387,8 +387,18 @@ static int parse_list(const char *s, long lo, long hi, long *out) {
     return n;
 }
 
-int main(int argc, char **argv) {
-    cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
+/* What the command line asks for (echo_eval's options, parsed). */
+typedef struct ev_opts {
+    const char *model_dir, *prompts_path, *text_path, *modes_arg, *codecs_arg, *lp_path;
+    int tp, n_random, plen, gen, json, max_prompts, pfx;
+    long seed, groups[MAX_LIST], minbs[MAX_LIST];
+    int n_groups, n_minb;
+    eng_config base;
+    kern_kv_dtype ref_kv; /* NATIVE: as --kv-cache-dtype */
+} ev_opts;
+
+/* The options into *o; exits on a usage error, returns 1 after --help. */
+static int ev_parse(int argc, char **argv, ev_opts *o) {
     enum {
         O_MODEL = 256,
         O_TP,
@@ -439,106 +449,116 @@ int main(int argc, char **argv) {
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *model_dir = NULL, *prompts_path = NULL, *text_path = NULL, *modes_arg = NULL, *codecs_arg = NULL,
-               *lp_path = NULL;
-    int tp = 0, n_random = 0, plen = 64, gen = 32, json = 0, max_prompts = 50, pfx = 0, c;
-    long seed = 1, groups[MAX_LIST] = {0}, minbs[MAX_LIST] = {0};
-    int n_groups = 1, n_minb = 1;
-    eng_config base = {.max_num_seqs = 1, .act_quant = ENG_ACT_AUTO, .kv_dtype = KERN_KV_BF16};
-    kern_kv_dtype ref_kv = KERN_KV_NATIVE; /* NATIVE: as --kv-cache-dtype */
+    *o = (ev_opts){.plen = 64, .gen = 32, .max_prompts = 50, .seed = 1, .n_groups = 1, .n_minb = 1,
+                   .base = {.max_num_seqs = 1, .act_quant = ENG_ACT_AUTO, .kv_dtype = KERN_KV_BF16},
+                   .ref_kv = KERN_KV_NATIVE};
+    int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case O_MODEL: model_dir = optarg; break;
-        case O_TP: tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
-        case O_PROMPTS: prompts_path = optarg; break;
-        case O_TEXT: text_path = optarg; break;
-        case O_RAND: n_random = (int)cli_long(PROG, optarg, "--random-prompts", 1, 100000); break;
-        case O_PLEN: plen = (int)cli_long(PROG, optarg, "--prompt-len", 2, 1 << 20); break;
-        case O_MAXP: max_prompts = (int)cli_long(PROG, optarg, "--max-prompts", 1, 4096); break;
-        case O_SEED: seed = cli_long(PROG, optarg, "--seed", 0, 1L << 40); break;
-        case O_GEN: gen = (int)cli_long(PROG, optarg, "--gen-tokens", 1, 1 << 16); break;
-        case O_MODES: modes_arg = optarg; break;
+        case O_MODEL: o->model_dir = optarg; break;
+        case O_TP: o->tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
+        case O_PROMPTS: o->prompts_path = optarg; break;
+        case O_TEXT: o->text_path = optarg; break;
+        case O_RAND: o->n_random = (int)cli_long(PROG, optarg, "--random-prompts", 1, 100000); break;
+        case O_PLEN: o->plen = (int)cli_long(PROG, optarg, "--prompt-len", 2, 1 << 20); break;
+        case O_MAXP: o->max_prompts = (int)cli_long(PROG, optarg, "--max-prompts", 1, 4096); break;
+        case O_SEED: o->seed = cli_long(PROG, optarg, "--seed", 0, 1L << 40); break;
+        case O_GEN: o->gen = (int)cli_long(PROG, optarg, "--gen-tokens", 1, 1 << 16); break;
+        case O_MODES: o->modes_arg = optarg; break;
         case O_MINB:
-            if ((n_minb = parse_list(optarg, 0, 1L << 40, minbs)) < 1)
+            if ((o->n_minb = parse_list(optarg, 0, 1L << 40, o->minbs)) < 1)
                 cli_usage_error(PROG, "--echo-min-bytes expects up to 8 comma-separated byte counts, got '%s'", optarg);
             break;
         case O_GROUP:
-            if ((n_groups = parse_list(optarg, 16, 256, groups)) < 1)
+            if ((o->n_groups = parse_list(optarg, 16, 256, o->groups)) < 1)
                 cli_usage_error(PROG, "--echo-group expects up to 8 comma-separated sizes in [16, 256], got '%s'",
                                 optarg);
             break;
-        case O_THREADS: base.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
-        case O_JSON: json = 1; break;
-        case O_CODECS: codecs_arg = optarg; break;
-        case O_PREFIX: pfx = (int)cli_long(PROG, optarg, "--prefix-cache", 0, 1 << 20); break;
-        case O_LPOUT: lp_path = optarg; break;
-        case O_ACTQ: base.act_quant = cli_act_quant(PROG, optarg); break;
-        case O_OVERLAP: base.overlap = cli_overlap(PROG, optarg); break;
-        case O_KVDT: base.kv_dtype = cli_kv_dtype(PROG, optarg); break;
-        case O_REFKV: ref_kv = cli_kv_dtype(PROG, optarg); break;
-        case O_ROPE: base.rope_scaling = cli_rope_scaling(PROG, optarg); break;
-        case 'h': cli_help(USAGE); return 0;
+        case O_THREADS: o->base.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
+        case O_JSON: o->json = 1; break;
+        case O_CODECS: o->codecs_arg = optarg; break;
+        case O_PREFIX: o->pfx = (int)cli_long(PROG, optarg, "--prefix-cache", 0, 1 << 20); break;
+        case O_LPOUT: o->lp_path = optarg; break;
+        case O_ACTQ: o->base.act_quant = cli_act_quant(PROG, optarg); break;
+        case O_OVERLAP: o->base.overlap = cli_overlap(PROG, optarg); break;
+        case O_KVDT: o->base.kv_dtype = cli_kv_dtype(PROG, optarg); break;
+        case O_REFKV: o->ref_kv = cli_kv_dtype(PROG, optarg); break;
+        case O_ROPE: o->base.rope_scaling = cli_rope_scaling(PROG, optarg); break;
+        case 'h': cli_help(USAGE); return 1;
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
-    if (!model_dir) cli_usage_error(PROG, "%s", "--model PATH is required");
-    if (!tp) cli_usage_error(PROG, "%s", "--tp N is required");
-    if ((prompts_path != NULL) + (text_path != NULL) + (n_random != 0) != 1)
+    if (!o->model_dir) cli_usage_error(PROG, "%s", "--model PATH is required");
+    if (!o->tp) cli_usage_error(PROG, "%s", "--tp N is required");
+    if ((o->prompts_path != NULL) + (o->text_path != NULL) + (o->n_random != 0) != 1)
         cli_usage_error(PROG, "%s", "give exactly one of --text FILE, --prompts FILE and --random-prompts K");
-    if (ref_kv == KERN_KV_NATIVE) ref_kv = base.kv_dtype;
+    if (o->ref_kv == KERN_KV_NATIVE) o->ref_kv = o->base.kv_dtype;
     /* "exact" as a variant: the reference's all-reduce on the other KV type */
-    const int kv_differs = ref_kv != base.kv_dtype;
-    if (tp == 1 && modes_arg && (!kv_differs || strcmp(modes_arg, "exact")))
+    const int kv_differs = o->ref_kv != o->base.kv_dtype;
+    if (o->tp == 1 && o->modes_arg && (!kv_differs || strcmp(o->modes_arg, "exact")))
         cli_usage_error(PROG, "%s", "--modes needs --tp >= 2: with one rank there is no all-reduce (only 'exact', "
                                     "with a --ref-kv-cache-dtype other than --kv-cache-dtype)");
-    if (!modes_arg) modes_arg = tp > 1 ? "echo,echo-nofb" : "";
+    if (!o->modes_arg) o->modes_arg = o->tp > 1 ? "echo,echo-nofb" : "";
+    return 0;
+}
 
-    /* the quantized presets, each compared with exact once */
-    echo_preset modes[ECHO_PRESET_COUNT];
+
+/* --modes: the quantized presets, each compared with exact once. */
+static int ev_modes(const ev_opts *o, echo_preset modes[ECHO_PRESET_COUNT]) {
+    const int kv_differs = o->ref_kv != o->base.kv_dtype;
     int n_modes = 0;
-    {
-        char buf[64];
-        snprintf(buf, sizeof buf, "%s", modes_arg);
-        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            echo_preset m = ECHO_PRESET_EXACT;
-            int bad = echo_preset_parse(t, &m) || (m == ECHO_PRESET_EXACT && !kv_differs);
-            for (int i = 0; i < n_modes; i++) bad |= modes[i] == m;
-            if (bad) {
-                char names[256], msg[512];
-                snprintf(msg, sizeof msg, "--modes expects a subset of %s (exact only with a --ref-kv-cache-dtype "
-                         "other than --kv-cache-dtype), got '%s'",
-                         echo_preset_names(names, sizeof names, ","), modes_arg);
-                cli_usage_error(PROG, "%s", msg);
-            }
-            modes[n_modes++] = m;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", o->modes_arg);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        echo_preset m = ECHO_PRESET_EXACT;
+        int bad = echo_preset_parse(t, &m) || (m == ECHO_PRESET_EXACT && !kv_differs);
+        for (int i = 0; i < n_modes; i++) bad |= modes[i] == m;
+        if (bad) {
+            char names[256], msg[512];
+            snprintf(msg, sizeof msg, "--modes expects a subset of %s (exact only with a --ref-kv-cache-dtype "
+                     "other than --kv-cache-dtype), got '%s'",
+                     echo_preset_names(names, sizeof names, ","), o->modes_arg);
+            cli_usage_error(PROG, "%s", msg);
+        }
+        modes[n_modes++] = m;
+    }
+    return n_modes;
+}
+
+/* --codecs x --echo-group: each named codec with its own -gG, or with
+ * each --echo-group. */
+static int ev_codec_groups(const ev_opts *o, echo_codec_id cods[64], int cgroups[64]) {
+    int n_cg = 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", o->codecs_arg ? o->codecs_arg : "default");
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        echo_codec_id cd = ECHO_CODEC_DEFAULT;
+        int g = 0;
+        if (strcmp(t, "default") && echo_codec_parse(t, &cd, &g))
+            cli_usage_error(PROG, "--codecs: unknown codec '%s' (NAME or NAME-gG, e.g. hadamard-g32)", t);
+        for (int k = 0; k < (g ? 1 : o->n_groups); k++) {
+            if (n_cg == 64) cli_usage_error(PROG, "%s", "--codecs: too many codec x group variants (64 at most)");
+            cods[n_cg] = cd;
+            cgroups[n_cg++] = g ? g : (int)o->groups[k];
         }
     }
-    /* codec x group pairs: each named codec with its own -gG, or with each --echo-group */
+    return n_cg;
+}
+
+/* Variants: echo and echo-nofb run each codec x group; a preset that
+ * fixes its codec runs that codec once per group: int4 at the groups of
+ * the int4 entries of --codecs (else its default G), bf16 at the default
+ * codec's G (only its shard size), as the server does. NULL when out of
+ * memory. */
+static variant *ev_variants(const ev_opts *o, int *count) {
+    echo_preset modes[ECHO_PRESET_COUNT];
     echo_codec_id cods[64];
-    int cgroups[64], n_cg = 0;
-    {
-        char buf[512];
-        snprintf(buf, sizeof buf, "%s", codecs_arg ? codecs_arg : "default");
-        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            echo_codec_id cd = ECHO_CODEC_DEFAULT;
-            int g = 0;
-            if (strcmp(t, "default") && echo_codec_parse(t, &cd, &g))
-                cli_usage_error(PROG, "--codecs: unknown codec '%s' (NAME or NAME-gG, e.g. hadamard-g32)", t);
-            for (int k = 0; k < (g ? 1 : n_groups); k++) {
-                if (n_cg == 64) cli_usage_error(PROG, "%s", "--codecs: too many codec x group variants (64 at most)");
-                cods[n_cg] = cd;
-                cgroups[n_cg++] = g ? g : (int)groups[k];
-            }
-        }
-    }
-    /* Variants: echo and echo-nofb run each codec x group; a preset that
-     * fixes its codec runs that codec once per group: int4 at the groups of
-     * the int4 entries of --codecs (else its default G), bf16 at the default
-     * codec's G (only its shard size), as the server does. */
+    int cgroups[64];
+    int n_modes = ev_modes(o, modes), n_cg = ev_codec_groups(o, cods, cgroups);
     int nv = 0;
-    variant *vs = calloc((size_t)n_modes * n_cg * n_minb + 1, sizeof *vs);
+    variant *vs = calloc((size_t)n_modes * n_cg * o->n_minb + 1, sizeof *vs);
     for (int k = 0; vs && k < n_modes; k++) {
         echo_codec_id fixed = echo_preset_codec(modes[k]);
         int any = 0;
@@ -555,15 +575,177 @@ int main(int argc, char **argv) {
                 cd = fixed;
             }
             any = 1;
-            for (int b = 0; b < n_minb; b++) {
+            for (int b = 0; b < o->n_minb; b++) {
                 int dup = 0;
                 for (int q = 0; q < nv; q++)
                     dup |= vs[q].mode == modes[k] && vs[q].codec == cd && vs[q].group == grp &&
-                           vs[q].min_bytes == (size_t)minbs[b];
-                if (!dup) vs[nv++] = (variant){.mode = modes[k], .codec = cd, .group = grp, .min_bytes = (size_t)minbs[b]};
+                           vs[q].min_bytes == (size_t)o->minbs[b];
+                if (!dup) vs[nv++] = (variant){.mode = modes[k], .codec = cd, .group = grp, .min_bytes = (size_t)o->minbs[b]};
             }
         }
     }
+    *count = nv;
+    return vs;
+}
+
+/* The prompts of --text, --prompts or --random-prompts. */
+static int ev_prompts(const ev_opts *o, const model_config *mc, prompt **ps, int *np, char *err, size_t errlen) {
+    if (o->text_path) return load_text(o->text_path, o->model_dir, o->plen, o->max_prompts, ps, np, err, errlen);
+    if (o->prompts_path) return load_prompts(o->prompts_path, o->model_dir, mc->vocab_size, ps, np, err, errlen);
+    *np = o->n_random;
+    *ps = calloc((size_t)*np, sizeof **ps);
+    uint64_t s = (uint64_t)o->seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int i = 0; *ps && i < *np; i++) {
+        prompt *p = &(*ps)[i];
+        p->n = o->plen;
+        p->ids = malloc((size_t)o->plen * sizeof(int32_t));
+        for (int k = 0; p->ids && k < o->plen; k++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            p->ids[k] = (int32_t)(s % (uint64_t)mc->vocab_size);
+        }
+    }
+    return 0;
+}
+
+/* Variant a's run rm against the exact run rx: LM scores, KL, top-1 and
+ * greedy agreement, the residual stream's error per layer. lpx and lpm
+ * are V doubles of scratch. */
+static void ev_compare(variant *a, const run *rx, const run *rm, const prompt *ps, int np, int gen, size_t V, size_t H,
+                       size_t L, double *lpx, double *lpm) {
+    for (int i = 0; i < np; i++) {
+        lm_score(&a->lm, rm->logits[i], &ps[i], V, lpm);
+        for (int t = 0; t < ps[i].n; t++) {
+            const float *lx = rx->logits[i] + (size_t)t * V, *lm = rm->logits[i] + (size_t)t * V;
+            eng_log_softmax(lx, (int)V, lpx);
+            eng_log_softmax(lm, (int)V, lpm);
+            double kl = 0;
+            size_t bx = 0, bm = 0;
+            for (size_t v = 0; v < V; v++) {
+                kl += exp(lpx[v]) * (lpx[v] - lpm[v]);
+                if (lx[v] > lx[bx]) bx = v;
+                if (lm[v] > lm[bm]) bm = v;
+            }
+            a->kl_sum += kl;
+            if (kl > a->kl_max) a->kl_max = kl;
+            a->positions++;
+            a->top1_agree += bx == bm;
+            if (t + 1 < ps[i].n) {
+                int32_t want = ps[i].ids[t + 1];
+                a->gained += (int32_t)bm == want && (int32_t)bx != want;
+                a->lost += (int32_t)bx == want && (int32_t)bm != want;
+            }
+        }
+        int agree = 0;
+        while (agree < gen && rx->greedy[(size_t)i * gen + agree] == rm->greedy[(size_t)i * gen + agree])
+            agree++;
+        a->agree_len_sum += agree;
+        a->full_agree += agree == gen;
+        for (size_t l = 0; l < L; l++) {
+            const float *hx = rx->states[i] + l * ps[i].n * H, *hm = rm->states[i] + l * ps[i].n * H;
+            for (size_t q = 0; q < (size_t)ps[i].n * H; q++) {
+                double d = (double)hm[q] - hx[q];
+                a->layer_num[l] += d * d;
+                a->layer_den[l] += (double)hx[q] * hx[q];
+            }
+        }
+    }
+}
+
+static void ev_report_json(const ev_opts *o, variant *vs, int nv, int np, const lm_acc *lmx, size_t L) {
+    double ppl_x = exp(lmx->nll / (double)lmx->scored), acc_x = (double)lmx->hits / (double)lmx->scored;
+    json_t *root = json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:{s:f,s:f}}", "model", o->model_dir, "tp", o->tp, "prompts", np,
+                             "tokens_scored", (int)lmx->scored, "gen_tokens", o->gen, "layers", (int)L, "exact", "ppl",
+                             ppl_x, "next_token_acc", acc_x);
+    json_object_set_new(root, "prefix_cache", json_integer(o->pfx));
+    json_object_set_new(root, "kv_cache_dtype", json_string(kern_kv_dtype_name(o->base.kv_dtype)));
+    json_object_set_new(root, "ref_kv_cache_dtype", json_string(kern_kv_dtype_name(o->ref_kv)));
+    json_t *jm = json_array();
+    for (int k = 0; k < nv; k++) {
+        variant *a = &vs[k];
+        json_t *layers = json_array();
+        for (size_t l = 0; l < L; l++)
+            json_array_append_new(layers, json_real(sqrt(a->layer_num[l] / (a->layer_den[l] + 1e-300))));
+        double acc = (double)a->lm.hits / (double)a->lm.scored;
+        json_t *o = json_pack("{s:s,s:i,s:I,s:f,s:f,s:f}", "mode", echo_preset_name(a->mode), "group", a->group,
+                              "min_bytes", (json_int_t)a->min_bytes, "ppl", exp(a->lm.nll / (double)a->lm.scored),
+                              "next_token_acc", acc, "next_token_acc_delta_pt", 100.0 * (acc - acc_x));
+        json_object_set_new(o, "codec", json_string(echo_codec_get(a->codec)->name));
+        {
+            char desc[256];
+            echo_config_describe(a->mode, &a->wc, desc, sizeof desc);
+            json_object_set_new(o, "feedback", json_boolean(a->wc.feedback));
+            json_object_set_new(o, "allreduce", json_string(desc));
+            json_object_set_new(o, "tail_sites", json_integer(a->wc.tail_sites));
+            json_object_set_new(o, "tail_codec",
+                                json_string(a->wc.tail_sites ? echo_codec_get(a->wc.tail_codec)->name : "none"));
+        }
+        /* averaged over a pass: the tail policy's calls at their own bits */
+        json_object_set_new(o, "bits_per_value", json_real(echo_config_bits(&a->wc)));
+        {
+            /* standard error of the paired accuracy difference (points) */
+            double n = (double)a->lm.scored, d = (double)(a->gained - a->lost);
+            double var = ((double)(a->gained + a->lost) - d * d / n) / (n * n);
+            json_object_set_new(o, "next_token_acc_delta_se_pt", json_real(100.0 * sqrt(var > 0 ? var : 0)));
+        }
+        json_object_set_new(o, "kl_mean", json_real(a->kl_sum / (double)a->positions));
+        json_object_set_new(o, "kl_max", json_real(a->kl_max));
+        json_object_set_new(o, "top1_agreement", json_real((double)a->top1_agree / (double)a->positions));
+        json_object_set_new(o, "greedy_agree_len_mean", json_real(a->agree_len_sum / np));
+        json_object_set_new(o, "greedy_full_agree_frac", json_real((double)a->full_agree / np));
+        json_object_set_new(o, "layer_rel_err", layers);
+        json_array_append_new(jm, o);
+    }
+    json_object_set_new(root, "modes", jm);
+    char *s = json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
+    puts(s ? s : "{}");
+    free(s);
+    json_decref(root);
+}
+
+static void ev_report_text(const ev_opts *o, const variant *vs, int nv, const prompt *ps, int np, int maxlen,
+                           const lm_acc *lmx, size_t L) {
+    double ppl_x = exp(lmx->nll / (double)lmx->scored), acc_x = (double)lmx->hits / (double)lmx->scored;
+    printf("echo-eval: %s, tp %d, %d prompts (%d..%d tokens), %d greedy tokens, %d layers; KV cache %s "
+           "(reference: exact all-reduce, KV %s)\n\n",
+           o->model_dir, o->tp, np, ps[0].n, maxlen, o->gen, (int)L, kern_kv_dtype_name(o->base.kv_dtype),
+           kern_kv_dtype_name(o->ref_kv));
+    printf("%-9s %-9s %5s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "codec", "G", "bits", "min_B",
+           "ppl", "acc", "d acc", "KL mean", "KL max", "top-1=", "greedy agree len", "full agree");
+    printf("%-9s %-9s %5s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", "32", "-", ppl_x, 100 * acc_x, "-");
+    for (int k = 0; k < nv; k++) {
+        const variant *a = &vs[k];
+        double acc = (double)a->lm.hits / (double)a->lm.scored;
+        printf("%-9s %-9s %5d %5.3g %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
+               echo_preset_name(a->mode), echo_codec_get(a->codec)->name, a->group,
+               echo_config_bits(&a->wc), a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
+               100 * (acc - acc_x), a->kl_sum / (double)a->positions, a->kl_max,
+               100.0 * (double)a->top1_agree / (double)a->positions, a->agree_len_sum / np, o->gen,
+               100.0 * (double)a->full_agree / np);
+    }
+    if (nv) {
+        printf("\nresidual-stream error after each layer, ||h_mode - h_exact|| / ||h_exact||\n%-6s", "layer");
+        for (int k = 0; k < nv; k++)
+            printf(" %4s/%c/G%-3d", echo_preset_name(vs[k].mode), echo_codec_get(vs[k].codec)->name[0],
+                   vs[k].group);
+        printf("\n");
+        for (size_t l = 0; l < L; l++) {
+            printf("%-6zu", l);
+            for (int k = 0; k < nv; k++)
+                printf(" %11.3e", sqrt(vs[k].layer_num[l] / (vs[k].layer_den[l] + 1e-300)));
+            printf("\n");
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
+    ev_opts o;
+    if (ev_parse(argc, argv, &o)) return 0;
+    int nv = 0;
+    variant *vs = ev_variants(&o, &nv);
+    eng_config base = o.base;
+    const char *lp_path = o.lp_path;
+    int gen = o.gen, pfx = o.pfx;
 
     char err[1024];
     model_config mc;
@@ -578,30 +760,14 @@ int main(int argc, char **argv) {
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    if (model_config_load(model_dir, &mc, err, sizeof err) ||
+    if (model_config_load(o.model_dir, &mc, err, sizeof err) ||
         model_config_rope_override(&mc, base.rope_scaling, err, sizeof err))
         goto fail;
-    if (text_path) {
-        if (load_text(text_path, model_dir, plen, max_prompts, &ps, &np, err, sizeof err)) goto fail;
-    } else if (prompts_path) {
-        if (load_prompts(prompts_path, model_dir, mc.vocab_size, &ps, &np, err, sizeof err)) goto fail;
-    } else {
-        np = n_random;
-        ps = calloc((size_t)np, sizeof *ps);
-        uint64_t s = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
-        for (int i = 0; ps && i < np; i++) {
-            ps[i].n = plen;
-            ps[i].ids = malloc((size_t)plen * sizeof(int32_t));
-            for (int k = 0; ps[i].ids && k < plen; k++) {
-                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-                ps[i].ids[k] = (int32_t)(s % (uint64_t)mc.vocab_size);
-            }
-        }
-    }
+    if (ev_prompts(&o, &mc, &ps, &np, err, sizeof err)) goto fail;
     for (int i = 0; i < np; i++)
         maxlen = ps[i].n > maxlen ? ps[i].n : maxlen;
-    base.model_dir = model_dir;
-    base.tp = tp;
+    base.model_dir = o.model_dir;
+    base.tp = o.tp;
     base.max_model_len = maxlen + gen;
     base.max_num_seqs = np;
     base.max_batch_tokens = maxlen > np ? maxlen : np;
@@ -614,7 +780,7 @@ int main(int argc, char **argv) {
     }
     eng_config cx = base;
     cx.allreduce = ECHO_PRESET_EXACT;
-    cx.kv_dtype = ref_kv;
+    cx.kv_dtype = o.ref_kv;
     if (eng_create(&cx, &ex, err, sizeof err) || run_all(ex, ps, np, gen, pfx, &rx, err, sizeof err)) goto fail;
     eng_destroy(ex);
     ex = NULL;
@@ -628,7 +794,7 @@ int main(int argc, char **argv) {
         snprintf(err, sizeof err, "%s: write failed", lp_path);
         goto fail;
     }
-    if (!json) fprintf(stderr, "echo-eval: exact done (%d prompts)\n", np);
+    if (!o.json) fprintf(stderr, "echo-eval: exact done (%d prompts)\n", np);
     for (int k = 0; k < nv; k++) {
         variant *a = &vs[k];
         eng_config cm = base;
@@ -653,129 +819,16 @@ int main(int argc, char **argv) {
             snprintf(err, sizeof err, "%s: write failed", lp_path);
             goto fail;
         }
-        for (int i = 0; i < np; i++) {
-            lm_score(&a->lm, rm.logits[i], &ps[i], V, lpm);
-            for (int t = 0; t < ps[i].n; t++) {
-                const float *lx = rx.logits[i] + (size_t)t * V, *lm = rm.logits[i] + (size_t)t * V;
-                eng_log_softmax(lx, (int)V, lpx);
-                eng_log_softmax(lm, (int)V, lpm);
-                double kl = 0;
-                size_t bx = 0, bm = 0;
-                for (size_t v = 0; v < V; v++) {
-                    kl += exp(lpx[v]) * (lpx[v] - lpm[v]);
-                    if (lx[v] > lx[bx]) bx = v;
-                    if (lm[v] > lm[bm]) bm = v;
-                }
-                a->kl_sum += kl;
-                if (kl > a->kl_max) a->kl_max = kl;
-                a->positions++;
-                a->top1_agree += bx == bm;
-                if (t + 1 < ps[i].n) {
-                    int32_t want = ps[i].ids[t + 1];
-                    a->gained += (int32_t)bm == want && (int32_t)bx != want;
-                    a->lost += (int32_t)bx == want && (int32_t)bm != want;
-                }
-            }
-            int agree = 0;
-            while (agree < gen && rx.greedy[(size_t)i * gen + agree] == rm.greedy[(size_t)i * gen + agree])
-                agree++;
-            a->agree_len_sum += agree;
-            a->full_agree += agree == gen;
-            for (size_t l = 0; l < L; l++) {
-                const float *hx = rx.states[i] + l * ps[i].n * H, *hm = rm.states[i] + l * ps[i].n * H;
-                for (size_t q = 0; q < (size_t)ps[i].n * H; q++) {
-                    double d = (double)hm[q] - hx[q];
-                    a->layer_num[l] += d * d;
-                    a->layer_den[l] += (double)hx[q] * hx[q];
-                }
-            }
-        }
+        ev_compare(a, &rx, &rm, ps, np, gen, V, H, L, lpx, lpm);
         run_free(&rm, np);
-        if (!json)
+        if (!o.json)
             fprintf(stderr, "echo-eval: %s %s G=%d min_bytes=%zu done (%d of %d)\n", echo_preset_name(a->mode),
                     echo_codec_get(a->codec)->name, a->group, a->min_bytes, k + 1, nv);
     }
-    double ppl_x = exp(lmx.nll / (double)lmx.scored), acc_x = (double)lmx.hits / (double)lmx.scored;
-    if (json) {
-        json_t *root = json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:{s:f,s:f}}", "model", model_dir, "tp", tp, "prompts", np,
-                                 "tokens_scored", (int)lmx.scored, "gen_tokens", gen, "layers", (int)L, "exact", "ppl",
-                                 ppl_x, "next_token_acc", acc_x);
-        json_object_set_new(root, "prefix_cache", json_integer(pfx));
-        json_object_set_new(root, "kv_cache_dtype", json_string(kern_kv_dtype_name(base.kv_dtype)));
-        json_object_set_new(root, "ref_kv_cache_dtype", json_string(kern_kv_dtype_name(ref_kv)));
-        json_t *jm = json_array();
-        for (int k = 0; k < nv; k++) {
-            variant *a = &vs[k];
-            json_t *layers = json_array();
-            for (size_t l = 0; l < L; l++)
-                json_array_append_new(layers, json_real(sqrt(a->layer_num[l] / (a->layer_den[l] + 1e-300))));
-            double acc = (double)a->lm.hits / (double)a->lm.scored;
-            json_t *o = json_pack("{s:s,s:i,s:I,s:f,s:f,s:f}", "mode", echo_preset_name(a->mode), "group", a->group,
-                                  "min_bytes", (json_int_t)a->min_bytes, "ppl", exp(a->lm.nll / (double)a->lm.scored),
-                                  "next_token_acc", acc, "next_token_acc_delta_pt", 100.0 * (acc - acc_x));
-            json_object_set_new(o, "codec", json_string(echo_codec_get(a->codec)->name));
-            {
-                char desc[256];
-                echo_config_describe(a->mode, &a->wc, desc, sizeof desc);
-                json_object_set_new(o, "feedback", json_boolean(a->wc.feedback));
-                json_object_set_new(o, "allreduce", json_string(desc));
-                json_object_set_new(o, "tail_sites", json_integer(a->wc.tail_sites));
-                json_object_set_new(o, "tail_codec",
-                                    json_string(a->wc.tail_sites ? echo_codec_get(a->wc.tail_codec)->name : "none"));
-            }
-            /* averaged over a pass: the tail policy's calls at their own bits */
-            json_object_set_new(o, "bits_per_value", json_real(echo_config_bits(&a->wc)));
-            {
-                /* standard error of the paired accuracy difference (points) */
-                double n = (double)a->lm.scored, d = (double)(a->gained - a->lost);
-                double var = ((double)(a->gained + a->lost) - d * d / n) / (n * n);
-                json_object_set_new(o, "next_token_acc_delta_se_pt", json_real(100.0 * sqrt(var > 0 ? var : 0)));
-            }
-            json_object_set_new(o, "kl_mean", json_real(a->kl_sum / (double)a->positions));
-            json_object_set_new(o, "kl_max", json_real(a->kl_max));
-            json_object_set_new(o, "top1_agreement", json_real((double)a->top1_agree / (double)a->positions));
-            json_object_set_new(o, "greedy_agree_len_mean", json_real(a->agree_len_sum / np));
-            json_object_set_new(o, "greedy_full_agree_frac", json_real((double)a->full_agree / np));
-            json_object_set_new(o, "layer_rel_err", layers);
-            json_array_append_new(jm, o);
-        }
-        json_object_set_new(root, "modes", jm);
-        char *s = json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
-        puts(s ? s : "{}");
-        free(s);
-        json_decref(root);
-    } else {
-        printf("echo-eval: %s, tp %d, %d prompts (%d..%d tokens), %d greedy tokens, %d layers; KV cache %s "
-               "(reference: exact all-reduce, KV %s)\n\n",
-               model_dir, tp, np, ps[0].n, maxlen, gen, (int)L, kern_kv_dtype_name(base.kv_dtype),
-               kern_kv_dtype_name(ref_kv));
-        printf("%-9s %-9s %5s %5s %9s %9s %9s %9s %11s %11s %9s %17s %10s\n", "mode", "codec", "G", "bits", "min_B",
-               "ppl", "acc", "d acc", "KL mean", "KL max", "top-1=", "greedy agree len", "full agree");
-        printf("%-9s %-9s %5s %5s %9s %9.3f %8.2f%% %9s\n", "exact", "-", "-", "32", "-", ppl_x, 100 * acc_x, "-");
-        for (int k = 0; k < nv; k++) {
-            variant *a = &vs[k];
-            double acc = (double)a->lm.hits / (double)a->lm.scored;
-            printf("%-9s %-9s %5d %5.3g %9zu %9.3f %8.2f%% %+8.2fpt %11.3e %11.3e %8.2f%% %11.1f / %-4d %9.0f%%\n",
-                   echo_preset_name(a->mode), echo_codec_get(a->codec)->name, a->group,
-                   echo_config_bits(&a->wc), a->min_bytes, exp(a->lm.nll / (double)a->lm.scored), 100 * acc,
-                   100 * (acc - acc_x), a->kl_sum / (double)a->positions, a->kl_max,
-                   100.0 * (double)a->top1_agree / (double)a->positions, a->agree_len_sum / np, gen,
-                   100.0 * (double)a->full_agree / np);
-        }
-        if (nv) {
-            printf("\nresidual-stream error after each layer, ||h_mode - h_exact|| / ||h_exact||\n%-6s", "layer");
-            for (int k = 0; k < nv; k++)
-                printf(" %4s/%c/G%-3d", echo_preset_name(vs[k].mode), echo_codec_get(vs[k].codec)->name[0],
-                       vs[k].group);
-            printf("\n");
-            for (size_t l = 0; l < L; l++) {
-                printf("%-6zu", l);
-                for (int k = 0; k < nv; k++)
-                    printf(" %11.3e", sqrt(vs[k].layer_num[l] / (vs[k].layer_den[l] + 1e-300)));
-                printf("\n");
-            }
-        }
-    }
+    if (o.json)
+        ev_report_json(&o, vs, nv, np, &lmx, L);
+    else
+        ev_report_text(&o, vs, nv, ps, np, maxlen, &lmx, L);
     rc = 0;
 fail:
     if (lpf && fclose(lpf) && !rc) {

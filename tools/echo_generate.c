@@ -193,309 +193,397 @@ static int load_tokenizer(const char *path, int optional, tok_tokenizer **tok, e
     return rc == TOK_OK ? 0 : -1;
 }
 
+enum {
+    O_MODEL = 256,
+    O_PTOK,
+    O_MAXTOK,
+    O_TEMP,
+    O_SEED,
+    O_TOPLP,
+    O_IGNEOS,
+    O_JSON,
+    O_TIMING,
+    O_DEVICE,
+    O_THREADS,
+    O_TP,
+    O_ALLRED,
+    O_PROMPT,
+    O_CHAT,
+    O_NOTHINK,
+    O_TOKENIZER,
+    O_MINB,
+    O_GROUP,
+    O_TOPK,
+    O_TOPP,
+    O_TRANSPORT,
+    O_GRAPHS,
+    O_QUANT,
+    O_ACTQ,
+    O_CODEC,
+    O_OVERLAP,
+    O_ONESHOT,
+    O_KVDT,
+    O_KVMEM,
+    O_SPEC,
+    O_SPEC_MIN,
+    O_SPEC_MAX,
+    O_SPEC_DRAFT,
+    O_GPUUTIL,
+    O_ROPE
+};
+static const struct option opts[] = {
+    {"model", required_argument, 0, O_MODEL},
+    {"prompt-tokens", required_argument, 0, O_PTOK},
+    {"max-tokens", required_argument, 0, O_MAXTOK},
+    {"temperature", required_argument, 0, O_TEMP},
+    {"seed", required_argument, 0, O_SEED},
+    {"top-logprobs", required_argument, 0, O_TOPLP},
+    {"ignore-eos", no_argument, 0, O_IGNEOS},
+    {"json", no_argument, 0, O_JSON},
+    {"timing", no_argument, 0, O_TIMING},
+    {"device", required_argument, 0, O_DEVICE},
+    {"threads", required_argument, 0, O_THREADS},
+    {"tp", required_argument, 0, O_TP},
+    {"allreduce", required_argument, 0, O_ALLRED},
+    {"transport", required_argument, 0, O_TRANSPORT},
+    {"cuda-graphs", no_argument, 0, O_GRAPHS},
+    {"quantize", required_argument, 0, O_QUANT},
+    {"act-quant", required_argument, 0, O_ACTQ},
+    {"overlap", required_argument, 0, O_OVERLAP},
+    {"oneshot", required_argument, 0, O_ONESHOT},
+    {"kv-cache-dtype", required_argument, 0, O_KVDT},
+    {"kv-cache-memory", required_argument, 0, O_KVMEM},
+    {"gpu-memory-utilization", required_argument, 0, O_GPUUTIL},
+    {"rope-scaling", required_argument, 0, O_ROPE},
+    {"prompt", required_argument, 0, O_PROMPT},
+    {"chat", no_argument, 0, O_CHAT},
+    {"no-thinking", no_argument, 0, O_NOTHINK},
+    {"tokenizer", required_argument, 0, O_TOKENIZER},
+    {"echo-min-bytes", required_argument, 0, O_MINB},
+    {"echo-group", required_argument, 0, O_GROUP},
+    {"echo-codec", required_argument, 0, O_CODEC},
+    {"top-k", required_argument, 0, O_TOPK},
+    {"top-p", required_argument, 0, O_TOPP},
+    {"speculative", required_argument, 0, O_SPEC},
+    {"spec-ngram-min", required_argument, 0, O_SPEC_MIN},
+    {"spec-ngram-max", required_argument, 0, O_SPEC_MAX},
+    {"spec-draft-max", required_argument, 0, O_SPEC_DRAFT},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
 
-int main(int argc, char **argv) {
-    cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
-    enum { O_MODEL = 256, O_PTOK, O_MAXTOK, O_TEMP, O_SEED, O_TOPLP, O_IGNEOS, O_JSON, O_TIMING, O_DEVICE,
-           O_THREADS, O_TP, O_ALLRED, O_PROMPT, O_CHAT, O_NOTHINK, O_TOKENIZER, O_MINB, O_GROUP, O_TOPK, O_TOPP, O_TRANSPORT, O_GRAPHS, O_QUANT, O_ACTQ, O_CODEC, O_OVERLAP, O_ONESHOT, O_KVDT, O_KVMEM, O_SPEC, O_SPEC_MIN, O_SPEC_MAX, O_SPEC_DRAFT, O_GPUUTIL, O_ROPE };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},
-        {"prompt-tokens", required_argument, 0, O_PTOK},
-        {"max-tokens", required_argument, 0, O_MAXTOK},
-        {"temperature", required_argument, 0, O_TEMP},
-        {"seed", required_argument, 0, O_SEED},
-        {"top-logprobs", required_argument, 0, O_TOPLP},
-        {"ignore-eos", no_argument, 0, O_IGNEOS},
-        {"json", no_argument, 0, O_JSON},
-        {"timing", no_argument, 0, O_TIMING},
-        {"device", required_argument, 0, O_DEVICE},
-        {"threads", required_argument, 0, O_THREADS},
-        {"tp", required_argument, 0, O_TP},
-        {"allreduce", required_argument, 0, O_ALLRED},
-        {"transport", required_argument, 0, O_TRANSPORT},
-        {"cuda-graphs", no_argument, 0, O_GRAPHS},
-        {"quantize", required_argument, 0, O_QUANT},
-        {"act-quant", required_argument, 0, O_ACTQ},
-        {"overlap", required_argument, 0, O_OVERLAP},
-        {"oneshot", required_argument, 0, O_ONESHOT},
-        {"kv-cache-dtype", required_argument, 0, O_KVDT},
-        {"kv-cache-memory", required_argument, 0, O_KVMEM},
-        {"gpu-memory-utilization", required_argument, 0, O_GPUUTIL},
-        {"rope-scaling", required_argument, 0, O_ROPE},
-        {"prompt", required_argument, 0, O_PROMPT},
-        {"chat", no_argument, 0, O_CHAT},
-        {"no-thinking", no_argument, 0, O_NOTHINK},
-        {"tokenizer", required_argument, 0, O_TOKENIZER},
-        {"echo-min-bytes", required_argument, 0, O_MINB},
-        {"echo-group", required_argument, 0, O_GROUP},
-        {"echo-codec", required_argument, 0, O_CODEC},
-        {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP},
-        {"speculative", required_argument, 0, O_SPEC},
-        {"spec-ngram-min", required_argument, 0, O_SPEC_MIN},
-        {"spec-ngram-max", required_argument, 0, O_SPEC_MAX},
-        {"spec-draft-max", required_argument, 0, O_SPEC_DRAFT},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *model_dir = NULL, *ptok = NULL, *allreduce = NULL, *prompt_text = NULL;
-    const char *tok_path = NULL;
-    int no_thinking = 0;
-    eng_gen_params gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}};
-    eng_config ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO, .allreduce_auto = ENG_ALLREDUCE_AUTO, .max_num_seqs = 1, .act_quant = ENG_ACT_AUTO,
-                     .kv_dtype = KERN_KV_BF16, .kv_cache_memory = ENG_KV_MEMORY_AUTO};
-    int json = 0, timing = 0, chat = 0, c, li = 0;
-    cli_spec spec = CLI_SPEC_INIT;
+/* The command line, checked. */
+typedef struct gen_args {
+    const char *model_dir, *ptok, *allreduce, *prompt_text, *tok_path;
+    int no_thinking, json, timing, chat;
+    eng_gen_params gp;
+    eng_config ec;
+    cli_spec spec;
+} gen_args;
+
+/* The command line into *a; exits on a usage error, returns 1 after --help. */
+static int parse_args(int argc, char **argv, gen_args *a) {
+    *a = (gen_args){.gp = {.max_tokens = 16, .sampling = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0}},
+                    .ec = {.device = "auto", .tp = 1, .allreduce = ECHO_PRESET_ECHO,
+                           .allreduce_auto = ENG_ALLREDUCE_AUTO, .max_num_seqs = 1, .act_quant = ENG_ACT_AUTO,
+                           .kv_dtype = KERN_KV_BF16, .kv_cache_memory = ENG_KV_MEMORY_AUTO},
+                    .spec = CLI_SPEC_INIT};
+    eng_gen_params *gp = &a->gp;
+    eng_config *ec = &a->ec;
+    int c, li = 0;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, &li)) != -1) {
         switch (c) {
-        case O_MODEL: model_dir = optarg; break;
-        case O_PTOK: ptok = optarg; break;
-        case O_MAXTOK: gp.max_tokens = (int)cli_long(PROG, optarg, "--max-tokens", 0, 1 << 24); break;
-        case O_TEMP: gp.sampling.temperature = (float)cli_double(PROG, optarg, "--temperature", 0, 1e4); break;
-        case O_SEED: gp.sampling.seed = (uint64_t)cli_long(PROG, optarg, "--seed", 0, LONG_MAX); break;
-        case O_TOPK: gp.sampling.top_k = (int)cli_long(PROG, optarg, "--top-k", 0, 1 << 24); break;
+        case O_MODEL: a->model_dir = optarg; break;
+        case O_PTOK: a->ptok = optarg; break;
+        case O_MAXTOK: gp->max_tokens = (int)cli_long(PROG, optarg, "--max-tokens", 0, 1 << 24); break;
+        case O_TEMP: gp->sampling.temperature = (float)cli_double(PROG, optarg, "--temperature", 0, 1e4); break;
+        case O_SEED: gp->sampling.seed = (uint64_t)cli_long(PROG, optarg, "--seed", 0, LONG_MAX); break;
+        case O_TOPK: gp->sampling.top_k = (int)cli_long(PROG, optarg, "--top-k", 0, 1 << 24); break;
         case O_TOPP: {
             double v;
             if (cli_parse_double(optarg, 0, 1, &v) || v == 0)
                 cli_usage_error(PROG, "--top-p expects a number in (0, 1], got '%s'", optarg);
-            gp.sampling.top_p = (float)v;
+            gp->sampling.top_p = (float)v;
             break;
         }
-        case O_MINB: ec.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, LONG_MAX); break;
-        case O_GROUP: ec.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
-        case O_CODEC: ec.echo_codec = (echo_codec_id)cli_echo_codec(PROG, optarg, &ec.echo_group); break;
-        case O_TOPLP: gp.top_logprobs = (int)cli_long(PROG, optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
-        case O_IGNEOS: gp.ignore_eos = 1; break;
-        case O_JSON: json = 1; break;
-        case O_TIMING: timing = 1; break;
+        case O_MINB: ec->echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, LONG_MAX); break;
+        case O_GROUP: ec->echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
+        case O_CODEC: ec->echo_codec = (echo_codec_id)cli_echo_codec(PROG, optarg, &ec->echo_group); break;
+        case O_TOPLP: gp->top_logprobs = (int)cli_long(PROG, optarg, "--top-logprobs", 0, ENG_MAX_TOP_LOGPROBS); break;
+        case O_IGNEOS: gp->ignore_eos = 1; break;
+        case O_JSON: a->json = 1; break;
+        case O_TIMING: a->timing = 1; break;
         case O_DEVICE:
-            ec.device = cli_choice(PROG, optarg, "--device", cli_devices());
+            ec->device = cli_choice(PROG, optarg, "--device", cli_devices());
             break;
-        case O_THREADS: ec.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
-        case O_TP: ec.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
-        case O_TRANSPORT: ec.transport = cli_choice(PROG, optarg, "--transport", cli_transports()); break;
-        case O_GRAPHS: ec.cuda_graphs = 1; break;
+        case O_THREADS: ec->threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
+        case O_TP: ec->tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
+        case O_TRANSPORT: ec->transport = cli_choice(PROG, optarg, "--transport", cli_transports()); break;
+        case O_GRAPHS: ec->cuda_graphs = 1; break;
         case O_QUANT:
             cli_choice(PROG, optarg, "--quantize", (const char *const[]){"q8_0", NULL});
-            ec.quantize = ENG_QUANT_Q8_0;
+            ec->quantize = ENG_QUANT_Q8_0;
             break;
-        case O_OVERLAP: ec.overlap = cli_overlap(PROG, optarg); break;
-        case O_ONESHOT: ec.oneshot = cli_oneshot(PROG, optarg); break;
-        case O_KVDT: ec.kv_dtype = cli_kv_dtype(PROG, optarg); break;
-        case O_KVMEM: ec.kv_cache_memory = cli_kv_memory(PROG, optarg); break;
-        case O_GPUUTIL: ec.gpu_memory_utilization = cli_gpu_util(PROG, optarg); break;
-        case O_ROPE: ec.rope_scaling = cli_rope_scaling(PROG, optarg); break;
+        case O_OVERLAP: ec->overlap = cli_overlap(PROG, optarg); break;
+        case O_ONESHOT: ec->oneshot = cli_oneshot(PROG, optarg); break;
+        case O_KVDT: ec->kv_dtype = cli_kv_dtype(PROG, optarg); break;
+        case O_KVMEM: ec->kv_cache_memory = cli_kv_memory(PROG, optarg); break;
+        case O_GPUUTIL: ec->gpu_memory_utilization = cli_gpu_util(PROG, optarg); break;
+        case O_ROPE: ec->rope_scaling = cli_rope_scaling(PROG, optarg); break;
         case O_ACTQ:
-            ec.act_quant = cli_act_quant(PROG, optarg);
+            ec->act_quant = cli_act_quant(PROG, optarg);
             break;
         case O_ALLRED:
-            ec.allreduce_auto = cli_allreduce(PROG, optarg, &ec.allreduce);
-            allreduce = optarg;
+            ec->allreduce_auto = cli_allreduce(PROG, optarg, &ec->allreduce);
+            a->allreduce = optarg;
             break;
         case O_SPEC:
         case O_SPEC_MIN:
         case O_SPEC_MAX:
-        case O_SPEC_DRAFT: cli_spec_flag(PROG, opts[li].name, optarg, &spec); break;
-        case O_PROMPT: prompt_text = optarg; break;
-        case O_CHAT: chat = 1; break;
-        case O_NOTHINK: no_thinking = 1; break;
-        case O_TOKENIZER: tok_path = optarg; break;
-        case 'h': cli_help(USAGE); return 0;
+        case O_SPEC_DRAFT: cli_spec_flag(PROG, opts[li].name, optarg, &a->spec); break;
+        case O_PROMPT: a->prompt_text = optarg; break;
+        case O_CHAT: a->chat = 1; break;
+        case O_NOTHINK: a->no_thinking = 1; break;
+        case O_TOKENIZER: a->tok_path = optarg; break;
+        case 'h': cli_help(USAGE); return 1;
         case '?':
         default:
             cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
-    cli_spec_finish(PROG, &spec);
-    gp.spec = spec.p;
-    long long spec_stats[3] = {0, 0, 0};
-    gp.spec_stats = spec_stats;
-    if (!model_dir) cli_usage_error(PROG, "%s", "--model DIR is required");
-    if (!ptok == !prompt_text) cli_usage_error(PROG, "%s", "give exactly one of --prompt-tokens and --prompt");
-    if (chat && !prompt_text) cli_usage_error(PROG, "%s", "--chat wraps --prompt TEXT; it needs --prompt");
-    if (no_thinking && !chat) cli_usage_error(PROG, "%s", "--no-thinking only applies with --chat");
-    if (allreduce && ec.tp == 1)
-        fprintf(stderr, "echo-generate: note: --allreduce %s has no effect with --tp 1 (no all-reduce)\n", allreduce);
-    if (gp.sampling.temperature == 0 && (gp.sampling.top_k || gp.sampling.top_p < 1))
+    cli_spec_finish(PROG, &a->spec);
+    gp->spec = a->spec.p;
+    if (!a->model_dir) cli_usage_error(PROG, "%s", "--model DIR is required");
+    if (!a->ptok == !a->prompt_text) cli_usage_error(PROG, "%s", "give exactly one of --prompt-tokens and --prompt");
+    if (a->chat && !a->prompt_text) cli_usage_error(PROG, "%s", "--chat wraps --prompt TEXT; it needs --prompt");
+    if (a->no_thinking && !a->chat) cli_usage_error(PROG, "%s", "--no-thinking only applies with --chat");
+    if (a->allreduce && ec->tp == 1)
+        fprintf(stderr, "echo-generate: note: --allreduce %s has no effect with --tp 1 (no all-reduce)\n", a->allreduce);
+    if (gp->sampling.temperature == 0 && (gp->sampling.top_k || gp->sampling.top_p < 1))
         fprintf(stderr, "echo-generate: note: --top-k/--top-p have no effect with --temperature 0 (greedy)\n");
+    return 0;
+}
 
-    int n_prompt = 0;
-    int32_t *prompt = ptok ? parse_ids(ptok, &n_prompt) : NULL;
-    char err[1024];
-    eng *e = NULL;
-    tok_tokenizer *tok = NULL;
-    char *chat_text = NULL;
-    eng_chat_template chat_tpl = {0};
-    int rc = 1;
-    gen_out out = {0, 0, json_array(), json_array(), json, 0, NULL, NULL, 0};
-    double t0 = now_s();
-    model_config cfg0;
-    if (model_config_load(model_dir, &cfg0, err, sizeof err) ||
-        model_config_rope_override(&cfg0, ec.rope_scaling, err, sizeof err))
-        goto fail;
-    if (!tok_path && model_is_random(model_dir)) {
+/* What one run holds; gen_free releases it. */
+typedef struct gen_run {
+    model_config cfg;
+    tok_tokenizer *tok; /* NULL: numeric output */
+    eng_chat_template chat_tpl;
+    char *chat_text;    /* --chat: the rendered prompt */
+    int32_t *prompt;
+    int n_prompt;
+    eng *e;
+    gen_out out;
+    long long spec_stats[3]; /* speculative steps, drafted, accepted */
+} gen_run;
+
+static void gen_free(gen_run *g) {
+    json_decref(g->out.tokens);
+    json_decref(g->out.steps);
+    tok_stream_free(g->out.stream);
+    free(g->out.text);
+    free(g->chat_text);
+    eng_chat_template_free(&g->chat_tpl);
+    tok_free(g->tok);
+    eng_destroy(g->e);
+    free(g->prompt);
+}
+
+/* --chat: --prompt as a user turn, with the assistant generation prompt,
+ * into g->chat_text. */
+static int render_chat(const gen_args *a, gen_run *g, char *err, size_t errlen) {
+    size_t len;
+    if (g->chat_tpl.source) {
+        /* the model's own template, as apply_chat_template renders it */
+        json_t *ctx = json_pack("{s:[{s:s,s:s}],s:b,s:b}", "messages", "role", "user", "content", a->prompt_text,
+                                "add_generation_prompt", 1, "enable_thinking", !a->no_thinking);
+        char *ctx_text = ctx ? json_dumps(ctx, JSON_COMPACT) : NULL;
+        json_decref(ctx);
+        int r = ctx_text ? eng_chat_render(&g->chat_tpl, ctx_text, &g->chat_text, &len, err, errlen) : -1;
+        if (!ctx_text) snprintf(err, errlen, "out of memory");
+        free(ctx_text);
+        return r ? -1 : 0;
+    }
+    /* no template shipped with the model: Qwen3's, built in */
+    tok_chat_message msg = {.role = "user", .content = a->prompt_text};
+    tok_chat_options co = {.add_generation_prompt = 1, .enable_thinking = !a->no_thinking};
+    return tok_chat_apply(&msg, 1, &co, &g->chat_text, &len, err, errlen) ? -1 : 0;
+}
+
+/* The model's config, its tokenizer (when there is one) and the prompt as
+ * ids, each in the model's vocabulary. */
+static int load_prompt(const gen_args *a, gen_run *g, char *err, size_t errlen) {
+    if (model_config_load(a->model_dir, &g->cfg, err, errlen) ||
+        model_config_rope_override(&g->cfg, a->ec.rope_scaling, err, errlen))
+        return -1;
+    if (!a->tok_path && model_is_random(a->model_dir)) {
         /* a random model has no folder to find a tokenizer in */
-        if (prompt_text) {
-            snprintf(err, sizeof err, "%s has no tokenizer: --prompt needs --tokenizer PATH", model_dir);
-            goto fail;
+        if (a->prompt_text) {
+            snprintf(err, errlen, "%s has no tokenizer: --prompt needs --tokenizer PATH", a->model_dir);
+            return -1;
         }
-    } else if (load_tokenizer(tok_path ? tok_path : model_dir, !tok_path && !prompt_text, &tok, &chat_tpl, err,
-                              sizeof err))
-        goto fail;
-    if (prompt_text) {
-        const char *text = prompt_text;
-        if (chat) {
-            size_t len;
-            if (chat_tpl.source) {
-                /* the model's own template, as apply_chat_template renders it */
-                json_t *ctx = json_pack("{s:[{s:s,s:s}],s:b,s:b}", "messages", "role", "user", "content",
-                                        prompt_text, "add_generation_prompt", 1, "enable_thinking", !no_thinking);
-                char *ctx_text = ctx ? json_dumps(ctx, JSON_COMPACT) : NULL;
-                json_decref(ctx);
-                int r = ctx_text ? eng_chat_render(&chat_tpl, ctx_text, &chat_text, &len, err, sizeof err) : -1;
-                if (!ctx_text) snprintf(err, sizeof err, "out of memory");
-                free(ctx_text);
-                if (r) goto fail;
-            } else {
-                /* no template shipped with the model: Qwen3's, built in */
-                tok_chat_message msg = {.role = "user", .content = prompt_text};
-                tok_chat_options co = {.add_generation_prompt = 1, .enable_thinking = !no_thinking};
-                if (tok_chat_apply(&msg, 1, &co, &chat_text, &len, err, sizeof err)) goto fail;
-            }
-            text = chat_text;
-        }
+    } else if (load_tokenizer(a->tok_path ? a->tok_path : a->model_dir, !a->tok_path && !a->prompt_text, &g->tok,
+                              &g->chat_tpl, err, errlen))
+        return -1;
+    if (a->prompt_text) {
+        if (a->chat && render_chat(a, g, err, errlen)) return -1;
+        const char *text = a->chat ? g->chat_text : a->prompt_text;
         size_t n;
-        if (tok_encode(tok, text, strlen(text), 0, &prompt, &n, err, sizeof err)) goto fail;
+        if (tok_encode(g->tok, text, strlen(text), 0, &g->prompt, &n, err, errlen)) return -1;
         if (n == 0 || n > INT32_MAX) {
-            snprintf(err, sizeof err, "--prompt encodes to %zu tokens", n);
-            goto fail;
+            snprintf(err, errlen, "--prompt encodes to %zu tokens", n);
+            return -1;
         }
-        n_prompt = (int)n;
+        g->n_prompt = (int)n;
     }
-    if (tok && !(out.stream = tok_stream_new(tok, 0))) {
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
+    if (g->tok && !(g->out.stream = tok_stream_new(g->tok, 0))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
     }
-    for (int i = 0; i < n_prompt; i++) {
-        if (prompt[i] >= cfg0.vocab_size) {
-            snprintf(err, sizeof err, "prompt token %d is out of range [0, %d)", prompt[i], cfg0.vocab_size);
-            goto fail;
+    for (int i = 0; i < g->n_prompt; i++) {
+        if (g->prompt[i] >= g->cfg.vocab_size) {
+            snprintf(err, errlen, "prompt token %d is out of range [0, %d)", g->prompt[i], g->cfg.vocab_size);
+            return -1;
         }
     }
-    /* Size the engine for exactly this request: one sequence of
-     * prompt + max_tokens positions, the prompt in one step. */
-    long long need = (long long)n_prompt + gp.max_tokens;
-    if (need > cfg0.max_position_embeddings) {
-        snprintf(err, sizeof err, "prompt (%d tokens) + max_tokens (%d) exceeds the model's context of %d tokens",
-                 n_prompt, gp.max_tokens, cfg0.max_position_embeddings);
-        goto fail;
+    return 0;
+}
+
+/* The engine, sized for exactly this request: one sequence of prompt +
+ * max_tokens positions, the prompt in one step. */
+static int open_engine(gen_args *a, gen_run *g, char *err, size_t errlen) {
+    eng_config *ec = &a->ec;
+    long long need = (long long)g->n_prompt + a->gp.max_tokens;
+    if (need > g->cfg.max_position_embeddings) {
+        snprintf(err, errlen, "prompt (%d tokens) + max_tokens (%d) exceeds the model's context of %d tokens",
+                 g->n_prompt, a->gp.max_tokens, g->cfg.max_position_embeddings);
+        return -1;
     }
-    ec.device = kern_backend_find(ec.device)->name; /* "auto" resolved */
-    ec.model_dir = model_dir;
-    ec.max_model_len = (int)need;
-    ec.max_batch_tokens = n_prompt > 1 + gp.spec.draft_max ? n_prompt : 1 + gp.spec.draft_max; /* a verify step */
-    if (eng_create(&ec, &e, err, sizeof err)) goto fail;
-    if (eng_graphs_note(e)) fprintf(stderr, "echo-generate: note: %s\n", eng_graphs_note(e));
-    for (int r = 0; !json && r < ec.tp; r++) {
+    ec->device = kern_backend_find(ec->device)->name; /* "auto" resolved */
+    ec->model_dir = a->model_dir;
+    ec->max_model_len = (int)need;
+    ec->max_batch_tokens = g->n_prompt > 1 + a->gp.spec.draft_max ? g->n_prompt : 1 + a->gp.spec.draft_max; /* a verify step */
+    if (eng_create(ec, &g->e, err, errlen)) return -1;
+    if (eng_graphs_note(g->e)) fprintf(stderr, "echo-generate: note: %s\n", eng_graphs_note(g->e));
+    for (int r = 0; !a->json && r < ec->tp; r++) {
         eng_rank_info ri;
-        eng_get_rank_info(e, r, &ri);
+        eng_get_rank_info(g->e, r, &ri);
         fprintf(stderr, "echo-generate: rank %d/%d (%s): weights %.1f MB, KV cache %.1f MB, all-reduce slots %.1f MB\n",
-                r, ec.tp, ec.device, (double)ri.weight_bytes / 1e6, (double)ri.kv_bytes / 1e6,
+                r, ec->tp, ec->device, (double)ri.weight_bytes / 1e6, (double)ri.kv_bytes / 1e6,
                 (double)ri.slot_bytes / 1e6);
     }
-    double t1 = now_s();
-    eng_finish fin;
-    if (eng_generate(e, prompt, n_prompt, &gp, on_step, &out, &fin, err, sizeof err)) goto fail;
-    double t2 = now_s();
-    if (json) {
-        json_t *ptoks = json_array();
-        for (int i = 0; i < n_prompt; i++) json_array_append_new(ptoks, json_integer(prompt[i]));
-        json_t *root = json_pack("{s:o,s:O,s:O}", "prompt_tokens", ptoks, "tokens", out.tokens, "steps", out.steps);
-        {
-            /* what the all-reduce ran (tp 1: none) */
-            const eng_config *gc = eng_get_config(e);
-            echo_config wc = {0};
-            int on = !eng_allreduce_config(e, &wc);
-            const echo_codec_info *ci = echo_codec_get(wc.codec);
-            on = on && ci;
-            json_object_set_new(
-                root, "allreduce",
-                json_pack("{s:s,s:s,s:i,s:f,s:b,s:i}", "preset", on ? echo_preset_name(gc->allreduce) : "none", "codec",
-                          on ? ci->name : "none", "group", on ? wc.group_size : 0, "bits_per_value",
-                          on ? echo_config_bits(&wc) : 32.0,
-                          "feedback", on && wc.feedback, "tp", gc->tp));
-            json_t *au = cli_allreduce_auto_json(e);
-            if (au) json_object_set_new(root, "allreduce_auto", au);
-        }
-        double dec = out.t_last - out.t_first;
-        if (timing)
-            json_object_set_new(root, "timing",
-                                json_pack("{s:f,s:f,s:f}", "prefill_s", out.count ? out.t_first - t1 : t2 - t1,
-                                          "decode_s", dec, "decode_tok_s", dec > 0 ? (out.count - 1) / dec : 0.0));
-        json_object_set_new(root, "speculative",
-                            json_pack("{s:s,s:i,s:I,s:I,s:I}", "method", spec.on ? "ngram" : "none", "draft_max",
-                                      gp.spec.draft_max, "steps", (json_int_t)spec_stats[0], "drafted",
-                                      (json_int_t)spec_stats[1], "accepted", (json_int_t)spec_stats[2]));
-        if (out.stream) {
-            const char *t;
-            size_t n;
-            tok_stream_finish(out.stream, &t, &n);
-            emit_text(&out, t, n);
-            json_object_set_new(root, "text", json_stringn(out.text ? out.text : "", out.text_len));
-        }
-        char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
-        if (!s) {
-            json_decref(root);
-            snprintf(err, sizeof err, "out of memory");
-            goto fail;
-        }
-        puts(s);
-        free(s);
-        json_decref(root);
-    } else {
-        if (out.stream) {
-            const char *t;
-            size_t n;
-            tok_stream_finish(out.stream, &t, &n);
-            emit_text(&out, t, n);
-        }
-        printf("\n");
-        fflush(stdout);
-        fprintf(stderr, "echo-generate: %d prompt + %d generated tokens, load %.2fs, generate %.2fs (%s)\n", n_prompt,
-                out.count, t1 - t0, t2 - t1,
-                fin == ENG_FINISH_EOS ? "stopped at EOS" : "reached --max-tokens");
-        if (out.count > 1)
-            fprintf(stderr, "echo-generate: decode %.2f tok/s after the first token\n",
-                    (out.count - 1) / (out.t_last - out.t_first));
-        if (spec.on)
-            fprintf(stderr,
-                    "echo-generate: speculative ngram: %lld decode steps, %lld draft tokens, %lld accepted (%.1f%%)\n",
-                    spec_stats[0], spec_stats[1], spec_stats[2],
-                    spec_stats[1] ? 100.0 * (double)spec_stats[2] / (double)spec_stats[1] : 0.0);
-        if (ec.tp > 1) {
-            echo_stats st;
-            eng_comm_stats(e, &st);
-            uint64_t calls = 0, wire = 0;
-            double secs = 0;
-            for (int k = 0; k < ECHO_PRESET_COUNT; k++)
-                calls += st.calls[k], wire += st.wire_bytes[k], secs += st.seconds[k];
-            fprintf(stderr, "echo-generate: tp %d, %s all-reduce: %llu calls, %.1f MB sent, %.3fs (all ranks)\n", ec.tp,
-                    echo_preset_name(ec.allreduce), (unsigned long long)calls, (double)wire / 1e6, secs);
-        }
+    return 0;
+}
+
+/* The detokenizer's held-back tail, once generation is over. */
+static void finish_text(gen_out *o) {
+    if (!o->stream) return;
+    const char *t;
+    size_t n;
+    tok_stream_finish(o->stream, &t, &n);
+    emit_text(o, t, n);
+}
+
+/* What the all-reduce ran (tp 1: none), the JSON's "allreduce". */
+static json_t *allreduce_json(eng *e) {
+    const eng_config *gc = eng_get_config(e);
+    echo_config wc = {0};
+    int on = !eng_allreduce_config(e, &wc);
+    const echo_codec_info *ci = echo_codec_get(wc.codec);
+    on = on && ci;
+    return json_pack("{s:s,s:s,s:i,s:f,s:b,s:i}", "preset", on ? echo_preset_name(gc->allreduce) : "none", "codec",
+                     on ? ci->name : "none", "group", on ? wc.group_size : 0, "bits_per_value",
+                     on ? echo_config_bits(&wc) : 32.0, "feedback", on && wc.feedback, "tp", gc->tp);
+}
+
+/* --json: one object on stdout (the test contract, see --help); t1..t2 is
+ * the generation. */
+static int report_json(const gen_args *a, gen_run *g, double t1, double t2, char *err, size_t errlen) {
+    gen_out *out = &g->out;
+    json_t *ptoks = json_array();
+    for (int i = 0; i < g->n_prompt; i++) json_array_append_new(ptoks, json_integer(g->prompt[i]));
+    json_t *root = json_pack("{s:o,s:O,s:O}", "prompt_tokens", ptoks, "tokens", out->tokens, "steps", out->steps);
+    json_object_set_new(root, "allreduce", allreduce_json(g->e));
+    json_t *au = cli_allreduce_auto_json(g->e);
+    if (au) json_object_set_new(root, "allreduce_auto", au);
+    double dec = out->t_last - out->t_first;
+    if (a->timing)
+        json_object_set_new(root, "timing",
+                            json_pack("{s:f,s:f,s:f}", "prefill_s", out->count ? out->t_first - t1 : t2 - t1,
+                                      "decode_s", dec, "decode_tok_s", dec > 0 ? (out->count - 1) / dec : 0.0));
+    const long long *ss = g->spec_stats;
+    json_object_set_new(root, "speculative",
+                        json_pack("{s:s,s:i,s:I,s:I,s:I}", "method", a->spec.on ? "ngram" : "none", "draft_max",
+                                  a->gp.spec.draft_max, "steps", (json_int_t)ss[0], "drafted", (json_int_t)ss[1],
+                                  "accepted", (json_int_t)ss[2]));
+    if (out->stream) {
+        finish_text(out);
+        json_object_set_new(root, "text", json_stringn(out->text ? out->text : "", out->text_len));
     }
-    rc = 0;
-fail:
+    char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_decref(root);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    puts(s);
+    free(s);
+    return 0;
+}
+
+/* Text mode: the rest of the text, then the run's summary on stderr; t0..t1
+ * is the load, t1..t2 the generation. */
+static void report_text(const gen_args *a, gen_run *g, eng_finish fin, double t0, double t1, double t2) {
+    const gen_out *out = &g->out;
+    const long long *ss = g->spec_stats;
+    finish_text(&g->out);
+    printf("\n");
+    fflush(stdout);
+    fprintf(stderr, "echo-generate: %d prompt + %d generated tokens, load %.2fs, generate %.2fs (%s)\n", g->n_prompt,
+            out->count, t1 - t0, t2 - t1, fin == ENG_FINISH_EOS ? "stopped at EOS" : "reached --max-tokens");
+    if (out->count > 1)
+        fprintf(stderr, "echo-generate: decode %.2f tok/s after the first token\n",
+                (out->count - 1) / (out->t_last - out->t_first));
+    if (a->spec.on)
+        fprintf(stderr, "echo-generate: speculative ngram: %lld decode steps, %lld draft tokens, %lld accepted (%.1f%%)\n",
+                ss[0], ss[1], ss[2], ss[1] ? 100.0 * (double)ss[2] / (double)ss[1] : 0.0);
+    if (a->ec.tp > 1) {
+        echo_stats st;
+        eng_comm_stats(g->e, &st);
+        uint64_t calls = 0, wire = 0;
+        double secs = 0;
+        for (int k = 0; k < ECHO_PRESET_COUNT; k++)
+            calls += st.calls[k], wire += st.wire_bytes[k], secs += st.seconds[k];
+        fprintf(stderr, "echo-generate: tp %d, %s all-reduce: %llu calls, %.1f MB sent, %.3fs (all ranks)\n", a->ec.tp,
+                echo_preset_name(a->ec.allreduce), (unsigned long long)calls, (double)wire / 1e6, secs);
+    }
+}
+
+int main(int argc, char **argv) {
+    cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
+    gen_args a;
+    if (parse_args(argc, argv, &a)) return 0;
+    gen_run g = {.out = {.tokens = json_array(), .steps = json_array(), .json = a.json}};
+    a.gp.spec_stats = g.spec_stats;
+    if (a.ptok) g.prompt = parse_ids(a.ptok, &g.n_prompt);
+    char err[1024];
+    int rc = 1;
+    eng_finish fin;
+    double t0 = now_s();
+    if (load_prompt(&a, &g, err, sizeof err) || open_engine(&a, &g, err, sizeof err)) goto done;
+    double t1 = now_s();
+    if (eng_generate(g.e, g.prompt, g.n_prompt, &a.gp, on_step, &g.out, &fin, err, sizeof err)) goto done;
+    double t2 = now_s();
+    if (a.json)
+        rc = report_json(&a, &g, t1, t2, err, sizeof err) ? 1 : 0;
+    else {
+        report_text(&a, &g, fin, t0, t1, t2);
+        rc = 0;
+    }
+done:
     if (rc) fprintf(stderr, "echo-generate: error: %s\n", err);
-    json_decref(out.tokens);
-    json_decref(out.steps);
-    tok_stream_free(out.stream);
-    free(out.text);
-    free(chat_text);
-    eng_chat_template_free(&chat_tpl);
-    tok_free(tok);
-    eng_destroy(e);
-    free(prompt);
+    gen_free(&g);
     return rc;
 }

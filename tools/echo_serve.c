@@ -159,247 +159,233 @@ static void print_examples(const char *host, int port, const char *name, const c
     fflush(stdout);
 }
 
-int main(int argc, char **argv) {
-    cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
-    enum {
-        O_MODEL = 256,
-        O_TP,
-        O_DEVICE,
-        O_ALLRED,
-        O_TRANSPORT,
-        O_HOST,
-        O_PORT,
-        O_NAME,
-        O_SEQS,
-        O_BTOK,
-        O_MLEN,
-        O_ROPE,
-        O_TOKENIZER,
-        O_KVB,
-        O_QUEUE,
-        O_CONNS,
-        O_TIMEOUT,
-        O_BODY,
-        O_DRAIN,
-        O_KEY,
-        O_LOG,
-        O_GCOMPILES,
-        O_GTIMEOUT,
-        O_THREADS,
-        O_LDELAY,
-        O_MINB,
-        O_GROUP,
-        O_GRAPHS,
-        O_NO_PREFIX,
-        O_DEADLINE,
-        O_PERCLIENT,
-        O_CODEC,
-        O_QUANT,
-        O_ACTQ,
-        O_OVERLAP,
-        O_ONESHOT,
-        O_RZ_PARSER,
-        O_RZ_FIELD,
-        O_RZ_BUDGET,
-        O_TOOL_PARSER,
-        O_DEBUG_FIELDS,
-        O_KVDT,
-        O_KVMEM,
-        O_SPEC,
-        O_SPEC_MIN,
-        O_SPEC_MAX,
-        O_SPEC_DRAFT,
-        O_SPEC_BATCH,
-        O_GPUUTIL
-    };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},
-        {"tp", required_argument, 0, O_TP},
-        {"device", required_argument, 0, O_DEVICE},
-        {"allreduce", required_argument, 0, O_ALLRED},
-        {"transport", required_argument, 0, O_TRANSPORT},
-        {"cuda-graphs", no_argument, 0, O_GRAPHS},
-        {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
-        {"speculative", required_argument, 0, O_SPEC},
-        {"spec-ngram-min", required_argument, 0, O_SPEC_MIN},
-        {"spec-ngram-max", required_argument, 0, O_SPEC_MAX},
-        {"spec-draft-max", required_argument, 0, O_SPEC_DRAFT},
-        {"spec-max-batch", required_argument, 0, O_SPEC_BATCH},
-        {"echo-min-bytes", required_argument, 0, O_MINB},
-        {"echo-group", required_argument, 0, O_GROUP},
-        {"echo-codec", required_argument, 0, O_CODEC},
-        {"quantize", required_argument, 0, O_QUANT},
-        {"act-quant", required_argument, 0, O_ACTQ},
-        {"overlap", required_argument, 0, O_OVERLAP},
-        {"oneshot", required_argument, 0, O_ONESHOT},
-        {"host", required_argument, 0, O_HOST},
-        {"port", required_argument, 0, O_PORT},
-        {"served-model-name", required_argument, 0, O_NAME},
-        {"max-num-seqs", required_argument, 0, O_SEQS},
-        {"max-num-batched-tokens", required_argument, 0, O_BTOK},
-        {"max-model-len", required_argument, 0, O_MLEN},
-        {"rope-scaling", required_argument, 0, O_ROPE},
-        {"tokenizer", required_argument, 0, O_TOKENIZER},
-        {"num-kv-blocks", required_argument, 0, O_KVB},
-        {"kv-cache-dtype", required_argument, 0, O_KVDT},
-        {"kv-cache-memory", required_argument, 0, O_KVMEM},
-        {"gpu-memory-utilization", required_argument, 0, O_GPUUTIL},
-        {"max-queue", required_argument, 0, O_QUEUE},
-        {"max-connections", required_argument, 0, O_CONNS},
-        {"timeout", required_argument, 0, O_TIMEOUT},
-        {"request-deadline", required_argument, 0, O_DEADLINE},
-        {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
-        {"max-body-bytes", required_argument, 0, O_BODY},
-        {"drain-seconds", required_argument, 0, O_DRAIN},
-        {"api-key", required_argument, 0, O_KEY},
-        {"log-level", required_argument, 0, O_LOG},
-        {"grammar-compiles", required_argument, 0, O_GCOMPILES},
-        {"grammar-compile-timeout", required_argument, 0, O_GTIMEOUT},
-        {"threads", required_argument, 0, O_THREADS},
-        {"debug-load-delay", required_argument, 0, O_LDELAY},
-        {"reasoning-parser", required_argument, 0, O_RZ_PARSER},
-        {"reasoning-field", required_argument, 0, O_RZ_FIELD},
-        {"reasoning-budget", required_argument, 0, O_RZ_BUDGET},
-        {"tool-call-parser", required_argument, 0, O_TOOL_PARSER},
-        {"debug-request-fields", no_argument, 0, O_DEBUG_FIELDS},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    srv_options o = {.host = "127.0.0.1",
-                     .port = 8000,
-                     .device = "auto",
-                     .tp = 1,
-                     .allreduce = ECHO_PRESET_ECHO,
-                     .allreduce_auto = ENG_ALLREDUCE_AUTO,
-                     .drain_s = 5,
-                     .grammar_compiles = 2,
-                     .grammar_timeout_s = 10,
-                     .act_quant = ENG_ACT_AUTO,
-                     .kv_dtype = KERN_KV_BF16,
-                     .kv_cache_memory = ENG_KV_MEMORY_AUTO,
-                     .log_level = SRV_LOG_INFO};
-    const char *model = NULL;
+enum {
+    O_MODEL = 256,
+    O_TP,
+    O_DEVICE,
+    O_ALLRED,
+    O_TRANSPORT,
+    O_HOST,
+    O_PORT,
+    O_NAME,
+    O_SEQS,
+    O_BTOK,
+    O_MLEN,
+    O_ROPE,
+    O_TOKENIZER,
+    O_KVB,
+    O_QUEUE,
+    O_CONNS,
+    O_TIMEOUT,
+    O_BODY,
+    O_DRAIN,
+    O_KEY,
+    O_LOG,
+    O_GCOMPILES,
+    O_GTIMEOUT,
+    O_THREADS,
+    O_LDELAY,
+    O_MINB,
+    O_GROUP,
+    O_GRAPHS,
+    O_NO_PREFIX,
+    O_DEADLINE,
+    O_PERCLIENT,
+    O_CODEC,
+    O_QUANT,
+    O_ACTQ,
+    O_OVERLAP,
+    O_ONESHOT,
+    O_RZ_PARSER,
+    O_RZ_FIELD,
+    O_RZ_BUDGET,
+    O_TOOL_PARSER,
+    O_DEBUG_FIELDS,
+    O_KVDT,
+    O_KVMEM,
+    O_SPEC,
+    O_SPEC_MIN,
+    O_SPEC_MAX,
+    O_SPEC_DRAFT,
+    O_SPEC_BATCH,
+    O_GPUUTIL
+};
+static const struct option opts[] = {
+    {"model", required_argument, 0, O_MODEL},
+    {"tp", required_argument, 0, O_TP},
+    {"device", required_argument, 0, O_DEVICE},
+    {"allreduce", required_argument, 0, O_ALLRED},
+    {"transport", required_argument, 0, O_TRANSPORT},
+    {"cuda-graphs", no_argument, 0, O_GRAPHS},
+    {"no-prefix-caching", no_argument, 0, O_NO_PREFIX},
+    {"speculative", required_argument, 0, O_SPEC},
+    {"spec-ngram-min", required_argument, 0, O_SPEC_MIN},
+    {"spec-ngram-max", required_argument, 0, O_SPEC_MAX},
+    {"spec-draft-max", required_argument, 0, O_SPEC_DRAFT},
+    {"spec-max-batch", required_argument, 0, O_SPEC_BATCH},
+    {"echo-min-bytes", required_argument, 0, O_MINB},
+    {"echo-group", required_argument, 0, O_GROUP},
+    {"echo-codec", required_argument, 0, O_CODEC},
+    {"quantize", required_argument, 0, O_QUANT},
+    {"act-quant", required_argument, 0, O_ACTQ},
+    {"overlap", required_argument, 0, O_OVERLAP},
+    {"oneshot", required_argument, 0, O_ONESHOT},
+    {"host", required_argument, 0, O_HOST},
+    {"port", required_argument, 0, O_PORT},
+    {"served-model-name", required_argument, 0, O_NAME},
+    {"max-num-seqs", required_argument, 0, O_SEQS},
+    {"max-num-batched-tokens", required_argument, 0, O_BTOK},
+    {"max-model-len", required_argument, 0, O_MLEN},
+    {"rope-scaling", required_argument, 0, O_ROPE},
+    {"tokenizer", required_argument, 0, O_TOKENIZER},
+    {"num-kv-blocks", required_argument, 0, O_KVB},
+    {"kv-cache-dtype", required_argument, 0, O_KVDT},
+    {"kv-cache-memory", required_argument, 0, O_KVMEM},
+    {"gpu-memory-utilization", required_argument, 0, O_GPUUTIL},
+    {"max-queue", required_argument, 0, O_QUEUE},
+    {"max-connections", required_argument, 0, O_CONNS},
+    {"timeout", required_argument, 0, O_TIMEOUT},
+    {"request-deadline", required_argument, 0, O_DEADLINE},
+    {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
+    {"max-body-bytes", required_argument, 0, O_BODY},
+    {"drain-seconds", required_argument, 0, O_DRAIN},
+    {"api-key", required_argument, 0, O_KEY},
+    {"log-level", required_argument, 0, O_LOG},
+    {"grammar-compiles", required_argument, 0, O_GCOMPILES},
+    {"grammar-compile-timeout", required_argument, 0, O_GTIMEOUT},
+    {"threads", required_argument, 0, O_THREADS},
+    {"debug-load-delay", required_argument, 0, O_LDELAY},
+    {"reasoning-parser", required_argument, 0, O_RZ_PARSER},
+    {"reasoning-field", required_argument, 0, O_RZ_FIELD},
+    {"reasoning-budget", required_argument, 0, O_RZ_BUDGET},
+    {"tool-call-parser", required_argument, 0, O_TOOL_PARSER},
+    {"debug-request-fields", no_argument, 0, O_DEBUG_FIELDS},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+/* The command line into *o and *model; exits on a usage error, returns 1
+ * after --help. */
+static int parse_args(int argc, char **argv, srv_options *o, const char **model) {
     int c;
     opterr = 0;
     cli_spec spec = CLI_SPEC_INIT;
     int li = 0;
     while ((c = getopt_long(argc, argv, "h", opts, &li)) != -1) {
         switch (c) {
-        case O_MODEL: model = optarg; break;
-        case O_TP: o.tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
+        case O_MODEL: *model = optarg; break;
+        case O_TP: o->tp = (int)cli_long(PROG, optarg, "--tp", 1, 64); break;
         case O_DEVICE:
-            o.device = cli_choice(PROG, optarg, "--device", cli_devices());
+            o->device = cli_choice(PROG, optarg, "--device", cli_devices());
             break;
-        case O_TRANSPORT: o.transport = cli_choice(PROG, optarg, "--transport", cli_transports()); break;
-        case O_GRAPHS: o.cuda_graphs = 1; break;
-        case O_NO_PREFIX: o.no_prefix_caching = 1; break;
+        case O_TRANSPORT: o->transport = cli_choice(PROG, optarg, "--transport", cli_transports()); break;
+        case O_GRAPHS: o->cuda_graphs = 1; break;
+        case O_NO_PREFIX: o->no_prefix_caching = 1; break;
         case O_SPEC:
         case O_SPEC_MIN:
         case O_SPEC_MAX:
         case O_SPEC_BATCH:
         case O_SPEC_DRAFT: cli_spec_flag(PROG, opts[li].name, optarg, &spec); break;
         case O_ALLRED:
-            o.allreduce_auto = cli_allreduce(PROG, optarg, &o.allreduce);
+            o->allreduce_auto = cli_allreduce(PROG, optarg, &o->allreduce);
             break;
-        case O_CODEC: o.echo_codec = (echo_codec_id)cli_echo_codec(PROG, optarg, &o.echo_group); break;
+        case O_CODEC: o->echo_codec = (echo_codec_id)cli_echo_codec(PROG, optarg, &o->echo_group); break;
         case O_QUANT:
             cli_choice(PROG, optarg, "--quantize", (const char *const[]){"q8_0", NULL});
-            o.quantize = ENG_QUANT_Q8_0;
+            o->quantize = ENG_QUANT_Q8_0;
             break;
         case O_ACTQ:
-            o.act_quant = cli_act_quant(PROG, optarg);
+            o->act_quant = cli_act_quant(PROG, optarg);
             break;
-        case O_OVERLAP: o.overlap = cli_overlap(PROG, optarg); break;
-        case O_ONESHOT: o.oneshot = cli_oneshot(PROG, optarg); break;
-        case O_MINB: o.echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
-        case O_GROUP: o.echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
-        case O_HOST: o.host = optarg; break;
-        case O_PORT: o.port = (int)cli_long(PROG, optarg, "--port", 0, 65535); break;
+        case O_OVERLAP: o->overlap = cli_overlap(PROG, optarg); break;
+        case O_ONESHOT: o->oneshot = cli_oneshot(PROG, optarg); break;
+        case O_MINB: o->echo_min_bytes = (size_t)cli_long(PROG, optarg, "--echo-min-bytes", 0, 1L << 40); break;
+        case O_GROUP: o->echo_group = (int)cli_long(PROG, optarg, "--echo-group", 16, 256); break;
+        case O_HOST: o->host = optarg; break;
+        case O_PORT: o->port = (int)cli_long(PROG, optarg, "--port", 0, 65535); break;
         case O_NAME:
             if (!*optarg) cli_usage_error(PROG, "%s", "--served-model-name must not be empty");
-            o.served_model_name = optarg;
+            o->served_model_name = optarg;
             break;
-        case O_SEQS: o.max_num_seqs = (int)cli_long(PROG, optarg, "--max-num-seqs", 1, 4096); break;
-        case O_BTOK: o.max_num_batched_tokens = (int)cli_long(PROG, optarg, "--max-num-batched-tokens", 1, 1 << 20); break;
-        case O_MLEN: o.max_model_len = (int)cli_long(PROG, optarg, "--max-model-len", 1, 1 << 24); break;
-        case O_ROPE: o.rope_scaling = cli_rope_scaling(PROG, optarg); break;
+        case O_SEQS: o->max_num_seqs = (int)cli_long(PROG, optarg, "--max-num-seqs", 1, 4096); break;
+        case O_BTOK: o->max_num_batched_tokens = (int)cli_long(PROG, optarg, "--max-num-batched-tokens", 1, 1 << 20); break;
+        case O_MLEN: o->max_model_len = (int)cli_long(PROG, optarg, "--max-model-len", 1, 1 << 24); break;
+        case O_ROPE: o->rope_scaling = cli_rope_scaling(PROG, optarg); break;
         case O_TOKENIZER:
             if (!*optarg) cli_usage_error(PROG, "%s", "--tokenizer must not be empty");
-            o.tokenizer = optarg;
+            o->tokenizer = optarg;
             break;
-        case O_KVB: o.kv_blocks = (int)cli_long(PROG, optarg, "--num-kv-blocks", 1, 1 << 30); break;
-        case O_KVDT: o.kv_dtype = cli_kv_dtype(PROG, optarg); break;
-        case O_KVMEM: o.kv_cache_memory = cli_kv_memory(PROG, optarg); break;
-        case O_GPUUTIL: o.gpu_memory_utilization = cli_gpu_util(PROG, optarg); break;
-        case O_QUEUE: o.max_waiting = (int)cli_long(PROG, optarg, "--max-queue", 1, 1 << 20); break;
-        case O_CONNS: o.max_connections = (int)cli_long(PROG, optarg, "--max-connections", 1, 65536); break;
-        case O_TIMEOUT: o.timeout_s = (int)cli_long(PROG, optarg, "--timeout", 1, 86400); break;
-        case O_DEADLINE: o.request_deadline_s = cli_double(PROG, optarg, "--request-deadline", 0.1, 86400); break;
+        case O_KVB: o->kv_blocks = (int)cli_long(PROG, optarg, "--num-kv-blocks", 1, 1 << 30); break;
+        case O_KVDT: o->kv_dtype = cli_kv_dtype(PROG, optarg); break;
+        case O_KVMEM: o->kv_cache_memory = cli_kv_memory(PROG, optarg); break;
+        case O_GPUUTIL: o->gpu_memory_utilization = cli_gpu_util(PROG, optarg); break;
+        case O_QUEUE: o->max_waiting = (int)cli_long(PROG, optarg, "--max-queue", 1, 1 << 20); break;
+        case O_CONNS: o->max_connections = (int)cli_long(PROG, optarg, "--max-connections", 1, 65536); break;
+        case O_TIMEOUT: o->timeout_s = (int)cli_long(PROG, optarg, "--timeout", 1, 86400); break;
+        case O_DEADLINE: o->request_deadline_s = cli_double(PROG, optarg, "--request-deadline", 0.1, 86400); break;
         case O_PERCLIENT:
-            o.max_conn_per_client = (int)cli_long(PROG, optarg, "--max-connections-per-client", 1, 65536);
+            o->max_conn_per_client = (int)cli_long(PROG, optarg, "--max-connections-per-client", 1, 65536);
             break;
-        case O_BODY: o.max_body_bytes = (size_t)cli_long(PROG, optarg, "--max-body-bytes", 1024, 1L << 34); break;
-        case O_DRAIN: o.drain_s = cli_double(PROG, optarg, "--drain-seconds", 0, 86400); break;
+        case O_BODY: o->max_body_bytes = (size_t)cli_long(PROG, optarg, "--max-body-bytes", 1024, 1L << 34); break;
+        case O_DRAIN: o->drain_s = cli_double(PROG, optarg, "--drain-seconds", 0, 86400); break;
         case O_KEY:
             if (!*optarg) cli_usage_error(PROG, "%s", "--api-key must not be empty");
-            o.api_key = optarg;
+            o->api_key = optarg;
             break;
-        case O_LDELAY: o.load_delay_s = cli_double(PROG, optarg, "--debug-load-delay", 0, 3600); break;
+        case O_LDELAY: o->load_delay_s = cli_double(PROG, optarg, "--debug-load-delay", 0, 3600); break;
         case O_RZ_PARSER:
-            o.reasoning_parser = cli_choice(PROG, optarg, "--reasoning-parser",
+            o->reasoning_parser = cli_choice(PROG, optarg, "--reasoning-parser",
                                             (const char *const[]){"auto", "none", "qwen3", "deepseek_r1", NULL});
             break;
         case O_RZ_FIELD: {
             static const char *const fields[] = {"reasoning_content", "reasoning", "both", NULL};
             const char *f = cli_choice(PROG, optarg, "--reasoning-field", fields);
-            o.reasoning_field = !strcmp(f, "reasoning_content") ? 0 : !strcmp(f, "reasoning") ? 1 : 2;
+            o->reasoning_field = !strcmp(f, "reasoning_content") ? 0 : !strcmp(f, "reasoning") ? 1 : 2;
             break;
         }
         case O_RZ_BUDGET:
-            o.reasoning_budget = (int)cli_long(PROG, optarg, "--reasoning-budget", 0, INT_MAX);
-            o.has_reasoning_budget = 1;
+            o->reasoning_budget = (int)cli_long(PROG, optarg, "--reasoning-budget", 0, INT_MAX);
+            o->has_reasoning_budget = 1;
             break;
         case O_TOOL_PARSER:
-            o.tool_call_parser = cli_choice(PROG, optarg, "--tool-call-parser",
+            o->tool_call_parser = cli_choice(PROG, optarg, "--tool-call-parser",
                                             (const char *const[]){"auto", "hermes", "qwen3_coder", "mistral", NULL});
             break;
-        case O_DEBUG_FIELDS: o.debug_request_fields = 1; break;
-        case O_THREADS: o.threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
-        case O_GCOMPILES: o.grammar_compiles = (int)cli_long(PROG, optarg, "--grammar-compiles", 1, 64); break;
+        case O_DEBUG_FIELDS: o->debug_request_fields = 1; break;
+        case O_THREADS: o->threads = (int)cli_long(PROG, optarg, "--threads", 1, 1024); break;
+        case O_GCOMPILES: o->grammar_compiles = (int)cli_long(PROG, optarg, "--grammar-compiles", 1, 64); break;
         case O_GTIMEOUT:
-            o.grammar_timeout_s = cli_double(PROG, optarg, "--grammar-compile-timeout", 0.1, 3600);
+            o->grammar_timeout_s = cli_double(PROG, optarg, "--grammar-compile-timeout", 0.1, 3600);
             break;
         case O_LOG:
             if (!strcmp(optarg, "debug"))
-                o.log_level = SRV_LOG_DEBUG;
+                o->log_level = SRV_LOG_DEBUG;
             else if (!strcmp(optarg, "info"))
-                o.log_level = SRV_LOG_INFO;
+                o->log_level = SRV_LOG_INFO;
             else if (!strcmp(optarg, "warning"))
-                o.log_level = SRV_LOG_WARNING;
+                o->log_level = SRV_LOG_WARNING;
             else if (!strcmp(optarg, "error"))
-                o.log_level = SRV_LOG_ERROR;
+                o->log_level = SRV_LOG_ERROR;
             else
                 cli_usage_error(PROG, "--log-level expects debug, info, warning or error, got '%s'", optarg);
             break;
-        case 'h': cli_help(USAGE); return 0;
+        case 'h': cli_help(USAGE); return 1;
         case '?':
         default: cli_usage_error(PROG, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) cli_usage_error(PROG, "unexpected argument '%s'", argv[optind]);
     cli_spec_finish(PROG, &spec);
-    o.spec = spec.p;
-    o.spec_max_batch = spec.max_batch;
-    if (!model) cli_usage_error(PROG, "%s", "--model NAME|DIR is required");
-    if (!o.api_key && getenv("ECHO_API_KEY") && *getenv("ECHO_API_KEY")) o.api_key = getenv("ECHO_API_KEY");
+    o->spec = spec.p;
+    o->spec_max_batch = spec.max_batch;
+    if (!*model) cli_usage_error(PROG, "%s", "--model NAME|DIR is required");
+    if (!o->api_key && getenv("ECHO_API_KEY") && *getenv("ECHO_API_KEY")) o->api_key = getenv("ECHO_API_KEY");
+    return 0;
+}
 
-    char dir[4096], err[4096];
-    if (srv_resolve_model(model, dir, sizeof dir, err, sizeof err)) {
-        fprintf(stderr, "echo-serve: error: %s\n", err);
-        return 1;
-    }
-    o.model_dir = dir;
-
+/* Serve until SIGINT or SIGTERM, then drain and stop: the exit status. */
+static int serve(srv_options *o, const char *dir) {
+    char err[4096];
     /* SIGINT/SIGTERM stay blocked everywhere (threads inherit the mask)
      * and are taken only in sigsuspend() below: no lost wake-up. */
     struct sigaction sa;
@@ -416,11 +402,11 @@ int main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &block, &old);
 
     srv_server *s = NULL;
-    if (srv_create(&o, &s, err, sizeof err)) {
+    if (srv_create(o, &s, err, sizeof err)) {
         fprintf(stderr, "echo-serve: error: %s\n", err);
         return 1;
     }
-    srv_log(s, SRV_LOG_INFO, "listening on http://%s:%d (/health is 503 until the model is loaded)", o.host,
+    srv_log(s, SRV_LOG_INFO, "listening on http://%s:%d (/health is 503 until the model is loaded)", o->host,
             srv_port(s));
     if (srv_load(s, err, sizeof err)) {
         fprintf(stderr, "echo-serve: error: %s\n", err);
@@ -433,7 +419,7 @@ int main(int argc, char **argv) {
         srv_log(s, SRV_LOG_INFO,
                 "note: this is the bundled DEMO model (random Qwen3-architecture weights with the "
                 "real Qwen3 tokenizer): its text is gibberish by design. Use --model for a real one.");
-    print_examples(o.host, srv_port(s), srv_model_name(s), o.api_key);
+    print_examples(o->host, srv_port(s), srv_model_name(s), o->api_key);
     while (!g_stop)
         sigsuspend(&old);
     srv_log(s, SRV_LOG_INFO, "signal received: draining in-flight requests, then exiting");
@@ -446,4 +432,30 @@ int main(int argc, char **argv) {
         _exit(0);
     }
     return 0;
+}
+
+int main(int argc, char **argv) {
+    cli_procs_start(PROG); /* under mpirun: ranks > 0 follow rank 0 and exit there */
+    srv_options o = {.host = "127.0.0.1",
+                     .port = 8000,
+                     .device = "auto",
+                     .tp = 1,
+                     .allreduce = ECHO_PRESET_ECHO,
+                     .allreduce_auto = ENG_ALLREDUCE_AUTO,
+                     .drain_s = 5,
+                     .grammar_compiles = 2,
+                     .grammar_timeout_s = 10,
+                     .act_quant = ENG_ACT_AUTO,
+                     .kv_dtype = KERN_KV_BF16,
+                     .kv_cache_memory = ENG_KV_MEMORY_AUTO,
+                     .log_level = SRV_LOG_INFO};
+    const char *model = NULL;
+    if (parse_args(argc, argv, &o, &model)) return 0;
+    char dir[4096], err[4096];
+    if (srv_resolve_model(model, dir, sizeof dir, err, sizeof err)) {
+        fprintf(stderr, "echo-serve: error: %s\n", err);
+        return 1;
+    }
+    o.model_dir = dir;
+    return serve(&o, dir);
 }

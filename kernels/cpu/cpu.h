@@ -82,22 +82,32 @@ void *cpu_mem_alloc(const kern_backend *be, size_t bytes);
  * more while huge pages are on, is a dense backend-owned copy of it. */
 int cpu_copy_weight(kern_backend *be, const kern_weight *host, kern_weight *dev);
 
-/* Track / release (if tracked) a backend-owned allocation. pool.c. */
+/* Track / release (if tracked) a backend-owned allocation. mem.c. */
 int cpu_owned_add(kern_backend *be, void *p);
+void cpu_owned_release(kern_backend *be, const void *p);
 /* mem.c: kern_ops.alloc_kv / free_kv. */
 void *cpu_alloc_kv(kern_backend *be, size_t bytes);
 void cpu_free_kv(kern_backend *be, void *p, size_t bytes);
-void cpu_owned_release(kern_backend *be, const void *p);
-
-void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
 /* A 64-byte aligned block of at least `bytes`, the backend's, reused by
- * the next call (one op at a time); NULL when out of memory. */
+ * the next call (one op at a time); NULL when out of memory. mem.c. */
 void *cpu_scratch(kern_backend *be, size_t bytes);
+/* The owned blocks and the scratch, freed (kern_cpu_destroy). mem.c. */
+void cpu_mem_free_all(cpu_impl *impl);
+
+/* pool.c. cpu_pool_init starts nthreads-1 workers (-1 on failure, after
+ * which cpu_pool_destroy joins the ones that started); cpu_pool_destroy
+ * stops and joins them. */
+int cpu_pool_init(cpu_pool *p, int nthreads);
+void cpu_pool_destroy(cpu_pool *p);
+void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg);
 int cpu_nthreads(const kern_backend *be);
 
+/* isa.c: the backend's CPU_ISA_*; the best one this machine runs; that,
+ * capped by ECHO_CPU_ISA; whether the machine has AVX-512 VNNI. */
 int cpu_isa(const kern_backend *be);
-/* The best CPU_ISA_* this machine runs (matmul.c). */
 int cpu_isa_detect(void);
+int cpu_isa_for_backend(void);
+int cpu_vnni_detect(void);
 
 /* Dot product with 16 lanes of fmas and one fixed reduction order
  * (matmul.c); the same result on every machine, every isa and in every
@@ -131,8 +141,11 @@ void cpu_scores_ld(int isa, const float *q, size_t ldq, int nq, const float *k, 
 void cpu_wsum_m(int isa, float *const *o, const float *const *w, const float *const *v, int m, int n, int len);
 
 /* Rows r0 .. r0+nrows-1 of `w` as dense fp32 (nrows, w->cols), honouring
- * ld; every dtype, quantized ones dequantized (quant.c's values). */
+ * ld; every dtype, quantized ones dequantized (quant.c's values). rows.c. */
 void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows);
+/* The same for the dtypes stored as plain rows (not the packed _A8 ones).
+ * quant.c. */
+void cpu_load_plain_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows);
 
 /* quant.c: elements [first, first+n) of a row of dtype dt starting at src,
  * as fp32 (ggml's dequantization, bit for bit); Q4_K's 6-bit scale and
@@ -144,12 +157,10 @@ void cpu_quantize_q8_0(const float *x, int64_t n, uint8_t *dst);
 
 /* matmul_q8.c: KERN_Q8_0_A8. Pack a Q8_0 or F32/F16/BF16 weight (rows
  * quantized as cpu_quantize_q8_0 does) into the backend-owned layout; row
- * r of a packed weight as fp32 (its Q8_0 values); the matmul; whether the
- * machine has AVX-512 VNNI. */
+ * r of a packed weight as fp32 (its Q8_0 values); the matmul. */
 int cpu_pack_q8a8(kern_backend *be, const kern_weight *host, kern_weight *dev);
 void cpu_q8a8_row(const kern_weight *w, int64_t r, float *dst);
 int cpu_matmul_q8a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n);
-int cpu_vnni_detect(void);
 /* The 8-bit activations of a KERN_*_A8 matmul call (matmul_q8.c's
  * recipe), in the backend's scratch: per token K int8s q, and per 32-block
  * the scale dx, corr = -128 x the sum of q, qs = that sum and

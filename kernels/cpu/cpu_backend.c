@@ -1,10 +1,13 @@
 /*
  * cpu backend: memory ops and the op table. Activations are fp32 in host
  * memory; weights of 2 MiB and more are copied onto huge pages (mem.c),
- * smaller ones stay where weights/ mapped them.
+ * smaller ones stay where weights/ mapped them. Creating a backend starts
+ * its pool (pool.c) and reads its isa (isa.c) and memory settings (mem.c).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -40,24 +43,6 @@ static int cpu_copy(kern_backend *be, void *dst, const void *src, size_t n) {
     (void)be;
     memmove(dst, src, n * sizeof(float));
     return 0;
-}
-
-/* safetensors does not promise aligned tensor data (HF pads headers to 8
- * bytes, other writers need not), so weights are read through memcpy
- * (cpu_dequant); gcc turns it into plain (unaligned-safe) loads. */
-void cpu_load_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) {
-    int64_t cols = w->cols, ld = w->ld ? w->ld : cols;
-    if (w->dtype == KERN_Q8_0_A8) {
-        for (int64_t r = 0; r < nrows; r++) cpu_q8a8_row(w, r0 + r, dst + r * cols);
-        return;
-    }
-    if (cpu_is_a8p(w->dtype)) {
-        for (int64_t r = 0; r < nrows; r++) cpu_a8p_row(w, r0 + r, dst + r * cols);
-        return;
-    }
-    for (int64_t r = 0; r < nrows; r++)
-        cpu_dequant(w->dtype, (const char *)w->data + kern_dtype_bytes(w->dtype, (r0 + r) * ld), 0, cols,
-                    dst + r * cols);
 }
 
 /* Quantized weights: GGUF blocks are uploaded like any weight, or as
@@ -128,7 +113,42 @@ static const kern_ops cpu_ops = {
     .free_kv = cpu_free_kv,
 };
 
-int kern_cpu_ops_init(kern_backend *be) {
+int kern_cpu_create(int nthreads, kern_backend **out, char *err, size_t errlen) {
+    if (nthreads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        nthreads = n > 0 ? (int)n : 1;
+    }
+    if (nthreads > 1024) nthreads = 1024;
+    kern_backend *be = calloc(1, sizeof *be);
+    cpu_impl *impl = calloc(1, sizeof *impl);
+    if (!be || !impl) goto fail;
+    be->impl = impl;
+    impl->isa = cpu_isa_for_backend();
+    impl->vnni = impl->isa >= CPU_ISA_AVX512 && cpu_vnni_detect();
+    if (cpu_huge_from_env(&impl->huge, err, errlen)) {
+        free(impl);
+        free(be);
+        return -1;
+    }
+    if (cpu_pool_init(&impl->pool, nthreads) != 0) {
+        cpu_pool_destroy(&impl->pool);
+        goto fail;
+    }
     be->ops = &cpu_ops;
+    *out = be;
     return 0;
+fail:
+    snprintf(err, errlen, "cpu backend: cannot start %d threads", nthreads);
+    free(impl);
+    free(be);
+    return -1;
+}
+
+void kern_cpu_destroy(kern_backend *be) {
+    if (!be) return;
+    cpu_impl *impl = be->impl;
+    cpu_mem_free_all(impl);
+    cpu_pool_destroy(&impl->pool);
+    free(impl);
+    free(be);
 }

@@ -37,17 +37,6 @@
 #define MM_WR 4
 #endif
 
-int cpu_isa_detect(void) {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        return CPU_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return CPU_ISA_AVX2;
-    return CPU_ISA_SCALAR;
-}
-
 /* ---- portable C: the reference every vector path must equal ---- */
 
 static float hsum16(const float *acc) {

@@ -76,7 +76,7 @@ static void pack_task(void *arg, int g) {
         if (r < h->rows && h->dtype == KERN_Q8_0) {
             src = (const uint8_t *)h->data + kern_dtype_bytes(KERN_Q8_0, r * ld);
         } else if (r < h->rows) {
-            cpu_load_rows(row, h, r, 1);
+            cpu_load_plain_rows(row, h, r, 1);
             cpu_quantize_q8_0(row, cols, tmp);
             src = tmp;
         }
@@ -461,11 +461,6 @@ static void q8_task(void *arg, int task) {
             }
         }
     }
-}
-
-int cpu_vnni_detect(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni");
 }
 
 int cpu_matmul_q8a8(kern_backend *be, float *out, const float *in, const kern_weight *w, int n) {

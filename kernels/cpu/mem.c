@@ -106,3 +106,45 @@ void cpu_free_kv(kern_backend *be, void *p, size_t bytes) {
     (void)be;
     if (p) munmap(p, bytes ? bytes : 1);
 }
+
+int cpu_owned_add(kern_backend *be, void *p) {
+    cpu_impl *impl = be->impl;
+    if (impl->n_owned == impl->cap_owned) {
+        size_t cap = impl->cap_owned ? 2 * impl->cap_owned : 64;
+        void **n = realloc(impl->owned, cap * sizeof *n);
+        if (!n) return -1;
+        impl->owned = n;
+        impl->cap_owned = cap;
+    }
+    impl->owned[impl->n_owned++] = p;
+    return 0;
+}
+
+void cpu_owned_release(kern_backend *be, const void *p) {
+    cpu_impl *impl = be->impl;
+    for (size_t i = impl->n_owned; p && i-- > 0;)
+        if (impl->owned[i] == p) {
+            free(impl->owned[i]);
+            impl->owned[i] = impl->owned[--impl->n_owned];
+            return;
+        }
+}
+
+void *cpu_scratch(kern_backend *be, size_t bytes) {
+    cpu_impl *impl = be->impl;
+    if (bytes <= impl->scratch_cap) return impl->scratch;
+    void *p = cpu_mem_alloc(be, bytes);
+    if (!p) return NULL;
+    free(impl->scratch);
+    impl->scratch = p;
+    impl->scratch_cap = bytes;
+    return p;
+}
+
+/* Everything kern_cpu_destroy must give back besides the pool: the
+ * owned blocks (weights are never released one by one) and the scratch. */
+void cpu_mem_free_all(cpu_impl *impl) {
+    for (size_t i = 0; i < impl->n_owned; i++) free(impl->owned[i]);
+    free(impl->owned);
+    free(impl->scratch);
+}

@@ -1,9 +1,6 @@
 /* The cpu backend's thread pool (see cpu.h for the contract). */
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -84,7 +81,7 @@ static void *pool_worker(void *arg) {
     return NULL;
 }
 
-static int pool_init(cpu_pool *p, int nthreads) {
+int cpu_pool_init(cpu_pool *p, int nthreads) {
     p->nthreads = nthreads;
     atomic_init(&p->generation, 0);
     atomic_init(&p->stop, 0);
@@ -115,7 +112,7 @@ static int pool_init(cpu_pool *p, int nthreads) {
     return 0;
 }
 
-static void pool_destroy(cpu_pool *p) {
+void cpu_pool_destroy(cpu_pool *p) {
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->start_cv);
@@ -156,95 +153,3 @@ void cpu_parallel_for(kern_backend *be, int ntasks, cpu_task_fn fn, void *arg) {
 }
 
 int cpu_nthreads(const kern_backend *be) { return ((const cpu_impl *)be->impl)->pool.nthreads; }
-
-int cpu_isa(const kern_backend *be) { return ((const cpu_impl *)be->impl)->isa; }
-
-/* The machine's isa, capped by ECHO_CPU_ISA (scalar, avx2, avx512): read
- * once per backend, so tests can run every path on one machine. */
-static int isa_for_backend(void) {
-    int isa = cpu_isa_detect();
-    const char *cap = getenv("ECHO_CPU_ISA");
-    if (cap) {
-        int c = !strcmp(cap, "scalar") ? CPU_ISA_SCALAR : !strcmp(cap, "avx2") ? CPU_ISA_AVX2 : isa;
-        if (c < isa) isa = c;
-    }
-    return isa;
-}
-
-int kern_cpu_ops_init(kern_backend *be); /* cpu_backend.c */
-
-int kern_cpu_create(int nthreads, kern_backend **out, char *err, size_t errlen) {
-    if (nthreads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        nthreads = n > 0 ? (int)n : 1;
-    }
-    if (nthreads > 1024) nthreads = 1024;
-    kern_backend *be = calloc(1, sizeof *be);
-    cpu_impl *impl = calloc(1, sizeof *impl);
-    if (!be || !impl) goto fail;
-    be->impl = impl;
-    impl->isa = isa_for_backend();
-    impl->vnni = impl->isa >= CPU_ISA_AVX512 && cpu_vnni_detect();
-    if (cpu_huge_from_env(&impl->huge, err, errlen)) {
-        free(impl);
-        free(be);
-        return -1;
-    }
-    if (pool_init(&impl->pool, nthreads) != 0) {
-        pool_destroy(&impl->pool);
-        goto fail;
-    }
-    kern_cpu_ops_init(be);
-    *out = be;
-    return 0;
-fail:
-    snprintf(err, errlen, "cpu backend: cannot start %d threads", nthreads);
-    free(impl);
-    free(be);
-    return -1;
-}
-
-int cpu_owned_add(kern_backend *be, void *p) {
-    cpu_impl *impl = be->impl;
-    if (impl->n_owned == impl->cap_owned) {
-        size_t cap = impl->cap_owned ? 2 * impl->cap_owned : 64;
-        void **n = realloc(impl->owned, cap * sizeof *n);
-        if (!n) return -1;
-        impl->owned = n;
-        impl->cap_owned = cap;
-    }
-    impl->owned[impl->n_owned++] = p;
-    return 0;
-}
-
-void cpu_owned_release(kern_backend *be, const void *p) {
-    cpu_impl *impl = be->impl;
-    for (size_t i = impl->n_owned; p && i-- > 0;)
-        if (impl->owned[i] == p) {
-            free(impl->owned[i]);
-            impl->owned[i] = impl->owned[--impl->n_owned];
-            return;
-        }
-}
-
-void *cpu_scratch(kern_backend *be, size_t bytes) {
-    cpu_impl *impl = be->impl;
-    if (bytes <= impl->scratch_cap) return impl->scratch;
-    void *p = cpu_mem_alloc(be, bytes);
-    if (!p) return NULL;
-    free(impl->scratch);
-    impl->scratch = p;
-    impl->scratch_cap = bytes;
-    return p;
-}
-
-void kern_cpu_destroy(kern_backend *be) {
-    if (!be) return;
-    cpu_impl *impl = be->impl;
-    for (size_t i = 0; i < impl->n_owned; i++) free(impl->owned[i]); /* weights never released */
-    free(impl->owned);
-    free(impl->scratch);
-    pool_destroy(&impl->pool);
-    free(impl);
-    free(be);
-}

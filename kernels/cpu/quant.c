@@ -119,6 +119,16 @@ void cpu_dequant(kern_dtype dt, const void *src, int64_t first, int64_t n, float
 }
 
 /* fp32 -> fp16 bits, round to nearest even (ggml stores Q8_0 scales so). */
+/* safetensors does not promise aligned tensor data (HF pads headers to 8
+ * bytes, other writers need not), so weights are read through memcpy
+ * (cpu_dequant); gcc turns it into plain (unaligned-safe) loads. */
+void cpu_load_plain_rows(float *dst, const kern_weight *w, int64_t r0, int64_t nrows) {
+    int64_t cols = w->cols, ld = w->ld ? w->ld : cols;
+    for (int64_t r = 0; r < nrows; r++)
+        cpu_dequant(w->dtype, (const char *)w->data + kern_dtype_bytes(w->dtype, (r0 + r) * ld), 0, cols,
+                    dst + r * cols);
+}
+
 static uint16_t f32_to_f16(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);

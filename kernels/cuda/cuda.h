@@ -280,19 +280,21 @@ static inline unsigned cuda_blocks(size_t count, unsigned threads) {
  * kernels enqueued on the stream from now until the ring comes back to the
  * slot behind *dev (at least CUDA_STAGE_SLOTS - 1 further stagings) read
  * these values, even when they run later (stream order). The host array may
- * be reused as soon as this returns. cuda_backend.cu. */
+ * be reused as soon as this returns. cuda_common.cu. */
 int cuda_stage_i32(kern_backend *be, const int32_t *host, size_t n, const int32_t **dev);
 /* The same in two steps, for arrays built in place: cuda_stage_begin returns
  * a pinned host buffer of at least n values (valid until the commit), the
  * caller fills n values, and cuda_stage_commit enqueues the copy. Nothing
- * may be staged between the two calls. cuda_backend.cu. */
+ * may be staged between the two calls. cuda_common.cu. */
 int cuda_stage_begin(kern_backend *be, size_t n, int32_t **host);
 int cuda_stage_commit(kern_backend *be, size_t n, const int32_t **dev);
-/* Ensure the device scratch holds `bytes`. cuda_backend.cu. */
+/* Ensure the device scratch holds `bytes`. cuda_common.cu. */
 int cuda_tmp_reserve(kern_backend *be, size_t bytes, void **p);
 /* Reject weights that did not come from upload_weight (bf16, dense).
- * cuda_backend.cu. */
+ * cuda_common.cu. */
 int cuda_check_weight(kern_backend *be, const char *op, const kern_weight *w);
+/* Free the staging ring's buffers (not its events). cuda_common.cu. */
+void cuda_stage_free(cuda_impl *impl);
 
 /* The device table inv_freq[i] = kern_rope_inv_freq(rope, i, head_dim),
  * i < head_dim/2, computed on the host (so bit-identical to the cpu twin)

@@ -170,37 +170,45 @@ static void cost_model(int n, double alpha_s, double link_gbps, double bytes, in
     *t_echo = steps * alpha_s + frac * M * wire_bits / 8 / beta + codec;
 }
 
-int bench_codec_main(int argc, char **argv) {
-    int group = 0, iters = 20, json = 0, seed = 1, mranks = 8, act_bits = 32, threads = 1;
-    echo_codec_id codec = ECHO_CODEC_DEFAULT;
-    double alpha_us = 10, ov_enc = 0, ov_dec = 0;
-    const char *links = "1.25,12.5,25,50,100,400";
-    size_t count = 8u << 20;
+/* echo-bench codec's options. */
+typedef struct codec_opts {
+    int group, iters, json, seed, mranks, act_bits, threads;
+    echo_codec_id codec;
+    double alpha_us, ov_enc, ov_dec; /* ov_*: --codec-gbps, 0 unless given */
+    const char *links;
+    size_t count;
+} codec_opts;
+
+/* The command line into *o; -1 (usage printed) when it is bad. */
+static int codec_parse(int argc, char **argv, codec_opts *o) {
+    *o = (codec_opts){.iters = 20, .seed = 1, .mranks = 8, .act_bits = 32, .threads = 1,
+                      .codec = ECHO_CODEC_DEFAULT, .alpha_us = 10, .links = "1.25,12.5,25,50,100,400",
+                      .count = 8u << 20};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "--json"))
-            json = 1;
+            o->json = 1;
         else if (!v)
             bad = 1;
-        else if (bench_comm_flag(a, v, &group, &codec, &seed, NULL, &bad))
+        else if (bench_comm_flag(a, v, &o->group, &o->codec, &o->seed, NULL, &bad))
             i++;
         else if (!strcmp(a, "--count"))
-            bad = !(count = bench_parse_size(v)), i++;
+            bad = !(o->count = bench_parse_size(v)), i++;
         else if (!strcmp(a, "--iters"))
-            bad = bench_parse_int(v, 1, 100000, &iters), i++;
+            bad = bench_parse_int(v, 1, 100000, &o->iters), i++;
         else if (!strcmp(a, "--threads"))
-            bad = bench_parse_int(v, 1, ECHO_BENCH_MAX_THREADS, &threads), i++;
+            bad = bench_parse_int(v, 1, ECHO_BENCH_MAX_THREADS, &o->threads), i++;
         else if (!strcmp(a, "--ranks"))
-            bad = bench_parse_int(v, 2, ECHO_MAX_RANKS, &mranks), i++;
+            bad = bench_parse_int(v, 2, ECHO_MAX_RANKS, &o->mranks), i++;
         else if (!strcmp(a, "--alpha-us"))
-            alpha_us = atof(v), i++;
+            o->alpha_us = atof(v), i++;
         else if (!strcmp(a, "--links"))
-            links = v, i++;
+            o->links = v, i++;
         else if (!strcmp(a, "--act-bits"))
-            bad = bench_parse_int(v, 16, 32, &act_bits) || (act_bits != 16 && act_bits != 32), i++;
+            bad = bench_parse_int(v, 16, 32, &o->act_bits) || (o->act_bits != 16 && o->act_bits != 32), i++;
         else if (!strcmp(a, "--codec-gbps"))
-            bad = sscanf(v, "%lf,%lf", &ov_enc, &ov_dec) != 2, i++;
+            bad = sscanf(v, "%lf,%lf", &o->ov_enc, &o->ov_dec) != 2, i++;
         else
             bad = 1;
         if (bad) {
@@ -209,122 +217,135 @@ int bench_codec_main(int argc, char **argv) {
                     "[--threads T] [--seed S] [--json]\n"
                     "                        [--ranks N] [--alpha-us A] [--links GBPS,...] [--codec-gbps ENC,DEC]\n"
                     "                        [--act-bits 32|16]  (cost model)\n");
-            return 2;
+            return -1;
         }
     }
-    float *x = malloc(count * sizeof *x), *xo = malloc(count * sizeof *xo),
-          *res = calloc(count + ECHO_MAX_GROUP, sizeof *res);
-    float *acc = calloc(count, sizeof *acc), *dst = malloc(count * sizeof *dst), *tres = calloc(count, sizeof *tres);
+    return 0;
+}
+
+/* The cost model's table: a 1 GiB all-reduce, exact vs echo, per link
+ * speed of --links, at the codec rates measured (or --codec-gbps). */
+static void codec_cost_report(const codec_opts *o, int model_group, double model_bits, double model_enc,
+                              double model_dec) {
+    printf("# cost model: 1 GiB all-reduce of %s, %d ranks, alpha %.1f us, group %d (%.3f b/v), codec rates "
+           "%s (not overlapped)\n",
+           o->act_bits == 32 ? "fp32" : "bf16", o->mranks, o->alpha_us, model_group, model_bits,
+           o->ov_enc > 0    ? "given by --codec-gbps"
+           : o->threads > 1 ? "measured above"
+                         : "measured above (one thread)");
+    printf("# %10s %12s %12s %10s\n", "link GB/s", "exact ms", "echo ms", "speed-up");
+    char list[256];
+    snprintf(list, sizeof list, "%s", o->links);
+    for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        double link = atof(tok), te_, tq_;
+        if (link <= 0) continue;
+        cost_model(o->mranks, o->alpha_us * 1e-6, link, 1024.0 * 1024 * 1024, o->act_bits, model_bits, model_enc, model_dec,
+                   &te_, &tq_);
+        printf("  %10.2f %12.2f %12.2f %10.2f\n", link, te_ * 1e3, tq_ * 1e3, te_ / tq_);
+    }
+    /* exact - echo = frac*M*(act - w)/8/beta - codec(M) = 0, per value */
+    double n = o->mranks, frac = 2 * (n - 1) / n;
+    double breakeven = frac * (o->act_bits - model_bits) / 8 / (4 / model_enc + 4 * (2 - 1 / n) / model_dec);
+    printf("# echo is faster on links slower than %.2f GB/s at this codec speed; the break-even link speed "
+           "scales with the codec's (threads, GPU kernels): --codec-gbps ENC,DEC overrides it\n",
+           breakeven);
+}
+
+int bench_codec_main(int argc, char **argv) {
+    codec_opts opt;
+    if (codec_parse(argc, argv, &opt)) return 2;
+    const codec_opts *o = &opt;
+    float *x = malloc(o->count * sizeof *x), *xo = malloc(o->count * sizeof *xo),
+          *res = calloc(o->count + ECHO_MAX_GROUP, sizeof *res);
+    float *acc = calloc(o->count, sizeof *acc), *dst = malloc(o->count * sizeof *dst), *tres = calloc(o->count, sizeof *tres);
     /* the largest wire form of this codec over the groups it takes (hout2
      * at G = 16 is 8 bits a value, int4's 5) */
-    size_t slice = (count + (size_t)threads - 1) / (size_t)threads, wire_bytes = 0;
+    size_t slice = (o->count + (size_t)o->threads - 1) / (size_t)o->threads, wire_bytes = 0;
     slice = (slice + ECHO_MAX_GROUP - 1) / ECHO_MAX_GROUP * ECHO_MAX_GROUP; /* whole groups of every size */
     for (int G = ECHO_MIN_GROUP; G <= ECHO_MAX_GROUP; G *= 2) {
-        size_t b = (slice + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(codec, G);
+        size_t b = (slice + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(o->codec, G);
         wire_bytes = b > wire_bytes ? b : wire_bytes;
     }
     wire_bytes = (wire_bytes + 63) / 64 * 64;
-    uint8_t *wire = malloc(wire_bytes * (size_t)threads);
+    uint8_t *wire = malloc(wire_bytes * (size_t)o->threads);
     int status = 0;
     if (!x || !xo || !res || !acc || !dst || !tres || !wire) {
-        fprintf(stderr, "echo-bench: out of memory for %zu values\n", count);
+        fprintf(stderr, "echo-bench: out of memory for %zu values\n", o->count);
         status = 1;
         goto out;
     }
-    bench_fill(BENCH_DIST_GAUSS, x, count, (uint64_t)seed, 0, 0);
-    bench_fill(BENCH_DIST_OUTLIER, xo, count, (uint64_t)seed, 0, 0);
-    memset(dst, 0, count * sizeof *dst); /* fault the pages in before timing */
-    memset(wire, 0, wire_bytes * (size_t)threads);
-    if (json)
+    bench_fill(BENCH_DIST_GAUSS, x, o->count, (uint64_t)o->seed, 0, 0);
+    bench_fill(BENCH_DIST_OUTLIER, xo, o->count, (uint64_t)o->seed, 0, 0);
+    memset(dst, 0, o->count * sizeof *dst); /* fault the pages in before timing */
+    memset(wire, 0, wire_bytes * (size_t)o->threads);
+    if (o->json)
         printf("[");
     else {
         printf("# echo-bench codec %s: %zu fp32 values (%.1f MiB), %d thread%s, best of %d rounds of memcpy, encode "
                "traffic, encode, decode in %s; GB/s of fp32 values (CPU numbers; codec path %s)\n",
-               echo_codec_get(codec)->name, count, count * 4.0 / (1 << 20), threads, threads > 1 ? "s" : "", iters,
-               threads > 1 ? "wall time, each thread a slice of whole groups" : "thread CPU time", codec_path());
+               echo_codec_get(o->codec)->name, o->count, o->count * 4.0 / (1 << 20), o->threads, o->threads > 1 ? "s" : "", o->iters,
+               o->threads > 1 ? "wall time, each thread a slice of whole groups" : "thread CPU time", codec_path());
         printf("# traf/cpy: the encode's memory traffic alone (read x and the residual, write the residual and "
                "the wire bytes; no coding) over memcpy: the most enc/cpy can be where memory is the bound\n");
         printf("# %6s %10s %12s %12s %12s %8s %8s %8s %14s %14s\n", "group", "wire(b/v)", "encode GB/s", "dec+acc GB/s",
                "memcpy GB/s", "enc/cpy", "dec/cpy", "traf/cpy", "rel_err gauss", "rel_err outlr");
     }
-    int first = 1, model_group = group ? group : echo_codec_default_group(codec);
+    int first = 1, model_group = o->group ? o->group : echo_codec_default_group(o->codec);
     double model_enc = 0, model_dec = 0, model_bits = 0;
     for (int G = ECHO_MIN_GROUP; G <= ECHO_MAX_GROUP; G *= 2) {
-        if ((group && G != group) || !echo_codec_group_bytes(codec, G)) continue;
-        double bytes = (double)count * sizeof(float);
+        if ((o->group && G != o->group) || !echo_codec_group_bytes(o->codec, G)) continue;
+        double bytes = (double)o->count * sizeof(float);
         double best[OP_COUNT];
-        codec_team tm = {.nthreads = threads,
-                         .iters = iters,
+        codec_team tm = {.nthreads = o->threads,
+                         .iters = o->iters,
                          .group = G,
-                         .codec = codec,
+                         .codec = o->codec,
                          .x = x,
                          .res = res,
                          .acc = acc,
                          .dst = dst,
                          .tres = tres,
                          .wire = wire,
-                         .count = count,
+                         .count = o->count,
                          .slice = slice,
                          .slice_wire = wire_bytes,
-                         .wire_per_value = (double)echo_codec_group_bytes(codec, G) / G};
+                         .wire_per_value = (double)echo_codec_group_bytes(o->codec, G) / G};
         if (time_ops(&tm, best)) {
-            fprintf(stderr, "echo-bench: could not start %d threads\n", threads);
+            fprintf(stderr, "echo-bench: could not start %d threads\n", o->threads);
             status = 1;
             goto out;
         }
         double tmc = best[OP_MEMCPY], tt = best[OP_TRAFFIC], te = best[OP_ENCODE], td = best[OP_DECODE_ACC];
-        double eg = codec_rel_err(codec, x, count, G, wire, dst), eo = codec_rel_err(codec, xo, count, G, wire, dst);
+        double eg = codec_rel_err(o->codec, x, o->count, G, wire, dst), eo = codec_rel_err(o->codec, xo, o->count, G, wire, dst);
         double bits =
-            8.0 * (double)((count + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(codec, G)) / (double)count;
+            8.0 * (double)((o->count + (size_t)G - 1) / (size_t)G * echo_codec_group_bytes(o->codec, G)) / (double)o->count;
         if (G == model_group) {
             model_enc = bytes / te / 1e9;
             model_dec = bytes / td / 1e9;
             model_bits = bits;
         }
-        if (json)
+        if (o->json)
             printf("%s\n {\"codec\": \"%s\", \"group\": %d, \"count\": %zu, \"wire_bits_per_value\": %.4f, "
                    "\"encode_gbps\": %.3f, "
                    "\"decode_acc_gbps\": %.3f, \"memcpy_gbps\": %.3f, \"encode_vs_memcpy\": %.3f, "
                    "\"decode_acc_vs_memcpy\": %.3f, \"traffic_gbps\": %.3f, \"traffic_vs_memcpy\": %.3f, "
                    "\"rel_err_gauss\": %.6g, \"rel_err_outlier\": %.6g, \"codec_path\": \"%s\", \"threads\": %d}",
-                   first ? "" : ",", echo_codec_get(codec)->name, G, count, bits, bytes / te / 1e9, bytes / td / 1e9,
-                   bytes / tmc / 1e9, tmc / te, tmc / td, bytes / tt / 1e9, tmc / tt, eg, eo, codec_path(), threads);
+                   first ? "" : ",", echo_codec_get(o->codec)->name, G, o->count, bits, bytes / te / 1e9, bytes / td / 1e9,
+                   bytes / tmc / 1e9, tmc / te, tmc / td, bytes / tt / 1e9, tmc / tt, eg, eo, codec_path(), o->threads);
         else
             printf("  %6d %10.4f %12.2f %12.2f %12.2f %8.2f %8.2f %8.2f %14.5f %14.5f\n", G, bits, bytes / te / 1e9,
                    bytes / td / 1e9, bytes / tmc / 1e9, tmc / te, tmc / td, tmc / tt, eg, eo);
         fflush(stdout);
         first = 0;
     }
-    if (ov_enc > 0 && ov_dec > 0) {
-        model_enc = ov_enc;
-        model_dec = ov_dec;
+    if (o->ov_enc > 0 && o->ov_dec > 0) {
+        model_enc = o->ov_enc;
+        model_dec = o->ov_dec;
     }
-    if (json)
+    if (o->json)
         printf("\n]\n");
-    else if (model_enc > 0) {
-        printf("# cost model: 1 GiB all-reduce of %s, %d ranks, alpha %.1f us, group %d (%.3f b/v), codec rates "
-               "%s (not overlapped)\n",
-               act_bits == 32 ? "fp32" : "bf16", mranks, alpha_us, model_group, model_bits,
-               ov_enc > 0    ? "given by --codec-gbps"
-               : threads > 1 ? "measured above"
-                             : "measured above (one thread)");
-        printf("# %10s %12s %12s %10s\n", "link GB/s", "exact ms", "echo ms", "speed-up");
-        char list[256];
-        snprintf(list, sizeof list, "%s", links);
-        for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-            double link = atof(tok), te_, tq_;
-            if (link <= 0) continue;
-            cost_model(mranks, alpha_us * 1e-6, link, 1024.0 * 1024 * 1024, act_bits, model_bits, model_enc, model_dec,
-                       &te_, &tq_);
-            printf("  %10.2f %12.2f %12.2f %10.2f\n", link, te_ * 1e3, tq_ * 1e3, te_ / tq_);
-        }
-        /* exact - echo = frac*M*(act - w)/8/beta - codec(M) = 0, per value */
-        double n = mranks, frac = 2 * (n - 1) / n;
-        double breakeven = frac * (act_bits - model_bits) / 8 / (4 / model_enc + 4 * (2 - 1 / n) / model_dec);
-        printf("# echo is faster on links slower than %.2f GB/s at this codec speed; the break-even link speed "
-               "scales with the codec's (threads, GPU kernels): --codec-gbps ENC,DEC overrides it\n",
-               breakeven);
-    }
+    else if (model_enc > 0)
+        codec_cost_report(o, model_group, model_bits, model_enc, model_dec);
 out:
     free(x);
     free(xo);

@@ -223,194 +223,207 @@ static const char FW_USAGE[] =
     "  --json              one JSON object instead of the table\n"
     "Exit status: 0 ok, 1 runtime error, 2 usage error.\n";
 
+/* Options: first eng_config's (fw_engine_opt), then the measurements'
+ * (fw_measure_opt). */
+enum {
+    O_MODEL = 1000,
+    O_DEVICE,
+    O_TP,
+    O_GRAPHS,
+    O_QUANT,
+    O_ACTQ,
+    O_KVDT,
+    O_ALLRED,
+    O_EGROUP,
+    O_EMINB,
+    O_ECODEC,
+    O_OVERLAP,
+    O_ONESHOT,
+    O_ROPE,
+    O_PREFILL, /* the first measurement option */
+    O_BATCH,
+    O_STEPS,
+    O_PROMPT,
+    O_TTFT,
+    O_ITERS,
+    O_THREADS,
+    O_COPY,
+    O_SEED,
+    O_GEMM,
+    O_JSON,
+    O_HELP
+};
+static const struct option fw_longopts[] = {
+    {"model", required_argument, 0, O_MODEL},
+    {"device", required_argument, 0, O_DEVICE},
+    {"tp", required_argument, 0, O_TP},
+    {"prefill", required_argument, 0, O_PREFILL},
+    {"decode-batch", required_argument, 0, O_BATCH},
+    {"decode-steps", required_argument, 0, O_STEPS},
+    {"decode-prompt", required_argument, 0, O_PROMPT},
+    {"ttft-len", required_argument, 0, O_TTFT},
+    {"iters", required_argument, 0, O_ITERS},
+    {"threads", required_argument, 0, O_THREADS},
+    {"copy-bytes", required_argument, 0, O_COPY},
+    {"seed", required_argument, 0, O_SEED},
+    {"gemm-dim", required_argument, 0, O_GEMM},
+    {"json", no_argument, 0, O_JSON},
+    {"cuda-graphs", no_argument, 0, O_GRAPHS},
+    {"quantize", required_argument, 0, O_QUANT},
+    {"act-quant", required_argument, 0, O_ACTQ},
+    {"kv-cache-dtype", required_argument, 0, O_KVDT},
+    {"allreduce", required_argument, 0, O_ALLRED},
+    {"echo-group", required_argument, 0, O_EGROUP},
+    {"echo-min-bytes", required_argument, 0, O_EMINB},
+    {"echo-codec", required_argument, 0, O_ECODEC},
+    {"overlap", required_argument, 0, O_OVERLAP},
+    {"oneshot", required_argument, 0, O_ONESHOT},
+    {"rope-scaling", required_argument, 0, O_ROPE},
+    {"help", no_argument, 0, O_HELP},
+    {0, 0, 0, 0},
+};
+
+/* One option of the engine's configuration (the model, the device, the
+ * all-reduce, quantization, the KV cache): 0, or 2 after a usage error. */
+static int fw_engine_opt(int c, const char *a, fw_opts *o) {
+    long v;
+    switch (c) {
+    case O_MODEL: o->model = a; return 0;
+    case O_DEVICE:
+        o->device = a;
+        return kern_backend_find(a) ? 0 : fw_usage_error("--device: expected auto or a backend's name, got '%s'", a);
+    case O_TP:
+        if (cli_parse_long(a, 1, 64, &v)) return fw_usage_error("--tp: expected 1..64, got '%s'", a);
+        o->tp = (int)v;
+        return 0;
+    case O_ALLRED:
+        if (echo_allreduce_parse(a, &o->allreduce, &o->allreduce_auto)) {
+            char msg[256], names[128];
+            snprintf(msg, sizeof msg, "--allreduce: expected auto, auto:echo3 or one of %s, got '%%s'",
+                     echo_preset_names(names, sizeof names, ", "));
+            return fw_usage_error(msg, a);
+        }
+        return 0;
+    case O_EGROUP:
+        if (cli_parse_long(a, 16, 256, &v)) return fw_usage_error("--echo-group: expected 16..256, got '%s'", a);
+        o->echo_group = (int)v;
+        return 0;
+    case O_ECODEC: {
+        int g = 0;
+        if (echo_codec_parse(a, &o->echo_codec, &g))
+            return fw_usage_error("--echo-codec: expected a codec of the table, optionally -gG, got '%s'", a);
+        if (g) o->echo_group = g;
+        return 0;
+    }
+    case O_EMINB:
+        if (cli_parse_long(a, 0, 1L << 40, &v))
+            return fw_usage_error("--echo-min-bytes: expected a byte count, got '%s'", a);
+        o->echo_min_bytes = v;
+        return 0;
+    case O_GRAPHS: o->cuda_graphs = 1; return 0;
+    case O_QUANT:
+        o->quantize = ENG_QUANT_Q8_0;
+        return strcmp(a, "q8_0") ? fw_usage_error("--quantize: expected q8_0, got '%s'", a) : 0;
+    case O_OVERLAP:
+        if (!strcmp(a, "auto"))
+            o->overlap = 0;
+        else if (!strcmp(a, "off"))
+            o->overlap = -1;
+        else if (cli_parse_long(a, 1, 8, &v) == 0)
+            o->overlap = (int)v;
+        else
+            return fw_usage_error("--overlap: expected auto, off or a count 1..8, got '%s'", a);
+        return 0;
+    case O_ONESHOT:
+        if (!strcmp(a, "auto"))
+            o->oneshot = ENG_ONESHOT_AUTO;
+        else if (!strcmp(a, "off"))
+            o->oneshot = ENG_ONESHOT_OFF;
+        else if (cli_parse_long(a, 1, 1L << 30, &v) == 0)
+            o->oneshot = v;
+        else
+            return fw_usage_error("--oneshot: expected auto, off or a byte count 1..1073741824, got '%s'", a);
+        return 0;
+    case O_ACTQ:
+        return cli_parse_act_quant(a, &o->act_quant)
+                   ? fw_usage_error("--act-quant: expected auto, none or q8_0, got '%s'", a)
+                   : 0;
+    case O_KVDT:
+        return cli_parse_kv_dtype(a, &o->kv_dtype)
+                   ? fw_usage_error("--kv-cache-dtype: expected auto, fp32, bf16, fp16 or q8_0, got '%s'", a)
+                   : 0;
+    case O_ROPE: o->rope_scaling = a; return 0;
+    default: return 0;
+    }
+}
+
+/* One option of what is measured and how (lengths, batches, repetitions,
+ * yardsticks, output): 0, or 2 after a usage error. */
+static int fw_measure_opt(int c, const char *a, fw_opts *o) {
+    long v;
+    switch (c) {
+    case O_PREFILL:
+        if (fw_parse_list(a, 1 << 20, o->prefill, &o->n_prefill))
+            return fw_usage_error("--prefill: expected up to 16 comma-separated lengths in 1..1048576, got '%s'", a);
+        return 0;
+    case O_BATCH:
+        if (fw_parse_list(a, 65536, o->batch, &o->n_batch))
+            return fw_usage_error("--decode-batch: expected up to 16 comma-separated sizes in 1..65536, got '%s'", a);
+        return 0;
+    case O_STEPS:
+        if (cli_parse_long(a, 1, 100000, &v)) return fw_usage_error("--decode-steps: expected 1..100000, got '%s'", a);
+        o->decode_steps = (int)v;
+        return 0;
+    case O_PROMPT:
+        if (cli_parse_long(a, 1, 1 << 20, &v))
+            return fw_usage_error("--decode-prompt: expected 1..1048576, got '%s'", a);
+        o->decode_prompt = (int)v;
+        return 0;
+    case O_TTFT:
+        if (cli_parse_long(a, 0, 1 << 20, &v)) return fw_usage_error("--ttft-len: expected 0..1048576, got '%s'", a);
+        o->ttft_len = (int)v;
+        return 0;
+    case O_ITERS:
+        if (cli_parse_long(a, 1, 1000, &v)) return fw_usage_error("--iters: expected 1..1000, got '%s'", a);
+        o->iters = (int)v;
+        return 0;
+    case O_THREADS:
+        if (cli_parse_long(a, 1, 4096, &v)) return fw_usage_error("--threads: expected 1..4096, got '%s'", a);
+        o->threads = (int)v;
+        return 0;
+    case O_COPY:
+        if (fw_parse_size(a, 4096, 1L << 36, &o->copy_bytes))
+            return fw_usage_error("--copy-bytes: expected 4K..64G (K, M, G suffixes), got '%s'", a);
+        return 0;
+    case O_SEED:
+        if (cli_parse_long(a, 0, 0x7fffffffL, &v)) return fw_usage_error("--seed: expected 0..2147483647, got '%s'", a);
+        o->seed = (unsigned long long)v;
+        return 0;
+    case O_GEMM:
+        if (cli_parse_long(a, 0, 32768, &v)) return fw_usage_error("--gemm-dim: expected 0..32768, got '%s'", a);
+        o->gemm_dim = (int)v;
+        return 0;
+    case O_JSON: o->json = 1; return 0;
+    default: return 0;
+    }
+}
+
+/* The command line into *o: 0, -1 after --help, 2 after a usage error
+ * (printed). */
 static int fw_parse(int argc, char **argv, fw_opts *o) {
-    enum {
-        O_MODEL = 1000,
-        O_DEVICE,
-        O_TP,
-        O_PREFILL,
-        O_BATCH,
-        O_STEPS,
-        O_PROMPT,
-        O_TTFT,
-        O_ITERS,
-        O_THREADS,
-        O_COPY,
-        O_SEED,
-        O_GEMM,
-        O_JSON,
-        O_HELP,
-        O_GRAPHS,
-        O_QUANT,
-        O_ACTQ,
-        O_KVDT,
-        O_ALLRED,
-        O_EGROUP,
-        O_EMINB,
-        O_ECODEC,
-        O_OVERLAP,
-        O_ONESHOT,
-        O_ROPE
-    };
-    static const struct option lo[] = {
-        {"model", required_argument, 0, O_MODEL},
-        {"device", required_argument, 0, O_DEVICE},
-        {"tp", required_argument, 0, O_TP},
-        {"prefill", required_argument, 0, O_PREFILL},
-        {"decode-batch", required_argument, 0, O_BATCH},
-        {"decode-steps", required_argument, 0, O_STEPS},
-        {"decode-prompt", required_argument, 0, O_PROMPT},
-        {"ttft-len", required_argument, 0, O_TTFT},
-        {"iters", required_argument, 0, O_ITERS},
-        {"threads", required_argument, 0, O_THREADS},
-        {"copy-bytes", required_argument, 0, O_COPY},
-        {"seed", required_argument, 0, O_SEED},
-        {"gemm-dim", required_argument, 0, O_GEMM},
-        {"json", no_argument, 0, O_JSON},
-        {"cuda-graphs", no_argument, 0, O_GRAPHS},
-        {"quantize", required_argument, 0, O_QUANT},
-        {"act-quant", required_argument, 0, O_ACTQ},
-        {"kv-cache-dtype", required_argument, 0, O_KVDT},
-        {"allreduce", required_argument, 0, O_ALLRED},
-        {"echo-group", required_argument, 0, O_EGROUP},
-        {"echo-min-bytes", required_argument, 0, O_EMINB},
-        {"echo-codec", required_argument, 0, O_ECODEC},
-        {"overlap", required_argument, 0, O_OVERLAP},
-        {"oneshot", required_argument, 0, O_ONESHOT},
-        {"rope-scaling", required_argument, 0, O_ROPE},
-        {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0},
-    };
     char **av = argv; /* argv[0] is the subcommand name */
     int ac = argc, c, rc = 0;
-    long v;
     bench_getopt_reset();
-    while (!rc && (c = getopt_long(ac, av, ":h", lo, NULL)) != -1) {
-        const char *a = optarg;
-        switch (c) {
-        case O_MODEL: o->model = a; break;
-        case O_DEVICE:
-            if (!kern_backend_find(a)) rc = fw_usage_error("--device: expected auto or a backend's name, got '%s'", a);
-            o->device = a;
-            break;
-        case O_TP:
-            if (cli_parse_long(a, 1, 64, &v)) rc = fw_usage_error("--tp: expected 1..64, got '%s'", a);
-            o->tp = (int)v;
-            break;
-        case O_ALLRED:
-            if (echo_allreduce_parse(a, &o->allreduce, &o->allreduce_auto))
-            {
-                char msg[256], names[128];
-                snprintf(msg, sizeof msg, "--allreduce: expected auto, auto:echo3 or one of %s, got '%%s'",
-                         echo_preset_names(names, sizeof names, ", "));
-                rc = fw_usage_error(msg, a);
-            }
-            break;
-        case O_EGROUP:
-            if (cli_parse_long(a, 16, 256, &v)) rc = fw_usage_error("--echo-group: expected 16..256, got '%s'", a);
-            o->echo_group = (int)v;
-            break;
-        case O_ECODEC: {
-            int g = 0;
-            if (echo_codec_parse(a, &o->echo_codec, &g))
-                rc = fw_usage_error("--echo-codec: expected a codec of the table, optionally -gG, got '%s'", a);
-            if (g) o->echo_group = g;
-            break;
-        }
-        case O_EMINB:
-            if (cli_parse_long(a, 0, 1L << 40, &v))
-                rc = fw_usage_error("--echo-min-bytes: expected a byte count, got '%s'", a);
-            o->echo_min_bytes = v;
-            break;
-        case O_PREFILL:
-            if (fw_parse_list(a, 1 << 20, o->prefill, &o->n_prefill))
-                rc = fw_usage_error("--prefill: expected up to 16 comma-separated lengths in 1..1048576, got '%s'", a);
-            break;
-        case O_BATCH:
-            if (fw_parse_list(a, 65536, o->batch, &o->n_batch))
-                rc = fw_usage_error("--decode-batch: expected up to 16 comma-separated sizes in 1..65536, got '%s'", a);
-            break;
-        case O_STEPS:
-            if (cli_parse_long(a, 1, 100000, &v))
-                rc = fw_usage_error("--decode-steps: expected 1..100000, got '%s'", a);
-            o->decode_steps = (int)v;
-            break;
-        case O_PROMPT:
-            if (cli_parse_long(a, 1, 1 << 20, &v))
-                rc = fw_usage_error("--decode-prompt: expected 1..1048576, got '%s'", a);
-            o->decode_prompt = (int)v;
-            break;
-        case O_TTFT:
-            if (cli_parse_long(a, 0, 1 << 20, &v)) rc = fw_usage_error("--ttft-len: expected 0..1048576, got '%s'", a);
-            o->ttft_len = (int)v;
-            break;
-        case O_ITERS:
-            if (cli_parse_long(a, 1, 1000, &v)) rc = fw_usage_error("--iters: expected 1..1000, got '%s'", a);
-            o->iters = (int)v;
-            break;
-        case O_THREADS:
-            if (cli_parse_long(a, 1, 4096, &v)) rc = fw_usage_error("--threads: expected 1..4096, got '%s'", a);
-            o->threads = (int)v;
-            break;
-        case O_COPY:
-            if (fw_parse_size(a, 4096, 1L << 36, &o->copy_bytes))
-                rc = fw_usage_error("--copy-bytes: expected 4K..64G (K, M, G suffixes), got '%s'", a);
-            break;
-        case O_SEED:
-            if (cli_parse_long(a, 0, 0x7fffffffL, &v))
-                rc = fw_usage_error("--seed: expected 0..2147483647, got '%s'", a);
-            o->seed = (unsigned long long)v;
-            break;
-        case O_GEMM:
-            if (cli_parse_long(a, 0, 32768, &v)) rc = fw_usage_error("--gemm-dim: expected 0..32768, got '%s'", a);
-            o->gemm_dim = (int)v;
-            break;
-        case O_JSON: o->json = 1; break;
-        case O_GRAPHS: o->cuda_graphs = 1; break;
-        case O_QUANT:
-            if (strcmp(a, "q8_0")) rc = fw_usage_error("--quantize: expected q8_0, got '%s'", a);
-            o->quantize = ENG_QUANT_Q8_0;
-            break;
-        case O_OVERLAP: {
-            long n = 0;
-            if (!strcmp(a, "auto"))
-                o->overlap = 0;
-            else if (!strcmp(a, "off"))
-                o->overlap = -1;
-            else if (cli_parse_long(a, 1, 8, &n) == 0)
-                o->overlap = (int)n;
-            else
-                rc = fw_usage_error("--overlap: expected auto, off or a count 1..8, got '%s'", a);
-            break;
-        }
-        case O_ONESHOT: {
-            long n = 0;
-            if (!strcmp(a, "auto"))
-                o->oneshot = ENG_ONESHOT_AUTO;
-            else if (!strcmp(a, "off"))
-                o->oneshot = ENG_ONESHOT_OFF;
-            else if (cli_parse_long(a, 1, 1L << 30, &n) == 0)
-                o->oneshot = n;
-            else
-                rc = fw_usage_error("--oneshot: expected auto, off or a byte count 1..1073741824, got '%s'", a);
-            break;
-        }
-        case O_ACTQ:
-            if (cli_parse_act_quant(a, &o->act_quant))
-                rc = fw_usage_error("--act-quant: expected auto, none or q8_0, got '%s'", a);
-            break;
-        case O_KVDT:
-            if (cli_parse_kv_dtype(a, &o->kv_dtype))
-                rc = fw_usage_error("--kv-cache-dtype: expected auto, fp32, bf16, fp16 or q8_0, got '%s'", a);
-            break;
-        case O_ROPE: o->rope_scaling = a; break;
-        case 'h':
-        case O_HELP:
+    while (!rc && (c = getopt_long(ac, av, ":h", fw_longopts, NULL)) != -1) {
+        if (c == 'h' || c == O_HELP) {
             fputs(FW_USAGE, stdout);
             rc = -1;
-            break;
-        default: rc = bench_getopt_error("forward", c, av); break;
-        }
+        } else if (c >= O_MODEL && c < O_PREFILL)
+            rc = fw_engine_opt(c, optarg, o);
+        else if (c >= O_PREFILL && c < O_HELP)
+            rc = fw_measure_opt(c, optarg, o);
+        else
+            rc = bench_getopt_error("forward", c, av);
     }
     if (!rc && optind < ac) rc = fw_usage_error("unexpected argument '%s'", av[optind]);
     if (!rc && !o->model) rc = fw_usage_error("%s", "--model DIR is required");
@@ -679,335 +692,409 @@ out:
     return status;
 }
 
-int bench_forward_main(int argc, char **argv) {
-    cli_procs_start("echo-bench forward"); /* under mpirun: ranks > 0 follow rank 0 and exit there */
-    fw_opts o = {.device = "cpu",
-                 .act_quant = ENG_ACT_AUTO,
-                 .kv_dtype = KERN_KV_BF16,
-                 .tp = 1,
-                 .gemm_dim = -1,
-                 .iters = 3,
-                 .decode_steps = 32,
-                 .decode_prompt = 16,
-                 .ttft_len = 2048,
-                 .prefill = {512, 2048, 8192},
-                 .n_prefill = 3,
-                 .batch = {1, 16, 64},
-                 .n_batch = 3};
-    int rc = fw_parse(argc, argv, &o);
-    if (rc) return rc < 0 ? 0 : rc;
-    o.device = kern_backend_find(o.device)->name; /* "auto" resolved */
-
-    char err[1024];
+/* One run: the model's shape, the sizes it needs, the yardsticks, the
+ * engine and its buffers, and what was measured. */
+typedef struct fw_run {
+    fw_opts o;
     model_config mc;
-    if (model_config_load(o.model, &mc, err, sizeof err) ||
-        model_config_rope_override(&mc, o.rope_scaling, err, sizeof err)) {
-        fprintf(stderr, "echo-bench forward: %s\n", err);
-        return 1;
-    }
-    int max_pre = 0, max_b = 0;
-    for (int i = 0; i < o.n_prefill; i++)
-        max_pre = o.prefill[i] > max_pre ? o.prefill[i] : max_pre;
-    for (int i = 0; i < o.n_batch; i++)
-        max_b = o.batch[i] > max_b ? o.batch[i] : max_b;
-    int dec_len = o.decode_prompt + (o.cuda_graphs ? 3 : 1) + o.decode_steps; /* prompt, warm-up steps, timed steps */
-    int max_len = max_pre > o.ttft_len ? max_pre : o.ttft_len;
-    max_len = max_len > dec_len ? max_len : dec_len;
-    if (max_len > mc.max_position_embeddings) {
-        fprintf(stderr, "echo-bench forward: %d tokens exceed the model's max_position_embeddings %d\n", max_len,
-                mc.max_position_embeddings);
-        return 1;
-    }
-    const int bs = 16;
-    long long blocks_pre = (max_len + bs - 1) / bs, blocks_dec = (long long)max_b * ((dec_len + bs - 1) / bs);
-    long long batch_tok = (long long)max_b * o.decode_prompt;
-    if (batch_tok < max_len) batch_tok = max_len;
-    if (blocks_dec > (1 << 30) || batch_tok > (1 << 24)) {
-        fprintf(stderr, "echo-bench forward: batch %d x %d tokens is too large\n", max_b, dec_len);
-        return 1;
-    }
-
-    /* Bandwidth first, while the device holds nothing else. On cpu the
-     * roofline is a streaming read (a decode step reads its weights); the
-     * copy on a small buffer only gives the activation size there. */
-    double bps = 0, fma_peak = 0;
-    const int on_cpu = kern_backend_find(o.device)->host;
-    size_t act_size = 0, copy_bytes = o.copy_bytes ? (size_t)o.copy_bytes : (size_t)1 << 30;
-    if (fw_copy_bandwidth(o.device, o.threads, on_cpu ? (size_t)1 << 20 : copy_bytes, &bps, &act_size, err,
-                          sizeof err) ||
-        (on_cpu && fw_read_bandwidth(o.threads, copy_bytes, &bps, err, sizeof err))) {
-        fprintf(stderr, "echo-bench forward: %s\n", err);
-        return 1;
-    }
-    if (on_cpu) fma_peak = fw_fma_peak(o.threads);
-
-    double peak = 0;
-    int gd = o.gemm_dim >= 0 ? o.gemm_dim : (on_cpu ? 1024 : 8192);
-    if (gd > 0 && fw_gemm_peak(o.device, o.threads, gd, &peak, err, sizeof err)) {
-        fprintf(stderr, "echo-bench forward: %s\n", err);
-        return 1;
-    }
-
-    eng_config ec = {.model_dir = o.model,
-                     .device = o.device,
-                     .tp = o.tp,
-                     .allreduce = o.allreduce,
-                     .allreduce_auto = o.allreduce_auto,
-                     .echo_group = o.echo_group,
-                     .echo_codec = o.echo_codec,
-                     .echo_min_bytes = (size_t)o.echo_min_bytes,
-                     .threads = o.threads,
-                     .kv_block_size = bs,
-                     .max_model_len = max_len,
-                     .max_num_seqs = max_b,
-                     .max_batch_tokens = (int)batch_tok,
-                     /* each prompt one pass, as before passes were cut at
-                      * C (engine.h): a TTFT is one eng_step of one prompt */
-                     .pass_tokens = (int)batch_tok,
-                     .kv_blocks = (int)(blocks_pre > blocks_dec ? blocks_pre : blocks_dec),
-                     .cuda_graphs = o.cuda_graphs,
-                     .quantize = o.quantize,
-                     .act_quant = o.act_quant,
-                     .kv_dtype = o.kv_dtype,
-                     .rope_scaling = o.rope_scaling,
-                     .overlap = o.overlap,
-                     .oneshot = o.oneshot};
-    eng *e = NULL;
-    float *logits = NULL;
-    int32_t *ids = NULL;
-    eng_item *items = NULL;
-    int *seqs = NULL;
-    double *runs = NULL;
+    int max_b, max_len;           /* largest decode batch; longest sequence */
+    long long batch_tok, kv_blocks; /* tokens of the largest step; KV blocks */
+    int on_cpu;
+    size_t act_size, copy_bytes;
+    double bps, fma_peak, peak; /* bandwidth (B/s), fma and matmul peaks (FLOP/s) */
+    int gd;                     /* matmul peak's dimension, 0: skipped */
+    eng *e;
+    float *logits;
+    int32_t *ids;
+    eng_item *items;
+    int *seqs;
+    double *runs;
+    uint64_t rng;
+    double load_s;
+    eng_rank_info ri;          /* rank 0's, after the load */
+    double read_bytes, kv_tok; /* weight bytes a decode step reads; KV bytes per token */
     fw_prefill pre[FW_MAX_LIST];
     fw_decode dec[FW_MAX_LIST];
-    double ttft_s = 0, load_s = 0;
-    int status = 1, finite = 1;
-    uint64_t rng = o.seed;
+    double ttft_s;
+    int finite;
+    char err[1024];
+} fw_run;
+
+#define FW_BLOCK 16 /* KV block size */
+
+/* The model's config and the engine's sizes: the longest sequence any
+ * phase makes, the largest step, the KV blocks. */
+static int fw_size(fw_run *r) {
+    const fw_opts *o = &r->o;
+    if (model_config_load(o->model, &r->mc, r->err, sizeof r->err) ||
+        model_config_rope_override(&r->mc, o->rope_scaling, r->err, sizeof r->err))
+        return -1;
+    int max_pre = 0, max_b = 0;
+    for (int i = 0; i < o->n_prefill; i++)
+        max_pre = o->prefill[i] > max_pre ? o->prefill[i] : max_pre;
+    for (int i = 0; i < o->n_batch; i++)
+        max_b = o->batch[i] > max_b ? o->batch[i] : max_b;
+    int dec_len = o->decode_prompt + (o->cuda_graphs ? 3 : 1) + o->decode_steps; /* prompt, warm-up steps, timed steps */
+    int max_len = max_pre > o->ttft_len ? max_pre : o->ttft_len;
+    max_len = max_len > dec_len ? max_len : dec_len;
+    if (max_len > r->mc.max_position_embeddings) {
+        snprintf(r->err, sizeof r->err, "%d tokens exceed the model's max_position_embeddings %d", max_len,
+                 r->mc.max_position_embeddings);
+        return -1;
+    }
+    long long blocks_pre = (max_len + FW_BLOCK - 1) / FW_BLOCK,
+              blocks_dec = (long long)max_b * ((dec_len + FW_BLOCK - 1) / FW_BLOCK);
+    long long batch_tok = (long long)max_b * o->decode_prompt;
+    if (batch_tok < max_len) batch_tok = max_len;
+    if (blocks_dec > (1 << 30) || batch_tok > (1 << 24)) {
+        snprintf(r->err, sizeof r->err, "batch %d x %d tokens is too large", max_b, dec_len);
+        return -1;
+    }
+    r->max_b = max_b;
+    r->max_len = max_len;
+    r->batch_tok = batch_tok;
+    r->kv_blocks = blocks_pre > blocks_dec ? blocks_pre : blocks_dec;
+    return 0;
+}
+
+/* Bandwidth and peaks, first, while the device holds nothing else. On cpu
+ * the roofline is a streaming read (a decode step reads its weights); the
+ * copy on a small buffer only gives the activation size there. */
+static int fw_yardsticks(fw_run *r) {
+    const fw_opts *o = &r->o;
+    r->on_cpu = kern_backend_find(o->device)->host;
+    r->copy_bytes = o->copy_bytes ? (size_t)o->copy_bytes : (size_t)1 << 30;
+    if (fw_copy_bandwidth(o->device, o->threads, r->on_cpu ? (size_t)1 << 20 : r->copy_bytes, &r->bps, &r->act_size,
+                          r->err, sizeof r->err) ||
+        (r->on_cpu && fw_read_bandwidth(o->threads, r->copy_bytes, &r->bps, r->err, sizeof r->err)))
+        return -1;
+    if (r->on_cpu) r->fma_peak = fw_fma_peak(o->threads);
+    r->gd = o->gemm_dim >= 0 ? o->gemm_dim : (r->on_cpu ? 1024 : 8192);
+    return r->gd > 0 && fw_gemm_peak(o->device, o->threads, r->gd, &r->peak, r->err, sizeof r->err) ? -1 : 0;
+}
+
+/* The engine sized by fw_size, its step buffers, and what a decode step
+ * reads (see the top of this file). */
+static int fw_open(fw_run *r) {
+    const fw_opts *o = &r->o;
+    eng_config ec = {.model_dir = o->model,
+                     .device = o->device,
+                     .tp = o->tp,
+                     .allreduce = o->allreduce,
+                     .allreduce_auto = o->allreduce_auto,
+                     .echo_group = o->echo_group,
+                     .echo_codec = o->echo_codec,
+                     .echo_min_bytes = (size_t)o->echo_min_bytes,
+                     .threads = o->threads,
+                     .kv_block_size = FW_BLOCK,
+                     .max_model_len = r->max_len,
+                     .max_num_seqs = r->max_b,
+                     .max_batch_tokens = (int)r->batch_tok,
+                     /* each prompt one pass, as before passes were cut at
+                      * C (engine.h): a TTFT is one eng_step of one prompt */
+                     .pass_tokens = (int)r->batch_tok,
+                     .kv_blocks = (int)r->kv_blocks,
+                     .cuda_graphs = o->cuda_graphs,
+                     .quantize = o->quantize,
+                     .act_quant = o->act_quant,
+                     .kv_dtype = o->kv_dtype,
+                     .rope_scaling = o->rope_scaling,
+                     .overlap = o->overlap,
+                     .oneshot = o->oneshot};
     double t0 = fw_now();
-    if (eng_create(&ec, &e, err, sizeof err)) goto fail;
-    load_s = fw_now() - t0;
-    if (eng_graphs_note(e)) fprintf(stderr, "echo-bench forward: note: %s\n", eng_graphs_note(e));
-    const int V = mc.vocab_size, H = mc.hidden_size, L = mc.num_layers;
-    logits = malloc((size_t)max_b * V * sizeof *logits);
-    ids = malloc((size_t)batch_tok * sizeof *ids);
-    items = malloc((size_t)max_b * sizeof *items);
-    seqs = malloc((size_t)max_b * sizeof *seqs);
-    runs = malloc((size_t)o.iters * sizeof *runs);
-    if (!logits || !ids || !items || !seqs || !runs) {
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
+    if (eng_create(&ec, &r->e, r->err, sizeof r->err)) return -1;
+    r->load_s = fw_now() - t0;
+    if (eng_graphs_note(r->e)) fprintf(stderr, "echo-bench forward: note: %s\n", eng_graphs_note(r->e));
+    const int V = r->mc.vocab_size;
+    r->logits = malloc((size_t)r->max_b * V * sizeof *r->logits);
+    r->ids = malloc((size_t)r->batch_tok * sizeof *r->ids);
+    r->items = malloc((size_t)r->max_b * sizeof *r->items);
+    r->seqs = malloc((size_t)r->max_b * sizeof *r->seqs);
+    r->runs = malloc((size_t)o->iters * sizeof *r->runs);
+    if (!r->logits || !r->ids || !r->items || !r->seqs || !r->runs) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        return -1;
     }
-
-    /* Weight bytes a decode step reads (see the top of this file). */
-    eng_rank_info ri;
-    eng_get_rank_info(e, 0, &ri);
-    double read_bytes = (double)ri.weight_bytes - (mc.tie_word_embeddings ? 0.0 : (double)ri.embed_bytes);
+    eng_get_rank_info(r->e, 0, &r->ri);
+    r->read_bytes = (double)r->ri.weight_bytes - (r->mc.tie_word_embeddings ? 0.0 : (double)r->ri.embed_bytes);
     /* the cache's bytes per token on this rank, as its type stores them */
-    double kv_tok = (double)eng_kv_block_bytes(eng_get_config(e), &mc) / bs;
-    double qd = (double)mc.num_heads * mc.head_dim, kvd = (double)mc.num_kv_heads * mc.head_dim;
-    double p_layers = (double)L * (H * (qd + 2 * kvd) + qd * H + 3.0 * H * mc.intermediate_size);
+    r->kv_tok = (double)eng_kv_block_bytes(eng_get_config(r->e), &r->mc) / FW_BLOCK;
+    return 0;
+}
 
-    /* ---- prefill ---- */
-    for (int i = 0; i < o.n_prefill; i++) {
-        int len = o.prefill[i];
+/* Prefill per length: a warm-up, then --iters timed runs (median), and
+ * the FLOPs of one run (see the top of this file). */
+static int fw_run_prefill(fw_run *r) {
+    const model_config *mc = &r->mc;
+    const int V = mc->vocab_size, H = mc->hidden_size, L = mc->num_layers;
+    double qd = (double)mc->num_heads * mc->head_dim, kvd = (double)mc->num_kv_heads * mc->head_dim;
+    double p_layers = (double)L * (H * (qd + 2 * kvd) + qd * H + 3.0 * H * mc->intermediate_size);
+    for (int i = 0; i < r->o.n_prefill; i++) {
+        int len = r->o.prefill[i];
         double s;
-        if (fw_prefill_seqs(e, 1, len, V, &rng, ids, items, logits, NULL, &s, err, sizeof err)) goto fail;
-        finite &= fw_finite(logits, (size_t)V);
-        for (int it = 0; it < o.iters; it++)
-            if (fw_prefill_seqs(e, 1, len, V, &rng, ids, items, logits, NULL, &runs[it], err, sizeof err)) goto fail;
-        pre[i].len = len;
-        pre[i].s = fw_median(runs, o.iters);
-        pre[i].flop = 2 * p_layers * len + 2.0 * V * H + 4.0 * len * (double)len * qd * L / 2;
+        if (fw_prefill_seqs(r->e, 1, len, V, &r->rng, r->ids, r->items, r->logits, NULL, &s, r->err, sizeof r->err))
+            return -1;
+        r->finite &= fw_finite(r->logits, (size_t)V);
+        for (int it = 0; it < r->o.iters; it++)
+            if (fw_prefill_seqs(r->e, 1, len, V, &r->rng, r->ids, r->items, r->logits, NULL, &r->runs[it], r->err,
+                                sizeof r->err))
+                return -1;
+        r->pre[i].len = len;
+        r->pre[i].s = fw_median(r->runs, r->o.iters);
+        r->pre[i].flop = 2 * p_layers * len + 2.0 * V * H + 4.0 * len * (double)len * qd * L / 2;
     }
+    return 0;
+}
 
-    /* ---- decode ---- */
-    for (int i = 0; i < o.n_batch; i++) {
-        int B = o.batch[i];
+/* Decode per batch size: B sequences prefilled, warm-up steps, then
+ * --decode-steps timed steps of one token per sequence. */
+static int fw_run_decode(fw_run *r) {
+    const int V = r->mc.vocab_size;
+    for (int i = 0; i < r->o.n_batch; i++) {
+        int B = r->o.batch[i];
         double s;
-        if (fw_prefill_seqs(e, B, o.decode_prompt, V, &rng, ids, items, logits, seqs, &s, err, sizeof err)) goto fail;
+        if (fw_prefill_seqs(r->e, B, r->o.decode_prompt, V, &r->rng, r->ids, r->items, r->logits, r->seqs, &s, r->err,
+                            sizeof r->err))
+            return -1;
         double t = 0;
         /* untimed warm-up steps; with graphs the first steps of a batch size
          * record it (a capture that must first grow a buffer is retried) */
-        const int warm = o.cuda_graphs ? 3 : 1;
-        for (int step = 0; step < warm + o.decode_steps; step++) {
-            fw_tokens(ids, B, V, &rng);
+        const int warm = r->o.cuda_graphs ? 3 : 1;
+        for (int step = 0; step < warm + r->o.decode_steps; step++) {
+            fw_tokens(r->ids, B, V, &r->rng);
             for (int b = 0; b < B; b++)
-                items[b] = (eng_item){seqs[b], ids + b, 1, ENG_LOGITS_LAST};
+                r->items[b] = (eng_item){r->seqs[b], r->ids + b, 1, ENG_LOGITS_LAST};
             double ts = fw_now();
-            int r = eng_step(e, items, B, logits, err, sizeof err);
+            int rc = eng_step(r->e, r->items, B, r->logits, r->err, sizeof r->err);
             if (step >= warm) t += fw_now() - ts;
-            if (r) {
-                if (r == ENG_ENOSPACE) snprintf(err, sizeof err, "not enough KV blocks for decode batch %d", B);
+            if (rc) {
+                if (rc == ENG_ENOSPACE) snprintf(r->err, sizeof r->err, "not enough KV blocks for decode batch %d", B);
                 for (int b = 0; b < B; b++)
-                    eng_seq_free(e, seqs[b]);
-                goto fail;
+                    eng_seq_free(r->e, r->seqs[b]);
+                return -1;
             }
         }
-        finite &= fw_finite(logits, (size_t)B * V);
+        r->finite &= fw_finite(r->logits, (size_t)B * V);
         for (int b = 0; b < B; b++)
-            eng_seq_free(e, seqs[b]);
-        double ctx = o.decode_prompt + 1 + warm + (o.decode_steps - 1) / 2.0; /* mean context of the timed steps */
-        dec[i] = (fw_decode){B, o.decode_steps, t, read_bytes + B * ctx * kv_tok};
+            eng_seq_free(r->e, r->seqs[b]);
+        double ctx = r->o.decode_prompt + 1 + warm + (r->o.decode_steps - 1) / 2.0; /* mean context of the timed steps */
+        r->dec[i] = (fw_decode){B, r->o.decode_steps, t, r->read_bytes + B * ctx * r->kv_tok};
     }
+    return 0;
+}
 
-    /* ---- TTFT ---- */
-    if (o.ttft_len > 0) {
-        eng_sampling greedy = {0, 0, 1.0f, 0};
-        eng_rng er;
-        eng_rng_seed(&er, 0);
-        for (int it = -1; it < o.iters; it++) { /* it -1 warms up */
-            int seq;
-            if (eng_seq_new(e, &seq, err, sizeof err)) goto fail;
-            fw_tokens(ids, o.ttft_len, V, &rng);
-            eng_item item = {seq, ids, o.ttft_len, ENG_LOGITS_LAST};
-            double ts = fw_now();
-            int r = eng_step(e, &item, 1, logits, err, sizeof err);
-            int32_t tok = r ? -1 : eng_sample(logits, V, &greedy, &er);
-            double dt = fw_now() - ts;
-            eng_seq_free(e, seq);
-            if (r || tok < 0 || tok >= V) {
-                if (!r) snprintf(err, sizeof err, "TTFT: sampled token %d out of range", (int)tok);
-                goto fail;
-            }
-            if (it >= 0) runs[it] = dt;
+/* TTFT: one --ttft-len prompt on the idle engine to its first greedy
+ * token, a warm-up then the median of --iters. */
+static int fw_run_ttft(fw_run *r) {
+    const int V = r->mc.vocab_size;
+    eng_sampling greedy = {0, 0, 1.0f, 0};
+    eng_rng er;
+    eng_rng_seed(&er, 0);
+    for (int it = -1; it < r->o.iters; it++) { /* it -1 warms up */
+        int seq;
+        if (eng_seq_new(r->e, &seq, r->err, sizeof r->err)) return -1;
+        fw_tokens(r->ids, r->o.ttft_len, V, &r->rng);
+        eng_item item = {seq, r->ids, r->o.ttft_len, ENG_LOGITS_LAST};
+        double ts = fw_now();
+        int rc = eng_step(r->e, &item, 1, r->logits, r->err, sizeof r->err);
+        int32_t tok = rc ? -1 : eng_sample(r->logits, V, &greedy, &er);
+        double dt = fw_now() - ts;
+        eng_seq_free(r->e, seq);
+        if (rc || tok < 0 || tok >= V) {
+            if (!rc) snprintf(r->err, sizeof r->err, "TTFT: sampled token %d out of range", (int)tok);
+            return -1;
         }
-        ttft_s = fw_median(runs, o.iters);
+        if (it >= 0) r->runs[it] = dt;
     }
-    if (!finite) fprintf(stderr, "echo-bench forward: warning: non-finite logits (random weights overflowed?)\n");
+    r->ttft_s = fw_median(r->runs, r->o.iters);
+    return 0;
+}
 
-    /* ---- report ---- */
-    const char *act = act_size == 2 ? "bf16" : "fp32";
-    if (o.json) {
-        json_t *root = json_object(), *jp = json_array(), *jd = json_array();
-        json_object_set_new(root, "model", json_string(o.model));
-        json_object_set_new(root, "device", json_string(o.device));
-        json_object_set_new(root, "tp", json_integer(o.tp));
-        json_object_set_new(root, "allreduce",
-                            json_string(o.tp > 1 ? echo_preset_name(eng_get_config(e)->allreduce) : "none"));
-        json_t *au = cli_allreduce_auto_json(e);
-        if (au) json_object_set_new(root, "allreduce_auto", au);
-        {
-            /* what the all-reduce runs: the preset's codec (int4 fixes its own), G, bits, feedback */
-            const eng_config *ecfg = eng_get_config(e);
-            echo_config pc = {0};
-            if (eng_allreduce_config(e, &pc)) echo_preset_config(ecfg->allreduce, ecfg->echo_codec, ecfg->echo_group, &pc);
-            const echo_codec_info *ci = echo_codec_get(pc.codec);
-            json_object_set_new(root, "echo_codec", json_string(ci->name));
-            json_object_set_new(root, "echo_group", json_integer(pc.group_size));
-            json_object_set_new(root, "echo_feedback", json_boolean(o.tp > 1 && pc.feedback));
-            json_object_set_new(root, "bits_per_value",
-                                json_real(o.tp < 2 ? 32.0 : echo_config_bits(&pc)));
-            if (o.tp > 1) {
-                char desc[256];
-                echo_config_describe(ecfg->allreduce, &pc, desc, sizeof desc);
-                json_object_set_new(root, "allreduce_plan", json_string(desc));
-            }
-        }
-        json_object_set_new(root, "cuda_graphs", json_boolean(o.cuda_graphs && !eng_graphs_note(e)));
-        json_object_set_new(root, "graph_steps", json_integer(eng_graph_steps(e)));
-        long nt = eng_get_config(e)->threads > 0 ? eng_get_config(e)->threads : sysconf(_SC_NPROCESSORS_ONLN);
-        json_object_set_new(root, "threads", json_integer(on_cpu ? nt : 0));
-        json_object_set_new(root, "config",
-                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b}", "vocab_size", V, "hidden_size", H,
-                                      "intermediate_size", mc.intermediate_size, "num_layers", L, "num_heads",
-                                      mc.num_heads, "num_kv_heads", mc.num_kv_heads, "head_dim", mc.head_dim,
-                                      "tie_word_embeddings", mc.tie_word_embeddings));
-        json_object_set_new(root, "activations", json_string(act));
-        json_object_set_new(root, "load_s", json_real(load_s));
-        json_object_set_new(root, "weight_bytes", json_integer((json_int_t)ri.weight_bytes));
-        json_object_set_new(root, "weight_bytes_read_per_step", json_real(read_bytes));
-        json_object_set_new(root, "kv_bytes_per_token", json_real(kv_tok));
-        json_object_set_new(root, "kv_cache_dtype", json_string(kern_kv_dtype_name(eng_get_config(e)->kv_dtype)));
-        json_object_set_new(root, "copy_bytes", json_integer((json_int_t)copy_bytes));
-        json_object_set_new(root, on_cpu ? "read_gbps" : "copy_gbps", json_real(bps / 1e9));
-        json_object_set_new(root, "quantize", json_string(o.quantize ? "q8_0" : "none"));
-        json_object_set_new(root, "act_quant", json_string(ri.act_q8_matrices ? "q8_0" : "none"));
-        json_object_set_new(root, "overlap", json_integer(eng_overlap_k(e)));
-        json_object_set_new(root, "oneshot_bytes", json_integer((json_int_t)eng_oneshot_bytes(e)));
-        json_object_set_new(root, "act_q8_matrices", json_integer(ri.act_q8_matrices));
-        if (fma_peak > 0) json_object_set_new(root, "fma_peak_gflops", json_real(fma_peak / 1e9));
-        if (gd > 0) {
-            json_object_set_new(root, "gemm_dim", json_integer(gd));
-            json_object_set_new(root, "gemm_peak_tflops", json_real(peak / 1e12));
-        }
-        for (int i = 0; i < o.n_prefill; i++)
-            json_array_append_new(jp, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "tokens", pre[i].len, "ms",
-                                                pre[i].s * 1e3, "tokens_per_s", pre[i].len / pre[i].s, "tflop",
-                                                pre[i].flop / 1e12, "tflops", pre[i].flop / pre[i].s / 1e12,
-                                                "gemm_peak_pct", peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0,
-                                                "fma_peak_pct",
-                                                fma_peak > 0 ? 100 * pre[i].flop / pre[i].s / fma_peak : 0.0));
-        for (int i = 0; i < o.n_batch; i++) {
-            double tps = dec[i].batch * dec[i].steps / dec[i].s, roof = dec[i].batch * bps / dec[i].bytes_per_step;
-            json_array_append_new(jd, json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "batch", dec[i].batch, "steps",
-                                                dec[i].steps, "ms_per_step", dec[i].s / dec[i].steps * 1e3,
-                                                "tokens_per_s", tps, "bytes_per_step", dec[i].bytes_per_step,
-                                                "roofline_tokens_per_s", roof, "roofline_pct", 100 * tps / roof));
-        }
-        json_object_set_new(root, "prefill", jp);
-        json_object_set_new(root, "decode", jd);
-        if (o.ttft_len > 0)
-            json_object_set_new(root, "ttft", json_pack("{s:i, s:f}", "tokens", o.ttft_len, "ms", ttft_s * 1e3));
-        json_object_set_new(root, "iters", json_integer(o.iters));
-        json_object_set_new(root, "logits_finite", json_boolean(finite));
-        char *txt = json_dumps(root, JSON_PRESERVE_ORDER | JSON_INDENT(1) | JSON_REAL_PRECISION(6));
-        json_decref(root);
-        if (!txt) {
-            snprintf(err, sizeof err, "out of memory");
-            goto fail;
-        }
-        printf("%s\n", txt);
-        free(txt);
-    } else {
-        const int graphs_on = o.cuda_graphs && !eng_graphs_note(e);
-        printf("# echo-bench forward: %s on %s, tp %d, %s activations; %d layers, hidden %d, vocab %d%s\n", o.model,
-               o.device, o.tp, act, L, H, V, graphs_on ? "; decode through CUDA graphs" : "");
-        printf("# KV cache %s, %.0f bytes per token per rank\n", kern_kv_dtype_name(eng_get_config(e)->kv_dtype), kv_tok);
-        if (on_cpu)
-            printf("# weights %.3f GB held%s, %.3f GB read per decode step; read bandwidth %.1f GB/s (%zu MiB "
-                   "streamed by %ld threads); load %.1f s\n",
-                   ri.weight_bytes / 1e9,
-                   o.quantize    ? (ri.act_q8_matrices ? " (q8_0, 8-bit activations)" : " (q8_0)")
-                   : ri.act_q8_matrices ? " (8-bit activations)"
-                                 : "",
-                   read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
-                   o.threads > 0 ? (long)o.threads : sysconf(_SC_NPROCESSORS_ONLN), load_s);
-        else
-            printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
-                   "%zu MiB, 2 x bytes / time); load %.1f s\n",
-                   ri.weight_bytes / 1e9, read_bytes / 1e9, bps / 1e9, copy_bytes >> 20, load_s);
-        if (gd > 0) printf("# matmul peak %.3f TFLOP/s (ops->matmul %d x %d x %d)\n", peak / 1e12, gd, gd, gd);
-        if (fma_peak > 0)
-            printf("# fma peak %.3f TFLOP/s (fp32 vector fmas in registers, all threads)\n", fma_peak / 1e12);
-        printf("# prefill (median of %d)  %8s %10s %10s %9s %7s %7s\n", o.iters, "tokens", "ms", "tok/s", "TFLOP/s",
-               "% peak", "% fma");
-        for (int i = 0; i < o.n_prefill; i++)
-            printf("  %-22s %8d %10.2f %10.1f %9.3f %6.1f%% %6.1f%%\n", "", pre[i].len, pre[i].s * 1e3,
-                   pre[i].len / pre[i].s, pre[i].flop / pre[i].s / 1e12,
-                   peak > 0 ? 100 * pre[i].flop / pre[i].s / peak : 0.0,
-                   fma_peak > 0 ? 100 * pre[i].flop / pre[i].s / fma_peak : 0.0);
-        printf("# decode (%3d steps)       %8s %10s %10s %9s %8s\n", o.decode_steps, "batch", "ms/step", "tok/s",
-               "roof t/s", "% roof");
-        for (int i = 0; i < o.n_batch; i++) {
-            double tps = dec[i].batch * dec[i].steps / dec[i].s, roof = dec[i].batch * bps / dec[i].bytes_per_step;
-            printf("  %-22s %8d %10.3f %10.1f %9.1f %7.1f%%\n", "", dec[i].batch, dec[i].s / dec[i].steps * 1e3, tps,
-                   roof, 100 * tps / roof);
-        }
-        if (o.ttft_len > 0)
-            printf("# ttft (median of %d)     %8d tokens %10.2f ms (eng_step + greedy eng_sample, idle engine)\n",
-                   o.iters, o.ttft_len, ttft_s * 1e3);
-        if (!finite) printf("# WARNING: non-finite logits\n");
+/* The all-reduce's plan into the JSON: the preset's codec (int4 fixes its
+ * own), G, bits, feedback. */
+static void fw_json_allreduce(const fw_run *r, json_t *root) {
+    eng *e = r->e;
+    json_object_set_new(root, "allreduce",
+                        json_string(r->o.tp > 1 ? echo_preset_name(eng_get_config(e)->allreduce) : "none"));
+    json_t *au = cli_allreduce_auto_json(e);
+    if (au) json_object_set_new(root, "allreduce_auto", au);
+    const eng_config *ecfg = eng_get_config(e);
+    echo_config pc = {0};
+    if (eng_allreduce_config(e, &pc)) echo_preset_config(ecfg->allreduce, ecfg->echo_codec, ecfg->echo_group, &pc);
+    const echo_codec_info *ci = echo_codec_get(pc.codec);
+    json_object_set_new(root, "echo_codec", json_string(ci->name));
+    json_object_set_new(root, "echo_group", json_integer(pc.group_size));
+    json_object_set_new(root, "echo_feedback", json_boolean(r->o.tp > 1 && pc.feedback));
+    json_object_set_new(root, "bits_per_value", json_real(r->o.tp < 2 ? 32.0 : echo_config_bits(&pc)));
+    if (r->o.tp > 1) {
+        char desc[256];
+        echo_config_describe(ecfg->allreduce, &pc, desc, sizeof desc);
+        json_object_set_new(root, "allreduce_plan", json_string(desc));
     }
+}
+
+/* --json: the configuration, the yardsticks and each phase's figures as
+ * one object (docs/bench-forward.md). */
+static int fw_report_json(fw_run *r) {
+    const fw_opts *o = &r->o;
+    const model_config *mc = &r->mc;
+    eng *e = r->e;
+    const double bps = r->bps, peak = r->peak, fma_peak = r->fma_peak;
+    const eng_rank_info ri = r->ri;
+    json_t *root = json_object(), *jp = json_array(), *jd = json_array();
+    json_object_set_new(root, "model", json_string(o->model));
+    json_object_set_new(root, "device", json_string(o->device));
+    json_object_set_new(root, "tp", json_integer(o->tp));
+    fw_json_allreduce(r, root);
+    json_object_set_new(root, "cuda_graphs", json_boolean(o->cuda_graphs && !eng_graphs_note(e)));
+    json_object_set_new(root, "graph_steps", json_integer(eng_graph_steps(e)));
+    long nt = eng_get_config(e)->threads > 0 ? eng_get_config(e)->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    json_object_set_new(root, "threads", json_integer(r->on_cpu ? nt : 0));
+    json_object_set_new(root, "config",
+                        json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b}", "vocab_size", mc->vocab_size,
+                                  "hidden_size", mc->hidden_size, "intermediate_size", mc->intermediate_size,
+                                  "num_layers", mc->num_layers, "num_heads", mc->num_heads, "num_kv_heads",
+                                  mc->num_kv_heads, "head_dim", mc->head_dim, "tie_word_embeddings",
+                                  mc->tie_word_embeddings));
+    json_object_set_new(root, "activations", json_string(r->act_size == 2 ? "bf16" : "fp32"));
+    json_object_set_new(root, "load_s", json_real(r->load_s));
+    json_object_set_new(root, "weight_bytes", json_integer((json_int_t)ri.weight_bytes));
+    json_object_set_new(root, "weight_bytes_read_per_step", json_real(r->read_bytes));
+    json_object_set_new(root, "kv_bytes_per_token", json_real(r->kv_tok));
+    json_object_set_new(root, "kv_cache_dtype", json_string(kern_kv_dtype_name(eng_get_config(e)->kv_dtype)));
+    json_object_set_new(root, "copy_bytes", json_integer((json_int_t)r->copy_bytes));
+    json_object_set_new(root, r->on_cpu ? "read_gbps" : "copy_gbps", json_real(bps / 1e9));
+    json_object_set_new(root, "quantize", json_string(o->quantize ? "q8_0" : "none"));
+    json_object_set_new(root, "act_quant", json_string(ri.act_q8_matrices ? "q8_0" : "none"));
+    json_object_set_new(root, "overlap", json_integer(eng_overlap_k(e)));
+    json_object_set_new(root, "oneshot_bytes", json_integer((json_int_t)eng_oneshot_bytes(e)));
+    json_object_set_new(root, "act_q8_matrices", json_integer(ri.act_q8_matrices));
+    if (fma_peak > 0) json_object_set_new(root, "fma_peak_gflops", json_real(fma_peak / 1e9));
+    if (r->gd > 0) {
+        json_object_set_new(root, "gemm_dim", json_integer(r->gd));
+        json_object_set_new(root, "gemm_peak_tflops", json_real(peak / 1e12));
+    }
+    for (int i = 0; i < o->n_prefill; i++) {
+        const fw_prefill *p = &r->pre[i];
+        json_array_append_new(jp, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "tokens", p->len, "ms", p->s * 1e3,
+                                            "tokens_per_s", p->len / p->s, "tflop", p->flop / 1e12, "tflops",
+                                            p->flop / p->s / 1e12, "gemm_peak_pct",
+                                            peak > 0 ? 100 * p->flop / p->s / peak : 0.0, "fma_peak_pct",
+                                            fma_peak > 0 ? 100 * p->flop / p->s / fma_peak : 0.0));
+    }
+    for (int i = 0; i < o->n_batch; i++) {
+        const fw_decode *d = &r->dec[i];
+        double tps = d->batch * d->steps / d->s, roof = d->batch * bps / d->bytes_per_step;
+        json_array_append_new(jd, json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "batch", d->batch, "steps",
+                                            d->steps, "ms_per_step", d->s / d->steps * 1e3, "tokens_per_s", tps,
+                                            "bytes_per_step", d->bytes_per_step, "roofline_tokens_per_s", roof,
+                                            "roofline_pct", 100 * tps / roof));
+    }
+    json_object_set_new(root, "prefill", jp);
+    json_object_set_new(root, "decode", jd);
+    if (o->ttft_len > 0)
+        json_object_set_new(root, "ttft", json_pack("{s:i, s:f}", "tokens", o->ttft_len, "ms", r->ttft_s * 1e3));
+    json_object_set_new(root, "iters", json_integer(o->iters));
+    json_object_set_new(root, "logits_finite", json_boolean(r->finite));
+    char *txt = json_dumps(root, JSON_PRESERVE_ORDER | JSON_INDENT(1) | JSON_REAL_PRECISION(6));
+    json_decref(root);
+    if (!txt) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        return -1;
+    }
+    printf("%s\n", txt);
+    free(txt);
+    return 0;
+}
+
+/* The table: a header of the configuration and yardsticks, then a row per
+ * prefill length and per decode batch, then TTFT. */
+static void fw_report_table(const fw_run *r) {
+    const fw_opts *o = &r->o;
+    const model_config *mc = &r->mc;
+    const double bps = r->bps, peak = r->peak, fma_peak = r->fma_peak;
+    const size_t copy_bytes = r->copy_bytes;
+    const int gd = r->gd;
+    const eng_rank_info ri = r->ri;
+    const int graphs_on = o->cuda_graphs && !eng_graphs_note(r->e);
+    printf("# echo-bench forward: %s on %s, tp %d, %s activations; %d layers, hidden %d, vocab %d%s\n", o->model,
+           o->device, o->tp, r->act_size == 2 ? "bf16" : "fp32", mc->num_layers, mc->hidden_size, mc->vocab_size,
+           graphs_on ? "; decode through CUDA graphs" : "");
+    printf("# KV cache %s, %.0f bytes per token per rank\n", kern_kv_dtype_name(eng_get_config(r->e)->kv_dtype),
+           r->kv_tok);
+    if (r->on_cpu)
+        printf("# weights %.3f GB held%s, %.3f GB read per decode step; read bandwidth %.1f GB/s (%zu MiB "
+               "streamed by %ld threads); load %.1f s\n",
+               ri.weight_bytes / 1e9,
+               o->quantize           ? (ri.act_q8_matrices ? " (q8_0, 8-bit activations)" : " (q8_0)")
+               : ri.act_q8_matrices ? " (8-bit activations)"
+                                    : "",
+               r->read_bytes / 1e9, bps / 1e9, copy_bytes >> 20,
+               o->threads > 0 ? (long)o->threads : sysconf(_SC_NPROCESSORS_ONLN), r->load_s);
+    else
+        printf("# weights %.3f GB held, %.3f GB read per decode step; copy bandwidth %.1f GB/s (ops->copy of "
+               "%zu MiB, 2 x bytes / time); load %.1f s\n",
+               ri.weight_bytes / 1e9, r->read_bytes / 1e9, bps / 1e9, copy_bytes >> 20, r->load_s);
+    if (gd > 0) printf("# matmul peak %.3f TFLOP/s (ops->matmul %d x %d x %d)\n", peak / 1e12, gd, gd, gd);
+    if (fma_peak > 0) printf("# fma peak %.3f TFLOP/s (fp32 vector fmas in registers, all threads)\n", fma_peak / 1e12);
+    printf("# prefill (median of %d)  %8s %10s %10s %9s %7s %7s\n", o->iters, "tokens", "ms", "tok/s", "TFLOP/s",
+           "% peak", "% fma");
+    for (int i = 0; i < o->n_prefill; i++) {
+        const fw_prefill *p = &r->pre[i];
+        printf("  %-22s %8d %10.2f %10.1f %9.3f %6.1f%% %6.1f%%\n", "", p->len, p->s * 1e3, p->len / p->s,
+               p->flop / p->s / 1e12, peak > 0 ? 100 * p->flop / p->s / peak : 0.0,
+               fma_peak > 0 ? 100 * p->flop / p->s / fma_peak : 0.0);
+    }
+    printf("# decode (%3d steps)       %8s %10s %10s %9s %8s\n", o->decode_steps, "batch", "ms/step", "tok/s",
+           "roof t/s", "% roof");
+    for (int i = 0; i < o->n_batch; i++) {
+        const fw_decode *d = &r->dec[i];
+        double tps = d->batch * d->steps / d->s, roof = d->batch * bps / d->bytes_per_step;
+        printf("  %-22s %8d %10.3f %10.1f %9.1f %7.1f%%\n", "", d->batch, d->s / d->steps * 1e3, tps, roof,
+               100 * tps / roof);
+    }
+    if (o->ttft_len > 0)
+        printf("# ttft (median of %d)     %8d tokens %10.2f ms (eng_step + greedy eng_sample, idle engine)\n", o->iters,
+               o->ttft_len, r->ttft_s * 1e3);
+    if (!r->finite) printf("# WARNING: non-finite logits\n");
+}
+
+int bench_forward_main(int argc, char **argv) {
+    cli_procs_start("echo-bench forward"); /* under mpirun: ranks > 0 follow rank 0 and exit there */
+    fw_run run = {.o = {.device = "cpu",
+                        .act_quant = ENG_ACT_AUTO,
+                        .kv_dtype = KERN_KV_BF16,
+                        .tp = 1,
+                        .gemm_dim = -1,
+                        .iters = 3,
+                        .decode_steps = 32,
+                        .decode_prompt = 16,
+                        .ttft_len = 2048,
+                        .prefill = {512, 2048, 8192},
+                        .n_prefill = 3,
+                        .batch = {1, 16, 64},
+                        .n_batch = 3},
+                  .finite = 1};
+    fw_run *r = &run;
+    int status = 1, rc = fw_parse(argc, argv, &r->o);
+    if (rc) return rc < 0 ? 0 : rc;
+    r->o.device = kern_backend_find(r->o.device)->name; /* "auto" resolved */
+    r->rng = r->o.seed;
+    if (fw_size(r) || fw_yardsticks(r) || fw_open(r) || fw_run_prefill(r) || fw_run_decode(r) ||
+        (r->o.ttft_len > 0 && fw_run_ttft(r)))
+        goto fail;
+    if (!r->finite) fprintf(stderr, "echo-bench forward: warning: non-finite logits (random weights overflowed?)\n");
+    if (r->o.json ? fw_report_json(r) : (fw_report_table(r), 0)) goto fail;
     status = 0;
     goto out;
 fail:
-    fprintf(stderr, "echo-bench forward: %s\n", err);
+    fprintf(stderr, "echo-bench forward: %s\n", r->err);
 out:
-    eng_destroy(e);
-    free(logits);
-    free(ids);
-    free(items);
-    free(seqs);
-    free(runs);
+    eng_destroy(r->e);
+    free(r->logits);
+    free(r->ids);
+    free(r->items);
+    free(r->seqs);
+    free(r->runs);
     return status;
 }

@@ -749,6 +749,55 @@ static void sv_print_section(const char *title, const char *abbr, const sv_stat 
 
 static json_t *sv_ms_or_null(double ms, int ok) { return ok ? json_real(ms) : json_null(); }
 
+/* Multiturn: the TTFT of each turn over the conversations, printed and
+ * as a JSON array; ttft is scratch for num_prompts values. */
+static json_t *sv_by_turn(const sv_opts *o, const sv_req *reqs, int nturns, double *ttft) {
+    int n = o->num_prompts;
+    printf("%s\n", "--------------TTFT by turn (ms)-----------------");
+    json_t *by_turn = json_array();
+    for (int t = 0; by_turn && t < nturns; t++) {
+        int m = 0;
+        long ck = 0;
+        for (int i = 0; i < n; i++) {
+            if (reqs[i].error || reqs[i].turn != t) continue;
+            ttft[m++] = (reqs[i].first_s - reqs[i].send_s) * 1e3;
+            ck += reqs[i].cached_tokens > 0 ? reqs[i].cached_tokens : 0;
+        }
+        sv_stat st;
+        sv_stats(ttft, (size_t)m, o, &st);
+        char name[64];
+        snprintf(name, sizeof name, "Turn %d mean / median:", t + 1);
+        printf("%-40s %.2f / %.2f (%d ok, %ld cached tokens)\n", name, st.mean, st.median, m, ck);
+        json_array_append_new(by_turn,
+                              json_pack("{s:i,s:i,s:f,s:f,s:I}", "turn", t + 1, "completed", m, "mean_ttft_ms", st.mean,
+                                        "median_ttft_ms", st.median, "cached_tokens", (json_int_t)ck));
+    }
+    return by_turn;
+}
+
+/* Request i's record of the result file (t0: the first request's send). */
+static json_t *sv_request_json(const sv_req *r, int i, double t0) {
+    int good = !r->error;
+    json_t *rec = json_object(), *itla = good ? json_array() : json_null();
+    for (size_t k = 0; good && k < r->n_itl; k++) json_array_append_new(itla, json_real(r->itl_ms[k]));
+    json_object_set_new(rec, "index", json_integer(i));
+    json_object_set_new(rec, "start_ms", json_real((r->send_s - t0) * 1e3));
+    json_object_set_new(rec, "ttft_ms", sv_ms_or_null((r->first_s - r->send_s) * 1e3, good));
+    json_object_set_new(rec, "itl_ms", itla);
+    json_object_set_new(rec, "tpot_ms",
+                        sv_ms_or_null((r->done_s - r->first_s) * 1e3 / (double)(r->output_tokens - 1),
+                                      good && r->output_tokens > 1));
+    json_object_set_new(rec, "e2e_ms", sv_ms_or_null((r->done_s - r->send_s) * 1e3, good));
+    json_object_set_new(rec, "prompt_tokens", r->prompt_tokens >= 0 ? json_integer(r->prompt_tokens) : json_null());
+    json_object_set_new(rec, "output_tokens", r->output_tokens >= 0 ? json_integer(r->output_tokens) : json_null());
+    json_object_set_new(rec, "input_len", r->input_len >= 0 ? json_integer(r->input_len) : json_null());
+    json_object_set_new(rec, "cached_tokens", r->cached_tokens >= 0 ? json_integer(r->cached_tokens) : json_null());
+    json_object_set_new(rec, "turn", json_integer(r->turn + 1));
+    json_object_set_new(rec, "max_tokens", json_integer(r->output_len));
+    json_object_set_new(rec, "error", r->error ? json_string(r->error) : json_null());
+    return rec;
+}
+
 /* Prints vLLM's block and writes the JSON; returns the number of successes,
  * or -1 when the result file cannot be written. */
 static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err, size_t errlen) {
@@ -807,27 +856,7 @@ static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err,
     sv_print_section("Inter-token Latency", "ITL", &st_itl, o);
     sv_print_section("End-to-end Latency", "E2EL", &st_e2e, o);
     /* multiturn: TTFT of each turn over the conversations (ttft[] is reused) */
-    if (nturns > 1) {
-        printf("%s\n", "--------------TTFT by turn (ms)-----------------");
-        by_turn = json_array();
-    }
-    for (int t = 0; by_turn && t < nturns; t++) {
-        int m = 0;
-        long ck = 0;
-        for (int i = 0; i < n; i++) {
-            if (reqs[i].error || reqs[i].turn != t) continue;
-            ttft[m++] = (reqs[i].first_s - reqs[i].send_s) * 1e3;
-            ck += reqs[i].cached_tokens > 0 ? reqs[i].cached_tokens : 0;
-        }
-        sv_stat st;
-        sv_stats(ttft, (size_t)m, o, &st);
-        char name[64];
-        snprintf(name, sizeof name, "Turn %d mean / median:", t + 1);
-        printf("%-40s %.2f / %.2f (%d ok, %ld cached tokens)\n", name, st.mean, st.median, m, ck);
-        json_array_append_new(by_turn,
-                              json_pack("{s:i,s:i,s:f,s:f,s:I}", "turn", t + 1, "completed", m, "mean_ttft_ms", st.mean,
-                                        "median_ttft_ms", st.median, "cached_tokens", (json_int_t)ck));
-    }
+    if (nturns > 1) by_turn = sv_by_turn(o, reqs, nturns, ttft);
     printf("%s\n", "==================================================");
     fflush(stdout);
 
@@ -888,25 +917,8 @@ static int sv_report(const sv_opts *o, sv_req *reqs, double duration, char *err,
     free(s);
     int wfail = 0;
     for (int i = 0; i < n; i++) {
-        sv_req *r = &reqs[i];
-        int good = !r->error;
-        json_t *rec = json_object(), *itla = good ? json_array() : json_null();
-        for (size_t k = 0; good && k < r->n_itl; k++) json_array_append_new(itla, json_real(r->itl_ms[k]));
-        json_object_set_new(rec, "index", json_integer(i));
-        json_object_set_new(rec, "start_ms", json_real((r->send_s - reqs[0].send_s) * 1e3));
-        json_object_set_new(rec, "ttft_ms", sv_ms_or_null((r->first_s - r->send_s) * 1e3, good));
-        json_object_set_new(rec, "itl_ms", itla);
-        json_object_set_new(rec, "tpot_ms",
-                            sv_ms_or_null((r->done_s - r->first_s) * 1e3 / (double)(r->output_tokens - 1),
-                                          good && r->output_tokens > 1));
-        json_object_set_new(rec, "e2e_ms", sv_ms_or_null((r->done_s - r->send_s) * 1e3, good));
-        json_object_set_new(rec, "prompt_tokens", r->prompt_tokens >= 0 ? json_integer(r->prompt_tokens) : json_null());
-        json_object_set_new(rec, "output_tokens", r->output_tokens >= 0 ? json_integer(r->output_tokens) : json_null());
-        json_object_set_new(rec, "input_len", r->input_len >= 0 ? json_integer(r->input_len) : json_null());
-        json_object_set_new(rec, "cached_tokens", r->cached_tokens >= 0 ? json_integer(r->cached_tokens) : json_null());
-        json_object_set_new(rec, "turn", json_integer(r->turn + 1));
-        json_object_set_new(rec, "max_tokens", json_integer(r->output_len));
-        json_object_set_new(rec, "error", r->error ? json_string(r->error) : json_null());
+        const sv_req *r = &reqs[i];
+        json_t *rec = sv_request_json(r, i, reqs[0].send_s);
         char *rs = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(rec);
         if (!rs) {
