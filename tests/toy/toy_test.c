@@ -11,7 +11,8 @@
  *   - with "cuda" (a build with ECHO_HAVE_CUDA: under the emulator, make
  *     test-toy-emu), the same all-reduce on the local transport with the
  *     ranks' buffers in GPU memory, so the cuda backend's record kernels
- *     code the toy's form: its output the host run's, bit for bit.
+ *     code the toy's form (and hnf3's 3-bit one): its output the host
+ *     run's, bit for bit.
  * Exit 0 when every check holds.
  */
 #include <math.h>
@@ -185,15 +186,23 @@ int main(int argc, char **argv) {
     if (!mpi) {
         check_tables();
         if (local_reduce(&cfg, -1, bufs, &rel)) return 1;
-        if (cuda) {
-            /* the same call with the buffers on the (emulated) GPU */
-            static float dbufs[RANKS][N];
-            double drel = 0;
-            if (local_reduce(&cfg, 0, dbufs, &drel)) return 1;
-            CHECK(!memcmp(dbufs, bufs, sizeof bufs), "the cuda backend's output differs from the host's");
-            printf("toy cuda: %d ranks, max rel err %.4g, checksum %016lx (host %016lx)\n", RANKS, drel,
-                   checksum(dbufs[0]), checksum(bufs[0]));
-        }
+        /* the same calls with the buffers on the (emulated) GPU: the toy's
+         * form, and hnf3 (3-bit codes), each with and without feedback */
+        const echo_codec_id on_gpu[] = {ECHO_CODEC_TOY, ECHO_CODEC_HNF3};
+        for (int k = 0; cuda && k < 2; k++)
+            for (int fb = 0; fb < 2; fb++) {
+                static float hbufs[RANKS][N], dbufs[RANKS][N];
+                echo_config c2 = cfg;
+                c2.codec = on_gpu[k];
+                c2.feedback = fb;
+                double hrel = 0, drel = 0;
+                if (local_reduce(&c2, -1, hbufs, &hrel) || local_reduce(&c2, 0, dbufs, &drel)) return 1;
+                const char *name = echo_codec_get(c2.codec)->name;
+                CHECK(!memcmp(dbufs, hbufs, sizeof hbufs), "%s feedback=%d: the cuda backend's output differs from the host's",
+                      name, fb);
+                printf("%s cuda feedback=%d: %d ranks, max rel err %.4g, checksum %016lx (host %016lx)\n", name, fb, RANKS,
+                       drel, checksum(dbufs[0]), checksum(hbufs[0]));
+            }
     } else {
 #ifdef ECHO_HAVE_MPI
         int prov;
