@@ -184,8 +184,8 @@ static const echo_codec_info codecs[ECHO_CODEC_COUNT] = {
     [ECHO_CODEC_HSUB6] = {"hsub6", ECHO_SUB, 4, 2, 6, 64, 128, ECHO_FORM_HSUB},
     [ECHO_CODEC_OUT2] = {"out2", 0, 4, ECHO_OUT2_REC, 0, 64, 128, ECHO_FORM_OUT2},
     [ECHO_CODEC_HOUT2] = {"hout2", 0, 4, ECHO_OUT2_REC, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_HOUT2},
-    /* 3-bit codes, hout2's record; host loops only (no CUDA kernel yet) */
-    [ECHO_CODEC_HNF3] = {"hnf3", 0, 3, ECHO_OUT2_REC, 0, 64, 256, ECHO_FORM_HNF3, 0, 1},
+    /* 3-bit codes, hout2's record */
+    [ECHO_CODEC_HNF3] = {"hnf3", 0, 3, ECHO_OUT2_REC, 0, 64, 256, ECHO_FORM_HNF3},
     /* G only sets the shard granularity here; 128 as ECHO_DEFAULT_CODEC's */
     [ECHO_CODEC_NONE] = {"none", 0, 32, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 0},
     [ECHO_CODEC_BF16] = {"bf16", 0, 16, 0, 0, ECHO_MIN_GROUP, 128, ECHO_FORM_INT4, 1, 1},

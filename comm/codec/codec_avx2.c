@@ -3,7 +3,7 @@
  * (echo_cpu_codec_avx2, comm/codec/codec_cpu.h), for CPUs that have it;
  * echo_cpu_codec_best picks it at run time.
  *
- * Contract: bit-identical to echo_cpu_codec_scalar (codec.c over
+ * Contract: bit-identical to echo_cpu_codec_scalar (codec_scalar.c over
  * comm/codec/echo_codec.h) for every input: the same IEEE operations in the same
  * order on 8 lanes. The division y/s stays a division (a reciprocal would
  * change codes), rint is the same two adds of 1.5*2^23 (not vroundps, which
@@ -950,36 +950,6 @@ AVX2_INLINE void hsub_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t
     }
 }
 
-/* The forms with a fast path here (echo_codec.h's wire-form table); any
- * other form, a new one included, takes the scalar loops. */
-static int avx2_form(int form) {
-    return form == ECHO_FORM_HSUB || form == ECHO_FORM_OUT2 || form == ECHO_FORM_HOUT2 || form == ECHO_FORM_HNF3;
-}
-
-AVX2_FN static size_t avx2_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
-                                      uint8_t *codes, uint8_t *recs, size_t *bad) {
-    *bad = ECHO_NO_INDEX;
-    int hr = res && res_valid, hw = res != NULL;
-    if (!avx2_form(form) || n % (size_t)(group > 0 ? group : 1) || ((form == ECHO_FORM_HSUB || form == ECHO_FORM_HNF3) && group < 64))
-        return echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
-    size_t np = 0;
-    if (form == ECHO_FORM_HSUB) {
-#define RE(G) np = hsub_enc_impl(y, res, hr, hw, n, G, codes, recs, bad)
-        ECHO_CPU_FOR_EACH_G(group, RE,
-                        np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
-#undef RE
-        return np;
-    }
-#define RE(G)                                                                                                          \
-    np = form == ECHO_FORM_HNF3    ? o2_enc_variants(y, res, res_valid, 1, 1, n, G, codes, recs, bad)                  \
-         : form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, 0, n, G, codes, recs, bad)                  \
-                                   : o2_enc_variants(y, res, res_valid, 0, 0, n, G, codes, recs, bad)
-    ECHO_CPU_FOR_EACH_G(group, RE,
-                    np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
-#undef RE
-    return np;
-}
-
 /* Full out2 / hout2 groups decoded (echo_out2_decode_group,
  * echo_hout2_decode_group), into out or added to it. The outliers are
  * patched in afterwards, i1 then i2 (untrusted bytes: they may coincide). */
@@ -1029,23 +999,36 @@ AVX2_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t n
     }
 }
 
-AVX2_FN static void avx2_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group,
-                                    float *out, int accumulate) {
-    size_t ng = n / (size_t)(group > 0 ? group : 1);
-    if (((form == ECHO_FORM_HSUB || form == ECHO_FORM_HNF3) && group < 64) || !avx2_form(form)) ng = 0;
-#define RD(G)                                                                                                          \
-    if (form == ECHO_FORM_HSUB)                                                                                        \
-        hsub_dec_impl(codes, recs, ng, G, out, accumulate);                                                            \
-    else if (form == ECHO_FORM_HNF3)                                                                                   \
-        o2_dec_impl(codes, recs, ng, G, 1, 1, out, accumulate);                                                        \
-    else if (form == ECHO_FORM_HOUT2)                                                                                  \
-        o2_dec_impl(codes, recs, ng, G, 1, 0, out, accumulate);                                                        \
-    else                                                                                                               \
-        o2_dec_impl(codes, recs, ng, G, 0, 0, out, accumulate)
-    ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
-#undef RD
-    echo_cpu_rec_decode_rest(form, codes, recs, ng, n, group, out, accumulate);
-}
+/* The record forms' loops, as echo_codec.h's rows name them (codec_cpu.h's
+ * echo_rec_enc_fn / echo_rec_dec_fn: whole groups, G a power of two in
+ * [the row's min_group, 256]; forms.c checks, and runs the rest scalar).
+ * ENC(G) and DEC(G) call a family's loop with G a constant. */
+#define AVX2_FORM_LOOPS(stem, ENC, DEC)                                                                                \
+    AVX2_FN size_t stem##_enc(const float *y, float *res, int res_valid, size_t n, int group, uint8_t *codes,          \
+                              uint8_t *recs, size_t *bad) {                                                            \
+        size_t np = 0;                                                                                                 \
+        ECHO_CPU_FOR_EACH_G(group, ENC, (void)0)                                                                       \
+        return np;                                                                                                     \
+    }                                                                                                                  \
+    AVX2_FN void stem##_dec(const uint8_t *codes, const uint8_t *recs, size_t ng, int group, float *out,               \
+                            int accumulate) {                                                                          \
+        ECHO_CPU_FOR_EACH_G(group, DEC, (void)0)                                                                       \
+    }
+#define HSUB_ENC(G) np = hsub_enc_impl(y, res, res && res_valid, res != NULL, n, G, codes, recs, bad)
+#define HSUB_DEC(G) hsub_dec_impl(codes, recs, ng, G, out, accumulate)
+AVX2_FORM_LOOPS(echo_avx2_hsub, HSUB_ENC, HSUB_DEC)
+/* the out2 family: (rotate, nf3) = out2 (0, 0), hout2 (1, 0), hnf3 (1, 1) */
+#define O2_ENC(rot, nf3, G) np = o2_enc_variants(y, res, res_valid, rot, nf3, n, G, codes, recs, bad)
+#define O2_DEC(rot, nf3, G) o2_dec_impl(codes, recs, ng, G, rot, nf3, out, accumulate)
+#define OUT2_ENC(G) O2_ENC(0, 0, G)
+#define OUT2_DEC(G) O2_DEC(0, 0, G)
+#define HOUT2_ENC(G) O2_ENC(1, 0, G)
+#define HOUT2_DEC(G) O2_DEC(1, 0, G)
+#define HNF3_ENC(G) O2_ENC(1, 1, G)
+#define HNF3_DEC(G) O2_DEC(1, 1, G)
+AVX2_FORM_LOOPS(echo_avx2_out2, OUT2_ENC, OUT2_DEC)
+AVX2_FORM_LOOPS(echo_avx2_hout2, HOUT2_ENC, HOUT2_DEC)
+AVX2_FORM_LOOPS(echo_avx2_hnf3, HNF3_ENC, HNF3_DEC)
 
 /* The accumulator is prefetched: the loads of out are what hold a staged
  * decode-accumulate back (one with out prefetched measured 0.8 of memcpy
@@ -1062,9 +1045,8 @@ AVX2_FN void echo_avx2_add(const float *in, size_t n, float *out) {
 
 const echo_cpu_codec echo_cpu_codec_avx2 = {
     .name = "avx2",
+    .isa = ECHO_ISA_AVX2,
     .encode = echo_avx2_encode,
-    .rec_encode = avx2_rec_encode,
-    .rec_decode = avx2_rec_decode,
     ECHO_CPU_CODEC_AVX2_SHARED,
 };
 

@@ -1,6 +1,6 @@
 /*
- * comm/codec/codec_avx512.c — the out2 / hout2 record loops and the int4 encode
- * in AVX-512 intrinsics (echo_cpu_codec_avx512, comm/codec/codec_cpu.h); the
+ * comm/codec/codec_avx512.c — the out2 / hout2 / hnf3 record loops and the int4
+ * encode in AVX-512 intrinsics (echo_cpu_codec_avx512, comm/codec/codec_cpu.h); the
  * other entries are the AVX2 table's. echo_cpu_codec_best picks it at run
  * time.
  *
@@ -25,9 +25,13 @@
  *     rules.
  *   - The code is the low nibble of the bits of y/s + 1.5*2^23 (the first
  *     add of echo_rint), so no conversion to int.
+ *   - hnf3's levels are not integers: its decode and residual take the
+ *     reference's order (q s, H, D / G), its codes are pext / pdep of
+ *     bytes.
  * The encoders run phase by phase over a few groups (o2_enc_impl,
  * i4_enc_impl). Full groups with G in 16..256 are vectorized; a partial
- * last group goes to the scalar table, hsub6 to the AVX2 one, and int4's
+ * last group goes to the scalar loops, hsub6 runs the AVX2 loops (the
+ * form table's rows say which), and int4's
  * bf16 input, bf16-rounded residuals and all-zero or poisoned groups to
  * the AVX2 loop.
  */
@@ -505,27 +509,6 @@ Z_INLINE size_t o2_enc_variants(const float *y, float *res, int res_valid, int r
     return o2_enc_impl(y, res, 0, 1, rot, nf3, n, G, codes, recs, bad);
 }
 
-/* out2 and hout2 both ways; hnf3 (G >= 64) encodes here and decodes in the AVX2 table */
-static int z_form(int form) { return form == ECHO_FORM_OUT2 || form == ECHO_FORM_HOUT2; }
-
-Z_FN static size_t z_rec_encode(int form, const float *y, float *res, int res_valid, size_t n, int group,
-                                uint8_t *codes, uint8_t *recs, size_t *bad) {
-    /* out2 and hout2 here; hsub6 and any other form (echo_codec.h's table)
-     * in the AVX2 table, which sends forms it does not know to scalar */
-    if (!(z_form(form) || (form == ECHO_FORM_HNF3 && group >= 64)) || n % (size_t)(group > 0 ? group : 1))
-        return echo_cpu_codec_avx2.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad);
-    *bad = ECHO_NO_INDEX;
-    size_t np = 0;
-#define RE(G)                                                                                                          \
-    np = form == ECHO_FORM_HNF3    ? o2_enc_variants(y, res, res_valid, 1, 1, n, G, codes, recs, bad)                  \
-         : form == ECHO_FORM_HOUT2 ? o2_enc_variants(y, res, res_valid, 1, 0, n, G, codes, recs, bad)                  \
-                                   : o2_enc_variants(y, res, res_valid, 0, 0, n, G, codes, recs, bad)
-    ECHO_CPU_FOR_EACH_G(group, RE,
-                        np = echo_cpu_codec_scalar.rec_encode(form, y, res, res_valid, n, group, codes, recs, bad))
-#undef RE
-    return np;
-}
-
 /* ---- int4 (the paper's codec): encode ----
  * The same loops' pieces on int4 groups: y = x (+ res), one bf16 scale from
  * the largest |y|, the codes by quant (a checked reciprocal), the residual
@@ -636,9 +619,24 @@ Z_INLINE void unpack(const uint8_t *c, int V, __m512 *q) {
     }
 }
 
-/* Full out2 / hout2 groups decoded, into out or added to it; the outliers
- * patched in afterwards, i1 then i2 (untrusted bytes: they may coincide). */
-Z_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, int rot, float *out,
+/* hnf3's 16 codes at c (two 24-bit words, 6 bytes; echo_nf3_get) as
+ * their levels (echo_nf3_level, in units of s): pdep spreads each word's
+ * 3-bit codes into bytes, the encoder's pext backwards. */
+Z_INLINE __m512 nf3_levels16(const uint8_t *c) {
+    const __m512 lv = _mm512_setr_ps(echo_nf3_level(0), echo_nf3_level(1), echo_nf3_level(2), echo_nf3_level(3),
+                                     echo_nf3_level(4), echo_nf3_level(5), echo_nf3_level(6), echo_nf3_level(7), 0, 0,
+                                     0, 0, 0, 0, 0, 0);
+    uint64_t w0 = (uint64_t)c[0] | ((uint64_t)c[1] << 8) | ((uint64_t)c[2] << 16);
+    uint64_t w1 = (uint64_t)c[3] | ((uint64_t)c[4] << 8) | ((uint64_t)c[5] << 16);
+    __m128i b = _mm_set_epi64x((long long)_pdep_u64(w1, 0x0707070707070707ull),
+                               (long long)_pdep_u64(w0, 0x0707070707070707ull));
+    return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(b), lv);
+}
+
+/* Full out2 / hout2 / hnf3 groups decoded, into out or added to it; the
+ * outliers patched in afterwards, i1 then i2 (untrusted bytes: they may
+ * coincide). hnf3's levels take the reference's order (inv_rot, nf3). */
+Z_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, int G, int rot, int nf3, float *out,
                           int accumulate) {
     const int V = G / 16;
     zhad d;
@@ -652,9 +650,14 @@ Z_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, 
             _mm_prefetch((const char *)(o + 16 * j + ECHO_PF), _MM_HINT_T0);
         float a1 = o[i1], a2 = o[i2];
         __m512 v[ZMAXV];
-        unpack(codes + g * (size_t)G / 2, V, v);
+        if (nf3) {
+            UNROLL
+            for (int j = 0; j < V; j++)
+                v[j] = nf3_levels16(codes + g * (size_t)G / 8 * 3 + 6 * (size_t)j);
+        } else
+            unpack(codes + g * (size_t)G / 2, V, v);
         if (rot)
-            inv_rot(v, V, sb, &d, G, NULL, 0);
+            inv_rot(v, V, sb, &d, G, NULL, nf3);
         else {
             const __m512 sv = _mm512_set1_ps(echo_bf16_to_f32(sb));
             UNROLL
@@ -671,22 +674,31 @@ Z_INLINE void o2_dec_impl(const uint8_t *codes, const uint8_t *recs, size_t ng, 
     }
 }
 
-Z_FN static void z_rec_decode(int form, const uint8_t *codes, const uint8_t *recs, size_t n, int group, float *out,
-                              int accumulate) {
-    if (!z_form(form)) {
-        echo_cpu_codec_avx2.rec_decode(form, codes, recs, n, group, out, accumulate);
-        return;
+/* The record forms' loops, as echo_codec.h's rows name them (codec_avx2.c's
+ * AVX2_FORM_LOOPS: whole groups, G in [the row's min_group, 256]). The
+ * out2 family: (rotate, nf3) = out2 (0, 0), hout2 (1, 0), hnf3 (1, 1). */
+#define Z_FORM_LOOPS(stem)                                                                                             \
+    Z_FN size_t stem##_enc(const float *y, float *res, int res_valid, size_t n, int group, uint8_t *codes,             \
+                           uint8_t *recs, size_t *bad) {                                                               \
+        size_t np = 0;                                                                                                 \
+        ECHO_CPU_FOR_EACH_G(group, Z_ENC_##stem, (void)0)                                                              \
+        return np;                                                                                                     \
+    }                                                                                                                  \
+    Z_FN void stem##_dec(const uint8_t *codes, const uint8_t *recs, size_t ng, int group, float *out,                  \
+                         int accumulate) {                                                                             \
+        ECHO_CPU_FOR_EACH_G(group, Z_DEC_##stem, (void)0)                                                              \
     }
-    size_t ng = n / (size_t)(group > 0 ? group : 1);
-#define RD(G)                                                                                                          \
-    if (form == ECHO_FORM_HOUT2)                                                                                       \
-        o2_dec_impl(codes, recs, ng, G, 1, out, accumulate);                                                           \
-    else                                                                                                               \
-        o2_dec_impl(codes, recs, ng, G, 0, out, accumulate)
-    ECHO_CPU_FOR_EACH_G(group, RD, ng = 0)
-#undef RD
-    echo_cpu_rec_decode_rest(form, codes, recs, ng, n, group, out, accumulate);
-}
+#define Z_ENC(rot, nf3, G) np = o2_enc_variants(y, res, res_valid, rot, nf3, n, G, codes, recs, bad)
+#define Z_DEC(rot, nf3, G) o2_dec_impl(codes, recs, ng, G, rot, nf3, out, accumulate)
+#define Z_ENC_echo_avx512_out2(G) Z_ENC(0, 0, G)
+#define Z_DEC_echo_avx512_out2(G) Z_DEC(0, 0, G)
+#define Z_ENC_echo_avx512_hout2(G) Z_ENC(1, 0, G)
+#define Z_DEC_echo_avx512_hout2(G) Z_DEC(1, 0, G)
+#define Z_ENC_echo_avx512_hnf3(G) Z_ENC(1, 1, G)
+#define Z_DEC_echo_avx512_hnf3(G) Z_DEC(1, 1, G)
+Z_FORM_LOOPS(echo_avx512_out2)
+Z_FORM_LOOPS(echo_avx512_hout2)
+Z_FORM_LOOPS(echo_avx512_hnf3)
 
 int echo_cpu_codec_avx512_ok(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -696,9 +708,8 @@ int echo_cpu_codec_avx512_ok(void) {
 
 const echo_cpu_codec echo_cpu_codec_avx512 = {
     .name = "avx512",
+    .isa = ECHO_ISA_AVX512,
     .encode = z_encode,
-    .rec_encode = z_rec_encode,
-    .rec_decode = z_rec_decode,
     ECHO_CPU_CODEC_AVX2_SHARED, /* AVX2's decode, rotation and add */
 };
 

@@ -475,11 +475,6 @@ ECHO_HD int echo_nf3_code(float t) {
     return (t < 0.0f ? 4 : 0) | ((a >= ECHO_NF3_T1) + (a >= ECHO_NF3_T2) + (a >= ECHO_NF3_T3));
 }
 
-/* Code bytes of n values (n a multiple of 8) in wire form `form`. */
-ECHO_HD size_t echo_form_code_bytes(int form, size_t n) {
-    return form == ECHO_FORM_HNF3 ? n / 8 * 3 : n / 2;
-}
-
 ECHO_HD void echo_nf3_put(uint8_t *codes, int i, int c) {
     uint8_t *t = codes + 3 * (i / 8);
     int b = 3 * (i % 8);
@@ -604,59 +599,119 @@ ECHO_HD uint16_t echo_hnf3_decode_group(const uint8_t *codes, const uint8_t *rec
     return echo_hrot_decode_group(codes, rec, G, v, 1);
 }
 
-/* ---- The wire-form table: one row per record form ----
- * X(id, record bytes of a group of G, encode_group, decode_group). The
- * host loops (comm/codec/codec.c), the SIMD tables (codec_avx2.c / _avx512.c:
- * a fast path for the forms they know, scalar for any other) and the CUDA
- * kernels (echo_cuda.cu) all dispatch through the functions below, so a new
- * form is its id, its group functions and one row here. A build's
- * ECHO_EXTRA_FORMS_FILE, which defines ECHO_EXTRA_FORMS, adds rows
- * (tests/toy/toy_codec.h). A
- * form no row knows encodes and decodes as poison (the call then fails on
- * every rank as not finite): never as another form. Every record starts
- * with its group's bf16 scale, which the loops read as the poison mark.
- * ECHO_FORM_INT4 is not a record form (codec.c runs its own loops); it
- * keeps its 2-byte size here. */
+/* ---- int4 as a record form (ECHO_FORM_INT4) ----
+ * The int4 codec's group with its bf16 scale as the record: what the int4
+ * loops (codec_scalar.c, which the host runs for this form: bf16 input and
+ * bf16-rounded residuals besides) compute with an fp32 residual. A zero
+ * group's residual is y itself, a poisoned one's 0. */
+ECHO_HD uint16_t echo_int4_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
+    uint32_t m = 0;
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        m = a > m ? a : m;
+    }
+    uint16_t sb = echo_scale_from_absbits(m);
+    int ok = sb != 0 && !echo_scale_is_poison(sb);
+    float s = echo_bf16_to_f32(sb);
+    rec[0] = (uint8_t)sb, rec[1] = (uint8_t)(sb >> 8);
+    for (int i = 0; i < G; i += 2) {
+        float q0 = ok ? echo_code(y[i], s) : 0.0f, q1 = ok ? echo_code(y[i + 1], s) : 0.0f;
+        codes[i / 2] = echo_pack2((int)q0, (int)q1);
+        for (int t = 0; r && t < 2; t++)
+            if (i + t < n) r[i + t] = ok ? echo_sub(y[i + t], echo_mul(t ? q1 : q0, s)) : sb ? 0.0f : y[i + t];
+    }
+    return sb;
+}
+
+ECHO_HD uint16_t echo_int4_decode_group(const uint8_t *codes, const uint8_t *rec, int G, float *v) {
+    uint16_t sb = (uint16_t)(rec[0] | (rec[1] << 8));
+    float s = echo_bf16_to_f32(sb);
+    for (int i = 0; i < G; i += 2) {
+        v[i] = echo_mul((float)echo_nib_lo(codes[i / 2]), s);
+        v[i + 1] = echo_mul((float)echo_nib_hi(codes[i / 2]), s);
+    }
+    return sb;
+}
+
+/* ---- The wire forms: one row (descriptor) per form ----
+ *   X(id, name, code_bits, record bytes of a group of G, encode_group,
+ *     decode_group, avx2, avx512)
+ * A group of G values travels as G * code_bits / 8 code bytes (in the
+ * message's code area, before every record) and one record, which starts
+ * with the group's bf16 scale (the loops read it as the poison mark). The
+ * group functions are the reference arithmetic (C and CUDA): the host's
+ * scalar loops (codec_scalar.c) and the CUDA kernels (echo_cuda.cu) reach
+ * them only through echo_rec_encode_group / echo_rec_decode_group below.
+ * avx2 / avx512 name each ISA's loops over whole groups, ECHO_FAST(stem,
+ * min_group) for stem_enc / stem_dec (codec_cpu.h), or ECHO_NO_FAST: the
+ * scalar loops; the host table (forms.c) is built from these rows, and
+ * nothing else in comm/ lists forms. So a new form is its id, its group
+ * functions and one row here (its loops optional); a codec using it is one
+ * row of comm/preset.c's codec table. A build's ECHO_EXTRA_FORMS_FILE,
+ * which defines ECHO_EXTRA_FORMS, adds rows (tests/toy/toy_codec.h). A form
+ * no row knows encodes and decodes as poison (the call then fails on every
+ * rank as not finite): never as another form. The host runs its own int4
+ * loops for ECHO_FORM_INT4 (bf16 input and residuals); its row gives the
+ * layout and a reference. */
 #define ECHO_REC_FORMS(X)                                                                                              \
-    X(ECHO_FORM_HSUB, echo_hsub_rec_bytes(G), echo_hsub_encode_group, echo_hsub_decode_group)                          \
-    X(ECHO_FORM_OUT2, ECHO_OUT2_REC, echo_out2_encode_group, echo_out2_decode_group)                                   \
-    X(ECHO_FORM_HOUT2, ECHO_OUT2_REC, echo_hout2_encode_group, echo_hout2_decode_group)                                \
-    X(ECHO_FORM_HNF3, ECHO_OUT2_REC, echo_hnf3_encode_group, echo_hnf3_decode_group)
+    X(ECHO_FORM_INT4, "int4", 4, 2, echo_int4_encode_group, echo_int4_decode_group, ECHO_NO_FAST, ECHO_NO_FAST)       \
+    X(ECHO_FORM_HSUB, "hsub6", 4, echo_hsub_rec_bytes(G), echo_hsub_encode_group, echo_hsub_decode_group,             \
+      ECHO_FAST(echo_avx2_hsub, 64), ECHO_FAST(echo_avx2_hsub, 64))                                                    \
+    X(ECHO_FORM_OUT2, "out2", 4, ECHO_OUT2_REC, echo_out2_encode_group, echo_out2_decode_group,                       \
+      ECHO_FAST(echo_avx2_out2, 16), ECHO_FAST(echo_avx512_out2, 16))                                                  \
+    X(ECHO_FORM_HOUT2, "hout2", 4, ECHO_OUT2_REC, echo_hout2_encode_group, echo_hout2_decode_group,                   \
+      ECHO_FAST(echo_avx2_hout2, 16), ECHO_FAST(echo_avx512_hout2, 16))                                                \
+    X(ECHO_FORM_HNF3, "hnf3", 3, ECHO_OUT2_REC, echo_hnf3_encode_group, echo_hnf3_decode_group,                       \
+      ECHO_FAST(echo_avx2_hnf3, 64), ECHO_FAST(echo_avx512_hnf3, 64))
 #ifdef ECHO_EXTRA_FORMS_FILE
 #include ECHO_EXTRA_FORMS_FILE /* its group functions, and ECHO_EXTRA_FORMS' rows */
 #endif
 #ifndef ECHO_EXTRA_FORMS
 #define ECHO_EXTRA_FORMS(X)
 #endif
+#define ECHO_ALL_FORMS(X) ECHO_REC_FORMS(X) ECHO_EXTRA_FORMS(X)
 
 ECHO_HD int echo_rec_bytes(int form, int G) {
+    (void)G;
     switch (form) {
-    case ECHO_FORM_INT4: return 2;
-#define ECHO_X(id, rb, enc, dec)                                                                                       \
+#define ECHO_X(id, name, bits, rb, enc, dec, avx2, avx512)                                                             \
     case id: return rb;
-        ECHO_REC_FORMS(ECHO_X)
-        ECHO_EXTRA_FORMS(ECHO_X)
+        ECHO_ALL_FORMS(ECHO_X)
 #undef ECHO_X
     default: return 0;
     }
 }
 
-/* 1 when a row knows `form` (ECHO_FORM_INT4 included). */
+/* Bits of one value's code in wire form `form` (0 for an unknown form). */
+ECHO_HD int echo_form_code_bits(int form) {
+    switch (form) {
+#define ECHO_X(id, name, bits, rb, enc, dec, avx2, avx512)                                                             \
+    case id: return bits;
+        ECHO_ALL_FORMS(ECHO_X)
+#undef ECHO_X
+    default: return 0;
+    }
+}
+
+/* Code bytes of n values (n a multiple of 8) in wire form `form`. */
+ECHO_HD size_t echo_form_code_bytes(int form, size_t n) {
+    return n * (size_t)echo_form_code_bits(form) / 8;
+}
+
+/* 1 when a row knows `form`. */
 ECHO_HD int echo_form_known(int form) {
-    int G = ECHO_MIN_GROUP;
-    return echo_rec_bytes(form, G) > 0;
+    return echo_form_code_bits(form) > 0;
 }
 
 ECHO_HD uint16_t echo_rec_encode_group(int form, const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
     switch (form) {
-#define ECHO_X(id, rb, enc, dec)                                                                                       \
+#define ECHO_X(id, name, bits, rb, enc, dec, avx2, avx512)                                                             \
     case id: return enc(y, G, codes, rec, r, n);
-        ECHO_REC_FORMS(ECHO_X)
-        ECHO_EXTRA_FORMS(ECHO_X)
+        ECHO_ALL_FORMS(ECHO_X)
 #undef ECHO_X
     default:
-        for (int i = 0; i < G / 2; i++)
-            codes[i] = 0;
+        /* no code bytes to clear (an unknown form has none); its scale is poison */
+        (void)codes, (void)rec;
         for (int i = 0; r && i < n; i++)
             r[i] = 0.0f;
         return ECHO_SCALE_POISON;
@@ -665,10 +720,9 @@ ECHO_HD uint16_t echo_rec_encode_group(int form, const float *y, int G, uint8_t 
 
 ECHO_HD uint16_t echo_rec_decode_group(int form, const uint8_t *codes, const uint8_t *rec, int G, float *v) {
     switch (form) {
-#define ECHO_X(id, rb, enc, dec)                                                                                       \
+#define ECHO_X(id, name, bits, rb, enc, dec, avx2, avx512)                                                             \
     case id: return dec(codes, rec, G, v);
-        ECHO_REC_FORMS(ECHO_X)
-        ECHO_EXTRA_FORMS(ECHO_X)
+        ECHO_ALL_FORMS(ECHO_X)
 #undef ECHO_X
     default:
         (void)codes, (void)rec;

@@ -540,11 +540,13 @@ __global__ void __launch_bounds__(ECHO_THREADS) echo_unrot_kernel(float *r, size
         echo_had_inv(r + g * (size_t)G, G);
 }
 
-/* ---- record forms (echo_plan.form: hsub6, out2, hout2): a thread codes or
- * decodes one group of G values with comm/codec/echo_codec.h's group functions,
- * the host's arithmetic; values are the staged fp32 copy (d_rot), whole
- * groups. Simple, not tuned. A shard's wire message: L/2 code bytes, then
- * L/G scale records. */
+/* ---- record forms (echo_plan.form: every row of comm/codec/echo_codec.h's
+ * form table, a build's extra rows included): a thread codes or decodes one
+ * group of G values with the row's group functions (echo_rec_encode_group /
+ * echo_rec_decode_group), the host's arithmetic; values are the staged fp32
+ * copy (d_rot), whole groups. Simple, not tuned. A shard's wire message:
+ * the codes of its L values (echo_form_code_bytes: L * code_bits / 8), then
+ * L/G records. */
 template <typename T>
 __global__ void __launch_bounds__(ECHO_THREADS) echo_stage_kernel(const T *x, float *y, size_t count, size_t np) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < np; i += (size_t)gridDim.x * blockDim.x)
@@ -557,14 +559,15 @@ __global__ void __launch_bounds__(ECHO_THREADS)
     int c = (int)blockIdx.y;
     c += c >= own;
     size_t start = (size_t)c * L, n = count - start < L ? count - start : L, K = n / (size_t)G;
-    int rb = echo_rec_bytes(form, G);
+    size_t rb = (size_t)echo_rec_bytes(form, G), cg = echo_form_code_bytes(form, (size_t)G),
+           cl = echo_form_code_bytes(form, L);
     uint8_t *w = send.p[c];
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
         size_t i = start + k * (size_t)G;
         float t[ECHO_MAX_GROUP];
         for (int q = 0; q < G; q++)
             t[q] = res && res_valid ? y[i + q] + res[i + q] : y[i + q];
-        echo_rec_encode_group(form, t, G, w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, res ? res + i : NULL, G);
+        echo_rec_encode_group(form, t, G, w + k * cg, w + cl + k * rb, res ? res + i : NULL, G);
     }
 }
 
@@ -573,8 +576,8 @@ __global__ void __launch_bounds__(ECHO_THREADS)
 __global__ void __launch_bounds__(ECHO_THREADS)
     echo_rec_phase2_kernel(int form, const float *ys, wire_cptrs recv, float *g, int g_valid, size_t len, size_t L,
                            int G, int N, int own, uint8_t *out) {
-    size_t K = len / (size_t)G;
-    int rb = echo_rec_bytes(form, G);
+    size_t K = len / (size_t)G, rb = (size_t)echo_rec_bytes(form, G), cg = echo_form_code_bytes(form, (size_t)G),
+           cl = echo_form_code_bytes(form, L);
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
         size_t i = k * (size_t)G;
         float S[ECHO_MAX_GROUP], v[ECHO_MAX_GROUP];
@@ -583,14 +586,14 @@ __global__ void __launch_bounds__(ECHO_THREADS)
                 for (int q = 0; q < G; q++)
                     v[q] = ys[i + q];
             else
-                echo_rec_decode_group(form, recv.p[j] + i / 2, recv.p[j] + L / 2 + k * (size_t)rb, G, v);
+                echo_rec_decode_group(form, recv.p[j] + k * cg, recv.p[j] + cl + k * rb, G, v);
             for (int q = 0; q < G; q++)
                 S[q] = j == 0 ? v[q] : S[q] + v[q];
         }
         if (g && g_valid)
             for (int q = 0; q < G; q++)
                 S[q] = S[q] + g[i + q];
-        echo_rec_encode_group(form, S, G, out + i / 2, out + L / 2 + k * (size_t)rb, g ? g + i : NULL, G);
+        echo_rec_encode_group(form, S, G, out + k * cg, out + cl + k * rb, g ? g + i : NULL, G);
     }
 }
 
@@ -600,10 +603,11 @@ __global__ void __launch_bounds__(ECHO_THREADS)
     echo_rec_finish_kernel(int form, wire_cptrs gathered, float *y, size_t count, size_t L, int G,
                            unsigned long long *bad) {
     size_t start = (size_t)blockIdx.y * L, n = count - start < L ? count - start : L, K = n / (size_t)G;
-    int rb = echo_rec_bytes(form, G);
+    size_t rb = (size_t)echo_rec_bytes(form, G), cg = echo_form_code_bytes(form, (size_t)G),
+           cl = echo_form_code_bytes(form, L);
     const uint8_t *w = gathered.p[blockIdx.y];
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < K; k += (size_t)gridDim.x * blockDim.x) {
-        uint16_t sb = echo_rec_decode_group(form, w + k * (size_t)G / 2, w + L / 2 + k * (size_t)rb, G,
+        uint16_t sb = echo_rec_decode_group(form, w + k * cg, w + cl + k * rb, G,
                                             y + start + k * (size_t)G);
         if (echo_scale_is_poison(sb)) atomicMin(bad, (unsigned long long)(start + k * (size_t)G));
     }

@@ -627,10 +627,11 @@ static void part_a(const side *A, const side *B) {
                     compare_case(A, B, label, n, cfg, cs, 4, seed++);
                 }
     /* hsub6 (16-value rotations, scale records), out2 (bf16 outliers, no
-     * rotation: the staged copy widened) and hout2 (both), G = 64..256 */
+     * rotation: the staged copy widened), hout2 (both) and hnf3 (hout2's
+     * record, 3-bit codes: 3L/8 code bytes), G = 64..256 */
     const int groups4[] = {64, 128, 256};
-    const echo_codec_id recs[] = {ECHO_CODEC_HSUB6, ECHO_CODEC_OUT2, ECHO_CODEC_HOUT2};
-    for (int k = 0; k < 3; k++)
+    const echo_codec_id recs[] = {ECHO_CODEC_HSUB6, ECHO_CODEC_OUT2, ECHO_CODEC_HOUT2, ECHO_CODEC_HNF3};
+    for (int k = 0; k < 4; k++)
         for (int gi = 0; gi < 3; gi++)
             for (int ci = 0; ci < 3; ci++)
                 for (int mi = 1; mi < 3; mi++)

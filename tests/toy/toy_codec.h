@@ -44,6 +44,9 @@ ECHO_HD uint16_t toy_decode_group(const uint8_t *codes, const uint8_t *rec, int 
     return (uint16_t)(rec[0] | (rec[1] << 8));
 }
 
-#define ECHO_EXTRA_FORMS(X) X(ECHO_FORM_TOY, ECHO_TOY_REC, toy_encode_group, toy_decode_group)
+/* its row of the form table (echo_codec.h: id, name, code bits, record
+ * bytes, group functions, no vector loops: the scalar ones on the host) */
+#define ECHO_EXTRA_FORMS(X)                                                                                            \
+    X(ECHO_FORM_TOY, "toy", 4, ECHO_TOY_REC, toy_encode_group, toy_decode_group, ECHO_NO_FAST, ECHO_NO_FAST)
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * tests/toy/toy_test.c [mpi] — the toy codec of tests/toy/toy_codec.h, added
+ * tests/toy/toy_test.c [mpi|cuda] — the toy codec of tests/toy/toy_codec.h, added
  * through comm/'s tables alone, runs like any codec (issue 34):
  *   - its row is in the codec table (name, bits, group bytes) and its wire
  *     form in the form table: the host codec's wire round trip equals the
@@ -7,7 +7,12 @@
  *   - an all-reduce of 3 ranks on the local transport (threads), or, with
  *     "mpi" under mpirun, on the mpi transport: every rank's output the same
  *     bits, within the toy's error of the fp64 sum; rank 0 prints a checksum
- *     of the output, which tests/toy/run.sh compares between the two.
+ *     of the output, which tests/toy/run.sh compares between the two;
+ *   - with "cuda" (a build with ECHO_HAVE_CUDA: under the emulator, make
+ *     test-toy-emu), the same all-reduce on the local transport with the
+ *     ranks' buffers in GPU memory, so the cuda backend's record kernels
+ *     code the toy's form (and hnf3's 3-bit one): its output the host
+ *     run's, bit for bit.
  * Exit 0 when every check holds.
  */
 #include <math.h>
@@ -21,6 +26,9 @@
 #include "comm/codec/echo_codec.h"
 #ifdef ECHO_HAVE_MPI
 #include <mpi.h>
+#endif
+#ifdef ECHO_HAVE_CUDA
+#include <cuda_runtime.h>
 #endif
 
 enum { N = 4096, G = 64, RANKS = 3 };
@@ -64,13 +72,43 @@ static void check_tables(void) {
     CHECK(!memcmp(out, want, sizeof out), "decode_as is not the toy form's decode");
 }
 
-/* One all-reduce on rank r's comm; returns the max relative error vs the fp64 sum. */
-static double reduce(echo_comm *c, int r, int nranks, float *buf) {
+/* rank r's all-reduce of buf in GPU memory (device >= 0) on its own stream */
+static int reduce_device(echo_comm *c, int r, int device, float *buf, char *err, size_t errlen) {
+#ifdef ECHO_HAVE_CUDA
+    float *d = NULL;
+    cudaStream_t s = NULL;
+    int rc = -1;
+    if (cudaSetDevice(device) != cudaSuccess || cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc((void **)&d, N * sizeof *d) != cudaSuccess ||
+        cudaMemcpy(d, buf, N * sizeof *d, cudaMemcpyHostToDevice) != cudaSuccess)
+        snprintf(err, errlen, "rank %d: cuda setup failed", r);
+    else if (echo_begin_pass(c, ECHO_PASS_EAGER, err, errlen) ||
+             echo_allreduce(c, 0, d, N, ECHO_F32, s, err, errlen))
+        ;
+    else if (cudaStreamSynchronize(s) != cudaSuccess ||
+             cudaMemcpy(buf, d, N * sizeof *d, cudaMemcpyDeviceToHost) != cudaSuccess)
+        snprintf(err, errlen, "rank %d: cuda copy back failed", r);
+    else
+        rc = 0;
+    if (d) cudaFree(d);
+    if (s) cudaStreamDestroy(s);
+    return rc;
+#else
+    (void)c, (void)device, (void)buf;
+    snprintf(err, errlen, "rank %d: built without CUDA", r);
+    return -1;
+#endif
+}
+
+/* One all-reduce on rank r's comm (buffer in GPU memory when device >= 0);
+ * returns the max relative error vs the fp64 sum. */
+static double reduce(echo_comm *c, int r, int nranks, float *buf, int device) {
     char err[256];
     for (int i = 0; i < N; i++)
         buf[i] = input(r, i);
-    if (echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err) ||
-        echo_allreduce(c, 0, buf, N, ECHO_F32, NULL, err, sizeof err)) {
+    if (device >= 0 ? reduce_device(c, r, device, buf, err, sizeof err)
+                    : echo_begin_pass(c, ECHO_PASS_EAGER, err, sizeof err) ||
+                          echo_allreduce(c, 0, buf, N, ECHO_F32, NULL, err, sizeof err)) {
         CHECK(0, "rank %d: %s", r, err);
         return INFINITY;
     }
@@ -87,7 +125,7 @@ static double reduce(echo_comm *c, int r, int nranks, float *buf) {
 
 typedef struct {
     echo_world *w;
-    int r;
+    int r, device;
     float *buf;
     double err;
 } rank_arg;
@@ -100,7 +138,7 @@ static void *rank_main(void *p) {
         CHECK(0, "comm %d: %s", a->r, err);
         return NULL;
     }
-    a->err = reduce(c, a->r, RANKS, a->buf);
+    a->err = reduce(c, a->r, RANKS, a->buf, a->device);
     echo_comm_destroy(c);
     return NULL;
 }
@@ -113,8 +151,33 @@ static unsigned long checksum(const float *b) {
     return h;
 }
 
+/* An all-reduce of RANKS threads on the local transport, buffers in host
+ * memory (device -1) or on GPU `device`; every rank's output the same. */
+static int local_reduce(const echo_config *cfg, int device, float (*bufs)[N], double *rel) {
+    char err[256];
+    echo_world *w = NULL;
+    echo_world_opts o = {.nranks = RANKS, .device = device};
+    if (echo_world_create("local", &o, cfg, &w, err, sizeof err)) {
+        fprintf(stderr, "toy_test: local world (device %d): %s\n", device, err);
+        return -1;
+    }
+    pthread_t t[RANKS];
+    rank_arg a[RANKS];
+    for (int r = 0; r < RANKS; r++) {
+        a[r] = (rank_arg){w, r, device, bufs[r], 0};
+        pthread_create(&t[r], NULL, rank_main, &a[r]);
+    }
+    for (int r = 0; r < RANKS; r++) {
+        pthread_join(t[r], NULL);
+        *rel = fmax(*rel, a[r].err);
+        CHECK(!memcmp(bufs[r], bufs[0], sizeof bufs[0]), "rank %d's output differs from rank 0's", r);
+    }
+    echo_world_destroy(w);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    int mpi = argc > 1 && !strcmp(argv[1], "mpi"), me = 0, n = RANKS;
+    int mpi = argc > 1 && !strcmp(argv[1], "mpi"), cuda = argc > 1 && !strcmp(argv[1], "cuda"), me = 0, n = RANKS;
     echo_config cfg = {.codec = ECHO_CODEC_TOY, .group_size = G, .n_sites = 1, .max_count = N};
     char err[256];
     echo_world *w = NULL;
@@ -122,22 +185,24 @@ int main(int argc, char **argv) {
     double rel = 0;
     if (!mpi) {
         check_tables();
-        echo_world_opts o = {.nranks = RANKS, .device = -1};
-        if (echo_world_create("local", &o, &cfg, &w, err, sizeof err)) {
-            fprintf(stderr, "toy_test: local world: %s\n", err);
-            return 1;
-        }
-        pthread_t t[RANKS];
-        rank_arg a[RANKS];
-        for (int r = 0; r < RANKS; r++) {
-            a[r] = (rank_arg){w, r, bufs[r], 0};
-            pthread_create(&t[r], NULL, rank_main, &a[r]);
-        }
-        for (int r = 0; r < RANKS; r++) {
-            pthread_join(t[r], NULL);
-            rel = fmax(rel, a[r].err);
-            CHECK(!memcmp(bufs[r], bufs[0], sizeof bufs[0]), "rank %d's output differs from rank 0's", r);
-        }
+        if (local_reduce(&cfg, -1, bufs, &rel)) return 1;
+        /* the same calls with the buffers on the (emulated) GPU: the toy's
+         * form, and hnf3 (3-bit codes), each with and without feedback */
+        const echo_codec_id on_gpu[] = {ECHO_CODEC_TOY, ECHO_CODEC_HNF3};
+        for (int k = 0; cuda && k < 2; k++)
+            for (int fb = 0; fb < 2; fb++) {
+                static float hbufs[RANKS][N], dbufs[RANKS][N];
+                echo_config c2 = cfg;
+                c2.codec = on_gpu[k];
+                c2.feedback = fb;
+                double hrel = 0, drel = 0;
+                if (local_reduce(&c2, -1, hbufs, &hrel) || local_reduce(&c2, 0, dbufs, &drel)) return 1;
+                const char *name = echo_codec_get(c2.codec)->name;
+                CHECK(!memcmp(dbufs, hbufs, sizeof hbufs), "%s feedback=%d: the cuda backend's output differs from the host's",
+                      name, fb);
+                printf("%s cuda feedback=%d: %d ranks, max rel err %.4g, checksum %016lx (host %016lx)\n", name, fb, RANKS,
+                       drel, checksum(dbufs[0]), checksum(hbufs[0]));
+            }
     } else {
 #ifdef ECHO_HAVE_MPI
         int prov;
@@ -150,7 +215,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "toy_test: mpi world: %s\n", err);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        rel = reduce(c, me, n, bufs[0]);
+        rel = reduce(c, me, n, bufs[0], -1);
         unsigned long mine = checksum(bufs[0]), first = mine;
         MPI_Bcast(&first, 1, MPI_UNSIGNED_LONG, 0, MPI_COMM_WORLD);
         CHECK(mine == first, "rank %d's output differs from rank 0's", me);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/codec/codec.h"
 #include "comm/codec/codec_cpu.h"
 #include "comm/codec/echo_codec.h"
 #include "tests/unit/testutil.h"
@@ -212,10 +213,10 @@ START_TEST(test_unknown_form_is_poison) {
     for (int t = 0; t < nt; t++) {
         size_t bad = 0;
         memset(recs, 0, sizeof recs);
-        ck_assert_msg(tabs[t]->rec_encode(FORM, y, res, 0, N, G, codes, recs, &bad) == N / G,
+        ck_assert_msg(echo_cpu_rec_encode(tabs[t], FORM, y, res, 0, N, G, codes, recs, &bad) == N / G,
                       "%s: an unknown form was coded as a known one", tabs[t]->name);
         ck_assert_uint_eq(bad, 0);
-        tabs[t]->rec_decode(FORM, codes, recs, N, G, out, 0);
+        echo_cpu_rec_decode(tabs[t], FORM, codes, recs, N, G, out, 0);
         for (int i = 0; i < N; i++)
             ck_assert_msg(isnan(out[i]), "%s: element %d of an unknown form decoded to %g", tabs[t]->name, i,
                           (double)out[i]);
@@ -521,8 +522,8 @@ static void cmp_rec_decode(const echo_cpu_codec *t, int form, const uint8_t *cod
     for (int a = 0; a < 2; a++) {
         snprintf(what, sizeof what, "%s decode n=%zu accumulate=%d", what0, n, a);
         float *o0 = dup_f32(acc, n), *o1 = dup_f32(acc, n);
-        echo_cpu_codec_scalar.rec_decode(form, codes, recs, n, G, o0, a);
-        t->rec_decode(form, codes, recs, n, G, o1, a);
+        echo_cpu_rec_decode(&echo_cpu_codec_scalar, form, codes, recs, n, G, o0, a);
+        echo_cpu_rec_decode(t, form, codes, recs, n, G, o1, a);
         cmp_f32(o0, o1, n, form == ECHO_FORM_HOUT2 || form == ECHO_FORM_HNF3, what, "value");
         free(o0);
         free(o1);
@@ -566,8 +567,8 @@ START_TEST(test_records_match_scalar) {
                                      rec_forms[fi].name, G, n, kind_masks[ki], rm);
                             float *r0 = rm ? dup_f32(res, n) : NULL, *r1 = rm ? dup_f32(res, n) : NULL;
                             size_t b0 = 1, b1 = 2;
-                            size_t p0 = echo_cpu_codec_scalar.rec_encode(form, y, r0, rm == 2, n, G, c0, e0, &b0);
-                            size_t p1 = tabs[ti]->rec_encode(form, y, r1, rm == 2, n, G, c1, e1, &b1);
+                            size_t p0 = echo_cpu_rec_encode(&echo_cpu_codec_scalar, form, y, r0, rm == 2, n, G, c0, e0, &b0);
+                            size_t p1 = echo_cpu_rec_encode(tabs[ti], form, y, r1, rm == 2, n, G, c1, e1, &b1);
                             ck_assert_msg(p0 == p1 && b0 == b1, "%s: poisoned %zu/%zu, first bad %zu/%zu", what, p0, p1,
                                           b0, b1);
                             cmp_u8(c0, c1, cb, what, "codes");
@@ -651,8 +652,8 @@ START_TEST(test_records_at_code_boundaries) {
             uint8_t *c0 = alloc_fill(cb, 0x5a), *c1 = alloc_fill(cb, 0x5a);
             uint8_t *e0 = alloc_fill(rb, 0x5a), *e1 = alloc_fill(rb, 0x5a);
             float *r0 = dup_f32(res, n), *r1 = dup_f32(res, n);
-            size_t p0 = echo_cpu_codec_scalar.rec_encode(forms[fi], y, r0, 1, n, G, c0, e0, &b0);
-            size_t p1 = tabs[ti]->rec_encode(forms[fi], y, r1, 1, n, G, c1, e1, &b1);
+            size_t p0 = echo_cpu_rec_encode(&echo_cpu_codec_scalar, forms[fi], y, r0, 1, n, G, c0, e0, &b0);
+            size_t p1 = echo_cpu_rec_encode(tabs[ti], forms[fi], y, r1, 1, n, G, c1, e1, &b1);
             /* (hout2's rotated sums overflow at the largest scales: poisoned, alike) */
             ck_assert_msg(p0 == p1 && b0 == b1 && (fi || p0 == 0), "%s: poisoned %zu/%zu", what, p0, p1);
             cmp_u8(c0, c1, cb, what, "codes");
@@ -744,6 +745,135 @@ START_TEST(test_bad_group_matches_scalar) {
 }
 END_TEST
 
+/* The wire-form table (echo_codec.h's rows, forms.c's descriptors) agrees
+ * with itself and with the codec table (comm/preset.c): each form's code
+ * bytes are G * code_bits / 8, and a lossy codec's group bytes are its
+ * form's codes plus its record. */
+START_TEST(test_form_table) {
+    int n;
+    const echo_form_desc *d = echo_form_all(&n);
+    ck_assert_int_ge(n, 5);
+    for (int k = 0; k < n; k++) {
+        ck_assert_ptr_eq(echo_form_get(d[k].id), &d[k]); /* ids unique */
+        ck_assert(d[k].name && d[k].code_bits >= 1 && d[k].code_bits <= 8);
+        ck_assert_int_eq(echo_form_code_bits(d[k].id), d[k].code_bits);
+        ck_assert(echo_form_known(d[k].id));
+        for (int gi = 0; gi < 5; gi++) {
+            int G = groups[gi];
+            ck_assert_int_eq(d[k].rec_bytes(G), echo_rec_bytes(d[k].id, G));
+            ck_assert_int_ge(d[k].rec_bytes(G), 2); /* every record starts with the bf16 scale */
+            ck_assert_uint_eq(echo_form_code_bytes(d[k].id, (size_t)G), (size_t)G * (size_t)d[k].code_bits / 8);
+        }
+        for (int i = 0; i < ECHO_ISA_COUNT; i++) {
+            const echo_form_fast *f = &d[k].fast[i];
+            ck_assert_msg(!f->enc == !f->dec, "%s: isa %d has half a fast path", d[k].name, i);
+            ck_assert(!f->enc || (i != ECHO_ISA_SCALAR && f->min_group >= ECHO_MIN_GROUP &&
+                                  f->min_group <= ECHO_MAX_GROUP && !(f->min_group & (f->min_group - 1))));
+        }
+    }
+    ck_assert_ptr_null(echo_form_get(99));
+    for (int id = ECHO_CODEC_DEFAULT + 1; id < ECHO_CODEC_COUNT; id++) {
+        const echo_codec_info *ci = echo_codec_get((echo_codec_id)id);
+        if (ci->lossless) continue;
+        const echo_form_desc *f = echo_form_get(ci->form);
+        ck_assert_msg(f != NULL, "codec %s: form %d has no row", ci->name, ci->form);
+        ck_assert_msg(ci->code_bits == f->code_bits, "codec %s: %d code bits, its form %d", ci->name, ci->code_bits,
+                      f->code_bits);
+        for (int G = ci->min_group; G <= ECHO_MAX_GROUP; G *= 2)
+            ck_assert_msg(echo_codec_group_bytes((echo_codec_id)id, G) ==
+                              (size_t)G * (size_t)f->code_bits / 8 + (size_t)f->rec_bytes(G),
+                          "codec %s G=%d: group bytes %zu", ci->name, G, echo_codec_group_bytes((echo_codec_id)id, G));
+    }
+}
+END_TEST
+
+/* The int4 row's group functions are the int4 codec (echo_codec_encode /
+ * _decode, the host's own loops): the same wire bytes, residuals and
+ * values, an all-zero group included. */
+START_TEST(test_int4_row_is_the_int4_codec) {
+    const echo_form_desc *d = echo_form_get(ECHO_FORM_INT4);
+    ck_assert_ptr_nonnull(d);
+    for (int gi = 0; gi < 5; gi++) {
+        int G = groups[gi];
+        enum { NG = 9 };
+        size_t n = NG * (size_t)G;
+        float *x = malloc(n * 4), *r0 = malloc(n * 4), *r1 = malloc(n * 4), *o0 = malloc(n * 4), *o1 = malloc(n * 4);
+        uint8_t *wire = malloc(n / 2 + 2 * NG), *codes = malloc(n / 2), *recs = malloc(2 * NG);
+        gen(x, n, G, 77u + (uint64_t)G, 0x95);
+        for (int i = 0; i < G; i++)
+            x[3 * (size_t)G + (size_t)i] = (i & 1) ? -0.0f : 0.0f;
+        for (size_t i = 0; i < n; i++)
+            r0[i] = r1[i] = 0x1p-9f * rng_unif(&(uint64_t){i + 1});
+        char err[200];
+        ck_assert_msg(!echo_codec_encode(x, r0, n, G, wire, err, sizeof err), "%s", err);
+        for (size_t g = 0; g < NG; g++) {
+            float y[ECHO_MAX_GROUP];
+            for (int i = 0; i < G; i++)
+                y[i] = x[g * (size_t)G + (size_t)i] + r1[g * (size_t)G + (size_t)i];
+            d->enc_group(y, G, codes + g * (size_t)G / 2, recs + 2 * g, r1 + g * (size_t)G, G);
+            d->dec_group(codes + g * (size_t)G / 2, recs + 2 * g, G, o1 + g * (size_t)G);
+        }
+        echo_codec_decode(wire, n, G, o0, 0);
+        ck_assert_msg(!memcmp(wire, codes, n / 2) && !memcmp(wire + n / 2, recs, 2 * NG), "G=%d: wire bytes differ", G);
+        ck_assert_msg(!memcmp(r0, r1, n * 4), "G=%d: residuals differ", G);
+        ck_assert_msg(!memcmp(o0, o1, n * 4), "G=%d: decoded values differ", G);
+        free(x), free(r0), free(r1), free(o0), free(o1), free(wire), free(codes), free(recs);
+    }
+}
+END_TEST
+
+/* hnf3 decodes in the AVX-512 table's own loop (not AVX2's), bit for bit
+ * the scalar one's: coded groups (every residual use) and random codes,
+ * outliers and index bytes under finite scales (no NaN latitude here). */
+START_TEST(test_hnf3_avx512_decode) {
+#ifdef ECHO_HAVE_CODEC_AVX512
+    ck_assert(echo_form_get(ECHO_FORM_HNF3)->fast[ECHO_ISA_AVX512].dec == echo_avx512_hnf3_dec);
+    if (!have_avx512()) {
+        fprintf(stderr, "test_codec_simd: no AVX-512; hnf3's AVX-512 decode not run\n");
+        return;
+    }
+    const int gs[] = {64, 128, 256};
+    for (int gi = 0; gi < 3; gi++)
+        for (int kind = 0; kind < 2; kind++)
+            for (int a = 0; a < 2; a++) {
+                int G = gs[gi];
+                enum { NG = 11 };
+                size_t n = NG * (size_t)G, cb = n / 8 * 3;
+                float *y = malloc(n * 4), *acc = malloc(n * 4), *o0 = malloc(n * 4), *o1 = malloc(n * 4);
+                uint8_t *codes = malloc(cb), *recs = malloc(NG * ECHO_OUT2_REC);
+                uint64_t s = 1234u + (uint64_t)G * 7u + (uint64_t)kind;
+                gen(acc, n, G, s ^ 0x55, 0x01);
+                if (kind == 0) {
+                    gen(y, n, G, s, 0x95);
+                    size_t bad;
+                    ck_assert_uint_eq(echo_scalar_rec_encode(ECHO_FORM_HNF3, y, NULL, 0, n, G, codes, recs, &bad), 0);
+                } else {
+                    for (size_t i = 0; i < cb; i++)
+                        codes[i] = (uint8_t)rng_next(&s);
+                    for (size_t g = 0; g < NG; g++) {
+                        uint8_t *r = recs + g * ECHO_OUT2_REC;
+                        uint16_t sc = echo_f32_to_bf16(ldexpf(1.0f + 0.5f * rng_unif(&s), (int)(rng_next(&s) % 80) - 40));
+                        uint16_t o1 = echo_f32_to_bf16(rng_unif(&s) * 100.0f), o2 = echo_f32_to_bf16(rng_unif(&s));
+                        uint8_t r8[8] = {(uint8_t)sc, (uint8_t)(sc >> 8), (uint8_t)o1, (uint8_t)(o1 >> 8),
+                                         (uint8_t)o2, (uint8_t)(o2 >> 8), (uint8_t)rng_next(&s), (uint8_t)rng_next(&s)};
+                        memcpy(r, r8, 8);
+                    }
+                }
+                memcpy(o0, acc, n * 4);
+                memcpy(o1, acc, n * 4);
+                echo_scalar_rec_decode(ECHO_FORM_HNF3, codes, recs, n, G, o0, a);
+                echo_cpu_rec_decode(&echo_cpu_codec_avx512, ECHO_FORM_HNF3, codes, recs, n, G, o1, a);
+                for (size_t i = 0; i < n; i++)
+                    ck_assert_msg(!memcmp(&o0[i], &o1[i], 4), "G=%d kind=%d accumulate=%d: value %zu: %a vs %a", G,
+                                  kind, a, i, (double)o0[i], (double)o1[i]);
+                free(y), free(acc), free(o0), free(o1), free(codes), free(recs);
+            }
+#else
+    fprintf(stderr, "test_codec_simd: no AVX-512 table in this build\n");
+#endif
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("codec_simd");
     TCase *tc = tcase_create("core");
@@ -756,6 +886,9 @@ int main(void) {
     tcase_add_test(tc, test_records_match_scalar);
     tcase_add_test(tc, test_records_at_code_boundaries);
     tcase_add_test(tc, test_unknown_form_is_poison);
+    tcase_add_test(tc, test_form_table);
+    tcase_add_test(tc, test_int4_row_is_the_int4_codec);
+    tcase_add_test(tc, test_hnf3_avx512_decode);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
