@@ -179,7 +179,6 @@ static int local_reduce(const echo_config *cfg, int device, float (*bufs)[N], do
 int main(int argc, char **argv) {
     int mpi = argc > 1 && !strcmp(argv[1], "mpi"), cuda = argc > 1 && !strcmp(argv[1], "cuda"), me = 0, n = RANKS;
     echo_config cfg = {.codec = ECHO_CODEC_TOY, .group_size = G, .n_sites = 1, .max_count = N};
-    char err[256];
     echo_world *w = NULL;
     static float bufs[RANKS][N];
     double rel = 0;
@@ -205,6 +204,7 @@ int main(int argc, char **argv) {
             }
     } else {
 #ifdef ECHO_HAVE_MPI
+        char err[256];
         int prov;
         MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &prov);
         MPI_Comm_rank(MPI_COMM_WORLD, &me);
