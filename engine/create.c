@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/budget.h"
 #include "engine/internal.h"
 #include "kernels/kv.h"
 #include "engine/overlap.h"

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/seq.h"
 
 static int in_list(const int32_t *ids, int n, int32_t t) {
     for (int i = 0; i < n; i++)

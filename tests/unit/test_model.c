@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/report.h"
+#include "engine/sample.h"
 #include "engine/step.h" /* the step runner: a whole pass of a model */
 #include "kernels/kernels.h"
 #include "model/model.h"
