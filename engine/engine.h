@@ -5,8 +5,8 @@
  *   - An engine owns `tp` ranks. Each rank has its own backend instance, its
  *     shard of the weights (model/), its paged KV cache for its KV heads, and
  *     its comm/ endpoint; ranks synchronise only through comm/ (every
- *     row-parallel all-reduce, site = 2*layer + {0 attention, 1 MLP}). Ranks
- *     are threads of this process (tp = 1 runs on the caller's thread), or
+ *     row-parallel all-reduce, at the sites the model lays out:
+ *     model_pass_sites). Ranks are threads of this process (tp = 1 runs on the caller's thread), or
  *     under mpirun one process each (eng_follow).
  *   - Sequences hold token positions in fixed-size KV blocks (block tables).
  *     eng_step() runs one forward pass over a batch whose items each append a

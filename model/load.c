@@ -382,7 +382,7 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
         goto fail;
     }
     m->fam = model_family_find(c->arch);
-    if (!m->fam) {
+    if (!m->fam || model_pass_sites(c) < 1) { /* a family row without its blocks: no pass */
         snprintf(err, errlen, "%s: no model family '%s'", dir, c->arch ? c->arch : "(none)");
         goto fail;
     }
