@@ -313,6 +313,93 @@ static int fuse_group(model *m, const char *layer, kern_weight *const *parts, in
     return 0;
 }
 
+/* Every layer's slices of this rank (the family's optional tensors where it
+ * has them), fused when asked. kv0: this rank's first KV head. */
+static int load_layers(model *m, const weights_set *ws, int kv0, char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    const int r = m->rank;
+    const int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    const int64_t qd = (int64_t)c->num_heads * hd, kvd = (int64_t)c->num_kv_heads * hd;
+    char name[256];
+    int64_t q0 = (int64_t)r * m->hq * hd, k0 = (int64_t)kv0 * hd, i0 = (int64_t)r * m->inter;
+    int64_t qn = (int64_t)m->hq * hd, kn = (int64_t)m->hkv * hd, in = m->inter;
+    /* A Llama GGUF stores q/k rows with the rotary halves interleaved. */
+    int64_t perm = m->gguf && m->fam->gguf_permute_qk ? hd : 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        layer_w *L = &m->layers[l];
+        struct {
+            tkind kind;
+            int64_t rows, cols, r0, nr, c0, nc, perm;
+            kern_weight *w;
+        } spec[] = {
+            {T_ATTN_NORM, 0, H, 0, 1, 0, H, 0, &L->attn_norm},
+            {T_Q, qd, H, q0, qn, 0, H, perm, &L->wq},
+            {T_K, kvd, H, k0, kn, 0, H, perm, &L->wk},
+            {T_V, kvd, H, k0, kn, 0, H, 0, &L->wv},
+            {T_O, H, qd, 0, H, q0, qn, 0, &L->wo},
+            {T_MLP_NORM, 0, H, 0, 1, 0, H, 0, &L->mlp_norm},
+            {T_GATE, I, H, i0, in, 0, H, 0, &L->wg},
+            {T_UP, I, H, i0, in, 0, H, 0, &L->wu},
+            {T_DOWN, H, I, 0, H, i0, in, 0, &L->wd},
+            /* optional per family: q/k norms, q/k/v biases (slices of the
+             * vectors: a 1 x n "matrix" sliced by columns) */
+            {T_QN, 0, hd, 0, 1, 0, hd, 0, &L->q_norm},
+            {T_KN, 0, hd, 0, 1, 0, hd, 0, &L->k_norm},
+            {T_BQ, 0, qd, 0, 1, q0, qn, 0, &L->bq},
+            {T_BK, 0, kvd, 0, 1, k0, kn, 0, &L->bk},
+            {T_BV, 0, kvd, 0, 1, k0, kn, 0, &L->bv},
+        };
+        for (size_t i = 0; i < sizeof spec / sizeof *spec; i++) {
+            if ((spec[i].kind == T_QN || spec[i].kind == T_KN) && !c->qk_norm) continue;
+            if ((spec[i].kind == T_BQ || spec[i].kind == T_BK || spec[i].kind == T_BV) && !c->qkv_bias) continue;
+            tensor_name(m, spec[i].kind, l, name, sizeof name);
+            if (load_slice_perm(m, ws, name, spec[i].rows, spec[i].cols, spec[i].r0, spec[i].nr, spec[i].c0,
+                                spec[i].nc, spec[i].perm, spec[i].w, err, errlen))
+                return -1;
+        }
+        if (m->fused) {
+            snprintf(name, sizeof name, "model.layers.%d", l);
+            if (fuse_group(m, name, (kern_weight *[]){&L->wq, &L->wk, &L->wv}, 3, &L->wqkv, err, errlen) ||
+                fuse_group(m, name, (kern_weight *[]){&L->wg, &L->wu}, 2, &L->wgu, err, errlen))
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* The paged KV cache of every layer, in the resolved cache dtype, checked
+ * against the backend now (not at the first step). */
+static int alloc_kv(model *m, const model_load_opts *o, char *err, size_t errlen) {
+    const model_config *c = &m->cfg;
+    const int hd = c->head_dim;
+    m->kv_blocks = o->kv_blocks;
+    m->kv_block_size = o->kv_block_size;
+    m->kv_dtype = kern_kv_resolve(m->ops, o->kv_dtype);
+    const char *why = kern_kv_invalid(m->kv_dtype, hd);
+    if (why) {
+        snprintf(err, errlen, "--kv-cache-dtype %s: %s (this model's head_dim is %d)", kern_kv_dtype_name(m->kv_dtype),
+                 why, hd);
+        return -1;
+    }
+    size_t kv_layer = (size_t)o->kv_blocks * o->kv_block_size * kern_kv_row_bytes(m->kv_dtype, m->hkv, hd);
+    for (int l = 0; l < c->num_layers; l++) {
+        m->kc[l] = m->ops->alloc_kv ? m->ops->alloc_kv(m->be, kv_layer) : m->ops->alloc(m->be, kv_layer);
+        m->vc[l] = m->ops->alloc_kv ? m->ops->alloc_kv(m->be, kv_layer) : m->ops->alloc(m->be, kv_layer);
+        if (!m->kc[l] || !m->vc[l]) {
+            snprintf(err, errlen, "out of memory for the KV cache (%d blocks of %d tokens: %zu bytes per layer)",
+                     o->kv_blocks, o->kv_block_size, 2 * kv_layer);
+            return -1;
+        }
+    }
+    /* an empty store: the backend refuses a cache type it does not
+     * implement now, at start-up, rather than at the first step */
+    if (c->num_layers > 0 && m->ops->kv_store(m->be, m->kc[0], m->vc[0], NULL, NULL, NULL, 0, m->hkv, hd, m->kv_dtype)) {
+        snprintf(err, errlen, "--kv-cache-dtype %s: %s", kern_kv_dtype_name(m->kv_dtype), kern_last_error(m->be));
+        return -1;
+    }
+    return 0;
+}
+
 int model_load(const char *dir, const model_load_opts *o, model **out, char *err, size_t errlen) {
     model *m = calloc(1, sizeof *m);
     char name[256];
@@ -356,8 +443,7 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
     }
     const weights_set *ws = o->ws;
     int tp = o->tp, r = o->rank;
-    int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size, hd = c->head_dim;
-    int64_t qd = (int64_t)c->num_heads * hd, kvd = (int64_t)c->num_kv_heads * hd;
+    int64_t H = c->hidden_size, V = c->vocab_size;
     m->hq = c->num_heads / tp;
     m->inter = c->intermediate_size / tp;
     /* KV heads: split when tp divides them, else each rank holds the one
@@ -404,79 +490,13 @@ int model_load(const char *dir, const model_load_opts *o, model **out, char *err
         if (m->vocab_n > 0 && load_slice(m, ws, name, V, H, m->vocab0, m->vocab_n, 0, H, &m->lm_head, err, errlen))
             goto fail;
     }
-    int64_t q0 = (int64_t)r * m->hq * hd, k0 = (int64_t)kv0 * hd, i0 = (int64_t)r * m->inter;
-    int64_t qn = (int64_t)m->hq * hd, kn = (int64_t)m->hkv * hd, in = m->inter;
-    /* A Llama GGUF stores q/k rows with the rotary halves interleaved. */
-    int64_t perm = m->gguf && m->fam->gguf_permute_qk ? hd : 0;
-    for (int l = 0; l < c->num_layers; l++) {
-        layer_w *L = &m->layers[l];
-        struct {
-            tkind kind;
-            int64_t rows, cols, r0, nr, c0, nc, perm;
-            kern_weight *w;
-        } spec[] = {
-            {T_ATTN_NORM, 0, H, 0, 1, 0, H, 0, &L->attn_norm},
-            {T_Q, qd, H, q0, qn, 0, H, perm, &L->wq},
-            {T_K, kvd, H, k0, kn, 0, H, perm, &L->wk},
-            {T_V, kvd, H, k0, kn, 0, H, 0, &L->wv},
-            {T_O, H, qd, 0, H, q0, qn, 0, &L->wo},
-            {T_MLP_NORM, 0, H, 0, 1, 0, H, 0, &L->mlp_norm},
-            {T_GATE, I, H, i0, in, 0, H, 0, &L->wg},
-            {T_UP, I, H, i0, in, 0, H, 0, &L->wu},
-            {T_DOWN, H, I, 0, H, i0, in, 0, &L->wd},
-            /* optional per family: q/k norms, q/k/v biases (slices of the
-             * vectors: a 1 x n "matrix" sliced by columns) */
-            {T_QN, 0, hd, 0, 1, 0, hd, 0, &L->q_norm},
-            {T_KN, 0, hd, 0, 1, 0, hd, 0, &L->k_norm},
-            {T_BQ, 0, qd, 0, 1, q0, qn, 0, &L->bq},
-            {T_BK, 0, kvd, 0, 1, k0, kn, 0, &L->bk},
-            {T_BV, 0, kvd, 0, 1, k0, kn, 0, &L->bv},
-        };
-        for (size_t i = 0; i < sizeof spec / sizeof *spec; i++) {
-            if ((spec[i].kind == T_QN || spec[i].kind == T_KN) && !c->qk_norm) continue;
-            if ((spec[i].kind == T_BQ || spec[i].kind == T_BK || spec[i].kind == T_BV) && !c->qkv_bias) continue;
-            tensor_name(m, spec[i].kind, l, name, sizeof name);
-            if (load_slice_perm(m, ws, name, spec[i].rows, spec[i].cols, spec[i].r0, spec[i].nr, spec[i].c0,
-                                spec[i].nc, spec[i].perm, spec[i].w, err, errlen))
-                goto fail;
-        }
-        if (m->fused) {
-            snprintf(name, sizeof name, "model.layers.%d", l);
-            if (fuse_group(m, name, (kern_weight *[]){&L->wq, &L->wk, &L->wv}, 3, &L->wqkv, err, errlen) ||
-                fuse_group(m, name, (kern_weight *[]){&L->wg, &L->wu}, 2, &L->wgu, err, errlen))
-                goto fail;
-        }
-    }
+    if (load_layers(m, ws, kv0, err, errlen)) goto fail;
     if (m->act_q8 != 2 && m->act_q8 && !m->n_act_q8) {
         snprintf(err, errlen, "8-bit activations (--act-quant q8_0): no Q8_0 matrix (nor Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K) to apply "
                  "them to on this rank; they come from a GGUF's or --quantize q8_0 (not with fused weights)");
         goto fail;
     }
-    m->kv_blocks = o->kv_blocks;
-    m->kv_block_size = o->kv_block_size;
-    m->kv_dtype = kern_kv_resolve(m->ops, o->kv_dtype);
-    const char *why = kern_kv_invalid(m->kv_dtype, (int)hd);
-    if (why) {
-        snprintf(err, errlen, "--kv-cache-dtype %s: %s (this model's head_dim is %d)", kern_kv_dtype_name(m->kv_dtype),
-                 why, (int)hd);
-        goto fail;
-    }
-    size_t kv_layer = (size_t)o->kv_blocks * o->kv_block_size * kern_kv_row_bytes(m->kv_dtype, m->hkv, (int)hd);
-    for (int l = 0; l < c->num_layers; l++) {
-        m->kc[l] = m->ops->alloc_kv ? m->ops->alloc_kv(m->be, kv_layer) : m->ops->alloc(m->be, kv_layer);
-        m->vc[l] = m->ops->alloc_kv ? m->ops->alloc_kv(m->be, kv_layer) : m->ops->alloc(m->be, kv_layer);
-        if (!m->kc[l] || !m->vc[l]) {
-            snprintf(err, errlen, "out of memory for the KV cache (%d blocks of %d tokens: %zu bytes per layer)",
-                     o->kv_blocks, o->kv_block_size, 2 * kv_layer);
-            goto fail;
-        }
-    }
-    /* an empty store: the backend refuses a cache type it does not
-     * implement now, at start-up, rather than at the first step */
-    if (c->num_layers > 0 && m->ops->kv_store(m->be, m->kc[0], m->vc[0], NULL, NULL, NULL, 0, m->hkv, (int)hd, m->kv_dtype)) {
-        snprintf(err, errlen, "--kv-cache-dtype %s: %s", kern_kv_dtype_name(m->kv_dtype), kern_last_error(m->be));
-        goto fail;
-    }
+    if (alloc_kv(m, o, err, errlen)) goto fail;
     *out = m;
     return 0;
 fail:
