@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/budget.h"
 #include "engine/internal.h"
 #include "kernels/kv.h"
 #include "engine/overlap.h"
@@ -406,8 +407,14 @@ static int create_world(eng *e, int gpu_per_rank, char *err, size_t errlen) {
         c->allreduce = ECHO_PRESET_ECHO; /* no measurement on device memory yet (bf16 is host-only) */
         c->allreduce_auto = ENG_ALLREDUCE_FIXED;
     }
+    int sites = model_pass_sites(&e->mc);
+    if (sites < 1) {
+        snprintf(err, errlen, "%s: model family '%s' has no all-reduce sites", c->model_dir,
+                 e->mc.arch ? e->mc.arch : "(none)");
+        return -1;
+    }
     echo_config ec = {.min_bytes = c->echo_min_bytes,
-                      .n_sites = 2 * e->mc.num_layers,
+                      .n_sites = sites, /* the model's (model_pass_sites) */
                       .max_count = (size_t)c->max_batch_tokens * e->mc.hidden_size,
                       /* nccl: calls only enqueue and each pass waits once (eng_run_step's
                        * echo_end_pass), which also lets decode steps be CUDA graphs */

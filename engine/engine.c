@@ -25,8 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/budget.h"
 #include "engine/internal.h"
 #include "engine/overlap.h"
+#include "engine/report.h"
 
 const model_config *eng_model_config(const eng *e) { return &e->mc; }
 const eng_config *eng_get_config(const eng *e) { return &e->cfg; }

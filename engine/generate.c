@@ -1,13 +1,14 @@
 /*
  * engine/: single-request generation on top of eng_step / eng_step_cands
- * (see engine.h).
+ * (see generate.h).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/seq.h"
 
 static int in_list(const int32_t *ids, int n, int32_t t) {
     for (int i = 0; i < n; i++)
@@ -15,16 +16,8 @@ static int in_list(const int32_t *ids, int n, int32_t t) {
     return 0;
 }
 
-int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_params *p, eng_token_cb cb, void *user,
-                 eng_finish *finish, char *err, size_t errlen) {
-    const model_config *c = eng_model_config(e);
-    const eng_config *ec = eng_get_config(e);
-    float *logits = NULL;
-    double *lp = NULL;
-    eng_cands *cds = NULL;
-    int32_t *ctx = NULL, *feed = NULL, *draft = NULL;
-    int seq = -1, rc = -1;
-    *finish = ENG_FINISH_LENGTH;
+/* The request's parameters against the engine: 0, or -1 with a message. */
+static int check_params(const eng_config *ec, int n_prompt, const eng_gen_params *p, char *err, size_t errlen) {
     if (n_prompt <= 0) {
         snprintf(err, errlen, "empty prompt: at least one token is needed");
         return -1;
@@ -50,6 +43,47 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
                  p->spec.draft_max, ENG_SPEC_DRAFT_LIMIT, p->spec.ngram_min, p->spec.ngram_max);
         return -1;
     }
+    return 0;
+}
+
+/* Output token j of a step from its logits row (full, in logits + j rows,
+ * with lp as log_softmax scratch) or its candidates (kc > 0): drawn by
+ * eng_sample, or by the rejection rule against draft token x (x >= 0), with
+ * its logprob and the top_logprobs. */
+static void pick(const eng_gen_params *p, int vocab, int kc, const eng_cands *cds, const float *logits, double *lp,
+                 int j, int32_t x, eng_rng *rng, eng_step_out *st) {
+    if (kc) {
+        const eng_cands *cd = &cds[j];
+        st->token = x >= 0 ? eng_sample_cands_draft(cd, vocab, &p->sampling, rng, x)
+                           : eng_sample_cands(cd, vocab, &p->sampling, rng);
+        st->logprob = eng_cands_logprob(cd, st->token);
+        st->n_top = p->top_logprobs < cd->k ? p->top_logprobs : cd->k;
+        for (int i = 0; i < st->n_top; i++) {
+            st->top_ids[i] = cd->ids[i];
+            st->top_logprobs[i] = (double)cd->vals[i] - cd->lse;
+        }
+    } else {
+        const float *row = logits + (size_t)j * vocab;
+        eng_log_softmax(row, vocab, lp);
+        st->token = x >= 0 ? eng_sample_draft(row, vocab, &p->sampling, rng, x)
+                           : eng_sample(row, vocab, &p->sampling, rng);
+        st->logprob = lp[st->token];
+        st->n_top = eng_top_k(lp, vocab, p->top_logprobs, st->top_ids);
+        for (int i = 0; i < st->n_top; i++) st->top_logprobs[i] = lp[st->top_ids[i]];
+    }
+}
+
+int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_params *p, eng_token_cb cb, void *user,
+                 eng_finish *finish, char *err, size_t errlen) {
+    const model_config *c = eng_model_config(e);
+    const eng_config *ec = eng_get_config(e);
+    float *logits = NULL;
+    double *lp = NULL;
+    eng_cands *cds = NULL;
+    int32_t *ctx = NULL, *feed = NULL, *draft = NULL;
+    int seq = -1, rc = -1;
+    *finish = ENG_FINISH_LENGTH;
+    if (check_params(ec, n_prompt, p, err, errlen)) return -1;
     if (p->max_tokens == 0) return 0;
     if (eng_seq_new(e, &seq, err, errlen)) return -1;
     /* Candidates when they suffice (the same tokens as the full row, see
@@ -99,25 +133,7 @@ int eng_generate(eng *e, const int32_t *prompt, int n_prompt, const eng_gen_para
         for (; j < nrows && !stop; j++) {
             eng_step_out st;
             int32_t x = j < nd ? draft[j] : -1;
-            if (kc) {
-                const eng_cands *cd = &cds[j];
-                st.token = x >= 0 ? eng_sample_cands_draft(cd, c->vocab_size, &p->sampling, &rng, x)
-                                  : eng_sample_cands(cd, c->vocab_size, &p->sampling, &rng);
-                st.logprob = eng_cands_logprob(cd, st.token);
-                st.n_top = p->top_logprobs < cd->k ? p->top_logprobs : cd->k;
-                for (int i = 0; i < st.n_top; i++) {
-                    st.top_ids[i] = cd->ids[i];
-                    st.top_logprobs[i] = (double)cd->vals[i] - cd->lse;
-                }
-            } else {
-                const float *row = logits + (size_t)j * c->vocab_size;
-                eng_log_softmax(row, c->vocab_size, lp);
-                st.token = x >= 0 ? eng_sample_draft(row, c->vocab_size, &p->sampling, &rng, x)
-                                  : eng_sample(row, c->vocab_size, &p->sampling, &rng);
-                st.logprob = lp[st.token];
-                st.n_top = eng_top_k(lp, c->vocab_size, p->top_logprobs, st.top_ids);
-                for (int i = 0; i < st.n_top; i++) st.top_logprobs[i] = lp[st.top_ids[i]];
-            }
+            pick(p, c->vocab_size, kc, cds, logits, lp, j, x, &rng, &st);
             ctx[n_ctx++] = st.token;
             produced++;
             acc += x >= 0 && st.token == x;

@@ -145,12 +145,17 @@ static int wait_job(eng_overlap *ov, long seq, char *err, size_t errlen) {
 
 int eng_overlap_pass(eng_overlap *ov, eng_runner *r, const model_batch *b, int k, char *err, size_t errlen) {
     model *m = r->m;
-    const model_config *c = model_get_config(m);
-    const int S = 2 * c->num_layers;
+    /* the model's sites, in its order (model_pass_sites): the driver only pipelines them */
+    const int S = model_pass_sites(model_get_config(m));
     echo_dtype dt = r->ops->act_dtype == KERN_F32 ? ECHO_F32 : ECHO_BF16;
     long seq[MODEL_MAX_MB];
     int begun = 0, compute_failed = 0, comm_failed[MODEL_MAX_MB] = {0}, failed = 0;
     for (int i = 0; i < k; i++) seq[i] = -1;
+    if (S < 1) {
+        snprintf(err, errlen, "overlap: the model has no all-reduce sites");
+        compute_failed = failed = 1;
+        goto end;
+    }
     if (model_pass_split(m, b, k, err, errlen)) {
         compute_failed = failed = 1;
         goto end;

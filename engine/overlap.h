@@ -3,7 +3,9 @@
  * all-reduce behind the next one's compute.
  *
  * A step of enough tokens runs as k micro-batches of consecutive rows
- * (model_pass_split), interleaved site by site: micro-batch i computes its
+ * (model_pass_split), interleaved site by site over the model's all-reduce
+ * sites (model_pass_sites: the model's family lays them out; the driver
+ * only counts what the model says): micro-batch i computes its
  * block up to the partial sum and hands the all-reduce to the rank's
  * communication thread, then micro-batch i+1 computes while it runs. Each
  * micro-batch all-reduces on its own echo_comm, one per world (the

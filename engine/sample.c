@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "engine/engine.h"
+#include "engine/sample.h"
 
 void eng_log_softmax(const float *logits, int n, double *out) {
     double mx = -INFINITY, sum = 0;

@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/budget.h"
 #include "engine/internal.h"
+#include "engine/seq.h"
 
 int eng_seq_new(eng *e, int *seq, char *err, size_t errlen) {
     for (int i = 0; i < e->cfg.max_num_seqs; i++) {

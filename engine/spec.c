@@ -3,7 +3,7 @@
  * docs/speculative.md). The draft's verification is an ordinary step
  * (eng_item.draft) and its acceptance the sampler's (eng_sample_draft).
  */
-#include "engine/engine.h"
+#include "engine/spec.h"
 
 int eng_spec_ngram(const int32_t *toks, int n, const eng_spec_params *p, int kmax, int32_t *out) {
     if (!p || p->draft_max <= 0 || kmax <= 0 || n < 2) return 0;

@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "engine/chat.h"
+#include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/weights.h"
 

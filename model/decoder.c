@@ -11,6 +11,8 @@
  *              a = attention(q, cache);
  *              x += allreduce(a·Woᵀ)                        site 2l
  *              h = rmsnorm(x); x += allreduce((silu(h·Wgᵀ) * h·Wuᵀ)·Wdᵀ)   site 2l+1
+ *   (the sites: the family's blocks in order, layer after layer; every
+ *   family so far lays out attention then MLP, model_family.blocks)
  *   logits = rmsnorm(x)·Wlmᵀ (Wlm = embed when tied)
  * With fuse_weights, a step of one token computes q,k,v with one matmul
  * against [Wq; Wk; Wv] and gate,up with one against [Wg; Wu] (same values).
@@ -212,10 +214,26 @@ static int mb_view(const model *m, const model_batch *b, int mb, rows_view *v, c
     return 0;
 }
 
+/* The pass's all-reduce sites (model_pass_sites). */
+static int n_sites(const model *m) { return m->fam->n_blocks * m->cfg.num_layers; }
+
+/* Site s is block s % n_blocks of layer s / n_blocks of the family's layout. */
+static model_block site_block(const model *m, int site, int *layer) {
+    *layer = site / m->fam->n_blocks;
+    return m->fam->blocks[site % m->fam->n_blocks];
+}
+
+/* The norm that a site's block applies to the residual stream first. */
+static const kern_weight *site_norm(const model *m, int site) {
+    int l;
+    model_block k = site_block(m, site, &l);
+    return k == MODEL_BLOCK_ATTN ? &m->layers[l].attn_norm : &m->layers[l].mlp_norm;
+}
+
 /* The ops of site `site` for the rows of v up to the block's partial sum in
- * rows [t0, t0+n) of sc->o: site 2l the attention block of layer l (the
- * embedding first when l = 0), site 2l+1 its MLP block. Every buffer is
- * addressed at row t0, so micro-batches never share rows. */
+ * rows [t0, t0+n) of sc->o: the embedding first at site 0, then the site's
+ * block (attention or MLP) of its layer. Every buffer is addressed at row
+ * t0, so micro-batches never share rows. */
 static int site_part(model *m, const model_batch *b, const rows_view *rv, int site, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     const kern_ops *ops = m->ops;
@@ -223,7 +241,9 @@ static int site_part(model *m, const model_batch *b, const rows_view *rv, int si
     const int H = c->hidden_size, hd = c->head_dim, hq = m->hq, hkv = m->hkv, I = m->inter;
     const float scale = 1.0f / sqrtf((float)hd);
     const size_t qd = (size_t)hq * hd, kvd = (size_t)hkv * hd;
-    const int n = rv->n, l = site / 2;
+    int l;
+    const model_block block = site_block(m, site, &l);
+    const int n = rv->n;
     const size_t t0 = (size_t)rv->t0;
     /* A step of exactly one token runs the fused weights (when loaded). */
     const int one_row = m->fused && n == 1;
@@ -231,12 +251,12 @@ static int site_part(model *m, const model_batch *b, const rows_view *rv, int si
     const int32_t *pos = sc->pos + t0, *slots = sc->slots + t0;
     const layer_w *L = &m->layers[l];
     void *x = act_at(m, sc->x, t0 * H), *h = act_at(m, sc->h, t0 * H), *o = act_at(m, sc->o, t0 * H);
-    if (site % 2 == 0) {
-        if (l == 0) {
-            OP(ops->embedding(be, x, &m->embed, b->tokens + t0, n));
-            /* h = attn_norm(x) comes from the previous layer's fused add, except in layer 0 */
-            OP(ops->rmsnorm(be, h, x, &L->attn_norm, n, H, c->rms_norm_eps));
-        }
+    if (site == 0) {
+        OP(ops->embedding(be, x, &m->embed, b->tokens + t0, n));
+        /* h = norm(x) comes from the previous site's fused add, except at site 0 */
+        OP(ops->rmsnorm(be, h, x, site_norm(m, 0), n, H, c->rms_norm_eps));
+    }
+    if (block == MODEL_BLOCK_ATTN) {
         void *q = act_at(m, sc->q, t0 * qd), *k = act_at(m, sc->k, t0 * kvd), *v = act_at(m, sc->v, t0 * kvd);
         void *att = act_at(m, sc->att, t0 * qd);
         if (one_row) {
@@ -286,27 +306,28 @@ fail:
 }
 
 /* The end of a row-parallel block, after its all-reduce: add the reduced
- * rows to the residual stream. The add is fused with the next block's norm
+ * rows to the residual stream. The add is fused with the next site's norm
  * (h = norm(x), one launch fewer on a GPU; the cpu twin gives the unfused
- * bits): mlp_norm after site 2l, the next layer's attn_norm after 2l+1;
- * after the last layer only the logit rows are normed (pass_tail), so that
- * add stays plain. */
+ * bits): mlp_norm after an attention block, the next layer's attn_norm
+ * after an MLP block; after the last site only the logit rows are normed
+ * (pass_tail), so that add stays plain. A layer's states are taken after
+ * its last block. */
 static int site_join(model *m, const model_batch *b, const rows_view *rv, int site, char *err, size_t errlen) {
     const model_config *c = &m->cfg;
     const kern_ops *ops = m->ops;
     kern_backend *be = m->be;
-    const int H = c->hidden_size, n = rv->n, l = site / 2;
+    int l;
+    site_block(m, site, &l);
+    const int H = c->hidden_size, n = rv->n, last_of_layer = site % m->fam->n_blocks == m->fam->n_blocks - 1;
     const size_t t0 = (size_t)rv->t0, count = (size_t)n * H;
     scratch *sc = &m->sc;
     void *x = act_at(m, sc->x, t0 * H), *h = act_at(m, sc->h, t0 * H), *o = act_at(m, sc->o, t0 * H);
-    const kern_weight *next_norm = site % 2 == 0           ? &m->layers[l].mlp_norm
-                                   : l + 1 < c->num_layers ? &m->layers[l + 1].attn_norm
-                                                           : NULL;
+    const kern_weight *next_norm = site + 1 < n_sites(m) ? site_norm(m, site + 1) : NULL;
     if (next_norm)
         OP(ops->add_rmsnorm(be, x, o, h, next_norm, n, H, c->rms_norm_eps));
     else
         OP(ops->add(be, x, o, count));
-    if (site % 2 && b->layer_states) {
+    if (last_of_layer && b->layer_states) {
         size_t total = (size_t)b->q_start[b->n_seqs];
         OP(ops->to_host_f32(be, b->layer_states + (size_t)l * total * H + t0 * H, x, count));
     }
@@ -338,10 +359,10 @@ fail:
 int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen) {
     rows_view rv = whole_view(m, b);
     size_t count = (size_t)rv.n * m->cfg.hidden_size;
-    for (int site = 0; site < 2 * m->cfg.num_layers; site++) {
+    for (int site = 0; site < n_sites(m); site++) {
         if (site_part(m, b, &rv, site, err, errlen)) return -1;
         /* every rank holds a partial sum of the block output: all-reduce it
-         * (site = 2*layer + k); with one rank there is nothing to reduce */
+         * at its site; with one rank there is nothing to reduce */
         if (m->tp > 1) {
             echo_dtype dt = m->ops->act_dtype == KERN_F32 ? ECHO_F32 : ECHO_BF16;
             /* on a device the all-reduce enqueues on the rank's stream, after the matmul that fed it */
@@ -401,8 +422,8 @@ int model_pass_part(model *m, const model_batch *b, int mb, int site, void **buf
                     size_t errlen) {
     rows_view rv;
     if (mb_view(m, b, mb, &rv, err, errlen)) return -1;
-    if (site < 0 || site >= 2 * m->cfg.num_layers) {
-        snprintf(err, errlen, "forward: site %d of %d", site, 2 * m->cfg.num_layers);
+    if (site < 0 || site >= n_sites(m)) {
+        snprintf(err, errlen, "forward: site %d of %d", site, n_sites(m));
         return -1;
     }
     *buf = act_at(m, m->sc.o, (size_t)rv.t0 * m->cfg.hidden_size);
@@ -413,8 +434,8 @@ int model_pass_part(model *m, const model_batch *b, int mb, int site, void **buf
 int model_pass_join(model *m, const model_batch *b, int mb, int site, char *err, size_t errlen) {
     rows_view rv;
     if (mb_view(m, b, mb, &rv, err, errlen)) return -1;
-    if (site < 0 || site >= 2 * m->cfg.num_layers) {
-        snprintf(err, errlen, "forward: site %d of %d", site, 2 * m->cfg.num_layers);
+    if (site < 0 || site >= n_sites(m)) {
+        snprintf(err, errlen, "forward: site %d of %d", site, n_sites(m));
         return -1;
     }
     return site_join(m, b, &rv, site, err, errlen);

@@ -9,6 +9,14 @@ static const model_family *const families[] = {&model_family_qwen3, &model_famil
 
 #define N_FAMILIES (sizeof families / sizeof *families)
 
+const model_block model_blocks_attn_mlp[2] = {MODEL_BLOCK_ATTN, MODEL_BLOCK_MLP};
+
+int model_pass_sites(const model_config *c) {
+    const model_family *f = c ? model_family_find(c->arch) : NULL;
+    if (!f || !f->blocks || f->n_blocks < 1 || c->num_layers < 0) return -1;
+    return f->n_blocks * c->num_layers;
+}
+
 const model_family *model_family_find(const char *key) {
     if (!key) return NULL;
     for (size_t i = 0; i < N_FAMILIES; i++) {

@@ -378,7 +378,7 @@ static int load_shard(model *m, const char *dir, int *kv0, char *err, size_t err
         return -1;
     }
     m->fam = model_family_find(c->arch);
-    if (!m->fam) {
+    if (!m->fam || model_pass_sites(c) < 1) { /* a family row without its blocks: no pass */
         snprintf(err, errlen, "%s: no model family '%s'", dir, c->arch ? c->arch : "(none)");
         return -1;
     }

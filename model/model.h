@@ -16,8 +16,8 @@
  *     dequantized to fp32 at load; rows of this rank only), checks every
  *     tensor's name, full shape and dtype, and hands the slices to the
  *     backend (kern_ops.upload_weight / upload_quantized). The model is backend-neutral: it
- *     only calls the op table, and comm/ for the two row-parallel
- *     all-reduces per layer.
+ *     only calls the op table, and comm/ for the row-parallel all-reduces
+ *     (model_pass_sites: one per block of its family's layer, two so far).
  *   - HF semantics: RMSNorm (fp32, no +1); q_norm/k_norm per head over
  *     head_dim before RoPE where the family has them (qk_norm); q/k/v
  *     biases where it has them (qkv_bias); NEOX RoPE
@@ -207,18 +207,28 @@ typedef struct model_batch {
 int model_pass_prepare(model *m, const model_batch *b, char *err, size_t errlen);
 int model_pass_ops(model *m, const model_batch *b, char *err, size_t errlen);
 int model_pass_out(model *m, const model_batch *b, float *logits, char *err, size_t errlen);
+/* The all-reduce sites of one pass of a model of config c, 0 .. n-1: its
+ * family's row-parallel blocks (model/arch/) times its layers. Every family
+ * so far: 2 per layer, site 2l layer l's attention block (the embedding
+ * first at site 0), 2l+1 its MLP. model_pass_ops all-reduces at each in
+ * this order, a micro-batch driver runs model_pass_part / _join over them,
+ * and comm/'s echo_config.n_sites is this count. -1 when c names no family
+ * (model_config.arch). */
+int model_pass_sites(const model_config *c);
+
 /* The same pass as micro-batches (engine/overlap.c pipelines them, so that
  * one micro-batch's all-reduce runs while the next one computes). After
  * model_pass_prepare(b), model_pass_split(b, k) cuts b's tokens into k
  * (1..MODEL_MAX_MB, at most one per token) micro-batches of consecutive
- * rows, near-equal in size; then for each site s = 0 .. 2*layers-1 (site
- * 2l: layer l's attention block, embedding first at l = 0; 2l+1: its MLP):
+ * rows, near-equal in size; then for each site s = 0 .. model_pass_sites-1:
  *   part(mb, s): enqueues the rows' ops up to the block's partial sum, at
  *     *buf (*count values, act dtype), which the caller all-reduces;
  *   join(mb, s): adds the reduced rows back into the residual stream.
- * Order: part(mb, s) after join(mb, s-1); part(mb, 2l) after part(mb', 2l)
+ * Order: part(mb, s) after join(mb, s-1); part(mb, s) after part(mb', s)
  * for every mb' < mb (causal attention reads the earlier rows' keys and
- * values of layer l, which part(mb', 2l) stores). After the last site's
+ * values of its layer, which an attention site's part(mb', s) stores;
+ * the order holds at every site, so a driver need not know which site
+ * attends). After the last site's
  * joins, model_pass_tail (final norm, lm_head of the logits rows), then
  * model_pass_out. Every row's ops are those of model_pass_ops (which is
  * this with k = 1 and the all-reduce on opts->comm), on kernels whose rows

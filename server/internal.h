@@ -14,7 +14,11 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "engine/chat.h"
 #include "engine/engine.h"
+#include "engine/sample.h"
+#include "engine/seq.h"
+#include "engine/spec.h"
 #include "grammar/grammar.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/report.h"
 #include "server/internal.h"
 
 double srv_now(void) {

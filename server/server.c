@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/report.h"
 #include "kernels/kernels.h"
 #include "kernels/kv.h"
 #include "server/internal.h"

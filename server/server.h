@@ -35,6 +35,7 @@
 
 #include "comm/echo.h"
 #include "engine/engine.h"
+#include "engine/spec.h"
 
 typedef enum srv_log_level { SRV_LOG_DEBUG = 0, SRV_LOG_INFO, SRV_LOG_WARNING, SRV_LOG_ERROR } srv_log_level;
 

@@ -1,4 +1,5 @@
 /* Flag parsing shared by the programs (see cli.h). */
+#include "engine/report.h"
 #include "tools/cli.h"
 
 #include "comm/echo.h"

@@ -10,6 +10,7 @@
 
 #include "comm/echo.h"
 #include "engine/engine.h"
+#include "engine/spec.h"
 #include "kernels/kernels.h"
 
 /* fmt has one %s, filled with arg. */

@@ -24,7 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/chat.h"
 #include "engine/engine.h"
+#include "engine/report.h"
+#include "engine/sample.h"
+#include "engine/seq.h"
 #include "kernels/kv.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/cli.h"

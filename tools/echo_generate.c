@@ -13,7 +13,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "engine/chat.h"
 #include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/report.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"

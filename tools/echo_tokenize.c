@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/chat.h"
 #include "engine/engine.h"
 #include "tokenizer/tokenizer.h"
 

@@ -23,4 +23,6 @@ const model_family model_family_llama = {
     .qk_norm = 0,
     .gguf_permute_qk = 1,
     .parse_json = llama_json,
+    .blocks = model_blocks_attn_mlp, /* attention, then MLP: 2 all-reduces per layer */
+    .n_blocks = 2,
 };

@@ -12,4 +12,6 @@ const model_family model_family_qwen2 = {
     .qkv_bias = 1,
     .gguf_permute_qk = 0,
     .parse_json = model_family_no_sliding_window,
+    .blocks = model_blocks_attn_mlp, /* attention, then MLP: 2 all-reduces per layer */
+    .n_blocks = 2,
 };

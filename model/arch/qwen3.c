@@ -10,4 +10,6 @@ const model_family model_family_qwen3 = {
     .qk_norm = 1,
     .gguf_permute_qk = 0,
     .parse_json = model_family_no_sliding_window,
+    .blocks = model_blocks_attn_mlp, /* attention, then MLP: 2 all-reduces per layer */
+    .n_blocks = 2,
 };

@@ -37,6 +37,9 @@
 
 #include "comm/codec/codec.h"
 #include "comm/echo_internal.h"
+#include "engine/chat.h"
+#include "engine/report.h"
+#include "engine/seq.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "server/internal.h"

@@ -59,6 +59,8 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/report.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 

@@ -9,8 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/budget.h"
 #include "engine/engine.h"
+#include "engine/generate.h"
 #include "engine/overlap.h"
+#include "engine/report.h"
+#include "engine/sample.h"
+#include "engine/seq.h"
 #include "kernels/kv.h"
 #include "tests/unit/testutil.h"
 

@@ -24,7 +24,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "engine/chat.h"
 #include "engine/engine.h"
+#include "engine/sample.h"
 #include "grammar/grammar.h"
 #include "tests/unit/testutil.h"
 #include "tokenizer/tokenizer.h"

@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/report.h"
+#include "engine/sample.h"
 #include "engine/step.h" /* the step runner: a whole pass of a model */
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -508,6 +511,32 @@ START_TEST(test_rope_scaling_override) {
     snprintf(path, sizeof path, "%s/config.json", tmp);
     unlink(path);
     rmdir(tmp);
+}
+END_TEST
+
+/* model_pass_sites: Megatron tensor parallelism leaves two row-parallel
+ * projections per decoder layer in each of these families (HF's
+ * self_attn.o_proj and mlp.down_proj), so two all-reduces per layer. */
+START_TEST(test_pass_sites) {
+    const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"};
+    char buf[1024], err[512];
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) {
+        model_config c;
+        snprintf(buf, sizeof buf,
+                 "{\"architectures\":[\"%s\"],\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8,"
+                 "\"num_hidden_layers\":3,\"num_attention_heads\":2}",
+                 archs[i]);
+        ck_assert_msg(model_config_parse(buf, NULL, &c, err, sizeof err) == 0, "%s: %s", archs[i], err);
+        ck_assert_int_eq(model_pass_sites(&c), 6);
+    }
+    model_config r;
+    ck_assert_msg(model_random_parse("random:tiny,layers=5", &r, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(model_pass_sites(&r), 10);
+    model_config none = {.num_layers = 4}; /* no family: no pass */
+    ck_assert_int_eq(model_pass_sites(&none), -1);
+    none.arch = "mistral";
+    ck_assert_int_eq(model_pass_sites(&none), -1);
+    ck_assert_int_eq(model_pass_sites(NULL), -1);
 }
 END_TEST
 
@@ -1478,6 +1507,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tcc, test_config_rope_llama3);
     tcase_add_test(tcc, test_config_rope_yarn);
     tcase_add_test(tcc, test_config_gguf_yarn);
+    tcase_add_test(tcc, test_pass_sites);
     tcase_add_test(tcc, test_config_errors);
     tcase_add_test(tcc, test_shape_mismatch_names_tensor);
     tcase_add_test(tcc, test_log_softmax_and_top_k);

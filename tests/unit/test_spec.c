@@ -11,6 +11,11 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/report.h"
+#include "engine/sample.h"
+#include "engine/seq.h"
+#include "engine/spec.h"
 #include "tests/unit/testutil.h"
 
 #define MODELS TU_FIXTURES "/models"

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "engine/chat.h"
 #include "engine/engine.h"
 #include "tests/unit/testutil.h"
 #include "tokenizer/tokenizer.h"

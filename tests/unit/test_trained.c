@@ -20,7 +20,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/chat.h"
 #include "engine/engine.h"
+#include "engine/generate.h"
 #include "tests/unit/testutil.h"
 #include "tokenizer/tokenizer.h"
 

@@ -60,7 +60,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/budget.h"
 #include "engine/engine.h"
+#include "engine/report.h"
+#include "engine/sample.h"
 #include "kernels/kernels.h"
 #include "kernels/kv.h"
 #include "model/model.h"
