@@ -482,7 +482,7 @@ int srv_compile_constraint(srv_server *s, int client_fd, gram_kind kind, const c
 /* compile.c: compile on a compile thread and wait (see its top comment). */
 int srv_compile_wait(srv_server *s, gram_vocab *v, int client_fd, gram_kind kind, const char *src, size_t len,
                      const char *param, gram_grammar **out, double *sec, srv_verr *e);
-/* generate.c: the client closed its end of fd (pipelined bytes do not count). */
+/* util.c: the client closed its end of fd (pipelined bytes do not count). */
 int srv_client_gone(int fd);
 
 /* tools.c: tool calling. A format is one row of TOOL_FORMATS: how the
@@ -588,11 +588,12 @@ void srv_gen_free(srv_gen *g);
  * how /v1/responses reuses this path. */
 int srv_gen_prepare_json(srv_server *s, json_t *root, int chat, srv_gen *g, srv_verr *e);
 
-/* generate.c: the generation routes' handlers and their run bookkeeping. */
+/* runs.c: a submitted generation request's runs (generate.c, sse.c, responses.c). */
 void srv_cancel_all(srv_gen *g);                                     /* runs not done yet */
 /* Wait for every submitted run of g; 1 when the client hung up meanwhile
  * (the runs then are cancelled). */
 int srv_gen_wait(srv_server *s, struct MHD_Connection *c, srv_gen *g);
+int srv_gen_all_done(srv_gen *g); /* every run of g is done */
 void srv_log_done(srv_server *s, const srv_gen *g, const char *how); /* one INFO line */
 
 /* render.c: response JSON shared by whole answers and stream chunks. */

@@ -17,22 +17,6 @@
 #include "kernels/kv.h"
 #include "server/internal.h"
 
-void srv_log(const srv_server *s, srv_log_level lvl, const char *fmt, ...) {
-    if (s && lvl < s->opt.log_level) return;
-    static const char *names[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
-    char ts[32];
-    time_t now = time(NULL);
-    struct tm tm;
-    localtime_r(&now, &tm);
-    strftime(ts, sizeof ts, "%H:%M:%S", &tm);
-    char line[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s %s echo-serve: %s\n", ts, names[lvl], line);
-}
-
 /* ---- model name resolution ---- */
 
 /* a/b into out; -1 when it does not fit (then the path is not used). */
@@ -601,19 +585,3 @@ int srv_grammar_compiles_running(srv_server *s) {
     return s ? srv_cpool_running(s->cpool) : 0;
 }
 
-void srv_set_unusable(srv_server *s, const char *why) {
-    int expect = 0;
-    if (!atomic_compare_exchange_strong(&s->unusable_claim, &expect, 1)) return;
-    snprintf(s->unusable_why, sizeof s->unusable_why, "%s", why);
-    atomic_store(&s->unusable, 1);
-    srv_log(s, SRV_LOG_ERROR, "the engine can run no more steps (%s): /health answers 503; restart the server",
-            s->unusable_why);
-}
-
-int srv_usable(srv_server *s) {
-    char why[480];
-    /* ready: the loader has stored s->eng */
-    if (!atomic_load(&s->unusable) && atomic_load(&s->ready) && !eng_ranks_alive(s->eng, why, sizeof why))
-        srv_set_unusable(s, why);
-    return !atomic_load(&s->unusable);
-}
