@@ -33,6 +33,7 @@
  * is answered by libmicrohttpd itself (an HTML 414 or 431). */
 #define SRV_MAX_URI (16 * 1024)
 #define SRV_CONN_MEMORY (512 * 1024)
+#define SRV_MAX_LPROCS 8     /* rows of logits.c's PROCESSORS */
 #define SRV_PLP_ROWS 64      /* prompt-logprob rows per step (full-vocabulary rows on the host); srv_plp_rows */
 
 typedef enum srv_finish { SRV_FIN_NONE = 0, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR } srv_finish;
@@ -140,6 +141,10 @@ typedef struct srv_req {
     int think_budget;       /* thinking tokens before the block is closed, -1 none */
     int32_t *forced;        /* debug_force_output: the first n_forced output tokens are these */
     int n_forced;
+    /* the logits-processor chain (logits.c, srv_logits_plan): rows of its
+     * PROCESSORS table, in order */
+    const struct srv_lproc *chain[SRV_MAX_LPROCS];
+    int n_chain;
 
     /* ---- shared: guarded by mu (cancelled is atomic) ---- */
     pthread_mutex_t mu;
@@ -184,6 +189,38 @@ typedef struct srv_req {
     atomic_int n_think; /* thinking tokens (usage's reasoning_tokens); final once done */
 } srv_req;
 
+/* logits.c: a request's plan, its logits-processor chain. A processor is
+ * one row of PROCESSORS: on (the request asks for it; plan time), full
+ * (this step it may rewrite logits anywhere, so the engine's top
+ * candidates cannot stand in for the row; NULL never), apply (the row, in
+ * place). */
+typedef struct srv_lproc {
+    const char *name;
+    int (*on)(const srv_server *s, const srv_req *r);
+    int (*full)(const srv_server *s, const srv_req *r);
+    void (*apply)(srv_server *s, srv_req *r, float *row);
+} srv_lproc;
+/* r->chain from the request's parameters (call once they are all set). */
+void srv_logits_plan(const srv_server *s, srv_req *r);
+/* Candidates r's next token needs (eng_cands_needed), 0: its full row. */
+int srv_logits_cands(const srv_server *s, const srv_req *r);
+/* Logprobs of the raw row, the chain, the draw (x >= 0: a draft token under
+ * verification, eng_sample_draft's rule) into rec. */
+void srv_logits_sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec, int32_t x);
+/* The same on the engine's top candidates (the chain rewrote nothing). */
+void srv_logits_sample_cands(srv_server *s, srv_req *r, const eng_cands *c, srv_tokrec *rec, int32_t x);
+/* Logprob, rank and top-k of prompt token pos under row (the logits at
+ * pos - 1), into r->prompt_lp[pos]. */
+void srv_logits_prompt(srv_server *s, srv_req *r, const float *row, int pos);
+
+/* emit.c: a sampled token through the thinking budget and the grammar's
+ * verdict, the stop matcher, detokenized and published. Returns the finish
+ * reason, SRV_FIN_NONE to go on. */
+srv_finish srv_take_token(srv_server *s, srv_req *r, srv_tokrec *rec, double t);
+/* The request's end published (metrics first, then the client), its
+ * sequence freed and the scheduler's reference dropped. */
+void srv_req_finish(srv_server *s, srv_req *r, srv_finish fin, const char *msg);
+
 /* Prometheus histogram with fixed buckets. */
 typedef struct srv_hist {
     const double *bounds;
@@ -223,7 +260,7 @@ typedef struct srv_metrics {
     uint64_t success[SRV_FIN_ERROR + 1]; /* by finish reason */
     int running, waiting;
     double kv_usage;
-    eng_kv_usage kv; /* the engine's block and prefix-cache counters (publish_gauges) */
+    eng_kv_usage kv; /* the engine's block and prefix-cache counters (srv_metrics_publish) */
     echo_stats comm;
     uint64_t http_requests[6]; /* by status class 1xx..5xx, [0] unused */
 } srv_metrics;
@@ -233,6 +270,7 @@ int srv_metrics_init(srv_metrics *m);
 int srv_metrics_set_len(srv_metrics *m, int max_model_len);
 void srv_metrics_free(srv_metrics *m);
 void srv_hist_observe(srv_hist *h, double v); /* caller holds m->mu */
+void srv_metrics_publish(srv_server *s); /* the scheduler's gauges (metrics.c) */
 /* ---- speculative decoding (spec.c, docs/speculative.md) ---- */
 /* Draft for decoding request r within `budget` step tokens: prompt lookup
  * over prompt + output, at most what max_tokens, the context and r's
@@ -248,9 +286,26 @@ void srv_spec_done(srv_server *s, srv_req *r, int n, int accepted);
 /* timings' "speculative" object of a finished request, NULL when it
  * decoded without speculation. */
 json_t *srv_spec_timings(const srv_req *r);
+/* The rows of a verified draft: taken in order through the chain and the
+ * stop checks until the first rejection; the rejected tail's KV goes.
+ * row0 / frow0: the item's first candidates row / full row (full: its
+ * rows came back whole). */
+srv_finish srv_spec_take(srv_server *s, srv_req *r, const eng_item *it, int full, int row0, int frow0, double t);
 
 /* Prometheus text exposition; malloc'ed. */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len);
+
+/* logits.c: the scheduler's scratch for the processors and sampling. */
+typedef struct srv_logits_scratch {
+    double *lp;       /* (vocab) */
+    uint32_t *mark;   /* (vocab) repetition-penalty stamps */
+    uint32_t *mark2;  /* (vocab) output-token stamps (presence / frequency) */
+    uint32_t *cnt;    /* (vocab) output-token counts, valid where mark2 == stamp */
+    uint32_t stamp, stamp2;
+    uint32_t *gmask; /* (gram_mask_words(vocab)) the grammar's allowed tokens, one row at a time */
+} srv_logits_scratch;
+int srv_logits_scratch_init(srv_logits_scratch *x, int vocab); /* -1 out of memory (free it all the same) */
+void srv_logits_scratch_free(srv_logits_scratch *x);
 
 typedef struct srv_sched {
     pthread_mutex_t mu;
@@ -270,12 +325,7 @@ typedef struct srv_sched {
     float *logits;    /* (max_num_seqs + SRV_PLP_ROWS, vocab) full rows (packed: with candidates, the flagged items' only) */
     eng_cands *cands; /* (max_num_seqs) per logits row, when the step takes the candidates path */
     unsigned char *full; /* (max_num_seqs) per item: this request needs its full row */
-    double *lp;       /* (vocab) */
-    uint32_t *mark;   /* (vocab) repetition-penalty stamps */
-    uint32_t *mark2;  /* (vocab) output-token stamps (presence / frequency) */
-    uint32_t *cnt;    /* (vocab) output-token counts, valid where mark2 == stamp */
-    uint32_t stamp, stamp2;
-    uint32_t *gmask; /* (gram_mask_words(vocab)) the grammar's allowed tokens, one row at a time */
+    srv_logits_scratch lx; /* the processors' and sampling's (logits.c) */
     char *piece; /* single-token decode scratch */
 } srv_sched;
 

@@ -364,3 +364,19 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
     *len = b.len;
     return b.p;
 }
+
+/* The gauges (running, waiting, KV use, the engine's counters): the
+ * scheduler's, before a step and before a client is released. */
+void srv_metrics_publish(srv_server *s) {
+    eng_kv_usage u;
+    eng_kv_get_usage(s->eng, &u);
+    echo_stats cs;
+    eng_comm_stats(s->eng, &cs);
+    pthread_mutex_lock(&s->met.mu);
+    s->met.running = s->sch.n_running;
+    s->met.waiting = s->sch.n_waiting;
+    s->met.kv_usage = u.total_blocks ? (double)(u.total_blocks - u.free_blocks) / u.total_blocks : 0;
+    s->met.kv = u;
+    s->met.comm = cs;
+    pthread_mutex_unlock(&s->met.mu);
+}

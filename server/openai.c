@@ -193,6 +193,8 @@ static srv_req *req_clone(srv_server *s, const srv_req *t, const int32_t *prompt
     r->rz_state0 = t->rz_state0;
     r->rz_stop = t->rz_stop;
     r->think_budget = t->think_budget;
+    memcpy(r->chain, t->chain, sizeof r->chain);
+    r->n_chain = t->n_chain;
     srv_reasoner_init(&r->rz, t->rz_on ? s->reason : NULL, t->rz_state0, t->rz_stop);
     if (t->n_forced && (r->forced = malloc((size_t)t->n_forced * sizeof *r->forced))) {
         memcpy(r->forced, t->forced, (size_t)t->n_forced * sizeof *r->forced);
@@ -498,6 +500,7 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
         pthread_mutex_unlock(&s->met.mu);
     }
     t->want_cum = g->per > g->n;
+    srv_logits_plan(s, t); /* every run's logits-processor chain */
     unsigned long long cnt = atomic_fetch_add(&s->req_counter, 1);
     snprintf(t->id, sizeof t->id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)(s->seed_base ^ cnt * 0x94d049bb133111ebull), cnt);

@@ -557,11 +557,7 @@ void srv_destroy(srv_server *s) {
     free(q->logits);
     free(q->cands);
     free(q->full);
-    free(q->lp);
-    free(q->mark);
-    free(q->mark2);
-    free(q->cnt);
-    free(q->gmask);
+    srv_logits_scratch_free(&q->lx);
     free(q->piece);
     /* Compiles abandoned at shutdown may still run (xgrammar cannot be
      * interrupted): their vocabulary and pool stay for the process's exit. */
