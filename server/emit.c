@@ -147,7 +147,7 @@ static srv_finish on_token(srv_server *s, srv_req *r, const srv_tokrec *rec, dou
 }
 
 /* A sampled token through the thinking budget and the grammar, then
- * req_on_token (reasoning.c tracks the thinking block). */
+ * on_token (reasoning.c tracks the thinking block). */
 srv_finish srv_take_token(srv_server *s, srv_req *r, srv_tokrec *rec, double t) {
     int forced = srv_think_override(s, r, rec); /* the thinking budget's end marker */
     if (r->gm && !srv_think_accept(s, r, rec->token)) {
