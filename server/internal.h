@@ -404,7 +404,7 @@ void srv_sched_stop(srv_server *s);
 
 int srv_http_start(srv_server *s, char *err, size_t errlen);
 /* The engine can run no more steps: the first caller's why is kept, and
- * /health answers 503 with it (server.c). srv_usable is 0 once set, and sets
+ * /health answers 503 with it (util.c). srv_usable is 0 once set, and sets
  * it when a peer rank process has exited (eng_ranks_alive); any thread. */
 void srv_set_unusable(srv_server *s, const char *why);
 int srv_usable(srv_server *s);
@@ -462,7 +462,7 @@ void srv_conn_arrived(srv_server *s, struct MHD_Connection *c); /* the request i
 void srv_conn_next(srv_server *s, struct MHD_Connection *c);    /* keep-alive: the next request's deadline starts */
 void srv_conn_reject_log(srv_server *s, const char *why);       /* at most once a second */
 
-/* http.c: answers. Each counts its status class in /metrics; 401, 405 and
+/* reply.c: answers. Each counts its status class in /metrics; 401, 405 and
  * 503 carry WWW-Authenticate, Allow and Retry-After. buf is malloc'ed and
  * taken; j is taken. */
 void srv_count_status(srv_server *s, int status);

@@ -1,6 +1,6 @@
 /*
  * server/: lifetime (create, load, shutdown, destroy), model-name
- * resolution, generation defaults and logging.
+ * resolution and generation defaults (the log line is util.c's).
  */
 #include <ctype.h>
 #include <dirent.h>
