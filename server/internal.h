@@ -37,6 +37,7 @@
  * is answered by libmicrohttpd itself (an HTML 414 or 431). */
 #define SRV_MAX_URI (16 * 1024)
 #define SRV_CONN_MEMORY (512 * 1024)
+#define SRV_MAX_LPROCS 8     /* rows of logits.c's PROCESSORS */
 #define SRV_PLP_ROWS 64      /* prompt-logprob rows per step (full-vocabulary rows on the host); srv_plp_rows */
 
 typedef enum srv_finish { SRV_FIN_NONE = 0, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR } srv_finish;
@@ -144,6 +145,10 @@ typedef struct srv_req {
     int think_budget;       /* thinking tokens before the block is closed, -1 none */
     int32_t *forced;        /* debug_force_output: the first n_forced output tokens are these */
     int n_forced;
+    /* the logits-processor chain (logits.c, srv_logits_plan): rows of its
+     * PROCESSORS table, in order */
+    const struct srv_lproc *chain[SRV_MAX_LPROCS];
+    int n_chain;
 
     /* ---- shared: guarded by mu (cancelled is atomic) ---- */
     pthread_mutex_t mu;
@@ -188,6 +193,38 @@ typedef struct srv_req {
     atomic_int n_think; /* thinking tokens (usage's reasoning_tokens); final once done */
 } srv_req;
 
+/* logits.c: a request's plan, its logits-processor chain. A processor is
+ * one row of PROCESSORS: on (the request asks for it; plan time), full
+ * (this step it may rewrite logits anywhere, so the engine's top
+ * candidates cannot stand in for the row; NULL never), apply (the row, in
+ * place). */
+typedef struct srv_lproc {
+    const char *name;
+    int (*on)(const srv_server *s, const srv_req *r);
+    int (*full)(const srv_server *s, const srv_req *r);
+    void (*apply)(srv_server *s, srv_req *r, float *row);
+} srv_lproc;
+/* r->chain from the request's parameters (call once they are all set). */
+void srv_logits_plan(const srv_server *s, srv_req *r);
+/* Candidates r's next token needs (eng_cands_needed), 0: its full row. */
+int srv_logits_cands(const srv_server *s, const srv_req *r);
+/* Logprobs of the raw row, the chain, the draw (x >= 0: a draft token under
+ * verification, eng_sample_draft's rule) into rec. */
+void srv_logits_sample_row(srv_server *s, srv_req *r, float *row, srv_tokrec *rec, int32_t x);
+/* The same on the engine's top candidates (the chain rewrote nothing). */
+void srv_logits_sample_cands(srv_server *s, srv_req *r, const eng_cands *c, srv_tokrec *rec, int32_t x);
+/* Logprob, rank and top-k of prompt token pos under row (the logits at
+ * pos - 1), into r->prompt_lp[pos]. */
+void srv_logits_prompt(srv_server *s, srv_req *r, const float *row, int pos);
+
+/* emit.c: a sampled token through the thinking budget and the grammar's
+ * verdict, the stop matcher, detokenized and published. Returns the finish
+ * reason, SRV_FIN_NONE to go on. */
+srv_finish srv_take_token(srv_server *s, srv_req *r, srv_tokrec *rec, double t);
+/* The request's end published (metrics first, then the client), its
+ * sequence freed and the scheduler's reference dropped. */
+void srv_req_finish(srv_server *s, srv_req *r, srv_finish fin, const char *msg);
+
 /* Prometheus histogram with fixed buckets. */
 typedef struct srv_hist {
     const double *bounds;
@@ -227,7 +264,7 @@ typedef struct srv_metrics {
     uint64_t success[SRV_FIN_ERROR + 1]; /* by finish reason */
     int running, waiting;
     double kv_usage;
-    eng_kv_usage kv; /* the engine's block and prefix-cache counters (publish_gauges) */
+    eng_kv_usage kv; /* the engine's block and prefix-cache counters (srv_metrics_publish) */
     echo_stats comm;
     uint64_t http_requests[6]; /* by status class 1xx..5xx, [0] unused */
 } srv_metrics;
@@ -237,6 +274,7 @@ int srv_metrics_init(srv_metrics *m);
 int srv_metrics_set_len(srv_metrics *m, int max_model_len);
 void srv_metrics_free(srv_metrics *m);
 void srv_hist_observe(srv_hist *h, double v); /* caller holds m->mu */
+void srv_metrics_publish(srv_server *s); /* the scheduler's gauges (metrics.c) */
 /* ---- speculative decoding (spec.c, docs/speculative.md) ---- */
 /* Draft for decoding request r within `budget` step tokens: prompt lookup
  * over prompt + output, at most what max_tokens, the context and r's
@@ -252,9 +290,26 @@ void srv_spec_done(srv_server *s, srv_req *r, int n, int accepted);
 /* timings' "speculative" object of a finished request, NULL when it
  * decoded without speculation. */
 json_t *srv_spec_timings(const srv_req *r);
+/* The rows of a verified draft: taken in order through the chain and the
+ * stop checks until the first rejection; the rejected tail's KV goes.
+ * row0 / frow0: the item's first candidates row / full row (full: its
+ * rows came back whole). */
+srv_finish srv_spec_take(srv_server *s, srv_req *r, const eng_item *it, int full, int row0, int frow0, double t);
 
 /* Prometheus text exposition; malloc'ed. */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len);
+
+/* logits.c: the scheduler's scratch for the processors and sampling. */
+typedef struct srv_logits_scratch {
+    double *lp;       /* (vocab) */
+    uint32_t *mark;   /* (vocab) repetition-penalty stamps */
+    uint32_t *mark2;  /* (vocab) output-token stamps (presence / frequency) */
+    uint32_t *cnt;    /* (vocab) output-token counts, valid where mark2 == stamp */
+    uint32_t stamp, stamp2;
+    uint32_t *gmask; /* (gram_mask_words(vocab)) the grammar's allowed tokens, one row at a time */
+} srv_logits_scratch;
+int srv_logits_scratch_init(srv_logits_scratch *x, int vocab); /* -1 out of memory (free it all the same) */
+void srv_logits_scratch_free(srv_logits_scratch *x);
 
 typedef struct srv_sched {
     pthread_mutex_t mu;
@@ -274,12 +329,7 @@ typedef struct srv_sched {
     float *logits;    /* (max_num_seqs + SRV_PLP_ROWS, vocab) full rows (packed: with candidates, the flagged items' only) */
     eng_cands *cands; /* (max_num_seqs) per logits row, when the step takes the candidates path */
     unsigned char *full; /* (max_num_seqs) per item: this request needs its full row */
-    double *lp;       /* (vocab) */
-    uint32_t *mark;   /* (vocab) repetition-penalty stamps */
-    uint32_t *mark2;  /* (vocab) output-token stamps (presence / frequency) */
-    uint32_t *cnt;    /* (vocab) output-token counts, valid where mark2 == stamp */
-    uint32_t stamp, stamp2;
-    uint32_t *gmask; /* (gram_mask_words(vocab)) the grammar's allowed tokens, one row at a time */
+    srv_logits_scratch lx; /* the processors' and sampling's (logits.c) */
     char *piece; /* single-token decode scratch */
 } srv_sched;
 
@@ -358,7 +408,7 @@ void srv_sched_stop(srv_server *s);
 
 int srv_http_start(srv_server *s, char *err, size_t errlen);
 /* The engine can run no more steps: the first caller's why is kept, and
- * /health answers 503 with it (server.c). srv_usable is 0 once set, and sets
+ * /health answers 503 with it (util.c). srv_usable is 0 once set, and sets
  * it when a peer rank process has exited (eng_ranks_alive); any thread. */
 void srv_set_unusable(srv_server *s, const char *why);
 int srv_usable(srv_server *s);
@@ -416,7 +466,7 @@ void srv_conn_arrived(srv_server *s, struct MHD_Connection *c); /* the request i
 void srv_conn_next(srv_server *s, struct MHD_Connection *c);    /* keep-alive: the next request's deadline starts */
 void srv_conn_reject_log(srv_server *s, const char *why);       /* at most once a second */
 
-/* http.c: answers. Each counts its status class in /metrics; 401, 405 and
+/* reply.c: answers. Each counts its status class in /metrics; 401, 405 and
  * 503 carry WWW-Authenticate, Allow and Retry-After. buf is malloc'ed and
  * taken; j is taken. */
 void srv_count_status(srv_server *s, int status);
@@ -486,7 +536,7 @@ int srv_compile_constraint(srv_server *s, int client_fd, gram_kind kind, const c
 /* compile.c: compile on a compile thread and wait (see its top comment). */
 int srv_compile_wait(srv_server *s, gram_vocab *v, int client_fd, gram_kind kind, const char *src, size_t len,
                      const char *param, gram_grammar **out, double *sec, srv_verr *e);
-/* generate.c: the client closed its end of fd (pipelined bytes do not count). */
+/* util.c: the client closed its end of fd (pipelined bytes do not count). */
 int srv_client_gone(int fd);
 
 /* tools.c: tool calling. A format is one row of TOOL_FORMATS: how the
@@ -592,11 +642,12 @@ void srv_gen_free(srv_gen *g);
  * how /v1/responses reuses this path. */
 int srv_gen_prepare_json(srv_server *s, json_t *root, int chat, srv_gen *g, srv_verr *e);
 
-/* generate.c: the generation routes' handlers and their run bookkeeping. */
+/* runs.c: a submitted generation request's runs (generate.c, sse.c, responses.c). */
 void srv_cancel_all(srv_gen *g);                                     /* runs not done yet */
 /* Wait for every submitted run of g; 1 when the client hung up meanwhile
  * (the runs then are cancelled). */
 int srv_gen_wait(srv_server *s, struct MHD_Connection *c, srv_gen *g);
+int srv_gen_all_done(srv_gen *g); /* every run of g is done */
 void srv_log_done(srv_server *s, const srv_gen *g, const char *how); /* one INFO line */
 
 /* render.c: response JSON shared by whole answers and stream chunks. */

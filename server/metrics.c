@@ -183,6 +183,66 @@ static void label_escape(const char *in, char *out, size_t outlen) {
     out[j] = 0;
 }
 
+/* The KV cache, prefix cache and all-reduce families (caller holds m->mu). */
+static void put_engine_info(sbuf *b, const srv_metrics *m, const char *lbl) {
+    sb_printf(b,
+              "# HELP echo:cache_config_info Information of the LLMEngine CacheConfig\n"
+              "# TYPE echo:cache_config_info gauge\necho:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\","
+              "cache_dtype=\"%s\",bytes_per_token_per_rank=\"%zu\",enable_prefix_caching=\"%s\"} 1.0\n",
+              m->block_size, m->num_blocks, m->kv_dtype ? m->kv_dtype : "?",
+              m->block_size ? m->kv.block_bytes / (size_t)m->block_size : 0, m->kv.prefix_cache ? "True" : "False");
+    sb_printf(b,
+              "# HELP echo:kv_bytes_in_use KV bytes per rank holding data (blocks held by requests or cached).\n"
+              "# TYPE echo:kv_bytes_in_use gauge\necho:kv_bytes_in_use{%s} %zu\n"
+              "# HELP echo:kv_bytes_touched KV bytes per rank ever written (blocks handed out at least once): the "
+              "cache's share of the resident memory.\n"
+              "# TYPE echo:kv_bytes_touched gauge\necho:kv_bytes_touched{%s} %zu\n",
+              lbl, (size_t)m->kv.used_blocks * m->kv.block_bytes, lbl,
+              (size_t)m->kv.touched_blocks * m->kv.block_bytes);
+    sb_printf(
+        b,
+        "# HELP echo:prefix_cache_queries_total Prefix cache queries, in prompt tokens looked up.\n"
+        "# TYPE echo:prefix_cache_queries_total counter\necho:prefix_cache_queries_total{%s} %lld\n"
+        "# HELP echo:prefix_cache_hits_total Prefix cache hits, in prompt tokens reused (the sum of "
+        "usage.prompt_tokens_details.cached_tokens).\n"
+        "# TYPE echo:prefix_cache_hits_total counter\necho:prefix_cache_hits_total{%s} %lld\n"
+        "# HELP echo:prefix_cache_requests_total Requests that looked the prefix cache up.\n"
+        "# TYPE echo:prefix_cache_requests_total counter\necho:prefix_cache_requests_total{%s} %lld\n"
+        "# HELP echo:kv_blocks_in_use KV blocks held by running requests.\n"
+        "# TYPE echo:kv_blocks_in_use gauge\necho:kv_blocks_in_use{%s} %d\n"
+        "# HELP echo:prefix_cache_blocks KV blocks in the prefix cache (held by requests or not).\n"
+        "# TYPE echo:prefix_cache_blocks gauge\necho:prefix_cache_blocks{%s} %d\n"
+        "# HELP echo:prefix_cache_evictable_blocks Cached KV blocks no request holds (free for reuse).\n"
+        "# TYPE echo:prefix_cache_evictable_blocks gauge\necho:prefix_cache_evictable_blocks{%s} %d\n"
+        "# HELP echo:prefix_cache_evicted_blocks_total Cached KV blocks evicted to make room.\n"
+        "# TYPE echo:prefix_cache_evicted_blocks_total counter\necho:prefix_cache_evicted_blocks_total{%s} %lld\n",
+        lbl, m->kv.prefix_query_tokens, lbl, m->kv.prefix_hit_tokens, lbl, m->kv.prefix_queries, lbl,
+        m->kv.total_blocks - m->kv.free_blocks, lbl, m->kv.cached_blocks, lbl, m->kv.evictable_blocks, lbl,
+        m->kv.evicted_blocks);
+    sb_printf(b,
+              "# HELP echo:allreduce_config_info The all-reduce of the row-parallel layers: preset, codec, values per "
+              "scale group, wire bits per value averaged over a pass, error feedback, tensor-parallel ranks, the "
+              "tail policy (the last tail_calls of a pass's calls sent with tail_codec)\n"
+              "# TYPE echo:allreduce_config_info gauge\necho:allreduce_config_info{%s,preset=\"%s\",codec=\"%s\","
+              "group=\"%d\",bits_per_value=\"%.3f\",feedback=\"%s\",tp=\"%d\",tail_calls=\"%d\",calls=\"%d\","
+              "tail_codec=\"%s\"} 1.0\n",
+              lbl, m->ar_preset, m->ar_codec, m->ar_group, m->ar_bits, m->ar_feedback ? "on" : "off", m->ar_tp,
+              m->ar_tail_calls, m->ar_calls, m->ar_tail_codec);
+    if (m->ar_auto)
+        sb_printf(b,
+                  "# HELP echo:allreduce_auto_info What --allreduce auto chose at start-up (per call-size class) and "
+                  "the figures it measured: link latency (s) and bytes/s per class, codec values/s per thread\n"
+                  "# TYPE echo:allreduce_auto_info gauge\necho:allreduce_auto_info{%s,small_calls=\"%s\","
+                  "small_oneshot=\"%d\",large_calls=\"%s\",overlap=\"%d\",shared_memory=\"%d\","
+                  "small_latency_s=\"%.3g\",small_bytes_per_s=\"%.4g\",large_latency_s=\"%.3g\","
+                  "large_bytes_per_s=\"%.4g\",bf16_encode_vps=\"%.4g\",bf16_decode_vps=\"%.4g\","
+                  "echo_encode_vps=\"%.4g\",echo_decode_vps=\"%.4g\",echo3_encode_vps=\"%.4g\","
+                  "echo3_decode_vps=\"%.4g\"} 1.0\n",
+                  lbl, m->ar_auto_small, m->ar_auto_oneshot, m->ar_auto_large, m->ar_auto_overlap, m->ar_auto_shared,
+                  m->ar_auto_lat_s[0], m->ar_auto_bps[0], m->ar_auto_lat_s[1], m->ar_auto_bps[1], m->ar_auto_enc[1],
+                  m->ar_auto_dec[1], m->ar_auto_enc[2], m->ar_auto_dec[2], m->ar_auto_enc[3], m->ar_auto_dec[3]);
+}
+
 char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
     sbuf b = {malloc(8192), 0, 8192, 0};
     if (!b.p) return NULL;
@@ -243,62 +303,7 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
               "# HELP echo:num_preemptions_total Cumulative number of preemption from the engine.\n"
               "# TYPE echo:num_preemptions_total counter\necho:num_preemptions_total{%s} %llu\n",
               lbl, (unsigned long long)m->preemptions);
-    sb_printf(&b,
-              "# HELP echo:cache_config_info Information of the LLMEngine CacheConfig\n"
-              "# TYPE echo:cache_config_info gauge\necho:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\","
-              "cache_dtype=\"%s\",bytes_per_token_per_rank=\"%zu\",enable_prefix_caching=\"%s\"} 1.0\n",
-              m->block_size, m->num_blocks, m->kv_dtype ? m->kv_dtype : "?",
-              m->block_size ? m->kv.block_bytes / (size_t)m->block_size : 0, m->kv.prefix_cache ? "True" : "False");
-    sb_printf(&b,
-              "# HELP echo:kv_bytes_in_use KV bytes per rank holding data (blocks held by requests or cached).\n"
-              "# TYPE echo:kv_bytes_in_use gauge\necho:kv_bytes_in_use{%s} %zu\n"
-              "# HELP echo:kv_bytes_touched KV bytes per rank ever written (blocks handed out at least once): the "
-              "cache's share of the resident memory.\n"
-              "# TYPE echo:kv_bytes_touched gauge\necho:kv_bytes_touched{%s} %zu\n",
-              lbl, (size_t)m->kv.used_blocks * m->kv.block_bytes, lbl,
-              (size_t)m->kv.touched_blocks * m->kv.block_bytes);
-    sb_printf(
-        &b,
-        "# HELP echo:prefix_cache_queries_total Prefix cache queries, in prompt tokens looked up.\n"
-        "# TYPE echo:prefix_cache_queries_total counter\necho:prefix_cache_queries_total{%s} %lld\n"
-        "# HELP echo:prefix_cache_hits_total Prefix cache hits, in prompt tokens reused (the sum of "
-        "usage.prompt_tokens_details.cached_tokens).\n"
-        "# TYPE echo:prefix_cache_hits_total counter\necho:prefix_cache_hits_total{%s} %lld\n"
-        "# HELP echo:prefix_cache_requests_total Requests that looked the prefix cache up.\n"
-        "# TYPE echo:prefix_cache_requests_total counter\necho:prefix_cache_requests_total{%s} %lld\n"
-        "# HELP echo:kv_blocks_in_use KV blocks held by running requests.\n"
-        "# TYPE echo:kv_blocks_in_use gauge\necho:kv_blocks_in_use{%s} %d\n"
-        "# HELP echo:prefix_cache_blocks KV blocks in the prefix cache (held by requests or not).\n"
-        "# TYPE echo:prefix_cache_blocks gauge\necho:prefix_cache_blocks{%s} %d\n"
-        "# HELP echo:prefix_cache_evictable_blocks Cached KV blocks no request holds (free for reuse).\n"
-        "# TYPE echo:prefix_cache_evictable_blocks gauge\necho:prefix_cache_evictable_blocks{%s} %d\n"
-        "# HELP echo:prefix_cache_evicted_blocks_total Cached KV blocks evicted to make room.\n"
-        "# TYPE echo:prefix_cache_evicted_blocks_total counter\necho:prefix_cache_evicted_blocks_total{%s} %lld\n",
-        lbl, m->kv.prefix_query_tokens, lbl, m->kv.prefix_hit_tokens, lbl, m->kv.prefix_queries, lbl,
-        m->kv.total_blocks - m->kv.free_blocks, lbl, m->kv.cached_blocks, lbl, m->kv.evictable_blocks, lbl,
-        m->kv.evicted_blocks);
-    sb_printf(&b,
-              "# HELP echo:allreduce_config_info The all-reduce of the row-parallel layers: preset, codec, values per "
-              "scale group, wire bits per value averaged over a pass, error feedback, tensor-parallel ranks, the "
-              "tail policy (the last tail_calls of a pass's calls sent with tail_codec)\n"
-              "# TYPE echo:allreduce_config_info gauge\necho:allreduce_config_info{%s,preset=\"%s\",codec=\"%s\","
-              "group=\"%d\",bits_per_value=\"%.3f\",feedback=\"%s\",tp=\"%d\",tail_calls=\"%d\",calls=\"%d\","
-              "tail_codec=\"%s\"} 1.0\n",
-              lbl, m->ar_preset, m->ar_codec, m->ar_group, m->ar_bits, m->ar_feedback ? "on" : "off", m->ar_tp,
-              m->ar_tail_calls, m->ar_calls, m->ar_tail_codec);
-    if (m->ar_auto)
-        sb_printf(&b,
-                  "# HELP echo:allreduce_auto_info What --allreduce auto chose at start-up (per call-size class) and "
-                  "the figures it measured: link latency (s) and bytes/s per class, codec values/s per thread\n"
-                  "# TYPE echo:allreduce_auto_info gauge\necho:allreduce_auto_info{%s,small_calls=\"%s\","
-                  "small_oneshot=\"%d\",large_calls=\"%s\",overlap=\"%d\",shared_memory=\"%d\","
-                  "small_latency_s=\"%.3g\",small_bytes_per_s=\"%.4g\",large_latency_s=\"%.3g\","
-                  "large_bytes_per_s=\"%.4g\",bf16_encode_vps=\"%.4g\",bf16_decode_vps=\"%.4g\","
-                  "echo_encode_vps=\"%.4g\",echo_decode_vps=\"%.4g\",echo3_encode_vps=\"%.4g\","
-                  "echo3_decode_vps=\"%.4g\"} 1.0\n",
-                  lbl, m->ar_auto_small, m->ar_auto_oneshot, m->ar_auto_large, m->ar_auto_overlap, m->ar_auto_shared,
-                  m->ar_auto_lat_s[0], m->ar_auto_bps[0], m->ar_auto_lat_s[1], m->ar_auto_bps[1], m->ar_auto_enc[1],
-                  m->ar_auto_dec[1], m->ar_auto_enc[2], m->ar_auto_dec[2], m->ar_auto_enc[3], m->ar_auto_dec[3]);
+    put_engine_info(&b, m, lbl);
     sb_printf(&b,
               "# HELP echo:prompt_tokens_total Number of prefill tokens processed.\n"
               "# TYPE echo:prompt_tokens_total counter\necho:prompt_tokens_total{%s} %llu\n",
@@ -363,4 +368,20 @@ char *srv_metrics_render(srv_metrics *m, const char *model_name, size_t *len) {
     }
     *len = b.len;
     return b.p;
+}
+
+/* The gauges (running, waiting, KV use, the engine's counters): the
+ * scheduler's, before a step and before a client is released. */
+void srv_metrics_publish(srv_server *s) {
+    eng_kv_usage u;
+    eng_kv_get_usage(s->eng, &u);
+    echo_stats cs;
+    eng_comm_stats(s->eng, &cs);
+    pthread_mutex_lock(&s->met.mu);
+    s->met.running = s->sch.n_running;
+    s->met.waiting = s->sch.n_waiting;
+    s->met.kv_usage = u.total_blocks ? (double)(u.total_blocks - u.free_blocks) / u.total_blocks : 0;
+    s->met.kv = u;
+    s->met.comm = cs;
+    pthread_mutex_unlock(&s->met.mu);
 }

@@ -193,6 +193,8 @@ static srv_req *req_clone(srv_server *s, const srv_req *t, const int32_t *prompt
     r->rz_state0 = t->rz_state0;
     r->rz_stop = t->rz_stop;
     r->think_budget = t->think_budget;
+    memcpy(r->chain, t->chain, sizeof r->chain);
+    r->n_chain = t->n_chain;
     srv_reasoner_init(&r->rz, t->rz_on ? s->reason : NULL, t->rz_state0, t->rz_stop);
     if (t->n_forced && (r->forced = malloc((size_t)t->n_forced * sizeof *r->forced))) {
         memcpy(r->forced, t->forced, (size_t)t->n_forced * sizeof *r->forced);
@@ -335,15 +337,9 @@ static int parse_reasoning(srv_server *s, json_t *root, const int32_t *prompt, i
     return 0;
 }
 
-/* Validated body -> g->rs (not yet submitted). */
-static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv_verr *e) {
-    g->chat = chat;
-    if (srv_check_known(root, chat ? CHAT_FIELDS : COMPLETION_FIELDS, "", e) || check_neutral(root, e) ||
-        srv_model_check(s, root, e))
-        return -1;
+/* n, best_of, stream and stream_options into g. */
+static int parse_shape(json_t *root, int chat, srv_gen *g, srv_verr *e) {
     long long v = 0;
-    double d = 0;
-    int b = 0;
     g->n = 1;
     if (srv_get_int(root, "n", 1, SRV_MAX_CHOICES, &v, e) < 0) return -1;
     if (srv_field(root, "n")) g->n = (int)v;
@@ -367,178 +363,207 @@ static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv
         if (srv_get_bool(so, "include_usage", &g->include_usage, e) < 0) return -1;
         if (srv_get_bool(so, "continuous_usage_stats", &g->continuous_usage, e) < 0) return -1;
     }
-    /* the template of every run */
-    srv_req *t = srv_req_new();
-    prompt_list pl = {0};
-    srv_tools tl = {0}; /* chat: tools and tool_choice, parsed with the messages */
-    int rc = -1, *mts = NULL, mt_min = INT32_MAX;
-    if (!t) return srv_fail(e, 500, NULL, "out of memory");
-    t->chat = chat;
-    if (srv_get_int(root, "prompt_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &v, e) < 0) goto out;
+    return 0;
+}
+
+/* The prompts (chat: the rendered messages, with their tools into tl) and
+ * the logprobs fields into pl, g and t. */
+static int parse_input(srv_server *s, json_t *root, int chat, srv_gen *g, srv_req *t, prompt_list *pl,
+                       srv_tools *tl, srv_verr *e) {
+    long long v = 0;
+    if (srv_get_int(root, "prompt_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &v, e) < 0) return -1;
     if (srv_field(root, "prompt_logprobs")) {
-        if (g->stream) {
-            srv_fail(e, 400, "prompt_logprobs", "'prompt_logprobs' is not supported with \"stream\": true");
-            goto out;
-        }
+        if (g->stream)
+            return srv_fail(e, 400, "prompt_logprobs", "'prompt_logprobs' is not supported with \"stream\": true");
         g->vllm_plp = 1;
         g->vllm_k = (int)v;
         t->plp_k = (int)v;
     }
-    if (chat) {
-        pl.ids = calloc(1, sizeof *pl.ids);
-        pl.n = calloc(1, sizeof *pl.n);
-        if (!pl.ids || !pl.n) {
-            srv_fail(e, 500, NULL, "out of memory");
-            goto out;
-        }
-        pl.count = 1;
-        int add_gen = 1;
-        if (srv_get_bool(root, "add_generation_prompt", &add_gen, e) < 0) goto out;
-        if (srv_render_chat(s, root, add_gen, &pl.ids[0], &pl.n[0], &tl, e)) goto out;
-        if (pl.n[0] == 0) {
-            srv_fail(e, 400, "messages", "the rendered chat is empty");
-            goto out;
-        }
-        int lp = 0;
-        if (srv_get_bool(root, "logprobs", &lp, e) < 0) goto out;
-        t->want_logprobs = lp;
-        if (srv_get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &v, e) < 0) goto out;
-        if (srv_field(root, "top_logprobs")) {
-            if (!lp) {
-                srv_fail(e, 400, "top_logprobs", "'top_logprobs' requires \"logprobs\": true");
-                goto out;
-            }
-            t->top_logprobs = (int)v;
-        }
-    } else {
-        if (parse_prompts(s, root, &g->fi, &pl, e)) goto out;
-        if (srv_get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &v, e) < 0) goto out;
+    if (!chat) {
+        if (parse_prompts(s, root, &g->fi, pl, e)) return -1;
+        if (srv_get_int(root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &v, e) < 0) return -1;
         if (srv_field(root, "logprobs")) {
             t->want_logprobs = 1;
             t->top_logprobs = (int)v;
         }
-        if (srv_get_bool(root, "echo", &g->echo, e) < 0) goto out;
+        if (srv_get_bool(root, "echo", &g->echo, e) < 0) return -1;
         if (g->echo && t->want_logprobs) {
             g->echo_lp = 1;
             if (t->plp_k < t->top_logprobs) t->plp_k = t->top_logprobs;
         }
+        return 0;
     }
-    if ((long long)pl.count * g->per > SRV_MAX_CHOICES || pl.count * g->per > s->opt.max_waiting) {
-        srv_fail(e, 400, pl.count > 1 ? "prompt" : "n", "prompts x %s = %d runs; at most %d per request",
-                 g->per > g->n ? "best_of" : "n", pl.count * g->per,
-                 SRV_MAX_CHOICES < s->opt.max_waiting ? SRV_MAX_CHOICES : s->opt.max_waiting);
-        goto out;
+    pl->ids = calloc(1, sizeof *pl->ids);
+    pl->n = calloc(1, sizeof *pl->n);
+    if (!pl->ids || !pl->n) return srv_fail(e, 500, NULL, "out of memory");
+    pl->count = 1;
+    int add_gen = 1;
+    if (srv_get_bool(root, "add_generation_prompt", &add_gen, e) < 0) return -1;
+    if (srv_render_chat(s, root, add_gen, &pl->ids[0], &pl->n[0], tl, e)) return -1;
+    if (pl->n[0] == 0) return srv_fail(e, 400, "messages", "the rendered chat is empty");
+    int lp = 0;
+    if (srv_get_bool(root, "logprobs", &lp, e) < 0) return -1;
+    t->want_logprobs = lp;
+    if (srv_get_int(root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &v, e) < 0) return -1;
+    if (srv_field(root, "top_logprobs")) {
+        if (!lp) return srv_fail(e, 400, "top_logprobs", "'top_logprobs' requires \"logprobs\": true");
+        t->top_logprobs = (int)v;
     }
+    return 0;
+}
+
+/* Each prompt's max_tokens into mts (pl->count), their least into *mt_min. */
+static int parse_max_tokens(srv_server *s, json_t *root, int chat, const srv_gen *g, const prompt_list *pl,
+                            int *mts, int *mt_min, srv_verr *e) {
     /* max_tokens: 0 only to score the prompt (echo or prompt_logprobs) */
     const char *mt_name = "max_tokens";
     if (chat && srv_field(root, "max_completion_tokens")) mt_name = "max_completion_tokens";
     long long mt_req = -1;
     int mt_lo = g->echo || g->vllm_plp ? 0 : 1;
-    if (srv_get_int(root, mt_name, mt_lo, INT32_MAX, &mt_req, e) < 0) goto out;
+    if (srv_get_int(root, mt_name, mt_lo, INT32_MAX, &mt_req, e) < 0) return -1;
     if (chat && srv_field(root, "max_completion_tokens") && srv_field(root, "max_tokens")) {
         long long other;
-        if (srv_get_int(root, "max_tokens", mt_lo, INT32_MAX, &other, e) < 0) goto out;
+        if (srv_get_int(root, "max_tokens", mt_lo, INT32_MAX, &other, e) < 0) return -1;
         if (other < mt_req) mt_req = other;
     }
-    if (!(mts = calloc((size_t)pl.count, sizeof *mts))) {
-        srv_fail(e, 500, NULL, "out of memory");
-        goto out;
+    for (int i = 0; i < pl->count; i++) {
+        if (prompt_max_tokens(s, chat, pl->n[i], mt_req, mt_name, &mts[i], e)) return -1;
+        if (mts[i] < *mt_min) *mt_min = mts[i];
     }
-    for (int i = 0; i < pl.count; i++) {
-        if (prompt_max_tokens(s, chat, pl.n[i], mt_req, mt_name, &mts[i], e)) goto out;
-        if (mts[i] < mt_min) mt_min = mts[i];
-    }
-    /* sampling, defaults from generation_config.json */
+    return 0;
+}
+
+/* Sampling and the processors' parameters (defaults from
+ * generation_config.json), min_tokens (at most mt_min), stop. */
+static int parse_sampling(srv_server *s, json_t *root, srv_req *t, int mt_min, long long *seed, int *seeded,
+                          srv_verr *e) {
+    long long v = 0;
+    double d = 0;
+    int b = 0;
     t->sp.temperature = s->gd.temperature;
     t->sp.top_p = s->gd.top_p;
     t->sp.top_k = s->gd.top_k;
     t->rep_penalty = s->gd.repetition_penalty;
-    if (srv_get_num(root, "temperature", 0, 2, 0, &d, e) < 0) goto out;
+    if (srv_get_num(root, "temperature", 0, 2, 0, &d, e) < 0) return -1;
     if (srv_field(root, "temperature")) t->sp.temperature = d < 1e-5 ? 0 : (float)d;
-    if (srv_get_num(root, "top_p", 0, 1, 1, &d, e) < 0) goto out;
+    if (srv_get_num(root, "top_p", 0, 1, 1, &d, e) < 0) return -1;
     if (srv_field(root, "top_p")) t->sp.top_p = (float)d;
-    if (srv_get_int(root, "top_k", -1, s->mc.vocab_size, &v, e) < 0) goto out;
+    if (srv_get_int(root, "top_k", -1, s->mc.vocab_size, &v, e) < 0) return -1;
     if (srv_field(root, "top_k")) t->sp.top_k = v < 0 ? 0 : (int)v;
-    if (srv_get_num(root, "repetition_penalty", 0, 10, 1, &d, e) < 0) goto out;
+    if (srv_get_num(root, "repetition_penalty", 0, 10, 1, &d, e) < 0) return -1;
     if (srv_field(root, "repetition_penalty")) t->rep_penalty = (float)d;
-    if (srv_get_num(root, "presence_penalty", -2, 2, 0, &d, e) < 0) goto out;
+    if (srv_get_num(root, "presence_penalty", -2, 2, 0, &d, e) < 0) return -1;
     if (srv_field(root, "presence_penalty")) t->presence = (float)d;
-    if (srv_get_num(root, "frequency_penalty", -2, 2, 0, &d, e) < 0) goto out;
+    if (srv_get_num(root, "frequency_penalty", -2, 2, 0, &d, e) < 0) return -1;
     if (srv_field(root, "frequency_penalty")) t->frequency = (float)d;
-    if (srv_get_num(root, "min_p", 0, 1, 0, &d, e) < 0) goto out;
+    if (srv_get_num(root, "min_p", 0, 1, 0, &d, e) < 0) return -1;
     if (srv_field(root, "min_p")) t->min_p = (float)d;
-    if (parse_logit_bias(s, root, t, e)) goto out;
-    long long seed = 0;
-    int seeded = srv_get_int(root, "seed", LLONG_MIN, LLONG_MAX, &seed, e);
-    if (seeded < 0) goto out;
-    if (srv_get_bool(root, "ignore_eos", &b, e) < 0) goto out;
+    if (parse_logit_bias(s, root, t, e)) return -1;
+    *seeded = srv_get_int(root, "seed", LLONG_MIN, LLONG_MAX, seed, e);
+    if (*seeded < 0) return -1;
+    if (srv_get_bool(root, "ignore_eos", &b, e) < 0) return -1;
     if (srv_field(root, "ignore_eos")) t->ignore_eos = b;
-    if (srv_get_int(root, "min_tokens", 0, mt_min, &v, e) < 0) goto out;
+    if (srv_get_int(root, "min_tokens", 0, mt_min, &v, e) < 0) return -1;
     if (srv_field(root, "min_tokens")) t->min_tokens = (int)v;
-    if (parse_stop(s, root, t, e)) goto out;
-    if (srv_parse_constraint(s, root, g->client_fd, &t->gram, e)) goto out;
+    return parse_stop(s, root, t, e);
+}
+
+/* The constraint, and for chat the tool format, reasoning and the tools'
+ * grammar into g and t. */
+static int parse_output(srv_server *s, json_t *root, int chat, srv_gen *g, srv_req *t, const prompt_list *pl,
+                        const srv_tools *tl, srv_verr *e) {
+    if (srv_parse_constraint(s, root, g->client_fd, &t->gram, e)) return -1;
     if (chat) {
-        g->tool_parse = tl.choice != SRV_TOOL_NONE;
-        g->tool_parallel = tl.parallel;
+        g->tool_parse = tl->choice != SRV_TOOL_NONE;
+        g->tool_parallel = tl->parallel;
         g->tool_fmt = srv_tool_format_for(s);
-        if (tl.tools) g->tools = json_incref(tl.tools);
-        if (parse_reasoning(s, root, pl.ids[0], pl.n[0], tl.choice != SRV_TOOL_NONE ? g->tool_fmt : NULL, t, e))
-            goto out;
+        if (tl->tools) g->tools = json_incref(tl->tools);
+        if (parse_reasoning(s, root, pl->ids[0], pl->n[0], tl->choice != SRV_TOOL_NONE ? g->tool_fmt : NULL, t, e))
+            return -1;
         g->reason = t->rz_on;
-        if (t->gram && (tl.choice == SRV_TOOL_REQUIRED || tl.choice == SRV_TOOL_NAMED)) {
-            srv_fail(e, 400, "tool_choice", "'tool_choice' %s and a structured-output constraint cannot be combined",
-                     tl.choice == SRV_TOOL_NAMED ? "naming a function" : "\"required\"");
-            goto out;
-        }
-        if (srv_tools_grammar(s, &tl, g->client_fd, &t->gram, e)) goto out;
+        if (t->gram && (tl->choice == SRV_TOOL_REQUIRED || tl->choice == SRV_TOOL_NAMED))
+            return srv_fail(e, 400, "tool_choice",
+                            "'tool_choice' %s and a structured-output constraint cannot be combined",
+                            tl->choice == SRV_TOOL_NAMED ? "naming a function" : "\"required\"");
+        if (srv_tools_grammar(s, tl, g->client_fd, &t->gram, e)) return -1;
     }
     if (t->gram) {
         pthread_mutex_lock(&s->met.mu);
         s->met.constrained++;
         pthread_mutex_unlock(&s->met.mu);
     }
-    t->want_cum = g->per > g->n;
-    unsigned long long cnt = atomic_fetch_add(&s->req_counter, 1);
-    snprintf(t->id, sizeof t->id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
-             (unsigned long long)(s->seed_base ^ cnt * 0x94d049bb133111ebull), cnt);
-    t->created = (long long)time(NULL);
-    /* the runs */
-    if (!(g->grp = srv_group_new())) {
-        srv_fail(e, 500, NULL, "out of memory");
-        goto out;
-    }
+    return 0;
+}
+
+/* The runs: per prompt, g->per clones of the plan t (seeds seed, seed + 1,
+ * ...; unseeded runs each draw their own). cnt: the request's counter. */
+static int make_runs(srv_server *s, srv_gen *g, srv_req *t, const prompt_list *pl, const int *mts, int seeded,
+                     long long seed, unsigned long long cnt, srv_verr *e) {
+    if (!(g->grp = srv_group_new())) return srv_fail(e, 500, NULL, "out of memory");
     g->grp->refs = 1; /* g's own */
-    g->n_prompts = pl.count;
-    if (!(g->rs = calloc((size_t)pl.count * (size_t)g->per, sizeof *g->rs))) {
-        srv_fail(e, 500, NULL, "out of memory");
-        goto out;
-    }
-    if (g->echo && !(g->prompt_text = calloc((size_t)pl.count, sizeof *g->prompt_text))) {
-        srv_fail(e, 500, NULL, "out of memory");
-        goto out;
-    }
-    for (int i = 0; i < pl.count; i++) {
+    g->n_prompts = pl->count;
+    if (!(g->rs = calloc((size_t)pl->count * (size_t)g->per, sizeof *g->rs)))
+        return srv_fail(e, 500, NULL, "out of memory");
+    if (g->echo && !(g->prompt_text = calloc((size_t)pl->count, sizeof *g->prompt_text)))
+        return srv_fail(e, 500, NULL, "out of memory");
+    for (int i = 0; i < pl->count; i++) {
         if (g->echo) {
             size_t tl;
             char terr[128];
-            if (tok_decode(s->tok, pl.ids[i], (size_t)pl.n[i], 0, &g->prompt_text[i], &tl, terr, sizeof terr) !=
-                TOK_OK) {
-                srv_fail(e, 500, "echo", "cannot decode the prompt: %s", terr);
-                goto out;
-            }
+            if (tok_decode(s->tok, pl->ids[i], (size_t)pl->n[i], 0, &g->prompt_text[i], &tl, terr, sizeof terr) !=
+                TOK_OK)
+                return srv_fail(e, 500, "echo", "cannot decode the prompt: %s", terr);
         }
         for (int j = 0; j < g->per; j++) {
-            /* n samples of one prompt: seed, seed + 1, ...; unseeded runs each draw their own */
             unsigned long long c = j ? atomic_fetch_add(&s->req_counter, 1) : cnt;
             t->sp.seed = seeded ? (uint64_t)seed + (uint64_t)j : s->seed_base ^ (c * 0xbf58476d1ce4e5b9ull);
-            srv_req *r = req_clone(s, t, pl.ids[i], pl.n[i], mts[i], g->grp, e);
-            if (!r) goto out;
+            srv_req *r = req_clone(s, t, pl->ids[i], pl->n[i], mts[i], g->grp, e);
+            if (!r) return -1;
             eng_rng_seed(&r->rng, r->sp.seed);
             r->index = i * g->n + j;
             g->rs[g->n_rs++] = r;
         }
     }
-    rc = 0;
+    return 0;
+}
+
+/* Validated body -> g->rs (not yet submitted): the request's plan — prompt
+ * ids, the logits-processor chain (srv_logits_plan), the stop strings and
+ * ids, the tool format — built once into the template t, then cloned per
+ * run. */
+static int parse_generate(srv_server *s, json_t *root, int chat, srv_gen *g, srv_verr *e) {
+    g->chat = chat;
+    if (srv_check_known(root, chat ? CHAT_FIELDS : COMPLETION_FIELDS, "", e) || check_neutral(root, e) ||
+        srv_model_check(s, root, e) || parse_shape(root, chat, g, e))
+        return -1;
+    srv_req *t = srv_req_new(); /* the template of every run */
+    prompt_list pl = {0};
+    srv_tools tl = {0}; /* chat: tools and tool_choice, parsed with the messages */
+    int rc = -1, *mts = NULL, mt_min = INT32_MAX, seeded = 0;
+    long long seed = 0;
+    if (!t) return srv_fail(e, 500, NULL, "out of memory");
+    t->chat = chat;
+    if (parse_input(s, root, chat, g, t, &pl, &tl, e)) goto out;
+    if ((long long)pl.count * g->per > SRV_MAX_CHOICES || pl.count * g->per > s->opt.max_waiting) {
+        srv_fail(e, 400, pl.count > 1 ? "prompt" : "n", "prompts x %s = %d runs; at most %d per request",
+                 g->per > g->n ? "best_of" : "n", pl.count * g->per,
+                 SRV_MAX_CHOICES < s->opt.max_waiting ? SRV_MAX_CHOICES : s->opt.max_waiting);
+        goto out;
+    }
+    if (!(mts = calloc((size_t)pl.count, sizeof *mts))) {
+        srv_fail(e, 500, NULL, "out of memory");
+        goto out;
+    }
+    if (parse_max_tokens(s, root, chat, g, &pl, mts, &mt_min, e) ||
+        parse_sampling(s, root, t, mt_min, &seed, &seeded, e) || parse_output(s, root, chat, g, t, &pl, &tl, e))
+        goto out;
+    t->want_cum = g->per > g->n;
+    srv_logits_plan(s, t); /* every run's logits-processor chain */
+    unsigned long long cnt = atomic_fetch_add(&s->req_counter, 1);
+    snprintf(t->id, sizeof t->id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)(s->seed_base ^ cnt * 0x94d049bb133111ebull), cnt);
+    t->created = (long long)time(NULL);
+    rc = make_runs(s, g, t, &pl, mts, seeded, seed, cnt, e);
 out:
     srv_tools_free(&tl);
     free(mts);

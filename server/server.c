@@ -1,6 +1,6 @@
 /*
  * server/: lifetime (create, load, shutdown, destroy), model-name
- * resolution, generation defaults and logging.
+ * resolution and generation defaults (the log line is util.c's).
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -17,22 +17,6 @@
 #include "kernels/kernels.h"
 #include "kernels/kv.h"
 #include "server/internal.h"
-
-void srv_log(const srv_server *s, srv_log_level lvl, const char *fmt, ...) {
-    if (s && lvl < s->opt.log_level) return;
-    static const char *names[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
-    char ts[32];
-    time_t now = time(NULL);
-    struct tm tm;
-    localtime_r(&now, &tm);
-    strftime(ts, sizeof ts, "%H:%M:%S", &tm);
-    char line[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s %s echo-serve: %s\n", ts, names[lvl], line);
-}
 
 /* ---- model name resolution ---- */
 
@@ -303,7 +287,9 @@ static double dir_safetensors_mb(const char *dir) {
     return total / 1e6;
 }
 
-int srv_load(srv_server *s, char *err, size_t errlen) {
+/* The model's config, generation defaults, tokenizer, chat template,
+ * tool-call format and reasoning parser. */
+static int load_text_side(srv_server *s, char *err, size_t errlen) {
     const srv_options *o = &s->opt;
     if (model_config_load(s->model_dir, &s->mc, err, errlen) ||
         model_config_rope_override(&s->mc, o->rope_scaling, err, errlen))
@@ -354,6 +340,13 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                 "the tokenizer's vocabulary (%zu ids) does not fit the model's (%d): prompts that tokenize to "
                 "larger ids are refused (400)",
                 tok_vocab_size(s->tok), s->mc.vocab_size);
+    return 0;
+}
+
+/* The engine, made from the options (--device auto falls back to the host
+ * backend), while a ticker logs the load's progress; *t0: when it began. */
+static int load_engine(srv_server *s, double *t0, char *err, size_t errlen) {
+    const srv_options *o = &s->opt;
     eng_config ec = {.model_dir = s->model_dir,
                      .device = o->device,
                      .tp = o->tp,
@@ -416,7 +409,13 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     if (have_ticker) pthread_join(th, NULL);
     pthread_mutex_destroy(&tk.mu);
     pthread_cond_destroy(&tk.cv);
-    if (rc) return -1;
+    *t0 = tk.t0;
+    return rc ? -1 : 0;
+}
+
+/* The loaded engine's limits into s and its plan logged; *wc_out: the
+ * all-reduce's configuration. */
+static void log_plan(srv_server *s, double t0, echo_config *wc_out) {
     const eng_config *c = eng_get_config(s->eng);
     eng_kv_usage u;
     eng_kv_get_usage(s->eng, &u);
@@ -471,7 +470,7 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
                                : "", ar,
             c->tp > 1 ? c->transport : "no", ov, slot_mb, u.total_blocks, u.block_size, kern_kv_dtype_name(c->kv_dtype),
             u.block_size ? u.block_bytes / (size_t)u.block_size : 0, kv_mb, pc, c->max_model_len,
-            c->max_num_seqs, c->max_batch_tokens, srv_now() - tk.t0);
+            c->max_num_seqs, c->max_batch_tokens, srv_now() - t0);
     if (autod[0]) srv_log(s, SRV_LOG_INFO, "allreduce %s", autod);
     if (c->kv_mem_available)
         srv_log(s, SRV_LOG_INFO,
@@ -510,6 +509,15 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
     if (s->total_blocks < (s->max_model_len + s->block_size - 1) / s->block_size)
         srv_log(s, SRV_LOG_WARNING, "KV cache holds fewer tokens (%d) than max_model_len (%d)",
                 s->total_blocks * s->block_size, s->max_model_len);
+    *wc_out = wc;
+}
+
+/* /metrics' configuration families (cache, all-reduce, speculation). */
+static int init_metrics(srv_server *s, const echo_config *wc_in, char *err, size_t errlen) {
+    const eng_config *c = eng_get_config(s->eng);
+    const echo_config wc = *wc_in;
+    eng_kv_usage u;
+    eng_kv_get_usage(s->eng, &u);
     if (srv_metrics_set_len(&s->met, s->max_model_len)) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -545,7 +553,15 @@ int srv_load(srv_server *s, char *err, size_t errlen) {
         s->met.ar_tp = c->tp;
     }
     pthread_mutex_unlock(&s->met.mu);
-    if (srv_sched_start(s, err, errlen)) return -1;
+    return 0;
+}
+
+int srv_load(srv_server *s, char *err, size_t errlen) {
+    double t0;
+    echo_config wc;
+    if (load_text_side(s, err, errlen) || load_engine(s, &t0, err, errlen)) return -1;
+    log_plan(s, t0, &wc);
+    if (init_metrics(s, &wc, err, errlen) || srv_sched_start(s, err, errlen)) return -1;
     atomic_store(&s->ready, 1);
     return 0;
 }
@@ -574,11 +590,7 @@ void srv_destroy(srv_server *s) {
     free(q->logits);
     free(q->cands);
     free(q->full);
-    free(q->lp);
-    free(q->mark);
-    free(q->mark2);
-    free(q->cnt);
-    free(q->gmask);
+    srv_logits_scratch_free(&q->lx);
     free(q->piece);
     /* Compiles abandoned at shutdown may still run (xgrammar cannot be
      * interrupted): their vocabulary and pool stay for the process's exit. */
@@ -602,19 +614,3 @@ int srv_grammar_compiles_running(srv_server *s) {
     return s ? srv_cpool_running(s->cpool) : 0;
 }
 
-void srv_set_unusable(srv_server *s, const char *why) {
-    int expect = 0;
-    if (!atomic_compare_exchange_strong(&s->unusable_claim, &expect, 1)) return;
-    snprintf(s->unusable_why, sizeof s->unusable_why, "%s", why);
-    atomic_store(&s->unusable, 1);
-    srv_log(s, SRV_LOG_ERROR, "the engine can run no more steps (%s): /health answers 503; restart the server",
-            s->unusable_why);
-}
-
-int srv_usable(srv_server *s) {
-    char why[480];
-    /* ready: the loader has stored s->eng */
-    if (!atomic_load(&s->unusable) && atomic_load(&s->ready) && !eng_ranks_alive(s->eng, why, sizeof why))
-        srv_set_unusable(s, why);
-    return !atomic_load(&s->unusable);
-}

@@ -2,7 +2,7 @@
  * server/: speculative decoding in the scheduler (docs/speculative.md).
  * A decoding request gets a prompt-lookup draft (eng_spec_ngram) behind
  * its last token; the step verifies it (ENG_LOGITS_VERIFY: one row per
- * token) and sched.c takes the rows in order through the usual sampling,
+ * token) and srv_spec_take takes the rows in order through the usual sampling,
  * grammar and stop checks with eng_sample_draft's rule, stopping at the
  * first rejection; the rejected tail's KV is dropped (eng_seq_truncate).
  * Here: the draft, its length policy, and the counters.
@@ -53,4 +53,33 @@ json_t *srv_spec_timings(const srv_req *r) {
     long long st = r->spec_steps, d = r->spec_drafted, a = r->spec_accepted;
     return json_pack("{s:I,s:I,s:I,s:f}", "draft_steps", (json_int_t)st, "draft_tokens", (json_int_t)d,
                      "accepted_tokens", (json_int_t)a, "acceptance_rate", d ? (double)a / (double)d : 0.0);
+}
+/* A verified draft (ENG_LOGITS_VERIFY): row j samples output
+ * token j with the draft's token j as x, through the same processors,
+ * grammar and stop checks as a plain decode, until a rejection, a finish or
+ * the row after the draft; then the rejected tail's KV goes. `row0` /
+ * `frow0`: the item's first candidates row / full row (full: its rows came
+ * back whole). */
+srv_finish srv_spec_take(srv_server *s, srv_req *r, const eng_item *it, int full, int row0, int frow0, double t) {
+    srv_sched *q = &s->sch;
+    const int nd = it->n_tokens - 1;
+    int acc = 0;
+    srv_finish fin = SRV_FIN_NONE;
+    for (int j = 0; j <= nd && fin == SRV_FIN_NONE; j++) {
+        int32_t x = j < nd ? r->spec_draft[j] : -1;
+        srv_tokrec rec;
+        if (full)
+            srv_logits_sample_row(s, r, q->logits + (size_t)(frow0 + j) * s->mc.vocab_size, &rec, x);
+        else
+            srv_logits_sample_cands(s, r, &q->cands[row0 + j], &rec, x);
+        fin = srv_take_token(s, r, &rec, t);
+        if (x < 0 || rec.token != x) break;
+        acc++;
+    }
+    srv_spec_done(s, r, nd, acc);
+    if (fin == SRV_FIN_NONE) {
+        r->n_cached = r->n_all - 1; /* the fed token and the accepted draft */
+        if (eng_seq_truncate(s->eng, r->seq, r->n_cached)) fin = SRV_FIN_ERROR;
+    }
+    return fin;
 }

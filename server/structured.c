@@ -271,18 +271,12 @@ static void check_object(walker *w, json_t *sch, const char *path) {
     }
 }
 
-static void walk(walker *w, json_t *sch, const char *path, int depth) {
-    if (w->budget[0]) return;
-    if (++w->nodes > SRV_SCHEMA_MAX_NODES)
-        return over(w, path, "more than %lld schema nodes (counted after $ref resolution)", SRV_SCHEMA_MAX_NODES);
-    if (depth > SRV_SCHEMA_MAX_DEPTH)
-        return over(w, path, "nesting deeper than %lld (counted through $refs)", (long long)SRV_SCHEMA_MAX_DEPTH);
-    if (json_is_boolean(sch)) return;
-    if (!json_is_object(sch)) return bad_add(&w->bad, "a schema that is not an object or boolean", path);
+/* Each keyword of sch known to the grammar engine and well-formed; the
+ * enum and const text counted. */
+static void check_keywords(walker *w, json_t *sch, const char *path, int depth) {
     char what[200];
     const char *k;
     json_t *v;
-    /* keywords: known, well-formed */
     json_object_foreach(sch, k, v) {
         if (!in_list(SCHEMA_KEYWORDS, k) && !in_list(SCHEMA_ANNOTATIONS, k)) {
             snprintf(what, sizeof what, "'%.60s'", k);
@@ -326,6 +320,20 @@ static void walk(walker *w, json_t *sch, const char *path, int depth) {
             free(t);
         }
     }
+}
+
+static void walk(walker *w, json_t *sch, const char *path, int depth) {
+    if (w->budget[0]) return;
+    if (++w->nodes > SRV_SCHEMA_MAX_NODES)
+        return over(w, path, "more than %lld schema nodes (counted after $ref resolution)", SRV_SCHEMA_MAX_NODES);
+    if (depth > SRV_SCHEMA_MAX_DEPTH)
+        return over(w, path, "nesting deeper than %lld (counted through $refs)", (long long)SRV_SCHEMA_MAX_DEPTH);
+    if (json_is_boolean(sch)) return;
+    if (!json_is_object(sch)) return bad_add(&w->bad, "a schema that is not an object or boolean", path);
+    char what[200];
+    const char *k;
+    json_t *v;
+    check_keywords(w, sch, path, depth);
     /* the branch xgrammar takes, and what it leaves unenforced beside it */
     static const char *const BRANCHES[] = {"$ref", "const", "enum", "anyOf", "oneOf", "allOf", NULL};
     const char *branch = NULL;
