@@ -225,6 +225,7 @@ fuzz-%: $(BUILD)/fuzz/fuzz_%
 
 test: deps
 	$(MAKE) all
+	$(MAKE) check-structure
 	$(MAKE) check-suites
 	$(MAKE) test-paths
 	$(MAKE) test-accuracy-quick

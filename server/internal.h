@@ -16,6 +16,7 @@
 
 #include "engine/chat.h"
 #include "engine/engine.h"
+#include "engine/report.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "engine/spec.h"
