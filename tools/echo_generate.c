@@ -55,7 +55,7 @@ static const char *USAGE =
     "                         echo (the 4-bit codec of --echo-codec with error feedback),\n"
     "                         echo-nofb (that codec without feedback), int4 (the paper's int4 codec,\n"
     "                         no feedback), bf16 (16-bit sums), exact (fp32 sum), echo3 (hnf3-g256,\n"
-    "                         3-bit codes with feedback, the last call bf16: 3.46 bits/value; host only)\n"
+    "                         3-bit codes with feedback, the last call bf16: 3.46 bits/value; on a GPU the last call exact)\n"
     "  --transport T          all-reduce transport when --tp > 1: auto (default) or a row below;\n"
     "                         cuda: nccl = rank i on GPU i, local = every rank on GPU 0\n"
     "  --cuda-graphs          decode steps through CUDA graphs (cuda; recorded once, then replayed;\n"

@@ -40,7 +40,7 @@ static const char *USAGE =
     "                               plan line says which; echo: --echo-codec's 4.5-bit codes with error feedback;\n"
     "                               echo-nofb: the same codec without feedback; int4: the paper's int4\n"
     "                               codec, G 64, no feedback; bf16: 16-bit sums; exact: fp32;\n"
-    "                               echo3: hnf3-g256 3-bit codes with feedback, 3.46 bits/value, host only)\n"
+    "                               echo3: hnf3-g256 3-bit codes with feedback, 3.46 bits/value; on a GPU the last call exact)\n"
     "  --echo-codec NAME[-gG]       codec of echo/echo-nofb: int4, hadamard, hsub6, out2 or hout2 (default\n"
     "                               hout2-g128, docs/accuracy.md); -gG sets the group too\n"
     "  --transport auto|local|nccl  all-reduce transport when --tp > 1 (default auto: on cuda, nccl\n"
