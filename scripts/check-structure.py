@@ -5,8 +5,8 @@
      symbol tables: file A calls file B when A's object needs a symbol B's
      defines), except the Jinja evaluator <-> its filters;
   2. no product function over 150 lines (C and CUDA sources of the product's
-     folders and tools/, a function being a column-0 definition line ending
-     in '{' up to the next column-0 '}');
+     folders and tools/, a function being a column-0 definition whose
+     signature ends in '{', up to the next column-0 '}');
   3. engine/engine.h declares at most 15 functions.
 
 usage: scripts/check-structure.py [--obj build/obj] [--quiet]
@@ -17,6 +17,10 @@ ALLOWED_CIRCLES = [{'tokenizer/jinja_eval', 'tokenizer/jinja_filters'}]
 PRODUCT = ['comm', 'engine', 'grammar', 'kernels', 'model', 'server',
            'tokenizer', 'tools', 'weights']
 MAX_LINES, MAX_ENGINE_FNS = 150, 15
+# Known and not yet split (issue 46 stays open for it): the tiled prefill
+# attention kernel, one CUDA kernel that needs a GPU or the emulator to split
+# safely. A name listed here that is no longer long is an error too.
+KNOWN_LONG = {('kernels/cuda/cuda_attention.cu', '__launch_bounds__')}
 
 
 def call_graph(obj_root):
@@ -82,20 +86,25 @@ def long_functions():
     files = subprocess.run(['git', 'ls-files'] + [f'{p}/*.c' for p in PRODUCT] +
                            [f'{p}/*.cu' for p in PRODUCT], capture_output=True,
                            text=True, check=True).stdout.split()
-    start = re.compile(r'^[A-Za-z_].*\)\s*\{\s*$')
+    head = re.compile(r'^[A-Za-z_][^;]*\(')  # a column-0 line opening a parameter list
     found = []
     for path in files:
         lines = open(path, encoding='utf-8', errors='replace').read().split('\n')
         i = 0
         while i < len(lines):
-            if start.match(lines[i]) and not lines[i].startswith(('typedef', 'struct', 'enum', 'union')):
-                j = i + 1
-                while j < len(lines) and lines[j] != '}':
-                    j += 1
-                name = re.search(r'([A-Za-z_]\w*)\s*\(', lines[i])
-                if j - i + 1 > MAX_LINES:
-                    found.append((j - i + 1, path, i + 1, name.group(1) if name else '?'))
-                i = j
+            ln = lines[i]
+            if head.match(ln) and not ln.startswith(('typedef', 'struct', 'enum', 'union', '#')):
+                k = i  # the signature may run over several lines, up to the one ending in '{'
+                while k < len(lines) and k < i + 8 and ';' not in lines[k] and not lines[k].rstrip().endswith('{'):
+                    k += 1
+                if k < len(lines) and k < i + 8 and ';' not in lines[k] and lines[k].rstrip().endswith('{'):
+                    j = k + 1
+                    while j < len(lines) and lines[j] != '}':
+                        j += 1
+                    name = re.search(r'([A-Za-z_]\w*)\s*\(', ln)
+                    if j - i + 1 > MAX_LINES:
+                        found.append((j - i + 1, path, i + 1, name.group(1) if name else '?'))
+                    i = j
             i += 1
     return sorted(found, reverse=True)
 
@@ -127,9 +136,16 @@ def main():
                 if b in comp:
                     syms = sorted(s for s in uses[a] if defs.get(s) == b)
                     print(f'    {a} -> {b}: {" ".join(syms[:5])}' + (' ...' if len(syms) > 5 else ''))
-    for n, path, line, name in long_functions():
+    longs = long_functions()
+    for n, path, line, name in longs:
+        if (path, name) in KNOWN_LONG:
+            print(f'known long function (not yet split): {path}:{line} {n} lines')
+            continue
         bad += 1
         print(f'long function: {path}:{line} {name} is {n} lines (at most {MAX_LINES})')
+    for path, name in KNOWN_LONG - {(p, nm) for _, p, _, nm in longs}:
+        bad += 1
+        print(f'{path} {name} is no longer long: drop it from KNOWN_LONG')
     fns = engine_functions()
     if len(fns) > MAX_ENGINE_FNS:
         bad += 1

@@ -380,34 +380,19 @@ static const gguf_kv *find_kv(const weights_gguf *g, const char *key) {
     return NULL;
 }
 
-int weights_parse_gguf_image(weights_set *ws, const char *fname, const uint8_t *buf, size_t len, char *err,
-                             size_t errlen) {
-    int rc = -1;
-    weights_gguf *g = NULL;
-    weights_tensor *tmp = NULL;
-    uint64_t *offs = NULL;
-    size_t ntmp = 0, *order = NULL;
-    weights_span *spans = NULL;
-    cursor c = {buf, len, 0};
-    uint64_t magic, version, n_tensors, n_kv;
-
-    if (!fname) fname = "(memory)";
-    if (!ws || (!buf && len)) {
-        weights_priv_err(err, errlen, fname, NULL, "invalid arguments");
-        return -1;
-    }
-    if (weights_count(ws) != 0 || weights_priv_gguf(ws)) {
-        weights_priv_err(err, errlen, fname, NULL, "a GGUF file must be the only file of a weights set");
-        return -1;
-    }
+/* The fixed header: magic, version and the two counts, each checked
+ * against what the file can hold. */
+static int parse_header(cursor *c, const uint8_t *buf, size_t len, const char *fname, uint64_t *n_tensors,
+                        uint64_t *n_kv, char *err, size_t errlen) {
+    uint64_t magic, version;
     if (len < 24) {
         weights_priv_err(err, errlen, fname, NULL, "truncated file: %zu bytes, a GGUF header needs 24", len);
         return -1;
     }
-    rd(&c, 4, &magic);
-    rd(&c, 4, &version);
-    rd(&c, 8, &n_tensors);
-    rd(&c, 8, &n_kv);
+    rd(c, 4, &magic);
+    rd(c, 4, &version);
+    rd(c, 8, n_tensors);
+    rd(c, 8, n_kv);
     if (memcmp(buf, "GGUF", 4) != 0) {
         weights_priv_err(err, errlen, fname, NULL, "bad magic (not a GGUF file)");
         return -1;
@@ -423,16 +408,61 @@ int weights_parse_gguf_image(weights_set *ws, const char *fname, const uint8_t *
     /* The smallest key/value is 13 bytes (8 key length, 4 type, 1 value),
      * the smallest tensor info 32 (8 name length, 4 n_dims, 8 ne, 4 type,
      * 8 offset): counts beyond what the file can hold are lies. */
-    if (n_kv > left(&c) / 13) {
+    if (*n_kv > left(c) / 13) {
         weights_priv_err(err, errlen, fname, NULL, "key/value count %llu exceeds what the %zu-byte file can hold",
-                         (unsigned long long)n_kv, len);
+                         (unsigned long long)*n_kv, len);
         return -1;
     }
-    if (n_tensors > left(&c) / 32) {
+    if (*n_tensors > left(c) / 32) {
         weights_priv_err(err, errlen, fname, NULL, "tensor count %llu exceeds what the %zu-byte file can hold",
-                         (unsigned long long)n_tensors, len);
+                         (unsigned long long)*n_tensors, len);
         return -1;
     }
+    return 0;
+}
+
+/* general.alignment (default 32): a power of two in a u32. */
+static int read_alignment(const weights_gguf *g, const char *fname, uint64_t *align, char *err, size_t errlen) {
+    *align = GGUF_DEFAULT_ALIGNMENT;
+    const gguf_kv *ak = find_kv(g, "general.alignment");
+    if (ak) {
+        /* ggml writes and requires a u32; a u32 also keeps the padding
+         * arithmetic of the data section far from overflow. */
+        if (ak->type != WEIGHTS_META_U32) {
+            weights_priv_err(err, errlen, fname, "general.alignment", "must be a uint32");
+            return -1;
+        }
+        *align = le(ak->val, 4);
+        if (*align == 0 || (*align & (*align - 1))) {
+            weights_priv_err(err, errlen, fname, "general.alignment", "%llu is not a power of two",
+                             (unsigned long long)*align);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int weights_parse_gguf_image(weights_set *ws, const char *fname, const uint8_t *buf, size_t len, char *err,
+                             size_t errlen) {
+    int rc = -1;
+    weights_gguf *g = NULL;
+    weights_tensor *tmp = NULL;
+    uint64_t *offs = NULL;
+    size_t ntmp = 0, *order = NULL;
+    weights_span *spans = NULL;
+    cursor c = {buf, len, 0};
+    uint64_t n_tensors, n_kv;
+
+    if (!fname) fname = "(memory)";
+    if (!ws || (!buf && len)) {
+        weights_priv_err(err, errlen, fname, NULL, "invalid arguments");
+        return -1;
+    }
+    if (weights_count(ws) != 0 || weights_priv_gguf(ws)) {
+        weights_priv_err(err, errlen, fname, NULL, "a GGUF file must be the only file of a weights set");
+        return -1;
+    }
+    if (parse_header(&c, buf, len, fname, &n_tensors, &n_kv, err, errlen) != 0) return -1;
 
     g = calloc(1, sizeof *g);
     if (!g || !(g->kv = calloc(n_kv ? (size_t)n_kv : 1, sizeof *g->kv)) ||
@@ -452,22 +482,8 @@ int weights_parse_gguf_image(weights_set *ws, const char *fname, const uint8_t *
             goto fail;
         }
 
-    uint64_t align = GGUF_DEFAULT_ALIGNMENT;
-    const gguf_kv *ak = find_kv(g, "general.alignment");
-    if (ak) {
-        /* ggml writes and requires a u32; a u32 also keeps the padding
-         * arithmetic below far from overflow. */
-        if (ak->type != WEIGHTS_META_U32) {
-            weights_priv_err(err, errlen, fname, "general.alignment", "must be a uint32");
-            goto fail;
-        }
-        align = le(ak->val, 4);
-        if (align == 0 || (align & (align - 1))) {
-            weights_priv_err(err, errlen, fname, "general.alignment", "%llu is not a power of two",
-                             (unsigned long long)align);
-            goto fail;
-        }
-    }
+    uint64_t align;
+    if (read_alignment(g, fname, &align, err, errlen) != 0) goto fail;
 
     if (n_tensors > left(&c) / 32) {
         weights_priv_err(err, errlen, fname, NULL, "tensor count %llu exceeds what the rest of the file can hold",
