@@ -120,6 +120,16 @@ ECHO_HD uint16_t echo_scale_from_absbits(uint32_t absbits) {
     return (uint16_t)(up ? up : 1u);
 }
 
+/* The scale of a whole group y[0..G): echo_scale_from_absbits of its absmax. */
+ECHO_HD uint16_t echo_group_scale(const float *y, int G) {
+    uint32_t m = 0;
+    for (int i = 0; i < G; i++) {
+        uint32_t a = echo_abs_bits(y[i]);
+        m = a > m ? a : m;
+    }
+    return echo_scale_from_absbits(m);
+}
+
 ECHO_HD int echo_scale_is_poison(uint16_t s) {
     return (s & 0x7f80u) == 0x7f80u;
 }
@@ -278,12 +288,7 @@ ECHO_HD int echo_hsub_get_exp(const uint8_t *rec, int k) {
  * all-zero group keeps y, a poisoned one 0, as echo_code's groups). Returns
  * the group's scale bits (poison when its absmax is inf/nan or >= 2^127). */
 ECHO_HD uint16_t echo_hsub_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
-    uint32_t m = 0;
-    for (int i = 0; i < G; i++) {
-        uint32_t a = echo_abs_bits(y[i]);
-        m = a > m ? a : m;
-    }
-    uint16_t sb = echo_scale_from_absbits(m);
+    uint16_t sb = echo_group_scale(y, G);
     rec[0] = (uint8_t)(sb & 0xffu);
     rec[1] = (uint8_t)(sb >> 8);
     for (int t = 0; t < 3 * G / 64; t++)
@@ -605,12 +610,7 @@ ECHO_HD uint16_t echo_hnf3_decode_group(const uint8_t *codes, const uint8_t *rec
  * bf16-rounded residuals besides) compute with an fp32 residual. A zero
  * group's residual is y itself, a poisoned one's 0. */
 ECHO_HD uint16_t echo_int4_encode_group(const float *y, int G, uint8_t *codes, uint8_t *rec, float *r, int n) {
-    uint32_t m = 0;
-    for (int i = 0; i < G; i++) {
-        uint32_t a = echo_abs_bits(y[i]);
-        m = a > m ? a : m;
-    }
-    uint16_t sb = echo_scale_from_absbits(m);
+    uint16_t sb = echo_group_scale(y, G);
     int ok = sb != 0 && !echo_scale_is_poison(sb);
     float s = echo_bf16_to_f32(sb);
     rec[0] = (uint8_t)sb, rec[1] = (uint8_t)(sb >> 8);
